@@ -1,0 +1,228 @@
+"""Every core TF_* variable in one typed class; the only module that reads os.environ.
+
+CLI flags override the environment through `Settings.with_overrides`. Plugins read their own
+TF_* variables through `Settings.plugin_value`, and declare them as profile rows so that
+`check_environment` knows them.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+import typing
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Union
+
+from pydantic import Field, PositiveInt, PrivateAttr, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from tensorfold.logs import get_logger
+
+if TYPE_CHECKING:
+    from tensorfold.profiles import ProfileRow
+
+PREFIX = "TF_"
+log = get_logger(__name__)
+
+
+class SettingsError(Exception):
+    """A TF_* variable or a flag has a value the engine refuses; the message says which."""
+
+
+class Settings(BaseSettings):
+    """The engine's settings, read from TF_* variables (flags override them)."""
+
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore", frozen=True)
+
+    plugins: str | None = Field(
+        default=None,
+        description="Plugins to load, as comma-separated entry-point names. Unset: every "
+        "installed plugin; empty: none.",
+        json_schema_extra={"values": "comma-separated entry-point names"},
+    )
+    kv_pages: Literal["auto", "on", "off", "0"] = Field(
+        default="auto",
+        description="Paged KV cache: on, off (0 is off: every lane owns a window), or auto "
+        "(pages when they serve the requested lanes).",
+    )
+    kv_poison: bool = Field(
+        default=False,
+        description="Fill freed and detached pages with NaN, so that a stale read changes tokens.",
+    )
+    kv_share: int = Field(
+        default=0,
+        ge=0,
+        description="The prompt store: how many kept states it may hold in all (unset, empty or "
+        "0: off).",
+    )
+    memory_limit_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="Device memory the engine may use, in GiB (unset: all free device memory).",
+    )
+    parallel: Literal["auto"] | PositiveInt = Field(
+        default=1,
+        description="Lanes (streams decoded together); auto takes as many as the memory plan fits.",
+    )
+    context: PositiveInt | None = Field(
+        default=None,
+        description="The window a stream may reach, in tokens (unset: the model's maximum).",
+    )
+    prompt_cache_gib: float = Field(
+        default=16.0,
+        ge=0,
+        description="Memory budget of the prompt store and its snapshot arena, in GiB.",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="Where the model runs (auto: cuda when there is one)."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description="Weight and activation dtype (auto: the checkpoint's, float32 on the cpu).",
+    )
+    log_format: Literal["console", "json"] = Field(
+        default="console",
+        description="Log lines: readable console lines, or one JSON object a line.",
+    )
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
+        default="info", description="The lowest level of log lines printed."
+    )
+    demo_cache: Path = Field(
+        default=Path("~/.cache/tensorfold/demo"),
+        validate_default=True,
+        description="Where demo checkpoints are built when no --model is given.",
+        json_schema_extra={"values": "a folder"},
+    )
+
+    _environ: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def __init__(self, _flags: tuple[str, ...] = (), **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            # _flags: the fields a CLI flag set, so that the error names the flag.
+            raise SettingsError(_explain(exc, _flags)) from None
+        self._environ = {k: v for k, v in os.environ.items() if k.startswith(PREFIX)}
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any, info: Any) -> Any:
+        # TF_X= (empty) means "unset" except for TF_PLUGINS, where empty means "no plugins".
+        if value == "" and info.field_name != "plugins":
+            return cls.model_fields[info.field_name].get_default(call_default_factory=True)
+        return value
+
+    @field_validator("demo_cache")
+    @classmethod
+    def _expand_home(cls, value: Path) -> Path:
+        return value.expanduser()
+
+    @property
+    def paging(self) -> Literal["auto", "on", "off"]:
+        """TF_KV_PAGES with "0" read as "off"."""
+        return "off" if self.kv_pages == "0" else self.kv_pages
+
+    @property
+    def environ(self) -> dict[str, str]:
+        """The TF_* variables as they were when these settings were read."""
+        return dict(self._environ)
+
+    def plugin_value(self, name: str) -> str | None:
+        """A plugin's own TF_* variable (full name, e.g. "TF_GLM_FOO"), or None when unset."""
+        if not name.startswith(PREFIX):
+            raise ValueError(f"plugin settings are named {PREFIX}*, got {name!r}")
+        return self._environ.get(name)
+
+    def with_overrides(self, **flags: Any) -> Settings:
+        """A copy with the non-None flags applied (flags win over the environment)."""
+        unknown = sorted(set(flags) - set(type(self).model_fields))
+        if unknown:
+            raise TypeError(f"not settings: {', '.join(unknown)}")
+        updates = {k: v for k, v in flags.items() if v is not None}
+        if not updates:
+            return self
+        return type(self)(_flags=tuple(updates), **{**self.model_dump(), **updates})
+
+
+def env_name(field: str) -> str:
+    """The variable that sets a field: kv_pages -> TF_KV_PAGES."""
+    return PREFIX + field.upper()
+
+
+def accepted_values(field: FieldInfo) -> str:
+    """The values a field accepts, in words, derived from its type (so they never drift)."""
+    extra = field.json_schema_extra
+    if isinstance(extra, dict) and "values" in extra:
+        return str(extra["values"])
+    words: list[str] = []
+    for part in _union_parts(field.annotation):
+        metadata = list(field.metadata)
+        if typing.get_origin(part) is typing.Annotated:
+            part, *more = typing.get_args(part)
+            metadata += more
+        if typing.get_origin(part) is Literal:
+            words += [str(a) for a in typing.get_args(part)]
+        elif part is bool:
+            words += ["0", "1"]
+        elif part in (int, float):
+            words.append(("an integer" if part is int else "a number") + _bounds(metadata))
+        elif part is not type(None):
+            words.append("text")
+    return ", ".join(words)
+
+
+def _union_parts(annotation: Any) -> tuple[Any, ...]:
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
+
+
+def _bounds(metadata: list[Any]) -> str:
+    for item in metadata:
+        if getattr(item, "gt", None) is not None:
+            return f" > {item.gt}"
+        if getattr(item, "ge", None) is not None:
+            return f" >= {item.ge}"
+    return ""
+
+
+def _explain(exc: ValidationError, flags: Iterable[str] = ()) -> str:
+    """One line per refused setting: its name (the flag when a flag set it), value, accepted."""
+    lines: dict[str, str] = {}
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else ""
+        info = Settings.model_fields.get(field)
+        if info is None:
+            lines[err["msg"]] = err["msg"]
+            continue
+        name = "--" + field.replace("_", "-") if field in flags else env_name(field)
+        lines[field] = (
+            f"{name}={err.get('input')!s} is not valid; accepted values: {accepted_values(info)}"
+        )
+    return "; ".join(lines.values())
+
+
+def check_environment(settings: Settings, rows: Iterable[ProfileRow]) -> list[str]:
+    """Check the TF_* environment before any weights load.
+
+    Warns about TF_* names that neither the core nor any profile row knows, and returns them.
+    Raises SettingsError for a retired setting (a row with `replaced_by`) set to anything but
+    "" or "0", naming the variable, its value and the replacement.
+    """
+    rows = list(rows)
+    known = {env_name(f) for f in Settings.model_fields} | {row.setting for row in rows}
+    environ = settings.environ
+    retired = [
+        f"{row.setting} is retired; use {row.replaced_by} instead "
+        f"(found {row.setting}={environ[row.setting]})"
+        for row in rows
+        if row.replaced_by and environ.get(row.setting, "") not in ("", "0")
+    ]
+    if retired:
+        raise SettingsError("; ".join(retired))
+    unknown = sorted(name for name in environ if name not in known)
+    if unknown:
+        log.warning("unknown TF_* variables are ignored", names=unknown)
+    return unknown

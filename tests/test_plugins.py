@@ -1,0 +1,222 @@
+"""The plugin host: allow-list, families, per-family managers, the CLI listings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+import fake_family
+from fake_family import DefaultHooks, FamiliesPlugin
+from tensorfold import cli, plugins
+from tensorfold.family import FamilySpec
+from tensorfold.plugins import FamilyError, PluginManager
+from tensorfold.settings import Settings
+
+TESTS = Path(__file__).parent
+
+
+@dataclass
+class Dist:
+    name: str
+    version: str
+
+
+@dataclass
+class FakeEntryPoint:
+    name: str
+    plugin: Any
+    dist: Dist | None
+
+    @property
+    def value(self) -> str:
+        return f"{self.name}_module"
+
+    def load(self) -> Any:
+        if isinstance(self.plugin, Exception):
+            raise self.plugin
+        return self.plugin
+
+
+def entry_points() -> list[FakeEntryPoint]:
+    return [
+        FakeEntryPoint("alpha", FamiliesPlugin("a"), Dist("tensorfold-alpha", "1.0")),
+        FakeEntryPoint("beta", FamiliesPlugin("b"), Dist("tensorfold-beta", "2.0")),
+    ]
+
+
+@pytest.mark.parametrize(
+    "allow, loaded",
+    [(None, ["alpha", "beta"]), ("", []), ("beta", ["beta"]), (" alpha,", ["alpha"])],
+)
+def test_allow_list(pm: PluginManager, allow: str | None, loaded: list[str]) -> None:
+    plugins.load_entry_points(pm, allow, entry_points())
+    assert sorted(name for name, _ in pm.list_name_plugin()) == loaded
+
+
+@pytest.mark.parametrize(
+    "value, loaded", [(None, ["alpha", "beta"]), ("", []), ("alpha", ["alpha"])]
+)
+def test_allow_list_from_environment(
+    tf_env: pytest.MonkeyPatch, pm: PluginManager, value: str | None, loaded: list[str]
+) -> None:
+    if value is not None:
+        tf_env.setenv("TF_PLUGINS", value)
+    plugins.load_entry_points(pm, Settings().plugins, entry_points())
+    assert sorted(name for name, _ in pm.list_name_plugin()) == loaded
+
+
+def test_allow_list_warns_about_a_plugin_that_is_not_installed(pm: PluginManager) -> None:
+    with capture_logs() as logs:
+        plugins.load_entry_points(pm, "beta,gamma", entry_points())
+    assert pm.get_plugin("beta") is not None
+    [warning] = [e for e in logs if e["log_level"] == "warning"]
+    assert warning["plugin"] == "gamma"
+    assert warning["installed"] == ["alpha", "beta"]
+
+
+def test_broken_entry_point_is_named_and_the_others_still_load(pm: PluginManager) -> None:
+    broken = FakeEntryPoint("broken", ImportError("no module x"), Dist("tensorfold-broken", "0.3"))
+    with capture_logs() as logs:
+        plugins.load_entry_points(pm, None, [broken, *entry_points()])
+    assert sorted(plugins.families(pm)) == ["a", "b"]
+    assert "tensorfold-broken 0.3" in pm.failures["broken"]
+    [error] = [e for e in logs if e["log_level"] == "error"]
+    assert error["distribution"] == "tensorfold-broken"
+    with pytest.raises(FamilyError, match="'broken' failed to load.*tensorfold-broken"):
+        plugins.choose_family("c", pm)
+
+
+def test_an_entry_point_name_shipped_twice_loads_the_first_and_warns(pm: PluginManager) -> None:
+    again = FakeEntryPoint("alpha", FamiliesPlugin("z"), Dist("tensorfold-alpha-fork", "0.1"))
+    with capture_logs() as logs:
+        plugins.load_entry_points(pm, None, [*entry_points(), again])
+    assert sorted(plugins.families(pm)) == ["a", "b"]
+    [warning] = logs
+    assert (warning["loaded"], warning["ignored"]) == ("tensorfold-alpha 1.0", "tensorfold-alpha-fork 0.1")
+
+
+def test_cached_plugin_manager_honours_tf_plugins(no_installed_plugins: pytest.MonkeyPatch) -> None:
+    pm = plugins.get_plugin_manager()
+    assert pm is plugins.get_plugin_manager(Settings())
+    assert pm.get_plugins() == set()
+
+
+def test_families_fill_in_distribution_and_version(pm: PluginManager) -> None:
+    plugins.load_entry_points(pm, None, entry_points())
+    found = plugins.families(pm)
+    assert list(found) == ["a", "b"]
+    assert (found["b"].distribution, found["b"].version) == ("tensorfold-beta", "2.0")
+
+
+def test_duplicate_family_is_refused_naming_both_distributions(pm: PluginManager) -> None:
+    pm.add_plugin(FamiliesPlugin("glm5_next"), "glm", "tensorfold-glm", "1.0")
+    pm.add_plugin(FamiliesPlugin("glm5_next"), "glm_fork", "tensorfold-glm-fork", "0.1")
+    with pytest.raises(FamilyError) as err:
+        plugins.families(pm)
+    assert "'glm5_next'" in str(err.value)
+    assert "tensorfold-glm 1.0" in str(err.value)
+    assert "tensorfold-glm-fork 0.1" in str(err.value)
+
+
+def test_unknown_family_lists_the_installed_ones(pm: PluginManager) -> None:
+    pm.add_plugin(FamiliesPlugin("b", "a"), "fake")
+    with pytest.raises(FamilyError, match="^unknown family 'x'; installed families: a, b$"):
+        plugins.choose_family("x", pm)
+
+
+def test_the_only_family_is_chosen_without_a_name(pm: PluginManager) -> None:
+    with pytest.raises(FamilyError, match="no model families are installed"):
+        plugins.choose_family(None, pm)
+    pm.add_plugin(FamiliesPlugin("a"), "fake_a")
+    assert plugins.choose_family(None, pm).name == "a"
+    pm.add_plugin(FamiliesPlugin("b"), "fake_b")
+    with pytest.raises(FamilyError, match=r"several families are installed \(a, b\)"):
+        plugins.choose_family(None, pm)
+    assert plugins.choose_family("b", pm).name == "b"
+
+
+def test_per_family_hooks_reach_only_the_chosen_family(
+    pm: PluginManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(TESTS))  # spec.hooks names "fake_family:hooks_a"
+    for hooks in fake_family.HOOKS.values():
+        hooks.calls.clear()
+    pm.add_plugin(FamiliesPlugin("a", "b"), "fake")
+    defaults = DefaultHooks()
+    family_pm = plugins.family_plugin_manager(plugins.choose_family("a", pm), [defaults])
+
+    # The family answers first; the default is not called.
+    assert family_pm.hook.share_pool(layout=None, num_pages=4, page_rows=16, device="cpu") == "a:4"
+    # The family returns None: the default answers.
+    restored = family_pm.hook.snap_restore(snapshot=None, arena=None, slots=None, slot=0)
+    assert restored is True
+    assert fake_family.hooks_a.calls == ["share_pool", "snap_restore"]
+    assert defaults.calls == ["snap_restore"]
+    assert fake_family.hooks_b.calls == []
+
+    b_pm = plugins.family_plugin_manager(plugins.choose_family("b", pm), [DefaultHooks()])
+    assert b_pm.hook.share_pool(layout=None, num_pages=2, page_rows=16, device="cpu") == "b:2"
+    assert fake_family.hooks_a.calls == ["share_pool", "snap_restore"]
+
+
+def test_family_hooks_that_do_not_import_name_the_family() -> None:
+    spec = FamilySpec(
+        name="z", load="x:y", build_demo="x:y", hooks="no_such_module_here:hooks",
+        distribution="tensorfold-z", version="9",
+    )
+    with pytest.raises(FamilyError, match="family 'z' \\(tensorfold-z 9\\): cannot import"):
+        plugins.family_plugin_manager(spec, [])
+
+
+def test_list_plugins(pm: PluginManager) -> None:
+    pm.add_plugin(FamiliesPlugin("a"), "alpha", "tensorfold-alpha", "1.0")
+    assert plugins.list_plugins(pm) == [
+        ("alpha", "tensorfold-alpha", "1.0", ("profile_rows", "register_families"))
+    ]
+
+
+def test_cli_families_and_plugins(
+    tf_env: pytest.MonkeyPatch, pm: PluginManager, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plugins.load_entry_points(pm, None, entry_points())
+    tf_env.setattr(cli, "get_plugin_manager", lambda settings=None: pm)
+    assert cli.main(["families"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["NAME", "DISTRIBUTION", "VERSION", "DESCRIPTION"]
+    assert out[1].split() == ["a", "tensorfold-alpha", "1.0", "fake", "family", "a"]
+    assert cli.main(["plugins"]) == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert ["beta", "tensorfold-beta", "2.0", "profile_rows,", "register_families"] in lines
+
+
+def test_cli_family_error_is_one_line_and_exit_2(
+    tf_env: pytest.MonkeyPatch, pm: PluginManager, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pm.add_plugin(FamiliesPlugin("a"), "one", "tensorfold-one", "1")
+    pm.add_plugin(FamiliesPlugin("a"), "two", "tensorfold-two", "2")
+    tf_env.setattr(cli, "get_plugin_manager", lambda settings=None: pm)
+    assert cli.main(["families"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("tensorfold: error: family 'a' is registered twice")
+
+
+def test_loading_every_installed_plugin_does_not_import_torch() -> None:
+    # TF_PLUGINS is unset on purpose: this checks every plugin installed in this environment.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    code = (
+        "import tensorfold.plugins as p; pm = p.get_plugin_manager(); p.families(pm); "
+        "import sys; assert 'torch' not in sys.modules, 'a plugin imported torch'; "
+        "print(sorted(n for n, _ in pm.list_name_plugin()), pm.failures)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
