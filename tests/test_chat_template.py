@@ -1,0 +1,200 @@
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+from tensorfold.chat_template import ChatTemplateError, marks_to_token_positions, render_chat
+from tensorfold.tokenizer import Tokenizer
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Exercises what real templates use: trim/lstrip blocks, namespace, loop controls, tojson with
+# indent, raise_exception, bos_token, tools, and dropping old reasoning (Qwen3-style).
+RICH = """{{ bos_token }}
+{%- set ns = namespace(system='You are helpful.') %}
+{%- if messages[0].role == 'system' %}{% set ns.system = messages[0].content %}{% endif %}
+<|im_start|>system
+{{ ns.system }}
+{%- if tools %}
+
+# Tools
+{% for tool in tools %}
+{{ tool | tojson(indent=2) }}
+{% endfor %}
+{%- endif %}<|im_end|>
+{% for message in messages %}
+  {% if message.role == 'system' %}{% continue %}{% endif %}
+  {% if message.role not in ['user', 'assistant'] %}
+    {{ raise_exception('unknown role ' + message.role) }}
+  {% endif %}
+<|im_start|>{{ message.role }}
+{% if message.reasoning_content is defined and loop.last %}
+<think>{{ message.reasoning_content }}</think>
+{% endif %}
+{% generation %}{{ message.content }}{% endgeneration %}<|im_end|>
+{% endfor %}
+{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+CHAT = [
+    {"role": "user", "content": "hello world"},
+    {"role": "assistant", "content": "hello, the lazy fox"},
+    {"role": "user", "content": "café ☕ and 😀?"},
+]
+
+
+def chatml_tokenizer(tmp_path: Path) -> tuple[Tokenizer, Path]:
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=True)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<s>", "</s>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(["hello world, the lazy fox", "user assistant system"] * 8, trainer)
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    return Tokenizer(HFTokenizer.from_file(str(path)), bos_token="<s>", eos_token="</s>"), path
+
+
+
+
+def test_chatml_renders_with_marks_at_turn_ends() -> None:
+    r = render_chat(CHATML, CHAT)
+    assert r.text.endswith("<|im_start|>assistant\n")
+    assert r.text.startswith("<|im_start|>user\nhello world<|im_end|>\n")
+    assert len(r.marks) == 3
+    for mark, message in zip(r.marks, CHAT):
+        assert r.text[:mark].endswith(message["content"] + "<|im_end|>\n")
+    assert r.marks[-1] == len(r.text) - len("<|im_start|>assistant\n")
+
+
+def test_no_generation_prompt() -> None:
+    r = render_chat(CHATML, CHAT, add_generation_prompt=False)
+    assert r.text.endswith("😀?<|im_end|>\n") and r.marks[-1] == len(r.text)
+    assert render_chat(CHATML, CHAT, with_marks=False).marks == ()
+
+
+def test_matches_transformers(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    _, path = chatml_tokenizer(tmp_path)
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(path), bos_token="<s>", eos_token="</s>"
+    )
+    tools = [{"type": "function", "function": {"name": "wéather", "parameters": {"city": "str"}}}]
+    system = {"role": "system", "content": "Be brief."}
+    thinking = {**CHAT[1], "reasoning_content": "hm"}
+    specials = {"bos_token": "<s>", "eos_token": "</s>"}
+    for template in (CHATML, RICH):
+        hf.chat_template = template
+        for messages in (CHAT, [system, *CHAT], [*CHAT[:2], thinking]):
+            for gen in (True, False):
+                for kw in ({}, {"tools": tools}):
+                    ours = render_chat(
+                        template, messages, add_generation_prompt=gen, **specials, **kw
+                    )
+                    theirs = hf.apply_chat_template(
+                        messages, tokenize=False, add_generation_prompt=gen, **kw
+                    )
+                    assert ours.text == theirs
+
+
+def test_marks_skip_turns_rendered_differently_later() -> None:
+    messages = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "world", "reasoning_content": "thinking"},
+        {"role": "user", "content": "again"},
+    ]
+    r = render_chat(RICH, messages, bos_token="<s>")
+    assert "<think>" not in r.text  # old reasoning dropped once a later turn follows
+    assert len(r.marks) == 2
+    assert r.text[: r.marks[0]].endswith("hello<|im_end|>\n")
+    assert r.text[: r.marks[1]].endswith("again<|im_end|>\n")
+
+
+def test_system_only_prefix_gives_a_mark_per_rendered_turn() -> None:
+    messages = [{"role": "system", "content": "S"}, *CHAT]
+    r = render_chat(RICH, messages, bos_token="<s>")
+    assert r.text[: r.marks[0]].endswith("S<|im_end|>\n")
+    assert len(r.marks) == 4
+
+
+def test_raise_exception() -> None:
+    with pytest.raises(ChatTemplateError, match="refused the messages: unknown role tool"):
+        render_chat(RICH, [{"role": "tool", "content": "x"}])
+
+
+def test_none_values_dropped_and_rich_objects_flattened() -> None:
+    class Role(str):
+        pass
+
+    messages = [{"role": Role("user"), "content": "hi", "name": None}]
+    r = render_chat(CHATML, messages, add_generation_prompt=False)
+    assert r.text == "<|im_start|>user\nhi<|im_end|>\n"
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ ''.__class__.__mro__ }}",
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ cycler.__init__.__globals__.os }}",
+        "{{ messages.append(1) }}{{ messages }}",
+        "{{ messages[0].update(role='x') }}",
+        "{% set ns = namespace(_secret=1) %}",
+        "{% set ns = namespace() %}{% set ns._x = 1 %}",
+        "{{ dict.__class__.__init__.__globals__ }}",
+        "{{ raise_exception.__globals__['os'] }}",
+    ],
+)
+def test_unsafe_templates_are_refused(template: str) -> None:
+    with pytest.raises(ChatTemplateError, match="unsafe"):
+        render_chat(template, CHAT)
+
+
+def test_syntax_and_runtime_errors() -> None:
+    with pytest.raises(ChatTemplateError, match="does not parse"):
+        render_chat("{% for %}", CHAT)
+    with pytest.raises(ChatTemplateError, match="failed"):
+        render_chat("{{ messages[0].content + 1 }}", CHAT)
+    with pytest.raises(ChatTemplateError, match="no messages"):
+        render_chat(CHATML, [])
+
+
+def test_tojson_and_strftime() -> None:
+    template = "{{ tools|tojson }}|{{ tools|tojson(indent=1) }}|{{ strftime_now('%Y')|length }}"
+    r = render_chat(template, CHAT, tools=[{"n": "é<>"}], with_marks=False)
+    assert r.text == '[{"n": "é<>"}]|[\n {\n  "n": "é<>"\n }\n]|4'
+
+
+def test_marks_to_token_positions(tmp_path: Path) -> None:
+    tok, _ = chatml_tokenizer(tmp_path)
+    r = render_chat(CHATML, CHAT)
+    ids = tok.encode(r.text)
+    positions = marks_to_token_positions(tok, r.text, r.marks)
+    assert len(positions) == 3 and positions == sorted(positions)
+    for mark, k in zip(r.marks, positions):
+        assert ids[:k] == tok.encode(r.text[:mark])
+
+
+def test_marks_inside_a_token_are_dropped(tmp_path: Path) -> None:
+    tok, _ = chatml_tokenizer(tmp_path)
+    text = "hello world"
+    ids = tok.encode(text)
+    assert tok.hf.id_to_token(ids[0]) == "hello" and tok.hf.id_to_token(ids[1]) == "Ġworld"
+    assert marks_to_token_positions(tok, text, [2]) == []
+    assert marks_to_token_positions(tok, text, [5]) == [1]
+    # inside "Ġworld", though ByteLevel trim_offsets would report that token as (6, 11)
+    assert marks_to_token_positions(tok, text, [6]) == []
+    assert marks_to_token_positions(tok, text, [5, 11]) == [1, len(ids)]
+    emoji = "hello😀"
+    assert marks_to_token_positions(tok, emoji, [len(emoji)]) == [len(tok.encode(emoji))]
