@@ -1,0 +1,270 @@
+"""Seeded, batch-invariant sampling.
+
+A row's token is a function of its own logits, params and history only. Its random draw for output
+position t is a pure function of (seed, t): Philox-4x32-10 keyed by the seed, counting t. So a
+stream samples the same tokens alone or batched, resumed or drafted. There is no global RNG state.
+
+Per row, in this order: penalties on the raw logits (repetition, then frequency and presence, as
+vLLM orders them) -> temperature -> top_k -> top_p -> min_p -> renormalise -> inverse-CDF draw over
+tokens sorted by probability descending, ties to the lower id. top_k keeps exactly k tokens of
+that order (ties at the edge to the lower ids, unlike HF's keep-all-ties), so top_k=1 is greedy.
+Temperature 0 is greedy: argmax of the penalised logits, ties to the lowest id.
+
+Logprobs are log_softmax of the penalised logits, before temperature and filtering (vLLM's default
+raw-logprobs mode, after penalties): they describe the model, not the sampler's knobs.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import secrets
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, NamedTuple
+
+import torch
+
+_M32 = 0xFFFF_FFFF
+_M64 = (1 << 64) - 1
+MAX_STOPS = 16
+
+
+def philox4x32(
+    counter: Sequence[int], key: Sequence[int], rounds: int = 10
+) -> tuple[int, int, int, int]:
+    """Philox-4x32 (Salmon et al. 2011, Random123): four 32-bit counter words, two key words."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for r in range(rounds):
+        if r:
+            k0 = (k0 + 0x9E3779B9) & _M32
+            k1 = (k1 + 0xBB67AE85) & _M32
+        p0 = 0xD2511F53 * c0
+        p1 = 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & _M32, (p0 >> 32) ^ c3 ^ k1, p0 & _M32
+    return c0, c1, c2, c3
+
+
+def uniform(seed: int, t: int) -> float:
+    """The uniform in [0, 1), 53 bits, for output position t of a stream seeded with `seed`."""
+    if not 0 <= t <= _M64:
+        raise ValueError(f"output position t must be in 0..2**64-1, got {t}")
+    s = seed & _M64
+    w0, w1, _, _ = philox4x32((t & _M32, t >> 32, 0, 0), (s & _M32, s >> 32))
+    return ((w0 >> 5) * (1 << 26) + (w1 >> 6)) / float(1 << 53)
+
+
+class SamplingParamsError(ValueError):
+    """A sampling parameter out of range; `field` names it (OpenAI's error `param`)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field} {message}")
+        self.field = field
+
+
+def _real(name: str, value: object, ok: Callable[[float], bool], accepted: str) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(float(value))
+        or not ok(float(value))
+    ):
+        raise SamplingParamsError(name, f"must be {accepted}, got {value!r}")
+    return float(value)
+
+
+def _int(name: str, value: object, ok: Callable[[int], bool], accepted: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not ok(int(value)):
+        raise SamplingParamsError(name, f"must be {accepted}, got {value!r}")
+    return int(value)
+
+
+def _bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise SamplingParamsError(name, f"must be true or false, got {value!r}")
+    return value
+
+
+_REAL_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "temperature": (lambda v: v >= 0, ">= 0 (0 = greedy)"),
+    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "min_p": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "presence_penalty": (lambda v: -2 <= v <= 2, "in [-2, 2]"),
+    "frequency_penalty": (lambda v: -2 <= v <= 2, "in [-2, 2]"),
+    "repetition_penalty": (lambda v: v > 0, "> 0 (1 = off)"),
+}
+_SEED_RANGE = "an integer in -2**63..2**64-1"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one stream samples; validated on construction (raises SamplingParamsError)."""
+
+    temperature: float = 1.0  # >= 0; 0 = greedy
+    top_k: int = 0  # 0 or -1 = off, else >= 1
+    top_p: float = 1.0  # 0 < p <= 1
+    min_p: float = 0.0  # 0 <= p <= 1
+    presence_penalty: float = 0.0  # -2..2, over generated tokens
+    frequency_penalty: float = 0.0  # -2..2, over generated tokens
+    repetition_penalty: float = 1.0  # > 0, 1 = off; over prompt + generated tokens
+    seed: int | None = None  # -2**63..2**64-1; None: with_seed() draws one
+    max_tokens: int = 16
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0  # 0..20, needs logprobs
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: object) -> None:
+            object.__setattr__(self, name, value)
+
+        for name, (ok, accepted) in _REAL_RANGES.items():
+            put(name, _real(name, getattr(self, name), ok, accepted))
+        put("top_k", max(_int("top_k", self.top_k, lambda v: v >= -1, "0, -1 or >= 1"), 0))
+        if self.seed is not None:
+            put("seed", _int("seed", self.seed, lambda v: -(2**63) <= v < 2**64, _SEED_RANGE))
+        put("max_tokens", _int("max_tokens", self.max_tokens, lambda v: v >= 1, ">= 1"))
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        stop = tuple(stop) if isinstance(stop, Iterable) else (None,)
+        if not all(isinstance(s, str) and s for s in stop) or len(stop) > MAX_STOPS:
+            raise SamplingParamsError(
+                "stop", f"must be at most {MAX_STOPS} non-empty strings, got {self.stop!r}"
+            )
+        put("stop", stop)
+        ids = self.stop_token_ids if isinstance(self.stop_token_ids, Iterable) else [None]
+        ids = tuple(_int("stop_token_ids", i, lambda v: v >= 0, "ids >= 0") for i in ids)
+        put("stop_token_ids", ids)
+        for name in ("ignore_eos", "logprobs"):
+            put(name, _bool(name, getattr(self, name)))
+        top_n = _int("top_logprobs", self.top_logprobs, lambda v: 0 <= v <= 20, "in 0..20")
+        if top_n and not self.logprobs:
+            raise SamplingParamsError("top_logprobs", "needs logprobs set to true")
+        put("top_logprobs", top_n)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def has_penalties(self) -> bool:
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
+        )
+
+    def with_seed(self) -> SamplingParams:
+        """This, or a copy with a seed from OS randomness if none was given (to be reported)."""
+        return self if self.seed is not None else replace(self, seed=secrets.randbits(63))
+
+
+class SampleResult(NamedTuple):
+    token: int
+    logprob: float  # of `token`, from the penalised logits before temperature and filtering
+    top_logprobs: list[tuple[int, float]]  # (id, logprob), most likely first, when asked
+
+
+class RowHistory:
+    """A stream's prompt and generated ids, with counts kept incrementally for the penalties."""
+
+    def __init__(self, prompt_ids: Iterable[int] = (), output_ids: Iterable[int] = ()) -> None:
+        self.prompt_ids: list[int] = list(prompt_ids)
+        self.output_ids: list[int] = []
+        self.counts: dict[int, int] = {}  # generated id -> occurrences
+        self._seen: torch.Tensor | None = None  # [V] bool: in prompt or output
+        self._dense_counts: torch.Tensor | None = None  # [V] fp32 (exact up to 2**24)
+        self._folded = 0  # output ids already in the dense tensors
+        for token in output_ids:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        self.output_ids.append(token)
+        self.counts[token] = self.counts.get(token, 0) + 1
+
+    def dense(self, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(seen [V] bool, counts [V] fp32), built once, then only new tokens are folded in."""
+        if self._seen is None or self._seen.numel() != vocab or self._seen.device != device:
+            self._seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+            self._dense_counts = torch.zeros(vocab, dtype=torch.float32, device=device)
+            if self.prompt_ids:
+                self._seen[torch.tensor(self.prompt_ids, dtype=torch.long, device=device)] = True
+            self._folded = 0
+        assert self._dense_counts is not None
+        if new := self.output_ids[self._folded :]:
+            ids = torch.tensor(new, dtype=torch.long, device=device)
+            ones = torch.ones(len(new), dtype=torch.float32, device=device)
+            self._dense_counts.index_put_((ids,), ones, accumulate=True)
+            self._seen[ids] = True
+            self._folded = len(self.output_ids)
+        return self._seen, self._dense_counts
+
+
+def apply_penalties(x: torch.Tensor, params: SamplingParams, history: RowHistory) -> torch.Tensor:
+    """x: [V] fp32 raw logits -> penalised logits (a new tensor when any penalty is on)."""
+    if not params.has_penalties:
+        return x
+    seen, counts = history.dense(x.numel(), x.device)
+    if params.repetition_penalty != 1:
+        r = params.repetition_penalty
+        x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+    if params.frequency_penalty or params.presence_penalty:
+        present = (counts > 0).to(torch.float32)
+        x = x - (params.frequency_penalty * counts + params.presence_penalty * present)
+    return x
+
+
+def _draw(x: torch.Tensor, order: torch.Tensor, params: SamplingParams, u: float) -> int:
+    """x: [V] penalised logits, order: [V] ids by x descending (ties to lower id)."""
+    z = x[order].to(torch.float64) / params.temperature
+    w = torch.exp(z - z[0])  # unnormalised probabilities in draw order, w[0] == 1
+    rank = torch.arange(w.numel(), device=w.device)
+    keep = w > 0
+    if params.top_k:
+        keep &= rank < params.top_k
+        w = torch.where(keep, w, 0.0)
+    if params.top_p < 1:
+        cdf = torch.cumsum(w, 0)
+        mass_before = torch.cat([cdf.new_zeros(1), cdf[:-1]])
+        keep &= mass_before < params.top_p * cdf[-1]
+    if params.min_p:
+        keep &= w >= params.min_p  # p >= min_p * p_max, as w[0] is p_max
+    w = torch.where(keep, w, 0.0)
+    cdf = torch.cumsum(w, 0)
+    i = torch.searchsorted(cdf, cdf[-1:] * u, right=True)
+    last_kept = torch.where(keep, rank, 0).max()  # for u * total rounding up to the total
+    return int(order[torch.minimum(i, last_kept)])
+
+
+def sample_row(
+    logits: torch.Tensor, params: SamplingParams, t: int, history: RowHistory
+) -> SampleResult:
+    """Sample output position t of one stream. logits: [V] (any float dtype, any device)."""
+    if logits.dim() != 1:
+        raise ValueError(f"sample_row takes logits of shape [V], got {tuple(logits.shape)}")
+    x = apply_penalties(logits.to(torch.float32, copy=True), params, history)
+    logprobs = torch.log_softmax(x, dim=0)
+    need_order = not params.is_greedy or params.top_logprobs > 0
+    order = torch.sort(x, descending=True, stable=True).indices if need_order else None
+    if params.is_greedy:
+        token = int(torch.argmax(x))  # first maximum: ties to the lowest id
+    else:
+        if params.seed is None:
+            raise ValueError("sampling with temperature > 0 needs a seed: use params.with_seed()")
+        assert order is not None
+        token = _draw(x, order, params, uniform(params.seed, t))
+    top: list[tuple[int, float]] = []
+    if params.top_logprobs:
+        assert order is not None
+        ids = order[: params.top_logprobs]
+        top = list(zip(ids.tolist(), logprobs[ids].tolist()))
+    return SampleResult(token, float(logprobs[token]), top)
+
+
+def sample(
+    logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, int, RowHistory]]
+) -> list[SampleResult]:
+    """logits: [B, V]; rows[i] = (params, t, history) of row i. Row i gets exactly what
+    sample_row gives it alone: rows are processed independently, never reduced together."""
+    if logits.dim() != 2 or logits.shape[0] != len(rows):
+        raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
+    return [sample_row(logits[i], p, t, h) for i, (p, t, h) in enumerate(rows)]
