@@ -79,12 +79,22 @@ def resolve(ref: str) -> Callable[..., Any]:
 
 
 @dataclass(frozen=True)
+class ModelShape:
+    """What the memory plan needs to know before any weight loads."""
+
+    layout: StateLayout
+    max_positions: int
+
+
+@dataclass(frozen=True)
 class FamilySpec:
     """A family as a plugin registers it. `load` and `build_demo` are "module:function" strings,
     imported only when the family is chosen.
 
     load(checkpoint: tensorfold.checkpoint.Checkpoint, device: str, dtype: str) -> FamilyModel
     build_demo(cache_dir: pathlib.Path) -> pathlib.Path  (a checkpoint folder, built if missing)
+    shape(config: dict, dtype: str) -> ModelShape  (from config.json alone, so the memory plan
+    can refuse before any weight loads; empty: the plan waits for the loaded model)
     hooks: "module:attr" of an object holding the family's per-family hook implementations
     (share_pool, share_attach, snap_keep, snap_restore); registered on the chosen family's own
     plugin manager only. Empty: the core adapters' defaults.
@@ -93,6 +103,7 @@ class FamilySpec:
     name: str
     load: str
     build_demo: str
+    shape: str = ""
     description: str = ""
     hooks: str = ""
     distribution: str = field(default="", compare=False)

@@ -1,0 +1,1 @@
+"""tensorfold.adapters: ready hook implementations that families compose."""

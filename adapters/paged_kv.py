@@ -1,0 +1,68 @@
+"""The page adapter for per-token rows (K/V, MLA latent, indexer keys).
+
+Each paged buffer is one tensor viewed flat as [num_pages * page_rows, *row_shape]: row `pos` of a
+stream lives at flat row `pages[pos // page_rows] * page_rows + pos % page_rows`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from tensorfold import hookimpl
+from tensorfold.family import RowSpec, StateLayout
+
+TORCH_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+
+
+class PagedRows:
+    """The storage behind the pool's pages for one family: one flat tensor per RowSpec."""
+
+    def __init__(self, specs: Sequence[RowSpec], num_pages: int, page_rows: int, device: str = "cpu"):
+        self.specs = {s.name: s for s in specs}
+        self.num_pages = num_pages
+        self.page_rows = page_rows
+        self.buffers: dict[str, torch.Tensor] = {
+            s.name: torch.zeros(
+                num_pages * page_rows, *s.shape, dtype=TORCH_DTYPES[s.dtype], device=device
+            )
+            for s in specs
+        }
+
+    def flat(self, name: str) -> torch.Tensor:
+        """[num_pages * page_rows, *row_shape]"""
+        return self.buffers[name]
+
+    def write(self, name: str, index: torch.Tensor, values: torch.Tensor) -> None:
+        """Store values [N, *row_shape] at flat rows index [N]."""
+        buf = self.buffers[name]
+        buf.index_copy_(0, index, values.to(buf.dtype))
+
+    def _page_view(self, name: str) -> torch.Tensor:
+        buf = self.buffers[name]
+        return buf.view(self.num_pages, self.page_rows, *buf.shape[1:])
+
+    def poison(self, pages: Sequence[int]) -> None:
+        """Fill pages with NaN, so a read of a freed or detached row changes tokens."""
+        if not pages:
+            return
+        idx = torch.tensor(list(pages), dtype=torch.long)
+        for name in self.buffers:
+            self._page_view(name)[idx] = float("nan")
+
+    def copy_rows(self, src_page: int, dst_page: int, rows: int) -> None:
+        """Copy the first `rows` rows of src_page into dst_page, in every buffer."""
+        for name in self.buffers:
+            view = self._page_view(name)
+            view[dst_page, :rows] = view[src_page, :rows]
+
+
+@hookimpl
+def share_pool(layout: StateLayout, num_pages: int, page_rows: int, device: str) -> PagedRows:
+    return PagedRows(layout.paged, num_pages, page_rows, device)

@@ -1,0 +1,105 @@
+"""One pass: the rows of several streams in one forward.
+
+Each stream contributes a run of consecutive positions (a prompt chunk, or one decode row).
+Rows reach their K/V through the stream's page table: row `pos` lives in page
+`pages[pos // page_rows]` at offset `pos % page_rows`, i.e. flat row `page * page_rows + offset`
+of a paged buffer viewed as [num_pages * page_rows, ...].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+import torch
+
+LogitRows = Literal["last", "all", "none"]
+
+
+class PageOverrun(RuntimeError):
+    """A pass would write rows past the pages a stream holds."""
+
+
+@dataclass
+class StreamRows:
+    """One stream's rows in a pass.
+
+    slot: the stream's lane slot (index of its fixed state).
+    start: absolute position of the first row; rows [0, start) are already in the pages and
+        fixed state. start == 0 means the stream's fixed state starts from zeros.
+    tokens: the token ids of rows [start, start + len(tokens)).
+    pages: the page table, covering at least rows [0, start + len(tokens)).
+    logits: which rows want logits back.
+    taps: positions inside this run (exclusive ends, start < p <= end) where a family should tap
+        its fixed state mid-pass (prompt-store marks); empty for now.
+    """
+
+    slot: int
+    start: int
+    tokens: Sequence[int]
+    pages: Sequence[int]
+    logits: LogitRows = "last"
+    taps: Sequence[int] = field(default_factory=tuple)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+class ForwardPass:
+    """The index tensors a family's forward needs for one pass (built once, on `device`)."""
+
+    def __init__(self, streams: Sequence[StreamRows], page_rows: int, device: str | torch.device = "cpu"):
+        if not streams:
+            raise ValueError("a pass needs at least one stream")
+        self.streams = list(streams)
+        self.page_rows = page_rows
+        self.device = torch.device(device)
+        spans, tokens, positions, writes, logit_rows = [], [], [], [], []
+        row = 0
+        for s in self.streams:
+            if not s.tokens:
+                raise ValueError(f"stream in slot {s.slot} has no rows in this pass")
+            held = len(s.pages) * page_rows
+            if s.end > held:
+                raise PageOverrun(
+                    f"slot {s.slot}: rows up to {s.end} need {-(-s.end // page_rows)} pages, "
+                    f"the stream holds {len(s.pages)} ({held} rows)"
+                )
+            n = len(s.tokens)
+            spans.append((row, row + n))
+            tokens.extend(s.tokens)
+            pos = list(range(s.start, s.end))
+            positions.extend(pos)
+            writes.extend(s.pages[p // page_rows] * page_rows + p % page_rows for p in pos)
+            if s.logits == "all":
+                logit_rows.extend(range(row, row + n))
+            elif s.logits == "last":
+                logit_rows.append(row + n - 1)
+            row += n
+        self.num_rows = row
+        self.spans: list[tuple[int, int]] = spans
+        as_long = dict(dtype=torch.long, device=self.device)
+        self.tokens = torch.tensor(tokens, **as_long)  # [N]
+        self.positions = torch.tensor(positions, **as_long)  # [N]
+        self.write_index = torch.tensor(writes, **as_long)  # [N] flat rows in the paged buffers
+        self.logit_rows = torch.tensor(logit_rows, **as_long)  # [R] rows of the pass
+        self._reads: dict[int, torch.Tensor] = {}
+
+    def read_index(self, i: int) -> torch.Tensor:
+        """Flat rows [0, end) of stream i, in position order: [end]."""
+        if i not in self._reads:
+            s = self.streams[i]
+            pos = torch.arange(s.end, device=self.device)
+            table = torch.tensor(list(s.pages), dtype=torch.long, device=self.device)
+            self._reads[i] = table[pos // self.page_rows] * self.page_rows + pos % self.page_rows
+        return self._reads[i]
+
+    def split_logits(self, logits: torch.Tensor) -> list[torch.Tensor]:
+        """Cut [R, V] logits (in logit_rows order) back into one tensor per stream."""
+        out, at = [], 0
+        for s in self.streams:
+            n = {"all": len(s.tokens), "last": 1, "none": 0}[s.logits]
+            out.append(logits[at : at + n])
+            at += n
+        return out

@@ -1,0 +1,88 @@
+"""Causal attention over paged K/V for a pass (torch reference, the CPU path).
+
+Exactness: keys are visited in tiles of KEY_TILE aligned to absolute positions, with an online
+softmax, and queries in blocks of QUERY_BLOCK (zero-padded). A tile that a query cannot see is an
+exact no-op for it, so a row's result depends only on its own position and its stream's rows, not
+on where the pass cut the prompt or what else shares the pass.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..forward_pass import ForwardPass
+
+KEY_TILE = 64
+QUERY_BLOCK = 16
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_rows: torch.Tensor,
+    v_rows: torch.Tensor,
+    fp: ForwardPass,
+    *,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """q [N, Hq, D]; k_rows [P*R, Hkv, D] and v_rows [P*R, Hkv, Dv]: flat views of the paged
+    buffers, already holding this pass's rows. window: a query at t sees keys t-window < j <= t.
+    Returns [N, Hq, Dv] in q's dtype, computed in fp32."""
+    out = q.new_empty(q.shape[0], q.shape[1], v_rows.shape[-1])
+    for i, (a, b) in enumerate(fp.spans):
+        idx = fp.read_index(i)
+        keys = k_rows.index_select(0, idx).float()
+        values = v_rows.index_select(0, idx).float()
+        out[a:b] = _stream_attention(q[a:b].float(), keys, values, fp.positions[a:b], scale, window)
+    return out
+
+
+def _stream_attention(q, keys, values, positions, scale, window):
+    """q [n, Hq, D] at `positions`; keys/values [end, Hkv, D*] for positions [0, end)."""
+    n, hq, d = q.shape
+    end, hkv, dv = values.shape
+    group = hq // hkv
+    pad_keys = (-end) % KEY_TILE
+    keys = F.pad(keys, (0, 0, 0, 0, 0, pad_keys)).transpose(0, 1)  # [Hkv, T*, D]
+    values = F.pad(values, (0, 0, 0, 0, 0, pad_keys)).transpose(0, 1)  # [Hkv, T*, Dv]
+    out = q.new_empty(n, hq, dv)
+    for qa in range(0, n, QUERY_BLOCK):
+        qb = q[qa : qa + QUERY_BLOCK]
+        pos = positions[qa : qa + QUERY_BLOCK]
+        m = qb.shape[0]
+        if m < QUERY_BLOCK:  # padded queries repeat the last position; their rows are dropped
+            qb = F.pad(qb, (0, 0, 0, 0, 0, QUERY_BLOCK - m))
+            pos = torch.cat([pos, pos[-1:].expand(QUERY_BLOCK - m)])
+        out[qa : qa + m] = _block(qb, pos, keys, values, group, scale, window)[:m]
+    return out
+
+
+def _block(qb, pos, keys, values, group, scale, window):
+    """One query block against the key tiles it can see."""
+    hkv = keys.shape[0]
+    bq = qb.shape[0]
+    # [Bq, Hkv*G, D] -> [Hkv, G*Bq, D]: query head h reads KV head h // G.
+    qh = qb.view(bq, hkv, group, -1).permute(1, 2, 0, 3).reshape(hkv, group * bq, -1)
+    qpos = pos.repeat(group)  # [G*Bq], matching qh's rows
+    lo = 0 if window is None else max(0, int(pos.min()) - window + 1) // KEY_TILE * KEY_TILE
+    hi = int(pos.max()) + 1
+    run_max = torch.full((hkv, group * bq, 1), float("-inf"))
+    run_sum = torch.zeros(hkv, group * bq, 1)
+    acc = torch.zeros(hkv, group * bq, values.shape[-1])
+    for t0 in range(lo, hi, KEY_TILE):
+        kpos = torch.arange(t0, t0 + KEY_TILE)
+        visible = kpos[None, :] <= qpos[:, None]
+        if window is not None:
+            visible &= kpos[None, :] > qpos[:, None] - window
+        s = torch.bmm(qh, keys[:, t0 : t0 + KEY_TILE].transpose(1, 2)) * scale
+        s = s.masked_fill(~visible, float("-inf"))
+        new_max = torch.maximum(run_max, s.amax(-1, keepdim=True))
+        safe = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+        p = torch.exp(s - safe)
+        alpha = torch.exp(run_max - safe)
+        run_sum = run_sum * alpha + p.sum(-1, keepdim=True)
+        acc = acc * alpha + torch.bmm(p, values[:, t0 : t0 + KEY_TILE])
+        run_max = new_max
+    o = acc / run_sum  # [Hkv, G*Bq, Dv]
+    return o.view(hkv, group, bq, -1).permute(2, 0, 1, 3).reshape(bq, hkv * group, -1)

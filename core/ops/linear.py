@@ -1,0 +1,32 @@
+"""Batch-invariant linear layers.
+
+A BLAS picks its kernel (and so its summation order) by the row count: on the CPU the same row
+gives different bits in a [1, K] and in a [300, K] product. Multiplying in fixed blocks of
+ROW_BLOCK rows (the last one zero-padded) gives every row the same kernel whatever the pass
+holds, so concurrent == solo.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+ROW_BLOCK = 16
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight[N, K]ᵀ (+ bias) -> [..., N], each row independent of the others."""
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, x.shape[-1])
+    m = rows.shape[0]
+    pad = (-m) % ROW_BLOCK
+    if pad:
+        rows = F.pad(rows, (0, 0, 0, pad))
+    out = rows.new_empty(rows.shape[0], weight.shape[0])
+    wt = weight.t()
+    for i in range(0, rows.shape[0], ROW_BLOCK):
+        torch.mm(rows[i : i + ROW_BLOCK], wt, out=out[i : i + ROW_BLOCK])
+    out = out[:m]
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*lead, weight.shape[0])

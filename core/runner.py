@@ -1,0 +1,70 @@
+"""Runs passes of a family's model over the pool: the storage behind pages and slots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from tensorfold.adapters import paged_kv
+from tensorfold.adapters.paged_kv import PagedRows
+from tensorfold.adapters.stream_state import StreamSlots
+
+from .forward_pass import ForwardPass, LogitRows, StreamRows
+from .kv_pool import KVPool, Lease
+from .model import FamilyModel
+
+
+class ModelRunner:
+    """A model, its pool of pages, the storage behind them, and a fixed-state slot a lane."""
+
+    def __init__(
+        self,
+        model: FamilyModel,
+        *,
+        num_pages: int,
+        num_slots: int,
+        page_rows: int = 512,
+        poison: bool = False,
+        plugin_manager=None,
+    ):
+        self.model = model
+        self.pool = KVPool(num_pages, page_rows, poison=poison)
+        device = str(model.device)
+        rows = None
+        if plugin_manager is not None:
+            rows = plugin_manager.hook.share_pool(
+                layout=model.layout, num_pages=num_pages, page_rows=page_rows, device=device
+            )
+        self.rows: PagedRows = rows or paged_kv.share_pool(model.layout, num_pages, page_rows, device)
+        self.slots = StreamSlots(model.layout.fixed, num_slots, device)
+        if poison:
+            self.pool.on_freed.append(self.rows.poison)
+
+    @torch.inference_mode()
+    def run(self, streams: Sequence[StreamRows]) -> list[torch.Tensor]:
+        """One pass; returns each stream's logits ([rows wanted, vocab], fp32)."""
+        fp = ForwardPass(streams, self.pool.page_rows, self.model.device)
+        logits = self.model.forward(fp, self.rows, self.slots)
+        return fp.split_logits(logits)
+
+
+@dataclass
+class Stream:
+    """A stream driven directly (tests, tools): its slot, its lease and how far it has run."""
+
+    slot: int
+    lease: Lease
+    pos: int = 0
+
+    def rows(self, tokens: Sequence[int], logits: LogitRows = "last") -> StreamRows:
+        """The next run of rows; takes the pages they need from the lease."""
+        pages = self.lease.cover(self.pos + len(tokens))
+        run = StreamRows(self.slot, self.pos, list(tokens), list(pages), logits)
+        self.pos += len(tokens)
+        return run
+
+
+def open_stream(runner: ModelRunner, slot: int, max_rows: int) -> Stream:
+    return Stream(slot, runner.pool.lease(max_rows))
