@@ -1,0 +1,49 @@
+"""Depthwise causal short convolution over one stream's run, with a carried tail (torch
+reference, the CPU path).
+
+A stream's conv state is its tail: the last K-1 inputs before the run, [C, K-1] (oldest first).
+Output t of the run is Σ_j w[:, j] · ext[t + j] over ext = tail ++ run (K taps, accumulated in
+fp32 in tap order, bias last, rounded to the input dtype). Every output is an elementwise function
+of its own K inputs, so where a pass cuts the run cannot change it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def _extend(u: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+    """u [n, C], tail [C, K-1] -> ext [K-1+n, C]"""
+    return torch.cat((tail.t().to(u.dtype), u), dim=0)
+
+
+def causal_conv(
+    u: torch.Tensor, tail: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """u [n, C] (the run, in position order); tail [C, K-1]; weight [C, K]; bias [C].
+
+    Returns (out [n, C] in u's dtype, new tail [C, K-1]: the last K-1 inputs of tail ++ run)."""
+    n = u.shape[0]
+    k = weight.shape[1]
+    ext = _extend(u, tail)
+    w = weight.float()
+    acc = ext[0:n].float() * w[:, 0]
+    for j in range(1, k):
+        acc = acc + ext[j : j + n].float() * w[:, j]
+    if bias is not None:
+        acc = acc + bias.float()
+    return acc.to(u.dtype), ext[n:].t().contiguous()
+
+
+def tails_at(u: torch.Tensor, tail: torch.Tensor, counts: Sequence[int], k: int) -> torch.Tensor:
+    """The tail as it stood after the first `a` rows of the run, for each a in counts
+    (1 <= a <= n). u [n, C]; tail [C, K-1] -> [len(counts), C, K-1]."""
+    ext = _extend(u, tail)
+    if any(not 0 <= a <= u.shape[0] for a in counts):
+        raise ValueError(f"tap counts {list(counts)} must lie in [0, {u.shape[0]}]")
+    taps = [ext[a : a + k - 1].t() for a in counts]
+    if not taps:
+        return ext.new_empty(0, ext.shape[1], k - 1)
+    return torch.stack(taps)

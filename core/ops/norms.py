@@ -1,0 +1,17 @@
+"""RMSNorm as the transformers reference computes it (torch reference, the CPU path).
+
+`weight * cast(x_fp32 * rsqrt(mean(x_fp32²) + eps))`: normalised in fp32, rounded to x's dtype,
+then scaled in the weight's dtype. Each row reduces only its own last dimension, so a row's
+result does not depend on the other rows of the pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., D], weight [D] -> [..., D] (dtype: x's and weight's promoted)."""
+    xf = x.float()
+    variance = xf.pow(2).mean(-1, keepdim=True)
+    return weight * (xf * torch.rsqrt(variance + eps)).to(x.dtype)

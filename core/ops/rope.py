@@ -1,0 +1,37 @@
+"""Rotary position embeddings, NeoX style (rotate-half over the whole head), from absolute
+positions (torch reference, the CPU path).
+
+cos/sin are computed in fp32 from `position * inv_freq` and cast to the model dtype before they
+touch q and k, as the transformers reference does. Every op here is elementwise per position, so
+a row's rotation never depends on which other positions share the pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def inv_freq(head_dim: int, theta: float, device: str | torch.device = "cpu") -> torch.Tensor:
+    """[head_dim // 2] fp32: theta^(-2i/head_dim)."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
+    return 1.0 / (theta**exponents)
+
+
+def cos_sin(
+    positions: torch.Tensor, freqs: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [N] (absolute), freqs [D/2] fp32 -> cos, sin [N, D] in `dtype`."""
+    angles = positions.float()[:, None] * freqs[None, :]  # [N, D/2]
+    emb = torch.cat((angles, angles), dim=-1)  # [N, D]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [N, H, D]; cos, sin [N, D] -> [N, H, D]: x·cos + rotate_half(x)·sin."""
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return (x * cos) + (rotate_half(x) * sin)

@@ -1,0 +1,77 @@
+"""The layers of LFM2-MoE over one pass's rows, as modeling_lfm2_moe.py (5.23.0) computes them.
+
+Rows are a pass's flat [N, H] hidden states; the mixers reach each stream's history through its
+page table (attention) or its fixed-state slot (short conv).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from tensorfold.forward_pass import ForwardPass
+from tensorfold.ops import moe as moe_ops
+from tensorfold.ops.attention import paged_attention
+from tensorfold.ops.conv import causal_conv
+from tensorfold.ops.linear import linear
+from tensorfold.ops.norms import rms_norm
+from tensorfold.ops.rope import apply_rope
+
+from .config import Lfm2MoeConfig
+from .weights import AttentionWeights, ConvWeights, DenseWeights, MoeWeights
+
+if TYPE_CHECKING:
+    from tensorfold.adapters.paged_kv import PagedRows
+    from tensorfold.adapters.stream_state import StreamSlots
+
+
+def attention(
+    cfg: Lfm2MoeConfig,
+    name: str,
+    w: AttentionWeights,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    fp: ForwardPass,
+    rows: "PagedRows",
+) -> torch.Tensor:
+    """GQA with per-head q/k RMSNorm before RoPE. x [N, H]; cos, sin [N, D] -> [N, H].
+    Writes the pass's k/v rows to `{name}.k` / `{name}.v` before attending."""
+    n, d = x.shape[0], cfg.head_dim
+    q = rms_norm(linear(x, w.q).view(n, cfg.num_attention_heads, d), w.q_norm, cfg.norm_eps)
+    k = rms_norm(linear(x, w.k).view(n, cfg.num_key_value_heads, d), w.k_norm, cfg.norm_eps)
+    v = linear(x, w.v).view(n, cfg.num_key_value_heads, d)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    rows.write(f"{name}.k", fp.write_index, k)
+    rows.write(f"{name}.v", fp.write_index, v)
+    o = paged_attention(q, rows.flat(f"{name}.k"), rows.flat(f"{name}.v"), fp, scale=d**-0.5)
+    return linear(o.reshape(n, -1), w.out)
+
+
+def short_conv(
+    name: str, w: ConvWeights, x: torch.Tensor, fp: ForwardPass, slots: "StreamSlots"
+) -> torch.Tensor:
+    """out_proj(C ⊙ conv(B ⊙ x)), the conv carried across passes in slot `{name}.conv`
+    ([slots, H, K-1]). x [N, H] -> [N, H]."""
+    b, c, xs = linear(x, w.in_proj, w.in_bias).chunk(3, dim=-1)  # 3 x [N, H]
+    u = b * xs
+    state = slots.get(f"{name}.conv")
+    z = torch.empty_like(u)
+    for stream, (lo, hi) in zip(fp.streams, fp.spans):
+        tail = state[stream.slot]
+        if stream.start == 0:
+            tail = torch.zeros_like(tail)
+        z[lo:hi], state[stream.slot] = causal_conv(u[lo:hi], tail, w.conv, w.conv_bias)
+    return linear(c * z, w.out_proj, w.out_bias)
+
+
+def feed_forward(cfg: Lfm2MoeConfig, w: DenseWeights | MoeWeights, x: torch.Tensor) -> torch.Tensor:
+    """x [N, H] -> [N, H]: the dense SwiGLU, or the sigmoid-routed MoE."""
+    if isinstance(w, DenseWeights):
+        return moe_ops.gated_ffn(x, w.w1, w.w3, w.w2)
+    weights, experts = moe_ops.route(
+        x, w.gate, w.expert_bias, cfg.num_experts_per_tok,
+        norm_topk_prob=cfg.norm_topk_prob, scaling=cfg.routed_scaling_factor,
+    )
+    return moe_ops.moe(x, weights, experts, w.w1, w.w3, w.w2)

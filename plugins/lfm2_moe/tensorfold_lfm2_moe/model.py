@@ -1,0 +1,83 @@
+"""LFM2-MoE over the pool's pages: short-conv and GQA layers, dense and MoE FFNs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from tensorfold.checkpoint import torch_dtype
+from tensorfold.family import ModelShape, RowSpec, StateLayout, StateSpec
+from tensorfold.forward_pass import ForwardPass
+from tensorfold.model import FamilyModel
+from tensorfold.ops import rope
+from tensorfold.ops.linear import linear
+from tensorfold.ops.norms import rms_norm
+
+from . import layers
+from .config import Lfm2MoeConfig
+from .weights import AttentionWeights, ModelWeights, load_weights
+
+if TYPE_CHECKING:
+    from tensorfold.adapters.paged_kv import PagedRows
+    from tensorfold.adapters.stream_state import StreamSlots
+    from tensorfold.checkpoint import Checkpoint
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def load(checkpoint: "Checkpoint", device: str, dtype: str) -> "Lfm2MoeModel":
+    """Parse config.json and load the weights in `dtype` (one of DTYPES) onto `device`."""
+    if str(dtype).removeprefix("torch.") not in DTYPES:
+        raise ValueError(f"lfm2_moe runs in {', '.join(DTYPES)}, not {dtype!r}")
+    cfg = Lfm2MoeConfig.from_dict(checkpoint.config, str(checkpoint.path / "config.json"))
+    tdtype = torch_dtype(dtype)
+    return Lfm2MoeModel(cfg, load_weights(checkpoint, cfg, device, tdtype), device, tdtype)
+
+
+def shape(config: dict, dtype: str) -> ModelShape:
+    """The memory plan's view of a checkpoint, from config.json alone."""
+    cfg = Lfm2MoeConfig.from_dict(config, "config.json")
+    return ModelShape(state_layout(cfg, torch_dtype(dtype)), cfg.max_position_embeddings)
+
+
+def state_layout(cfg: Lfm2MoeConfig, dtype: torch.dtype) -> StateLayout:
+    """Attention layers page K and V rows [kv_heads, head_dim]; conv layers keep their tail
+    (the last K-1 values of B⊙x) per stream, [H, K-1]. Any row is a usable mark."""
+    name = str(dtype).removeprefix("torch.")
+    row = (cfg.num_key_value_heads, cfg.head_dim)
+    paged = tuple(
+        RowSpec(f"L{i}.{kv}", row, name) for i in cfg.attention_layers for kv in ("k", "v")
+    )
+    tail = (cfg.hidden_size, cfg.conv_L_cache - 1)
+    fixed = tuple(StateSpec(f"L{i}.conv", tail, name) for i in cfg.conv_layers)
+    return StateLayout(paged=paged, fixed=fixed, mark_rows=1)
+
+
+class Lfm2MoeModel(FamilyModel):
+    name = "lfm2_moe"
+
+    def __init__(self, cfg: Lfm2MoeConfig, weights: ModelWeights, device: str, dtype: torch.dtype):
+        self.cfg = cfg
+        self.weights = weights
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.layout = state_layout(cfg, dtype)
+        self.vocab_size = cfg.vocab_size
+        self.max_positions = cfg.max_position_embeddings
+        self.inv_freq = rope.inv_freq(cfg.head_dim, cfg.rope_theta, self.device)  # [D/2] fp32
+
+    def forward(self, fp: ForwardPass, rows: "PagedRows", slots: "StreamSlots") -> torch.Tensor:
+        cfg, w = self.cfg, self.weights
+        h = w.embed.index_select(0, fp.tokens)  # [N, H]
+        cos, sin = rope.cos_sin(fp.positions, self.inv_freq, self.dtype)  # [N, D]
+        for i, layer in enumerate(w.layers):
+            x = rms_norm(h, layer.operator_norm, cfg.norm_eps)
+            if isinstance(layer.mixer, AttentionWeights):
+                y = layers.attention(cfg, f"L{i}", layer.mixer, x, cos, sin, fp, rows)
+            else:
+                y = layers.short_conv(f"L{i}", layer.mixer, x, fp, slots)
+            h = y + h
+            h = h + layers.feed_forward(cfg, layer.ffn, rms_norm(h, layer.ffn_norm, cfg.norm_eps))
+        out = rms_norm(h.index_select(0, fp.logit_rows), w.final_norm, cfg.norm_eps)
+        return linear(out, w.lm_head).float()  # [R, V]

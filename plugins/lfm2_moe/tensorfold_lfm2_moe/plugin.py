@@ -1,0 +1,27 @@
+"""The lfm2_moe plugin's hook implementations (cheap to import: no torch)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from tensorfold import hookimpl
+from tensorfold.family import FamilySpec
+
+LFM2_MOE = FamilySpec(
+    name="lfm2_moe",
+    load="tensorfold_lfm2_moe.model:load",
+    build_demo="tensorfold_lfm2_moe.demo:build_demo",
+    shape="tensorfold_lfm2_moe.model:shape",
+    description="LFM2 / LFM2.5 MoE (Liquid AI): gated short convolutions and GQA attention, "
+    "sigmoid-routed top-k experts",
+)
+
+
+@hookimpl
+def register_families(register: Callable[[FamilySpec], None]) -> None:
+    register(LFM2_MOE)
+
+
+@hookimpl
+def profile_rows(register: Callable[..., None]) -> None:
+    """lfm2_moe reads no TF_* setting of its own: no rows."""

@@ -1,0 +1,148 @@
+"""The weights of an LFM2-MoE checkpoint under their on-disk names, shape-checked as they load.
+
+On disk (as transformers 5.23.0 saves and real checkpoints ship): per-expert w1/w2/w3, the conv
+weight as [H, 1, K], `feed_forward.expert_bias` in fp32, and no `lm_head.weight` when the
+embeddings are tied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from .config import ATTENTION, Lfm2MoeConfig
+
+if TYPE_CHECKING:
+    from tensorfold.checkpoint import Checkpoint
+
+
+@dataclass
+class AttentionWeights:
+    q: torch.Tensor  # [heads*D, H]
+    k: torch.Tensor  # [kv_heads*D, H]
+    v: torch.Tensor  # [kv_heads*D, H]
+    out: torch.Tensor  # [H, heads*D]
+    q_norm: torch.Tensor  # [D]
+    k_norm: torch.Tensor  # [D]
+
+
+@dataclass
+class ConvWeights:
+    in_proj: torch.Tensor  # [3H, H]: rows B, C, x
+    in_bias: torch.Tensor | None  # [3H]
+    conv: torch.Tensor  # [H, K]
+    conv_bias: torch.Tensor | None  # [H]
+    out_proj: torch.Tensor  # [H, H]
+    out_bias: torch.Tensor | None  # [H]
+
+
+@dataclass
+class DenseWeights:
+    w1: torch.Tensor  # [I, H]
+    w3: torch.Tensor  # [I, H]
+    w2: torch.Tensor  # [H, I]
+
+
+@dataclass
+class MoeWeights:
+    gate: torch.Tensor  # [E, H]
+    expert_bias: torch.Tensor | None  # [E] fp32
+    w1: Sequence[torch.Tensor]  # E x [I, H]
+    w3: Sequence[torch.Tensor]  # E x [I, H]
+    w2: Sequence[torch.Tensor]  # E x [H, I]
+
+
+@dataclass
+class LayerWeights:
+    operator_norm: torch.Tensor  # [H]
+    ffn_norm: torch.Tensor  # [H]
+    mixer: AttentionWeights | ConvWeights
+    ffn: DenseWeights | MoeWeights
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor  # [V, H]
+    final_norm: torch.Tensor  # [H]
+    lm_head: torch.Tensor  # [V, H]
+    layers: list[LayerWeights]
+
+
+class _Reader:
+    def __init__(self, ckpt: "Checkpoint", device: str, dtype: torch.dtype):
+        self.ckpt, self.device, self.dtype = ckpt, device, dtype
+
+    def __call__(self, name: str, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return self.ckpt.load(name, device=self.device, dtype=dtype or self.dtype, shape=shape)
+
+    def bias(self, name: str, size: int, present: bool) -> torch.Tensor | None:
+        return self(name, size) if present else None
+
+
+def load_weights(
+    ckpt: "Checkpoint", cfg: Lfm2MoeConfig, device: str, dtype: torch.dtype
+) -> ModelWeights:
+    read = _Reader(ckpt, device, dtype)
+    h, v = cfg.hidden_size, cfg.vocab_size
+    embed = read("model.embed_tokens.weight", v, h)
+    layers = []
+    for i, kind in enumerate(cfg.layer_types):
+        p = f"model.layers.{i}"
+        mixer = _attention(read, cfg, p) if kind == ATTENTION else _conv(read, cfg, p)
+        ffn = _dense(read, cfg, p) if cfg.is_dense(i) else _moe(read, cfg, p)
+        layers.append(
+            LayerWeights(read(f"{p}.operator_norm.weight", h), read(f"{p}.ffn_norm.weight", h),
+                         mixer, ffn)
+        )
+    # As the reference: an lm_head.weight on disk is used even when the config ties (5.23.0
+    # unties then); without one, a tied model reuses the embeddings and an untied one is refused.
+    tied = cfg.tie_word_embeddings and not ckpt.has("lm_head.weight")
+    lm_head = embed if tied else read("lm_head.weight", v, h)
+    return ModelWeights(embed, read("model.embedding_norm.weight", h), lm_head, layers)
+
+
+def _attention(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> AttentionWeights:
+    h, d = cfg.hidden_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    a = f"{p}.self_attn"
+    return AttentionWeights(
+        q=read(f"{a}.q_proj.weight", q, h), k=read(f"{a}.k_proj.weight", kv, h),
+        v=read(f"{a}.v_proj.weight", kv, h), out=read(f"{a}.out_proj.weight", h, q),
+        q_norm=read(f"{a}.q_layernorm.weight", d), k_norm=read(f"{a}.k_layernorm.weight", d),
+    )
+
+
+def _conv(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> ConvWeights:
+    h, k, bias = cfg.hidden_size, cfg.conv_L_cache, cfg.conv_bias
+    c = f"{p}.conv"
+    return ConvWeights(
+        in_proj=read(f"{c}.in_proj.weight", 3 * h, h),
+        in_bias=read.bias(f"{c}.in_proj.bias", 3 * h, bias),
+        conv=read(f"{c}.conv.weight", h, 1, k).reshape(h, k),
+        conv_bias=read.bias(f"{c}.conv.bias", h, bias),
+        out_proj=read(f"{c}.out_proj.weight", h, h),
+        out_bias=read.bias(f"{c}.out_proj.bias", h, bias),
+    )
+
+
+def _dense(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> DenseWeights:
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    f = f"{p}.feed_forward"
+    return DenseWeights(read(f"{f}.w1.weight", i, h), read(f"{f}.w3.weight", i, h),
+                        read(f"{f}.w2.weight", h, i))
+
+
+def _moe(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> MoeWeights:
+    h, i, n = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
+    f = f"{p}.feed_forward"
+    bias = read(f"{f}.expert_bias", n, dtype=torch.float32) if cfg.use_expert_bias else None
+    experts = [f"{f}.experts.{e}" for e in range(n)]
+    return MoeWeights(
+        gate=read(f"{f}.gate.weight", n, h),
+        expert_bias=bias,
+        w1=[read(f"{e}.w1.weight", i, h) for e in experts],
+        w3=[read(f"{e}.w3.weight", i, h) for e in experts],
+        w2=[read(f"{e}.w2.weight", h, i) for e in experts],
+    )
