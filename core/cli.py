@@ -207,6 +207,7 @@ register_command(
     "generate", "complete prompts offline, through the lanes",
     "tensorfold.generate_cli:add_arguments", "tensorfold.generate_cli:run",
 )
+register_command("serve", "serve a model over HTTP (OpenAI API)", "tensorfold.serve_cli:add_arguments", "tensorfold.serve_cli:run")  # noqa: E501
 
 
 if __name__ == "__main__":

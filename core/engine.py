@@ -1,0 +1,114 @@
+"""The step loop, on its own thread: schedule -> run -> fold back, until stopped.
+
+Requests come in from any thread (the server's event loop, the offline API); events go back
+through each request's sink, called on the engine thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Callable, Iterable, Iterator
+
+from .lanes import Lanes
+from .logs import get_logger
+from .requests import Event, Finished, Request
+from .sampling import SamplingParams
+
+log = get_logger("tensorfold.engine")
+
+
+class QueueFull(RuntimeError):
+    """More requests are waiting than the engine queues; try again later (HTTP 503)."""
+
+
+class Engine:
+    def __init__(self, lanes: Lanes, max_waiting: int = 1024):
+        self.lanes = lanes
+        self.max_waiting = max_waiting
+        self._inbox: list[Request] = []
+        self._cancels: set[str] = set()
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    # -- any thread ---------------------------------------------------------------------------
+
+    def start(self) -> "Engine":
+        self._thread = threading.Thread(target=self._loop, name="tensorfold-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        sink: Callable[[Event], None],
+        marks: Iterable[int] = (),
+    ) -> Request:
+        """Queue a request; raises RequestRefused at once if it can never run here, QueueFull
+        when max_waiting requests already wait."""
+        req = Request(list(prompt), params.with_seed(), sink, marks=tuple(marks))
+        self.lanes.check(req)
+        with self._wake:
+            if self._stopping:
+                raise QueueFull("the engine is shutting down")
+            if self.waiting() >= self.max_waiting:
+                raise QueueFull(f"{self.max_waiting} requests are already waiting")
+            self._inbox.append(req)
+            self._wake.notify()
+        return req
+
+    def cancel(self, req: Request) -> None:
+        """The request ends (reason "cancelled") and its lane and pages come back next round."""
+        req.cancelled = True
+        with self._wake:
+            self._wake.notify()
+
+    def waiting(self) -> int:
+        """Requests submitted and not yet on a lane (a racy read, for admission control)."""
+        return len(self._inbox) + len(self.lanes.waiting)
+
+    def busy(self) -> int:
+        """Lanes holding a request now (a racy read, for metrics)."""
+        return len(self.lanes.live)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop admitting; in-flight requests run to their end, then the loop exits."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def stream(self, prompt: list[int], params: SamplingParams) -> Iterator[Event]:
+        """Submit and yield its events as they come (for the offline API and tools)."""
+        events: queue.Queue[Event] = queue.Queue()
+        self.submit(prompt, params, events.put)
+        while True:
+            event = events.get()
+            yield event
+            if isinstance(event, Finished):
+                return
+
+    # -- the engine thread --------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        lanes = self.lanes
+        while True:
+            with self._wake:
+                while not self._inbox and lanes.idle and not self._stopping:
+                    self._wake.wait()
+                inbox, self._inbox = self._inbox, []
+                if self._stopping and not inbox and lanes.idle:
+                    return
+            for req in inbox:
+                lanes.add(req)
+            try:
+                lanes.step()
+            except Exception as exc:  # a failed pass ends its requests; the engine keeps serving
+                log.exception("pass failed", error=str(exc))
+                self.error = exc
+                lanes.fail_all(f"{type(exc).__name__}: {exc}")
+                lanes.census()

@@ -1,0 +1,72 @@
+"""`tensorfold generate`: complete prompts offline, through the lanes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tensorfold.settings import Settings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tensorfold.cli import add_family_arguments, add_engine_arguments
+
+    add_family_arguments(parser)
+    add_engine_arguments(parser)
+    parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt texts")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--chat", action="store_true", help="render each prompt as a user turn")
+    parser.add_argument("--json", action="store_true", help="one JSON object per completion")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    from tensorfold.chat_template import render_chat
+    from tensorfold.llm import LLM
+    from tensorfold.requests import RequestRefused
+    from tensorfold.sampling import SamplingParams, SamplingParamsError
+    from tensorfold.cli import CommandError, start_checks
+
+    start_checks(settings)
+    try:
+        params = SamplingParams(
+            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+            max_tokens=args.max_tokens,
+        )
+    except SamplingParamsError as exc:
+        raise CommandError(str(exc)) from None
+    llm = LLM.from_settings(settings, args.family, args.model)
+    try:
+        prompts: list = list(args.prompts)
+        if args.chat:
+            template = llm.tokenizer.chat_template
+            if template is None:
+                raise CommandError("the checkpoint has no chat template; drop --chat")
+            prompts = [
+                llm.tokenizer.encode(
+                    render_chat(
+                        template, [{"role": "user", "content": p}],
+                        bos_token=llm.tokenizer.bos_token, eos_token=llm.tokenizer.eos_token,
+                        with_marks=False,
+                    ).text
+                )
+                for p in prompts
+            ]
+        try:
+            completions = llm.generate(prompts, params)
+        except RequestRefused as exc:
+            raise CommandError(str(exc)) from None
+        for prompt, c in zip(args.prompts, completions):
+            if args.json:
+                print(json.dumps({"prompt": prompt, "text": c.text, "token_ids": c.token_ids,
+                                  "finish_reason": c.finish_reason, "seed": c.seed}))
+            else:
+                print(f"{prompt!r} -> {c.text!r} ({c.finish_reason}, seed {c.seed})")
+        sys.stdout.flush()
+        return 0 if all(c.error is None for c in completions) else 1
+    finally:
+        llm.close()

@@ -1,0 +1,232 @@
+"""The lane scheduler: admission, passes, decode rounds.
+
+Each round is one pass: every decoding lane's next row, then prompt rows in admission order up
+to `pass_rows`, each chunk cut on the absolute `pass_rows` grid. A request is admitted when a
+lane is free and the pool can promise its rows (prompt + max tokens + lookahead); until then it
+waits, so an admitted stream never fails for memory. Runs on the engine's thread only.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from .forward_pass import StreamRows
+from .kv_pool import Lease
+from .logs import get_logger
+from .requests import Finished, Request, RequestRefused, TokenOut
+from .runner import ModelRunner
+from .sampling import RowHistory, sample_row
+from .stops import StopChecker
+from .tokenizer import IncrementalDecoder, Tokenizer
+
+log = get_logger("tensorfold.lanes")
+
+PASS_ROWS = 2048
+
+
+@dataclass
+class Live:
+    """An admitted request on its lane."""
+
+    req: Request
+    slot: int
+    lease: Lease
+    stops: StopChecker
+    history: RowHistory
+    decoder: IncrementalDecoder | None
+    pos: int = 0  # rows already in the pages and state
+    next_token: int | None = None  # sampled, to be fed in the next round
+    generated: list[int] = field(default_factory=list)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.pos < len(self.req.prompt)
+
+
+class Lanes:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        *,
+        lanes: int,
+        window: int,
+        tokenizer: Tokenizer | None = None,
+        eos_token_ids: Iterable[int] = (),
+        pass_rows: int = PASS_ROWS,
+        lookahead: int = 0,
+    ):
+        if lanes > runner.slots.num_slots:
+            raise ValueError(f"{lanes} lanes need {lanes} state slots, the runner has fewer")
+        self.runner = runner
+        self.pool = runner.pool
+        self.window = window
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.pass_rows = pass_rows
+        self.lookahead = lookahead
+        self.free_slots = list(range(lanes - 1, -1, -1))
+        self.waiting: deque[Request] = deque()
+        self.live: list[Live] = []  # admission order
+        self.uneven = 0
+        self.passes = 0
+
+    # -- submission (validated before it is queued) ------------------------------------------
+
+    def check(self, req: Request) -> None:
+        """Refuse a request that can never run here, naming both numbers."""
+        n, m = len(req.prompt), req.params.max_tokens
+        if n == 0:
+            raise RequestRefused("the prompt is empty", "prompt")
+        if n + m > self.window:
+            raise RequestRefused(
+                f"the prompt's {n} tokens plus max_tokens {m} make {n + m}, more than the "
+                f"{self.window}-token window",
+                "max_tokens",
+            )
+        pages = self.pool.pages_for(n + m + self.lookahead)
+        if pages > self.pool.num_pages:
+            raise RequestRefused(
+                f"the prompt's {n} tokens plus max_tokens {m} need {pages} pages; the pool has "
+                f"{self.pool.num_pages}",
+                "max_tokens",
+            )
+
+    def add(self, req: Request) -> None:
+        self.check(req)
+        self.waiting.append(req)
+
+    @property
+    def idle(self) -> bool:
+        return not self.live and not self.waiting
+
+    # -- one round ----------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """Run one round; False when there was nothing to do."""
+        self._drop_cancelled()
+        self._admit()
+        if not self.live:
+            return False
+        runs, owners = self._plan_pass()
+        logits = self.runner.run(runs)
+        self.passes += 1
+        for stream, run, out in zip(owners, runs, logits):
+            stream.pos = run.end
+            if out.shape[0]:
+                self._sample(stream, out[-1])
+        if self.idle:
+            self.census()
+        return True
+
+    def _admit(self) -> None:
+        while self.waiting and self.free_slots:
+            req = self.waiting[0]
+            if req.cancelled:
+                self.waiting.popleft()
+                self._finish_unadmitted(req, "cancelled")
+                continue
+            rows = len(req.prompt) + req.params.max_tokens + self.lookahead
+            if not self.pool.can_promise(self.pool.pages_for(rows)):
+                break  # waits for pages; later requests wait behind it, in order
+            self.waiting.popleft()
+            decoder = IncrementalDecoder(self.tokenizer) if self.tokenizer else None
+            self.live.append(
+                Live(
+                    req=req,
+                    slot=self.free_slots.pop(),
+                    lease=self.pool.lease(rows),
+                    stops=StopChecker.for_params(req.params, self.eos_token_ids),
+                    history=RowHistory(req.prompt),
+                    decoder=decoder,
+                )
+            )
+
+    def _plan_pass(self) -> tuple[list[StreamRows], list[Live]]:
+        runs, owners = [], []
+        for s in self.live:
+            if not s.prefilling and s.next_token is not None:
+                runs.append(StreamRows(s.slot, s.pos, [s.next_token], s.lease.cover(s.pos + 1)))
+                owners.append(s)
+        budget = self.pass_rows
+        for s in self.live:
+            if budget <= 0:
+                break
+            if not s.prefilling:
+                continue
+            grid_end = (s.pos // self.pass_rows + 1) * self.pass_rows
+            end = min(len(s.req.prompt), s.pos + budget, grid_end)
+            tokens = s.req.prompt[s.pos : end]
+            last = end == len(s.req.prompt)
+            pages = s.lease.cover(end)
+            runs.append(StreamRows(s.slot, s.pos, tokens, pages, "last" if last else "none"))
+            owners.append(s)
+            budget -= len(tokens)
+        return runs, owners
+
+    def _sample(self, s: Live, logits) -> None:
+        params = s.req.params
+        t = len(s.generated)
+        result = sample_row(logits, params, t, s.history)
+        s.generated.append(result.token)
+        s.history.append(result.token)
+        piece = s.decoder.step([result.token]) if s.decoder else ""
+        step = s.stops.feed(result.token, piece)
+        s.req.sink(
+            TokenOut(s.req.id, t, result.token, step.text, result.logprob, result.top_logprobs)
+        )
+        if step.finish_reason is not None:
+            cut_at_stop_string = isinstance(step.stop_reason, str)
+            self._release(s, step.finish_reason, flush=not cut_at_stop_string)
+        else:
+            s.next_token = result.token
+
+    # -- endings ------------------------------------------------------------------------------
+
+    def _drop_cancelled(self) -> None:
+        for s in [s for s in self.live if s.req.cancelled]:
+            self._release(s, "cancelled")
+
+    def _release(self, s: Live, reason: str, error: str | None = None, flush: bool = True) -> None:
+        self.live.remove(s)
+        s.lease.release()
+        if self.pool.poison_freed:
+            self.runner.slots.poison(s.slot)
+        self.free_slots.append(s.slot)
+        # Text still held back (a partial character, a possible stop string's start) goes out,
+        # unless the stream ended at a stop string, after which nothing is released.
+        tail = ""
+        if flush:
+            tail = s.stops.flush() + (s.decoder.flush() if s.decoder else "")
+        s.req.sink(
+            Finished(
+                s.req.id,
+                reason,  # type: ignore[arg-type]
+                tail,
+                len(s.req.prompt),
+                len(s.generated),
+                0,
+                s.req.params.seed,
+                error,
+            )
+        )
+
+    def _finish_unadmitted(self, req: Request, reason: str, error: str | None = None) -> None:
+        req.sink(Finished(req.id, reason, "", len(req.prompt), 0, 0, req.params.seed, error))  # type: ignore[arg-type]
+
+    def fail_all(self, error: str) -> None:
+        """End every request with an error (the forward raised): lanes and pages come back."""
+        for s in list(self.live):
+            self._release(s, "error", error)
+        while self.waiting:
+            self._finish_unadmitted(self.waiting.popleft(), "error", error)
+
+    def census(self) -> bool:
+        census = self.pool.census()
+        if census.idle_even:
+            log.info(census.line())
+            return True
+        self.uneven += 1
+        log.error("UNEVEN " + census.line(), live=census.live)
+        return False

@@ -1,0 +1,106 @@
+"""The offline Python API: `tensorfold.LLM(family=..., model=...).generate(prompts, sampling)`.
+Every request goes through the lanes, as the server's do."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence, Union
+
+from .requests import Event, Finished, TokenOut
+from .sampling import SamplingParams
+from .settings import Settings
+from .start import Served, open_served
+
+Prompt = Union[str, Sequence[int]]
+
+
+@dataclass
+class Completion:
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: str | None = None
+    seed: int | None = None
+    cached_tokens: int = 0
+    error: str | None = None
+
+
+class _Collector:
+    def __init__(self, completion: Completion, done: threading.Event):
+        self.completion = completion
+        self.done = done
+
+    def __call__(self, event: Event) -> None:
+        c = self.completion
+        if isinstance(event, TokenOut):
+            c.token_ids.append(event.token)
+            c.text += event.text
+            c.logprobs.append(event.logprob)
+            c.top_logprobs.append(event.top_logprobs)
+        elif isinstance(event, Finished):
+            c.text += event.text
+            c.finish_reason = event.reason
+            c.seed = event.seed
+            c.cached_tokens = event.cached_tokens
+            c.error = event.error
+            self.done.set()
+
+
+class LLM:
+    """A served model in this process. Settings come from TF_* variables, overridden by the
+    keyword arguments (the same names as Settings' fields: parallel, context, kv_pages, ...)."""
+
+    def __init__(self, family: str | None = None, model: str | Path | None = None, **flags: Any):
+        self.settings = Settings().with_overrides(**flags)
+        self.served: Served = open_served(self.settings, family, model)
+        self.tokenizer = self.served.tokenizer
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, family: str | None = None, model: str | Path | None = None
+    ) -> "LLM":
+        llm = cls.__new__(cls)
+        llm.settings = settings
+        llm.served = open_served(settings, family, model)
+        llm.tokenizer = llm.served.tokenizer
+        return llm
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=True)
+        return [int(t) for t in prompt]
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[Completion]:
+        """Run every prompt through the lanes at once; returns completions in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        params = sampling if isinstance(sampling, Sequence) else [sampling or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        waits = []
+        for prompt, p in zip(prompts, params):
+            ids = self.encode(prompt)
+            done = threading.Event()
+            completion = Completion(ids)
+            self.served.engine.submit(ids, p, _Collector(completion, done))
+            waits.append((completion, done))
+        for _, done in waits:
+            done.wait()
+        return [c for c, _ in waits]
+
+    def close(self) -> None:
+        self.served.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,57 @@
+"""A request as the engine takes it, and the events it sends back."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Union
+
+from .sampling import SamplingParams
+
+_ids = itertools.count()
+
+
+class RequestRefused(ValueError):
+    """A request that can never run here (too long for the window or the pool); `param` names
+    the request field at fault, for an OpenAI-shaped error."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class TokenOut:
+    request_id: str
+    index: int  # output position t
+    token: int
+    text: str  # text this token releases (may be empty while a stop string could still match)
+    logprob: float
+    top_logprobs: list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class Finished:
+    request_id: str
+    reason: Literal["stop", "length", "cancelled", "error"]
+    text: str  # text released at the end
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    seed: int | None
+    error: str | None = None
+
+
+Event = Union[TokenOut, Finished]
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    params: SamplingParams  # seeded (params.with_seed()) before it is submitted
+    sink: Callable[[Event], None]
+    id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+    marks: tuple[int, ...] = ()  # chat marks: prompt positions where a turn ends
+    arrival: float = field(default_factory=time.monotonic)
+    cancelled: bool = False

@@ -1,0 +1,152 @@
+"""Opening a model to serve: settings checked, family chosen, memory planned, weights loaded,
+lanes and the engine thread started. Every refusal comes before the weights load."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .checkpoint import Checkpoint
+from .engine import Engine
+from .family import FamilySpec, ModelShape, resolve
+from .kv_plan import GiB, Plan, memory_budget, plan
+from .lanes import Lanes
+from .logs import get_logger
+from .plugins import choose_family, family_plugin_manager, get_plugin_manager
+from .profiles import collect_rows
+from .settings import Settings, check_environment
+from .tokenizer import Tokenizer
+
+log = get_logger("tensorfold.start")
+
+PAGE_ROWS = 512
+CPU_ROOM_GIB = 2.0  # the CPU's memory budget when TF_MEMORY_LIMIT_GIB is unset
+CUDA_RESERVE = 2 * GiB  # the runtime and fragmentation
+ACTIVATION_ROWS = 2048  # a pass's rows, for the activation reserve
+
+
+@dataclass
+class Served:
+    """A model ready to serve: what the server and the offline API hold."""
+
+    spec: FamilySpec
+    checkpoint: Checkpoint
+    tokenizer: Tokenizer
+    plan: Plan
+    engine: Engine
+    model_name: str
+    window: int
+
+    def close(self) -> None:
+        self.engine.stop()
+
+
+def pick_device(settings: Settings) -> str:
+    if settings.device != "auto":
+        return settings.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def pick_dtype(settings: Settings, device: str, config: dict) -> str:
+    if settings.dtype != "auto":
+        return settings.dtype
+    if device == "cpu":
+        return "float32"
+    stored = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
+    return stored if stored in ("bfloat16", "float16", "float32") else "bfloat16"
+
+
+def model_folder(spec: FamilySpec, model: str | Path | None, settings: Settings) -> Path:
+    if model is not None:
+        return Path(model)
+    folder = resolve(spec.build_demo)(settings.demo_cache)
+    log.info("serving the demo checkpoint", family=spec.name, path=str(folder))
+    return Path(folder)
+
+
+def plan_memory(settings: Settings, shape: ModelShape, device: str, weights: int) -> Plan:
+    window = settings.context or shape.max_positions
+    if window > shape.max_positions:
+        from .kv_plan import PlanRefused
+
+        raise PlanRefused(
+            f"--context {window} is past the model's {shape.max_positions} positions",
+            need=window,
+            have=shape.max_positions,
+        )
+    layout = shape.layout
+    if device == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info()
+        activations = ACTIVATION_ROWS * 64 * 1024  # a generous bound per row, until measured
+        room = memory_budget(
+            device_free=free,
+            weights=weights,
+            reserve=CUDA_RESERVE,
+            activations=activations,
+            limit_gib=settings.memory_limit_gib,
+        )
+    else:
+        limit = settings.memory_limit_gib or CPU_ROOM_GIB
+        room = memory_budget(
+            device_free=None, weights=0, reserve=0, activations=0, limit_gib=limit
+        )
+    return plan(
+        room=room,
+        page_rows=PAGE_ROWS,
+        page_bytes=layout.page_bytes(PAGE_ROWS),
+        fixed_bytes=layout.fixed_bytes,
+        window=window,
+        lanes=settings.parallel,
+        cache_budget=int(settings.prompt_cache_gib * GiB),
+        paging=settings.kv_pages,
+    )
+
+
+def open_served(
+    settings: Settings, family: str | None = None, model: str | Path | None = None
+) -> Served:
+    """Check, plan, load and start. Raises SettingsError, FamilyError, CheckpointError or
+    PlanRefused (all before any weight loads)."""
+    from .runner import ModelRunner
+
+    pm = get_plugin_manager(settings)
+    check_environment(settings, collect_rows(pm))
+    spec = choose_family(family, pm)
+    folder = model_folder(spec, model, settings)
+    ckpt = Checkpoint.open(folder)
+    device = pick_device(settings)
+    dtype = pick_dtype(settings, device, ckpt.config)
+    if spec.shape:
+        the_plan = plan_memory(settings, resolve(spec.shape)(ckpt.config, dtype), device,
+                               ckpt.total_bytes())
+        model_obj = resolve(spec.load)(ckpt, device, dtype)
+    else:
+        model_obj = resolve(spec.load)(ckpt, device, dtype)
+        the_plan = plan_memory(settings, ModelShape(model_obj.layout, model_obj.max_positions),
+                               device, 0)
+    log.info(the_plan.startup_line())
+    from tensorfold.adapters import paged_kv
+
+    runner = ModelRunner(
+        model_obj,
+        num_pages=the_plan.pages,
+        num_slots=the_plan.lanes,
+        page_rows=PAGE_ROWS,
+        poison=settings.kv_poison,
+        plugin_manager=family_plugin_manager(spec, [paged_kv]),
+    )
+    tokenizer = Tokenizer.from_checkpoint(ckpt)
+    lanes = Lanes(
+        runner,
+        lanes=the_plan.lanes,
+        window=the_plan.window,
+        tokenizer=tokenizer,
+        eos_token_ids=tokenizer.eos_token_ids,
+    )
+    engine = Engine(lanes).start()
+    name = model if model is not None else f"{spec.name}-demo"
+    return Served(spec, ckpt, tokenizer, the_plan, engine, str(name), the_plan.window)
