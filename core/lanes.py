@@ -1,7 +1,8 @@
 """The lane scheduler: admission, passes, decode rounds.
 
 Each round is one pass: every decoding lane's next row, then prompt rows in admission order up
-to `pass_rows`, each chunk cut on the absolute `pass_rows` grid. A request is admitted when a
+to `pass_rows` (prompts not yet started before fills under way), each chunk cut on the absolute
+`pass_rows` grid. A request is admitted when a
 lane is free and the pool can promise its rows (prompt + max tokens + lookahead); until then it
 waits, so an admitted stream never fails for memory. Runs on the engine's thread only.
 """
@@ -150,11 +151,12 @@ class Lanes:
                 runs.append(StreamRows(s.slot, s.pos, [s.next_token], s.lease.cover(s.pos + 1)))
                 owners.append(s)
         budget = self.pass_rows
-        for s in self.live:
+        # New prompts' first rows go before fills already under way (each group in admission
+        # order), so a short prompt never waits behind a long prompt's fill.
+        filling = sorted((s for s in self.live if s.prefilling), key=lambda s: s.pos > 0)
+        for s in filling:
             if budget <= 0:
                 break
-            if not s.prefilling:
-                continue
             grid_end = (s.pos // self.pass_rows + 1) * self.pass_rows
             end = min(len(s.req.prompt), s.pos + budget, grid_end)
             tokens = s.req.prompt[s.pos : end]

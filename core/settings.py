@@ -60,7 +60,8 @@ class Settings(BaseSettings):
     memory_limit_gib: float | None = Field(
         default=None,
         gt=0,
-        description="Device memory the engine may use, in GiB (unset: all free device memory).",
+        description="Memory the KV plan may use, in GiB: on CUDA a cap on free device memory "
+        "(unset: all of it); on the CPU the budget itself (unset: 2).",
     )
     parallel: Literal["auto"] | PositiveInt = Field(
         default=1,

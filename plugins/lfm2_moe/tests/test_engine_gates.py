@@ -1,0 +1,168 @@
+"""The exactness gates through the lanes and the engine thread, on the demo checkpoint (fp32):
+concurrent == solo, pages == windows, poisoned == clean, pool pressure, and a long fill that
+short prompts don't wait behind. Every engine's census must be even when it goes idle."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tensorfold.kv_plan import GiB, KiB
+from tensorfold.llm import LLM
+from tensorfold.requests import Finished, RequestRefused, TokenOut
+from tensorfold.sampling import SamplingParams
+from tensorfold_lfm2_moe.demo import build_demo
+
+CONTEXT = 4096
+LENGTHS = [5, 17, 64, 200, 700, 1500, 2100, 2500]  # two longer than a 2048-row pass
+MAX_TOKENS = 10
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+SAMPLED = SamplingParams(temperature=0.8, seed=1234, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_demo(tmp_path_factory.mktemp("demo"))
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(5, 700, (n,), generator=g).tolist() for n in LENGTHS]
+
+
+def open_llm(demo: Path, **flags) -> LLM:
+    flags = {"context": CONTEXT, "memory_limit_gib": 0.25, "prompt_cache_gib": 0, **flags}
+    return LLM(family="lfm2_moe", model=demo, device="cpu", dtype="float32", **flags)
+
+
+def close_even(llm: LLM) -> None:
+    """The census is even once idle, and nothing was ever logged UNEVEN."""
+    lanes = llm.served.engine.lanes
+    llm.close()
+    assert lanes.uneven == 0
+    assert lanes.pool.census().idle_even, lanes.pool.census().line()
+
+
+def tokens(llm: LLM, prompts, params) -> list[list[int]]:
+    return [c.token_ids for c in llm.generate(prompts, params)]
+
+
+@pytest.fixture(scope="module")
+def alone(demo: Path, prompts) -> dict[str, list[list[int]]]:
+    """Each prompt run by itself, greedy and seeded."""
+    llm = open_llm(demo, parallel=1)
+    try:
+        return {
+            name: [tokens(llm, [p], params)[0] for p in prompts]
+            for name, params in (("greedy", GREEDY), ("sampled", SAMPLED))
+        }
+    finally:
+        close_even(llm)
+
+
+@pytest.mark.parametrize("params_name", ["greedy", "sampled"])
+def test_concurrent_equals_solo_at_levels_1_2_4_8(demo, prompts, alone, params_name):
+    params = {"greedy": GREEDY, "sampled": SAMPLED}[params_name]
+    llm = open_llm(demo, parallel=8)
+    try:
+        for level in (1, 2, 4, 8):
+            got = []
+            for i in range(0, len(prompts), level):
+                got += tokens(llm, prompts[i : i + level], params)
+            assert got == alone[params_name], f"level {level}"
+    finally:
+        close_even(llm)
+
+
+@pytest.mark.parametrize("flags", [{"kv_pages": "off"}, {"kv_poison": True}, {"kv_pages": "0"}])
+def test_pages_equal_windows_and_poisoned_equals_clean(demo, prompts, alone, flags):
+    llm = open_llm(demo, parallel=8, **flags)
+    try:
+        if flags.get("kv_pages") in ("off", "0"):
+            assert llm.served.plan.mode == "windows"
+        assert tokens(llm, prompts, SAMPLED) == alone["sampled"]
+    finally:
+        close_even(llm)
+
+
+def test_pool_pressure_makes_streams_wait_with_the_same_outputs(demo, prompts, alone):
+    # A 4096-token window is 8 pages of 512 rows (512 KiB each in fp32). A room of 12 pages and
+    # four lanes' fixed state (4 KiB each) plans 8 + 3 pages (a window and a page for each other
+    # lane), and the cache (0) leaves one more: 12 pages, 6144 rows, for 8 prompts of up to
+    # 2500 + 10 rows, so streams wait for pages.
+    room = 12 * 512 * KiB + 4 * 4 * KiB
+    llm = open_llm(demo, parallel=4, memory_limit_gib=room / GiB)
+    try:
+        assert llm.served.plan.pages == 12
+        assert tokens(llm, prompts, SAMPLED) == alone["sampled"]
+    finally:
+        close_even(llm)
+
+
+def test_short_prompts_finish_before_a_long_fill(demo):
+    llm = open_llm(demo, parallel=4, context=8192)
+    engine = llm.served.engine
+    done: list[str] = []
+    finished = threading.Event()
+
+    def sink(name):
+        def put(event):
+            if isinstance(event, Finished):
+                done.append(name)
+                if len(done) == 4:
+                    finished.set()
+
+        return put
+
+    try:
+        long_prompt = list(range(5, 405)) * 18  # 7200 rows: four passes of fill
+        engine.submit(long_prompt, SamplingParams(temperature=0, max_tokens=30), sink("long"))
+        while engine.lanes.passes == 0:
+            time.sleep(0.001)  # the long fill is under way
+        for i in range(3):
+            engine.submit([5 + i] * 20, GREEDY, sink(f"short{i}"))
+        assert finished.wait(120)
+        assert done[-1] == "long", done
+    finally:
+        close_even(llm)
+
+
+def test_a_request_over_the_window_is_refused_with_both_numbers(demo):
+    llm = open_llm(demo, parallel=2)
+    try:
+        with pytest.raises(RequestRefused, match=r"4000 tokens plus max_tokens 200 make 4200.*4096"):
+            llm.generate([[5] * 4000], SamplingParams(max_tokens=200))
+        assert llm.generate([[5] * 10], GREEDY)[0].finish_reason == "length"
+    finally:
+        close_even(llm)
+
+
+def test_cancel_frees_the_lane_and_pages_in_the_next_round(demo):
+    llm = open_llm(demo, parallel=1)
+    engine = llm.served.engine
+    events: list = []
+    first = threading.Event()
+    ended = threading.Event()
+
+    def sink(event):
+        events.append(event)
+        if isinstance(event, TokenOut):
+            first.set()
+        if isinstance(event, Finished):
+            ended.set()
+
+    try:
+        req = engine.submit([5] * 30, SamplingParams(temperature=0, max_tokens=3000), sink)
+        assert first.wait(30)
+        engine.cancel(req)
+        assert ended.wait(30)
+        assert events[-1].reason == "cancelled"
+        # the lane is free again: a second request runs at once
+        assert llm.generate([[6] * 8], GREEDY)[0].finish_reason == "length"
+    finally:
+        close_even(llm)
