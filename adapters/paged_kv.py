@@ -12,6 +12,7 @@ import torch
 
 from tensorfold import hookimpl
 from tensorfold.family import RowSpec, StateLayout
+from tensorfold.kv_pool import Lease
 
 TORCH_DTYPES = {
     "float32": torch.float32,
@@ -29,7 +30,9 @@ class PagedRows:
         self.num_pages = num_pages
         self.page_rows = page_rows
         self.buffers: dict[str, torch.Tensor] = {
-            s.name: torch.zeros(
+            # empty, not zeros: a row is read only after its stream wrote it, and untouched
+            # memory is not committed, so an unused prompt cache costs nothing on the CPU
+            s.name: torch.empty(
                 num_pages * page_rows, *s.shape, dtype=TORCH_DTYPES[s.dtype], device=device
             )
             for s in specs
@@ -61,6 +64,19 @@ class PagedRows:
         for name in self.buffers:
             view = self._page_view(name)
             view[dst_page, :rows] = view[src_page, :rows]
+
+
+@hookimpl
+def share_attach(lease: Lease, rows: PagedRows, kept_pages: list[int], kept_rows: int) -> list[int]:
+    """Full kept pages are shared by reference (rows below kept_rows are never written again);
+    a partial last page is copied into a page of the stream's own, which it writes on from."""
+    full = kept_rows // rows.page_rows
+    lease.attach(kept_pages[:full])
+    partial = kept_rows % rows.page_rows
+    if partial:
+        table = lease.cover(kept_rows)
+        rows.copy_rows(kept_pages[full], table[full], partial)
+    return lease.pages
 
 
 @hookimpl

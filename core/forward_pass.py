@@ -30,8 +30,9 @@ class StreamRows:
     tokens: the token ids of rows [start, start + len(tokens)).
     pages: the page table, covering at least rows [0, start + len(tokens)).
     logits: which rows want logits back.
-    taps: positions inside this run (exclusive ends, start < p <= end) where a family should tap
-        its fixed state mid-pass (prompt-store marks); empty for now.
+    taps: positions p inside this run (start < p <= end) where the family records its fixed
+        state as it stands after row p - 1, into ForwardPass.tapped (prompt-store marks: keeps
+        add no pass).
     """
 
     slot: int
@@ -85,6 +86,11 @@ class ForwardPass:
         self.write_index = torch.tensor(writes, **as_long)  # [N] flat rows in the paged buffers
         self.logit_rows = torch.tensor(logit_rows, **as_long)  # [R] rows of the pass
         self._reads: dict[int, torch.Tensor] = {}
+        # (stream index, position) -> {fixed-state name: the state after row position - 1}
+        self.tapped: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+
+    def tap(self, i: int, pos: int, name: str, state: torch.Tensor) -> None:
+        self.tapped.setdefault((i, pos), {})[name] = state
 
     def read_index(self, i: int) -> torch.Tensor:
         """Flat rows [0, end) of stream i, in position order: [end]."""

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from tensorfold.adapters.snapshots import Snapshot, SnapshotArena
     from tensorfold.adapters.stream_state import StreamSlots
     from tensorfold.family import FamilySpec, StateLayout
-    from tensorfold.kv_pool import KVPool
+    from tensorfold.kv_pool import Lease
     from tensorfold.profiles import ProfileRow
 
 hookspec = pluggy.HookspecMarker("tensorfold")
@@ -78,15 +78,15 @@ def share_pool(
 
 @hookspec(firstresult=True)
 def share_attach(
-    pool: KVPool, rows: PagedRows, kept_pages: list[int], kept_rows: int
+    lease: Lease, rows: PagedRows, kept_pages: list[int], kept_rows: int
 ) -> list[int] | None:
     """Build the page table a resumed stream starts with, from pages the prompt store kept.
 
-    Full kept pages are shared by reference (the pool counts the extra holder); a partial last
-    page is copied into a page of the stream's own, leased from ``pool``, because the stream
-    will write its next rows there.
+    Full kept pages are shared by reference (``lease.attach``: the pool counts the extra
+    holder); a partial last page is copied into a page of the stream's own, taken from the
+    lease's promise, because the stream will write its next rows there.
 
-    :param pool: the KV pool, to take references and lease the stream's page.
+    :param lease: the resumed stream's lease (its ``pool``, its promise, its page table).
     :param rows: the storage ``share_pool`` returned.
     :param kept_pages: the store's page ids holding the kept prefix, in order.
     :param kept_rows: how many rows of the prefix are kept; the last page holds

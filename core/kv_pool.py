@@ -48,6 +48,7 @@ class KVPool:
         self._refs = [0] * num_pages
         self._store_refs = [0] * num_pages
         self.promised = 0
+        self.store_pages = 0  # pages the prompt store holds (alone or with streams)
         self.on_freed: list[Callable[[Sequence[int]], None]] = []
 
     def pages_for(self, rows: int) -> int:
@@ -65,10 +66,11 @@ class KVPool:
     def can_promise(self, pages: int) -> bool:
         return pages <= self.available
 
-    def lease(self, rows: int) -> "Lease":
-        """Promise pages for `rows` rows; raises PoolExhausted when they can't be promised
-        (callers check can_promise first and wait instead)."""
-        need = self.pages_for(rows)
+    def lease(self, rows: int, attached: int = 0) -> "Lease":
+        """Promise pages for `rows` rows, less `attached` pages the stream will attach from the
+        store; raises PoolExhausted when they can't be promised (callers check can_promise
+        first and wait instead)."""
+        need = self.pages_for(rows) - attached
         if not self.can_promise(need):
             raise PoolExhausted(f"{need} pages asked, {self.available} can be promised")
         self.promised += need
@@ -88,6 +90,7 @@ class KVPool:
             self._refs[p] += 1
             if store:
                 self._store_refs[p] += 1
+                self.store_pages += self._store_refs[p] == 1
 
     def drop(self, pages: Sequence[int], store: bool = False) -> None:
         """Remove a holder; pages nothing holds become free (and are poisoned if asked)."""
@@ -97,6 +100,7 @@ class KVPool:
             self._refs[p] -= 1
             if store:
                 self._store_refs[p] -= 1
+                self.store_pages -= self._store_refs[p] == 0
             if self._refs[p] == 0:
                 freed.append(p)
         self._free.extend(reversed(freed))
@@ -120,6 +124,12 @@ class Lease:
         self.promised = promised
         self.pages: list[int] = []
         self.released = False
+
+    def attach(self, pages: Sequence[int]) -> None:
+        """Start the table with pages someone else holds (kept prompt pages), adding a holder."""
+        assert not self.pages, "attach comes before any page is taken"
+        self.pool.hold(pages)
+        self.pages = list(pages)
 
     def cover(self, rows: int) -> list[int]:
         """Take pages (from the promise) until rows [0, rows) are covered; returns the table."""

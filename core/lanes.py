@@ -16,6 +16,7 @@ from typing import Iterable
 from .forward_pass import StreamRows
 from .kv_pool import Lease
 from .logs import get_logger
+from .prompt_share import PromptSharing
 from .requests import Finished, Request, RequestRefused, TokenOut
 from .runner import ModelRunner
 from .sampling import RowHistory, sample_row
@@ -40,6 +41,8 @@ class Live:
     pos: int = 0  # rows already in the pages and state
     next_token: int | None = None  # sampled, to be fed in the next round
     generated: list[int] = field(default_factory=list)
+    cached: int = 0  # prompt rows resumed from the store
+    marks: list[int] = field(default_factory=list)  # prompt positions to keep states at
 
     @property
     def prefilling(self) -> bool:
@@ -57,6 +60,7 @@ class Lanes:
         eos_token_ids: Iterable[int] = (),
         pass_rows: int = PASS_ROWS,
         lookahead: int = 0,
+        sharing: PromptSharing | None = None,
     ):
         if lanes > runner.slots.num_slots:
             raise ValueError(f"{lanes} lanes need {lanes} state slots, the runner has fewer")
@@ -70,8 +74,11 @@ class Lanes:
         self.free_slots = list(range(lanes - 1, -1, -1))
         self.waiting: deque[Request] = deque()
         self.live: list[Live] = []  # admission order
+        self.sharing = sharing
         self.uneven = 0
         self.passes = 0
+        self.rows_cached = 0  # prompt rows resumed from the store, all requests together
+        self.rows_computed = 0  # prompt rows prefilled
 
     # -- submission (validated before it is queued) ------------------------------------------
 
@@ -113,8 +120,10 @@ class Lanes:
         runs, owners = self._plan_pass()
         logits = self.runner.run(runs)
         self.passes += 1
-        for stream, run, out in zip(owners, runs, logits):
+        for i, (stream, run, out) in enumerate(zip(owners, runs, logits)):
             stream.pos = run.end
+            if run.taps:
+                self._keep_taps(i, stream, run)
             if out.shape[0]:
                 self._sample(stream, out[-1])
         if self.idle:
@@ -129,20 +138,29 @@ class Lanes:
                 self._finish_unadmitted(req, "cancelled")
                 continue
             rows = len(req.prompt) + req.params.max_tokens + self.lookahead
-            if not self.pool.can_promise(self.pool.pages_for(rows)):
-                break  # waits for pages; later requests wait behind it, in order
+            kept = self.sharing.match(req.prompt) if self.sharing else None
+            attached = kept.pos // self.pool.page_rows if kept else 0
+            need = self.pool.pages_for(rows) - attached
+            if not self.pool.can_promise(need):
+                if self.sharing is None or not self.sharing.make_room(need, keep=kept):
+                    break  # waits for pages; later requests wait behind it, in order
             self.waiting.popleft()
             decoder = IncrementalDecoder(self.tokenizer) if self.tokenizer else None
-            self.live.append(
-                Live(
-                    req=req,
-                    slot=self.free_slots.pop(),
-                    lease=self.pool.lease(rows),
-                    stops=StopChecker.for_params(req.params, self.eos_token_ids),
-                    history=RowHistory(req.prompt),
-                    decoder=decoder,
-                )
+            s = Live(
+                req=req,
+                slot=self.free_slots.pop(),
+                lease=self.pool.lease(rows, attached),
+                stops=StopChecker.for_params(req.params, self.eos_token_ids),
+                history=RowHistory(req.prompt),
+                decoder=decoder,
             )
+            if kept is not None:
+                s.pos = s.cached = self.sharing.resume(kept, s.lease, s.slot)  # type: ignore[union-attr]
+            if self.sharing is not None:
+                s.marks = self.sharing.marks(req.prompt, req.marks, s.pos)
+            self.rows_cached += s.cached
+            self.rows_computed += len(req.prompt) - s.cached
+            self.live.append(s)
 
     def _plan_pass(self) -> tuple[list[StreamRows], list[Live]]:
         runs, owners = [], []
@@ -162,10 +180,22 @@ class Lanes:
             tokens = s.req.prompt[s.pos : end]
             last = end == len(s.req.prompt)
             pages = s.lease.cover(end)
-            runs.append(StreamRows(s.slot, s.pos, tokens, pages, "last" if last else "none"))
+            taps = [m for m in s.marks if s.pos < m <= end]
+            runs.append(
+                StreamRows(s.slot, s.pos, tokens, pages, "last" if last else "none", taps)
+            )
             owners.append(s)
             budget -= len(tokens)
         return runs, owners
+
+    def _keep_taps(self, i: int, s: Live, run: StreamRows) -> None:
+        assert self.sharing is not None
+        tapped = self.runner.last_pass.tapped
+        for p in run.taps:
+            taps = tapped.get((i, p))
+            if taps is None and p < run.end and self.runner.slots.buffers:
+                continue  # the family did not tap mid-pass: no exact state to keep there
+            self.sharing.keep(s.req.prompt[:p], s.lease.pages, s.slot, taps)
 
     def _sample(self, s: Live, logits) -> None:
         params = s.req.params
@@ -192,6 +222,10 @@ class Lanes:
 
     def _release(self, s: Live, reason: str, error: str | None = None, flush: bool = True) -> None:
         self.live.remove(s)
+        if self.sharing is not None and reason in ("stop", "length") and not s.prefilling:
+            # where this turn ended: the next turn of a chat resumes here
+            fed = s.req.prompt + s.generated[: s.pos - len(s.req.prompt)]
+            self.sharing.keep(fed, s.lease.pages, s.slot, None)
         s.lease.release()
         if self.pool.poison_freed:
             self.runner.slots.poison(s.slot)
@@ -208,7 +242,7 @@ class Lanes:
                 tail,
                 len(s.req.prompt),
                 len(s.generated),
-                0,
+                s.cached,
                 s.req.params.seed,
                 error,
             )

@@ -83,14 +83,39 @@ class LLM:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         params = sampling if isinstance(sampling, Sequence) else [sampling or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        return self._run([(self.encode(prompt), ()) for prompt in prompts], params)
+
+    def chat(
+        self,
+        conversations: Sequence[Sequence[dict]],
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[Completion]:
+        """Render each conversation with the checkpoint's chat template (add_generation_prompt)
+        and complete it; the turns' ends are marks where the prompt store keeps states."""
+        from .chat_template import marks_to_token_positions, render_chat
+
+        template = self.tokenizer.chat_template
+        if template is None:
+            raise ValueError("the checkpoint has no chat template")
+        params = sampling if isinstance(sampling, Sequence) else [sampling or SamplingParams()] * len(conversations)
+        runs = []
+        for messages in conversations:
+            chat = render_chat(
+                template, list(messages), bos_token=self.tokenizer.bos_token,
+                eos_token=self.tokenizer.eos_token,
+            )
+            ids = self.tokenizer.encode(chat.text)
+            runs.append((ids, marks_to_token_positions(self.tokenizer, chat.text, chat.marks)))
+        return self._run(runs, params)
+
+    def _run(self, runs, params) -> list[Completion]:
+        if len(params) != len(runs):
+            raise ValueError(f"{len(runs)} prompts but {len(params)} sampling params")
         waits = []
-        for prompt, p in zip(prompts, params):
-            ids = self.encode(prompt)
+        for (ids, marks), p in zip(runs, params):
             done = threading.Event()
             completion = Completion(ids)
-            self.served.engine.submit(ids, p, _Collector(completion, done))
+            self.served.engine.submit(ids, p, _Collector(completion, done), marks)
             waits.append((completion, done))
         for _, done in waits:
             done.wait()

@@ -41,12 +41,14 @@ class ModelRunner:
         self.slots = StreamSlots(model.layout.fixed, num_slots, device)
         if poison:
             self.pool.on_freed.append(self.rows.poison)
+        self.last_pass: ForwardPass | None = None
 
     @torch.inference_mode()
     def run(self, streams: Sequence[StreamRows]) -> list[torch.Tensor]:
         """One pass; returns each stream's logits ([rows wanted, vocab], fp32)."""
         fp = ForwardPass(streams, self.pool.page_rows, self.model.device)
         logits = self.model.forward(fp, self.rows, self.slots)
+        self.last_pass = fp  # its taps feed the prompt store's keeps
         return fp.split_logits(logits)
 
 

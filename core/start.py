@@ -94,6 +94,7 @@ def plan_memory(settings: Settings, shape: ModelShape, device: str, weights: int
         room = memory_budget(
             device_free=None, weights=0, reserve=0, activations=0, limit_gib=limit
         )
+    store_on = settings.kv_share > 0
     return plan(
         room=room,
         page_rows=PAGE_ROWS,
@@ -101,8 +102,37 @@ def plan_memory(settings: Settings, shape: ModelShape, device: str, weights: int
         fixed_bytes=layout.fixed_bytes,
         window=window,
         lanes=settings.parallel,
-        cache_budget=int(settings.prompt_cache_gib * GiB),
+        cache_budget=int(settings.prompt_cache_gib * GiB) if store_on else 0,
         paging=settings.kv_pages,
+        snapshot_bytes=settings.kv_share * layout.fixed_bytes,
+    )
+
+
+def open_sharing(settings: Settings, the_plan: Plan, runner, hooks, layout):
+    """The prompt store over the pool (TF_KV_SHARE=n states), or None when it is off. Its
+    pages are the plan's prompt cache, added to the pool; its snapshot arena is allocated now."""
+    from tensorfold.adapters.snapshots import SnapshotArena
+
+    from .prompt_share import PromptSharing
+
+    n = settings.kv_share
+    if n < 4 * the_plan.lanes:
+        log.warning(
+            f"TF_KV_SHARE={n} keeps fewer than 4 states a lane; TF_KV_SHARE={4 * the_plan.lanes} "
+            f"would give 4 at --parallel {the_plan.lanes}"
+        )
+    capacity = n
+    if layout.fixed_bytes:
+        capacity = min(n, the_plan.snapshot_bytes // layout.fixed_bytes)
+    arena = SnapshotArena(layout.fixed, capacity, str(runner.model.device))
+    cache_pages = the_plan.cache_bytes // the_plan.page_bytes if the_plan.page_bytes else 0
+    log.info(
+        f"prompt store: up to {capacity} kept states ({capacity * layout.fixed_bytes} bytes of "
+        f"snapshots), {cache_pages} pages of prompts"
+    )
+    return PromptSharing(
+        pool=runner.pool, runner=runner, arena=arena, hooks=hooks, max_states=capacity,
+        cache_pages=cache_pages, mark_rows=layout.mark_rows, grid=the_plan.pass_rows,
     )
 
 
@@ -131,14 +161,20 @@ def open_served(
     log.info(the_plan.startup_line())
     from tensorfold.adapters import paged_kv
 
+    from tensorfold.adapters import snapshots
+
+    hooks = family_plugin_manager(spec, [paged_kv, snapshots])
+    store_on = settings.kv_share > 0
+    cache_pages = the_plan.cache_bytes // the_plan.page_bytes if store_on and the_plan.page_bytes else 0
     runner = ModelRunner(
         model_obj,
-        num_pages=the_plan.pages,
+        num_pages=the_plan.pages + cache_pages,
         num_slots=the_plan.lanes,
         page_rows=PAGE_ROWS,
         poison=settings.kv_poison,
-        plugin_manager=family_plugin_manager(spec, [paged_kv]),
+        plugin_manager=hooks,
     )
+    sharing = open_sharing(settings, the_plan, runner, hooks.hook, model_obj.layout) if store_on else None
     tokenizer = Tokenizer.from_checkpoint(ckpt)
     lanes = Lanes(
         runner,
@@ -146,6 +182,7 @@ def open_served(
         window=the_plan.window,
         tokenizer=tokenizer,
         eos_token_ids=tokenizer.eos_token_ids,
+        sharing=sharing,
     )
     engine = Engine(lanes).start()
     name = model if model is not None else f"{spec.name}-demo"

@@ -13,7 +13,7 @@ import torch
 from tensorfold.forward_pass import ForwardPass
 from tensorfold.ops import moe as moe_ops
 from tensorfold.ops.attention import paged_attention
-from tensorfold.ops.conv import causal_conv
+from tensorfold.ops.conv import causal_conv, tails_at
 from tensorfold.ops.linear import linear
 from tensorfold.ops.norms import rms_norm
 from tensorfold.ops.rope import apply_rope
@@ -58,10 +58,14 @@ def short_conv(
     u = b * xs
     state = slots.get(f"{name}.conv")
     z = torch.empty_like(u)
-    for stream, (lo, hi) in zip(fp.streams, fp.spans):
+    for i, (stream, (lo, hi)) in enumerate(zip(fp.streams, fp.spans)):
         tail = state[stream.slot]
         if stream.start == 0:
             tail = torch.zeros_like(tail)
+        if stream.taps:
+            counts = [p - stream.start for p in stream.taps]
+            for p, tapped in zip(stream.taps, tails_at(u[lo:hi], tail, counts, w.conv.shape[-1])):
+                fp.tap(i, p, f"{name}.conv", tapped)
         z[lo:hi], state[stream.slot] = causal_conv(u[lo:hi], tail, w.conv, w.conv_bias)
     return linear(c * z, w.out_proj, w.out_bias)
 

@@ -1,0 +1,132 @@
+"""The prompt store on the demo checkpoint (fp32): resumed == fresh over multi-turn chats,
+marks inside a pass, pressure and eviction, poisoned pages; the census even after each."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from tensorfold.kv_plan import GiB, KiB
+from tensorfold.llm import LLM
+from tensorfold.sampling import SamplingParams
+from tensorfold_lfm2_moe.demo import build_demo
+
+WORDS = (
+    "river stone light garden window paper cloud music winter morning bread silver road "
+    "forest candle harbor letter mountain voice summer lantern orchard meadow thunder"
+).split()
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+SAMPLED = SamplingParams(temperature=0.8, seed=99, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_demo(tmp_path_factory.mktemp("demo"))
+
+
+def open_llm(demo: Path, **flags) -> LLM:
+    flags = {"context": 8192, "memory_limit_gib": 0.25, "prompt_cache_gib": 0.05, **flags}
+    return LLM(family="lfm2_moe", model=demo, device="cpu", dtype="float32", **flags)
+
+
+def close_even(llm: LLM) -> None:
+    lanes = llm.served.engine.lanes
+    llm.close()
+    census = lanes.pool.census()
+    assert lanes.uneven == 0 and census.idle_even, census.line()
+
+
+def user_turns(chat: int, turns: int = 4) -> list[str]:
+    rng = random.Random(chat)
+    length = 900 if chat == 0 else 30  # chat 0's first turn passes the 2048-row grid
+    return [" ".join(rng.choice(WORDS) for _ in range(length if t == 0 else 25)) for t in range(turns)]
+
+
+def run_chats(llm: LLM, params: SamplingParams, chats: int = 8, turns: int = 4):
+    """Turn by turn, all chats at once; returns each turn's replies and cached token counts."""
+    histories: list[list[dict]] = [[] for _ in range(chats)]
+    users = [user_turns(c, turns) for c in range(chats)]
+    replies, cached = [], []
+    for t in range(turns):
+        for c in range(chats):
+            histories[c].append({"role": "user", "content": users[c][t]})
+        done = llm.chat(histories, params)
+        replies.append([d.token_ids for d in done])
+        cached.append([d.cached_tokens for d in done])
+        for c, d in enumerate(done):
+            histories[c].append({"role": "assistant", "content": d.text})
+    return replies, cached
+
+
+@pytest.fixture(scope="module")
+def fresh(demo):
+    llm = open_llm(demo, parallel=4)
+    try:
+        return {name: run_chats(llm, p)[0] for name, p in (("greedy", GREEDY), ("sampled", SAMPLED))}
+    finally:
+        close_even(llm)
+
+
+@pytest.mark.parametrize("name", ["greedy", "sampled"])
+def test_resumed_equals_fresh_over_chats(demo, fresh, name):
+    llm = open_llm(demo, parallel=4, kv_share=64)
+    try:
+        replies, cached = run_chats(llm, {"greedy": GREEDY, "sampled": SAMPLED}[name])
+        assert replies == fresh[name]
+        assert all(n == 0 for n in cached[0])
+        for turn in cached[1:]:
+            assert all(n > 0 for n in turn), cached
+        assert llm.served.engine.lanes.rows_cached > 0
+    finally:
+        close_even(llm)
+
+
+def test_poisoned_pages_with_the_store_on_give_the_same_replies(demo, fresh):
+    llm = open_llm(demo, parallel=4, kv_share=64, kv_poison=True)
+    try:
+        assert run_chats(llm, SAMPLED)[0] == fresh["sampled"]
+    finally:
+        close_even(llm)
+
+
+def test_pressure_and_eviction_keep_every_reply(demo, fresh):
+    # An 8192-token window is 16 pages; four lanes plan 16 + 3 pages, and a cache of 8 pages
+    # (4 MiB) for the store: streams short of pages evict kept prompts before they wait.
+    room = 19 * 512 * KiB + 4 * 4 * KiB + 8 * 512 * KiB + 16 * 4 * KiB
+    llm = open_llm(demo, parallel=4, kv_share=16, memory_limit_gib=room / GiB, prompt_cache_gib=1)
+    try:
+        assert run_chats(llm, SAMPLED)[0] == fresh["sampled"]
+        assert llm.served.engine.lanes.sharing.evictions > 0
+    finally:
+        close_even(llm)
+
+
+def test_a_mark_inside_a_pass_resumes_there_with_no_extra_pass(demo):
+    from tensorfold.chat_template import marks_to_token_positions, render_chat
+
+    a, b = " ".join(WORDS * 2), " ".join(reversed(WORDS))
+    first = [{"role": "user", "content": a}, {"role": "assistant", "content": b},
+             {"role": "user", "content": "river stone"}]
+    second = first[:2] + [{"role": "user", "content": "winter morning light"}]
+    passes, replies = {}, {}
+    for share in (0, 16):
+        llm = open_llm(demo, parallel=1, kv_share=share)
+        try:
+            tok = llm.tokenizer
+            chat = render_chat(tok.chat_template, second, bos_token=tok.bos_token,
+                               eos_token=tok.eos_token)
+            turn_ends = marks_to_token_positions(tok, chat.text, chat.marks)
+            done = [llm.chat([first], GREEDY)[0], llm.chat([second], GREEDY)[0]]
+            replies[share] = [c.token_ids for c in done]
+            passes[share] = llm.served.engine.lanes.passes
+            if share:
+                # the assistant turn ended inside the first request's only prompt pass (its
+                # state was tapped there): the second resumes exactly at that mark
+                assert turn_ends[1] < len(done[0].prompt_token_ids) <= 2048
+                assert done[1].cached_tokens == turn_ends[1]
+        finally:
+            close_even(llm)
+    assert replies[16] == replies[0]
+    assert passes[16] == passes[0]
