@@ -16,12 +16,15 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "int32":
 class RowSpec:
     """Per-token rows that one paged layer keeps in pool pages (K, V, an MLA latent...).
 
-    `shape` is one row's shape, e.g. (kv_heads, head_dim).
+    `shape` is one row's shape, e.g. (kv_heads, head_dim). `window`: a query at t reads only
+    rows t - window < j <= t of this buffer (sliding-window layers), so older rows may leave the
+    pool; None reads every row.
     """
 
     name: str
     shape: tuple[int, ...]
     dtype: str = "float32"
+    window: int | None = None
 
     @property
     def row_bytes(self) -> int:
