@@ -205,6 +205,14 @@ def _explain(exc: ValidationError, flags: Iterable[str] = ()) -> str:
     return "; ".join(lines.values())
 
 
+# Other tools' TF_* variables (Terraform's, TensorFlow's): not ours, so not worth a warning.
+FOREIGN_PREFIXES = (
+    "TF_CLI_", "TF_VAR_", "TF_LOG", "TF_DATA_DIR", "TF_IN_AUTOMATION", "TF_INPUT",
+    "TF_WORKSPACE", "TF_PLUGIN_CACHE_DIR", "TF_REGISTRY_", "TF_CPP_", "TF_ENABLE_", "TF_FORCE_",
+    "TF_GPU_", "TF_XLA_", "TF_NUM_",
+)
+
+
 def check_environment(settings: Settings, rows: Iterable[ProfileRow]) -> list[str]:
     """Check the TF_* environment before any weights load.
 
@@ -223,7 +231,9 @@ def check_environment(settings: Settings, rows: Iterable[ProfileRow]) -> list[st
     ]
     if retired:
         raise SettingsError("; ".join(retired))
-    unknown = sorted(name for name in environ if name not in known)
+    unknown = sorted(
+        name for name in environ if name not in known and not name.startswith(FOREIGN_PREFIXES)
+    )
     if unknown:
         log.warning("unknown TF_* variables are ignored", names=unknown)
     return unknown
