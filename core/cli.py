@@ -208,6 +208,8 @@ register_command(
     "tensorfold.generate_cli:add_arguments", "tensorfold.generate_cli:run",
 )
 register_command("serve", "serve a model over HTTP (OpenAI API)", "tensorfold.serve_cli:add_arguments", "tensorfold.serve_cli:run")  # noqa: E501
+register_command("bench", "benchmark a running server", "tensorfold.bench:add_arguments", "tensorfold.bench:run")  # noqa: E501
+register_command("exact", "record and compare token hashes", "tensorfold.exact:add_arguments", "tensorfold.exact:run")  # noqa: E501
 
 
 if __name__ == "__main__":

@@ -66,6 +66,11 @@ class Engine:
         with self._wake:
             self._wake.notify()
 
+    @property
+    def alive(self) -> bool:
+        """The engine thread is running (False before start, after stop, or if it died)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def waiting(self) -> int:
         """Requests submitted and not yet on a lane (a racy read, for admission control)."""
         return len(self._inbox) + len(self.lanes.waiting)

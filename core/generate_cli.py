@@ -29,9 +29,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from tensorfold.llm import LLM
     from tensorfold.requests import RequestRefused
     from tensorfold.sampling import SamplingParams, SamplingParamsError
-    from tensorfold.cli import CommandError, start_checks
-
-    start_checks(settings)
+    from tensorfold.cli import CommandError
     try:
         params = SamplingParams(
             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,

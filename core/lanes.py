@@ -113,9 +113,11 @@ class Lanes:
 
     def step(self) -> bool:
         """Run one round; False when there was nothing to do."""
-        self._drop_cancelled()
+        dropped = self._drop_cancelled()
         self._admit()
         if not self.live:
+            if dropped and self.idle:
+                self.census()
             return False
         runs, owners = self._plan_pass()
         logits = self.runner.run(runs)
@@ -216,9 +218,16 @@ class Lanes:
 
     # -- endings ------------------------------------------------------------------------------
 
-    def _drop_cancelled(self) -> None:
-        for s in [s for s in self.live if s.req.cancelled]:
+    def _drop_cancelled(self) -> bool:
+        """End cancelled requests, live or waiting; True if any ended."""
+        live = [s for s in self.live if s.req.cancelled]
+        for s in live:
             self._release(s, "cancelled")
+        waiting = [r for r in self.waiting if r.cancelled]
+        for req in waiting:
+            self.waiting.remove(req)
+            self._finish_unadmitted(req, "cancelled")
+        return bool(live or waiting)
 
     def _release(self, s: Live, reason: str, error: str | None = None, flush: bool = True) -> None:
         self.live.remove(s)

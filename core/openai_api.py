@@ -1,0 +1,449 @@
+"""OpenAI's API shapes: a JSON body in, the engine's request out; its events in, OpenAI's
+responses and stream chunks out.
+
+Every refusal is an ApiError, which the server answers as OpenAI does:
+`{"error": {"message", "type", "param", "code"}}` with the status it carries.
+
+Defaults follow vLLM: max_tokens is 16 for /v1/completions and the rest of the window for chat;
+temperature, top_p, top_k, min_p and repetition_penalty come from the checkpoint's
+generation_config.json when the request leaves them out, else OpenAI's defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Literal
+
+from .chat_template import ChatTemplateError, marks_to_token_positions, render_chat
+from .requests import Event, Finished, TokenOut
+from .sampling import SamplingParams, SamplingParamsError
+
+if TYPE_CHECKING:
+    from .start import Served
+    from .tokenizer import Tokenizer
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+_ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+    405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
+    503: "service_unavailable_error",
+}
+_REAL_FIELDS = (
+    "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+)
+_GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.status, self.message, self.param, self.code)
+
+
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+@dataclass
+class Parsed:
+    """A validated request, ready for engine.submit."""
+
+    kind: Literal["chat", "completion"]
+    prompt_ids: list[int]
+    params: SamplingParams
+    marks: tuple[int, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens_param: str = "max_tokens"  # the field the user set, for error messages
+    token_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs say "token_id:N"
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise bad(f"the request body is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # also too deep, or an integer too long
+        raise bad(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "number": (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool), "a number"),
+    "bool": (lambda v: isinstance(v, bool), "a boolean"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "list": (lambda v: isinstance(v, list), "an array"),
+    "object": (lambda v: isinstance(v, dict), "an object"),
+}
+
+
+def _get(body: dict[str, Any], name: str, kind: str) -> Any:
+    """The field, or None when absent or null; a wrong type is a 400 naming the field."""
+    value = body.get(name)
+    ok, words = _KINDS[kind]
+    if value is not None and not ok(value):
+        raise bad(f"{name} must be {words}, got {json.dumps(value)[:80]}", name)
+    return value
+
+
+def check_model(body: dict[str, Any], served_name: str) -> None:
+    model = _get(body, "model", "str")
+    if model is not None and model != served_name:
+        raise ApiError(
+            404, f"the model {model!r} does not exist; this server serves {served_name!r}",
+            param="model", code="model_not_found",
+        )
+
+
+def _sampling(
+    body: dict[str, Any], default_max: Callable[[], int], generation: dict[str, Any],
+    logprobs: bool, top_logprobs: int,
+) -> tuple[SamplingParams, str]:
+    n = _get(body, "n", "int")
+    if n is not None and n != 1:
+        raise bad(f"n must be 1 (one choice per request), got {n}", "n")
+    best_of = _get(body, "best_of", "int")
+    if best_of is not None and best_of != 1:
+        raise bad(f"best_of must be 1, got {best_of}", "best_of")
+    _get(body, "user", "str")
+    _get(body, "draft", "bool")  # drafts never change tokens, so either value serves
+    max_param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else (
+        "max_tokens"
+    )
+    max_tokens = _get(body, max_param, "int")
+    kwargs: dict[str, Any] = {
+        "max_tokens": max_tokens if max_tokens is not None else default_max(),
+        "logprobs": logprobs,
+        "top_logprobs": top_logprobs,
+    }
+    for name in _GENERATION_DEFAULTS:
+        value = generation.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            kwargs[name] = value
+    for name in _REAL_FIELDS:
+        if (value := _get(body, name, "number")) is not None:
+            kwargs[name] = value
+    for name in ("top_k", "seed"):
+        if (value := _get(body, name, "int")) is not None:
+            kwargs[name] = value
+    stop = body.get("stop")
+    if stop is not None:
+        if isinstance(stop, list) and not stop:
+            stop = None
+        elif not isinstance(stop, str) and not (
+            isinstance(stop, list) and all(isinstance(s, str) for s in stop)
+        ):
+            raise bad("stop must be a string or an array of strings", "stop")
+        kwargs["stop"] = stop if stop is not None else ()
+    if (ids := _get(body, "stop_token_ids", "list")) is not None:
+        kwargs["stop_token_ids"] = ids
+    if (ignore := _get(body, "ignore_eos", "bool")) is not None:
+        kwargs["ignore_eos"] = ignore
+    try:
+        params = SamplingParams(**kwargs)
+    except SamplingParamsError as exc:
+        param = max_param if exc.field == "max_tokens" else exc.field
+        message = str(exc).replace("max_tokens", max_param, 1) if param != exc.field else str(exc)
+        raise bad(message, param) from None
+    return params, max_param
+
+
+def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    stream = bool(_get(body, "stream", "bool"))
+    options = _get(body, "stream_options", "object")
+    if options is None:
+        return stream, False
+    if not stream:
+        raise bad("stream_options can only be set when stream is true", "stream_options")
+    include = options.get("include_usage")
+    if include is not None and not isinstance(include, bool):
+        raise bad("stream_options.include_usage must be a boolean", "stream_options")
+    return stream, bool(include)
+
+
+def _default_max(served: Served, prompt_len: int, default: int | None) -> int:
+    room = served.window - prompt_len
+    if room < 1:
+        raise bad(
+            f"the prompt's {prompt_len} tokens fill the {served.window}-token window, leaving "
+            "no room for a completion", "messages" if default is None else "prompt",
+            "context_length_exceeded",
+        )
+    return room if default is None else min(default, room)
+
+
+def _prompt_ids(body: dict[str, Any], served: Served) -> list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        raise bad(f"prompt holds {len(prompt)} prompts; send one prompt per request", "prompt")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad("prompt must not be empty", "prompt")
+        return served.tokenizer.encode(prompt, add_special_tokens=True)
+    if not isinstance(prompt, list) or not prompt:
+        raise bad("prompt must be a non-empty string or array of token ids", "prompt")
+    vocab = served.tokenizer.vocab_size
+    for t in prompt:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+            raise bad(f"prompt token ids must be integers in 0..{vocab - 1}, got {t!r}", "prompt")
+    return list(prompt)
+
+
+def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
+    check_model(body, served.model_name)
+    if body.get("echo"):
+        raise bad("echo is not supported", "echo")
+    if _get(body, "suffix", "str"):
+        raise bad("suffix is not supported", "suffix")
+    ids = _prompt_ids(body, served)
+    logprobs = _get(body, "logprobs", "int")
+    if logprobs is not None and not 0 <= logprobs <= 20:
+        raise bad(f"logprobs must be in 0..20, got {logprobs}", "logprobs")
+    stream, usage = _stream_flags(body)
+    params, max_param = _sampling(
+        body, lambda: _default_max(served, len(ids), COMPLETION_DEFAULT_MAX_TOKENS),
+        served.checkpoint.generation_config, logprobs is not None, logprobs or 0,
+    )
+    token_ids = bool(_get(body, "return_tokens_as_token_ids", "bool"))
+    return Parsed("completion", ids, params, (), stream, usage, max_param, token_ids)
+
+
+def _message_text(content: Any, i: int) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
+                part.get("text"), str
+            ):
+                raise bad(f"messages[{i}].content: only text parts are supported", "messages")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise bad(f"messages[{i}].content must be a string or an array of parts", "messages")
+
+
+def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
+    check_model(body, served.model_name)
+    messages = _get(body, "messages", "list")
+    if not messages:
+        raise bad("messages must be a non-empty array", "messages")
+    chat = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad(f"messages[{i}] must be an object with a string role", "messages")
+        chat.append({**m, "content": _message_text(m.get("content"), i)})
+    tools = _get(body, "tools", "list")
+    logprobs = bool(_get(body, "logprobs", "bool"))
+    top = _get(body, "top_logprobs", "int") or 0
+    stream, usage = _stream_flags(body)
+    tok = served.tokenizer
+    if tok.chat_template is None:
+        raise bad("the model has no chat template; use /v1/completions", "messages")
+    try:
+        rendered = render_chat(
+            tok.chat_template, chat, add_generation_prompt=True, bos_token=tok.bos_token,
+            eos_token=tok.eos_token, tools=tools,
+        )
+    except ChatTemplateError as exc:
+        raise bad(str(exc), "messages") from None
+    ids = tok.encode(rendered.text, add_special_tokens=False)
+    if not ids:
+        raise bad("the messages render to an empty prompt", "messages")
+    marks = marks_to_token_positions(tok, rendered.text, rendered.marks)
+    params, max_param = _sampling(
+        body, lambda: _default_max(served, len(ids), None), served.checkpoint.generation_config,
+        logprobs, top,
+    )
+    token_ids = bool(_get(body, "return_tokens_as_token_ids", "bool"))
+    return Parsed("chat", ids, params, tuple(marks), stream, usage, max_param, token_ids)
+
+
+# -- replies ------------------------------------------------------------------------------------
+
+_FINISH = {"stop": "stop", "length": "length", "cancelled": "abort", "error": "error"}
+
+
+def dumps(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def sse(value: Any) -> bytes:
+    return b"data: " + (value if isinstance(value, bytes) else dumps(value)) + b"\n\n"
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: the character a byte-level token uses -> its byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    chars, n = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(keep, chars)}
+
+
+class TokenTexts:
+    """A token's text and bytes for logprobs (a byte-level token's own bytes, even when it is
+    only part of a character)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        decoder = getattr(tokenizer.hf, "decoder", None)
+        self._alphabet = _byte_level_alphabet() if type(decoder).__name__ == "ByteLevel" else {}
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def __call__(self, token_id: int) -> tuple[str, list[int]]:
+        if (hit := self._cache.get(token_id)) is not None:
+            return hit
+        piece = self.tokenizer.hf.id_to_token(token_id) or ""
+        if self._alphabet and all(c in self._alphabet for c in piece):
+            raw = bytes(self._alphabet[c] for c in piece)
+        else:
+            raw = self.tokenizer.decode([token_id], skip_special_tokens=False).encode()
+        hit = (raw.decode("utf-8", errors="replace"), list(raw))
+        self._cache[token_id] = hit
+        return hit
+
+
+def _token_id(token_id: int) -> tuple[str, list[int]]:
+    text = f"token_id:{token_id}"
+    return text, list(text.encode())
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else -9999.0
+
+
+class Reply:
+    """One request's answer as it grows, in OpenAI's response, chunk and usage shapes."""
+
+    def __init__(self, parsed: Parsed, model: str, seed: int | None, texts: TokenTexts) -> None:
+        self.parsed = parsed
+        self.model = model
+        self.seed = seed
+        self.token = _token_id if parsed.token_ids else texts
+        self.chat = parsed.kind == "chat"
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.text: list[str] = []
+        self.entries: list[TokenOut] = []
+        self.done: Finished | None = None
+
+    def add(self, event: Event) -> None:
+        self.text.append(event.text)
+        if isinstance(event, Finished):
+            self.done = event
+        elif self.parsed.params.logprobs:
+            self.entries.append(event)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH[self.done.reason] if self.done else None
+
+    def _logprobs(self, events: list[TokenOut], offset: int) -> dict[str, Any] | None:
+        if not self.parsed.params.logprobs or not events:
+            return None
+        token = self.token
+        if self.chat:
+            return {"content": [
+                {"token": token(e.token)[0], "logprob": _finite(e.logprob),
+                 "bytes": token(e.token)[1],
+                 "top_logprobs": [{"token": token(i)[0], "logprob": _finite(lp),
+                                   "bytes": token(i)[1]} for i, lp in e.top_logprobs]}
+                for e in events]}
+        offsets = []
+        for e in events:
+            offsets.append(offset)
+            offset += len(e.text)
+        return {
+            "tokens": [token(e.token)[0] for e in events],
+            "token_logprobs": [_finite(e.logprob) for e in events],
+            "top_logprobs": [{token(i)[0]: _finite(lp) for i, lp in e.top_logprobs}
+                             for e in events],
+            "text_offset": offsets,
+        }
+
+    def usage(self) -> dict[str, Any] | None:
+        if (d := self.done) is None:
+            return None
+        return {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
+                "total_tokens": d.prompt_tokens + d.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": d.cached_tokens}}
+
+    def envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {"id": self.id, "object": kind + (".chunk" if chunk and self.chat else ""),
+                "created": self.created, "model": self.model, "choices": choices,
+                "seed": self.seed}
+
+    def response(self) -> dict[str, Any]:
+        text = "".join(self.text)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": self.finish_reason,
+                                  "logprobs": self._logprobs(self.entries, 0)}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {**self.envelope([choice], False), "usage": self.usage()}
+
+    def chunk(self, text: str, events: list[TokenOut], offset: int,
+              finish: str | None = None, first: bool = False) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "logprobs": self._logprobs(events, offset),
+                                  "finish_reason": finish}
+        if self.chat:
+            choice["delta"] = {"role": "assistant", "content": text} if first else (
+                {"content": text} if text or events else {})
+        else:
+            choice["text"] = text
+        body = self.envelope([choice], True)
+        if self.parsed.include_usage:
+            body["usage"] = None
+        return body
+
+    def ending(self) -> bytes:
+        """The stream's last events: the finish chunk (or the error), usage, [DONE]."""
+        assert self.done is not None
+        if self.done.reason == "error":
+            out = sse(error_body(500, f"generation failed: {self.done.error}"))
+        else:
+            out = sse(self.chunk("", [], 0, self.finish_reason))
+        if self.parsed.include_usage:
+            out += sse({**self.envelope([], True), "usage": self.usage()})
+        return out + sse(b"[DONE]")

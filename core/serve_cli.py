@@ -1,0 +1,110 @@
+"""`tensorfold serve`: the OpenAI-compatible HTTP server.
+
+Prints the memory plan and the address, serves until SIGINT or SIGTERM, then stops admitting
+(new requests get 503), lets in-flight requests end, stops the engine and prints the pool's
+census. Exit status 0, or 1 when the census is UNEVEN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from typing import TYPE_CHECKING
+
+from tensorfold.settings import Settings
+
+if TYPE_CHECKING:
+    from tensorfold.start import Served
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tensorfold.cli import add_engine_arguments, add_family_arguments
+
+    add_family_arguments(parser)
+    add_engine_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
+    parser.add_argument("--api-key", metavar="KEY",
+                        help="require Authorization: Bearer KEY on /v1/ routes")
+    parser.add_argument("--served-model-name", metavar="NAME",
+                        help="the model's name in the API (default: --model, or FAMILY-demo)")
+    parser.add_argument("--max-waiting", type=int, default=1024, metavar="N",
+                        help="requests that may wait for a lane before new ones get 503")
+    parser.add_argument("--max-body-mib", type=float, default=64.0, metavar="MIB",
+                        help="largest request body accepted (larger ones get 413)")
+    parser.add_argument("--shutdown-timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="how long in-flight requests may run on after SIGINT/SIGTERM")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    from tensorfold.cli import CommandError
+
+    if not 0 <= args.port <= 65535:
+        raise CommandError(f"--port must be in 0..65535, got {args.port}")
+    if args.max_waiting < 0 or args.max_body_mib <= 0:
+        raise CommandError("--max-waiting must be >= 0 and --max-body-mib > 0")
+    from tensorfold.start import open_served, pick_device
+
+    served = open_served(settings, args.family, args.model)  # checks the TF_* environment
+    try:
+        if args.served_model_name:
+            served.model_name = args.served_model_name
+        served.engine.max_waiting = args.max_waiting
+        asyncio.run(_serve(served, args, pick_device(settings)))
+        for sig in (signal.SIGINT, signal.SIGTERM):  # repeats while the engine winds down
+            signal.signal(sig, signal.SIG_IGN)
+    finally:
+        served.close()
+    census = served.engine.lanes.pool.census()
+    if not census.idle_even:
+        print("UNEVEN " + census.line(), flush=True)
+        return 1
+    print(census.line(), flush=True)
+    return 0
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}/v1" if ":" in host else f"http://{host}:{port}/v1"
+
+
+async def _serve(served: Served, args: argparse.Namespace, device: str) -> None:
+    from aiohttp import web
+
+    from tensorfold.cli import CommandError
+    from tensorfold.logs import get_logger
+    from tensorfold.server import STATE, create_app
+
+    log = get_logger("tensorfold.serve")
+    app = create_app(served, device=device, api_key=args.api_key,
+                     max_body=int(args.max_body_mib * 1024 * 1024))
+    state = app[STATE]
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=args.shutdown_timeout)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, args.host, args.port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise CommandError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    host, port = runner.addresses[0][:2]
+    print(served.plan.startup_line(), flush=True)
+    print(f"serving {served.model_name} at {_url(host, port)}", flush=True)
+    log.info("serving", model=served.model_name, url=_url(host, port))
+    signals = asyncio.Queue[int]()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, signals.put_nowait, sig)
+    await signals.get()
+    state.draining = True
+    log.info("shutting down: no new requests; waiting for those in flight (a second signal "
+             "cancels them)", inflight=state.inflight)
+    idle = asyncio.ensure_future(state.idle.wait())
+    again = asyncio.ensure_future(signals.get())
+    await asyncio.wait([idle, again], timeout=args.shutdown_timeout,
+                       return_when=asyncio.FIRST_COMPLETED)
+    if not idle.done():
+        log.warning("in-flight requests are cancelled", inflight=state.inflight)
+    idle.cancel()
+    again.cancel()
+    await runner.cleanup()  # cancels what is left; their handlers cancel them in the engine

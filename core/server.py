@@ -1,0 +1,278 @@
+"""The OpenAI-compatible HTTP API (aiohttp): routes, streaming, errors.
+
+Engine events arrive on the engine thread; each request's sink hands them to the event loop
+through call_soon_threadsafe. A request whose client goes away (the handler is cancelled, or a
+write fails) is cancelled in the engine, so its lane and pages come back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from aiohttp import web
+
+from .engine import QueueFull
+from .logs import get_logger
+from .metrics import CONTENT_TYPE, Metrics
+from .openai_api import (
+    ApiError,
+    Parsed,
+    Reply,
+    TokenTexts,
+    dumps,
+    error_body,
+    parse_chat,
+    parse_completion,
+    parse_json,
+    sse,
+)
+from .requests import Event, Finished, RequestRefused, TokenOut
+
+if TYPE_CHECKING:
+    from .start import Served
+
+log = get_logger("tensorfold.server")
+
+DEFAULT_MAX_BODY = 64 * 1024 * 1024
+RETRY_AFTER_S = "1"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_response(
+    body: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(body=dumps(body), status=status, headers=headers,
+                        content_type="application/json")
+
+
+class State:
+    """What the handlers share: the served model, metrics, the draining flag, in-flight count."""
+
+    def __init__(self, served: Served, device: str, api_key: str | None) -> None:
+        self.served = served
+        self.engine = served.engine
+        self.metrics = Metrics(served.engine, device, served.plan.lanes)
+        self.api_key = api_key.encode() if api_key else None
+        self.draining = False
+        self.inflight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.texts = TokenTexts(served.tokenizer)
+
+
+STATE: web.AppKey[State] = web.AppKey("state", State)
+
+
+def _error(status: int, message: str, param: str | None = None, code: str | None = None,
+           headers: dict[str, str] | None = None) -> web.Response:
+    return json_response(error_body(status, message, param, code), status, headers)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    state = request.app[STATE]
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        state.metrics.errors.labels(str(exc.status)).inc()
+        return json_response(exc.body(), exc.status, exc.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        state.metrics.errors.labels(str(exc.status)).inc()
+        headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
+        message = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else (
+            f"{exc.reason}: {request.method} {request.path}")
+        return _error(exc.status, message, headers=headers)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # nothing a request does may take the server down
+        log.exception("request failed", path=request.path, error=str(exc))
+        state.metrics.errors.labels("500").inc()
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+@web.middleware
+async def gate_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    state = request.app[STATE]
+    if request.path.startswith("/v1/"):
+        if state.api_key is not None:
+            given = request.headers.get("Authorization", "")
+            scheme, _, key = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                key.strip().encode(errors="replace"), state.api_key
+            ):
+                raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY",
+                               code="invalid_api_key")
+        if state.draining and request.method == "POST":
+            raise ApiError(503, "the server is shutting down",
+                           headers={"Retry-After": RETRY_AFTER_S})
+    return await handler(request)
+
+
+class _Timing:
+    """Time to first token and between tokens, as the client sees them."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.last = time.monotonic()
+        self.first = True
+
+    def token(self) -> None:
+        now = time.monotonic()
+        (self.metrics.ttft if self.first else self.metrics.itl).observe(now - self.last)
+        self.last, self.first = now, False
+
+
+async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.StreamResponse:
+    state = request.app[STATE]
+    timing = _Timing(state.metrics)
+    body = parse_json(await request.read())
+    loop = asyncio.get_running_loop()
+    # Off the loop: a long prompt's template and tokenizer would stall every stream.
+    parsed = await loop.run_in_executor(None, parse, body, state.served)
+    events: asyncio.Queue[Event] = asyncio.Queue()
+
+    def sink(event: Event) -> None:  # on the engine thread
+        if isinstance(event, Finished):  # counted here: a cancelled handler reads no more
+            state.metrics.finished(parsed.kind, event.reason, event.prompt_tokens,
+                                   event.cached_tokens, event.completion_tokens)
+        try:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+        except RuntimeError:  # the loop has closed: nobody is listening any more
+            pass
+
+    try:
+        req = state.engine.submit(parsed.prompt_ids, parsed.params, sink, marks=parsed.marks)
+    except RequestRefused as exc:
+        param = parsed.max_tokens_param if exc.param == "max_tokens" else exc.param
+        code = "context_length_exceeded" if exc.param == "max_tokens" else None
+        raise ApiError(400, str(exc), param=param, code=code) from None
+    except QueueFull as exc:
+        raise ApiError(503, f"the server is busy: {exc}",
+                       headers={"Retry-After": RETRY_AFTER_S}) from None
+    reply = Reply(parsed, state.served.model_name, req.params.seed, state.texts)
+    state.inflight += 1
+    state.idle.clear()
+    try:
+        if parsed.stream:
+            return await _stream(request, reply, events, timing)
+        while reply.done is None:
+            event = await events.get()
+            if isinstance(event, TokenOut):
+                timing.token()
+            reply.add(event)
+        if reply.done.reason == "error":
+            raise ApiError(500, f"generation failed: {reply.done.error}")
+        return json_response(reply.response())
+    finally:
+        if reply.done is None:
+            state.engine.cancel(req)
+        state.inflight -= 1
+        if state.inflight == 0:
+            state.idle.set()
+
+
+async def _stream(request: web.Request, reply: Reply, events: asyncio.Queue[Event],
+                  timing: _Timing) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    try:
+        await _events_to_stream(resp, reply, events, timing)
+    except ConnectionResetError:  # the client left; _generate cancels the request
+        pass
+    except Exception as exc:  # headers are sent: the error goes out as the stream's last event
+        log.exception("stream failed", error=str(exc))
+        error = error_body(500, f"internal error: {type(exc).__name__}: {exc}")
+        try:
+            await resp.write(sse(error) + sse(b"[DONE]"))
+        except ConnectionResetError:
+            pass
+    return resp
+
+
+async def _events_to_stream(resp: web.StreamResponse, reply: Reply,
+                            events: asyncio.Queue[Event], timing: _Timing) -> None:
+    if reply.chat:
+        await resp.write(sse(reply.chunk("", [], 0, first=True)))
+    sent = 0  # characters already sent, for completions' text_offset
+    data = b""
+    while True:
+        batch = [await events.get()]
+        while not events.empty():  # whatever else has come: one write for all of it
+            batch.append(events.get_nowait())
+        for event in batch:
+            reply.add(event)
+            tokens = []
+            if isinstance(event, TokenOut):
+                timing.token()
+                tokens = [event] if reply.parsed.params.logprobs else []
+            if event.text or tokens:
+                data += sse(reply.chunk(event.text, tokens, sent))
+                sent += len(event.text)
+        if reply.done is not None:
+            data += reply.ending()
+        await resp.write(data)
+        data = b""
+        if reply.done is not None:
+            await resp.write_eof()
+            return
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, parse_completion)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, parse_chat)
+
+
+def _model_card(state: State) -> dict[str, Any]:
+    return {"id": state.served.model_name, "object": "model", "created": 0,
+            "owned_by": "tensorfold", "max_model_len": state.served.window}
+
+
+async def models(request: web.Request) -> web.Response:
+    return json_response({"object": "list", "data": [_model_card(request.app[STATE])]})
+
+
+async def model(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if request.match_info["name"] != state.served.model_name:
+        raise ApiError(404, f"the model {request.match_info['name']!r} does not exist",
+                       param="model", code="model_not_found")
+    return json_response(_model_card(state))
+
+
+async def health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state.draining:
+        return _error(503, "the server is shutting down", headers={"Retry-After": RETRY_AFTER_S})
+    if not state.served.engine.alive:
+        return _error(503, "the engine thread is not running")
+    return json_response({"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def create_app(
+    served: Served, *, device: str = "cpu", api_key: str | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+) -> web.Application:
+    app = web.Application(middlewares=[errors_middleware, gate_middleware],
+                          client_max_size=max_body)
+    app[STATE] = State(served, device, api_key)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{name:.+}", model)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    return app

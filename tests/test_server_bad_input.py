@@ -1,0 +1,266 @@
+"""Bad input never hurts the server: each case gets an OpenAI-shaped error with the right
+status, the next good request succeeds, and the pool's census is even at the end."""
+
+from __future__ import annotations
+
+from http.client import HTTPConnection
+import json
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import openai
+import pytest
+
+from test_server import ServedDemo
+
+KEY = "sekrit-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+MODEL = "lfm2_moe-demo"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+COMPLETION = {"model": MODEL, "prompt": "The little", "max_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
+    s = ServedDemo(tmp_path_factory.mktemp("bad"), "--parallel", "1", "--max-waiting", "1",
+                   "--max-body-mib", "1", api_key=KEY)
+    yield s
+    rc, out = s.stop()
+    assert rc == 0 and "kv pool idle: promised 0" in out, s.logs()[-3000:]
+
+
+@dataclass
+class Reply:
+    status_code: int
+    headers: dict[str, str]
+    text: str
+
+    def json(self) -> Any:
+        return json.loads(self.text)
+
+
+class Http:
+    """Raw HTTP (api.client), so that any bytes, headers and methods can be sent."""
+
+    def __init__(self, base: str, headers: dict[str, str] | None = None) -> None:
+        url = urlsplit(base)
+        self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
+        self.headers = headers or {}
+
+    def connect(self, timeout: float = 60) -> HTTPConnection:
+        return HTTPConnection(self.host, self.port, timeout=timeout)
+
+    def request(self, method: str, path: str, content: bytes | None = None,
+                json_body: Any = None, headers: dict[str, str] | None = None,
+                timeout: float = 60) -> Reply:
+        if json_body is not None:
+            content = json.dumps(json_body).encode()
+        conn = self.connect(timeout)
+        try:
+            conn.request(method, path, body=content, headers={
+                "Content-Type": "application/json", **self.headers, **(headers or {})})
+            r = conn.getresponse()
+            return Reply(r.status, {k.lower(): v for k, v in r.getheaders()},
+                         r.read().decode("utf-8", "replace"))
+        finally:
+            conn.close()
+
+    def post(self, path: str, content: bytes | None = None, json: Any = None,
+             **kw: Any) -> Reply:
+        return self.request("POST", path, content, json, **kw)
+
+    def get(self, path: str, **kw: Any) -> Reply:
+        return self.request("GET", path, **kw)
+
+    @contextmanager
+    def stream(self, path: str, payload: Any) -> Iterator[tuple[int, Iterator[str]]]:
+        """POST and yield (status, the response's lines); leaving closes the connection."""
+        conn = self.connect()
+        try:
+            conn.request("POST", path, body=json.dumps(payload).encode(),
+                         headers={"Content-Type": "application/json", **self.headers})
+            r = conn.getresponse()
+            yield r.status, (line.decode().rstrip("\n") for line in iter(r.readline, b""))
+        finally:
+            conn.close()
+
+
+@pytest.fixture(scope="module")
+def api(server: ServedDemo) -> Http:
+    return Http(server.base, AUTH)
+
+
+def check_error(r: Reply, status: int, param: str | None = None) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param is not None:
+        assert error["param"] == param, error
+    return error
+
+
+def good(api: Http) -> None:
+    """The request after each bad one must succeed."""
+    r = api.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] >= 1
+
+
+def body(**changes: Any) -> dict[str, Any]:
+    return {k: v for k, v in {**COMPLETION, **changes}.items() if v is not ...}
+
+
+# (path, JSON body or raw bytes, status, param)
+CASES: list[tuple[str, Any, int, str | None]] = [
+    ("/v1/completions", b'{"prompt": "x", ', 400, None),
+    ("/v1/completions", b"[1, 2, 3]", 400, None),
+    ("/v1/completions", b"[" * 100_000 + b"]" * 100_000, 400, None),
+    ("/v1/completions", b'{"prompt": "x", "seed": 1' + b"0" * 5000 + b"}", 400, None),
+    ("/v1/completions", b'{"prompt": "caf\xe9"}', 400, None),
+    ("/v1/completions", body(temperature="hot"), 400, "temperature"),
+    ("/v1/completions", body(max_tokens="5"), 400, "max_tokens"),
+    ("/v1/completions", body(stream="yes"), 400, "stream"),
+    ("/v1/completions", body(stop=[1, 2]), 400, "stop"),
+    ("/v1/completions", body(seed=1.5), 400, "seed"),
+    ("/v1/completions", body(temperature=-1), 400, "temperature"),
+    ("/v1/completions", body(top_p=0), 400, "top_p"),
+    ("/v1/completions", body(top_k=-5), 400, "top_k"),
+    ("/v1/completions", body(min_p=2), 400, "min_p"),
+    ("/v1/completions", body(presence_penalty=3), 400, "presence_penalty"),
+    ("/v1/completions", body(frequency_penalty=-9), 400, "frequency_penalty"),
+    ("/v1/completions", body(repetition_penalty=0), 400, "repetition_penalty"),
+    ("/v1/completions", body(seed=2**70), 400, "seed"),
+    ("/v1/completions", body(max_tokens=0), 400, "max_tokens"),
+    ("/v1/completions", body(max_tokens=..., max_completion_tokens=-1), 400,
+     "max_completion_tokens"),
+    ("/v1/completions", body(logprobs=99), 400, "logprobs"),
+    ("/v1/completions", body(n=2), 400, "n"),
+    ("/v1/completions", body(prompt=["one", "two"]), 400, "prompt"),
+    ("/v1/completions", body(prompt=""), 400, "prompt"),
+    ("/v1/completions", body(prompt=[1, 2, 99999]), 400, "prompt"),
+    ("/v1/completions", body(prompt=None), 400, "prompt"),
+    ("/v1/completions", body(stream_options={"include_usage": True}), 400, "stream_options"),
+    ("/v1/completions", body(echo=True), 400, "echo"),
+    ("/v1/chat/completions", {**CHAT, "messages": "hi"}, 400, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"content": "no role"}]}, 400, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "api://x"}}]}]}, 400, "messages"),
+    ("/v1/chat/completions", {**CHAT, "top_logprobs": 50, "logprobs": True}, 400,
+     "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "logprobs": 1.5}, 400, "logprobs"),
+    ("/v1/chat/completions", {**CHAT, "model": "gpt-4o"}, 404, "model"),
+    ("/v1/nothing-here", CHAT, 404, None),
+]
+
+
+@pytest.mark.parametrize("path,payload,status,param", CASES,
+                         ids=[f"{i}-{c[3] or c[2]}" for i, c in enumerate(CASES)])
+def test_bad_request_then_good(api: Http, path: str, payload: Any, status: int,
+                               param: str | None) -> None:
+    raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    r = api.post(path, content=raw, headers={"Content-Type": "application/json"})
+    check_error(r, status, param)
+    good(api)
+
+
+def test_over_the_window_names_both_numbers(api: Http) -> None:
+    r = api.post("/v1/completions", json=body(max_tokens=5000))
+    error = check_error(r, 400, "max_tokens")
+    assert "5000" in error["message"] and "4096" in error["message"]
+    assert error["code"] == "context_length_exceeded"
+    chat = {k: v for k, v in CHAT.items() if k != "max_tokens"}
+    r = api.post("/v1/chat/completions", json={**chat, "max_completion_tokens": 4095})
+    error = check_error(r, 400, "max_completion_tokens")
+    assert "4095" in error["message"] and "4096" in error["message"]
+    good(api)
+
+
+def test_official_client_errors(server: ServedDemo) -> None:
+    c = server.client()
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL, messages=CHAT["messages"], n=2)
+    assert e.value.param == "n"  # type: ignore[attr-defined]
+    with pytest.raises(openai.NotFoundError):
+        c.chat.completions.create(model="nope", messages=CHAT["messages"])
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url, api_key="wrong", max_retries=0).models.list()
+    assert c.models.list().data[0].id == MODEL
+
+
+def test_api_key(server: ServedDemo, api: Http) -> None:
+    anon = Http(server.base)
+    check_error(anon.post("/v1/chat/completions", json=CHAT), 401)
+    check_error(anon.get("/v1/models", headers={"Authorization": "Bearer nope"}), 401)
+    check_error(anon.get("/v1/models", headers={"Authorization": KEY}), 401)
+    assert anon.get("/health").status_code == 200
+    assert anon.get("/metrics").status_code == 200
+    good(api)
+
+
+def test_body_over_the_limit(api: Http) -> None:
+    big = json.dumps(body(prompt="x" * (2 * 1024 * 1024))).encode()
+    check_error(api.post("/v1/completions", content=big), 413)
+    good(api)
+
+
+def test_wrong_method(api: Http) -> None:
+    r = api.get("/v1/chat/completions")
+    check_error(r, 405)
+    assert "POST" in r.headers["allow"]
+    check_error(api.request("DELETE", "/v1/models"), 405)
+    good(api)
+
+
+def long_stream(api: Http, **extra: Any) -> Any:
+    return api.stream("/v1/completions", body(
+        max_tokens=3000, stream=True, ignore_eos=True, **extra))
+
+
+def test_queue_full_is_503_and_disconnects_free_everything(
+    server: ServedDemo, api: Http
+) -> None:
+    """One lane, one waiting place: a third request is refused with Retry-After. Then both
+    clients go away mid-stream, and their lane and pages come back."""
+    with long_stream(api) as (status, lines):
+        assert status == 200
+        assert next(line for line in lines if line.startswith("data: "))  # it holds the lane
+        with long_stream(api) as (waiting, _):
+            assert waiting == 200
+            deadline = time.monotonic() + 10
+            while server.metrics()["tensorfold_requests_waiting"] < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            r = api.post("/v1/completions", json=COMPLETION)
+            check_error(r, 503)
+            assert int(r.headers["retry-after"]) >= 1
+    server.wait_even()
+    good(api)
+
+
+def test_disconnect_mid_stream_and_mid_request(server: ServedDemo, api: Http) -> None:
+    with long_stream(api, logprobs=2) as (status, lines):
+        assert status == 200
+        seen = 0
+        for line in lines:
+            seen += line.startswith("data: ")
+            if seen == 5:
+                break
+    with pytest.raises(socket.timeout):
+        api.post("/v1/completions", json=body(max_tokens=3000, ignore_eos=True), timeout=0.5)
+    m = server.wait_even()
+    assert m["tensorfold_requests_total{endpoint=completion,reason=cancelled}"] >= 2
+    good(api)
+
+
+def test_census_even_at_the_end(server: ServedDemo) -> None:
+    m = server.wait_even()
+    assert m["tensorfold_uneven_total"] == 0
+    assert m["tensorfold_http_errors_total{status=400}"] >= len(CASES) - 2
