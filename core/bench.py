@@ -148,7 +148,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
     openai = sub.add_parser("openai", help="decode tokens/s and time to first token")
     concurrent = sub.add_parser("concurrent", help="replies at each level equal alone")
-    for p in (openai, concurrent):
+    cache = sub.add_parser("cache", help="cold and warm time to first token, one long prompt")
+    from tensorfold.bench_cache import add_arguments as add_cache_arguments
+
+    add_cache_arguments(cache)
+    for p in (openai, concurrent, cache):
         p.add_argument("--url", default=DEFAULT_URL, help=f"the server's /v1 (default {DEFAULT_URL})")
         p.add_argument("--api-key", metavar="KEY")
         p.add_argument("--json", action="store_true", help="also print the results as JSON")
@@ -171,7 +175,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandError("--max-tokens and --repeats must be >= 1")
     import aiohttp
 
-    bench = bench_openai if args.bench == "openai" else bench_concurrent
+    from tensorfold.bench_cache import bench_cache
+
+    bench = {"openai": bench_openai, "concurrent": bench_concurrent, "cache": bench_cache}[
+        args.bench
+    ]
     try:
         return asyncio.run(bench(args))
     except (OSError, aiohttp.ClientError) as exc:
