@@ -68,6 +68,16 @@ class _EngineCollector(Collector):
             "tensorfold_uneven", "Idle censuses that did not add up (a bug)",
             value=engine.lanes.uneven,
         )
+        sharing = engine.lanes.sharing
+        if sharing is not None:
+            yield GaugeMetricFamily(
+                "tensorfold_prompt_store_states", "States the prompt store keeps",
+                value=len(sharing.store),
+            )
+            yield CounterMetricFamily(
+                "tensorfold_prompt_store_evictions", "Kept states evicted (LRU)",
+                value=sharing.evictions,
+            )
         yield GaugeMetricFamily(
             "tensorfold_device_memory_peak_bytes",
             "Peak device memory (torch's peak on cuda, peak RSS on the cpu)",

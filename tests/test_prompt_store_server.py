@@ -68,6 +68,9 @@ def test_resumed_equals_fresh_through_the_server(servers, seeded):
     assert all(n > 0 for turn in cached[1:] for n in turn), cached
     for s in servers.values():
         s.wait_even()
+    m = servers[64].metrics()
+    assert m["tensorfold_prompt_store_states"] > 0
+    assert m["tensorfold_prompt_tokens_total{source=cached}"] > 0
 
 
 def test_bench_cache_cold_then_warm(servers):
