@@ -7,12 +7,13 @@ torch is imported only when a tensor is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -119,6 +120,7 @@ class Checkpoint:
         self._index = index  # tensor name -> the file the index (or the single file) places it in
         self._headers = headers
         self._handles: dict[tuple[Path, str], Any] = {}
+        self._progress: list[int] | None = None  # [bytes loaded, bytes in all] while loading()
 
     @classmethod
     def open(cls, path: str | Path) -> "Checkpoint":
@@ -215,7 +217,29 @@ class Checkpoint:
             raise CheckpointError(f"cannot load tensor {name!r} from {info.file}: {e}") from None
         if dtype is not None:
             tensor = tensor.to(torch_dtype(dtype))
+        if self._progress is not None:
+            self._progress[0] += info.nbytes
+            self._show_progress()
         return tensor
+
+    @contextlib.contextmanager
+    def loading(self, progress: bool | None = None) -> Iterator[None]:
+        """While a family loads its weights: a progress line on stderr when it is a terminal
+        (progress=None) or when progress=True, ended when the block ends."""
+        show = sys.stderr.isatty() if progress is None else progress
+        self._progress = [0, self.total_bytes()] if show else None
+        try:
+            yield
+        finally:
+            if self._progress is not None:
+                sys.stderr.write("\n")
+            self._progress = None
+
+    def _show_progress(self) -> None:
+        assert self._progress is not None
+        done, total = self._progress
+        sys.stderr.write(f"\rloading weights: {done / 2**30:.2f} of {total / 2**30:.2f} GiB")
+        sys.stderr.flush()
 
     def load_many(
         self,

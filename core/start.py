@@ -153,9 +153,11 @@ def open_served(
     if spec.shape:
         the_plan = plan_memory(settings, resolve(spec.shape)(ckpt.config, dtype), device,
                                ckpt.total_bytes())
-        model_obj = resolve(spec.load)(ckpt, device, dtype)
+        with ckpt.loading():
+            model_obj = resolve(spec.load)(ckpt, device, dtype)
     else:
-        model_obj = resolve(spec.load)(ckpt, device, dtype)
+        with ckpt.loading():
+            model_obj = resolve(spec.load)(ckpt, device, dtype)
         the_plan = plan_memory(settings, ModelShape(model_obj.layout, model_obj.max_positions),
                                device, 0)
     log.info(the_plan.startup_line())

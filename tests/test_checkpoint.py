@@ -224,3 +224,22 @@ def test_index_points_at_wrong_shard(sharded: Path) -> None:
 def test_opening_a_file_is_refused(single: Path) -> None:
     with pytest.raises(CheckpointError, match="is not a folder"):
         Checkpoint.open(single / "config.json")
+
+
+def test_loading_shows_a_progress_line_and_ends_it(tmp_path, capsys):
+    import torch
+    from safetensors.torch import save_file
+
+    from tensorfold.checkpoint import Checkpoint
+
+    (tmp_path / "config.json").write_text("{}")
+    save_file({"a": torch.zeros(4, 4), "b": torch.ones(8)}, str(tmp_path / "model.safetensors"))
+    ckpt = Checkpoint.open(tmp_path)
+    with ckpt.loading(progress=True):
+        ckpt.load("a")
+        ckpt.load("b")
+    err = capsys.readouterr().err
+    assert "loading weights:" in err and err.endswith("\n")
+    with ckpt.loading(progress=False):
+        ckpt.load("a")
+    assert capsys.readouterr().err == ""
