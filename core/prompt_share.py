@@ -74,14 +74,14 @@ class PromptSharing:
 
     def marks(self, prompt: Sequence[int], chat_marks: Sequence[int], start: int) -> list[int]:
         """Where to keep this prompt's state: the grid, the chat marks and the prompt's end,
-        at usable positions past `start` that the store does not hold yet."""
+        each moved down to a usable position (a multiple of mark_rows), past `start`, where
+        the store does not hold a state yet."""
         n = len(prompt)
         wanted = set(range(self.grid, n + 1, self.grid)) | {m for m in chat_marks if m <= n}
         wanted.add(n)
-        return sorted(
-            m for m in wanted
-            if m > start and m % self.mark_rows == 0 and self.store.has(prompt[:m]) is None
-        )
+        # a mark between the family's usable positions moves down to the last one before it
+        usable = {m - m % self.mark_rows for m in wanted}
+        return sorted(m for m in usable if m > start and self.store.has(prompt[:m]) is None)
 
     def keep(self, tokens: Sequence[int], pages: Sequence[int], slot: int, taps: Any) -> None:
         """Keep the state after len(tokens) rows: the pages holding them and a snapshot of the

@@ -1,0 +1,168 @@
+"""A small deterministic GLM-5.3-Flash-shaped checkpoint, built locally (no download, no
+transformers).
+
+`build_demo(cache_dir)` writes `cache_dir / "glm5_next-demo-v1"` as transformers 5.23.0 saves a
+`Glm5NextForConditionalGeneration`: config.json (text_config + a one-block vision_config),
+generation_config.json, model.safetensors under the on-disk names of real checkpoints (per-expert
+projections, q/k/v_conv1d, hc_* names, a vision tower that is not served), a byte-level BPE
+tokenizer with GLM's special tokens, and a GLM-style chat template. Same bytes on every build.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .demo_weights import build_weights
+from .demo_text import CHAT_TEMPLATE, CORPUS
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+DEMO_NAME = "glm5_next-demo-v1"
+FILES = (
+    "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
+    "tokenizer.json", "tokenizer_config.json",
+)
+VOCAB_TARGET = 1024
+ENDOFTEXT, GMASK, SOP = "<|endoftext|>", "[gMASK]", "<sop>"
+SPECIAL_TOKENS = (
+    ENDOFTEXT, "[MASK]", GMASK, "[sMASK]", SOP, "<eop>", "<|system|>", "<|user|>",
+    "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>",
+    "<|begin_of_video|>", "<|end_of_video|>", "<|image|>", "<|video|>", "<think>", "</think>",
+)
+EOS = (ENDOFTEXT, "<|user|>", "<|observation|>")  # GLM stops at these
+
+LAYER_TYPES = ["linear_attention", "linear_attention", "indexed_attention", "linear_attention",
+               "indexed_attention", "indexed_attention"]
+TEXT_SHAPE: dict[str, Any] = dict(
+    hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+    num_hidden_layers=len(LAYER_TYPES), num_attention_heads=4, num_key_value_heads=4,
+    q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=0, v_head_dim=32,
+    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+    routed_scaling_factor=2.5, norm_topk_prob=True,
+    layer_types=LAYER_TYPES, indexer_types=["full", "full", "full", "full", "full", "shared"],
+    mlp_layer_types=["dense", "dense", "sparse", "sparse", "sparse", "sparse"],
+    index_topk=64, index_head_dim=32, index_n_heads=16, index_kpool=16,
+    index_kpool_always_select_tail=True,
+    linear_num_heads=2, linear_head_dim=32, linear_conv_kernel_dim=4, linear_lower_bound=-5.0,
+    hc_mult=4, hc_eps=1e-6, hc_sinkhorn_iters=20, swiglu_limit=10.0, rms_norm_eps=1e-5,
+    max_position_embeddings=32768,
+)
+VISION_SHAPE: dict[str, Any] = dict(
+    depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=128,
+    projection_intermediate_size=64, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+    in_channels=3,
+)
+
+
+def config_dict(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
+    """config.json with the keys `Glm5NextConfig(...).save_pretrained` writes (5.23.0)."""
+    eos = [ids[t] for t in EOS]
+    text = {
+        **TEXT_SHAPE, "model_type": "glm5_next_text", "vocab_size": vocab_size,
+        "attention_bias": False, "attention_dropout": 0.0, "hidden_act": "silu", "head_dim": 0,
+        "initializer_range": 0.02, "output_router_logits": False, "router_aux_loss_coef": 0.001,
+        "qk_head_dim": TEXT_SHAPE["qk_nope_head_dim"], "tie_word_embeddings": False,
+        "use_cache": True, "bos_token_id": None, "eos_token_id": eos,
+        "pad_token_id": ids[ENDOFTEXT],
+    }
+    vision = {
+        **VISION_SHAPE, "model_type": "glm5_next_vision", "attention_bias": True,
+        "attention_dropout": 0.0, "hidden_act": "silu", "image_size": 336,
+        "initializer_range": 0.02, "rms_norm_eps": 1e-05, "swiglu_limit": 10.0,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "axial"},
+    }
+    return {
+        "architectures": ["Glm5NextForConditionalGeneration"], "model_type": "glm5_next",
+        "transformers_version": "5.23.0", "dtype": "float32", "tie_word_embeddings": False,
+        "text_config": text, "vision_config": vision,
+        "image_token_id": ids["<|image|>"], "video_token_id": ids["<|video|>"],
+        "image_start_token_id": ids["<|begin_of_image|>"],
+        "image_end_token_id": ids["<|end_of_image|>"],
+        "video_start_token_id": ids["<|begin_of_video|>"],
+        "video_end_token_id": ids["<|end_of_video|>"],
+    }
+
+
+def build_tokenizer() -> Tokenizer:
+    """Byte-level BPE trained on CORPUS; specials take ids 0..17. Plain encoding starts with
+    [gMASK]<sop>, as GLM's tokenizer does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_TARGET, min_frequency=1, show_progress=False,
+        special_tokens=list(SPECIAL_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS.splitlines(keepends=True), trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{GMASK} {SOP} $A", pair=f"{GMASK} {SOP} $A $B",
+        special_tokens=[(GMASK, tok.token_to_id(GMASK)), (SOP, tok.token_to_id(SOP))],
+    )
+    return tok
+
+
+def _dump(path: Path, obj: dict[str, Any]) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def write_demo(folder: Path) -> None:
+    """Write every file of the demo checkpoint into an existing empty folder."""
+    from safetensors.torch import save_file
+
+    tok = build_tokenizer()
+    tok.save(str(folder / "tokenizer.json"))
+    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    cfg = config_dict(tok.get_vocab_size(), ids)
+    _dump(folder / "config.json", cfg)
+    _dump(folder / "generation_config.json", {
+        "_from_model_config": True, "eos_token_id": [ids[t] for t in EOS],
+        "pad_token_id": ids[ENDOFTEXT], "output_attentions": False,
+        "output_hidden_states": False, "transformers_version": "5.23.0", "use_cache": True,
+    })
+    _dump(folder / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": ENDOFTEXT,
+        "pad_token": ENDOFTEXT, "clean_up_tokenization_spaces": False, "do_lower_case": False,
+        "model_max_length": TEXT_SHAPE["max_position_embeddings"], "padding_side": "left",
+        "additional_special_tokens": [t for t in SPECIAL_TOKENS if t != ENDOFTEXT],
+    })
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    save_file(build_weights(cfg), str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def is_complete(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in FILES)
+
+
+def build_demo(cache_dir: Path) -> Path:
+    """Return `cache_dir / DEMO_NAME`, building it first unless a complete one is there.
+
+    The files are written into a temporary sibling folder that is renamed into place, so a crashed
+    build never leaves a half checkpoint, and concurrent builders agree on one result.
+    """
+    cache_dir = Path(cache_dir)
+    target = cache_dir / DEMO_NAME
+    if is_complete(target):
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_NAME}.", suffix=".tmp", dir=cache_dir))
+    try:
+        tmp.chmod(0o755)  # mkdtemp's 0700 would otherwise stick to the published folder
+        write_demo(tmp)
+        if target.exists() and not is_complete(target):
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not is_complete(target):  # another builder won the race, or something is in the way
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,132 @@
+"""The DSA indexer with k-pool compression (`Glm5NextTextIndexer`, modeling_glm5_next.py
+773-1061): which keys each MLA query attends to.
+
+Per token (paged): kI = LayerNorm(wk x) and gI = compress_gate x. Pool p holds tokens
+[kpool·p, kpool·p + kpool) (anchored at position 0: the engine never pads); its key is
+K_p = Σ_j softmax_j(gI_j + ape_j) ⊙ kI_j, rebuilt from the rows as the reference rebuilds it.
+Query t scores the complete pools ending at or before t, I(t, p) = Σ_h wI_h relu(qI_h · K_p / √dI),
+keeps the best index_topk / kpool of them (all of them while there are no more), expands each to
+its tokens, and adds its tail: the (t + 1) mod kpool tokens of its incomplete pool.
+
+Tie rule (torch.topk's, which the reference uses, depends on the tensor's width): pools are
+ranked by score, higher first, and equal scores by position, the earlier pool first.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from tensorfold.forward_pass import ForwardPass
+from tensorfold.ops.linear import linear
+
+from .config import GlmConfig
+from .ops import layer_norm
+from .weights import IndexerWeights
+
+if TYPE_CHECKING:
+    from tensorfold.adapters.paged_kv import PagedRows
+
+K_NORM_EPS = 1e-6
+POOL_TILE = 64  # pools scored per product, at positions aligned to POOL_TILE
+
+
+def select(
+    cfg: GlmConfig, name: str, w: IndexerWeights, x: torch.Tensor, q_resid: torch.Tensor,
+    fp: ForwardPass, rows: "PagedRows",
+) -> list[torch.Tensor]:
+    """Write the pass's indexer rows to `{name}.index_k` / `{name}.index_gate` and return, per
+    stream, the keys each of its rows attends to: [rows, end] bool. x [N, H] (normed);
+    q_resid [N, q_lora_rank]."""
+    n, heads, dim, kpool = x.shape[0], cfg.index_n_heads, cfg.index_head_dim, cfg.index_kpool
+    rows.write(f"{name}.index_k", fp.write_index,
+               layer_norm(linear(x, w.wk), w.k_norm, w.k_bias, K_NORM_EPS))
+    rows.write(f"{name}.index_gate", fp.write_index, linear(x, w.gate))
+    q = linear(q_resid, w.wq_b).float().view(n, heads, dim)  # [N, nI, dI]
+    weights = linear(x, w.weights_proj).float() * heads**-0.5  # [N, nI]
+    masks = []
+    for i, (stream, (lo, hi)) in enumerate(zip(fp.streams, fp.spans)):
+        positions = fp.positions[lo:hi]
+        pools = stream.end // kpool
+        if pools <= cfg.select_pools:  # every candidate is kept: no score can matter
+            chosen = candidates(pools, positions, kpool)
+        else:
+            idx = fp.read_index(i)[: pools * kpool]
+            keys = rows.flat(f"{name}.index_k").index_select(0, idx).view(pools, kpool, dim)
+            gates = rows.flat(f"{name}.index_gate").index_select(0, idx).view(pools, kpool, dim)
+            pooled = pool_keys(keys, gates, w.ape).float()  # [P, dI]
+            scores = pool_scores(q[lo:hi], weights[lo:hi], pooled, dim**-0.5)
+            chosen = choose_pools(scores, candidates(pools, positions, kpool), cfg.select_pools)
+        masks.append(token_mask(chosen, positions, stream.end, kpool))
+    return masks
+
+
+def pool_keys(keys: torch.Tensor, gates: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:
+    """K_p per complete pool. keys, gates [P, kpool, dI] (model dtype); ape [kpool, dI].
+    The softmax weights are rounded to the keys' dtype before the product (as the reference);
+    the sum over the pool's tokens runs in token order. Returns [P, dI] in the keys' dtype."""
+    logits = gates.float() + ape.float()  # [P, kpool, dI]
+    kpool = logits.shape[1]
+    top = logits[:, 0]
+    for j in range(1, kpool):
+        top = torch.maximum(top, logits[:, j])
+    e = torch.exp(logits - top[:, None])
+    total = e[:, 0]
+    for j in range(1, kpool):
+        total = total + e[:, j]
+    weighted = (e / total[:, None]).to(keys.dtype) * keys
+    acc = weighted[:, 0].float()
+    for j in range(1, kpool):
+        acc = acc + weighted[:, j].float()
+    return acc.to(keys.dtype)
+
+
+def pool_scores(
+    q: torch.Tensor, weights: torch.Tensor, pooled: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """I(t, p) = Σ_h weights_h relu(q_h · K_p · scale), fp32. q [n, nI, dI]; weights [n, nI];
+    pooled [P, dI] -> [n, P]. Pools are scored POOL_TILE at a time (zero-padded), so a score's
+    bits depend only on its query and its pool."""
+    n, heads, dim = q.shape
+    total = pooled.shape[0]
+    flat = q.reshape(n * heads, dim)
+    out = q.new_empty(n, total)
+    for p0 in range(0, total, POOL_TILE):
+        tile = pooled[p0 : p0 + POOL_TILE]
+        width = tile.shape[0]
+        s = torch.relu(linear(flat, F.pad(tile, (0, 0, 0, POOL_TILE - width))) * scale)
+        s = s.view(n, heads, POOL_TILE)
+        acc = weights[:, 0, None] * s[:, 0]
+        for h in range(1, heads):
+            acc = acc + weights[:, h, None] * s[:, h]
+        out[:, p0 : p0 + width] = acc[:, :width]
+    return out + 0.0  # -0.0 -> +0.0: equal scores must look equal to the ranking
+
+
+def candidates(pools: int, positions: torch.Tensor, kpool: int) -> torch.Tensor:
+    """[n, P] bool: pool p is a candidate for the query at position t iff it ends at or before t."""
+    ends = torch.arange(pools, device=positions.device) * kpool + kpool - 1
+    return ends[None, :] <= positions[:, None]
+
+
+def choose_pools(scores: torch.Tensor, candidate: torch.Tensor, limit: int) -> torch.Tensor:
+    """The best `limit` candidates of each row by the tie rule: higher score first, then the
+    earlier pool. scores [n, P] fp32; candidate [n, P] bool -> [n, P] bool."""
+    ranked = scores.masked_fill(~candidate, float("-inf"))
+    order = torch.sort(ranked, dim=-1, descending=True, stable=True).indices[:, :limit]
+    chosen = torch.zeros_like(candidate).scatter_(1, order, True)
+    return chosen & candidate
+
+
+def token_mask(
+    chosen: torch.Tensor, positions: torch.Tensor, end: int, kpool: int
+) -> torch.Tensor:
+    """Expand chosen pools [n, P] to their tokens and add each query's tail: [n, end] bool."""
+    n, pools = chosen.shape
+    mask = torch.zeros(n, end, dtype=torch.bool, device=chosen.device)
+    mask[:, : pools * kpool] = chosen.repeat_interleave(kpool, dim=1)
+    keys = torch.arange(end, device=chosen.device)[None, :]
+    tail_start = (positions + 1) // kpool * kpool
+    return mask | ((keys >= tail_start[:, None]) & (keys <= positions[:, None]))

@@ -1,0 +1,48 @@
+"""What a glm5_next stream keeps, from config.json alone (no torch, no weights).
+
+Paged, per token and MLA layer: the normed KV latent `c` [kv_lora_rank] (what MLA attends over),
+and for a layer with its own indexer the indexer key `kI` [index_head_dim] and compression-gate
+score `gI` [index_head_dim] (the pooled keys are recomputed from them, as the reference does).
+Fixed, per KDA layer: the fp32 recurrent state [heads, K, V] and the conv tail, the last K-1
+pre-conv q|k|v rows [3 * heads * head_dim, K-1] in the model dtype.
+
+Marks: every computation here is exact at any row (the KDA recurrence runs token by token and
+the pooled keys are rebuilt from per-token rows), but usable marks are declared at multiples of
+index_kpool, so a kept prompt always ends on a pool boundary: the granularity a kernel that
+caches pooled keys per completed pool needs too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from tensorfold.family import ModelShape, RowSpec, StateLayout, StateSpec
+
+from .config import GlmConfig
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def shape(config: Mapping[str, Any], dtype: str = "bfloat16") -> ModelShape:
+    """The memory plan's view of a checkpoint, from config.json alone."""
+    cfg = GlmConfig.from_dict(config, "config.json")
+    return ModelShape(state_layout(cfg, dtype), cfg.max_position_embeddings)
+
+
+def state_layout(cfg: GlmConfig, dtype: str) -> StateLayout:
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise ValueError(f"glm5_next runs in {', '.join(DTYPES)}, not {dtype!r}")
+    paged: list[RowSpec] = []
+    for i in cfg.mla_layers:
+        paged.append(RowSpec(f"L{i}.latent", (cfg.kv_lora_rank,), name))
+        if cfg.runs_indexer(i):
+            paged.append(RowSpec(f"L{i}.index_k", (cfg.index_head_dim,), name))
+            paged.append(RowSpec(f"L{i}.index_gate", (cfg.index_head_dim,), name))
+    heads, dim = cfg.linear_num_heads, cfg.linear_head_dim
+    tail = (3 * cfg.kda_dim, cfg.linear_conv_kernel_dim - 1)
+    fixed: list[StateSpec] = []
+    for i in cfg.kda_layers:
+        fixed.append(StateSpec(f"L{i}.kda", (heads, dim, dim), "float32"))
+        fixed.append(StateSpec(f"L{i}.conv", tail, name))
+    return StateLayout(paged=tuple(paged), fixed=tuple(fixed), mark_rows=cfg.index_kpool)

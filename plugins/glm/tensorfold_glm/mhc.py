@@ -1,0 +1,63 @@
+"""The manifold-constrained hyper-connection (mHC) residual: hc_mult streams per token
+(`Glm5NextTextHyperConnection`, modeling_glm5_next.py 218-336).
+
+Per token, in fp32: the flattened streams are RMS-normed (no weight), projected to
+pre | post | comb logits, gated (sigmoid, 2·sigmoid, softmax), and comb is made doubly
+stochastic by the reference's eps-ratio Sinkhorn (x / (sum + eps), columns first, then
+iters - 1 rounds of rows and columns) — not the log-space form. No state crosses tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tensorfold.ops.linear import linear
+
+from .config import GlmConfig
+from .ops import sigmoid, softmax
+from .weights import HcWeights
+
+
+def collapse(
+    cfg: GlmConfig, w: HcWeights, streams: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """streams [N, hc, H] -> (post [N, hc] fp32, comb [N, hc, hc] fp32, block input [N, H])."""
+    n, hc, _ = streams.shape
+    eps = cfg.hc_eps
+    flat = streams.reshape(n, -1).float()
+    flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + cfg.rms_norm_eps)
+    pre_w, post_w, comb_w = linear(flat, w.fn).split([hc, hc, hc * hc], dim=-1)
+    pre_b, post_b, comb_b = w.base.split([hc, hc, hc * hc])
+    pre = sigmoid(pre_w * w.scale[0] + pre_b) + eps
+    post = 2 * sigmoid(post_w * w.scale[1] + post_b)
+    comb = softmax(comb_w.view(n, hc, hc) * w.scale[2] + comb_b.view(hc, hc)) + eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(cfg.hc_sinkhorn_iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    x = pre[:, 0, None] * streams[:, 0].float()
+    for m in range(1, hc):
+        x = x + pre[:, m, None] * streams[:, m].float()
+    return post, comb, x.to(streams.dtype)
+
+
+def expand(
+    post: torch.Tensor, comb: torch.Tensor, y: torch.Tensor, residual: torch.Tensor
+) -> torch.Tensor:
+    """Stream j becomes post_j · y + Σ_m comb[m, j] · residual_m, in the model dtype.
+    post [N, hc]; comb [N, hc, hc]; y [N, H]; residual [N, hc, H] -> [N, hc, H]."""
+    dtype = residual.dtype
+    comb = comb.to(dtype).float()
+    mixed = comb[:, 0, :, None] * residual[:, 0, None, :].float()
+    for m in range(1, residual.shape[1]):
+        mixed = mixed + comb[:, m, :, None] * residual[:, m, None, :].float()
+    return post.to(dtype)[:, :, None] * y[:, None, :] + mixed.to(dtype)
+
+
+def head(streams: torch.Tensor) -> torch.Tensor:
+    """The final collapse, an unweighted mean of the streams: [N, hc, H] -> [N, H]."""
+    hc = streams.shape[1]
+    total = streams[:, 0].float()
+    for m in range(1, hc):
+        total = total + streams[:, m].float()
+    return (total / hc).to(streams.dtype)

@@ -1,0 +1,106 @@
+"""MLA over the cached latent, restricted to the DSA index set (`Glm5NextTextAttention`,
+modeling_glm5_next.py 1101-1276), torch reference: the CPU path.
+
+No RoPE: the latent c = kv_a_layernorm(kv_a_proj x) [r] is the only per-token cache. Attention
+runs in the absorbed form: q̃_h = W_uk,hᵀ q_h ∈ R^r, score = q̃_h · c_j / √dn (the reference's
+scale, from the 256-wide heads), output W_uv,h Σ_j p_j c_j: MQA with keys = values = the latent.
+The reference expands k_h = W_uk,h c_j instead; the two agree to fp32 rounding.
+
+Exactness: keys are visited in tiles of KEY_TILE aligned to absolute positions with an online
+softmax, queries in blocks of QUERY_BLOCK; a tile a query selects nothing from is an exact no-op
+for it, so a row's result depends only on its own position and its stream's rows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from tensorfold.forward_pass import ForwardPass
+from tensorfold.ops.linear import linear
+from tensorfold.ops.norms import rms_norm
+
+from . import indexer
+from .config import GlmConfig
+from .ops import head_linear
+from .weights import MlaWeights
+
+if TYPE_CHECKING:
+    from tensorfold.adapters.paged_kv import PagedRows
+
+KEY_TILE = 128
+QUERY_BLOCK = 32
+
+
+def mla(
+    cfg: GlmConfig, name: str, w: MlaWeights, x: torch.Tensor, fp: ForwardPass,
+    rows: "PagedRows", shared: list[torch.Tensor] | None,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """x [N, H] (normed) -> ([N, H], the per-stream key masks it used). Writes the pass's latent
+    rows to `{name}.latent` (and the indexer's rows) before attending. A "shared" layer (no
+    indexer weights) attends with `shared`, the previous layer's masks."""
+    n, heads, eps = x.shape[0], cfg.num_attention_heads, cfg.rms_norm_eps
+    q_resid = rms_norm(linear(x, w.q_a, w.q_a_bias), w.q_a_norm, eps)  # [N, q_lora_rank]
+    q = linear(q_resid, w.q_b).view(n, heads, cfg.qk_nope_head_dim)
+    latent = rms_norm(linear(x, w.kv_a, w.kv_a_bias), w.kv_a_norm, eps)  # [N, r]
+    rows.write(f"{name}.latent", fp.write_index, latent)
+    if w.indexer is not None:
+        masks = indexer.select(cfg, name, w.indexer, x, q_resid, fp, rows)
+    elif shared is not None:
+        masks = shared
+    else:
+        raise ValueError(f"{name} shares its index set, but no earlier layer computed one")
+    q_lat = head_linear(q, w.w_uk).float()  # [N, heads, r]
+    out = torch.empty_like(q_lat)
+    scale = cfg.qk_nope_head_dim**-0.5
+    for i, (lo, hi) in enumerate(fp.spans):
+        keys = rows.flat(f"{name}.latent").index_select(0, fp.read_index(i)).float()  # [end, r]
+        out[lo:hi] = sparse_attention(q_lat[lo:hi], keys, masks[i], scale)
+    o = head_linear(out.to(x.dtype), w.w_uv)  # [N, heads, dv]
+    return linear(o.reshape(n, -1), w.o, w.o_bias), masks
+
+
+def sparse_attention(
+    q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """One stream's queries against its latent rows. q [n, heads, r] fp32; keys [end, r] fp32
+    (keys = values); mask [n, end] bool (True: attend). Returns [n, heads, r] fp32."""
+    n, heads, r = q.shape
+    pad = (-keys.shape[0]) % KEY_TILE
+    keys = F.pad(keys, (0, 0, 0, pad))
+    mask = F.pad(mask, (0, pad))
+    out = q.new_empty(n, heads, r)
+    for a in range(0, n, QUERY_BLOCK):
+        qb, mb = q[a : a + QUERY_BLOCK], mask[a : a + QUERY_BLOCK]
+        m = qb.shape[0]
+        if m < QUERY_BLOCK:  # padded rows repeat the last query; their results are dropped
+            qb = torch.cat([qb, qb[-1:].expand(QUERY_BLOCK - m, -1, -1)])
+            mb = torch.cat([mb, mb[-1:].expand(QUERY_BLOCK - m, -1)])
+        out[a : a + m] = _block(qb, mb, keys, scale)[:m]
+    return out
+
+
+def _block(q: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [B, heads, r]; mask [B, T'] (T' a multiple of KEY_TILE); keys [T', r] -> [B, heads, r]."""
+    b, heads, r = q.shape
+    qh = q.reshape(b * heads, r)
+    visible = mask.repeat_interleave(heads, dim=0)  # [B*heads, T'], rows as qh's
+    tiles = mask.view(b, -1, KEY_TILE).any(-1).any(0).nonzero().flatten().tolist()
+    run_max = q.new_full((b * heads, 1), float("-inf"))
+    run_sum = q.new_zeros(b * heads, 1)
+    acc = q.new_zeros(b * heads, r)
+    for tile in tiles:
+        t0 = tile * KEY_TILE
+        kt = keys[t0 : t0 + KEY_TILE]  # [KEY_TILE, r]
+        s = torch.mm(qh, kt.t()) * scale
+        s = s.masked_fill(~visible[:, t0 : t0 + KEY_TILE], float("-inf"))
+        new_max = torch.maximum(run_max, s.amax(-1, keepdim=True))
+        safe = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+        p = torch.exp(s - safe)
+        alpha = torch.exp(run_max - safe)
+        run_sum = run_sum * alpha + p.sum(-1, keepdim=True)
+        acc = acc * alpha + torch.mm(p, kt)
+        run_max = new_max
+    return (acc / run_sum).view(b, heads, r)

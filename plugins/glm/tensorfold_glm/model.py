@@ -1,0 +1,91 @@
+"""glm5_next over the pool's pages: the text model of GLM-5.3-Flash as transformers 5.23.0
+computes it (`Glm5NextTextModel` and the `lm_head` of `Glm5NextForConditionalGeneration`).
+
+The embedding is copied into hc_mult residual streams; each layer wraps its mixer (KDA or MLA)
+and its FFN (SwiGLU or MoE) in an mHC collapse / expand; the streams' mean is normed and
+projected to logits.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from tensorfold.checkpoint import torch_dtype
+from tensorfold.family import StateLayout
+from tensorfold.forward_pass import ForwardPass
+from tensorfold.logs import get_logger
+from tensorfold.model import FamilyModel
+from tensorfold.ops.linear import linear
+from tensorfold.ops.norms import rms_norm
+
+from . import mhc
+from .config import GlmConfig
+from .kda import kda
+from .layout import DTYPES, shape, state_layout
+from .mla import mla
+from .moe import ffn
+from .weights import KdaWeights, ModelWeights, load_weights, text_prefix
+
+if TYPE_CHECKING:
+    from tensorfold.adapters.paged_kv import PagedRows
+    from tensorfold.adapters.stream_state import StreamSlots
+    from tensorfold.checkpoint import Checkpoint
+
+__all__ = ["GlmModel", "load", "shape", "state_layout"]
+
+log = get_logger("tensorfold_glm")
+
+
+def load(checkpoint: "Checkpoint", device: str, dtype: str) -> "GlmModel":
+    """Parse config.json and load the text model's weights in `dtype` (one of DTYPES)."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise ValueError(f"glm5_next runs in {', '.join(DTYPES)}, not {dtype!r}")
+    cfg = GlmConfig.from_dict(checkpoint.config, str(checkpoint.path / "config.json"))
+    _note_unserved(checkpoint, cfg)
+    return GlmModel(cfg, load_weights(checkpoint, cfg, device, torch_dtype(name)), device, name)
+
+
+def _note_unserved(checkpoint: "Checkpoint", cfg: GlmConfig) -> None:
+    names = checkpoint.tensor_names()
+    if cfg.has_vision or any(n.startswith("model.visual.") for n in names):
+        log.info("glm5_next: the checkpoint's vision tower is not loaded; images are not served "
+                 "yet, only text")
+    mtp = f"{text_prefix(checkpoint)}layers.{cfg.num_hidden_layers}."
+    if any(n.startswith(mtp) for n in names):
+        log.info(f"glm5_next: the MTP layer ({mtp}*) is ignored, as transformers ignores it")
+
+
+class GlmModel(FamilyModel):
+    name = "glm5_next"
+
+    def __init__(self, cfg: GlmConfig, weights: ModelWeights, device: str, dtype: str):
+        self.cfg = cfg
+        self.weights = weights
+        self.device = torch.device(device)
+        self.dtype = torch_dtype(dtype)
+        self.layout: StateLayout = state_layout(cfg, dtype)
+        self.vocab_size = cfg.vocab_size
+        self.max_positions = cfg.max_position_embeddings
+
+    def forward(self, fp: ForwardPass, rows: "PagedRows", slots: "StreamSlots") -> torch.Tensor:
+        cfg, w = self.cfg, self.weights
+        e = w.embed.index_select(0, fp.tokens)  # [N, H]
+        streams = e[:, None, :].expand(-1, cfg.hc_mult, -1).contiguous()  # [N, hc, H]
+        masks: list[torch.Tensor] | None = None  # the last MLA layer's key sets, per stream
+        for i, layer in enumerate(w.layers):
+            post, comb, x = mhc.collapse(cfg, layer.attn_hc, streams)
+            x = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
+            if isinstance(layer.mixer, KdaWeights):
+                y = kda(cfg, f"L{i}", layer.mixer, x, fp, slots)
+                masks = None  # a "shared" layer reads only the layer just before it
+            else:
+                y, masks = mla(cfg, f"L{i}", layer.mixer, x, fp, rows, masks)
+            streams = mhc.expand(post, comb, y, streams)
+            post, comb, x = mhc.collapse(cfg, layer.ffn_hc, streams)
+            x = rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
+            streams = mhc.expand(post, comb, ffn(cfg, x, layer.ffn), streams)
+        h = mhc.head(streams.index_select(0, fp.logit_rows))  # [R, H]
+        return linear(rms_norm(h, w.final_norm, cfg.rms_norm_eps), w.lm_head).float()

@@ -1,0 +1,38 @@
+"""The glm plugin's hook implementations (cheap to import: no torch)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from tensorfold import hookimpl
+from tensorfold.family import FamilySpec
+from tensorfold.profiles import ProfileRow
+
+GLM5_NEXT = FamilySpec(
+    name="glm5_next",
+    load="tensorfold_glm.model:load",
+    build_demo="tensorfold_glm.demo:build_demo",
+    shape="tensorfold_glm.layout:shape",
+    description="GLM-5.3-Flash (Z.ai) text model: KDA linear attention, MLA with the DSA "
+    "k-pool indexer, 4-stream mHC residual, sigmoid-routed MoE with a shared expert",
+)
+
+RETIRED_KV_SHARE = ProfileRow(
+    setting="TF_GLM_KV_SHARE",
+    values="0 or empty (anything else refuses the start)",
+    default="unset",
+    families=("glm5_next",),
+    meaning="GLM's own prompt-store switch, now the core's prompt store for every family. "
+    "0 and empty start as if unset.",
+    replaced_by="TF_KV_SHARE",
+)
+
+
+@hookimpl
+def register_families(register: Callable[[FamilySpec], None]) -> None:
+    register(GLM5_NEXT)
+
+
+@hookimpl
+def profile_rows(register: Callable[[ProfileRow], None]) -> None:
+    register(RETIRED_KV_SHARE)

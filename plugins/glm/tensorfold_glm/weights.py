@@ -1,0 +1,222 @@
+"""The weights of a GLM-5.3-Flash checkpoint under their on-disk names, shape-checked as they load.
+
+On disk (as real checkpoints ship and transformers 5.23.0 saves): the text model under
+`model.language_model.` (or `model.` in a flat text-only checkpoint), per-expert
+gate/up/down projections, the KDA convolution split into q/k/v_conv1d, the forget gate's
+f_a/f_b/dt_bias/A_log directly under `self_attn`, and the mHC weights as `hc_attn_*` /
+`hc_ffn_*`. The reference keeps e_score_correction_bias, the convolutions, dt_bias, A_log and
+the mHC base/scale in fp32 whatever the model dtype; so do we. A vision tower (`model.visual.`)
+and an MTP layer past num_hidden_layers are not read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from .config import DENSE, KDA, GlmConfig
+
+if TYPE_CHECKING:
+    from tensorfold.checkpoint import Checkpoint
+
+F32 = torch.float32
+
+
+@dataclass
+class HcWeights:
+    fn: torch.Tensor  # [(2+hc)*hc, hc*H] fp32 (the reference upcasts it in the op)
+    base: torch.Tensor  # [(2+hc)*hc] fp32
+    scale: torch.Tensor  # [3] fp32
+
+
+@dataclass
+class KdaWeights:
+    qkv: torch.Tensor  # [3D, H]: q_proj, k_proj, v_proj rows
+    conv: torch.Tensor  # [3D, K] fp32: q, k, v conv1d
+    f_a: torch.Tensor  # [Dk, H]
+    f_b: torch.Tensor  # [D, Dk]
+    dt_bias: torch.Tensor  # [D] fp32
+    decay: torch.Tensor  # [heads] fp32: exp(A_log)
+    b: torch.Tensor  # [heads, H]
+    g_a: torch.Tensor  # [Dk, H]
+    g_b: torch.Tensor  # [D, Dk]
+    o_norm: torch.Tensor  # [Dk]
+    o: torch.Tensor  # [H, D]
+
+
+@dataclass
+class IndexerWeights:
+    wq_b: torch.Tensor  # [nI*dI, q_lora_rank]
+    wk: torch.Tensor  # [dI, H]
+    k_norm: torch.Tensor  # [dI]
+    k_bias: torch.Tensor  # [dI]
+    weights_proj: torch.Tensor  # [nI, H]
+    ape: torch.Tensor  # [kpool, dI]
+    gate: torch.Tensor  # [dI, H]
+
+
+@dataclass
+class MlaWeights:
+    q_a: torch.Tensor  # [q_lora_rank, H]
+    q_a_bias: torch.Tensor | None
+    q_a_norm: torch.Tensor  # [q_lora_rank]
+    q_b: torch.Tensor  # [heads*dn, q_lora_rank]
+    kv_a: torch.Tensor  # [r, H]
+    kv_a_bias: torch.Tensor | None
+    kv_a_norm: torch.Tensor  # [r]
+    w_uk: torch.Tensor  # [heads, r, dn]: kv_b_proj's key rows, transposed per head
+    w_uv: torch.Tensor  # [heads, dv, r]: kv_b_proj's value rows
+    o: torch.Tensor  # [H, heads*dv]
+    o_bias: torch.Tensor | None
+    indexer: IndexerWeights | None  # None: a "shared" layer
+
+
+@dataclass
+class DenseWeights:
+    gate_up: torch.Tensor  # [2I, H]: gate rows, then up rows
+    down: torch.Tensor  # [H, I]
+
+
+@dataclass
+class MoeWeights:
+    router: torch.Tensor  # [E, H] fp32 (the reference upcasts it in the op)
+    bias: torch.Tensor  # [E] fp32 e_score_correction_bias
+    experts: Sequence[DenseWeights]  # E
+    shared: DenseWeights
+
+
+@dataclass
+class LayerWeights:
+    attn_hc: HcWeights
+    ffn_hc: HcWeights
+    input_norm: torch.Tensor  # [H]
+    post_norm: torch.Tensor  # [H]
+    mixer: KdaWeights | MlaWeights
+    ffn: DenseWeights | MoeWeights
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor  # [V, H]
+    final_norm: torch.Tensor  # [H]
+    lm_head: torch.Tensor  # [V, H]
+    layers: list[LayerWeights]
+
+
+def text_prefix(ckpt: "Checkpoint") -> str:
+    """`model.language_model.` (composite checkpoints) or `model.` (flat text-only ones)."""
+    for prefix in ("model.language_model.", "model."):
+        if ckpt.has(f"{prefix}embed_tokens.weight"):
+            return prefix
+    return "model.language_model."  # the loader then names the tensor it misses
+
+
+class _Reader:
+    def __init__(self, ckpt: "Checkpoint", device: str, dtype: torch.dtype):
+        self.ckpt, self.device, self.dtype = ckpt, device, dtype
+
+    def __call__(self, name: str, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return self.ckpt.load(name, device=self.device, dtype=dtype or self.dtype, shape=shape)
+
+    def upcast(self, name: str, *shape: int) -> torch.Tensor:
+        """Stored in the model dtype, used in fp32 (the reference's `.float()` in the op)."""
+        return self(name, *shape).float()
+
+    def bias(self, name: str, size: int, present: bool) -> torch.Tensor | None:
+        return self(name, size) if present else None
+
+
+def load_weights(
+    ckpt: "Checkpoint", cfg: GlmConfig, device: str, dtype: torch.dtype
+) -> ModelWeights:
+    read = _Reader(ckpt, device, dtype)
+    root = text_prefix(ckpt)
+    h, v = cfg.hidden_size, cfg.vocab_size
+    embed = read(f"{root}embed_tokens.weight", v, h)
+    layers = []
+    for i, kind in enumerate(cfg.layer_types):
+        p = f"{root}layers.{i}"
+        mixer = _kda(read, cfg, p) if kind == KDA else _mla(read, cfg, p, cfg.runs_indexer(i))
+        ffn = (_dense(read, f"{p}.mlp", h, cfg.intermediate_size)
+               if cfg.mlp_layer_types[i] == DENSE else _moe(read, cfg, p))
+        layers.append(LayerWeights(
+            attn_hc=_hc(read, cfg, f"{p}.hc_attn"), ffn_hc=_hc(read, cfg, f"{p}.hc_ffn"),
+            input_norm=read(f"{p}.input_layernorm.weight", h),
+            post_norm=read(f"{p}.post_attention_layernorm.weight", h), mixer=mixer, ffn=ffn,
+        ))
+    tied = cfg.tie_word_embeddings and not ckpt.has("lm_head.weight")
+    lm_head = embed if tied else read("lm_head.weight", v, h)
+    return ModelWeights(embed, read(f"{root}norm.weight", h), lm_head, layers)
+
+
+def _hc(read: _Reader, cfg: GlmConfig, p: str) -> HcWeights:
+    n = cfg.hc_mult
+    width = (2 + n) * n
+    return HcWeights(
+        fn=read.upcast(f"{p}_fn", width, n * cfg.hidden_size),
+        base=read(f"{p}_base", width, dtype=F32), scale=read(f"{p}_scale", 3, dtype=F32),
+    )
+
+
+def _kda(read: _Reader, cfg: GlmConfig, p: str) -> KdaWeights:
+    h, dk, heads, d = cfg.hidden_size, cfg.linear_head_dim, cfg.linear_num_heads, cfg.kda_dim
+    k = cfg.linear_conv_kernel_dim
+    a = f"{p}.self_attn"
+    return KdaWeights(
+        qkv=torch.cat([read(f"{a}.{x}_proj.weight", d, h) for x in "qkv"]),
+        conv=torch.cat([read(f"{a}.{x}_conv1d.weight", d, 1, k, dtype=F32) for x in "qkv"])
+        .reshape(3 * d, k),
+        f_a=read(f"{a}.f_a_proj.weight", dk, h), f_b=read(f"{a}.f_b_proj.weight", d, dk),
+        dt_bias=read(f"{a}.dt_bias", d, dtype=F32),
+        decay=torch.exp(read(f"{a}.A_log", heads, dtype=F32)),
+        b=read(f"{a}.b_proj.weight", heads, h),
+        g_a=read(f"{a}.g_a_proj.weight", dk, h), g_b=read(f"{a}.g_b_proj.weight", d, dk),
+        o_norm=read(f"{a}.o_norm.weight", dk), o=read(f"{a}.o_proj.weight", h, d),
+    )
+
+
+def _mla(read: _Reader, cfg: GlmConfig, p: str, indexer: bool) -> MlaWeights:
+    h, heads, bias = cfg.hidden_size, cfg.num_attention_heads, cfg.attention_bias
+    qr, r, dn, dv = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim
+    a = f"{p}.self_attn"
+    kv_b = read(f"{a}.kv_b_proj.weight", heads * (dn + dv), r).view(heads, dn + dv, r)
+    return MlaWeights(
+        q_a=read(f"{a}.q_a_proj.weight", qr, h), q_a_bias=read.bias(f"{a}.q_a_proj.bias", qr, bias),
+        q_a_norm=read(f"{a}.q_a_layernorm.weight", qr),
+        q_b=read(f"{a}.q_b_proj.weight", heads * dn, qr),
+        kv_a=read(f"{a}.kv_a_proj_with_mqa.weight", r, h),
+        kv_a_bias=read.bias(f"{a}.kv_a_proj_with_mqa.bias", r, bias),
+        kv_a_norm=read(f"{a}.kv_a_layernorm.weight", r),
+        w_uk=kv_b[:, :dn].transpose(1, 2).contiguous(), w_uv=kv_b[:, dn:].contiguous(),
+        o=read(f"{a}.o_proj.weight", h, heads * dv), o_bias=read.bias(f"{a}.o_proj.bias", h, bias),
+        indexer=_indexer(read, cfg, f"{a}.indexer") if indexer else None,
+    )
+
+
+def _indexer(read: _Reader, cfg: GlmConfig, p: str) -> IndexerWeights:
+    h, n, d = cfg.hidden_size, cfg.index_n_heads, cfg.index_head_dim
+    return IndexerWeights(
+        wq_b=read(f"{p}.wq_b.weight", n * d, cfg.q_lora_rank), wk=read(f"{p}.wk.weight", d, h),
+        k_norm=read(f"{p}.k_norm.weight", d), k_bias=read(f"{p}.k_norm.bias", d),
+        weights_proj=read(f"{p}.weights_proj.weight", n, h),
+        ape=read(f"{p}.index_kpool_compress_ape", cfg.index_kpool, d),
+        gate=read(f"{p}.index_kpool_compress_gate", d, h),
+    )
+
+
+def _dense(read: _Reader, p: str, h: int, width: int) -> DenseWeights:
+    gate_up = torch.cat([read(f"{p}.{x}_proj.weight", width, h) for x in ("gate", "up")])
+    return DenseWeights(gate_up, read(f"{p}.down_proj.weight", h, width))
+
+
+def _moe(read: _Reader, cfg: GlmConfig, p: str) -> MoeWeights:
+    h, e, width = cfg.hidden_size, cfg.n_routed_experts, cfg.moe_intermediate_size
+    m = f"{p}.mlp"
+    return MoeWeights(
+        router=read.upcast(f"{m}.gate.weight", e, h),
+        bias=read(f"{m}.gate.e_score_correction_bias", e, dtype=F32),
+        experts=[_dense(read, f"{m}.experts.{j}", h, width) for j in range(e)],
+        shared=_dense(read, f"{m}.shared_experts", h, width * cfg.n_shared_experts),
+    )

@@ -1,0 +1,159 @@
+"""Tiny GLM-5.3-Flash checkpoints saved by transformers 5.23.0 (the reference), and our model on
+them.
+
+Built once a session: families.md §4.1's tiny config (4-token pools, two pools selected, a
+"shared" indexer layer, expert groups), and a second shape with 16-token pools, MLA first,
+attention biases, no forget-gate lower bound, a kernel-3 conv, two mHC streams, one expert group
+and no top-k renormalisation. Both have 16 indexer heads (fewer make ReLU-zero score ties common,
+families.md §4.3) and a one-block vision tower. Parameters the reference initialises to zeros or
+ones are perturbed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import torch
+
+from tensorfold.checkpoint import Checkpoint
+from tensorfold.runner import ModelRunner
+from tensorfold_glm.model import GlmModel, load
+
+PROMPT_LEN = 600  # crosses a 512-row page; far past the point where the pool selection is sparse
+COMMON: dict[str, Any] = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+    q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=0, qk_nope_head_dim=16, v_head_dim=16,
+    n_routed_experts=8, routed_scaling_factor=2.5, index_head_dim=16, index_n_heads=16,
+    swiglu_limit=10.0, max_position_embeddings=4096, pad_token_id=0, bos_token_id=1,
+    eos_token_id=2,
+)
+SHAPES: dict[str, dict[str, Any]] = {
+    # families.md §4.1
+    "glm_tiny": dict(
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+        n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1, norm_topk_prob=True,
+        layer_types=["linear_attention", "indexed_attention", "indexed_attention",
+                     "linear_attention"],
+        indexer_types=["full", "full", "shared", "full"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+        index_topk=8, index_kpool=4,
+        linear_num_heads=2, linear_head_dim=16, linear_conv_kernel_dim=4, linear_lower_bound=-5.0,
+        hc_mult=4, hc_sinkhorn_iters=20,
+    ),
+    "glm_pools16": dict(
+        num_hidden_layers=5, num_attention_heads=2, num_key_value_heads=2, attention_bias=True,
+        n_shared_experts=2, num_experts_per_tok=3, n_group=1, topk_group=1, norm_topk_prob=False,
+        routed_scaling_factor=1.5,
+        layer_types=["indexed_attention", "indexed_attention", "linear_attention",
+                     "indexed_attention", "linear_attention"],
+        indexer_types=["full", "shared", "full", "full", "full"],
+        mlp_layer_types=["dense", "dense", "sparse", "sparse", "sparse"],
+        index_topk=32, index_kpool=16,
+        linear_num_heads=4, linear_head_dim=8, linear_conv_kernel_dim=3, linear_lower_bound=None,
+        hc_mult=2, hc_sinkhorn_iters=7,
+    ),
+}
+VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
+              projection_intermediate_size=64, patch_size=14, spatial_merge_size=2,
+              temporal_patch_size=2)
+MM_IDS = dict(image_token_id=250, video_token_id=251, image_start_token_id=252,
+              image_end_token_id=253, video_start_token_id=254, video_end_token_id=255)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """Intra-op threads only add overhead at these sizes, and make every small op crawl when the
+    machine's cores are shared; restored after each module, so other suites keep theirs."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def build_reference(shape: str, seed: int = 0) -> Any:
+    from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
+
+    torch.manual_seed(seed)
+    cfg = Glm5NextConfig(text_config={**COMMON, **SHAPES[shape]}, vision_config=VISION, **MM_IDS)
+    model = Glm5NextForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            zeros = ("e_score_correction_bias", "compress_ape", "A_log", "hc.base")
+            if any(s in name for s in zeros):
+                p.normal_(0, 0.5)
+            elif "hc.scale" in name:
+                p.uniform_(0.5, 1.5)
+            elif "compress_gate" in name:
+                p.normal_(0, 0.05)
+            elif "o_norm.weight" in name or "indexer.k_norm.weight" in name:
+                p.normal_(1.0, 0.1)
+            elif "indexer.k_norm.bias" in name or "self_attn" in name and name.endswith(".bias"):
+                p.normal_(0.0, 0.1)
+        for layer in model.model.language_model.layers:
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.e_score_correction_bias.normal_(0, 0.1)
+    return model
+
+
+@dataclass
+class Tiny:
+    """One fixture checkpoint: its folder, the reference loaded back from it, our model."""
+
+    name: str
+    path: Path
+    ref: Any  # transformers Glm5NextForConditionalGeneration, fp32
+    model: GlmModel  # ours, fp32
+    prompt: list[int]
+    _cache: dict[str, Any] = field(default_factory=dict)
+
+    def runner(self, *, num_pages: int = 8, num_slots: int = 4, page_rows: int = 512,
+               model: GlmModel | None = None, poison: bool = False) -> ModelRunner:
+        return ModelRunner(model or self.model, num_pages=num_pages, num_slots=num_slots,
+                           page_rows=page_rows, poison=poison)
+
+    def ref_logits(self) -> torch.Tensor:
+        """The reference's logits for every row of the prompt, [PROMPT_LEN, V] fp32."""
+        if "logits" not in self._cache:
+            with torch.no_grad():
+                out = self.ref(input_ids=torch.tensor([self.prompt])).logits[0]
+            self._cache["logits"] = out.float()
+        return self._cache["logits"]
+
+    def ref_generate(self, steps: int) -> tuple[list[int], torch.Tensor]:
+        """Greedy tokens after the prompt and their step logits [steps, V], via generate()."""
+        key = f"generate{steps}"
+        if key not in self._cache:
+            self.ref.generation_config.eos_token_id = None  # run all steps
+            out = self.ref.generate(
+                torch.tensor([self.prompt]), max_new_tokens=steps, do_sample=False,
+                output_logits=True, return_dict_in_generate=True,
+            )
+            tokens = out.sequences[0, len(self.prompt):].tolist()
+            self._cache[key] = tokens, torch.cat([s.float() for s in out.logits])
+        return self._cache[key]
+
+
+@pytest.fixture(scope="session")
+def tiny_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    pytest.importorskip("transformers", reason="transformers 5.23.0 is the parity reference")
+    root = tmp_path_factory.mktemp("glm_tiny")
+    paths = {}
+    for name in SHAPES:
+        paths[name] = root / name
+        build_reference(name).save_pretrained(paths[name])
+    return paths
+
+
+@pytest.fixture(scope="session", params=list(SHAPES))
+def tiny(request: pytest.FixtureRequest, tiny_paths: dict[str, Path]) -> Tiny:
+    from transformers import Glm5NextForConditionalGeneration
+
+    name = request.param
+    path = tiny_paths[name]
+    ref = Glm5NextForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(1234)
+    prompt = torch.randint(3, 250, (PROMPT_LEN,), generator=gen).tolist()
+    return Tiny(name, path, ref, load(Checkpoint.open(path), "cpu", "float32"), prompt)

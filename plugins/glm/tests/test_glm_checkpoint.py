@@ -1,0 +1,136 @@
+"""Loading real checkpoints' layouts: composite (`model.language_model.`) and flat (`model.`)
+names, a vision tower that is logged and skipped, an MTP layer that is ignored, and the refusals
+that name what is wrong."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from structlog.testing import capture_logs
+
+from tensorfold.checkpoint import Checkpoint, CheckpointError
+from tensorfold.runner import ModelRunner, open_stream
+from tensorfold_glm.config import ConfigError
+from tensorfold_glm.model import GlmModel, load
+
+PROMPT = list(range(3, 140))
+
+
+def logits(model: GlmModel) -> torch.Tensor:
+    runner = ModelRunner(model, num_pages=1, num_slots=1, page_rows=512)
+    (out,) = runner.run([open_stream(runner, 0, len(PROMPT)).rows(PROMPT, logits="all")])
+    return out
+
+
+def copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def composite(tiny_paths: dict[str, Path]) -> tuple[Path, torch.Tensor]:
+    path = tiny_paths["glm_tiny"]
+    return path, logits(load(Checkpoint.open(path), "cpu", "float32"))
+
+
+def test_composite_checkpoint_logs_that_images_are_not_served(
+    composite: tuple[Path, torch.Tensor],
+) -> None:
+    path, _ = composite
+    assert any(n.startswith("model.visual.") for n in Checkpoint.open(path).tensor_names())
+    with capture_logs() as logs:
+        load(Checkpoint.open(path), "cpu", "float32")
+    assert any("images are not served" in e["event"] for e in logs)
+
+
+def test_flat_text_only_checkpoint_loads_the_same_model(
+    composite: tuple[Path, torch.Tensor], tmp_path: Path
+) -> None:
+    src, want = composite
+    folder = copy(src, tmp_path / "flat")
+    tensors = load_file(str(folder / "model.safetensors"))
+    flat = {k.replace("model.language_model.", "model."): v for k, v in tensors.items()
+            if not k.startswith("model.visual.")}
+    save_file(flat, str(folder / "model.safetensors"))
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg["text_config"], "architectures": [
+        "Glm5NextForConditionalGeneration"]}))
+    with capture_logs() as logs:
+        model = load(Checkpoint.open(folder), "cpu", "float32")
+    assert not any("images" in e["event"] for e in logs)
+    assert torch.equal(logits(model), want)
+
+
+def test_mtp_layer_past_the_last_is_ignored(
+    composite: tuple[Path, torch.Tensor], tmp_path: Path
+) -> None:
+    src, want = composite
+    folder = copy(src, tmp_path / "mtp")
+    tensors = load_file(str(folder / "model.safetensors"))
+    mtp = "model.language_model.layers.4"  # num_hidden_layers = 4: an MTP block at index 4
+    extra = {f"{mtp}.eh_proj.weight": torch.ones(64, 128),
+             f"{mtp}.shared_head.norm.weight": torch.ones(64),
+             f"{mtp}.input_layernorm.weight": torch.full((64,), float("nan"))}
+    save_file({**tensors, **extra}, str(folder / "model.safetensors"))
+    with capture_logs() as logs:
+        model = load(Checkpoint.open(folder), "cpu", "float32")
+    assert any("MTP" in e["event"] for e in logs)
+    assert torch.equal(logits(model), want)
+
+
+def test_missing_and_misshapen_tensors_are_named(
+    tiny_paths: dict[str, Path], tmp_path: Path
+) -> None:
+    src = tiny_paths["glm_tiny"]
+    tensors = load_file(str(src / "model.safetensors"))
+    for missing in ("model.language_model.layers.3.mlp.experts.5.up_proj.weight",
+                    "model.language_model.layers.0.self_attn.k_conv1d.weight",
+                    "model.language_model.layers.1.hc_ffn_base"):
+        folder = copy(src, tmp_path / missing)
+        save_file({k: v for k, v in tensors.items() if k != missing},
+                  str(folder / "model.safetensors"))
+        with pytest.raises(CheckpointError, match=missing.replace(".", r"\.")):
+            load(Checkpoint.open(folder), "cpu", "float32")
+
+    misshapen = "model.language_model.layers.1.self_attn.indexer.wk.weight"
+    folder = copy(src, tmp_path / "misshapen")
+    save_file({**tensors, misshapen: tensors[misshapen][:-1].contiguous()},
+              str(folder / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=misshapen.replace(".", r"\.") + ".*expected"):
+        load(Checkpoint.open(folder), "cpu", "float32")
+
+
+def _edited(src: Path, dst: Path, **text: object) -> Path:
+    folder = copy(src, dst)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["text_config"].update(text)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"indexer_types": ["full", "shared", "full", "full"]}, r"layer 1 is a \"shared\".*layer 0"),
+    ({"indexer_types": ["full", "full", "shared", "shared"]}, None),  # layer 3 is KDA: unused
+    ({"layer_types": ["linear_attention", "linear_attention", "indexed_attention",
+                      "linear_attention"], "indexer_types": ["full", "full", "shared", "full"]},
+     r"layer 2 is a \"shared\".*layer 1"),
+    ({"layer_types": ["linear_attention", "sliding_attention", "indexed_attention",
+                      "linear_attention"]}, r"'sliding_attention'"),
+    ({"qk_rope_head_dim": 8}, "no RoPE"),
+    ({"index_topk": 10}, "multiple of index_kpool=4"),
+    ({"num_key_value_heads": 2}, "must equal num_attention_heads=4"),
+])
+def test_config_refusals_name_the_field(
+    tiny_paths: dict[str, Path], tmp_path: Path, edit: dict, message: str | None
+) -> None:
+    folder = _edited(tiny_paths["glm_tiny"], tmp_path / "edited", **edit)
+    if message is None:
+        load(Checkpoint.open(folder), "cpu", "float32")
+        return
+    with pytest.raises(ConfigError, match=message):
+        load(Checkpoint.open(folder), "cpu", "float32")

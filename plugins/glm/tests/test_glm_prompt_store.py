@@ -1,0 +1,137 @@
+"""The prompt store on the demo checkpoint (fp32): resumed == fresh over multi-turn chats and at
+marks on and off the grid of usable marks (index_kpool = 16 rows; 64 is the KDA chunk grid a
+chunked kernel would add), keeps tapped inside a pass with no extra pass, poisoned pages and
+evictions; the census even after each."""
+
+from __future__ import annotations
+
+import random
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+
+from tensorfold.llm import LLM
+from tensorfold.requests import Finished, TokenOut
+from tensorfold.sampling import SamplingParams
+from tensorfold_glm.demo import build_demo
+
+WORDS = (
+    "lake winter village fire storm market apples bread cheese music lighthouse captain "
+    "river mountain spider planet letter story garden morning"
+).split()
+GREEDY = SamplingParams(temperature=0, max_tokens=8)
+SAMPLED = SamplingParams(temperature=0.8, seed=99, max_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_demo(tmp_path_factory.mktemp("demo"))
+
+
+def open_llm(demo: Path, **flags) -> LLM:
+    flags = {"context": 4096, "memory_limit_gib": 0.25, "prompt_cache_gib": 0.05, **flags}
+    return LLM(family="glm5_next", model=demo, device="cpu", dtype="float32", **flags)
+
+
+def close_even(llm: LLM) -> None:
+    lanes = llm.served.engine.lanes
+    llm.close()
+    census = lanes.pool.census()
+    assert lanes.uneven == 0 and census.idle_even, census.line()
+
+
+def user_turns(chat: int, turns: int) -> list[str]:
+    rng = random.Random(chat)
+    length = 1300 if chat == 0 else 20  # chat 0's first turn passes the 2048-row grid
+    return [" ".join(rng.choice(WORDS) for _ in range(length if t == 0 else 15))
+            for t in range(turns)]
+
+
+def run_chats(llm: LLM, params: SamplingParams, chats: int = 5, turns: int = 3):
+    """Turn by turn, all chats at once; returns each turn's replies and cached token counts."""
+    histories: list[list[dict]] = [[] for _ in range(chats)]
+    users = [user_turns(c, turns) for c in range(chats)]
+    replies, cached = [], []
+    for t in range(turns):
+        for c in range(chats):
+            histories[c].append({"role": "user", "content": users[c][t]})
+        done = llm.chat(histories, params)
+        replies.append([d.token_ids for d in done])
+        cached.append([d.cached_tokens for d in done])
+        for c, d in enumerate(done):
+            histories[c].append({"role": "assistant", "content": d.text})
+    return replies, cached
+
+
+@pytest.fixture(scope="module")
+def fresh(demo):
+    llm = open_llm(demo, parallel=3)
+    try:
+        return run_chats(llm, SAMPLED)[0]
+    finally:
+        close_even(llm)
+
+
+@pytest.mark.parametrize("flags", [{"kv_share": 32}, {"kv_share": 32, "kv_poison": True},
+                                   {"kv_share": 2}])
+def test_resumed_equals_fresh_over_chats(demo, fresh, flags):
+    llm = open_llm(demo, parallel=3, **flags)
+    try:
+        replies, cached = run_chats(llm, SAMPLED)
+        assert replies == fresh
+        assert all(n == 0 for n in cached[0])
+        if flags["kv_share"] > 2:  # room for every state: chat 0 resumed past the grid mark
+            assert all(n >= 2048 for n in (cached[1][0], cached[2][0])), cached
+        assert all(n % 16 == 0 for turn in cached for n in turn)
+        if flags["kv_share"] == 2:  # fewer states than the chats keep: some were evicted
+            assert llm.served.engine.lanes.sharing.evictions > 0
+    finally:
+        close_even(llm)
+
+
+def submit(llm: LLM, ids: Sequence[int], marks: Sequence[int]) -> tuple[list[int], int]:
+    """One request with explicit marks; returns its tokens and how many prompt rows it resumed."""
+    out: list[int] = []
+    ended: list[Finished] = []
+    done = threading.Event()
+
+    def sink(event):
+        if isinstance(event, TokenOut):
+            out.append(event.token)
+        elif isinstance(event, Finished):
+            ended.append(event)
+            done.set()
+
+    llm.served.engine.submit(list(ids), GREEDY, sink, list(marks))
+    assert done.wait(120)
+    assert ended[0].error is None, ended[0].error
+    return out, ended[0].cached_tokens
+
+
+def test_marks_on_and_off_the_grid_resume_exactly(demo):
+    rng = random.Random(5)
+    first = [rng.randrange(20, 800) for _ in range(300)]
+    marks = [48, 50, 64, 200, 208]  # usable: 48 (pool grid), 64 (chunk grid too), 208
+    follow = {  # prompt -> where a resume must start
+        "past 208": (first[:230] + [21, 22, 23], 208),
+        "past 64": (first[:70] + [31, 32], 64),
+        "at 49": (first[:49] + [41, 42, 43], 48),
+        "before 48": (first[:40] + [51, 52], 0),
+    }
+    results, passes = {}, {}
+    for share in (0, 16):
+        llm = open_llm(demo, parallel=1, kv_share=share)
+        try:
+            results[share] = {"first": submit(llm, first, marks)}
+            passes[share] = llm.served.engine.lanes.passes
+            for name, (ids, _) in follow.items():
+                results[share][name] = submit(llm, ids, [])
+        finally:
+            close_even(llm)
+    assert passes[16] == passes[0]  # the keeps were tapped inside the prompt's one pass
+    for name, (_, resumed_at) in follow.items():
+        tokens, cached = results[16][name]
+        assert cached == resumed_at, name
+        assert tokens == results[0][name][0], name
