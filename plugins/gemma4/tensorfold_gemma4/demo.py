@@ -1,0 +1,252 @@
+"""A small deterministic Gemma 4 checkpoint, built locally (no download, no transformers).
+
+`build_demo(cache_dir)` writes `cache_dir / "gemma4-demo-v1"` as transformers 5.23.0 saves a
+text-only `Gemma4ForConditionalGeneration` (no vision or audio tower): config.json with the text
+model under `text_config`, generation_config.json, model.safetensors with the on-disk names of real
+checkpoints (`model.language_model.*`, fused experts, no lm_head), and a byte-level BPE tokenizer
+with Gemma's special tokens and a Gemma-style chat template (`<start_of_turn>user ...
+<end_of_turn>`). Its six layers cover the family: sliding (window 128) and full layers, k_eq_v,
+the dense GeGLU beside 8 experts, per-layer embeddings, and two KV-sharing layers with the
+double-wide MLP. Same bytes on every build.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from tokenizers import Tokenizer
+
+DEMO_NAME = "gemma4-demo-v1"
+FILES = (
+    "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+    "tokenizer_config.json",
+)
+SEED = 20260401
+
+# Gemma's own ids for the first four (pad 0, eos 1, bos 2, unk 3).
+SPECIAL_TOKENS = (
+    "<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>",
+    "<end_of_image>", "<image_soft_token>", "<video_soft_token>", "<audio_soft_token>",
+    "<start_of_audio>", "<end_of_audio>",
+)
+PAD, EOS, BOS, END_OF_TURN = "<pad>", "<eos>", "<bos>", "<end_of_turn>"
+VOCAB_TARGET = 768
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+LAYER_TYPES = [SLIDING, SLIDING, FULL, SLIDING, SLIDING, FULL]
+TEXT: dict[str, Any] = dict(
+    hidden_size=128, intermediate_size=256, num_hidden_layers=len(LAYER_TYPES),
+    num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=128,
+    enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=64,
+    hidden_size_per_layer_input=16, num_kv_shared_layers=2, use_double_wide_mlp=True,
+    attention_k_eq_v=True, final_logit_softcapping=30.0, max_position_embeddings=32768,
+)
+GLOBAL_HEAD_DIM, GLOBAL_KV_HEADS = 64, 1  # the full layers' per_layer_config
+
+CHAT_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] | trim + '\\n\\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = '' -%}"
+    "{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{- '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') -}}"
+    "{{- message['content'] | trim -}}"
+    "{{- '<end_of_turn>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
+)
+
+CORPUS = """\
+The lighthouse keeper climbed the stairs every evening at six. There were one hundred and twelve
+steps, and he counted them aloud, because his father had counted them before him. At the top he
+lit the lamp, wound the clock, and wrote the weather in a thick blue book.
+A language model reads a prompt one token at a time. Some of its layers look only at the last few
+hundred tokens, through a sliding window; others look at everything that came before. The server
+keeps what each layer has seen in pages of memory, so the next word costs only a little work.
+In the autumn the apples fall in the orchard, and the children gather them in baskets. Their
+grandmother makes pies and jam, and the kitchen smells of cinnamon for a week.
+Clear code is kind to its readers. Name things for what they are, keep functions short, and write
+a test before you trust a change. When a test fails, read the message before you read the code.
+The fox looked at the grapes, high on the vine. "They are surely sour," he said, and walked away.
+The crow on the fence laughed, and the farmer's dog barked at both of them.
+Questions and answers: What is the largest ocean? The Pacific is the largest ocean. How many legs
+does a spider have? A spider has eight legs. What do bees make? Bees make honey and wax.
+Could you summarise this page for me? Certainly. Tell me how long the summary should be.
+Numbers: eleven, twelve, thirteen, twenty, thirty, forty, fifty. 7 8 9 11 12 13 20 30 64 512 2026.
+"""
+
+
+def config_dict(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
+    """config.json as `Gemma4ForConditionalGeneration.save_pretrained` writes it (5.23.0)."""
+    per_layer = {str(i): {"head_dim": GLOBAL_HEAD_DIM, "num_key_value_heads": GLOBAL_KV_HEADS}
+                 for i, kind in enumerate(LAYER_TYPES) if kind == FULL}
+    text = {
+        **TEXT, "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": ids[BOS], "eos_token_id": ids[EOS], "pad_token_id": ids[PAD],
+        "hidden_activation": "gelu_pytorch_tanh", "initializer_range": 0.02,
+        "layer_types": LAYER_TYPES, "model_type": "gemma4_text", "per_layer_config": per_layer,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {
+            FULL: {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                   "rope_type": "proportional"},
+            SLIDING: {"rope_theta": 10000.0, "rope_type": "default"},
+        },
+        "tie_word_embeddings": True, "use_bidirectional_attention": None, "use_cache": True,
+        "vocab_size": vocab_size, "vocab_size_per_layer_input": vocab_size,
+    }
+    return {
+        "architectures": ["Gemma4ForConditionalGeneration"], "audio_config": None,
+        "audio_token_id": ids["<audio_soft_token>"], "boa_token_id": ids["<start_of_audio>"],
+        "boi_token_id": ids["<start_of_image>"], "dtype": "float32",
+        "eoa_token_index": ids["<end_of_audio>"], "eoi_token_id": ids["<end_of_image>"],
+        "image_token_id": ids["<image_soft_token>"], "initializer_range": 0.02,
+        "model_type": "gemma4", "text_config": text, "tie_word_embeddings": True,
+        "transformers_version": "5.23.0", "video_token_id": ids["<video_soft_token>"],
+        "vision_config": None,
+    }
+
+
+def build_tokenizer() -> Tokenizer:
+    """Byte-level BPE trained on CORPUS; the specials take ids 0..12."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_TARGET, min_frequency=1, show_progress=False,
+        special_tokens=list(SPECIAL_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS.splitlines(keepends=True), trainer=trainer)
+    # Like Gemma's own tokenizer: plain encoding starts with <bos>.
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
+    )
+    return tok
+
+
+def build_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Every tensor under its on-disk name, drawn in a fixed order from a local generator."""
+    import torch
+
+    gen = torch.Generator().manual_seed(SEED)
+    t = cfg["text_config"]
+    h, v, n = t["hidden_size"], t["vocab_size"], t["num_hidden_layers"]
+    ple, heads = t["hidden_size_per_layer_input"], t["num_attention_heads"]
+    experts, moe = t["num_experts"], t["moe_intermediate_size"]
+    first_reuse = n - t["num_kv_shared_layers"]
+
+    def normal(*shape: int, std: float = 0.1) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, dtype=torch.float32) * std
+
+    def near_one(*shape: int) -> torch.Tensor:
+        return 1.0 + normal(*shape, std=0.1)
+
+    p = "model.language_model"
+    w: dict[str, torch.Tensor] = {
+        f"{p}.embed_tokens.weight": normal(v, h),
+        f"{p}.embed_tokens_per_layer.weight": normal(v, n * ple),
+        f"{p}.per_layer_model_projection.weight": normal(n * ple, h),
+        f"{p}.per_layer_projection_norm.weight": near_one(ple),
+    }
+    for i, kind in enumerate(t["layer_types"]):
+        full = kind == FULL
+        d = GLOBAL_HEAD_DIM if full else t["head_dim"]
+        kv = (GLOBAL_KV_HEADS if full else t["num_key_value_heads"]) * d
+        width = t["intermediate_size"] * (2 if i >= first_reuse else 1)
+        a, m, pl = f"{p}.layers.{i}.self_attn", f"{p}.layers.{i}.mlp", f"{p}.layers.{i}"
+        w[f"{a}.q_proj.weight"] = normal(heads * d, h)
+        w[f"{a}.q_norm.weight"] = near_one(d)
+        if i < first_reuse:
+            w[f"{a}.k_proj.weight"] = normal(kv, h)
+            w[f"{a}.k_norm.weight"] = near_one(d)
+            if not full:  # full layers share k_proj for V (attention_k_eq_v)
+                w[f"{a}.v_proj.weight"] = normal(kv, h)
+        w[f"{a}.o_proj.weight"] = normal(h, heads * d)
+        w[f"{m}.gate_proj.weight"] = normal(width, h)
+        w[f"{m}.up_proj.weight"] = normal(width, h)
+        w[f"{m}.down_proj.weight"] = normal(h, width)
+        w[f"{pl}.router.proj.weight"] = normal(experts, h, std=1.0)  # decisive routes
+        w[f"{pl}.router.scale"] = near_one(h)
+        w[f"{pl}.router.per_expert_scale"] = near_one(experts)
+        w[f"{pl}.experts.gate_up_proj"] = normal(experts, 2 * moe, h)
+        w[f"{pl}.experts.down_proj"] = normal(experts, h, moe)
+        w[f"{pl}.per_layer_input_gate.weight"] = normal(ple, h)
+        w[f"{pl}.per_layer_projection.weight"] = normal(h, ple)
+        for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm", "post_feedforward_layernorm_1",
+                     "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2",
+                     "post_per_layer_input_norm"):
+            w[f"{pl}.{norm}.weight"] = near_one(h)
+        w[f"{pl}.layer_scalar"] = 0.8 + normal(1, std=0.05)
+    w[f"{p}.norm.weight"] = near_one(h)
+    return w
+
+
+def _dump(path: Path, obj: dict[str, Any]) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def write_demo(folder: Path) -> None:
+    """Write every file of the demo checkpoint into an existing empty folder."""
+    from safetensors.torch import save_file
+
+    tok = build_tokenizer()
+    tok.save(str(folder / "tokenizer.json"))
+    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    cfg = config_dict(tok.get_vocab_size(), ids)
+    _dump(folder / "config.json", cfg)
+    _dump(folder / "generation_config.json", {
+        "bos_token_id": ids[BOS], "eos_token_id": [ids[EOS], ids[END_OF_TURN]],
+        "pad_token_id": ids[PAD], "transformers_version": "5.23.0",
+    })
+    _dump(folder / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": "<unk>",
+        "add_bos_token": True, "add_eos_token": False, "clean_up_tokenization_spaces": False,
+        "model_max_length": TEXT["max_position_embeddings"], "chat_template": CHAT_TEMPLATE,
+    })
+    save_file(build_weights(cfg), str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def is_complete(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in FILES)
+
+
+def build_demo(cache_dir: Path) -> Path:
+    """Return `cache_dir / "gemma4-demo-v1"`, building it first unless a complete one is there.
+
+    The files are written into a temporary sibling folder that is renamed into place, so a crashed
+    build never leaves a half checkpoint, and concurrent builders agree on one result.
+    """
+    cache_dir = Path(cache_dir)
+    target = cache_dir / DEMO_NAME
+    if is_complete(target):
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_NAME}.", suffix=".tmp", dir=cache_dir))
+    try:
+        tmp.chmod(0o755)  # mkdtemp's 0700 would otherwise stick to the published folder
+        write_demo(tmp)
+        if target.exists() and not is_complete(target):
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not is_complete(target):  # another builder won the race, or something is in the way
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,143 @@
+"""The decoder layer of Gemma 4 over one pass's rows, as modeling_gemma4.py (5.23.0) computes it.
+
+Rows are a pass's flat [N, H] hidden states; attention reaches each stream's history through its
+page table. Every projection goes through the batch-invariant `linear`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from tensorfold.forward_pass import ForwardPass
+from tensorfold.ops.attention import paged_attention
+from tensorfold.ops.linear import linear
+from tensorfold.ops.rope import apply_rope
+
+from .config import Gemma4Config, Layer
+from .ops import gelu_tanh, rms_norm
+from .weights import AttentionWeights, LayerWeights, MlpWeights, MoeWeights, PleWeights
+
+if TYPE_CHECKING:
+    from tensorfold.adapters.paged_kv import PagedRows
+
+
+def decoder_layer(
+    cfg: Gemma4Config,
+    layer: Layer,
+    w: LayerWeights,
+    h: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    ple: torch.Tensor | None,
+    fp: ForwardPass,
+    rows: "PagedRows",
+) -> torch.Tensor:
+    """h [N, H]; cos, sin [N, D] of the layer's kind; ple [N, P] (its per-layer input) -> [N, H].
+    Sandwich norms around attention and the FFN; the dense GeGLU and the MoE both read the same
+    residual; then the per-layer input, then `layer_scalar`."""
+    eps = cfg.rms_norm_eps
+    a = attention(cfg, layer, w.attention, rms_norm(h, w.input_norm, eps), cos, sin, fp, rows)
+    h = h + rms_norm(a, w.post_attention_norm, eps)
+    m = mlp(w.mlp, rms_norm(h, w.pre_mlp_norm, eps))
+    if w.moe is not None:
+        m = rms_norm(m, w.moe.post_norm_mlp, eps) + rms_norm(
+            moe(cfg, w.moe, h), w.moe.post_norm_experts, eps
+        )
+    h = h + rms_norm(m, w.post_mlp_norm, eps)
+    if w.ple is not None:
+        assert ple is not None
+        h = h + per_layer_input(w.ple, h, ple, eps)
+    return h * w.layer_scalar
+
+
+def attention(
+    cfg: Gemma4Config,
+    layer: Layer,
+    w: AttentionWeights,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    fp: ForwardPass,
+    rows: "PagedRows",
+) -> torch.Tensor:
+    """GQA with q/k/v RMSNorm (v without weight), RoPE on q and k, scaling 1.0, the layer's window.
+    x [N, H] -> [N, H]. A layer that owns its K/V writes the pass's rows to `L{i}.k` / `L{i}.v`
+    first; a reuse layer reads its store layer's rows. Under k_eq_v, V is the raw k_proj output
+    (before k_norm and RoPE) through v_norm."""
+    n, d, eps = x.shape[0], layer.head_dim, cfg.rms_norm_eps
+    q = rms_norm(linear(x, w.q).view(n, cfg.num_attention_heads, d), w.q_norm, eps)
+    q = apply_rope(q, cos, sin)
+    src = f"L{layer.kv_source}"
+    if w.k is not None:
+        raw_k = linear(x, w.k).view(n, layer.kv_heads, d)
+        raw_v = raw_k if w.v is None else linear(x, w.v).view(n, layer.kv_heads, d)
+        rows.write(f"{src}.k", fp.write_index, apply_rope(rms_norm(raw_k, w.k_norm, eps), cos, sin))
+        rows.write(f"{src}.v", fp.write_index, rms_norm(raw_v, None, eps))
+    o = paged_attention(
+        q, rows.flat(f"{src}.k"), rows.flat(f"{src}.v"), fp, scale=1.0, window=layer.window
+    )
+    return linear(o.reshape(n, -1), w.o)
+
+
+def mlp(w: MlpWeights, x: torch.Tensor) -> torch.Tensor:
+    """GeGLU: down(gelu_tanh(gate x) · up x). x [N, H] -> [N, H]."""
+    return linear(gelu_tanh(linear(x, w.gate)) * linear(x, w.up), w.down)
+
+
+def moe(cfg: Gemma4Config, w: MoeWeights, r: torch.Tensor) -> torch.Tensor:
+    """The routed experts on the residual r [N, H] -> [N, H] (before post_feedforward_layernorm_2).
+
+    Router: z = rms_norm(r) · scale · H^-0.5 (no weight, in r's dtype), softmax(z Wᵀ) in fp32,
+    top-k, renormalised to sum 1, times per_expert_scale. The experts read
+    pre_feedforward_layernorm_2(r).
+    """
+    eps = cfg.rms_norm_eps
+    z = rms_norm(r, None, eps) * w.router_scale * cfg.hidden_size**-0.5
+    probs = torch.softmax(linear(z, w.router), dim=-1, dtype=torch.float32)  # [N, E]
+    weights, experts = torch.topk(probs, cfg.top_k_experts, dim=-1)  # [N, k]
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    weights = weights * w.per_expert_scale[experts]  # fp32
+    return experts_ffn(rms_norm(r, w.pre_norm, eps), weights, experts, w.gate_up, w.down)
+
+
+def experts_ffn(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    experts: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+) -> torch.Tensor:
+    """x [N, H]; weights [N, k] fp32; experts [N, k]; gate_up [E, 2I, H]; down [E, H, I].
+
+    Σ_j weights[:, j] · down_e(gelu_tanh(gate_e x) · up_e x) for e = experts[:, j], each product
+    kept in fp32 and summed in slot order, then rounded to x's dtype (the reference's grouped_mm
+    path). An expert's rows are gathered and multiplied on their own, so a row's result does not
+    depend on which other rows share its experts."""
+    n, k = experts.shape
+    flat = experts.reshape(-1)  # entry r*k + j is row r's slot j
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
+    slots = torch.empty(n * k, x.shape[1], dtype=torch.float32, device=x.device)
+    flat_weights = weights.reshape(-1)
+    start = 0
+    for e, count in enumerate(counts):
+        if not count:
+            continue
+        picks = order[start : start + count]
+        start += count
+        gate, up = linear(x.index_select(0, picks // k), gate_up[e]).chunk(2, dim=-1)
+        y = linear(gelu_tanh(gate) * up, down[e])
+        slots[picks] = y * flat_weights[picks, None]
+    per_slot = slots.view(n, k, -1)
+    acc = per_slot[:, 0]
+    for j in range(1, k):
+        acc = acc + per_slot[:, j]
+    return acc.to(x.dtype)
+
+
+def per_layer_input(w: PleWeights, h: torch.Tensor, ple: torch.Tensor, eps: float) -> torch.Tensor:
+    """post_norm(projection(gelu_tanh(gate h) · ple)). h [N, H]; ple [N, P] -> [N, H]."""
+    g = gelu_tanh(linear(h, w.gate)) * ple
+    return rms_norm(linear(g, w.projection), w.post_norm, eps)

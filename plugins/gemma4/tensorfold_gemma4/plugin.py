@@ -1,0 +1,28 @@
+"""The gemma4 plugin's hook implementations (cheap to import: no torch)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from tensorfold import hookimpl
+from tensorfold.family import FamilySpec
+
+GEMMA4 = FamilySpec(
+    name="gemma4",
+    load="tensorfold_gemma4.model:load",
+    build_demo="tensorfold_gemma4.demo:build_demo",
+    shape="tensorfold_gemma4.model:shape",
+    description="Gemma 4 (Google) text models: sliding-window and full attention, a dense GeGLU "
+    "beside softmax-routed experts, per-layer embeddings and KV sharing (images and audio not "
+    "served yet)",
+)
+
+
+@hookimpl
+def register_families(register: Callable[[FamilySpec], None]) -> None:
+    register(GEMMA4)
+
+
+@hookimpl
+def profile_rows(register: Callable[..., None]) -> None:
+    """gemma4 reads no TF_* setting of its own: no rows."""

@@ -1,0 +1,98 @@
+"""The exactness gates through the lanes and the engine thread, on the gemma4 demo checkpoint
+(fp32): concurrent == solo, pages == windows, poisoned == clean. Prompts run past the demo's
+128-row sliding window and past a 512-row page. Every engine's census must be even when idle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tensorfold.llm import LLM
+from tensorfold.sampling import SamplingParams
+from tensorfold_gemma4.demo import build_demo
+
+CONTEXT = 2048
+LENGTHS = [5, 40, 150, 600, 1100]
+MAX_TOKENS = 8
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+SAMPLED = SamplingParams(temperature=0.8, seed=1234, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_demo(tmp_path_factory.mktemp("demo"))
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(13, 700, (n,), generator=g).tolist() for n in LENGTHS]
+
+
+def open_llm(demo: Path, **flags) -> LLM:
+    flags = {"context": CONTEXT, "memory_limit_gib": 0.25, "prompt_cache_gib": 0, **flags}
+    return LLM(family="gemma4", model=demo, device="cpu", dtype="float32", **flags)
+
+
+def close_even(llm: LLM) -> None:
+    """The census is even once idle, and nothing was ever logged UNEVEN."""
+    lanes = llm.served.engine.lanes
+    llm.close()
+    assert lanes.uneven == 0
+    assert lanes.pool.census().idle_even, lanes.pool.census().line()
+
+
+def tokens(llm: LLM, prompts, params) -> list[list[int]]:
+    return [c.token_ids for c in llm.generate(prompts, params)]
+
+
+@pytest.fixture(scope="module")
+def alone(demo: Path, prompts) -> dict[str, list[list[int]]]:
+    """Each prompt run by itself, greedy and seeded."""
+    llm = open_llm(demo, parallel=1)
+    try:
+        return {
+            name: [tokens(llm, [p], params)[0] for p in prompts]
+            for name, params in (("greedy", GREEDY), ("sampled", SAMPLED))
+        }
+    finally:
+        close_even(llm)
+
+
+@pytest.mark.parametrize("params_name", ["greedy", "sampled"])
+def test_concurrent_equals_solo(demo, prompts, alone, params_name):
+    params = {"greedy": GREEDY, "sampled": SAMPLED}[params_name]
+    llm = open_llm(demo, parallel=len(prompts))
+    try:
+        for level in (2, len(prompts)):
+            got = []
+            for i in range(0, len(prompts), level):
+                got += tokens(llm, prompts[i : i + level], params)
+            assert got == alone[params_name], f"level {level}"
+    finally:
+        close_even(llm)
+
+
+@pytest.mark.parametrize("flags", [{"kv_pages": "off"}, {"kv_poison": True}])
+def test_pages_equal_windows_and_poisoned_equals_clean(demo, prompts, alone, flags):
+    llm = open_llm(demo, parallel=len(prompts), **flags)
+    try:
+        if flags.get("kv_pages") == "off":
+            assert llm.served.plan.mode == "windows"
+        assert tokens(llm, prompts, SAMPLED) == alone["sampled"]
+    finally:
+        close_even(llm)
+
+
+def test_the_plan_counts_only_the_layers_that_own_rows(demo):
+    llm = open_llm(demo, parallel=2)
+    try:
+        layout = llm.served.engine.lanes.runner.model.layout
+        # six layers, two of them KV-sharing: four layers' K and V, 2 KiB a row in fp32
+        assert [r.name for r in layout.paged] == [f"L{i}.{kv}" for i in range(4) for kv in "kv"]
+        assert layout.row_bytes == 4 * 2 * 2 * 32 * 4 and layout.fixed_bytes == 0
+        assert llm.served.plan.page_bytes == 512 * layout.row_bytes
+    finally:
+        close_even(llm)

@@ -1,0 +1,151 @@
+"""gemma4's registration, state layout, config parsing and loader: what it reads, derives and
+refuses, and checkpoints with vision and audio towers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+import torch
+
+from tensorfold.checkpoint import Checkpoint, CheckpointError
+from tensorfold.family import FamilySpec, resolve
+from tensorfold.runner import ModelRunner, open_stream
+from tensorfold_gemma4 import plugin
+from tensorfold_gemma4.config import ConfigError, Gemma4Config
+from tensorfold_gemma4.model import load, shape
+
+if TYPE_CHECKING:
+    from conftest import Tiny
+
+
+def test_plugin_registers_the_family() -> None:
+    found: list[FamilySpec] = []
+    plugin.register_families(found.append)
+    (spec,) = found
+    assert spec.name == "gemma4"
+    assert resolve(spec.load) is load and resolve(spec.shape) is shape
+    assert callable(resolve(spec.build_demo))
+    rows: list[object] = []
+    plugin.profile_rows(rows.append)
+    assert rows == []
+
+
+def test_layout_pages_owned_kv_with_windows_and_nothing_for_reuse_layers(tiny: "Tiny") -> None:
+    text = tiny.ref.config.get_text_config()
+    modes = text.kv_sharing_modes
+    owners = [i for i, mode in enumerate(modes) if mode != "reuse"]
+    layout = tiny.model.layout
+    assert [r.name for r in layout.paged] == [f"L{i}.{kv}" for i in owners for kv in "kv"]
+    for i in owners:
+        attn = tiny.ref.model.language_model.layers[i].self_attn
+        k, v = (r for r in layout.paged if r.name.startswith(f"L{i}."))
+        kv_heads = attn.k_proj.out_features // attn.head_dim
+        assert k.shape == v.shape == (kv_heads, attn.head_dim)
+        assert k.window == v.window == attn.sliding_window
+    assert layout.fixed == () and layout.mark_rows == 1
+    config = json.loads((tiny.path / "config.json").read_text())
+    assert shape(config, "float32").layout == layout
+    assert shape(config, "bfloat16").layout.row_bytes * 2 == layout.row_bytes
+
+
+def _rewrite(src: Path, dst: Path, edit) -> Path:
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    edit(cfg["text_config"] if "text_config" in cfg else cfg)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_global_head_dim_keys_derive_the_same_layers(tiny_paths: dict[str, Path],
+                                                    tmp_path: Path) -> None:
+    """Configs that carry `global_head_dim` / `num_global_key_value_heads` instead of a saved
+    `per_layer_config` derive the full layers' shape as Gemma4TextConfig.__post_init__ does."""
+    def to_global_keys(text: dict) -> None:
+        overrides = next(iter(text.pop("per_layer_config").values()))
+        text["global_head_dim"] = overrides["head_dim"]
+        text["num_global_key_value_heads"] = overrides["num_key_value_heads"]
+
+    src = tiny_paths["e_style"]
+    folder = _rewrite(src, tmp_path / "global_keys", to_global_keys)
+    ours = Gemma4Config.from_dict(json.loads((folder / "config.json").read_text()))
+    saved = Gemma4Config.from_dict(json.loads((src / "config.json").read_text()))
+    assert ours.layers == saved.layers
+    assert [layer.head_dim for layer in ours.layers] == [16, 32] * 3
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.update(layer_types=["sliding_attention", "chunked_attention"] * 3),
+     "'chunked_attention'"),
+    (lambda t: t["rope_parameters"]["full_attention"].update(rope_type="yarn"), "'yarn'"),
+    (lambda t: t.update(use_bidirectional_attention="all"), "causal"),
+    (lambda t: t.update(hidden_activation="silu"), "'silu'"),
+    (lambda t: t.update(num_kv_shared_layers=6), "num_kv_shared_layers=6"),
+])
+def test_bad_configs_are_refused_before_loading(tiny_paths: dict[str, Path], tmp_path: Path,
+                                                edit, message: str) -> None:
+    folder = _rewrite(tiny_paths["e_style"], tmp_path / "bad", edit)
+    with pytest.raises(ConfigError, match=message):
+        shape(json.loads((folder / "config.json").read_text()), "float32")
+    with pytest.raises(ConfigError, match=message):
+        load(Checkpoint.open(folder), "cpu", "float32")
+
+
+def test_missing_and_misshapen_tensors_are_named(tiny_paths: dict[str, Path],
+                                                 tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    src = tiny_paths["a26b_style"]
+    tensors = load_file(str(src / "model.safetensors"))
+    missing = "model.language_model.layers.3.experts.down_proj"
+    folder = tmp_path / "missing"
+    shutil.copytree(src, folder)
+    save_file({k: v for k, v in tensors.items() if k != missing}, str(folder / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=missing.replace(".", r"\.")):
+        load(Checkpoint.open(folder), "cpu", "float32")
+
+    misshapen = "model.language_model.layers.2.self_attn.k_proj.weight"
+    folder = tmp_path / "misshapen"
+    shutil.copytree(src, folder)
+    save_file({**tensors, misshapen: tensors[misshapen][:-1].contiguous()},
+              str(folder / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=misshapen.replace(".", r"\.") + ".*expected"):
+        load(Checkpoint.open(folder), "cpu", "float32")
+
+
+def test_towers_are_skipped_and_said_so(tmp_path: Path) -> None:
+    """A checkpoint with vision and audio towers serves its text model as the reference computes
+    it (text-only input), and says images and audio are not served yet."""
+    from structlog.testing import capture_logs
+    from transformers import Gemma4Config as HFConfig
+    from transformers import Gemma4ForConditionalGeneration
+
+    text = dict(vocab_size=256, vocab_size_per_layer_input=256, hidden_size=64,
+                intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=8,
+                layer_types=["sliding_attention", "full_attention"], initializer_range=0.1,
+                hidden_size_per_layer_input=0)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=16, position_embedding_size=64)
+    audio = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 subsampling_conv_channels=[8, 4], output_proj_dims=32)
+    torch.manual_seed(3)
+    ref = Gemma4ForConditionalGeneration(HFConfig(
+        text_config=text, vision_config=vision, audio_config=audio, image_token_id=250,
+        video_token_id=251, audio_token_id=252, boi_token_id=253, eoi_token_id=254,
+        boa_token_id=255, eoa_token_index=249)).eval()
+    ref.save_pretrained(tmp_path)
+    with capture_logs() as logs:
+        model = load(Checkpoint.open(tmp_path), "cpu", "float32")
+    (line,) = [e for e in logs if "not served yet" in e["event"]]
+    assert line["log_level"] == "warning" and line["vision"] and line["audio"]
+    assert line["towers_skipped"] == ["audio_tower", "embed_audio", "embed_vision", "vision_tower"]
+    prompt = list(range(200, 256)) * 2  # with the image, video and audio placeholders
+    with torch.no_grad():
+        want = ref(input_ids=torch.tensor([prompt])).logits[0]
+    runner = ModelRunner(model, num_pages=1, num_slots=1, page_rows=512)
+    (got,) = runner.run([open_stream(runner, 0, len(prompt)).rows(prompt, logits="all")])
+    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-4
