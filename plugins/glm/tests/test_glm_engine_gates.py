@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from tensorfold.kv_plan import GiB
+from tensorfold import testing
 from tensorfold.llm import LLM
+from tensorfold.testing import close_even, tokens
 from tensorfold.sampling import SamplingParams
 from tensorfold_glm.demo import build_demo
 
@@ -33,20 +35,7 @@ def prompts() -> list[list[int]]:
 
 
 def open_llm(demo: Path, **flags) -> LLM:
-    flags = {"context": CONTEXT, "memory_limit_gib": 0.25, "prompt_cache_gib": 0, **flags}
-    return LLM(family="glm5_next", model=demo, device="cpu", dtype="float32", **flags)
-
-
-def close_even(llm: LLM) -> None:
-    """The census is even once idle, and nothing was ever logged UNEVEN."""
-    lanes = llm.served.engine.lanes
-    llm.close()
-    assert lanes.uneven == 0
-    assert lanes.pool.census().idle_even, lanes.pool.census().line()
-
-
-def tokens(llm: LLM, prompts, params) -> list[list[int]]:
-    return [c.token_ids for c in llm.generate(prompts, params)]
+    return testing.open_llm("glm5_next", demo, **{"context": CONTEXT, **flags})
 
 
 @pytest.fixture(scope="module")

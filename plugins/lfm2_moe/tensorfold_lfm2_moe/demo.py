@@ -8,12 +8,10 @@ LFM2's ChatML special tokens. Same bytes on every build.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from tensorfold.demo_build import build_atomically, train_byte_bpe, write_json
 
 if TYPE_CHECKING:
     import torch
@@ -96,16 +94,9 @@ def config_dict(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
 
 def build_tokenizer() -> Tokenizer:
     """Byte-level BPE trained on CORPUS; specials take ids 0..4."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import processors
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_TARGET, min_frequency=1, show_progress=False,
-        special_tokens=list(SPECIAL_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(CORPUS.splitlines(keepends=True), trainer=trainer)
+    tok = train_byte_bpe(CORPUS, VOCAB_TARGET, SPECIAL_TOKENS)
     # Like LFM2's own tokenizer: plain encoding starts with <|startoftext|>.
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
@@ -159,9 +150,6 @@ def build_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
     return w
 
 
-def _dump(path: Path, obj: dict[str, Any]) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
 
 def write_demo(folder: Path) -> None:
     """Write every file of the demo checkpoint into an existing empty folder."""
@@ -171,13 +159,13 @@ def write_demo(folder: Path) -> None:
     tok.save(str(folder / "tokenizer.json"))
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     cfg = config_dict(tok.get_vocab_size(), ids)
-    _dump(folder / "config.json", cfg)
-    _dump(folder / "generation_config.json", {
+    write_json(folder / "config.json", cfg)
+    write_json(folder / "generation_config.json", {
         "_from_model_config": True, "bos_token_id": ids[BOS], "eos_token_id": ids[EOS],
         "pad_token_id": ids[PAD], "output_attentions": False, "output_hidden_states": False,
         "transformers_version": "5.23.0", "use_cache": True,
     })
-    _dump(folder / "tokenizer_config.json", {
+    write_json(folder / "tokenizer_config.json", {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": BOS, "eos_token": EOS, "pad_token": PAD,
         "add_bos_token": True, "add_eos_token": False, "clean_up_tokenization_spaces": False,
@@ -186,32 +174,7 @@ def write_demo(folder: Path) -> None:
     save_file(build_weights(cfg), str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
-def is_complete(folder: Path) -> bool:
-    return all((folder / name).is_file() for name in FILES)
-
 
 def build_demo(cache_dir: Path) -> Path:
-    """Return `cache_dir / "lfm2_moe-demo-v1"`, building it first unless a complete one is there.
-
-    The files are written into a temporary sibling folder that is renamed into place, so a crashed
-    build never leaves a half checkpoint, and concurrent builders agree on one result.
-    """
-    cache_dir = Path(cache_dir)
-    target = cache_dir / DEMO_NAME
-    if is_complete(target):
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_NAME}.", suffix=".tmp", dir=cache_dir))
-    try:
-        tmp.chmod(0o755)  # mkdtemp's 0700 would otherwise stick to the published folder
-        write_demo(tmp)
-        if target.exists() and not is_complete(target):
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not is_complete(target):  # another builder won the race, or something is in the way
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    """Return `cache_dir / DEMO_NAME`, built first (atomically) unless a complete one is there."""
+    return build_atomically(cache_dir, DEMO_NAME, FILES, write_demo)

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from tensorfold.kv_plan import GiB, KiB
+from tensorfold import testing
 from tensorfold.llm import LLM
+from tensorfold.testing import close_even, tokens
 from tensorfold.requests import Finished, RequestRefused, TokenOut
 from tensorfold.sampling import SamplingParams
 from tensorfold_lfm2_moe.demo import build_demo
@@ -36,20 +38,7 @@ def prompts() -> list[list[int]]:
 
 
 def open_llm(demo: Path, **flags) -> LLM:
-    flags = {"context": CONTEXT, "memory_limit_gib": 0.25, "prompt_cache_gib": 0, **flags}
-    return LLM(family="lfm2_moe", model=demo, device="cpu", dtype="float32", **flags)
-
-
-def close_even(llm: LLM) -> None:
-    """The census is even once idle, and nothing was ever logged UNEVEN."""
-    lanes = llm.served.engine.lanes
-    llm.close()
-    assert lanes.uneven == 0
-    assert lanes.pool.census().idle_even, lanes.pool.census().line()
-
-
-def tokens(llm: LLM, prompts, params) -> list[list[int]]:
-    return [c.token_ids for c in llm.generate(prompts, params)]
+    return testing.open_llm("lfm2_moe", demo, **{"context": CONTEXT, **flags})
 
 
 @pytest.fixture(scope="module")

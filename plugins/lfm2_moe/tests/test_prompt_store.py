@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from tensorfold.kv_plan import GiB, KiB
+from tensorfold import testing
 from tensorfold.llm import LLM
+from tensorfold.testing import close_even
 from tensorfold.sampling import SamplingParams
 from tensorfold_lfm2_moe.demo import build_demo
 
@@ -27,15 +29,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def open_llm(demo: Path, **flags) -> LLM:
-    flags = {"context": 8192, "memory_limit_gib": 0.25, "prompt_cache_gib": 0.05, **flags}
-    return LLM(family="lfm2_moe", model=demo, device="cpu", dtype="float32", **flags)
-
-
-def close_even(llm: LLM) -> None:
-    lanes = llm.served.engine.lanes
-    llm.close()
-    census = lanes.pool.census()
-    assert lanes.uneven == 0 and census.idle_even, census.line()
+    flags = {"context": 8192, "prompt_cache_gib": 0.05, **flags}
+    return testing.open_llm("lfm2_moe", demo, **flags)
 
 
 def user_turns(chat: int, turns: int = 4) -> list[str]:
@@ -46,18 +41,7 @@ def user_turns(chat: int, turns: int = 4) -> list[str]:
 
 def run_chats(llm: LLM, params: SamplingParams, chats: int = 8, turns: int = 4):
     """Turn by turn, all chats at once; returns each turn's replies and cached token counts."""
-    histories: list[list[dict]] = [[] for _ in range(chats)]
-    users = [user_turns(c, turns) for c in range(chats)]
-    replies, cached = [], []
-    for t in range(turns):
-        for c in range(chats):
-            histories[c].append({"role": "user", "content": users[c][t]})
-        done = llm.chat(histories, params)
-        replies.append([d.token_ids for d in done])
-        cached.append([d.cached_tokens for d in done])
-        for c, d in enumerate(done):
-            histories[c].append({"role": "assistant", "content": d.text})
-    return replies, cached
+    return testing.run_chats(llm, [user_turns(c, turns) for c in range(chats)], params)
 
 
 @pytest.fixture(scope="module")
