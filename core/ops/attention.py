@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..forward_pass import ForwardPass
+from .gpu import use_triton
 
 KEY_TILE = 64
 QUERY_BLOCK = 16
@@ -29,6 +30,14 @@ def paged_attention(
     """q [N, Hq, D]; k_rows [P*R, Hkv, D] and v_rows [P*R, Hkv, Dv]: flat views of the paged
     buffers, already holding this pass's rows. window: a query at t sees keys t-window < j <= t.
     Returns [N, Hq, Dv] in q's dtype, computed in fp32."""
+    if use_triton(q):
+        from .pass_meta import pass_meta
+        from .triton_attention import paged_attention as triton_attention
+
+        return triton_attention(
+            q, k_rows, v_rows, fp.positions, pass_meta(fp), fp.page_rows, scale=scale,
+            window=window,
+        )
     out = q.new_empty(q.shape[0], q.shape[1], v_rows.shape[-1])
     for i, (a, b) in enumerate(fp.spans):
         idx = fp.read_index(i)
@@ -67,11 +76,12 @@ def _block(qb, pos, keys, values, group, scale, window):
     qpos = pos.repeat(group)  # [G*Bq], matching qh's rows
     lo = 0 if window is None else max(0, int(pos.min()) - window + 1) // KEY_TILE * KEY_TILE
     hi = int(pos.max()) + 1
-    run_max = torch.full((hkv, group * bq, 1), float("-inf"))
-    run_sum = torch.zeros(hkv, group * bq, 1)
-    acc = torch.zeros(hkv, group * bq, values.shape[-1])
+    dev = qb.device
+    run_max = torch.full((hkv, group * bq, 1), float("-inf"), device=dev)
+    run_sum = torch.zeros(hkv, group * bq, 1, device=dev)
+    acc = torch.zeros(hkv, group * bq, values.shape[-1], device=dev)
     for t0 in range(lo, hi, KEY_TILE):
-        kpos = torch.arange(t0, t0 + KEY_TILE)
+        kpos = torch.arange(t0, t0 + KEY_TILE, device=dev)
         visible = kpos[None, :] <= qpos[:, None]
         if window is not None:
             visible &= kpos[None, :] > qpos[:, None] - window

@@ -13,6 +13,9 @@ from typing import Sequence
 
 import torch
 
+from ..forward_pass import ForwardPass
+from .gpu import use_triton
+
 
 def _extend(u: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
     """u [n, C], tail [C, K-1] -> ext [K-1+n, C]"""
@@ -47,3 +50,42 @@ def tails_at(u: torch.Tensor, tail: torch.Tensor, counts: Sequence[int], k: int)
     if not taps:
         return ext.new_empty(0, ext.shape[1], k - 1)
     return torch.stack(taps)
+
+
+def gated_conv(
+    bcx: torch.Tensor,
+    state: torch.Tensor,
+    fp: ForwardPass,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    tap_name: str | None = None,
+) -> torch.Tensor:
+    """The gated short conv of a whole pass: C ⊙ conv(B ⊙ x), each stream carried in its slot.
+
+    bcx [N, 3H]: the in-projection's rows, channels B, C, x in that order; state [slots, H, K-1]:
+    tails, read (zeros for a stream starting at row 0) and left as they stand after each run;
+    weight [H, K]; bias [H]. With tap_name, the tail at each of a stream's taps goes to
+    fp.tap(i, p, tap_name, tail). Returns [N, H] in bcx's dtype."""
+    b, c, xs = bcx.chunk(3, dim=-1)  # 3 x [N, H]
+    gpu = use_triton(bcx)
+    u = None if gpu else b * xs
+    z = None if gpu else torch.empty_like(b)
+    for i, (stream, (lo, hi)) in enumerate(zip(fp.streams, fp.spans)):
+        if gpu and not stream.taps:
+            continue
+        tail = state[stream.slot]
+        if stream.start == 0:
+            tail = torch.zeros_like(tail)
+        run = b[lo:hi] * xs[lo:hi] if u is None else u[lo:hi]
+        if stream.taps and tap_name is not None:
+            counts = [p - stream.start for p in stream.taps]
+            for p, tapped in zip(stream.taps, tails_at(run, tail, counts, weight.shape[-1])):
+                fp.tap(i, p, tap_name, tapped)
+        if z is not None:
+            z[lo:hi], state[stream.slot] = causal_conv(run, tail, weight, bias)
+    if gpu:  # the taps above read the tails before the kernel moves them on
+        from .pass_meta import pass_meta
+        from .triton_conv import gated_conv as triton_gated_conv
+
+        return triton_gated_conv(bcx, state, pass_meta(fp), weight, bias)
+    return c * z

@@ -11,11 +11,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .gpu import use_triton
+
 ROW_BLOCK = 16
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight[N, K]ᵀ (+ bias) -> [..., N], each row independent of the others."""
+    if use_triton(x) and x.dtype == weight.dtype:
+        from .triton_linear import linear as triton_linear
+
+        return triton_linear(x, weight, bias)
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])
     m = rows.shape[0]

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from .gpu import use_triton
 from .linear import linear
 
 
@@ -33,6 +34,10 @@ def gated_ffn(
     x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor
 ) -> torch.Tensor:
     """SwiGLU: w2(silu(w1 x) · w3 x). x [n, H]; w1, w3 [I, H]; w2 [H, I] -> [n, H]."""
+    if use_triton(x):
+        from . import triton_moe
+
+        return triton_moe.gated_ffn(x, w1, w3, w2)
     return linear(silu(linear(x, w1)) * linear(x, w3), w2)
 
 
@@ -53,6 +58,12 @@ def route(
     divided by (their sum + 1e-6) when norm_topk_prob, times `scaling`. Exact score ties are
     broken as torch.topk breaks them; the reference calls torch.topk on the same scores.
     """
+    if use_triton(x):
+        from . import triton_route
+
+        return triton_route.route(
+            x, gate, expert_bias, top_k, norm_topk_prob=norm_topk_prob, scaling=scaling
+        )
     scores = sigmoid(linear(x, gate))  # [N, E]
     if expert_bias is not None:
         experts = torch.topk(scores + expert_bias, top_k, dim=-1).indices
@@ -79,6 +90,10 @@ def moe(
 
     Returns Σ_j weights[:, j] · expert_{experts[:, j]}(x) [N, H] in x's dtype, summed over j in
     slot order."""
+    if use_triton(x):
+        from . import triton_moe
+
+        return triton_moe.moe(x, weights, experts, w1, w3, w2)
     n, k = experts.shape
     flat = experts.reshape(-1)  # [N*k], entry r*k + j is row r's slot j
     order = torch.argsort(flat, stable=True)

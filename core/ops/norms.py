@@ -9,9 +9,27 @@ from __future__ import annotations
 
 import torch
 
+from .gpu import use_triton
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., D], weight [D] -> [..., D] (dtype: x's and weight's promoted)."""
+    if use_triton(x):
+        from .triton_norms import rms_norm as triton_rms_norm
+
+        return triton_rms_norm(x, weight, eps)
     xf = x.float()
     variance = xf.pow(2).mean(-1, keepdim=True)
     return weight * (xf * torch.rsqrt(variance + eps)).to(x.dtype)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = x + residual; returns (rms_norm(h), h). x, residual [..., D] of one dtype."""
+    if use_triton(x):
+        from .triton_norms import add_rms_norm as triton_add_rms_norm
+
+        return triton_add_rms_norm(x, residual, weight, eps)
+    h = x + residual
+    return rms_norm(h, weight, eps), h

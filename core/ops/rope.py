@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .gpu import use_triton
+
 
 def inv_freq(head_dim: int, theta: float, device: str | torch.device = "cpu") -> torch.Tensor:
     """[head_dim // 2] fp32: theta^(-2i/head_dim)."""
@@ -33,5 +35,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [N, H, D]; cos, sin [N, D] -> [N, H, D]: x·cos + rotate_half(x)·sin."""
+    if use_triton(x) and x.dtype == cos.dtype:
+        from .triton_rope import apply_rope as triton_apply_rope
+
+        return triton_apply_rope(x, cos, sin)
     cos, sin = cos[:, None, :], sin[:, None, :]
     return (x * cos) + (rotate_half(x) * sin)

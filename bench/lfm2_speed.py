@@ -1,0 +1,392 @@
+"""LFM2-MoE speed on one GPU, in one run (docs/perf.md records the figures).
+
+The model at LFM2-8B-A1B's shape with dummy bf16 weights (tensorfold_lfm2_moe.dummy), through
+`tensorfold.lanes.Lanes` and a runner (decode rounds under CUDA graphs), not the server:
+decode tokens/s at 1, 8 and 64 streams, prefill tokens/s and time to first token for 2k, 8k and
+32k prompts; the GPU's copy bandwidth and bf16 matmul rate; transformers 5.23.0 `generate` on the
+same weights at 1 and 16 streams; and the exactness gates in bf16 (concurrent == solo at 1, 8 and
+64 streams, pages == windows, poisoned == clean). Writes results.json and summary.txt to --out.
+
+    python bench/lfm2_speed.py --out $OUT --commit $(git rev-parse --short HEAD)
+    python bench/lfm2_speed.py --smoke   # the whole script on the CPU, tiny, Triton interpreted
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import engine_runs  # noqa: E402
+from bench.model_bytes import active_params, step_bytes  # noqa: E402
+from bench.report import compare, short, summary  # noqa: E402
+from tensorfold.cuda_graphs import GraphRunner  # noqa: E402
+from tensorfold.ops import gpu  # noqa: E402
+from tensorfold.ops.conv import gated_conv  # noqa: E402
+from tensorfold.ops.linear import linear  # noqa: E402
+from tensorfold.runner import ModelRunner  # noqa: E402
+from tensorfold_lfm2_moe import layers  # noqa: E402
+from tensorfold_lfm2_moe.dummy import SHAPES, build_dummy  # noqa: E402
+
+PAGE_ROWS = 512
+
+
+def pass_level_short_conv(name, w, x, fp, slots):
+    """layers.short_conv with its per-stream loop replaced by ops.conv.gated_conv (one kernel
+    pair for the pass, capturable in a graph); same bits on the CPU."""
+    bcx = linear(x, w.in_proj, w.in_bias)  # [N, 3H]: B, C, x
+    y = gated_conv(bcx, slots.get(f"{name}.conv"), fp, w.conv, w.conv_bias, f"{name}.conv")
+    return linear(y, w.out_proj, w.out_bias)
+
+
+def use_pass_level_conv() -> bool:
+    """Until the plugin's layers.short_conv calls ops.conv.gated_conv itself."""
+    if "gated_conv" in inspect.getsource(layers.short_conv):
+        return False
+    layers.short_conv = pass_level_short_conv
+    return True
+
+
+# --- sections --------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.results: dict[str, Any] = {"args": vars(args)}
+        self.t0 = time.perf_counter()
+        self.device = "cpu" if args.smoke else "cuda"
+        self.model = None
+        self.window = 33 * 1024 if not args.smoke else 2048
+
+    def left(self) -> float:
+        return self.args.budget_s - (time.perf_counter() - self.t0)
+
+    def section(self, name: str, fn: Callable[[], Any], need_s: float = 0) -> None:
+        if self.left() < need_s:
+            self.results[name] = {"skipped": f"{self.left():.0f} s left, needs ~{need_s:.0f}"}
+            self.log(f"[{name}] skipped")
+            return
+        a = time.perf_counter()
+        self.log(f"[{name}] ...")
+        try:
+            self.results[name] = fn()
+        except Exception:
+            self.results[name] = {"error": traceback.format_exc()[-3000:]}
+        self.results.setdefault("section_s", {})[name] = round(time.perf_counter() - a, 1)
+        self.log(f"[{name}] {time.perf_counter() - a:.1f} s: {short(self.results[name])}")
+        self.save()
+
+    def log(self, line: str) -> None:
+        print(line, flush=True)
+        with open(self.out / "log.txt", "a") as f:
+            f.write(line + "\n")
+
+    def save(self) -> None:
+        (self.out / "results.json").write_text(json.dumps(self.results, indent=1, default=str))
+
+    # each section returns a JSON-able dict
+
+    def env(self) -> dict[str, Any]:
+        import triton
+
+        info = {"torch": torch.__version__, "triton": triton.__version__,
+                "commit": self.args.commit, "pass_level_conv_shim": use_pass_level_conv()}
+        if self.device == "cuda":
+            p = torch.cuda.get_device_properties(0)
+            info.update(gpu=p.name, sms=p.multi_processor_count, mem_gib=p.total_memory / 2**30)
+        return info
+
+    def limits(self) -> dict[str, Any]:
+        from bench import limits
+
+        return {"copy": limits.copy_bandwidth(), "matmul": limits.matmul_rate()}
+
+    def kernels(self) -> dict[str, Any]:
+        from bench import kernels
+
+        return kernels.run_all(sweep=self.args.sweep)
+
+    def build(self) -> dict[str, Any]:
+        cfg = SHAPES[self.args.shape]
+        if self.args.smoke:
+            cfg = replace(cfg, num_hidden_layers=4, vocab_size=512, hidden_size=128,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                          intermediate_size=256, moe_intermediate_size=64, num_experts=8,
+                          layer_types=("conv", "conv", "full_attention", "conv"))
+        a = time.perf_counter()
+        self.model = build_dummy(cfg, self.device, torch.bfloat16, seed=0)
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        sb = step_bytes(self.model)
+        return {"shape": self.args.shape, "build_s": time.perf_counter() - a, **sb,
+                "active_params": active_params(self.model)}
+
+    def runner(self, streams: int, *, graphs: bool = True, pages: int | None = None,
+               poison: bool = False, window: int | None = None) -> ModelRunner:
+        per = -(-(window or self.window) // PAGE_ROWS)
+        pages = pages or streams * per
+        if graphs:
+            return GraphRunner(self.model, num_pages=pages, num_slots=streams,
+                               page_rows=PAGE_ROWS, poison=poison, max_pages=per,
+                               capture=not self.args.smoke and not self.args.no_graphs)
+        return ModelRunner(self.model, num_pages=pages, num_slots=streams, page_rows=PAGE_ROWS,
+                           poison=poison)
+
+    def decode(self) -> dict[str, Any]:
+        res: dict[str, Any] = {}
+        vocab = self.model.vocab_size
+        new = 8 if self.args.smoke else 128
+        win = 1024
+        for n in (1, 8, 64) if not self.args.smoke else (1, 4):
+            runner = self.runner(n, window=win)
+            prompts = engine_runs.random_prompts(n, 64, vocab, seed=n)
+            engine_runs.run_requests(runner, prompts, 4, lanes=n, window=win)  # capture
+            run = engine_runs.run_requests(runner, prompts, new, lanes=n, window=win)
+            res[f"streams{n}"] = {
+                "tokens_per_s": run.decode_tokens_per_s, "rounds": run.decode_rounds,
+                "ms_per_round": 1e3 * run.decode_s / max(run.decode_rounds, 1),
+                "graph_replays": getattr(runner, "replays", 0),
+                "capture_error": getattr(runner, "capture_error", None),
+            }
+            fwd = self.forward_ms(runner, prompts)
+            res[f"streams{n}"].update(forward_ms=fwd, forward_tokens_per_s=1e3 * n / fwd)
+            del runner
+        # one stream without graphs, for the launch overhead graphs remove
+        runner = self.runner(1, graphs=False, window=win)
+        prompts = engine_runs.random_prompts(1, 64, vocab, seed=1)
+        run = engine_runs.run_requests(runner, prompts, new // 2, lanes=1, window=win)
+        res["streams1_eager"] = {"tokens_per_s": run.decode_tokens_per_s}
+        return res
+
+    def forward_ms(self, runner: ModelRunner, prompts) -> float:
+        """One decode round's forward alone (graph replay or eager), in ms: the rest of a round
+        is the scheduler and the sampler."""
+        from tensorfold.forward_pass import StreamRows
+
+        n = len(prompts)
+        g = torch.Generator().manual_seed(n)
+        toks = torch.randint(10, self.model.vocab_size, (n,), generator=g).tolist()
+        streams = [StreamRows(s, 100, [toks[s]], [s]) for s in range(n)]
+        for _ in range(3):
+            runner.run(streams)
+        sync(self.device)
+        a = time.perf_counter()
+        reps = 20
+        for _ in range(reps):
+            runner.run(streams)
+        sync(self.device)
+        return 1e3 * (time.perf_counter() - a) / reps
+
+    def prefill(self) -> dict[str, Any]:
+        res: dict[str, Any] = {}
+        lengths = (2048, 8192, 32768) if not self.args.smoke else (100, 300)
+        runner = self.runner(1)
+        vocab = self.model.vocab_size
+        engine_runs.run_requests(runner, engine_runs.random_prompts(1, 2048 if not self.args.smoke else 64, vocab, 5),
+                                 1, lanes=1, window=self.window)  # warm-up
+        for n in lengths:
+            prompts = engine_runs.random_prompts(1, n, vocab, seed=n)
+            engine_runs.run_requests(runner, prompts, 1, lanes=1, window=self.window)  # warm
+            run = engine_runs.run_requests(runner, prompts, 1, lanes=1, window=self.window)
+            o = run.outcomes[0]
+            ttft = o.first - o.submitted
+            res[f"prompt{n}"] = {"ttft_s": ttft, "tokens_per_s": n / ttft}
+        return res
+
+    def gates(self) -> dict[str, Any]:
+        vocab = self.model.vocab_size
+        count = 64 if not self.args.smoke else 4
+        g = torch.Generator().manual_seed(3)
+        top = 3000 if not self.args.smoke else 150
+        lengths = torch.randint(5, top, (count,), generator=g).tolist()
+        prompts = engine_runs.random_prompts(count, lengths, vocab, seed=11)
+        new = 16 if not self.args.smoke else 4
+        res: dict[str, Any] = {"prompts": count, "lengths": [min(lengths), max(lengths)]}
+        win = top + new + PAGE_ROWS
+        solo_runner = self.runner(1, window=win)
+        alone = [engine_runs.run_requests(solo_runner, [p], new, lanes=1, window=win)
+                 .outcomes[0].tokens for p in prompts]
+        del solo_runner
+        levels = (1, 8, 64) if not self.args.smoke else (1, 2, 4)
+        wide = self.runner(levels[-1], window=win)
+        for level in levels:
+            got = []
+            for i in range(0, count, level):
+                run = engine_runs.run_requests(wide, prompts[i : i + level], new, lanes=level,
+                                               window=win)
+                got += [o.tokens for o in run.outcomes]
+            res[f"concurrent_equals_solo_at_{level}"] = got == alone
+        del wide
+        # pages == windows: a pool of a window a lane against one of a few pages, where streams
+        # wait for pages and take freed (poisoned) ones.
+        per = -(-(max(lengths) + new) // PAGE_ROWS)
+        tight = self.runner(levels[-1], pages=per * 4, poison=True, window=win)
+        got = [o.tokens for o in engine_runs.run_requests(
+            tight, prompts, new, lanes=levels[-1], window=win).outcomes]
+        res["pages_equal_windows_poisoned"] = got == alone
+        res["distinct_tokens"] = len({t for toks in alone for t in toks})
+        self.alone = (prompts[0], alone[0])
+        return res
+
+    def transformers(self) -> dict[str, Any]:
+        from bench import hf_baseline
+
+        hf = hf_baseline.build_hf(self.model)
+        vocab = self.model.vocab_size
+        res: dict[str, Any] = {}
+        short, long = (4, 12) if self.args.smoke else (8, 40)
+        for b in (1, 16) if not self.args.smoke else (1, 2):
+            prompts = torch.tensor(engine_runs.random_prompts(b, 64, vocab, seed=b),
+                                   device=self.device)
+            res[f"streams{b}"] = hf_baseline.decode_rate(hf, prompts, short, long)
+        # the same weights, ours against transformers, both bf16 (the fp32 parity tests are the
+        # gate; random weights give flat logits, so bf16 rounding flips close argmaxes)
+        prompt = engine_runs.random_prompts(1, 64, vocab, seed=99)[0]
+        theirs, _ = hf_baseline.generate(hf, torch.tensor([prompt], device=self.device), 32)
+        ours = engine_runs.run_requests(self.runner(1, window=1024), [prompt], 32, lanes=1,
+                                        window=1024).outcomes[0].tokens
+        theirs = theirs[0].tolist()
+        same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+        res["greedy_tokens_agree_for"] = same
+        res["attn_implementation"] = getattr(hf.config, "_attn_implementation", None)
+        seq = prompt + ours
+        ours16 = self.logits(self.model, seq)
+        with torch.inference_mode():
+            theirs16 = hf(torch.tensor([seq], device=self.device)).logits[0].float()
+        del hf
+        res["bf16_ours_vs_transformers"] = compare(ours16, theirs16)
+        # fp32 copies of the same weights: our kernels (fp32 dots) against transformers in fp32,
+        # and how far each bf16 run is from that
+        from tensorfold_lfm2_moe.dummy import cast
+
+        model32 = cast(self.model, torch.float32)
+        hf32 = hf_baseline.build_hf(model32)
+        with torch.inference_mode():
+            theirs32 = hf32(torch.tensor([seq], device=self.device)).logits[0].float()
+        del hf32
+        res["fp32_ours_vs_transformers"] = compare(self.logits(model32, seq), theirs32)
+        res["bf16_ours_vs_fp32_transformers"] = compare(ours16, theirs32)
+        res["bf16_transformers_vs_fp32_transformers"] = compare(theirs16, theirs32)
+        del model32
+        torch.cuda.empty_cache()
+        return res
+
+    def logits(self, model, tokens: list[int]) -> torch.Tensor:
+        """Every position's logits from one pass over `tokens`: [len, V] fp32."""
+        from tensorfold.forward_pass import StreamRows
+
+        runner = ModelRunner(model, num_pages=2, num_slots=1, page_rows=PAGE_ROWS)
+        (out,) = runner.run([StreamRows(0, 0, tokens, [0, 1], "all")])
+        return out
+
+    def profile(self) -> dict[str, Any]:
+        """Kernel times of eager decode rounds at 1 and 64 streams and one 2048-row pass."""
+        from torch.profiler import ProfilerActivity, profile
+
+        from tensorfold.forward_pass import StreamRows
+
+        res: dict[str, Any] = {}
+        for name, n, rows in (("decode1", 1, 1), ("decode64", 64, 1), ("prefill2048", 1, 2048)):
+            runner = self.runner(n, graphs=False, window=4096)
+            g = torch.Generator().manual_seed(7)
+            streams = [StreamRows(s, 0 if rows > 1 else 100,
+                                  torch.randint(10, self.model.vocab_size, (rows,), generator=g).tolist(),
+                                  list(range(s * 8, s * 8 + 8))) for s in range(n)]
+            runner.run(streams)
+            sync(self.device)
+            with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+                for _ in range(3):
+                    runner.run(streams)
+                sync(self.device)
+            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+            (self.out / f"profile_{name}.txt").write_text(table)
+            kern = [(e.key, e.device_time_total / 3, e.count / 3)
+                    for e in prof.key_averages() if e.device_time_total > 0]
+            kern.sort(key=lambda t: -t[1])
+            res[name] = {
+                "gpu_us_per_round": sum(k[1] for k in kern if not k[0].startswith("cuda")) ,
+                "top": [(k[0][:60], round(k[1], 1), round(k[2], 1)) for k in kern[:12]],
+            }
+        return res
+
+    def other_shape(self) -> dict[str, Any]:
+        """LFM2-24B-A2B's shape: decode at 1 and 64 streams, an 8k prefill."""
+        from tensorfold.ops import triton_moe
+
+        self.model = None
+        triton_moe._STACKS.clear()  # its views hold the last model's experts
+        torch.cuda.empty_cache()
+        self.args.shape = "LFM2-24B-A2B"
+        built = self.build()
+        res: dict[str, Any] = {"model": built}
+        for n in (1, 64):
+            runner = self.runner(n, window=1024)
+            prompts = engine_runs.random_prompts(n, 64, self.model.vocab_size, seed=n)
+            engine_runs.run_requests(runner, prompts, 4, lanes=n, window=1024)
+            run = engine_runs.run_requests(runner, prompts, 64, lanes=n, window=1024)
+            fwd = self.forward_ms(runner, prompts)
+            res[f"decode_streams{n}"] = {"tokens_per_s": run.decode_tokens_per_s,
+                                         "forward_ms": fwd, "forward_tokens_per_s": 1e3 * n / fwd}
+            del runner
+        runner = self.runner(1)
+        p = engine_runs.random_prompts(1, 8192, self.model.vocab_size, seed=8)
+        engine_runs.run_requests(runner, p, 1, lanes=1, window=self.window)  # warm
+        run = engine_runs.run_requests(runner, p, 1, lanes=1, window=self.window)
+        o = run.outcomes[0]
+        res["prefill8192"] = {"ttft_s": o.first - o.submitted,
+                              "tokens_per_s": 8192 / (o.first - o.submitted)}
+        return res
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT") or "bench_out")
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--shape", default="LFM2-8B-A1B", choices=sorted(SHAPES))
+    ap.add_argument("--budget-s", type=float, default=430.0)
+    ap.add_argument("--sections", default="all")
+    ap.add_argument("--sweep", action="store_true", help="time several linear tile shapes")
+    ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    if args.smoke:
+        gpu.set_triton(True, on_cpu=True)
+    b = Bench(args)
+    want = set(args.sections.split(",")) if args.sections != "all" else None
+    plan: list[tuple[str, Callable[[], Any], float]] = [
+        ("env", b.env, 0), ("limits", b.limits, 30), ("build", b.build, 20),
+        ("decode", b.decode, 40), ("prefill", b.prefill, 30), ("gates", b.gates, 60),
+        ("transformers", b.transformers, 60), ("kernels", b.kernels, 40),
+        ("profile", b.profile, 20), ("other_shape", b.other_shape, 90),
+    ]
+    for name, fn, need in plan:
+        if name in ("env", "build") or want is None or name in want:
+            if args.smoke and name in ("limits", "kernels", "profile", "other_shape"):
+                continue
+            b.section(name, fn, need)
+    text = summary(b.results)
+    (b.out / "summary.txt").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

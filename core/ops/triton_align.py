@@ -1,0 +1,134 @@
+"""Sorting a pass's (row, slot) pairs by expert on the GPU in Triton, for the grouped GEMMs.
+
+Pairs r*k + j are ordered by expert (stable), each expert's run padded to a multiple of the
+GEMMs' block of rows, and every block is mapped to its expert (or to E past the last one), all
+on the device: no host sync, so a decode round's align is captured in its CUDA graph. One
+program does a decode round's few pairs; a prompt's many take a program per chunk of pairs
+(histograms first, then each chunk's scatter). The order is a pure function of the experts,
+so how it is computed never changes a result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+ALIGN_CHUNK = 256
+
+
+@triton.jit(do_not_specialize=["P", "max_blocks"])  # one binary for any row count
+def _align_kernel(
+    expert_ptr, sorted_ptr, block_ptr, P, E, max_blocks,
+    BM: tl.constexpr, EB: tl.constexpr, CHUNK: tl.constexpr, BB: tl.constexpr,
+):
+    ex = tl.arange(0, EB)
+    counts = tl.zeros((EB,), dtype=tl.int32)
+    for p0 in range(0, P, CHUNK):
+        p = p0 + tl.arange(0, CHUNK)
+        ids = tl.load(expert_ptr + p, mask=p < P, other=EB).to(tl.int32)
+        counts += tl.sum((ids[:, None] == ex[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BM - 1) // BM * BM
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    total = tl.sum(padded, axis=0)
+    run = tl.zeros((EB,), dtype=tl.int32)
+    for p0 in range(0, P, CHUNK):
+        p = p0 + tl.arange(0, CHUNK)
+        ids = tl.load(expert_ptr + p, mask=p < P, other=EB).to(tl.int32)
+        hot = (ids[:, None] == ex[None, :]).to(tl.int32)  # [CHUNK, EB]
+        rank = tl.cumsum(hot, axis=0) - hot
+        dest = tl.sum(hot * (starts + run)[None, :] + hot * rank, axis=1)
+        tl.store(sorted_ptr + dest, p, mask=p < P)
+        run += tl.sum(hot, axis=0)
+    j = tl.arange(0, BM)
+    pad_at = (starts + counts)[:, None] + j[None, :]
+    tl.store(sorted_ptr + pad_at, P, mask=j[None, :] < (padded - counts)[:, None])
+    for b0 in range(0, max_blocks, BB):
+        b = b0 + tl.arange(0, BB)
+        row = b * BM
+        owner = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), axis=1)
+        owner = tl.where(row < total, owner, E)
+        tl.store(block_ptr + b, owner, mask=b < max_blocks)
+
+
+@triton.jit
+def _chunk_hist_kernel(expert_ptr, hist_ptr, P, EB: tl.constexpr, CHUNK: tl.constexpr):
+    c = tl.program_id(0)
+    ex = tl.arange(0, EB)
+    p = c * CHUNK + tl.arange(0, CHUNK)
+    ids = tl.load(expert_ptr + p, mask=p < P, other=EB).to(tl.int32)
+    tl.store(hist_ptr + c * EB + ex, tl.sum((ids[:, None] == ex[None, :]).to(tl.int32), axis=0))
+
+
+@triton.jit
+def _chunk_scatter_kernel(
+    expert_ptr, hist_ptr, sorted_ptr, block_ptr, P, E, n_chunks, max_blocks,
+    BM: tl.constexpr, EB: tl.constexpr, CHUNK: tl.constexpr, CB: tl.constexpr, BB: tl.constexpr,
+):
+    """Chunk c's pairs to their sorted places, from every chunk's histogram; chunk 0 also
+    writes the padding and the block map."""
+    c = tl.program_id(0)
+    ex = tl.arange(0, EB)
+    counts = tl.zeros((EB,), dtype=tl.int32)
+    before = tl.zeros((EB,), dtype=tl.int32)
+    for c0 in range(0, n_chunks, CB):
+        rows = c0 + tl.arange(0, CB)
+        h = tl.load(hist_ptr + rows[:, None] * EB + ex[None, :], mask=rows[:, None] < n_chunks,
+                    other=0)
+        counts += tl.sum(h, axis=0)
+        before += tl.sum(tl.where(rows[:, None] < c, h, 0), axis=0)
+    padded = (counts + BM - 1) // BM * BM
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    p = c * CHUNK + tl.arange(0, CHUNK)
+    ids = tl.load(expert_ptr + p, mask=p < P, other=EB).to(tl.int32)
+    hot = (ids[:, None] == ex[None, :]).to(tl.int32)
+    rank = tl.cumsum(hot, axis=0) - hot
+    dest = tl.sum(hot * (starts + before)[None, :] + hot * rank, axis=1)
+    tl.store(sorted_ptr + dest, p, mask=p < P)
+    if c == 0:
+        j = tl.arange(0, BM)
+        pad_at = (starts + counts)[:, None] + j[None, :]
+        tl.store(sorted_ptr + pad_at, P, mask=j[None, :] < (padded - counts)[:, None])
+        total = tl.sum(padded, axis=0)
+        for b0 in range(0, max_blocks, BB):
+            b = b0 + tl.arange(0, BB)
+            row = b * BM
+            owner = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), axis=1)
+            owner = tl.where(row < total, owner, E)
+            tl.store(block_ptr + b, owner, mask=b < max_blocks)
+
+
+@dataclass
+class Aligned:
+    sorted_pairs: torch.Tensor  # [max_blocks * block_m] int32: pair index, or P for padding
+    block_expert: torch.Tensor  # [max_blocks] int32: expert, or E past the last block
+    max_blocks: int
+
+
+def align(experts: torch.Tensor, num_experts: int, block_m: int) -> Aligned:
+    """experts [N, k] -> the pairs r*k + j sorted by expert (stable), each run padded to
+    block_m rows."""
+    flat = experts.reshape(-1)
+    p = flat.numel()
+    max_blocks = triton.cdiv(p + min(num_experts, p) * (block_m - 1), block_m)
+    sorted_pairs = torch.empty(max_blocks * block_m, dtype=torch.int32, device=flat.device)
+    block_expert = torch.empty(max_blocks, dtype=torch.int32, device=flat.device)
+    eb = triton.next_power_of_2(num_experts)
+    if p <= ALIGN_CHUNK:  # one program (decode rounds)
+        _align_kernel[(1,)](
+            flat, sorted_pairs, block_expert, p, num_experts, max_blocks,
+            BM=block_m, EB=eb, CHUNK=ALIGN_CHUNK, BB=64, num_warps=8,
+        )
+    else:  # a program a chunk: histograms, then each chunk's scatter
+        chunks = triton.cdiv(p, ALIGN_CHUNK)
+        hist = torch.empty(chunks, eb, dtype=torch.int32, device=flat.device)
+        _chunk_hist_kernel[(chunks,)](flat, hist, p, EB=eb, CHUNK=ALIGN_CHUNK, num_warps=4)
+        _chunk_scatter_kernel[(chunks,)](
+            flat, hist, sorted_pairs, block_expert, p, num_experts, chunks, max_blocks,
+            BM=block_m, EB=eb, CHUNK=ALIGN_CHUNK, CB=16, BB=64, num_warps=8,
+        )
+    return Aligned(sorted_pairs, block_expert, max_blocks)

@@ -1,0 +1,99 @@
+"""Batch-invariant linear layers on the GPU: x [M, K] @ w[N, K]ᵀ in Triton.
+
+The tile configuration is chosen by the weight's shape (N, K) only, never by the row count M,
+and K is walked in BLOCK_K steps from 0 upwards into one fp32 accumulator: a row's bits do not
+depend on how many rows share the call. BLOCK_M is the same for every shape, since it decides
+which matrix instruction computes a row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_util import interpreting, mma
+
+BLOCK_M = 64
+
+
+@dataclass(frozen=True)
+class Tiles:
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+
+# (N, K) -> tiles, where measured better than the default on an H200 (bench/kernels.py's
+# sweep; docs/perf.md). Every tile shape gave the same bits there: BLOCK_M and the k order fix them.
+TUNED: dict[tuple[int, int], Tiles] = {
+    (2048, 2048): Tiles(64, 128, 4, 3),
+    (512, 2048): Tiles(32, 128, 4, 4),
+    (32, 2048): Tiles(32, 128, 4, 4),
+    (64, 2048): Tiles(32, 128, 4, 4),
+}
+
+
+def tiles_for(n: int, k: int) -> Tiles:
+    if (n, k) in TUNED:
+        return TUNED[(n, k)]
+    if n >= 4096:
+        return Tiles(128, 64, 4, 4)
+    return Tiles(64, 64, 4, 4)
+
+
+@triton.jit(do_not_specialize=["M"])  # one binary for any row count
+def _linear_kernel(
+    x_ptr, w_ptr, b_ptr, o_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
+    w_ptrs = w_ptr + rn[None, :].to(tl.int64) * stride_wn + rk[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kin = (k0 + rk) < K
+        a = tl.load(x_ptrs, mask=(rm[:, None] < M) & kin[None, :], other=0.0)
+        b = tl.load(w_ptrs, mask=(rn[None, :] < N) & kin[:, None], other=0.0)
+        acc = mma(a, b, acc, IEEE, INTERP)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    out = acc.to(o_ptr.dtype.element_ty)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0)
+        out = (out.to(tl.float32) + bias.to(tl.float32)).to(o_ptr.dtype.element_ty)
+    o_ptrs = o_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
+    tl.store(o_ptrs, out, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight[N, K]ᵀ (+ bias [N]) -> [..., N] in x's dtype."""
+    lead = x.shape[:-1]
+    k = x.shape[-1]
+    n = weight.shape[0]
+    rows = x.reshape(-1, k)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    if weight.stride(-1) != 1:
+        weight = weight.contiguous()
+    m = rows.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m:
+        t = tiles_for(n, k)
+        grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, BLOCK_M))
+        _linear_kernel[grid](
+            rows, weight, bias if bias is not None else weight, out, m, n, k,
+            rows.stride(0), weight.stride(0), out.stride(0),
+            HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, INTERP=interpreting(),
+            BLOCK_M=BLOCK_M, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+            num_warps=t.warps, num_stages=t.stages,
+        )
+    return out.reshape(*lead, n)

@@ -1,0 +1,228 @@
+"""The expert GEMMs on the GPU in Triton, as ops/moe.py's `moe` and `gated_ffn` compute them.
+
+- swiglu: per block of BLOCK_M pairs of one expert, silu(x W1ᵀ) · (x W3ᵀ), rounded as the
+  reference rounds (each product to the model dtype, silu in fp32, then the product).
+- down: per block, (g W2ᵀ) · route weight, written to the pair's slot.
+- slot sum: each row's slots summed in slot order in fp32.
+A pair's result is computed in a fixed BLOCK_M tile with K walked in order, so it does not
+depend on how many rows share its expert. Pairs come sorted by triton_align; the grids are
+sized for the worst case, so a decode round's launches are fixed for its CUDA graph. The dense
+FFN runs through the same kernels as one expert with every row a pair.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_align import Aligned, align
+from .triton_util import interpreting, mma
+
+BLOCK_M = 128
+
+
+@dataclass(frozen=True)
+class Tiles:
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+
+# The fastest at 2048 rows of bench/kernels.py's sweep on an H200 (prompt passes); a decode
+# row's GEMMs were faster with BLOCK_M 64 and 64x64 tiles, 4 warps, 4 stages (docs/perf.md).
+# Every tile shape and BLOCK_M tried gave the same bits.
+SWIGLU_TILES = Tiles(128, 64, 8, 3)
+DOWN_TILES = Tiles(128, 64, 8, 3)
+
+
+@triton.jit(do_not_specialize=["P"])  # one binary for any row count
+def _swiglu_kernel(
+    x_ptr, w1_ptr, w3_ptr, g_ptr, sorted_ptr, block_ptr, P, E, I, K,
+    stride_xm, stride_1e, stride_1n, stride_3e, stride_3n,
+    TOPK: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    e = tl.load(block_ptr + pid_m)
+    live = e < E
+    pairs = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
+    valid = (pairs < P) & live
+    src = (pairs // TOPK).to(tl.int64)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    e64 = tl.where(live, e, 0).to(tl.int64)
+    x_ptrs = x_ptr + src[:, None] * stride_xm + rk[None, :]
+    w1_ptrs = w1_ptr + e64 * stride_1e + rn[None, :].to(tl.int64) * stride_1n + rk[:, None]
+    w3_ptrs = w3_ptr + e64 * stride_3e + rn[None, :].to(tl.int64) * stride_3n + rk[:, None]
+    acc1 = tl.zeros((BM, BN), dtype=tl.float32)
+    acc3 = tl.zeros((BM, BN), dtype=tl.float32)
+    k_end = tl.where(live, K, 0)
+    nmask = rn[None, :] < I
+    for k0 in range(0, k_end, BK):
+        kin = (k0 + rk) < K
+        a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
+        b1 = tl.load(w1_ptrs, mask=nmask & kin[:, None], other=0.0)
+        b3 = tl.load(w3_ptrs, mask=nmask & kin[:, None], other=0.0)
+        acc1 = mma(a, b1, acc1, IEEE, INTERP)
+        acc3 = mma(a, b3, acc3, IEEE, INTERP)
+        x_ptrs += BK
+        w1_ptrs += BK
+        w3_ptrs += BK
+    dt = g_ptr.dtype.element_ty
+    h1 = acc1.to(dt).to(tl.float32)
+    h3 = acc3.to(dt).to(tl.float32)
+    act = (h1 / (1.0 + tl.exp(-h1))).to(dt).to(tl.float32)
+    g = (act * h3).to(dt)
+    rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
+    tl.store(g_ptr + rows[:, None] * I + rn[None, :], g, mask=valid[:, None] & nmask)
+
+
+@triton.jit(do_not_specialize=["P"])  # one binary for any row count
+def _down_kernel(
+    g_ptr, w2_ptr, rw_ptr, out_ptr, sorted_ptr, block_ptr, P, E, H, K,
+    stride_2e, stride_2n, stride_om,
+    HAS_WEIGHT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    e = tl.load(block_ptr + pid_m)
+    live = e < E
+    pairs = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
+    valid = (pairs < P) & live
+    rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    e64 = tl.where(live, e, 0).to(tl.int64)
+    g_ptrs = g_ptr + rows[:, None] * K + rk[None, :]
+    w_ptrs = w2_ptr + e64 * stride_2e + rn[None, :].to(tl.int64) * stride_2n + rk[:, None]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    k_end = tl.where(live, K, 0)
+    nmask = rn[None, :] < H
+    for k0 in range(0, k_end, BK):
+        kin = (k0 + rk) < K
+        a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
+        b = tl.load(w_ptrs, mask=nmask & kin[:, None], other=0.0)
+        acc = mma(a, b, acc, IEEE, INTERP)
+        g_ptrs += BK
+        w_ptrs += BK
+    dt = out_ptr.dtype.element_ty
+    y = acc.to(dt)
+    if HAS_WEIGHT:
+        rw = tl.load(rw_ptr + pairs, mask=valid, other=0.0).to(tl.float32)
+        y = (y.to(tl.float32) * rw[:, None]).to(dt)
+    dest = pairs.to(tl.int64)
+    tl.store(out_ptr + dest[:, None] * stride_om + rn[None, :], y, mask=valid[:, None] & nmask)
+
+
+@triton.jit
+def _slot_sum_kernel(s_ptr, o_ptr, H, TOPK: tl.constexpr, CH: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    ch = tl.program_id(1) * CH + tl.arange(0, CH)
+    m = ch < H
+    acc = tl.load(s_ptr + (row * TOPK) * H + ch, mask=m, other=0.0).to(tl.float32)
+    for j in tl.static_range(1, TOPK):
+        acc = acc + tl.load(s_ptr + (row * TOPK + j) * H + ch, mask=m, other=0.0).to(tl.float32)
+    tl.store(o_ptr + row * H + ch, acc.to(o_ptr.dtype.element_ty), mask=m)
+
+
+def stacked(ws: Sequence[torch.Tensor]) -> torch.Tensor:
+    """E x [A, B] -> [E, A, B] with no copy when the experts are evenly spaced views of one
+    storage (as the dummy loader and a stacked load make them); else a stacked copy, kept."""
+    if isinstance(ws, torch.Tensor):
+        return ws
+    key = (id(ws), ws[0].data_ptr())
+    hit = _STACKS.get(key)
+    if hit is not None:
+        return hit
+    first = ws[0]
+    step = ws[1].storage_offset() - first.storage_offset() if len(ws) > 1 else 0
+    even = all(
+        w.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        and w.stride() == first.stride() and w.shape == first.shape
+        and w.storage_offset() == first.storage_offset() + i * step
+        for i, w in enumerate(ws)
+    )
+    if even and first.stride(-1) == 1:
+        out = first.as_strided((len(ws), *first.shape), (step, *first.stride()))
+    else:
+        out = torch.stack(list(ws))
+    _STACKS[key] = out
+    return out
+
+
+_STACKS: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _experts(
+    x: torch.Tensor, al: Aligned, pairs: int, top_k: int, w1: torch.Tensor, w3: torch.Tensor,
+    w2: torch.Tensor, route_weights: torch.Tensor | None, out: torch.Tensor,
+) -> None:
+    """x [N, H]; w1, w3 [E, I, H]; w2 [E, H, I]; out [pairs, H] gets each pair's output."""
+    e, i, h = w1.shape
+    x = x.contiguous()
+    g = torch.empty(al.max_blocks * BLOCK_M, i, dtype=x.dtype, device=x.device)
+    ieee = x.dtype == torch.float32
+    t = SWIGLU_TILES
+    _swiglu_kernel[(triton.cdiv(i, t.block_n), al.max_blocks)](
+        x, w1, w3, g, al.sorted_pairs, al.block_expert, pairs, e, i, h,
+        x.stride(0), w1.stride(0), w1.stride(1), w3.stride(0), w3.stride(1),
+        TOPK=top_k, IEEE=ieee, INTERP=interpreting(), BM=BLOCK_M, BN=t.block_n, BK=t.block_k,
+        num_warps=t.warps, num_stages=t.stages,
+    )
+    t = DOWN_TILES
+    rw = route_weights.reshape(-1) if route_weights is not None else g
+    _down_kernel[(triton.cdiv(h, t.block_n), al.max_blocks)](
+        g, w2, rw, out, al.sorted_pairs, al.block_expert, pairs, e, h, i,
+        w2.stride(0), w2.stride(1), out.stride(0),
+        HAS_WEIGHT=route_weights is not None, IEEE=ieee, INTERP=interpreting(), BM=BLOCK_M, BN=t.block_n,
+        BK=t.block_k, num_warps=t.warps, num_stages=t.stages,
+    )
+
+
+def moe(
+    x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, w1: Sequence[torch.Tensor],
+    w3: Sequence[torch.Tensor], w2: Sequence[torch.Tensor],
+) -> torch.Tensor:
+    """x [N, H]; weights, experts [N, k] -> Σ_j weights[:, j] · expert_j(x) [N, H]."""
+    n, k = experts.shape
+    s1, s3, s2 = stacked(w1), stacked(w3), stacked(w2)
+    al = align(experts, s1.shape[0], BLOCK_M)
+    h = x.shape[1]
+    slots = torch.empty(n * k, h, dtype=x.dtype, device=x.device)
+    if n:
+        _experts(x, al, n * k, k, s1, s3, s2, weights.contiguous(), slots)
+    out = torch.empty(n, h, dtype=x.dtype, device=x.device)
+    if n:
+        _slot_sum_kernel[(n, triton.cdiv(h, 1024))](slots, out, h, TOPK=k, CH=1024, num_warps=4)
+    return out
+
+
+def gated_ffn(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """The dense SwiGLU through the same kernels, every row one pair of one expert."""
+    n, h = x.shape
+    out = torch.empty(n, h, dtype=x.dtype, device=x.device)
+    if n == 0:
+        return out
+    _experts(x, _identity(n, x.device), n, 1, w1[None], w3[None], w2[None], None, out)
+    return out
+
+
+def _identity(n: int, device: torch.device) -> Aligned:
+    """Rows 0..n-1 in order, all of expert 0 (the dense FFN); built once a row count."""
+    key = (n, str(device))
+    if key not in _IDENTITY:
+        blocks = triton.cdiv(n, BLOCK_M)
+        pairs = torch.arange(blocks * BLOCK_M, dtype=torch.int32, device=device)
+        pairs = torch.where(pairs < n, pairs, n)
+        _IDENTITY[key] = Aligned(pairs, torch.zeros(blocks, dtype=torch.int32, device=device), blocks)
+    return _IDENTITY[key]
+
+
+_IDENTITY: dict[tuple[int, str], Aligned] = {}

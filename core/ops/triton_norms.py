@@ -1,0 +1,65 @@
+"""RMSNorm (and the residual add before it) on the GPU in Triton, as ops/norms.py computes it:
+`weight · cast(x_fp32 · rsqrt(mean(x_fp32²) + eps))`.
+
+A program takes ROWS rows, ROWS fixed by the row width alone; each row reduces only its own
+elements, in an order fixed by the width, so no row depends on the others.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
+def _rms_norm_kernel(
+    x_ptr, r_ptr, w_ptr, o_ptr, h_ptr, n_rows, D, eps,
+    HAS_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < D)
+    offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(r_ptr + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        tl.store(h_ptr + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    var = tl.sum(xf * xf, axis=1) / D
+    normed = (xf * tl.math.rsqrt(var + eps)[:, None]).to(x_ptr.dtype.element_ty)
+    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
+    out = w[None, :].to(tl.float32) * normed.to(tl.float32)
+    tl.store(o_ptr + offs, out.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(x, res, weight, eps):
+    d = x.shape[-1]
+    rows = x.reshape(-1, d).contiguous()
+    n = rows.shape[0]
+    out = torch.empty(
+        rows.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device
+    )
+    h = torch.empty_like(rows) if res is not None else rows
+    r = res.reshape(-1, d).contiguous() if res is not None else rows
+    block_d = triton.next_power_of_2(d)
+    per = max(1, min(64, 4096 // block_d))
+    if n:
+        _rms_norm_kernel[(triton.cdiv(n, per),)](
+            rows, r, weight.contiguous(), out, h, n, d, eps,
+            HAS_RES=res is not None, ROWS=per, BLOCK_D=block_d, num_warps=4,
+        )
+    return out.view(x.shape), h.view(x.shape)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., D], weight [D] -> [..., D]."""
+    return _launch(x, None, weight, eps)[0]
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = x + residual (in x's dtype); returns (rms_norm(h), h). x, residual [..., D]."""
+    return _launch(x, residual, weight, eps)

@@ -1,0 +1,50 @@
+"""NeoX rotary embeddings on the GPU in Triton, rounding as ops/rope.py does in the model dtype:
+out = round(x·cos) + round(rotate_half(x)·sin), each product and the sum rounded. Elementwise
+per (row, head): no row depends on another."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
+def _rope_kernel(
+    x_ptr, c_ptr, s_ptr, o_ptr, n_rows, heads, stride_xn, stride_xh, stride_cn,
+    HALF: tl.constexpr, HEADS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    h = tl.arange(0, HEADS)
+    i = tl.arange(0, HALF)
+    hm = h[:, None] < heads
+    base = x_ptr + row.to(tl.int64) * stride_xn + h[:, None] * stride_xh
+    x1 = tl.load(base + i[None, :], mask=hm, other=0.0)
+    x2 = tl.load(base + HALF + i[None, :], mask=hm, other=0.0)
+    c1 = tl.load(c_ptr + row * stride_cn + i)[None, :]
+    c2 = tl.load(c_ptr + row * stride_cn + HALF + i)[None, :]
+    s1 = tl.load(s_ptr + row * stride_cn + i)[None, :]
+    s2 = tl.load(s_ptr + row * stride_cn + HALF + i)[None, :]
+    dt = o_ptr.dtype.element_ty
+    x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+    c1, c2, s1, s2 = c1.to(tl.float32), c2.to(tl.float32), s1.to(tl.float32), s2.to(tl.float32)
+    lo = (x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)
+    hi = (x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)
+    obase = o_ptr + row.to(tl.int64) * heads * 2 * HALF + h[:, None] * 2 * HALF
+    tl.store(obase + i[None, :], lo.to(dt), mask=hm)
+    tl.store(obase + HALF + i[None, :], hi.to(dt), mask=hm)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [N, H, D]; cos, sin [N, D] (x's dtype) -> [N, H, D]."""
+    n, heads, d = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty(n, heads, d, dtype=x.dtype, device=x.device)
+    if n:
+        _rope_kernel[(n,)](
+            x, cos, sin, out, n, heads, x.stride(0), x.stride(1), cos.stride(0),
+            HALF=d // 2, HEADS=triton.next_power_of_2(heads), num_warps=2,
+        )
+    return out

@@ -1,0 +1,144 @@
+"""LFM2-MoE at a real model's shape with random weights made in place on the device from a fixed
+seed, as vLLM's `--load-format dummy`: for benchmarks, with no checkpoint to read.
+
+Weights are drawn from N(0, std²) (norm weights 1, the expert bias small), one tensor at a time on
+`device` from a generator seeded once. Each MoE layer's experts live in two stacked tensors, laid
+out as transformers keeps them (gate_up [E, 2I, H] holding w1 then w3, down [E, H, I]); the
+per-expert weights are views into them, so the grouped kernels use them without a copy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import ATTENTION, CONV, Lfm2MoeConfig
+from .model import Lfm2MoeModel
+from .weights import (
+    AttentionWeights, ConvWeights, DenseWeights, LayerWeights, ModelWeights, MoeWeights,
+)
+
+
+def _layer_types(layers: int, attention: tuple[int, ...]) -> tuple[str, ...]:
+    return tuple(ATTENTION if i in attention else CONV for i in range(layers))
+
+
+# families.md §2.1 and §6.1. The 8B's attention layers are a third-party listing; the 24B's
+# are not published: every fourth layer from 2, as the 8B's spacing.
+SHAPES: dict[str, Lfm2MoeConfig] = {
+    "LFM2-8B-A1B": Lfm2MoeConfig(
+        num_hidden_layers=24, layer_types=_layer_types(24, (2, 6, 10, 14, 18, 21)),
+        num_experts=32, num_experts_per_tok=4, moe_intermediate_size=1792,
+        intermediate_size=7168, num_dense_layers=2, eos_token_ids=(7,),
+    ),
+    "LFM2-24B-A2B": Lfm2MoeConfig(
+        num_hidden_layers=40, layer_types=_layer_types(40, tuple(range(2, 40, 4))),
+        num_experts=64, num_experts_per_tok=4, moe_intermediate_size=1536,
+        intermediate_size=7168, num_dense_layers=2, max_position_embeddings=32768,
+        eos_token_ids=(7,),
+    ),
+}
+
+
+class _Init:
+    def __init__(self, device: str, dtype: torch.dtype, seed: int, std: float):
+        self.device, self.dtype, self.std = torch.device(device), dtype, std
+        self.gen = torch.Generator(device=self.device).manual_seed(seed)
+
+    def normal(self, *shape: int, std: float | None = None, dtype: torch.dtype | None = None):
+        t = torch.empty(*shape, device=self.device, dtype=dtype or self.dtype)
+        return t.normal_(0.0, self.std if std is None else std, generator=self.gen)
+
+    def ones(self, *shape: int) -> torch.Tensor:
+        return torch.ones(*shape, device=self.device, dtype=self.dtype)
+
+
+def dummy_weights(
+    cfg: Lfm2MoeConfig, device: str, dtype: torch.dtype, seed: int = 0, std: float = 0.02
+) -> ModelWeights:
+    init = _Init(device, dtype, seed, std)
+    h, d = cfg.hidden_size, cfg.head_dim
+    embed = init.normal(cfg.vocab_size, h)
+    layers = []
+    for i, kind in enumerate(cfg.layer_types):
+        if kind == ATTENTION:
+            q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+            mixer: AttentionWeights | ConvWeights = AttentionWeights(
+                init.normal(q, h), init.normal(kv, h), init.normal(kv, h), init.normal(h, q),
+                init.ones(d), init.ones(d),
+            )
+        else:
+            bias = cfg.conv_bias
+            mixer = ConvWeights(
+                init.normal(3 * h, h), init.normal(3 * h) if bias else None,
+                init.normal(h, cfg.conv_L_cache, std=0.3), init.normal(h) if bias else None,
+                init.normal(h, h), init.normal(h) if bias else None,
+            )
+        if cfg.is_dense(i):
+            n = cfg.intermediate_size
+            ffn: DenseWeights | MoeWeights = DenseWeights(
+                init.normal(n, h), init.normal(n, h), init.normal(h, n)
+            )
+        else:
+            e, n = cfg.num_experts, cfg.moe_intermediate_size
+            gate_up = init.normal(e, 2 * n, h)
+            down = init.normal(e, h, n)
+            bias_e = init.normal(e, std=0.01, dtype=torch.float32) if cfg.use_expert_bias else None
+            ffn = MoeWeights(
+                init.normal(e, h), bias_e, list(gate_up[:, :n].unbind(0)),
+                list(gate_up[:, n:].unbind(0)), list(down.unbind(0)),
+            )
+        layers.append(LayerWeights(init.ones(h), init.ones(h), mixer, ffn))
+    return ModelWeights(embed, init.ones(h), embed, layers)
+
+
+def build_dummy(
+    shape: str | Lfm2MoeConfig,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    std: float = 0.02,
+) -> Lfm2MoeModel:
+    """A model at `shape` (a name in SHAPES, or a config) with dummy weights on `device`."""
+    cfg = SHAPES[shape] if isinstance(shape, str) else shape
+    return Lfm2MoeModel(cfg, dummy_weights(cfg, device, dtype, seed, std), device, dtype)
+
+
+def expert_stacks(w: MoeWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dummy MoE layer's (gate_up [E, 2I, H], down [E, H, I]), the tensors its views share."""
+    e, (n, h) = len(w.w1), w.w1[0].shape
+    first = w.w1[0]
+    gate_up = first.as_strided((e, 2 * n, h), (2 * n * h, h, 1), first.storage_offset())
+    down = w.w2[0].as_strided((e, h, n), (h * n, n, 1), w.w2[0].storage_offset())
+    return gate_up, down
+
+
+def cast(model: Lfm2MoeModel, dtype: torch.dtype) -> Lfm2MoeModel:
+    """A copy of a dummy model in another dtype (the expert bias stays fp32), its experts
+    stacked as build_dummy makes them."""
+    w = model.weights
+
+    def c(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.to(dtype)
+
+    layers = []
+    for layer in w.layers:
+        m, f = layer.mixer, layer.ffn
+        if isinstance(m, AttentionWeights):
+            mixer: AttentionWeights | ConvWeights = AttentionWeights(
+                *(c(t) for t in (m.q, m.k, m.v, m.out, m.q_norm, m.k_norm))  # type: ignore[misc]
+            )
+        else:
+            mixer = ConvWeights(*(c(t) for t in (m.in_proj, m.in_bias, m.conv, m.conv_bias,
+                                                 m.out_proj, m.out_bias)))  # type: ignore[arg-type]
+        if isinstance(f, DenseWeights):
+            ffn: DenseWeights | MoeWeights = DenseWeights(c(f.w1), c(f.w3), c(f.w2))  # type: ignore[arg-type]
+        else:
+            gate_up, down = (t.to(dtype) for t in expert_stacks(f))
+            n = f.w1[0].shape[0]
+            ffn = MoeWeights(c(f.gate), f.expert_bias, list(gate_up[:, :n].unbind(0)),  # type: ignore[arg-type]
+                             list(gate_up[:, n:].unbind(0)), list(down.unbind(0)))
+        layers.append(LayerWeights(c(layer.operator_norm), c(layer.ffn_norm), mixer, ffn))  # type: ignore[arg-type]
+    embed = c(w.embed)
+    lm_head = embed if w.lm_head is w.embed else c(w.lm_head)
+    weights = ModelWeights(embed, c(w.final_norm), lm_head, layers)  # type: ignore[arg-type]
+    return Lfm2MoeModel(model.cfg, weights, str(model.device), dtype)

@@ -1,0 +1,356 @@
+"""Each Triton kernel against its torch reference (core/ops), on the CPU under TRITON_INTERPRET=1
+at small sizes, and its batch invariance: a row's bits never depend on the other rows."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the Triton kernels need triton")
+
+from tensorfold.forward_pass import ForwardPass, StreamRows  # noqa: E402
+from tensorfold.ops import attention as ref_attention  # noqa: E402
+from tensorfold.ops import conv as ref_conv  # noqa: E402
+from tensorfold.ops import linear as ref_linear  # noqa: E402
+from tensorfold.ops import moe as ref_moe  # noqa: E402
+from tensorfold.ops import norms as ref_norms  # noqa: E402
+from tensorfold.ops import rope as ref_rope  # noqa: E402
+from tensorfold.ops import (  # noqa: E402
+    triton_align,
+    triton_attention,
+    triton_conv,
+    triton_linear,
+    triton_moe,
+    triton_norms,
+    triton_rope,
+    triton_route,
+)
+from tensorfold.ops.pass_meta import build_meta  # noqa: E402
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _round_to_nearest_even(request: pytest.FixtureRequest):
+    """The interpreter truncates fp32 -> bf16 (the GPU rounds to nearest even, as torch does):
+    give it the GPU's rounding, so bf16 results compare bit for bit with the references."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    original = interpreter._convert_float
+
+    def convert(data, src, dst, rounding_mode):
+        if src.primitive_bitwidth == 32 and dst.primitive_bitwidth == 16 and dst.fp_mantissa_width == 7:
+            bits = np.frombuffer(data.tobytes(), dtype=np.uint32).astype(np.uint64)
+            rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            nan = (bits & 0x7FFFFFFF) > 0x7F800000
+            out = np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)
+            return out.reshape(data.shape)
+        return original(data, src, dst, rounding_mode)
+
+    interpreter._convert_float = convert
+    yield
+    interpreter._convert_float = original
+
+
+DTYPES = [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def randn(*shape: int, seed: int, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=gen(seed)) * scale).to(dtype)
+
+
+# --- linear ---
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_matches_reference_and_is_row_invariant(dtype, tol, bias):
+    x = randn(70, 96, seed=0, dtype=dtype)
+    w = randn(80, 96, seed=1, dtype=dtype, scale=0.1)
+    b = randn(80, seed=2, dtype=dtype) if bias else None
+    got = triton_linear.linear(x, w, b)
+    assert got.dtype == dtype and got.shape == (70, 80)
+    assert rel(got, ref_linear.linear(x.double(), w.double(), None if b is None else b.double())) < tol
+    for a, z in [(0, 1), (3, 4), (5, 22), (40, 70), (69, 70)]:
+        assert torch.equal(triton_linear.linear(x[a:z].clone(), w, b), got[a:z])
+
+
+# --- norms ---
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_rms_norm_and_the_residual_add(dtype, tol):
+    x = randn(37, 3, 64, seed=3, dtype=dtype)
+    r = randn(37, 3, 64, seed=4, dtype=dtype)
+    w = (1 + randn(64, seed=5) * 0.1).to(dtype)
+    got = triton_norms.rms_norm(x, w, 1e-5)
+    assert got.shape == x.shape and got.dtype == dtype
+    assert rel(got, ref_norms.rms_norm(x, w, 1e-5)) < tol / 10
+    normed, h = triton_norms.add_rms_norm(x, r, w, 1e-5)
+    assert torch.equal(h, x + r)
+    assert rel(normed, ref_norms.rms_norm(x + r, w, 1e-5)) < tol / 10
+    assert torch.equal(triton_norms.rms_norm(x[5:6].clone(), w, 1e-5), got[5:6])
+
+
+# --- rope ---
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_rope_matches_reference(dtype, tol):
+    pos = torch.tensor([0, 1, 7, 511, 512, 4095, 20000])
+    x = randn(len(pos), 5, 64, seed=6, dtype=dtype)
+    cos, sin = ref_rope.cos_sin(pos, ref_rope.inv_freq(64, 1e6), dtype)
+    got = triton_rope.apply_rope(x, cos, sin)
+    want = ref_rope.apply_rope(x, cos, sin)
+    assert rel(got, want) < 1e-6
+    assert torch.equal(triton_rope.apply_rope(x[2:3].clone(), cos[2:3], sin[2:3]), got[2:3])
+
+
+# --- a pass over several streams ---
+
+
+def _pass(specs, page_rows=8, vocab=50):
+    """specs: (slot, start, rows, pages) per stream -> ForwardPass."""
+    g = gen(11)
+    streams = [
+        StreamRows(slot, start, torch.randint(0, vocab, (n,), generator=g).tolist(), pages, "all")
+        for slot, start, n, pages in specs
+    ]
+    return ForwardPass(streams, page_rows)
+
+
+# slot, start, rows, pages: a fresh prompt, a decode row, a chunk from row 21, a 1-row prompt
+MIXED = [
+    (2, 0, 19, [7, 3, 9]),
+    (0, 33, 1, [1, 5, 0, 4, 6]),
+    (1, 21, 30, [10, 12, 2, 11, 8, 13, 14]),
+    (3, 0, 1, [15]),
+]
+
+
+# --- short conv ---
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gated_conv_over_a_pass_matches_the_per_stream_reference(dtype, tol, with_bias):
+    h, k = 40, 3
+    fp = _pass(MIXED)
+    n = fp.num_rows
+    bcx = randn(n, 3 * h, seed=12, dtype=dtype)
+    state = randn(4, h, k - 1, seed=13, dtype=dtype)
+    w = randn(h, k, seed=14, dtype=dtype, scale=0.5)
+    b = randn(h, seed=15, dtype=dtype) if with_bias else None
+    ref_state = state.clone()
+    want = ref_conv.gated_conv(bcx, ref_state, fp, w, b)
+    got_state = state.clone()
+    got = triton_conv.gated_conv(bcx, got_state, build_meta(fp), w, b)
+    assert rel(got, want) < tol
+    assert torch.equal(got_state, ref_state)  # tails are copies of B⊙x: exact
+    # stream 2 (a chunk) alone gives the same bits as beside the others
+    alone = ForwardPass([fp.streams[2]], 8)
+    a, z = fp.spans[2]
+    st = state.clone()
+    out = triton_conv.gated_conv(bcx[a:z].clone(), st, build_meta(alone), w, b)
+    assert torch.equal(out, got[a:z])
+
+
+# --- attention ---
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+@pytest.mark.parametrize("window", [None, 20])
+def test_paged_attention_matches_reference_and_a_stream_alone(dtype, tol, window):
+    page_rows, hkv, group, d = 8, 2, 3, 16
+    fp = _pass(MIXED, page_rows)
+    k = randn(16 * page_rows, hkv, d, seed=16, dtype=dtype)
+    v = randn(16 * page_rows, hkv, d, seed=17, dtype=dtype)
+    q = randn(fp.num_rows, hkv * group, d, seed=18, dtype=dtype)
+    # rows a stream has not written yet are poisoned: they must never be read
+    written = torch.zeros(16 * page_rows, dtype=torch.bool)
+    for s in fp.streams:
+        for pos in range(s.end):
+            written[s.pages[pos // page_rows] * page_rows + pos % page_rows] = True
+    k[~written] = float("nan")
+    v[~written] = float("nan")
+    want = ref_attention.paged_attention(q, k, v, fp, scale=0.25, window=window)
+    got = triton_attention.paged_attention(
+        q, k, v, fp.positions, build_meta(fp), page_rows, scale=0.25, window=window
+    )
+    assert not got.isnan().any()
+    assert rel(got, want) < tol
+    for i in range(len(fp.streams)):
+        alone = ForwardPass([fp.streams[i]], page_rows)
+        a, z = fp.spans[i]
+        out = triton_attention.paged_attention(
+            q[a:z].clone(), k, v, alone.positions, build_meta(alone), page_rows, scale=0.25,
+            window=window,
+        )
+        assert torch.equal(out, got[a:z]), f"stream {i}"
+
+
+# --- MoE ---
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("norm, bias", [(True, True), (False, False)])
+def test_route_matches_reference(dtype, norm, bias):
+    x = randn(45, 600, seed=19, dtype=dtype)  # 3 splits of the router's columns
+    gate = randn(12, 600, seed=20, dtype=dtype, scale=0.05)
+    eb = randn(12, seed=21, scale=0.1) if bias else None
+    want_w, want_e = ref_moe.route(x, gate, eb, 3, norm_topk_prob=norm, scaling=2.5)
+    got_w, got_e = triton_route.route(x, gate, eb, 3, norm_topk_prob=norm, scaling=2.5)
+    assert got_e.dtype == torch.long and got_w.dtype == dtype
+    # The logits are summed in another order (and exp may differ by an ulp): where two experts'
+    # keys are within rounding of each other, either may be chosen. Elsewhere, the same.
+    key = ref_moe.sigmoid(ref_linear.linear(x, gate)).float() + (0 if eb is None else eb)
+    assert (key.gather(1, got_e) - key.gather(1, want_e)).abs().max() <= 2 ** -7
+    same = (got_e == want_e).all(-1)
+    assert same.float().mean() > 0.8
+    tol = 1e-6 if dtype == torch.float32 else 4e-3
+    assert rel(got_w[same], want_w[same]) < tol
+    for a, z in [(0, 1), (20, 21), (3, 30)]:
+        sw, se = triton_route.route(x[a:z].clone(), gate, eb, 3, norm_topk_prob=norm, scaling=2.5)
+        assert torch.equal(se, got_e[a:z]) and torch.equal(sw, got_w[a:z])
+
+
+@pytest.mark.parametrize("rows", [37, 300])  # one program; a program per chunk of pairs
+def test_align_sorts_pairs_by_expert_in_padded_blocks(rows):
+    experts = torch.randint(0, 6, (rows, 3), generator=gen(22))
+    al = triton_align.align(experts, 6, triton_moe.BLOCK_M)
+    flat = experts.reshape(-1)
+    bm = triton_moe.BLOCK_M
+    seen = []
+    for b in range(al.max_blocks):
+        e = int(al.block_expert[b])
+        rows = al.sorted_pairs[b * bm : (b + 1) * bm]
+        if e == 6:
+            continue
+        real = rows[rows < flat.numel()]
+        assert (flat[real.long()] == e).all()
+        seen += real.tolist()
+    assert sorted(seen) == list(range(flat.numel()))
+    # stable: within an expert, pairs in order
+    assert seen == sorted(seen, key=lambda p: (int(flat[p]), p))
+
+
+def _experts(e, i, h, dtype, seed):
+    w1 = randn(e, 2 * i, h, seed=seed, dtype=dtype, scale=0.2)  # w1 and w3 interleaved as HF
+    w2 = randn(e, h, i, seed=seed + 1, dtype=dtype, scale=0.2)
+    return list(w1[:, :i].unbind(0)), list(w1[:, i:].unbind(0)), list(w2.unbind(0))
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_moe_matches_reference_and_is_row_invariant(dtype, tol):
+    n, h, i, e, k = 100, 32, 48, 6, 3  # 300 pairs: aligned by chunks, a row alone in one
+    x = randn(n, h, seed=23, dtype=dtype)
+    w1, w3, w2 = _experts(e, i, h, dtype, 24)
+    assert triton_moe.stacked(w1).data_ptr() == w1[0].data_ptr()  # views, not a copy
+    gate = randn(e, h, seed=26, dtype=dtype)
+    weights, experts = ref_moe.route(x, gate, None, k, norm_topk_prob=True)
+    want = ref_moe.moe(x.double(), weights.double(), experts, *[[t.double() for t in ws] for ws in (w1, w3, w2)])
+    got = triton_moe.moe(x, weights, experts, w1, w3, w2)
+    assert rel(got, want) < tol
+    for a, z in [(0, 1), (9, 10), (3, 40)]:
+        sub = triton_moe.moe(x[a:z].clone(), weights[a:z].clone(), experts[a:z].clone(), w1, w3, w2)
+        assert torch.equal(sub, got[a:z])
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_gated_ffn_matches_reference(dtype, tol):
+    x = randn(70, 32, seed=27, dtype=dtype)
+    w1, w3 = randn(40, 32, seed=28, dtype=dtype, scale=0.2), randn(40, 32, seed=29, dtype=dtype, scale=0.2)
+    w2 = randn(32, 40, seed=30, dtype=dtype, scale=0.2)
+    got = triton_moe.gated_ffn(x, w1, w3, w2)
+    assert rel(got, ref_moe.gated_ffn(x.double(), w1.double(), w3.double(), w2.double())) < tol
+    assert torch.equal(triton_moe.gated_ffn(x[7:8].clone(), w1, w3, w2), got[7:8])
+
+
+# --- the whole model through the kernels, and decode rounds through the graph runner ---
+
+
+@pytest.fixture
+def kernels_on_cpu(monkeypatch: pytest.MonkeyPatch):
+    """The ops take their Triton kernels for CPU tensors (interpreted), and the lfm2 short conv
+    works on the whole pass (as the graph runner needs)."""
+    from tensorfold.ops import gpu
+
+    layers = pytest.importorskip("tensorfold_lfm2_moe.layers")
+
+    def short_conv(name, w, x, fp, slots):
+        bcx = ref_linear.linear(x, w.in_proj, w.in_bias)
+        y = ref_conv.gated_conv(bcx, slots.get(f"{name}.conv"), fp, w.conv, w.conv_bias)
+        return ref_linear.linear(y, w.out_proj, w.out_bias)
+
+    monkeypatch.setattr(layers, "short_conv", short_conv)
+    gpu.set_triton(True, on_cpu=True)
+    yield
+    gpu.set_triton(True)
+
+
+def _tiny(dtype: torch.dtype):
+    from dataclasses import replace
+
+    dummy = pytest.importorskip("tensorfold_lfm2_moe.dummy")
+    cfg = replace(
+        dummy.SHAPES["LFM2-8B-A1B"], num_hidden_layers=3,
+        layer_types=("conv", "full_attention", "conv"), vocab_size=128, hidden_size=64,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
+        moe_intermediate_size=32, num_experts=6, num_dense_layers=1,
+    )
+    return dummy.build_dummy(cfg, "cpu", dtype, seed=0, std=0.1)
+
+
+def _passes(runner, prompts, decode_rounds):
+    """Prefill every prompt in one pass, then greedy decode rounds; all logits, in order."""
+    from tensorfold.runner import open_stream
+
+    streams = [open_stream(runner, i, 64) for i in range(len(prompts))]
+    out = runner.run([s.rows(p) for s, p in zip(streams, prompts)])
+    logits = [torch.cat(out)]
+    for _ in range(decode_rounds):
+        nxt = [[int(o[-1].argmax())] for o in out]
+        out = runner.run([s.rows(t) for s, t in zip(streams, nxt)])
+        logits.append(torch.cat(out))
+    return logits
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_model_through_the_kernels_matches_the_torch_path(dtype, tol, kernels_on_cpu):
+    from tensorfold.ops import gpu
+    from tensorfold.runner import ModelRunner
+
+    model = _tiny(dtype)
+    prompts = [list(range(3, 40)), [7, 9, 11], list(range(50, 70))]
+    got = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), prompts, 3)
+    gpu.set_triton(False)
+    want = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), prompts, 3)
+    for g, w in zip(got, want):
+        assert rel(g, w) < 5 * tol
+
+
+def test_graph_runner_decode_rounds_equal_the_plain_runner(kernels_on_cpu):
+    from tensorfold.cuda_graphs import GraphRunner
+    from tensorfold.runner import ModelRunner
+
+    model = _tiny(torch.bfloat16)
+    prompts = [list(range(3, 40)), [7, 9, 11], list(range(50, 70))]
+    plain = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), prompts, 3)
+    runner = GraphRunner(model, num_pages=16, num_slots=4, page_rows=16, max_pages=4)
+    graphed = _passes(runner, prompts, 3)
+    assert runner.replays == 3 and list(runner.graphs) == [4]  # 3 streams in the bucket of 4
+    for g, p in zip(graphed, plain):
+        assert torch.equal(g, p)
