@@ -1,7 +1,8 @@
 """The decoder layer of Gemma 4 over one pass's rows, as modeling_gemma4.py (5.23.0) computes it.
 
-Rows are a pass's flat [N, H] hidden states; attention reaches each stream's history through its
-page table. Every projection goes through the batch-invariant `linear`.
+Rows are a pass's flat [N, H] hidden states; full attention reaches each stream's history through
+its page table, sliding attention through its rings (sliding.py). Every projection goes through
+the batch-invariant `linear`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from tensorfold.forward_pass import ForwardPass
 from tensorfold.ops.attention import paged_attention
 from tensorfold.ops.linear import linear
 from tensorfold.ops.rope import apply_rope
+from tensorfold.ops.window_attention import window_attention
 
 from .config import Gemma4Config, Layer
 from .ops import gelu_tanh, rms_norm
+from .sliding import SlidingRows
 from .weights import AttentionWeights, LayerWeights, MlpWeights, MoeWeights, PleWeights
 
 if TYPE_CHECKING:
@@ -33,12 +36,14 @@ def decoder_layer(
     ple: torch.Tensor | None,
     fp: ForwardPass,
     rows: "PagedRows",
+    sliding: SlidingRows,
 ) -> torch.Tensor:
     """h [N, H]; cos, sin [N, D] of the layer's kind; ple [N, P] (its per-layer input) -> [N, H].
     Sandwich norms around attention and the FFN; the dense GeGLU and the MoE both read the same
     residual; then the per-layer input, then `layer_scalar`."""
     eps = cfg.rms_norm_eps
-    a = attention(cfg, layer, w.attention, rms_norm(h, w.input_norm, eps), cos, sin, fp, rows)
+    x = rms_norm(h, w.input_norm, eps)
+    a = attention(cfg, layer, w.attention, x, cos, sin, fp, rows, sliding)
     h = h + rms_norm(a, w.post_attention_norm, eps)
     m = mlp(w.mlp, rms_norm(h, w.pre_mlp_norm, eps))
     if w.moe is not None:
@@ -61,23 +66,29 @@ def attention(
     sin: torch.Tensor,
     fp: ForwardPass,
     rows: "PagedRows",
+    sliding: SlidingRows,
 ) -> torch.Tensor:
     """GQA with q/k/v RMSNorm (v without weight), RoPE on q and k, scaling 1.0, the layer's window.
-    x [N, H] -> [N, H]. A layer that owns its K/V writes the pass's rows to `L{i}.k` / `L{i}.v`
-    first; a reuse layer reads its store layer's rows. Under k_eq_v, V is the raw k_proj output
-    (before k_norm and RoPE) through v_norm."""
+    x [N, H] -> [N, H]. A full layer that owns its K/V writes the pass's rows to pages `L{i}.k` /
+    `L{i}.v` first, a sliding one to its rings; a reuse layer reads its store layer's rows. Under
+    k_eq_v, V is the raw k_proj output (before k_norm and RoPE) through v_norm."""
     n, d, eps = x.shape[0], layer.head_dim, cfg.rms_norm_eps
     q = rms_norm(linear(x, w.q).view(n, cfg.num_attention_heads, d), w.q_norm, eps)
     q = apply_rope(q, cos, sin)
-    src = f"L{layer.kv_source}"
+    new = None  # this layer's K and V rows [N, kv_heads, D], unless it reuses another's
     if w.k is not None:
         raw_k = linear(x, w.k).view(n, layer.kv_heads, d)
         raw_v = raw_k if w.v is None else linear(x, w.v).view(n, layer.kv_heads, d)
-        rows.write(f"{src}.k", fp.write_index, apply_rope(rms_norm(raw_k, w.k_norm, eps), cos, sin))
-        rows.write(f"{src}.v", fp.write_index, rms_norm(raw_v, None, eps))
-    o = paged_attention(
-        q, rows.flat(f"{src}.k"), rows.flat(f"{src}.v"), fp, scale=1.0, window=layer.window
-    )
+        new = apply_rope(rms_norm(raw_k, w.k_norm, eps), cos, sin), rms_norm(raw_v, None, eps)
+    if layer.window is not None:
+        kv = sliding.read(layer) if new is None else sliding.write(layer, *new)
+        o = window_attention(q, kv, fp, scale=1.0, window=layer.window)
+    else:
+        src = f"L{layer.kv_source}"
+        if new is not None:
+            rows.write(f"{src}.k", fp.write_index, new[0])
+            rows.write(f"{src}.v", fp.write_index, new[1])
+        o = paged_attention(q, rows.flat(f"{src}.k"), rows.flat(f"{src}.v"), fp, scale=1.0)
     return linear(o.reshape(n, -1), w.o)
 
 

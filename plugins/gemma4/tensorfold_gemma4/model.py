@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tensorfold.checkpoint import torch_dtype
-from tensorfold.family import ModelShape, RowSpec, StateLayout
+from tensorfold.family import ModelShape, RowSpec, StateLayout, StateSpec
 from tensorfold.forward_pass import ForwardPass
 from tensorfold.logs import get_logger
 from tensorfold.model import FamilyModel
@@ -18,6 +18,7 @@ from tensorfold.ops.linear import linear
 from .config import Gemma4Config, Rope
 from .layers import decoder_layer
 from .ops import rms_norm, softcap
+from .sliding import SlidingRows, ring_specs
 from .weights import ModelWeights, load_weights
 
 if TYPE_CHECKING:
@@ -53,15 +54,19 @@ def shape(config: dict, dtype: str) -> ModelShape:
 
 
 def state_layout(cfg: Gemma4Config, dtype: torch.dtype) -> StateLayout:
-    """Each layer that owns its K/V pages K and V rows [kv_heads, head_dim] (sliding layers with
-    `window=sliding_window`); reuse layers read their store layer's rows and hold none. No fixed
-    state: any row is a usable mark."""
+    """Each full layer that owns its K/V pages K and V rows [kv_heads, head_dim]; each sliding one
+    keeps rings of its last W-1 rows a stream as fixed state (sliding.py), which snapshots carry;
+    reuse layers read their store layer's rows and hold none. Any row is a usable mark."""
     name = str(dtype).removeprefix("torch.")
+    owners = [layer for layer in cfg.layers if not layer.reuses_kv]
     paged = tuple(
-        RowSpec(f"L{layer.index}.{kv}", (layer.kv_heads, layer.head_dim), name, layer.window)
-        for layer in cfg.layers if not layer.reuses_kv for kv in ("k", "v")
+        RowSpec(f"L{layer.index}.{kv}", (layer.kv_heads, layer.head_dim), name)
+        for layer in owners if layer.window is None for kv in ("k", "v")
     )
-    return StateLayout(paged=paged, fixed=(), mark_rows=1)
+    fixed: tuple[StateSpec, ...] = tuple(
+        spec for layer in owners if layer.window is not None for spec in ring_specs(layer, name)
+    )
+    return StateLayout(paged=paged, fixed=fixed, mark_rows=1)
 
 
 def inv_freq(rope: Rope, head_dim: int, device: torch.device) -> torch.Tensor:
@@ -94,6 +99,7 @@ class Gemma4Model(FamilyModel):
         self.ple_scale = torch.tensor(cfg.hidden_size_per_layer_input**0.5).to(self.device, dtype)
         self.placeholders = torch.tensor(cfg.multimodal_token_ids, dtype=torch.long,
                                          device=self.device)
+        self.shared_kv = frozenset(layer.kv_source for layer in cfg.layers if layer.reuses_kv)
 
     def forward(self, fp: ForwardPass, rows: "PagedRows", slots: "StreamSlots") -> torch.Tensor:
         cfg, w = self.cfg, self.weights
@@ -104,10 +110,11 @@ class Gemma4Model(FamilyModel):
         ple = self.per_layer_inputs(ids, h) if cfg.has_ple else None  # [N, L, P]
         rope = {kind: rope_ops.cos_sin(fp.positions, f, self.dtype)  # [N, D] each
                 for kind, f in self.inv_freq.items()}
+        sliding = SlidingRows(fp, slots, self.shared_kv)
         for layer, lw in zip(cfg.layers, w.layers):
             cos, sin = rope[layer.kind]
             p = ple[:, layer.index] if ple is not None else None
-            h = decoder_layer(cfg, layer, lw, h, cos, sin, p, fp, rows)
+            h = decoder_layer(cfg, layer, lw, h, cos, sin, p, fp, rows, sliding)
         out = rms_norm(h.index_select(0, fp.logit_rows), w.final_norm, cfg.rms_norm_eps)
         return softcap(linear(out, w.lm_head), cfg.final_logit_softcapping).float()  # [R, V]
 

@@ -86,13 +86,20 @@ def test_pages_equal_windows_and_poisoned_equals_clean(demo, prompts, alone, fla
         close_even(llm)
 
 
-def test_the_plan_counts_only_the_layers_that_own_rows(demo):
+def test_the_plan_counts_pages_for_full_layers_and_rings_for_sliding_ones(demo):
     llm = open_llm(demo, parallel=2)
     try:
         layout = llm.served.engine.lanes.runner.model.layout
-        # six layers, two of them KV-sharing: four layers' K and V, 2 KiB a row in fp32
-        assert [r.name for r in layout.paged] == [f"L{i}.{kv}" for i in range(4) for kv in "kv"]
-        assert layout.row_bytes == 4 * 2 * 2 * 32 * 4 and layout.fixed_bytes == 0
-        assert llm.served.plan.page_bytes == 512 * layout.row_bytes
+        # six layers, two of them KV-sharing: full layer 2 pages K and V (1 KV head x 64, fp32);
+        # sliding layers 0, 1 and 3 keep rings of window - 1 = 127 rows (2 KV heads x 32)
+        assert [r.name for r in layout.paged] == ["L2.k", "L2.v"]
+        assert layout.row_bytes == 2 * 64 * 4
+        assert [s.name for s in layout.fixed] == [f"L{i}.{kv}" for i in (0, 1, 3)
+                                                   for kv in ("sk", "sv")]
+        assert {s.shape for s in layout.fixed} == {(127, 2, 32)}
+        assert layout.fixed_bytes == 6 * 127 * 2 * 32 * 4
+        plan = llm.served.plan
+        assert plan.page_bytes == 512 * layout.row_bytes
+        assert plan.fixed_bytes == layout.fixed_bytes
     finally:
         close_even(llm)

@@ -34,22 +34,30 @@ def test_plugin_registers_the_family() -> None:
     assert rows == []
 
 
-def test_layout_pages_owned_kv_with_windows_and_nothing_for_reuse_layers(tiny: "Tiny") -> None:
+def test_layout_pages_full_layers_and_rings_sliding_ones_and_nothing_for_reuse(
+    tiny: "Tiny",
+) -> None:
     text = tiny.ref.config.get_text_config()
-    modes = text.kv_sharing_modes
-    owners = [i for i, mode in enumerate(modes) if mode != "reuse"]
+    owners = [i for i, mode in enumerate(text.kv_sharing_modes) if mode != "reuse"]
+    full = [i for i in owners if text.layer_types[i] == "full_attention"]
+    sliding = [i for i in owners if i not in full]
     layout = tiny.model.layout
-    assert [r.name for r in layout.paged] == [f"L{i}.{kv}" for i in owners for kv in "kv"]
+    assert [r.name for r in layout.paged] == [f"L{i}.{kv}" for i in full for kv in "kv"]
+    assert [s.name for s in layout.fixed] == [f"L{i}.{kv}" for i in sliding for kv in ("sk", "sv")]
     for i in owners:
         attn = tiny.ref.model.language_model.layers[i].self_attn
-        k, v = (r for r in layout.paged if r.name.startswith(f"L{i}."))
-        kv_heads = attn.k_proj.out_features // attn.head_dim
-        assert k.shape == v.shape == (kv_heads, attn.head_dim)
-        assert k.window == v.window == attn.sliding_window
-    assert layout.fixed == () and layout.mark_rows == 1
+        row = (attn.k_proj.out_features // attn.head_dim, attn.head_dim)
+        if i in full:
+            k, v = (r for r in layout.paged if r.name.startswith(f"L{i}."))
+            assert k.shape == v.shape == row and k.window is None
+        else:
+            k, v = (s for s in layout.fixed if s.name.startswith(f"L{i}."))
+            assert k.shape == v.shape == (attn.sliding_window - 1, *row)
+    assert layout.mark_rows == 1
     config = json.loads((tiny.path / "config.json").read_text())
     assert shape(config, "float32").layout == layout
-    assert shape(config, "bfloat16").layout.row_bytes * 2 == layout.row_bytes
+    half = shape(config, "bfloat16").layout
+    assert half.row_bytes * 2 == layout.row_bytes and half.fixed_bytes * 2 == layout.fixed_bytes
 
 
 def _rewrite(src: Path, dst: Path, edit) -> Path:

@@ -1,0 +1,136 @@
+"""Sliding-window attention over per-stream rings of rows (torch reference, the CPU path).
+
+A sliding layer with window W needs only a stream's last W-1 rows, so it keeps them as fixed
+state: a ring [W-1, Hkv, D] per stream, row p at index p mod (W-1). A run over [s, e) reads the
+ring's rows of positions [max(0, s-W+1), s), then its own new rows. The ring's other rows (stale
+rows of older positions, NaN once a freed slot is poisoned) are never gathered: the rows a run
+attends to start from zeros and are filled with valid rows only, since a masked row times 0 is
+still NaN.
+
+Exactness as in core/ops/attention.py: key tiles of KEY_TILE aligned to absolute positions,
+zero-padded query blocks of QUERY_BLOCK and the same online softmax, so a row's result depends
+only on its position and its stream's rows, however the pass is cut and whatever shares it; the
+bits are paged_attention's over the same rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..forward_pass import ForwardPass
+from .attention import KEY_TILE, QUERY_BLOCK
+
+
+@dataclass
+class WindowRows:
+    """One layer's rows for each stream of a pass: stream i's at positions [bases[i], end_i),
+    bases aligned to KEY_TILE; rows below its run's window are zeros."""
+
+    bases: list[int]
+    keys: list[torch.Tensor]  # [T_i, Hkv, D]
+    values: list[torch.Tensor]  # [T_i, Hkv, Dv]
+
+
+def gather_window(
+    ring_k: torch.Tensor,
+    ring_v: torch.Tensor,
+    new_k: torch.Tensor,
+    new_v: torch.Tensor,
+    fp: ForwardPass,
+    window: int,
+) -> WindowRows:
+    """ring_k [slots, W-1, Hkv, D], ring_v [slots, W-1, Hkv, Dv]: the rings before the pass;
+    new_k [N, Hkv, D], new_v [N, Hkv, Dv]: the pass's rows. A run from 0 reads no ring row."""
+    rows = ring_k.shape[1]
+    out = WindowRows([], [], [])
+    for s, (a, b) in zip(fp.streams, fp.spans):
+        lo = max(0, s.start - window + 1)
+        base = lo // KEY_TILE * KEY_TILE
+        old = torch.arange(lo, s.start, device=fp.device) % max(rows, 1)
+        out.bases.append(base)
+        for ring, new, into in ((ring_k, new_k, out.keys), (ring_v, new_v, out.values)):
+            zeros = new.new_zeros(lo - base, *new.shape[1:])
+            into.append(torch.cat([zeros, ring[s.slot].index_select(0, old), new[a:b]]))
+    return out
+
+
+def advance_rings(ring: torch.Tensor, new: torch.Tensor, fp: ForwardPass) -> None:
+    """ring [slots, W-1, ...]; new [N, ...]: the pass's rows. Each stream's ring then holds its
+    last W-1 rows up to its run's end."""
+    rows = ring.shape[1]
+    if rows == 0:
+        return
+    for s, (a, b) in zip(fp.streams, fp.spans):
+        first = max(s.start, s.end - rows)
+        index = torch.arange(first, s.end, device=fp.device) % rows
+        ring[s.slot].index_copy_(0, index, new[a + first - s.start : b])
+
+
+def ring_after(rows: torch.Tensor, base: int, p: int, window: int) -> torch.Tensor:
+    """A stream's ring as it stands after row p - 1 (zeros where no row is valid), from its
+    gathered rows [T, ...] at positions [base, base + T) -> [W-1, ...]. p must lie in its run."""
+    ring = rows.new_zeros(window - 1, *rows.shape[1:])
+    lo = max(0, p - window + 1)
+    if p > lo:
+        index = torch.arange(lo, p, device=rows.device) % (window - 1)
+        ring.index_copy_(0, index, rows[lo - base : p - base])
+    return ring
+
+
+def window_attention(
+    q: torch.Tensor, kv: WindowRows, fp: ForwardPass, *, scale: float, window: int
+) -> torch.Tensor:
+    """q [N, Hq, D]: the pass's queries; a query at t sees keys t-window < j <= t of its stream.
+    Returns [N, Hq, Dv] in q's dtype, computed in fp32."""
+    out = q.new_empty(q.shape[0], q.shape[1], kv.values[0].shape[-1])
+    for i, (a, b) in enumerate(fp.spans):
+        keys, values = (_tiled(x[i]) for x in (kv.keys, kv.values))
+        qs, positions = q[a:b].float(), fp.positions[a:b]
+        for qa in range(0, b - a, QUERY_BLOCK):
+            qb, pos = qs[qa : qa + QUERY_BLOCK], positions[qa : qa + QUERY_BLOCK]
+            m = qb.shape[0]
+            if m < QUERY_BLOCK:  # padded queries repeat the last position; their rows are dropped
+                qb = F.pad(qb, (0, 0, 0, 0, 0, QUERY_BLOCK - m))
+                pos = torch.cat([pos, pos[-1:].expand(QUERY_BLOCK - m)])
+            o = _block(qb, pos, keys, values, kv.bases[i], scale, window)
+            out[a + qa : a + qa + m] = o[:m]
+    return out
+
+
+def _tiled(rows: torch.Tensor) -> torch.Tensor:
+    """rows [T, Hkv, D] -> [Hkv, T*, D] fp32, zero-padded to whole key tiles."""
+    return F.pad(rows.float(), (0, 0, 0, 0, 0, (-rows.shape[0]) % KEY_TILE)).transpose(0, 1)
+
+
+def _block(qb, pos, keys, values, base, scale, window):
+    """One query block [Bq, Hq, D] at positions pos [Bq] against the key tiles it can see;
+    keys [Hkv, T*, D] and values [Hkv, T*, Dv] start at absolute position `base`."""
+    hkv, bq = keys.shape[0], qb.shape[0]
+    group = qb.shape[1] // hkv
+    # [Bq, Hkv*G, D] -> [Hkv, G*Bq, D]: query head h reads KV head h // G.
+    qh = qb.view(bq, hkv, group, -1).permute(1, 2, 0, 3).reshape(hkv, group * bq, -1)
+    qpos = pos.repeat(group)  # [G*Bq], matching qh's rows
+    lo = max(0, int(pos.min()) - window + 1) // KEY_TILE * KEY_TILE
+    hi = int(pos.max()) + 1
+    dev = qb.device
+    run_max = torch.full((hkv, group * bq, 1), float("-inf"), device=dev)
+    run_sum = torch.zeros(hkv, group * bq, 1, device=dev)
+    acc = torch.zeros(hkv, group * bq, values.shape[-1], device=dev)
+    for t0 in range(lo, hi, KEY_TILE):
+        kpos = torch.arange(t0, t0 + KEY_TILE, device=dev)
+        visible = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] > qpos[:, None] - window)
+        tile = slice(t0 - base, t0 - base + KEY_TILE)
+        s = torch.bmm(qh, keys[:, tile].transpose(1, 2)) * scale
+        s = s.masked_fill(~visible, float("-inf"))
+        new_max = torch.maximum(run_max, s.amax(-1, keepdim=True))
+        safe = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+        p = torch.exp(s - safe)
+        alpha = torch.exp(run_max - safe)
+        run_sum = run_sum * alpha + p.sum(-1, keepdim=True)
+        acc = acc * alpha + torch.bmm(p, values[:, tile])
+        run_max = new_max
+    o = acc / run_sum  # [Hkv, G*Bq, Dv]
+    return o.view(hkv, group, bq, -1).permute(2, 0, 1, 3).reshape(bq, hkv * group, -1)

@@ -1,0 +1,187 @@
+"""gemma4's sliding layers on per-stream rings of their last W-1 rows: attention over rings gives
+paged attention's bits; a stream far longer than the window gives the same bits however its
+passes are cut; the rings tapped mid-pass resume exactly; stale or poisoned ring rows never leak;
+the plan counts the rings as fixed bytes a stream."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import pytest
+import torch
+
+from tensorfold.adapters.snapshots import SnapshotArena, snap_keep, snap_restore
+from tensorfold.forward_pass import ForwardPass, StreamRows
+from tensorfold.kv_plan import MiB, PlanRefused, plan
+from tensorfold.ops.attention import paged_attention
+from tensorfold.ops.window_attention import advance_rings, gather_window, window_attention
+from tensorfold.runner import ModelRunner, Stream, open_stream
+from tensorfold_gemma4.model import shape
+
+if TYPE_CHECKING:
+    from conftest import Tiny
+
+LONG = 1400  # many windows, three 512-row pages
+
+
+def _tokens(vocab: int, n: int, seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (n,), generator=gen).tolist()
+
+
+@pytest.mark.parametrize("window", [1, 2, 8, 100])
+def test_window_attention_on_rings_equals_paged_attention_bit_for_bit(window: int) -> None:
+    """One stream of 300 rows in uneven passes (GQA 4:2, head_dim 16): the rings start as NaN
+    (a poisoned slot) and hold W-1 rows; the pages hold every row."""
+    gen = torch.Generator().manual_seed(window)
+    n, hq, hkv, d = 300, 4, 2, 16
+    q, k, v = (torch.randn(n, h, d, generator=gen) for h in (hq, hkv, hkv))
+    flat_k, flat_v = torch.zeros(512, hkv, d), torch.zeros(512, hkv, d)
+    ring_k, ring_v = (torch.full((2, window - 1, hkv, d), float("nan")) for _ in "kv")
+    for a, b in zip([0, 1, 9, 64, 65, 200, 299], [1, 9, 64, 65, 200, 299, 300]):
+        fp = ForwardPass([StreamRows(1, a, [0] * (b - a), [0], "all")], 512)
+        flat_k[a:b], flat_v[a:b] = k[a:b], v[a:b]
+        paged = paged_attention(q[a:b], flat_k, flat_v, fp, scale=1.0, window=window)
+        rows = gather_window(ring_k, ring_v, k[a:b], v[a:b], fp, window)
+        assert torch.equal(window_attention(q[a:b], rows, fp, scale=1.0, window=window), paged)
+        advance_rings(ring_k, k[a:b], fp)
+        advance_rings(ring_v, v[a:b], fp)
+    assert ring_k[0].isnan().all()  # slot 0 was never touched
+
+
+def _passes(runner: ModelRunner, stream: Stream, tokens: list[int], cuts: Sequence[int],
+            beside: Stream | None = None, other: list[int] | None = None) -> torch.Tensor:
+    """Every row's logits, the stream run in passes [cuts[j], cuts[j+1]); `beside` runs the same
+    number of rows of `other` in each of those passes."""
+    out = []
+    for a, b in zip(cuts, cuts[1:]):
+        runs = [stream.rows(tokens[a:b], logits="all")]
+        if beside is not None and other is not None:
+            runs.append(beside.rows(other[beside.pos : beside.pos + b - a], logits="all"))
+        out.append(runner.run(runs)[0])
+    return torch.cat(out)
+
+
+def test_a_stream_far_longer_than_the_window_gives_the_same_bits_however_cut(tiny: "Tiny") -> None:
+    windows = {layer.window for layer in tiny.model.cfg.layers if layer.window}
+    assert LONG > 10 * max(windows)
+    tokens = _tokens(tiny.model.vocab_size, LONG, 3)
+    runner = tiny.runner(num_pages=8, num_slots=2)
+    whole = _passes(runner, open_stream(runner, 0, LONG), tokens, [0, LONG])
+    cuts = [[0, 1, 7, 8, 9, 99, 100, 101, 227, 513, 640, 1023, 1024, 1300, 1399, LONG],
+            [0, 64, 128, 700, 701, 702, 1100, LONG]]
+    for k, at in enumerate(cuts):
+        runner = tiny.runner(num_pages=8, num_slots=2)
+        stream, beside = open_stream(runner, 1 - k, LONG), open_stream(runner, k, LONG)
+        other = _tokens(tiny.model.vocab_size, LONG, 4)
+        cut = _passes(runner, stream, tokens, at, beside if k else None, other)
+        assert torch.equal(cut, whole), f"cut at {at}"
+
+
+def _resume(runner: ModelRunner, kept_pages: Sequence[int], p: int, slot: int,
+            max_rows: int) -> Stream:
+    """A stream at row p: full layers' rows [0, p) copied from kept pages into its own."""
+    stream = open_stream(runner, slot, max_rows)
+    rows = runner.pool.page_rows
+    table = stream.lease.cover(p)
+    for j in range(-(-p // rows)):
+        runner.rows.copy_rows(kept_pages[j], table[j], min(rows, p - j * rows))
+    stream.pos = p
+    return stream
+
+
+def _poison_outside_window(runner: ModelRunner, slot: int, p: int) -> None:
+    """NaN into the ring rows that hold no position of [p - W + 1, p)."""
+    for name, ring in runner.slots.buffers.items():
+        rows = ring.shape[1]  # W - 1
+        valid = {q % rows for q in range(max(0, p - rows), p)}
+        stale = [i for i in range(rows) if i not in valid]
+        ring[slot, stale] = float("nan")
+
+
+def test_rings_tapped_mid_pass_resume_as_fresh(tiny: "Tiny") -> None:
+    """Marks inside the first pass (one short of a26b_style's window, the others past every
+    window), at its end and inside the second. The tapped rings are the rings of a pass cut
+    there; restored into a poisoned slot, with NaN in every ring row outside the window, the rest
+    of the prompt and 8 decode rows give the fresh run's bits."""
+    n, steps, marks = 700, 8, (40, 150, 250, 400, 640)
+    tokens = _tokens(tiny.model.vocab_size, n, 5)
+    runner = tiny.runner(num_pages=8, num_slots=3)
+    fresh = open_stream(runner, 0, n + steps)
+    arena = SnapshotArena(tiny.model.layout.fixed, len(marks))
+    kept, logits = {}, []
+    for a, b in ((0, 400), (400, n)):
+        taps = [p for p in marks if a < p <= b]
+        pages = list(fresh.lease.cover(b))
+        logits.append(runner.run([StreamRows(0, a, tokens[a:b], pages, "all", taps)])[0])
+        for p in taps:
+            kept[p] = snap_keep(runner.slots, 0, arena, runner.last_pass.tapped[(0, p)])
+    fresh.pos = n
+    for _ in range(steps):
+        tokens.append(int(logits[-1][-1].argmax()))
+        logits.append(runner.run([fresh.rows(tokens[-1:], logits="all")])[0])
+    want = torch.cat(logits)
+
+    for p in marks:
+        cut = tiny.runner(num_slots=1)
+        cut.run([open_stream(cut, 0, p).rows(tokens[:p])])
+        for spec in tiny.model.layout.fixed:
+            assert torch.equal(arena.buffers[spec.name][kept[p].page], cut.slots.get(spec.name)[0])
+
+        runner.slots.poison(1)
+        stream = _resume(runner, fresh.lease.pages, p, 1, n + steps)
+        assert snap_restore(kept[p], arena, runner.slots, 1)
+        _poison_outside_window(runner, 1, p)
+        got = [runner.run([stream.rows(tokens[p:n], logits="all")])[0]]
+        got += [runner.run([stream.rows([t], logits="all")])[0] for t in tokens[n:]]
+        assert torch.equal(torch.cat(got), want[p:]), f"resumed at {p}"
+        stream.lease.release()
+
+
+@pytest.mark.parametrize("reuse", ["poisoned", "stale", "unused"])
+def test_stale_and_poisoned_ring_rows_never_leak(tiny: "Tiny", reuse: str) -> None:
+    def run(reuse: str) -> torch.Tensor:
+        runner = tiny.runner(num_pages=4, num_slots=2, page_rows=64, poison=reuse == "poisoned")
+        if reuse != "unused":
+            gone = open_stream(runner, 0, 256)
+            _passes(runner, gone, _tokens(tiny.model.vocab_size, 230, 6), [0, 200, 230])
+            gone.lease.release()
+            if reuse == "poisoned":
+                runner.slots.poison(0)  # as the lanes do with a freed slot under TF_KV_POISON
+        stream = open_stream(runner, 0, 256)
+        return _passes(runner, stream, tiny.prompt[:180], [0, 3, 150, 151, 180])
+
+    got = run(reuse)
+    assert torch.isfinite(got).all()
+    assert torch.equal(got, run("unused"))
+
+
+def test_the_plan_counts_the_rings_as_fixed_bytes_at_the_26b_shape() -> None:
+    config = {
+        "architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
+        "text_config": dict(
+            hidden_size=2816, intermediate_size=2112, num_hidden_layers=30,
+            num_attention_heads=16, num_key_value_heads=8, head_dim=256, global_head_dim=512,
+            num_global_key_value_heads=2, attention_k_eq_v=True, sliding_window=1024,
+            enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704,
+            hidden_size_per_layer_input=0, num_kv_shared_layers=0, vocab_size=262144,
+            final_logit_softcapping=30.0, max_position_embeddings=262144,
+            use_bidirectional_attention="vision",
+        ),
+    }
+    layout = shape(config, "bfloat16").layout
+    # 5 full layers page K and V of 2 KV heads x 512: 20 KiB a token
+    assert len(layout.paged) == 10 and layout.row_bytes == 5 * 2 * 2 * 512 * 2 == 20 * 1024
+    # 25 sliding layers keep rings of 1023 rows of K and V, 8 KV heads x 256: 8 KiB a row
+    assert len(layout.fixed) == 50 and {s.shape for s in layout.fixed} == {(1023, 8, 256)}
+    assert layout.fixed_bytes == 25 * 1023 * 8 * 1024 <= 200 * MiB
+
+    def planned(room: int) -> int:
+        return plan(room=room, page_rows=512, page_bytes=layout.page_bytes(512),
+                    fixed_bytes=layout.fixed_bytes, window=8192, lanes=8, cache_budget=0,
+                    paging="off").fixed_bytes
+
+    need = 8 * 16 * layout.page_bytes(512) + 8 * layout.fixed_bytes  # 8 windows of 16 pages
+    assert planned(need) == layout.fixed_bytes
+    with pytest.raises(PlanRefused):
+        planned(need - 1)
