@@ -17,18 +17,8 @@ from aiohttp import web
 from .engine import QueueFull
 from .logs import get_logger
 from .metrics import CONTENT_TYPE, Metrics
-from .openai_api import (
-    ApiError,
-    Parsed,
-    Reply,
-    TokenTexts,
-    dumps,
-    error_body,
-    parse_chat,
-    parse_completion,
-    parse_json,
-    sse,
-)
+from .openai_api import ApiError, Parsed, error_body, parse_chat, parse_completion, parse_json
+from .openai_replies import Reply, TokenTexts, dumps, sse
 from .requests import Event, Finished, RequestRefused, TokenOut
 
 if TYPE_CHECKING:

@@ -1,0 +1,169 @@
+"""OpenAI's response shapes: the engine's events in, OpenAI's responses and stream chunks out
+(server-sent events), with token texts and logprobs as OpenAI reports them."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from .openai_api import Parsed, error_body
+from .requests import Event, Finished, TokenOut
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
+
+_FINISH = {"stop": "stop", "length": "length", "cancelled": "abort", "error": "error"}
+
+
+def dumps(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def sse(value: Any) -> bytes:
+    return b"data: " + (value if isinstance(value, bytes) else dumps(value)) + b"\n\n"
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: the character a byte-level token uses -> its byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    chars, n = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(keep, chars)}
+
+
+class TokenTexts:
+    """A token's text and bytes for logprobs (a byte-level token's own bytes, even when it is
+    only part of a character)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        decoder = getattr(tokenizer.hf, "decoder", None)
+        self._alphabet = _byte_level_alphabet() if type(decoder).__name__ == "ByteLevel" else {}
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def __call__(self, token_id: int) -> tuple[str, list[int]]:
+        if (hit := self._cache.get(token_id)) is not None:
+            return hit
+        piece = self.tokenizer.hf.id_to_token(token_id) or ""
+        if self._alphabet and all(c in self._alphabet for c in piece):
+            raw = bytes(self._alphabet[c] for c in piece)
+        else:
+            raw = self.tokenizer.decode([token_id], skip_special_tokens=False).encode()
+        hit = (raw.decode("utf-8", errors="replace"), list(raw))
+        self._cache[token_id] = hit
+        return hit
+
+
+def _token_id(token_id: int) -> tuple[str, list[int]]:
+    text = f"token_id:{token_id}"
+    return text, list(text.encode())
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else -9999.0
+
+
+class Reply:
+    """One request's answer as it grows, in OpenAI's response, chunk and usage shapes."""
+
+    def __init__(self, parsed: Parsed, model: str, seed: int | None, texts: TokenTexts) -> None:
+        self.parsed = parsed
+        self.model = model
+        self.seed = seed
+        self.token = _token_id if parsed.token_ids else texts
+        self.chat = parsed.kind == "chat"
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.text: list[str] = []
+        self.entries: list[TokenOut] = []
+        self.done: Finished | None = None
+
+    def add(self, event: Event) -> None:
+        self.text.append(event.text)
+        if isinstance(event, Finished):
+            self.done = event
+        elif self.parsed.params.logprobs:
+            self.entries.append(event)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH[self.done.reason] if self.done else None
+
+    def _logprobs(self, events: list[TokenOut], offset: int) -> dict[str, Any] | None:
+        if not self.parsed.params.logprobs or not events:
+            return None
+        token = self.token
+        if self.chat:
+            return {"content": [
+                {"token": token(e.token)[0], "logprob": _finite(e.logprob),
+                 "bytes": token(e.token)[1],
+                 "top_logprobs": [{"token": token(i)[0], "logprob": _finite(lp),
+                                   "bytes": token(i)[1]} for i, lp in e.top_logprobs]}
+                for e in events]}
+        offsets = []
+        for e in events:
+            offsets.append(offset)
+            offset += len(e.text)
+        return {
+            "tokens": [token(e.token)[0] for e in events],
+            "token_logprobs": [_finite(e.logprob) for e in events],
+            "top_logprobs": [{token(i)[0]: _finite(lp) for i, lp in e.top_logprobs}
+                             for e in events],
+            "text_offset": offsets,
+        }
+
+    def usage(self) -> dict[str, Any] | None:
+        if (d := self.done) is None:
+            return None
+        return {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
+                "total_tokens": d.prompt_tokens + d.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": d.cached_tokens}}
+
+    def envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
+        kind = "chat.completion" if self.chat else "text_completion"
+        return {"id": self.id, "object": kind + (".chunk" if chunk and self.chat else ""),
+                "created": self.created, "model": self.model, "choices": choices,
+                "seed": self.seed}
+
+    def response(self) -> dict[str, Any]:
+        text = "".join(self.text)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": self.finish_reason,
+                                  "logprobs": self._logprobs(self.entries, 0)}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {**self.envelope([choice], False), "usage": self.usage()}
+
+    def chunk(self, text: str, events: list[TokenOut], offset: int,
+              finish: str | None = None, first: bool = False) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "logprobs": self._logprobs(events, offset),
+                                  "finish_reason": finish}
+        if self.chat:
+            choice["delta"] = {"role": "assistant", "content": text} if first else (
+                {"content": text} if text or events else {})
+        else:
+            choice["text"] = text
+        body = self.envelope([choice], True)
+        if self.parsed.include_usage:
+            body["usage"] = None
+        return body
+
+    def ending(self) -> bytes:
+        """The stream's last events: the finish chunk (or the error), usage, [DONE]."""
+        assert self.done is not None
+        if self.done.reason == "error":
+            out = sse(error_body(500, f"generation failed: {self.done.error}"))
+        else:
+            out = sse(self.chunk("", [], 0, self.finish_reason))
+        if self.parsed.include_usage:
+            out += sse({**self.envelope([], True), "usage": self.usage()})
+        return out + sse(b"[DONE]")
