@@ -71,6 +71,7 @@ def sweep_linear() -> dict[str, Any]:
                (128, T(64, 64, 4, 4))]
     out: dict[str, Any] = {}
     saved = dict(triton_linear.TUNED)
+    small_rows, triton_linear.SMALL_ROWS = triton_linear.SMALL_ROWS, 1 << 62  # one config at every m
     for name, (n, k) in LINEAR_SHAPES.items():
         w = _randn(n, k, scale=0.02)
         x = _randn(2048, k)
@@ -94,6 +95,7 @@ def sweep_linear() -> dict[str, Any]:
         else:
             triton_linear.TUNED.pop((n, k), None)
         out[name] = rows
+    triton_linear.SMALL_ROWS = small_rows
     return out
 
 
@@ -153,7 +155,8 @@ def sweep_moe(e: int = 32, i: int = 1792, h: int = 2048, k: int = 4) -> dict[str
     bias = torch.randn(e, device="cuda") * 0.01
     x = _randn(2048, h)
     dw1, dw3, dw2 = _randn(7168, h, scale=0.02), _randn(7168, h, scale=0.02), _randn(h, 7168, scale=0.02)
-    saved = (triton_moe.BLOCK_M, triton_moe.SWIGLU_TILES, triton_moe.DOWN_TILES)
+    saved = (triton_moe.BLOCK_M, triton_moe.SWIGLU_TILES, triton_moe.DOWN_TILES, triton_moe.SMALL_ROWS)
+    triton_moe.SMALL_ROWS = -1  # one config at every row count
 
     def layer(xx):
         wts, ex = moe.route(xx, gate, bias, k, norm_topk_prob=True)
@@ -175,7 +178,7 @@ def sweep_moe(e: int = 32, i: int = 1792, h: int = 2048, k: int = 4) -> dict[str
         except Exception as exc:
             r = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         out[name] = r
-    triton_moe.BLOCK_M, triton_moe.SWIGLU_TILES, triton_moe.DOWN_TILES = saved
+    triton_moe.BLOCK_M, triton_moe.SWIGLU_TILES, triton_moe.DOWN_TILES, triton_moe.SMALL_ROWS = saved
     triton_moe._IDENTITY.clear()
     return out
 

@@ -13,13 +13,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable
 
+import torch
+
 from .forward_pass import StreamRows
 from .kv_pool import Lease
 from .logs import get_logger
 from .prompt_share import PromptSharing
 from .requests import Finished, Request, RequestRefused, TokenOut
 from .runner import ModelRunner
-from .sampling import RowHistory, sample_row
+from .sampling import RowHistory, SampleResult, sample_row
 from .stops import StopChecker
 from .tokenizer import IncrementalDecoder, Tokenizer
 
@@ -122,12 +124,18 @@ class Lanes:
         runs, owners = self._plan_pass()
         logits = self.runner.run(runs)
         self.passes += 1
+        wanting = []
         for i, (stream, run, out) in enumerate(zip(owners, runs, logits)):
             stream.pos = run.end
             if run.taps:
                 self._keep_taps(i, stream, run)
             if out.shape[0]:
-                self._sample(stream, out[-1])
+                wanting.append((stream, out[-1]))
+        greedy = _greedy_rows([(s.req.params, row) for s, row in wanting])
+        for stream, row in wanting:
+            t = len(stream.generated)
+            result = greedy.pop(id(row), None) or sample_row(row, stream.req.params, t, stream.history)
+            self._take(stream, t, result)
         if self.idle:
             self.census()
         return True
@@ -199,10 +207,7 @@ class Lanes:
                 continue  # the family did not tap mid-pass: no exact state to keep there
             self.sharing.keep(s.req.prompt[:p], s.lease.pages, s.slot, taps)
 
-    def _sample(self, s: Live, logits) -> None:
-        params = s.req.params
-        t = len(s.generated)
-        result = sample_row(logits, params, t, s.history)
+    def _take(self, s: Live, t: int, result: SampleResult) -> None:
         s.generated.append(result.token)
         s.history.append(result.token)
         piece = s.decoder.step([result.token]) if s.decoder else ""
@@ -275,3 +280,25 @@ class Lanes:
         self.uneven += 1
         log.error("UNEVEN " + census.line(), live=census.live)
         return False
+
+
+def _plain_greedy(params) -> bool:
+    return params.is_greedy and not params.has_penalties and not params.top_logprobs
+
+
+def _greedy_rows(rows: list) -> dict[int, SampleResult]:
+    """A round's plain greedy rows (temperature 0, no penalties, no top_logprobs) sampled
+    together: one argmax and one log-softmax over [B, V] and one copy to the host. Each row is
+    reduced on its own, so a row gets the token sample_row would give it alone (the first
+    maximum: ties to the lowest id). rows: (params, logits [V]); keyed by id(logits)."""
+    picked = [row for params, row in rows if _plain_greedy(params)]
+    if len(picked) < 2:
+        return {}
+    x = torch.stack(picked).to(torch.float32)  # [B, V]
+    tokens = torch.argmax(x, dim=1)
+    logprobs = torch.log_softmax(x, dim=1).gather(1, tokens[:, None])[:, 0]
+    both = torch.stack((tokens.to(torch.float64), logprobs.to(torch.float64))).cpu().tolist()
+    return {
+        id(row): SampleResult(int(tok), float(lp), [])
+        for row, tok, lp in zip(picked, both[0], both[1])
+    }

@@ -81,6 +81,9 @@ def plan_memory(settings: Settings, shape: ModelShape, device: str, weights: int
         import torch
 
         free, _ = torch.cuda.mem_get_info()
+        # GraphRunner's scratch page and slot (the rows a graph bucket's padding writes) sit
+        # outside the pool: counted here with the weights, so the plan's pages stay whole.
+        weights += layout.page_bytes(PAGE_ROWS) + layout.fixed_bytes
         activations = ACTIVATION_ROWS * 64 * 1024  # a generous bound per row, until measured
         room = memory_budget(
             device_free=free,
@@ -168,7 +171,14 @@ def open_served(
     hooks = family_plugin_manager(spec, [paged_kv, snapshots])
     store_on = settings.kv_share > 0
     cache_pages = the_plan.cache_bytes // the_plan.page_bytes if store_on and the_plan.page_bytes else 0
-    runner = ModelRunner(
+    # On CUDA, decode rounds replay a CUDA graph per lane-count bucket (its scratch page and
+    # slot are counted in the plan by plan_memory).
+    runner_cls = ModelRunner
+    if device == "cuda":
+        from .cuda_graphs import GraphRunner
+
+        runner_cls = GraphRunner
+    runner = runner_cls(
         model_obj,
         num_pages=the_plan.pages + cache_pages,
         num_slots=the_plan.lanes,

@@ -336,3 +336,24 @@ def test_params_are_normalised_and_frozen() -> None:
     with pytest.raises(AttributeError):
         params.temperature = 0.5  # type: ignore[misc]
     assert not math.isnan(SamplingParams(temperature=0).temperature)
+
+
+def test_lanes_batched_greedy_rows_equal_sample_row_alone():
+    """Lanes samples a round's plain greedy rows together; each row gets sample_row's token and
+    logprob, ties going to the lowest id; rows with penalties or top_logprobs are left out."""
+    import torch
+
+    from tensorfold.lanes import _greedy_rows
+    from tensorfold.sampling import RowHistory, SamplingParams, sample_row
+
+    x = torch.randn(6, 500, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16).float()
+    x[2, 40] = x[2, 7] = x[2].max() + 1  # a tie: the lowest id wins
+    plain = SamplingParams(temperature=0)
+    params = [plain] * 4 + [SamplingParams(temperature=0, logprobs=True, top_logprobs=2),
+                            SamplingParams(temperature=0, repetition_penalty=1.3)]
+    rows = [(p, x[i]) for i, p in enumerate(params)]
+    got = _greedy_rows(rows)
+    assert set(got) == {id(r) for _, r in rows[:4]}
+    for p, r in rows[:4]:
+        assert got[id(r)] == sample_row(r, p, 0, RowHistory([1, 2]))
+    assert got[id(rows[2][1])].token == 7

@@ -279,23 +279,43 @@ def test_gated_ffn_matches_reference(dtype, tol):
     assert torch.equal(triton_moe.gated_ffn(x[7:8].clone(), w1, w3, w2), got[7:8])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tile_choice_by_row_count_changes_no_bits(dtype, monkeypatch: pytest.MonkeyPatch):
+    """The decode tiles and the prompt tiles give the same rows the same bits: only the M/N
+    tiling changes with the row count, never the k order."""
+    x = randn(150, 160, seed=31, dtype=dtype)
+    w = randn(1100, 160, seed=32, dtype=dtype, scale=0.1)  # n >= 1024: the prompt tile is 128 wide
+    b = randn(1100, seed=33, dtype=dtype)
+    assert triton_linear.pick(1, 1100, 160) != triton_linear.pick(1000, 1100, 160)
+    assert triton_linear.pick(1, 1100, 160)[1].block_k == triton_linear.pick(1000, 1100, 160)[1].block_k
+    n, h, i, e, k = 60, 32, 48, 6, 3
+    xm = randn(n, h, seed=34, dtype=dtype)
+    w1, w3, w2 = _experts(e, i, h, dtype, 35)
+    weights, experts = ref_moe.route(xm, randn(e, h, seed=36, dtype=dtype), None, k, norm_topk_prob=True)
+    dw1, dw3 = randn(40, h, seed=37, dtype=dtype, scale=0.2), randn(40, h, seed=38, dtype=dtype, scale=0.2)
+    dw2 = randn(h, 40, seed=39, dtype=dtype, scale=0.2)
+    got = {}
+    for small, rows in (("small", 1 << 30), ("prompt", -1)):
+        monkeypatch.setattr(triton_linear, "SMALL_ROWS", rows)
+        monkeypatch.setattr(triton_moe, "SMALL_ROWS", rows)
+        got[small] = (
+            triton_linear.linear(x, w, b),
+            triton_moe.moe(xm, weights, experts, w1, w3, w2),
+            triton_moe.gated_ffn(xm, dw1, dw3, dw2),
+        )
+    for a, z in zip(got["small"], got["prompt"]):
+        assert torch.equal(a, z)
+
+
 # --- the whole model through the kernels, and decode rounds through the graph runner ---
 
 
 @pytest.fixture
 def kernels_on_cpu(monkeypatch: pytest.MonkeyPatch):
-    """The ops take their Triton kernels for CPU tensors (interpreted), and the lfm2 short conv
-    works on the whole pass (as the graph runner needs)."""
+    """The ops take their Triton kernels for CPU tensors (interpreted); the lfm2 short conv
+    works on the whole pass through ops.conv.gated_conv (as the graph runner needs)."""
     from tensorfold.ops import gpu
 
-    layers = pytest.importorskip("tensorfold_lfm2_moe.layers")
-
-    def short_conv(name, w, x, fp, slots):
-        bcx = ref_linear.linear(x, w.in_proj, w.in_bias)
-        y = ref_conv.gated_conv(bcx, slots.get(f"{name}.conv"), fp, w.conv, w.conv_bias)
-        return ref_linear.linear(y, w.out_proj, w.out_bias)
-
-    monkeypatch.setattr(layers, "short_conv", short_conv)
     gpu.set_triton(True, on_cpu=True)
     yield
     gpu.set_triton(True)

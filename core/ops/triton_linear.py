@@ -1,9 +1,11 @@
 """Batch-invariant linear layers on the GPU: x [M, K] @ w[N, K]ᵀ in Triton.
 
-The tile configuration is chosen by the weight's shape (N, K) only, never by the row count M,
-and K is walked in BLOCK_K steps from 0 upwards into one fp32 accumulator: a row's bits do not
-depend on how many rows share the call. BLOCK_M is the same for every shape, since it decides
-which matrix instruction computes a row.
+K is walked in BLOCK_K steps from 0 upwards into one fp32 accumulator, and BLOCK_K is chosen
+by the weight's shape (N, K) only: the reduction order never depends on the row count M, so a
+row's bits do not depend on how many rows share the call. The tile along M and N (and the warps)
+is chosen by M: small tiles for decode-sized passes (up to SMALL_ROWS rows), 128-row tiles for
+prompt passes. Every tile shape measured on an H200 gave the same bits (docs/perf.md), and
+tests/test_triton_kernels.py checks the two choices agree bit for bit under the interpreter.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import triton.language as tl
 
 from .triton_util import interpreting, mma
 
-BLOCK_M = 64
+BLOCK_M = 64  # passes of up to SMALL_ROWS rows
+PREFILL_BLOCK_M = 128  # larger passes
+SMALL_ROWS = 256
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ class Tiles:
 
 
 # (N, K) -> tiles, where measured better than the default on an H200 (bench/kernels.py's
-# sweep; docs/perf.md). Every tile shape gave the same bits there: BLOCK_M and the k order fix them.
+# sweep; docs/perf.md). Every tile shape gave the same bits there: the k order (BLOCK_K) fixes them.
 TUNED: dict[tuple[int, int], Tiles] = {
     (2048, 2048): Tiles(64, 128, 4, 3),
     (512, 2048): Tiles(32, 128, 4, 4),
@@ -43,6 +47,16 @@ def tiles_for(n: int, k: int) -> Tiles:
     if n >= 4096:
         return Tiles(128, 64, 4, 4)
     return Tiles(64, 64, 4, 4)
+
+
+def pick(m: int, n: int, k: int) -> tuple[int, Tiles]:
+    """(BLOCK_M, tiles) for an [m, k] @ [n, k]ᵀ product. BLOCK_K is tiles_for(n, k)'s at every
+    m: only the M/N tiling and the warps change with the row count, never the k order."""
+    t = tiles_for(n, k)
+    if m <= SMALL_ROWS:
+        return BLOCK_M, t
+    bn = 128 if n >= 1024 else t.block_n
+    return PREFILL_BLOCK_M, Tiles(bn, t.block_k, 8, 3 if t.block_k <= 64 else 2)
 
 
 @triton.jit(do_not_specialize=["M"])  # one binary for any row count
@@ -87,13 +101,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     m = rows.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m:
-        t = tiles_for(n, k)
-        grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, BLOCK_M))
+        bm, t = pick(m, n, k)
+        grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, bm))
         _linear_kernel[grid](
             rows, weight, bias if bias is not None else weight, out, m, n, k,
             rows.stride(0), weight.stride(0), out.stride(0),
             HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, INTERP=interpreting(),
-            BLOCK_M=BLOCK_M, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+            BLOCK_M=bm, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
             num_warps=t.warps, num_stages=t.stages,
         )
     return out.reshape(*lead, n)

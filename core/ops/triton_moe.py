@@ -4,8 +4,10 @@
   reference rounds (each product to the model dtype, silu in fp32, then the product).
 - down: per block, (g W2ᵀ) · route weight, written to the pair's slot.
 - slot sum: each row's slots summed in slot order in fp32.
-A pair's result is computed in a fixed BLOCK_M tile with K walked in order, so it does not
-depend on how many rows share its expert. Pairs come sorted by triton_align; the grids are
+A pair's result is computed with K walked in order in fixed BLOCK_K steps, so it does not
+depend on how many rows share its expert; the M/N tile (BLOCK_M, BLOCK_N, warps) is chosen by
+the pass's row count (decode-sized passes: 64-row tiles; prompt passes: 128-row tiles), which
+changes no reduction order (every tile measured gave the same bits; docs/perf.md). Pairs come sorted by triton_align; the grids are
 sized for the worst case, so a decode round's launches are fixed for its CUDA graph. The dense
 FFN runs through the same kernels as one expert with every row a pair.
 """
@@ -22,7 +24,9 @@ import triton.language as tl
 from .triton_align import Aligned, align
 from .triton_util import interpreting, mma
 
-BLOCK_M = 128
+BLOCK_M = 128  # prompt passes (more than SMALL_ROWS rows)
+SMALL_BLOCK_M = 64  # decode-sized passes
+SMALL_ROWS = 256
 
 
 @dataclass(frozen=True)
@@ -35,9 +39,19 @@ class Tiles:
 
 # The fastest at 2048 rows of bench/kernels.py's sweep on an H200 (prompt passes); a decode
 # row's GEMMs were faster with BLOCK_M 64 and 64x64 tiles, 4 warps, 4 stages (docs/perf.md).
-# Every tile shape and BLOCK_M tried gave the same bits.
+# Every tile shape and BLOCK_M tried gave the same bits. Both keep BLOCK_K 64: the k order.
 SWIGLU_TILES = Tiles(128, 64, 8, 3)
 DOWN_TILES = Tiles(128, 64, 8, 3)
+# A decode pass's (run 2's tiles; the same BLOCK_K, so the same k order).
+SMALL_SWIGLU_TILES = Tiles(64, 64, 4, 4)
+SMALL_DOWN_TILES = Tiles(64, 64, 4, 4)
+
+
+def pick(rows: int) -> tuple[int, Tiles, Tiles]:
+    """(BLOCK_M, swiglu tiles, down tiles) for a pass of `rows` rows."""
+    if rows <= SMALL_ROWS:
+        return SMALL_BLOCK_M, SMALL_SWIGLU_TILES, SMALL_DOWN_TILES
+    return BLOCK_M, SWIGLU_TILES, DOWN_TILES
 
 
 @triton.jit(do_not_specialize=["P"])  # one binary for any row count
@@ -163,25 +177,26 @@ _STACKS: dict[tuple[int, int], torch.Tensor] = {}
 def _experts(
     x: torch.Tensor, al: Aligned, pairs: int, top_k: int, w1: torch.Tensor, w3: torch.Tensor,
     w2: torch.Tensor, route_weights: torch.Tensor | None, out: torch.Tensor,
+    block_m: int, sw: Tiles, dn: Tiles,
 ) -> None:
     """x [N, H]; w1, w3 [E, I, H]; w2 [E, H, I]; out [pairs, H] gets each pair's output."""
     e, i, h = w1.shape
     x = x.contiguous()
-    g = torch.empty(al.max_blocks * BLOCK_M, i, dtype=x.dtype, device=x.device)
+    g = torch.empty(al.max_blocks * block_m, i, dtype=x.dtype, device=x.device)
     ieee = x.dtype == torch.float32
-    t = SWIGLU_TILES
+    t = sw
     _swiglu_kernel[(triton.cdiv(i, t.block_n), al.max_blocks)](
         x, w1, w3, g, al.sorted_pairs, al.block_expert, pairs, e, i, h,
         x.stride(0), w1.stride(0), w1.stride(1), w3.stride(0), w3.stride(1),
-        TOPK=top_k, IEEE=ieee, INTERP=interpreting(), BM=BLOCK_M, BN=t.block_n, BK=t.block_k,
+        TOPK=top_k, IEEE=ieee, INTERP=interpreting(), BM=block_m, BN=t.block_n, BK=t.block_k,
         num_warps=t.warps, num_stages=t.stages,
     )
-    t = DOWN_TILES
+    t = dn
     rw = route_weights.reshape(-1) if route_weights is not None else g
     _down_kernel[(triton.cdiv(h, t.block_n), al.max_blocks)](
         g, w2, rw, out, al.sorted_pairs, al.block_expert, pairs, e, h, i,
         w2.stride(0), w2.stride(1), out.stride(0),
-        HAS_WEIGHT=route_weights is not None, IEEE=ieee, INTERP=interpreting(), BM=BLOCK_M, BN=t.block_n,
+        HAS_WEIGHT=route_weights is not None, IEEE=ieee, INTERP=interpreting(), BM=block_m, BN=t.block_n,
         BK=t.block_k, num_warps=t.warps, num_stages=t.stages,
     )
 
@@ -193,11 +208,12 @@ def moe(
     """x [N, H]; weights, experts [N, k] -> Σ_j weights[:, j] · expert_j(x) [N, H]."""
     n, k = experts.shape
     s1, s3, s2 = stacked(w1), stacked(w3), stacked(w2)
-    al = align(experts, s1.shape[0], BLOCK_M)
+    bm, sw, dn = pick(n)
+    al = align(experts, s1.shape[0], bm)
     h = x.shape[1]
     slots = torch.empty(n * k, h, dtype=x.dtype, device=x.device)
     if n:
-        _experts(x, al, n * k, k, s1, s3, s2, weights.contiguous(), slots)
+        _experts(x, al, n * k, k, s1, s3, s2, weights.contiguous(), slots, bm, sw, dn)
     out = torch.empty(n, h, dtype=x.dtype, device=x.device)
     if n:
         _slot_sum_kernel[(n, triton.cdiv(h, 1024))](slots, out, h, TOPK=k, CH=1024, num_warps=4)
@@ -210,19 +226,20 @@ def gated_ffn(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Ten
     out = torch.empty(n, h, dtype=x.dtype, device=x.device)
     if n == 0:
         return out
-    _experts(x, _identity(n, x.device), n, 1, w1[None], w3[None], w2[None], None, out)
+    bm, sw, dn = pick(n)
+    _experts(x, _identity(n, x.device, bm), n, 1, w1[None], w3[None], w2[None], None, out, bm, sw, dn)
     return out
 
 
-def _identity(n: int, device: torch.device) -> Aligned:
+def _identity(n: int, device: torch.device, block_m: int) -> Aligned:
     """Rows 0..n-1 in order, all of expert 0 (the dense FFN); built once a row count."""
-    key = (n, str(device))
+    key = (n, str(device), block_m)
     if key not in _IDENTITY:
-        blocks = triton.cdiv(n, BLOCK_M)
-        pairs = torch.arange(blocks * BLOCK_M, dtype=torch.int32, device=device)
+        blocks = triton.cdiv(n, block_m)
+        pairs = torch.arange(blocks * block_m, dtype=torch.int32, device=device)
         pairs = torch.where(pairs < n, pairs, n)
         _IDENTITY[key] = Aligned(pairs, torch.zeros(blocks, dtype=torch.int32, device=device), blocks)
     return _IDENTITY[key]
 
 
-_IDENTITY: dict[tuple[int, str], Aligned] = {}
+_IDENTITY: dict[tuple[int, str, int], Aligned] = {}

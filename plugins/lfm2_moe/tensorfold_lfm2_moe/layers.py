@@ -13,7 +13,7 @@ import torch
 from tensorfold.forward_pass import ForwardPass
 from tensorfold.ops import moe as moe_ops
 from tensorfold.ops.attention import paged_attention
-from tensorfold.ops.conv import causal_conv, tails_at
+from tensorfold.ops.conv import gated_conv
 from tensorfold.ops.linear import linear
 from tensorfold.ops.norms import rms_norm
 from tensorfold.ops.rope import apply_rope
@@ -54,20 +54,9 @@ def short_conv(
 ) -> torch.Tensor:
     """out_proj(C ⊙ conv(B ⊙ x)), the conv carried across passes in slot `{name}.conv`
     ([slots, H, K-1]). x [N, H] -> [N, H]."""
-    b, c, xs = linear(x, w.in_proj, w.in_bias).chunk(3, dim=-1)  # 3 x [N, H]
-    u = b * xs
-    state = slots.get(f"{name}.conv")
-    z = torch.empty_like(u)
-    for i, (stream, (lo, hi)) in enumerate(zip(fp.streams, fp.spans)):
-        tail = state[stream.slot]
-        if stream.start == 0:
-            tail = torch.zeros_like(tail)
-        if stream.taps:
-            counts = [p - stream.start for p in stream.taps]
-            for p, tapped in zip(stream.taps, tails_at(u[lo:hi], tail, counts, w.conv.shape[-1])):
-                fp.tap(i, p, f"{name}.conv", tapped)
-        z[lo:hi], state[stream.slot] = causal_conv(u[lo:hi], tail, w.conv, w.conv_bias)
-    return linear(c * z, w.out_proj, w.out_bias)
+    bcx = linear(x, w.in_proj, w.in_bias)  # [N, 3H]: B, C, x
+    z = gated_conv(bcx, slots.get(f"{name}.conv"), fp, w.conv, w.conv_bias, tap_name=f"{name}.conv")
+    return linear(z, w.out_proj, w.out_bias)
 
 
 def feed_forward(cfg: Lfm2MoeConfig, w: DenseWeights | MoeWeights, x: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from tensorfold.forward_pass import ForwardPass
 from tensorfold.model import FamilyModel
 from tensorfold.ops import rope
 from tensorfold.ops.linear import linear
-from tensorfold.ops.norms import rms_norm
+from tensorfold.ops.norms import add_rms_norm, rms_norm
 
 from . import layers
 from .config import Lfm2MoeConfig
@@ -71,13 +71,18 @@ class Lfm2MoeModel(FamilyModel):
         cfg, w = self.cfg, self.weights
         h = w.embed.index_select(0, fp.tokens)  # [N, H]
         cos, sin = rope.cos_sin(fp.positions, self.inv_freq, self.dtype)  # [N, D]
+        n = len(w.layers)
+        x = rms_norm(h, w.layers[0].operator_norm, cfg.norm_eps) if n else h
         for i, layer in enumerate(w.layers):
-            x = rms_norm(h, layer.operator_norm, cfg.norm_eps)
             if isinstance(layer.mixer, AttentionWeights):
                 y = layers.attention(cfg, f"L{i}", layer.mixer, x, cos, sin, fp, rows)
             else:
                 y = layers.short_conv(f"L{i}", layer.mixer, x, fp, slots)
-            h = y + h
-            h = h + layers.feed_forward(cfg, layer.ffn, rms_norm(h, layer.ffn_norm, cfg.norm_eps))
+            x, h = add_rms_norm(y, h, layer.ffn_norm, cfg.norm_eps)  # h = y + h, fused
+            f = layers.feed_forward(cfg, layer.ffn, x)
+            if i + 1 < n:
+                x, h = add_rms_norm(f, h, w.layers[i + 1].operator_norm, cfg.norm_eps)
+            else:
+                h = h + f
         out = rms_norm(h.index_select(0, fp.logit_rows), w.final_norm, cfg.norm_eps)
         return linear(out, w.lm_head).float()  # [R, V]

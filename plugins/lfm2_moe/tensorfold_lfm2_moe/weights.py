@@ -49,9 +49,9 @@ class DenseWeights:
 class MoeWeights:
     gate: torch.Tensor  # [E, H]
     expert_bias: torch.Tensor | None  # [E] fp32
-    w1: Sequence[torch.Tensor]  # E x [I, H]
-    w3: Sequence[torch.Tensor]  # E x [I, H]
-    w2: Sequence[torch.Tensor]  # E x [H, I]
+    w1: Sequence[torch.Tensor]  # [E, I, H] stacked as loaded (or E views of one stack)
+    w3: Sequence[torch.Tensor]  # [E, I, H]
+    w2: Sequence[torch.Tensor]  # [E, H, I]
 
 
 @dataclass
@@ -142,7 +142,16 @@ def _moe(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> MoeWeights:
     return MoeWeights(
         gate=read(f"{f}.gate.weight", n, h),
         expert_bias=bias,
-        w1=[read(f"{e}.w1.weight", i, h) for e in experts],
-        w3=[read(f"{e}.w3.weight", i, h) for e in experts],
-        w2=[read(f"{e}.w2.weight", h, i) for e in experts],
+        w1=_stack(read, [f"{e}.w1.weight" for e in experts], i, h),
+        w3=_stack(read, [f"{e}.w3.weight" for e in experts], i, h),
+        w2=_stack(read, [f"{e}.w2.weight" for e in experts], h, i),
     )
+
+
+def _stack(read: _Reader, names: list[str], rows: int, cols: int) -> torch.Tensor:
+    """The experts' tensors loaded once into one [E, rows, cols] tensor (what the grouped
+    kernels take), one expert at a time: no second copy of a layer's experts on the device."""
+    out = torch.empty(len(names), rows, cols, device=read.device, dtype=read.dtype)
+    for e, name in enumerate(names):
+        out[e].copy_(read(name, rows, cols))
+    return out
