@@ -123,7 +123,8 @@ class Checkpoint:
         self._progress: list[int] | None = None  # [bytes loaded, bytes in all] while loading()
 
     @classmethod
-    def open(cls, path: str | Path) -> "Checkpoint":
+    def open(cls, path: str | Path, weights: bool = True) -> "Checkpoint":
+        """weights=False reads the configs only (a dummy load format); it holds no tensors."""
         root = Path(path).expanduser()
         if not root.is_dir():
             what = "is not a folder" if root.exists() else "does not exist"
@@ -131,6 +132,8 @@ class Checkpoint:
         config = read_json(root / "config.json", required=True)
         generation_config = read_json(root / "generation_config.json", required=False)
         tokenizer_config = read_json(root / "tokenizer_config.json", required=False)
+        if not weights:
+            return cls(root, config, generation_config, tokenizer_config, {}, {})
         index, files = cls._find_weights(root)
         headers = {f: read_header(f) for f in files}
         if not index:  # single file: its header is the index

@@ -86,6 +86,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--prompt-cache-gib", type=float, metavar="GIB",
         help="the prompt store's budget (TF_PROMPT_CACHE_GIB, default 16)",
     )
+    parser.add_argument(
+        "--load-format", choices=["auto", "dummy"],
+        help="dummy: random weights at the checkpoint's config, for benchmarks (TF_LOAD_FORMAT)",
+    )
 
 
 def start_checks(settings: Settings, pm: PluginManager | None = None) -> PluginManager:

@@ -98,6 +98,8 @@ class FamilySpec:
     build_demo(cache_dir: pathlib.Path) -> pathlib.Path  (a checkpoint folder, built if missing)
     shape(config: dict, dtype: str) -> ModelShape  (from config.json alone, so the memory plan
     can refuse before any weight loads; empty: the plan waits for the loaded model)
+    dummy: "module:function(config: dict, device: str, dtype: str) -> FamilyModel" with random
+    weights from a fixed seed (TF_LOAD_FORMAT=dummy); empty: the family has none.
     hooks: "module:attr" of an object holding the family's per-family hook implementations
     (share_pool, share_attach, snap_keep, snap_restore); registered on the chosen family's own
     plugin manager only. Empty: the core adapters' defaults.
@@ -109,5 +111,6 @@ class FamilySpec:
     shape: str = ""
     description: str = ""
     hooks: str = ""
+    dummy: str = ""
     distribution: str = field(default="", compare=False)
     version: str = field(default="", compare=False)

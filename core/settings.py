@@ -83,6 +83,11 @@ class Settings(BaseSettings):
         default="auto",
         description="Weight and activation dtype (auto: the checkpoint's, float32 on the cpu).",
     )
+    load_format: Literal["auto", "dummy"] = Field(
+        default="auto",
+        description="Weights: auto reads the checkpoint's safetensors; dummy draws random ones in "
+        "place from a fixed seed (benchmarks; only config.json and the tokenizer are read).",
+    )
     log_format: Literal["console", "json"] = Field(
         default="console",
         description="Log lines: readable console lines, or one JSON object a line.",

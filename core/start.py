@@ -12,7 +12,7 @@ from .family import FamilySpec, ModelShape, resolve
 from .kv_plan import GiB, Plan, memory_budget, plan
 from .lanes import Lanes
 from .logs import get_logger
-from .plugins import choose_family, family_plugin_manager, get_plugin_manager
+from .plugins import FamilyError, choose_family, family_plugin_manager, get_plugin_manager
 from .profiles import collect_rows
 from .settings import Settings, check_environment
 from .tokenizer import Tokenizer
@@ -150,17 +150,25 @@ def open_served(
     check_environment(settings, collect_rows(pm))
     spec = choose_family(family, pm)
     folder = model_folder(spec, model, settings)
-    ckpt = Checkpoint.open(folder)
+    dummy = settings.load_format == "dummy"
+    if dummy and not spec.dummy:
+        raise FamilyError(f"family {spec.name!r} has no dummy load format; drop TF_LOAD_FORMAT")
+    ckpt = Checkpoint.open(folder, weights=not dummy)
     device = pick_device(settings)
     dtype = pick_dtype(settings, device, ckpt.config)
-    if spec.shape:
+
+    def load():
+        if dummy:  # random weights in place: nothing to read, and they are already on the device
+            return resolve(spec.dummy)(ckpt.config, device, dtype)
+        with ckpt.loading():
+            return resolve(spec.load)(ckpt, device, dtype)
+
+    if spec.shape and not dummy:
         the_plan = plan_memory(settings, resolve(spec.shape)(ckpt.config, dtype), device,
                                ckpt.total_bytes())
-        with ckpt.loading():
-            model_obj = resolve(spec.load)(ckpt, device, dtype)
+        model_obj = load()
     else:
-        with ckpt.loading():
-            model_obj = resolve(spec.load)(ckpt, device, dtype)
+        model_obj = load()
         the_plan = plan_memory(settings, ModelShape(model_obj.layout, model_obj.max_positions),
                                device, 0)
     log.info(the_plan.startup_line())

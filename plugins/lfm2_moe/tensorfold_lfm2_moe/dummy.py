@@ -103,6 +103,13 @@ def build_dummy(
     return Lfm2MoeModel(cfg, dummy_weights(cfg, device, dtype, seed, std), device, dtype)
 
 
+def load_dummy(config: dict, device: str, dtype: str) -> Lfm2MoeModel:
+    """TF_LOAD_FORMAT=dummy: the checkpoint's config.json with random weights."""
+    from tensorfold.checkpoint import torch_dtype
+
+    return build_dummy(Lfm2MoeConfig.from_dict(config), device, torch_dtype(dtype))
+
+
 def expert_stacks(w: MoeWeights) -> tuple[torch.Tensor, torch.Tensor]:
     """A dummy MoE layer's (gate_up [E, 2I, H], down [E, H, I]), the tensors its views share."""
     e, (n, h) = len(w.w1), w.w1[0].shape

@@ -12,6 +12,7 @@ LFM2_MOE = FamilySpec(
     load="tensorfold_lfm2_moe.model:load",
     build_demo="tensorfold_lfm2_moe.demo:build_demo",
     shape="tensorfold_lfm2_moe.model:shape",
+    dummy="tensorfold_lfm2_moe.dummy:load_dummy",
     description="LFM2 / LFM2.5 MoE (Liquid AI): gated short convolutions and GQA attention, "
     "sigmoid-routed top-k experts",
 )
