@@ -1,6 +1,7 @@
-"""A checkpoint folder with no weights for `--load-format dummy`: LFM2-8B-A1B's config.json
-(families.md §2.1, §6.1) and the demo's tokenizer files (ids past its vocabulary decode to
-nothing; the bench compares token ids).  python bench/dummy_folder.py OUT_DIR"""
+"""A checkpoint folder with no weights for `--load-format dummy`: a config.json at one of
+tensorfold_lfm2_moe.dummy.SHAPES (families.md §2.1, §6.1) and the demo's tokenizer files (ids
+past its vocabulary decode to nothing; the bench compares token ids).
+python bench/dummy_folder.py OUT_DIR [SHAPE]   (default LFM2-8B-A1B)"""
 
 import json
 import shutil
@@ -12,13 +13,13 @@ from tensorfold_lfm2_moe.demo import build_demo
 from tensorfold_lfm2_moe.dummy import SHAPES
 
 
-def main(out: Path) -> None:
+def main(out: Path, shape: str = "LFM2-8B-A1B") -> None:
     demo = build_demo(Path(tempfile.mkdtemp()))
     out.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         shutil.copy(demo / name, out / name)
     config = json.loads((demo / "config.json").read_text())
-    cfg = SHAPES["LFM2-8B-A1B"]
+    cfg = SHAPES[shape]
     config.update(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size, moe_intermediate_size=cfg.moe_intermediate_size,
@@ -26,10 +27,11 @@ def main(out: Path) -> None:
         num_key_value_heads=cfg.num_key_value_heads, layer_types=list(cfg.layer_types),
         num_dense_layers=cfg.num_dense_layers, num_experts=cfg.num_experts,
         num_experts_per_tok=cfg.num_experts_per_tok, max_position_embeddings=32768,
+        routed_scaling_factor=cfg.routed_scaling_factor,
         dtype="bfloat16",
     )
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), *sys.argv[2:3])

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: `tensorfold serve` at LFM2-8B-A1B's shape with dummy weights,
+# One call on the GPU machine: `tensorfold serve` at an LFM2 shape with dummy weights,
 # measured from outside by `tensorfold bench openai` (and the concurrency gate through the
 # server). Run from a tree made by bench/make_tree.sh; writes under $OUT.
+#   bash bench/serve_dummy.sh [SHAPE]    (LFM2-8B-A1B or LFM2-24B-A2B; default the 8B)
 set -u
 export PYTHONUNBUFFERED=1
 w=.whl
@@ -11,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   $w/typing_extensions-*.whl $w/typing_inspection-*.whl || exit 1
 export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-build-isolation . plugins/lfm2_moe || exit 1
-python3 bench/dummy_folder.py /tmp/lfm2-8b-dummy || exit 1
+python3 bench/dummy_folder.py /tmp/lfm2-8b-dummy "${1:-LFM2-8B-A1B}" || exit 1
 python3 -m tensorfold.cli serve --family lfm2_moe --model /tmp/lfm2-8b-dummy --load-format dummy \
   --parallel 8 --context 4096 --port 8000 > "$OUT/serve_stdout.txt" 2> "$OUT/serve_log.txt" &
 pid=$!
