@@ -4,9 +4,13 @@ in fp32, closed with the census checked, and the gates' common moves."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+import torch
+
+from .forward_pass import StreamRows
 from .llm import LLM
+from .runner import ModelRunner, Stream, open_stream
 from .sampling import SamplingParams
 
 CPU_DEFAULTS: dict[str, Any] = {
@@ -48,3 +52,86 @@ def run_chats(
         for c, d in enumerate(done):
             histories[c].append({"role": "assistant", "content": d.text})
     return replies, cached
+
+
+# -- pass-level checks, on a family's model through a ModelRunner -------------------------------
+# make_runner(model=None, num_pages=, num_slots=, page_rows=512, poison=False) -> ModelRunner
+
+
+def assert_streams_together_equal_alone(
+    make_runner: Callable[..., ModelRunner], model: Any, prompts: Sequence[list[int]],
+    together: Sequence[int], *, num_pages: int, max_rows: int,
+) -> None:
+    """Three streams: 0 prefilled (next: a decode row), 1 part-way (next: a chunk), 2 fresh (next:
+    a whole prompt). Those in `together` share one pass and must give the bits they give alone."""
+
+    def prepare(runner: ModelRunner) -> tuple[list[Stream], list]:
+        streams = [open_stream(runner, slot, max_rows) for slot in range(3)]
+        (logits,) = runner.run([streams[0].rows(prompts[0])])
+        runner.run([streams[1].rows(prompts[1][:100])])
+        decode = int(logits[-1].argmax())
+        return streams, [([decode], "all"), (prompts[1][100:], "all"), (prompts[2], "all")]
+
+    solo = make_runner(model=model, num_pages=num_pages, num_slots=3)
+    streams, nexts = prepare(solo)
+    alone = {i: solo.run([streams[i].rows(*nexts[i])])[0] for i in together}
+    joint = make_runner(model=model, num_pages=num_pages, num_slots=3)
+    streams, nexts = prepare(joint)
+    outs = joint.run([streams[i].rows(*nexts[i]) for i in together])
+    for i, logits in zip(together, outs):
+        assert torch.equal(logits, alone[i]), f"stream {i} changed beside streams {together}"
+
+
+def run_on_pages(
+    model: Any, tokens: list[int], pages: list[int], page_rows: int, cuts: Sequence[int]
+) -> torch.Tensor:
+    """One stream's logits for every row, fed in the runs cuts[k]:cuts[k+1] over `pages`."""
+    runner = ModelRunner(model, num_pages=max(pages) + 1, num_slots=1, page_rows=page_rows)
+    return torch.cat([
+        runner.run([StreamRows(0, a, tokens[a:b], pages, "all")])[0]
+        for a, b in zip(cuts, cuts[1:])
+    ])
+
+
+def assert_shuffled_pages_change_nothing(
+    model: Any, tokens: list[int], cuts: Sequence[int], *, pool: int = 64, rows: int = 32
+) -> None:
+    contiguous = run_on_pages(model, tokens, list(range(-(-len(tokens) // 512))), 512, cuts)
+    table = torch.randperm(pool, generator=torch.Generator().manual_seed(5))
+    table = table[: -(-len(tokens) // rows)].tolist()
+    assert table != sorted(table)
+    assert torch.equal(run_on_pages(model, tokens, table, rows, cuts), contiguous)
+
+
+def assert_reused_slot_starts_clean(make_runner: Callable[..., ModelRunner], prompt: list[int]):
+    """A slot another stream left its fixed state in gives a new stream the bits of a fresh one."""
+    runner = make_runner(num_slots=1)
+    other = open_stream(runner, 0, 100)
+    runner.run([other.rows(list(range(3, 90)))])
+    other.lease.release()
+    stream = open_stream(runner, 0, 100)
+    (reused,) = runner.run([stream.rows(prompt[:64], logits="all")])
+    fresh_runner = make_runner(num_slots=1)
+    fresh = open_stream(fresh_runner, 0, 100)
+    (clean,) = fresh_runner.run([fresh.rows(prompt[:64], logits="all")])
+    assert torch.equal(reused, clean)
+
+
+def assert_poisoned_pages_change_nothing(
+    make_runner: Callable[..., ModelRunner], prompt: list[int]
+) -> None:
+    """Pages freed by one stream and NaN-filled change nothing for the next (prompt >= 151)."""
+
+    def run(poison: bool) -> torch.Tensor:
+        runner = make_runner(num_pages=4, num_slots=2, page_rows=64, poison=poison)
+        gone = open_stream(runner, 1, 256)
+        runner.run([gone.rows(list(range(3, 200)))])
+        gone.lease.release()
+        stream = open_stream(runner, 0, 256)
+        (a,) = runner.run([stream.rows(prompt[:150], logits="all")])
+        (b,) = runner.run([stream.rows(prompt[150:151], logits="all")])
+        return torch.cat([a, b])
+
+    poisoned = run(True)
+    assert torch.isfinite(poisoned).all()
+    assert torch.equal(poisoned, run(False))
