@@ -1,12 +1,17 @@
 """Causal attention of a pass over paged K/V on the GPU in Triton (prompt rows and decode rows
 together, GQA), as ops/attention.py computes it.
 
-A program takes one query block (up to QUERY_ROWS consecutive rows of one stream, times the G
-query heads that share a KV head) and walks key tiles of KEY_TILE aligned to absolute positions,
-from the first its rows can see to the last, with an online softmax in fp32. A tile a row cannot
-see is an exact no-op for it, so a row's result depends only on its position and its stream's
-keys, never on where the pass cut the prompt or what else is in the pass. Keys are read through
-the stream's page table; rows past what the stream has written are never loaded.
+A program takes QB consecutive rows of one query block of the pass (times the G query heads that
+share a KV head: an [M = QB*GP] row tile), one KV head and one block of BDV output columns, and
+walks key tiles of KEY_TILE aligned to absolute positions, from the first its rows can see to the
+last, with an online softmax in fp32. Scores sum the head dim in chunks of DC in a fixed order;
+every output block recomputes the same scores, so its softmax statistics are the same bits. A
+tile a row cannot see is an exact no-op for it, so a row's result depends only on its position
+and its stream's keys, never on where the pass cut the prompt or what else is in the pass. The
+tile sizes depend only on (D, DV, G), never on the pass (`tiles`). Keys are read through the
+stream's page table; rows past what the stream has written are never loaded.
+
+`attend_tile` is shared with the ring kernel (triton_window.py), which reads its keys elsewhere.
 """
 
 from __future__ import annotations
@@ -15,11 +20,70 @@ import torch
 import triton
 import triton.language as tl
 
+from .pass_meta import QUERY_ROWS, PassMeta
 from .triton_util import interpreting, mma
 
-from .pass_meta import QUERY_ROWS, PassMeta
-
 KEY_TILE = 64
+WIDE_HEAD = 128  # head dims above this take 16-row tiles and output blocks of at most 128
+
+
+def tiles(d: int, dv: int, group: int) -> tuple[int, int, int]:
+    """(QB query rows a program, DC head-dim chunk, BDV output columns a program) for head dims
+    d/dv and GQA group `group`; a function of the shape only, so every pass gets the same bits."""
+    gp = triton.next_power_of_2(group)
+    assert d & (d - 1) == 0 and dv & (dv - 1) == 0 and d >= 16 and dv >= 16, (d, dv)
+    if max(d, dv) <= WIDE_HEAD:
+        return QUERY_ROWS, min(d, 64), dv
+    return max(1, 16 // gp), 64, min(dv, 128)
+
+
+@triton.jit
+def row_tile(pos_ptr, block_row0, block_len, pid, kvh,
+             G: tl.constexpr, GP: tl.constexpr, QB: tl.constexpr, NSUB: tl.constexpr):
+    """The [QB*GP] row tile of program `pid` (query block pid // NSUB, part pid % NSUB):
+    its pass rows, query heads, validity, positions, and the positions of its first and last
+    rows (hi = last + 1; 0 when the part is empty, so no key tile is visited)."""
+    blk = pid // NSUB
+    row0 = tl.load(block_row0 + blk) + (pid % NSUB) * QB
+    n = tl.load(block_len + blk) - (pid % NSUB) * QB
+    m = tl.arange(0, QB * GP)
+    r = m // GP
+    head = kvh * G + m % GP
+    valid = (r < n) & (m % GP < G)
+    qrow = (row0 + r).to(tl.int64)
+    qpos = tl.load(pos_ptr + qrow, mask=valid, other=0).to(tl.int32)
+    has = n > 0
+    first = tl.load(pos_ptr + row0, mask=has, other=0).to(tl.int32)
+    hi = tl.load(pos_ptr + row0 + tl.maximum(n, 1) - 1, mask=has, other=-1).to(tl.int32) + 1
+    return blk, qrow, head, valid, qpos, first, hi
+
+
+@triton.jit
+def attend_tile(
+    q_ptr, q_off, q0, valid, k_row, v_row, kmask, visible, m_i, l_i, acc, scale,
+    M: tl.constexpr, KT: tl.constexpr, D: tl.constexpr, DC: tl.constexpr, BDV: tl.constexpr,
+    dv0, IEEE: tl.constexpr, INTERP: tl.constexpr,
+):
+    """One key tile's online-softmax step. q_off [M]: query row offsets (q0 [M, DC]: their first
+    head-dim chunk, held); k_row, v_row [KT]: pointers to the tile's key/value rows (at the KV
+    head), loaded only where kmask; visible [M, KT]. Returns (m_i, l_i, acc [M, BDV])."""
+    dc = tl.arange(0, DC)
+    k = tl.load(k_row[:, None] + dc[None, :], mask=kmask[:, None], other=0.0)
+    sc = mma(q0, tl.trans(k), tl.zeros((M, KT), dtype=tl.float32), IEEE, INTERP)
+    for c in tl.static_range(DC, D, DC):  # the head dim in fixed chunks, in order
+        q = tl.load(q_ptr + q_off[:, None] + (c + dc)[None, :], mask=valid[:, None], other=0.0)
+        k = tl.load(k_row[:, None] + (c + dc)[None, :], mask=kmask[:, None], other=0.0)
+        sc = mma(q, tl.trans(k), sc, IEEE, INTERP)
+    sc = tl.where(visible, sc * scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(sc - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    dv = dv0 + tl.arange(0, BDV)
+    v = tl.load(v_row[:, None] + dv[None, :], mask=kmask[:, None], other=0.0)
+    acc = mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE, INTERP)
+    return m_new, l_i, acc
 
 
 @triton.jit(do_not_specialize=["stride_ts", "stride_tp", "window"])  # page tables of any width
@@ -27,33 +91,25 @@ def _attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, pos_ptr, block_stream, block_row0, block_len, stream_start,
     stream_len, table_ptr, stride_ts, stride_tp, page_rows, scale, window,
     stride_qn, stride_qh, stride_kr, stride_kh, stride_vr, stride_vh, stride_on, stride_oh,
-    G: tl.constexpr, GP: tl.constexpr, QB: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, KT: tl.constexpr,
+    G: tl.constexpr, GP: tl.constexpr, QB: tl.constexpr, NSUB: tl.constexpr, D: tl.constexpr,
+    DC: tl.constexpr, BDV: tl.constexpr, KT: tl.constexpr,
     HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
 ):
-    blk = tl.program_id(0)
     kvh = tl.program_id(1)
+    dv0 = tl.program_id(2) * BDV
+    blk, qrow, head, valid, qpos, first, hi = row_tile(
+        pos_ptr, block_row0, block_len, tl.program_id(0), kvh, G, GP, QB, NSUB)
     s = tl.load(block_stream + blk)
-    row0 = tl.load(block_row0 + blk)
-    n = tl.load(block_len + blk)
     end = tl.load(stream_start + s) + tl.load(stream_len + s)  # keys [0, end) are written
-    m = tl.arange(0, QB * GP)
-    r = m // GP
-    head = kvh * G + m % GP
-    valid = (r < n) & (m % GP < G)
-    qrow = (row0 + r).to(tl.int64)
-    qpos = tl.load(pos_ptr + qrow, mask=valid, other=0).to(tl.int32)
-    d = tl.arange(0, D)
-    dv = tl.arange(0, DV)
-    q = tl.load(q_ptr + qrow[:, None] * stride_qn + head[:, None] * stride_qh + d[None, :],
-                mask=valid[:, None], other=0.0)
-    first = tl.load(pos_ptr + row0).to(tl.int32)
-    hi = tl.load(pos_ptr + row0 + n - 1).to(tl.int32) + 1
+    q_off = qrow * stride_qn + head * stride_qh
+    q0 = tl.load(q_ptr + q_off[:, None] + tl.arange(0, DC)[None, :], mask=valid[:, None],
+                 other=0.0)
     lo = 0
     if HAS_WINDOW:
         lo = (tl.maximum(first - window + 1, 0) // KT) * KT
     m_i = tl.full((QB * GP,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((QB * GP,), dtype=tl.float32)
-    acc = tl.zeros((QB * GP, DV), dtype=tl.float32)
+    acc = tl.zeros((QB * GP, BDV), dtype=tl.float32)
     kt = tl.arange(0, KT)
     for t0 in range(lo, hi, KT):
         j = t0 + kt
@@ -61,23 +117,16 @@ def _attention_kernel(
         page = tl.load(table_ptr + s * stride_ts + (j // page_rows) * stride_tp, mask=written,
                        other=0)
         krow = page.to(tl.int64) * page_rows + j % page_rows
-        k = tl.load(k_ptr + krow[:, None] * stride_kr + kvh * stride_kh + d[None, :],
-                    mask=written[:, None], other=0.0)
-        sc = mma(q, tl.trans(k), tl.zeros((QB * GP, KT), dtype=tl.float32), IEEE, INTERP) * scale
         visible = j[None, :] <= qpos[:, None]
         if HAS_WINDOW:
             visible = visible & (j[None, :] > qpos[:, None] - window)
-        sc = tl.where(visible, sc, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(sc - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + krow[:, None] * stride_vr + kvh * stride_vh + dv[None, :],
-                    mask=written[:, None], other=0.0)
-        acc = mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE, INTERP)
-        m_i = m_new
-    out = acc / l_i[:, None]
+        m_i, l_i, acc = attend_tile(
+            q_ptr, q_off, q0, valid, k_ptr + krow * stride_kr + kvh * stride_kh,
+            v_ptr + krow * stride_vr + kvh * stride_vh, written, visible, m_i, l_i, acc, scale,
+            QB * GP, KT, D, DC, BDV, dv0, IEEE, INTERP,
+        )
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # 1: a part with no rows
+    dv = dv0 + tl.arange(0, BDV)
     tl.store(o_ptr + qrow[:, None] * stride_on + head[:, None] * stride_oh + dv[None, :],
              out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
@@ -102,13 +151,18 @@ def paged_attention(
         return out
     if q.stride(-1) != 1:
         q = q.contiguous()
-    _attention_kernel[(meta.num_blocks, hkv)](
+    assert k_rows.stride(-1) == 1 and v_rows.stride(-1) == 1
+    group = hq // hkv
+    qb, dc, bdv = tiles(d, dv, group)
+    nsub = QUERY_ROWS // qb
+    _attention_kernel[(meta.num_blocks * nsub, hkv, dv // bdv)](
         q, k_rows, v_rows, out, positions, meta.block_stream, meta.block_row0, meta.block_len,
         meta.stream_start, meta.stream_len, meta.table, meta.table.stride(0),
         meta.table.stride(1), page_rows, scale, window or 0,
         q.stride(0), q.stride(1), k_rows.stride(0), k_rows.stride(1), v_rows.stride(0),
         v_rows.stride(1), out.stride(0), out.stride(1),
-        G=hq // hkv, GP=triton.next_power_of_2(hq // hkv), QB=QUERY_ROWS, D=d, DV=dv, KT=KEY_TILE, HAS_WINDOW=window is not None,
-        IEEE=q.dtype == torch.float32, INTERP=interpreting(), num_warps=4, num_stages=2,
+        G=group, GP=triton.next_power_of_2(group), QB=qb, NSUB=nsub, D=d, DC=dc, BDV=bdv,
+        KT=KEY_TILE, HAS_WINDOW=window is not None, IEEE=q.dtype == torch.float32,
+        INTERP=interpreting(), num_warps=4, num_stages=2,
     )
     return out

@@ -11,6 +11,10 @@ Exactness as in core/ops/attention.py: key tiles of KEY_TILE aligned to absolute
 zero-padded query blocks of QUERY_BLOCK and the same online softmax, so a row's result depends
 only on its position and its stream's rows, however the pass is cut and whatever shares it; the
 bits are paged_attention's over the same rows.
+
+`ring_attention` and `advance_rings` are the pass-level entry points: on the GPU they run the
+Triton kernels of triton_window.py (layout from PassMeta, no host sync, graph-capturable), on the
+CPU the torch reference below. Attention reads the rings before they advance.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch.nn.functional as F
 
 from ..forward_pass import ForwardPass
 from .attention import KEY_TILE, QUERY_BLOCK
+from .gpu import use_triton
 
 
 @dataclass
@@ -57,11 +62,43 @@ def gather_window(
     return out
 
 
+def ring_attention(
+    q: torch.Tensor,
+    new_k: torch.Tensor,
+    new_v: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_v: torch.Tensor,
+    fp: ForwardPass,
+    *,
+    scale: float,
+    window: int,
+) -> torch.Tensor:
+    """q [N, Hq, D]; new_k [N, Hkv, D], new_v [N, Hkv, Dv]: the pass's rows; ring_k
+    [slots, W-1, Hkv, D], ring_v [slots, W-1, Hkv, Dv]: the rings before the pass. A query at t
+    sees keys t-window < j <= t of its stream. Returns [N, Hq, Dv] in q's dtype."""
+    if use_triton(q):
+        from .pass_meta import pass_meta
+        from .triton_window import ring_attention as triton_ring_attention
+
+        return triton_ring_attention(
+            q, new_k, new_v, ring_k, ring_v, fp.positions, pass_meta(fp), scale=scale,
+            window=window,
+        )
+    rows = gather_window(ring_k, ring_v, new_k, new_v, fp, window)
+    return window_attention(q, rows, fp, scale=scale, window=window)
+
+
 def advance_rings(ring: torch.Tensor, new: torch.Tensor, fp: ForwardPass) -> None:
     """ring [slots, W-1, ...]; new [N, ...]: the pass's rows. Each stream's ring then holds its
     last W-1 rows up to its run's end."""
     rows = ring.shape[1]
     if rows == 0:
+        return
+    if use_triton(new):
+        from .pass_meta import pass_meta
+        from .triton_window import advance_rings as triton_advance_rings
+
+        triton_advance_rings(ring, new, fp.positions, pass_meta(fp))
         return
     for s, (a, b) in zip(fp.streams, fp.spans):
         first = max(s.start, s.end - rows)

@@ -1,0 +1,153 @@
+"""Sliding-window attention over per-stream rings on the GPU in Triton, and the rings' advance,
+as ops/window_attention.py computes them (graph-capturable: the layout is PassMeta's).
+
+A stream's ring [W-1, Hkv, D] holds row p at index p mod (W-1). A pass's run of a stream over
+[start, start + len) reads positions [max(0, start-W+1), start) from its ring and positions
+>= start from the pass's new rows. The attention kernel is the paged kernel's walk
+(triton_attention.py: the same row tiles, key tiles aligned to absolute positions, fixed
+head-dim chunks, the same online softmax) with keys read from those two places; ring rows
+outside the window (stale, or NaN in a poisoned slot) are never loaded. So its bits equal the
+paged kernel's with the same window over the same rows.
+
+Attention must read the rings before they advance: the new row at p overwrites p-(W-1), which
+the query at p still sees.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .pass_meta import QUERY_ROWS, PassMeta
+from .triton_attention import KEY_TILE, attend_tile, row_tile, tiles
+from .triton_util import interpreting
+
+
+@triton.jit(do_not_specialize=["window"])
+def _ring_attention_kernel(
+    q_ptr, nk_ptr, nv_ptr, rk_ptr, rv_ptr, o_ptr, pos_ptr, block_stream, block_row0, block_len,
+    stream_row0, stream_start, stream_slot, scale, window,
+    stride_qn, stride_qh, stride_nkn, stride_nkh, stride_nvn, stride_nvh,
+    stride_rks, stride_rkr, stride_rkh, stride_rvs, stride_rvr, stride_rvh, stride_on, stride_oh,
+    G: tl.constexpr, GP: tl.constexpr, QB: tl.constexpr, NSUB: tl.constexpr, D: tl.constexpr,
+    DC: tl.constexpr, BDV: tl.constexpr, KT: tl.constexpr, IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
+):
+    kvh = tl.program_id(1)
+    dv0 = tl.program_id(2) * BDV
+    blk, qrow, head, valid, qpos, first, hi = row_tile(
+        pos_ptr, block_row0, block_len, tl.program_id(0), kvh, G, GP, QB, NSUB)
+    s = tl.load(block_stream + blk)
+    start = tl.load(stream_start + s).to(tl.int32)
+    srow0 = tl.load(stream_row0 + s).to(tl.int32)
+    slot = tl.load(stream_slot + s).to(tl.int64)
+    rows = tl.maximum(window - 1, 1)  # ring rows (a window of 1 reads none)
+    ring_lo = tl.maximum(start - window + 1, 0)  # the ring holds positions [ring_lo, start)
+    q_off = qrow * stride_qn + head * stride_qh
+    q0 = tl.load(q_ptr + q_off[:, None] + tl.arange(0, DC)[None, :], mask=valid[:, None],
+                 other=0.0)
+    lo = (tl.maximum(first - window + 1, 0) // KT) * KT
+    m_i = tl.full((QB * GP,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((QB * GP,), dtype=tl.float32)
+    acc = tl.zeros((QB * GP, BDV), dtype=tl.float32)
+    kt = tl.arange(0, KT)
+    for t0 in range(lo, hi, KT):
+        j = t0 + kt
+        in_ring = (j >= ring_lo) & (j < start)
+        in_new = (j >= start) & (j < hi)  # rows of this run up to the tile's last query
+        ring_at = (slot * stride_rks + (j % rows) * stride_rkr).to(tl.int64)
+        new_at = (srow0 + j - start).to(tl.int64)
+        k_row = tl.where(in_ring, rk_ptr + ring_at + kvh * stride_rkh,
+                         nk_ptr + new_at * stride_nkn + kvh * stride_nkh)
+        ring_at_v = (slot * stride_rvs + (j % rows) * stride_rvr).to(tl.int64)
+        v_row = tl.where(in_ring, rv_ptr + ring_at_v + kvh * stride_rvh,
+                         nv_ptr + new_at * stride_nvn + kvh * stride_nvh)
+        visible = (j[None, :] <= qpos[:, None]) & (j[None, :] > qpos[:, None] - window)
+        m_i, l_i, acc = attend_tile(
+            q_ptr, q_off, q0, valid, k_row, v_row, in_ring | in_new, visible, m_i, l_i, acc,
+            scale, QB * GP, KT, D, DC, BDV, dv0, IEEE, INTERP,
+        )
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # 1: a part with no rows
+    dv = dv0 + tl.arange(0, BDV)
+    tl.store(o_ptr + qrow[:, None] * stride_on + head[:, None] * stride_oh + dv[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
+
+
+def ring_attention(
+    q: torch.Tensor,
+    new_k: torch.Tensor,
+    new_v: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_v: torch.Tensor,
+    positions: torch.Tensor,
+    meta: PassMeta,
+    *,
+    scale: float,
+    window: int,
+) -> torch.Tensor:
+    """q [N, Hq, D]; new_k [N, Hkv, D], new_v [N, Hkv, Dv]: the pass's rows; ring_k
+    [slots, W-1, Hkv, D], ring_v [slots, W-1, Hkv, Dv]: the rings before the pass; positions
+    [N]. A query at t sees keys t-window < j <= t of its stream. Returns [N, Hq, Dv] in q's
+    dtype."""
+    n, hq, d = q.shape
+    hkv, dv = new_k.shape[1], new_v.shape[-1]
+    out = torch.empty(n, hq, dv, dtype=q.dtype, device=q.device)
+    if n == 0:
+        return out
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    new_k, new_v = (x if x.stride(-1) == 1 else x.contiguous() for x in (new_k, new_v))
+    assert ring_k.stride(-1) == 1 and ring_v.stride(-1) == 1
+    group = hq // hkv
+    qb, dc, bdv = tiles(d, dv, group)
+    nsub = QUERY_ROWS // qb
+    _ring_attention_kernel[(meta.num_blocks * nsub, hkv, dv // bdv)](
+        q, new_k, new_v, ring_k, ring_v, out, positions, meta.block_stream, meta.block_row0,
+        meta.block_len, meta.stream_row0, meta.stream_start, meta.stream_slot, scale, window,
+        q.stride(0), q.stride(1), new_k.stride(0), new_k.stride(1), new_v.stride(0),
+        new_v.stride(1), ring_k.stride(0), ring_k.stride(1), ring_k.stride(2), ring_v.stride(0),
+        ring_v.stride(1), ring_v.stride(2), out.stride(0), out.stride(1),
+        G=group, GP=triton.next_power_of_2(group), QB=qb, NSUB=nsub, D=d, DC=dc, BDV=bdv,
+        KT=KEY_TILE, IEEE=q.dtype == torch.float32, INTERP=interpreting(), num_warps=4,
+        num_stages=2,
+    )
+    return out
+
+
+@triton.jit
+def _advance_kernel(
+    new_ptr, ring_ptr, pos_ptr, row_stream, stream_start, stream_len, stream_slot, rows,
+    stride_nn, stride_nh, stride_rs, stride_rr, stride_rh, D: tl.constexpr, BD: tl.constexpr,
+):
+    i = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.load(row_stream + i)
+    p = tl.load(pos_ptr + i).to(tl.int32)
+    end = (tl.load(stream_start + s) + tl.load(stream_len + s)).to(tl.int32)
+    slot = tl.load(stream_slot + s).to(tl.int64)
+    keep = p >= end - rows  # the stream's last `rows` rows of this pass
+    dst = ring_ptr + slot * stride_rs + (p % rows).to(tl.int64) * stride_rr + h * stride_rh
+    src = new_ptr + i.to(tl.int64) * stride_nn + h * stride_nh
+    for c in tl.static_range(0, D, BD):
+        cols = c + tl.arange(0, BD)
+        x = tl.load(src + cols, mask=keep & (cols < D), other=0.0)
+        tl.store(dst + cols, x, mask=keep & (cols < D))
+
+
+def advance_rings(ring: torch.Tensor, new: torch.Tensor, positions: torch.Tensor,
+                  meta: PassMeta) -> None:
+    """ring [slots, W-1, Hkv, D]; new [N, Hkv, D]: the pass's rows at positions [N]. Each
+    stream's last min(len, W-1) rows go to ring[slot, pos mod (W-1)]."""
+    rows = ring.shape[1]
+    n, hkv, d = new.shape
+    if rows == 0 or n == 0:
+        return
+    if new.stride(-1) != 1:
+        new = new.contiguous()
+    assert ring.stride(-1) == 1
+    _advance_kernel[(n, hkv)](
+        new, ring, positions, meta.row_stream, meta.stream_start, meta.stream_len,
+        meta.stream_slot, rows, new.stride(0), new.stride(1), ring.stride(0), ring.stride(1),
+        ring.stride(2), D=d, BD=min(triton.next_power_of_2(d), 256), num_warps=4,
+    )
