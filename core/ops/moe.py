@@ -5,11 +5,16 @@ multiplied on their own, and each row's weighted expert outputs are summed in th
 slot order (fp32 accumulation, as the reference's reshape+sum), so a row's result never depends on
 which other rows share an expert. torch's own `silu`/`sigmoid` kernels round the vectorised body
 and the scalar tail of a tensor differently (a row's bits would depend on its place in the pass);
-`silu` and `sigmoid` here are built from `exp` and exactly rounded arithmetic instead.
+`silu` and `sigmoid` here are built from `exp` and exactly rounded arithmetic instead (and
+`gelu_tanh` from `tanh`).
+
+The gate's activation (`act`): "silu" (SwiGLU), "silu_clamp" (SwiGLU with the gate clamped from
+above and the up product clamped to ±limit, glm5_next), "gelu_tanh" (GeGLU, gemma4).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -30,15 +35,37 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     return (xf / (1.0 + torch.exp(-xf))).to(x.dtype)
 
 
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) in fp32, rounded to x's dtype."""
+    xf = x.float()
+    inner = _GELU_C * (xf + 0.044715 * (xf * xf * xf))
+    return (0.5 * xf * (1.0 + torch.tanh(inner))).to(x.dtype)
+
+
+def glu(h1: torch.Tensor, h3: torch.Tensor, act: str, limit: float) -> torch.Tensor:
+    """act(h1) · h3 in their dtype. h1 = w1 x, h3 = w3 x [n, I]."""
+    if act == "silu":
+        return silu(h1) * h3
+    if act == "silu_clamp":
+        return silu(h1.clamp(max=limit)) * h3.clamp(-limit, limit)
+    if act == "gelu_tanh":
+        return gelu_tanh(h1) * h3
+    raise ValueError(f"unknown activation {act!r}")
+
+
 def gated_ffn(
-    x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor
+    x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, *,
+    act: str = "silu", limit: float = 0.0,
 ) -> torch.Tensor:
-    """SwiGLU: w2(silu(w1 x) · w3 x). x [n, H]; w1, w3 [I, H]; w2 [H, I] -> [n, H]."""
+    """w2(act(w1 x) · w3 x). x [n, H]; w1, w3 [I, H]; w2 [H, I] -> [n, H]."""
     if use_triton(x):
         from . import triton_moe
 
-        return triton_moe.gated_ffn(x, w1, w3, w2)
-    return linear(silu(linear(x, w1)) * linear(x, w3), w2)
+        return triton_moe.gated_ffn(x, w1, w3, w2, act=act, limit=limit)
+    return linear(glu(linear(x, w1), linear(x, w3), act, limit), w2)
 
 
 def route(
@@ -85,20 +112,28 @@ def moe(
     w1: Sequence[torch.Tensor],
     w3: Sequence[torch.Tensor],
     w2: Sequence[torch.Tensor],
+    *,
+    act: str = "silu",
+    limit: float = 0.0,
+    fp32_slots: bool = False,
 ) -> torch.Tensor:
-    """x [N, H]; weights, experts [N, k]; expert e is gated_ffn(·, w1[e], w3[e], w2[e]).
+    """x [N, H]; weights, experts [N, k]; expert e is gated_ffn(·, w1[e], w3[e], w2[e], act).
 
     Returns Σ_j weights[:, j] · expert_{experts[:, j]}(x) [N, H] in x's dtype, summed over j in
-    slot order."""
+    slot order in fp32. Each slot's y · w (y in x's dtype) is rounded to x's dtype (lfm2), or
+    kept in fp32 with fp32_slots (gemma4)."""
     if use_triton(x):
         from . import triton_moe
 
-        return triton_moe.moe(x, weights, experts, w1, w3, w2)
+        return triton_moe.moe(
+            x, weights, experts, w1, w3, w2, act=act, limit=limit,
+            slot_dtype=torch.float32 if fp32_slots else None,
+        )
     n, k = experts.shape
     flat = experts.reshape(-1)  # [N*k], entry r*k + j is row r's slot j
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat, minlength=len(w1)).tolist()
-    slots = x.new_empty(n * k, x.shape[1])
+    slots = x.new_empty(n * k, x.shape[1], dtype=torch.float32 if fp32_slots else x.dtype)
     flat_weights = weights.reshape(-1)
     start = 0
     for e, count in enumerate(counts):
@@ -106,8 +141,8 @@ def moe(
             continue
         picks = order[start : start + count]
         start += count
-        y = gated_ffn(x.index_select(0, picks // k), w1[e], w3[e], w2[e])
-        slots[picks] = y * flat_weights[picks, None]
+        y = gated_ffn(x.index_select(0, picks // k), w1[e], w3[e], w2[e], act=act, limit=limit)
+        slots[picks] = (y * flat_weights[picks, None]).to(slots.dtype)
     per_slot = slots.view(n, k, -1)
     acc = per_slot[:, 0].float()
     for j in range(1, k):

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-ALIGN_CHUNK = 256
+ALIGN_CHUNK = 256  # pairs one program aligns alone; a chunk's pairs (fewer for many experts)
 
 
 @triton.jit(do_not_specialize=["P", "max_blocks"])  # one binary for any row count
@@ -118,17 +118,18 @@ def align(experts: torch.Tensor, num_experts: int, block_m: int) -> Aligned:
     sorted_pairs = torch.empty(max_blocks * block_m, dtype=torch.int32, device=flat.device)
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=flat.device)
     eb = triton.next_power_of_2(num_experts)
+    chunk = max(16, min(ALIGN_CHUNK, 16384 // eb))  # a [chunk, EB] one-hot stays small
     if p <= ALIGN_CHUNK:  # one program (decode rounds)
         _align_kernel[(1,)](
             flat, sorted_pairs, block_expert, p, num_experts, max_blocks,
-            BM=block_m, EB=eb, CHUNK=ALIGN_CHUNK, BB=64, num_warps=8,
+            BM=block_m, EB=eb, CHUNK=chunk, BB=64, num_warps=8,
         )
     else:  # a program a chunk: histograms, then each chunk's scatter
-        chunks = triton.cdiv(p, ALIGN_CHUNK)
+        chunks = triton.cdiv(p, chunk)
         hist = torch.empty(chunks, eb, dtype=torch.int32, device=flat.device)
-        _chunk_hist_kernel[(chunks,)](flat, hist, p, EB=eb, CHUNK=ALIGN_CHUNK, num_warps=4)
+        _chunk_hist_kernel[(chunks,)](flat, hist, p, EB=eb, CHUNK=chunk, num_warps=4)
         _chunk_scatter_kernel[(chunks,)](
             flat, hist, sorted_pairs, block_expert, p, num_experts, chunks, max_blocks,
-            BM=block_m, EB=eb, CHUNK=ALIGN_CHUNK, CB=16, BB=64, num_warps=8,
+            BM=block_m, EB=eb, CHUNK=chunk, CB=16, BB=64, num_warps=8,
         )
     return Aligned(sorted_pairs, block_expert, max_blocks)

@@ -1,9 +1,14 @@
 """The expert GEMMs on the GPU in Triton, as ops/moe.py's `moe` and `gated_ffn` compute them.
 
-- swiglu: per block of BLOCK_M pairs of one expert, silu(x W1ᵀ) · (x W3ᵀ), rounded as the
-  reference rounds (each product to the model dtype, silu in fp32, then the product).
-- down: per block, (g W2ᵀ) · route weight, written to the pair's slot.
-- slot sum: each row's slots summed in slot order in fp32.
+- gate: per block of BLOCK_M pairs of one expert, act(x W1ᵀ) · (x W3ᵀ), rounded as the
+  references round (each product to the model dtype, the activation in fp32 from the rounded
+  product and rounded, then the product). act: "silu" (lfm2), "silu_clamp" (glm5_next:
+  silu(min(h1, L)) · clamp(h3, -L, L), each clamp on the rounded product), "gelu_tanh" (gemma4).
+- down: per block, y = g W2ᵀ rounded to the model dtype, times the route weight in fp32, kept
+  in the slot's dtype: the model dtype (lfm2, glm5_next: rounded per slot) or fp32 (gemma4).
+- slot sum: each row's slots summed in slot order in fp32, rounded once (lfm2, gemma4), or each
+  add rounded to the model dtype (glm5_next); then an optional extra term (the shared expert).
+W1 and W3 may be strided views of one fused [E, 2I, H] gate_up (gate_up[:, :I], gate_up[:, I:]).
 A pair's result is computed with K walked in order in fixed BLOCK_K steps, so it does not
 depend on how many rows share its expert; the M/N tile (BLOCK_M, BLOCK_N, warps) is chosen by
 the pass's row count (decode-sized passes: 64-row tiles; prompt passes: 128-row tiles), which
@@ -54,11 +59,29 @@ def pick(rows: int) -> tuple[int, Tiles, Tiles]:
     return BLOCK_M, SWIGLU_TILES, DOWN_TILES
 
 
+ACTS = {"silu": 0, "silu_clamp": 1, "gelu_tanh": 2}
+
+
+@triton.jit
+def _gate(h1, h3, limit, dt: tl.constexpr, ACT: tl.constexpr):
+    """act(h1) · h3 -> dt. h1, h3: the products, already rounded to dt, in fp32."""
+    if ACT == 1:
+        h1 = tl.minimum(h1, limit).to(dt).to(tl.float32)
+        h3 = tl.minimum(tl.maximum(h3, -limit), limit).to(dt).to(tl.float32)
+    if ACT == 2:
+        # 0.5·x·(1 + tanh(u)) == x·sigmoid(2u), u = √(2/π)·(x + 0.044715·x³)
+        u = 0.7978845608028654 * (h1 + 0.044715 * (h1 * h1 * h1))
+        act = h1 / (1.0 + tl.exp(-2.0 * u))
+    else:
+        act = h1 / (1.0 + tl.exp(-h1))
+    return (act.to(dt).to(tl.float32) * h3).to(dt)
+
+
 @triton.jit(do_not_specialize=["P"])  # one binary for any row count
 def _swiglu_kernel(
-    x_ptr, w1_ptr, w3_ptr, g_ptr, sorted_ptr, block_ptr, P, E, I, K,
+    x_ptr, w1_ptr, w3_ptr, g_ptr, sorted_ptr, block_ptr, P, E, I, K, limit,
     stride_xm, stride_1e, stride_1n, stride_3e, stride_3n,
-    TOPK: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
+    TOPK: tl.constexpr, ACT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -89,10 +112,7 @@ def _swiglu_kernel(
         w1_ptrs += BK
         w3_ptrs += BK
     dt = g_ptr.dtype.element_ty
-    h1 = acc1.to(dt).to(tl.float32)
-    h3 = acc3.to(dt).to(tl.float32)
-    act = (h1 / (1.0 + tl.exp(-h1))).to(dt).to(tl.float32)
-    g = (act * h3).to(dt)
+    g = _gate(acc1.to(dt).to(tl.float32), acc3.to(dt).to(tl.float32), limit, dt, ACT)
     rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
     tl.store(g_ptr + rows[:, None] * I + rn[None, :], g, mask=valid[:, None] & nmask)
 
@@ -126,35 +146,50 @@ def _down_kernel(
         acc = mma(a, b, acc, IEEE, INTERP)
         g_ptrs += BK
         w_ptrs += BK
-    dt = out_ptr.dtype.element_ty
-    y = acc.to(dt)
+    y = acc.to(g_ptr.dtype.element_ty)  # the expert's output in the model dtype
     if HAS_WEIGHT:
         rw = tl.load(rw_ptr + pairs, mask=valid, other=0.0).to(tl.float32)
-        y = (y.to(tl.float32) * rw[:, None]).to(dt)
+        y = y.to(tl.float32) * rw[:, None]
+    y = y.to(out_ptr.dtype.element_ty)  # the slot's dtype
     dest = pairs.to(tl.int64)
     tl.store(out_ptr + dest[:, None] * stride_om + rn[None, :], y, mask=valid[:, None] & nmask)
 
 
 @triton.jit
-def _slot_sum_kernel(s_ptr, o_ptr, H, TOPK: tl.constexpr, CH: tl.constexpr):
+def _slot_sum_kernel(
+    s_ptr, p_ptr, o_ptr, H, TOPK: tl.constexpr, CH: tl.constexpr, ROUND_EACH: tl.constexpr,
+    HAS_PLUS: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     ch = tl.program_id(1) * CH + tl.arange(0, CH)
     m = ch < H
+    dt = o_ptr.dtype.element_ty
     acc = tl.load(s_ptr + (row * TOPK) * H + ch, mask=m, other=0.0).to(tl.float32)
     for j in tl.static_range(1, TOPK):
         acc = acc + tl.load(s_ptr + (row * TOPK + j) * H + ch, mask=m, other=0.0).to(tl.float32)
-    tl.store(o_ptr + row * H + ch, acc.to(o_ptr.dtype.element_ty), mask=m)
+        if ROUND_EACH:
+            acc = acc.to(dt).to(tl.float32)
+    if HAS_PLUS:
+        acc = acc + tl.load(p_ptr + row * H + ch, mask=m, other=0.0).to(tl.float32)
+    tl.store(o_ptr + row * H + ch, acc.to(dt), mask=m)
 
 
-def stacked(ws: Sequence[torch.Tensor]) -> torch.Tensor:
+def stacked(ws: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
     """E x [A, B] -> [E, A, B] with no copy when the experts are evenly spaced views of one
-    storage (as the dummy loader and a stacked load make them); else a stacked copy, kept."""
+    storage (as the dummy loader and a stacked load make them); else a stacked copy, kept
+    (keyed by the list: pass the same list object each call). A tensor is returned as is."""
     if isinstance(ws, torch.Tensor):
         return ws
     key = (id(ws), ws[0].data_ptr())
     hit = _STACKS.get(key)
-    if hit is not None:
-        return hit
+    if hit is None:
+        hit = _STACKS[key] = stack(ws)
+    return hit
+
+
+def stack(ws: Sequence[torch.Tensor]) -> torch.Tensor:
+    """E x [A, B] -> [E, A, B]: a strided view when the experts are evenly spaced views of one
+    storage, else a stacked copy (not kept)."""
     first = ws[0]
     step = ws[1].storage_offset() - first.storage_offset() if len(ws) > 1 else 0
     even = all(
@@ -164,11 +199,8 @@ def stacked(ws: Sequence[torch.Tensor]) -> torch.Tensor:
         for i, w in enumerate(ws)
     )
     if even and first.stride(-1) == 1:
-        out = first.as_strided((len(ws), *first.shape), (step, *first.stride()))
-    else:
-        out = torch.stack(list(ws))
-    _STACKS[key] = out
-    return out
+        return first.as_strided((len(ws), *first.shape), (step, *first.stride()))
+    return torch.stack(list(ws))
 
 
 _STACKS: dict[tuple[int, int], torch.Tensor] = {}
@@ -177,19 +209,22 @@ _STACKS: dict[tuple[int, int], torch.Tensor] = {}
 def _experts(
     x: torch.Tensor, al: Aligned, pairs: int, top_k: int, w1: torch.Tensor, w3: torch.Tensor,
     w2: torch.Tensor, route_weights: torch.Tensor | None, out: torch.Tensor,
-    block_m: int, sw: Tiles, dn: Tiles,
+    block_m: int, sw: Tiles, dn: Tiles, act: str, limit: float,
 ) -> None:
-    """x [N, H]; w1, w3 [E, I, H]; w2 [E, H, I]; out [pairs, H] gets each pair's output."""
+    """x [N, H]; w1, w3 [E, I, H]; w2 [E, H, I] (each row contiguous; any strides between rows
+    and experts); out [pairs, H] gets each pair's output, in out's dtype."""
     e, i, h = w1.shape
+    assert w3.shape == w1.shape and w2.shape == (e, h, i)
+    assert w1.stride(-1) == 1 and w3.stride(-1) == 1 and w2.stride(-1) == 1
     x = x.contiguous()
     g = torch.empty(al.max_blocks * block_m, i, dtype=x.dtype, device=x.device)
     ieee = x.dtype == torch.float32
     t = sw
     _swiglu_kernel[(triton.cdiv(i, t.block_n), al.max_blocks)](
-        x, w1, w3, g, al.sorted_pairs, al.block_expert, pairs, e, i, h,
+        x, w1, w3, g, al.sorted_pairs, al.block_expert, pairs, e, i, h, float(limit),
         x.stride(0), w1.stride(0), w1.stride(1), w3.stride(0), w3.stride(1),
-        TOPK=top_k, IEEE=ieee, INTERP=interpreting(), BM=block_m, BN=t.block_n, BK=t.block_k,
-        num_warps=t.warps, num_stages=t.stages,
+        TOPK=top_k, ACT=ACTS[act], IEEE=ieee, INTERP=interpreting(), BM=block_m,
+        BN=t.block_n, BK=t.block_k, num_warps=t.warps, num_stages=t.stages,
     )
     t = dn
     rw = route_weights.reshape(-1) if route_weights is not None else g
@@ -202,32 +237,49 @@ def _experts(
 
 
 def moe(
-    x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, w1: Sequence[torch.Tensor],
-    w3: Sequence[torch.Tensor], w2: Sequence[torch.Tensor],
+    x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
+    w1: Sequence[torch.Tensor] | torch.Tensor, w3: Sequence[torch.Tensor] | torch.Tensor,
+    w2: Sequence[torch.Tensor] | torch.Tensor, *, act: str = "silu", limit: float = 0.0,
+    slot_dtype: torch.dtype | None = None, round_sum: bool = False,
+    plus: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [N, H]; weights, experts [N, k] -> Σ_j weights[:, j] · expert_j(x) [N, H]."""
+    """x [N, H]; weights [N, k] (any float dtype); experts [N, k]; w1, w3 E x [I, H] or
+    [E, I, H]; w2 E x [H, I] or [E, H, I] -> Σ_j weights[:, j] · expert_j(x) [N, H], in slot
+    order. slot_dtype: each slot's y·w is kept in it (default x's dtype; torch.float32 keeps the
+    products unrounded). round_sum: each add of the slot sum rounded to x's dtype, else summed in
+    fp32. plus [N, H]: added last (before the final rounding)."""
     n, k = experts.shape
     s1, s3, s2 = stacked(w1), stacked(w3), stacked(w2)
     bm, sw, dn = pick(n)
     al = align(experts, s1.shape[0], bm)
     h = x.shape[1]
-    slots = torch.empty(n * k, h, dtype=x.dtype, device=x.device)
+    slots = torch.empty(n * k, h, dtype=slot_dtype or x.dtype, device=x.device)
     if n:
-        _experts(x, al, n * k, k, s1, s3, s2, weights.contiguous(), slots, bm, sw, dn)
+        _experts(x, al, n * k, k, s1, s3, s2, weights.contiguous(), slots, bm, sw, dn, act, limit)
     out = torch.empty(n, h, dtype=x.dtype, device=x.device)
     if n:
-        _slot_sum_kernel[(n, triton.cdiv(h, 1024))](slots, out, h, TOPK=k, CH=1024, num_warps=4)
+        p = plus.contiguous() if plus is not None else out
+        assert p.shape == out.shape
+        _slot_sum_kernel[(n, triton.cdiv(h, 1024))](
+            slots, p, out, h, TOPK=k, CH=1024, ROUND_EACH=round_sum, HAS_PLUS=plus is not None,
+            num_warps=4,
+        )
     return out
 
 
-def gated_ffn(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    """The dense SwiGLU through the same kernels, every row one pair of one expert."""
+def gated_ffn(
+    x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, *,
+    act: str = "silu", limit: float = 0.0,
+) -> torch.Tensor:
+    """The dense gated FFN through the same kernels, every row one pair of one expert.
+    x [N, H]; w1, w3 [I, H] (views of a fused [2I, H] are fine); w2 [H, I] -> [N, H]."""
     n, h = x.shape
     out = torch.empty(n, h, dtype=x.dtype, device=x.device)
     if n == 0:
         return out
     bm, sw, dn = pick(n)
-    _experts(x, _identity(n, x.device, bm), n, 1, w1[None], w3[None], w2[None], None, out, bm, sw, dn)
+    _experts(x, _identity(n, x.device, bm), n, 1, w1[None], w3[None], w2[None], None, out, bm, sw,
+             dn, act, limit)
     return out
 
 

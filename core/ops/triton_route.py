@@ -1,10 +1,17 @@
-"""Sigmoid top-k routing on the GPU in Triton, as ops/moe.py's `route` computes it.
+"""Top-k routing on the GPU in Triton, as the references compute it.
 
-The router GEMV is split over fixed chunks of H (a program a chunk: a few rows would otherwise
-wait on one long loop); then one program per ROUTE_ROWS rows sums the chunks in order, rounds
-the logits to the model dtype, takes sigmoid scores in that dtype, picks the top k by
-score + bias (fp32; ties to the lower expert) and renormalises the weights in slot order. The
-chunks depend on H alone, so a row's result never depends on the other rows.
+- `route`: sigmoid scores, top k by score + bias, renormalised, times a scaling: ops/moe.py's
+  `route` (lfm2: logits, scores and weights in the model dtype), and glm5_next's router
+  (`fp32=True`: all in fp32, +1e-20 in the renorm, expert groups, slots in expert order).
+- `softmax_route`: softmax scores in fp32, top k, renormalised, times a per-expert scale
+  (gemma4), and `router_input`, gemma4's router input and experts' input from the residual.
+
+The router GEMV is split over fixed chunks of H (a program a chunk and a block of experts: a few
+rows would otherwise wait on one long loop); then one program per few rows sums the chunks in
+order, rounds the logits as the reference does, scores them, picks the top k (ties to the lower
+expert) and renormalises the weights in slot order. The chunks and the tiles depend on H and E
+alone, so a row's result never depends on the other rows; nothing reads a device value on the
+host, so a decode round's routing is captured in its CUDA graph.
 """
 
 from __future__ import annotations
@@ -17,57 +24,102 @@ from .triton_util import interpreting, mma
 
 ROUTE_ROWS = 16
 ROUTER_SPLIT = 256  # columns of H a router program sums (fixed: part of the reduction order)
+EXPERT_BLOCK = 64  # experts a router program computes
 
 
 @triton.jit(do_not_specialize=["M"])  # one binary for any row count
 def _router_partial_kernel(
     x_ptr, g_ptr, part_ptr, M, E, K, stride_xm,
-    IEEE: tl.constexpr, INTERP: tl.constexpr, BM: tl.constexpr, EB: tl.constexpr,
-    KS: tl.constexpr, BK: tl.constexpr,
+    F32: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, BM: tl.constexpr,
+    EB: tl.constexpr, EBLK: tl.constexpr, KS: tl.constexpr, BK: tl.constexpr,
 ):
-    """Split s of the router logits: x[:, s*KS : (s+1)*KS] @ gate[:, same]ᵀ, fp32."""
+    """Split s of the router logits: x[:, s*KS : (s+1)*KS] @ gate[experts of this block, same]ᵀ,
+    fp32 (F32: x read as fp32, an fp32 product, as x.float() @ gate.float()ᵀ)."""
     pid_m = tl.program_id(0)
     s = tl.program_id(1)
     rm = pid_m * BM + tl.arange(0, BM)
-    re = tl.arange(0, EB)
+    re = tl.program_id(2) * EBLK + tl.arange(0, EBLK)
     rk = tl.arange(0, BK)
-    acc = tl.zeros((BM, EB), dtype=tl.float32)
+    acc = tl.zeros((BM, EBLK), dtype=tl.float32)
     for k0 in tl.static_range(0, KS, BK):
         kk = s * KS + k0 + rk
         kin = kk < K
         a = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + kk[None, :],
                     mask=(rm[:, None] < M) & kin[None, :], other=0.0)
-        b = tl.load(g_ptr + re[None, :] * K + kk[:, None], mask=(re[None, :] < E) & kin[:, None],
-                    other=0.0)
+        b = tl.load(g_ptr + re[None, :].to(tl.int64) * K + kk[:, None],
+                    mask=(re[None, :] < E) & kin[:, None], other=0.0)
+        if F32:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
         acc = mma(a, b, acc, IEEE, INTERP)
     offs = (s * M + rm)[:, None].to(tl.int64) * EB + re[None, :]
     tl.store(part_ptr + offs, acc, mask=rm[:, None] < M)
 
 
+@triton.jit
+def _keep_groups(key, ex, ROWS: tl.constexpr, EB: tl.constexpr, EPG: tl.constexpr,
+                 GROUPS: tl.constexpr, KEEP: tl.constexpr, GB: tl.constexpr):
+    """key [ROWS, EB] (-inf past E) -> key with every expert outside the KEEP best of GROUPS
+    groups of EPG experts at -inf. A group scores the sum of its two best keys; ties go to
+    the lower group."""
+    gcol = tl.arange(0, GB)
+    grp = ex // EPG
+    gscore = tl.full((ROWS, GB), float("-inf"), tl.float32)
+    for g in tl.static_range(GROUPS):
+        kg = tl.where((grp == g)[None, :], key, float("-inf"))
+        b1 = tl.max(kg, axis=1)
+        a1 = tl.argmax(kg, axis=1, tie_break_left=True)
+        b2 = tl.max(tl.where(ex[None, :] == a1[:, None], float("-inf"), kg), axis=1)
+        gscore = tl.where(gcol[None, :] == g, (b1 + b2)[:, None], gscore)
+    keep = tl.zeros((ROWS, EB), dtype=tl.int1)
+    for _ in tl.static_range(KEEP):
+        best = tl.argmax(gscore, axis=1, tie_break_left=True)
+        gscore = tl.where(gcol[None, :] == best[:, None], float("-inf"), gscore)
+        keep = keep | (grp[None, :] == best[:, None])
+    return tl.where(keep, key, float("-inf"))
+
+
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
 def _route_kernel(
-    part_ptr, bias_ptr, w_ptr, e_ptr, n_rows, E, S, scaling,
-    TOPK: tl.constexpr, KB: tl.constexpr, EB: tl.constexpr, HAS_BIAS: tl.constexpr,
-    NORM: tl.constexpr, ROWS: tl.constexpr,
+    part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, n_rows, E, S, scaling, norm_eps,
+    TOPK: tl.constexpr, KB: tl.constexpr, EB: tl.constexpr, SOFTMAX: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, NORM: tl.constexpr,
+    GROUPS: tl.constexpr, EPG: tl.constexpr, KEEP_GROUPS: tl.constexpr, GB: tl.constexpr,
+    BY_EXPERT: tl.constexpr, ROWS: tl.constexpr,
 ):
+    """lt_ptr: only its dtype is read, the logits' (and sigmoid scores') dtype; the weights are
+    rounded to w_ptr's."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ex = tl.arange(0, EB)
     rmask = rows < n_rows
     emask = ex < E
+    ldt = lt_ptr.dtype.element_ty
     dt = w_ptr.dtype.element_ty
     acc = tl.zeros((ROWS, EB), dtype=tl.float32)
     for s in range(0, S):  # the K splits, always in this order
         offs = (s * n_rows + rows)[:, None].to(tl.int64) * EB + ex[None, :]
-        acc += tl.load(part_ptr + offs, mask=rmask[:, None], other=0.0)
-    lg = acc.to(dt).to(tl.float32)  # the router's logits, in the model dtype
-    score = (1.0 / (1.0 + tl.exp(-lg))).to(dt).to(tl.float32)
+        acc += tl.load(part_ptr + offs, mask=rmask[:, None] & emask[None, :], other=0.0)
+    lg = acc.to(ldt).to(tl.float32)  # the router's logits, rounded as the reference's
+    if SOFTMAX:
+        lg = tl.where(emask[None, :], lg, float("-inf"))
+        p = tl.exp(lg - tl.max(lg, axis=1)[:, None])
+        score = p / tl.sum(p, axis=1)[:, None]
+    else:
+        score = (1.0 / (1.0 + tl.exp(-lg))).to(ldt).to(tl.float32)
     key = score
     if HAS_BIAS:
         key = key + tl.load(bias_ptr + ex, mask=emask, other=0.0)[None, :]
     key = tl.where(emask[None, :], key, float("-inf"))
+    if GROUPS > 1:
+        key = _keep_groups(key, ex, ROWS, EB, EPG, GROUPS, KEEP_GROUPS, GB)
+    if HAS_SCALE:
+        es = tl.load(scale_ptr + ex, mask=emask, other=0.0).to(tl.float32)
+    else:
+        es = tl.zeros((EB,), dtype=tl.float32)
     kcol = tl.arange(0, KB)
     picked = tl.zeros((ROWS, KB), dtype=tl.int64)
     wts = tl.zeros((ROWS, KB), dtype=tl.float32)
+    scl = tl.zeros((ROWS, KB), dtype=tl.float32)
     total = tl.zeros((ROWS,), dtype=tl.float32)
     for j in tl.static_range(TOPK):
         pick = tl.argmax(key, axis=1, tie_break_left=True)  # [ROWS]
@@ -77,41 +129,135 @@ def _route_kernel(
         total = total + wj
         picked = tl.where(kcol[None, :] == j, pick[:, None].to(tl.int64), picked)
         wts = tl.where(kcol[None, :] == j, wj[:, None], wts)
+        if HAS_SCALE:
+            sj = tl.sum(tl.where(hit, es[None, :], 0.0), axis=1)
+            scl = tl.where(kcol[None, :] == j, sj[:, None], scl)
     if NORM:
-        denom = (total.to(dt).to(tl.float32) + 1e-6).to(dt).to(tl.float32)
+        denom = (total.to(dt).to(tl.float32) + norm_eps).to(dt).to(tl.float32)
         wts = (wts / denom[:, None]).to(dt).to(tl.float32)
+    if HAS_SCALE:
+        wts = wts * scl
     out = (wts * scaling).to(dt)
+    valid = kcol < TOPK
+    if BY_EXPERT:  # each row's slots in ascending expert order (experts are distinct)
+        before = (picked[:, None, :] < picked[:, :, None]) & valid[None, None, :]  # [R, j, i]
+        rank = tl.sum(before.to(tl.int32), axis=2)  # slot j's place
+        at = (rank[:, None, :] == kcol[None, :, None]) & valid[None, None, :]  # [R, place, j]
+        picked = tl.sum(tl.where(at, picked[:, None, :], 0), axis=2)
+        out = tl.sum(tl.where(at, out.to(tl.float32)[:, None, :], 0.0), axis=2).to(dt)
     offs = rows[:, None] * TOPK + kcol[None, :]
-    m = rmask[:, None] & (kcol[None, :] < TOPK)
+    m = rmask[:, None] & valid[None, :]
     tl.store(e_ptr + offs, picked, mask=m)
     tl.store(w_ptr + offs, out, mask=m)
 
 
-def route(
-    x: torch.Tensor, gate: torch.Tensor, expert_bias: torch.Tensor | None, top_k: int, *,
-    norm_topk_prob: bool, scaling: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [N, H]; gate [E, H]; expert_bias [E] fp32 -> (weights [N, k] in x's dtype,
-    experts [N, k] long), slots in descending order of score + bias."""
+def _partials(x: torch.Tensor, gate: torch.Tensor, fp32: bool) -> tuple[torch.Tensor, int]:
+    """The router's logits in fixed splits of H: ([splits, N, EB] fp32, EB)."""
     n, h = x.shape
     e = gate.shape[0]
     x = x.contiguous() if x.stride(-1) != 1 else x
     gate = gate.contiguous()
     eb = max(16, triton.next_power_of_2(e))
+    eblk = min(eb, EXPERT_BLOCK)
     splits = triton.cdiv(h, ROUTER_SPLIT)
-    weights = torch.empty(n, top_k, dtype=x.dtype, device=x.device)
-    experts = torch.empty(n, top_k, dtype=torch.long, device=x.device)
+    part = torch.empty(splits, n, eb, dtype=torch.float32, device=x.device)
+    if n:
+        _router_partial_kernel[(triton.cdiv(n, 64), splits, triton.cdiv(e, eblk))](
+            x, gate, part, n, e, h, x.stride(0), F32=fp32,
+            IEEE=fp32 or x.dtype == torch.float32, INTERP=interpreting(), BM=64, EB=eb,
+            EBLK=eblk, KS=ROUTER_SPLIT, BK=min(128, ROUTER_SPLIT), num_warps=4,
+        )
+    return part, eb
+
+
+def _select(
+    part: torch.Tensor, eb: int, e: int, top_k: int, logit_dtype: torch.dtype,
+    weight_dtype: torch.dtype, *, softmax: bool, bias: torch.Tensor | None,
+    scale: torch.Tensor | None, norm: bool, norm_eps: float, scaling: float, groups: int,
+    keep_groups: int, by_expert: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    splits, n, _ = part.shape
+    weights = torch.empty(n, top_k, dtype=weight_dtype, device=part.device)
+    experts = torch.empty(n, top_k, dtype=torch.long, device=part.device)
     if n == 0:
         return weights, experts
-    part = torch.empty(splits, n, eb, dtype=torch.float32, device=x.device)
-    _router_partial_kernel[(triton.cdiv(n, 64), splits)](
-        x, gate, part, n, e, h, x.stride(0), IEEE=x.dtype == torch.float32,
-        INTERP=interpreting(), BM=64, EB=eb, KS=ROUTER_SPLIT, BK=min(128, ROUTER_SPLIT),
-        num_warps=4,
-    )
-    _route_kernel[(triton.cdiv(n, ROUTE_ROWS),)](
-        part, expert_bias if expert_bias is not None else part, weights, experts, n, e, splits,
-        float(scaling), TOPK=top_k, KB=triton.next_power_of_2(top_k), EB=eb,
-        HAS_BIAS=expert_bias is not None, NORM=norm_topk_prob, ROWS=ROUTE_ROWS, num_warps=4,
+    assert e % groups == 0 and 1 <= keep_groups <= groups
+    rows = max(1, min(ROUTE_ROWS, 4096 // eb))  # by E alone
+    lt = torch.empty(0, dtype=logit_dtype, device=part.device)
+    _route_kernel[(triton.cdiv(n, rows),)](
+        part, bias if bias is not None else part, scale if scale is not None else part, lt,
+        weights, experts, n, e, splits, float(scaling), float(norm_eps),
+        TOPK=top_k, KB=triton.next_power_of_2(top_k), EB=eb, SOFTMAX=softmax,
+        HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, NORM=norm, GROUPS=groups,
+        EPG=e // groups, KEEP_GROUPS=keep_groups, GB=max(2, triton.next_power_of_2(groups)),
+        BY_EXPERT=by_expert, ROWS=rows, num_warps=4,
     )
     return weights, experts
+
+
+def route(
+    x: torch.Tensor, gate: torch.Tensor, expert_bias: torch.Tensor | None, top_k: int, *,
+    norm_topk_prob: bool, scaling: float, fp32: bool = False, norm_eps: float = 1e-6,
+    groups: int = 1, keep_groups: int = 1, by_expert: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sigmoid routing. x [N, H]; gate [E, H]; expert_bias [E] fp32 -> (weights [N, k],
+    experts [N, k] long), slots in descending order of score + bias (by_expert: ascending
+    expert). Logits, scores and weights in x's dtype (ops/moe.py's `route`), or, with fp32, in
+    fp32 from x.float() @ gate.float()ᵀ (glm5_next). Weights: the chosen scores, divided by
+    (their sum + norm_eps) when norm_topk_prob, times scaling. groups > 1: experts are chosen
+    within the keep_groups best of `groups` equal groups, a group scoring its two best keys."""
+    dt = torch.float32 if fp32 else x.dtype
+    part, eb = _partials(x, gate, fp32)
+    return _select(
+        part, eb, gate.shape[0], top_k, dt, dt, softmax=False, bias=expert_bias, scale=None,
+        norm=norm_topk_prob, norm_eps=norm_eps, scaling=scaling, groups=groups,
+        keep_groups=keep_groups, by_expert=by_expert,
+    )
+
+
+def softmax_route(
+    x: torch.Tensor, gate: torch.Tensor, top_k: int, expert_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax routing (gemma4). x [N, H]; gate [E, H]; expert_scale [E] -> (weights [N, k]
+    fp32, experts [N, k] long): logits x gateᵀ rounded to x's dtype, softmax in fp32, the top k
+    (descending; ties to the lower expert), divided by their sum, times expert_scale."""
+    part, eb = _partials(x, gate, False)
+    return _select(
+        part, eb, gate.shape[0], top_k, x.dtype, torch.float32, softmax=True, bias=None,
+        scale=expert_scale, norm=True, norm_eps=0.0, scaling=1.0, groups=1, keep_groups=1,
+        by_expert=False,
+    )
+
+
+@triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
+def _router_input_kernel(
+    r_ptr, s_ptr, w_ptr, z_ptr, xe_ptr, n_rows, D, eps, const, BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    m = cols < D
+    dt = z_ptr.dtype.element_ty
+    x = tl.load(r_ptr + row * D + cols, mask=m, other=0.0).to(tl.float32)
+    normed = x * tl.math.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+    s = tl.load(s_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    z = (normed.to(dt).to(tl.float32) * s).to(dt).to(tl.float32)
+    tl.store(z_ptr + row * D + cols, (z * const).to(dt), mask=m)
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(xe_ptr + row * D + cols, (normed * w).to(dt), mask=m)
+
+
+def router_input(
+    r: torch.Tensor, eps: float, scale: torch.Tensor, const: float, pre_norm: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """gemma4's router and experts' inputs from the residual r [N, H], with x̂ = r·(mean(r²) +
+    eps)^-½ in fp32: z = ((x̂ → r's dtype) · scale → dtype) · const → dtype, and
+    xe = x̂ · pre_norm (fp32) → dtype. scale [H] in r's dtype; pre_norm [H] fp32."""
+    r = r.contiguous()
+    n, d = r.shape
+    z, xe = torch.empty_like(r), torch.empty_like(r)
+    if n:
+        _router_input_kernel[(n,)](
+            r, scale.contiguous(), pre_norm.contiguous(), z, xe, n, d, float(eps), float(const),
+            BLOCK_D=triton.next_power_of_2(d), num_warps=8 if d > 2048 else 4,
+        )
+    return z, xe

@@ -8,12 +8,16 @@ expert outputs are rounded to the model dtype and summed in expert order, then t
 is added, as the reference's index_add_ does.
 
 Ranking ties (experts or groups with equal scores) go to the lower index.
+
+On the GPU (`tensorfold.ops.gpu.use_triton`) `swiglu` and `moe` run the Triton kernels of
+triton_ffn.py, which round and sum as this code does.
 """
 
 from __future__ import annotations
 
 import torch
 
+from tensorfold.ops.gpu import use_triton
 from tensorfold.ops.linear import linear
 
 from .config import GlmConfig
@@ -23,6 +27,10 @@ from .weights import DenseWeights, MoeWeights
 
 def swiglu(x: torch.Tensor, w: DenseWeights, limit: float) -> torch.Tensor:
     """x [n, H] -> [n, H]."""
+    if use_triton(x):
+        from .triton_ffn import swiglu as triton_swiglu
+
+        return triton_swiglu(x, w, limit)
     gate, up = linear(x, w.gate_up).chunk(2, dim=-1)
     return linear(silu(gate.clamp(max=limit)) * up.clamp(-limit, limit), w.down)
 
@@ -58,6 +66,10 @@ def route(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> tuple[torch.Tensor,
 def moe(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     """x [N, H] -> [N, H]: the routed experts (each on its own rows, so a row's result does not
     depend on which rows share its experts) plus the shared expert."""
+    if use_triton(x):
+        from .triton_ffn import moe as triton_moe
+
+        return triton_moe(cfg, x, w)
     n, k = x.shape[0], cfg.num_experts_per_tok
     weights, chosen = route(cfg, x, w)
     # Each row's slots in expert order, the order the reference accumulates them in.

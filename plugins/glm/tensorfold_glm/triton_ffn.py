@@ -1,0 +1,75 @@
+"""glm5_next's feed-forward blocks on the GPU (moe.py's torch code is the reference).
+
+The clamped SwiGLU (dense layers, the shared expert, the routed experts) runs through the gated
+FFN kernels of tensorfold.ops.triton_moe with act "silu_clamp", the gate and up halves of each
+fused gate_up read as strided views. The router runs in fp32 in tensorfold.ops.triton_route
+(x read as fp32, the product in fixed splits of H: no cuBLAS, whose kernel depends on the row
+count), and gives each row's slots in expert order, the order the reference sums them in: each
+add rounded to the model dtype, then the shared expert. Nothing reads a device value on the host,
+so a decode round is captured in its CUDA graph.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from tensorfold.ops import triton_moe, triton_route
+
+from .config import GlmConfig
+from .weights import DenseWeights, MoeWeights
+
+
+def swiglu(x: torch.Tensor, w: DenseWeights, limit: float) -> torch.Tensor:
+    """x [n, H] -> [n, H]: down(silu(min(gate x, L)) · clamp(up x, -L, L))."""
+    i = w.down.shape[1]
+    return triton_moe.gated_ffn(
+        x, w.gate_up[:i], w.gate_up[i:], w.down, act="silu_clamp", limit=limit
+    )
+
+
+def route(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [N, H] -> (weights [N, k] fp32, experts [N, k] long), each row's slots in ascending
+    expert order."""
+    return triton_route.route(
+        x, w.router, w.bias, cfg.num_experts_per_tok, norm_topk_prob=cfg.norm_topk_prob,
+        scaling=cfg.routed_scaling_factor, fp32=True, norm_eps=1e-20, groups=cfg.n_group,
+        keep_groups=cfg.topk_group, by_expert=True,
+    )
+
+
+def moe(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
+    """x [N, H] -> [N, H]: the routed experts plus the shared expert."""
+    weights, chosen = route(cfg, x, w)
+    gate_up, down = experts_stacked(w.experts)
+    i = down.shape[2]
+    shared = swiglu(x, w.shared, cfg.swiglu_limit)
+    return triton_moe.moe(
+        x, weights, chosen, gate_up[:, :i], gate_up[:, i:], down, act="silu_clamp",
+        limit=cfg.swiglu_limit, round_sum=True, plus=shared,
+    )
+
+
+def experts_stacked(experts: Sequence[DenseWeights]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The experts' gate_up [E, 2I, H] and down [E, H, I], kept per expert list.
+
+    Views when the experts already are evenly spaced views of one storage. Otherwise the
+    experts are copied into one stack once, and each expert's weights are re-pointed at their
+    slice of it (the same values), so the separate copies are freed and the experts are not held
+    twice."""
+    hit = _STACKS.get(id(experts))
+    if hit is not None and hit[0] is experts:
+        return hit[1], hit[2]
+    gate_up = triton_moe.stack([e.gate_up for e in experts])
+    down = triton_moe.stack([e.down for e in experts])
+    for j, e in enumerate(experts):
+        if e.gate_up.data_ptr() != gate_up[j].data_ptr():
+            e.gate_up = gate_up[j]
+        if e.down.data_ptr() != down[j].data_ptr():
+            e.down = down[j]
+    _STACKS[id(experts)] = (experts, gate_up, down)
+    return gate_up, down
+
+
+_STACKS: dict[int, tuple[Sequence[DenseWeights], torch.Tensor, torch.Tensor]] = {}
