@@ -1,19 +1,20 @@
-"""transformers 5.23.0 `Lfm2MoeForCausalLM` at a dummy model's shape, sharing its weights (no
-copy), for the baseline `generate` timings and a token comparison."""
+"""transformers 5.23.0 at a dummy model's shape, sharing its weights (no copy of the big ones),
+for the baseline `generate` timings and a token comparison: `Lfm2MoeForCausalLM` for lfm2_moe,
+`Gemma4ForCausalLM` (a `Gemma4TextConfig` built from ours) for gemma4."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tensorfold_lfm2_moe.dummy import expert_stacks
-from tensorfold_lfm2_moe.model import Lfm2MoeModel
-from tensorfold_lfm2_moe.weights import AttentionWeights, DenseWeights
+if TYPE_CHECKING:
+    from tensorfold_gemma4.model import Gemma4Model
+    from tensorfold_lfm2_moe.model import Lfm2MoeModel
 
 
-def hf_config(model: Lfm2MoeModel) -> Any:
+def hf_config(model: "Lfm2MoeModel") -> Any:
     from transformers import Lfm2MoeConfig
 
     c = model.cfg
@@ -31,7 +32,10 @@ def hf_config(model: Lfm2MoeModel) -> Any:
     )
 
 
-def state_dict(model: Lfm2MoeModel) -> dict[str, torch.Tensor]:
+def state_dict(model: "Lfm2MoeModel") -> dict[str, torch.Tensor]:
+    from tensorfold_lfm2_moe.dummy import expert_stacks
+    from tensorfold_lfm2_moe.weights import AttentionWeights, DenseWeights
+
     w = model.weights
     sd = {
         "model.embed_tokens.weight": w.embed,
@@ -66,8 +70,10 @@ def state_dict(model: Lfm2MoeModel) -> dict[str, torch.Tensor]:
     return sd
 
 
-def build_hf(model: Lfm2MoeModel) -> Any:
+def build_hf(model: Any) -> Any:
     """The reference model on model.device, its parameters our tensors."""
+    if model.name == "gemma4":
+        return build_gemma4(model)
     from transformers import Lfm2MoeForCausalLM
 
     cfg = hf_config(model)
@@ -77,6 +83,119 @@ def build_hf(model: Lfm2MoeModel) -> Any:
     assert not unexpected, unexpected
     assert not missing, missing
     hf.model.pos_emb = type(hf.model.pos_emb)(cfg).to(model.device)  # its buffers were on meta
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    return hf.eval()
+
+
+def gemma4_config(model: "Gemma4Model") -> Any:
+    """A Gemma4TextConfig that builds the same layers as our config."""
+    from transformers import Gemma4TextConfig
+
+    c = model.cfg
+    sliding = [x for x in c.layers if x.window is not None] or list(c.layers)
+    full = [x for x in c.layers if x.window is None] or list(c.layers)
+    rope = {kind: {"rope_type": r.rope_type, "rope_theta": r.theta,
+                   **({"partial_rotary_factor": r.partial_rotary_factor}
+                      if r.rope_type == "proportional" else {})}
+            for kind, r in c.rope.items()}
+    reuse = [x for x in c.layers if x.reuses_kv]
+    return Gemma4TextConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=sliding[0].kv_heads, head_dim=sliding[0].head_dim,
+        global_head_dim=full[0].head_dim, num_global_key_value_heads=full[0].kv_heads,
+        attention_k_eq_v=any(x.k_eq_v for x in c.layers), layer_types=list(c.layer_types),
+        sliding_window=sliding[0].window or 1, rope_parameters=rope, rms_norm_eps=c.rms_norm_eps,
+        hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=c.final_logit_softcapping,
+        enable_moe_block=c.enable_moe_block, num_experts=c.num_experts or None,
+        top_k_experts=c.top_k_experts or None, moe_intermediate_size=c.moe_intermediate_size or None,
+        hidden_size_per_layer_input=c.hidden_size_per_layer_input,
+        vocab_size_per_layer_input=c.vocab_size_per_layer_input,
+        num_kv_shared_layers=len(reuse),
+        use_double_wide_mlp=any(x.mlp_size != c.intermediate_size for x in reuse),
+        max_position_embeddings=c.max_position_embeddings,
+        tie_word_embeddings=c.tie_word_embeddings, pad_token_id=c.pad_token_id,
+        bos_token_id=2, eos_token_id=None,
+    )
+
+
+def gemma4_state_dict(model: "Gemma4Model") -> dict[str, torch.Tensor]:
+    """Our weights under Gemma4ForCausalLM's names: the matrices shared, the fp32 norms cast to
+    the model dtype (they were read from it, so the values are the same)."""
+    w, dt = model.weights, model.dtype
+
+    def norm(t: torch.Tensor) -> torch.Tensor:
+        return t.to(dt)
+
+    sd = {"model.embed_tokens.weight": w.embed, "model.norm.weight": norm(w.final_norm)}
+    if w.lm_head is not w.embed:
+        sd["lm_head.weight"] = w.lm_head
+    if w.ple_embed is not None:
+        assert w.ple_projection is not None and w.ple_norm is not None
+        sd["model.embed_tokens_per_layer.weight"] = w.ple_embed
+        sd["model.per_layer_model_projection.weight"] = w.ple_projection
+        sd["model.per_layer_projection_norm.weight"] = norm(w.ple_norm)
+    for i, layer in enumerate(w.layers):
+        p, a = f"model.layers.{i}", layer.attention
+        sd.update({
+            f"{p}.layer_scalar": layer.layer_scalar,
+            f"{p}.input_layernorm.weight": norm(layer.input_norm),
+            f"{p}.post_attention_layernorm.weight": norm(layer.post_attention_norm),
+            f"{p}.pre_feedforward_layernorm.weight": norm(layer.pre_mlp_norm),
+            f"{p}.post_feedforward_layernorm.weight": norm(layer.post_mlp_norm),
+            f"{p}.self_attn.q_proj.weight": a.q, f"{p}.self_attn.o_proj.weight": a.o,
+            f"{p}.self_attn.q_norm.weight": norm(a.q_norm),
+            f"{p}.mlp.gate_proj.weight": layer.mlp.gate, f"{p}.mlp.up_proj.weight": layer.mlp.up,
+            f"{p}.mlp.down_proj.weight": layer.mlp.down,
+        })
+        if a.k is not None:
+            assert a.k_norm is not None
+            sd[f"{p}.self_attn.k_proj.weight"] = a.k
+            sd[f"{p}.self_attn.k_norm.weight"] = norm(a.k_norm)
+        if a.v is not None:
+            sd[f"{p}.self_attn.v_proj.weight"] = a.v
+        if layer.moe is not None:
+            m = layer.moe
+            sd.update({
+                f"{p}.router.proj.weight": m.router, f"{p}.router.scale": m.router_scale,
+                f"{p}.router.per_expert_scale": m.per_expert_scale,
+                f"{p}.experts.gate_up_proj": m.gate_up, f"{p}.experts.down_proj": m.down,
+                f"{p}.pre_feedforward_layernorm_2.weight": norm(m.pre_norm),
+                f"{p}.post_feedforward_layernorm_1.weight": norm(m.post_norm_mlp),
+                f"{p}.post_feedforward_layernorm_2.weight": norm(m.post_norm_experts),
+            })
+        if layer.ple is not None:
+            sd.update({
+                f"{p}.per_layer_input_gate.weight": layer.ple.gate,
+                f"{p}.per_layer_projection.weight": layer.ple.projection,
+                f"{p}.post_per_layer_input_norm.weight": norm(layer.ple.post_norm),
+            })
+    return sd
+
+
+def build_gemma4(model: "Gemma4Model") -> Any:
+    """Gemma4ForCausalLM on model.device in model.dtype, its matrices our tensors."""
+    from transformers import Gemma4ForCausalLM
+
+    cfg = gemma4_config(model)
+    with torch.device("meta"):
+        hf = Gemma4ForCausalLM(cfg)
+    sd = gemma4_state_dict(model)
+    tied = "lm_head.weight" not in sd
+    missing, unexpected = hf.load_state_dict(sd, strict=False, assign=True)
+    assert not unexpected, unexpected
+    assert set(missing) <= ({"lm_head.weight"} if tied else set()), missing
+    if tied:
+        hf.lm_head.weight = hf.model.embed_tokens.weight
+    device = model.device
+    # non-persistent buffers were made on meta: make them again on the device
+    hf.model.rotary_emb = type(hf.model.rotary_emb)(cfg, device=device)
+    for module in hf.modules():
+        if hasattr(module, "embed_scale") and getattr(module.embed_scale, "is_meta", False):
+            module.embed_scale = torch.tensor(module.scalar_embed_scale, device=device)
+    left = [n for n, t in [*hf.named_parameters(), *hf.named_buffers()] if t.is_meta]
+    assert not left, left
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
     return hf.eval()

@@ -10,7 +10,7 @@ grep -qx "/$tree/" .git/info/exclude 2>/dev/null || echo "/$tree/" >> .git/info/
 rm -rf "$tree" && mkdir "$tree"
 git archive HEAD | tar -x -C "$tree"
 files="core/cuda_graphs.py core/ops/*.py core/lanes.py core/start.py bench/*.py bench/*.sh
-  tests/test_triton_kernels.py plugins/lfm2_moe/tensorfold_lfm2_moe/*.py"
+  tests/test_triton_kernels.py plugins/*/tensorfold_*/*.py plugins/*/tests/*.py"
 for f in $files; do cp --parents "$f" "$tree/"; done
 cp -r .whl "$tree/.whl"
 rm -f "$tree"/.whl/fla_core-*.whl

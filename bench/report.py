@@ -43,13 +43,20 @@ def summary(r: dict[str, Any]) -> str:
                 f"{d.get('forward_ms')} ms/round = {ftps} tok/s")
         if tps and bw and model:
             key = "one_stream" if n == 1 else "all_experts"
-            limit = bw * 1e12 / model[key] * n
+            kv = n * d.get("kv_bytes_per_stream", 0)  # the cache rows a step reads, where given
+            limit = bw * 1e12 / (model[key] + kv) * n
             line += (f"; limit {limit:.0f} tok/s ({key} bytes): fraction {tps / limit:.3f} "
                      f"(forward alone {(ftps or 0) / limit:.3f})")
             if n not in (1, 64) and model.get("expected_bytes", {}).get(str(n)):
-                hit = bw * 1e12 / model["expected_bytes"][str(n)] * n
+                hit = bw * 1e12 / (model["expected_bytes"][str(n)] + kv) * n
                 line += f"; {hit:.0f} tok/s at the experts {n} uniform rows hit: {tps / hit:.3f}"
+        if "graph_replays" in d:
+            line += f"; graph replays {d['graph_replays']}"
         lines.append(line)
+    for name, d in r.get("decode_long", {}).items():  # other contexts, where a benchmark ran them
+        if "_ctx" in name and isinstance(d, dict):
+            lines.append(f"decode {name}: {d.get('tokens_per_s')} tok/s; fraction of its limit "
+                         f"{d.get('fraction_of_limit')}")
     for b in (1, 16):
         h = hf.get(f"streams{b}", {})
         lines.append(f"transformers {b} streams: {h.get('tokens_per_s')} tok/s")
@@ -66,5 +73,9 @@ def summary(r: dict[str, Any]) -> str:
                 "bf16_ours_vs_fp32_transformers", "bf16_transformers_vs_fp32_transformers"):
         lines.append(f"{key}: {hf.get(key)}")
     lines.append(f"gates: {json.dumps(r.get('gates', {}), default=str)[:400]}")
-    lines.append(f"other shape: {json.dumps(r.get('other_shape', {}), default=str)[:700]}")
+    if "other_shape" in r:
+        lines.append(f"other shape: {json.dumps(r['other_shape'], default=str)[:700]}")
+    failed = [k for k, v in r.items() if isinstance(v, dict) and "error" in v]
+    if failed:
+        lines.append(f"sections that failed (traceback in results.json): {', '.join(failed)}")
     return "\n".join(lines)

@@ -15,46 +15,14 @@ from tensorfold.forward_pass import ForwardPass
 from tensorfold.ops.attention import paged_attention
 from tensorfold.ops.linear import linear
 from tensorfold.ops.rope import apply_rope
-from tensorfold.ops.window_attention import window_attention
 
 from .config import Gemma4Config, Layer
 from .ops import gelu_tanh, rms_norm
 from .sliding import SlidingRows
-from .weights import AttentionWeights, LayerWeights, MlpWeights, MoeWeights, PleWeights
+from .weights import AttentionWeights, MlpWeights, MoeWeights, PleWeights
 
 if TYPE_CHECKING:
     from tensorfold.adapters.paged_kv import PagedRows
-
-
-def decoder_layer(
-    cfg: Gemma4Config,
-    layer: Layer,
-    w: LayerWeights,
-    h: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    ple: torch.Tensor | None,
-    fp: ForwardPass,
-    rows: "PagedRows",
-    sliding: SlidingRows,
-) -> torch.Tensor:
-    """h [N, H]; cos, sin [N, D] of the layer's kind; ple [N, P] (its per-layer input) -> [N, H].
-    Sandwich norms around attention and the FFN; the dense GeGLU and the MoE both read the same
-    residual; then the per-layer input, then `layer_scalar`."""
-    eps = cfg.rms_norm_eps
-    x = rms_norm(h, w.input_norm, eps)
-    a = attention(cfg, layer, w.attention, x, cos, sin, fp, rows, sliding)
-    h = h + rms_norm(a, w.post_attention_norm, eps)
-    m = mlp(w.mlp, rms_norm(h, w.pre_mlp_norm, eps))
-    if w.moe is not None:
-        m = rms_norm(m, w.moe.post_norm_mlp, eps) + rms_norm(
-            moe(cfg, w.moe, h), w.moe.post_norm_experts, eps
-        )
-    h = h + rms_norm(m, w.post_mlp_norm, eps)
-    if w.ple is not None:
-        assert ple is not None
-        h = h + per_layer_input(w.ple, h, ple, eps)
-    return h * w.layer_scalar
 
 
 def attention(
@@ -81,8 +49,7 @@ def attention(
         raw_v = raw_k if w.v is None else linear(x, w.v).view(n, layer.kv_heads, d)
         new = apply_rope(rms_norm(raw_k, w.k_norm, eps), cos, sin), rms_norm(raw_v, None, eps)
     if layer.window is not None:
-        kv = sliding.read(layer) if new is None else sliding.write(layer, *new)
-        o = window_attention(q, kv, fp, scale=1.0, window=layer.window)
+        o = sliding.attend(cfg.layers, layer, q, new, scale=1.0)
     else:
         src = f"L{layer.kv_source}"
         if new is not None:
@@ -93,7 +60,14 @@ def attention(
 
 
 def mlp(w: MlpWeights, x: torch.Tensor) -> torch.Tensor:
-    """GeGLU: down(gelu_tanh(gate x) · up x). x [N, H] -> [N, H]."""
+    """GeGLU: down(gelu_tanh(gate x) · up x). x [N, H] -> [N, H]. On the GPU: the gated-FFN
+    kernels of tensorfold.ops.triton_moe (K in fixed blocks: batch-invariant)."""
+    from tensorfold.ops.gpu import use_triton
+
+    if use_triton(x):
+        from tensorfold.ops import triton_moe
+
+        return triton_moe.gated_ffn(x, w.gate, w.up, w.down, act="gelu_tanh")
     return linear(gelu_tanh(linear(x, w.gate)) * linear(x, w.up), w.down)
 
 
@@ -102,9 +76,22 @@ def moe(cfg: Gemma4Config, w: MoeWeights, r: torch.Tensor) -> torch.Tensor:
 
     Router: z = rms_norm(r) · scale · H^-0.5 (no weight, in r's dtype), softmax(z Wᵀ) in fp32,
     top-k, renormalised to sum 1, times per_expert_scale. The experts read
-    pre_feedforward_layernorm_2(r).
+    pre_feedforward_layernorm_2(r). Ties in the top-k go to the lower expert on the GPU (Triton:
+    both inputs in one kernel, the router in tensorfold.ops.triton_route; no host sync).
     """
+    from tensorfold.ops.gpu import use_triton
+
     eps = cfg.rms_norm_eps
+    if use_triton(r):
+        from tensorfold.ops import triton_route
+
+        z, xe = triton_route.router_input(
+            r, eps, w.router_scale, cfg.hidden_size**-0.5, w.pre_norm
+        )
+        weights, experts = triton_route.softmax_route(
+            z, w.router, cfg.top_k_experts, w.per_expert_scale
+        )
+        return experts_ffn(xe, weights, experts, w.gate_up, w.down)
     z = rms_norm(r, None, eps) * w.router_scale * cfg.hidden_size**-0.5
     probs = torch.softmax(linear(z, w.router), dim=-1, dtype=torch.float32)  # [N, E]
     weights, experts = torch.topk(probs, cfg.top_k_experts, dim=-1)  # [N, k]
@@ -125,7 +112,18 @@ def experts_ffn(
     Σ_j weights[:, j] · down_e(gelu_tanh(gate_e x) · up_e x) for e = experts[:, j], each product
     kept in fp32 and summed in slot order, then rounded to x's dtype (the reference's grouped_mm
     path). An expert's rows are gathered and multiplied on their own, so a row's result does not
-    depend on which other rows share its experts."""
+    depend on which other rows share its experts. On the GPU: tensorfold.ops.triton_moe, the
+    gate and up halves of gate_up read as strided views."""
+    from tensorfold.ops.gpu import use_triton
+
+    if use_triton(x):
+        from tensorfold.ops import triton_moe
+
+        i = down.shape[2]
+        return triton_moe.moe(
+            x, weights, experts, gate_up[:, :i], gate_up[:, i:], down, act="gelu_tanh",
+            slot_dtype=torch.float32,
+        )
     n, k = experts.shape
     flat = experts.reshape(-1)  # entry r*k + j is row r's slot j
     order = torch.argsort(flat, stable=True)

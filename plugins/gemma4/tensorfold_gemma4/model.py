@@ -1,5 +1,9 @@
 """Gemma 4's text model over the pool's pages: sliding-window and full attention layers, the dense
-GeGLU beside the MoE, per-layer embeddings and KV sharing between layers."""
+GeGLU beside the MoE, per-layer embeddings and KV sharing between layers.
+
+The forward makes no host sync (no .item(), no device-dependent python branch), so a decode pass
+can be captured in a CUDA graph (core/cuda_graphs.py); the sandwich norms' residual adds are
+fused with the norm that follows them (ops.residual)."""
 
 from __future__ import annotations
 
@@ -15,11 +19,11 @@ from tensorfold.model import FamilyModel
 from tensorfold.ops import rope as rope_ops
 from tensorfold.ops.linear import linear
 
-from .config import Gemma4Config, Rope
-from .layers import decoder_layer
-from .ops import rms_norm, softcap
+from . import layers
+from .config import Gemma4Config, Layer, Rope
+from .ops import residual, rms_norm, softcap_float
 from .sliding import SlidingRows, ring_specs
-from .weights import ModelWeights, load_weights
+from .weights import LayerWeights, ModelWeights, load_weights
 
 if TYPE_CHECKING:
     from tensorfold.adapters.paged_kv import PagedRows
@@ -105,18 +109,23 @@ class Gemma4Model(FamilyModel):
         cfg, w = self.cfg, self.weights
         ids = fp.tokens
         if self.placeholders.numel():  # no image, video or audio fills them: the pad embedding
-            ids = torch.where(torch.isin(ids, self.placeholders), cfg.pad_token_id, ids)
+            # a comparison rather than torch.isin, whose CUDA path may sort (and sync)
+            hit = (ids[:, None] == self.placeholders[None, :]).any(dim=-1)
+            ids = torch.where(hit, cfg.pad_token_id, ids)
         h = w.embed.index_select(0, ids) * self.embed_scale  # [N, H]
         ple = self.per_layer_inputs(ids, h) if cfg.has_ple else None  # [N, L, P]
         rope = {kind: rope_ops.cos_sin(fp.positions, f, self.dtype)  # [N, D] each
                 for kind, f in self.inv_freq.items()}
         sliding = SlidingRows(fp, slots, self.shared_kv)
-        for layer, lw in zip(cfg.layers, w.layers):
+        x = rms_norm(h, w.layers[0].input_norm, cfg.rms_norm_eps)
+        for i, (layer, lw) in enumerate(zip(cfg.layers, w.layers)):
             cos, sin = rope[layer.kind]
             p = ple[:, layer.index] if ple is not None else None
-            h = decoder_layer(cfg, layer, lw, h, cos, sin, p, fp, rows, sliding)
+            nxt = w.layers[i + 1].input_norm if i + 1 < len(w.layers) else None
+            h, normed = decoder_layer(cfg, layer, lw, h, x, nxt, cos, sin, p, fp, rows, sliding)
+            x = normed if normed is not None else x  # None after the last layer
         out = rms_norm(h.index_select(0, fp.logit_rows), w.final_norm, cfg.rms_norm_eps)
-        return softcap(linear(out, w.lm_head), cfg.final_logit_softcapping).float()  # [R, V]
+        return softcap_float(linear(out, w.lm_head), cfg.final_logit_softcapping)  # [R, V] fp32
 
     def per_layer_inputs(self, ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """ids [N], h [N, H] (the scaled embeddings) -> [N, L, P]: (RMSNorm(proj(h) · H^-0.5) +
@@ -128,3 +137,40 @@ class Gemma4Model(FamilyModel):
         projected = linear(h, w.ple_projection) * cfg.hidden_size**-0.5
         projected = rms_norm(projected.view(n, layers, size), w.ple_norm, cfg.rms_norm_eps)
         return (projected + tokens) * 2.0**-0.5
+
+
+def decoder_layer(
+    cfg: Gemma4Config,
+    layer: Layer,
+    w: LayerWeights,
+    h: torch.Tensor,
+    x: torch.Tensor,
+    next_norm: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    ple: torch.Tensor | None,
+    fp: ForwardPass,
+    rows: "PagedRows",
+    sliding: SlidingRows,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """h [N, H] (the residual), x = input_layernorm(h); cos, sin [N, D] of the layer's kind;
+    ple [N, P] (its per-layer input); next_norm: the next layer's input_layernorm weight, or None
+    for the last layer. Returns (h', next_norm(h') or None).
+
+    As modeling_gemma4.py's decoder layer: h += post_attention_norm(attention(x)); the dense
+    GeGLU reads pre_feedforward_layernorm(h) and the MoE reads h itself; h += post_ffn_norm(
+    post_norm_1(mlp) + post_norm_2(moe)); then the per-layer input; then h *= layer_scalar."""
+    eps = cfg.rms_norm_eps
+    a = layers.attention(cfg, layer, w.attention, x, cos, sin, fp, rows, sliding)
+    h, x = residual(h, a, eps, wa=w.post_attention_norm, wnext=w.pre_mlp_norm)
+    m = layers.mlp(w.mlp, x)
+    ffn: dict[str, torch.Tensor | None] = {"wa": w.post_mlp_norm}
+    if w.moe is not None:
+        ffn = {"wa": w.moe.post_norm_mlp, "e": layers.moe(cfg, w.moe, h),
+               "we": w.moe.post_norm_experts, "wpost": w.post_mlp_norm}
+    if w.ple is None:
+        return residual(h, m, eps, **ffn, scale=w.layer_scalar, wnext=next_norm)
+    assert ple is not None
+    h, _ = residual(h, m, eps, **ffn)
+    p = layers.per_layer_input(w.ple, h, ple, eps)
+    return residual(h, p, eps, scale=w.layer_scalar, wnext=next_norm)

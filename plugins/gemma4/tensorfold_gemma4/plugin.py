@@ -12,6 +12,7 @@ GEMMA4 = FamilySpec(
     load="tensorfold_gemma4.model:load",
     build_demo="tensorfold_gemma4.demo:build_demo",
     shape="tensorfold_gemma4.model:shape",
+    dummy="tensorfold_gemma4.dummy:load_dummy",
     description="Gemma 4 (Google) text models: sliding-window and full attention, a dense GeGLU "
     "beside softmax-routed experts, per-layer embeddings and KV sharing (images and audio not "
     "served yet)",

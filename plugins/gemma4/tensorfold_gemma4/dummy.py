@@ -1,0 +1,128 @@
+"""Gemma 4 at a real model's shape with random weights made in place on the device from a fixed
+seed, as vLLM's `--load-format dummy`: for benchmarks, with no checkpoint to read.
+
+Weights are drawn from N(0, std²) one tensor at a time on `device` from a generator seeded once.
+Norm weights are 1 + N(0, 0.1²) rounded to the model dtype and kept in fp32 (as weights.py keeps
+them); the router is drawn wide (std 1) so its top-k choices are not near ties; layer_scalar,
+router.scale and per_expert_scale are 1. With every sublayer's output normed before it joins the
+residual, activations stay of order one in bf16. Experts are stacked as transformers and the
+checkpoints keep them: gate_up [E, 2I, H] (gate rows first), down [E, H, I].
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .config import DEFAULT_ROPE, FULL, SLIDING, Gemma4Config
+from .model import Gemma4Model
+from .weights import (
+    AttentionWeights, LayerWeights, MlpWeights, ModelWeights, MoeWeights, PleWeights,
+)
+
+# families.md §3.1 and §6.1: Gemma-4-26B-A4B's text model, as its config.json's text_config
+# (a third-party loader's field-by-field listing; five sliding layers to one full, the last full).
+CONFIGS: dict[str, dict[str, Any]] = {
+    "Gemma-4-26B-A4B": dict(
+        model_type="gemma4_text", vocab_size=262_144, hidden_size=2816, intermediate_size=2112,
+        num_hidden_layers=30, num_attention_heads=16, num_key_value_heads=8, head_dim=256,
+        global_head_dim=512, num_global_key_value_heads=2, attention_k_eq_v=True,
+        layer_types=[FULL if (i + 1) % 6 == 0 else SLIDING for i in range(30)],
+        sliding_window=1024, rope_parameters=DEFAULT_ROPE, rms_norm_eps=1e-6,
+        hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=30.0,
+        enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704,
+        hidden_size_per_layer_input=0, vocab_size_per_layer_input=262_144,
+        num_kv_shared_layers=0, use_double_wide_mlp=False, max_position_embeddings=262_144,
+        use_bidirectional_attention="vision", tie_word_embeddings=True, pad_token_id=0,
+        bos_token_id=2, eos_token_id=1,
+    ),
+}
+SHAPES: dict[str, Gemma4Config] = {
+    name: Gemma4Config.from_dict(raw, f"dummy.CONFIGS[{name!r}]") for name, raw in CONFIGS.items()
+}
+
+
+class _Init:
+    def __init__(self, device: str, dtype: torch.dtype, seed: int, std: float):
+        self.device, self.dtype, self.std = torch.device(device), dtype, std
+        # "meta": shapes only (parameter counts), no values and so no generator
+        meta = self.device.type == "meta"
+        self.gen = None if meta else torch.Generator(device=self.device).manual_seed(seed)
+
+    def normal(self, *shape: int, std: float | None = None) -> torch.Tensor:
+        t = torch.empty(*shape, device=self.device, dtype=self.dtype)
+        return t.normal_(0.0, self.std if std is None else std, generator=self.gen)
+
+    def norm(self, size: int) -> torch.Tensor:
+        """A norm weight [size] fp32, rounded to the model dtype first (as weights.py reads)."""
+        return (1.0 + self.normal(size, std=0.1)).float()
+
+    def ones(self, *shape: int) -> torch.Tensor:
+        return torch.ones(*shape, device=self.device, dtype=self.dtype)
+
+
+def dummy_weights(
+    cfg: Gemma4Config, device: str, dtype: torch.dtype, seed: int = 0, std: float = 0.02
+) -> ModelWeights:
+    init = _Init(device, dtype, seed, std)
+    h, heads = cfg.hidden_size, cfg.num_attention_heads
+    embed = init.normal(cfg.vocab_size, h)
+    layers = []
+    for layer in cfg.layers:
+        q, kv, own = heads * layer.head_dim, layer.kv_heads * layer.head_dim, not layer.reuses_kv
+        attention = AttentionWeights(
+            q=init.normal(q, h),
+            k=init.normal(kv, h) if own else None,
+            v=init.normal(kv, h) if own and not layer.k_eq_v else None,
+            o=init.normal(h, q),
+            q_norm=init.norm(layer.head_dim),
+            k_norm=init.norm(layer.head_dim) if own else None,
+        )
+        n = layer.mlp_size
+        mlp = MlpWeights(init.normal(n, h), init.normal(n, h), init.normal(h, n))
+        moe = None
+        if cfg.enable_moe_block:
+            e, i = cfg.num_experts, cfg.moe_intermediate_size
+            moe = MoeWeights(
+                router=init.normal(e, h, std=1.0), router_scale=init.ones(h),
+                per_expert_scale=init.ones(e), gate_up=init.normal(e, 2 * i, h),
+                down=init.normal(e, h, i), pre_norm=init.norm(h), post_norm_mlp=init.norm(h),
+                post_norm_experts=init.norm(h),
+            )
+        ple = None
+        if cfg.has_ple:
+            p = cfg.hidden_size_per_layer_input
+            ple = PleWeights(init.normal(p, h), init.normal(h, p), init.norm(h))
+        layers.append(LayerWeights(
+            input_norm=init.norm(h), post_attention_norm=init.norm(h), pre_mlp_norm=init.norm(h),
+            post_mlp_norm=init.norm(h), attention=attention, mlp=mlp, moe=moe, ple=ple,
+            layer_scalar=init.ones(1),
+        ))
+    ple_embed = ple_projection = ple_norm = None
+    if cfg.has_ple:
+        lp = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input
+        ple_embed = init.normal(cfg.vocab_size_per_layer_input, lp)
+        ple_projection = init.normal(lp, h)
+        ple_norm = init.norm(cfg.hidden_size_per_layer_input)
+    lm_head = embed if cfg.tie_word_embeddings else init.normal(cfg.vocab_size, h)
+    return ModelWeights(embed, init.norm(h), lm_head, layers, ple_embed, ple_projection, ple_norm)
+
+
+def build_dummy(
+    cfg: str | Gemma4Config,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    std: float = 0.02,
+) -> Gemma4Model:
+    """A model at `cfg` (a name in SHAPES, or a config) with dummy weights on `device`."""
+    config = SHAPES[cfg] if isinstance(cfg, str) else cfg
+    return Gemma4Model(config, dummy_weights(config, device, dtype, seed, std), device, dtype)
+
+
+def load_dummy(config: dict, device: str, dtype: str) -> Gemma4Model:
+    """TF_LOAD_FORMAT=dummy: the checkpoint's config.json with random weights."""
+    from tensorfold.checkpoint import torch_dtype
+
+    return build_dummy(Gemma4Config.from_dict(config, "config.json"), device, torch_dtype(dtype))
