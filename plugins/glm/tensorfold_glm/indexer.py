@@ -10,6 +10,10 @@ its tokens, and adds its tail: the (t + 1) mod kpool tokens of its incomplete po
 
 Tie rule (torch.topk's, which the reference uses, depends on the tensor's width): pools are
 ranked by score, higher first, and equal scores by position, the earlier pool first.
+
+On the GPU (use_triton) the selection is triton_indexer's instead of masks: [N, W] int32, each
+row's chosen pools in ascending order, -1 padded, its tail implied by its position; the pass's
+per-stream layout comes from PassMeta, so a decode pass makes no host sync.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from tensorfold.forward_pass import ForwardPass
+from tensorfold.ops.gpu import use_triton
 from tensorfold.ops.linear import linear
 
 from .config import GlmConfig
@@ -32,20 +37,35 @@ if TYPE_CHECKING:
 K_NORM_EPS = 1e-6
 POOL_TILE = 64  # pools scored per product, at positions aligned to POOL_TILE
 
+# The keys a layer's queries attend to: per stream [rows, end] bool masks (the CPU path), or on
+# the GPU one [N, W] int32 tensor of chosen pools (triton_indexer.select_pools).
+Selection = list[torch.Tensor] | torch.Tensor
+
 
 def select(
     cfg: GlmConfig, name: str, w: IndexerWeights, x: torch.Tensor, q_resid: torch.Tensor,
     fp: ForwardPass, rows: "PagedRows",
-) -> list[torch.Tensor]:
+) -> Selection:
     """Write the pass's indexer rows to `{name}.index_k` / `{name}.index_gate` and return, per
-    stream, the keys each of its rows attends to: [rows, end] bool. x [N, H] (normed);
-    q_resid [N, q_lora_rank]."""
+    stream, the keys each of its rows attends to: [rows, end] bool (on the GPU: the chosen
+    pools, see Selection). x [N, H] (normed); q_resid [N, q_lora_rank]."""
     n, heads, dim, kpool = x.shape[0], cfg.index_n_heads, cfg.index_head_dim, cfg.index_kpool
     rows.write(f"{name}.index_k", fp.write_index,
                layer_norm(linear(x, w.wk), w.k_norm, w.k_bias, K_NORM_EPS))
     rows.write(f"{name}.index_gate", fp.write_index, linear(x, w.gate))
-    q = linear(q_resid, w.wq_b).float().view(n, heads, dim)  # [N, nI, dI]
+    q = linear(q_resid, w.wq_b).view(n, heads, dim)  # [N, nI, dI]
     weights = linear(x, w.weights_proj).float() * heads**-0.5  # [N, nI]
+    if use_triton(x):
+        from tensorfold.ops.pass_meta import pass_meta
+
+        from .triton_indexer import select_pools
+
+        return select_pools(
+            q, weights, rows.flat(f"{name}.index_k"), rows.flat(f"{name}.index_gate"), w.ape,
+            fp.positions, pass_meta(fp), fp.page_rows, pool_columns(fp, kpool),
+            cfg.select_pools, dim**-0.5,
+        )
+    q = q.float()
     masks = []
     for i, (stream, (lo, hi)) in enumerate(zip(fp.streams, fp.spans)):
         positions = fp.positions[lo:hi]
@@ -61,6 +81,17 @@ def select(
             chosen = choose_pools(scores, candidates(pools, positions, kpool), cfg.select_pools)
         masks.append(token_mask(chosen, positions, stream.end, kpool))
     return masks
+
+
+def pool_columns(fp: ForwardPass, kpool: int) -> int:
+    """At least as many pools as any stream of the pass has complete, without a host sync: from
+    the streams' ends in a prompt pass; in a decode-shaped pass (a graph runner's static pass has
+    placeholder streams), as many as its page tables can hold."""
+    if any(len(s.tokens) > 1 for s in fp.streams):
+        return max(s.end for s in fp.streams) // kpool
+    from tensorfold.ops.pass_meta import pass_meta
+
+    return pass_meta(fp).table.shape[1] * fp.page_rows // kpool
 
 
 def pool_keys(keys: torch.Tensor, gates: torch.Tensor, ape: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,9 @@ The reference expands k_h = W_uk,h c_j instead; the two agree to fp32 rounding.
 Exactness: keys are visited in tiles of KEY_TILE aligned to absolute positions with an online
 softmax, queries in blocks of QUERY_BLOCK; a tile a query selects nothing from is an exact no-op
 for it, so a row's result depends only on its own position and its stream's rows.
+
+On the GPU (use_triton): triton_mla.sparse_mla over the indexer's chosen pools and the tail,
+reading the latent through PassMeta's page tables (no host sync in a decode pass).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from tensorfold.forward_pass import ForwardPass
+from tensorfold.ops.gpu import use_triton
 from tensorfold.ops.linear import linear
 from tensorfold.ops.norms import rms_norm
 
@@ -36,11 +40,11 @@ QUERY_BLOCK = 32
 
 def mla(
     cfg: GlmConfig, name: str, w: MlaWeights, x: torch.Tensor, fp: ForwardPass,
-    rows: "PagedRows", shared: list[torch.Tensor] | None,
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """x [N, H] (normed) -> ([N, H], the per-stream key masks it used). Writes the pass's latent
-    rows to `{name}.latent` (and the indexer's rows) before attending. A "shared" layer (no
-    indexer weights) attends with `shared`, the previous layer's masks."""
+    rows: "PagedRows", shared: indexer.Selection | None,
+) -> tuple[torch.Tensor, indexer.Selection]:
+    """x [N, H] (normed) -> ([N, H], the keys it attended to: indexer.Selection). Writes the
+    pass's latent rows to `{name}.latent` (and the indexer's rows) before attending. A "shared"
+    layer (no indexer weights) attends with `shared`, the previous layer's selection."""
     n, heads, eps = x.shape[0], cfg.num_attention_heads, cfg.rms_norm_eps
     q_resid = rms_norm(linear(x, w.q_a, w.q_a_bias), w.q_a_norm, eps)  # [N, q_lora_rank]
     q = linear(q_resid, w.q_b).view(n, heads, cfg.qk_nope_head_dim)
@@ -52,9 +56,22 @@ def mla(
         masks = shared
     else:
         raise ValueError(f"{name} shares its index set, but no earlier layer computed one")
+    scale = cfg.qk_nope_head_dim**-0.5
+    if use_triton(x):
+        from tensorfold.ops.pass_meta import pass_meta
+
+        from .triton_mla import sparse_mla
+
+        assert isinstance(masks, torch.Tensor)
+        attended = sparse_mla(
+            head_linear(q, w.w_uk), rows.flat(f"{name}.latent"), masks, fp.positions,
+            pass_meta(fp), fp.page_rows, cfg.index_kpool, scale,
+        )  # [N, heads, r]
+        o = head_linear(attended, w.w_uv)
+        return linear(o.reshape(n, -1), w.o, w.o_bias), masks
+    assert isinstance(masks, list)
     q_lat = head_linear(q, w.w_uk).float()  # [N, heads, r]
     out = torch.empty_like(q_lat)
-    scale = cfg.qk_nope_head_dim**-0.5
     for i, (lo, hi) in enumerate(fp.spans):
         keys = rows.flat(f"{name}.latent").index_select(0, fp.read_index(i)).float()  # [end, r]
         out[lo:hi] = sparse_attention(q_lat[lo:hi], keys, masks[i], scale)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tensorfold.ops.gpu import use_triton
 from tensorfold.ops.moe import sigmoid, silu
 
 __all__ = ["sigmoid", "silu", "head_linear", "softmax", "layer_norm", "ROW_BLOCK"]
@@ -22,7 +23,11 @@ def head_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """A separate linear map per head. x [n, heads, K]; weight [heads, N, K] -> [n, heads, N].
 
     Rows go through in zero-padded blocks of ROW_BLOCK, so a row's result does not depend on how
-    many rows the pass holds."""
+    many rows the pass holds. On the GPU: triton_mla.head_linear (fixed K order)."""
+    if use_triton(x):
+        from .triton_mla import head_linear as triton_head_linear
+
+        return triton_head_linear(x, weight)
     n = x.shape[0]
     pad = (-n) % ROW_BLOCK
     xs = F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(0, 1)  # [heads, n', K]
@@ -43,7 +48,12 @@ def layer_norm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
 ) -> torch.Tensor:
     """LayerNorm over the last dimension, computed in fp32 and rounded to x's dtype (as
-    torch's CPU kernel does for a reduced-precision input). x [..., D]; weight, bias [D]."""
+    torch's CPU kernel does for a reduced-precision input). x [..., D]; weight, bias [D].
+    On the GPU: triton_indexer.layer_norm (each row reduces only its own elements)."""
+    if use_triton(x):
+        from .triton_indexer import layer_norm as triton_layer_norm
+
+        return triton_layer_norm(x, weight, bias, eps)
     xf = x.float()
     centred = xf - xf.mean(-1, keepdim=True)
     var = centred.pow(2).mean(-1, keepdim=True)

@@ -1,0 +1,198 @@
+"""The DSA indexer on the GPU in Triton; indexer.py (the CPU path) is its torch reference.
+
+`layer_norm`: the indexer keys' LayerNorm, one row per program slot, each row reducing only its
+own elements. `select_pools`: per query row, the best select_pools complete pools that end at or
+before it, as int32 pool indices in ascending order, -1 padded at the end: [N, W'] with
+W' = min(select_pools, W). The tail (the (t + 1) mod kpool rows of t's own incomplete pool) is
+implied by the position and not listed.
+
+Scoring (`_score_kernel`): a program takes one attention query block of meta (up to QUERY_ROWS
+rows of one stream) and a tile of POOL_TILE pools. It rebuilds each pool's key K_p from the
+stream's paged rows exactly as `indexer.pool_keys` (softmax over the pool's tokens per channel,
+weights rounded to the keys' dtype before the product, the sum in token order) and scores
+I(t, p) = Σ_h w_h relu(q_h · K_p · scale), heads in order. Pools are rebuilt inline in every
+pass by the same code, so a pool's key has the same bits in any pass. Only complete pools whose
+last row is at or before the block's last query are loaded: rows a stream has not written are
+never read.
+
+Selection: each (query, pool) gets a unique int64 key, the score's order-preserving bits above
+the inverted pool index (higher score first, then the earlier pool: the CPU path's tie rule);
+non-candidates get INT64_MIN. The top select_pools keys of a row are a set fixed by the row's
+scores alone, so torch.topk over any width (no host sync) picks the same pools the CPU path does.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tensorfold.ops.pass_meta import QUERY_ROWS, PassMeta
+from tensorfold.ops.triton_util import interpreting, mma
+
+POOL_TILE = 32  # pools scored per program
+NO_POOL = -(2**63)  # the key of a non-candidate
+LOW = 2**32 - 1
+
+
+@triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
+def _layer_norm_kernel(
+    x_ptr, w_ptr, b_ptr, o_ptr, n_rows, D, eps, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < D)
+    offs = rows[:, None].to(tl.int64) * D + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=1) / D
+    centred = tl.where(mask, x - mean[:, None], 0.0)
+    var = tl.sum(centred * centred, axis=1) / D
+    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+    out = centred * tl.math.rsqrt(var + eps)[:, None] * w[None, :] + b[None, :]
+    tl.store(o_ptr + offs, out.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """LayerNorm over the last dimension in fp32, rounded to x's dtype. x [..., D]; weight,
+    bias [D]."""
+    d = x.shape[-1]
+    rows = x.reshape(-1, d).contiguous()
+    n = rows.shape[0]
+    out = torch.empty_like(rows)
+    block_d = triton.next_power_of_2(d)
+    per = max(1, min(64, 4096 // block_d))
+    if n:
+        _layer_norm_kernel[(triton.cdiv(n, per),)](
+            rows, weight.contiguous(), bias.contiguous(), out, n, d, eps,
+            ROWS=per, BLOCK_D=block_d, num_warps=4,
+        )
+    return out.view(x.shape)
+
+
+@triton.jit
+def _paged_rows(table_ptr, stride_ts, stride_tp, s, j, ok, page_rows):
+    """Flat rows of positions j [..] of stream s (0 where not ok)."""
+    page = tl.load(table_ptr + s * stride_ts + (j // page_rows) * stride_tp, mask=ok, other=0)
+    return page.to(tl.int64) * page_rows + j % page_rows
+
+
+@triton.jit(do_not_specialize=["stride_ts", "stride_tp", "W"])
+def _score_kernel(
+    q_ptr, w_ptr, k_ptr, g_ptr, ape_ptr, key_ptr, pos_ptr, block_stream, block_row0, block_len,
+    table_ptr, stride_ts, stride_tp, page_rows, W, scale,
+    stride_qn, stride_qh, stride_wn, stride_kn, stride_gn,
+    NI: tl.constexpr, DI: tl.constexpr, DIP: tl.constexpr, KPOOL: tl.constexpr,
+    QB: tl.constexpr, PT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
+):
+    blk = tl.program_id(0)
+    p0 = tl.program_id(1) * PT
+    s = tl.load(block_stream + blk)
+    row0 = tl.load(block_row0 + blk)
+    n = tl.load(block_len + blk)
+    r = tl.arange(0, QB)
+    rvalid = r < n
+    qrow = (row0 + r).to(tl.int64)
+    t = tl.load(pos_ptr + qrow, mask=rvalid, other=-1).to(tl.int32)  # [QB]
+    last = tl.load(pos_ptr + row0 + n - 1).to(tl.int32)
+    p = p0 + tl.arange(0, PT)  # [PT]
+    pool_end = p * KPOOL + KPOOL - 1
+    loaded = pool_end <= last  # complete pools some query of the block may see: written rows
+    candidate = (pool_end[None, :] <= t[:, None]) & rvalid[:, None]  # [QB, PT]
+    keys = tl.full((QB, PT), -9223372036854775807 - 1, dtype=tl.int64)
+    if p0 * KPOOL + KPOOL - 1 <= last:
+        d = tl.arange(0, DIP)
+        dok = d < DI
+        lmask = loaded[:, None] & dok[None, :]
+        # K_p, as indexer.pool_keys: max, then the sum of exp, then the weighted keys in order
+        top = tl.full((PT, DIP), float("-inf"), dtype=tl.float32)
+        for i in tl.static_range(KPOOL):
+            rows = _paged_rows(table_ptr, stride_ts, stride_tp, s, p * KPOOL + i, loaded, page_rows)
+            g = tl.load(g_ptr + rows[:, None] * stride_gn + d[None, :], mask=lmask, other=0.0)
+            a = tl.load(ape_ptr + i * DI + d, mask=dok, other=0.0)
+            top = tl.maximum(top, g.to(tl.float32) + a.to(tl.float32)[None, :])
+        total = tl.zeros((PT, DIP), dtype=tl.float32)
+        for i in tl.static_range(KPOOL):
+            rows = _paged_rows(table_ptr, stride_ts, stride_tp, s, p * KPOOL + i, loaded, page_rows)
+            g = tl.load(g_ptr + rows[:, None] * stride_gn + d[None, :], mask=lmask, other=0.0)
+            a = tl.load(ape_ptr + i * DI + d, mask=dok, other=0.0)
+            total += tl.exp(g.to(tl.float32) + a.to(tl.float32)[None, :] - top)
+        acc = tl.zeros((PT, DIP), dtype=tl.float32)
+        for i in tl.static_range(KPOOL):
+            rows = _paged_rows(table_ptr, stride_ts, stride_tp, s, p * KPOOL + i, loaded, page_rows)
+            g = tl.load(g_ptr + rows[:, None] * stride_gn + d[None, :], mask=lmask, other=0.0)
+            k = tl.load(k_ptr + rows[:, None] * stride_kn + d[None, :], mask=lmask, other=0.0)
+            a = tl.load(ape_ptr + i * DI + d, mask=dok, other=0.0)
+            e = tl.exp(g.to(tl.float32) + a.to(tl.float32)[None, :] - top)
+            weight = (e / total).to(k.dtype).to(tl.float32)
+            acc += (weight * k.to(tl.float32)).to(k.dtype).to(tl.float32)
+        pooled = acc.to(k_ptr.dtype.element_ty)  # [PT, DIP]
+        score = tl.zeros((QB, PT), dtype=tl.float32)
+        for h in range(NI):
+            qh = tl.load(q_ptr + qrow[:, None] * stride_qn + h * stride_qh + d[None, :],
+                         mask=rvalid[:, None] & dok[None, :], other=0.0)
+            dots = mma(qh, tl.trans(pooled), tl.zeros((QB, PT), dtype=tl.float32), IEEE, INTERP)
+            wh = tl.load(w_ptr + qrow * stride_wn + h, mask=rvalid, other=0.0)
+            score += wh[:, None] * tl.maximum(dots * scale, 0.0)
+        score = score + 0.0  # -0.0 -> +0.0: equal scores must have equal keys
+        bits = score.to(tl.int32, bitcast=True)
+        ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # int32 order == float order
+        unique = ordered.to(tl.int64) * 4294967296 + (4294967295 - p.to(tl.int64))[None, :]
+        keys = tl.where(candidate, unique, keys)
+    tl.store(key_ptr + qrow[:, None] * W + p[None, :], keys,
+             mask=rvalid[:, None] & (p[None, :] < W))
+
+
+def pool_key_scores(
+    q: torch.Tensor, weights: torch.Tensor, k_rows: torch.Tensor, g_rows: torch.Tensor,
+    ape: torch.Tensor, positions: torch.Tensor, meta: PassMeta, page_rows: int, pools: int,
+    scale: float,
+) -> torch.Tensor:
+    """Each query's ranking key for pools [0, pools): [N, pools] int64, NO_POOL where the pool is
+    not a candidate (incomplete, or ending after the query). q [N, nI, dI] (model dtype);
+    weights [N, nI] fp32; k_rows, g_rows [P*R, dI] flat paged buffers; ape [kpool, dI]."""
+    n, heads, dim = q.shape
+    kpool = ape.shape[0]
+    keys = torch.empty(n, pools, dtype=torch.int64, device=q.device)
+    if n == 0 or pools == 0:
+        return keys
+    q = q.contiguous()
+    weights = weights.contiguous()
+    grid = (meta.num_blocks, triton.cdiv(pools, POOL_TILE))
+    _score_kernel[grid](
+        q, weights, k_rows, g_rows, ape.contiguous(), keys, positions, meta.block_stream,
+        meta.block_row0, meta.block_len, meta.table, meta.table.stride(0), meta.table.stride(1),
+        page_rows, pools, scale, q.stride(0), q.stride(1), weights.stride(0), k_rows.stride(0),
+        g_rows.stride(0), NI=heads, DI=dim, DIP=triton.next_power_of_2(dim), KPOOL=kpool,
+        QB=QUERY_ROWS, PT=POOL_TILE, IEEE=q.dtype == torch.float32, INTERP=interpreting(),
+        num_warps=4,
+    )
+    return keys
+
+
+def top_pools(keys: torch.Tensor, limit: int) -> torch.Tensor:
+    """The `limit` best candidates of each row, ascending, -1 padded: [N, min(limit, W)] int32.
+    keys [N, W] int64 from pool_key_scores."""
+    n, width = keys.shape
+    k = min(limit, width)
+    if k == 0:
+        return torch.empty(n, 0, dtype=torch.int32, device=keys.device)
+    best = torch.topk(keys, k, dim=1, sorted=False).values
+    pool = LOW - (best & LOW)
+    pool = torch.where(best == NO_POOL, torch.full_like(pool, width), pool)
+    pool = torch.sort(pool, dim=1).values  # ascending; no-pools (== width) last
+    return torch.where(pool == width, torch.full_like(pool, -1), pool).to(torch.int32)
+
+
+def select_pools(
+    q: torch.Tensor, weights: torch.Tensor, k_rows: torch.Tensor, g_rows: torch.Tensor,
+    ape: torch.Tensor, positions: torch.Tensor, meta: PassMeta, page_rows: int, pools: int,
+    limit: int, scale: float,
+) -> torch.Tensor:
+    """[N, min(limit, pools)] int32: each query's chosen pools (see the module docstring).
+    pools: an upper bound on the complete pools of any stream in the pass."""
+    keys = pool_key_scores(q, weights, k_rows, g_rows, ape, positions, meta, page_rows, pools,
+                           scale)
+    return top_pools(keys, limit)

@@ -1,0 +1,302 @@
+"""glm5_next's MLA and DSA indexer on their Triton kernels (triton_mla, triton_indexer), on the
+CPU under TRITON_INTERPRET=1 at tiny sizes: each kernel against its torch reference (the CPU
+path), with more complete pools than a query selects; the chosen pools equal the CPU masks; a
+stream's bits alone equal its bits beside others; a decode pass laid out as the CUDA graph
+runner's static pass equals the eager pass. Rows a stream has not written hold NaN."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from types import SimpleNamespace  # noqa: E402
+from typing import Iterator  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton", reason="the Triton kernels need triton")
+
+from tensorfold.adapters.paged_kv import PagedRows  # noqa: E402
+from tensorfold.cuda_graphs import GraphRunner  # noqa: E402
+from tensorfold.family import RowSpec  # noqa: E402
+from tensorfold.forward_pass import ForwardPass, StreamRows  # noqa: E402
+from tensorfold.ops import gpu  # noqa: E402
+from tensorfold.ops.pass_meta import build_meta  # noqa: E402
+from tensorfold_glm import indexer, mla, ops, triton_indexer, triton_mla  # noqa: E402
+from tensorfold_glm.config import GlmConfig  # noqa: E402
+from tensorfold_glm.weights import IndexerWeights, MlaWeights  # noqa: E402
+
+PAGE_ROWS, NUM_PAGES = 16, 18
+CFG = GlmConfig(
+    hidden_size=32, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24,
+    qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=32, index_head_dim=16, index_n_heads=16,
+    index_kpool=4, index_topk=8, layer_types=("indexed_attention",) * 2,
+    indexer_types=("full", "shared"), mlp_layer_types=("dense",) * 2,
+)  # a query keeps 2 of up to 13 complete pools
+# slot, start, rows, pages: a fresh prompt, a decode row, a chunk from row 21, a 1-row prompt
+MIXED = [(0, 0, 40, [7, 3, 9]), (1, 53, 1, [1, 5, 0, 4]), (2, 21, 30, [10, 12, 2, 11]),
+         (3, 0, 1, [15])]
+DTYPES = [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _round_to_nearest_even() -> Iterator[None]:
+    """The interpreter truncates fp32 -> bf16 (the GPU rounds to nearest even, as torch does):
+    give it the GPU's rounding (as tests/test_triton_kernels.py does)."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    original = interpreter._convert_float
+
+    def convert(data, src, dst, rounding_mode):
+        if src.primitive_bitwidth == 32 and dst.primitive_bitwidth == 16 and dst.fp_mantissa_width == 7:
+            bits = np.frombuffer(data.tobytes(), dtype=np.uint32).astype(np.uint64)
+            rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            nan = (bits & 0x7FFFFFFF) > 0x7F800000
+            out = np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)
+            return out.reshape(data.shape)
+        return original(data, src, dst, rounding_mode)
+
+    interpreter._convert_float = convert
+    yield
+    interpreter._convert_float = original
+
+
+@pytest.fixture
+def gpu_path() -> Iterator[None]:
+    gpu.set_triton(True, on_cpu=True)
+    yield
+    gpu.set_triton(True)
+
+
+def cpu_path():
+    """A context in which the ops take the torch reference again."""
+
+    class _Cpu:
+        def __enter__(self):
+            gpu.set_triton(True)
+
+        def __exit__(self, *exc):
+            gpu.set_triton(True, on_cpu=True)
+
+    return _Cpu()
+
+
+def randn(*shape: int, seed: int, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def weights(dtype: torch.dtype, with_indexer: bool, seed: int) -> MlaWeights:
+    c, heads, h = CFG, CFG.num_attention_heads, CFG.hidden_size
+    qr, r, dn, di, ni = c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.index_head_dim, c.index_n_heads
+
+    def w(*shape: int, k: int, scale: float = 0.3, base: float = 0.0) -> torch.Tensor:
+        return (base + randn(*shape, seed=seed * 100 + k, scale=scale)).to(dtype)
+
+    idx = IndexerWeights(
+        wq_b=w(ni * di, qr, k=1), wk=w(di, h, k=2), k_norm=w(di, k=3, scale=0.1, base=1.0),
+        k_bias=w(di, k=4, scale=0.1), weights_proj=w(ni, h, k=5), ape=w(c.index_kpool, di, k=6),
+        gate=w(di, h, k=7),
+    )
+    return MlaWeights(
+        q_a=w(qr, h, k=8), q_a_bias=None, q_a_norm=w(qr, k=9, scale=0.1, base=1.0),
+        q_b=w(heads * dn, qr, k=10), kv_a=w(r, h, k=11), kv_a_bias=None,
+        kv_a_norm=w(r, k=12, scale=0.1, base=1.0), w_uk=w(heads, r, dn, k=13),
+        w_uv=w(heads, c.v_head_dim, r, k=14), o=w(h, heads * c.v_head_dim, k=15),
+        o_bias=None, indexer=idx if with_indexer else None,
+    )
+
+
+def make_pass(specs, tokens_seed: int = 0) -> ForwardPass:
+    return ForwardPass([StreamRows(s, a, [1] * n, p, "all") for s, a, n, p in specs], PAGE_ROWS)
+
+
+def filled_rows(dtype: torch.dtype, specs) -> PagedRows:
+    """Paged rows holding NaN, but random rows at positions [0, start) of each stream (written
+    by earlier passes). Rows of a pass are written by the layer itself."""
+    d = str(dtype).removeprefix("torch.")
+    c = CFG
+    rows = PagedRows([RowSpec("L0.latent", (c.kv_lora_rank,), d),
+                      RowSpec("L0.index_k", (c.index_head_dim,), d),
+                      RowSpec("L0.index_gate", (c.index_head_dim,), d),
+                      RowSpec("L1.latent", (c.kv_lora_rank,), d)], NUM_PAGES, PAGE_ROWS)
+    for buf in rows.buffers.values():
+        buf.fill_(float("nan"))
+    for slot, start, _, pages in specs:
+        if start:
+            hist = ForwardPass([StreamRows(slot, 0, [1] * start, pages)], PAGE_ROWS)
+            for k, name in enumerate(rows.buffers):
+                shape = rows.buffers[name].shape[1:]
+                rows.write(name, hist.write_index, randn(start, *shape, seed=50 + 7 * slot + k))
+    return rows
+
+
+def clone(rows: PagedRows) -> PagedRows:
+    out = PagedRows(list(rows.specs.values()), rows.num_pages, rows.page_rows)
+    out.buffers = {k: v.clone() for k, v in rows.buffers.items()}
+    return out
+
+
+def two_layers(dtype, fp, rows, x):
+    """The full-indexer layer, then the shared one: (y0, y1, selection)."""
+    y0, sel = mla.mla(CFG, "L0", weights(dtype, True, 1), x, fp, rows, None)
+    y1, _ = mla.mla(CFG, "L1", weights(dtype, False, 2), x, fp, rows, sel)
+    return y0, y1, sel
+
+
+def masks_of(sel: torch.Tensor, fp: ForwardPass) -> list[torch.Tensor]:
+    """The GPU selection as the CPU path's per-stream [rows, end] masks."""
+    kp, out = CFG.index_kpool, []
+    for s, (lo, hi) in zip(fp.streams, fp.spans):
+        pools = s.end // kp
+        chosen = torch.zeros(hi - lo, pools, dtype=torch.bool)
+        for r in range(hi - lo):
+            for p in sel[lo + r].tolist():
+                if p >= 0:
+                    chosen[r, p] = True
+        out.append(indexer.token_mask(chosen, fp.positions[lo:hi], s.end, kp))
+    return out
+
+
+# --- the kernels against their references ---
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_layer_norm_and_head_linear_kernels(dtype, tol):
+    x = randn(37, 16, seed=1, dtype=dtype, scale=2.0) + 0.5
+    w, b = randn(16, seed=2, dtype=dtype) + 1, randn(16, seed=3, dtype=dtype)
+    got = triton_indexer.layer_norm(x, w, b, 1e-6)
+    assert got.dtype == dtype and rel(got, ops.layer_norm(x, w, b, 1e-6)) < tol / 10
+    assert torch.equal(triton_indexer.layer_norm(x[5:6].clone(), w, b, 1e-6), got[5:6])
+    q = randn(70, 4, 48, seed=4, dtype=dtype)
+    hw = randn(4, 80, 48, seed=5, dtype=dtype, scale=0.2)
+    got = triton_mla.head_linear(q, hw)
+    assert got.dtype == dtype and got.shape == (70, 4, 80)
+    assert rel(got, ops.head_linear(q.double(), hw.double())) < tol
+    for a, z in [(0, 1), (5, 22), (69, 70)]:
+        assert torch.equal(triton_mla.head_linear(q[a:z].clone(), hw), got[a:z])
+
+
+def _scores_of(keys: torch.Tensor) -> torch.Tensor:
+    """The fp32 scores inside pool_key_scores' keys (NaN where no candidate)."""
+    ordered = (keys >> 32).to(torch.int32)
+    bits = torch.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered)
+    return torch.where(keys == triton_indexer.NO_POOL, float("nan"), bits.view(torch.float32))
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_pool_scores_kernel_matches_the_reference(dtype, tol):
+    fp = make_pass(MIXED)
+    rows = filled_rows(dtype, [(s, a + n, 0, p) for s, a, n, p in MIXED])  # every row written
+    di, ni, kp = CFG.index_head_dim, CFG.index_n_heads, CFG.index_kpool
+    q = randn(fp.num_rows, ni, di, seed=6, dtype=dtype)
+    wts = randn(fp.num_rows, ni, seed=7)
+    ape = randn(kp, di, seed=8, dtype=dtype)
+    kb, gb = rows.flat("L0.index_k"), rows.flat("L0.index_gate")
+    keys = triton_indexer.pool_key_scores(q, wts, kb, gb, ape, fp.positions, build_meta(fp),
+                                          PAGE_ROWS, 16, di**-0.5)
+    got = _scores_of(keys)
+    for i, (s, (lo, hi)) in enumerate(zip(fp.streams, fp.spans)):
+        pools = s.end // kp
+        idx = fp.read_index(i)[: pools * kp]
+        pooled = indexer.pool_keys(kb[idx].view(pools, kp, di), gb[idx].view(pools, kp, di), ape)
+        want = indexer.pool_scores(q[lo:hi].float(), wts[lo:hi], pooled.float(), di**-0.5)
+        cand = indexer.candidates(pools, fp.positions[lo:hi], kp)
+        assert torch.equal(~got[lo:hi, :pools].isnan(), cand) and got[lo:hi, pools:].isnan().all()
+        if cand.any():
+            assert rel(got[lo:hi, :pools][cand], want[cand]) < tol
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_sparse_mla_kernel_matches_the_reference(dtype, tol):
+    fp = make_pass(MIXED)
+    rows = filled_rows(dtype, [(s, a + n, 0, p) for s, a, n, p in MIXED])
+    latent = rows.flat("L0.latent")
+    heads, r = CFG.num_attention_heads, CFG.kv_lora_rank
+    q = randn(fp.num_rows, heads, r, seed=9, dtype=dtype)
+    # a selection: some of the complete pools before each query, ascending, -1 padded
+    g = torch.Generator().manual_seed(10)
+    sel = torch.full((fp.num_rows, 3), -1, dtype=torch.int32)
+    for row, t in enumerate(fp.positions.tolist()):
+        pools = (t + 1) // CFG.index_kpool
+        pick = torch.randperm(pools, generator=g)[:3].sort().values
+        sel[row, : len(pick)] = pick.to(torch.int32)
+    got = triton_mla.sparse_mla(q, latent, sel, fp.positions, build_meta(fp), PAGE_ROWS,
+                                CFG.index_kpool, 0.25)
+    assert not got.isnan().any()
+    for i, (lo, hi) in enumerate(fp.spans):
+        keys = latent.index_select(0, fp.read_index(i)).float()
+        want = mla.sparse_attention(q[lo:hi].float(), keys, masks_of(sel, fp)[i], 0.25)
+        assert rel(got[lo:hi], want) < tol
+
+
+# --- the layers on the GPU path ---
+
+
+def test_layers_match_the_cpu_path_and_select_the_same_pools(gpu_path):
+    fp = make_pass(MIXED)
+    rows = filled_rows(torch.float32, MIXED)
+    x = randn(fp.num_rows, CFG.hidden_size, seed=11)
+    with cpu_path():
+        ref_rows = clone(rows)
+        want0, want1, masks = two_layers(torch.float32, fp, ref_rows, x)
+    got0, got1, sel = two_layers(torch.float32, fp, rows, x)
+    assert sel.dtype == torch.int32 and sel.shape[1] == CFG.select_pools
+    sparse = 0
+    for i, (s, (lo, hi)) in enumerate(zip(fp.streams, fp.spans)):
+        assert torch.equal(masks_of(sel, fp)[i], masks[i]), f"stream {i}"
+        complete = (fp.positions[lo:hi] + 1) // CFG.index_kpool
+        sparse += int((complete > CFG.select_pools).sum())
+    assert sparse > 40  # most rows choose among more pools than they keep
+    assert rel(got0, want0) < 1e-5 and rel(got1, want1) < 1e-5
+    for name in ("L0.latent", "L0.index_k", "L1.latent"):  # nothing past the pass was written
+        assert torch.equal(rows.flat(name).isnan(), ref_rows.flat(name).isnan())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_stream_alone_gives_the_bits_it_gives_among_others(gpu_path, dtype):
+    fp = make_pass(MIXED)
+    base = filled_rows(dtype, MIXED)
+    x = randn(fp.num_rows, CFG.hidden_size, seed=12, dtype=dtype)
+    y0, y1, sel = two_layers(dtype, fp, clone(base), x)
+    assert not y1.isnan().any()
+    for i, (lo, hi) in enumerate(fp.spans):
+        alone = make_pass([MIXED[i]])
+        a0, a1, asel = two_layers(dtype, alone, clone(base), x[lo:hi].clone())
+        assert torch.equal(a0, y0[lo:hi]) and torch.equal(a1, y1[lo:hi]), f"stream {i}"
+        for r in range(hi - lo):
+            assert set(asel[r].tolist()) - {-1} == set(sel[lo + r].tolist()) - {-1}
+
+
+def test_a_decode_pass_laid_out_as_the_graph_runners_equals_the_eager_pass(gpu_path):
+    dtype = torch.bfloat16
+    decode = [(1, 53, 1, [1, 5, 0, 4]), (0, 40, 1, [7, 3, 9]), (2, 17, 1, [10, 12])]
+    base = filled_rows(dtype, decode)
+    x = randn(4, CFG.hidden_size, seed=13, dtype=dtype)  # the 4th row: the bucket's padding
+    eager = make_pass(decode)
+    want = two_layers(dtype, eager, clone(base), x[:3].clone())
+    # GraphRunner's own static pass and input fill, on a stand-in for the runner
+    bucket, max_pages, scratch = 4, 5, NUM_PAGES - 1
+    ns = SimpleNamespace(pool=SimpleNamespace(page_rows=PAGE_ROWS), scratch_page=scratch,
+                         scratch_slot=9, model=SimpleNamespace(device=torch.device("cpu")),
+                         _copied=None)
+    ns._pad = lambda host, a, b: GraphRunner._pad(ns, host, a, b)
+    host = torch.empty(4 + max_pages, bucket, dtype=torch.int64)
+    ns._pad(host, 0, bucket)
+    dev = host.clone()
+    static = GraphRunner._static_pass(ns, bucket, dev)
+    streams = [StreamRows(s, a, [1], p, "last") for s, a, _, p in decode]
+    g = SimpleNamespace(host=host, dev=dev, bucket=bucket)
+    GraphRunner._fill(ns, g, streams, max(len(s.pages) for s in streams))
+    got = two_layers(dtype, static, clone(base), x)
+    for w, o in zip(want[:2], got[:2]):
+        assert torch.equal(o[:3], w)
+    for r in range(3):
+        assert set(got[2][r].tolist()) - {-1} == set(want[2][r].tolist()) - {-1}
