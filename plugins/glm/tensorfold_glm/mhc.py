@@ -5,13 +5,18 @@ Per token, in fp32: the flattened streams are RMS-normed (no weight), projected 
 pre | post | comb logits, gated (sigmoid, 2·sigmoid, softmax), and comb is made doubly
 stochastic by the reference's eps-ratio Sinkhorn (x / (sum + eps), columns first, then
 iters - 1 rounds of rows and columns) — not the log-space form. No state crosses tokens.
+
+On the GPU (`use_triton`) the collapse and the block norm after it are one Triton kernel pair,
+and the expand another (triton_mhc.py).
 """
 
 from __future__ import annotations
 
 import torch
 
+from tensorfold.ops.gpu import use_triton
 from tensorfold.ops.linear import linear
+from tensorfold.ops.norms import rms_norm
 
 from .config import GlmConfig
 from .ops import sigmoid, softmax
@@ -41,11 +46,32 @@ def collapse(
     return post, comb, x.to(streams.dtype)
 
 
+def collapse_norm(
+    cfg: GlmConfig, w: HcWeights, streams: torch.Tensor, norm_weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """collapse, then the block's RMSNorm of its input: streams [N, hc, H]; norm_weight [H] ->
+    (post [N, hc] fp32, comb [N, hc, hc] fp32, normed block input [N, H])."""
+    hc = streams.shape[1]
+    if use_triton(streams) and hc & (hc - 1) == 0:
+        from .triton_mhc import collapse_norm as fused
+
+        return fused(
+            streams, w.fn, w.base, w.scale, norm_weight, iters=cfg.hc_sinkhorn_iters,
+            rms_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps,
+        )
+    post, comb, x = collapse(cfg, w, streams)
+    return post, comb, rms_norm(x, norm_weight, cfg.rms_norm_eps)
+
+
 def expand(
     post: torch.Tensor, comb: torch.Tensor, y: torch.Tensor, residual: torch.Tensor
 ) -> torch.Tensor:
     """Stream j becomes post_j · y + Σ_m comb[m, j] · residual_m, in the model dtype.
     post [N, hc]; comb [N, hc, hc]; y [N, H]; residual [N, hc, H] -> [N, hc, H]."""
+    if use_triton(residual):
+        from .triton_mhc import expand as fused
+
+        return fused(post, comb, y, residual)
     dtype = residual.dtype
     comb = comb.to(dtype).float()
     mixed = comb[:, 0, :, None] * residual[:, 0, None, :].float()

@@ -71,21 +71,22 @@ class GlmModel(FamilyModel):
         self.max_positions = cfg.max_position_embeddings
 
     def forward(self, fp: ForwardPass, rows: "PagedRows", slots: "StreamSlots") -> torch.Tensor:
+        """The pass's logits [R, V] fp32. Each op takes its Triton kernel on the GPU
+        (`tensorfold.ops.gpu.use_triton`); a decode pass reads nothing back to the host, so the
+        graph runner can capture it (per-stream layout from `pass_meta(fp)` only)."""
         cfg, w = self.cfg, self.weights
         e = w.embed.index_select(0, fp.tokens)  # [N, H]
         streams = e[:, None, :].expand(-1, cfg.hc_mult, -1).contiguous()  # [N, hc, H]
         masks: list[torch.Tensor] | None = None  # the last MLA layer's key sets, per stream
         for i, layer in enumerate(w.layers):
-            post, comb, x = mhc.collapse(cfg, layer.attn_hc, streams)
-            x = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
+            post, comb, x = mhc.collapse_norm(cfg, layer.attn_hc, streams, layer.input_norm)
             if isinstance(layer.mixer, KdaWeights):
                 y = kda(cfg, f"L{i}", layer.mixer, x, fp, slots)
                 masks = None  # a "shared" layer reads only the layer just before it
             else:
                 y, masks = mla(cfg, f"L{i}", layer.mixer, x, fp, rows, masks)
             streams = mhc.expand(post, comb, y, streams)
-            post, comb, x = mhc.collapse(cfg, layer.ffn_hc, streams)
-            x = rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
+            post, comb, x = mhc.collapse_norm(cfg, layer.ffn_hc, streams, layer.post_norm)
             streams = mhc.expand(post, comb, ffn(cfg, x, layer.ffn), streams)
         h = mhc.head(streams.index_select(0, fp.logit_rows))  # [R, H]
         return linear(rms_norm(h, w.final_norm, cfg.rms_norm_eps), w.lm_head).float()

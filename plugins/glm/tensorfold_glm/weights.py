@@ -39,6 +39,7 @@ class KdaWeights:
     f_b: torch.Tensor  # [D, Dk]
     dt_bias: torch.Tensor  # [D] fp32
     decay: torch.Tensor  # [heads] fp32: exp(A_log)
+    a_log: torch.Tensor  # [heads] fp32: A_log (the GPU kernel takes its exp itself)
     b: torch.Tensor  # [heads, H]
     g_a: torch.Tensor  # [Dk, H]
     g_b: torch.Tensor  # [D, Dk]
@@ -164,13 +165,14 @@ def _kda(read: _Reader, cfg: GlmConfig, p: str) -> KdaWeights:
     h, dk, heads, d = cfg.hidden_size, cfg.linear_head_dim, cfg.linear_num_heads, cfg.kda_dim
     k = cfg.linear_conv_kernel_dim
     a = f"{p}.self_attn"
+    a_log = read(f"{a}.A_log", heads, dtype=F32)
     return KdaWeights(
         qkv=torch.cat([read(f"{a}.{x}_proj.weight", d, h) for x in "qkv"]),
         conv=torch.cat([read(f"{a}.{x}_conv1d.weight", d, 1, k, dtype=F32) for x in "qkv"])
         .reshape(3 * d, k),
         f_a=read(f"{a}.f_a_proj.weight", dk, h), f_b=read(f"{a}.f_b_proj.weight", d, dk),
         dt_bias=read(f"{a}.dt_bias", d, dtype=F32),
-        decay=torch.exp(read(f"{a}.A_log", heads, dtype=F32)),
+        decay=torch.exp(a_log), a_log=a_log,
         b=read(f"{a}.b_proj.weight", heads, h),
         g_a=read(f"{a}.g_a_proj.weight", dk, h), g_b=read(f"{a}.g_b_proj.weight", d, dk),
         o_norm=read(f"{a}.o_norm.weight", dk), o=read(f"{a}.o_proj.weight", h, d),

@@ -1,0 +1,535 @@
+"""glm5_next speed on one GPU, in one run (docs/perf.md records the figures).
+
+The model at GLM-5.3-Flash-8L's shape (GLM-5.3-Flash's widths, 8 layers: 6 KDA, 2 MLA; 3 dense,
+5 MoE; ~76 GB) with dummy bf16 weights (tensorfold_glm.dummy), through `tensorfold.lanes.Lanes`
+and a runner (decode rounds under CUDA graphs), not the server: decode tokens/s at 1, 8 and 64
+streams, prefill tokens/s and time to first token for 2k, 8k and 32k prompts, the copy-bandwidth
+limit and the fraction of it; the exactness gates in bf16 (concurrent == solo at 1, 8 and 64
+streams, pages == windows, poisoned == clean); what fla-core's chunk_kda would cost or save
+against the fused_recurrent_kda the serving path uses (times at 2k/8k/32k on one layer's shape,
+and whether its bits hold packed and split); transformers 5.23.0 on the same weights; then,
+with our model freed, resumed == fresh through the prompt store (a dummy-weight engine).
+Writes results.json, log.txt and summary.txt to --out. Sections record their traceback and go on.
+
+    python bench/glm_speed.py --out $OUT --commit $(git rev-parse --short HEAD)
+    python bench/glm_speed.py --smoke   # the whole script on the CPU, tiny, Triton interpreted
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import engine_runs  # noqa: E402
+from bench.model_bytes import kv_bytes  # noqa: E402
+from bench.report import compare, short, summary  # noqa: E402
+from tensorfold.cuda_graphs import GraphRunner  # noqa: E402
+from tensorfold.ops import gpu  # noqa: E402
+from tensorfold.runner import ModelRunner  # noqa: E402
+from tensorfold_glm.config import GlmConfig  # noqa: E402
+from tensorfold_glm.dummy import SHAPES, build_dummy  # noqa: E402
+from tensorfold_glm.weights import MoeWeights  # noqa: E402
+
+PAGE_ROWS = 512
+SMOKE_CONFIG = dict(  # 4 layers: KDA x3 then MLA; 3 dense then MoE
+    vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32,
+    kv_lora_rank=16, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8,
+    num_experts_per_tok=2, index_head_dim=16, index_n_heads=16, index_topk=16, index_kpool=4,
+    linear_num_heads=2, linear_head_dim=16, max_position_embeddings=8192,
+)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _tensors(obj, found: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        found[obj.data_ptr()] = obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _tensors(x, found)
+    elif hasattr(obj, "__dataclass_fields__"):
+        for name in obj.__dataclass_fields__:
+            _tensors(getattr(obj, name), found)
+    return found
+
+
+def step_bytes(model) -> dict[str, Any]:
+    """Weight bytes a decode step must read: all but the embedding table (one row) and unused
+    experts; top-k experts a MoE layer for one stream, all of them at most."""
+    cfg, w = model.cfg, model.weights
+    size = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    common = size([w.lm_head, w.final_norm])
+    expert, moe_layers = 0, 0
+    for layer in w.layers:
+        held = _tensors(layer, {})
+        if isinstance(layer.ffn, MoeWeights):
+            experts = _tensors(layer.ffn.experts, {})
+            expert = size(experts.values()) // cfg.n_routed_experts
+            for p in experts:
+                held.pop(p)
+            moe_layers += 1
+        common += size(held.values())
+    e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    return {
+        "one_stream": common + moe_layers * k * expert,
+        "all_experts": common + moe_layers * e * expert,
+        "expected_bytes": {str(n): int(common + moe_layers * e * (1 - (1 - k / e) ** n) * expert)
+                           for n in (1, 8, 64)},
+        "weights_total": size(_tensors(w, {}).values()),
+    }
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.results: dict[str, Any] = {"args": vars(args)}
+        self.t0 = time.perf_counter()
+        self.device = "cpu" if args.smoke else "cuda"
+        self.smoke = args.smoke
+        self.model = None
+        self.window = 33 * 1024 if not args.smoke else 2048
+
+    def left(self) -> float:
+        return self.args.budget_s - (time.perf_counter() - self.t0)
+
+    def section(self, name: str, fn: Callable[[], Any], need_s: float = 0) -> None:
+        if self.left() < need_s:
+            self.results[name] = {"skipped": f"{self.left():.0f} s left, needs ~{need_s:.0f}"}
+            self.log(f"[{name}] skipped")
+            return
+        a = time.perf_counter()
+        self.log(f"[{name}] ...")
+        try:
+            self.results[name] = fn()
+        except Exception:
+            self.results[name] = {"error": traceback.format_exc()[-3000:]}
+        self.results.setdefault("section_s", {})[name] = round(time.perf_counter() - a, 1)
+        self.log(f"[{name}] {time.perf_counter() - a:.1f} s: {short(self.results[name])}")
+        self.save()
+
+    def log(self, line: str) -> None:
+        print(line, flush=True)
+        with open(self.out / "log.txt", "a") as f:
+            f.write(line + "\n")
+
+    def save(self) -> None:
+        (self.out / "results.json").write_text(json.dumps(self.results, indent=1, default=str))
+
+    def config(self) -> GlmConfig:
+        if self.smoke:
+            return GlmConfig.from_dict(SMOKE_CONFIG, "smoke")
+        return SHAPES[self.args.shape]
+
+    # -- sections: each returns a JSON-able dict ----------------------------------------------
+
+    def env(self) -> dict[str, Any]:
+        import triton
+
+        info: dict[str, Any] = {"torch": torch.__version__, "triton": triton.__version__,
+                                "commit": self.args.commit}
+        for pkg in ("fla", "transformers"):
+            if importlib.util.find_spec(pkg) is not None:
+                from importlib.metadata import PackageNotFoundError, version
+
+                try:
+                    info[pkg] = version("fla-core" if pkg == "fla" else pkg)
+                except PackageNotFoundError:
+                    info[pkg] = "importable"
+        if self.device == "cuda":
+            p = torch.cuda.get_device_properties(0)
+            info.update(gpu=p.name, sms=p.multi_processor_count, mem_gib=p.total_memory / 2**30)
+        return info
+
+    def limits(self) -> dict[str, Any]:
+        from bench import limits
+
+        return {"copy": limits.copy_bandwidth()}
+
+    def build(self) -> dict[str, Any]:
+        a = time.perf_counter()
+        self.model = build_dummy(self.config(), self.device, torch.bfloat16, seed=0)
+        sync(self.device)
+        return {"shape": "smoke" if self.smoke else self.args.shape,
+                "build_s": time.perf_counter() - a, **step_bytes(self.model),
+                "fixed_state_bytes_per_stream": self.model.layout.fixed_bytes}
+
+    def runner(self, streams: int, *, graphs: bool = True, pages: int | None = None,
+               poison: bool = False, window: int | None = None) -> ModelRunner:
+        per = -(-(window or self.window) // PAGE_ROWS)
+        pages = pages or streams * per
+        if graphs:
+            return GraphRunner(self.model, num_pages=pages, num_slots=streams,
+                               page_rows=PAGE_ROWS, poison=poison, max_pages=per,
+                               capture=not self.smoke and not self.args.no_graphs)
+        return ModelRunner(self.model, num_pages=pages, num_slots=streams, page_rows=PAGE_ROWS,
+                           poison=poison)
+
+    def decode(self) -> dict[str, Any]:
+        res: dict[str, Any] = {}
+        vocab = self.model.vocab_size
+        new = 3 if self.smoke else 128
+        win = 1024
+        plen = 16 if self.smoke else 64
+        # a decode step reads and writes every KDA state and conv tail of its stream
+        state_rw = 2 * self.model.layout.fixed_bytes
+        for n in (1, 8, 64) if not self.smoke else (1, 2):
+            runner = self.runner(n, window=win)
+            prompts = engine_runs.random_prompts(n, plen, vocab, seed=n)
+            engine_runs.run_requests(runner, prompts, 2, lanes=n, window=win)  # capture
+            run = engine_runs.run_requests(runner, prompts, new, lanes=n, window=win)
+            res[f"streams{n}"] = {
+                "tokens_per_s": run.decode_tokens_per_s, "rounds": run.decode_rounds,
+                "ms_per_round": 1e3 * run.decode_s / max(run.decode_rounds, 1),
+                "graph_replays": getattr(runner, "replays", 0),
+                "capture_error": getattr(runner, "capture_error", None),
+                "kv_bytes_per_stream": state_rw + kv_bytes(self.model, 100) - self.model.layout.fixed_bytes,
+            }
+            fwd = self.forward_ms(runner, n)
+            res[f"streams{n}"].update(forward_ms=fwd, forward_tokens_per_s=1e3 * n / fwd)
+            del runner
+        runner = self.runner(1, graphs=False, window=win)
+        prompts = engine_runs.random_prompts(1, plen, vocab, seed=1)
+        run = engine_runs.run_requests(runner, prompts, max(new // 2, 2), lanes=1, window=win)
+        res["streams1_eager"] = {"tokens_per_s": run.decode_tokens_per_s}
+        return res
+
+    def forward_ms(self, runner: ModelRunner, n: int) -> float:
+        """One decode round's forward alone (graph replay or eager), in ms."""
+        from tensorfold.forward_pass import StreamRows
+
+        g = torch.Generator().manual_seed(n)
+        toks = torch.randint(10, self.model.vocab_size, (n,), generator=g).tolist()
+        streams = [StreamRows(s, 100, [toks[s]], [s]) for s in range(n)]
+        for _ in range(2):
+            runner.run(streams)
+        sync(self.device)
+        reps = 1 if self.smoke else 20
+        a = time.perf_counter()
+        for _ in range(reps):
+            runner.run(streams)
+        sync(self.device)
+        return 1e3 * (time.perf_counter() - a) / reps
+
+    def prefill(self) -> dict[str, Any]:
+        res: dict[str, Any] = {}
+        lengths = (2048, 8192, 32768) if not self.smoke else (40, 100)
+        runner = self.runner(1)
+        vocab = self.model.vocab_size
+        warm = engine_runs.random_prompts(1, 2048 if not self.smoke else 16, vocab, 5)
+        engine_runs.run_requests(runner, warm, 1, lanes=1, window=self.window)
+        for n in lengths:
+            if self.left() < 60 and not self.smoke:
+                res[f"prompt{n}"] = {"skipped": "budget"}
+                continue
+            prompts = engine_runs.random_prompts(1, n, vocab, seed=n)
+            run = engine_runs.run_requests(runner, prompts, 1, lanes=1, window=self.window)
+            o = run.outcomes[0]
+            ttft = o.first - o.submitted
+            res[f"prompt{n}"] = {"ttft_s": ttft, "tokens_per_s": n / ttft}
+        return res
+
+    def gates(self) -> dict[str, Any]:
+        vocab = self.model.vocab_size
+        count = 64 if not self.smoke else 4
+        g = torch.Generator().manual_seed(3)
+        top = 3000 if not self.smoke else 40
+        lengths = torch.randint(5, top, (count,), generator=g).tolist()
+        prompts = engine_runs.random_prompts(count, lengths, vocab, seed=11)
+        new = 16 if not self.smoke else 3
+        res: dict[str, Any] = {"prompts": count, "lengths": [min(lengths), max(lengths)]}
+        win = top + new + PAGE_ROWS
+        solo = self.runner(1, window=win)
+        alone = [engine_runs.run_requests(solo, [p], new, lanes=1, window=win).outcomes[0].tokens
+                 for p in prompts]
+        del solo
+        levels = (1, 8, 64) if not self.smoke else (1, 4)
+        wide = self.runner(levels[-1], window=win)
+        for level in levels:
+            got = []
+            for i in range(0, count, level):
+                run = engine_runs.run_requests(wide, prompts[i : i + level], new, lanes=level,
+                                               window=win)
+                got += [o.tokens for o in run.outcomes]
+            res[f"concurrent_equals_solo_at_{level}"] = got == alone
+        res["graph_replays"] = wide.replays
+        del wide
+        per = -(-(max(lengths) + new) // PAGE_ROWS)
+        tight = self.runner(levels[-1], pages=per * 4, poison=True, window=win)
+        got = [o.tokens for o in engine_runs.run_requests(
+            tight, prompts, new, lanes=levels[-1], window=win).outcomes]
+        res["pages_equal_windows_poisoned"] = got == alone
+        res["distinct_tokens"] = len({t for toks in alone for t in toks})
+        return res
+
+    def kda_cost(self) -> dict[str, Any]:
+        """fla-core on one KDA layer's shape: chunk_kda against fused_recurrent_kda (what the
+        serving path runs for every row), and chunk_kda's bits packed and split."""
+        if self.device != "cuda" or importlib.util.find_spec("fla") is None:
+            return {"skipped": "fla-core needs the GPU (and is not installed here): the KDA rows "
+                               "ran the torch recurrence"}
+        from fla.ops.kda import chunk_kda
+        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+        cfg = self.config()
+        h, d = cfg.linear_num_heads, cfg.linear_head_dim
+        gen = torch.Generator(device="cuda").manual_seed(0)
+
+        def inputs(t: int):
+            r = lambda *s, std=1.0: torch.randn(*s, device="cuda", generator=gen) * std  # noqa
+            bf = torch.bfloat16
+            return dict(q=r(1, t, h, d).to(bf), k=r(1, t, h, d).to(bf), v=r(1, t, h, d).to(bf),
+                        g=r(1, t, h, d).to(bf), beta=torch.sigmoid(r(1, t, h)).to(bf))
+
+        a_log = torch.log(torch.linspace(1, 16, h, device="cuda"))
+        dt = torch.randn(h * d, device="cuda", generator=gen) * 0.5
+        gate = dict(A_log=a_log, dt_bias=dt, use_gate_in_kernel=True, lower_bound=-5.0,
+                    use_qk_l2norm_in_kernel=True, scale=d**-0.5)
+
+        def chunk(x, state=None, cu=None):
+            o, final = chunk_kda(**x, initial_state=state, output_final_state=True,
+                                 cu_seqlens=cu, **gate)
+            return o, final
+
+        def recurrent(x, state):
+            return fused_recurrent_kda_fwd(**x, initial_state=state, output_final_state=True,
+                                           inplace_final_state=False, **gate)
+
+        def timed(fn) -> float:
+            fn()
+            sync("cuda")
+            a = time.perf_counter()
+            for _ in range(3):
+                fn()
+            sync("cuda")
+            return 1e3 * (time.perf_counter() - a) / 3
+
+        res: dict[str, Any] = {"shape": {"heads": h, "head_dim": d}}
+        for t in (2048, 8192, 32768):
+            x = inputs(t)
+            zero = torch.zeros(1, h, d, d, device="cuda")
+            res[f"rows{t}"] = {"chunk_kda_ms": timed(lambda: chunk(x, zero)),
+                               "fused_recurrent_kda_ms": timed(lambda: recurrent(x, zero))}
+        # bits: packed with another sequence vs alone; split at a 64-multiple vs whole
+        x, y = inputs(3000), inputs(1000)
+        zero2 = torch.zeros(2, h, d, d, device="cuda")
+        o_alone, s_alone = chunk(x, zero2[:1])
+        both = {k: torch.cat((x[k], y[k]), 1) for k in x}
+        cu = torch.tensor([0, 3000, 4000], device="cuda", dtype=torch.long)
+        o_packed, s_packed = chunk(both, zero2, cu)
+        res["chunk_packed_equals_alone"] = bool(torch.equal(o_packed[:, :3000], o_alone)
+                                                and torch.equal(s_packed[0], s_alone[0]))
+        cut = 1024
+        first = {k: v[:, :cut].contiguous() for k, v in x.items()}
+        rest = {k: v[:, cut:].contiguous() for k, v in x.items()}
+        o1, s1 = chunk(first, zero2[:1])
+        o2, s2 = chunk(rest, s1)
+        res["chunk_split_at_1024_equals_whole"] = bool(
+            torch.equal(torch.cat((o1, o2), 1), o_alone) and torch.equal(s2, s_alone))
+        res["chunk_vs_recurrent_rel"] = float(
+            (o_alone.float() - recurrent(x, zero2[:1])[0].float()).norm() / o_alone.float().norm())
+        r1 = recurrent(first, zero2[:1])
+        r2 = recurrent(rest, r1[1])
+        rw = recurrent(x, zero2[:1])
+        res["recurrent_split_equals_whole"] = bool(
+            torch.equal(torch.cat((r1[0], r2[0]), 1), rw[0]) and torch.equal(r2[1], rw[1]))
+        return res
+
+    def transformers(self) -> dict[str, Any]:
+        """transformers 5.23.0 on our weights (sharing their storage): decode and prefill rates,
+        and logits against ours in bf16. Which KDA kernels it used: from its CUDA kernels."""
+        from bench import glm_hf
+
+        hf = glm_hf.build_hf(self.model)
+        vocab = self.model.vocab_size
+        res: dict[str, Any] = {"kda_kernels_importable": glm_hf.kda_kernels()}
+        dev = self.device
+        prompt = engine_runs.random_prompts(1, 64, vocab, seed=99)[0]
+        ids = torch.tensor([prompt], device=dev)
+        steps = 4 if self.smoke else 32
+        with torch.inference_mode():
+            hf.generate(ids, max_new_tokens=2, do_sample=False)  # warm
+            sync(dev)
+            a = time.perf_counter()
+            out = hf.generate(ids, max_new_tokens=steps, do_sample=False, min_new_tokens=steps)
+            sync(dev)
+            res["streams1_generate_tokens_per_s"] = steps / (time.perf_counter() - a)
+            theirs = out[0, len(prompt):].tolist()
+            for n in (2048, 8192) if not self.smoke else (40,):
+                p = torch.tensor(engine_runs.random_prompts(1, n, vocab, seed=n), device=dev)
+                sync(dev)
+                a = time.perf_counter()
+                hf(input_ids=p, logits_to_keep=1)
+                sync(dev)
+                res[f"prefill{n}_tokens_per_s"] = n / (time.perf_counter() - a)
+            if dev == "cuda":
+                from torch.profiler import ProfilerActivity, profile
+
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    hf(input_ids=ids)
+                    sync(dev)
+                names = {e.key for e in prof.key_averages()}
+                res["kda_kernels_seen"] = sorted(
+                    k[:80] for k in names if "kda" in k.lower() or "delta" in k.lower()
+                    or "conv1d" in k.lower())[:20]
+        ours = engine_runs.run_requests(self.runner(1, window=1024), [prompt], steps, lanes=1,
+                                        window=1024).outcomes[0].tokens
+        res["greedy_tokens_agree_for"] = next(
+            (i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+        seq = prompt + ours
+        from tensorfold.forward_pass import StreamRows
+
+        runner = ModelRunner(self.model, num_pages=2, num_slots=1, page_rows=PAGE_ROWS)
+        (ours16,) = runner.run([StreamRows(0, 0, seq, [0, 1], "all")])
+        with torch.inference_mode():
+            theirs16 = hf(input_ids=torch.tensor([seq], device=dev)).logits[0].float()
+        res["bf16_ours_vs_transformers"] = compare(ours16, theirs16)
+        del hf
+        return res
+
+    def resumed(self) -> dict[str, Any]:
+        """resumed == fresh through the prompt store, on an engine loading the same dummy
+        weights (our bench model is freed first: one 76 GB model at a time)."""
+        from tensorfold import testing
+        from tensorfold.llm import LLM
+        from tensorfold.sampling import SamplingParams
+        from tensorfold_glm import triton_kda  # noqa: F401  (the kernels the engine runs)
+
+        self.model = None
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+        folder = self.dummy_folder()
+        vocab = self.config().vocab_size
+        g = torch.Generator().manual_seed(5)
+        n_first = 3000 if not self.smoke else 150
+        first = torch.randint(20, vocab, (n_first,), generator=g).tolist()
+        tail = lambda s: torch.randint(20, vocab, (5,), generator=torch.Generator().manual_seed(s)).tolist()  # noqa
+        marks = [48, 50, 64, 208] + ([2048, 2100] if not self.smoke else [])
+        follow = {"past 208": first[:230] + tail(1), "past 64": first[:70] + tail(2),
+                  "at 49": first[:49] + tail(3), "whole": first + tail(4)}
+        if not self.smoke:
+            follow["past 2048"] = first[:2600] + tail(5)
+        params = SamplingParams(temperature=0, max_tokens=8)
+        flags = dict(device=self.device, dtype="bfloat16", load_format="dummy", parallel=2,
+                     context=4096, prompt_cache_gib=8 if not self.smoke else 0.05)
+        if self.smoke:
+            flags.update(memory_limit_gib=0.5)
+        out: dict[int, dict[str, Any]] = {}
+        for share in (0, 16):
+            llm = LLM(family="glm5_next", model=folder, kv_share=share, **flags)
+            try:
+                got = {"first": self.submit(llm, first, marks, params)}
+                for name, ids in follow.items():
+                    got[name] = self.submit(llm, ids, [], params)
+                # a chat's next turn: the first prompt, its (decoded) reply, a new user turn
+                reply = got["first"][0]
+                got["next turn"] = self.submit(llm, first + reply + tail(6), [], params)
+                out[share] = got
+            finally:
+                testing.close_even(llm)
+        res: dict[str, Any] = {}
+        for name in out[0]:
+            tokens, cached = out[16][name]
+            res[name] = {"resumed_from": cached, "equal_to_fresh": tokens == out[0][name][0]}
+        res["all_equal"] = all(v["equal_to_fresh"] for v in res.values() if isinstance(v, dict))
+        shutil.rmtree(folder, ignore_errors=True)
+        return res
+
+    @staticmethod
+    def submit(llm, ids, marks, params) -> tuple[list[int], int]:
+        import threading
+
+        from tensorfold.requests import Finished, TokenOut
+
+        got: list[int] = []
+        ended: list[Finished] = []
+        done = threading.Event()
+
+        def sink(event):
+            if isinstance(event, TokenOut):
+                got.append(event.token)
+            elif isinstance(event, Finished):
+                ended.append(event)
+                done.set()
+
+        llm.served.engine.submit(list(ids), params.with_seed(), sink, list(marks))
+        if not done.wait(600):
+            raise TimeoutError("request did not finish in 600 s")
+        if ended[0].error is not None:
+            raise RuntimeError(ended[0].error)
+        return got, ended[0].cached_tokens
+
+    def dummy_folder(self) -> Path:
+        """config.json at the bench's shape, with the demo checkpoint's tokenizer files."""
+        from tensorfold_glm.demo import build_demo
+        from bench.glm_hf import text_config
+
+        demo = build_demo(Path(tempfile.mkdtemp()))
+        folder = Path(tempfile.mkdtemp())
+        for f in demo.iterdir():
+            if f.suffix != ".safetensors":
+                shutil.copy(f, folder / f.name)
+        config = json.loads((demo / "config.json").read_text())
+        config["text_config"].update(text_config(self.config()))
+        config["text_config"]["max_position_embeddings"] = self.config().max_position_embeddings
+        config["dtype"] = "bfloat16"
+        (folder / "config.json").write_text(json.dumps(config, indent=1))
+        return folder
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT") or "bench_out")
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--shape", default="GLM-5.3-Flash-8L", choices=sorted(SHAPES))
+    ap.add_argument("--budget-s", type=float, default=560.0)
+    ap.add_argument("--sections", default="all")
+    ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    if args.smoke:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        gpu.set_triton(True, on_cpu=True)
+        torch.set_num_threads(1)
+    b = Bench(args)
+    want = set(args.sections.split(",")) if args.sections != "all" else None
+    plan: list[tuple[str, Callable[[], Any], float]] = [
+        ("env", b.env, 0), ("limits", b.limits, 30), ("build", b.build, 30),
+        ("decode", b.decode, 60), ("gates", b.gates, 90), ("prefill", b.prefill, 60),
+        ("kda_cost", b.kda_cost, 30), ("transformers", b.transformers, 60),
+        ("resumed", b.resumed, 90),
+    ]
+    for name, fn, need in plan:
+        if name in ("env", "build") or want is None or name in want:
+            if args.smoke and name == "limits":
+                continue
+            b.section(name, fn, need)
+    text = summary(b.results)
+    extra = [f"kda_cost: {short(b.results.get('kda_cost', {}))}",
+             f"resumed: {short(b.results.get('resumed', {}))}",
+             f"gates: {short(b.results.get('gates', {}))}"]
+    text += "\n" + "\n".join(extra)
+    (b.out / "summary.txt").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

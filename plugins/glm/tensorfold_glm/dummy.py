@@ -1,0 +1,162 @@
+"""GLM-5.3-Flash's text model at a real shape with random weights made in place on the device from
+a fixed seed, as vLLM's `--load-format dummy`: for benchmarks, with no checkpoint to read.
+
+Weights are drawn from N(0, std²) one tensor at a time on `device` from a generator seeded once;
+norm weights are ones. The tensors the real loader keeps in fp32 are fp32 here too (A_log,
+dt_bias, the conv weights, the mHC base/scale, e_score_correction_bias), and those it upcasts
+(the mHC fn, the router) are drawn in the model dtype and upcast. Each MoE layer's experts live
+in two stacked tensors (gate_up [E, 2I, H], gate rows first, and down [E, H, I]); the per-expert
+weights are views into them. The scales keep bf16 activations finite through mHC, KDA and MLA:
+the mHC projection's logits stay O(1), A_log spans exp(A) in [1, 16] as the reference's init.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import DENSE, KDA, GlmConfig
+from .model import GlmModel
+from .weights import (
+    DenseWeights, HcWeights, IndexerWeights, KdaWeights, LayerWeights, MlaWeights, ModelWeights,
+    MoeWeights,
+)
+
+F32 = torch.float32
+
+# The class defaults of Glm5NextTextConfig (families.md §1.1): 45 layers, 34 KDA + 11 MLA;
+# "-8L" keeps the widths with 8 layers: KDA but at 3 and 7 (MLA), 3 dense + 5 MoE, ~76 GB bf16.
+SHAPES: dict[str, GlmConfig] = {
+    "GLM-5.3-Flash": GlmConfig.from_dict({}, "GLM-5.3-Flash"),
+    "GLM-5.3-Flash-8L": GlmConfig.from_dict({"num_hidden_layers": 8}, "GLM-5.3-Flash-8L"),
+}
+
+
+class _Init:
+    def __init__(self, device: str, dtype: torch.dtype, seed: int, std: float):
+        self.device, self.dtype, self.std = torch.device(device), dtype, std
+        # the meta device (sizes without memory, for planning) has no generator
+        meta = self.device.type == "meta"
+        self.gen = None if meta else torch.Generator(device=self.device).manual_seed(seed)
+
+    def normal(self, *shape: int, std: float | None = None, dtype: torch.dtype | None = None):
+        t = torch.empty(*shape, device=self.device, dtype=dtype or self.dtype)
+        return t.normal_(0.0, self.std if std is None else std, generator=self.gen)
+
+    def uniform(self, *shape: int, low: float, high: float) -> torch.Tensor:
+        t = torch.empty(*shape, device=self.device, dtype=F32)
+        return t.uniform_(low, high, generator=self.gen)
+
+    def ones(self, *shape: int) -> torch.Tensor:
+        return torch.ones(*shape, device=self.device, dtype=self.dtype)
+
+    def zeros(self, *shape: int) -> torch.Tensor:
+        return torch.zeros(*shape, device=self.device, dtype=self.dtype)
+
+
+def _hc(init: _Init, cfg: GlmConfig) -> HcWeights:
+    n = cfg.hc_mult
+    width = (2 + n) * n
+    # f is RMS-normed over hc·H: logits f·fn have std ≈ sqrt(hc·H)·std_fn = 0.5.
+    std_fn = 0.5 / math.sqrt(n * cfg.hidden_size)
+    return HcWeights(
+        fn=init.normal(width, n * cfg.hidden_size, std=std_fn).float(),
+        base=init.normal(width, std=0.5, dtype=F32), scale=init.uniform(3, low=0.5, high=1.5),
+    )
+
+
+def _kda(init: _Init, cfg: GlmConfig) -> KdaWeights:
+    h, dk, heads, d = cfg.hidden_size, cfg.linear_head_dim, cfg.linear_num_heads, cfg.kda_dim
+    a_log = torch.log(init.uniform(heads, low=1.0, high=16.0))
+    return KdaWeights(
+        qkv=init.normal(3 * d, h), conv=init.normal(3 * d, cfg.linear_conv_kernel_dim, std=0.3,
+                                                    dtype=F32),
+        f_a=init.normal(dk, h), f_b=init.normal(d, dk), dt_bias=init.normal(d, std=0.5, dtype=F32),
+        decay=torch.exp(a_log), a_log=a_log, b=init.normal(heads, h), g_a=init.normal(dk, h),
+        g_b=init.normal(d, dk), o_norm=init.ones(dk), o=init.normal(h, d),
+    )
+
+
+def _mla(init: _Init, cfg: GlmConfig, indexer: bool) -> MlaWeights:
+    h, heads = cfg.hidden_size, cfg.num_attention_heads
+    qr, r, dn, dv = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim
+    bias = cfg.attention_bias
+    idx = None
+    if indexer:
+        n, di = cfg.index_n_heads, cfg.index_head_dim
+        idx = IndexerWeights(
+            wq_b=init.normal(n * di, qr), wk=init.normal(di, h), k_norm=init.ones(di),
+            k_bias=init.zeros(di), weights_proj=init.normal(n, h),
+            ape=init.normal(cfg.index_kpool, di, std=0.5), gate=init.normal(di, h),
+        )
+    return MlaWeights(
+        q_a=init.normal(qr, h), q_a_bias=init.zeros(qr) if bias else None,
+        q_a_norm=init.ones(qr), q_b=init.normal(heads * dn, qr),
+        kv_a=init.normal(r, h), kv_a_bias=init.zeros(r) if bias else None,
+        kv_a_norm=init.ones(r), w_uk=init.normal(heads, r, dn), w_uv=init.normal(heads, dv, r),
+        o=init.normal(h, heads * dv), o_bias=init.zeros(h) if bias else None, indexer=idx,
+    )
+
+
+def _dense(init: _Init, h: int, width: int) -> DenseWeights:
+    return DenseWeights(init.normal(2 * width, h), init.normal(h, width))
+
+
+def _moe(init: _Init, cfg: GlmConfig) -> MoeWeights:
+    h, e, width = cfg.hidden_size, cfg.n_routed_experts, cfg.moe_intermediate_size
+    gate_up = init.normal(e, 2 * width, h)
+    down = init.normal(e, h, width)
+    experts = [DenseWeights(gu, dn) for gu, dn in zip(gate_up.unbind(0), down.unbind(0))]
+    return MoeWeights(
+        router=init.normal(e, h).float(), bias=init.normal(e, std=0.01, dtype=F32),
+        experts=experts, shared=_dense(init, h, width * cfg.n_shared_experts),
+    )
+
+
+def dummy_weights(
+    cfg: GlmConfig, device: str, dtype: torch.dtype, seed: int = 0, std: float = 0.02
+) -> ModelWeights:
+    init = _Init(device, dtype, seed, std)
+    h = cfg.hidden_size
+    embed = init.normal(cfg.vocab_size, h)
+    layers = []
+    for i, kind in enumerate(cfg.layer_types):
+        mixer = _kda(init, cfg) if kind == KDA else _mla(init, cfg, cfg.runs_indexer(i))
+        ffn = (_dense(init, h, cfg.intermediate_size) if cfg.mlp_layer_types[i] == DENSE
+               else _moe(init, cfg))
+        layers.append(LayerWeights(
+            attn_hc=_hc(init, cfg), ffn_hc=_hc(init, cfg), input_norm=init.ones(h),
+            post_norm=init.ones(h), mixer=mixer, ffn=ffn,
+        ))
+    lm_head = embed if cfg.tie_word_embeddings else init.normal(cfg.vocab_size, h)
+    return ModelWeights(embed, init.ones(h), lm_head, layers)
+
+
+def build_dummy(
+    shape: str | GlmConfig,
+    device: str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    std: float = 0.02,
+) -> GlmModel:
+    """A model at `shape` (a name in SHAPES, or a config) with dummy weights on `device`."""
+    cfg = SHAPES[shape] if isinstance(shape, str) else shape
+    name = str(dtype).removeprefix("torch.")
+    return GlmModel(cfg, dummy_weights(cfg, device, dtype, seed, std), device, name)
+
+
+def load_dummy(config: dict, device: str, dtype: str) -> GlmModel:
+    """TF_LOAD_FORMAT=dummy: the checkpoint's config.json with random weights."""
+    from tensorfold.checkpoint import torch_dtype
+
+    return build_dummy(GlmConfig.from_dict(config), device, torch_dtype(dtype))
+
+
+def expert_stacks(w: MoeWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dummy MoE layer's (gate_up [E, 2I, H], down [E, H, I]), the tensors its views share."""
+    e = len(w.experts)
+    gu, dn = w.experts[0].gate_up, w.experts[0].down
+    (n2, h), (_, n) = gu.shape, dn.shape
+    return (gu.as_strided((e, n2, h), (n2 * h, h, 1), gu.storage_offset()),
+            dn.as_strided((e, h, n), (h * n, n, 1), dn.storage_offset()))

@@ -1,0 +1,164 @@
+"""The KDA mixer's own Triton kernels (the GPU path), beside their torch references in kda.py and
+tensorfold.ops.conv: the short conv with SiLU over a whole pass, its tails, the zeroing of fresh
+streams' recurrent states, and the gated output norm. The delta rule itself is fla-core's
+`fused_recurrent_kda` (kda.py).
+
+Every output is a function of its own row's inputs (and its stream's tail), computed in an order
+fixed by the widths alone, so no row depends on the other rows of the pass or where it was cut.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tensorfold.ops.pass_meta import PassMeta
+
+ROWS = 16
+CHANNELS = 128
+ZERO_BLOCK = 4096
+
+
+@triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
+def _conv_silu_kernel(
+    u_ptr, tail_ptr, w_ptr, out_ptr, row_stream, stream_row0, stream_start, stream_slot,
+    n_rows, C, D, stride_u, stride_ts,
+    K: tl.constexpr, ROWS: tl.constexpr, CH: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    ch = tl.program_id(1) * CH + tl.arange(0, CH)
+    rmask = rows < n_rows
+    cmask = ch < C
+    s = tl.load(row_stream + rows, mask=rmask, other=0)
+    local = rows - tl.load(stream_row0 + s, mask=rmask, other=0)
+    fresh = tl.load(stream_start + s, mask=rmask, other=0) == 0
+    slot = tl.load(stream_slot + s, mask=rmask, other=0).to(tl.int64)
+    acc = tl.zeros((ROWS, CH), dtype=tl.float32)
+    for j in tl.static_range(K):
+        e = local + j  # index into ext = tail (K-1 columns) ++ the run
+        from_u = e >= K - 1
+        src = (rows + j - (K - 1)).to(tl.int64)
+        m_u = (rmask & from_u)[:, None] & cmask[None, :]
+        u = tl.load(u_ptr + src[:, None] * stride_u + ch[None, :], mask=m_u, other=0.0)
+        m_t = (rmask & ~from_u & ~fresh)[:, None] & cmask[None, :]
+        t_ptrs = tail_ptr + slot[:, None] * stride_ts + ch[None, :] * (K - 1) + e[:, None]
+        tail = tl.load(t_ptrs, mask=m_t, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + ch * K + j, mask=cmask, other=0.0).to(tl.float32)
+        if j == 0:
+            acc = tl.where(from_u[:, None], u.to(tl.float32), tail) * w[None, :]
+        else:
+            acc = acc + tl.where(from_u[:, None], u.to(tl.float32), tail) * w[None, :]
+    y = acc / (1.0 + tl.exp(-acc))  # SiLU in fp32, as ops.moe.silu
+    which = (ch // D).to(tl.int64)  # q, k or v: out is [3, N, D]
+    offs = which[None, :] * n_rows * D + rows.to(tl.int64)[:, None] * D + (ch % D)[None, :]
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+
+
+@triton.jit
+def _tail_kernel(
+    u_ptr, tail_ptr, stream_row0, stream_len, stream_start, stream_slot, C, stride_u,
+    stride_ts, K: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr,
+):
+    s = tl.program_id(0)
+    ch = tl.program_id(1) * CH + tl.arange(0, CH)
+    cmask = ch < C
+    row0 = tl.load(stream_row0 + s)
+    n = tl.load(stream_len + s)
+    fresh = tl.load(stream_start + s) == 0
+    slot = tl.load(stream_slot + s).to(tl.int64)
+    j = tl.arange(0, KP)
+    jmask = j < K - 1
+    e = n + j  # the new tail is ext[n : n + K - 1]
+    from_u = e >= K - 1
+    src = (row0 + e - (K - 1)).to(tl.int64)
+    m_u = (jmask & from_u)[None, :] & cmask[:, None]
+    u = tl.load(u_ptr + src[None, :] * stride_u + ch[:, None], mask=m_u, other=0.0)
+    t_ptrs = tail_ptr + slot * stride_ts + ch[:, None] * (K - 1)
+    m_t = (jmask & ~from_u & ~fresh)[None, :] & cmask[:, None]
+    old = tl.load(t_ptrs + e[None, :], mask=m_t, other=0.0)
+    new = tl.where(from_u[None, :], u.to(old.dtype), old)
+    tl.store(t_ptrs + j[None, :], new, mask=jmask[None, :] & cmask[:, None])
+
+
+def conv_silu(
+    qkv: torch.Tensor, tails: torch.Tensor, meta: PassMeta, weight: torch.Tensor, d: int
+) -> torch.Tensor:
+    """SiLU(causal conv) of a pass's q|k|v rows, each stream continuing its tail.
+
+    qkv [N, 3D] (the projections, model dtype); tails [slots, 3D, K-1] (read, zeros for a stream
+    starting at row 0, then moved on in place); weight [3D, K] fp32. Returns [3, N, D]: q, k, v,
+    each contiguous, rounded to qkv's dtype (the reference: fp32 conv, fp32 SiLU, rounded)."""
+    n, c = qkv.shape
+    k = weight.shape[1]
+    qkv = qkv.contiguous()
+    out = torch.empty(3, n, d, dtype=qkv.dtype, device=qkv.device)
+    if n == 0:
+        return out
+    _conv_silu_kernel[(triton.cdiv(n, ROWS), triton.cdiv(c, CHANNELS))](
+        qkv, tails, weight.contiguous(), out, meta.row_stream, meta.stream_row0,
+        meta.stream_start, meta.stream_slot, n, c, d, qkv.stride(0), tails.stride(0),
+        K=k, ROWS=ROWS, CH=CHANNELS, num_warps=4,
+    )
+    _tail_kernel[(meta.num_streams, triton.cdiv(c, CHANNELS))](
+        qkv, tails, meta.stream_row0, meta.stream_len, meta.stream_start, meta.stream_slot, c,
+        qkv.stride(0), tails.stride(0), K=k, KP=triton.next_power_of_2(max(k - 1, 1)),
+        CH=CHANNELS, num_warps=4,
+    )
+    return out
+
+
+@triton.jit
+def _zero_fresh_kernel(state_ptr, stream_start, stream_slot, size, stride_s, BLOCK: tl.constexpr):
+    s = tl.program_id(0)
+    if tl.load(stream_start + s) == 0:
+        slot = tl.load(stream_slot + s).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        zero = tl.zeros((BLOCK,), dtype=state_ptr.dtype.element_ty)
+        tl.store(state_ptr + slot * stride_s + offs, zero, mask=offs < size)
+
+
+def zero_fresh(states: torch.Tensor, meta: PassMeta) -> None:
+    """Zero the slots of the pass's streams that start at row 0, on the device (no host read of
+    the starts: a decode pass under a CUDA graph may hold a one-row prompt). states [slots, ...]
+    contiguous per slot."""
+    size = states[0].numel()
+    _zero_fresh_kernel[(meta.num_streams, triton.cdiv(size, ZERO_BLOCK))](
+        states, meta.stream_start, meta.stream_slot, size, states.stride(0), BLOCK=ZERO_BLOCK,
+        num_warps=4,
+    )
+
+
+@triton.jit(do_not_specialize=["n_groups"])
+def _gated_norm_kernel(
+    o_ptr, gate_ptr, w_ptr, out_ptr, n_groups, V, eps, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    groups = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_V)
+    mask = (groups[:, None] < n_groups) & (cols[None, :] < V)
+    offs = groups.to(tl.int64)[:, None] * V + cols[None, :]
+    o = tl.load(o_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    var = tl.sum(o * o, axis=1) / V
+    normed = o * tl.math.rsqrt(var + eps)[:, None]
+    g = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=cols < V, other=0.0).to(tl.float32)
+    y = w[None, :] * normed * (1.0 / (1.0 + tl.exp(-g)))
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def gated_norm(o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNormGated per head, all fp32, rounded to o's dtype (kda.gated_norm).
+    o, gate [N, heads, V] (any leading shape with V last, contiguous); weight [V] -> o's shape."""
+    v = o.shape[-1]
+    o = o.contiguous()
+    gate = gate.contiguous()
+    out = torch.empty_like(o)
+    groups = o.numel() // v
+    block_v = triton.next_power_of_2(v)
+    per = max(1, min(64, 4096 // block_v))
+    if groups:
+        _gated_norm_kernel[(triton.cdiv(groups, per),)](
+            o, gate, weight.contiguous(), out, groups, v, eps, ROWS=per, BLOCK_V=block_v,
+            num_warps=4,
+        )
+    return out

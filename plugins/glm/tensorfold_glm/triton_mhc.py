@@ -1,0 +1,225 @@
+"""The mHC residual on the GPU in Triton (mhc.py is the torch reference): the collapse fused with
+the RMSNorm after it, and the expand.
+
+Collapse, per token, in two launches:
+1. `_project_kernel`: the flattened streams f [hc·H] against fn [(2+hc)·hc, hc·H] in fp32
+   (IEEE, not tf32, and no cuBLAS), and Σf², over a fixed split of the hc·H axis (SPLIT pieces
+   of a width fixed by hc·H alone), each piece walked in BLOCK_K steps from its start.
+2. `_collapse_kernel`: the pieces summed in order, z = (f·fn)·rsqrt(mean f² + eps) (the
+   reference normalises f first: the same value, rounded once less), the gates, the 20-iteration
+   eps-ratio Sinkhorn, the bf16 collapse Σ pre_m·X_m (fp32 accumulate in stream order), and the
+   block's RMSNorm of it.
+Every order is fixed by the widths, never by the row count: a row's bits do not depend on the
+other rows of the pass.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tensorfold.ops.triton_util import interpreting, mma
+
+PROJECT_ROWS = 16  # tl.dot's smallest M
+BLOCK_K = 64
+PIECE = 1024  # the hc·H axis is cut in pieces of about this many columns, at most MAX_SPLIT
+MAX_SPLIT = 16
+COLLAPSE_ROWS = 4
+BLOCK_H = 512
+EXPAND_ROWS = 4
+
+
+def split_for(width: int) -> tuple[int, int]:
+    """(pieces, columns a piece) for an hc·H-wide projection: by the width alone."""
+    pieces = max(1, min(MAX_SPLIT, width // PIECE))
+    cols = triton.cdiv(triton.cdiv(width, pieces), BLOCK_K) * BLOCK_K
+    return triton.cdiv(width, cols), cols
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _project_kernel(
+    x_ptr, fn_ptr, z_ptr, ss_ptr, n_rows, width, cols,
+    W: tl.constexpr, WP: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr,
+    INTERP: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    piece = tl.program_id(1)
+    rmask = rows < n_rows
+    w_rows = tl.arange(0, WP)
+    k0 = piece * cols
+    acc = tl.zeros((ROWS, WP), dtype=tl.float32)
+    ss = tl.zeros((ROWS,), dtype=tl.float32)
+    for kb in range(0, cols, BK):
+        k = k0 + kb + tl.arange(0, BK)
+        kmask = (k < width) & (kb + tl.arange(0, BK) < cols)
+        f = tl.load(x_ptr + rows.to(tl.int64)[:, None] * width + k[None, :],
+                    mask=rmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        ss += tl.sum(f * f, axis=1)
+        fn = tl.load(fn_ptr + w_rows[:, None] * width + k[None, :],
+                     mask=(w_rows < W)[:, None] & kmask[None, :], other=0.0)
+        acc = mma(f, tl.trans(fn), acc, True, INTERP)
+    n_pad = tl.num_programs(0) * ROWS
+    base = piece.to(tl.int64) * n_pad + rows.to(tl.int64)
+    tl.store(z_ptr + base[:, None] * WP + w_rows[None, :], acc)
+    tl.store(ss_ptr + base, ss)
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit(do_not_specialize=["n_rows", "iters"])
+def _collapse_kernel(
+    x_ptr, z_ptr, ss_ptr, base_ptr, scale_ptr, norm_w_ptr, post_ptr, comb_ptr, out_ptr,
+    n_rows, n_pad, H, iters, rms_eps, hc_eps, norm_eps,
+    HC: tl.constexpr, WP: tl.constexpr, PIECES: tl.constexpr, ROWS: tl.constexpr,
+    BH: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < n_rows
+    r64 = rows.to(tl.int64)
+    c = tl.arange(0, HC)
+    m3 = tl.arange(0, HC)[None, :, None]
+    n3 = tl.arange(0, HC)[None, None, :]
+    ss = tl.zeros((ROWS,), dtype=tl.float32)
+    z_pre = tl.zeros((ROWS, HC), dtype=tl.float32)
+    z_post = tl.zeros((ROWS, HC), dtype=tl.float32)
+    z_comb = tl.zeros((ROWS, HC, HC), dtype=tl.float32)
+    for p in tl.static_range(PIECES):  # the pieces in order
+        at = p * n_pad + r64
+        ss += tl.load(ss_ptr + at)
+        z_pre += tl.load(z_ptr + at[:, None] * WP + c[None, :])
+        z_post += tl.load(z_ptr + at[:, None] * WP + HC + c[None, :])
+        z_comb += tl.load(z_ptr + at[:, None, None] * WP + 2 * HC + m3 * HC + n3)
+    r = tl.math.rsqrt(ss / (HC * H) + rms_eps)
+    s0 = tl.load(scale_ptr)
+    s1 = tl.load(scale_ptr + 1)
+    s2 = tl.load(scale_ptr + 2)
+    pre = _sigmoid(z_pre * r[:, None] * s0 + tl.load(base_ptr + c)[None, :]) + hc_eps
+    post = 2.0 * _sigmoid(z_post * r[:, None] * s1 + tl.load(base_ptr + HC + c)[None, :])
+    v = z_comb * r[:, None, None] * s2 + tl.load(base_ptr + 2 * HC + m3 * HC + n3)
+    e = tl.exp(v - tl.max(v, axis=2)[:, :, None])
+    comb = e / tl.sum(e, axis=2)[:, :, None] + hc_eps
+    comb = comb / (tl.sum(comb, axis=1)[:, None, :] + hc_eps)  # columns first
+    for _ in range(iters - 1):
+        comb = comb / (tl.sum(comb, axis=2)[:, :, None] + hc_eps)
+        comb = comb / (tl.sum(comb, axis=1)[:, None, :] + hc_eps)
+    tl.store(post_ptr + r64[:, None] * HC + c[None, :], post, mask=rmask[:, None])
+    tl.store(comb_ptr + r64[:, None, None] * HC * HC + m3 * HC + n3, comb,
+             mask=rmask[:, None, None])
+
+    dt = x_ptr.dtype.element_ty
+    row_base = r64[:, None] * HC * H
+    ss2 = tl.zeros((ROWS,), dtype=tl.float32)
+    for hb in range(0, H, BH):  # the collapse, rounded, and its Σx²
+        cols = hb + tl.arange(0, BH)
+        mask = rmask[:, None] & (cols < H)[None, :]
+        x = tl.zeros((ROWS, BH), dtype=tl.float32)
+        for m in tl.static_range(HC):
+            pre_m = tl.sum(tl.where(c[None, :] == m, pre, 0.0), axis=1)
+            s = tl.load(x_ptr + row_base + m * H + cols[None, :], mask=mask, other=0.0)
+            if m == 0:
+                x = pre_m[:, None] * s.to(tl.float32)
+            else:
+                x = x + pre_m[:, None] * s.to(tl.float32)
+        xr = x.to(dt).to(tl.float32)
+        ss2 += tl.sum(xr * xr, axis=1)
+    rn = tl.math.rsqrt(ss2 / H + norm_eps)
+    for hb in range(0, H, BH):  # the same collapse again, normed
+        cols = hb + tl.arange(0, BH)
+        mask = rmask[:, None] & (cols < H)[None, :]
+        x = tl.zeros((ROWS, BH), dtype=tl.float32)
+        for m in tl.static_range(HC):
+            pre_m = tl.sum(tl.where(c[None, :] == m, pre, 0.0), axis=1)
+            s = tl.load(x_ptr + row_base + m * H + cols[None, :], mask=mask, other=0.0)
+            if m == 0:
+                x = pre_m[:, None] * s.to(tl.float32)
+            else:
+                x = x + pre_m[:, None] * s.to(tl.float32)
+        normed = (x.to(dt).to(tl.float32) * rn[:, None]).to(dt)
+        w = tl.load(norm_w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+        y = w[None, :] * normed.to(tl.float32)
+        tl.store(out_ptr + r64[:, None] * H + cols[None, :], y.to(out_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+def collapse_norm(
+    streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
+    norm_weight: torch.Tensor, *, iters: int, rms_eps: float, hc_eps: float, norm_eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """streams [N, hc, H]; fn [(2+hc)·hc, hc·H] fp32; base [(2+hc)·hc], scale [3] fp32;
+    norm_weight [H]. Returns (post [N, hc] fp32, comb [N, hc, hc] fp32,
+    rms_norm(collapse) [N, H]). hc must be a power of two."""
+    n, hc, h = streams.shape
+    width = hc * h
+    w = (2 + hc) * hc
+    wp = max(16, triton.next_power_of_2(w))
+    streams = streams.contiguous()
+    dev = streams.device
+    out = torch.empty(n, h, dtype=torch.promote_types(streams.dtype, norm_weight.dtype), device=dev)
+    post = torch.empty(n, hc, dtype=torch.float32, device=dev)
+    comb = torch.empty(n, hc, hc, dtype=torch.float32, device=dev)
+    if n == 0:
+        return post, comb, out
+    pieces, cols = split_for(width)
+    tiles = triton.cdiv(n, PROJECT_ROWS)
+    n_pad = tiles * PROJECT_ROWS
+    z = torch.empty(pieces, n_pad, wp, dtype=torch.float32, device=dev)
+    ss = torch.empty(pieces, n_pad, dtype=torch.float32, device=dev)
+    _project_kernel[(tiles, pieces)](
+        streams, fn.contiguous(), z, ss, n, width, cols, W=w, WP=wp, ROWS=PROJECT_ROWS,
+        BK=BLOCK_K, INTERP=interpreting(), num_warps=4,
+    )
+    _collapse_kernel[(triton.cdiv(n, COLLAPSE_ROWS),)](
+        streams, z, ss, base.contiguous(), scale.contiguous(), norm_weight.contiguous(), post,
+        comb, out, n, n_pad, h, iters, rms_eps, hc_eps, norm_eps, HC=hc, WP=wp, PIECES=pieces,
+        ROWS=COLLAPSE_ROWS, BH=min(BLOCK_H, triton.next_power_of_2(h)), num_warps=4,
+    )
+    return post, comb, out
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _expand_kernel(
+    post_ptr, comb_ptr, y_ptr, res_ptr, out_ptr, n_rows, H,
+    HC: tl.constexpr, ROWS: tl.constexpr, BH: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
+    rmask = rows < n_rows
+    mask = rmask[:, None] & (cols < H)[None, :]
+    r64 = rows.to(tl.int64)
+    dt = out_ptr.dtype.element_ty
+    y = tl.load(y_ptr + r64[:, None] * H + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    for j in tl.static_range(HC):
+        mixed = tl.zeros((ROWS, BH), dtype=tl.float32)
+        for m in tl.static_range(HC):
+            cm = tl.load(comb_ptr + r64 * HC * HC + m * HC + j, mask=rmask, other=0.0)
+            cm = cm.to(dt).to(tl.float32)
+            r = tl.load(res_ptr + (r64[:, None] * HC + m) * H + cols[None, :], mask=mask,
+                        other=0.0).to(tl.float32)
+            if m == 0:
+                mixed = cm[:, None] * r
+            else:
+                mixed = mixed + cm[:, None] * r
+        p = tl.load(post_ptr + r64 * HC + j, mask=rmask, other=0.0).to(dt).to(tl.float32)
+        out = (p[:, None] * y).to(dt).to(tl.float32) + mixed.to(dt).to(tl.float32)
+        tl.store(out_ptr + (r64[:, None] * HC + j) * H + cols[None, :], out.to(dt), mask=mask)
+
+
+def expand(
+    post: torch.Tensor, comb: torch.Tensor, y: torch.Tensor, residual: torch.Tensor
+) -> torch.Tensor:
+    """mhc.expand: stream j = post_j · y + Σ_m comb[m, j] · residual_m in the model dtype.
+    post [N, hc]; comb [N, hc, hc]; y [N, H]; residual [N, hc, H] -> [N, hc, H]."""
+    n, hc, h = residual.shape
+    residual = residual.contiguous()
+    out = torch.empty_like(residual)
+    if n:
+        bh = min(BLOCK_H, triton.next_power_of_2(h))
+        _expand_kernel[(triton.cdiv(n, EXPAND_ROWS), triton.cdiv(h, bh))](
+            post.contiguous(), comb.contiguous(), y.contiguous(), residual, out, n, h, HC=hc,
+            ROWS=EXPAND_ROWS, BH=bh, num_warps=4,
+        )
+    return out

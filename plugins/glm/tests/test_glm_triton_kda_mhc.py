@@ -1,0 +1,253 @@
+"""glm5_next's own Triton kernels (triton_kda.py, triton_mhc.py) against the torch references
+(kda.py, mhc.py), on the CPU under TRITON_INTERPRET=1 at tiny sizes, and their batch invariance:
+a row's bits never depend on the other rows of the pass. Then a KDA-only model through the
+kernels: against the torch path, concurrent == solo, and decode rounds through the graph runner's
+static pass (layout from PassMeta only) equal to plain passes."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the Triton kernels need triton")
+
+from tensorfold.forward_pass import ForwardPass, StreamRows  # noqa: E402
+from tensorfold.ops.conv import causal_conv  # noqa: E402
+from tensorfold.ops.norms import rms_norm  # noqa: E402
+from tensorfold.ops.pass_meta import build_meta  # noqa: E402
+from tensorfold_glm import kda as ref_kda  # noqa: E402
+from tensorfold_glm import mhc as ref_mhc  # noqa: E402
+from tensorfold_glm import triton_kda, triton_mhc  # noqa: E402
+from tensorfold_glm.config import GlmConfig  # noqa: E402
+from tensorfold_glm.ops import silu  # noqa: E402
+from tensorfold_glm.weights import HcWeights  # noqa: E402
+
+DTYPES = [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _round_to_nearest_even():
+    """The interpreter truncates fp32 -> bf16; give it the GPU's round-to-nearest-even (as
+    tests/test_triton_kernels.py does), so bf16 results compare with the references."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    original = interpreter._convert_float
+
+    def convert(data, src, dst, rounding_mode):
+        if src.primitive_bitwidth == 32 and dst.primitive_bitwidth == 16 and dst.fp_mantissa_width == 7:
+            bits = np.frombuffer(data.tobytes(), dtype=np.uint32).astype(np.uint64)
+            rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            nan = (bits & 0x7FFFFFFF) > 0x7F800000
+            return np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16).reshape(data.shape)
+        return original(data, src, dst, rounding_mode)
+
+    interpreter._convert_float = convert
+    yield
+    interpreter._convert_float = original
+
+
+def randn(*shape: int, seed: int, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def a_pass(*streams: tuple[int, int, int]) -> ForwardPass:
+    """Streams as (slot, start, rows)."""
+    return ForwardPass([StreamRows(s, a, [1] * n, [0, 1], "all") for s, a, n in streams], 512)
+
+
+# --- KDA: the short conv with SiLU, its tails, fresh states, the gated norm ---
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_conv_silu_matches_the_reference_and_a_stream_alone(dtype, tol):
+    d, k, slots = 32, 4, 4
+    fp = a_pass((0, 0, 7), (2, 5, 3), (1, 9, 1))
+    qkv = randn(fp.num_rows, 3 * d, seed=1, dtype=dtype)
+    tails = randn(slots, 3 * d, k - 1, seed=2, dtype=dtype)
+    w = randn(3 * d, k, seed=3, scale=0.5)
+    want, want_tails = [], tails.clone()
+    for s, (lo, hi) in zip(fp.streams, fp.spans):
+        tail = torch.zeros_like(tails[s.slot]) if s.start == 0 else tails[s.slot]
+        mixed, new = causal_conv(qkv[lo:hi].float(), tail.float(), w)
+        want.append(silu(mixed).to(dtype))
+        want_tails[s.slot] = new.to(dtype)
+    got_tails = tails.clone()
+    got = triton_kda.conv_silu(qkv, got_tails, build_meta(fp), w, d)  # [3, N, D]
+    assert rel(got.permute(1, 0, 2).reshape(fp.num_rows, -1), torch.cat(want)) < tol
+    assert torch.equal(got_tails, want_tails)
+    alone = a_pass((2, 5, 3))
+    one = triton_kda.conv_silu(qkv[7:10].clone(), tails.clone(), build_meta(alone), w, d)
+    assert torch.equal(one, got[:, 7:10])
+
+
+def test_zero_fresh_zeroes_only_the_slots_of_streams_starting_at_row_0():
+    states = torch.full((4, 2, 3, 3), float("nan"))
+    triton_kda.zero_fresh(states, build_meta(a_pass((3, 0, 2), (1, 4, 1))))
+    assert torch.equal(states[3], torch.zeros(2, 3, 3))
+    assert states[[0, 1, 2]].isnan().all()
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_gated_norm_matches_the_reference_and_is_row_invariant(dtype, tol):
+    o = randn(9, 2, 16, seed=4, dtype=dtype)
+    gate = randn(9, 2, 16, seed=5, dtype=dtype)
+    w = randn(16, seed=6, dtype=dtype, scale=0.3) + 1
+    got = triton_kda.gated_norm(o, gate, w, 1e-5)
+    assert rel(got, ref_kda.gated_norm(o, gate, w, 1e-5)) < tol
+    assert torch.equal(triton_kda.gated_norm(o[4:5], gate[4:5], w, 1e-5), got[4:5])
+
+
+# --- mHC: the collapse fused with its norm, and the expand ---
+
+
+def hc_weights(hc: int, h: int, seed: int) -> HcWeights:
+    width = (2 + hc) * hc
+    return HcWeights(
+        fn=randn(width, hc * h, seed=seed, scale=0.5 / (hc * h) ** 0.5),
+        base=randn(width, seed=seed + 1, scale=0.5), scale=randn(3, seed=seed + 2) * 0.2 + 1,
+    )
+
+
+@pytest.mark.parametrize("hc", [4, 2])
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_collapse_norm_matches_the_reference_and_is_row_invariant(hc, dtype, tol):
+    h, n = 48, 21
+    cfg = GlmConfig.from_dict({"hidden_size": h, "hc_mult": hc}, "test")
+    w = hc_weights(hc, h, seed=7)
+    streams = randn(n, hc, h, seed=10, dtype=dtype)
+    norm_w = randn(h, seed=11, dtype=dtype, scale=0.2) + 1
+    post, comb, x = triton_mhc.collapse_norm(
+        streams, w.fn, w.base, w.scale, norm_w, iters=cfg.hc_sinkhorn_iters,
+        rms_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps,
+    )
+    want_post, want_comb, want_x = ref_mhc.collapse(cfg, w, streams)
+    assert rel(post, want_post) < 1e-5 and rel(comb, want_comb) < 1e-5
+    assert rel(x, rms_norm(want_x, norm_w, cfg.rms_norm_eps)) < tol
+    assert torch.allclose(comb.sum(1), torch.ones(n, hc), atol=1e-3)  # columns sum to 1
+    picked = [3, 17, 18]
+    one = triton_mhc.collapse_norm(
+        streams[picked].clone(), w.fn, w.base, w.scale, norm_w, iters=cfg.hc_sinkhorn_iters,
+        rms_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps,
+    )
+    for a, b in zip(one, (post, comb, x)):
+        assert torch.equal(a, b[picked])
+
+
+def test_the_projection_splits_by_width_alone():
+    assert triton_mhc.split_for(4 * 4096) == (16, 1024)
+    assert triton_mhc.split_for(192) == (1, 192)
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_expand_matches_the_reference_and_is_row_invariant(dtype, tol):
+    n, hc, h = 11, 4, 40
+    post = torch.rand(n, hc, generator=torch.Generator().manual_seed(1)) * 2
+    comb = torch.softmax(randn(n, hc, hc, seed=2), -1)
+    y = randn(n, h, seed=3, dtype=dtype)
+    res = randn(n, hc, h, seed=4, dtype=dtype)
+    got = triton_mhc.expand(post, comb, y, res)
+    assert rel(got, ref_mhc.expand(post, comb, y, res)) < tol
+    assert torch.equal(triton_mhc.expand(post[5:6], comb[5:6], y[5:6], res[5:6]), got[5:6])
+
+
+# --- a KDA-only model through the kernels ---
+
+
+@pytest.fixture
+def kernels_on_cpu():
+    from tensorfold.ops import gpu
+
+    gpu.set_triton(True, on_cpu=True)
+    yield
+    gpu.set_triton(True)
+
+
+def kda_model(dtype: torch.dtype):
+    from tensorfold_glm.dummy import build_dummy
+
+    cfg = GlmConfig.from_dict({
+        "vocab_size": 96, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
+        "layer_types": ["linear_attention"], "mlp_layer_types": ["dense"],
+        "linear_num_heads": 2, "linear_head_dim": 16, "num_attention_heads": 2,
+        "num_key_value_heads": 2, "q_lora_rank": 16, "kv_lora_rank": 16,
+        "qk_nope_head_dim": 16, "v_head_dim": 16, "index_head_dim": 16, "index_n_heads": 4,
+        "index_topk": 8, "index_kpool": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+    }, "test")
+    return build_dummy(cfg, "cpu", dtype, seed=0, std=0.2)
+
+
+def _passes(runner, prompts, rounds):
+    from tensorfold.runner import open_stream
+
+    streams = [open_stream(runner, i, 64) for i in range(len(prompts))]
+    out = runner.run([s.rows(p) for s, p in zip(streams, prompts)])
+    logits = [torch.cat(out)]
+    for _ in range(rounds):
+        out = runner.run([s.rows([int(o[-1].argmax())]) for s, o in zip(streams, out)])
+        logits.append(torch.cat(out))
+    return logits
+
+
+PROMPTS = [list(range(3, 15)), [7, 9, 11], list(range(40, 49))]
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_kda_model_through_the_kernels_matches_the_torch_path(dtype, tol, kernels_on_cpu):
+    from tensorfold.ops import gpu
+    from tensorfold.runner import ModelRunner
+
+    model = kda_model(dtype)
+    got = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 2)
+    gpu.set_triton(False)
+    want = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 2)
+    for g, w in zip(got, want):
+        assert torch.isfinite(g).all()
+        assert rel(g, w) < 5 * tol
+
+
+def test_kda_model_through_the_kernels_together_equals_alone(kernels_on_cpu):
+    """A decode row, a prompt's second chunk and a fresh prompt: in one pass as alone."""
+    from tensorfold.runner import ModelRunner, open_stream
+
+    model = kda_model(torch.bfloat16)
+    firsts = [[5, 6, 7, 8, 9, 10, 11], [20, 21, 22, 23, 24], []]
+    nexts = [[12], [25, 26, 27, 28, 29, 30], [40, 41, 42, 43, 44, 45, 46, 47, 48]]
+
+    def run(together: bool) -> list[torch.Tensor]:
+        runners = [ModelRunner(model, num_pages=8, num_slots=3, page_rows=16)]
+        if not together:
+            runners *= 3
+        streams = [open_stream(runners[0], i, 32) for i in range(3)]
+        for s, first in zip(streams, firsts):
+            if first:
+                runners[0].run([s.rows(first)])
+        if together:
+            return runners[0].run([s.rows(n, "all") for s, n in zip(streams, nexts)])
+        return [runners[0].run([s.rows(n, "all")])[0] for s, n in zip(streams, nexts)]
+
+    for joint, alone in zip(run(True), run(False)):
+        assert torch.equal(joint, alone)
+
+
+def test_graph_runner_decode_rounds_equal_plain_passes(kernels_on_cpu):
+    from tensorfold.cuda_graphs import GraphRunner
+    from tensorfold.runner import ModelRunner
+
+    model = kda_model(torch.bfloat16)
+    plain = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 2)
+    runner = GraphRunner(model, num_pages=16, num_slots=4, page_rows=16, max_pages=4)
+    graphed = _passes(runner, PROMPTS, 2)
+    assert runner.replays == 2 and list(runner.graphs) == [4]  # 3 streams in the bucket of 4
+    for g, p in zip(graphed, plain):
+        assert torch.equal(g, p)
