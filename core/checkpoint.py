@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
+from .family import Shard, ShardRefused
+
 if TYPE_CHECKING:
     import torch
 
@@ -121,6 +123,7 @@ class Checkpoint:
         self._headers = headers
         self._handles: dict[tuple[Path, str], Any] = {}
         self._progress: list[int] | None = None  # [bytes loaded, bytes in all] while loading()
+        self.shard = Shard()  # tensor parallel: which rank this is, and how tensors are cut
 
     @classmethod
     def open(cls, path: str | Path, weights: bool = True) -> "Checkpoint":
@@ -196,6 +199,63 @@ class Checkpoint:
         """Bytes of all indexed tensors as stored (before any dtype cast)."""
         return sum(self.info(name).nbytes for name in self._index)
 
+    # --- tensor parallel: each rank reads its slice ---
+
+    def set_shard(self, shard: Shard) -> None:
+        """Read tensors as rank `shard.rank` of `shard.world` (each as `shard.plan` cuts it).
+        Checks that every tensor can be cut, so a refusal comes before any weight loads."""
+        self.shard = shard
+        for name in self._index:
+            self._pieces(name)
+
+    def _pieces(self, name: str) -> tuple[int, list[tuple[int, int]]] | None:
+        """(dim, ranges along dim) of this rank's slice of `name`; None: the whole tensor;
+        (0, []) for another rank's expert (nothing to read)."""
+        plan = self.shard.plan
+        if plan is None or self.shard.world == 1:
+            return None
+        split, expert = plan.split_of(name)
+        info = self.info(name)
+        try:
+            if split.experts:
+                if expert is None:
+                    raise ShardRefused("its pattern has no (?P<expert>...) group")
+                if expert not in self.shard.experts(split.experts):
+                    return 0, []
+            if split.dim is None:
+                return None
+            if split.dim >= len(info.shape):
+                raise ShardRefused(f"it has no dimension {split.dim}")
+            size = info.shape[split.dim]
+            return split.dim, split.pieces(size, self.shard.rank, self.shard.world)
+        except ShardRefused as e:
+            raise ShardRefused(
+                f"tensor {name!r} {list(info.shape)} cannot be cut for --tp "
+                f"{self.shard.world}: {e}"
+            ) from None
+
+    def local_shape(self, name: str) -> tuple[int, ...] | None:
+        """The shape of this rank's slice of `name` (its full shape at one rank); None for
+        another rank's expert."""
+        shape = list(self.shape(name))
+        pieces = self._pieces(name)
+        if pieces is not None:
+            dim, ranges = pieces
+            if not ranges:
+                return None
+            shape[dim] = sum(b - a for a, b in ranges)
+        return tuple(shape)
+
+    def local_bytes(self) -> int:
+        """Bytes this rank reads (its slices; all tensors at one rank), as stored."""
+        total = 0
+        for name in self._index:
+            info = self.info(name)
+            shape = self.local_shape(name)
+            if shape is not None and _numel(info.shape):
+                total += info.nbytes * _numel(shape) // _numel(info.shape)
+        return total
+
     # --- loading ---
 
     def load(
@@ -207,21 +267,30 @@ class Checkpoint:
         shape: Sequence[int] | None = None,
     ) -> "torch.Tensor":
         """Read one tensor straight to `device`; cast to `dtype` (None keeps the stored dtype) and
-        check `shape` if given."""
+        check `shape` if given: the whole tensor's shape on disk. Under tensor parallel the
+        tensor returned is this rank's slice (see `set_shard`); another rank's expert raises."""
         info = self.info(name)
         if shape is not None and tuple(shape) != info.shape:
             raise CheckpointError(
                 f"tensor {name!r} in {info.file} has shape {list(info.shape)}, "
                 f"expected {list(shape)}"
             )
+        pieces = self._pieces(name)
+        if pieces is not None and not pieces[1]:
+            raise CheckpointError(f"tensor {name!r} belongs to another rank's experts")
         try:
-            tensor = self._handle(info.file, device).get_tensor(name)
+            handle = self._handle(info.file, device)
+            tensor = handle.get_tensor(name) if pieces is None else _read_slices(
+                handle.get_slice(name), len(info.shape), *pieces)
         except Exception as e:  # safetensors raises its own error type for bad data
             raise CheckpointError(f"cannot load tensor {name!r} from {info.file}: {e}") from None
+        read = info.nbytes
+        if pieces is not None:
+            read = info.nbytes * tensor.numel() // max(1, _numel(info.shape))
         if dtype is not None:
             tensor = tensor.to(torch_dtype(dtype))
         if self._progress is not None:
-            self._progress[0] += info.nbytes
+            self._progress[0] += read
             self._show_progress()
         return tensor
 
@@ -230,7 +299,7 @@ class Checkpoint:
         """While a family loads its weights: a progress line on stderr when it is a terminal
         (progress=None) or when progress=True, ended when the block ends."""
         show = sys.stderr.isatty() if progress is None else progress
-        self._progress = [0, self.total_bytes()] if show else None
+        self._progress = [0, self.local_bytes()] if show else None
         try:
             yield
         finally:
@@ -293,3 +362,22 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         return f"Checkpoint({str(self.path)!r}, {len(self._index)} tensors)"
+
+
+def _read_slices(view: Any, ndim: int, dim: int, ranges: list[tuple[int, int]]) -> "torch.Tensor":
+    """Read ranges along `dim` of a safetensors slice view, joined in order: only those bytes
+    are read from the file."""
+    import torch
+
+    parts = []
+    for a, b in ranges:
+        index = tuple(slice(a, b) if d == dim else slice(None) for d in range(ndim))
+        parts.append(view[index])
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from tensorfold import __version__
 from tensorfold.checkpoint import CheckpointError
-from tensorfold.family import resolve
+from tensorfold.family import ShardRefused, resolve
 from tensorfold.kv_plan import PlanRefused
 from tensorfold.logs import configure_logging
 from tensorfold.plugins import (
@@ -41,6 +41,7 @@ class CommandError(Exception):
 # Errors that are the user's to fix: one line on stderr, exit status 2, no traceback.
 USER_ERRORS: tuple[type[Exception], ...] = (
     CommandError, FamilyError, ProfileError, SettingsError, CheckpointError, PlanRefused,
+    ShardRefused,
 )
 
 
@@ -85,6 +86,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prompt-cache-gib", type=float, metavar="GIB",
         help="the prompt store's budget (TF_PROMPT_CACHE_GIB, default 16)",
+    )
+    parser.add_argument(
+        "--tp", type=int, metavar="N",
+        help="tensor-parallel ranks on this host, one a device (TF_TP)",
     )
     parser.add_argument(
         "--load-format", choices=["auto", "dummy"],
@@ -146,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         message = " ".join(str(exc).split())  # one line, whatever the message held
         print(f"tensorfold: error: {message}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:
+        if not getattr(exc, "fatal", False):  # a tensor-parallel rank was lost: said in one line
+            raise
+        print(f"tensorfold: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     return int(status or 0)

@@ -32,6 +32,9 @@ class Engine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        # Set when the engine cannot go on (a tensor-parallel rank was lost): why, and who to tell.
+        self.fatal: str | None = None
+        self.on_fatal: list[Callable[[str], None]] = []
 
     # -- any thread ---------------------------------------------------------------------------
 
@@ -79,6 +82,22 @@ class Engine:
         """Lanes holding a request now (a racy read, for metrics)."""
         return len(self.lanes.live)
 
+    def die(self, reason: str) -> None:
+        """Stop for good (any thread): requests in flight and waiting end with `reason` as their
+        error, new ones are refused, and every `on_fatal` callback hears why."""
+        with self._wake:
+            if self.fatal is not None:
+                return
+            self.fatal = reason
+            self._stopping = True
+            self._wake.notify()
+        log.error("the engine stops", error=reason)
+        for callback in self.on_fatal:
+            try:
+                callback(reason)
+            except Exception:  # a listener gone (its event loop closed) changes nothing here
+                log.exception("an on_fatal callback failed")
+
     def stop(self, timeout: float | None = None) -> None:
         """Stop admitting; in-flight requests run to their end, then the loop exits."""
         with self._wake:
@@ -105,6 +124,8 @@ class Engine:
             with self._wake:
                 while not self._inbox and lanes.idle and not self._stopping:
                     self._wake.wait()
+                if self.fatal is not None:
+                    break
                 inbox, self._inbox = self._inbox, []
                 if self._stopping and not inbox and lanes.idle:
                     return
@@ -113,7 +134,14 @@ class Engine:
             try:
                 lanes.step()
             except Exception as exc:  # a failed pass ends its requests; the engine keeps serving
-                log.exception("pass failed", error=str(exc))
                 self.error = exc
+                if getattr(exc, "fatal", False):  # ... unless it cannot (a rank was lost)
+                    self.die(str(exc))
+                    break
+                log.exception("pass failed", error=str(exc))
                 lanes.fail_all(f"{type(exc).__name__}: {exc}")
                 lanes.census()
+        with self._wake:  # requests that came in meanwhile end with the same error
+            inbox, self._inbox = self._inbox, []
+        lanes.waiting.extend(inbox)
+        lanes.fail_all(self.fatal or "the engine stopped")

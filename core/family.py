@@ -6,6 +6,7 @@ Nothing here imports torch: plugins build these at import time, before a family 
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -101,8 +102,12 @@ class FamilySpec:
     dummy: "module:function(config: dict, device: str, dtype: str) -> FamilyModel" with random
     weights from a fixed seed (TF_LOAD_FORMAT=dummy); empty: the family has none.
     hooks: "module:attr" of an object holding the family's per-family hook implementations
-    (share_pool, share_attach, snap_keep, snap_restore); registered on the chosen family's own
-    plugin manager only. Empty: the core adapters' defaults.
+    (share_pool, share_attach, snap_keep, snap_restore, shard_plan); registered on the chosen
+    family's own plugin manager only. Empty: the core adapters' defaults.
+
+    Under tensor parallel (`--tp N`) `load` and `dummy` run on every rank: `checkpoint.load`
+    returns the rank's slice of each tensor as the family's `shard_plan` cuts it,
+    `checkpoint.shard` (and `tensorfold.ops.parallel.current()`) say which rank this is.
     """
 
     name: str
@@ -114,3 +119,106 @@ class FamilySpec:
     dummy: str = ""
     distribution: str = field(default="", compare=False)
     version: str = field(default="", compare=False)
+
+
+# -- tensor parallel: how a family's weights and state split across ranks ----------------------
+
+
+class ShardRefused(Exception):
+    """The model cannot be cut for this many tensor-parallel ranks; the message says why."""
+
+
+def block(parts: int, rank: int, world: int) -> range:
+    """The units (heads, experts, channels) of `parts` that rank `rank` of `world` holds:
+    [r*parts/w, (r+1)*parts/w) when world divides parts; unit r*parts//w alone when parts
+    divides world (fewer units than ranks: each unit is replicated on world/parts ranks)."""
+    if parts % world == 0:
+        return range(rank * parts // world, (rank + 1) * parts // world)
+    if world % parts == 0:
+        unit = rank * parts // world
+        return range(unit, unit + 1)
+    raise ShardRefused(f"{parts} units cannot be cut evenly across {world} ranks")
+
+
+@dataclass(frozen=True)
+class Split:
+    """How one on-disk tensor is cut across tensor-parallel ranks.
+
+    dim: the dimension cut (column-parallel: 0 of a [out, in] weight; row-parallel: 1); None
+        keeps the tensor whole on every rank (replicated), or on its expert's rank (`experts`).
+    parts: how many units the dimension holds (heads, so a rank takes whole heads; 0: its size,
+        single channels). Fewer units than ranks (KV heads): each rank takes the unit its block
+        of the other heads reads (see `block`).
+    groups: the dimension is `groups` equal sections laid end to end (B, C and x of a fused
+        in-projection; gate and up), each cut alike; a rank's pieces stay in section order.
+    experts: the tensor is one expert's, numbered by the `expert` group of its pattern; rank r
+        loads experts `block(experts, r, world)` and no other.
+    """
+
+    dim: int | None = None
+    parts: int = 0
+    groups: int = 1
+    experts: int = 0
+
+    def pieces(self, size: int, rank: int, world: int) -> list[tuple[int, int]]:
+        """The [start, stop) ranges along `dim` (of length `size`) that rank `rank` reads."""
+        if size % self.groups:
+            raise ShardRefused(f"{size} rows are not {self.groups} equal sections")
+        section = size // self.groups
+        parts = self.parts or section
+        if section % parts:
+            raise ShardRefused(f"{section} rows are not {parts} equal units")
+        unit = section // parts
+        mine = block(parts, rank, world)
+        return [(g * section + mine.start * unit, g * section + mine.stop * unit)
+                for g in range(self.groups)]
+
+
+REPLICATED = Split()
+COLUMN = Split(dim=0)  # the output rows of a [out, in] weight (q/k/v, gate/up, in_proj)
+ROW = Split(dim=1)  # the input columns of a [out, in] weight (o, down, out_proj)
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """A family's answer for `world` tensor-parallel ranks (the `shard_plan` hook).
+
+    splits: (pattern, Split) pairs; a tensor takes the first pattern that matches its whole
+        on-disk name (re.fullmatch); names no pattern matches are replicated. A Split with
+        `experts` needs a pattern with a `(?P<expert>...)` group.
+    layout: one rank's state layout (its heads' K/V rows, its channels' conv tails). Every rank
+        has the same layout: the memory plan runs on it per rank.
+    """
+
+    splits: tuple[tuple[str, Split], ...]
+    layout: StateLayout
+
+    def split_of(self, name: str) -> tuple[Split, int | None]:
+        """The Split for an on-disk tensor name, and its expert number (None: not an expert's)."""
+        for pattern, split in self.splits:
+            found = re.fullmatch(pattern, name)
+            if found:
+                expert = found.groupdict().get("expert")
+                return split, None if expert is None else int(expert)
+        return REPLICATED, None
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's place in tensor parallel: rank `rank` of `world` (1: no tensor parallel),
+    cutting weights by `plan` (None at world 1)."""
+
+    rank: int = 0
+    world: int = 1
+    plan: ShardPlan | None = None
+
+    def experts(self, n: int) -> range:
+        """The experts of `n` this rank holds (all of them at world 1); each expert lives on one
+        rank only, so its partial sums are counted once."""
+        if n % self.world:
+            raise ShardRefused(f"{n} experts cannot be shared evenly by {self.world} ranks")
+        return range(self.rank * n // self.world, (self.rank + 1) * n // self.world)
+
+    def heads(self, n: int) -> range:
+        """The heads (or other units) of `n` this rank holds."""
+        return block(n, self.rank, self.world) if self.world > 1 else range(n)

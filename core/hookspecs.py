@@ -2,10 +2,10 @@
 
 Plugins implement them with ``@tensorfold.hookimpl``. Collection hooks (``register_families``,
 ``profile_rows``) are called on the plugin manager of all installed plugins. Per-family hooks
-(``share_pool``, ``share_attach``, ``snap_keep``, ``snap_restore``) are called on the chosen
-family's own plugin manager (``tensorfold.plugins.family_plugin_manager``), which holds the core
-adapters' default implementations and the family's ``FamilySpec.hooks`` object; the family's
-implementation is called first, so it overrides a default by answering.
+(``share_pool``, ``share_attach``, ``snap_keep``, ``snap_restore``, ``shard_plan``) are called on
+the chosen family's own plugin manager (``tensorfold.plugins.family_plugin_manager``), which
+holds the core adapters' default implementations and the family's ``FamilySpec.hooks`` object;
+the family's implementation is called first, so it overrides a default by answering.
 
 docs/hooks.md repeats each signature; tests/test_docs.py keeps the two in step.
 """
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from tensorfold.adapters.paged_kv import PagedRows
     from tensorfold.adapters.snapshots import Snapshot, SnapshotArena
     from tensorfold.adapters.stream_state import StreamSlots
-    from tensorfold.family import FamilySpec, StateLayout
+    from tensorfold.family import FamilySpec, ShardPlan, StateLayout
     from tensorfold.kv_pool import Lease
     from tensorfold.profiles import ProfileRow
 
@@ -132,6 +132,34 @@ def snap_restore(
     :param slot: the stream's slot in ``slots``.
     :return: True when restored; False when this snapshot cannot be restored here (the stream
         then prefills from the start).
+
+    Stops at first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def shard_plan(config: Mapping[str, Any], dtype: str, world: int) -> ShardPlan | None:
+    """Say how the family's weights and state split across ``world`` tensor-parallel ranks.
+
+    Called before any weight loads, on every rank, when the server starts with ``--tp N`` (or
+    under torchrun), on the chosen family's plugin manager. No answer: the family has no tensor
+    parallel, and ``--tp`` above 1 is refused naming it. Each rank then loads only its slice of
+    every tensor (``Checkpoint.load`` cuts it with safetensors' ``get_slice``), and its forward
+    combines partial results with ``tensorfold.ops.parallel`` (``sum_partials`` after a
+    row-parallel linear or the local experts, ``gather_columns`` after a vocab-parallel
+    lm_head), which are the identity at one rank.
+
+    Column-parallel weights (q/k/v, gate/up, in_proj) are ``Split(dim=0)``, by heads with
+    ``parts``; row-parallel ones (o, down, out_proj) ``Split(dim=1)``; KV heads fewer than
+    ranks are replicated (``parts`` below ``world``); a MoE's experts go whole to one rank
+    each (``Split(experts=E)``) with the router replicated; embeddings and norms stay whole.
+
+    :param config: config.json as a dict.
+    :param dtype: the dtype the weights load in, e.g. "bfloat16".
+    :param world: how many ranks (2 or more).
+    :return: a ``tensorfold.family.ShardPlan``: the splits by on-disk name, and one rank's state
+        layout; raise ``tensorfold.family.ShardRefused`` when the config cannot be cut for
+        ``world`` ranks (say which dimension).
 
     Stops at first non-None result.
     """

@@ -72,6 +72,7 @@ class Plan:
     windows_held: int  # whole windows' rows the pages are
     snapshot_bytes: int = 0  # snapshot arena, funded inside the prompt-cache budget
     pass_rows: int = PASS_ROWS
+    ranks: int = 1  # tensor-parallel ranks: bytes are one rank's (each holds its shard's state)
 
     @property
     def total_rows(self) -> int:
@@ -87,13 +88,14 @@ class Plan:
                 + self.snapshot_bytes)
 
     def startup_line(self) -> str:
+        label = f"kv plan per rank (tp {self.ranks})" if self.ranks > 1 else "kv plan"
         if self.mode == "pages":
-            head = (f"kv plan: {self.lanes} streams taking {self.pages} pages of {self.page_rows}"
+            head = (f"{label}: {self.lanes} streams taking {self.pages} pages of {self.page_rows}"
                     f" rows ({fmt_bytes(self.pages_bytes)}, {self.total_rows:,} rows) as they need"
                     f" them (enough for {self.windows_held} at a {self.window}-token window)")
         else:
             each = self.pages_bytes // max(self.lanes, 1)
-            head = (f"kv plan: {self.lanes} streams at once, {fmt_bytes(each)} each at a"
+            head = (f"{label}: {self.lanes} streams at once, {fmt_bytes(each)} each at a"
                     f" {self.window}-token window: {self.total_rows:,} rows")
         snaps = ""
         if self.snapshot_bytes:

@@ -202,10 +202,9 @@ class Lanes:
         assert self.sharing is not None
         tapped = self.runner.last_pass.tapped
         for p in run.taps:
-            taps = tapped.get((i, p))
-            if taps is None and p < run.end and self.runner.slots.buffers:
+            if (i, p) not in tapped and p < run.end and self.runner.slots.buffers:
                 continue  # the family did not tap mid-pass: no exact state to keep there
-            self.sharing.keep(s.req.prompt[:p], s.lease.pages, s.slot, taps)
+            self.sharing.keep(s.req.prompt[:p], s.lease.pages, s.slot, (i, p))
 
     def _take(self, s: Live, t: int, result: SampleResult) -> None:
         s.generated.append(result.token)
@@ -242,7 +241,7 @@ class Lanes:
             self.sharing.keep(fed, s.lease.pages, s.slot, None)
         s.lease.release()
         if self.pool.poison_freed:
-            self.runner.slots.poison(s.slot)
+            self.runner.poison_slot(s.slot)
         self.free_slots.append(s.slot)
         # Text still held back (a partial character, a possible stop string's start) goes out,
         # unless the stream ended at a stop string, after which nothing is released.

@@ -61,13 +61,9 @@ class PromptSharing:
 
     def resume(self, kept: Kept, lease: Lease, slot: int) -> int:
         """Attach the kept pages to the lease and restore the snapshot into the slot."""
-        self.hooks.share_attach(
-            lease=lease, rows=self.runner.rows, kept_pages=kept.pages, kept_rows=kept.pos
-        )
+        self.runner.attach(self.hooks, lease, kept.pages, kept.pos)
         if kept.snapshot is not None:
-            self.hooks.snap_restore(
-                snapshot=kept.snapshot, arena=self.arena, slots=self.runner.slots, slot=slot
-            )
+            self.runner.restore_state(self.hooks, self.arena, kept.snapshot, slot)
         return kept.pos
 
     # -- keeps --------------------------------------------------------------------------------
@@ -83,9 +79,11 @@ class PromptSharing:
         usable = {m - m % self.mark_rows for m in wanted}
         return sorted(m for m in usable if m > start and self.store.has(prompt[:m]) is None)
 
-    def keep(self, tokens: Sequence[int], pages: Sequence[int], slot: int, taps: Any) -> None:
+    def keep(
+        self, tokens: Sequence[int], pages: Sequence[int], slot: int, tap: tuple[int, int] | None
+    ) -> None:
         """Keep the state after len(tokens) rows: the pages holding them and a snapshot of the
-        fixed state (`taps`, tapped mid-pass, or the slot's when None)."""
+        fixed state (as the last pass tapped it at `tap`, or the slot's when None)."""
         pos = len(tokens)
         if pos % self.mark_rows or self.store.has(tokens) is not None:
             return
@@ -95,9 +93,7 @@ class PromptSharing:
             self.evictions += 1
         snapshot = None
         if self.arena.buffers:
-            snapshot = self.hooks.snap_keep(
-                slots=self.runner.slots, slot=slot, arena=self.arena, taps=taps
-            )
+            snapshot = self.runner.keep_state(self.hooks, self.arena, slot, tap)
         else:
             snapshot = self.arena.lease()
         held = list(pages[: self.pool.pages_for(pos)])

@@ -1,9 +1,15 @@
-"""Runs passes of a family's model over the pool: the storage behind pages and slots."""
+"""Runs passes of a family's model over the pool: the storage behind pages and slots.
+
+Everything the lanes and the prompt store do to that storage goes through a runner method
+(a pass, a slot's poison, a resume's page copy and snapshot restore, a keep), so that under
+tensor parallel rank 0's runner can repeat each one on the other ranks
+(`tensorfold.tensor_parallel.Leader`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -50,6 +56,31 @@ class ModelRunner:
         logits = self.model.forward(fp, self.rows, self.slots)
         self.last_pass = fp  # its taps feed the prompt store's keeps
         return fp.split_logits(logits)
+
+    def poison_slot(self, slot: int) -> None:
+        """Fill a freed slot's fixed state with NaN (TF_KV_POISON)."""
+        self.slots.poison(slot)
+
+    def attach(self, hooks: Any, lease: Lease, kept_pages: list[int], kept_rows: int) -> list[int]:
+        """A resumed stream's page table from the store's pages (the share_attach hook)."""
+        return hooks.share_attach(
+            lease=lease, rows=self.rows, kept_pages=kept_pages, kept_rows=kept_rows
+        )
+
+    def keep_state(
+        self, hooks: Any, arena: Any, slot: int, tap: tuple[int, int] | None
+    ) -> Any:
+        """Keep a slot's fixed state in the arena (the snap_keep hook): as the last pass tapped it
+        at `tap` = (stream index in the pass, position), or as it stands when that pass tapped
+        nothing there (or tap is None). Returns the snapshot, or None."""
+        taps = None
+        if tap is not None and self.last_pass is not None:
+            taps = self.last_pass.tapped.get(tap)
+        return hooks.snap_keep(slots=self.slots, slot=slot, arena=arena, taps=taps)
+
+    def restore_state(self, hooks: Any, arena: Any, snapshot: Any, slot: int) -> bool:
+        """Copy a kept snapshot back into a slot (the snap_restore hook)."""
+        return bool(hooks.snap_restore(snapshot=snapshot, arena=arena, slots=self.slots, slot=slot))
 
 
 @dataclass

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
+import sys
 from typing import TYPE_CHECKING
 
 from tensorfold.settings import Settings
@@ -56,6 +58,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             signal.signal(sig, signal.SIG_IGN)
     finally:
         served.close()
+    if served.engine.fatal is not None:  # a tensor-parallel rank was lost: the server stopped
+        print(f"tensorfold: error: {served.engine.fatal}; the server stopped", file=sys.stderr,
+              flush=True)
+        if served.engine.alive:  # stuck in a collective with the lost rank (NCCL): leave now
+            sys.stdout.flush()
+            os._exit(1)
+        return 1
     census = served.engine.lanes.pool.census()
     if not census.idle_even:
         print("UNEVEN " + census.line(), flush=True)
@@ -95,8 +104,14 @@ async def _serve(served: Served, args: argparse.Namespace, device: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, signals.put_nowait, sig)
-    await signals.get()
+    served.engine.on_fatal.append(lambda why: loop.call_soon_threadsafe(signals.put_nowait, 0))
+    if served.engine.fatal is None:
+        await signals.get()
     state.draining = True
+    if served.engine.fatal is not None:  # requests in flight have ended with the error
+        log.error("stopping: " + served.engine.fatal)
+        await runner.cleanup()
+        return
     log.info("shutting down: no new requests; waiting for those in flight (a second signal "
              "cancels them)", inflight=state.inflight)
     idle = asyncio.ensure_future(state.idle.wait())

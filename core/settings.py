@@ -11,6 +11,7 @@ import os
 import types
 import typing
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union
 
@@ -88,6 +89,17 @@ class Settings(BaseSettings):
         description="Weights: auto reads the checkpoint's safetensors; dummy draws random ones in "
         "place from a fixed seed (benchmarks; only config.json and the tokenizer are read).",
     )
+    tp: PositiveInt = Field(
+        default=1,
+        description="Tensor-parallel ranks on this host (--tp): rank 0 serves and starts the "
+        "others; under torchrun, WORLD_SIZE says instead.",
+    )
+    tp_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="Seconds a tensor-parallel rank may keep the others waiting (a collective, "
+        "or a follower joining at start) before the server stops with an error.",
+    )
     log_format: Literal["console", "json"] = Field(
         default="console",
         description="Log lines: readable console lines, or one JSON object a line.",
@@ -150,6 +162,38 @@ class Settings(BaseSettings):
         if not updates:
             return self
         return type(self)(_flags=tuple(updates), **{**self.model_dump(), **updates})
+
+
+@dataclass(frozen=True)
+class TorchrunEnv:
+    """Where torchrun (or any launcher that sets these) placed this process."""
+
+    rank: int
+    world: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+
+def torchrun_env() -> TorchrunEnv | None:
+    """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, when a launcher set them
+    (None when WORLD_SIZE is unset). Raises SettingsError on a malformed value."""
+    env = os.environ
+    if "WORLD_SIZE" not in env:
+        return None
+    try:
+        launch = TorchrunEnv(
+            rank=int(env.get("RANK", "0")),
+            world=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", env.get("RANK", "0"))),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", "29500")),
+        )
+    except ValueError as exc:
+        raise SettingsError(f"torchrun's variables are malformed: {exc}") from None
+    if not 0 <= launch.rank < launch.world:
+        raise SettingsError(f"RANK={launch.rank} is not in 0..WORLD_SIZE-1={launch.world - 1}")
+    return launch
 
 
 def env_name(field: str) -> str:

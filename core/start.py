@@ -3,21 +3,26 @@ lanes and the engine thread started. Every refusal comes before the weights load
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, CheckpointError
 from .engine import Engine
-from .family import FamilySpec, ModelShape, resolve
-from .kv_plan import GiB, Plan, memory_budget, plan
+from .family import FamilySpec, ModelShape, Shard, ShardRefused, resolve
+from .kv_plan import GiB, Plan, PlanRefused, memory_budget, plan
 from .lanes import Lanes
 from .logs import get_logger
 from .plugins import FamilyError, choose_family, family_plugin_manager, get_plugin_manager
 from .profiles import collect_rows
-from .settings import Settings, check_environment
+from .settings import Settings, SettingsError, check_environment, torchrun_env
 from .tokenizer import Tokenizer
 
 log = get_logger("tensorfold.start")
+
+# Refusals every rank reaches alike (rank 0 reports them; the followers exit quietly).
+USER_REFUSALS = (SettingsError, FamilyError, CheckpointError, ShardRefused, PlanRefused)
 
 PAGE_ROWS = 512
 CPU_ROOM_GIB = 2.0  # the CPU's memory budget when TF_MEMORY_LIMIT_GIB is unset
@@ -36,9 +41,26 @@ class Served:
     engine: Engine
     model_name: str
     window: int
+    team: Any = None  # tensor parallel: rank 0's side of the ranks (None at one rank)
 
     def close(self) -> None:
-        self.engine.stop()
+        # After a lost rank the engine thread may sit in a collective until its timeout.
+        self.engine.stop(timeout=None if self.engine.fatal is None else 10.0)
+        if self.team is not None:
+            self.team.close()
+
+
+@dataclass
+class Rank:
+    """What every rank opens alike: the checkpoint (its shard), the plan, the model's runner
+    over the pool's storage, the family's hooks and the prompt store's snapshot arena."""
+
+    checkpoint: Checkpoint
+    plan: Plan
+    runner: Any  # ModelRunner or GraphRunner
+    hooks: Any  # the family's plugin manager's hook relay
+    arena: Any  # SnapshotArena, or None with the prompt store off
+    capacity: int  # kept states the store may hold
 
 
 def pick_device(settings: Settings) -> str:
@@ -66,21 +88,38 @@ def model_folder(spec: FamilySpec, model: str | Path | None, settings: Settings)
     return Path(folder)
 
 
-def plan_memory(settings: Settings, shape: ModelShape, device: str, weights: int) -> Plan:
+def plan_memory(
+    settings: Settings, shape: ModelShape, device: str, weights: int, group: Any = None
+) -> Plan:
+    """The memory plan for this rank's room (device bytes less `weights` still to load). Under
+    tensor parallel every rank plans on the smallest room of all (its own shard's state), so
+    the pool is the same everywhere, and a refusal names the rank that is short."""
+    room = _room(settings, shape, device, weights)
+    if group is None:
+        return _plan(settings, shape, room)
+    rooms = group.gather(room)
+    short = min(range(len(rooms)), key=lambda r: (rooms[r], r))
+    try:
+        the_plan = _plan(settings, shape, rooms[short])
+    except PlanRefused as e:
+        raise PlanRefused(f"rank {short} of --tp {group.world} is short: {e}", need=e.need,
+                          have=e.have) from None
+    return dataclasses.replace(the_plan, ranks=group.world)
+
+
+def _room(settings: Settings, shape: ModelShape, device: str, weights: int) -> int:
     window = settings.context or shape.max_positions
     if window > shape.max_positions:
-        from .kv_plan import PlanRefused
-
         raise PlanRefused(
             f"--context {window} is past the model's {shape.max_positions} positions",
             need=window,
             have=shape.max_positions,
         )
     layout = shape.layout
-    if device == "cuda":
+    if device.startswith("cuda"):
         import torch
 
-        free, _ = torch.cuda.mem_get_info()
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
         # GraphRunner's scratch page and slot (the rows a graph bucket's padding writes) sit
         # outside the pool: counted here with the weights, so the plan's pages stay whole.
         weights += layout.page_bytes(PAGE_ROWS) + layout.fixed_bytes
@@ -97,6 +136,12 @@ def plan_memory(settings: Settings, shape: ModelShape, device: str, weights: int
         room = memory_budget(
             device_free=None, weights=0, reserve=0, activations=0, limit_gib=limit
         )
+    return room
+
+
+def _plan(settings: Settings, shape: ModelShape, room: int) -> Plan:
+    window = settings.context or shape.max_positions
+    layout = shape.layout
     store_on = settings.kv_share > 0
     return plan(
         room=room,
@@ -111,12 +156,10 @@ def plan_memory(settings: Settings, shape: ModelShape, device: str, weights: int
     )
 
 
-def open_sharing(settings: Settings, the_plan: Plan, runner, hooks, layout):
-    """The prompt store over the pool (TF_KV_SHARE=n states), or None when it is off. Its
-    pages are the plan's prompt cache, added to the pool; its snapshot arena is allocated now."""
+def open_arena(settings: Settings, the_plan: Plan, layout, device: str, arena_cls=None):
+    """The prompt store's snapshot arena (TF_KV_SHARE=n states, within the plan's snapshot
+    bytes) and its capacity; warns when n keeps fewer than 4 states a lane."""
     from tensorfold.adapters.snapshots import SnapshotArena
-
-    from .prompt_share import PromptSharing
 
     n = settings.kv_share
     if n < 4 * the_plan.lanes:
@@ -127,7 +170,14 @@ def open_sharing(settings: Settings, the_plan: Plan, runner, hooks, layout):
     capacity = n
     if layout.fixed_bytes:
         capacity = min(n, the_plan.snapshot_bytes // layout.fixed_bytes)
-    arena = SnapshotArena(layout.fixed, capacity, str(runner.model.device))
+    return (arena_cls or SnapshotArena)(layout.fixed, capacity, device), capacity
+
+
+def open_sharing(the_plan: Plan, runner, hooks, arena, capacity: int, layout):
+    """The prompt store over the pool: its pages are the plan's prompt cache, added to the
+    pool; its snapshots live in `arena`."""
+    from .prompt_share import PromptSharing
+
     cache_pages = the_plan.cache_bytes // the_plan.page_bytes if the_plan.page_bytes else 0
     log.info(
         f"prompt store: up to {capacity} kept states ({capacity * layout.fixed_bytes} bytes of "
@@ -139,50 +189,59 @@ def open_sharing(settings: Settings, the_plan: Plan, runner, hooks, layout):
     )
 
 
-def open_served(
-    settings: Settings, family: str | None = None, model: str | Path | None = None
-) -> Served:
-    """Check, plan, load and start. Raises SettingsError, FamilyError, CheckpointError or
-    PlanRefused (all before any weight loads)."""
+def open_rank(
+    settings: Settings, spec: FamilySpec, folder: Path, group: Any = None, arena_cls: Any = None
+) -> Rank:
+    """Open the checkpoint (this rank's shard of it under tensor parallel), plan, load and
+    build the runner and the snapshot arena. Refusals (FamilyError, CheckpointError,
+    ShardRefused, PlanRefused) come before any weight loads."""
+    from tensorfold.adapters import paged_kv, snapshots
+
     from .runner import ModelRunner
 
-    pm = get_plugin_manager(settings)
-    check_environment(settings, collect_rows(pm))
-    spec = choose_family(family, pm)
-    folder = model_folder(spec, model, settings)
     dummy = settings.load_format == "dummy"
     if dummy and not spec.dummy:
         raise FamilyError(f"family {spec.name!r} has no dummy load format; drop TF_LOAD_FORMAT")
     ckpt = Checkpoint.open(folder, weights=not dummy)
-    device = pick_device(settings)
+    device = pick_device(settings) if group is None else group.device(pick_device(settings))
     dtype = pick_dtype(settings, device, ckpt.config)
+    hooks = family_plugin_manager(spec, [paged_kv, snapshots])
+    layout = None
+    if group is not None:
+        shards = hooks.hook.shard_plan(config=ckpt.config, dtype=dtype, world=group.world)
+        if shards is None:
+            raise FamilyError(f"family {spec.name!r} ({spec.distribution}) declares no tensor "
+                              f"parallel (no shard_plan hook answers); drop --tp")
+        ckpt.set_shard(Shard(group.rank, group.world, shards))
+        layout = shards.layout
 
     def load():
         if dummy:  # random weights in place: nothing to read, and they are already on the device
             return resolve(spec.dummy)(ckpt.config, device, dtype)
-        with ckpt.loading():
+        with ckpt.loading(progress=None if group is None or group.rank == 0 else False):
             return resolve(spec.load)(ckpt, device, dtype)
 
     if spec.shape and not dummy:
-        the_plan = plan_memory(settings, resolve(spec.shape)(ckpt.config, dtype), device,
-                               ckpt.total_bytes())
+        shape = resolve(spec.shape)(ckpt.config, dtype)
+        if layout is not None:
+            shape = ModelShape(layout, shape.max_positions)
+        the_plan = plan_memory(settings, shape, device, ckpt.local_bytes(), group)
         model_obj = load()
     else:
         model_obj = load()
         the_plan = plan_memory(settings, ModelShape(model_obj.layout, model_obj.max_positions),
-                               device, 0)
-    log.info(the_plan.startup_line())
-    from tensorfold.adapters import paged_kv
-
-    from tensorfold.adapters import snapshots
-
-    hooks = family_plugin_manager(spec, [paged_kv, snapshots])
+                               device, 0, group)
+    if layout is not None and model_obj.layout != layout:
+        raise FamilyError(f"family {spec.name!r}: the loaded shard's state layout differs from "
+                          "the one its shard_plan declared")
+    if group is None or group.rank == 0:
+        log.info(the_plan.startup_line())
     store_on = settings.kv_share > 0
     cache_pages = the_plan.cache_bytes // the_plan.page_bytes if store_on and the_plan.page_bytes else 0
     # On CUDA, decode rounds replay a CUDA graph per lane-count bucket (its scratch page and
     # slot are counted in the plan by plan_memory).
     runner_cls = ModelRunner
-    if device == "cuda":
+    if device.startswith("cuda"):
         from .cuda_graphs import GraphRunner
 
         runner_cls = GraphRunner
@@ -194,16 +253,82 @@ def open_served(
         poison=settings.kv_poison,
         plugin_manager=hooks,
     )
-    sharing = open_sharing(settings, the_plan, runner, hooks.hook, model_obj.layout) if store_on else None
-    tokenizer = Tokenizer.from_checkpoint(ckpt)
-    lanes = Lanes(
-        runner,
-        lanes=the_plan.lanes,
-        window=the_plan.window,
-        tokenizer=tokenizer,
-        eos_token_ids=tokenizer.eos_token_ids,
-        sharing=sharing,
-    )
-    engine = Engine(lanes).start()
+    arena, capacity = None, 0
+    if store_on:
+        arena, capacity = open_arena(settings, the_plan, model_obj.layout,
+                                     str(model_obj.device), arena_cls)
+    return Rank(ckpt, the_plan, runner, hooks.hook, arena, capacity)
+
+
+def open_served(
+    settings: Settings, family: str | None = None, model: str | Path | None = None
+) -> Served:
+    """Check, plan, load and start. Raises SettingsError, FamilyError, CheckpointError,
+    ShardRefused or PlanRefused (all before any weight loads). Under tensor parallel
+    (settings.tp > 1, or a torchrun launch) this is rank 0, which starts the other ranks; under
+    torchrun the other ranks follow rank 0 here and exit when it stops (SystemExit)."""
+    pm = get_plugin_manager(settings)
+    check_environment(settings, collect_rows(pm))
+    spec = choose_family(family, pm)
+    launch = parallel_launch(settings)
+    if launch is not None and launch.rank > 0:
+        from .tensor_parallel import follow
+
+        raise SystemExit(follow(settings, spec, model_folder(spec, model, settings), launch))
+    folder = model_folder(spec, model, settings)
+    team = None
+    if launch is not None:
+        from .tensor_parallel import Team
+
+        team = Team.start(settings, spec, folder, launch)
+    try:
+        rank = open_rank(settings, spec, folder, team.joined if team else None)
+        runner = rank.runner if team is None else team.lead(rank)
+        layout = rank.runner.model.layout
+        sharing = None
+        if rank.arena is not None:
+            sharing = open_sharing(rank.plan, runner, rank.hooks, rank.arena, rank.capacity,
+                                   layout)
+        tokenizer = Tokenizer.from_checkpoint(rank.checkpoint)
+        lanes = Lanes(
+            runner,
+            lanes=rank.plan.lanes,
+            window=rank.plan.window,
+            tokenizer=tokenizer,
+            eos_token_ids=tokenizer.eos_token_ids,
+            sharing=sharing,
+        )
+        engine = Engine(lanes)
+        if team is not None:
+            team.on_fatal = engine.die
+        engine.start()
+    except BaseException as exc:
+        if team is not None:
+            lost = team.abort()
+            if lost is not None and not isinstance(exc, USER_REFUSALS):
+                from .tensor_parallel import TensorParallelError
+
+                raise TensorParallelError(lost) from exc  # names the follower that exited
+        raise
     name = model if model is not None else f"{spec.name}-demo"
-    return Served(spec, ckpt, tokenizer, the_plan, engine, str(name), the_plan.window)
+    return Served(spec, rank.checkpoint, tokenizer, rank.plan, engine, str(name),
+                  rank.plan.window, team)
+
+
+def parallel_launch(settings: Settings):
+    """How this process takes part in tensor parallel: None at one rank; rank 0 of
+    settings.tp that starts the others; or the rank torchrun's variables name."""
+    env = torchrun_env()
+    if env is not None and env.world > 1:
+        if settings.tp not in (1, env.world):
+            raise SettingsError(f"--tp {settings.tp} disagrees with torchrun's WORLD_SIZE="
+                                f"{env.world}; drop --tp under torchrun")
+        from .tensor_parallel import Launch
+
+        return Launch(env.rank, env.world, env.local_rank, env.master_addr, env.master_port,
+                      spawned=False)
+    if settings.tp == 1:
+        return None
+    from .tensor_parallel import Launch
+
+    return Launch(0, settings.tp, 0, "127.0.0.1", 0, spawned=True)

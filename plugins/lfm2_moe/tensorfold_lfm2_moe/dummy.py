@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import torch
 
+from tensorfold.family import Shard, block
+from tensorfold.ops import parallel
+
+from . import shards
 from .config import ATTENTION, CONV, Lfm2MoeConfig
 from .model import Lfm2MoeModel
 from .weights import (
@@ -55,40 +59,55 @@ class _Init:
 def dummy_weights(
     cfg: Lfm2MoeConfig, device: str, dtype: torch.dtype, seed: int = 0, std: float = 0.02
 ) -> ModelWeights:
-    init = _Init(device, dtype, seed, std)
+    """Under tensor parallel (tensorfold.ops.parallel.current()), this rank's shard as shards.py
+    cuts it: replicated tensors drawn alike on every rank, its slices from a generator of its
+    own."""
+    tp = parallel.current()
+    world = tp.world
+    if world > 1:
+        shards.check(cfg, world)
+    init = _Init(device, dtype, seed, std)  # replicated tensors: the same on every rank
+    part = init if world == 1 else _Init(device, dtype, seed + 7919 * (tp.rank + 1), std)
     h, d = cfg.hidden_size, cfg.head_dim
+    hl = h // world  # this rank's conv channels
     embed = init.normal(cfg.vocab_size, h)
     layers = []
     for i, kind in enumerate(cfg.layer_types):
         if kind == ATTENTION:
-            q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+            q = cfg.num_attention_heads // world * d
+            kv = max(1, cfg.num_key_value_heads // world) * d
             mixer: AttentionWeights | ConvWeights = AttentionWeights(
-                init.normal(q, h), init.normal(kv, h), init.normal(kv, h), init.normal(h, q),
+                part.normal(q, h), part.normal(kv, h), part.normal(kv, h), part.normal(h, q),
                 init.ones(d), init.ones(d),
             )
         else:
             bias = cfg.conv_bias
             mixer = ConvWeights(
-                init.normal(3 * h, h), init.normal(3 * h) if bias else None,
-                init.normal(h, cfg.conv_L_cache, std=0.3), init.normal(h) if bias else None,
-                init.normal(h, h), init.normal(h) if bias else None,
+                part.normal(3 * hl, h), part.normal(3 * hl) if bias else None,
+                part.normal(hl, cfg.conv_L_cache, std=0.3), part.normal(hl) if bias else None,
+                part.normal(h, hl), init.normal(h) if bias else None,
             )
         if cfg.is_dense(i):
-            n = cfg.intermediate_size
+            n = cfg.intermediate_size // world
             ffn: DenseWeights | MoeWeights = DenseWeights(
-                init.normal(n, h), init.normal(n, h), init.normal(h, n)
+                part.normal(n, h), part.normal(n, h), part.normal(h, n)
             )
         else:
             e, n = cfg.num_experts, cfg.moe_intermediate_size
-            gate_up = init.normal(e, 2 * n, h)
-            down = init.normal(e, h, n)
+            local = Shard(tp.rank, world).experts(e)
+            gate_up = part.normal(len(local), 2 * n, h)
+            down = part.normal(len(local), h, n)
             bias_e = init.normal(e, std=0.01, dtype=torch.float32) if cfg.use_expert_bias else None
             ffn = MoeWeights(
                 init.normal(e, h), bias_e, list(gate_up[:, :n].unbind(0)),
-                list(gate_up[:, n:].unbind(0)), list(down.unbind(0)),
+                list(gate_up[:, n:].unbind(0)), list(down.unbind(0)), local.start,
             )
         layers.append(LayerWeights(init.ones(h), init.ones(h), mixer, ffn))
-    return ModelWeights(embed, init.ones(h), embed, layers)
+    lm_head = embed
+    if world > 1 and shards.vocab_parallel(cfg, world):
+        mine = block(cfg.vocab_size, tp.rank, world)
+        lm_head = embed[mine.start : mine.stop]
+    return ModelWeights(embed, init.ones(h), lm_head, layers)
 
 
 def build_dummy(
@@ -143,7 +162,8 @@ def cast(model: Lfm2MoeModel, dtype: torch.dtype) -> Lfm2MoeModel:
             gate_up, down = (t.to(dtype) for t in expert_stacks(f))
             n = f.w1[0].shape[0]
             ffn = MoeWeights(c(f.gate), f.expert_bias, list(gate_up[:, :n].unbind(0)),  # type: ignore[arg-type]
-                             list(gate_up[:, n:].unbind(0)), list(down.unbind(0)))
+                             list(gate_up[:, n:].unbind(0)), list(down.unbind(0)),
+                             f.first_expert)
         layers.append(LayerWeights(c(layer.operator_norm), c(layer.ffn_norm), mixer, ffn))  # type: ignore[arg-type]
     embed = c(w.embed)
     lm_head = embed if w.lm_head is w.embed else c(w.lm_head)

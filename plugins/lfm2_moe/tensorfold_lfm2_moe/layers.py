@@ -12,6 +12,7 @@ import torch
 
 from tensorfold.forward_pass import ForwardPass
 from tensorfold.ops import moe as moe_ops
+from tensorfold.ops import parallel
 from tensorfold.ops.attention import paged_attention
 from tensorfold.ops.conv import gated_conv
 from tensorfold.ops.linear import linear
@@ -39,32 +40,36 @@ def attention(
     """GQA with per-head q/k RMSNorm before RoPE. x [N, H]; cos, sin [N, D] -> [N, H].
     Writes the pass's k/v rows to `{name}.k` / `{name}.v` before attending."""
     n, d = x.shape[0], cfg.head_dim
-    q = rms_norm(linear(x, w.q).view(n, cfg.num_attention_heads, d), w.q_norm, cfg.norm_eps)
-    k = rms_norm(linear(x, w.k).view(n, cfg.num_key_value_heads, d), w.k_norm, cfg.norm_eps)
-    v = linear(x, w.v).view(n, cfg.num_key_value_heads, d)
+    # heads from the weights: under tensor parallel, this rank's heads
+    q = rms_norm(linear(x, w.q).view(n, -1, d), w.q_norm, cfg.norm_eps)
+    k = rms_norm(linear(x, w.k).view(n, -1, d), w.k_norm, cfg.norm_eps)
+    v = linear(x, w.v).view(n, -1, d)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     rows.write(f"{name}.k", fp.write_index, k)
     rows.write(f"{name}.v", fp.write_index, v)
     o = paged_attention(q, rows.flat(f"{name}.k"), rows.flat(f"{name}.v"), fp, scale=d**-0.5)
-    return linear(o.reshape(n, -1), w.out)
+    return parallel.row_linear(o.reshape(n, -1), w.out)
 
 
 def short_conv(
     name: str, w: ConvWeights, x: torch.Tensor, fp: ForwardPass, slots: "StreamSlots"
 ) -> torch.Tensor:
     """out_proj(C ⊙ conv(B ⊙ x)), the conv carried across passes in slot `{name}.conv`
-    ([slots, H, K-1]). x [N, H] -> [N, H]."""
+    ([slots, H, K-1]). x [N, H] -> [N, H]. Under tensor parallel H of the conv is this rank's
+    channels and out_proj sums the ranks' parts."""
     bcx = linear(x, w.in_proj, w.in_bias)  # [N, 3H]: B, C, x
     z = gated_conv(bcx, slots.get(f"{name}.conv"), fp, w.conv, w.conv_bias, tap_name=f"{name}.conv")
-    return linear(z, w.out_proj, w.out_bias)
+    return parallel.row_linear(z, w.out_proj, w.out_bias)
 
 
 def feed_forward(cfg: Lfm2MoeConfig, w: DenseWeights | MoeWeights, x: torch.Tensor) -> torch.Tensor:
     """x [N, H] -> [N, H]: the dense SwiGLU, or the sigmoid-routed MoE."""
-    if isinstance(w, DenseWeights):
-        return moe_ops.gated_ffn(x, w.w1, w.w3, w.w2)
+    if isinstance(w, DenseWeights):  # w2 row-parallel under tensor parallel
+        return parallel.sum_partials(moe_ops.gated_ffn(x, w.w1, w.w3, w.w2))
     weights, experts = moe_ops.route(
         x, w.gate, w.expert_bias, cfg.num_experts_per_tok,
         norm_topk_prob=cfg.norm_topk_prob, scaling=cfg.routed_scaling_factor,
     )
+    if parallel.current().world > 1:  # this rank's experts, the ranks' partials summed
+        return parallel.expert_parallel_moe(x, weights, experts, w.w1, w.w3, w.w2, w.first_expert)
     return moe_ops.moe(x, weights, experts, w.w1, w.w3, w.w2)

@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from tensorfold.checkpoint import torch_dtype
-from tensorfold.family import ModelShape, RowSpec, StateLayout, StateSpec
+from tensorfold.family import ModelShape, StateLayout
 from tensorfold.forward_pass import ForwardPass
 from tensorfold.model import FamilyModel
-from tensorfold.ops import rope
+from tensorfold.ops import parallel, rope
 from tensorfold.ops.linear import linear
 from tensorfold.ops.norms import add_rms_norm, rms_norm
 
-from . import layers
+from . import layers, shards
 from .config import Lfm2MoeConfig
 from .weights import AttentionWeights, ModelWeights, load_weights
 
@@ -41,17 +41,11 @@ def shape(config: dict, dtype: str) -> ModelShape:
     return ModelShape(state_layout(cfg, torch_dtype(dtype)), cfg.max_position_embeddings)
 
 
-def state_layout(cfg: Lfm2MoeConfig, dtype: torch.dtype) -> StateLayout:
+def state_layout(cfg: Lfm2MoeConfig, dtype: torch.dtype, world: int = 1) -> StateLayout:
     """Attention layers page K and V rows [kv_heads, head_dim]; conv layers keep their tail
-    (the last K-1 values of B⊙x) per stream, [H, K-1]. Any row is a usable mark."""
-    name = str(dtype).removeprefix("torch.")
-    row = (cfg.num_key_value_heads, cfg.head_dim)
-    paged = tuple(
-        RowSpec(f"L{i}.{kv}", row, name) for i in cfg.attention_layers for kv in ("k", "v")
-    )
-    tail = (cfg.hidden_size, cfg.conv_L_cache - 1)
-    fixed = tuple(StateSpec(f"L{i}.conv", tail, name) for i in cfg.conv_layers)
-    return StateLayout(paged=paged, fixed=fixed, mark_rows=1)
+    (the last K-1 values of B⊙x) per stream, [H, K-1]; one rank's share at `world` ranks (see
+    shards.py). Any row is a usable mark."""
+    return shards.state_layout(cfg, str(dtype).removeprefix("torch."), world)
 
 
 class Lfm2MoeModel(FamilyModel):
@@ -62,7 +56,8 @@ class Lfm2MoeModel(FamilyModel):
         self.weights = weights
         self.device = torch.device(device)
         self.dtype = dtype
-        self.layout = state_layout(cfg, dtype)
+        self.tp = parallel.current()  # this rank of tp.world: its weights are its shard's
+        self.layout = state_layout(cfg, dtype, self.tp.world)
         self.vocab_size = cfg.vocab_size
         self.max_positions = cfg.max_position_embeddings
         self.inv_freq = rope.inv_freq(cfg.head_dim, cfg.rope_theta, self.device)  # [D/2] fp32
@@ -85,4 +80,6 @@ class Lfm2MoeModel(FamilyModel):
             else:
                 h = h + f
         out = rms_norm(h.index_select(0, fp.logit_rows), w.final_norm, cfg.norm_eps)
+        if self.tp.world > 1 and shards.vocab_parallel(cfg, self.tp.world):
+            return parallel.gather_columns(linear(out, w.lm_head)).float()  # [R, V]
         return linear(out, w.lm_head).float()  # [R, V]

@@ -3,6 +3,10 @@
 On disk (as transformers 5.23.0 saves and real checkpoints ship): per-expert w1/w2/w3, the conv
 weight as [H, 1, K], `feed_forward.expert_bias` in fp32, and no `lm_head.weight` when the
 embeddings are tied.
+
+Under tensor parallel the checkpoint hands each tensor's slice for this rank (shards.py says how
+each is cut; the shapes below are the whole tensors on disk, and the comments' widths are one
+rank's), and only this rank's experts are read.
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from tensorfold.family import block
+
+from . import shards
 from .config import ATTENTION, Lfm2MoeConfig
 
 if TYPE_CHECKING:
@@ -52,6 +59,7 @@ class MoeWeights:
     w1: Sequence[torch.Tensor]  # [E, I, H] stacked as loaded (or E views of one stack)
     w3: Sequence[torch.Tensor]  # [E, I, H]
     w2: Sequence[torch.Tensor]  # [E, H, I]
+    first_expert: int = 0  # under expert parallel w1[j] is expert first_expert + j's
 
 
 @dataclass
@@ -100,6 +108,10 @@ def load_weights(
     # unties then); without one, a tied model reuses the embeddings and an untied one is refused.
     tied = cfg.tie_word_embeddings and not ckpt.has("lm_head.weight")
     lm_head = embed if tied else read("lm_head.weight", v, h)
+    shard = ckpt.shard
+    if tied and shard.world > 1 and shards.vocab_parallel(cfg, shard.world):
+        mine = block(v, shard.rank, shard.world)
+        lm_head = embed[mine.start : mine.stop]  # this rank's vocabulary, a view
     return ModelWeights(embed, read("model.embedding_norm.weight", h), lm_head, layers)
 
 
@@ -120,7 +132,7 @@ def _conv(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> ConvWeights:
     return ConvWeights(
         in_proj=read(f"{c}.in_proj.weight", 3 * h, h),
         in_bias=read.bias(f"{c}.in_proj.bias", 3 * h, bias),
-        conv=read(f"{c}.conv.weight", h, 1, k).reshape(h, k),
+        conv=read(f"{c}.conv.weight", h, 1, k).reshape(-1, k),
         conv_bias=read.bias(f"{c}.conv.bias", h, bias),
         out_proj=read(f"{c}.out_proj.weight", h, h),
         out_bias=read.bias(f"{c}.out_proj.bias", h, bias),
@@ -138,13 +150,15 @@ def _moe(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> MoeWeights:
     h, i, n = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
     f = f"{p}.feed_forward"
     bias = read(f"{f}.expert_bias", n, dtype=torch.float32) if cfg.use_expert_bias else None
-    experts = [f"{f}.experts.{e}" for e in range(n)]
+    local = read.ckpt.shard.experts(n)
+    experts = [f"{f}.experts.{e}" for e in local]
     return MoeWeights(
         gate=read(f"{f}.gate.weight", n, h),
         expert_bias=bias,
         w1=_stack(read, [f"{e}.w1.weight" for e in experts], i, h),
         w3=_stack(read, [f"{e}.w3.weight" for e in experts], i, h),
         w2=_stack(read, [f"{e}.w2.weight" for e in experts], h, i),
+        first_expert=local.start,
     )
 
 

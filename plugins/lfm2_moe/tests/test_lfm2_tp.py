@@ -1,0 +1,260 @@
+"""lfm2_moe under tensor and expert parallel at --tp 2 with gloo on the CPU (fp32).
+
+- passes: each rank loads its shard of the tiny transformers checkpoints (KV heads split, and
+  replicated when fewer than ranks; conv channels; experts across ranks; the vocabulary);
+  logits match one rank's within the parity tolerance, greedy tokens are equal, and the
+  pass-level gates hold at --tp 2 (concurrent == solo, resumed == fresh, pages == windows,
+  poisoned == clean);
+- the engine: LLM(tp=2) on the demo checkpoint, rank 0 here and a follower it starts: the gates
+  through the lanes and the prompt store, and tokens equal to one rank's;
+- `tensorfold serve --tp 2` answers a real request, says its plan is per rank, and stops with
+  an error naming the follower when that follower is killed;
+- under torchrun's variables, a rank short of memory is named in the refusal.
+
+Ranks run as subprocesses of this file (`python test_lfm2_tp.py ...`) on a free port.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tensorfold import testing
+from tensorfold.checkpoint import Checkpoint
+from tensorfold.family import Shard
+from tensorfold.forward_pass import StreamRows
+from tensorfold.runner import ModelRunner
+from tensorfold.sampling import SamplingParams
+from tensorfold_lfm2_moe.config import Lfm2MoeConfig
+from tensorfold_lfm2_moe.model import load
+
+GREEDY_STEPS = 8
+WORKER_TIMEOUT_S = 120
+LAUNCH = "import sys; from tensorfold.cli import main; sys.exit(main())"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    return {**env, **extra}
+
+
+# -- passes on the tiny checkpoints, one subprocess a rank ------------------------------------
+
+
+def greedy(runner: ModelRunner, prompt: list[int], steps: int) -> tuple[torch.Tensor, list[int]]:
+    """Every prompt row's logits [P, V] in one pass, then `steps` greedy decode rows."""
+    pages = list(range(4))
+    (logits,) = runner.run([StreamRows(0, 0, prompt, pages, "all")])
+    tokens = [int(logits[-1].argmax())]
+    for t in range(steps - 1):
+        (row,) = runner.run([StreamRows(0, len(prompt) + t, tokens[-1:], pages)])
+        tokens.append(int(row[-1].argmax()))
+    return logits, tokens
+
+
+def passes_worker(rank: int, port: int, prompt_file: str, out: str, *paths: str) -> None:
+    """One rank, for each checkpoint: its shard, the logits and greedy tokens, and the
+    pass-level gates at --tp 2."""
+    import torch.distributed as dist
+
+    from tensorfold.ops import parallel
+    from tensorfold_lfm2_moe import shards
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    parallel.set_group(parallel.Group(rank, 2))
+    prompt = torch.load(prompt_file)
+    got = {}
+    for path in paths:
+        ckpt = Checkpoint.open(path)
+        plan = shards.plan(Lfm2MoeConfig.from_dict(ckpt.config), "float32", 2)
+        ckpt.set_shard(Shard(rank, 2, plan))
+        model = load(ckpt, "cpu", "float32")
+        assert model.layout == plan.layout
+
+        def make_runner(model=model, num_pages=8, num_slots=4, page_rows=512, poison=False):
+            return ModelRunner(model, num_pages=num_pages, num_slots=num_slots,
+                               page_rows=page_rows, poison=poison)
+
+        got[path] = greedy(make_runner(), prompt, GREEDY_STEPS)
+        # the gates at --tp 2: every rank runs the same checks, so their collectives meet
+        prompts = [prompt[:300], prompt[:250], prompt[100:400]]
+        testing.assert_streams_together_equal_alone(
+            make_runner, model, prompts, (0, 1, 2), num_pages=6, max_rows=512)
+        one = testing.run_on_pages(model, prompt, [0, 1], 512, [0, len(prompt)])
+        resumed = testing.run_on_pages(model, prompt, [0, 1], 512, [0, 200, 513, len(prompt)])
+        assert torch.equal(one, resumed)  # resumed == fresh: cut anywhere, the same bits
+        testing.assert_shuffled_pages_change_nothing(model, prompt, [0, 300, len(prompt)])
+        testing.assert_poisoned_pages_change_nothing(make_runner, prompt)
+    if rank == 0:
+        torch.save(got, out)
+    dist.destroy_process_group()
+
+
+def run_ranks(*args: str) -> None:
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, __file__, *args[:1], str(r), port, *args[1:]],
+                              env=clean_env(), stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    errors = [p.communicate(timeout=WORKER_TIMEOUT_S)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+
+
+def test_shards_give_one_ranks_logits_and_tokens_and_keep_the_gates(tiny_paths, tmp_path):
+    """Both tiny shapes: lfm2_tiny (2 KV heads, one a rank) and attn_first (1 KV head,
+    replicated; conv biases; 6 experts, top-3)."""
+    gen = torch.Generator().manual_seed(1234)  # the tiny fixture's prompt
+    prompt = torch.randint(3, 256, (600,), generator=gen).tolist()
+    prompt_file, out = tmp_path / "prompt.pt", tmp_path / "out.pt"
+    torch.save(prompt, prompt_file)
+    paths = [str(p) for p in tiny_paths.values()]
+    run_ranks("passes", str(prompt_file), str(out), *paths)
+    got = torch.load(out)
+    for path in paths:
+        model = load(Checkpoint.open(path), "cpu", "float32")
+        logits, tokens = greedy(ModelRunner(model, num_pages=8, num_slots=4), prompt,
+                                GREEDY_STEPS)
+        torch.testing.assert_close(got[path][0], logits, rtol=0, atol=1e-4)
+        assert got[path][1] == tokens, path
+
+
+# -- the engine: LLM(tp=2) here as rank 0, with the follower it starts ------------------------
+
+
+def user_turns(chat: int) -> list[str]:
+    import random
+
+    rng = random.Random(chat)
+    words = "river stone light garden window paper cloud music winter morning bread".split()
+    return [" ".join(rng.choice(words) for _ in range(150 if t == 0 else 20)) for t in range(2)]
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+SAMPLED = SamplingParams(temperature=0.8, seed=5, max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tensorfold_lfm2_moe.demo import build_demo
+
+    return build_demo(tmp_path_factory.mktemp("demo"))
+
+
+def test_engine_gates_at_tp_2_and_tokens_equal_one_ranks(demo: Path):
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(5, 700, (n,), generator=g).tolist() for n in (9, 130, 600)]
+    chats = [user_turns(c) for c in range(2)]
+    flags = dict(context=4096, parallel=4)
+    one = testing.open_llm("lfm2_moe", demo, **flags)
+    try:
+        one_rank = testing.tokens(one, prompts, GREEDY)
+    finally:
+        testing.close_even(one)
+    llm = testing.open_llm("lfm2_moe", demo, tp=2, **flags)
+    try:
+        assert llm.served.plan.ranks == 2
+        alone = {name: [testing.tokens(llm, [p], params)[0] for p in prompts]
+                 for name, params in (("greedy", GREEDY), ("sampled", SAMPLED))}
+        assert alone["greedy"] == one_rank  # tokens may differ between TP sizes; not here
+        for name, params in (("greedy", GREEDY), ("sampled", SAMPLED)):
+            assert testing.tokens(llm, prompts, params) == alone[name]  # concurrent == solo
+        fresh, _ = testing.run_chats(llm, chats, GREEDY)
+    finally:
+        testing.close_even(llm)
+    # windows, poison and the prompt store at once: pages == windows, resumed == fresh
+    stored = testing.open_llm("lfm2_moe", demo, tp=2, kv_pages="off", kv_poison=True,
+                              kv_share=16, prompt_cache_gib=0.05, **flags)
+    try:
+        assert stored.served.plan.mode == "windows"
+        assert testing.tokens(stored, prompts, GREEDY) == alone["greedy"]
+        replies, cached = testing.run_chats(stored, chats, GREEDY)
+        assert replies == fresh
+        assert all(c > 150 for c in cached[1]), cached
+    finally:
+        testing.close_even(stored)
+
+
+# -- tensorfold serve --tp 2 ---------------------------------------------------------------
+
+
+def test_serve_tp_2_answers_then_stops_when_a_follower_dies(demo: Path, tmp_path: Path):
+    import openai
+
+    log = open(tmp_path / "serve.log", "w")
+    env = clean_env(TF_MEMORY_LIMIT_GIB="0.25", TF_DEVICE="cpu", TF_TP_TIMEOUT_S="20")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH, "serve", "--family", "lfm2_moe", "--model", str(demo),
+         "--port", "0", "--context", "4096", "--parallel", "2", "--tp", "2",
+         "--served-model-name", "demo"],
+        stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    try:
+        printed = []
+        assert proc.stdout is not None
+        while not printed or not printed[-1].startswith("serving "):
+            line = proc.stdout.readline()
+            assert line, (printed, (tmp_path / "serve.log").read_text())
+            printed.append(line.strip())
+        assert any(p.startswith("kv plan per rank (tp 2): 2 streams") for p in printed)
+        client = openai.OpenAI(base_url=printed[-1].split(" at ")[-1], api_key="none",
+                               max_retries=0, timeout=60)
+        reply = client.chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=8, temperature=0)
+        assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 8
+        log.flush()
+        started = (tmp_path / "serve.log").read_text()
+        found = re.search(r"started follower rank 1 \(pid (\d+)\)", started)
+        assert found
+        follower = int(found.group(1))
+        os.kill(follower, signal.SIGKILL)  # the follower this server started
+        assert proc.wait(timeout=30) == 1
+        errors = (tmp_path / "serve.log").read_text()
+        assert f"follower rank 1 (pid {follower}) exited with status -9" in errors
+        assert "the server stopped" in errors
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+
+
+# -- torchrun's variables: a refusal names the rank that is short -------------------------------
+
+
+def test_under_torchrun_a_refusal_names_the_short_rank(demo: Path, tmp_path: Path):
+    port = str(free_port())
+    procs = []
+    for rank, gib in ((0, "0.25"), (1, "0.001")):
+        env = clean_env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TF_MEMORY_LIMIT_GIB=gib,
+                        TF_DEVICE="cpu", TF_TP_TIMEOUT_S="30")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", LAUNCH, "generate", "--family", "lfm2_moe", "--model",
+             str(demo), "--context", "4096", "--parallel", "4", "hello"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    outs = [p.communicate(timeout=WORKER_TIMEOUT_S) for p in procs]
+    assert [p.returncode for p in procs] == [2, 2], outs
+    assert "tensorfold: error: rank 1 of --tp 2 is short: --parallel 4 needs" in outs[0][1]
+    assert "tensorfold: error" not in outs[1][1]  # rank 0 says it
+
+
+if __name__ == "__main__":  # a rank of the tests above: python test_lfm2_tp.py passes RANK PORT ...
+    kind, rank_, port_, *rest = sys.argv[1:]
+    assert kind == "passes"
+    passes_worker(int(rank_), int(port_), *rest)
