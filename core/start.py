@@ -240,11 +240,13 @@ def open_rank(
     cache_pages = the_plan.cache_bytes // the_plan.page_bytes if store_on and the_plan.page_bytes else 0
     # On CUDA, decode rounds replay a CUDA graph per lane-count bucket (its scratch page and
     # slot are counted in the plan by plan_memory).
-    runner_cls = ModelRunner
+    runner_cls, graph_args = ModelRunner, {}
     if device.startswith("cuda"):
         from .cuda_graphs import GraphRunner
 
-        runner_cls = GraphRunner
+        # A graph's page tables are a window wide, not the pool's width: kernels that size
+        # their work by the table (glm's pool scores) then do a window's work at most.
+        runner_cls, graph_args = GraphRunner, {"max_pages": -(-the_plan.window // PAGE_ROWS) + 1}
     runner = runner_cls(
         model_obj,
         num_pages=the_plan.pages + cache_pages,
@@ -252,6 +254,7 @@ def open_rank(
         page_rows=PAGE_ROWS,
         poison=settings.kv_poison,
         plugin_manager=hooks,
+        **graph_args,
     )
     arena, capacity = None, 0
     if store_on:
