@@ -424,6 +424,7 @@ def follow(settings: Settings, spec: FamilySpec, folder: Path, launch: Launch,
         joined.gather("ready")
     except USER_REFUSALS as exc:
         log.debug("follower refused its start", rank=launch.rank, error=str(exc))
+        joined.leave()  # a process that exits holding a gloo group can abort in its teardown
         return 2
     try:
         Follower(rank, joined).loop()
