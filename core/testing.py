@@ -135,3 +135,62 @@ def assert_poisoned_pages_change_nothing(
     poisoned = run(True)
     assert torch.isfinite(poisoned).all()
     assert torch.equal(poisoned, run(False))
+
+
+# -- tensor parallel on the CPU: ranks as subprocesses, joined over gloo ------------------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without TF_* settings or torchrun's variables, plus `extra`."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    return {**env, **extra}
+
+
+def run_ranks(script: str, *args: str, world: int = 2, timeout_s: float = 120) -> None:
+    """`python script RANK PORT *args` for each rank of `world`, on a free port; each must exit 0
+    (their stderr is shown when one does not)."""
+    import subprocess
+    import sys
+
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, script, str(r), port, *args], env=clean_env(),
+                              stderr=subprocess.PIPE, text=True) for r in range(world)]
+    errors = [p.communicate(timeout=timeout_s)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * world, errors
+
+
+def join_gloo(rank: int, port: int, world: int = 2) -> None:
+    """In a rank run_ranks started: join the gloo group and hand it to the forward's collectives
+    (tensorfold.ops.parallel), one intra-op thread a rank."""
+    import torch.distributed as dist
+
+    from .ops import parallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    parallel.set_group(parallel.Group(rank, world))
+
+
+def greedy(runner: ModelRunner, prompt: list[int], steps: int) -> tuple[torch.Tensor, list[int]]:
+    """Every prompt row's logits [P, V] in one pass (stream 0 on pages 0..3), then `steps`
+    greedy decode rows; returns the logits and the tokens."""
+    pages = list(range(4))
+    (logits,) = runner.run([StreamRows(0, 0, prompt, pages, "all")])
+    tokens = [int(logits[-1].argmax())]
+    for t in range(steps - 1):
+        (row,) = runner.run([StreamRows(0, len(prompt) + t, tokens[-1:], pages)])
+        tokens.append(int(row[-1].argmax()))
+    return logits, tokens

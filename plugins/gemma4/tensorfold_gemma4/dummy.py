@@ -7,6 +7,11 @@ them); the router is drawn wide (std 1) so its top-k choices are not near ties; 
 router.scale and per_expert_scale are 1. With every sublayer's output normed before it joins the
 residual, activations stay of order one in bf16. Experts are stacked as transformers and the
 checkpoints keep them: gate_up [E, 2I, H] (gate rows first), down [E, H, I].
+
+Under tensor parallel (tensorfold.ops.parallel.current()) each rank draws its shard as shards.py
+cuts it: replicated tensors alike on every rank, its slices (heads, channels, experts, its
+vocabulary of an untied lm_head) from a generator of its own. At one rank the draws are those
+of a single process.
 """
 
 from __future__ import annotations
@@ -15,6 +20,10 @@ from typing import Any
 
 import torch
 
+from tensorfold.family import Shard, block
+from tensorfold.ops import parallel
+
+from . import shards
 from .config import DEFAULT_ROPE, FULL, SLIDING, Gemma4Config
 from .model import Gemma4Model
 from .weights import (
@@ -65,30 +74,38 @@ class _Init:
 def dummy_weights(
     cfg: Gemma4Config, device: str, dtype: torch.dtype, seed: int = 0, std: float = 0.02
 ) -> ModelWeights:
-    init = _Init(device, dtype, seed, std)
-    h, heads = cfg.hidden_size, cfg.num_attention_heads
+    tp = parallel.current()
+    world = tp.world
+    if world > 1:
+        shards.check(cfg, world)
+    init = _Init(device, dtype, seed, std)  # replicated tensors: the same on every rank
+    part = init if world == 1 else _Init(device, dtype, seed + 7919 * (tp.rank + 1), std)
+    h, heads = cfg.hidden_size, cfg.num_attention_heads // world
     embed = init.normal(cfg.vocab_size, h)
     layers = []
     for layer in cfg.layers:
-        q, kv, own = heads * layer.head_dim, layer.kv_heads * layer.head_dim, not layer.reuses_kv
+        d, own = layer.head_dim, not layer.reuses_kv
+        q, kv = heads * d, shards.kv_local(layer, world) * d
         attention = AttentionWeights(
-            q=init.normal(q, h),
-            k=init.normal(kv, h) if own else None,
-            v=init.normal(kv, h) if own and not layer.k_eq_v else None,
-            o=init.normal(h, q),
-            q_norm=init.norm(layer.head_dim),
-            k_norm=init.norm(layer.head_dim) if own else None,
+            q=part.normal(q, h),
+            k=part.normal(kv, h) if own else None,
+            v=part.normal(kv, h) if own and not layer.k_eq_v else None,
+            o=part.normal(h, q),
+            q_norm=init.norm(d),
+            k_norm=init.norm(d) if own else None,
         )
-        n = layer.mlp_size
-        mlp = MlpWeights(init.normal(n, h), init.normal(n, h), init.normal(h, n))
+        n = layer.mlp_size // world
+        mlp = MlpWeights(part.normal(n, h), part.normal(n, h), part.normal(h, n))
         moe = None
         if cfg.enable_moe_block:
             e, i = cfg.num_experts, cfg.moe_intermediate_size
+            local = Shard(tp.rank, world).experts(e)
             moe = MoeWeights(
                 router=init.normal(e, h, std=1.0), router_scale=init.ones(h),
-                per_expert_scale=init.ones(e), gate_up=init.normal(e, 2 * i, h),
-                down=init.normal(e, h, i), pre_norm=init.norm(h), post_norm_mlp=init.norm(h),
-                post_norm_experts=init.norm(h),
+                per_expert_scale=init.ones(e), gate_up=part.normal(len(local), 2 * i, h),
+                down=part.normal(len(local), h, i), pre_norm=init.norm(h),
+                post_norm_mlp=init.norm(h), post_norm_experts=init.norm(h),
+                first_expert=local.start,
             )
         ple = None
         if cfg.has_ple:
@@ -105,7 +122,13 @@ def dummy_weights(
         ple_embed = init.normal(cfg.vocab_size_per_layer_input, lp)
         ple_projection = init.normal(lp, h)
         ple_norm = init.norm(cfg.hidden_size_per_layer_input)
-    lm_head = embed if cfg.tie_word_embeddings else init.normal(cfg.vocab_size, h)
+    vocab = block(cfg.vocab_size, tp.rank, world) if shards.vocab_parallel(cfg, world) else None
+    if cfg.tie_word_embeddings:
+        lm_head = embed if vocab is None else embed[vocab.start : vocab.stop]
+    elif vocab is None:
+        lm_head = init.normal(cfg.vocab_size, h)
+    else:
+        lm_head = part.normal(len(vocab), h)
     return ModelWeights(embed, init.norm(h), lm_head, layers, ple_embed, ple_projection, ple_norm)
 
 

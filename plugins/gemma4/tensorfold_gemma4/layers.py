@@ -3,6 +3,11 @@
 Rows are a pass's flat [N, H] hidden states; full attention reaches each stream's history through
 its page table, sliding attention through its rings (sliding.py). Every projection goes through
 the batch-invariant `linear`.
+
+Under tensor parallel (shards.py) a rank holds its heads, its MLP channels and its experts: head
+counts come from the weights (view(n, -1, d)), o_proj sums the ranks' parts (row_linear), and
+the dense MLP's and the experts' partial outputs are summed in one collective (`ffn_sums`)
+before their norms, which are not linear. At one rank every collective is the identity.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tensorfold.forward_pass import ForwardPass
+from tensorfold.ops import parallel
 from tensorfold.ops.attention import paged_attention
 from tensorfold.ops.linear import linear
 from tensorfold.ops.rope import apply_rope
@@ -41,12 +47,13 @@ def attention(
     `L{i}.v` first, a sliding one to its rings; a reuse layer reads its store layer's rows. Under
     k_eq_v, V is the raw k_proj output (before k_norm and RoPE) through v_norm."""
     n, d, eps = x.shape[0], layer.head_dim, cfg.rms_norm_eps
-    q = rms_norm(linear(x, w.q).view(n, cfg.num_attention_heads, d), w.q_norm, eps)
+    # heads from the weights: under tensor parallel, this rank's query and KV heads
+    q = rms_norm(linear(x, w.q).view(n, -1, d), w.q_norm, eps)
     q = apply_rope(q, cos, sin)
     new = None  # this layer's K and V rows [N, kv_heads, D], unless it reuses another's
     if w.k is not None:
-        raw_k = linear(x, w.k).view(n, layer.kv_heads, d)
-        raw_v = raw_k if w.v is None else linear(x, w.v).view(n, layer.kv_heads, d)
+        raw_k = linear(x, w.k).view(n, -1, d)
+        raw_v = raw_k if w.v is None else linear(x, w.v).view(n, -1, d)
         new = apply_rope(rms_norm(raw_k, w.k_norm, eps), cos, sin), rms_norm(raw_v, None, eps)
     if layer.window is not None:
         o = sliding.attend(cfg.layers, layer, q, new, scale=1.0)
@@ -56,12 +63,13 @@ def attention(
             rows.write(f"{src}.k", fp.write_index, new[0])
             rows.write(f"{src}.v", fp.write_index, new[1])
         o = paged_attention(q, rows.flat(f"{src}.k"), rows.flat(f"{src}.v"), fp, scale=1.0)
-    return linear(o.reshape(n, -1), w.o)
+    return parallel.row_linear(o.reshape(n, -1), w.o)
 
 
 def mlp(w: MlpWeights, x: torch.Tensor) -> torch.Tensor:
-    """GeGLU: down(gelu_tanh(gate x) · up x). x [N, H] -> [N, H]. On the GPU: the gated-FFN
-    kernels of tensorfold.ops.triton_moe (K in fixed blocks: batch-invariant)."""
+    """GeGLU: down(gelu_tanh(gate x) · up x). x [N, H] -> [N, H]; under tensor parallel this
+    rank's channels' part (see ffn_sums). On the GPU: the gated-FFN kernels of
+    tensorfold.ops.triton_moe (K in fixed blocks: batch-invariant)."""
     from tensorfold.ops.gpu import use_triton
 
     if use_triton(x):
@@ -72,7 +80,8 @@ def mlp(w: MlpWeights, x: torch.Tensor) -> torch.Tensor:
 
 
 def moe(cfg: Gemma4Config, w: MoeWeights, r: torch.Tensor) -> torch.Tensor:
-    """The routed experts on the residual r [N, H] -> [N, H] (before post_feedforward_layernorm_2).
+    """The routed experts on the residual r [N, H] -> [N, H] (before post_feedforward_layernorm_2);
+    under expert parallel this rank's experts' part in fp32 (see experts_ffn, ffn_sums).
 
     Router: z = rms_norm(r) · scale · H^-0.5 (no weight, in r's dtype), softmax(z Wᵀ) in fp32,
     top-k, renormalised to sum 1, times per_expert_scale. The experts read
@@ -91,13 +100,14 @@ def moe(cfg: Gemma4Config, w: MoeWeights, r: torch.Tensor) -> torch.Tensor:
         weights, experts = triton_route.softmax_route(
             z, w.router, cfg.top_k_experts, w.per_expert_scale
         )
-        return experts_ffn(xe, weights, experts, w.gate_up, w.down)
+        return experts_ffn(xe, weights, experts, w.gate_up, w.down, w.first_expert)
     z = rms_norm(r, None, eps) * w.router_scale * cfg.hidden_size**-0.5
     probs = torch.softmax(linear(z, w.router), dim=-1, dtype=torch.float32)  # [N, E]
     weights, experts = torch.topk(probs, cfg.top_k_experts, dim=-1)  # [N, k]
     weights = weights / weights.sum(dim=-1, keepdim=True)
     weights = weights * w.per_expert_scale[experts]  # fp32
-    return experts_ffn(rms_norm(r, w.pre_norm, eps), weights, experts, w.gate_up, w.down)
+    return experts_ffn(rms_norm(r, w.pre_norm, eps), weights, experts, w.gate_up, w.down,
+                       w.first_expert)
 
 
 def experts_ffn(
@@ -106,6 +116,7 @@ def experts_ffn(
     experts: torch.Tensor,
     gate_up: torch.Tensor,
     down: torch.Tensor,
+    first: int = 0,
 ) -> torch.Tensor:
     """x [N, H]; weights [N, k] fp32; experts [N, k]; gate_up [E, 2I, H]; down [E, H, I].
 
@@ -113,13 +124,20 @@ def experts_ffn(
     kept in fp32 and summed in slot order, then rounded to x's dtype (the reference's grouped_mm
     path). An expert's rows are gathered and multiplied on their own, so a row's result does not
     depend on which other rows share its experts. On the GPU: tensorfold.ops.triton_moe, the
-    gate and up halves of gate_up read as strided views."""
+    gate and up halves of gate_up read as strided views.
+
+    Under expert parallel gate_up and down hold this rank's experts, first .. first + E - 1:
+    returns their share of the sum, in fp32 [N, H] (tensorfold.ops.parallel.local_moe, on the
+    CPU and the GPU), which ffn_sums adds up across ranks."""
     from tensorfold.ops.gpu import use_triton
 
+    i = down.shape[2]
+    if parallel.current().world > 1:
+        return parallel.local_moe(x, weights, experts, gate_up[:, :i], gate_up[:, i:], down,
+                                  first, act="gelu_tanh", fp32_slots=True)
     if use_triton(x):
         from tensorfold.ops import triton_moe
 
-        i = down.shape[2]
         return triton_moe.moe(
             x, weights, experts, gate_up[:, :i], gate_up[:, i:], down, act="gelu_tanh",
             slot_dtype=torch.float32,
@@ -144,6 +162,20 @@ def experts_ffn(
     for j in range(1, k):
         acc = acc + per_slot[:, j]
     return acc.to(x.dtype)
+
+
+def ffn_sums(m: torch.Tensor, e: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The dense MLP's output m [N, H] (model dtype) and the experts' e [N, H] (None: no MoE),
+    each summed over the ranks' parts and rounded to m's dtype, in one collective ([N, 2H] in
+    fp32: the sums are elementwise, so one gather gives each the bits of its own sum). At one
+    rank: m and e as given."""
+    if parallel.current().world == 1:
+        return m, e
+    if e is None:
+        return parallel.sum_partials(m), None
+    h = m.shape[-1]
+    both = parallel.sum_partials(torch.cat([m.float(), e.float()], dim=-1), torch.float32)
+    return both[:, :h].to(m.dtype), both[:, h:].to(m.dtype)
 
 
 def per_layer_input(w: PleWeights, h: torch.Tensor, ple: torch.Tensor, eps: float) -> torch.Tensor:

@@ -12,17 +12,18 @@ from typing import TYPE_CHECKING
 import torch
 
 from tensorfold.checkpoint import torch_dtype
-from tensorfold.family import ModelShape, RowSpec, StateLayout, StateSpec
+from tensorfold.family import ModelShape, StateLayout
 from tensorfold.forward_pass import ForwardPass
 from tensorfold.logs import get_logger
 from tensorfold.model import FamilyModel
+from tensorfold.ops import parallel
 from tensorfold.ops import rope as rope_ops
 from tensorfold.ops.linear import linear
 
-from . import layers
+from . import layers, shards
 from .config import Gemma4Config, Layer, Rope
 from .ops import residual, rms_norm, softcap_float
-from .sliding import SlidingRows, ring_specs
+from .sliding import SlidingRows
 from .weights import LayerWeights, ModelWeights, load_weights
 
 if TYPE_CHECKING:
@@ -57,20 +58,12 @@ def shape(config: dict, dtype: str) -> ModelShape:
     return ModelShape(state_layout(cfg, torch_dtype(dtype)), cfg.max_position_embeddings)
 
 
-def state_layout(cfg: Gemma4Config, dtype: torch.dtype) -> StateLayout:
+def state_layout(cfg: Gemma4Config, dtype: torch.dtype, world: int = 1) -> StateLayout:
     """Each full layer that owns its K/V pages K and V rows [kv_heads, head_dim]; each sliding one
     keeps rings of its last W-1 rows a stream as fixed state (sliding.py), which snapshots carry;
-    reuse layers read their store layer's rows and hold none. Any row is a usable mark."""
-    name = str(dtype).removeprefix("torch.")
-    owners = [layer for layer in cfg.layers if not layer.reuses_kv]
-    paged = tuple(
-        RowSpec(f"L{layer.index}.{kv}", (layer.kv_heads, layer.head_dim), name)
-        for layer in owners if layer.window is None for kv in ("k", "v")
-    )
-    fixed: tuple[StateSpec, ...] = tuple(
-        spec for layer in owners if layer.window is not None for spec in ring_specs(layer, name)
-    )
-    return StateLayout(paged=paged, fixed=fixed, mark_rows=1)
+    reuse layers read their store layer's rows and hold none; one rank's KV heads at `world`
+    ranks (shards.py). Any row is a usable mark."""
+    return shards.state_layout(cfg, str(dtype).removeprefix("torch."), world)
 
 
 def inv_freq(rope: Rope, head_dim: int, device: torch.device) -> torch.Tensor:
@@ -92,7 +85,8 @@ class Gemma4Model(FamilyModel):
         self.weights = weights
         self.device = torch.device(device)
         self.dtype = dtype
-        self.layout = state_layout(cfg, dtype)
+        self.tp = parallel.current()  # this rank of tp.world: its weights are its shard's
+        self.layout = state_layout(cfg, dtype, self.tp.world)
         self.vocab_size = cfg.vocab_size
         self.max_positions = cfg.max_position_embeddings
         self.inv_freq = {  # [D/2] fp32 by layer kind
@@ -125,7 +119,10 @@ class Gemma4Model(FamilyModel):
             h, normed = decoder_layer(cfg, layer, lw, h, x, nxt, cos, sin, p, fp, rows, sliding)
             x = normed if normed is not None else x  # None after the last layer
         out = rms_norm(h.index_select(0, fp.logit_rows), w.final_norm, cfg.rms_norm_eps)
-        return softcap_float(linear(out, w.lm_head), cfg.final_logit_softcapping)  # [R, V] fp32
+        logits = linear(out, w.lm_head)  # [R, V], or this rank's vocabulary [R, V/world]
+        if shards.vocab_parallel(cfg, self.tp.world):
+            logits = parallel.gather_columns(logits)  # the softcap is elementwise: after
+        return softcap_float(logits, cfg.final_logit_softcapping)  # [R, V] fp32
 
     def per_layer_inputs(self, ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """ids [N], h [N, H] (the scaled embeddings) -> [N, L, P]: (RMSNorm(proj(h) · H^-0.5) +
@@ -163,10 +160,12 @@ def decoder_layer(
     eps = cfg.rms_norm_eps
     a = layers.attention(cfg, layer, w.attention, x, cos, sin, fp, rows, sliding)
     h, x = residual(h, a, eps, wa=w.post_attention_norm, wnext=w.pre_mlp_norm)
-    m = layers.mlp(w.mlp, x)
+    # under tensor parallel both are this rank's parts until ffn_sums adds them up
+    m, e = layers.ffn_sums(layers.mlp(w.mlp, x),
+                           layers.moe(cfg, w.moe, h) if w.moe is not None else None)
     ffn: dict[str, torch.Tensor | None] = {"wa": w.post_mlp_norm}
     if w.moe is not None:
-        ffn = {"wa": w.moe.post_norm_mlp, "e": layers.moe(cfg, w.moe, h),
+        ffn = {"wa": w.moe.post_norm_mlp, "e": e,
                "we": w.moe.post_norm_experts, "wpost": w.post_mlp_norm}
     if w.ple is None:
         return residual(h, m, eps, **ffn, scale=w.layer_scalar, wnext=next_norm)

@@ -1,10 +1,10 @@
 """Gemma 4's sliding layers on per-stream rings instead of pages.
 
 A sliding layer that owns its K/V keeps only the rows its window reads: a ring of a stream's last
-W-1 rows, fixed state `L{i}.sk` / `L{i}.sv` [W-1, kv_heads, head_dim] in the model's dtype,
-indexed by absolute position mod W-1 (core/ops/window_attention.py). The prompt store snapshots
-the rings at marks, tapped inside the pass that computes them, so a kept prompt holds the last
-W-1 sliding rows it needs to resume.
+W-1 rows, fixed state `L{i}.sk` / `L{i}.sv` [W-1, kv_heads, head_dim] in the model's dtype (one
+rank's KV heads under tensor parallel: shards.ring_specs), indexed by absolute position mod W-1
+(core/ops/window_attention.py). The prompt store snapshots the rings at marks, tapped inside the
+pass that computes them, so a kept prompt holds the last W-1 sliding rows it needs to resume.
 
 Attention reads a layer's rings as they stood before the pass, plus the pass's new rows, then the
 rings advance. A store layer whose rows later reuse layers read (KV sharing) keeps its new rows
@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from tensorfold.family import StateSpec
 from tensorfold.forward_pass import ForwardPass
 from tensorfold.ops.window_attention import (
     advance_rings, gather_window, ring_after, ring_attention,
@@ -28,14 +27,6 @@ from .config import Layer
 
 if TYPE_CHECKING:
     from tensorfold.adapters.stream_state import StreamSlots
-
-
-def ring_specs(layer: Layer, dtype: str) -> tuple[StateSpec, StateSpec]:
-    """The fixed state of a sliding layer that owns its K/V: its K and V rings."""
-    assert layer.window is not None and not layer.reuses_kv
-    shape = (layer.window - 1, layer.kv_heads, layer.head_dim)
-    name = f"L{layer.index}"
-    return StateSpec(f"{name}.sk", shape, dtype), StateSpec(f"{name}.sv", shape, dtype)
 
 
 class SlidingRows:

@@ -7,6 +7,11 @@
 no k/v projections or norms (ignored if present, as the reference does). No `lm_head.weight` when
 the embeddings are tied. Norm weights are kept in fp32, as the reference upcasts them (from the
 model dtype) before scaling.
+
+Under tensor parallel the checkpoint hands each tensor's slice for this rank (shards.py says how
+each is cut; the shapes below are the whole tensors on disk, the comments' widths one rank's):
+its heads, its MLP channels, its experts of the stacks (gate_up [E/world, 2I, H]), and its
+vocabulary of a vocab-parallel lm_head (a view of the tied embeddings).
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from tensorfold.checkpoint import CheckpointError
+from tensorfold.family import block
 
+from . import shards
 from .config import Gemma4Config, Layer
 
 if TYPE_CHECKING:
@@ -53,6 +60,7 @@ class MoeWeights:
     pre_norm: torch.Tensor  # [H] fp32: pre_feedforward_layernorm_2
     post_norm_mlp: torch.Tensor  # [H] fp32: post_feedforward_layernorm_1
     post_norm_experts: torch.Tensor  # [H] fp32: post_feedforward_layernorm_2
+    first_expert: int = 0  # under expert parallel gate_up[j] is expert first_expert + j's
 
 
 @dataclass
@@ -124,6 +132,10 @@ def load_weights(
     tied = cfg.tie_word_embeddings and not ckpt.has("lm_head.weight")
     lm_head = embed if tied else ckpt.load("lm_head.weight", device=device, dtype=dtype,
                                            shape=(v, h))
+    shard = ckpt.shard
+    if tied and shards.vocab_parallel(cfg, shard.world):
+        mine = block(v, shard.rank, shard.world)
+        lm_head = embed[mine.start : mine.stop]  # this rank's vocabulary, a view
     return ModelWeights(embed, read.norm("norm.weight", h), lm_head, layers, ple_embed,
                         ple_projection, ple_norm)
 
@@ -176,4 +188,5 @@ def _moe(read: _Reader, cfg: Gemma4Config, p: str) -> MoeWeights:
         pre_norm=read.norm(f"{p}.pre_feedforward_layernorm_2.weight", h),
         post_norm_mlp=read.norm(f"{p}.post_feedforward_layernorm_1.weight", h),
         post_norm_experts=read.norm(f"{p}.post_feedforward_layernorm_2.weight", h),
+        first_expert=read.ckpt.shard.experts(e).start,
     )
