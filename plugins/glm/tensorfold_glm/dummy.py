@@ -8,6 +8,11 @@ dt_bias, the conv weights, the mHC base/scale, e_score_correction_bias), and tho
 in two stacked tensors (gate_up [E, 2I, H], gate rows first, and down [E, H, I]); the per-expert
 weights are views into them. The scales keep bf16 activations finite through mHC, KDA and MLA:
 the mHC projection's logits stay O(1), A_log spans exp(A) in [1, 16] as the reference's init.
+
+Under tensor parallel (tensorfold.ops.parallel.current()) each rank draws its shard as shards.py
+cuts it: replicated tensors from the seeded generator (alike on every rank), its slices and its
+experts from a generator of its own, in the order one rank draws them. At one rank both are one
+generator, and the draws are those of a model with no tensor parallel.
 """
 
 from __future__ import annotations
@@ -16,6 +21,10 @@ import math
 
 import torch
 
+from tensorfold.family import Shard, block
+from tensorfold.ops import parallel
+
+from . import shards
 from .config import DENSE, KDA, GlmConfig
 from .model import GlmModel
 from .weights import (
@@ -66,20 +75,23 @@ def _hc(init: _Init, cfg: GlmConfig) -> HcWeights:
     )
 
 
-def _kda(init: _Init, cfg: GlmConfig) -> KdaWeights:
-    h, dk, heads, d = cfg.hidden_size, cfg.linear_head_dim, cfg.linear_num_heads, cfg.kda_dim
-    a_log = torch.log(init.uniform(heads, low=1.0, high=16.0))
+def _kda(init: _Init, part: _Init, cfg: GlmConfig, world: int) -> KdaWeights:
+    """part: this rank's heads (heads, d: one rank's)."""
+    h, dk = cfg.hidden_size, cfg.linear_head_dim
+    heads, d = cfg.linear_num_heads // world, cfg.kda_dim // world
+    a_log = torch.log(part.uniform(heads, low=1.0, high=16.0))
     return KdaWeights(
-        qkv=init.normal(3 * d, h), conv=init.normal(3 * d, cfg.linear_conv_kernel_dim, std=0.3,
+        qkv=part.normal(3 * d, h), conv=part.normal(3 * d, cfg.linear_conv_kernel_dim, std=0.3,
                                                     dtype=F32),
-        f_a=init.normal(dk, h), f_b=init.normal(d, dk), dt_bias=init.normal(d, std=0.5, dtype=F32),
-        decay=torch.exp(a_log), a_log=a_log, b=init.normal(heads, h), g_a=init.normal(dk, h),
-        g_b=init.normal(d, dk), o_norm=init.ones(dk), o=init.normal(h, d),
+        f_a=init.normal(dk, h), f_b=part.normal(d, dk), dt_bias=part.normal(d, std=0.5, dtype=F32),
+        decay=torch.exp(a_log), a_log=a_log, b=part.normal(heads, h), g_a=init.normal(dk, h),
+        g_b=part.normal(d, dk), o_norm=init.ones(dk), o=part.normal(h, d),
     )
 
 
-def _mla(init: _Init, cfg: GlmConfig, indexer: bool) -> MlaWeights:
-    h, heads = cfg.hidden_size, cfg.num_attention_heads
+def _mla(init: _Init, part: _Init, cfg: GlmConfig, indexer: bool, world: int) -> MlaWeights:
+    """part: this rank's heads of q_b, w_uk, w_uv and o; the rest (the indexer) replicated."""
+    h, heads = cfg.hidden_size, cfg.num_attention_heads // world
     qr, r, dn, dv = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim
     bias = cfg.attention_bias
     idx = None
@@ -92,10 +104,10 @@ def _mla(init: _Init, cfg: GlmConfig, indexer: bool) -> MlaWeights:
         )
     return MlaWeights(
         q_a=init.normal(qr, h), q_a_bias=init.zeros(qr) if bias else None,
-        q_a_norm=init.ones(qr), q_b=init.normal(heads * dn, qr),
+        q_a_norm=init.ones(qr), q_b=part.normal(heads * dn, qr),
         kv_a=init.normal(r, h), kv_a_bias=init.zeros(r) if bias else None,
-        kv_a_norm=init.ones(r), w_uk=init.normal(heads, r, dn), w_uv=init.normal(heads, dv, r),
-        o=init.normal(h, heads * dv), o_bias=init.zeros(h) if bias else None, indexer=idx,
+        kv_a_norm=init.ones(r), w_uk=part.normal(heads, r, dn), w_uv=part.normal(heads, dv, r),
+        o=part.normal(h, heads * dv), o_bias=init.zeros(h) if bias else None, indexer=idx,
     )
 
 
@@ -103,33 +115,49 @@ def _dense(init: _Init, h: int, width: int) -> DenseWeights:
     return DenseWeights(init.normal(2 * width, h), init.normal(h, width))
 
 
-def _moe(init: _Init, cfg: GlmConfig) -> MoeWeights:
+def _moe(init: _Init, part: _Init, cfg: GlmConfig, local: range, world: int) -> MoeWeights:
+    """part: this rank's experts (`local`, views of its stacks) and its shared-expert columns."""
     h, e, width = cfg.hidden_size, cfg.n_routed_experts, cfg.moe_intermediate_size
-    gate_up = init.normal(e, 2 * width, h)
-    down = init.normal(e, h, width)
+    gate_up = part.normal(len(local), 2 * width, h)
+    down = part.normal(len(local), h, width)
     experts = [DenseWeights(gu, dn) for gu, dn in zip(gate_up.unbind(0), down.unbind(0))]
     return MoeWeights(
         router=init.normal(e, h).float(), bias=init.normal(e, std=0.01, dtype=F32),
-        experts=experts, shared=_dense(init, h, width * cfg.n_shared_experts),
+        experts=experts, shared=_dense(part, h, width * cfg.n_shared_experts // world),
+        first_expert=local.start,
     )
 
 
 def dummy_weights(
     cfg: GlmConfig, device: str, dtype: torch.dtype, seed: int = 0, std: float = 0.02
 ) -> ModelWeights:
-    init = _Init(device, dtype, seed, std)
+    tp = parallel.current()
+    world = tp.world
+    if world > 1:
+        shards.check(cfg, world)
+    init = _Init(device, dtype, seed, std)  # replicated tensors: the same on every rank
+    part = init if world == 1 else _Init(device, dtype, seed + 7919 * (tp.rank + 1), std)
+    sparse = any(kind != DENSE for kind in cfg.mlp_layer_types)
+    local = Shard(tp.rank, world).experts(cfg.n_routed_experts) if sparse else range(0)
     h = cfg.hidden_size
     embed = init.normal(cfg.vocab_size, h)
     layers = []
     for i, kind in enumerate(cfg.layer_types):
-        mixer = _kda(init, cfg) if kind == KDA else _mla(init, cfg, cfg.runs_indexer(i))
-        ffn = (_dense(init, h, cfg.intermediate_size) if cfg.mlp_layer_types[i] == DENSE
-               else _moe(init, cfg))
+        mixer = (_kda(init, part, cfg, world) if kind == KDA
+                 else _mla(init, part, cfg, cfg.runs_indexer(i), world))
+        ffn = (_dense(part, h, cfg.intermediate_size // world) if cfg.mlp_layer_types[i] == DENSE
+               else _moe(init, part, cfg, local, world))
         layers.append(LayerWeights(
             attn_hc=_hc(init, cfg), ffn_hc=_hc(init, cfg), input_norm=init.ones(h),
             post_norm=init.ones(h), mixer=mixer, ffn=ffn,
         ))
-    lm_head = embed if cfg.tie_word_embeddings else init.normal(cfg.vocab_size, h)
+    vocab = cfg.vocab_size
+    if shards.vocab_parallel(cfg, world):
+        mine = block(vocab, tp.rank, world)
+        lm_head = (embed[mine.start : mine.stop] if cfg.tie_word_embeddings
+                   else part.normal(len(mine), h))
+    else:
+        lm_head = embed if cfg.tie_word_embeddings else init.normal(vocab, h)
     return ModelWeights(embed, init.ones(h), lm_head, layers)
 
 

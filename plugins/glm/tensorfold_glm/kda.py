@@ -15,6 +15,10 @@ the same in every launch (fixed BK, BV, warps; fp32 state), so a row and the sta
 depend on packing, on where a pass is cut, or on whether the row came from a prompt or a decode
 step. fla-core is imported only there (never on the CPU); under the interpreter on the CPU the
 recurrence falls back to `delta_rule` above.
+
+Under tensor parallel a rank holds whole heads (shards.py): heads and D are read from the weights
+(D = rows of qkv / 3, heads = rows of b), never from the config; o_proj sums the ranks' parts
+(`row_linear`, the identity at one rank).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from tensorfold.forward_pass import ForwardPass
 from tensorfold.ops.conv import causal_conv, tails_at
 from tensorfold.ops.gpu import use_triton
 from tensorfold.ops.linear import linear
+from tensorfold.ops.parallel import row_linear
 
 from .config import GlmConfig
 from .ops import sigmoid, silu
@@ -47,12 +52,17 @@ def forget_gate(cfg: GlmConfig, w: KdaWeights, x: torch.Tensor) -> torch.Tensor:
 def log_decay(cfg: GlmConfig, w: KdaWeights, pre: torch.Tensor) -> torch.Tensor:
     """forget_gate from f_b f_a x [N, D] (model dtype) -> [N, heads, K] fp32."""
     n = pre.shape[0]
-    g = (pre.float() + w.dt_bias).view(n, cfg.linear_num_heads, -1)
+    g = (pre.float() + w.dt_bias).view(n, heads_of(w), -1)
     rate = w.decay[None, :, None]
     if cfg.linear_lower_bound is not None:
         return cfg.linear_lower_bound * sigmoid(rate * g)
     softplus = torch.where(g > 20.0, g, torch.log(1.0 + torch.exp(g)))
     return -rate * softplus
+
+
+def heads_of(w: KdaWeights) -> int:
+    """This rank's KDA heads (all of them at one rank): the rows of b_proj."""
+    return w.b.shape[0]
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -113,7 +123,7 @@ def kda(
     (zeros for a stream starting at row 0), and taps both at the stream's taps."""
     if use_triton(x):
         return _kda_kernels(cfg, name, w, x, fp, slots)
-    n, heads, dk = x.shape[0], cfg.linear_num_heads, cfg.linear_head_dim
+    n, heads, dk = x.shape[0], heads_of(w), cfg.linear_head_dim
     qkv = linear(x, w.qkv)  # [N, 3D]
     g = forget_gate(cfg, w, x)  # [N, heads, K] fp32
     beta = sigmoid(linear(x, w.b)).float()  # [N, heads], rounded to the model dtype first
@@ -139,7 +149,7 @@ def kda(
             fp.tap(i, p, f"{name}.kda", tapped)
     gate = linear(linear(x, w.g_a), w.g_b).view(n, heads, dk)
     out = gated_norm(o.to(x.dtype), gate, w.o_norm, cfg.rms_norm_eps)
-    return linear(out.reshape(n, -1), w.o)
+    return row_linear(out.reshape(n, -1), w.o)
 
 
 # -- the GPU path --------------------------------------------------------------------------------
@@ -156,11 +166,11 @@ def _kda_kernels(
     from . import triton_kda
 
     meta = pass_meta(fp)
-    n, heads, dk = x.shape[0], cfg.linear_num_heads, cfg.linear_head_dim
+    n, heads, dk = x.shape[0], heads_of(w), cfg.linear_head_dim
     qkv = linear(x, w.qkv)  # [N, 3D]
     tails, states = slots.get(f"{name}.conv"), slots.get(f"{name}.kda")
     _tap_tails(fp, f"{name}.conv", qkv, tails, w.conv.shape[1])  # before the kernel moves them
-    q, k, v = triton_kda.conv_silu(qkv, tails, meta, w.conv, cfg.kda_dim)  # 3 x [N, D]
+    q, k, v = triton_kda.conv_silu(qkv, tails, meta, w.conv, heads * dk)  # 3 x [N, D]
     pre = linear(linear(x, w.f_a), w.f_b)  # [N, D]: the forget gate before its activation
     beta = sigmoid(linear(x, w.b))  # [N, heads], rounded to the model dtype as the reference
     triton_kda.zero_fresh(states, meta)
@@ -170,7 +180,7 @@ def _kda_kernels(
         o = _torch_recurrence(cfg, f"{name}.kda", w, q, k, v, pre, beta, states, fp, meta)
     gate = linear(linear(x, w.g_a), w.g_b).view(n, heads, dk)
     out = triton_kda.gated_norm(o.view(n, heads, dk), gate, w.o_norm, cfg.rms_norm_eps)
-    return linear(out.reshape(n, -1), w.o)
+    return row_linear(out.reshape(n, -1), w.o)
 
 
 def _tap_tails(
@@ -193,7 +203,7 @@ def _torch_recurrence(
     """delta_rule per stream (states of fresh streams already zeroed), the layout read from
     PassMeta as the kernels read it (the CPU stand-in for fla under the interpreter: it reads
     the device tensors back, which a GPU pass must not). -> o [N, heads, V]."""
-    n, heads, dk = q.shape[0], cfg.linear_num_heads, cfg.linear_head_dim
+    n, heads, dk = q.shape[0], heads_of(w), cfg.linear_head_dim
     g = log_decay(cfg, w, pre)
     o = torch.empty(n, heads, dk, dtype=torch.float32, device=q.device)
     layout = zip(meta.stream_row0.tolist(), meta.stream_len.tolist(),
@@ -225,7 +235,7 @@ def _fla_recurrence(
     at its taps, so each tapped state is exact."""
     from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
-    n, heads, dk = q.shape[0], cfg.linear_num_heads, cfg.linear_head_dim
+    n, heads, dk = q.shape[0], heads_of(w), cfg.linear_head_dim
     common = dict(
         A_log=w.a_log, dt_bias=w.dt_bias, scale=dk**-0.5, use_qk_l2norm_in_kernel=True,
         use_gate_in_kernel=True, lower_bound=cfg.linear_lower_bound,

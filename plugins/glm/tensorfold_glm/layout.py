@@ -6,6 +6,10 @@ score `gI` [index_head_dim] (the pooled keys are recomputed from them, as the re
 Fixed, per KDA layer: the fp32 recurrent state [heads, K, V] and the conv tail, the last K-1
 pre-conv q|k|v rows [3 * heads * head_dim, K-1] in the model dtype.
 
+Under tensor parallel (`world` ranks, shards.py) a rank keeps its KDA heads' states
+(heads/world, K, V) and its channels' conv tail (3 * heads * head_dim / world, K-1); the MLA
+latent and the indexer rows are whole on every rank.
+
 Marks: every computation here is exact at any row (the KDA recurrence runs token by token and
 the pooled keys are rebuilt from per-token rows), but usable marks are declared at multiples of
 index_kpool, so a kept prompt always ends on a pool boundary: the granularity a kernel that
@@ -29,7 +33,7 @@ def shape(config: Mapping[str, Any], dtype: str = "bfloat16") -> ModelShape:
     return ModelShape(state_layout(cfg, dtype), cfg.max_position_embeddings)
 
 
-def state_layout(cfg: GlmConfig, dtype: str) -> StateLayout:
+def state_layout(cfg: GlmConfig, dtype: str, world: int = 1) -> StateLayout:
     name = str(dtype).removeprefix("torch.")
     if name not in DTYPES:
         raise ValueError(f"glm5_next runs in {', '.join(DTYPES)}, not {dtype!r}")
@@ -39,8 +43,8 @@ def state_layout(cfg: GlmConfig, dtype: str) -> StateLayout:
         if cfg.runs_indexer(i):
             paged.append(RowSpec(f"L{i}.index_k", (cfg.index_head_dim,), name))
             paged.append(RowSpec(f"L{i}.index_gate", (cfg.index_head_dim,), name))
-    heads, dim = cfg.linear_num_heads, cfg.linear_head_dim
-    tail = (3 * cfg.kda_dim, cfg.linear_conv_kernel_dim - 1)
+    heads, dim = cfg.linear_num_heads // world, cfg.linear_head_dim
+    tail = (3 * cfg.kda_dim // world, cfg.linear_conv_kernel_dim - 1)
     fixed: list[StateSpec] = []
     for i in cfg.kda_layers:
         fixed.append(StateSpec(f"L{i}.kda", (heads, dim, dim), "float32"))

@@ -12,6 +12,10 @@ for it, so a row's result depends only on its own position and its stream's rows
 
 On the GPU (use_triton): triton_mla.sparse_mla over the indexer's chosen pools and the tail,
 reading the latent through PassMeta's page tables (no host sync in a decode pass).
+
+Under tensor parallel a rank holds whole heads of q_b, w_uk, w_uv and o (shards.py); the latent
+and the indexer are whole on every rank. Heads are read from the weights, and o_proj sums the
+ranks' parts before its bias (`row_linear`, the identity at one rank).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from tensorfold.forward_pass import ForwardPass
 from tensorfold.ops.gpu import use_triton
 from tensorfold.ops.linear import linear
 from tensorfold.ops.norms import rms_norm
+from tensorfold.ops.parallel import row_linear
 
 from . import indexer
 from .config import GlmConfig
@@ -45,9 +50,9 @@ def mla(
     """x [N, H] (normed) -> ([N, H], the keys it attended to: indexer.Selection). Writes the
     pass's latent rows to `{name}.latent` (and the indexer's rows) before attending. A "shared"
     layer (no indexer weights) attends with `shared`, the previous layer's selection."""
-    n, heads, eps = x.shape[0], cfg.num_attention_heads, cfg.rms_norm_eps
+    n, eps = x.shape[0], cfg.rms_norm_eps
     q_resid = rms_norm(linear(x, w.q_a, w.q_a_bias), w.q_a_norm, eps)  # [N, q_lora_rank]
-    q = linear(q_resid, w.q_b).view(n, heads, cfg.qk_nope_head_dim)
+    q = linear(q_resid, w.q_b).view(n, -1, cfg.qk_nope_head_dim)  # [N, heads, dn]
     latent = rms_norm(linear(x, w.kv_a, w.kv_a_bias), w.kv_a_norm, eps)  # [N, r]
     rows.write(f"{name}.latent", fp.write_index, latent)
     if w.indexer is not None:
@@ -68,7 +73,7 @@ def mla(
             pass_meta(fp), fp.page_rows, cfg.index_kpool, scale,
         )  # [N, heads, r]
         o = head_linear(attended, w.w_uv)
-        return linear(o.reshape(n, -1), w.o, w.o_bias), masks
+        return row_linear(o.reshape(n, -1), w.o, w.o_bias), masks
     assert isinstance(masks, list)
     q_lat = head_linear(q, w.w_uk).float()  # [N, heads, r]
     out = torch.empty_like(q_lat)
@@ -76,7 +81,7 @@ def mla(
         keys = rows.flat(f"{name}.latent").index_select(0, fp.read_index(i)).float()  # [end, r]
         out[lo:hi] = sparse_attention(q_lat[lo:hi], keys, masks[i], scale)
     o = head_linear(out.to(x.dtype), w.w_uv)  # [N, heads, dv]
-    return linear(o.reshape(n, -1), w.o, w.o_bias), masks
+    return row_linear(o.reshape(n, -1), w.o, w.o_bias), masks
 
 
 def sparse_attention(

@@ -4,6 +4,10 @@ computes it (`Glm5NextTextModel` and the `lm_head` of `Glm5NextForConditionalGen
 The embedding is copied into hc_mult residual streams; each layer wraps its mixer (KDA or MLA)
 and its FFN (SwiGLU or MoE) in an mHC collapse / expand; the streams' mean is normed and
 projected to logits.
+
+Under tensor parallel (`--tp N`, shards.py) each rank holds its heads, FFN columns and experts;
+the residual streams are whole and the same on every rank (each mixer and FFN ends in one sum
+over the ranks), and a vocab-parallel lm_head's logits are gathered in rank order.
 """
 
 from __future__ import annotations
@@ -17,10 +21,11 @@ from tensorfold.family import StateLayout
 from tensorfold.forward_pass import ForwardPass
 from tensorfold.logs import get_logger
 from tensorfold.model import FamilyModel
+from tensorfold.ops import parallel
 from tensorfold.ops.linear import linear
 from tensorfold.ops.norms import rms_norm
 
-from . import mhc
+from . import mhc, shards
 from .config import GlmConfig
 from .kda import kda
 from .layout import DTYPES, shape, state_layout
@@ -66,7 +71,8 @@ class GlmModel(FamilyModel):
         self.weights = weights
         self.device = torch.device(device)
         self.dtype = torch_dtype(dtype)
-        self.layout: StateLayout = state_layout(cfg, dtype)
+        self.tp = parallel.current()  # this rank of tp.world: its weights are its shard's
+        self.layout: StateLayout = state_layout(cfg, dtype, self.tp.world)
         self.vocab_size = cfg.vocab_size
         self.max_positions = cfg.max_position_embeddings
 
@@ -89,4 +95,7 @@ class GlmModel(FamilyModel):
             post, comb, x = mhc.collapse_norm(cfg, layer.ffn_hc, streams, layer.post_norm)
             streams = mhc.expand(post, comb, ffn(cfg, x, layer.ffn), streams)
         h = mhc.head(streams.index_select(0, fp.logit_rows))  # [R, H]
-        return linear(rms_norm(h, w.final_norm, cfg.rms_norm_eps), w.lm_head).float()
+        logits = linear(rms_norm(h, w.final_norm, cfg.rms_norm_eps), w.lm_head)
+        if shards.vocab_parallel(cfg, self.tp.world):
+            logits = parallel.gather_columns(logits)  # [R, V]: the ranks' vocabularies in order
+        return logits.float()

@@ -11,12 +11,20 @@ Ranking ties (experts or groups with equal scores) go to the lower index.
 
 On the GPU (`tensorfold.ops.gpu.use_triton`) `swiglu` and `moe` run the Triton kernels of
 triton_ffn.py, which round and sum as this code does.
+
+Under tensor and expert parallel (shards.py) a dense FFN's (and the shared expert's) gate/up hold
+this rank's rows and down its columns, and the routed experts are this rank's
+(`MoeWeights.first_expert` on). The router runs whole on every rank; each rank's routed experts
+(`tensorfold.ops.parallel.local_moe`, fp32) and its part of the shared expert are added in fp32
+and the ranks' partials summed once (`sum_partials`): one collective per FFN. At one rank none of
+this runs and the bits are the reference's.
 """
 
 from __future__ import annotations
 
 import torch
 
+from tensorfold.ops import parallel
 from tensorfold.ops.gpu import use_triton
 from tensorfold.ops.linear import linear
 
@@ -66,6 +74,8 @@ def route(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> tuple[torch.Tensor,
 def moe(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     """x [N, H] -> [N, H]: the routed experts (each on its own rows, so a row's result does not
     depend on which rows share its experts) plus the shared expert."""
+    if parallel.current().world > 1:
+        return parallel.sum_partials(moe_partial(cfg, x, w), x.dtype)
     if use_triton(x):
         from .triton_ffn import moe as triton_moe
 
@@ -94,7 +104,25 @@ def moe(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     return out + swiglu(x, w.shared, cfg.swiglu_limit)
 
 
+def moe_partial(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
+    """This rank's share of the MoE, fp32 [N, H]: its routed experts' slots (each rounded to
+    x's dtype, summed in expert order in fp32) plus its part of the shared expert."""
+    if use_triton(x):
+        from .triton_ffn import moe_partial as triton_partial
+
+        return triton_partial(cfg, x, w)
+    weights, chosen = route(cfg, x, w)
+    order = torch.argsort(chosen, dim=1, stable=True)  # each row's slots in expert order
+    chosen, weights = chosen.gather(1, order), weights.gather(1, order)
+    w1 = [e.gate_up[: e.down.shape[1]] for e in w.experts]  # gate rows, then up rows
+    w3 = [e.gate_up[e.down.shape[1] :] for e in w.experts]
+    routed = parallel.local_moe(x, weights, chosen, w1, w3, [e.down for e in w.experts],
+                                w.first_expert, act="silu_clamp", limit=cfg.swiglu_limit)
+    return routed + swiglu(x, w.shared, cfg.swiglu_limit).float()
+
+
 def ffn(cfg: GlmConfig, x: torch.Tensor, w: DenseWeights | MoeWeights) -> torch.Tensor:
+    """x [N, H] -> [N, H]; under tensor parallel the ranks' partials summed (one collective)."""
     if isinstance(w, DenseWeights):
-        return swiglu(x, w, cfg.swiglu_limit)
+        return parallel.sum_partials(swiglu(x, w, cfg.swiglu_limit))
     return moe(cfg, x, w)

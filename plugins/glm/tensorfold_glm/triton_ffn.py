@@ -7,6 +7,9 @@ fused gate_up read as strided views. The router runs in fp32 in tensorfold.ops.t
 count), and gives each row's slots in expert order, the order the reference sums them in: each
 add rounded to the model dtype, then the shared expert. Nothing reads a device value on the host,
 so a decode round is captured in its CUDA graph.
+
+Under expert parallel `moe_partial` gives a rank's share (its experts, its part of the shared
+expert); moe.py sums the ranks' shares.
 """
 
 from __future__ import annotations
@@ -49,6 +52,22 @@ def moe(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
         x, weights, chosen, gate_up[:, :i], gate_up[:, i:], down, act="silu_clamp",
         limit=cfg.swiglu_limit, round_sum=True, plus=shared,
     )
+
+
+def moe_partial(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
+    """Under expert parallel, this rank's share of the MoE in fp32 [N, H]: its routed experts
+    (tensorfold.ops.parallel.local_moe: every slot through the grouped kernels, another rank's
+    with weight 0, no host sync) plus its part of the shared expert."""
+    from tensorfold.ops import parallel
+
+    weights, chosen = route(cfg, x, w)
+    gate_up, down = experts_stacked(w.experts)
+    i = down.shape[2]
+    routed = parallel.local_moe(
+        x, weights, chosen, gate_up[:, :i], gate_up[:, i:], down, w.first_expert,
+        act="silu_clamp", limit=cfg.swiglu_limit,
+    )
+    return routed + swiglu(x, w.shared, cfg.swiglu_limit).float()
 
 
 def experts_stacked(experts: Sequence[DenseWeights]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,6 +7,11 @@ f_a/f_b/dt_bias/A_log directly under `self_attn`, and the mHC weights as `hc_att
 `hc_ffn_*`. The reference keeps e_score_correction_bias, the convolutions, dt_bias, A_log and
 the mHC base/scale in fp32 whatever the model dtype; so do we. A vision tower (`model.visual.`)
 and an MTP layer past num_hidden_layers are not read.
+
+Under tensor parallel the checkpoint hands each tensor's slice for this rank (shards.py says how
+each is cut; the shapes passed below are the whole tensors on disk; in the comments heads,
+D, I and an FFN's E are one rank's, the router's E all experts), and only this rank's experts
+are read.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from tensorfold.family import block
+
+from . import shards
 from .config import DENSE, KDA, GlmConfig
 
 if TYPE_CHECKING:
@@ -84,8 +92,9 @@ class DenseWeights:
 class MoeWeights:
     router: torch.Tensor  # [E, H] fp32 (the reference upcasts it in the op)
     bias: torch.Tensor  # [E] fp32 e_score_correction_bias
-    experts: Sequence[DenseWeights]  # E
+    experts: Sequence[DenseWeights]  # E (under expert parallel: this rank's)
     shared: DenseWeights
+    first_expert: int = 0  # experts[j] is expert first_expert + j
 
 
 @dataclass
@@ -149,6 +158,10 @@ def load_weights(
         ))
     tied = cfg.tie_word_embeddings and not ckpt.has("lm_head.weight")
     lm_head = embed if tied else read("lm_head.weight", v, h)
+    shard = ckpt.shard
+    if tied and shards.vocab_parallel(cfg, shard.world):
+        mine = block(v, shard.rank, shard.world)
+        lm_head = embed[mine.start : mine.stop]  # this rank's vocabulary, a view
     return ModelWeights(embed, read(f"{root}norm.weight", h), lm_head, layers)
 
 
@@ -169,7 +182,7 @@ def _kda(read: _Reader, cfg: GlmConfig, p: str) -> KdaWeights:
     return KdaWeights(
         qkv=torch.cat([read(f"{a}.{x}_proj.weight", d, h) for x in "qkv"]),
         conv=torch.cat([read(f"{a}.{x}_conv1d.weight", d, 1, k, dtype=F32) for x in "qkv"])
-        .reshape(3 * d, k),
+        .reshape(-1, k),
         f_a=read(f"{a}.f_a_proj.weight", dk, h), f_b=read(f"{a}.f_b_proj.weight", d, dk),
         dt_bias=read(f"{a}.dt_bias", d, dtype=F32),
         decay=torch.exp(a_log), a_log=a_log,
@@ -183,7 +196,7 @@ def _mla(read: _Reader, cfg: GlmConfig, p: str, indexer: bool) -> MlaWeights:
     h, heads, bias = cfg.hidden_size, cfg.num_attention_heads, cfg.attention_bias
     qr, r, dn, dv = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim
     a = f"{p}.self_attn"
-    kv_b = read(f"{a}.kv_b_proj.weight", heads * (dn + dv), r).view(heads, dn + dv, r)
+    kv_b = read(f"{a}.kv_b_proj.weight", heads * (dn + dv), r).view(-1, dn + dv, r)
     return MlaWeights(
         q_a=read(f"{a}.q_a_proj.weight", qr, h), q_a_bias=read.bias(f"{a}.q_a_proj.bias", qr, bias),
         q_a_norm=read(f"{a}.q_a_layernorm.weight", qr),
@@ -216,9 +229,11 @@ def _dense(read: _Reader, p: str, h: int, width: int) -> DenseWeights:
 def _moe(read: _Reader, cfg: GlmConfig, p: str) -> MoeWeights:
     h, e, width = cfg.hidden_size, cfg.n_routed_experts, cfg.moe_intermediate_size
     m = f"{p}.mlp"
+    local = read.ckpt.shard.experts(e)
     return MoeWeights(
         router=read.upcast(f"{m}.gate.weight", e, h),
         bias=read(f"{m}.gate.e_score_correction_bias", e, dtype=F32),
-        experts=[_dense(read, f"{m}.experts.{j}", h, width) for j in range(e)],
+        experts=[_dense(read, f"{m}.experts.{j}", h, width) for j in local],
         shared=_dense(read, f"{m}.shared_experts", h, width * cfg.n_shared_experts),
+        first_expert=local.start,
     )
