@@ -158,15 +158,17 @@ def clean_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def run_ranks(script: str, *args: str, world: int = 2, timeout_s: float = 120) -> None:
-    """`python script RANK PORT *args` for each rank of `world`, on a free port; each must exit 0
-    (their stderr is shown when one does not)."""
+def run_ranks(script: str, *args: str, world: int = 2, timeout_s: float = 120,
+              env: dict[str, str] | None = None) -> None:
+    """`python script RANK PORT *args` for each rank of `world`, on a free port, with `env`
+    added to a clean environment; each must exit 0 (their stderr is shown when one does not)."""
     import subprocess
     import sys
 
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, script, str(r), port, *args], env=clean_env(),
-                              stderr=subprocess.PIPE, text=True) for r in range(world)]
+    procs = [subprocess.Popen([sys.executable, script, str(r), port, *args],
+                              env=clean_env(**(env or {})), stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
     errors = [p.communicate(timeout=timeout_s)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * world, errors
 

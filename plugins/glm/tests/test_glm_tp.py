@@ -11,16 +11,13 @@
 - the engine: LLM(tp=2) on the demo checkpoint, rank 0 here and a follower it starts: tokens
   equal to one rank's, and the gates through the lanes and the prompt store.
 
-Ranks run as subprocesses of this file (`python test_glm_tp.py passes RANK PORT ...`) on a free
+Ranks run as subprocesses of this file (`python test_glm_tp.py RANK PORT ...`) on a free
 port.
 """
 
 from __future__ import annotations
 
-import os
 import random
-import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,7 +28,6 @@ import torch
 from tensorfold import testing
 from tensorfold.checkpoint import Checkpoint
 from tensorfold.family import Shard, ShardRefused, StateSpec
-from tensorfold.forward_pass import StreamRows
 from tensorfold.ops import parallel
 from tensorfold.runner import ModelRunner
 from tensorfold.sampling import SamplingParams
@@ -45,17 +41,8 @@ WORKER_TIMEOUT_S = 150
 TOLERANCE = 1e-4  # fp32: the ranks' partial sums round differently from one rank's sums
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    return {**env, **extra}
 
 
 def tiny_prompt() -> list[int]:
@@ -169,15 +156,6 @@ def test_the_dummy_draws_a_ranks_shard(tiny_paths):
 # -- passes on the tiny checkpoints, one subprocess a rank ------------------------------------
 
 
-def greedy(runner: ModelRunner, prompt: list[int], steps: int) -> tuple[torch.Tensor, list[int]]:
-    """Every prompt row's logits [P, V] in one pass, then `steps` greedy decode rows."""
-    pages = list(range(4))
-    (logits,) = runner.run([StreamRows(0, 0, prompt, pages, "all")])
-    tokens = [int(logits[-1].argmax())]
-    for t in range(steps - 1):
-        (row,) = runner.run([StreamRows(0, len(prompt) + t, tokens[-1:], pages)])
-        tokens.append(int(row[-1].argmax()))
-    return logits, tokens
 
 
 # the GPU path interpreted on the CPU is slow: a checkpoint as small as covers every layer kind
@@ -218,7 +196,7 @@ def kernel_passes(model, make_runner) -> tuple[torch.Tensor, list[int]]:
 
     gpu.set_triton(True, on_cpu=True)
     try:
-        return greedy(make_runner(model=model), KERNEL_PROMPT, 2)
+        return testing.greedy(make_runner(model=model), KERNEL_PROMPT, 2)
     finally:
         gpu.set_triton(True)
 
@@ -238,10 +216,7 @@ def passes_worker(rank: int, port: int, out: str, kernels: str, demo: str, *path
     the demo's logits and tokens; then the GPU path on `kernels`."""
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
-    parallel.set_group(parallel.Group(rank, 2))
+    testing.join_gloo(rank, port)
     prompt = tiny_prompt()
     n = len(prompt)
     got = {}
@@ -252,7 +227,7 @@ def passes_worker(rank: int, port: int, out: str, kernels: str, demo: str, *path
             return ModelRunner(model, num_pages=num_pages, num_slots=num_slots,
                                page_rows=page_rows, poison=poison)
 
-        got[path] = greedy(make_runner(), prompt, GREEDY_STEPS)
+        got[path] = testing.greedy(make_runner(), prompt, GREEDY_STEPS)
         prompts = [prompt[:200], prompt[:180], prompt[40:]]
         testing.assert_streams_together_equal_alone(
             make_runner, model, prompts, (0, 1, 2), num_pages=6, max_rows=512)
@@ -261,21 +236,13 @@ def passes_worker(rank: int, port: int, out: str, kernels: str, demo: str, *path
         resumed = testing.run_on_pages(model, prompt, [3, 0, 5, 1, 2], 64, [0, 37, 128, 129, n])
         assert torch.equal(one, resumed)
         testing.assert_poisoned_pages_change_nothing(make_runner, prompt)
-    got[demo] = greedy(make_runner(model=open_shard(demo, rank)), prompt, GREEDY_STEPS)
+    got[demo] = testing.greedy(make_runner(model=open_shard(demo, rank)), prompt, GREEDY_STEPS)
     got[kernels] = kernel_passes(open_shard(kernels, rank), make_runner)
     if rank == 0:
         torch.save(got, out)
     dist.destroy_process_group()
 
 
-def run_ranks(*args: str) -> None:
-    port = str(free_port())
-    env = clean_env(TRITON_INTERPRET="1")
-    procs = [subprocess.Popen([sys.executable, __file__, *args[:1], str(r), port, *args[1:]],
-                              env=env, stderr=subprocess.PIPE, text=True)
-             for r in range(2)]
-    errors = [p.communicate(timeout=WORKER_TIMEOUT_S)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], errors
 
 
 def test_shards_give_one_ranks_logits_and_tokens_and_keep_the_gates(tiny_paths, demo, tmp_path):
@@ -287,12 +254,13 @@ def test_shards_give_one_ranks_logits_and_tokens_and_keep_the_gates(tiny_paths, 
     out = tmp_path / "out.pt"
     kernels = str(write_kernel_checkpoint(tmp_path / "kernels"))
     paths = [str(p) for p in tiny_paths.values()]
-    run_ranks("passes", str(out), kernels, str(demo), *paths)
+    testing.run_ranks(__file__, str(out), kernels, str(demo), *paths,
+                      timeout_s=WORKER_TIMEOUT_S, env={"TRITON_INTERPRET": "1"})
     got = torch.load(out)
     for path, prompt, steps in [*((p, tiny_prompt(), GREEDY_STEPS) for p in [*paths, str(demo)]),
                                 (kernels, KERNEL_PROMPT, 2)]:
         model = load(Checkpoint.open(path), "cpu", "float32")
-        logits, tokens = greedy(ModelRunner(model, num_pages=8, num_slots=4), prompt, steps)
+        logits, tokens = testing.greedy(ModelRunner(model, num_pages=8, num_slots=4), prompt, steps)
         torch.testing.assert_close(got[path][0], logits, rtol=0, atol=TOLERANCE)
         assert got[path][1] == tokens, path
 
@@ -345,7 +313,6 @@ def test_engine_gates_at_tp_2_and_tokens_equal_one_ranks(demo: Path):
         testing.close_even(stored)
 
 
-if __name__ == "__main__":  # a rank of the tests above: python test_glm_tp.py passes RANK PORT ...
-    kind, rank_, port_, *rest = sys.argv[1:]
-    assert kind == "passes"
+if __name__ == "__main__":  # a rank of the tests above: python test_glm_tp.py RANK PORT ...
+    rank_, port_, *rest = sys.argv[1:]
     passes_worker(int(rank_), int(port_), *rest)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +29,6 @@ import torch
 from tensorfold import testing
 from tensorfold.checkpoint import Checkpoint
 from tensorfold.family import Shard
-from tensorfold.forward_pass import StreamRows
 from tensorfold.runner import ModelRunner
 from tensorfold.sampling import SamplingParams
 from tensorfold_lfm2_moe.config import Lfm2MoeConfig
@@ -41,31 +39,13 @@ WORKER_TIMEOUT_S = 120
 LAUNCH = "import sys; from tensorfold.cli import main; sys.exit(main())"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    return {**env, **extra}
 
 
 # -- passes on the tiny checkpoints, one subprocess a rank ------------------------------------
 
 
-def greedy(runner: ModelRunner, prompt: list[int], steps: int) -> tuple[torch.Tensor, list[int]]:
-    """Every prompt row's logits [P, V] in one pass, then `steps` greedy decode rows."""
-    pages = list(range(4))
-    (logits,) = runner.run([StreamRows(0, 0, prompt, pages, "all")])
-    tokens = [int(logits[-1].argmax())]
-    for t in range(steps - 1):
-        (row,) = runner.run([StreamRows(0, len(prompt) + t, tokens[-1:], pages)])
-        tokens.append(int(row[-1].argmax()))
-    return logits, tokens
 
 
 def passes_worker(rank: int, port: int, prompt_file: str, out: str, *paths: str) -> None:
@@ -73,13 +53,9 @@ def passes_worker(rank: int, port: int, prompt_file: str, out: str, *paths: str)
     pass-level gates at --tp 2."""
     import torch.distributed as dist
 
-    from tensorfold.ops import parallel
     from tensorfold_lfm2_moe import shards
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
-    parallel.set_group(parallel.Group(rank, 2))
+    testing.join_gloo(rank, port)
     prompt = torch.load(prompt_file)
     got = {}
     for path in paths:
@@ -93,7 +69,7 @@ def passes_worker(rank: int, port: int, prompt_file: str, out: str, *paths: str)
             return ModelRunner(model, num_pages=num_pages, num_slots=num_slots,
                                page_rows=page_rows, poison=poison)
 
-        got[path] = greedy(make_runner(), prompt, GREEDY_STEPS)
+        got[path] = testing.greedy(make_runner(), prompt, GREEDY_STEPS)
         # the gates at --tp 2: every rank runs the same checks, so their collectives meet
         prompts = [prompt[:300], prompt[:250], prompt[100:400]]
         testing.assert_streams_together_equal_alone(
@@ -108,13 +84,6 @@ def passes_worker(rank: int, port: int, prompt_file: str, out: str, *paths: str)
     dist.destroy_process_group()
 
 
-def run_ranks(*args: str) -> None:
-    port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, __file__, *args[:1], str(r), port, *args[1:]],
-                              env=clean_env(), stderr=subprocess.PIPE, text=True)
-             for r in range(2)]
-    errors = [p.communicate(timeout=WORKER_TIMEOUT_S)[1] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], errors
 
 
 def test_shards_give_one_ranks_logits_and_tokens_and_keep_the_gates(tiny_paths, tmp_path):
@@ -125,11 +94,11 @@ def test_shards_give_one_ranks_logits_and_tokens_and_keep_the_gates(tiny_paths, 
     prompt_file, out = tmp_path / "prompt.pt", tmp_path / "out.pt"
     torch.save(prompt, prompt_file)
     paths = [str(p) for p in tiny_paths.values()]
-    run_ranks("passes", str(prompt_file), str(out), *paths)
+    testing.run_ranks(__file__, str(prompt_file), str(out), *paths, timeout_s=WORKER_TIMEOUT_S)
     got = torch.load(out)
     for path in paths:
         model = load(Checkpoint.open(path), "cpu", "float32")
-        logits, tokens = greedy(ModelRunner(model, num_pages=8, num_slots=4), prompt,
+        logits, tokens = testing.greedy(ModelRunner(model, num_pages=8, num_slots=4), prompt,
                                 GREEDY_STEPS)
         torch.testing.assert_close(got[path][0], logits, rtol=0, atol=1e-4)
         assert got[path][1] == tokens, path
@@ -198,7 +167,7 @@ def test_serve_tp_2_answers_then_stops_when_a_follower_dies(demo: Path, tmp_path
     import openai
 
     log = open(tmp_path / "serve.log", "w")
-    env = clean_env(TF_MEMORY_LIMIT_GIB="0.25", TF_DEVICE="cpu", TF_TP_TIMEOUT_S="20")
+    env = testing.clean_env(TF_MEMORY_LIMIT_GIB="0.25", TF_DEVICE="cpu", TF_TP_TIMEOUT_S="20")
     proc = subprocess.Popen(
         [sys.executable, "-c", LAUNCH, "serve", "--family", "lfm2_moe", "--model", str(demo),
          "--port", "0", "--context", "4096", "--parallel", "2", "--tp", "2",
@@ -238,10 +207,10 @@ def test_serve_tp_2_answers_then_stops_when_a_follower_dies(demo: Path, tmp_path
 
 
 def test_under_torchrun_a_refusal_names_the_short_rank(demo: Path, tmp_path: Path):
-    port = str(free_port())
+    port = str(testing.free_port())
     procs = []
     for rank, gib in ((0, "0.25"), (1, "0.001")):
-        env = clean_env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+        env = testing.clean_env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
                         MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TF_MEMORY_LIMIT_GIB=gib,
                         TF_DEVICE="cpu", TF_TP_TIMEOUT_S="30")
         procs.append(subprocess.Popen(
@@ -254,7 +223,6 @@ def test_under_torchrun_a_refusal_names_the_short_rank(demo: Path, tmp_path: Pat
     assert "tensorfold: error" not in outs[1][1]  # rank 0 says it
 
 
-if __name__ == "__main__":  # a rank of the tests above: python test_lfm2_tp.py passes RANK PORT ...
-    kind, rank_, port_, *rest = sys.argv[1:]
-    assert kind == "passes"
+if __name__ == "__main__":  # a rank of the tests above: python test_lfm2_tp.py RANK PORT ...
+    rank_, port_, *rest = sys.argv[1:]
     passes_worker(int(rank_), int(port_), *rest)
