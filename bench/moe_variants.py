@@ -174,32 +174,14 @@ def measure(fns: dict[str, Callable], h: int, rows: tuple[int, ...], device: str
     return out
 
 
-def _interpreter_rounds_to_nearest() -> None:
-    """The interpreter truncates fp32 -> bf16; give it the GPU's rounding to nearest even (as
-    tests/test_triton_kernels.py's fixture does), so the smoke's errors mean what the GPU's do."""
-    import numpy as np
-    from triton.runtime import interpreter
-
-    original = interpreter._convert_float
-
-    def convert(data, src, dst, rounding_mode):
-        bf16 = dst.primitive_bitwidth == 16 and dst.fp_mantissa_width == 7
-        if src.primitive_bitwidth == 32 and bf16:
-            bits = np.frombuffer(data.tobytes(), dtype=np.uint32).astype(np.uint64)
-            rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-            nan = (bits & 0x7FFFFFFF) > 0x7F800000
-            return np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16).reshape(data.shape)
-        return original(data, src, dst, rounding_mode)
-
-    interpreter._convert_float = convert
-
-
 def run(device: str = "cuda", smoke: bool = False) -> dict[str, Any]:
     """Times and checks both families' FFN blocks; smoke: tiny shapes (the CPU, interpreted)."""
     from tensorfold.ops import gpu
 
-    if device == "cpu":
-        _interpreter_rounds_to_nearest()
+    if device == "cpu":  # the GPU's bf16 rounding in the interpreter, for the rest of the run
+        from tensorfold import testing
+
+        testing.interpreter_rounds_like_the_gpu().__enter__()
     gpu.set_triton(True, on_cpu=device == "cpu")
     torch.manual_seed(0)
     rows = SMOKE_ROWS if smoke else ROWS

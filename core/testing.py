@@ -3,8 +3,9 @@ in fp32, closed with the census checked, and the gates' common moves."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -196,3 +197,29 @@ def greedy(runner: ModelRunner, prompt: list[int], steps: int) -> tuple[torch.Te
         (row,) = runner.run([StreamRows(0, len(prompt) + t, tokens[-1:], pages)])
         tokens.append(int(row[-1].argmax()))
     return logits, tokens
+
+
+@contextlib.contextmanager
+def interpreter_rounds_like_the_gpu() -> Iterator[None]:
+    """Triton's interpreter truncates fp32 -> bf16, where the GPU (and torch) round to nearest
+    even: give it the GPU's rounding while inside, so interpreted bf16 kernels compare bit for
+    bit with their torch references."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    original = interpreter._convert_float
+
+    def convert(data, src, dst, rounding_mode):
+        if src.primitive_bitwidth == 32 and dst.primitive_bitwidth == 16 and dst.fp_mantissa_width == 7:
+            bits = np.frombuffer(data.tobytes(), dtype=np.uint32).astype(np.uint64)
+            rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+            nan = (bits & 0x7FFFFFFF) > 0x7F800000
+            out = np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)
+            return out.reshape(data.shape)
+        return original(data, src, dst, rounding_mode)
+
+    interpreter._convert_float = convert
+    try:
+        yield
+    finally:
+        interpreter._convert_float = original

@@ -12,6 +12,7 @@ import torch
 
 pytest.importorskip("triton", reason="the Triton kernels need triton")
 
+from tensorfold import testing  # noqa: E402
 from tensorfold.forward_pass import ForwardPass, StreamRows  # noqa: E402
 from tensorfold.ops import attention as ref_attention  # noqa: E402
 from tensorfold.ops import conv as ref_conv  # noqa: E402
@@ -37,23 +38,8 @@ from tensorfold.ops.pass_meta import build_meta  # noqa: E402
 def _round_to_nearest_even(request: pytest.FixtureRequest):
     """The interpreter truncates fp32 -> bf16 (the GPU rounds to nearest even, as torch does):
     give it the GPU's rounding, so bf16 results compare bit for bit with the references."""
-    import numpy as np
-    from triton.runtime import interpreter
-
-    original = interpreter._convert_float
-
-    def convert(data, src, dst, rounding_mode):
-        if src.primitive_bitwidth == 32 and dst.primitive_bitwidth == 16 and dst.fp_mantissa_width == 7:
-            bits = np.frombuffer(data.tobytes(), dtype=np.uint32).astype(np.uint64)
-            rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-            nan = (bits & 0x7FFFFFFF) > 0x7F800000
-            out = np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)
-            return out.reshape(data.shape)
-        return original(data, src, dst, rounding_mode)
-
-    interpreter._convert_float = convert
-    yield
-    interpreter._convert_float = original
+    with testing.interpreter_rounds_like_the_gpu():
+        yield
 
 
 DTYPES = [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]

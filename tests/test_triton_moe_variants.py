@@ -20,6 +20,7 @@ pytest.importorskip("triton", reason="the Triton kernels need triton")
 gemma_layers = pytest.importorskip("tensorfold_gemma4.layers")
 glm_moe = pytest.importorskip("tensorfold_glm.moe")
 
+from tensorfold import testing  # noqa: E402
 from tensorfold.ops import gpu  # noqa: E402
 from tensorfold.ops import moe as ref_moe  # noqa: E402
 from tensorfold.ops import triton_moe, triton_route  # noqa: E402
@@ -33,25 +34,9 @@ from tensorfold_glm.weights import MoeWeights as GlmMoe  # noqa: E402
 @pytest.fixture(autouse=True, scope="module")
 def _round_to_nearest_even():
     """The interpreter truncates fp32 -> bf16 (the GPU rounds to nearest even, as torch does):
-    give it the GPU's rounding, so bf16 results compare bit for bit with the references.
-    (A copy of tests/test_triton_kernels.py's fixture.)"""
-    import numpy as np
-    from triton.runtime import interpreter
-
-    original = interpreter._convert_float
-
-    def convert(data, src, dst, rounding_mode):
-        if src.primitive_bitwidth == 32 and dst.primitive_bitwidth == 16 and dst.fp_mantissa_width == 7:
-            bits = np.frombuffer(data.tobytes(), dtype=np.uint32).astype(np.uint64)
-            rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-            nan = (bits & 0x7FFFFFFF) > 0x7F800000
-            out = np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)
-            return out.reshape(data.shape)
-        return original(data, src, dst, rounding_mode)
-
-    interpreter._convert_float = convert
-    yield
-    interpreter._convert_float = original
+    give it the GPU's rounding, so bf16 results compare bit for bit with the references."""
+    with testing.interpreter_rounds_like_the_gpu():
+        yield
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton", reason="the Triton kernels need triton")
 
+from tensorfold import testing  # noqa: E402
 from tensorfold.cuda_graphs import GraphRunner  # noqa: E402
 from tensorfold.forward_pass import StreamRows  # noqa: E402
 from tensorfold.ops import gpu  # noqa: E402
@@ -41,26 +42,11 @@ SHAPES = {"a26b_style": TINY, "e_style": E_STYLE}
 def _gpu_path_on_cpu():
     """The GPU path on CPU tensors, and the GPU's bf16 rounding (round to nearest even) in the
     interpreter, which otherwise truncates (as tests/test_triton_kernels.py does)."""
-    import numpy as np
-    from triton.runtime import interpreter
-
-    original = interpreter._convert_float
-
-    def convert(data, src, dst, rounding_mode):
-        if src.primitive_bitwidth == 32 and dst.primitive_bitwidth == 16 and dst.fp_mantissa_width == 7:
-            bits = np.frombuffer(data.tobytes(), dtype=np.uint32).astype(np.uint64)
-            rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-            nan = (bits & 0x7FFFFFFF) > 0x7F800000
-            out = np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)
-            return out.reshape(data.shape)
-        return original(data, src, dst, rounding_mode)
-
-    interpreter._convert_float = convert
     torch_threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
+    with testing.interpreter_rounds_like_the_gpu():
+        yield
     torch.set_num_threads(torch_threads)
-    interpreter._convert_float = original
     gpu.set_triton(True, on_cpu=False)
 
 

@@ -15,6 +15,7 @@ import torch
 
 pytest.importorskip("triton", reason="the Triton kernels need triton")
 
+from tensorfold import testing  # noqa: E402
 from tensorfold.forward_pass import ForwardPass, StreamRows  # noqa: E402
 from tensorfold.ops.conv import causal_conv  # noqa: E402
 from tensorfold.ops.norms import rms_norm  # noqa: E402
@@ -33,22 +34,8 @@ DTYPES = [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]
 def _round_to_nearest_even():
     """The interpreter truncates fp32 -> bf16; give it the GPU's round-to-nearest-even (as
     tests/test_triton_kernels.py does), so bf16 results compare with the references."""
-    import numpy as np
-    from triton.runtime import interpreter
-
-    original = interpreter._convert_float
-
-    def convert(data, src, dst, rounding_mode):
-        if src.primitive_bitwidth == 32 and dst.primitive_bitwidth == 16 and dst.fp_mantissa_width == 7:
-            bits = np.frombuffer(data.tobytes(), dtype=np.uint32).astype(np.uint64)
-            rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-            nan = (bits & 0x7FFFFFFF) > 0x7F800000
-            return np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16).reshape(data.shape)
-        return original(data, src, dst, rounding_mode)
-
-    interpreter._convert_float = convert
-    yield
-    interpreter._convert_float = original
+    with testing.interpreter_rounds_like_the_gpu():
+        yield
 
 
 def randn(*shape: int, seed: int, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton", reason="the Triton kernels need triton")
 
+from tensorfold import testing  # noqa: E402
 from tensorfold.adapters.paged_kv import PagedRows  # noqa: E402
 from tensorfold.cuda_graphs import GraphRunner  # noqa: E402
 from tensorfold.family import RowSpec  # noqa: E402
@@ -45,23 +46,8 @@ DTYPES = [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]
 def _round_to_nearest_even() -> Iterator[None]:
     """The interpreter truncates fp32 -> bf16 (the GPU rounds to nearest even, as torch does):
     give it the GPU's rounding (as tests/test_triton_kernels.py does)."""
-    import numpy as np
-    from triton.runtime import interpreter
-
-    original = interpreter._convert_float
-
-    def convert(data, src, dst, rounding_mode):
-        if src.primitive_bitwidth == 32 and dst.primitive_bitwidth == 16 and dst.fp_mantissa_width == 7:
-            bits = np.frombuffer(data.tobytes(), dtype=np.uint32).astype(np.uint64)
-            rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-            nan = (bits & 0x7FFFFFFF) > 0x7F800000
-            out = np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16)
-            return out.reshape(data.shape)
-        return original(data, src, dst, rounding_mode)
-
-    interpreter._convert_float = convert
-    yield
-    interpreter._convert_float = original
+    with testing.interpreter_rounds_like_the_gpu():
+        yield
 
 
 @pytest.fixture
