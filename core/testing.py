@@ -141,6 +141,45 @@ def assert_poisoned_pages_change_nothing(
 # -- tensor parallel on the CPU: ranks as subprocesses, joined over gloo ------------------------
 
 
+def assert_engine_gates_at_tp(
+    family: str, model: Path, prompts: Sequence[list[int]], chats: Sequence[Sequence[str]],
+    greedy: SamplingParams, sampled: SamplingParams, *, tp: int = 2, min_cached: int = 100,
+    **flags: Any,
+) -> None:
+    """An engine at `tp` ranks (rank 0 here, the followers it starts) against one at one rank:
+    greedy tokens equal (they may differ between TP sizes in general; not on these models), and
+    the gates at `tp`: concurrent == solo (greedy and sampled); then windows, poisoned pages and
+    the prompt store at once: pages == windows, and each chat's later turns resume (more than
+    `min_cached` tokens from the store) with the replies of a fresh run."""
+    one = open_llm(family, model, **flags)
+    try:
+        one_rank = tokens(one, prompts, greedy)
+    finally:
+        close_even(one)
+    both = (("greedy", greedy), ("sampled", sampled))
+    llm = open_llm(family, model, tp=tp, **flags)
+    try:
+        assert llm.served.plan.ranks == tp
+        alone = {name: [tokens(llm, [p], params)[0] for p in prompts] for name, params in both}
+        assert alone["greedy"] == one_rank
+        for name, params in both:
+            assert tokens(llm, prompts, params) == alone[name]  # concurrent == solo
+        fresh, _ = run_chats(llm, chats, greedy)
+    finally:
+        close_even(llm)
+    stored = open_llm(family, model, tp=tp, kv_pages="off", kv_poison=True, kv_share=16,
+                      prompt_cache_gib=0.05, **flags)
+    try:
+        assert stored.served.plan.mode == "windows"
+        for name, params in both:
+            assert tokens(stored, prompts, params) == alone[name]  # pages == windows
+        replies, cached = run_chats(stored, chats, greedy)
+        assert replies == fresh  # resumed == fresh
+        assert all(c > min_cached for c in cached[1]), cached
+    finally:
+        close_even(stored)
+
+
 def free_port() -> int:
     import socket
 

@@ -247,35 +247,9 @@ def test_engine_gates_at_tp_2_and_tokens_equal_one_ranks(demo: Path):
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(13, 700, (n,), generator=g).tolist() for n in (9, 200, 600)]
     chats = [user_turns(c) for c in range(2)]
-    flags = dict(context=4096, parallel=4)
-    one = testing.open_llm("gemma4", demo, **flags)
-    try:
-        one_rank = testing.tokens(one, prompts, GREEDY)
-    finally:
-        testing.close_even(one)
-    llm = testing.open_llm("gemma4", demo, tp=2, **flags)
-    try:
-        assert llm.served.plan.ranks == 2
-        alone = {name: [testing.tokens(llm, [p], params)[0] for p in prompts]
-                 for name, params in (("greedy", GREEDY), ("sampled", SAMPLED))}
-        assert alone["greedy"] == one_rank  # tokens may differ between TP sizes; not here
-        for name, params in (("greedy", GREEDY), ("sampled", SAMPLED)):
-            assert testing.tokens(llm, prompts, params) == alone[name]  # concurrent == solo
-        fresh, _ = testing.run_chats(llm, chats, GREEDY)
-    finally:
-        testing.close_even(llm)
-    # windows, poison and the prompt store at once: pages == windows, resumed == fresh (past
-    # the demo's 128-row sliding window, so the kept rings carry the resume)
-    stored = testing.open_llm("gemma4", demo, tp=2, kv_pages="off", kv_poison=True,
-                              kv_share=16, prompt_cache_gib=0.05, **flags)
-    try:
-        assert stored.served.plan.mode == "windows"
-        assert testing.tokens(stored, prompts, SAMPLED) == alone["sampled"]
-        replies, cached = testing.run_chats(stored, chats, GREEDY)
-        assert replies == fresh
-        assert all(c > 150 for c in cached[1]), cached
-    finally:
-        testing.close_even(stored)
+    # resumed == fresh past the demo's 128-row sliding window: the kept rings carry the resume
+    testing.assert_engine_gates_at_tp("gemma4", demo, prompts, chats, GREEDY, SAMPLED,
+                                      min_cached=150, context=4096, parallel=4)
 
 
 if __name__ == "__main__":  # a rank of the passes test: python test_gemma4_tp.py RANK PORT ...

@@ -283,34 +283,8 @@ def test_engine_gates_at_tp_2_and_tokens_equal_one_ranks(demo: Path):
     # the demo selects 4 pools of 16: the longer prompts are past the sparse point
     prompts = [torch.randint(20, 800, (n,), generator=g).tolist() for n in (9, 130, 300)]
     chats = [user_turns(c) for c in range(2)]
-    flags = dict(context=2048, parallel=3)
-    one = testing.open_llm("glm5_next", demo, **flags)
-    try:
-        one_rank = testing.tokens(one, prompts, GREEDY)
-    finally:
-        testing.close_even(one)
-    llm = testing.open_llm("glm5_next", demo, tp=2, **flags)
-    try:
-        assert llm.served.plan.ranks == 2
-        alone = {name: [testing.tokens(llm, [p], params)[0] for p in prompts]
-                 for name, params in (("greedy", GREEDY), ("sampled", SAMPLED))}
-        assert alone["greedy"] == one_rank  # tokens may differ between TP sizes; not here
-        for name, params in (("greedy", GREEDY), ("sampled", SAMPLED)):
-            assert testing.tokens(llm, prompts, params) == alone[name]  # concurrent == solo
-        fresh, _ = testing.run_chats(llm, chats, GREEDY)
-    finally:
-        testing.close_even(llm)
-    # windows, poison and the prompt store at once: pages == windows, resumed == fresh
-    stored = testing.open_llm("glm5_next", demo, tp=2, kv_pages="off", kv_poison=True,
-                              kv_share=16, prompt_cache_gib=0.05, **flags)
-    try:
-        assert stored.served.plan.mode == "windows"
-        assert testing.tokens(stored, prompts, GREEDY) == alone["greedy"]
-        replies, cached = testing.run_chats(stored, chats, GREEDY)
-        assert replies == fresh
-        assert all(c > 100 for c in cached[1]), cached
-    finally:
-        testing.close_even(stored)
+    testing.assert_engine_gates_at_tp("glm5_next", demo, prompts, chats, GREEDY, SAMPLED,
+                                      min_cached=100, context=2048, parallel=3)
 
 
 if __name__ == "__main__":  # a rank of the tests above: python test_glm_tp.py RANK PORT ...
