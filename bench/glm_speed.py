@@ -26,7 +26,6 @@ import shutil
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import engine_runs  # noqa: E402
 from bench.model_bytes import kv_bytes  # noqa: E402
 from bench.report import compare, short, summary  # noqa: E402
+from bench.sections import Sections, sync  # noqa: E402
 from tensorfold.cuda_graphs import GraphRunner  # noqa: E402
 from tensorfold.ops import gpu  # noqa: E402
 from tensorfold.runner import ModelRunner  # noqa: E402
@@ -53,10 +53,6 @@ SMOKE_CONFIG = dict(  # 4 layers: KDA x3 then MLA; 3 dense then MoE
     linear_num_heads=2, linear_head_dim=16, max_position_embeddings=8192,
 )
 
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def _tensors(obj, found: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
@@ -97,43 +93,12 @@ def step_bytes(model) -> dict[str, Any]:
     }
 
 
-class Bench:
+class Bench(Sections):
     def __init__(self, args: argparse.Namespace):
-        self.args = args
-        self.out = Path(args.out)
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.results: dict[str, Any] = {"args": vars(args)}
-        self.t0 = time.perf_counter()
-        self.device = "cpu" if args.smoke else "cuda"
+        super().__init__(args)
         self.smoke = args.smoke
         self.model = None
         self.window = 33 * 1024 if not args.smoke else 2048
-
-    def left(self) -> float:
-        return self.args.budget_s - (time.perf_counter() - self.t0)
-
-    def section(self, name: str, fn: Callable[[], Any], need_s: float = 0) -> None:
-        if self.left() < need_s:
-            self.results[name] = {"skipped": f"{self.left():.0f} s left, needs ~{need_s:.0f}"}
-            self.log(f"[{name}] skipped")
-            return
-        a = time.perf_counter()
-        self.log(f"[{name}] ...")
-        try:
-            self.results[name] = fn()
-        except Exception:
-            self.results[name] = {"error": traceback.format_exc()[-3000:]}
-        self.results.setdefault("section_s", {})[name] = round(time.perf_counter() - a, 1)
-        self.log(f"[{name}] {time.perf_counter() - a:.1f} s: {short(self.results[name])}")
-        self.save()
-
-    def log(self, line: str) -> None:
-        print(line, flush=True)
-        with open(self.out / "log.txt", "a") as f:
-            f.write(line + "\n")
-
-    def save(self) -> None:
-        (self.out / "results.json").write_text(json.dumps(self.results, indent=1, default=str))
 
     def config(self) -> GlmConfig:
         if self.smoke:

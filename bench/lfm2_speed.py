@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import os
 import sys
 import time
-import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -30,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import engine_runs  # noqa: E402
 from bench.model_bytes import active_params, step_bytes  # noqa: E402
-from bench.report import compare, short, summary  # noqa: E402
+from bench.report import compare, summary  # noqa: E402
+from bench.sections import Sections, sync  # noqa: E402
 from tensorfold.cuda_graphs import GraphRunner  # noqa: E402
 from tensorfold.ops import gpu  # noqa: E402
 from tensorfold.ops.conv import gated_conv  # noqa: E402
@@ -61,42 +60,11 @@ def use_pass_level_conv() -> bool:
 # --- sections --------------------------------------------------------------------------------
 
 
-class Bench:
+class Bench(Sections):
     def __init__(self, args: argparse.Namespace):
-        self.args = args
-        self.out = Path(args.out)
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.results: dict[str, Any] = {"args": vars(args)}
-        self.t0 = time.perf_counter()
-        self.device = "cpu" if args.smoke else "cuda"
+        super().__init__(args)
         self.model = None
         self.window = 33 * 1024 if not args.smoke else 2048
-
-    def left(self) -> float:
-        return self.args.budget_s - (time.perf_counter() - self.t0)
-
-    def section(self, name: str, fn: Callable[[], Any], need_s: float = 0) -> None:
-        if self.left() < need_s:
-            self.results[name] = {"skipped": f"{self.left():.0f} s left, needs ~{need_s:.0f}"}
-            self.log(f"[{name}] skipped")
-            return
-        a = time.perf_counter()
-        self.log(f"[{name}] ...")
-        try:
-            self.results[name] = fn()
-        except Exception:
-            self.results[name] = {"error": traceback.format_exc()[-3000:]}
-        self.results.setdefault("section_s", {})[name] = round(time.perf_counter() - a, 1)
-        self.log(f"[{name}] {time.perf_counter() - a:.1f} s: {short(self.results[name])}")
-        self.save()
-
-    def log(self, line: str) -> None:
-        print(line, flush=True)
-        with open(self.out / "log.txt", "a") as f:
-            f.write(line + "\n")
-
-    def save(self) -> None:
-        (self.out / "results.json").write_text(json.dumps(self.results, indent=1, default=str))
 
     # each section returns a JSON-able dict
 
@@ -351,10 +319,6 @@ class Bench:
                               "tokens_per_s": 8192 / (o.first - o.submitted)}
         return res
 
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def main() -> None:
