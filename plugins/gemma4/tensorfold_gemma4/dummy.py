@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from tensorfold.dummy_draws import rank_draws
 from tensorfold.family import Shard, block
 from tensorfold.ops import parallel
 
@@ -52,23 +53,6 @@ SHAPES: dict[str, Gemma4Config] = {
 }
 
 
-class _Init:
-    def __init__(self, device: str, dtype: torch.dtype, seed: int, std: float):
-        self.device, self.dtype, self.std = torch.device(device), dtype, std
-        # "meta": shapes only (parameter counts), no values and so no generator
-        meta = self.device.type == "meta"
-        self.gen = None if meta else torch.Generator(device=self.device).manual_seed(seed)
-
-    def normal(self, *shape: int, std: float | None = None) -> torch.Tensor:
-        t = torch.empty(*shape, device=self.device, dtype=self.dtype)
-        return t.normal_(0.0, self.std if std is None else std, generator=self.gen)
-
-    def norm(self, size: int) -> torch.Tensor:
-        """A norm weight [size] fp32, rounded to the model dtype first (as weights.py reads)."""
-        return (1.0 + self.normal(size, std=0.1)).float()
-
-    def ones(self, *shape: int) -> torch.Tensor:
-        return torch.ones(*shape, device=self.device, dtype=self.dtype)
 
 
 def dummy_weights(
@@ -78,8 +62,7 @@ def dummy_weights(
     world = tp.world
     if world > 1:
         shards.check(cfg, world)
-    init = _Init(device, dtype, seed, std)  # replicated tensors: the same on every rank
-    part = init if world == 1 else _Init(device, dtype, seed + 7919 * (tp.rank + 1), std)
+    init, part = rank_draws(device, dtype, seed, std)  # replicated; this rank's slices
     h, heads = cfg.hidden_size, cfg.num_attention_heads // world
     embed = init.normal(cfg.vocab_size, h)
     layers = []

@@ -21,6 +21,7 @@ import math
 
 import torch
 
+from tensorfold.dummy_draws import Draws, rank_draws
 from tensorfold.family import Shard, block
 from tensorfold.ops import parallel
 
@@ -42,29 +43,9 @@ SHAPES: dict[str, GlmConfig] = {
 }
 
 
-class _Init:
-    def __init__(self, device: str, dtype: torch.dtype, seed: int, std: float):
-        self.device, self.dtype, self.std = torch.device(device), dtype, std
-        # the meta device (sizes without memory, for planning) has no generator
-        meta = self.device.type == "meta"
-        self.gen = None if meta else torch.Generator(device=self.device).manual_seed(seed)
-
-    def normal(self, *shape: int, std: float | None = None, dtype: torch.dtype | None = None):
-        t = torch.empty(*shape, device=self.device, dtype=dtype or self.dtype)
-        return t.normal_(0.0, self.std if std is None else std, generator=self.gen)
-
-    def uniform(self, *shape: int, low: float, high: float) -> torch.Tensor:
-        t = torch.empty(*shape, device=self.device, dtype=F32)
-        return t.uniform_(low, high, generator=self.gen)
-
-    def ones(self, *shape: int) -> torch.Tensor:
-        return torch.ones(*shape, device=self.device, dtype=self.dtype)
-
-    def zeros(self, *shape: int) -> torch.Tensor:
-        return torch.zeros(*shape, device=self.device, dtype=self.dtype)
 
 
-def _hc(init: _Init, cfg: GlmConfig) -> HcWeights:
+def _hc(init: Draws, cfg: GlmConfig) -> HcWeights:
     n = cfg.hc_mult
     width = (2 + n) * n
     # f is RMS-normed over hc·H: logits f·fn have std ≈ sqrt(hc·H)·std_fn = 0.5.
@@ -75,7 +56,7 @@ def _hc(init: _Init, cfg: GlmConfig) -> HcWeights:
     )
 
 
-def _kda(init: _Init, part: _Init, cfg: GlmConfig, world: int) -> KdaWeights:
+def _kda(init: Draws, part: Draws, cfg: GlmConfig, world: int) -> KdaWeights:
     """part: this rank's heads (heads, d: one rank's)."""
     h, dk = cfg.hidden_size, cfg.linear_head_dim
     heads, d = cfg.linear_num_heads // world, cfg.kda_dim // world
@@ -89,7 +70,7 @@ def _kda(init: _Init, part: _Init, cfg: GlmConfig, world: int) -> KdaWeights:
     )
 
 
-def _mla(init: _Init, part: _Init, cfg: GlmConfig, indexer: bool, world: int) -> MlaWeights:
+def _mla(init: Draws, part: Draws, cfg: GlmConfig, indexer: bool, world: int) -> MlaWeights:
     """part: this rank's heads of q_b, w_uk, w_uv and o; the rest (the indexer) replicated."""
     h, heads = cfg.hidden_size, cfg.num_attention_heads // world
     qr, r, dn, dv = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim
@@ -111,11 +92,11 @@ def _mla(init: _Init, part: _Init, cfg: GlmConfig, indexer: bool, world: int) ->
     )
 
 
-def _dense(init: _Init, h: int, width: int) -> DenseWeights:
+def _dense(init: Draws, h: int, width: int) -> DenseWeights:
     return DenseWeights(init.normal(2 * width, h), init.normal(h, width))
 
 
-def _moe(init: _Init, part: _Init, cfg: GlmConfig, local: range, world: int) -> MoeWeights:
+def _moe(init: Draws, part: Draws, cfg: GlmConfig, local: range, world: int) -> MoeWeights:
     """part: this rank's experts (`local`, views of its stacks) and its shared-expert columns."""
     h, e, width = cfg.hidden_size, cfg.n_routed_experts, cfg.moe_intermediate_size
     gate_up = part.normal(len(local), 2 * width, h)
@@ -135,8 +116,7 @@ def dummy_weights(
     world = tp.world
     if world > 1:
         shards.check(cfg, world)
-    init = _Init(device, dtype, seed, std)  # replicated tensors: the same on every rank
-    part = init if world == 1 else _Init(device, dtype, seed + 7919 * (tp.rank + 1), std)
+    init, part = rank_draws(device, dtype, seed, std)  # replicated; this rank's slices
     sparse = any(kind != DENSE for kind in cfg.mlp_layer_types)
     local = Shard(tp.rank, world).experts(cfg.n_routed_experts) if sparse else range(0)
     h = cfg.hidden_size

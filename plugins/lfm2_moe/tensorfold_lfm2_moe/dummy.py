@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from tensorfold.dummy_draws import rank_draws
 from tensorfold.family import Shard, block
 from tensorfold.ops import parallel
 
@@ -43,17 +44,6 @@ SHAPES: dict[str, Lfm2MoeConfig] = {
 }
 
 
-class _Init:
-    def __init__(self, device: str, dtype: torch.dtype, seed: int, std: float):
-        self.device, self.dtype, self.std = torch.device(device), dtype, std
-        self.gen = torch.Generator(device=self.device).manual_seed(seed)
-
-    def normal(self, *shape: int, std: float | None = None, dtype: torch.dtype | None = None):
-        t = torch.empty(*shape, device=self.device, dtype=dtype or self.dtype)
-        return t.normal_(0.0, self.std if std is None else std, generator=self.gen)
-
-    def ones(self, *shape: int) -> torch.Tensor:
-        return torch.ones(*shape, device=self.device, dtype=self.dtype)
 
 
 def dummy_weights(
@@ -66,8 +56,7 @@ def dummy_weights(
     world = tp.world
     if world > 1:
         shards.check(cfg, world)
-    init = _Init(device, dtype, seed, std)  # replicated tensors: the same on every rank
-    part = init if world == 1 else _Init(device, dtype, seed + 7919 * (tp.rank + 1), std)
+    init, part = rank_draws(device, dtype, seed, std)  # replicated; this rank's slices
     h, d = cfg.hidden_size, cfg.head_dim
     hl = h // world  # this rank's conv channels
     embed = init.normal(cfg.vocab_size, h)
