@@ -61,10 +61,14 @@ def _gated_conv_kernel(
 
 
 @triton.jit
-def _tail_kernel(
+def tail_kernel(
     bcx_ptr, state_ptr, stream_row0, stream_len, stream_start, stream_slot, H, stride_bcx,
-    stride_ss, K: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr,
+    stride_ss, K: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr, GATED: tl.constexpr = True,
 ):
+    """Each stream's conv tail [H, K-1] in its slot moved on past its run: the last K-1 inputs,
+    from the run's rows and, for a run shorter than K-1, the old tail (zeros for a fresh
+    stream). GATED: an input is B ⊙ x of the row's [B | C | x] (lfm2's gated conv), rounded to
+    the tail's dtype; otherwise the row's own H channels (glm5_next's KDA conv)."""
     s = tl.program_id(0)
     ch = tl.program_id(1) * CH + tl.arange(0, CH)
     cmask = ch < H
@@ -78,10 +82,14 @@ def _tail_kernel(
     from_u = e >= K - 1
     src = (row0 + e - (K - 1)).to(tl.int64)
     m_u = (jmask & from_u)[None, :] & cmask[:, None]
-    ub = tl.load(bcx_ptr + src[None, :] * stride_bcx + ch[:, None], mask=m_u, other=0.0)
-    ux = tl.load(bcx_ptr + src[None, :] * stride_bcx + 2 * H + ch[:, None], mask=m_u, other=0.0)
     dt = state_ptr.dtype.element_ty
-    u = (ub.to(tl.float32) * ux.to(tl.float32)).to(dt)
+    ub = tl.load(bcx_ptr + src[None, :] * stride_bcx + ch[:, None], mask=m_u, other=0.0)
+    if GATED:
+        ux = tl.load(bcx_ptr + src[None, :] * stride_bcx + 2 * H + ch[:, None], mask=m_u,
+                     other=0.0)
+        u = (ub.to(tl.float32) * ux.to(tl.float32)).to(dt)
+    else:
+        u = ub.to(dt)
     t_ptrs = state_ptr + slot * stride_ss + ch[:, None] * (K - 1)
     m_t = (jmask & ~from_u & ~fresh)[None, :] & cmask[:, None]
     old = tl.load(t_ptrs + e[None, :], mask=m_t, other=0.0)
@@ -111,7 +119,7 @@ def gated_conv(
         meta.stream_row0, meta.stream_start, meta.stream_slot, n, h, bcx.stride(0),
         state.stride(0), K=k, HAS_BIAS=bias is not None, ROWS=ROWS, CH=CHANNELS, num_warps=4,
     )
-    _tail_kernel[(meta.num_streams, triton.cdiv(h, CHANNELS))](
+    tail_kernel[(meta.num_streams, triton.cdiv(h, CHANNELS))](
         bcx, state, meta.stream_row0, meta.stream_len, meta.stream_start, meta.stream_slot, h,
         bcx.stride(0), state.stride(0), K=k, KP=triton.next_power_of_2(max(k - 1, 1)),
         CH=CHANNELS, num_warps=4,

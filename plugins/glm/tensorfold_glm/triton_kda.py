@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from tensorfold.ops.pass_meta import PassMeta
+from tensorfold.ops.triton_conv import tail_kernel
 
 ROWS = 16
 CHANNELS = 128
@@ -55,32 +56,6 @@ def _conv_silu_kernel(
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
 
 
-@triton.jit
-def _tail_kernel(
-    u_ptr, tail_ptr, stream_row0, stream_len, stream_start, stream_slot, C, stride_u,
-    stride_ts, K: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr,
-):
-    s = tl.program_id(0)
-    ch = tl.program_id(1) * CH + tl.arange(0, CH)
-    cmask = ch < C
-    row0 = tl.load(stream_row0 + s)
-    n = tl.load(stream_len + s)
-    fresh = tl.load(stream_start + s) == 0
-    slot = tl.load(stream_slot + s).to(tl.int64)
-    j = tl.arange(0, KP)
-    jmask = j < K - 1
-    e = n + j  # the new tail is ext[n : n + K - 1]
-    from_u = e >= K - 1
-    src = (row0 + e - (K - 1)).to(tl.int64)
-    m_u = (jmask & from_u)[None, :] & cmask[:, None]
-    u = tl.load(u_ptr + src[None, :] * stride_u + ch[:, None], mask=m_u, other=0.0)
-    t_ptrs = tail_ptr + slot * stride_ts + ch[:, None] * (K - 1)
-    m_t = (jmask & ~from_u & ~fresh)[None, :] & cmask[:, None]
-    old = tl.load(t_ptrs + e[None, :], mask=m_t, other=0.0)
-    new = tl.where(from_u[None, :], u.to(old.dtype), old)
-    tl.store(t_ptrs + j[None, :], new, mask=jmask[None, :] & cmask[:, None])
-
-
 def conv_silu(
     qkv: torch.Tensor, tails: torch.Tensor, meta: PassMeta, weight: torch.Tensor, d: int
 ) -> torch.Tensor:
@@ -100,10 +75,10 @@ def conv_silu(
         meta.stream_start, meta.stream_slot, n, c, d, qkv.stride(0), tails.stride(0),
         K=k, ROWS=ROWS, CH=CHANNELS, num_warps=4,
     )
-    _tail_kernel[(meta.num_streams, triton.cdiv(c, CHANNELS))](
+    tail_kernel[(meta.num_streams, triton.cdiv(c, CHANNELS))](
         qkv, tails, meta.stream_row0, meta.stream_len, meta.stream_start, meta.stream_slot, c,
         qkv.stride(0), tails.stride(0), K=k, KP=triton.next_power_of_2(max(k - 1, 1)),
-        CH=CHANNELS, num_warps=4,
+        CH=CHANNELS, GATED=False, num_warps=4,
     )
     return out
 
