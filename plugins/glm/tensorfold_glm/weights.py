@@ -226,6 +226,21 @@ def _dense(read: _Reader, p: str, h: int, width: int) -> DenseWeights:
     return DenseWeights(gate_up, read(f"{p}.down_proj.weight", h, width))
 
 
+def _experts(read: _Reader, m: str, local: range, h: int, width: int) -> list[DenseWeights]:
+    """This rank's experts as views of two stacks, gate_up [E, 2I, H] and down [E, H, I], filled
+    one expert at a time: the grouped kernels read the stacks without a copy (a copy at the
+    first pass would hold a layer's experts twice after the pool was planned)."""
+    gate_up = torch.empty(len(local), 2 * width, h, dtype=read.dtype, device=read.device)
+    down = torch.empty(len(local), h, width, dtype=read.dtype, device=read.device)
+    experts = []
+    for i, j in enumerate(local):
+        one = _dense(read, f"{m}.experts.{j}", h, width)
+        gate_up[i].copy_(one.gate_up)
+        down[i].copy_(one.down)
+        experts.append(DenseWeights(gate_up[i], down[i]))
+    return experts
+
+
 def _moe(read: _Reader, cfg: GlmConfig, p: str) -> MoeWeights:
     h, e, width = cfg.hidden_size, cfg.n_routed_experts, cfg.moe_intermediate_size
     m = f"{p}.mlp"
@@ -233,7 +248,7 @@ def _moe(read: _Reader, cfg: GlmConfig, p: str) -> MoeWeights:
     return MoeWeights(
         router=read.upcast(f"{m}.gate.weight", e, h),
         bias=read(f"{m}.gate.e_score_correction_bias", e, dtype=F32),
-        experts=[_dense(read, f"{m}.experts.{j}", h, width) for j in local],
+        experts=_experts(read, m, local, h, width),
         shared=_dense(read, f"{m}.shared_experts", h, width * cfg.n_shared_experts),
         first_expert=local.start,
     )

@@ -134,3 +134,21 @@ def test_config_refusals_name_the_field(
         return
     with pytest.raises(ConfigError, match=message):
         load(Checkpoint.open(folder), "cpu", "float32")
+
+
+def test_experts_load_as_views_of_one_stack(composite: tuple[Path, torch.Tensor]) -> None:
+    """The grouped expert kernels read a layer's experts as [E, 2I, H] / [E, H, I] stacks: the
+    loader fills the stacks, so the first pass never copies a layer's experts."""
+    from tensorfold.ops.triton_moe import stack
+    from tensorfold_glm.weights import MoeWeights
+
+    path, _ = composite
+    model = load(Checkpoint.open(path), "cpu", "float32")
+    layers = [w.ffn for w in model.weights.layers if isinstance(w.ffn, MoeWeights)]
+    assert layers
+    for moe in layers:
+        for part in ("gate_up", "down"):
+            ws = [getattr(e, part) for e in moe.experts]
+            stacked = stack(ws)
+            assert stacked.data_ptr() == ws[0].data_ptr() and stacked._base is not None
+            assert all(torch.equal(stacked[j], w) for j, w in enumerate(ws))
