@@ -4,11 +4,13 @@ in fp32, closed with the census checked, and the gates' common moves."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from .checkpoint import Checkpoint
 from .forward_pass import StreamRows
 from .llm import LLM
 from .runner import ModelRunner, Stream, open_stream
@@ -262,3 +264,64 @@ def interpreter_rounds_like_the_gpu() -> Iterator[None]:
         yield
     finally:
         interpreter._convert_float = original
+
+
+# -- parity with transformers: tiny checkpoints it saved, and our model on them --------------------
+
+
+def save_references(root: Path, names: Sequence[str], build: Callable[[str], Any]) -> dict[str, Path]:
+    """For each name, the transformers model build(name) saved under root/name -> {name: folder}."""
+    paths = {}
+    for name in names:
+        paths[name] = root / name
+        build(name).save_pretrained(paths[name])
+    return paths
+
+
+@dataclass
+class ReferenceCase:
+    """One tiny checkpoint: its folder, the transformers reference loaded back from it (fp32),
+    our model on it (fp32) and a prompt; the reference's outputs are computed once."""
+
+    name: str
+    path: Path
+    ref: Any
+    model: Any  # the family's FamilyModel
+    prompt: list[int]
+    _cache: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, name: str, path: Path, ref_class: Any, load: Callable[..., Any], *,
+             vocab: int, prompt_len: int, seed: int = 1234) -> "ReferenceCase":
+        """ref_class.from_pretrained(path) and load(Checkpoint, "cpu", "float32"), with a prompt
+        of prompt_len ids in [3, vocab) from `seed`."""
+        ref = ref_class.from_pretrained(path, dtype=torch.float32).eval()
+        gen = torch.Generator().manual_seed(seed)
+        prompt = torch.randint(3, vocab, (prompt_len,), generator=gen).tolist()
+        return cls(name, path, ref, load(Checkpoint.open(path), "cpu", "float32"), prompt)
+
+    def runner(self, *, num_pages: int = 8, num_slots: int = 4, page_rows: int = 512,
+               model: Any = None, poison: bool = False) -> ModelRunner:
+        return ModelRunner(model or self.model, num_pages=num_pages, num_slots=num_slots,
+                           page_rows=page_rows, poison=poison)
+
+    def ref_logits(self) -> torch.Tensor:
+        """The reference's logits for every row of the prompt, [len(prompt), V] fp32."""
+        if "logits" not in self._cache:
+            with torch.no_grad():
+                out = self.ref(input_ids=torch.tensor([self.prompt])).logits[0]
+            self._cache["logits"] = out.float()
+        return self._cache["logits"]
+
+    def ref_generate(self, steps: int) -> tuple[list[int], torch.Tensor]:
+        """Greedy tokens after the prompt and their step logits [steps, V], via generate()."""
+        key = f"generate{steps}"
+        if key not in self._cache:
+            self.ref.generation_config.eos_token_id = None  # run all steps
+            out = self.ref.generate(
+                torch.tensor([self.prompt]), max_new_tokens=steps, do_sample=False,
+                output_logits=True, return_dict_in_generate=True,
+            )
+            tokens = out.sequences[0, len(self.prompt):].tolist()
+            self._cache[key] = tokens, torch.cat([s.float() for s in out.logits])
+        return self._cache[key]

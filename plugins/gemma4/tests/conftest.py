@@ -17,16 +17,14 @@ difference in a router logit cannot flip an expert.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tensorfold.checkpoint import Checkpoint
-from tensorfold.runner import ModelRunner
-from tensorfold_gemma4.model import Gemma4Model, load
+from tensorfold import testing
+from tensorfold_gemma4.model import load
 
 PROMPT_LEN = 600  # crosses a 512-row page and every sliding window here
 S, F = "sliding_attention", "full_attention"
@@ -102,52 +100,25 @@ def reference_class(shape: str) -> Any:
     return Gemma4ForCausalLM if shape == "causal_lm" else Gemma4ForConditionalGeneration
 
 
-@dataclass
-class Tiny:
-    """One fixture checkpoint: its folder, the reference loaded back from it, our model."""
-
-    name: str
-    path: Path
-    ref: Any  # transformers, fp32
-    model: Gemma4Model  # ours, fp32
-    prompt: list[int]
-    _cache: dict[str, Any] = field(default_factory=dict)
-
-    def runner(self, *, num_pages: int = 8, num_slots: int = 4, page_rows: int = 512,
-               model: Gemma4Model | None = None, poison: bool = False) -> ModelRunner:
-        return ModelRunner(model or self.model, num_pages=num_pages, num_slots=num_slots,
-                           page_rows=page_rows, poison=poison)
-
+class Tiny(testing.ReferenceCase):
     def ref_logits(self) -> torch.Tensor:
-        """The reference's logits for every row of the prompt, [PROMPT_LEN, V] fp32; checks that
-        no router choice was a near tie."""
-        if "logits" not in self._cache:
-            probs: list[torch.Tensor] = []
-            hooks = [m.register_forward_hook(lambda mod, i, out: probs.append(out[0]))
-                     for name, m in self.ref.named_modules() if name.endswith("router")]
-            with torch.no_grad():
-                out = self.ref(input_ids=torch.tensor([self.prompt])).logits[0]
+        """The reference's logits, checking the first time that no router choice was a near
+        tie (a near tie could go either way between two correct implementations)."""
+        if "logits" in self._cache:
+            return self._cache["logits"]
+        probs: list[torch.Tensor] = []
+        hooks = [m.register_forward_hook(lambda mod, i, out: probs.append(out[0]))
+                 for name, m in self.ref.named_modules() if name.endswith("router")]
+        try:
+            logits = super().ref_logits()
+        finally:
             for h in hooks:
                 h.remove()
-            k = self.model.cfg.top_k_experts
-            for p in probs:
-                top = p.topk(k + 1, dim=-1).values
-                assert (top[:, k - 1] - top[:, k]).min() > MIN_ROUTER_GAP, "a near-tie route"
-            self._cache["logits"] = out.float()
-        return self._cache["logits"]
-
-    def ref_generate(self, steps: int) -> tuple[list[int], torch.Tensor]:
-        """Greedy tokens after the prompt and their step logits [steps, V], via generate()."""
-        key = f"generate{steps}"
-        if key not in self._cache:
-            self.ref.generation_config.eos_token_id = None  # run all steps
-            out = self.ref.generate(
-                torch.tensor([self.prompt]), max_new_tokens=steps, do_sample=False,
-                output_logits=True, return_dict_in_generate=True,
-            )
-            tokens = out.sequences[0, len(self.prompt):].tolist()
-            self._cache[key] = tokens, torch.cat([s.float() for s in out.logits])
-        return self._cache[key]
+        k = self.model.cfg.top_k_experts
+        for p in probs:
+            top = p.topk(k + 1, dim=-1).values
+            assert (top[:, k - 1] - top[:, k]).min() > MIN_ROUTER_GAP, "a near-tie route"
+        return logits
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -164,20 +135,13 @@ def one_intra_op_thread():
 @pytest.fixture(scope="session")
 def tiny_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     pytest.importorskip("transformers", reason="transformers 5.23.0 is the parity reference")
-    root = tmp_path_factory.mktemp("gemma4_tiny")
-    paths = {}
-    for name in SHAPES:
-        paths[name] = root / name
-        build_reference(name).save_pretrained(paths[name])
-    return paths
+    return testing.save_references(tmp_path_factory.mktemp("gemma4_tiny"), SHAPES,
+                                   build_reference)
 
 
 def _open(name: str, paths: dict[str, Path]) -> Tiny:
-    path = paths[name]
-    ref = reference_class(name).from_pretrained(path, dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(1234)
-    prompt = torch.randint(3, COMMON["vocab_size"], (PROMPT_LEN,), generator=gen).tolist()
-    return Tiny(name, path, ref, load(Checkpoint.open(path), "cpu", "float32"), prompt)
+    return Tiny.open(name, paths[name], reference_class(name), load, vocab=COMMON["vocab_size"],
+                     prompt_len=PROMPT_LEN)
 
 
 @pytest.fixture(scope="session", params=BATTERY)

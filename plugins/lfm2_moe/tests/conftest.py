@@ -8,16 +8,16 @@ initializer_range is 0.1 (at 0.02 greedy decoding repeats one token).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tensorfold.checkpoint import Checkpoint
-from tensorfold.runner import ModelRunner
-from tensorfold_lfm2_moe.model import Lfm2MoeModel, load
+from tensorfold import testing
+from tensorfold_lfm2_moe.model import load
+
+Tiny = testing.ReferenceCase  # the fixtures' type, by the name the tests use
 
 PROMPT_LEN = 600  # crosses a 512-row page
 COMMON: dict[str, Any] = dict(
@@ -54,53 +54,13 @@ def build_reference(shape: str, seed: int = 0) -> Any:
     return model
 
 
-@dataclass
-class Tiny:
-    """One fixture checkpoint: its folder, the reference loaded back from it, our model."""
-
-    name: str
-    path: Path
-    ref: Any  # transformers Lfm2MoeForCausalLM, fp32
-    model: Lfm2MoeModel  # ours, fp32
-    prompt: list[int]
-    _cache: dict[str, Any] = field(default_factory=dict)
-
-    def runner(self, *, num_pages: int = 8, num_slots: int = 4, page_rows: int = 512,
-               model: Lfm2MoeModel | None = None, poison: bool = False) -> ModelRunner:
-        return ModelRunner(model or self.model, num_pages=num_pages, num_slots=num_slots,
-                           page_rows=page_rows, poison=poison)
-
-    def ref_logits(self) -> torch.Tensor:
-        """The reference's logits for every row of the prompt, [PROMPT_LEN, V] fp32."""
-        if "logits" not in self._cache:
-            with torch.no_grad():
-                out = self.ref(input_ids=torch.tensor([self.prompt])).logits[0]
-            self._cache["logits"] = out.float()
-        return self._cache["logits"]
-
-    def ref_generate(self, steps: int) -> tuple[list[int], torch.Tensor]:
-        """Greedy tokens after the prompt and their step logits [steps, V], via generate()."""
-        key = f"generate{steps}"
-        if key not in self._cache:
-            self.ref.generation_config.eos_token_id = None  # run all steps
-            out = self.ref.generate(
-                torch.tensor([self.prompt]), max_new_tokens=steps, do_sample=False,
-                output_logits=True, return_dict_in_generate=True,
-            )
-            tokens = out.sequences[0, len(self.prompt):].tolist()
-            self._cache[key] = tokens, torch.cat([s.float() for s in out.logits])
-        return self._cache[key]
 
 
 @pytest.fixture(scope="session")
 def tiny_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     pytest.importorskip("transformers", reason="transformers 5.23.0 is the parity reference")
-    root = tmp_path_factory.mktemp("lfm2_moe_tiny")
-    paths = {}
-    for name in SHAPES:
-        paths[name] = root / name
-        build_reference(name).save_pretrained(paths[name])
-    return paths
+    return testing.save_references(tmp_path_factory.mktemp("lfm2_moe_tiny"), SHAPES,
+                                   build_reference)
 
 
 @pytest.fixture(scope="session", params=list(SHAPES))
@@ -108,8 +68,5 @@ def tiny(request: pytest.FixtureRequest, tiny_paths: dict[str, Path]) -> Tiny:
     from transformers import Lfm2MoeForCausalLM
 
     name = request.param
-    path = tiny_paths[name]
-    ref = Lfm2MoeForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(1234)
-    prompt = torch.randint(3, COMMON["vocab_size"], (PROMPT_LEN,), generator=gen).tolist()
-    return Tiny(name, path, ref, load(Checkpoint.open(path), "cpu", "float32"), prompt)
+    return Tiny.open(name, tiny_paths[name], Lfm2MoeForCausalLM, load,
+                     vocab=COMMON["vocab_size"], prompt_len=PROMPT_LEN)
