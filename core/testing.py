@@ -39,6 +39,25 @@ def tokens(llm: LLM, prompts: Sequence[Any], params: SamplingParams) -> list[lis
     return [c.token_ids for c in llm.generate(prompts, params)]
 
 
+def tokens_alone(
+    llm: LLM, prompts: Sequence[Any], params: dict[str, SamplingParams]
+) -> dict[str, list[list[int]]]:
+    """Each prompt run by itself, for each named sampling: {name: [tokens of prompt i]}."""
+    return {name: [tokens(llm, [p], ps)[0] for p in prompts] for name, ps in params.items()}
+
+
+def assert_concurrent_equals_solo(
+    llm: LLM, prompts: Sequence[Any], params: SamplingParams, alone: list[list[int]],
+    levels: Sequence[int],
+) -> None:
+    """The prompts submitted `level` at a time give the tokens each gave alone."""
+    for level in levels:
+        got: list[list[int]] = []
+        for i in range(0, len(prompts), level):
+            got += tokens(llm, prompts[i : i + level], params)
+        assert got == alone, f"level {level}"
+
+
 def run_chats(
     llm: LLM, users: Sequence[Sequence[str]], params: SamplingParams
 ) -> tuple[list[list[list[int]]], list[list[int]]]:

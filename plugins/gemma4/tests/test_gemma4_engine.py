@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tensorfold import testing
 from tensorfold.llm import LLM
+from tensorfold.testing import close_even, tokens
 from tensorfold.sampling import SamplingParams
 from tensorfold_gemma4.demo import build_demo
 
@@ -32,20 +34,7 @@ def prompts() -> list[list[int]]:
 
 
 def open_llm(demo: Path, **flags) -> LLM:
-    flags = {"context": CONTEXT, "memory_limit_gib": 0.25, "prompt_cache_gib": 0, **flags}
-    return LLM(family="gemma4", model=demo, device="cpu", dtype="float32", **flags)
-
-
-def close_even(llm: LLM) -> None:
-    """The census is even once idle, and nothing was ever logged UNEVEN."""
-    lanes = llm.served.engine.lanes
-    llm.close()
-    assert lanes.uneven == 0
-    assert lanes.pool.census().idle_even, lanes.pool.census().line()
-
-
-def tokens(llm: LLM, prompts, params) -> list[list[int]]:
-    return [c.token_ids for c in llm.generate(prompts, params)]
+    return testing.open_llm("gemma4", demo, **{"context": CONTEXT, **flags})
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +42,7 @@ def alone(demo: Path, prompts) -> dict[str, list[list[int]]]:
     """Each prompt run by itself, greedy and seeded."""
     llm = open_llm(demo, parallel=1)
     try:
-        return {
-            name: [tokens(llm, [p], params)[0] for p in prompts]
-            for name, params in (("greedy", GREEDY), ("sampled", SAMPLED))
-        }
+        return testing.tokens_alone(llm, prompts, {"greedy": GREEDY, "sampled": SAMPLED})
     finally:
         close_even(llm)
 
@@ -66,11 +52,8 @@ def test_concurrent_equals_solo(demo, prompts, alone, params_name):
     params = {"greedy": GREEDY, "sampled": SAMPLED}[params_name]
     llm = open_llm(demo, parallel=len(prompts))
     try:
-        for level in (2, len(prompts)):
-            got = []
-            for i in range(0, len(prompts), level):
-                got += tokens(llm, prompts[i : i + level], params)
-            assert got == alone[params_name], f"level {level}"
+        testing.assert_concurrent_equals_solo(llm, prompts, params, alone[params_name],
+                                              levels=(2, len(prompts)))
     finally:
         close_even(llm)
 

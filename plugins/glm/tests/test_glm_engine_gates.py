@@ -43,10 +43,7 @@ def alone(demo: Path, prompts) -> dict[str, list[list[int]]]:
     """Each prompt run by itself, greedy and seeded."""
     llm = open_llm(demo, parallel=1)
     try:
-        return {
-            name: [tokens(llm, [p], params)[0] for p in prompts]
-            for name, params in (("greedy", GREEDY), ("sampled", SAMPLED))
-        }
+        return testing.tokens_alone(llm, prompts, {"greedy": GREEDY, "sampled": SAMPLED})
     finally:
         close_even(llm)
 
@@ -56,11 +53,8 @@ def test_concurrent_equals_solo(demo, prompts, alone, params_name):
     params = {"greedy": GREEDY, "sampled": SAMPLED}[params_name]
     llm = open_llm(demo, parallel=5)
     try:
-        for level in (2, 5):
-            got = []
-            for i in range(0, len(prompts), level):
-                got += tokens(llm, prompts[i : i + level], params)
-            assert got == alone[params_name], f"level {level}"
+        testing.assert_concurrent_equals_solo(llm, prompts, params, alone[params_name],
+                                              levels=(2, 5))
     finally:
         close_even(llm)
 
