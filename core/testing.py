@@ -162,6 +162,40 @@ def assert_poisoned_pages_change_nothing(
 # -- tensor parallel on the CPU: ranks as subprocesses, joined over gloo ------------------------
 
 
+def assert_a_mark_inside_a_pass_resumes_there(
+    open_engine: Callable[..., LLM], user: str, reply: str, params: SamplingParams, *,
+    past: int = 0,
+) -> None:
+    """A chat (user, assistant `reply`, a short user turn), then the same chat with another last
+    turn, on one lane without the prompt store and with it (`open_engine(parallel=1,
+    kv_share=N)`). With the store the second resumes exactly at the assistant turn's end (past
+    `past` rows), a mark inside the first request's only prompt pass, whose state was tapped
+    there: the same replies and the same number of passes as without it."""
+    from .chat_template import marks_to_token_positions, render_chat
+
+    first = [{"role": "user", "content": user}, {"role": "assistant", "content": reply},
+             {"role": "user", "content": "river stone"}]
+    second = first[:2] + [{"role": "user", "content": "winter morning light"}]
+    passes, replies = {}, {}
+    for share in (0, 16):
+        llm = open_engine(parallel=1, kv_share=share)
+        try:
+            tok = llm.tokenizer
+            chat = render_chat(tok.chat_template, second, bos_token=tok.bos_token,
+                               eos_token=tok.eos_token)
+            turn_ends = marks_to_token_positions(tok, chat.text, chat.marks)
+            done = [llm.chat([first], params)[0], llm.chat([second], params)[0]]
+            replies[share] = [c.token_ids for c in done]
+            passes[share] = llm.served.engine.lanes.passes
+            if share:
+                assert past < turn_ends[1] < len(done[0].prompt_token_ids) <= 2048
+                assert done[1].cached_tokens == turn_ends[1]
+        finally:
+            close_even(llm)
+    assert replies[16] == replies[0]
+    assert passes[16] == passes[0]
+
+
 def assert_engine_gates_at_tp(
     family: str, model: Path, prompts: Sequence[list[int]], chats: Sequence[Sequence[str]],
     greedy: SamplingParams, sampled: SamplingParams, *, tp: int = 2, min_cached: int = 100,

@@ -88,29 +88,6 @@ def test_pressure_and_eviction_keep_every_reply(demo, fresh):
 
 
 def test_a_mark_inside_a_pass_resumes_there_with_no_extra_pass(demo):
-    from tensorfold.chat_template import marks_to_token_positions, render_chat
-
-    a, b = " ".join(WORDS * 2), " ".join(reversed(WORDS))
-    first = [{"role": "user", "content": a}, {"role": "assistant", "content": b},
-             {"role": "user", "content": "river stone"}]
-    second = first[:2] + [{"role": "user", "content": "winter morning light"}]
-    passes, replies = {}, {}
-    for share in (0, 16):
-        llm = open_llm(demo, parallel=1, kv_share=share)
-        try:
-            tok = llm.tokenizer
-            chat = render_chat(tok.chat_template, second, bos_token=tok.bos_token,
-                               eos_token=tok.eos_token)
-            turn_ends = marks_to_token_positions(tok, chat.text, chat.marks)
-            done = [llm.chat([first], GREEDY)[0], llm.chat([second], GREEDY)[0]]
-            replies[share] = [c.token_ids for c in done]
-            passes[share] = llm.served.engine.lanes.passes
-            if share:
-                # the assistant turn ended inside the first request's only prompt pass (its
-                # state was tapped there): the second resumes exactly at that mark
-                assert turn_ends[1] < len(done[0].prompt_token_ids) <= 2048
-                assert done[1].cached_tokens == turn_ends[1]
-        finally:
-            close_even(llm)
-    assert replies[16] == replies[0]
-    assert passes[16] == passes[0]
+    testing.assert_a_mark_inside_a_pass_resumes_there(
+        lambda **flags: open_llm(demo, **flags), " ".join(WORDS * 2),
+        " ".join(reversed(WORDS)), GREEDY)
