@@ -293,10 +293,7 @@ class Bench(Sections):
 
     def other_shape(self) -> dict[str, Any]:
         """LFM2-24B-A2B's shape: decode at 1 and 64 streams, an 8k prefill."""
-        from tensorfold.ops import triton_moe
-
         self.model = None
-        triton_moe._STACKS.clear()  # its views hold the last model's experts
         torch.cuda.empty_cache()
         self.args.shape = "LFM2-24B-A2B"
         built = self.build()

@@ -223,12 +223,12 @@ def test_glm_moe_matches_the_cpu_path_and_is_row_invariant(dtype, tol, on_kernel
     got = glm_moe.moe(cfg, x, w)
     rows_alone_equal(lambda a, z: glm_moe.moe(cfg, x[a:z].clone(), w), n, got)
     # the separate experts were stacked once; each now views its slice, with the same values
-    gate_up, down = triton_ffn.experts_stacked(w.experts)
+    gate_up, down = triton_ffn.experts_stacked(w)
     for j, e in enumerate(w.experts):
         assert e.gate_up.data_ptr() == gate_up[j].data_ptr()
         assert e.down.data_ptr() == down[j].data_ptr()
         assert torch.equal(e.gate_up, values[j][0]) and torch.equal(e.down, values[j][1])
-    assert triton_ffn.experts_stacked(w.experts)[0] is gate_up
+    assert triton_ffn.experts_stacked(w)[0] is gate_up
     weights, chosen = triton_ffn.route(cfg, x, w)
     on_kernels(False)
     want = glm_moe.moe(cfg, x, w)
@@ -277,3 +277,24 @@ def test_tile_choice_by_row_count_changes_no_bits(act, monkeypatch: pytest.Monke
         got.append(triton_moe.moe(x, weights, experts, gate_up[:, :24], gate_up[:, 24:], down,
                                   act=act, limit=1.0, slot_dtype=torch.float32))
     assert torch.equal(got[0], got[1])
+
+
+def test_the_kernels_keep_no_reference_to_a_models_experts():
+    """Experts passed as views of one stack are read through a view made per call: once the
+    model lets go of its stack, nothing in the kernels' module holds it (a cache there kept a
+    freed model's experts on the GPU)."""
+    import gc
+    import weakref
+
+    e, i, h, n = 4, 16, 32, 6
+    gate_up = randn(e, 2 * i, h, seed=41, scale=0.2)
+    down = randn(e, h, i, seed=42, scale=0.2)
+    alive = weakref.ref(gate_up)
+    w1, w3, w2 = list(gate_up[:, :i].unbind(0)), list(gate_up[:, i:].unbind(0)), list(down.unbind(0))
+    x = randn(n, h, seed=43)
+    experts = torch.tensor([[0, 1]] * 3 + [[2, 3]] * 3)
+    weights = torch.full((n, 2), 0.5)
+    triton_moe.moe(x, weights, experts, w1, w3, w2)
+    del gate_up, w1, w3
+    gc.collect()
+    assert alive() is None

@@ -175,16 +175,10 @@ def _slot_sum_kernel(
 
 
 def stacked(ws: Sequence[torch.Tensor] | torch.Tensor) -> torch.Tensor:
-    """E x [A, B] -> [E, A, B] with no copy when the experts are evenly spaced views of one
-    storage (as the dummy loader and a stacked load make them); else a stacked copy, kept
-    (keyed by the list: pass the same list object each call). A tensor is returned as is."""
-    if isinstance(ws, torch.Tensor):
-        return ws
-    key = (id(ws), ws[0].data_ptr())
-    hit = _STACKS.get(key)
-    if hit is None:
-        hit = _STACKS[key] = stack(ws)
-    return hit
+    """E x [A, B] -> [E, A, B]: a tensor as is; a list as stack() makes it (no copy when the
+    experts are evenly spaced views of one storage, as the loaders and dummy loaders make them).
+    Nothing is kept: a cache here would hold a freed model's experts."""
+    return ws if isinstance(ws, torch.Tensor) else stack(ws)
 
 
 def stack(ws: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -202,8 +196,6 @@ def stack(ws: Sequence[torch.Tensor]) -> torch.Tensor:
         return first.as_strided((len(ws), *first.shape), (step, *first.stride()))
     return torch.stack(list(ws))
 
-
-_STACKS: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def _experts(

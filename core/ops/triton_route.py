@@ -162,8 +162,8 @@ def _partials(x: torch.Tensor, gate: torch.Tensor, fp32: bool) -> tuple[torch.Te
     splits = triton.cdiv(h, ROUTER_SPLIT)
     part = torch.empty(splits, n, eb, dtype=torch.float32, device=x.device)
     # An fp32 product is a plain FMA loop, not a tensor-core one: smaller tiles keep its
-    # operands in registers (64 x 128 tiles took 0.45 ms for one row of glm5_next's 288
-    # experts on the H200). Neither tile changes a row's reduction order.
+    # operands in registers (with 64 x 128 tiles glm5_next's router took 0.45 ms for one row
+    # on the H200; 16 x 32 is not timed yet). Neither tile changes a row's reduction order.
     bm, bk = (16, 32) if fp32 else (64, min(128, ROUTER_SPLIT))
     if n:
         _router_partial_kernel[(triton.cdiv(n, bm), splits, triton.cdiv(e, eblk))](

@@ -14,7 +14,6 @@ expert); moe.py sums the ranks' shares.
 
 from __future__ import annotations
 
-from typing import Sequence
 
 import torch
 
@@ -45,7 +44,7 @@ def route(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> tuple[torch.Tensor,
 def moe(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     """x [N, H] -> [N, H]: the routed experts plus the shared expert."""
     weights, chosen = route(cfg, x, w)
-    gate_up, down = experts_stacked(w.experts)
+    gate_up, down = experts_stacked(w)
     i = down.shape[2]
     shared = swiglu(x, w.shared, cfg.swiglu_limit)
     return triton_moe.moe(
@@ -61,7 +60,7 @@ def moe_partial(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     from tensorfold.ops import parallel
 
     weights, chosen = route(cfg, x, w)
-    gate_up, down = experts_stacked(w.experts)
+    gate_up, down = experts_stacked(w)
     i = down.shape[2]
     routed = parallel.local_moe(
         x, weights, chosen, gate_up[:, :i], gate_up[:, i:], down, w.first_expert,
@@ -70,25 +69,20 @@ def moe_partial(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     return routed + swiglu(x, w.shared, cfg.swiglu_limit).float()
 
 
-def experts_stacked(experts: Sequence[DenseWeights]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The experts' gate_up [E, 2I, H] and down [E, H, I], kept per expert list.
+def experts_stacked(w: MoeWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's expert stacks, gate_up [E, 2I, H] and down [E, H, I], kept on the weights.
 
-    Views when the experts already are evenly spaced views of one storage. Otherwise the
-    experts are copied into one stack once, and each expert's weights are re-pointed at their
-    slice of it (the same values), so the separate copies are freed and the experts are not held
-    twice."""
-    hit = _STACKS.get(id(experts))
-    if hit is not None and hit[0] is experts:
-        return hit[1], hit[2]
-    gate_up = triton_moe.stack([e.gate_up for e in experts])
-    down = triton_moe.stack([e.down for e in experts])
-    for j, e in enumerate(experts):
-        if e.gate_up.data_ptr() != gate_up[j].data_ptr():
-            e.gate_up = gate_up[j]
-        if e.down.data_ptr() != down[j].data_ptr():
-            e.down = down[j]
-    _STACKS[id(experts)] = (experts, gate_up, down)
-    return gate_up, down
-
-
-_STACKS: dict[int, tuple[Sequence[DenseWeights], torch.Tensor, torch.Tensor]] = {}
+    Views when the experts already are evenly spaced views of one storage (the loader and the
+    dummy loader make them so). Otherwise the experts are copied into one stack once and each
+    expert's weights are re-pointed at their slice of it (the same values), so the separate
+    copies are freed and the experts are not held twice."""
+    if w.stacks is None:
+        gate_up = triton_moe.stack([e.gate_up for e in w.experts])
+        down = triton_moe.stack([e.down for e in w.experts])
+        for j, e in enumerate(w.experts):
+            if e.gate_up.data_ptr() != gate_up[j].data_ptr():
+                e.gate_up = gate_up[j]
+            if e.down.data_ptr() != down[j].data_ptr():
+                e.down = down[j]
+        w.stacks = gate_up, down
+    return w.stacks
