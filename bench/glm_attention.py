@@ -4,7 +4,9 @@ captured CUDA graph (a capture fails on a host sync), for decode batches 1, 8 an
 8k and 32k and a 2k-row prompt pass ending there; the selection and the attention kernels
 alone; stream 0's bits alone == in a batch of 8; the error against the torch path on the same GPU.
 
-Latent and indexer rows are random bf16 rows in a real PagedRows, each stream on its own pages.
+Latent and indexer rows are random bf16 rows in a real PagedRows, each stream on its own pages;
+every complete pool's cached key (`L0.pool_key`) is computed from them by
+triton_indexer.write_pool_keys (on the GPU path), so the scoring reads cached keys as in serving.
 
     python bench/glm_attention.py                 # on the GPU; prints JSON
     python bench/glm_attention.py --smoke         # on the CPU, tiny, Triton interpreted
@@ -79,12 +81,22 @@ class Layer:
                 weights_proj=w(ni, h), ape=w(c.index_kpool, di), gate=w(di, h),
             ),
         )
-        specs = [RowSpec("L0.latent", (r,), "bfloat16"), RowSpec("L0.index_k", (di,), "bfloat16"),
-                 RowSpec("L0.index_gate", (di,), "bfloat16")]
+        specs = [RowSpec(f"L0.{n}", (width,), "bfloat16") for n, width in
+                 [("latent", r), ("index_k", di), ("index_gate", di), ("pool_key", di)]]
         self.rows = PagedRows(specs, streams * pages_each, page_rows, device)
         for buf in self.rows.buffers.values():
             buf.copy_(torch.randn(buf.shape, device=device, generator=g).to(BF16))
+        self.fill_pool_keys(streams)
         self.x = torch.randn(4096, h, device=device, generator=g).to(BF16)
+
+    def fill_pool_keys(self, streams: int) -> None:
+        """Every complete pool's key from the random indexer rows, as the passes that wrote them
+        would have cached it (one pass over all the rows of every stream's pages)."""
+        fp = self.pass_(list(range(streams)), 0, self.pages_each * self.page_rows)
+        rows = self.rows
+        triton_indexer.write_pool_keys(
+            rows.flat("L0.index_k"), rows.flat("L0.index_gate"), self.w.indexer.ape,
+            rows.flat("L0.pool_key"), fp.positions, fp.write_index, pass_meta(fp), self.page_rows)
 
     def pass_(self, streams: list[int], start: int, rows: int) -> ForwardPass:
         pe = self.pages_each
@@ -130,7 +142,8 @@ class Clock:
 
 
 def parts(layer: Layer, fp: ForwardPass, clock: Clock) -> dict[str, float]:
-    """The selection and the attention kernels alone, on this pass's inputs."""
+    """The selection's kernels (caching the pass's pool keys, scoring, top-k) and the attention
+    kernels alone, on this pass's inputs."""
     cfg, rows, n = layer.cfg, layer.rows, fp.num_rows
     ni, di, kp = cfg.index_n_heads, cfg.index_head_dim, cfg.index_kpool
     g = torch.Generator(device=layer.device).manual_seed(1)
@@ -139,13 +152,15 @@ def parts(layer: Layer, fp: ForwardPass, clock: Clock) -> dict[str, float]:
     q_lat = torch.randn(n, cfg.num_attention_heads, cfg.kv_lora_rank, device=layer.device,
                         generator=g).to(BF16)
     meta, pools = pass_meta(fp), indexer.pool_columns(fp, kp)
-    args = (q, wts, rows.flat("L0.index_k"), rows.flat("L0.index_gate"), layer.w.indexer.ape,
-            fp.positions, meta, fp.page_rows, pools)
+    args = (q, wts, rows.flat("L0.pool_key"), kp, fp.positions, meta, fp.page_rows, pools)
     keys = triton_indexer.pool_key_scores(*args, di**-0.5)
     sel = triton_indexer.top_pools(keys, cfg.select_pools)
     qk = torch.randn(n, cfg.num_attention_heads, cfg.qk_nope_head_dim, device=layer.device,
                      generator=g).to(BF16)
     return {
+        "pool_key_ms": clock(lambda: triton_indexer.write_pool_keys(
+            rows.flat("L0.index_k"), rows.flat("L0.index_gate"), layer.w.indexer.ape,
+            rows.flat("L0.pool_key"), fp.positions, fp.write_index, meta, fp.page_rows)),
         "score_ms": clock(lambda: triton_indexer.pool_key_scores(*args, di**-0.5)),
         "topk_ms": clock(lambda: triton_indexer.top_pools(keys, cfg.select_pools)),
         "attend_ms": clock(lambda: triton_mla.sparse_mla(

@@ -13,7 +13,10 @@ ranked by score, higher first, and equal scores by position, the earlier pool fi
 
 On the GPU (use_triton) the selection is triton_indexer's instead of masks: [N, W] int32, each
 row's chosen pools in ascending order, -1 padded, its tail implied by its position; the pass's
-per-stream layout comes from PassMeta, so a decode pass makes no host sync.
+per-stream layout comes from PassMeta, so a decode pass makes no host sync. There a pool's key is
+computed once, by the pass that writes the pool's last row, and kept in the paged row
+`{name}.pool_key` at that row (pool_keys' arithmetic in one kernel: the same bits whichever
+pass computes it).
 """
 
 from __future__ import annotations
@@ -48,7 +51,10 @@ def select(
 ) -> Selection:
     """Write the pass's indexer rows to `{name}.index_k` / `{name}.index_gate` and return, per
     stream, the keys each of its rows attends to: [rows, end] bool (on the GPU: the chosen
-    pools, see Selection). x [N, H] (normed); q_resid [N, q_lora_rank]."""
+    pools, see Selection). On the GPU it also writes the key of each pool a row of the pass
+    completes to `{name}.pool_key` (at the pool's last row); the CPU path rebuilds the pools'
+    keys from the rows instead and leaves `{name}.pool_key` untouched.
+    x [N, H] (normed); q_resid [N, q_lora_rank]."""
     n, heads, dim, kpool = x.shape[0], cfg.index_n_heads, cfg.index_head_dim, cfg.index_kpool
     rows.write(f"{name}.index_k", fp.write_index,
                layer_norm(linear(x, w.wk), w.k_norm, w.k_bias, K_NORM_EPS))
@@ -58,13 +64,13 @@ def select(
     if use_triton(x):
         from tensorfold.ops.pass_meta import pass_meta
 
-        from .triton_indexer import select_pools
+        from .triton_indexer import select_pools, write_pool_keys
 
-        return select_pools(
-            q, weights, rows.flat(f"{name}.index_k"), rows.flat(f"{name}.index_gate"), w.ape,
-            fp.positions, pass_meta(fp), fp.page_rows, pool_columns(fp, kpool),
-            cfg.select_pools, dim**-0.5,
-        )
+        meta, key_rows = pass_meta(fp), rows.flat(f"{name}.pool_key")
+        write_pool_keys(rows.flat(f"{name}.index_k"), rows.flat(f"{name}.index_gate"), w.ape,
+                        key_rows, fp.positions, fp.write_index, meta, fp.page_rows)
+        return select_pools(q, weights, key_rows, kpool, fp.positions, meta, fp.page_rows,
+                            pool_columns(fp, kpool), cfg.select_pools, dim**-0.5)
     q = q.float()
     masks = []
     for i, (stream, (lo, hi)) in enumerate(zip(fp.streams, fp.spans)):

@@ -1,19 +1,23 @@
 """What a glm5_next stream keeps, from config.json alone (no torch, no weights).
 
 Paged, per token and MLA layer: the normed KV latent `c` [kv_lora_rank] (what MLA attends over),
-and for a layer with its own indexer the indexer key `kI` [index_head_dim] and compression-gate
-score `gI` [index_head_dim] (the pooled keys are recomputed from them, as the reference does).
+and for a layer with its own indexer the indexer key `kI` [index_head_dim], the compression-gate
+score `gI` [index_head_dim] and the pool key `pool_key` [index_head_dim]: the GPU path keeps pool
+p's key K_p (in the model dtype, the bits its scoring multiplies) at the row of the pool's last
+position kpool·p + kpool - 1, written once by the pass that writes that row; the CPU path
+rebuilds the pooled keys from kI and gI in every pass, as the reference does, and leaves it
+unwritten.
 Fixed, per KDA layer: the fp32 recurrent state [heads, K, V] and the conv tail, the last K-1
 pre-conv q|k|v rows [3 * heads * head_dim, K-1] in the model dtype.
 
 Under tensor parallel (`world` ranks, shards.py) a rank keeps its KDA heads' states
 (heads/world, K, V) and its channels' conv tail (3 * heads * head_dim / world, K-1); the MLA
-latent and the indexer rows are whole on every rank.
+latent and the indexer rows (pool keys included) are whole on every rank.
 
 Marks: every computation here is exact at any row (the KDA recurrence runs token by token and
-the pooled keys are rebuilt from per-token rows), but usable marks are declared at multiples of
-index_kpool, so a kept prompt always ends on a pool boundary: the granularity a kernel that
-caches pooled keys per completed pool needs too.
+a pool's key has the same bits whichever pass computes it), but usable marks are declared at
+multiples of index_kpool, so a kept prompt always ends on a pool boundary and its pages hold the
+cached key of every pool it completed.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ def state_layout(cfg: GlmConfig, dtype: str, world: int = 1) -> StateLayout:
         if cfg.runs_indexer(i):
             paged.append(RowSpec(f"L{i}.index_k", (cfg.index_head_dim,), name))
             paged.append(RowSpec(f"L{i}.index_gate", (cfg.index_head_dim,), name))
+            paged.append(RowSpec(f"L{i}.pool_key", (cfg.index_head_dim,), name))
     heads, dim = cfg.linear_num_heads // world, cfg.linear_head_dim
     tail = (3 * cfg.kda_dim // world, cfg.linear_conv_kernel_dim - 1)
     fixed: list[StateSpec] = []

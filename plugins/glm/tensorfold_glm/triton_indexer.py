@@ -6,14 +6,18 @@ before it, as int32 pool indices in ascending order, -1 padded at the end: [N, W
 W' = min(select_pools, W). The tail (the (t + 1) mod kpool rows of t's own incomplete pool) is
 implied by the position and not listed.
 
+Pool keys (`write_pool_keys`): once per pool, by the pass that writes its last row (position
+kpool·p + kpool - 1), K_p is rebuilt from the stream's paged rows exactly as `indexer.pool_keys`
+(softmax over the pool's tokens per channel, weights rounded to the keys' dtype before the
+product, the sum in token order), rounded to the keys' dtype (the dtype the scores multiply it
+in), and stored in the `{name}.pool_key` paged row at that last row. Every pool's key comes from
+the same code on the same rows, so it has the same bits whichever pass wrote it.
+
 Scoring (`_score_kernel`): a program takes one attention query block of meta (up to QUERY_ROWS
-rows of one stream) and a tile of POOL_TILE pools. It rebuilds each pool's key K_p from the
-stream's paged rows exactly as `indexer.pool_keys` (softmax over the pool's tokens per channel,
-weights rounded to the keys' dtype before the product, the sum in token order) and scores
-I(t, p) = Σ_h w_h relu(q_h · K_p · scale), heads in order. Pools are rebuilt inline in every
-pass by the same code, so a pool's key has the same bits in any pass. Only complete pools whose
-last row is at or before the block's last query are loaded: rows a stream has not written are
-never read.
+rows of one stream) and a tile of POOL_TILE pools. It loads each complete pool's cached key and
+scores I(t, p) = Σ_h w_h relu(q_h · K_p · scale), heads in order. Only pools whose last row is
+at or before the block's last query are loaded: keys written by this pass or an earlier one,
+never a row the stream has not written.
 
 Selection: each (query, pool) gets a unique int64 key, the score's order-preserving bits above
 the inverted pool index (higher score first, then the earlier pool: the CPU path's tie rule);
@@ -79,11 +83,76 @@ def _paged_rows(table_ptr, stride_ts, stride_tp, s, j, ok, page_rows):
     return page.to(tl.int64) * page_rows + j % page_rows
 
 
+@triton.jit(do_not_specialize=["n_rows", "stride_ts", "stride_tp"])
+def _pool_key_kernel(
+    k_ptr, g_ptr, ape_ptr, out_ptr, pos_ptr, write_ptr, row_stream, n_rows,
+    table_ptr, stride_ts, stride_tp, page_rows, stride_kn, stride_gn, stride_on,
+    DI: tl.constexpr, DIP: tl.constexpr, KPOOL: tl.constexpr, ROWS: tl.constexpr,
+):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    valid = r < n_rows
+    t = tl.load(pos_ptr + r, mask=valid, other=0).to(tl.int32)  # [ROWS]
+    ends = valid & (t % KPOOL == KPOOL - 1)  # rows that complete their pool
+    s = tl.load(row_stream + r, mask=ends, other=0)
+    first = t - (KPOOL - 1)  # the pool's first position
+    d = tl.arange(0, DIP)
+    dok = d < DI
+    lmask = ends[:, None] & dok[None, :]
+    # K_p, as indexer.pool_keys: max, then the sum of exp, then the weighted keys in order
+    top = tl.full((ROWS, DIP), float("-inf"), dtype=tl.float32)
+    for i in tl.static_range(KPOOL):
+        rows = _paged_rows(table_ptr, stride_ts, stride_tp, s, first + i, ends, page_rows)
+        g = tl.load(g_ptr + rows[:, None] * stride_gn + d[None, :], mask=lmask, other=0.0)
+        a = tl.load(ape_ptr + i * DI + d, mask=dok, other=0.0)
+        top = tl.maximum(top, g.to(tl.float32) + a.to(tl.float32)[None, :])
+    total = tl.zeros((ROWS, DIP), dtype=tl.float32)
+    for i in tl.static_range(KPOOL):
+        rows = _paged_rows(table_ptr, stride_ts, stride_tp, s, first + i, ends, page_rows)
+        g = tl.load(g_ptr + rows[:, None] * stride_gn + d[None, :], mask=lmask, other=0.0)
+        a = tl.load(ape_ptr + i * DI + d, mask=dok, other=0.0)
+        total += tl.exp(g.to(tl.float32) + a.to(tl.float32)[None, :] - top)
+    acc = tl.zeros((ROWS, DIP), dtype=tl.float32)
+    for i in tl.static_range(KPOOL):
+        rows = _paged_rows(table_ptr, stride_ts, stride_tp, s, first + i, ends, page_rows)
+        g = tl.load(g_ptr + rows[:, None] * stride_gn + d[None, :], mask=lmask, other=0.0)
+        k = tl.load(k_ptr + rows[:, None] * stride_kn + d[None, :], mask=lmask, other=0.0)
+        a = tl.load(ape_ptr + i * DI + d, mask=dok, other=0.0)
+        e = tl.exp(g.to(tl.float32) + a.to(tl.float32)[None, :] - top)
+        weight = (e / total).to(k.dtype).to(tl.float32)
+        acc += (weight * k.to(tl.float32)).to(k.dtype).to(tl.float32)
+    dst = tl.load(write_ptr + r, mask=ends, other=0).to(tl.int64)  # the pool's last row
+    tl.store(out_ptr + dst[:, None] * stride_on + d[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=lmask)
+
+
+def write_pool_keys(
+    k_rows: torch.Tensor, g_rows: torch.Tensor, ape: torch.Tensor, key_rows: torch.Tensor,
+    positions: torch.Tensor, write_index: torch.Tensor, meta: PassMeta, page_rows: int,
+) -> None:
+    """For each row of the pass at a position kpool·p + kpool - 1, K_p (indexer.pool_keys'
+    arithmetic) into key_rows at that row's own flat row (write_index). k_rows, g_rows,
+    key_rows [P*R, dI] flat paged buffers in one dtype; positions, write_index [N] int64;
+    ape [kpool, dI]. The pool's other rows are read from the stream's pages: written by earlier
+    passes or this one (k_rows and g_rows must hold the pass's rows already)."""
+    assert key_rows.dtype == k_rows.dtype, "the cached key has the keys' dtype"
+    n = positions.shape[0]
+    if n == 0:
+        return
+    kpool, dim = ape.shape
+    rows = 16
+    _pool_key_kernel[(triton.cdiv(n, rows),)](
+        k_rows, g_rows, ape.contiguous(), key_rows, positions, write_index, meta.row_stream, n,
+        meta.table, meta.table.stride(0), meta.table.stride(1), page_rows, k_rows.stride(0),
+        g_rows.stride(0), key_rows.stride(0), DI=dim, DIP=triton.next_power_of_2(dim),
+        KPOOL=kpool, ROWS=rows, num_warps=4,
+    )
+
+
 @triton.jit(do_not_specialize=["stride_ts", "stride_tp", "W"])
 def _score_kernel(
-    q_ptr, w_ptr, k_ptr, g_ptr, ape_ptr, key_ptr, pos_ptr, block_stream, block_row0, block_len,
+    q_ptr, w_ptr, pk_ptr, key_ptr, pos_ptr, block_stream, block_row0, block_len,
     table_ptr, stride_ts, stride_tp, page_rows, W, scale,
-    stride_qn, stride_qh, stride_wn, stride_kn, stride_gn,
+    stride_qn, stride_qh, stride_wn, stride_pn,
     NI: tl.constexpr, DI: tl.constexpr, DIP: tl.constexpr, KPOOL: tl.constexpr,
     QB: tl.constexpr, PT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
 ):
@@ -105,30 +174,10 @@ def _score_kernel(
     if p0 * KPOOL + KPOOL - 1 <= last:
         d = tl.arange(0, DIP)
         dok = d < DI
-        lmask = loaded[:, None] & dok[None, :]
-        # K_p, as indexer.pool_keys: max, then the sum of exp, then the weighted keys in order
-        top = tl.full((PT, DIP), float("-inf"), dtype=tl.float32)
-        for i in tl.static_range(KPOOL):
-            rows = _paged_rows(table_ptr, stride_ts, stride_tp, s, p * KPOOL + i, loaded, page_rows)
-            g = tl.load(g_ptr + rows[:, None] * stride_gn + d[None, :], mask=lmask, other=0.0)
-            a = tl.load(ape_ptr + i * DI + d, mask=dok, other=0.0)
-            top = tl.maximum(top, g.to(tl.float32) + a.to(tl.float32)[None, :])
-        total = tl.zeros((PT, DIP), dtype=tl.float32)
-        for i in tl.static_range(KPOOL):
-            rows = _paged_rows(table_ptr, stride_ts, stride_tp, s, p * KPOOL + i, loaded, page_rows)
-            g = tl.load(g_ptr + rows[:, None] * stride_gn + d[None, :], mask=lmask, other=0.0)
-            a = tl.load(ape_ptr + i * DI + d, mask=dok, other=0.0)
-            total += tl.exp(g.to(tl.float32) + a.to(tl.float32)[None, :] - top)
-        acc = tl.zeros((PT, DIP), dtype=tl.float32)
-        for i in tl.static_range(KPOOL):
-            rows = _paged_rows(table_ptr, stride_ts, stride_tp, s, p * KPOOL + i, loaded, page_rows)
-            g = tl.load(g_ptr + rows[:, None] * stride_gn + d[None, :], mask=lmask, other=0.0)
-            k = tl.load(k_ptr + rows[:, None] * stride_kn + d[None, :], mask=lmask, other=0.0)
-            a = tl.load(ape_ptr + i * DI + d, mask=dok, other=0.0)
-            e = tl.exp(g.to(tl.float32) + a.to(tl.float32)[None, :] - top)
-            weight = (e / total).to(k.dtype).to(tl.float32)
-            acc += (weight * k.to(tl.float32)).to(k.dtype).to(tl.float32)
-        pooled = acc.to(k_ptr.dtype.element_ty)  # [PT, DIP]
+        # K_p, cached at the pool's last row by _pool_key_kernel
+        rows = _paged_rows(table_ptr, stride_ts, stride_tp, s, pool_end, loaded, page_rows)
+        pooled = tl.load(pk_ptr + rows[:, None] * stride_pn + d[None, :],
+                         mask=loaded[:, None] & dok[None, :], other=0.0)  # [PT, DIP]
         score = tl.zeros((QB, PT), dtype=tl.float32)
         for h in range(NI):
             qh = tl.load(q_ptr + qrow[:, None] * stride_qn + h * stride_qh + d[None, :],
@@ -146,15 +195,14 @@ def _score_kernel(
 
 
 def pool_key_scores(
-    q: torch.Tensor, weights: torch.Tensor, k_rows: torch.Tensor, g_rows: torch.Tensor,
-    ape: torch.Tensor, positions: torch.Tensor, meta: PassMeta, page_rows: int, pools: int,
-    scale: float,
+    q: torch.Tensor, weights: torch.Tensor, key_rows: torch.Tensor, kpool: int,
+    positions: torch.Tensor, meta: PassMeta, page_rows: int, pools: int, scale: float,
 ) -> torch.Tensor:
     """Each query's ranking key for pools [0, pools): [N, pools] int64, NO_POOL where the pool is
     not a candidate (incomplete, or ending after the query). q [N, nI, dI] (model dtype);
-    weights [N, nI] fp32; k_rows, g_rows [P*R, dI] flat paged buffers; ape [kpool, dI]."""
+    weights [N, nI] fp32; key_rows [P*R, dI] the flat paged pool keys (write_pool_keys), in
+    q's dtype, of every complete pool ending at or before each block's last query."""
     n, heads, dim = q.shape
-    kpool = ape.shape[0]
     keys = torch.empty(n, pools, dtype=torch.int64, device=q.device)
     if n == 0 or pools == 0:
         return keys
@@ -162,12 +210,11 @@ def pool_key_scores(
     weights = weights.contiguous()
     grid = (meta.num_blocks, triton.cdiv(pools, POOL_TILE))
     _score_kernel[grid](
-        q, weights, k_rows, g_rows, ape.contiguous(), keys, positions, meta.block_stream,
-        meta.block_row0, meta.block_len, meta.table, meta.table.stride(0), meta.table.stride(1),
-        page_rows, pools, scale, q.stride(0), q.stride(1), weights.stride(0), k_rows.stride(0),
-        g_rows.stride(0), NI=heads, DI=dim, DIP=triton.next_power_of_2(dim), KPOOL=kpool,
-        QB=QUERY_ROWS, PT=POOL_TILE, IEEE=q.dtype == torch.float32, INTERP=interpreting(),
-        num_warps=4,
+        q, weights, key_rows, keys, positions, meta.block_stream, meta.block_row0,
+        meta.block_len, meta.table, meta.table.stride(0), meta.table.stride(1), page_rows, pools,
+        scale, q.stride(0), q.stride(1), weights.stride(0), key_rows.stride(0),
+        NI=heads, DI=dim, DIP=triton.next_power_of_2(dim), KPOOL=kpool, QB=QUERY_ROWS,
+        PT=POOL_TILE, IEEE=q.dtype == torch.float32, INTERP=interpreting(), num_warps=4,
     )
     return keys
 
@@ -187,12 +234,12 @@ def top_pools(keys: torch.Tensor, limit: int) -> torch.Tensor:
 
 
 def select_pools(
-    q: torch.Tensor, weights: torch.Tensor, k_rows: torch.Tensor, g_rows: torch.Tensor,
-    ape: torch.Tensor, positions: torch.Tensor, meta: PassMeta, page_rows: int, pools: int,
-    limit: int, scale: float,
+    q: torch.Tensor, weights: torch.Tensor, key_rows: torch.Tensor, kpool: int,
+    positions: torch.Tensor, meta: PassMeta, page_rows: int, pools: int, limit: int,
+    scale: float,
 ) -> torch.Tensor:
     """[N, min(limit, pools)] int32: each query's chosen pools (see the module docstring).
-    pools: an upper bound on the complete pools of any stream in the pass."""
-    keys = pool_key_scores(q, weights, k_rows, g_rows, ape, positions, meta, page_rows, pools,
-                           scale)
+    key_rows: the flat paged pool keys (write_pool_keys run on this pass first); pools: an upper
+    bound on the complete pools of any stream in the pass."""
+    keys = pool_key_scores(q, weights, key_rows, kpool, positions, meta, page_rows, pools, scale)
     return top_pools(keys, limit)

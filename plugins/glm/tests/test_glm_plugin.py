@@ -41,7 +41,7 @@ def test_plugin_registers_the_family_and_its_retired_row() -> None:
 def test_state_layout_at_the_real_shape(config: dict) -> None:
     """families.md §1.3: 34 KDA layers keep an fp32 [64, 128, 128] state and a 3-column conv
     tail of 3 * 64 * 128 bf16 channels (140.8 MiB a stream); 11 MLA layers page a 512-wide
-    latent and the indexer's 128-wide key and gate rows (16.5 KiB a token)."""
+    latent and the indexer's 128-wide key, gate and pool-key rows (19.25 KiB a token)."""
     layout = shape(config, "bfloat16").layout
     kda, mla = 34, 11
     state = 64 * 128 * 128 * 4
@@ -49,9 +49,9 @@ def test_state_layout_at_the_real_shape(config: dict) -> None:
     assert len(layout.fixed) == 2 * kda
     assert layout.fixed_bytes == kda * (state + tail) == 147_619_840
     assert round(layout.fixed_bytes / MiB, 1) == 140.8
-    assert len(layout.paged) == 3 * mla
-    assert layout.row_bytes == mla * (512 + 128 + 128) * 2 == 16_896
-    assert layout.page_bytes(512) == 8.25 * MiB
+    assert len(layout.paged) == 4 * mla
+    assert layout.row_bytes == mla * (512 + 3 * 128) * 2 == 19_712
+    assert layout.page_bytes(512) == 9.625 * MiB
     assert layout.mark_rows == 16  # index_kpool
     assert shape(config, "bfloat16").max_positions == 1_048_576
 
@@ -63,6 +63,7 @@ def test_layout_names_each_layers_rows_and_state(tiny_paths: dict[str, Path]) ->
     layout = shape(cfg, "float32").layout
     assert [(r.name, r.shape) for r in layout.paged] == [
         ("L1.latent", (16,)), ("L1.index_k", (16,)), ("L1.index_gate", (16,)),
+        ("L1.pool_key", (16,)),
         ("L2.latent", (16,)),  # layer 2 shares layer 1's selection: no indexer rows
     ]
     assert [(s.name, s.shape, s.dtype) for s in layout.fixed] == [

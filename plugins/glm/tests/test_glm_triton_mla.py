@@ -1,8 +1,11 @@
 """glm5_next's MLA and DSA indexer on their Triton kernels (triton_mla, triton_indexer), on the
 CPU under TRITON_INTERPRET=1 at tiny sizes: each kernel against its torch reference (the CPU
-path), with more complete pools than a query selects; the chosen pools equal the CPU masks; a
-stream's bits alone equal its bits beside others; a decode pass laid out as the CUDA graph
-runner's static pass equals the eager pass. Rows a stream has not written hold NaN."""
+path), with more complete pools than a query selects; the cached pool keys equal the reference's
+and are written only at each completed pool's last row; the chosen pools equal the CPU masks; a
+stream's bits alone equal its bits beside others, and a stream run in one pass equals the same
+stream cut into passes anywhere (mid-pool too: its pool keys come from earlier passes); a
+decode pass laid out as the CUDA graph runner's static pass equals the eager pass. Rows a stream
+has not written hold NaN."""
 
 from __future__ import annotations
 
@@ -104,14 +107,16 @@ def make_pass(specs, tokens_seed: int = 0) -> ForwardPass:
     return ForwardPass([StreamRows(s, a, [1] * n, p, "all") for s, a, n, p in specs], PAGE_ROWS)
 
 
-def filled_rows(dtype: torch.dtype, specs) -> PagedRows:
+def filled_rows(dtype: torch.dtype, specs, ape: torch.Tensor | None = None) -> PagedRows:
     """Paged rows holding NaN, but random rows at positions [0, start) of each stream (written
-    by earlier passes). Rows of a pass are written by the layer itself."""
+    by earlier passes), and the pool keys of the pools they complete (by the GPU kernel, with
+    ape: the L0 layer's by default). Rows of a pass are written by the layer itself."""
     d = str(dtype).removeprefix("torch.")
     c = CFG
     rows = PagedRows([RowSpec("L0.latent", (c.kv_lora_rank,), d),
                       RowSpec("L0.index_k", (c.index_head_dim,), d),
                       RowSpec("L0.index_gate", (c.index_head_dim,), d),
+                      RowSpec("L0.pool_key", (c.index_head_dim,), d),
                       RowSpec("L1.latent", (c.kv_lora_rank,), d)], NUM_PAGES, PAGE_ROWS)
     for buf in rows.buffers.values():
         buf.fill_(float("nan"))
@@ -119,8 +124,17 @@ def filled_rows(dtype: torch.dtype, specs) -> PagedRows:
         if start:
             hist = ForwardPass([StreamRows(slot, 0, [1] * start, pages)], PAGE_ROWS)
             for k, name in enumerate(rows.buffers):
+                if name == "L0.pool_key":
+                    continue
                 shape = rows.buffers[name].shape[1:]
                 rows.write(name, hist.write_index, randn(start, *shape, seed=50 + 7 * slot + k))
+    history = [(slot, 0, start, pages) for slot, start, _, pages in specs if start]
+    if history:
+        hist = make_pass(history)
+        triton_indexer.write_pool_keys(
+            rows.flat("L0.index_k"), rows.flat("L0.index_gate"),
+            weights(dtype, True, 1).indexer.ape if ape is None else ape, rows.flat("L0.pool_key"),
+            hist.positions, hist.write_index, build_meta(hist), PAGE_ROWS)
     return rows
 
 
@@ -178,26 +192,41 @@ def _scores_of(keys: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("dtype, tol", DTYPES)
-def test_pool_scores_kernel_matches_the_reference(dtype, tol):
+def test_pool_keys_and_scores_kernels_match_the_reference(dtype, tol):
     fp = make_pass(MIXED)
-    rows = filled_rows(dtype, [(s, a + n, 0, p) for s, a, n, p in MIXED])  # every row written
     di, ni, kp = CFG.index_head_dim, CFG.index_n_heads, CFG.index_kpool
+    ape = randn(kp, di, seed=8, dtype=dtype)
+    # every row written, and the keys of every complete pool cached by write_pool_keys
+    rows = filled_rows(dtype, [(s, a + n, 0, p) for s, a, n, p in MIXED], ape)
     q = randn(fp.num_rows, ni, di, seed=6, dtype=dtype)
     wts = randn(fp.num_rows, ni, seed=7)
-    ape = randn(kp, di, seed=8, dtype=dtype)
-    kb, gb = rows.flat("L0.index_k"), rows.flat("L0.index_gate")
-    keys = triton_indexer.pool_key_scores(q, wts, kb, gb, ape, fp.positions, build_meta(fp),
+    kb, gb, pk = rows.flat("L0.index_k"), rows.flat("L0.index_gate"), rows.flat("L0.pool_key")
+    keys = triton_indexer.pool_key_scores(q, wts, pk, kp, fp.positions, build_meta(fp),
                                           PAGE_ROWS, 16, di**-0.5)
     got = _scores_of(keys)
+    written = torch.zeros(pk.shape[0], dtype=torch.bool)
     for i, (s, (lo, hi)) in enumerate(zip(fp.streams, fp.spans)):
         pools = s.end // kp
         idx = fp.read_index(i)[: pools * kp]
         pooled = indexer.pool_keys(kb[idx].view(pools, kp, di), gb[idx].view(pools, kp, di), ape)
+        ends = idx.view(pools, kp)[:, -1]  # each pool's key sits at its last row
+        written[ends] = True
+        assert pk[ends].dtype == dtype and rel(pk[ends], pooled) < tol / 10
         want = indexer.pool_scores(q[lo:hi].float(), wts[lo:hi], pooled.float(), di**-0.5)
         cand = indexer.candidates(pools, fp.positions[lo:hi], kp)
         assert torch.equal(~got[lo:hi, :pools].isnan(), cand) and got[lo:hi, pools:].isnan().all()
         if cand.any():
             assert rel(got[lo:hi, :pools][cand], want[cand]) < tol
+    assert torch.equal(~pk.isnan().any(-1), written)  # no other row was written
+    # a pool's key has the same bits written by any pass: here one row of a pass at a time
+    again = clone(rows)
+    again.flat("L0.pool_key").fill_(float("nan"))
+    for slot, a, n, pages in MIXED:
+        for t in range(kp - 1, a + n, kp):
+            one = make_pass([(slot, t, 1, pages)])
+            triton_indexer.write_pool_keys(kb, gb, ape, again.flat("L0.pool_key"), one.positions,
+                                           one.write_index, build_meta(one), PAGE_ROWS)
+    assert torch.equal(again.flat("L0.pool_key").nan_to_num(7.0), pk.nan_to_num(7.0))
 
 
 @pytest.mark.parametrize("dtype, tol", DTYPES)
@@ -244,6 +273,32 @@ def test_layers_match_the_cpu_path_and_select_the_same_pools(gpu_path):
     assert rel(got0, want0) < 1e-5 and rel(got1, want1) < 1e-5
     for name in ("L0.latent", "L0.index_k", "L1.latent"):  # nothing past the pass was written
         assert torch.equal(rows.flat(name).isnan(), ref_rows.flat(name).isnan())
+    # the GPU path cached the key of each pool the pass completed, at the pool's last row only
+    keys = rows.flat("L0.pool_key")
+    new = keys.isnan().any(-1) != ref_rows.flat("L0.pool_key").isnan().any(-1)
+    ends = fp.write_index[(fp.positions + 1) % CFG.index_kpool == 0]
+    assert new.nonzero().flatten().tolist() == sorted(ends.tolist()) and len(ends) > 10
+
+
+def test_a_stream_cut_into_passes_anywhere_gives_the_bits_of_one_pass(gpu_path):
+    """48 rows (12 pools, 2 kept) in one pass, then cut at pool boundaries, mid-pool and into
+    single rows: a pool's key is computed by whichever pass writes its last row, and every
+    output, selection and row keeps its bits."""
+    dtype, slot, pages = torch.bfloat16, 0, [7, 3, 9]
+    x = randn(48, CFG.hidden_size, seed=14, dtype=dtype)
+    whole = make_pass([(slot, 0, 48, pages)])
+    ref_rows = filled_rows(dtype, [])
+    want0, want1, want_sel = two_layers(dtype, whole, ref_rows, x)
+    for cuts in [(0, 8, 48), (0, 6, 19, 20, 21, 30, 31, 32, 33, 48), (0, 1, 2, 3, 4, 5, 27, 48)]:
+        rows = filled_rows(dtype, [])
+        for a, b in zip(cuts, cuts[1:]):
+            part = make_pass([(slot, a, b - a, pages)])
+            y0, y1, sel = two_layers(dtype, part, rows, x[a:b].clone())
+            assert torch.equal(y0, want0[a:b]) and torch.equal(y1, want1[a:b]), (cuts, a)
+            for r in range(b - a):
+                assert set(sel[r].tolist()) - {-1} == set(want_sel[a + r].tolist()) - {-1}
+        for name, buf in rows.buffers.items():
+            assert torch.equal(buf.nan_to_num(7.0), ref_rows.buffers[name].nan_to_num(7.0)), name
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
