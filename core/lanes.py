@@ -2,7 +2,9 @@
 
 Each round is one pass: every decoding lane's next row, then prompt rows in admission order up
 to `pass_rows` (prompts not yet started before fills under way), each chunk cut on the absolute
-`pass_rows` grid. A request is admitted when a
+`pass_rows` grid. A chunk that the row budget ends early is cut down to a multiple of the
+family's `mark_rows` (where its state is exact; glm5_next's KDA chunks), so where a prompt is cut
+never depends on what else the pass holds. A request is admitted when a
 lane is free and the pool can promise its rows (prompt + max tokens + lookahead); until then it
 waits, so an admitted stream never fails for memory. Runs on the engine's thread only.
 """
@@ -72,6 +74,10 @@ class Lanes:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
         self.pass_rows = pass_rows
+        self.cut_rows = runner.model.layout.mark_rows
+        if pass_rows % self.cut_rows:
+            raise ValueError(f"pass_rows {pass_rows} is not a multiple of the family's "
+                             f"mark_rows {self.cut_rows}")
         self.lookahead = lookahead
         self.free_slots = list(range(lanes - 1, -1, -1))
         self.waiting: deque[Request] = deque()
@@ -186,7 +192,11 @@ class Lanes:
             if budget <= 0:
                 break
             grid_end = (s.pos // self.pass_rows + 1) * self.pass_rows
-            end = min(len(s.req.prompt), s.pos + budget, grid_end)
+            end = min(len(s.req.prompt), grid_end)
+            if s.pos + budget < end:  # the budget ends it early: on the family's grid
+                end = (s.pos + budget) // self.cut_rows * self.cut_rows
+                if end <= s.pos:
+                    continue
             tokens = s.req.prompt[s.pos : end]
             last = end == len(s.req.prompt)
             pages = s.lease.cover(end)

@@ -9,12 +9,11 @@ result and the state after it do not depend on where a pass cuts the prompt or o
 pass holds, and the state after any row can be tapped for the prompt store.
 
 The GPU path (`use_triton`): the conv with SiLU and the gated norm are Triton kernels
-(triton_kda.py); the delta rule is fla-core's `fused_recurrent_kda` for every row, prompt or
-decode, with the forget gate and the q/k l2norm computed inside it. Its per-token arithmetic is
-the same in every launch (fixed BK, BV, warps; fp32 state), so a row and the state after it do not
-depend on packing, on where a pass is cut, or on whether the row came from a prompt or a decode
-step. fla-core is imported only there (never on the CPU); under the interpreter on the CPU the
-recurrence falls back to `delta_rule` above.
+(triton_kda.py); the delta rule is fla-core's, with the forget gate and the q/k l2norm computed
+inside it: `chunk_kda` for a prompt's whole 64-row chunks and `fused_recurrent_kda` for decode
+rows and a prompt's last partial chunk (kda_launches.py says which row takes which, and why the
+gates hold). fla-core is imported only there (never on the CPU); under the interpreter on the
+CPU a torch stand-in runs the same launches.
 
 Under tensor parallel a rank holds whole heads (shards.py): heads and D are read from the weights
 (D = rows of qkv / 3, heads = rows of b), never from the config; o_proj sums the ranks' parts
@@ -34,6 +33,7 @@ from tensorfold.ops.linear import linear
 from tensorfold.ops.parallel import row_linear
 
 from .config import GlmConfig
+from .kda_launches import FlaKernels, TorchKernels, delta_rule_pass
 from .ops import sigmoid, silu
 from .weights import KdaWeights
 
@@ -159,8 +159,8 @@ def _kda_kernels(
     cfg: GlmConfig, name: str, w: KdaWeights, x: torch.Tensor, fp: ForwardPass,
     slots: "StreamSlots",
 ) -> torch.Tensor:
-    """kda() through the kernels: the pass's layout from PassMeta (a decode pass under a CUDA
-    graph reads nothing on the host); host loops only for streams with taps (prompt passes)."""
+    """kda() through the kernels: a decode pass's layout from PassMeta alone (a CUDA graph
+    reads nothing on the host); prompt passes plan their launches on the host."""
     from tensorfold.ops.pass_meta import pass_meta
 
     from . import triton_kda
@@ -174,10 +174,11 @@ def _kda_kernels(
     pre = linear(linear(x, w.f_a), w.f_b)  # [N, D]: the forget gate before its activation
     beta = sigmoid(linear(x, w.b))  # [N, heads], rounded to the model dtype as the reference
     triton_kda.zero_fresh(states, meta)
-    if x.is_cuda:
-        o = _fla_recurrence(cfg, f"{name}.kda", w, q, k, v, pre, beta, states, fp, meta)
-    else:  # interpreted kernels on the CPU: the torch recurrence
-        o = _torch_recurrence(cfg, f"{name}.kda", w, q, k, v, pre, beta, states, fp, meta)
+    if meta.num_rows == meta.num_streams:
+        o = _decode_rule(cfg, f"{name}.kda", w, q, k, v, pre, beta, states, fp, meta)
+    else:
+        kernels = (FlaKernels if x.is_cuda else TorchKernels)(cfg, w, heads)
+        o = delta_rule_pass(kernels, q, k, v, pre, beta, states, fp, f"{name}.kda")
     gate = linear(linear(x, w.g_a), w.g_b).view(n, heads, dk)
     out = triton_kda.gated_norm(o.view(n, heads, dk), gate, w.o_norm, cfg.rms_norm_eps)
     return row_linear(out.reshape(n, -1), w.o)
@@ -195,102 +196,32 @@ def _tap_tails(
             fp.tap(i, p, name, tapped.clone())
 
 
-def _torch_recurrence(
+def _decode_rule(
     cfg: GlmConfig, name: str, w: KdaWeights, q: torch.Tensor, k: torch.Tensor,
     v: torch.Tensor, pre: torch.Tensor, beta: torch.Tensor, states: torch.Tensor,
     fp: ForwardPass, meta,
 ) -> torch.Tensor:
-    """delta_rule per stream (states of fresh streams already zeroed), the layout read from
-    PassMeta as the kernels read it (the CPU stand-in for fla under the interpreter: it reads
-    the device tensors back, which a GPU pass must not). -> o [N, heads, V]."""
+    """A decode pass (every stream one row), read from PassMeta alone so a CUDA graph can hold
+    it: on the GPU one recurrent launch updating the slots in place through ssm_state_indices;
+    on the CPU the stand-in. -> o [N, heads, V]."""
     n, heads, dk = q.shape[0], heads_of(w), cfg.linear_head_dim
-    g = log_decay(cfg, w, pre)
-    o = torch.empty(n, heads, dk, dtype=torch.float32, device=q.device)
-    layout = zip(meta.stream_row0.tolist(), meta.stream_len.tolist(),
-                 meta.stream_start.tolist(), meta.stream_slot.tolist())
-    for i, (lo, rows, start, slot) in enumerate(layout):
-        hi = lo + rows
-        qs, ks, vs = (t[lo:hi].float().view(rows, heads, dk) for t in (q, k, v))
-        taps = fp.streams[i].taps
-        o[lo:hi], states[slot], tapped = delta_rule(
-            l2norm(qs) * dk**-0.5, l2norm(ks), vs, g[lo:hi], beta[lo:hi].float(), states[slot],
-            [p - start for p in taps],
-        )
-        for p, state in zip(taps, tapped):
-            fp.tap(i, p, name, state)
-    return o.to(q.dtype)
+    if q.is_cuda:
+        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
-
-def _fla_recurrence(
-    cfg: GlmConfig, name: str, w: KdaWeights, q: torch.Tensor, k: torch.Tensor,
-    v: torch.Tensor, pre: torch.Tensor, beta: torch.Tensor, states: torch.Tensor,
-    fp: ForwardPass, meta,
-) -> torch.Tensor:
-    """fla-core's fused_recurrent_kda over the pass. q, k, v, pre [N, D]; beta [N, heads];
-    states [slots, heads, K, V] fp32 (fla's K-first layout: no transpose). -> o [N, heads, V].
-
-    Decode (every stream one row): one launch updating the slots in place through
-    ssm_state_indices. Prompt passes: the streams' states gathered, one varlen launch, the final
-    states scattered back; a stream with a tap inside its run goes in sequential launches cut
-    at its taps, so each tapped state is exact."""
-    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
-
-    n, heads, dk = q.shape[0], heads_of(w), cfg.linear_head_dim
-    common = dict(
-        A_log=w.a_log, dt_bias=w.dt_bias, scale=dk**-0.5, use_qk_l2norm_in_kernel=True,
-        use_gate_in_kernel=True, lower_bound=cfg.linear_lower_bound,
-    )
-
-    def rows(t: torch.Tensor, lo: int, hi: int, batch: int = 1) -> torch.Tensor:
-        return t[lo:hi].view(batch, (hi - lo) // batch, heads, -1)
-
-    if meta.num_rows == meta.num_streams:
         out = torch.empty_like(v).view(n, 1, heads, dk)
         fused_recurrent_kda_fwd(
-            q=rows(q, 0, n, n), k=rows(k, 0, n, n), v=rows(v, 0, n, n), g=rows(pre, 0, n, n),
-            beta=beta.view(n, 1, heads), initial_state=states, inplace_final_state=True,
-            ssm_state_indices=meta.stream_slot, out=out, **common,
+            q=q.view(n, 1, heads, dk), k=k.view(n, 1, heads, dk), v=v.view(n, 1, heads, dk),
+            g=pre.view(n, 1, heads, dk), beta=beta.view(n, 1, heads), initial_state=states,
+            inplace_final_state=True, ssm_state_indices=meta.stream_slot, out=out,
+            **FlaKernels(cfg, w, heads).common,
         )
-        for i, stream in enumerate(fp.streams):  # a one-row run's tap is its end
-            for p in stream.taps:
-                fp.tap(i, p, name, states[stream.slot].clone())
-        return out.view(n, heads, dk)
-
-    out = torch.empty_like(v).view(1, n, heads, dk)
-    cuts = [_cuts(s) for s in fp.streams]
-    if all(len(c) == 2 for c in cuts):  # no tap inside a run: one launch
-        slot = meta.stream_slot.long()
-        cu = torch.cat((meta.stream_len.new_zeros(1), meta.stream_len.cumsum(0))).long()
-        _, final = fused_recurrent_kda_fwd(
-            q=rows(q, 0, n), k=rows(k, 0, n), v=rows(v, 0, n), g=rows(pre, 0, n),
-            beta=beta.view(1, n, heads), initial_state=states.index_select(0, slot),
-            output_final_state=True, inplace_final_state=False, cu_seqlens=cu, out=out,
-            **common,
-        )
-        states.index_copy_(0, slot, final)
-        for i, stream in enumerate(fp.streams):
-            for p in stream.taps:
-                fp.tap(i, p, name, final[i].clone())
-        return out.view(n, heads, dk)
-
-    flat = out.view(n, heads, dk)
-    for i, (stream, (lo, _)) in enumerate(zip(fp.streams, fp.spans)):
-        state = states[stream.slot : stream.slot + 1]
-        for a, b in zip(cuts[i], cuts[i][1:]):
-            _, state = fused_recurrent_kda_fwd(
-                q=rows(q, lo + a, lo + b), k=rows(k, lo + a, lo + b),
-                v=rows(v, lo + a, lo + b), g=rows(pre, lo + a, lo + b),
-                beta=beta[lo + a : lo + b].view(1, b - a, heads), initial_state=state,
-                output_final_state=True, inplace_final_state=False,
-                out=flat[lo + a : lo + b].view(1, b - a, heads, dk), **common,
-            )
-            if stream.start + b in stream.taps:
-                fp.tap(i, stream.start + b, name, state[0].clone())
-        states[stream.slot] = state[0]
-    return flat
-
-
-def _cuts(stream) -> list[int]:
-    """[0, the tap counts inside the run, its length]: the launches a stream's run takes."""
-    n = len(stream.tokens)
-    return [0, *sorted({p - stream.start for p in stream.taps if 0 < p - stream.start < n}), n]
+        out = out.view(n, heads, dk)
+    else:
+        slots = meta.stream_slot.long()
+        out, final = TorchKernels(cfg, w, heads).recurrent(
+            q, k, v, pre, beta, states.index_select(0, slots), torch.arange(n + 1))
+        states.index_copy_(0, slots, final)
+    for i, stream in enumerate(fp.streams):  # a one-row run's tap is its end
+        for p in stream.taps:
+            fp.tap(i, p, name, states[stream.slot].clone())
+    return out

@@ -14,19 +14,23 @@ Under tensor parallel (`world` ranks, shards.py) a rank keeps its KDA heads' sta
 (heads/world, K, V) and its channels' conv tail (3 * heads * head_dim / world, K-1); the MLA
 latent and the indexer rows (pool keys included) are whole on every rank.
 
-Marks: every computation here is exact at any row (the KDA recurrence runs token by token and
-a pool's key has the same bits whichever pass computes it), but usable marks are declared at
-multiples of index_kpool, so a kept prompt always ends on a pool boundary and its pages hold the
-cached key of every pool it completed.
+Marks are multiples of lcm(KDA_CHUNK, index_kpool) (64 at the real shape): the GPU path runs a
+prompt's whole 64-row KDA chunks through fla-core's chunked kernel, whose state is the same bits
+only at chunk boundaries (kda_launches.py), and a kept prompt ending on a pool boundary holds
+the cached key of every pool it completed. The lanes cut prompts on the same grid. (The CPU
+path's token-by-token recurrence would be exact anywhere; both paths take the same marks.)
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 from tensorfold.family import ModelShape, RowSpec, StateLayout, StateSpec
 
 from .config import GlmConfig
+
+KDA_CHUNK = 64  # fla-core chunk_kda's chunk
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -54,4 +58,4 @@ def state_layout(cfg: GlmConfig, dtype: str, world: int = 1) -> StateLayout:
     for i in cfg.kda_layers:
         fixed.append(StateSpec(f"L{i}.kda", (heads, dim, dim), "float32"))
         fixed.append(StateSpec(f"L{i}.conv", tail, name))
-    return StateLayout(paged=tuple(paged), fixed=tuple(fixed), mark_rows=cfg.index_kpool)
+    return StateLayout(paged=tuple(paged), fixed=tuple(fixed), mark_rows=math.lcm(KDA_CHUNK, cfg.index_kpool))

@@ -113,3 +113,38 @@ def tiny(request: pytest.FixtureRequest, tiny_paths: dict[str, Path]) -> Tiny:
     name = request.param
     return Tiny.open(name, tiny_paths[name], Glm5NextForConditionalGeneration, load, vocab=250,
                      prompt_len=PROMPT_LEN)
+
+
+# -- the kernels path on the CPU (Triton interpreted) ------------------------------------------
+
+
+@pytest.fixture
+def kernels_on_cpu() -> Iterator[None]:
+    from tensorfold.ops import gpu
+
+    gpu.set_triton(True, on_cpu=True)
+    yield
+    gpu.set_triton(True)
+
+
+def _kda_model(dtype: torch.dtype) -> Any:
+    """One KDA layer (2 heads of 16) and a dense FFN, dummy weights."""
+    from tensorfold_glm.config import GlmConfig
+    from tensorfold_glm.dummy import build_dummy
+
+    cfg = GlmConfig.from_dict({
+        "vocab_size": 96, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
+        "layer_types": ["linear_attention"], "mlp_layer_types": ["dense"],
+        "linear_num_heads": 2, "linear_head_dim": 16, "num_attention_heads": 2,
+        "num_key_value_heads": 2, "q_lora_rank": 16, "kv_lora_rank": 16,
+        "qk_nope_head_dim": 16, "v_head_dim": 16, "index_head_dim": 16, "index_n_heads": 4,
+        "index_topk": 8, "index_kpool": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+    }, "test")
+    return build_dummy(cfg, "cpu", dtype, seed=0, std=0.2)
+
+
+@pytest.fixture
+def kda_model() -> Any:
+    """The builder: kda_model(dtype) -> a KDA-only model."""
+    return _kda_model

@@ -52,7 +52,7 @@ def test_state_layout_at_the_real_shape(config: dict) -> None:
     assert len(layout.paged) == 4 * mla
     assert layout.row_bytes == mla * (512 + 3 * 128) * 2 == 19_712
     assert layout.page_bytes(512) == 9.625 * MiB
-    assert layout.mark_rows == 16  # index_kpool
+    assert layout.mark_rows == 64  # lcm(the KDA chunk 64, index_kpool 16)
     assert shape(config, "bfloat16").max_positions == 1_048_576
 
 
@@ -70,7 +70,7 @@ def test_layout_names_each_layers_rows_and_state(tiny_paths: dict[str, Path]) ->
         ("L0.kda", (2, 16, 16), "float32"), ("L0.conv", (96, 3), "float32"),
         ("L3.kda", (2, 16, 16), "float32"), ("L3.conv", (96, 3), "float32"),
     ]
-    assert layout.mark_rows == 4
+    assert layout.mark_rows == 64  # lcm(the KDA chunk 64, index_kpool 4)
 
 
 @pytest.mark.parametrize("value, refused", [("4", True), ("on", True), ("0", False), ("", False)])

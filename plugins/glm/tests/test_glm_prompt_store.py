@@ -97,12 +97,14 @@ def submit(llm: LLM, ids: Sequence[int], marks: Sequence[int]) -> tuple[list[int
 def test_marks_on_and_off_the_grid_resume_exactly(demo):
     rng = random.Random(5)
     first = [rng.randrange(20, 800) for _ in range(300)]
-    marks = [48, 50, 64, 200, 208]  # usable: 48 (pool grid), 64 (chunk grid too), 208
+    # usable marks are KDA chunk boundaries (multiples of 64): 64, 192 (from 200), 256 (from 260)
+    marks = [48, 50, 64, 200, 260]
     follow = {  # prompt -> where a resume must start
-        "past 208": (first[:230] + [21, 22, 23], 208),
+        "past 260": (first[:280] + [21, 22, 23], 256),
+        "past 200": (first[:230] + [24, 25], 192),
         "past 64": (first[:70] + [31, 32], 64),
-        "at 49": (first[:49] + [41, 42, 43], 48),
-        "before 48": (first[:40] + [51, 52], 0),
+        "at 65": (first[:65] + [41, 42, 43], 64),
+        "before 64": (first[:60] + [51, 52], 0),
     }
     results, passes = {}, {}
     for share in (0, 16):

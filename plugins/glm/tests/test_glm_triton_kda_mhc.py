@@ -150,30 +150,6 @@ def test_expand_matches_the_reference_and_is_row_invariant(dtype, tol):
 # --- a KDA-only model through the kernels ---
 
 
-@pytest.fixture
-def kernels_on_cpu():
-    from tensorfold.ops import gpu
-
-    gpu.set_triton(True, on_cpu=True)
-    yield
-    gpu.set_triton(True)
-
-
-def kda_model(dtype: torch.dtype):
-    from tensorfold_glm.dummy import build_dummy
-
-    cfg = GlmConfig.from_dict({
-        "vocab_size": 96, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
-        "layer_types": ["linear_attention"], "mlp_layer_types": ["dense"],
-        "linear_num_heads": 2, "linear_head_dim": 16, "num_attention_heads": 2,
-        "num_key_value_heads": 2, "q_lora_rank": 16, "kv_lora_rank": 16,
-        "qk_nope_head_dim": 16, "v_head_dim": 16, "index_head_dim": 16, "index_n_heads": 4,
-        "index_topk": 8, "index_kpool": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
-        "moe_intermediate_size": 16,
-    }, "test")
-    return build_dummy(cfg, "cpu", dtype, seed=0, std=0.2)
-
-
 def _passes(runner, prompts, rounds):
     from tensorfold.runner import open_stream
 
@@ -190,7 +166,8 @@ PROMPTS = [list(range(3, 15)), [7, 9, 11], list(range(40, 49))]
 
 
 @pytest.mark.parametrize("dtype, tol", DTYPES)
-def test_kda_model_through_the_kernels_matches_the_torch_path(dtype, tol, kernels_on_cpu):
+def test_kda_model_through_the_kernels_matches_the_torch_path(dtype, tol, kernels_on_cpu,
+                                                               kda_model):
     from tensorfold.ops import gpu
     from tensorfold.runner import ModelRunner
 
@@ -203,7 +180,7 @@ def test_kda_model_through_the_kernels_matches_the_torch_path(dtype, tol, kernel
         assert rel(g, w) < 5 * tol
 
 
-def test_kda_model_through_the_kernels_together_equals_alone(kernels_on_cpu):
+def test_kda_model_through_the_kernels_together_equals_alone(kernels_on_cpu, kda_model):
     """A decode row, a prompt's second chunk and a fresh prompt: in one pass as alone."""
     from tensorfold.runner import ModelRunner, open_stream
 
@@ -227,7 +204,7 @@ def test_kda_model_through_the_kernels_together_equals_alone(kernels_on_cpu):
         assert torch.equal(joint, alone)
 
 
-def test_graph_runner_decode_rounds_equal_plain_passes(kernels_on_cpu):
+def test_graph_runner_decode_rounds_equal_plain_passes(kernels_on_cpu, kda_model):
     from tensorfold.cuda_graphs import GraphRunner
     from tensorfold.runner import ModelRunner
 

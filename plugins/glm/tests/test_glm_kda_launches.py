@@ -1,0 +1,140 @@
+"""The kernels path's KDA launches (kda_launches.py): a prompt's whole 64-row chunks through the
+chunked kernel, the other rows through the recurrent one. Under the interpreter on the CPU the
+chunked rows run the stand-in (fp64, rounded back), whose bits differ from the recurrent rows',
+so a row sent to the wrong kernel changes the bits these tests compare."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the kernels path needs triton")
+
+from tensorfold.forward_pass import StreamRows  # noqa: E402
+from tensorfold.lanes import Lanes  # noqa: E402
+from tensorfold.requests import Request, TokenOut  # noqa: E402
+from tensorfold.runner import ModelRunner, open_stream  # noqa: E402
+from tensorfold.sampling import SamplingParams  # noqa: E402
+from tensorfold_glm.kda_launches import Segments, segments  # noqa: E402
+
+TOKENS = [(7 * i + 3) % 90 + 3 for i in range(400)]
+
+
+@pytest.mark.parametrize("start, n, taps, want", [
+    (0, 150, [], Segments((0, 0), ((0, 128),), (128, 150))),
+    (0, 150, [64], Segments((0, 0), ((0, 64), (64, 128)), (128, 150))),
+    (0, 128, [128], Segments((0, 0), ((0, 128),), (128, 128))),
+    (3000, 1, [], Segments((0, 1), (), (1, 1))),  # a decode row
+    (64, 1, [], Segments((0, 0), (), (0, 1))),  # a decode row on a boundary
+    (10, 200, [], Segments((0, 54), ((54, 182),), (182, 200))),
+    (0, 40, [], Segments((0, 0), (), (0, 40))),  # a prompt shorter than a chunk
+])
+def test_segments(start, n, taps, want):
+    assert segments(start, n, taps) == want
+
+
+def _run(runner, stream, tokens, logits="all"):
+    return runner.run([stream.rows(tokens, logits)])[0]
+
+
+def test_the_chunked_rows_take_the_other_kernel(kernels_on_cpu, kda_model):
+    """In fp32 the chunk stand-in's rows differ from the recurrence's, so the tests below can
+    fail; the rows past the last chunk boundary are the recurrence's own."""
+    from tensorfold.ops import gpu
+
+    model = kda_model(torch.float32)
+    runner = ModelRunner(model, num_pages=8, num_slots=1, page_rows=64)
+    got = _run(runner, open_stream(runner, 0, 256), TOKENS[:150])
+    gpu.set_triton(False)
+    runner = ModelRunner(model, num_pages=8, num_slots=1, page_rows=64)
+    want = _run(runner, open_stream(runner, 0, 256), TOKENS[:150])
+    assert not torch.equal(got[:128], want[:128])
+    assert (got - want).abs().max() < 1e-4
+
+
+def test_a_prompt_cut_at_chunk_boundaries_equals_one_pass(kernels_on_cpu, kda_model):
+    """Rows, the decode after, and the state: the same bits whether the prompt came in one pass
+    or in passes cut at 64 and 128."""
+    model = kda_model(torch.bfloat16)
+
+    def run(cuts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        runner = ModelRunner(model, num_pages=8, num_slots=1, page_rows=64)
+        stream = open_stream(runner, 0, 256)
+        bounds = [0, *cuts, 140]
+        rows = [_run(runner, stream, TOKENS[a:b]) for a, b in zip(bounds, bounds[1:])]
+        rows.append(_run(runner, stream, [int(rows[-1][-1].argmax())]))
+        return torch.cat(rows), runner.slots.get("L0.kda")[0].clone()
+
+    (whole, s1), (cut, s2) = run([]), run([64, 128])
+    assert torch.equal(whole, cut) and torch.equal(s1, s2)
+
+
+def test_taps_inside_a_pass_equal_passes_ending_there(kernels_on_cpu, kda_model):
+    model = kda_model(torch.bfloat16)
+    runner = ModelRunner(model, num_pages=8, num_slots=1, page_rows=64)
+    pages = open_stream(runner, 0, 256).lease.cover(130)
+    runner.run([StreamRows(0, 0, TOKENS[:130], list(pages), "last", [64, 128])])
+    tapped = runner.last_pass.tapped
+    for p in (64, 128):
+        alone = ModelRunner(model, num_pages=8, num_slots=1, page_rows=64)
+        _run(alone, open_stream(alone, 0, 256), TOKENS[:p], "last")
+        assert torch.equal(tapped[(0, p)]["L0.kda"], alone.slots.get("L0.kda")[0]), p
+        assert torch.equal(tapped[(0, p)]["L0.conv"], alone.slots.get("L0.conv")[0]), p
+
+
+def test_decode_rows_and_long_prompts_together_equal_alone(kernels_on_cpu, kda_model):
+    """A decode row, a prompt resumed at 64 that crosses the boundary at 128, and a fresh prompt
+    of 70 rows, in one pass and alone."""
+    model = kda_model(torch.bfloat16)
+    firsts = [TOKENS[:70], TOKENS[100:164], []]
+    nexts = [[12], TOKENS[164:250], TOKENS[250:320]]
+
+    def run(together: bool) -> list[torch.Tensor]:
+        runners = [ModelRunner(model, num_pages=12, num_slots=3, page_rows=64)]
+        if not together:
+            runners *= 3
+        streams = [open_stream(runners[0], i, 256) for i in range(3)]
+        for s, first in zip(streams, firsts):
+            if first:
+                runners[0].run([s.rows(first)])
+        if together:
+            return runners[0].run([s.rows(n, "all") for s, n in zip(streams, nexts)])
+        return [runners[0].run([s.rows(n, "all")])[0] for s, n in zip(streams, nexts)]
+
+    for joint, alone in zip(run(True), run(False)):
+        assert torch.equal(joint, alone)
+
+
+def test_the_lanes_cut_a_prompt_on_the_chunk_grid(kernels_on_cpu, kda_model):
+    """With a row budget a stream's prompt is cut at multiples of mark_rows (64), and its tokens
+    equal its tokens alone, whose passes cut it elsewhere."""
+    model = kda_model(torch.bfloat16)
+    runs: list[tuple[int, int, int]] = []
+
+    def tokens(prompts: list[list[int]]) -> list[list[int]]:
+        runner = ModelRunner(model, num_pages=24, num_slots=2, page_rows=64)
+        plain_run = runner.run
+
+        def run(streams, *a, **k):
+            runs.extend((s.slot, s.start, s.start + len(s.tokens)) for s in streams)
+            return plain_run(streams, *a, **k)
+
+        runner.run = run
+        lanes = Lanes(runner, lanes=2, window=512, pass_rows=128)
+        out: list[list[int]] = [[] for _ in prompts]
+        params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=3).with_seed()
+        for i, p in enumerate(prompts):
+            lanes.add(Request(list(p), params, lambda e, got=out[i]: isinstance(e, TokenOut)
+                              and got.append(e.token)))
+        while lanes.step():
+            pass
+        return out
+
+    together = tokens([TOKENS[:40], TOKENS[40:190]])
+    prompt_runs = [r for r in runs if r[0] == 1 and r[2] - r[1] > 1]
+    assert prompt_runs[:3] == [(1, 0, 64), (1, 64, 128), (1, 128, 150)]
+    assert together[1] == tokens([TOKENS[40:190]])[0]
