@@ -375,6 +375,35 @@ class Bench(Sections):
         del hf
         return res
 
+    def fp32_parity(self) -> dict[str, Any]:
+        """Ours against transformers, both in fp32 on the GPU, at GLM-5.3-Flash's widths with 4
+        layers (KDA + dense at 0-2, MLA with the indexer + MoE at 3; 36 GB): what the bf16
+        comparison cannot show with random weights, whose flat logits let bf16 rounding flip
+        close argmaxes. (Its own process: the 8-layer bench model is not built.)"""
+        from bench import glm_hf
+        from tensorfold.forward_pass import StreamRows
+
+        cfg = self.config() if self.smoke else GlmConfig.from_dict(
+            {"num_hidden_layers": 4}, "GLM-5.3-Flash-4L")
+        model = build_dummy(cfg, self.device, torch.float32, seed=0)
+        res: dict[str, Any] = {"layer_types": list(cfg.layer_types),
+                               "mlp_layer_types": list(cfg.mlp_layer_types)}
+        prompt = engine_runs.random_prompts(1, 64 if self.smoke else 2100, cfg.vocab_size,
+                                            seed=99)[0]
+        pages = -(-len(prompt) // PAGE_ROWS)
+        runner = ModelRunner(model, num_pages=pages, num_slots=1, page_rows=PAGE_ROWS)
+        (ours,) = runner.run([StreamRows(0, 0, prompt, list(range(pages)), "all")])
+        hf = glm_hf.build_hf(model)
+        with torch.inference_mode():
+            theirs = hf(input_ids=torch.tensor([prompt], device=self.device)).logits[0].float()
+        res["positions"] = len(prompt)
+        res["fp32_ours_vs_transformers"] = compare(ours.float(), theirs)
+        tail = slice(2048, None) if len(prompt) > 2048 else slice(None)
+        res["fp32_past_2048_sparse_selection"] = compare(ours[tail].float(), theirs[tail])
+        del hf, runner, model
+        gc.collect()
+        return res
+
     def resumed(self) -> dict[str, Any]:
         """resumed == fresh through the prompt store, on an engine loading the same dummy
         weights (our bench model is freed first: one 76 GB model at a time)."""
@@ -496,7 +525,7 @@ def main() -> None:
         ("env", b.env, 0), ("limits", b.limits, 30), ("build", b.build, 30),
         ("decode", b.decode, 60), ("gates", b.gates, 90), ("prefill", b.prefill, 60),
         ("kda_cost", b.kda_cost, 30), ("transformers", b.transformers, 60),
-        ("resumed", b.resumed, 90),
+        ("resumed", b.resumed, 90), ("fp32_parity", b.fp32_parity, 60),
     ]
     # resumed and kda_cost build their own: the bench model's 78 GB would only be in the way
     uses_model = want is None or bool(want & {"decode", "gates", "prefill", "transformers"})
@@ -510,6 +539,7 @@ def main() -> None:
     text = summary(b.results)
     extra = [f"kda_cost: {short(b.results.get('kda_cost', {}))}",
              f"resumed: {short(b.results.get('resumed', {}))}",
+             f"fp32_parity: {short(b.results.get('fp32_parity', {}))}",
              f"gates: {short(b.results.get('gates', {}))}"]
     text += "\n" + "\n".join(extra)
     (b.out / "summary.txt").write_text(text + "\n")
