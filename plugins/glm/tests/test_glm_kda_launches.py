@@ -86,29 +86,6 @@ def test_taps_inside_a_pass_equal_passes_ending_there(kernels_on_cpu, kda_model)
         assert torch.equal(tapped[(0, p)]["L0.conv"], alone.slots.get("L0.conv")[0]), p
 
 
-def test_decode_rows_and_long_prompts_together_equal_alone(kernels_on_cpu, kda_model):
-    """A decode row, a prompt resumed at 64 that crosses the boundary at 128, and a fresh prompt
-    of 70 rows, in one pass and alone."""
-    model = kda_model(torch.bfloat16)
-    firsts = [TOKENS[:70], TOKENS[100:164], []]
-    nexts = [[12], TOKENS[164:250], TOKENS[250:320]]
-
-    def run(together: bool) -> list[torch.Tensor]:
-        runners = [ModelRunner(model, num_pages=12, num_slots=3, page_rows=64)]
-        if not together:
-            runners *= 3
-        streams = [open_stream(runners[0], i, 256) for i in range(3)]
-        for s, first in zip(streams, firsts):
-            if first:
-                runners[0].run([s.rows(first)])
-        if together:
-            return runners[0].run([s.rows(n, "all") for s, n in zip(streams, nexts)])
-        return [runners[0].run([s.rows(n, "all")])[0] for s, n in zip(streams, nexts)]
-
-    for joint, alone in zip(run(True), run(False)):
-        assert torch.equal(joint, alone)
-
-
 def test_the_lanes_cut_a_prompt_on_the_chunk_grid(kernels_on_cpu, kda_model):
     """With a row budget a stream's prompt is cut at multiples of mark_rows (64), and its tokens
     equal its tokens alone, whose passes cut it elsewhere."""

@@ -180,19 +180,28 @@ def test_kda_model_through_the_kernels_matches_the_torch_path(dtype, tol, kernel
         assert rel(g, w) < 5 * tol
 
 
-def test_kda_model_through_the_kernels_together_equals_alone(kernels_on_cpu, kda_model):
-    """A decode row, a prompt's second chunk and a fresh prompt: in one pass as alone."""
+LONG = [(7 * i + 3) % 90 + 3 for i in range(320)]
+
+
+@pytest.mark.parametrize("firsts, nexts, rows", [
+    ([[5, 6, 7, 8, 9, 10, 11], [20, 21, 22, 23, 24], []],
+     [[12], [25, 26, 27, 28, 29, 30], [40, 41, 42, 43, 44, 45, 46, 47, 48]], 32),
+    # whole 64-row KDA chunks (kda_launches.py): a prompt resumed at 64 crossing the boundary
+    # at 128, and a fresh prompt of 70 rows
+    ([LONG[:70], LONG[100:164], []], [[12], LONG[164:250], LONG[250:320]], 256),
+], ids=["short", "chunks"])
+def test_kda_model_through_the_kernels_together_equals_alone(firsts, nexts, rows, kernels_on_cpu,
+                                                            kda_model):
+    """A decode row, a prompt's next rows and a fresh prompt: in one pass as alone."""
     from tensorfold.runner import ModelRunner, open_stream
 
     model = kda_model(torch.bfloat16)
-    firsts = [[5, 6, 7, 8, 9, 10, 11], [20, 21, 22, 23, 24], []]
-    nexts = [[12], [25, 26, 27, 28, 29, 30], [40, 41, 42, 43, 44, 45, 46, 47, 48]]
 
     def run(together: bool) -> list[torch.Tensor]:
-        runners = [ModelRunner(model, num_pages=8, num_slots=3, page_rows=16)]
+        runners = [ModelRunner(model, num_pages=3 * rows // 16, num_slots=3, page_rows=16)]
         if not together:
             runners *= 3
-        streams = [open_stream(runners[0], i, 32) for i in range(3)]
+        streams = [open_stream(runners[0], i, rows) for i in range(3)]
         for s, first in zip(streams, firsts):
             if first:
                 runners[0].run([s.rows(first)])
