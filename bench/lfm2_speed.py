@@ -261,36 +261,6 @@ class Bench(Sections):
         (out,) = runner.run([StreamRows(0, 0, tokens, [0, 1], "all")])
         return out
 
-    def profile(self) -> dict[str, Any]:
-        """Kernel times of eager decode rounds at 1 and 64 streams and one 2048-row pass."""
-        from torch.profiler import ProfilerActivity, profile
-
-        from tensorfold.forward_pass import StreamRows
-
-        res: dict[str, Any] = {}
-        for name, n, rows in (("decode1", 1, 1), ("decode64", 64, 1), ("prefill2048", 1, 2048)):
-            runner = self.runner(n, graphs=False, window=4096)
-            g = torch.Generator().manual_seed(7)
-            streams = [StreamRows(s, 0 if rows > 1 else 100,
-                                  torch.randint(10, self.model.vocab_size, (rows,), generator=g).tolist(),
-                                  list(range(s * 8, s * 8 + 8))) for s in range(n)]
-            runner.run(streams)
-            sync(self.device)
-            with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-                for _ in range(3):
-                    runner.run(streams)
-                sync(self.device)
-            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
-            (self.out / f"profile_{name}.txt").write_text(table)
-            kern = [(e.key, e.device_time_total / 3, e.count / 3)
-                    for e in prof.key_averages() if e.device_time_total > 0]
-            kern.sort(key=lambda t: -t[1])
-            res[name] = {
-                "gpu_us_per_round": sum(k[1] for k in kern if not k[0].startswith("cuda")) ,
-                "top": [(k[0][:60], round(k[1], 1), round(k[2], 1)) for k in kern[:12]],
-            }
-        return res
-
     def other_shape(self) -> dict[str, Any]:
         """LFM2-24B-A2B's shape: decode at 1 and 64 streams, an 8k prefill."""
         self.model = None
