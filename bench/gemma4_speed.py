@@ -32,9 +32,11 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import engine_runs  # noqa: E402
-from bench.lfm2_speed import PAGE_ROWS, Bench, sync  # noqa: E402
+from bench.engine_sections import PAGE_ROWS  # noqa: E402
+from bench.lfm2_speed import Bench  # noqa: E402
 from bench.model_bytes import active_params, kv_bytes, step_bytes  # noqa: E402
 from bench.report import compare, summary  # noqa: E402
+from bench.sections import sync  # noqa: E402
 from tensorfold.ops import gpu  # noqa: E402
 from tensorfold_gemma4.config import FULL, SLIDING, Gemma4Config  # noqa: E402
 from tensorfold_gemma4.dummy import CONFIGS, SHAPES, build_dummy, dummy_weights  # noqa: E402
@@ -84,7 +86,7 @@ class Gemma4Bench(Bench):
         """lfm2_speed's decode (64-row prompts, 128 new tokens), with each stream's cache reads
         (at the mean context of the timed rounds) added to the bandwidth limit."""
         res = super().decode()
-        new = 8 if self.args.smoke else 128
+        new = self.SMOKE["new"] if self.args.smoke else 128
         kv = kv_bytes(self.model, 64 + new // 2)
         for d in res.values():
             d["kv_bytes_per_stream"] = kv
@@ -113,11 +115,6 @@ class Gemma4Bench(Bench):
             res[f"streams{n}_ctx{prompt}"] = d
             del runner
         return res
-
-    def forward_ms(self, runner, prompts) -> float:
-        if not self.args.smoke:
-            return super().forward_ms(runner, prompts)
-        return -1.0  # interpreted kernels time nothing worth the 23 passes
 
     def transformers(self) -> dict[str, Any]:
         """Gemma4ForCausalLM on our tensors (shared, no copy), after every timing of ours: the

@@ -192,7 +192,7 @@ def run(device: str = "cuda", smoke: bool = False) -> dict[str, Any]:
         row["rows_per_s"] = prompt / row["eager_ms"] * 1e3
         out[f"prompt{prompt}_ctx{ctx}"] = row
         out[f"gates_ctx{ctx}"] = gates(layer, ctx)
-        del layer
+        layer = None  # its rows are freed before the next context's are made
     return out
 
 

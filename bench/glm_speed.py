@@ -37,15 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import engine_runs  # noqa: E402
 from bench.model_bytes import kv_bytes  # noqa: E402
 from bench.report import compare, short, summary  # noqa: E402
-from bench.sections import Sections, sync  # noqa: E402
-from tensorfold.cuda_graphs import GraphRunner  # noqa: E402
+from bench.engine_sections import PAGE_ROWS, EngineSections  # noqa: E402
+from bench.sections import sync  # noqa: E402
 from tensorfold.ops import gpu  # noqa: E402
 from tensorfold.runner import ModelRunner  # noqa: E402
 from tensorfold_glm.config import GlmConfig  # noqa: E402
 from tensorfold_glm.dummy import SHAPES, build_dummy  # noqa: E402
 from tensorfold_glm.weights import MoeWeights  # noqa: E402
 
-PAGE_ROWS = 512
 SMOKE_CONFIG = dict(  # 4 layers: KDA x3 then MLA; 3 dense then MoE
     vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
     num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32,
@@ -94,12 +93,14 @@ def step_bytes(model) -> dict[str, Any]:
     }
 
 
-class Bench(Sections):
+class Bench(EngineSections):
+    # the interpreter runs every kernel of this model slowly: smaller CPU runs
+    SMOKE = dict(new=3, prompt=16, streams=(1, 2), prefill=(40, 100), gate_top=40, gate_new=3,
+                 levels=(1, 4))
+
     def __init__(self, args: argparse.Namespace):
         super().__init__(args)
         self.smoke = args.smoke
-        self.model = None
-        self.window = 33 * 1024 if not args.smoke else 2048
 
     def config(self) -> GlmConfig:
         if self.smoke:
@@ -139,112 +140,15 @@ class Bench(Sections):
                 "build_s": time.perf_counter() - a, **step_bytes(self.model),
                 "fixed_state_bytes_per_stream": self.model.layout.fixed_bytes}
 
-    def runner(self, streams: int, *, graphs: bool = True, pages: int | None = None,
-               poison: bool = False, window: int | None = None) -> ModelRunner:
-        per = -(-(window or self.window) // PAGE_ROWS)
-        pages = pages or streams * per
-        if graphs:
-            return GraphRunner(self.model, num_pages=pages, num_slots=streams,
-                               page_rows=PAGE_ROWS, poison=poison, max_pages=per,
-                               capture=not self.smoke and not self.args.no_graphs)
-        return ModelRunner(self.model, num_pages=pages, num_slots=streams, page_rows=PAGE_ROWS,
-                           poison=poison)
-
     def decode(self) -> dict[str, Any]:
-        res: dict[str, Any] = {}
-        vocab = self.model.vocab_size
-        new = 3 if self.smoke else 128
-        win = 1024
-        plen = 16 if self.smoke else 64
-        # a decode step reads and writes every KDA state and conv tail of its stream
-        state_rw = 2 * self.model.layout.fixed_bytes
-        for n in (1, 8, 64) if not self.smoke else (1, 2):
-            runner = self.runner(n, window=win)
-            prompts = engine_runs.random_prompts(n, plen, vocab, seed=n)
-            engine_runs.run_requests(runner, prompts, 2, lanes=n, window=win)  # capture
-            run = engine_runs.run_requests(runner, prompts, new, lanes=n, window=win)
-            res[f"streams{n}"] = {
-                "tokens_per_s": run.decode_tokens_per_s, "rounds": run.decode_rounds,
-                "ms_per_round": 1e3 * run.decode_s / max(run.decode_rounds, 1),
-                "graph_replays": getattr(runner, "replays", 0),
-                "capture_error": getattr(runner, "capture_error", None),
-                "kv_bytes_per_stream": state_rw + kv_bytes(self.model, 100) - self.model.layout.fixed_bytes,
-            }
-            fwd = self.forward_ms(runner, n)
-            res[f"streams{n}"].update(forward_ms=fwd, forward_tokens_per_s=1e3 * n / fwd)
-            del runner
-        runner = self.runner(1, graphs=False, window=win)
-        prompts = engine_runs.random_prompts(1, plen, vocab, seed=1)
-        run = engine_runs.run_requests(runner, prompts, max(new // 2, 2), lanes=1, window=win)
-        res["streams1_eager"] = {"tokens_per_s": run.decode_tokens_per_s}
-        return res
-
-    def forward_ms(self, runner: ModelRunner, n: int) -> float:
-        """One decode round's forward alone (graph replay or eager), in ms."""
-        from tensorfold.forward_pass import StreamRows
-
-        g = torch.Generator().manual_seed(n)
-        toks = torch.randint(10, self.model.vocab_size, (n,), generator=g).tolist()
-        streams = [StreamRows(s, 100, [toks[s]], [s]) for s in range(n)]
-        for _ in range(2):
-            runner.run(streams)
-        sync(self.device)
-        reps = 1 if self.smoke else 20
-        a = time.perf_counter()
-        for _ in range(reps):
-            runner.run(streams)
-        sync(self.device)
-        return 1e3 * (time.perf_counter() - a) / reps
-
-    def prefill(self) -> dict[str, Any]:
-        res: dict[str, Any] = {}
-        lengths = (2048, 8192, 32768) if not self.smoke else (40, 100)
-        runner = self.runner(1)
-        vocab = self.model.vocab_size
-        warm = engine_runs.random_prompts(1, 2048 if not self.smoke else 16, vocab, 5)
-        engine_runs.run_requests(runner, warm, 1, lanes=1, window=self.window)
-        for n in lengths:
-            if self.left() < 60 and not self.smoke:
-                res[f"prompt{n}"] = {"skipped": "budget"}
-                continue
-            prompts = engine_runs.random_prompts(1, n, vocab, seed=n)
-            run = engine_runs.run_requests(runner, prompts, 1, lanes=1, window=self.window)
-            o = run.outcomes[0]
-            ttft = o.first - o.submitted
-            res[f"prompt{n}"] = {"ttft_s": ttft, "tokens_per_s": n / ttft}
-        return res
-
-    def gates(self) -> dict[str, Any]:
-        vocab = self.model.vocab_size
-        count = 64 if not self.smoke else 4
-        g = torch.Generator().manual_seed(3)
-        top = 3000 if not self.smoke else 40
-        lengths = torch.randint(5, top, (count,), generator=g).tolist()
-        prompts = engine_runs.random_prompts(count, lengths, vocab, seed=11)
-        new = 16 if not self.smoke else 3
-        res: dict[str, Any] = {"prompts": count, "lengths": [min(lengths), max(lengths)]}
-        win = top + new + PAGE_ROWS
-        solo = self.runner(1, window=win)
-        alone = [engine_runs.run_requests(solo, [p], new, lanes=1, window=win).outcomes[0].tokens
-                 for p in prompts]
-        del solo
-        levels = (1, 8, 64) if not self.smoke else (1, 4)
-        wide = self.runner(levels[-1], window=win)
-        for level in levels:
-            got = []
-            for i in range(0, count, level):
-                run = engine_runs.run_requests(wide, prompts[i : i + level], new, lanes=level,
-                                               window=win)
-                got += [o.tokens for o in run.outcomes]
-            res[f"concurrent_equals_solo_at_{level}"] = got == alone
-        res["graph_replays"] = wide.replays
-        del wide
-        per = -(-(max(lengths) + new) // PAGE_ROWS)
-        tight = self.runner(levels[-1], pages=per * 4, poison=True, window=win)
-        got = [o.tokens for o in engine_runs.run_requests(
-            tight, prompts, new, lanes=levels[-1], window=win).outcomes]
-        res["pages_equal_windows_poisoned"] = got == alone
-        res["distinct_tokens"] = len({t for toks in alone for t in toks})
+        """The shared decode, with a stream's bytes a step beside the weights: its cache rows at
+        context 100, and every KDA state and conv tail read and written."""
+        res = super().decode()
+        layout = self.model.layout
+        kv = 2 * layout.fixed_bytes + kv_bytes(self.model, 100) - layout.fixed_bytes
+        for name, d in res.items():
+            if name != "streams1_eager":
+                d["kv_bytes_per_stream"] = kv
         return res
 
     def kda_cost(self) -> dict[str, Any]:
@@ -433,6 +337,8 @@ class Bench(Sections):
         if not self.smoke:
             follow["past 2048"] = first[:2600] + tail(5)
         params = SamplingParams(temperature=0, max_tokens=8)
+        submit = lambda llm, ids, marks: testing.submit_with_marks(  # noqa: E731
+            llm, ids, marks, params, timeout_s=600)
         flags = dict(device=self.device, dtype="bfloat16", load_format="dummy", parallel=2,
                      context=4096, prompt_cache_gib=8 if not self.smoke else 0.05)
         if self.smoke:
@@ -441,12 +347,12 @@ class Bench(Sections):
         for share in (0, 16):
             llm = LLM(family="glm5_next", model=folder, kv_share=share, **flags)
             try:
-                got = {"first": self.submit(llm, first, marks, params)}
+                got = {"first": submit(llm, first, marks)}
                 for name, ids in follow.items():
-                    got[name] = self.submit(llm, ids, [], params)
+                    got[name] = submit(llm, ids, [])
                 # a chat's next turn: the first prompt, its (decoded) reply, a new user turn
                 reply = got["first"][0]
-                got["next turn"] = self.submit(llm, first + reply + tail(6), [], params)
+                got["next turn"] = submit(llm, first + reply + tail(6), [])
                 out[share] = got
             finally:
                 testing.close_even(llm)
@@ -462,30 +368,6 @@ class Bench(Sections):
         res["bytes_held_before_the_engines"] = held
         shutil.rmtree(folder, ignore_errors=True)
         return res
-
-    @staticmethod
-    def submit(llm, ids, marks, params) -> tuple[list[int], int]:
-        import threading
-
-        from tensorfold.requests import Finished, TokenOut
-
-        got: list[int] = []
-        ended: list[Finished] = []
-        done = threading.Event()
-
-        def sink(event):
-            if isinstance(event, TokenOut):
-                got.append(event.token)
-            elif isinstance(event, Finished):
-                ended.append(event)
-                done.set()
-
-        llm.served.engine.submit(list(ids), params.with_seed(), sink, list(marks))
-        if not done.wait(600):
-            raise TimeoutError("request did not finish in 600 s")
-        if ended[0].error is not None:
-            raise RuntimeError(ended[0].error)
-        return got, ended[0].cached_tokens
 
     def dummy_folder(self) -> Path:
         """config.json at the bench's shape, with the demo checkpoint's tokenizer files."""

@@ -29,16 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import engine_runs  # noqa: E402
 from bench.model_bytes import active_params, step_bytes  # noqa: E402
 from bench.report import compare, summary  # noqa: E402
-from bench.sections import Sections, sync  # noqa: E402
-from tensorfold.cuda_graphs import GraphRunner  # noqa: E402
+from bench.engine_sections import PAGE_ROWS, EngineSections  # noqa: E402
 from tensorfold.ops import gpu  # noqa: E402
 from tensorfold.ops.conv import gated_conv  # noqa: E402
 from tensorfold.ops.linear import linear  # noqa: E402
 from tensorfold.runner import ModelRunner  # noqa: E402
 from tensorfold_lfm2_moe import layers  # noqa: E402
 from tensorfold_lfm2_moe.dummy import SHAPES, build_dummy  # noqa: E402
-
-PAGE_ROWS = 512
 
 
 def pass_level_short_conv(name, w, x, fp, slots):
@@ -60,12 +57,7 @@ def use_pass_level_conv() -> bool:
 # --- sections --------------------------------------------------------------------------------
 
 
-class Bench(Sections):
-    def __init__(self, args: argparse.Namespace):
-        super().__init__(args)
-        self.model = None
-        self.window = 33 * 1024 if not args.smoke else 2048
-
+class Bench(EngineSections):
     # each section returns a JSON-able dict
 
     def env(self) -> dict[str, Any]:
@@ -102,113 +94,6 @@ class Bench(Sections):
         sb = step_bytes(self.model)
         return {"shape": self.args.shape, "build_s": time.perf_counter() - a, **sb,
                 "active_params": active_params(self.model)}
-
-    def runner(self, streams: int, *, graphs: bool = True, pages: int | None = None,
-               poison: bool = False, window: int | None = None) -> ModelRunner:
-        per = -(-(window or self.window) // PAGE_ROWS)
-        pages = pages or streams * per
-        if graphs:
-            return GraphRunner(self.model, num_pages=pages, num_slots=streams,
-                               page_rows=PAGE_ROWS, poison=poison, max_pages=per,
-                               capture=not self.args.smoke and not self.args.no_graphs)
-        return ModelRunner(self.model, num_pages=pages, num_slots=streams, page_rows=PAGE_ROWS,
-                           poison=poison)
-
-    def decode(self) -> dict[str, Any]:
-        res: dict[str, Any] = {}
-        vocab = self.model.vocab_size
-        new = 8 if self.args.smoke else 128
-        win = 1024
-        for n in (1, 8, 64) if not self.args.smoke else (1, 4):
-            runner = self.runner(n, window=win)
-            prompts = engine_runs.random_prompts(n, 64, vocab, seed=n)
-            engine_runs.run_requests(runner, prompts, 4, lanes=n, window=win)  # capture
-            run = engine_runs.run_requests(runner, prompts, new, lanes=n, window=win)
-            res[f"streams{n}"] = {
-                "tokens_per_s": run.decode_tokens_per_s, "rounds": run.decode_rounds,
-                "ms_per_round": 1e3 * run.decode_s / max(run.decode_rounds, 1),
-                "graph_replays": getattr(runner, "replays", 0),
-                "capture_error": getattr(runner, "capture_error", None),
-            }
-            fwd = self.forward_ms(runner, prompts)
-            res[f"streams{n}"].update(forward_ms=fwd, forward_tokens_per_s=1e3 * n / fwd)
-            del runner
-        # one stream without graphs, for the launch overhead graphs remove
-        runner = self.runner(1, graphs=False, window=win)
-        prompts = engine_runs.random_prompts(1, 64, vocab, seed=1)
-        run = engine_runs.run_requests(runner, prompts, new // 2, lanes=1, window=win)
-        res["streams1_eager"] = {"tokens_per_s": run.decode_tokens_per_s}
-        return res
-
-    def forward_ms(self, runner: ModelRunner, prompts) -> float:
-        """One decode round's forward alone (graph replay or eager), in ms: the rest of a round
-        is the scheduler and the sampler."""
-        from tensorfold.forward_pass import StreamRows
-
-        n = len(prompts)
-        g = torch.Generator().manual_seed(n)
-        toks = torch.randint(10, self.model.vocab_size, (n,), generator=g).tolist()
-        streams = [StreamRows(s, 100, [toks[s]], [s]) for s in range(n)]
-        for _ in range(3):
-            runner.run(streams)
-        sync(self.device)
-        a = time.perf_counter()
-        reps = 20
-        for _ in range(reps):
-            runner.run(streams)
-        sync(self.device)
-        return 1e3 * (time.perf_counter() - a) / reps
-
-    def prefill(self) -> dict[str, Any]:
-        res: dict[str, Any] = {}
-        lengths = (2048, 8192, 32768) if not self.args.smoke else (100, 300)
-        runner = self.runner(1)
-        vocab = self.model.vocab_size
-        engine_runs.run_requests(runner, engine_runs.random_prompts(1, 2048 if not self.args.smoke else 64, vocab, 5),
-                                 1, lanes=1, window=self.window)  # warm-up
-        for n in lengths:
-            prompts = engine_runs.random_prompts(1, n, vocab, seed=n)
-            engine_runs.run_requests(runner, prompts, 1, lanes=1, window=self.window)  # warm
-            run = engine_runs.run_requests(runner, prompts, 1, lanes=1, window=self.window)
-            o = run.outcomes[0]
-            ttft = o.first - o.submitted
-            res[f"prompt{n}"] = {"ttft_s": ttft, "tokens_per_s": n / ttft}
-        return res
-
-    def gates(self) -> dict[str, Any]:
-        vocab = self.model.vocab_size
-        count = 64 if not self.args.smoke else 4
-        g = torch.Generator().manual_seed(3)
-        top = 3000 if not self.args.smoke else 150
-        lengths = torch.randint(5, top, (count,), generator=g).tolist()
-        prompts = engine_runs.random_prompts(count, lengths, vocab, seed=11)
-        new = 16 if not self.args.smoke else 4
-        res: dict[str, Any] = {"prompts": count, "lengths": [min(lengths), max(lengths)]}
-        win = top + new + PAGE_ROWS
-        solo_runner = self.runner(1, window=win)
-        alone = [engine_runs.run_requests(solo_runner, [p], new, lanes=1, window=win)
-                 .outcomes[0].tokens for p in prompts]
-        del solo_runner
-        levels = (1, 8, 64) if not self.args.smoke else (1, 2, 4)
-        wide = self.runner(levels[-1], window=win)
-        for level in levels:
-            got = []
-            for i in range(0, count, level):
-                run = engine_runs.run_requests(wide, prompts[i : i + level], new, lanes=level,
-                                               window=win)
-                got += [o.tokens for o in run.outcomes]
-            res[f"concurrent_equals_solo_at_{level}"] = got == alone
-        del wide
-        # pages == windows: a pool of a window a lane against one of a few pages, where streams
-        # wait for pages and take freed (poisoned) ones.
-        per = -(-(max(lengths) + new) // PAGE_ROWS)
-        tight = self.runner(levels[-1], pages=per * 4, poison=True, window=win)
-        got = [o.tokens for o in engine_runs.run_requests(
-            tight, prompts, new, lanes=levels[-1], window=win).outcomes]
-        res["pages_equal_windows_poisoned"] = got == alone
-        res["distinct_tokens"] = len({t for toks in alone for t in toks})
-        self.alone = (prompts[0], alone[0])
-        return res
 
     def transformers(self) -> dict[str, Any]:
         from bench import hf_baseline

@@ -58,6 +58,49 @@ def assert_concurrent_equals_solo(
         assert got == alone, f"level {level}"
 
 
+def submit_with_marks(
+    llm: LLM, ids: Sequence[int], marks: Sequence[int], params: SamplingParams,
+    timeout_s: float = 120,
+) -> tuple[list[int], int]:
+    """One request straight to the engine with explicit prompt-store marks: its tokens and how
+    many prompt rows it resumed. A request that fails or takes over timeout_s raises."""
+    import threading
+
+    from .requests import Finished, TokenOut
+
+    out: list[int] = []
+    ended: list[Finished] = []
+    done = threading.Event()
+
+    def sink(event: Any) -> None:
+        if isinstance(event, TokenOut):
+            out.append(event.token)
+        elif isinstance(event, Finished):
+            ended.append(event)
+            done.set()
+
+    llm.served.engine.submit(list(ids), params.with_seed(), sink, list(marks))
+    if not done.wait(timeout_s):
+        raise TimeoutError(f"the request did not finish in {timeout_s} s")
+    if ended[0].error is not None:
+        raise RuntimeError(ended[0].error)
+    return out, ended[0].cached_tokens
+
+
+CHAT_WORDS = "river stone light garden window paper cloud music winter morning bread".split()
+
+
+def chat_turns(chat: int, turns: int, first: int, later: int,
+               words: Sequence[str] = CHAT_WORDS) -> list[str]:
+    """Chat `chat`'s user turns, drawn from a generator seeded by it: the first turn `first`
+    random words long, the later ones `later` (for run_chats)."""
+    import random
+
+    rng = random.Random(chat)
+    return [" ".join(rng.choice(words) for _ in range(first if t == 0 else later))
+            for t in range(turns)]
+
+
 def run_chats(
     llm: LLM, users: Sequence[Sequence[str]], params: SamplingParams
 ) -> tuple[list[list[list[int]]], list[list[int]]]:

@@ -4,7 +4,6 @@ census even after each."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -34,10 +33,8 @@ def open_llm(demo: Path, **flags) -> LLM:
 
 
 def user_turns(chat: int) -> list[str]:
-    rng = random.Random(chat)
-    length = 220 if chat == 0 else 30  # chat 0's first turn passes a 512-row page
-    return [" ".join(rng.choice(WORDS) for _ in range(length if t == 0 else 25))
-            for t in range(TURNS)]
+    # chat 0's first turn passes a 512-row page
+    return testing.chat_turns(chat, TURNS, 220 if chat == 0 else 30, 25, WORDS)
 
 
 def run_chats(llm: LLM, params: SamplingParams):

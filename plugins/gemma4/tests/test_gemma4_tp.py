@@ -225,11 +225,7 @@ def test_shards_give_one_ranks_logits_and_tokens_and_keep_the_gates(tiny_paths, 
 
 
 def user_turns(chat: int) -> list[str]:
-    import random
-
-    rng = random.Random(chat)
-    words = "river stone light garden window paper cloud music winter morning bread".split()
-    return [" ".join(rng.choice(words) for _ in range(150 if t == 0 else 20)) for t in range(2)]
+    return testing.chat_turns(chat, turns=2, first=150, later=20)
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)

@@ -83,6 +83,21 @@ def _sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
 
 
+@triton.jit
+def _collapse_block(x_ptr, row_base, cols, mask, pre, c, H, HC: tl.constexpr,
+                    ROWS: tl.constexpr, BH: tl.constexpr):
+    """Σ_m pre_m · X_m over one block of columns, fp32, in stream order. -> [ROWS, BH]."""
+    x = tl.zeros((ROWS, BH), dtype=tl.float32)
+    for m in tl.static_range(HC):
+        pre_m = tl.sum(tl.where(c[None, :] == m, pre, 0.0), axis=1)
+        s = tl.load(x_ptr + row_base + m * H + cols[None, :], mask=mask, other=0.0)
+        if m == 0:
+            x = pre_m[:, None] * s.to(tl.float32)
+        else:
+            x = x + pre_m[:, None] * s.to(tl.float32)
+    return x
+
+
 @triton.jit(do_not_specialize=["n_rows", "iters"])
 def _collapse_kernel(
     x_ptr, z_ptr, ss_ptr, base_ptr, scale_ptr, norm_w_ptr, post_ptr, comb_ptr, out_ptr,
@@ -129,28 +144,14 @@ def _collapse_kernel(
     for hb in range(0, H, BH):  # the collapse, rounded, and its Σx²
         cols = hb + tl.arange(0, BH)
         mask = rmask[:, None] & (cols < H)[None, :]
-        x = tl.zeros((ROWS, BH), dtype=tl.float32)
-        for m in tl.static_range(HC):
-            pre_m = tl.sum(tl.where(c[None, :] == m, pre, 0.0), axis=1)
-            s = tl.load(x_ptr + row_base + m * H + cols[None, :], mask=mask, other=0.0)
-            if m == 0:
-                x = pre_m[:, None] * s.to(tl.float32)
-            else:
-                x = x + pre_m[:, None] * s.to(tl.float32)
+        x = _collapse_block(x_ptr, row_base, cols, mask, pre, c, H, HC, ROWS, BH)
         xr = x.to(dt).to(tl.float32)
         ss2 += tl.sum(xr * xr, axis=1)
     rn = tl.math.rsqrt(ss2 / H + norm_eps)
     for hb in range(0, H, BH):  # the same collapse again, normed
         cols = hb + tl.arange(0, BH)
         mask = rmask[:, None] & (cols < H)[None, :]
-        x = tl.zeros((ROWS, BH), dtype=tl.float32)
-        for m in tl.static_range(HC):
-            pre_m = tl.sum(tl.where(c[None, :] == m, pre, 0.0), axis=1)
-            s = tl.load(x_ptr + row_base + m * H + cols[None, :], mask=mask, other=0.0)
-            if m == 0:
-                x = pre_m[:, None] * s.to(tl.float32)
-            else:
-                x = x + pre_m[:, None] * s.to(tl.float32)
+        x = _collapse_block(x_ptr, row_base, cols, mask, pre, c, H, HC, ROWS, BH)
         normed = (x.to(dt).to(tl.float32) * rn[:, None]).to(dt)
         w = tl.load(norm_w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
         y = w[None, :] * normed.to(tl.float32)

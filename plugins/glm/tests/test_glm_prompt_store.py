@@ -6,7 +6,6 @@ evictions; the census even after each."""
 from __future__ import annotations
 
 import random
-import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -15,7 +14,6 @@ import pytest
 from tensorfold import testing
 from tensorfold.llm import LLM
 from tensorfold.testing import close_even
-from tensorfold.requests import Finished, TokenOut
 from tensorfold.sampling import SamplingParams
 from tensorfold_glm.demo import build_demo
 
@@ -38,10 +36,8 @@ def open_llm(demo: Path, **flags) -> LLM:
 
 
 def user_turns(chat: int, turns: int) -> list[str]:
-    rng = random.Random(chat)
-    length = 1300 if chat == 0 else 20  # chat 0's first turn passes the 2048-row grid
-    return [" ".join(rng.choice(WORDS) for _ in range(length if t == 0 else 15))
-            for t in range(turns)]
+    # chat 0's first turn passes the 2048-row grid
+    return testing.chat_turns(chat, turns, 1300 if chat == 0 else 20, 15, WORDS)
 
 
 def run_chats(llm: LLM, params: SamplingParams, chats: int = 5, turns: int = 3):
@@ -68,7 +64,7 @@ def test_resumed_equals_fresh_over_chats(demo, fresh, flags):
         assert all(n == 0 for n in cached[0])
         if flags["kv_share"] > 2:  # room for every state: chat 0 resumed past the grid mark
             assert all(n >= 2048 for n in (cached[1][0], cached[2][0])), cached
-        assert all(n % 16 == 0 for turn in cached for n in turn)
+        assert all(n % 64 == 0 for turn in cached for n in turn)  # the KDA chunk grid
         if flags["kv_share"] == 2:  # fewer states than the chats keep: some were evicted
             assert llm.served.engine.lanes.sharing.evictions > 0
     finally:
@@ -76,22 +72,7 @@ def test_resumed_equals_fresh_over_chats(demo, fresh, flags):
 
 
 def submit(llm: LLM, ids: Sequence[int], marks: Sequence[int]) -> tuple[list[int], int]:
-    """One request with explicit marks; returns its tokens and how many prompt rows it resumed."""
-    out: list[int] = []
-    ended: list[Finished] = []
-    done = threading.Event()
-
-    def sink(event):
-        if isinstance(event, TokenOut):
-            out.append(event.token)
-        elif isinstance(event, Finished):
-            ended.append(event)
-            done.set()
-
-    llm.served.engine.submit(list(ids), GREEDY, sink, list(marks))
-    assert done.wait(120)
-    assert ended[0].error is None, ended[0].error
-    return out, ended[0].cached_tokens
+    return testing.submit_with_marks(llm, ids, marks, GREEDY)
 
 
 def test_marks_on_and_off_the_grid_resume_exactly(demo):

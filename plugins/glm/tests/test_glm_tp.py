@@ -17,7 +17,6 @@ port.
 
 from __future__ import annotations
 
-import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -269,9 +268,7 @@ def test_shards_give_one_ranks_logits_and_tokens_and_keep_the_gates(tiny_paths, 
 
 
 def user_turns(chat: int) -> list[str]:
-    rng = random.Random(chat)
-    words = "river stone light garden window paper cloud music winter morning bread".split()
-    return [" ".join(rng.choice(words) for _ in range(120 if t == 0 else 15)) for t in range(2)]
+    return testing.chat_turns(chat, turns=2, first=120, later=15)
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)

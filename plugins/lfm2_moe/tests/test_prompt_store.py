@@ -3,7 +3,6 @@ marks inside a pass, pressure and eviction, poisoned pages; the census even afte
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -34,9 +33,8 @@ def open_llm(demo: Path, **flags) -> LLM:
 
 
 def user_turns(chat: int, turns: int = 4) -> list[str]:
-    rng = random.Random(chat)
-    length = 900 if chat == 0 else 30  # chat 0's first turn passes the 2048-row grid
-    return [" ".join(rng.choice(WORDS) for _ in range(length if t == 0 else 25)) for t in range(turns)]
+    # chat 0's first turn passes the 2048-row grid
+    return testing.chat_turns(chat, turns, 900 if chat == 0 else 30, 25, WORDS)
 
 
 def run_chats(llm: LLM, params: SamplingParams, chats: int = 8, turns: int = 4):
