@@ -187,6 +187,9 @@ def _collectives(rank: int, port: int, out: str) -> None:
                                             2 * rank),
         "alone": moe(x, weights, experts, w1, w3, w2),
         "logits": linear(x, lm),
+        # each rank's slice computed here: a gather moves bits, so it must equal these side by side
+        # (not linear(x, lm): a BLAS may sum a column of a 10-wide product in another order)
+        "slices": torch.cat([linear(x, lm[5 * r : 5 * r + 5]) for r in range(2)], -1),
         "row_alone": linear(x, lm, torch.ones(10)),
     }
     if rank == 0:
@@ -202,7 +205,8 @@ def test_sums_gathers_and_experts_across_two_ranks(tmp_path: Path):
     got = torch.load(out)
     # rank order in fp32: 0.1 + 0.2, rounded once
     assert torch.equal(got["sum"], torch.full((3, 4), 0.1) + torch.full((3, 4), 0.2))
-    assert torch.equal(got["cols"], got["logits"])  # moves bits only
+    assert torch.equal(got["cols"], got["slices"])  # moves bits only
+    torch.testing.assert_close(got["cols"], got["logits"], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got["row"], got["row_alone"], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got["moe"], got["alone"], rtol=1e-5, atol=1e-5)
 

@@ -11,6 +11,12 @@ def interpreting() -> bool:
     return bool(triton.knobs.runtime.interpret)
 
 
+if interpreting():
+    from .triton_interpret import install
+
+    install()  # the interpreter's dots summed in a fixed order, so row invariance is testable
+
+
 @triton.jit
 def mma(a, b, acc, IEEE: tl.constexpr, INTERP: tl.constexpr):
     """acc + a @ b, fp32 accumulation; fp32 operands in full precision (IEEE), not tf32."""
