@@ -1,5 +1,6 @@
-"""Load: 64 streaming clients at once against the served demo on loopback, for a bounded time.
-No request fails, the census is even afterwards, and the server's memory comes back."""
+"""Load: 64 streaming clients at once against the served demo on loopback, each sending a fixed
+number of requests. No request fails, the census is even afterwards, and the server's memory
+comes back. How long it took is printed, never asserted (times belong in the benchmarks)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from test_server import ServedDemo, rss_bytes
 
 CLIENTS = 64
-LOAD_S = 15.0
+ROUNDS = 3  # requests each client sends, one after the other
 RSS_SLACK = 96 * 1024 * 1024
 MODEL = "lfm2_moe-demo"
 PROMPTS = ("The little engine", "What is the capital of France?", "Numbers: one, two,",
@@ -49,25 +50,21 @@ async def one(client: openai.AsyncOpenAI, i: int, n: int) -> int:
     return max_tokens
 
 
-async def load(server: ServedDemo, seconds: float) -> tuple[int, int, list[str]]:
-    """CLIENTS clients, each sending request after request until the time is up."""
-    client = openai.AsyncOpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=60)
-    deadline = time.monotonic() + seconds
+async def load(server: ServedDemo, rounds: int) -> tuple[int, int, list[str]]:
+    """CLIENTS clients, each sending `rounds` requests one after the other (a request that hangs
+    fails on the client's timeout)."""
+    client = openai.AsyncOpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=120)
     failures: list[str] = []
     counts = [0, 0]
 
     async def user(i: int) -> None:
-        n = 0
-        while True:
+        for n in range(rounds):
             try:
                 tokens = await one(client, i, n)
                 counts[0] += 1
                 counts[1] += tokens
             except Exception as exc:
                 failures.append(f"client {i}: {type(exc).__name__}: {exc}")
-            n += 1
-            if time.monotonic() > deadline:
-                return
 
     try:
         await asyncio.gather(*(user(i) for i in range(CLIENTS)))
@@ -77,15 +74,15 @@ async def load(server: ServedDemo, seconds: float) -> tuple[int, int, list[str]]
 
 
 def test_64_streaming_clients(server: ServedDemo) -> None:
-    started = time.monotonic()
-    _, _, failures = asyncio.run(load(server, 0))  # one request each: warm
+    _, _, failures = asyncio.run(load(server, 1))  # one request each: warm
     assert not failures, failures[:5]
     server.wait_even()
     rss_before = rss_bytes(server.proc.pid)
-    requests, tokens, failures = asyncio.run(load(server, LOAD_S))
+    started = time.monotonic()
+    requests, tokens, failures = asyncio.run(load(server, ROUNDS))
     took = time.monotonic() - started
     assert not failures, failures[:5]
-    assert requests >= 2 * CLIENTS and took < LOAD_S + 25
+    assert requests == ROUNDS * CLIENTS
     m = server.wait_even(timeout=30)
     assert m["tensorfold_requests_total{endpoint=chat,reason=length}"] >= requests // 2
     rss_after = rss_bytes(server.proc.pid)

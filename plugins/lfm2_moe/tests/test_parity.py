@@ -182,10 +182,7 @@ def test_lm_head_on_disk_wins_over_tying(tiny_paths: dict[str, Path], tmp_path: 
 
 
 def test_demo_checkpoint_matches_reference(tmp_path: Path) -> None:
-    try:
-        from tensorfold_lfm2_moe.demo import build_demo
-    except ImportError as e:
-        pytest.skip(f"tensorfold_lfm2_moe.demo is not there yet ({e})")
+    from tensorfold_lfm2_moe.demo import build_demo
     from transformers import AutoModelForCausalLM
 
     folder = build_demo(tmp_path / "cache")
