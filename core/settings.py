@@ -52,6 +52,11 @@ class Settings(BaseSettings):
         default=False,
         description="Fill freed and detached pages with NaN, so that a stale read changes tokens.",
     )
+    cuda_graphs: bool = Field(
+        default=True,
+        description="On CUDA, replay decode rounds as CUDA graphs (0: run every pass eagerly, "
+        "for debugging; the tokens are the same).",
+    )
     kv_share: int = Field(
         default=0,
         ge=0,

@@ -241,7 +241,7 @@ def open_rank(
     # On CUDA, decode rounds replay a CUDA graph per lane-count bucket (its scratch page and
     # slot are counted in the plan by plan_memory).
     runner_cls, graph_args = ModelRunner, {}
-    if device.startswith("cuda"):
+    if device.startswith("cuda") and settings.cuda_graphs:
         from .cuda_graphs import GraphRunner
 
         # A graph's page tables are a window wide, not the pool's width: kernels that size
