@@ -1,0 +1,147 @@
+"""The GPU suite's kernel checks (`pytest -m gpu`, on a CUDA machine), in bf16 on the device:
+
+- the shared kernels (linear, MoE, gated FFN, router, norms, rope): a row alone gives the bits it
+  gives in batches of every size, across the tile choice by row count;
+- each family's model on its demo checkpoint, through all of its kernels: streams in one pass
+  (a decode row, a chunk, a whole prompt) give the logits they give alone, bit for bit; shuffled
+  page tables and poisoned free pages change nothing; the graph runner's decode rounds equal
+  plain passes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from tensorfold import testing
+from tensorfold.checkpoint import Checkpoint
+from tensorfold.runner import ModelRunner, open_stream
+
+pytestmark = pytest.mark.gpu
+
+DEV = "cuda"
+BF16 = torch.bfloat16
+ROWS = [1, 2, 3, 7, 16, 33, 255, 256, 257, 700]  # both sides of the small-tile limit (256)
+FAMILIES = {"lfm2_moe": "tensorfold_lfm2_moe", "gemma4": "tensorfold_gemma4",
+            "glm5_next": "tensorfold_glm"}
+
+
+def randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(DEV, BF16)
+
+
+def assert_rows_invariant(fn, x: torch.Tensor, *row_args: torch.Tensor) -> None:
+    """fn over the first m rows, for every m in ROWS, gives each row the bits of the full batch."""
+    full = fn(x, *row_args)
+    full = full if isinstance(full, tuple) else (full,)
+    for m in ROWS:
+        for start in {0, x.shape[0] - m}:
+            part = fn(x[start : start + m].clone(), *[a[start : start + m].clone() for a in row_args])
+            part = part if isinstance(part, tuple) else (part,)
+            for p, f in zip(part, full):
+                assert torch.equal(p, f[start : start + m]), f"rows {start}:{start + m}"
+
+
+def test_linear_rows_alone_equal_batches():
+    from tensorfold.ops import triton_linear
+
+    w, b = randn(1100, 320, seed=1, scale=0.05), randn(1100, seed=2)
+    assert_rows_invariant(lambda x: triton_linear.linear(x, w, b), randn(700, 320, seed=3))
+
+
+def test_moe_gated_ffn_and_router_rows_alone_equal_batches():
+    from tensorfold.ops import moe as ref_moe
+    from tensorfold.ops import triton_moe, triton_route
+
+    h, i, e, k = 256, 192, 16, 4
+    w1 = list(randn(e, i, h, seed=4, scale=0.05).unbind(0))
+    w3 = list(randn(e, i, h, seed=5, scale=0.05).unbind(0))
+    w2 = list(randn(e, h, i, seed=6, scale=0.05).unbind(0))
+    gate = randn(e, h, seed=7, scale=0.05)
+    x = randn(700, h, seed=8)
+    weights, experts = ref_moe.route(x, gate, None, k, norm_topk_prob=True)
+    assert_rows_invariant(lambda x, wt, ex: triton_moe.moe(x, wt, ex, w1, w3, w2), x, weights, experts)
+    d1, d3, d2 = randn(384, h, seed=9, scale=0.05), randn(384, h, seed=10, scale=0.05), randn(h, 384, seed=11, scale=0.05)
+    assert_rows_invariant(lambda x: triton_moe.gated_ffn(x, d1, d3, d2), x)
+    eb = randn(e, seed=12, scale=0.1).float()
+    assert_rows_invariant(
+        lambda x: triton_route.route(x, gate, eb, k, norm_topk_prob=True, scaling=2.5), x)
+
+
+def test_norms_and_rope_rows_alone_equal_batches():
+    from tensorfold.ops import rope as ref_rope
+    from tensorfold.ops import triton_norms, triton_rope
+
+    w = (1 + randn(512, seed=13, scale=0.1).float() * 0.1).to(BF16)
+    x, r = randn(700, 512, seed=14), randn(700, 512, seed=15)
+    assert_rows_invariant(lambda x: triton_norms.rms_norm(x, w, 1e-5), x)
+    assert_rows_invariant(lambda x, r: triton_norms.add_rms_norm(x, r, w, 1e-5), x, r)
+    pos = torch.arange(700, device=DEV) * 7
+    cos, sin = ref_rope.cos_sin(pos, ref_rope.inv_freq(64, 1e6).to(DEV), BF16)
+    q = randn(700, 8, 64, seed=16)
+    assert_rows_invariant(lambda q, c, s: triton_rope.apply_rope(q, c, s), q, cos, sin)
+
+
+# -- each family's model through its kernels, on its demo checkpoint ------------------------------
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    package = FAMILIES[request.param]
+    folder: Path = importlib.import_module(f"{package}.demo").build_demo(
+        tmp_path_factory.mktemp(request.param))
+    load = importlib.import_module(f"{package}.model").load
+    return load(Checkpoint.open(folder), DEV, "bfloat16")
+
+
+def prompts(vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(5, min(vocab, 700), (n,), generator=g).tolist() for n in (300, 2200, 900)]
+
+
+def make_runner(model, *, num_pages: int = 16, num_slots: int = 3, page_rows: int = 512,
+                poison: bool = False) -> ModelRunner:
+    return ModelRunner(model, num_pages=num_pages, num_slots=num_slots, page_rows=page_rows,
+                       poison=poison)
+
+
+def bound(model):
+    return lambda model=model, **kw: make_runner(model, **kw)
+
+
+@pytest.mark.parametrize("together", [(0, 1), (0, 2), (1, 2), (0, 1, 2)])
+def test_streams_in_one_pass_equal_streams_alone(model, together):
+    testing.assert_streams_together_equal_alone(
+        bound(model), model, prompts(model.vocab_size), together, num_pages=24, max_rows=3000)
+
+
+def test_shuffled_pages_and_poisoned_free_pages_change_nothing(model):
+    tokens = prompts(model.vocab_size)[1][:600]
+    cuts = [0, 64, 320, 599, 600]
+    testing.assert_shuffled_pages_change_nothing(model, tokens, cuts)
+    testing.assert_poisoned_pages_change_nothing(bound(model), prompts(model.vocab_size)[0])
+
+
+def test_graph_runner_decode_rounds_equal_plain_passes(model):
+    from tensorfold.cuda_graphs import GraphRunner
+
+    def rounds(runner) -> list[torch.Tensor]:
+        streams = [open_stream(runner, i, 512) for i in range(3)]
+        out = runner.run([s.rows(p[:100 + 60 * i]) for i, (s, p) in
+                          enumerate(zip(streams, prompts(model.vocab_size)))])
+        logits = [torch.cat(out)]
+        for _ in range(4):
+            out = runner.run([s.rows([int(o[-1].argmax())]) for s, o in zip(streams, out)])
+            logits.append(torch.cat(out))
+        return logits
+
+    plain = rounds(make_runner(model, num_pages=8, num_slots=3))
+    graphs = GraphRunner(model, num_pages=8, num_slots=4, page_rows=512, max_pages=2)
+    graphed = rounds(graphs)
+    assert graphs.replays == 4
+    for g, p in zip(graphed, plain):
+        assert torch.equal(g, p)
