@@ -50,6 +50,7 @@ log = get_logger("tensorfold.tensor_parallel")
 
 JOINED_KEY = "tensorfold/joined/{}"
 START_TIMEOUT_S = 3600.0  # ranks loading their shards wait this long for each other
+LEAVE_WAIT_S = 30.0  # how long a rank waits for NCCL's teardown when it leaves
 
 
 class TensorParallelError(RuntimeError):
@@ -123,13 +124,30 @@ class Joined:
         dist.broadcast_object_list(box, src=0, group=self.control)
         return box[0]
 
-    def leave(self) -> None:
+    def leave(self, wait_s: float = LEAVE_WAIT_S) -> None:
         """Leave the group. After a lost rank NCCL's teardown could wait on it: the process
-        keeps its group then (it is about to exit); gloo's is local."""
+        keeps its group then (it is about to exit); gloo's is local. NCCL's teardown waits for
+        its peers' (every rank leaves at once: rank 0 right after its stop, a follower when it
+        receives it); it runs in a thread given wait_s, so a peer that never tears down costs a
+        warning, not a hang."""
         parallel.set_group(None)
         torch.set_num_threads(self.threads)
-        if dist.is_initialized() and (self.broken is None or self.backend == "gloo"):
+        if not dist.is_initialized() or (self.broken is not None and self.backend != "gloo"):
+            return
+        if self.backend == "gloo":
             dist.destroy_process_group()
+            return
+        done = threading.Event()
+
+        def destroy() -> None:
+            dist.destroy_process_group()
+            done.set()
+
+        threading.Thread(target=destroy, name="tp-leave", daemon=True).start()
+        if not done.wait(wait_s):
+            self.broken = self.broken or "NCCL teardown did not finish"
+            log.warning(f"tensor parallel: rank {self.rank}'s NCCL teardown did not finish in "
+                        f"{wait_s:g} s; leaving it to the process's exit")
 
 
 # -- rank 0 -------------------------------------------------------------------------------------
@@ -237,8 +255,10 @@ class Team:
                     self.joined.send(("stop",))
                 except Exception:
                     pass
-        _end(self.procs, wait_s=10.0 if self.joined.broken is None else 0.0)
+        # leave first: the followers tear NCCL down as they get the stop, and so must rank 0
+        # (waiting for them to exit first left rank 0's teardown waiting on ranks gone)
         self.joined.leave()
+        _end(self.procs, wait_s=10.0 if self.joined.broken is None else 0.0)
 
     def abort(self) -> str | None:
         """Start-up failed on rank 0: end the followers started here. Returns why, when a

@@ -3,7 +3,8 @@
 Exactness: keys are visited in tiles of KEY_TILE aligned to absolute positions, with an online
 softmax, and queries in blocks of QUERY_BLOCK (zero-padded). A tile that a query cannot see is an
 exact no-op for it, so a row's result depends only on its own position and its stream's rows, not
-on where the pass cut the prompt or what else shares the pass.
+on where the pass cut the prompt or what else shares the pass. The products are summed by
+torch's reductions, not a BLAS, so that holds on every CPU (see rows_dot).
 """
 
 from __future__ import annotations
@@ -67,6 +68,18 @@ def _stream_attention(q, keys, values, positions, scale, window):
     return out
 
 
+def rows_dot(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """q [H, M, D], k [H, T, D] -> [H, M, T]: each q·k summed over D by torch's reduction, whose
+    order for one output depends only on D. A BLAS (bmm) may sum a row in another order by its
+    place in the block, and differently on each CPU kernel (MKL's AVX2 path does)."""
+    return (q[:, :, None, :] * k[:, None, :, :]).sum(-1)
+
+
+def weighted_rows(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """p [H, M, T], v [H, T, Dv] -> [H, M, Dv]: Σ_t p·v, in an order that depends only on T."""
+    return (p[:, :, :, None] * v[:, None, :, :]).sum(-2)
+
+
 def _block(qb, pos, keys, values, group, scale, window):
     """One query block against the key tiles it can see."""
     hkv = keys.shape[0]
@@ -85,14 +98,14 @@ def _block(qb, pos, keys, values, group, scale, window):
         visible = kpos[None, :] <= qpos[:, None]
         if window is not None:
             visible &= kpos[None, :] > qpos[:, None] - window
-        s = torch.bmm(qh, keys[:, t0 : t0 + KEY_TILE].transpose(1, 2)) * scale
+        s = rows_dot(qh, keys[:, t0 : t0 + KEY_TILE]) * scale
         s = s.masked_fill(~visible, float("-inf"))
         new_max = torch.maximum(run_max, s.amax(-1, keepdim=True))
         safe = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
         p = torch.exp(s - safe)
         alpha = torch.exp(run_max - safe)
         run_sum = run_sum * alpha + p.sum(-1, keepdim=True)
-        acc = acc * alpha + torch.bmm(p, values[:, t0 : t0 + KEY_TILE])
+        acc = acc * alpha + weighted_rows(p, values[:, t0 : t0 + KEY_TILE])
         run_max = new_max
     o = acc / run_sum  # [Hkv, G*Bq, Dv]
     return o.view(hkv, group, bq, -1).permute(2, 0, 1, 3).reshape(bq, hkv * group, -1)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from ..forward_pass import ForwardPass
-from .attention import KEY_TILE, QUERY_BLOCK
+from .attention import KEY_TILE, QUERY_BLOCK, rows_dot, weighted_rows
 from .gpu import use_triton
 
 
@@ -160,14 +160,14 @@ def _block(qb, pos, keys, values, base, scale, window):
         kpos = torch.arange(t0, t0 + KEY_TILE, device=dev)
         visible = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] > qpos[:, None] - window)
         tile = slice(t0 - base, t0 - base + KEY_TILE)
-        s = torch.bmm(qh, keys[:, tile].transpose(1, 2)) * scale
+        s = rows_dot(qh, keys[:, tile]) * scale
         s = s.masked_fill(~visible, float("-inf"))
         new_max = torch.maximum(run_max, s.amax(-1, keepdim=True))
         safe = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
         p = torch.exp(s - safe)
         alpha = torch.exp(run_max - safe)
         run_sum = run_sum * alpha + p.sum(-1, keepdim=True)
-        acc = acc * alpha + torch.bmm(p, values[:, tile])
+        acc = acc * alpha + weighted_rows(p, values[:, tile])
         run_max = new_max
     o = acc / run_sum  # [Hkv, G*Bq, Dv]
     return o.view(hkv, group, bq, -1).permute(2, 0, 1, 3).reshape(bq, hkv * group, -1)
