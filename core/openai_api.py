@@ -133,7 +133,8 @@ def _sampling(
     if best_of is not None and best_of != 1:
         raise bad(f"best_of must be 1, got {best_of}", "best_of")
     _get(body, "user", "str")
-    _get(body, "draft", "bool")  # drafts never change tokens, so either value serves
+    if "draft" in body:  # refused until drafting exists, rather than silently ignored
+        raise bad("drafting is not implemented; remove the draft field", "draft")
     max_param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else (
         "max_tokens"
     )
