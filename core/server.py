@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 from aiohttp import web
 
+from . import cors
 from .engine import QueueFull
 from .logs import get_logger
 from .metrics import CONTENT_TYPE, Metrics
@@ -254,10 +255,11 @@ async def metrics(request: web.Request) -> web.Response:
 
 def create_app(
     served: Served, *, device: str = "cpu", api_key: str | None = None,
-    max_body: int = DEFAULT_MAX_BODY,
+    max_body: int = DEFAULT_MAX_BODY, allowed_origins: Sequence[str] = (),
 ) -> web.Application:
     app = web.Application(middlewares=[errors_middleware, gate_middleware],
                           client_max_size=max_body)
+    cors.install(app, allowed_origins)  # its preflight answers before the key check
     app[STATE] = State(served, device, api_key)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
