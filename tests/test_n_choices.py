@@ -1,0 +1,202 @@
+"""`n` choices of one prompt, through the server and the offline API: the prompt is computed
+once, choice i equals the single request seeded with choice_seed(seed, i) token for token,
+usage counts the prompt once, streamed chunks carry their choice's index, n past the lanes is
+a 400 naming the bound, and the census is even after."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from tensorfold.choices import choice_params, choice_seed
+from tensorfold.requests import RequestRefused
+from tensorfold.sampling import SamplingParams
+from test_server import ServedDemo
+from test_server_bad_input import Http, check_error
+
+MODEL = "lfm2_moe-demo"
+LANES = 4
+LONG = "The little engine woke before dawn and climbed the hill. " * 50  # > one 512-row page
+MESSAGES = [{"role": "user", "content": "Tell me about the little engine."}]
+
+
+def test_choice_seeds() -> None:
+    assert [choice_seed(7, i) for i in range(3)] == [7, 8, 9]
+    assert choice_seed(2**64 - 1, 1) == 0 and choice_seed(-(2**63), 2) == -(2**63) + 2
+    seeded = choice_params(SamplingParams(temperature=1.0), 3)
+    assert seeded[0].seed is not None
+    assert [p.seed for p in seeded] == [choice_seed(seeded[0].seed, i) for i in range(3)]
+    with pytest.raises(ValueError):
+        choice_params(SamplingParams(), 0)
+
+
+# -- the offline API ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from tensorfold.testing import close_even, open_llm
+
+    demo = tmp_path_factory.mktemp("n-demo")
+    # poisoned freed pages: a choice that read a page its prompt's stream gave back would change
+    engine = open_llm("lfm2_moe", None, parallel=LANES, kv_poison=True, demo_cache=demo)
+    yield engine
+    close_even(engine)
+
+
+@pytest.mark.parametrize("prompt", ["The little engine", LONG], ids=["short", "long"])
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.9, seed=11, max_tokens=8, repetition_penalty=1.2),
+    SamplingParams(temperature=0.7, top_k=20, max_tokens=8, logprobs=True, top_logprobs=2),
+], ids=["seeded", "drawn"])
+def test_offline_choices_equal_their_single_twins(llm: Any, prompt: str,
+                                                  params: SamplingParams) -> None:
+    lanes = llm.served.engine.lanes
+    before = lanes.rows_computed + lanes.rows_cached
+    choices = llm.generate([prompt], params, n=3)
+    ids = choices[0].prompt_token_ids
+    assert lanes.rows_computed + lanes.rows_cached - before == len(ids)  # the prompt once
+    assert [c.index for c in choices] == [0, 1, 2]
+    seed = choices[0].seed
+    assert seed is not None and [c.seed for c in choices] == [choice_seed(seed, i)
+                                                              for i in range(3)]
+    assert len({tuple(c.token_ids) for c in choices}) > 1  # sampled apart
+    for i, c in enumerate(choices):
+        twin = llm.generate([prompt], replace(params, seed=choice_seed(seed, i)))[0]
+        assert (c.token_ids, c.text, c.logprobs, c.top_logprobs, c.finish_reason) == (
+            twin.token_ids, twin.text, twin.logprobs, twin.top_logprobs, twin.finish_reason)
+
+
+def test_offline_choices_among_other_prompts_and_chats(llm: Any) -> None:
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=6)
+    prompts = ["One, two,", LONG, "Once upon a time"]
+    together = llm.generate(prompts, params, n=2)
+    assert [(c.prompt_token_ids == together[2 * (k // 2)].prompt_token_ids, c.index)
+            for k, c in enumerate(together)] == [(True, k % 2) for k in range(6)]
+    for k, c in enumerate(together):
+        twin = llm.generate([prompts[k // 2]], replace(params, seed=3 + k % 2))[0]
+        assert c.token_ids == twin.token_ids
+    chats = llm.chat([MESSAGES], params, n=2)
+    assert [c.index for c in chats] == [0, 1]
+    for i, c in enumerate(chats):
+        assert c.token_ids == llm.chat([MESSAGES], replace(params, seed=3 + i))[0].token_ids
+    greedy = llm.generate(["The little"], SamplingParams(temperature=0, max_tokens=6), n=2)
+    assert greedy[0].token_ids == greedy[1].token_ids
+
+
+def test_offline_n_past_the_lanes_is_refused(llm: Any) -> None:
+    with pytest.raises(RequestRefused) as refused:
+        llm.generate(["x"], SamplingParams(max_tokens=2), n=LANES + 1)
+    assert refused.value.param == "n" and f"n <= {LANES}" in str(refused.value)
+
+
+# -- the server -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
+    s = ServedDemo(tmp_path_factory.mktemp("n-serve"), "--parallel", str(LANES),
+                   env={"TF_KV_SHARE": "16"})
+    yield s
+    rc, out = s.stop()
+    assert rc == 0 and "kv pool idle: promised 0" in out, s.logs()[-3000:]
+
+
+def token_ids(choice: Any) -> list[int]:
+    return [int(t.removeprefix("token_id:")) for t in choice["logprobs"]["tokens"]]
+
+
+def completion(http: Http, **fields: Any) -> dict[str, Any]:
+    body = {"model": MODEL, "max_tokens": 8, "logprobs": 0, "return_tokens_as_token_ids": True,
+            **fields}
+    r = http.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("prompt", ["The little engine", LONG], ids=["short", "long"])
+def test_completion_choices_equal_their_single_twins(server: ServedDemo, prompt: str) -> None:
+    http = Http(server.base)
+    many = completion(http, prompt=prompt, n=3, temperature=0.9, seed=41)
+    assert many["seed"] == 41 and [c["index"] for c in many["choices"]] == [0, 1, 2]
+    singles = [completion(http, prompt=prompt, temperature=0.9, seed=41 + i) for i in range(3)]
+    for choice, single in zip(many["choices"], singles):
+        assert token_ids(choice) == token_ids(single["choices"][0])
+        assert choice["text"] == single["choices"][0]["text"]
+        assert choice["finish_reason"] == single["choices"][0]["finish_reason"]
+    usage, one = many["usage"], singles[0]["usage"]
+    assert usage["prompt_tokens"] == one["prompt_tokens"]  # the prompt counted once
+    assert usage["completion_tokens"] == sum(s["usage"]["completion_tokens"] for s in singles)
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    server.wait_even()
+
+
+def test_chat_choices_with_the_openai_client(server: ServedDemo) -> None:
+    c = server.client()
+    kw: dict[str, Any] = dict(model=MODEL, messages=MESSAGES, max_tokens=10, temperature=1.0)
+    many = c.chat.completions.create(n=2, **kw)  # no seed: one is drawn and reported
+    seed = many.model_extra and many.model_extra["seed"]
+    assert isinstance(seed, int) and [ch.index for ch in many.choices] == [0, 1]
+    for i, ch in enumerate(many.choices):
+        single = c.chat.completions.create(seed=choice_seed(seed, i), **kw)
+        assert ch.message.content == single.choices[0].message.content
+        assert ch.finish_reason == single.choices[0].finish_reason
+    server.wait_even()
+
+
+def stream_lines(http: Http, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    with http.stream(path, body) as (status, lines):
+        assert status == 200
+        data = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(d) for d in data[:-1]]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_streamed_choices_carry_their_index(server: ServedDemo, path: str) -> None:
+    http = Http(server.base)
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 12, "temperature": 0.8, "seed": 5,
+                            "n": 3}
+    body.update({"messages": MESSAGES} if "chat" in path else {"prompt": LONG})
+    whole = http.post(path, json=body).json()
+    chunks = stream_lines(http, path, {**body, "stream": True,
+                                       "stream_options": {"include_usage": True}})
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    texts, finishes = {0: "", 1: "", 2: ""}, {}
+    for ch in chunks[:-1]:
+        assert len(ch["choices"]) == 1 and ch["id"] == chunks[0]["id"] and ch["usage"] is None
+        choice = ch["choices"][0]
+        i = choice["index"]
+        assert i not in finishes  # nothing after a choice's finish
+        if choice["finish_reason"] is not None:
+            finishes[i] = choice["finish_reason"]
+        texts[i] += choice["delta"].get("content") or "" if "chat" in path else choice["text"]
+    for i, choice in enumerate(whole["choices"]):
+        content = choice["message"]["content"] if "chat" in path else choice["text"]
+        assert (texts[i], finishes[i]) == (content, choice["finish_reason"])
+    if "chat" in path:
+        roles = [ch["choices"][0]["index"] for ch in chunks[:3]
+                 if ch["choices"][0]["delta"].get("role") == "assistant"]
+        assert roles == [0, 1, 2]
+    server.wait_even()
+
+
+@pytest.mark.parametrize("n,says", [(LANES + 1, f"n <= {LANES}"), (0, ">= 1"), ("2", "integer")])
+def test_bad_n_is_a_400_naming_the_bound(server: ServedDemo, n: Any, says: str) -> None:
+    http = Http(server.base)
+    for body in ({"model": MODEL, "prompt": "x", "max_tokens": 2, "n": n},
+                 {"model": MODEL, "messages": MESSAGES, "max_tokens": 2, "n": n}):
+        path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+        error = check_error(http.post(path, json=body), 400, "n")
+        assert says in error["message"], error
+    assert completion(http, prompt="x", n=2, max_tokens=2)["choices"][1]["index"] == 1
+
+
+def test_census_even_after(server: ServedDemo) -> None:
+    m = server.wait_even()
+    assert m["tensorfold_uneven_total"] == 0
+    assert m["tensorfold_lanes{state=free}"] == LANES
