@@ -94,6 +94,94 @@ def test_offline_n_past_the_lanes_is_refused(llm: Any) -> None:
     assert refused.value.param == "n" and f"n <= {LANES}" in str(refused.value)
 
 
+# -- the lanes: how forks end ----------------------------------------------------------------
+
+
+def count_lanes(pass_rows: int = 32) -> Any:
+    """Two lanes over a 16-page pool of 16-row pages (test_tensor_parallel's count model)."""
+    from tensorfold.adapters.snapshots import SnapshotArena
+    from tensorfold.lanes import Lanes
+    from test_tensor_parallel import _rank
+
+    return Lanes(_rank(SnapshotArena, True).runner, lanes=2, window=256, pass_rows=pass_rows)
+
+
+def group(done: list, prompt: list[int], max_tokens: int = 4) -> Any:
+    from tensorfold.requests import Request
+
+    params = choice_params(SamplingParams(temperature=0.9, seed=1, max_tokens=max_tokens,
+                                          ignore_eos=True), 2)
+    req = Request(prompt, params[0], done.append)
+    req.forks = [Request(prompt, params[1], done.append)]
+    return req
+
+
+def run_idle(lanes: Any) -> None:
+    while lanes.step():
+        pass
+    assert lanes.idle and len(lanes.free_slots) == 2 and lanes.uneven == 0
+    assert lanes.pool.census().idle_even
+
+
+@pytest.mark.parametrize("when", ["waiting", "prefilling"])
+def test_choices_end_with_their_prompts_stream(when: str) -> None:
+    """Cancelled before its prompt is computed (waiting, or between two passes of its prompt),
+    the request's other choices end with it, never admitted or forked, and everything comes
+    back."""
+    from tensorfold.requests import Finished
+
+    lanes, done = count_lanes(), []
+    req = group(done, list(range(1, 16)) * 3)  # 45 rows: two passes of 32
+    lanes.add(req)
+    if when == "prefilling":
+        lanes.step()
+        assert lanes.live and lanes.live[0].prefilling and len(lanes.free_slots) == 0
+    req.cancelled = True
+    run_idle(lanes)
+    assert [(e.request_id, e.reason, e.completion_tokens) for e in done] == [
+        (r.id, "cancelled", 0) for r in (*req.forks, req)]
+    assert all(isinstance(e, Finished) for e in done)
+
+
+def test_a_cancelled_choice_does_not_fork() -> None:
+    from tensorfold.requests import Finished
+
+    lanes, done = count_lanes(), []
+    req = group(done, [3, 4, 5] * 10)
+    req.forks[0].cancelled = True
+    lanes.add(req)
+    run_idle(lanes)
+    ends = {e.request_id: e for e in done if isinstance(e, Finished)}
+    assert ends[req.forks[0].id].reason == "cancelled"
+    assert ends[req.forks[0].id].completion_tokens == 0
+    assert ends[req.id].reason == "length" and ends[req.id].completion_tokens == 4
+
+
+def test_choices_wait_for_their_lanes_and_pages() -> None:
+    """A pair of choices waits while a lane is busy, then runs; n past the lanes, or n
+    choices past the pool, is refused naming n."""
+    from tensorfold.requests import Finished, Request
+
+    lanes, done = count_lanes(), []
+    lanes.add(Request([1, 2, 3], SamplingParams(max_tokens=6, ignore_eos=True).with_seed(),
+                      done.append))
+    lanes.step()
+    pair = group(done, [5, 6, 7] * 7)
+    lanes.add(pair)
+    lanes.step()
+    assert lanes.waiting and lanes.waiting[0] is pair  # one lane free: the pair waits
+    run_idle(lanes)
+    assert sum(isinstance(e, Finished) and e.reason == "length" for e in done) == 3
+    three = group(done, [1, 2])
+    three.forks.append(Request([1, 2], three.params, done.append))
+    too_long = group(done, [1] * 40, max_tokens=150)  # 12 pages alone, 22 for two
+    for req in (three, too_long):
+        with pytest.raises(RequestRefused) as refused:
+            lanes.check(req)
+        assert refused.value.param == "n"
+    lanes.check(too_long.forks[0])  # alone it fits
+
+
 # -- the server -----------------------------------------------------------------------------
 
 
@@ -183,6 +271,36 @@ def test_streamed_choices_carry_their_index(server: ServedDemo, path: str) -> No
                  if ch["choices"][0]["delta"].get("role") == "assistant"]
         assert roles == [0, 1, 2]
     server.wait_even()
+
+
+def test_concurrent_groups_equal_their_twins(server: ServedDemo) -> None:
+    """Two requests of n = 3 at once on 4 lanes (one waits for its 3 lanes) and a single one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    http = Http(server.base)
+    asks = [dict(prompt=LONG, n=3, seed=100), dict(prompt="Once upon a time", n=3, seed=200),
+            dict(prompt="One, two,", seed=300)]
+    with ThreadPoolExecutor(len(asks)) as pool:
+        got = list(pool.map(lambda a: completion(http, temperature=1.0, **a), asks))
+    for ask, reply in zip(asks, got):
+        for choice in reply["choices"]:
+            twin = completion(http, temperature=1.0, prompt=ask["prompt"],
+                              seed=ask["seed"] + choice["index"])
+            assert token_ids(choice) == token_ids(twin["choices"][0])
+    server.wait_even()
+
+
+def test_a_disconnect_cancels_every_choice(server: ServedDemo) -> None:
+    http = Http(server.base)
+    before = server.metrics().get(
+        "tensorfold_requests_total{endpoint=completion,reason=cancelled}", 0)
+    body = {"model": MODEL, "prompt": "The little", "max_tokens": 4000, "n": 3,
+            "stream": True, "ignore_eos": True}
+    with http.stream("/v1/completions", body) as (status, lines):
+        assert status == 200
+        next(lines)
+    m = server.wait_even(timeout=60)  # leaving closed the connection: every choice ends
+    assert m["tensorfold_requests_total{endpoint=completion,reason=cancelled}"] == before + 1
 
 
 @pytest.mark.parametrize("n,says", [(LANES + 1, f"n <= {LANES}"), (0, ">= 1"), ("2", "integer")])
