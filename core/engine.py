@@ -99,8 +99,9 @@ class Engine:
         return len(self._inbox) + len(self.lanes.waiting)
 
     def busy(self) -> int:
-        """Lanes holding a request now (a racy read, for metrics)."""
-        return len(self.lanes.live)
+        """Lanes holding a request now, choices waiting to fork included (a racy read, for
+        metrics)."""
+        return self.lanes.num_lanes - len(self.lanes.free_slots)
 
     def die(self, reason: str) -> None:
         """Stop for good (any thread): requests in flight and waiting end with `reason` as their

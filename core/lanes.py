@@ -340,8 +340,8 @@ class Lanes:
         )
 
     def _finish_unadmitted(self, req: Request, reason: str, error: str | None = None) -> None:
-        for f in req.forks:
-            f.sink(Finished(f.id, reason, "", len(f.prompt), 0, 0, f.params.seed, error))  # type: ignore[arg-type]
+        for f in req.forks:  # n choices: the others end with it
+            self._finish_unadmitted(f, reason, error)
         req.sink(Finished(req.id, reason, "", len(req.prompt), 0, 0, req.params.seed, error))  # type: ignore[arg-type]
 
     def fail_all(self, error: str) -> None:

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 from aiohttp import web
 
 from . import cors
+from .choices import choice_params
 from .engine import QueueFull
 from .logs import get_logger
 from .metrics import CONTENT_TYPE, Metrics
 from .openai_api import ApiError, Parsed, error_body, parse_chat, parse_completion, parse_json
-from .choices import choice_params
 from .openai_replies import Choices, TokenTexts, dumps, sse
 from .requests import Event, Finished, RequestRefused, TokenOut
 

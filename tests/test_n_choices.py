@@ -88,6 +88,24 @@ def test_offline_choices_among_other_prompts_and_chats(llm: Any) -> None:
     assert greedy[0].token_ids == greedy[1].token_ids
 
 
+def test_offline_choices_on_windows_with_the_prompt_store(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Every lane owning a window, and the first choice resuming its prompt from the store."""
+    from tensorfold.testing import assert_choices_equal_single_twins, close_even, open_llm
+
+    engine = open_llm("lfm2_moe", None, parallel=3, kv_pages="off", kv_share=16,
+                      prompt_cache_gib=0.05, demo_cache=tmp_path_factory.mktemp("n-win"))
+    try:
+        assert engine.served.plan.mode == "windows"
+        params = SamplingParams(temperature=0.8, seed=9, max_tokens=6)
+        ids = engine.encode(LONG)
+        engine.generate([ids], params)  # its prompt is kept: the choices below resume it
+        assert engine.generate([ids + ids[:30]], params, n=2)[0].cached_tokens > 0
+        assert_choices_equal_single_twins(engine, [ids + ids[:40]], params, n=3)
+    finally:
+        close_even(engine)
+
+
 def test_offline_n_past_the_lanes_is_refused(llm: Any) -> None:
     with pytest.raises(RequestRefused) as refused:
         llm.generate(["x"], SamplingParams(max_tokens=2), n=LANES + 1)
