@@ -112,6 +112,31 @@ def test_offline_n_past_the_lanes_is_refused(llm: Any) -> None:
     assert refused.value.param == "n" and f"n <= {LANES}" in str(refused.value)
 
 
+def test_tensorfold_generate_n(tmp_path_factory: pytest.TempPathFactory) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from test_server import LAUNCH
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    env.update(TF_DEMO_CACHE=str(tmp_path_factory.mktemp("n-cli")), TF_MEMORY_LIMIT_GIB="1")
+    base = [sys.executable, "-c", LAUNCH, "generate", "--family", "lfm2_moe", "--context",
+            "1024", "--parallel", "2", "--max-tokens", "4", "--temperature", "0.9"]
+    done = subprocess.run([*base, "--seed", "8", "--n", "2", "--json", "One", "Two"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(r["prompt"], r["index"], r["seed"]) for r in rows] == [
+        ("One", 0, 8), ("One", 1, 9), ("Two", 0, 8), ("Two", 1, 9)]
+    twin = subprocess.run([*base, "--seed", "9", "--json", "Two"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert json.loads(twin.stdout)["token_ids"] == rows[3]["token_ids"]
+    refused = subprocess.run([*base, "--n", "3", "One"], env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 2 and "n <= 2" in refused.stderr, refused.stderr
+
+
 # -- the lanes: how forks end ----------------------------------------------------------------
 
 
