@@ -25,6 +25,11 @@ class StreamSlots:
         """[num_slots, *shape]"""
         return self.buffers[name]
 
+    def copy(self, src: int, dst: int) -> None:
+        """Slot dst's state becomes slot src's (a forked choice starts from its prompt's)."""
+        for buf in self.buffers.values():
+            buf[dst].copy_(buf[src])
+
     def poison(self, slot: int) -> None:
         for buf in self.buffers.values():
             buf[slot] = float("nan")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 from .lanes import Lanes
 from .logs import get_logger
@@ -52,7 +52,27 @@ class Engine:
     ) -> Request:
         """Queue a request; raises RequestRefused at once if it can never run here, QueueFull
         when max_waiting requests already wait."""
-        req = Request(list(prompt), params.with_seed(), sink, marks=tuple(marks))
+        return self.submit_n(prompt, [params], [sink], marks)[0]
+
+    def submit_n(
+        self,
+        prompt: list[int],
+        params: Sequence[SamplingParams],
+        sinks: Sequence[Callable[[Event], None]],
+        marks: Iterable[int] = (),
+    ) -> list[Request]:
+        """n choices of one prompt: choice i samples with params[i] (seeded; the same
+        max_tokens for all) and reports to sinks[i]. The prompt is computed once and the other
+        choices fork from the first. Raises as submit does; RequestRefused with param "n" when
+        n choices can never run here together. Returns the requests, choice 0 first."""
+        if len(params) != len(sinks) or not params:
+            raise ValueError(f"{len(params)} params for {len(sinks)} sinks")
+        if len({p.max_tokens for p in params}) > 1:
+            raise ValueError("the choices of one prompt share their max_tokens")
+        reqs = [Request(list(prompt), p.with_seed(), sink, marks=tuple(marks))
+                for p, sink in zip(params, sinks)]
+        req = reqs[0]
+        req.forks = reqs[1:]
         self.lanes.check(req)
         with self._wake:
             if self._stopping:
@@ -61,7 +81,7 @@ class Engine:
                 raise QueueFull(f"{self.max_waiting} requests are already waiting")
             self._inbox.append(req)
             self._wake.notify()
-        return req
+        return reqs
 
     def cancel(self, req: Request) -> None:
         """The request ends (reason "cancelled") and its lane and pages come back next round."""
@@ -79,8 +99,9 @@ class Engine:
         return len(self._inbox) + len(self.lanes.waiting)
 
     def busy(self) -> int:
-        """Lanes holding a request now (a racy read, for metrics)."""
-        return len(self.lanes.live)
+        """Lanes holding a request now, choices waiting to fork included (a racy read, for
+        metrics)."""
+        return self.lanes.num_lanes - len(self.lanes.free_slots)
 
     def die(self, reason: str) -> None:
         """Stop for good (any thread): requests in flight and waiting end with `reason` as their

@@ -20,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--n", type=int, default=1,
+                        help="choices of each prompt (choice i seeded --seed + i; at most the "
+                        "lanes, --parallel)")
     parser.add_argument("--chat", action="store_true", help="render each prompt as a user turn")
     parser.add_argument("--json", action="store_true", help="one JSON object per completion")
 
@@ -30,6 +33,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from tensorfold.requests import RequestRefused
     from tensorfold.sampling import SamplingParams, SamplingParamsError
     from tensorfold.cli import CommandError
+    if args.n < 1:
+        raise CommandError(f"--n must be >= 1, got {args.n}")
     try:
         params = SamplingParams(
             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
@@ -55,15 +60,18 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 for p in prompts
             ]
         try:
-            completions = llm.generate(prompts, params)
+            completions = llm.generate(prompts, params, n=args.n)
         except RequestRefused as exc:
             raise CommandError(str(exc)) from None
-        for prompt, c in zip(args.prompts, completions):
+        for k, c in enumerate(completions):
+            prompt = args.prompts[k // args.n]
             if args.json:
-                print(json.dumps({"prompt": prompt, "text": c.text, "token_ids": c.token_ids,
-                                  "finish_reason": c.finish_reason, "seed": c.seed}))
+                print(json.dumps({"prompt": prompt, "index": c.index, "text": c.text,
+                                  "token_ids": c.token_ids, "finish_reason": c.finish_reason,
+                                  "seed": c.seed}))
             else:
-                print(f"{prompt!r} -> {c.text!r} ({c.finish_reason}, seed {c.seed})")
+                choice = f" [{c.index}]" if args.n > 1 else ""
+                print(f"{prompt!r}{choice} -> {c.text!r} ({c.finish_reason}, seed {c.seed})")
         sys.stdout.flush()
         return 0 if all(c.error is None for c in completions) else 1
     finally:

@@ -84,7 +84,10 @@ def share_attach(
 
     Full kept pages are shared by reference (``lease.attach``: the pool counts the extra
     holder); a partial last page is copied into a page of the stream's own, taken from the
-    lease's promise, because the stream will write its next rows there.
+    lease's promise, because the stream will write its next rows there. It also builds a
+    forked choice's table (n > 1): the first choice's prompt pages, ``kept_rows`` the prompt's
+    length; the fork's fixed state is its slot copied whole, so per-stream state that is not
+    paged lives in slots.
 
     :param lease: the resumed stream's lease (its ``pool``, its promise, its page table).
     :param rows: the storage ``share_pool`` returned.

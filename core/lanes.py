@@ -7,15 +7,25 @@ family's `mark_rows` (where its state is exact; glm5_next's KDA chunks), so wher
 never depends on what else the pass holds. A request is admitted when a
 lane is free and the pool can promise its rows (prompt + max tokens + lookahead); until then it
 waits, so an admitted stream never fails for memory. Runs on the engine's thread only.
+
+n choices of one prompt (a request with `forks`) are admitted together, when n lanes are free
+and the pool can promise every choice's rows, less the prompt's full pages for choices 1..n-1.
+Only the first computes the prompt; in the round whose pass computes its last row, the others
+fork from it: its full prompt pages are attached to their page tables (shared, the pool counts
+the holders), its partial last page and its fixed state are copied, and each samples its first
+token from the same logits row with its own seed. So choice i is what the same request alone
+with choice i's seed would give: same pages, same state, same logits.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
+
+from tensorfold.adapters import paged_kv
 
 from .forward_pass import StreamRows
 from .kv_pool import Lease
@@ -47,6 +57,7 @@ class Live:
     generated: list[int] = field(default_factory=list)
     cached: int = 0  # prompt rows resumed from the store
     marks: list[int] = field(default_factory=list)  # prompt positions to keep states at
+    forks: list["Live"] = field(default_factory=list)  # choices 1..n-1, before they fork
 
     @property
     def prefilling(self) -> bool:
@@ -65,6 +76,7 @@ class Lanes:
         pass_rows: int = PASS_ROWS,
         lookahead: int = 0,
         sharing: PromptSharing | None = None,
+        hooks: Any = None,
     ):
         if lanes > runner.slots.num_slots:
             raise ValueError(f"{lanes} lanes need {lanes} state slots, the runner has fewer")
@@ -79,6 +91,9 @@ class Lanes:
             raise ValueError(f"pass_rows {pass_rows} is not a multiple of the family's "
                              f"mark_rows {self.cut_rows}")
         self.lookahead = lookahead
+        self.num_lanes = lanes
+        # the family's share_attach hook (a forked choice's page table); the core's by default
+        self.hooks = hooks or (sharing.hooks if sharing is not None else paged_kv)
         self.free_slots = list(range(lanes - 1, -1, -1))
         self.waiting: deque[Request] = deque()
         self.live: list[Live] = []  # admission order
@@ -102,12 +117,28 @@ class Lanes:
                 "max_tokens",
             )
         pages = self.pool.pages_for(n + m + self.lookahead)
-        if pages > self.pool.num_pages:
+        if req.forks:
+            self._check_choices(req, pages)
+        elif pages > self.pool.num_pages:
             raise RequestRefused(
                 f"the prompt's {n} tokens plus max_tokens {m} need {pages} pages; the pool has "
                 f"{self.pool.num_pages}",
                 "max_tokens",
             )
+
+    def _check_choices(self, req: Request, pages: int) -> None:
+        choices, lanes = 1 + len(req.forks), self.num_lanes
+        if choices > lanes:
+            raise RequestRefused(
+                f"n={choices} choices decode on {choices} lanes at once and this server has "
+                f"{lanes} (--parallel {lanes}); ask for n <= {lanes}", "n")
+        shared = len(req.prompt) // self.pool.page_rows
+        total = pages + len(req.forks) * (pages - shared)
+        if total > self.pool.num_pages:
+            raise RequestRefused(
+                f"n={choices} choices of the prompt's {len(req.prompt)} tokens plus max_tokens "
+                f"{req.params.max_tokens} need {total} pages; the pool has "
+                f"{self.pool.num_pages}; ask for a smaller n or max_tokens", "n")
 
     def add(self, req: Request) -> None:
         self.check(req)
@@ -137,6 +168,8 @@ class Lanes:
                 self._keep_taps(i, stream, run)
             if out.shape[0]:
                 wanting.append((stream, out[-1]))
+                if stream.forks:  # n choices: the others start from this row's logits
+                    wanting += [(f, out[-1]) for f in self._fork(stream)]
         greedy = _greedy_rows([(s.req.params, row) for s, row in wanting])
         for stream, row in wanting:
             t = len(stream.generated)
@@ -153,23 +186,20 @@ class Lanes:
                 self.waiting.popleft()
                 self._finish_unadmitted(req, "cancelled")
                 continue
+            if len(self.free_slots) < 1 + len(req.forks):
+                break  # n choices wait for n lanes, in order
             rows = len(req.prompt) + req.params.max_tokens + self.lookahead
             kept = self.sharing.match(req.prompt) if self.sharing else None
             attached = kept.pos // self.pool.page_rows if kept else 0
+            shared = len(req.prompt) // self.pool.page_rows  # a fork's attached prompt pages
             need = self.pool.pages_for(rows) - attached
+            need += len(req.forks) * (self.pool.pages_for(rows) - shared)
             if not self.pool.can_promise(need):
                 if self.sharing is None or not self.sharing.make_room(need, keep=kept):
                     break  # waits for pages; later requests wait behind it, in order
             self.waiting.popleft()
-            decoder = IncrementalDecoder(self.tokenizer) if self.tokenizer else None
-            s = Live(
-                req=req,
-                slot=self.free_slots.pop(),
-                lease=self.pool.lease(rows, attached),
-                stops=StopChecker.for_params(req.params, self.eos_token_ids),
-                history=RowHistory(req.prompt),
-                decoder=decoder,
-            )
+            s = self._new_live(req, rows, attached)
+            s.forks = [self._new_live(f, rows, shared) for f in req.forks]
             if kept is not None:
                 s.pos = s.cached = self.sharing.resume(kept, s.lease, s.slot)  # type: ignore[union-attr]
             if self.sharing is not None:
@@ -177,6 +207,41 @@ class Lanes:
             self.rows_cached += s.cached
             self.rows_computed += len(req.prompt) - s.cached
             self.live.append(s)
+
+    def _new_live(self, req: Request, rows: int, attached: int) -> Live:
+        return Live(
+            req=req,
+            slot=self.free_slots.pop(),
+            lease=self.pool.lease(rows, attached),
+            stops=StopChecker.for_params(req.params, self.eos_token_ids),
+            history=RowHistory(req.prompt),
+            decoder=IncrementalDecoder(self.tokenizer) if self.tokenizer else None,
+        )
+
+    def _fork(self, parent: Live) -> list[Live]:
+        """Choices 1..n-1 start from `parent`, whose prompt the last pass completed: its full
+        prompt pages shared, its partial last page and its fixed state copied."""
+        forks, parent.forks = parent.forks, []
+        n = len(parent.req.prompt)
+        table = parent.lease.pages[: self.pool.pages_for(n)]
+        started = []
+        for f in forks:
+            if f.req.cancelled:
+                self._drop_fork(f, "cancelled")
+                continue
+            self.runner.attach(self.hooks, f.lease, table, n)
+            self.runner.copy_slot(parent.slot, f.slot)
+            f.pos = n
+            started.append(f)
+        at = self.live.index(parent) + 1
+        self.live[at:at] = started
+        return started
+
+    def _drop_fork(self, f: Live, reason: str, error: str | None = None) -> None:
+        """A choice that never forked (its prompt's stream ended first, or it was cancelled)."""
+        f.lease.release()
+        self.free_slots.append(f.slot)
+        self._finish_unadmitted(f.req, reason, error)
 
     def _plan_pass(self) -> tuple[list[StreamRows], list[Live]]:
         runs, owners = [], []
@@ -245,6 +310,9 @@ class Lanes:
 
     def _release(self, s: Live, reason: str, error: str | None = None, flush: bool = True) -> None:
         self.live.remove(s)
+        for f in s.forks:  # ended before its prompt was computed: so do its other choices
+            self._drop_fork(f, reason, error)
+        s.forks = []
         if self.sharing is not None and reason in ("stop", "length") and not s.prefilling:
             # where this turn ended: the next turn of a chat resumes here
             fed = s.req.prompt + s.generated[: s.pos - len(s.req.prompt)]
@@ -272,6 +340,8 @@ class Lanes:
         )
 
     def _finish_unadmitted(self, req: Request, reason: str, error: str | None = None) -> None:
+        for f in req.forks:  # n choices: the others end with it
+            self._finish_unadmitted(f, reason, error)
         req.sink(Finished(req.id, reason, "", len(req.prompt), 0, 0, req.params.seed, error))  # type: ignore[arg-type]
 
     def fail_all(self, error: str) -> None:

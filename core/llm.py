@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, Union
 
+from .choices import choice_params
 from .requests import Event, Finished, TokenOut
 from .sampling import SamplingParams
 from .settings import Settings
@@ -27,6 +28,7 @@ class Completion:
     seed: int | None = None
     cached_tokens: int = 0
     error: str | None = None
+    index: int = 0  # the choice, 0..n-1, when n choices were asked of one prompt
 
 
 class _Collector:
@@ -78,20 +80,28 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+        n: int = 1,
     ) -> list[Completion]:
-        """Run every prompt through the lanes at once; returns completions in prompt order."""
+        """Run every prompt through the lanes at once; returns completions in prompt order.
+
+        n > 1: n choices of each prompt, the prompt computed once; choice i (`.index`) samples
+        as the prompt alone would with seed `tensorfold.choices.choice_seed(seed, i)` (seed + i;
+        each completion's `.seed` is its own). The list holds prompt 0's n choices, then
+        prompt 1's, and so on."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         params = sampling if isinstance(sampling, Sequence) else [sampling or SamplingParams()] * len(prompts)
-        return self._run([(self.encode(prompt), ()) for prompt in prompts], params)
+        return self._run([(self.encode(prompt), ()) for prompt in prompts], params, n)
 
     def chat(
         self,
         conversations: Sequence[Sequence[dict]],
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+        n: int = 1,
     ) -> list[Completion]:
         """Render each conversation with the checkpoint's chat template (add_generation_prompt)
-        and complete it; the turns' ends are marks where the prompt store keeps states."""
+        and complete it; the turns' ends are marks where the prompt store keeps states.
+        n > 1: n choices of each conversation, as in `generate`."""
         from .chat_template import marks_to_token_positions, render_chat
 
         template = self.tokenizer.chat_template
@@ -106,17 +116,17 @@ class LLM:
             )
             ids = self.tokenizer.encode(chat.text)
             runs.append((ids, marks_to_token_positions(self.tokenizer, chat.text, chat.marks)))
-        return self._run(runs, params)
+        return self._run(runs, params, n)
 
-    def _run(self, runs, params) -> list[Completion]:
+    def _run(self, runs, params, n: int = 1) -> list[Completion]:
         if len(params) != len(runs):
             raise ValueError(f"{len(runs)} prompts but {len(params)} sampling params")
         waits = []
         for (ids, marks), p in zip(runs, params):
-            done = threading.Event()
-            completion = Completion(ids)
-            self.served.engine.submit(ids, p, _Collector(completion, done), marks)
-            waits.append((completion, done))
+            choices = [(Completion(ids, index=i), threading.Event()) for i in range(n)]
+            self.served.engine.submit_n(ids, choice_params(p, n),
+                                        [_Collector(c, done) for c, done in choices], marks)
+            waits += choices
         for _, done in waits:
             done.wait()
         return [c for c, _ in waits]

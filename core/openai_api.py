@@ -78,6 +78,7 @@ class Parsed:
     include_usage: bool = False
     max_tokens_param: str = "max_tokens"  # the field the user set, for error messages
     token_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs say "token_id:N"
+    n: int = 1  # choices of the prompt (tensorfold.choices); bounded by the lanes at submit
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -126,14 +127,12 @@ def _sampling(
     body: dict[str, Any], default_max: Callable[[], int], generation: dict[str, Any],
     logprobs: bool, top_logprobs: int,
 ) -> tuple[SamplingParams, str]:
-    n = _get(body, "n", "int")
-    if n is not None and n != 1:
-        raise bad(f"n must be 1 (one choice per request), got {n}", "n")
     best_of = _get(body, "best_of", "int")
     if best_of is not None and best_of != 1:
         raise bad(f"best_of must be 1, got {best_of}", "best_of")
     _get(body, "user", "str")
-    _get(body, "draft", "bool")  # drafts never change tokens, so either value serves
+    if "draft" in body:  # refused until drafting exists, rather than silently ignored
+        raise bad("drafting is not implemented; remove the draft field", "draft")
     max_param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else (
         "max_tokens"
     )
@@ -173,6 +172,13 @@ def _sampling(
         message = str(exc).replace("max_tokens", max_param, 1) if param != exc.field else str(exc)
         raise bad(message, param) from None
     return params, max_param
+
+
+def _choices(body: dict[str, Any]) -> int:
+    n = _get(body, "n", "int")
+    if n is not None and n < 1:
+        raise bad(f"n must be an integer >= 1 (the number of choices), got {n}", "n")
+    return 1 if n is None else n
 
 
 def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
@@ -234,7 +240,8 @@ def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
         served.checkpoint.generation_config, logprobs is not None, logprobs or 0,
     )
     token_ids = bool(_get(body, "return_tokens_as_token_ids", "bool"))
-    return Parsed("completion", ids, params, (), stream, usage, max_param, token_ids)
+    return Parsed("completion", ids, params, (), stream, usage, max_param, token_ids,
+                  _choices(body))
 
 
 def _message_text(content: Any, i: int) -> str | None:
@@ -285,4 +292,5 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
         logprobs, top,
     )
     token_ids = bool(_get(body, "return_tokens_as_token_ids", "bool"))
-    return Parsed("chat", ids, params, tuple(marks), stream, usage, max_param, token_ids)
+    return Parsed("chat", ids, params, tuple(marks), stream, usage, max_param, token_ids,
+                  _choices(body))

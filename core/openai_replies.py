@@ -72,15 +72,18 @@ def _finite(x: float) -> float:
 
 
 class Reply:
-    """One request's answer as it grows, in OpenAI's response, chunk and usage shapes."""
+    """One choice's answer as it grows, in OpenAI's response, chunk and usage shapes (`Choices`
+    holds the n choices of one request)."""
 
-    def __init__(self, parsed: Parsed, model: str, seed: int | None, texts: TokenTexts) -> None:
+    def __init__(self, parsed: Parsed, model: str, seed: int | None, texts: TokenTexts,
+                 index: int = 0, id: str | None = None) -> None:
         self.parsed = parsed
         self.model = model
         self.seed = seed
+        self.index = index
         self.token = _token_id if parsed.token_ids else texts
         self.chat = parsed.kind == "chat"
-        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+        self.id = id or ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.text: list[str] = []
         self.entries: list[TokenOut] = []
@@ -133,19 +136,22 @@ class Reply:
                 "created": self.created, "model": self.model, "choices": choices,
                 "seed": self.seed}
 
-    def response(self) -> dict[str, Any]:
+    def choice(self) -> dict[str, Any]:
         text = "".join(self.text)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": self.finish_reason,
+        choice: dict[str, Any] = {"index": self.index, "finish_reason": self.finish_reason,
                                   "logprobs": self._logprobs(self.entries, 0)}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        return {**self.envelope([choice], False), "usage": self.usage()}
+        return choice
+
+    def response(self) -> dict[str, Any]:
+        return {**self.envelope([self.choice()], False), "usage": self.usage()}
 
     def chunk(self, text: str, events: list[TokenOut], offset: int,
               finish: str | None = None, first: bool = False) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": self._logprobs(events, offset),
+        choice: dict[str, Any] = {"index": self.index, "logprobs": self._logprobs(events, offset),
                                   "finish_reason": finish}
         if self.chat:
             choice["delta"] = {"role": "assistant", "content": text} if first else (
@@ -157,13 +163,58 @@ class Reply:
             body["usage"] = None
         return body
 
-    def ending(self) -> bytes:
-        """The stream's last events: the finish chunk (or the error), usage, [DONE]."""
+    def finish(self) -> bytes:
+        """This choice's last event: its finish chunk, or the error."""
         assert self.done is not None
         if self.done.reason == "error":
-            out = sse(error_body(500, f"generation failed: {self.done.error}"))
-        else:
-            out = sse(self.chunk("", [], 0, self.finish_reason))
+            return sse(error_body(500, f"generation failed: {self.done.error}"))
+        return sse(self.chunk("", [], 0, self.finish_reason))
+
+
+class Choices:
+    """The n choices of one request (n = 1 for most): one id, one envelope, the choices in
+    index order, and usage that counts the prompt once."""
+
+    def __init__(self, parsed: Parsed, model: str, seed: int | None, texts: TokenTexts,
+                 n: int = 1) -> None:
+        first = Reply(parsed, model, seed, texts)
+        self.replies = [first] + [Reply(parsed, model, seed, texts, i, first.id)
+                                  for i in range(1, n)]
+        for r in self.replies:
+            r.created = first.created
+        self.parsed = parsed
+        self.chat = first.chat
+
+    def __getitem__(self, i: int) -> Reply:
+        return self.replies[i]
+
+    @property
+    def done(self) -> bool:
+        return all(r.done is not None for r in self.replies)
+
+    @property
+    def error(self) -> str | None:
+        """The first choice's error that ended with one, or None."""
+        return next((r.done.error or "error" for r in self.replies
+                     if r.done is not None and r.done.reason == "error"), None)
+
+    def usage(self) -> dict[str, Any] | None:
+        if not self.done:
+            return None
+        first = self.replies[0].usage()
+        assert first is not None
+        completion = sum(r.done.completion_tokens for r in self.replies)  # type: ignore[union-attr]
+        return {**first, "completion_tokens": completion,
+                "total_tokens": first["prompt_tokens"] + completion}
+
+    def response(self) -> dict[str, Any]:
+        first = self.replies[0]
+        return {**first.envelope([r.choice() for r in self.replies], False),
+                "usage": self.usage()}
+
+    def ending(self) -> bytes:
+        """The stream's last events once every choice has finished: usage, [DONE]."""
+        out = b""
         if self.parsed.include_usage:
-            out += sse({**self.envelope([], True), "usage": self.usage()})
+            out += sse({**self.replies[0].envelope([], True), "usage": self.usage()})
         return out + sse(b"[DONE]")

@@ -55,3 +55,5 @@ class Request:
     marks: tuple[int, ...] = ()  # chat marks: prompt positions where a turn ends
     arrival: float = field(default_factory=time.monotonic)
     cancelled: bool = False
+    # n > 1: choices 1..n-1 of this prompt; they fork from this one once its prompt is computed
+    forks: list["Request"] = field(default_factory=list)

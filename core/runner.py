@@ -61,6 +61,10 @@ class ModelRunner:
         """Fill a freed slot's fixed state with NaN (TF_KV_POISON)."""
         self.slots.poison(slot)
 
+    def copy_slot(self, src: int, dst: int) -> None:
+        """A forked choice's fixed state: slot src's, copied into slot dst (n > 1)."""
+        self.slots.copy(src, dst)
+
     def attach(self, hooks: Any, lease: Lease, kept_pages: list[int], kept_rows: int) -> list[int]:
         """A resumed stream's page table from the store's pages (the share_attach hook)."""
         return hooks.share_attach(

@@ -2,7 +2,7 @@
 
 A row's token is a function of its own logits, params and history only. Its random draw for output
 position t is a pure function of (seed, t): Philox-4x32-10 keyed by the seed, counting t. So a
-stream samples the same tokens alone or batched, resumed or drafted. There is no global RNG state.
+stream samples the same tokens alone or batched, resumed or fresh. There is no global RNG state.
 
 Per row, in this order: penalties on the raw logits (repetition, then frequency and presence, as
 vLLM orders them) -> temperature -> top_k -> top_p -> min_p -> renormalise -> inverse-CDF draw over

@@ -29,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
     parser.add_argument("--api-key", metavar="KEY",
                         help="require Authorization: Bearer KEY on /v1/ routes")
+    parser.add_argument("--allowed-origins", metavar="ORIGINS",
+                        help="origins whose web pages may call the server (CORS): a comma "
+                        "list such as https://app.example.com, or * (TF_ALLOWED_ORIGINS; "
+                        "default: none)")
     parser.add_argument("--served-model-name", metavar="NAME",
                         help="the model's name in the API (default: --model, or FAMILY-demo)")
     parser.add_argument("--max-waiting", type=int, default=1024, metavar="N",
@@ -53,6 +57,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         if args.served_model_name:
             served.model_name = args.served_model_name
         served.engine.max_waiting = args.max_waiting
+        args.origins = settings.origins
         asyncio.run(_serve(served, args, pick_device(settings)))
         for sig in (signal.SIGINT, signal.SIGTERM):  # repeats while the engine winds down
             signal.signal(sig, signal.SIG_IGN)
@@ -86,7 +91,8 @@ async def _serve(served: Served, args: argparse.Namespace, device: str) -> None:
 
     log = get_logger("tensorfold.serve")
     app = create_app(served, device=device, api_key=args.api_key,
-                     max_body=int(args.max_body_mib * 1024 * 1024))
+                     max_body=int(args.max_body_mib * 1024 * 1024),
+                     allowed_origins=args.origins)
     state = app[STATE]
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=args.shutdown_timeout)

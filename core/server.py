@@ -8,17 +8,20 @@ write fails) is cancelled in the engine, so its lane and pages come back.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 from aiohttp import web
 
+from . import cors
+from .choices import choice_params
 from .engine import QueueFull
 from .logs import get_logger
 from .metrics import CONTENT_TYPE, Metrics
 from .openai_api import ApiError, Parsed, error_body, parse_chat, parse_completion, parse_json
-from .openai_replies import Reply, TokenTexts, dumps, sse
+from .openai_replies import Choices, TokenTexts, dumps, sse
 from .requests import Event, Finished, RequestRefused, TokenOut
 
 if TYPE_CHECKING:
@@ -124,19 +127,24 @@ async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.S
     loop = asyncio.get_running_loop()
     # Off the loop: a long prompt's template and tokenizer would stall every stream.
     parsed = await loop.run_in_executor(None, parse, body, state.served)
-    events: asyncio.Queue[Event] = asyncio.Queue()
+    events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()  # (choice, event)
 
-    def sink(event: Event) -> None:  # on the engine thread
+    def sink(i: int, event: Event) -> None:  # on the engine thread
         if isinstance(event, Finished):  # counted here: a cancelled handler reads no more
-            state.metrics.finished(parsed.kind, event.reason, event.prompt_tokens,
-                                   event.cached_tokens, event.completion_tokens)
+            if i == 0:  # the request and its prompt, once
+                state.metrics.finished(parsed.kind, event.reason, event.prompt_tokens,
+                                       event.cached_tokens, event.completion_tokens)
+            else:
+                state.metrics.generation_tokens.inc(event.completion_tokens)
         try:
-            loop.call_soon_threadsafe(events.put_nowait, event)
+            loop.call_soon_threadsafe(events.put_nowait, (i, event))
         except RuntimeError:  # the loop has closed: nobody is listening any more
             pass
 
     try:
-        req = state.engine.submit(parsed.prompt_ids, parsed.params, sink, marks=parsed.marks)
+        reqs = state.engine.submit_n(
+            parsed.prompt_ids, choice_params(parsed.params, parsed.n),
+            [functools.partial(sink, i) for i in range(parsed.n)], marks=parsed.marks)
     except RequestRefused as exc:
         param = parsed.max_tokens_param if exc.param == "max_tokens" else exc.param
         code = "context_length_exceeded" if exc.param == "max_tokens" else None
@@ -144,30 +152,31 @@ async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.S
     except QueueFull as exc:
         raise ApiError(503, f"the server is busy: {exc}",
                        headers={"Retry-After": RETRY_AFTER_S}) from None
-    reply = Reply(parsed, state.served.model_name, req.params.seed, state.texts)
+    reply = Choices(parsed, state.served.model_name, reqs[0].params.seed, state.texts, parsed.n)
     state.inflight += 1
     state.idle.clear()
     try:
         if parsed.stream:
             return await _stream(request, reply, events, timing)
-        while reply.done is None:
-            event = await events.get()
-            if isinstance(event, TokenOut):
+        while not reply.done:
+            i, event = await events.get()
+            if i == 0 and isinstance(event, TokenOut):
                 timing.token()
-            reply.add(event)
-        if reply.done.reason == "error":
-            raise ApiError(500, f"generation failed: {reply.done.error}")
+            reply[i].add(event)
+        if reply.error is not None:
+            raise ApiError(500, f"generation failed: {reply.error}")
         return json_response(reply.response())
     finally:
-        if reply.done is None:
-            state.engine.cancel(req)
+        if not reply.done:
+            for req in reqs:
+                state.engine.cancel(req)
         state.inflight -= 1
         if state.inflight == 0:
             state.idle.set()
 
 
-async def _stream(request: web.Request, reply: Reply, events: asyncio.Queue[Event],
-                  timing: _Timing) -> web.StreamResponse:
+async def _stream(request: web.Request, reply: Choices,
+                  events: asyncio.Queue[tuple[int, Event]], timing: _Timing) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                        "Cache-Control": "no-cache"})
     await resp.prepare(request)
@@ -185,30 +194,34 @@ async def _stream(request: web.Request, reply: Reply, events: asyncio.Queue[Even
     return resp
 
 
-async def _events_to_stream(resp: web.StreamResponse, reply: Reply,
-                            events: asyncio.Queue[Event], timing: _Timing) -> None:
-    if reply.chat:
-        await resp.write(sse(reply.chunk("", [], 0, first=True)))
-    sent = 0  # characters already sent, for completions' text_offset
+async def _events_to_stream(resp: web.StreamResponse, replies: Choices,
+                            events: asyncio.Queue[tuple[int, Event]], timing: _Timing) -> None:
+    if replies.chat:
+        await resp.write(b"".join(sse(r.chunk("", [], 0, first=True)) for r in replies.replies))
+    sent = [0] * len(replies.replies)  # characters already sent, for completions' text_offset
     data = b""
     while True:
         batch = [await events.get()]
         while not events.empty():  # whatever else has come: one write for all of it
             batch.append(events.get_nowait())
-        for event in batch:
+        for i, event in batch:
+            reply = replies[i]  # each chunk carries its choice's index
             reply.add(event)
             tokens = []
             if isinstance(event, TokenOut):
-                timing.token()
+                if i == 0:
+                    timing.token()
                 tokens = [event] if reply.parsed.params.logprobs else []
             if event.text or tokens:
-                data += sse(reply.chunk(event.text, tokens, sent))
-                sent += len(event.text)
-        if reply.done is not None:
-            data += reply.ending()
+                data += sse(reply.chunk(event.text, tokens, sent[i]))
+                sent[i] += len(event.text)
+            if isinstance(event, Finished):
+                data += reply.finish()
+        if replies.done:
+            data += replies.ending()
         await resp.write(data)
         data = b""
-        if reply.done is not None:
+        if replies.done:
             await resp.write_eof()
             return
 
@@ -254,10 +267,11 @@ async def metrics(request: web.Request) -> web.Response:
 
 def create_app(
     served: Served, *, device: str = "cpu", api_key: str | None = None,
-    max_body: int = DEFAULT_MAX_BODY,
+    max_body: int = DEFAULT_MAX_BODY, allowed_origins: Sequence[str] = (),
 ) -> web.Application:
     app = web.Application(middlewares=[errors_middleware, gate_middleware],
                           client_max_size=max_body)
+    cors.install(app, allowed_origins)  # its preflight answers before the key check
     app[STATE] = State(served, device, api_key)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)

@@ -8,6 +8,7 @@ TF_* variables through `Settings.plugin_value`, and declare them as profile rows
 from __future__ import annotations
 
 import os
+import re
 import types
 import typing
 from collections.abc import Iterable
@@ -112,6 +113,13 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
         default="info", description="The lowest level of log lines printed."
     )
+    allowed_origins: str | None = Field(
+        default=None,
+        description="Origins whose web pages may call the server (CORS; --allowed-origins): "
+        "a comma-separated list such as https://app.example.com,http://localhost:5173, or * "
+        "for any. Unset: none, and no CORS header is sent.",
+        json_schema_extra={"values": "comma-separated origins (scheme://host[:port]), or *"},
+    )
     demo_cache: Path = Field(
         default=Path("~/.cache/tensorfold/demo"),
         validate_default=True,
@@ -137,6 +145,14 @@ class Settings(BaseSettings):
             return cls.model_fields[info.field_name].get_default(call_default_factory=True)
         return value
 
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        origins = parse_origins(value)
+        return ",".join(origins) if origins else None
+
     @field_validator("demo_cache")
     @classmethod
     def _expand_home(cls, value: Path) -> Path:
@@ -146,6 +162,11 @@ class Settings(BaseSettings):
     def paging(self) -> Literal["auto", "on", "off"]:
         """TF_KV_PAGES with "0" read as "off"."""
         return "off" if self.kv_pages == "0" else self.kv_pages
+
+    @property
+    def origins(self) -> tuple[str, ...]:
+        """TF_ALLOWED_ORIGINS as a tuple: () when unset, ("*",) for any origin."""
+        return tuple(self.allowed_origins.split(",")) if self.allowed_origins else ()
 
     @property
     def environ(self) -> dict[str, str]:
@@ -167,6 +188,23 @@ class Settings(BaseSettings):
         if not updates:
             return self
         return type(self)(_flags=tuple(updates), **{**self.model_dump(), **updates})
+
+
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s,?#]+")
+
+
+def parse_origins(value: str) -> tuple[str, ...]:
+    """A comma-separated list of origins (scheme://host[:port], lower-cased, without a
+    trailing slash) or "*" alone; raises ValueError naming a malformed one."""
+    origins = tuple(o.strip().lower().rstrip("/") for o in value.split(",") if o.strip())
+    if "*" in origins:
+        if len(origins) > 1:
+            raise ValueError("* allows every origin and cannot be listed with others")
+        return origins
+    for origin in origins:
+        if not _ORIGIN.fullmatch(origin):
+            raise ValueError(f"{origin!r} is not an origin such as https://app.example.com")
+    return origins
 
 
 @dataclass(frozen=True)

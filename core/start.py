@@ -300,6 +300,7 @@ def open_served(
             tokenizer=tokenizer,
             eos_token_ids=tokenizer.eos_token_ids,
             sharing=sharing,
+            hooks=rank.hooks,
         )
         engine = Engine(lanes)
         if team is not None:

@@ -346,6 +346,9 @@ class Leader:
     def poison_slot(self, slot: int) -> None:
         self._both(("poison_slot", slot), lambda: self.runner.poison_slot(slot))
 
+    def copy_slot(self, src: int, dst: int) -> None:
+        self._both(("copy_slot", src, dst), lambda: self.runner.copy_slot(src, dst))
+
     def attach(self, hooks: Any, lease: Any, kept_pages: list[int], kept_rows: int) -> list[int]:
         table = self.runner.attach(hooks, lease, kept_pages, kept_rows)
         return self._after(table, ("attach", list(kept_pages), kept_rows, list(lease.pages)))
@@ -416,6 +419,9 @@ class Follower:
 
     def _poison_slot(self, slot: int) -> None:
         self.runner.poison_slot(slot)
+
+    def _copy_slot(self, src: int, dst: int) -> None:
+        self.runner.copy_slot(src, dst)
 
     def _attach(self, kept_pages: list[int], kept_rows: int, table: list[int]) -> None:
         self.runner.attach(self.hooks, MirrorLease(table), kept_pages, kept_rows)

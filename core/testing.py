@@ -239,6 +239,28 @@ def assert_a_mark_inside_a_pass_resumes_there(
     assert passes[16] == passes[0]
 
 
+def assert_choices_equal_single_twins(
+    llm: LLM, prompts: Sequence[Any], params: SamplingParams, n: int = 3
+) -> None:
+    """n choices of each prompt, the prompts submitted together: each prompt is computed once,
+    and choice i of a prompt gives the tokens of that prompt alone seeded
+    choice_seed(seed, i) (its forked pages and fixed state are exact)."""
+    from dataclasses import replace
+
+    from .choices import choice_seed
+
+    assert params.seed is not None, "seed the params, so the twins can be named"
+    lanes = llm.served.engine.lanes
+    before = lanes.rows_computed + lanes.rows_cached
+    got = llm.generate(list(prompts), params, n=n)
+    assert lanes.rows_computed + lanes.rows_cached - before == sum(
+        len(c.prompt_token_ids) for c in got[::n])
+    for k, prompt in enumerate(prompts):
+        for i in range(n):
+            twin = tokens(llm, [prompt], replace(params, seed=choice_seed(params.seed, i)))[0]
+            assert got[k * n + i].token_ids == twin, f"prompt {k}, choice {i}"
+
+
 def assert_engine_gates_at_tp(
     family: str, model: Path, prompts: Sequence[list[int]], chats: Sequence[Sequence[str]],
     greedy: SamplingParams, sampled: SamplingParams, *, tp: int = 2, min_cached: int = 100,

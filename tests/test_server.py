@@ -243,7 +243,7 @@ def test_stop_string_and_extras(server: ServedDemo) -> None:
     stop = base[2:4]
     r = c.completions.create(model="lfm2_moe-demo", prompt="The little", max_tokens=12,
                              temperature=0, stop=[stop], user="u1",
-                             extra_body={"draft": False, "some_future_field": {"x": 1}})
+                             extra_body={"some_future_field": {"x": 1}})
     assert r.choices[0].finish_reason == "stop" and r.choices[0].text == base[: base.index(stop)]
 
 

@@ -183,6 +183,15 @@ def test_over_the_window_names_both_numbers(api: Http) -> None:
     good(api)
 
 
+@pytest.mark.parametrize("path,payload", [
+    ("/v1/completions", body(draft=False)), ("/v1/chat/completions", {**CHAT, "draft": True}),
+])
+def test_draft_is_refused_until_drafts_exist(api: Http, path: str, payload: Any) -> None:
+    error = check_error(api.post(path, json=payload), 400, "draft")
+    assert error["message"] == "drafting is not implemented; remove the draft field"
+    good(api)
+
+
 def test_official_client_errors(server: ServedDemo) -> None:
     c = server.client()
     with pytest.raises(openai.BadRequestError) as e:

@@ -299,9 +299,18 @@ def test_a_follower_repeats_rank_0s_operations_on_its_storage():
             lanes.add(Request(prompt, params, done.append, marks=(len(base[chat]),)))
         while lanes.step():
             pass
+    # n = 2 choices of one prompt: the second forks from the first (attach, copy_slot)
+    sampled = SamplingParams(temperature=0.9, seed=5, max_tokens=4, ignore_eos=True)
+    forked = Request(base[1] + [7] * 3, sampled, done.append)
+    forked.forks = [Request(forked.prompt, SamplingParams(**{**vars(sampled), "seed": 6}),
+                            done.append)]
+    lanes.add(forked)
+    while lanes.step():
+        pass
     assert sum(isinstance(e, Finished) and e.cached_tokens > 0 for e in done) >= 2
     kinds = {op[0] for op in wire.ops}
-    assert {"run", "keep", "restore", "attach", "poison_pages", "poison_slot"} <= kinds
+    assert {"run", "keep", "restore", "attach", "poison_pages", "poison_slot",
+            "copy_slot"} <= kinds
     Follower(follow, wire).loop()
     for name, buf in lead.runner.rows.buffers.items():
         torch.testing.assert_close(follow.runner.rows.buffers[name], buf, equal_nan=True,

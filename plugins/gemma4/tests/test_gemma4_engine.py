@@ -58,6 +58,16 @@ def test_concurrent_equals_solo(demo, prompts, alone, params_name):
         close_even(llm)
 
 
+def test_n_choices_equal_their_single_twins(demo, prompts):
+    """n = 3 choices fork from one prompt pass (pages shared, fixed state copied); poisoned
+    freed pages, so a choice reading a page its prompt's stream gave back would change."""
+    llm = open_llm(demo, parallel=4, kv_poison=True)
+    try:
+        testing.assert_choices_equal_single_twins(llm, prompts[2:4], SAMPLED, n=3)
+    finally:
+        close_even(llm)
+
+
 @pytest.mark.parametrize("flags", [{"kv_pages": "off"}, {"kv_poison": True}])
 def test_pages_equal_windows_and_poisoned_equals_clean(demo, prompts, alone, flags):
     llm = open_llm(demo, parallel=len(prompts), **flags)
