@@ -161,7 +161,9 @@ class Lanes:
                 if self.sharing is None or not self.sharing.make_room(need, keep=kept):
                     break  # waits for pages; later requests wait behind it, in order
             self.waiting.popleft()
-            decoder = IncrementalDecoder(self.tokenizer) if self.tokenizer else None
+            decoder = IncrementalDecoder(
+                self.tokenizer, keep=frozenset(req.params.keep_special_ids)
+            ) if self.tokenizer else None
             s = Live(
                 req=req,
                 slot=self.free_slots.pop(),

@@ -202,7 +202,7 @@ async def _events_to_stream(resp: web.StreamResponse, reply: Reply,
                 timing.token()
                 tokens = [event] if reply.parsed.params.logprobs else []
             if event.text or tokens:
-                data += sse(reply.chunk(event.text, tokens, sent))
+                data += reply.sse_chunks(event.text, tokens, sent)
                 sent += len(event.text)
         if reply.done is not None:
             data += reply.ending()
