@@ -74,6 +74,7 @@ class Tokenizer:
             bos_token_id = bid
         self.bos_token_id = bos_token_id
         self._offsets_tok: _HFTokenizer | None = None
+        self._special_ids: dict[frozenset[str], frozenset[int]] = {}
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint) -> "Tokenizer":
@@ -140,9 +141,12 @@ class Tokenizer:
 
     def special_ids(self, texts: Iterable[str]) -> frozenset[int]:
         """The ids of those of `texts` that are special tokens of this tokenizer."""
-        added = self.hf.get_added_tokens_decoder()
-        wanted = set(texts)
-        return frozenset(i for i, t in added.items() if t.special and t.content in wanted)
+        wanted = frozenset(texts)
+        if (hit := self._special_ids.get(wanted)) is None:
+            added = self.hf.get_added_tokens_decoder()
+            hit = frozenset(i for i, t in added.items() if t.special and t.content in wanted)
+            self._special_ids[wanted] = hit
+        return hit
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids and the character span of `text` each token covers. Offsets come from a copy with no

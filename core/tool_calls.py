@@ -39,6 +39,9 @@ class ToolCallFormat:
         pairs; raises MalformedToolCall when the body does not parse. `schemas` are the offered
         tools' parameter schemas by name, for formats whose values are untyped text.
     after: markers the model may write right after its calls (dropped, never content).
+    inner: other tokens of the markup that `parse` reads (Gemma's string quote `<|"|>`, GLM's
+        `<arg_key>`): where any marker is a special token of the tokenizer, it must still be
+        decoded into the text.
     """
 
     name: str
@@ -46,10 +49,12 @@ class ToolCallFormat:
     end: str
     parse: Callable[[str, Schemas], list[tuple[str, dict[str, Any]]]]
     after: tuple[str, ...] = ()
+    inner: tuple[str, ...] = ()
 
     @property
     def markers(self) -> tuple[str, ...]:
-        return (self.start, self.end, *self.after)
+        """Every piece of the markup: what decoding must keep, were it special tokens."""
+        return (self.start, self.end, *self.after, *self.inner)
 
 
 @dataclass(frozen=True)

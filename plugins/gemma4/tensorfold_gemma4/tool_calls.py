@@ -119,4 +119,4 @@ def parse(body: str, schemas: Schemas) -> list[tuple[str, dict[str, Any]]]:
     return [(found.group(), arguments)]
 
 
-FORMAT = ToolCallFormat("gemma4", START, END, parse, after=(RESPONSE,))
+FORMAT = ToolCallFormat("gemma4", START, END, parse, after=(RESPONSE,), inner=(QUOTE,))

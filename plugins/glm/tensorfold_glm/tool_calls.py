@@ -37,7 +37,7 @@ def _value(text: str, schema: Mapping[str, Any] | None) -> Any:
 
 
 def parse(body: str, schemas: Schemas) -> list[tuple[str, dict[str, Any]]]:
-    head, sep, _ = body.partition("<arg_key>")
+    head = body.partition("<arg_key>")[0]
     name = head.strip()
     if not _NAME.fullmatch(name):
         raise MalformedToolCall(f"no function name before the arguments: {head[:40]!r}")
@@ -57,4 +57,5 @@ def parse(body: str, schemas: Schemas) -> list[tuple[str, dict[str, Any]]]:
     return [(name, arguments)]
 
 
-FORMAT = ToolCallFormat("glm47", START, END, parse)
+FORMAT = ToolCallFormat("glm47", START, END, parse,
+                        inner=("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"))
