@@ -93,3 +93,39 @@ def test_reads_what_the_real_lfm25_template_writes() -> None:
 def test_reads_what_the_demo_template_writes() -> None:
     text = render_chat(CHAT_TEMPLATE, _history("Checking."), bos_token="<|startoftext|>").text
     assert parse_everywhere(FORMAT, _assistant_part(text, "Checking.")) == ("Checking.", CALLS)
+
+
+def test_the_offline_chat_takes_tools(tmp_path) -> None:
+    from tensorfold.llm import LLM
+    from tensorfold.sampling import SamplingParams
+    from tensorfold.testing import close_even
+    from tensorfold.tool_request import ToolRequestError, tool_history
+    from tensorfold_lfm2_moe.demo import build_demo
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    chat = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [{
+                "id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    llm = LLM(family="lfm2_moe", model=build_demo(tmp_path), device="cpu", dtype="float32",
+              memory_limit_gib=0.25, context=2048, parallel=2)
+    try:
+        tok = llm.tokenizer
+
+        def prompt(offered):
+            return tok.encode(render_chat(CHAT_TEMPLATE, tool_history(chat), tools=offered,
+                                          bos_token=tok.bos_token, eos_token=tok.eos_token).text)
+
+        greedy = SamplingParams(temperature=0, max_tokens=4)
+        auto, none = llm.chat([chat, chat], [greedy, greedy], tools=tools)[0], llm.chat(
+            [chat], greedy, tools=tools, tool_choice="none")[0]
+        assert auto.prompt_token_ids == prompt(tools) and none.prompt_token_ids == prompt(None)
+        assert auto.prompt_token_ids != none.prompt_token_ids
+        for done in (auto, none):  # random weights: no call, the text is the content
+            assert done.tool_calls == [] and done.content == done.text
+        with pytest.raises(ToolRequestError, match="needs tools"):
+            llm.chat([chat], greedy, tool_choice="required")
+    finally:
+        close_even(llm)
