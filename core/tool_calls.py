@@ -22,6 +22,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from .logs import get_logger
+
+log = get_logger(__name__)
 Schemas = Mapping[str, Mapping[str, Any]]  # tool name -> its JSON-schema `parameters`
 
 
@@ -191,7 +194,10 @@ class ToolCallStream:
     def _section(self, body: str) -> Piece:
         try:
             found = self.fmt.parse(body, self.schemas)
-        except (MalformedToolCall, ValueError, TypeError, RecursionError, MemoryError):
+        except Exception as exc:  # a section that does not parse stays content, as written
+            if not isinstance(exc, (MalformedToolCall, RecursionError)):
+                log.warning("a tool-call parser failed", format=self.fmt.name,
+                            error=f"{type(exc).__name__}: {exc}")
             self._ws = self._ws_before_section
             return Piece(self._text(self.fmt.start + body + self.fmt.end))
         out = Piece()

@@ -138,6 +138,14 @@ def test_a_malformed_call_between_good_ones_is_content_and_the_others_are_calls(
         " <call>bad name</call>", [("get_time", {}), ("get_time", {})])
 
 
+def test_a_parser_that_breaks_leaves_the_section_as_content() -> None:
+    def broken(body: str, schemas: Any) -> list[tuple[str, dict[str, Any]]]:
+        raise KeyError(body)
+
+    fmt = ToolCallFormat("broken", "<call>", "</call>", broken)
+    assert parse_everywhere(fmt, "a <call>x</call>") == ("a <call>x</call>", [])
+
+
 # -- replies, as the server sends them -----------------------------------------------------------
 
 

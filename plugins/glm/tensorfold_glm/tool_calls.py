@@ -24,7 +24,8 @@ _NAME = re.compile(r"[^\s<>]+")
 
 def _is_string(schema: Mapping[str, Any] | None) -> bool:
     kind = (schema or {}).get("type")
-    return kind == "string" or (isinstance(kind, list) and kind and set(kind) <= {"string", "null"})
+    return kind == "string" or (
+        isinstance(kind, list) and bool(kind) and set(kind) <= {"string", "null"})
 
 
 def _value(text: str, schema: Mapping[str, Any] | None) -> Any:
