@@ -112,7 +112,8 @@ class LLM:
         if template is None:
             raise ValueError("the checkpoint has no chat template")
         request = parse_tool_request(
-            {"tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls},
+            {"tools": tools, "tool_choice": tool_choice,
+             "parallel_tool_calls": parallel_tool_calls},
             self.served.spec.name, self.served.tool_format,
         )
         params = sampling if isinstance(sampling, Sequence) else [sampling or SamplingParams()] * len(conversations)

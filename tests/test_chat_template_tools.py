@@ -40,7 +40,8 @@ def history() -> list[dict[str, Any]]:
     tool answers (one as text parts), then the model's answer and a new question."""
     calls = [{"id": "call_1", "type": "function",
               "function": {"name": "get_weather", "arguments": CALL_ARGS}},
-             {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]
+             {"id": "call_2", "type": "function",
+              "function": {"name": "get_time", "arguments": "{}"}}]
     return [
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "What is the weather in Paris, and the time?"},

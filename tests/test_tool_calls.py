@@ -85,7 +85,7 @@ def test_bad_tool_fields_are_named(body: dict[str, Any], param: str, words: str)
 
 
 def test_a_family_without_a_format_refuses_tools_naming_itself() -> None:
-    with pytest.raises(ToolRequestError, match='the fam family declares no tool-call format.*"none"'):
+    with pytest.raises(ToolRequestError, match='fam family declares no tool-call format.*"none"'):
         parse_tool_request({"tools": [TOOL]}, "fam", None)
 
 
@@ -107,9 +107,11 @@ def test_history_arguments_become_objects() -> None:
      "messages[0].tool_calls[0].function.arguments must be a JSON object"),
     ({"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]},
      "messages[0].tool_calls[0] must be"),
-    ({"role": "assistant", "tool_calls": {"function": {}}}, "messages[0].tool_calls must be an array"),
+    ({"role": "assistant", "tool_calls": {"function": {}}},
+     "messages[0].tool_calls must be an array"),
     ({"role": "user", "tool_calls": []}, "on an assistant message"),
-    ({"role": "tool", "tool_call_id": 7, "content": "x"}, "messages[0].tool_call_id must be a string"),
+    ({"role": "tool", "tool_call_id": 7, "content": "x"},
+     "messages[0].tool_call_id must be a string"),
 ])
 def test_bad_history_is_named(message: dict[str, Any], words: str) -> None:
     with pytest.raises(ToolRequestError, match="messages") as caught:

@@ -3,7 +3,8 @@ Gemma 4's tool markup, so a demo server speaks the same tool-call format as a re
 - tools declared at the top of the first turn: `<|tool>declaration:name{...}<tool|>`;
 - an assistant's calls: `<|tool_call>call:name{key:<|"|>text<|"|>,n:1}<tool_call|>`, values in
   Gemma's own syntax (strings between `<|"|>` quotes, keys bare);
-- a tool's answer: `<|tool_response>response:name{value:<|"|>...<|"|>}<tool_response|>`.
+- a tool's answer: `<|tool_response>response:name{value:<|"|>...<|"|>}<tool_response|>`, the
+  name found by the message's `tool_call_id`.
 A chat without tools renders as before.
 """
 
@@ -38,7 +39,12 @@ CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{%- for message in loop_messages -%}"
     "{%- if message['role'] == 'tool' -%}"
-    "{{- '<|tool_response>response:' + (message.get('name') or 'tool') + '{value:' -}}"
+    "{%- set called = namespace(name=message.get('name') or 'tool') -%}"
+    "{%- for earlier in loop_messages -%}{%- for call in earlier.get('tool_calls') or [] -%}"
+    "{%- if call.get('id') == message.get('tool_call_id') -%}"
+    "{%- set called.name = call['function']['name'] -%}"
+    "{%- endif -%}{%- endfor -%}{%- endfor -%}"
+    "{{- '<|tool_response>response:' + called.name + '{value:' -}}"
     "{{- arg(message.get('content') or '') + '}<tool_response|>' -}}"
     "{%- else -%}"
     "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"

@@ -60,8 +60,8 @@ def test_an_unclosed_section_is_content() -> None:
 
 
 def _history(content: str) -> list[dict]:
-    calls = [{"id": f"call_{i}", "type": "function",
-              "function": {"name": name, "arguments": args}} for i, (name, args) in enumerate(CALLS)]
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+             for i, (n, a) in enumerate(CALLS)]
     return [{"role": "user", "content": "Weather?"},
             {"role": "assistant", "content": content, "tool_calls": calls}]
 
@@ -80,3 +80,10 @@ def test_reads_what_the_real_gemma4_template_writes() -> None:
 def test_reads_what_the_demo_template_writes() -> None:
     text = render_chat(CHAT_TEMPLATE, _history("Checking."), bos_token="<bos>").text
     assert parse_everywhere(FORMAT, _assistant_part(text, "Checking.")) == ("Checking.", CALLS)
+
+
+def test_the_demo_template_names_a_tool_answer_by_its_call() -> None:
+    messages = [*_history(""), {"role": "tool", "tool_call_id": "call_1", "content": "10:42"}]
+    text = render_chat(CHAT_TEMPLATE, messages, bos_token="<bos>",
+                       add_generation_prompt=False).text
+    assert text.endswith(f"<|tool_response>response:get_time{{value:{Q}10:42{Q}}}<tool_response|>")

@@ -1,7 +1,8 @@
 """GLM tool calls, in GLM-4.7-Flash's published format (the nearest published GLM template to
 GLM-5.3-Flash), one section per call:
 
-    <tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>3</arg_value></tool_call>
+    <tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>
+    <arg_key>days</arg_key><arg_value>3</arg_value></tool_call>   (one line)
 
 The template writes string values bare and every other value as JSON, so a value is read as the
 parameter's schema says: a "string" parameter keeps its text; any other is read as JSON, and
@@ -50,7 +51,8 @@ def parse(body: str, schemas: Schemas) -> list[tuple[str, dict[str, Any]]]:
         found = _PAIR.match(rest, pos)
         if found is None:
             if rest[pos:].strip():
-                raise MalformedToolCall(f"expected <arg_key>…</arg_value>: {rest[pos:pos + 40]!r}")
+                raise MalformedToolCall(f"expected <arg_key>…</arg_value>: "
+                                        f"{rest[pos:pos + 40]!r}")
             break
         key = found.group(1).strip()
         arguments[key] = _value(found.group(2), properties.get(key))

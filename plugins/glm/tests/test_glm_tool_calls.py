@@ -70,8 +70,8 @@ def test_an_unclosed_section_is_content() -> None:
 
 
 def _history(content: str) -> list[dict]:
-    calls = [{"id": f"call_{i}", "type": "function",
-              "function": {"name": name, "arguments": args}} for i, (name, args) in enumerate(CALLS)]
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+             for i, (n, a) in enumerate(CALLS)]
     return [{"role": "user", "content": "Weather?"},
             {"role": "assistant", "content": content, "tool_calls": calls}]
 

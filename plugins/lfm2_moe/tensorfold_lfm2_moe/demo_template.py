@@ -1,7 +1,8 @@
 """The demo checkpoint's chat template: ours, written for the demo, in LFM2's layout and with the
 tool markup of Liquid AI's models (as LFM2.5's template writes it), so a demo server speaks the
 same tool-call format as a real LFM2:
-- tools listed in the system turn: `List of tools: <|tool_list_start|>[{...}, ...]<|tool_list_end|>`;
+- tools listed in the system turn:
+  `List of tools: <|tool_list_start|>[{...}, ...]<|tool_list_end|>`;
 - an assistant's calls: `<|tool_call_start|>[name(key="value", n=1)]<|tool_call_end|>`;
 - a tool's answer: `<|im_start|>tool\\n<|tool_response_start|>...<|tool_response_end|><|im_end|>`.
 A chat without tools renders as before: each message as `<|im_start|>role\\ncontent<|im_end|>\\n`.

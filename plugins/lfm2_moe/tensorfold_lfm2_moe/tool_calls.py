@@ -60,7 +60,8 @@ def _call(node: ast.AST) -> tuple[str, dict[str, Any]]:
             raise MalformedToolCall("tool calls take keyword arguments only")
         if any(k.arg is None for k in node.keywords):
             raise MalformedToolCall("**kwargs is not an argument")
-        return _dotted(node.func), {k.arg: _value(k.value) for k in node.keywords}  # type: ignore[misc]
+        arguments = {str(k.arg): _value(k.value) for k in node.keywords}
+        return _dotted(node.func), arguments
     if isinstance(node, ast.Dict):  # the JSON form
         call = _value(node)
         name, arguments = call.get("name"), call.get("arguments", call.get("parameters", {}))
