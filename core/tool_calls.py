@@ -123,6 +123,7 @@ class ToolCallStream:
         self.calls: list[ToolCall] = []
         self._buf = ""  # text not judged yet: a possible marker start, or an open section
         self._in_section = False
+        self._scanned = 0  # how far into an open section's text the end marker is not
         self._ws = ""  # whitespace held back: it goes if a call follows
         self._ws_before_section = ""
         self._after_call = False  # nothing but whitespace since the last section
@@ -132,8 +133,9 @@ class ToolCallStream:
         out = Piece()
         while True:
             if self._in_section:
-                end = self._buf.find(self.fmt.end)
-                if end < 0:
+                end = self._buf.find(self.fmt.end, self._scanned)
+                if end < 0:  # next time, search only where the end marker may still be
+                    self._scanned = max(0, len(self._buf) - len(self.fmt.end) + 1)
                     return out
                 body, self._buf = self._buf[:end], self._buf[end + len(self.fmt.end):]
                 self._in_section = False
@@ -146,7 +148,7 @@ class ToolCallStream:
                 out.content += self._text(self._buf[:start])
                 self._ws_before_section, self._ws = self._ws, ""
                 self._buf = self._buf[start + len(self.fmt.start):]
-                self._in_section = True
+                self._in_section, self._scanned = True, 0
                 continue
             markers = [self.fmt.start, *(self.fmt.after if self._after_call else ())]
             keep = _held_prefix(self._buf, markers)

@@ -18,7 +18,7 @@ from tensorfold.openai_replies import Reply, TokenTexts
 from tensorfold.requests import Finished, TokenOut
 from tensorfold.sampling import SamplingParams
 from tensorfold.tokenizer import Tokenizer
-from tensorfold.tool_calls import MalformedToolCall, ToolCallFormat
+from tensorfold.tool_calls import MalformedToolCall, ToolCallFormat, ToolCallStream
 from tensorfold.tool_request import ToolRequestError, parse_tool_request, tool_history
 from tensorfold.tool_testing import calls_from_deltas, parse_everywhere
 
@@ -253,3 +253,17 @@ def test_kept_special_tokens_are_decoded_the_others_skipped() -> None:
     assert "".join(decoder.step([i]) for i in ids) + decoder.flush() == "ab <call>cd ef"
     with pytest.raises(Exception, match="keep_special_ids"):
         SamplingParams(keep_special_ids=(-1,))
+
+
+
+def test_an_end_marker_split_after_a_long_section_is_found() -> None:
+    """The search for the end marker resumes where it may still start (not from the section's
+    beginning): a marker split across pieces, far into a section, is still found."""
+    stream = ToolCallStream(FMT)
+    stream.feed('<call>get_weather {"city": "')
+    for _ in range(1000):
+        stream.feed("abcd")
+    for piece in ('"}</c', "al", "l>"):
+        stream.feed(piece)
+    assert [c.name for c in stream.calls] == ["get_weather"]
+    assert json.loads(stream.calls[0].arguments) == {"city": "abcd" * 1000}
