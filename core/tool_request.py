@@ -136,8 +136,8 @@ def tool_history(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         calls = message.get("tool_calls")
         if message.get("role") == "tool" and not isinstance(message.get("tool_call_id", ""), str):
             raise ToolRequestError(f"messages[{i}].tool_call_id must be a string", "messages")
-        if calls is None:
-            out.append(message)
+        if calls is None or calls == []:  # an empty list is no calls (templates test presence)
+            out.append({k: v for k, v in message.items() if k != "tool_calls"})
             continue
         if message.get("role") != "assistant" or not isinstance(calls, list):
             raise ToolRequestError(

@@ -97,6 +97,8 @@ def test_history_arguments_become_objects() -> None:
     fixed = tool_history(messages)
     assert fixed[0]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
     assert fixed[1] == messages[1]
+    assert tool_history([{"role": "assistant", "content": "hi", "tool_calls": []}]) == [
+        {"role": "assistant", "content": "hi"}]
     assert messages[0]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
 
 
