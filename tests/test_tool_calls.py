@@ -111,7 +111,7 @@ def test_history_arguments_become_objects() -> None:
      "messages[0].tool_calls[0] must be"),
     ({"role": "assistant", "tool_calls": {"function": {}}},
      "messages[0].tool_calls must be an array"),
-    ({"role": "user", "tool_calls": []}, "on an assistant message"),
+    ({"role": "user", "tool_calls": [{}]}, "on an assistant message"),
     ({"role": "tool", "tool_call_id": 7, "content": "x"},
      "messages[0].tool_call_id must be a string"),
 ])
