@@ -2,7 +2,8 @@
 
 Plugins implement them with ``@tensorfold.hookimpl``. Collection hooks (``register_families``,
 ``profile_rows``) are called on the plugin manager of all installed plugins. Per-family hooks
-(``share_pool``, ``share_attach``, ``snap_keep``, ``snap_restore``, ``shard_plan``) are called on
+(``share_pool``, ``share_attach``, ``snap_keep``, ``snap_restore``, ``shard_plan``,
+``tool_call_format``) are called on
 the chosen family's own plugin manager (``tensorfold.plugins.family_plugin_manager``), which
 holds the core adapters' default implementations and the family's ``FamilySpec.hooks`` object;
 the family's implementation is called first, so it overrides a default by answering.
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from tensorfold.family import FamilySpec, ShardPlan, StateLayout
     from tensorfold.kv_pool import Lease
     from tensorfold.profiles import ProfileRow
+    from tensorfold.tool_calls import ToolCallFormat
 
 hookspec = pluggy.HookspecMarker("tensorfold")
 
@@ -163,6 +165,27 @@ def shard_plan(config: Mapping[str, Any], dtype: str, world: int) -> ShardPlan |
     :return: a ``tensorfold.family.ShardPlan``: the splits by on-disk name, and one rank's state
         layout; raise ``tensorfold.family.ShardRefused`` when the config cannot be cut for
         ``world`` ranks (say which dimension).
+
+    Stops at first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def tool_call_format(config: Mapping[str, Any]) -> ToolCallFormat | None:
+    """Describe the family's tool-call markup, so the server can turn it into OpenAI tool calls.
+
+    Called once at start, on the chosen family's plugin manager. The answer is a
+    ``tensorfold.tool_calls.ToolCallFormat``: the markers that open and close a call section
+    (as the family's chat template writes an assistant's ``tool_calls``), a function parsing the
+    text between them into (name, arguments) pairs, raising
+    ``tensorfold.tool_calls.MalformedToolCall`` when it does not parse, and the markers the
+    model writes after its calls. The core finds the sections in the generated text, streamed or
+    whole, and never guesses a format. No answer: the family has no tool calls, and a request
+    that offers tools is refused naming the family.
+
+    :param config: config.json as a dict (a family whose checkpoints differ in format picks by
+        it).
+    :return: the family's ``ToolCallFormat``.
 
     Stops at first non-None result.
     """

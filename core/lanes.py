@@ -215,7 +215,9 @@ class Lanes:
             lease=self.pool.lease(rows, attached),
             stops=StopChecker.for_params(req.params, self.eos_token_ids),
             history=RowHistory(req.prompt),
-            decoder=IncrementalDecoder(self.tokenizer) if self.tokenizer else None,
+            decoder=IncrementalDecoder(
+                self.tokenizer, keep=frozenset(req.params.keep_special_ids)
+            ) if self.tokenizer else None,
         )
 
     def _fork(self, parent: Live) -> list[Live]:

@@ -4,7 +4,7 @@ Every request goes through the lanes, as the server's do."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence, Union
 
@@ -12,6 +12,7 @@ from .choices import choice_params
 from .requests import Event, Finished, TokenOut
 from .sampling import SamplingParams
 from .settings import Settings
+from .tool_calls import ToolCall, parse_tool_calls
 from .start import Served, open_served
 
 Prompt = Union[str, Sequence[int]]
@@ -29,6 +30,8 @@ class Completion:
     cached_tokens: int = 0
     error: str | None = None
     index: int = 0  # the choice, 0..n-1, when n choices were asked of one prompt
+    content: str | None = None  # chat: the text less tool-call markup (None: only calls)
+    tool_calls: list[ToolCall] = field(default_factory=list)  # chat with tools: parsed calls
 
 
 class _Collector:
@@ -98,25 +101,53 @@ class LLM:
         conversations: Sequence[Sequence[dict]],
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
         n: int = 1,
+        *,
+        tools: Sequence[dict] | None = None,
+        tool_choice: str | dict | None = None,
+        parallel_tool_calls: bool | None = None,
     ) -> list[Completion]:
         """Render each conversation with the checkpoint's chat template (add_generation_prompt)
         and complete it; the turns' ends are marks where the prompt store keeps states.
-        n > 1: n choices of each conversation, as in `generate`."""
+        n > 1: n choices of each conversation, as in `generate`.
+
+        tools, tool_choice, parallel_tool_calls: as the chat API takes them (see
+        docs/serving.md); history may hold assistant `tool_calls` and `role: "tool"` messages.
+        With tools offered, each completion's `content` and `tool_calls` are the text parsed in
+        the family's tool-call format, and finish_reason is "tool_calls" when it called.
+        Raises ValueError (ToolRequestError) for tool fields the server would refuse."""
         from .chat_template import marks_to_token_positions, render_chat
+        from .tool_request import parse_tool_request, tool_history
 
         template = self.tokenizer.chat_template
         if template is None:
             raise ValueError("the checkpoint has no chat template")
+        request = parse_tool_request(
+            {"tools": tools, "tool_choice": tool_choice,
+             "parallel_tool_calls": parallel_tool_calls},
+            self.served.spec.name, self.served.tool_format,
+        )
         params = sampling if isinstance(sampling, Sequence) else [sampling or SamplingParams()] * len(conversations)
+        if request is not None:
+            keep = tuple(sorted(self.tokenizer.special_ids(request.format.markers)))
+            params = [replace(p, keep_special_ids=keep) for p in params]
         runs = []
         for messages in conversations:
             chat = render_chat(
-                template, list(messages), bos_token=self.tokenizer.bos_token,
-                eos_token=self.tokenizer.eos_token,
+                template, tool_history(list(messages)), bos_token=self.tokenizer.bos_token,
+                eos_token=self.tokenizer.eos_token, tools=request.tools if request else None,
             )
             ids = self.tokenizer.encode(chat.text)
             runs.append((ids, marks_to_token_positions(self.tokenizer, chat.text, chat.marks)))
-        return self._run(runs, params, n)
+        completions = self._run(runs, params, n)
+        for c in completions:
+            c.content = c.text
+            if request is not None:
+                content, c.tool_calls = parse_tool_calls(
+                    request.format, c.text, request.tools, parallel=request.parallel)
+                c.content = content if content or not c.tool_calls else None
+                if c.tool_calls and c.finish_reason == "stop":
+                    c.finish_reason = "tool_calls"
+        return completions
 
     def _run(self, runs, params, n: int = 1) -> list[Completion]:
         if len(params) != len(runs):

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from .chat_template import ChatTemplateError, marks_to_token_positions, render_chat
 from .sampling import SamplingParams, SamplingParamsError
+from .tool_request import ToolRequest, ToolRequestError, parse_tool_request, tool_history
 
 if TYPE_CHECKING:
     from .start import Served
@@ -79,6 +80,7 @@ class Parsed:
     max_tokens_param: str = "max_tokens"  # the field the user set, for error messages
     token_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs say "token_id:N"
     n: int = 1  # choices of the prompt (tensorfold.choices); bounded by the lanes at submit
+    tools: ToolRequest | None = None  # the reply is parsed for tool calls
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -269,7 +271,11 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad(f"messages[{i}] must be an object with a string role", "messages")
         chat.append({**m, "content": _message_text(m.get("content"), i)})
-    tools = _get(body, "tools", "list")
+    try:
+        tools = parse_tool_request(body, served.spec.name, served.tool_format)
+        chat = tool_history(chat)
+    except ToolRequestError as exc:
+        raise bad(str(exc), exc.param) from None
     logprobs = bool(_get(body, "logprobs", "bool"))
     top = _get(body, "top_logprobs", "int") or 0
     stream, usage = _stream_flags(body)
@@ -279,7 +285,7 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
     try:
         rendered = render_chat(
             tok.chat_template, chat, add_generation_prompt=True, bos_token=tok.bos_token,
-            eos_token=tok.eos_token, tools=tools,
+            eos_token=tok.eos_token, tools=tools.tools if tools else None,
         )
     except ChatTemplateError as exc:
         raise bad(str(exc), "messages") from None
@@ -292,5 +298,8 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
         logprobs, top,
     )
     token_ids = bool(_get(body, "return_tokens_as_token_ids", "bool"))
+    if tools is not None:  # markers that are special tokens must reach the parser
+        keep = tok.special_ids(tools.format.markers)
+        params = replace(params, keep_special_ids=tuple(sorted(keep)))
     return Parsed("chat", ids, params, tuple(marks), stream, usage, max_param, token_ids,
-                  _choices(body))
+                  _choices(body), tools)

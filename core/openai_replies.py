@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from .openai_api import Parsed, error_body
 from .requests import Event, Finished, TokenOut
+from .tool_calls import Piece, ToolCallStream, parse_tool_calls
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -88,6 +89,9 @@ class Reply:
         self.text: list[str] = []
         self.entries: list[TokenOut] = []
         self.done: Finished | None = None
+        tools = parsed.tools
+        self.tool_stream = None if tools is None else ToolCallStream(
+            tools.format, tools.tools, parallel=tools.parallel)
 
     def add(self, event: Event) -> None:
         self.text.append(event.text)
@@ -142,6 +146,14 @@ class Reply:
                                   "logprobs": self._logprobs(self.entries, 0)}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
+            if (tools := self.parsed.tools) is not None:
+                content, calls = parse_tool_calls(tools.format, text, tools.tools,
+                                                  parallel=tools.parallel)
+                choice["message"] = {"role": "assistant",
+                                     "content": content if content or not calls else None}
+                if calls:
+                    choice["message"]["tool_calls"] = [call.message() for call in calls]
+                    choice["finish_reason"] = self._tool_finish(calls)
         else:
             choice["text"] = text
         return choice
@@ -163,11 +175,37 @@ class Reply:
             body["usage"] = None
         return body
 
+    def _tool_finish(self, calls: list[Any]) -> str | None:
+        """finish_reason "tool_calls" when the model stopped after calling."""
+        reason = self.finish_reason
+        return "tool_calls" if calls and reason == "stop" else reason
+
+    def sse_chunks(self, text: str, events: list[TokenOut], offset: int) -> bytes:
+        """The stream's events for newly released text: one chunk, or with tools parsed, the
+        content that is surely not markup, then each tool-call delta in a chunk of its own."""
+        if self.tool_stream is None:
+            return sse(self.chunk(text, events, offset))
+        return self._tool_chunks(self.tool_stream.feed(text), events)
+
+    def _tool_chunks(self, piece: Piece, events: list[TokenOut]) -> bytes:
+        out = b""
+        if piece.content or events:
+            out += sse(self.chunk(piece.content, events, 0))
+        for delta in piece.deltas:
+            body = self.chunk("", [], 0)
+            body["choices"][0]["delta"] = {"tool_calls": [delta]}
+            out += sse(body)
+        return out
+
     def finish(self) -> bytes:
-        """This choice's last event: its finish chunk, or the error."""
+        """This choice's last event: its finish chunk (after any held-back tool calls), or the
+        error."""
         assert self.done is not None
         if self.done.reason == "error":
             return sse(error_body(500, f"generation failed: {self.done.error}"))
+        if self.tool_stream is not None:
+            out = self._tool_chunks(self.tool_stream.finish(), [])
+            return out + sse(self.chunk("", [], 0, self._tool_finish(self.tool_stream.calls)))
         return sse(self.chunk("", [], 0, self.finish_reason))
 
 

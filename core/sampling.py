@@ -115,6 +115,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0  # 0..20, needs logprobs
+    keep_special_ids: tuple[int, ...] = ()  # special tokens written into the text (tool markers)
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -136,6 +137,9 @@ class SamplingParams:
         ids = self.stop_token_ids if isinstance(self.stop_token_ids, Iterable) else [None]
         ids = tuple(_int("stop_token_ids", i, lambda v: v >= 0, "ids >= 0") for i in ids)
         put("stop_token_ids", ids)
+        keep = self.keep_special_ids if isinstance(self.keep_special_ids, Iterable) else [None]
+        put("keep_special_ids",
+            tuple(_int("keep_special_ids", i, lambda v: v >= 0, "ids >= 0") for i in keep))
         for name in ("ignore_eos", "logprobs"):
             put(name, _bool(name, getattr(self, name)))
         top_n = _int("top_logprobs", self.top_logprobs, lambda v: 0 <= v <= 20, "in 0..20")

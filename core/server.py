@@ -213,7 +213,7 @@ async def _events_to_stream(resp: web.StreamResponse, replies: Choices,
                     timing.token()
                 tokens = [event] if reply.parsed.params.logprobs else []
             if event.text or tokens:
-                data += sse(reply.chunk(event.text, tokens, sent[i]))
+                data += reply.sse_chunks(event.text, tokens, sent[i])
                 sent[i] += len(event.text)
             if isinstance(event, Finished):
                 data += reply.finish()

@@ -42,6 +42,7 @@ class Served:
     model_name: str
     window: int
     team: Any = None  # tensor parallel: rank 0's side of the ranks (None at one rank)
+    tool_format: Any = None  # the family's ToolCallFormat (tool_call_format hook); None: none
 
     def close(self) -> None:
         # After a lost rank the engine thread may sit in a collective until its timeout.
@@ -315,8 +316,9 @@ def open_served(
                 raise TensorParallelError(lost) from exc  # names the follower that exited
         raise
     name = model if model is not None else f"{spec.name}-demo"
+    tool_format = rank.hooks.tool_call_format(config=rank.checkpoint.config)
     return Served(spec, rank.checkpoint, tokenizer, rank.plan, engine, str(name),
-                  rank.plan.window, team)
+                  rank.plan.window, team, tool_format)
 
 
 def parallel_launch(settings: Settings):

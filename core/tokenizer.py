@@ -74,6 +74,7 @@ class Tokenizer:
             bos_token_id = bid
         self.bos_token_id = bos_token_id
         self._offsets_tok: _HFTokenizer | None = None
+        self._special_ids: dict[frozenset[str], frozenset[int]] = {}
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint) -> "Tokenizer":
@@ -121,8 +122,31 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True,
+               keep: frozenset[int] = frozenset()) -> str:
+        """The text of `ids`; `keep`: special tokens written out even when skipping the others
+        (a family's tool-call markers)."""
+        if not (skip_special_tokens and keep and not keep.isdisjoint(ids)):
+            return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        out: list[str] = []
+        run: list[int] = []
+        for i in ids:
+            if i in keep:
+                out += [self.hf.decode(run, skip_special_tokens=True), self.hf.id_to_token(i) or ""]
+                run = []
+            else:
+                run.append(i)
+        out.append(self.hf.decode(run, skip_special_tokens=True))
+        return "".join(out)
+
+    def special_ids(self, texts: Iterable[str]) -> frozenset[int]:
+        """The ids of those of `texts` that are special tokens of this tokenizer."""
+        wanted = frozenset(texts)
+        if (hit := self._special_ids.get(wanted)) is None:
+            added = self.hf.get_added_tokens_decoder()
+            hit = frozenset(i for i, t in added.items() if t.special and t.content in wanted)
+            self._special_ids[wanted] = hit
+        return hit
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids and the character span of `text` each token covers. Offsets come from a copy with no
@@ -134,8 +158,9 @@ class Tokenizer:
         enc = self._offsets_tok.encode(text, add_special_tokens=False)
         return enc.ids, [tuple(o) for o in enc.offsets]  # type: ignore[misc]
 
-    def incremental_decoder(self, skip_special_tokens: bool = True) -> "IncrementalDecoder":
-        return IncrementalDecoder(self, skip_special_tokens=skip_special_tokens)
+    def incremental_decoder(self, skip_special_tokens: bool = True,
+                            keep: frozenset[int] = frozenset()) -> "IncrementalDecoder":
+        return IncrementalDecoder(self, skip_special_tokens=skip_special_tokens, keep=keep)
 
 
 class IncrementalDecoder:
@@ -147,9 +172,11 @@ class IncrementalDecoder:
     back until more ids complete it; `flush()` gives out whatever is still held.
     """
 
-    def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = True,
+                 keep: frozenset[int] = frozenset()) -> None:
         self._tok = tokenizer
         self._skip = skip_special_tokens
+        self._keep = keep
         self.ids: list[int] = []
         self._prefix = 0  # window start: the ids of the last emitted piece begin here
         self._read = 0  # ids before this are emitted
@@ -168,8 +195,8 @@ class IncrementalDecoder:
         if self._read == len(self.ids):
             return ""
         decode = self._tok.decode
-        before = decode(self.ids[self._prefix : self._read], self._skip)
-        window = decode(self.ids[self._prefix :], self._skip)
+        before = decode(self.ids[self._prefix : self._read], self._skip, self._keep)
+        window = decode(self.ids[self._prefix :], self._skip, self._keep)
         if not final and (window.endswith(_REPLACEMENT) or len(window) <= len(before)):
             return ""
         piece = window[len(before) :]

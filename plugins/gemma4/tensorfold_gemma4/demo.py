@@ -1,6 +1,6 @@
 """A small deterministic Gemma 4 checkpoint, built locally (no download, no transformers).
 
-`build_demo(cache_dir)` writes `cache_dir / "gemma4-demo-v1"` as transformers 5.23.0 saves a
+`build_demo(cache_dir)` writes `cache_dir / "gemma4-demo-v2"` as transformers 5.23.0 saves a
 text-only `Gemma4ForConditionalGeneration` (no vision or audio tower): config.json with the text
 model under `text_config`, generation_config.json, model.safetensors with the on-disk names of real
 checkpoints (`model.language_model.*`, fused experts, no lm_head), and a byte-level BPE tokenizer
@@ -19,11 +19,13 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .demo_template import CHAT_TEMPLATE
+
 if TYPE_CHECKING:
     import torch
     from tokenizers import Tokenizer
 
-DEMO_NAME = "gemma4-demo-v1"
+DEMO_NAME = "gemma4-demo-v2"
 FILES = (
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
     "tokenizer_config.json",
@@ -50,23 +52,6 @@ TEXT: dict[str, Any] = dict(
 )
 GLOBAL_HEAD_DIM, GLOBAL_KV_HEADS = 64, 1  # the full layers' per_layer_config
 
-CHAT_TEMPLATE = (
-    "{{- bos_token -}}"
-    "{%- if messages and messages[0]['role'] == 'system' -%}"
-    "{%- set first_user_prefix = messages[0]['content'] | trim + '\\n\\n' -%}"
-    "{%- set loop_messages = messages[1:] -%}"
-    "{%- else -%}"
-    "{%- set first_user_prefix = '' -%}"
-    "{%- set loop_messages = messages -%}"
-    "{%- endif -%}"
-    "{%- for message in loop_messages -%}"
-    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
-    "{{- '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') -}}"
-    "{{- message['content'] | trim -}}"
-    "{{- '<end_of_turn>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
-)
 
 CORPUS = """\
 The lighthouse keeper climbed the stairs every evening at six. There were one hundred and twelve
@@ -226,7 +211,7 @@ def is_complete(folder: Path) -> bool:
 
 
 def build_demo(cache_dir: Path) -> Path:
-    """Return `cache_dir / "gemma4-demo-v1"`, building it first unless a complete one is there.
+    """Return `cache_dir / "gemma4-demo-v2"`, building it first unless a complete one is there.
 
     The files are written into a temporary sibling folder that is renamed into place, so a crashed
     build never leaves a half checkpoint, and concurrent builders agree on one result.

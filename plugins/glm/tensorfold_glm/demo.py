@@ -1,7 +1,7 @@
 """A small deterministic GLM-5.3-Flash-shaped checkpoint, built locally (no download, no
 transformers).
 
-`build_demo(cache_dir)` writes `cache_dir / "glm5_next-demo-v1"` as transformers 5.23.0 saves a
+`build_demo(cache_dir)` writes `cache_dir / "glm5_next-demo-v2"` as transformers 5.23.0 saves a
 `Glm5NextForConditionalGeneration`: config.json (text_config + a one-block vision_config),
 generation_config.json, model.safetensors under the on-disk names of real checkpoints (per-expert
 projections, q/k/v_conv1d, hc_* names, a vision tower that is not served), a byte-level BPE
@@ -21,7 +21,7 @@ from .demo_text import CHAT_TEMPLATE, CORPUS
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-DEMO_NAME = "glm5_next-demo-v1"
+DEMO_NAME = "glm5_next-demo-v2"
 FILES = (
     "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
     "tokenizer.json", "tokenizer_config.json",

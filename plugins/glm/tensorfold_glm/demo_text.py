@@ -2,10 +2,39 @@
 
 # GLM's layout: [gMASK]<sop>, then each message as <|role|>\n content; the assistant's turn
 # opens with <|assistant|>\n and ends where the next role token (an EOS for GLM) begins.
+# Tools, tool calls and tool answers use GLM-4.7-Flash's markup (ours, not a copy of its
+# template), so a demo server speaks the same tool-call format as the real model:
+# - tools: a <|system|> turn listing each tool's JSON between <tools> and </tools>;
+# - an assistant's calls:
+#   <tool_call>name<arg_key>key</arg_key><arg_value>value</arg_value></tool_call>, strings bare,
+#   other values as JSON;
+# - a tool's answer: <|observation|>\n<tool_response>...</tool_response>.
+# A chat without tools renders as before.
 CHAT_TEMPLATE = (
     "[gMASK]<sop>"
+    "{%- if tools -%}"
+    "{{- '<|system|>\\n# Tools\\n\\nYou may call one or more functions. Their signatures are "
+    "within <tools></tools>:\\n<tools>\\n' -}}"
+    "{%- for tool in tools -%}{{- tool | tojson(ensure_ascii=False) -}}{{- '\\n' -}}{%- endfor -%}"
+    "{{- '</tools>\\n\\nCall a function as <tool_call>{name}<arg_key>{key}</arg_key>"
+    "<arg_value>{value}</arg_value>...</tool_call>' -}}"
+    "{%- endif -%}"
     "{%- for message in messages -%}"
-    "{{- '<|' + message['role'] + '|>\\n' + message['content'] -}}"
+    "{%- if message['role'] == 'tool' -%}"
+    "{{- '<|observation|>\\n<tool_response>' + (message.get('content') or '') -}}"
+    "{{- '</tool_response>' -}}"
+    "{%- else -%}"
+    "{{- '<|' + message['role'] + '|>\\n' + (message.get('content') or '') -}}"
+    "{%- endif -%}"
+    "{%- for call in message.get('tool_calls') or [] -%}"
+    "{{- '<tool_call>' + call['function']['name'] -}}"
+    "{%- for key, value in call['function']['arguments'].items() -%}"
+    "{{- '<arg_key>' + key + '</arg_key><arg_value>' -}}"
+    "{{- value if value is string else value | tojson(ensure_ascii=False) -}}"
+    "{{- '</arg_value>' -}}"
+    "{%- endfor -%}"
+    "{{- '</tool_call>' -}}"
+    "{%- endfor -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
 )

@@ -1,6 +1,6 @@
 """A small deterministic LFM2-MoE checkpoint, built locally (no download, no transformers).
 
-`build_demo(cache_dir)` writes `cache_dir / "lfm2_moe-demo-v1"` as transformers 5.23.0 would save
+`build_demo(cache_dir)` writes `cache_dir / "lfm2_moe-demo-v2"` as transformers 5.23.0 would save
 an `Lfm2MoeForCausalLM`: config.json, generation_config.json, model.safetensors with the on-disk
 names of real checkpoints (per-expert w1/w2/w3, no lm_head), and a byte-level BPE tokenizer with
 LFM2's ChatML special tokens. Same bytes on every build.
@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from tensorfold.demo_build import build_atomically, train_byte_bpe, write_json
 
+from .demo_template import CHAT_TEMPLATE
+
 if TYPE_CHECKING:
     import torch
     from tokenizers import Tokenizer
 
-DEMO_NAME = "lfm2_moe-demo-v1"
+DEMO_NAME = "lfm2_moe-demo-v2"
 FILES = (
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
     "tokenizer_config.json",
@@ -36,13 +38,6 @@ SHAPE: dict[str, Any] = dict(
     max_position_embeddings=32768,
 )
 
-CHAT_TEMPLATE = (
-    "{{- bos_token -}}"
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
 
 CORPUS = """\
 The little engine woke before dawn and listened to the rain on the roof of the station. It had

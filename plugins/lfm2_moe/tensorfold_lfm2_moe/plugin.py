@@ -13,7 +13,7 @@ LFM2_MOE = FamilySpec(
     build_demo="tensorfold_lfm2_moe.demo:build_demo",
     shape="tensorfold_lfm2_moe.model:shape",
     dummy="tensorfold_lfm2_moe.dummy:load_dummy",
-    hooks="tensorfold_lfm2_moe.shards:HOOKS",
+    hooks="tensorfold_lfm2_moe.hooks:HOOKS",
     description="LFM2 / LFM2.5 MoE (Liquid AI): gated short convolutions and GQA attention, "
     "sigmoid-routed top-k experts",
 )

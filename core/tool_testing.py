@@ -1,0 +1,68 @@
+"""Test helpers for tool-call formats (the core's tests and each family's): feed a format's
+stream in pieces of many sizes, rebuild the calls from the OpenAI deltas as a client does, and
+find the real chat templates kept outside the project (../shared/templates)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .tool_calls import ToolCallFormat, ToolCallStream, parse_tool_calls
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATES = REPO.parent / "shared" / "templates"
+SIZES = (1, 2, 3, 5, 8, 13, 10_000)
+
+
+def real_template(name: str) -> str:
+    """A real chat template from ../shared/templates; skips the test, saying why, without it."""
+    import pytest
+
+    path = TEMPLATES / name
+    if not path.is_file():
+        pytest.skip(f"{path} is absent: the real chat templates are test data kept outside the "
+                    "project, in ../shared/templates next to the repository")
+    return path.read_text(encoding="utf-8")
+
+
+def calls_from_deltas(deltas: Sequence[Mapping[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """Rebuild (name, arguments) from `delta.tool_calls` items, as OpenAI's client merges them
+    by index; checks that each call opens with its id and name before any argument text."""
+    calls: dict[int, dict[str, Any]] = {}
+    for delta in deltas:
+        index = delta["index"]
+        if index not in calls:
+            assert delta["id"].startswith("call_") and delta["type"] == "function", delta
+            assert delta["function"]["name"], delta
+            calls[index] = {"name": delta["function"]["name"], "arguments": ""}
+        else:
+            assert "id" not in delta and "name" not in delta["function"], delta
+        calls[index]["arguments"] += delta["function"].get("arguments", "")
+    assert sorted(calls) == list(range(len(calls)))
+    return [(c["name"], json.loads(c["arguments"])) for c in calls.values()]
+
+
+def stream_in_pieces(fmt: ToolCallFormat, text: str, size: int,
+                     tools: Sequence[Mapping[str, Any]] = (),
+                     parallel: bool = True) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+    """Feed `text` `size` characters at a time; the content and calls a client would see."""
+    stream = ToolCallStream(fmt, tools, parallel=parallel)
+    content, deltas = "", []
+    for at in range(0, len(text), size):
+        piece = stream.feed(text[at:at + size])
+        content += piece.content
+        deltas += piece.deltas
+    piece = stream.finish()
+    return content + piece.content, calls_from_deltas(deltas + piece.deltas)
+
+
+def parse_everywhere(fmt: ToolCallFormat, text: str, tools: Sequence[Mapping[str, Any]] = (),
+                     parallel: bool = True) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+    """The text parsed whole, checked equal to the text streamed in pieces of every size in
+    SIZES (one character at a time included); returns (content, [(name, arguments)])."""
+    content, calls = parse_tool_calls(fmt, text, tools, parallel=parallel)
+    whole = [(c.name, json.loads(c.arguments)) for c in calls]
+    for size in SIZES:
+        assert stream_in_pieces(fmt, text, size, tools, parallel) == (content, whole), size
+    return content, whole

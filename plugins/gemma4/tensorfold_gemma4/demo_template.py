@@ -1,0 +1,61 @@
+"""The demo checkpoint's chat template: ours, written for the demo, in Gemma's turn layout and with
+Gemma 4's tool markup, so a demo server speaks the same tool-call format as a real Gemma 4:
+- tools declared at the top of the first turn: `<|tool>declaration:name{...}<tool|>`;
+- an assistant's calls: `<|tool_call>call:name{key:<|"|>text<|"|>,n:1}<tool_call|>`, values in
+  Gemma's own syntax (strings between `<|"|>` quotes, keys bare);
+- a tool's answer: `<|tool_response>response:name{value:<|"|>...<|"|>}<tool_response|>`, the
+  name found by the message's `tool_call_id`.
+A chat without tools renders as before.
+"""
+
+CHAT_TEMPLATE = (
+    "{%- macro arg(value) -%}"
+    "{%- if value is string -%}{{- '<|\"|>' + value + '<|\"|>' -}}"
+    "{%- elif value is boolean -%}{{- 'true' if value else 'false' -}}"
+    "{%- elif value is none -%}{{- 'null' -}}"
+    "{%- elif value is mapping -%}{{- '{' -}}"
+    "{%- for k, v in value | dictsort -%}{{- k + ':' + arg(v) -}}{{- ',' if not loop.last -}}"
+    "{%- endfor -%}{{- '}' -}}"
+    "{%- elif value is sequence -%}{{- '[' -}}"
+    "{%- for v in value -%}{{- arg(v) -}}{{- ',' if not loop.last -}}{%- endfor -%}{{- ']' -}}"
+    "{%- else -%}{{- value | string -}}"
+    "{%- endif -%}"
+    "{%- endmacro -%}"
+    "{{- bos_token -}}"
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] | trim + '\\n\\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = '' -%}"
+    "{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{%- if tools -%}"
+    "{%- set ns = namespace(declared='') -%}"
+    "{%- for tool in tools -%}"
+    "{%- set ns.declared = ns.declared + '<|tool>declaration:' + tool['function']['name'] + "
+    "arg(tool['function']) + '<tool|>' -%}"
+    "{%- endfor -%}"
+    "{%- set first_user_prefix = ns.declared + '\\n' + first_user_prefix -%}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if message['role'] == 'tool' -%}"
+    "{%- set called = namespace(name=message.get('name') or 'tool') -%}"
+    "{%- for earlier in loop_messages -%}{%- for call in earlier.get('tool_calls') or [] -%}"
+    "{%- if call.get('id') == message.get('tool_call_id') -%}"
+    "{%- set called.name = call['function']['name'] -%}"
+    "{%- endif -%}{%- endfor -%}{%- endfor -%}"
+    "{{- '<|tool_response>response:' + called.name + '{value:' -}}"
+    "{{- arg(message.get('content') or '') + '}<tool_response|>' -}}"
+    "{%- else -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{- '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') -}}"
+    "{{- (message.get('content') or '') | trim -}}"
+    "{%- for call in message.get('tool_calls') or [] -%}"
+    "{{- '<|tool_call>call:' + call['function']['name'] + arg(call['function']['arguments']) -}}"
+    "{{- '<tool_call|>' -}}"
+    "{%- endfor -%}"
+    "{{- '<end_of_turn>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
+)

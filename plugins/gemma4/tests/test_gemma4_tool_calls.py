@@ -1,0 +1,89 @@
+"""Gemma 4 tool calls: the parser reads what Gemma 4's real template (and the demo's own) renders
+for an assistant's calls, whole and streamed in pieces of every size."""
+
+from __future__ import annotations
+
+import pytest
+
+from tensorfold.chat_template import render_chat
+from tensorfold.plugins import family_plugin_manager
+from tensorfold.tool_testing import parse_everywhere, real_template
+from tensorfold_gemma4.demo_template import CHAT_TEMPLATE
+from tensorfold_gemma4.plugin import GEMMA4
+from tensorfold_gemma4.tool_calls import FORMAT
+
+S, E, Q = FORMAT.start, FORMAT.end, '<|"|>'
+ARGS = {"city": "Saint-Étienne, {FR}", "days": 3, "ratio": -0.5, "metric": True,
+        "tags": ["a", "b,c"], "opts": {"deep": [1, {"x": False}]}}
+CALLS = [("get_weather", ARGS), ("get_time", {})]
+
+
+def test_the_hook_answers_with_the_format() -> None:
+    hooks = family_plugin_manager(GEMMA4, []).hook
+    assert hooks.tool_call_format(config={}) is FORMAT
+
+
+def test_one_call_whole_and_streamed() -> None:
+    text = f"{S}call:get_weather{{city:{Q}Paris{Q},days:3}}{E}<|tool_response>"
+    assert parse_everywhere(FORMAT, text) == ("", [("get_weather", {"city": "Paris", "days": 3})])
+
+
+def test_parallel_calls() -> None:
+    text = f"{S}call:get_weather{{city:{Q}Paris{Q}}}{E}{S}call:get_time{{}}{E}<|tool_response>"
+    want = [("get_weather", {"city": "Paris"}), ("get_time", {})]
+    assert parse_everywhere(FORMAT, text) == ("", want)
+    assert parse_everywhere(FORMAT, text, parallel=False) == ("", want[:1])
+
+
+def test_text_before_a_call_and_quoted_keys() -> None:
+    text = f"Let me check.\n{S}call:get_time{{{Q}zone{Q}:{Q}UTC{Q}, dst : null}}{E}"
+    assert parse_everywhere(FORMAT, text) == (
+        "Let me check.", [("get_time", {"zone": "UTC", "dst": None})])
+
+
+@pytest.mark.parametrize("body", [
+    f"get_weather{{city:{Q}Paris{Q}}}",  # no call:
+    f"call:get_weather{{city:{Q}Paris}}",  # unclosed string
+    "call:get_weather{city:Paris}",  # a bare word is not a value
+    "call:get_weather{city:1,}",  # a dangling comma
+    "call:{}",  # no name
+    "call:f{} trailing",
+])
+def test_malformed_markup_is_left_as_content(body: str) -> None:
+    text = f"Sure. {S}{body}{E}"
+    assert parse_everywhere(FORMAT, text) == (text, [])
+
+
+def test_an_unclosed_section_is_content() -> None:
+    text = f"{S}call:get_time{{zone:{Q}UT"
+    assert parse_everywhere(FORMAT, text) == (text, [])
+
+
+def _history(content: str) -> list[dict]:
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+             for i, (n, a) in enumerate(CALLS)]
+    return [{"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": content, "tool_calls": calls}]
+
+
+def _assistant_part(rendered: str, first: str) -> str:
+    part = rendered[rendered.index(first):]
+    return part[:part.rindex(E) + len(E)]
+
+
+def test_reads_what_the_real_gemma4_template_writes() -> None:
+    template = real_template("google-gemma-4-31B-it.jinja")
+    text = render_chat(template, _history(""), bos_token="<bos>").text
+    assert parse_everywhere(FORMAT, _assistant_part(text, S)) == ("", CALLS)
+
+
+def test_reads_what_the_demo_template_writes() -> None:
+    text = render_chat(CHAT_TEMPLATE, _history("Checking."), bos_token="<bos>").text
+    assert parse_everywhere(FORMAT, _assistant_part(text, "Checking.")) == ("Checking.", CALLS)
+
+
+def test_the_demo_template_names_a_tool_answer_by_its_call() -> None:
+    messages = [*_history(""), {"role": "tool", "tool_call_id": "call_1", "content": "10:42"}]
+    text = render_chat(CHAT_TEMPLATE, messages, bos_token="<bos>",
+                       add_generation_prompt=False).text
+    assert text.endswith(f"<|tool_response>response:get_time{{value:{Q}10:42{Q}}}<tool_response|>")

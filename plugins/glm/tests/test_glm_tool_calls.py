@@ -1,0 +1,94 @@
+"""GLM tool calls (GLM-4.7-Flash's published format): the parser reads what GLM-4.7-Flash's real
+template (and the demo's own) renders for an assistant's calls, whole and streamed in pieces of
+every size; string values are typed by the tool's schema."""
+
+from __future__ import annotations
+
+import pytest
+
+from tensorfold.chat_template import render_chat
+from tensorfold.plugins import family_plugin_manager
+from tensorfold.tool_testing import parse_everywhere, real_template
+from tensorfold_glm.demo_text import CHAT_TEMPLATE
+from tensorfold_glm.plugin import GLM5_NEXT
+from tensorfold_glm.tool_calls import FORMAT
+
+S, E = FORMAT.start, FORMAT.end
+ARGS = {"city": "Saint-Étienne", "zip": "42000", "days": 3, "ratio": -0.5, "metric": True,
+        "tags": ["a", "b"], "opts": {"deep": [1, {"x": False}]}}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "string"},
+                                     "days": {"type": "integer"}}}}}]
+CALLS = [("get_weather", ARGS), ("get_time", {})]
+
+
+def pair(key: str, value: str) -> str:
+    return f"<arg_key>{key}</arg_key><arg_value>{value}</arg_value>"
+
+
+def test_the_hook_answers_with_the_format() -> None:
+    hooks = family_plugin_manager(GLM5_NEXT, []).hook
+    assert hooks.tool_call_format(config={}) is FORMAT
+
+
+def test_one_call_typed_by_the_schema() -> None:
+    text = f"{S}get_weather{pair('city', 'Paris')}{pair('zip', '42000')}{pair('days', '3')}{E}"
+    want = [("get_weather", {"city": "Paris", "zip": "42000", "days": 3})]
+    assert parse_everywhere(FORMAT, text, TOOLS) == ("", want)
+    # without a schema a value is JSON when it reads as JSON
+    assert parse_everywhere(FORMAT, text)[1] == [
+        ("get_weather", {"city": "Paris", "zip": 42000, "days": 3})]
+
+
+def test_parallel_calls_with_glm45_newlines() -> None:
+    text = (f"{S}get_weather\n{pair('city', 'Paris')}\n{E}\n"
+            f"{S}get_time\n{pair('zone', 'CET')}\n{E}")
+    want = [("get_weather", {"city": "Paris"}), ("get_time", {"zone": "CET"})]
+    assert parse_everywhere(FORMAT, text, TOOLS) == ("", want)
+    assert parse_everywhere(FORMAT, text, TOOLS, parallel=False) == ("", want[:1])
+
+
+def test_text_before_a_call() -> None:
+    text = f"Let me check the weather.\n{S}get_time{E}"
+    assert parse_everywhere(FORMAT, text) == ("Let me check the weather.", [("get_time", {})])
+
+
+@pytest.mark.parametrize("body", [
+    f"{pair('city', 'Paris')}",  # no name
+    f"get weather{pair('city', 'Paris')}",  # not one name
+    "get_weather<arg_key>city</arg_key>",  # a key without a value
+    f"get_weather{pair('city', 'Paris')} stray",
+])
+def test_malformed_markup_is_left_as_content(body: str) -> None:
+    text = f"Sure. {S}{body}{E}"
+    assert parse_everywhere(FORMAT, text, TOOLS) == (text, [])
+
+
+def test_an_unclosed_section_is_content() -> None:
+    text = f"{S}get_weather<arg_key>ci"
+    assert parse_everywhere(FORMAT, text, TOOLS) == (text, [])
+
+
+def _history(content: str) -> list[dict]:
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+             for i, (n, a) in enumerate(CALLS)]
+    return [{"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": content, "tool_calls": calls}]
+
+
+def _assistant_part(rendered: str, content: str) -> str:
+    part = rendered[rendered.index(content):]
+    return part[:part.rindex(E) + len(E)]
+
+
+def test_reads_what_the_real_glm47_template_writes() -> None:
+    template = real_template("GLM-4.7-Flash.jinja")
+    text = render_chat(template, _history("Checking."), tools=TOOLS).text
+    assert parse_everywhere(FORMAT, _assistant_part(text, "Checking."), TOOLS) == (
+        "Checking.", CALLS)
+
+
+def test_reads_what_the_demo_template_writes() -> None:
+    text = render_chat(CHAT_TEMPLATE, _history("Checking."), tools=TOOLS).text
+    assert parse_everywhere(FORMAT, _assistant_part(text, "Checking."), TOOLS) == (
+        "Checking.", CALLS)
