@@ -17,16 +17,17 @@ from aiohttp import web
 from .engine import QueueFull
 from .logs import get_logger
 from .metrics import CONTENT_TYPE, Metrics
-from .openai_api import ApiError, Parsed, error_body, parse_chat, parse_completion, parse_json
+from .openai_api import ApiError, Parsed, error_body, parse_chat, parse_completion
 from .openai_replies import Reply, TokenTexts, dumps, sse
-from .requests import Event, Finished, RequestRefused, TokenOut
+from .request_checks import parse_request
+from .request_limits import LIMITS, Limits, in_workers, read_body
+from .requests import Event, Finished, Request, RequestRefused, TokenOut
 
 if TYPE_CHECKING:
     from .start import Served
 
 log = get_logger("tensorfold.server")
 
-DEFAULT_MAX_BODY = 64 * 1024 * 1024
 RETRY_AFTER_S = "1"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -48,9 +49,15 @@ class State:
         self.api_key = api_key.encode() if api_key else None
         self.draining = False
         self.inflight = 0
+        self.open: dict[int, Request] = {}  # submitted, not yet answered: abort_all's
         self.idle = asyncio.Event()
         self.idle.set()
         self.texts = TokenTexts(served.tokenizer)
+
+    def abort_all(self) -> None:
+        """Cancel every open request; each ends with finish_reason "abort"."""
+        for req in list(self.open.values()):
+            self.engine.cancel(req)
 
 
 STATE: web.AppKey[State] = web.AppKey("state", State)
@@ -96,7 +103,7 @@ async def gate_middleware(request: web.Request, handler: Handler) -> web.StreamR
                 key.strip().encode(errors="replace"), state.api_key
             ):
                 raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY",
-                               code="invalid_api_key")
+                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
         if state.draining and request.method == "POST":
             raise ApiError(503, "the server is shutting down",
                            headers={"Retry-After": RETRY_AFTER_S})
@@ -120,10 +127,12 @@ class _Timing:
 async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.StreamResponse:
     state = request.app[STATE]
     timing = _Timing(state.metrics)
-    body = parse_json(await request.read())
+    # Off the loop: a big body's JSON, a long prompt's template and tokenizer would stall it.
+    parsed = await in_workers(request, parse_request, await read_body(request), parse,
+                              state.served)
+    if state.draining:  # the signal came while the body was parsed
+        raise ApiError(503, "the server is shutting down", headers={"Retry-After": RETRY_AFTER_S})
     loop = asyncio.get_running_loop()
-    # Off the loop: a long prompt's template and tokenizer would stall every stream.
-    parsed = await loop.run_in_executor(None, parse, body, state.served)
     events: asyncio.Queue[Event] = asyncio.Queue()
 
     def sink(event: Event) -> None:  # on the engine thread
@@ -146,6 +155,7 @@ async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.S
                        headers={"Retry-After": RETRY_AFTER_S}) from None
     reply = Reply(parsed, state.served.model_name, req.params.seed, state.texts)
     state.inflight += 1
+    state.open[id(req)] = req
     state.idle.clear()
     try:
         if parsed.stream:
@@ -161,6 +171,7 @@ async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.S
     finally:
         if reply.done is None:
             state.engine.cancel(req)
+        state.open.pop(id(req), None)
         state.inflight -= 1
         if state.inflight == 0:
             state.idle.set()
@@ -254,11 +265,13 @@ async def metrics(request: web.Request) -> web.Response:
 
 def create_app(
     served: Served, *, device: str = "cpu", api_key: str | None = None,
-    max_body: int = DEFAULT_MAX_BODY,
+    limits: Limits | None = None,
 ) -> web.Application:
+    limits = limits or Limits()
     app = web.Application(middlewares=[errors_middleware, gate_middleware],
-                          client_max_size=max_body)
+                          client_max_size=limits.max_body)
     app[STATE] = State(served, device, api_key)
+    app[LIMITS] = limits
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)

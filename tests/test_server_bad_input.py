@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from test_server import ServedDemo
 
@@ -157,6 +159,28 @@ CASES: list[tuple[str, Any, int, str | None]] = [
     ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
     ("/v1/chat/completions", {**CHAT, "logprobs": 1.5}, 400, "logprobs"),
     ("/v1/chat/completions", {**CHAT, "model": "gpt-4o"}, 404, "model"),
+    # lone surrogates: json.dumps writes them as \ud800 escapes, which json.loads accepts
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "a\ud800"}]},
+     400, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "\udfff"}]}]}, 400, "messages"),
+    ("/v1/completions", body(prompt="The \ud83d little"), 400, "prompt"),
+    ("/v1/completions", body(prompt=["\ud800"]), 400, "prompt"),
+    ("/v1/completions", body(stop=["ok", "\udc00"]), 400, "stop"),
+    ("/v1/completions", body(stop="\ud800"), 400, "stop"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"name": "\ud800"}]}, 400, "tools"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "hi"}]}, 400,
+     "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "hi"},
+                                                    {"role": "", "content": "x"}]}, 400,
+     "messages"),
+    ("/v1/completions", body(logit_bias={"abc": 1}), 400, "logit_bias"),
+    ("/v1/completions", body(logit_bias={"-3": 1}), 400, "logit_bias"),
+    ("/v1/completions", body(logit_bias={"768": 1}), 400, "logit_bias"),
+    ("/v1/completions", body(logit_bias={"5": "up"}), 400, "logit_bias"),
+    ("/v1/completions", body(logit_bias=[5, 1]), 400, "logit_bias"),
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {"5": None}}, 400, "logit_bias"),
+    ("/v1/completions", b'{"prompt": "x", "logit_bias": {"5": NaN}}', 400, "logit_bias"),
     ("/v1/nothing-here", CHAT, 404, None),
 ]
 
@@ -169,6 +193,28 @@ def test_bad_request_then_good(api: Http, path: str, payload: Any, status: int,
     r = api.post(path, content=raw, headers={"Content-Type": "application/json"})
     check_error(r, status, param)
     good(api)
+
+
+def test_refusals_say_what_is_accepted(api: Http) -> None:
+    chat = {**CHAT, "messages": [{"role": "user", "content": "ok"},
+                                 {"role": "user", "content": ["x", "\ud800"]}]}
+    error = check_error(api.post("/v1/chat/completions", json=chat), 400, "messages")
+    assert "messages[1].content" in error["message"] and "surrogate" in error["message"]
+    chat = {**CHAT, "messages": [{"role": "wizard", "content": "hi"}]}
+    error = check_error(api.post("/v1/chat/completions", json=chat), 400, "messages")
+    assert "wizard" in error["message"] and "assistant" in error["message"]
+    error = check_error(api.post("/v1/completions", json=body(logit_bias={"900": 2})), 400)
+    assert "0..767" in error["message"]
+    good(api)
+
+
+def test_logit_bias_is_clamped_and_applied(api: Http) -> None:
+    """Out-of-range biases are clamped, not refused; a +100 bias makes greedy pick the token."""
+    r = api.post("/v1/completions", json=body(
+        temperature=0, max_tokens=4, logprobs=0, return_tokens_as_token_ids=True,
+        logit_bias={"264": 1e6}, ignore_eos=True))
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["logprobs"]["tokens"] == ["token_id:264"] * 4
 
 
 def test_over_the_window_names_both_numbers(api: Http) -> None:
@@ -197,7 +243,9 @@ def test_official_client_errors(server: ServedDemo) -> None:
 
 def test_api_key(server: ServedDemo, api: Http) -> None:
     anon = Http(server.base)
-    check_error(anon.post("/v1/chat/completions", json=CHAT), 401)
+    r = anon.post("/v1/chat/completions", json=CHAT)
+    check_error(r, 401)
+    assert r.headers["www-authenticate"] == "Bearer"
     check_error(anon.get("/v1/models", headers={"Authorization": "Bearer nope"}), 401)
     check_error(anon.get("/v1/models", headers={"Authorization": KEY}), 401)
     assert anon.get("/health").status_code == 200
@@ -264,3 +312,56 @@ def test_census_even_at_the_end(server: ServedDemo) -> None:
     m = server.wait_even()
     assert m["tensorfold_uneven_total"] == 0
     assert m["tensorfold_http_errors_total{status=400}"] >= len(CASES) - 2
+
+
+text_st = st.one_of(st.text(max_size=6), st.sampled_from(["\ud800", "a\udfff", "", "</s>"]))
+json_st = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-3, 10**20), st.floats(allow_nan=False),
+              text_st),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(text_st, inner, max_size=3)),
+    max_leaves=8,
+)
+FIELDS = ["model", "prompt", "messages", "stop", "temperature", "top_p", "top_k", "seed",
+          "logit_bias", "logprobs", "top_logprobs", "stream", "n", "tools", "stop_token_ids",
+          "max_completion_tokens", "stream_options", "echo", "ignore_eos", "user"]
+message_st = st.fixed_dictionaries({"role": st.one_of(
+    st.sampled_from(["user", "system", "assistant", "tool"]), text_st), "content": json_st})
+value_st = {
+    "messages": st.one_of(st.lists(message_st, max_size=3), json_st),
+    "logit_bias": st.one_of(st.dictionaries(st.one_of(st.integers(-2, 900).map(str), text_st),
+                                            json_st, max_size=3), json_st),
+    "max_completion_tokens": st.one_of(st.integers(-1, 3), json_st),
+}
+
+
+@st.composite
+def request_st(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
+    path = draw(st.sampled_from(["/v1/completions", "/v1/chat/completions"]))
+    fields = draw(st.lists(st.sampled_from(FIELDS), unique=True, max_size=6))
+    payload = {name: draw(value_st.get(name, json_st)) for name in fields}
+    payload["max_tokens"] = draw(st.sampled_from([1, 2, 3, 0, -1, "2", 2.5, None, True]))
+    if payload["max_tokens"] is None:  # the default (the window, for chat) is too slow here
+        payload["max_completion_tokens"] = 2
+    if draw(st.booleans()):
+        payload.setdefault("prompt" if path == "/v1/completions" else "messages",
+                           "The little" if path == "/v1/completions" else CHAT["messages"])
+    return path, payload
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck),
+          derandomize=True)
+@given(request=request_st())
+def test_fuzzed_bodies_never_get_a_5xx(server: ServedDemo, api: Http,
+                                      request: tuple[str, dict[str, Any]]) -> None:
+    path, payload = request
+    r = api.post(path, content=json.dumps(payload).encode())
+    assert r.status_code < 500, (payload, r.text)
+    if r.status_code != 200:
+        check_error(r, r.status_code)
+    assert api.get("/health").status_code == 200
+
+
+def test_fuzzing_left_the_census_even(server: ServedDemo, api: Http) -> None:
+    server.wait_even()
+    good(api)
