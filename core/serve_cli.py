@@ -1,8 +1,9 @@
 """`tensorfold serve`: the OpenAI-compatible HTTP server.
 
 Prints the memory plan and the address, serves until SIGINT or SIGTERM, then stops admitting
-(new requests get 503), lets in-flight requests end, stops the engine and prints the pool's
-census. Exit status 0, or 1 when the census is UNEVEN.
+(new requests get 503), lets in-flight requests end for up to --shutdown-timeout and aborts the
+rest (shutdown.py), stops the engine and prints the pool's census. Exit status 0, or 1 when the
+census is UNEVEN.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandError(f"--port must be in 0..65535, got {args.port}")
     if args.max_waiting < 0:
         raise CommandError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    if not args.shutdown_timeout >= 0:
+        raise CommandError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     from tensorfold.api_key import resolve_api_key
     from tensorfold.start import open_served, pick_device
 
