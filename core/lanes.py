@@ -101,6 +101,11 @@ class Lanes:
                 f"{self.window}-token window",
                 "max_tokens",
             )
+        vocab = self.runner.model.vocab_size
+        if req.params.logit_bias and req.params.logit_bias[-1][0] >= vocab:
+            raise RequestRefused(
+                f"logit_bias key {req.params.logit_bias[-1][0]} is not a token id: ids are "
+                f"0..{vocab - 1}", "logit_bias")
         pages = self.pool.pages_for(n + m + self.lookahead)
         if pages > self.pool.num_pages:
             raise RequestRefused(
