@@ -55,6 +55,7 @@ def check_text(body: dict[str, Any]) -> None:
         found = _walk(value, name)
         if found is not None:
             path, index = found
+            path = path if len(path) <= 80 else path[:77] + "..."
             raise bad(f"{path} holds a lone surrogate (an unpaired \\ud800-\\udfff escape) at "
                       f"character {index}; text must be valid Unicode (surrogates only in "
                       "high-low pairs)", name)

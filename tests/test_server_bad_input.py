@@ -314,38 +314,58 @@ def test_census_even_at_the_end(server: ServedDemo) -> None:
     assert m["tensorfold_http_errors_total{status=400}"] >= len(CASES) - 2
 
 
-text_st = st.one_of(st.text(max_size=6), st.sampled_from(["\ud800", "a\udfff", "", "</s>"]))
+_plain_text = st.text(max_size=6)
+text_st = st.one_of(_plain_text, _plain_text, _plain_text,
+                    st.sampled_from(["\ud800", "a\udfff", "", "</s>", "<|im_end|>"]))
 json_st = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(-3, 10**20), st.floats(allow_nan=False),
               text_st),
     lambda inner: st.one_of(st.lists(inner, max_size=3),
-                            st.dictionaries(text_st, inner, max_size=3)),
+                            st.dictionaries(st.one_of(_plain_text, text_st), inner, max_size=3)),
     max_leaves=8,
 )
-FIELDS = ["model", "prompt", "messages", "stop", "temperature", "top_p", "top_k", "seed",
-          "logit_bias", "logprobs", "top_logprobs", "stream", "n", "tools", "stop_token_ids",
-          "max_completion_tokens", "stream_options", "echo", "ignore_eos", "user"]
 message_st = st.fixed_dictionaries({"role": st.one_of(
-    st.sampled_from(["user", "system", "assistant", "tool"]), text_st), "content": json_st})
-value_st = {
-    "messages": st.one_of(st.lists(message_st, max_size=3), json_st),
-    "logit_bias": st.one_of(st.dictionaries(st.one_of(st.integers(-2, 900).map(str), text_st),
-                                            json_st, max_size=3), json_st),
-    "max_completion_tokens": st.one_of(st.integers(-1, 3), json_st),
+    st.sampled_from(["user", "system", "assistant", "tool", "developer"]), text_st),
+    "content": st.one_of(text_st, text_st, json_st)})
+PLAUSIBLE = {  # values near the accepted ones, so that the checks past the first are reached
+    "model": st.sampled_from([MODEL, "gpt-4o"]),
+    "prompt": st.one_of(text_st, st.lists(st.integers(-1, 800), max_size=5)),
+    "messages": st.lists(message_st, min_size=1, max_size=3),
+    "stop": st.one_of(text_st, st.lists(text_st, max_size=3)),
+    "temperature": st.floats(-0.5, 3), "top_p": st.floats(0, 1.5), "top_k": st.integers(-2, 50),
+    "seed": st.integers(-(2**64), 2**65),
+    "logit_bias": st.dictionaries(st.integers(-2, 800).map(str), st.floats(-1e4, 1e4),
+                                  max_size=4),
+    "logprobs": st.one_of(st.booleans(), st.integers(-1, 25)), "top_logprobs": st.integers(-1, 25),
+    "stream": st.booleans(), "n": st.integers(0, 2), "ignore_eos": st.booleans(),
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    "stop_token_ids": st.lists(st.integers(-1, 800), max_size=3),
+    "max_completion_tokens": st.integers(-1, 3), "echo": st.booleans(), "user": text_st,
 }
+FIELDS = sorted(PLAUSIBLE) + ["tools", "frequency_penalty", "response_format"]
+
+
+def value_st(name: str) -> st.SearchStrategy[Any]:
+    plausible = PLAUSIBLE.get(name, json_st)
+    return st.one_of(plausible, plausible, plausible, plausible, json_st)
 
 
 @st.composite
 def request_st(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
-    path = draw(st.sampled_from(["/v1/completions", "/v1/chat/completions"]))
-    fields = draw(st.lists(st.sampled_from(FIELDS), unique=True, max_size=6))
-    payload = {name: draw(value_st.get(name, json_st)) for name in fields}
-    payload["max_tokens"] = draw(st.sampled_from([1, 2, 3, 0, -1, "2", 2.5, None, True]))
+    """A good body with up to 3 fields set to values near (or far from) the accepted ones."""
+    chat = draw(st.booleans())
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    payload: dict[str, Any] = dict(CHAT if chat else COMPLETION)
+    payload["max_tokens"] = draw(st.sampled_from([1, 2, 3, 1, 2, 3, 0, -1, "2", 2.5, None, True]))
     if payload["max_tokens"] is None:  # the default (the window, for chat) is too slow here
         payload["max_completion_tokens"] = 2
-    if draw(st.booleans()):
-        payload.setdefault("prompt" if path == "/v1/completions" else "messages",
-                           "The little" if path == "/v1/completions" else CHAT["messages"])
+    for name in draw(st.lists(st.sampled_from(FIELDS), unique=True, max_size=3)):
+        payload[name] = draw(value_st(name))
+    mct = payload.get("max_completion_tokens")
+    if isinstance(mct, int) and not isinstance(mct, bool) and mct > 3:  # it wins: keep it short
+        payload["max_completion_tokens"] = 3
+    if draw(st.integers(0, 9)) == 5:  # hypothesis favours the ends of a range: not those
+        del payload["messages" if chat else "prompt"]
     return path, payload
 
 
