@@ -65,7 +65,8 @@ async def read_body(request: web.Request) -> bytes:
 def too_large(length: int | None, limit: int) -> ApiError:
     size = f"{length} bytes" if length is not None else "more bytes than that"
     return ApiError(413, f"the request body is {size}; the limit is {limit} bytes "
-                    f"({limit / MIB:g} MiB: --max-body-mib or TF_MAX_BODY_MIB)")
+                    f"({limit / MIB:g} MiB: --max-body-mib or TF_MAX_BODY_MIB)",
+                    headers={"Connection": "close"})  # the unread rest is drained, then closed
 
 
 async def in_workers(request: web.Request, work: Callable[..., Any], *args: Any) -> Any:

@@ -84,6 +84,7 @@ def test_a_10_mb_body_is_refused_while_health_answers(server: ServedDemo) -> Non
     reply = read_reply(sock)
     sock.close()
     assert reply.startswith(b"HTTP/1.1 413"), reply[:300]
+    assert b"\r\nConnection: close\r\n" in reply.split(b"\r\n\r\n")[0] + b"\r\n"
     error = json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]
     assert "8 MiB" in error["message"] and "TF_MAX_BODY_MIB" in error["message"]
     assert slowest < BOUND_S
