@@ -34,7 +34,12 @@ def resolve_api_key(flag: str | None, file: str | None, setting: str | None) -> 
         if not key:
             raise SettingsError(f"--api-key-file {file} holds no key (its first line is empty)")
         return key
-    return setting.strip() or None if setting is not None else None
+    if setting is None:  # unset or empty
+        return None
+    if not setting.strip():
+        raise SettingsError("TF_API_KEY holds only spaces; give a key, or leave it empty to "
+                            "serve without one")
+    return setting.strip()
 
 
 def is_loopback(host: str) -> bool:

@@ -42,6 +42,12 @@ def test_empty_or_double_keys_are_refused(tmp_path: Path, flag: str | None,
         resolve_api_key(flag, file, None)
 
 
+def test_a_blank_tf_api_key_is_refused() -> None:
+    with pytest.raises(SettingsError, match="TF_API_KEY holds only spaces"):
+        resolve_api_key(None, None, "   ")
+    assert resolve_api_key(None, None, " padded ") == "padded"
+
+
 def test_an_unreadable_key_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="cannot read it"):
         resolve_api_key(None, str(tmp_path / "missing"), None)
