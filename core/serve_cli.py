@@ -56,7 +56,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from tensorfold.start import open_served, pick_device
 
     api_key = resolve_api_key(args.api_key, args.api_key_file, settings.api_key)
-
     served = open_served(settings, args.family, args.model)  # checks the TF_* environment
     try:
         if args.served_model_name:
@@ -90,8 +89,8 @@ async def _serve(served: Served, args: argparse.Namespace, settings: Settings,
                  api_key: str | None, device: str) -> None:
     from aiohttp import web
 
-    from tensorfold.cli import CommandError
     from tensorfold.api_key import exposure_warning
+    from tensorfold.cli import CommandError
     from tensorfold.logs import get_logger
     from tensorfold.request_limits import MIB, Limits, listen
     from tensorfold.server import STATE, create_app
