@@ -303,8 +303,8 @@ def _plain_greedy(params) -> bool:
 
 def _greedy_rows(rows: list) -> dict[int, SampleResult]:
     """A round's plain greedy rows (temperature 0; no penalties, logit_bias or top_logprobs)
-    sampled together: one argmax and one log-softmax over [B, V] and one copy to the host. Each row is
-    reduced on its own, so a row gets the token sample_row would give it alone (the first
+    sampled together: one argmax and one log-softmax over [B, V] and one copy to the host. Each
+    row is reduced on its own, so a row gets the token sample_row would give it alone (the first
     maximum: ties to the lowest id). rows: (params, logits [V]); keyed by id(logits)."""
     picked = [row for params, row in rows if _plain_greedy(params)]
     if len(picked) < 2:
