@@ -356,6 +356,11 @@ def request_st(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     chat = draw(st.booleans())
     path = "/v1/chat/completions" if chat else "/v1/completions"
     payload: dict[str, Any] = dict(CHAT if chat else COMPLETION)
+    text = draw(text_st)  # the prompt or the message: lone surrogates there once reached a 500
+    if chat:
+        payload["messages"] = [{"role": "user", "content": text}]
+    else:
+        payload["prompt"] = text
     payload["max_tokens"] = draw(st.sampled_from([1, 2, 3, 1, 2, 3, 0, -1, "2", 2.5, None, True]))
     if payload["max_tokens"] is None:  # the default (the window, for chat) is too slow here
         payload["max_completion_tokens"] = 2
