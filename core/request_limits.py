@@ -79,8 +79,9 @@ class _Refusal(asyncio.Protocol):
     """A connection past the cap: answered 503 once its request starts (or after a second),
     then closed, without reaching the application."""
 
-    def __init__(self, reply: bytes) -> None:
+    def __init__(self, reply: bytes, refused: Callable[[], None]) -> None:
         self.reply = reply
+        self.refused = refused
         self.transport: asyncio.Transport | None = None
         self.timer: asyncio.TimerHandle | None = None
 
@@ -100,6 +101,7 @@ class _Refusal(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(self.reply)
             self.transport.close()
+            self.refused()
 
 
 def refusal_bytes(cap: int) -> bytes:
@@ -110,16 +112,18 @@ def refusal_bytes(cap: int) -> bytes:
     return head.encode() + body
 
 
-async def listen(runner: web.BaseRunner, host: str, port: int, cap: int) -> asyncio.Server:
-    """Listen for the runner's server, with at most `cap` connections open at once; the caller
-    closes the returned server before runner.cleanup()."""
+async def listen(runner: web.BaseRunner, host: str, port: int, cap: int,
+                 refused: Callable[[], None] = lambda: None) -> asyncio.Server:
+    """Listen for the runner's server, with at most `cap` connections open at once (`refused`
+    is called for each one turned away); the caller closes the returned server before
+    runner.cleanup()."""
     server = runner.server
     assert server is not None, "runner.setup() first"
     reply = refusal_bytes(cap)
 
     def protocol() -> asyncio.Protocol:
         if len(server.connections) >= cap:
-            return _Refusal(reply)
+            return _Refusal(reply, refused)
         return server()
 
     return await asyncio.get_running_loop().create_server(protocol, host, port)

@@ -107,7 +107,8 @@ async def _serve(served: Served, args: argparse.Namespace, settings: Settings,
                            shutdown_timeout=RUNNER_GRACE_S, **limits.handler_args())
     await runner.setup()
     try:
-        listening = await listen(runner, args.host, args.port, limits.max_connections)
+        listening = await listen(runner, args.host, args.port, limits.max_connections,
+                                 state.metrics.errors.labels("503").inc)
     except OSError as exc:
         await runner.cleanup()
         raise CommandError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None

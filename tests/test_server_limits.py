@@ -118,6 +118,7 @@ def test_headers_that_never_end_are_cut(server: ServedDemo) -> None:
 
 
 def test_connections_past_the_cap_get_503_and_others_go_on(server: ServedDemo) -> None:
+    refused = server.metrics().get("tensorfold_http_errors_total{status=503}", 0)
     held = [socket.create_connection(address(server)) for _ in range(MAX_CONNECTIONS)]
     try:
         time.sleep(0.2)  # the server has accepted them all
@@ -135,3 +136,4 @@ def test_connections_past_the_cap_get_503_and_others_go_on(server: ServedDemo) -
             sock.close()
     time.sleep(0.2)  # the server notices the closes
     good(server)
+    assert server.metrics()["tensorfold_http_errors_total{status=503}"] >= refused + 1
