@@ -44,7 +44,8 @@ def health_s(server: ServedDemo) -> float:
 
 
 def good(server: ServedDemo) -> None:
-    r = server.client().completions.create(model="lfm2_moe-demo", **COMPLETION)
+    with server.client() as client:  # closed: its connection does not stay open
+        r = client.completions.create(model="lfm2_moe-demo", **COMPLETION)
     assert r.usage is not None and r.usage.completion_tokens >= 1
     server.wait_even()
 
@@ -56,6 +57,21 @@ def read_reply(sock: socket.socket, timeout: float = 30) -> bytes:
     while chunk := sock.recv(65536):
         data += chunk
     return data
+
+
+def health_on(sock: socket.socket) -> bytes:
+    """GET /health on an open connection, keeping it open; the reply's status line."""
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    sock.settimeout(30)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head.split(b"\r\n")[0]
 
 
 def test_a_10_mb_body_is_refused_while_health_answers(server: ServedDemo) -> None:
@@ -118,19 +134,19 @@ def test_headers_that_never_end_are_cut(server: ServedDemo) -> None:
 
 
 def test_connections_past_the_cap_get_503_and_others_go_on(server: ServedDemo) -> None:
+    time.sleep(READ_TIMEOUT_S + 0.5)  # idle connections of earlier tests are closed by then
     refused = server.metrics().get("tensorfold_http_errors_total{status=503}", 0)
     held = [socket.create_connection(address(server)) for _ in range(MAX_CONNECTIONS)]
     try:
-        time.sleep(0.2)  # the server has accepted them all
+        for sock in held:  # each answered: the server holds them all
+            assert health_on(sock) == b"HTTP/1.1 200 OK"
         extra = socket.create_connection(address(server))
         extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         reply = read_reply(extra)
         extra.close()
         assert reply.startswith(b"HTTP/1.1 503"), reply[:300]
         assert b"Retry-After: 1" in reply and b"TF_MAX_CONNECTIONS" in reply
-        # a connection the server holds still works
-        held[0].sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        assert read_reply(held[0]).startswith(b"HTTP/1.1 200")
+        assert health_on(held[0]) == b"HTTP/1.1 200 OK"  # the connections held still work
     finally:
         for sock in held:
             sock.close()
