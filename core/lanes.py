@@ -116,6 +116,11 @@ class Lanes:
                 f"{self.window}-token window",
                 "max_tokens",
             )
+        vocab = self.runner.model.vocab_size
+        if req.params.logit_bias and req.params.logit_bias[-1][0] >= vocab:
+            raise RequestRefused(
+                f"logit_bias key {req.params.logit_bias[-1][0]} is not a token id: ids are "
+                f"0..{vocab - 1}", "logit_bias")
         pages = self.pool.pages_for(n + m + self.lookahead)
         if req.forks:
             self._check_choices(req, pages)
@@ -364,13 +369,14 @@ class Lanes:
 
 
 def _plain_greedy(params) -> bool:
-    return params.is_greedy and not params.has_penalties and not params.top_logprobs
+    return (params.is_greedy and not params.has_penalties and not params.top_logprobs
+            and not params.logit_bias)
 
 
 def _greedy_rows(rows: list) -> dict[int, SampleResult]:
-    """A round's plain greedy rows (temperature 0, no penalties, no top_logprobs) sampled
-    together: one argmax and one log-softmax over [B, V] and one copy to the host. Each row is
-    reduced on its own, so a row gets the token sample_row would give it alone (the first
+    """A round's plain greedy rows (temperature 0; no penalties, logit_bias or top_logprobs)
+    sampled together: one argmax and one log-softmax over [B, V] and one copy to the host. Each
+    row is reduced on its own, so a row gets the token sample_row would give it alone (the first
     maximum: ties to the lowest id). rows: (params, logits [V]); keyed by id(logits)."""
     picked = [row for params, row in rows if _plain_greedy(params)]
     if len(picked) < 2:

@@ -167,6 +167,8 @@ def _sampling(
         kwargs["stop_token_ids"] = ids
     if (ignore := _get(body, "ignore_eos", "bool")) is not None:
         kwargs["ignore_eos"] = ignore
+    if (bias := _get(body, "logit_bias", "object")) is not None:
+        kwargs["logit_bias"] = bias
     try:
         params = SamplingParams(**kwargs)
     except SamplingParamsError as exc:

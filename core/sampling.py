@@ -5,13 +5,13 @@ position t is a pure function of (seed, t): Philox-4x32-10 keyed by the seed, co
 stream samples the same tokens alone or batched, resumed or fresh. There is no global RNG state.
 
 Per row, in this order: penalties on the raw logits (repetition, then frequency and presence, as
-vLLM orders them) -> temperature -> top_k -> top_p -> min_p -> renormalise -> inverse-CDF draw over
-tokens sorted by probability descending, ties to the lower id. top_k keeps exactly k tokens of
-that order (ties at the edge to the lower ids, unlike HF's keep-all-ties), so top_k=1 is greedy.
-Temperature 0 is greedy: argmax of the penalised logits, ties to the lowest id.
+vLLM orders them) -> logit_bias (added to the row's own logits) -> temperature -> top_k -> top_p
+-> min_p -> renormalise -> inverse-CDF draw over tokens sorted by probability descending, ties
+to the lower id. top_k keeps exactly k tokens of that order (ties at the edge to the lower ids,
+unlike HF's keep-all-ties), so top_k=1 is greedy. Temperature 0 is greedy: argmax of the penalised and biased logits, ties to the lowest id.
 
-Logprobs are log_softmax of the penalised logits, before temperature and filtering (vLLM's default
-raw-logprobs mode, after penalties): they describe the model, not the sampler's knobs.
+Logprobs are log_softmax of the penalised and biased logits, before temperature and filtering:
+what the row was drawn from before the sampler's filters.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import numbers
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
 
@@ -28,6 +28,7 @@ import torch
 _M32 = 0xFFFF_FFFF
 _M64 = (1 << 64) - 1
 MAX_STOPS = 16
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range: biases are clamped to [-100, 100]
 
 
 def philox4x32(
@@ -97,6 +98,35 @@ _REAL_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
 _SEED_RANGE = "an integer in -2**63..2**64-1"
 
 
+def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    """{token id: bias} (ids as ints or decimal strings, as JSON sends them) -> sorted pairs,
+    biases clamped to [-100, 100]. A tuple of pairs is taken as it is."""
+    if isinstance(value, Mapping):
+        items: Iterable[object] = value.items()
+    elif isinstance(value, (tuple, list)):
+        items = value
+    else:
+        raise SamplingParamsError(
+            "logit_bias", f"must be an object of token id: bias, got {value!r}")
+    out: dict[int, float] = {}
+    for item in items:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise SamplingParamsError("logit_bias", f"must map token ids to biases, got {item!r}")
+        key, bias = item
+        if isinstance(key, str) and key.isascii() and key.isdecimal():
+            key = int(key)
+        if isinstance(key, bool) or not isinstance(key, numbers.Integral) or key < 0:
+            raise SamplingParamsError(
+                "logit_bias", f"keys must be token ids (integers >= 0), got {key!r}")
+        if (isinstance(bias, bool) or not isinstance(bias, numbers.Real)
+                or not math.isfinite(float(bias))):
+            raise SamplingParamsError(
+                "logit_bias", f"values must be finite numbers (clamped to -100..100), got "
+                f"{bias!r} for token {key}")
+        out[int(key)] = min(max(float(bias), -LOGIT_BIAS_LIMIT), LOGIT_BIAS_LIMIT)
+    return tuple(sorted(out.items()))
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one stream samples; validated on construction (raises SamplingParamsError)."""
@@ -116,6 +146,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0  # 0..20, needs logprobs
     keep_special_ids: tuple[int, ...] = ()  # special tokens written into the text (tool markers)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]), by id
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -146,6 +177,7 @@ class SamplingParams:
         if top_n and not self.logprobs:
             raise SamplingParamsError("top_logprobs", "needs logprobs set to true")
         put("top_logprobs", top_n)
+        put("logit_bias", _logit_bias(self.logit_bias))
 
     @property
     def is_greedy(self) -> bool:
@@ -217,6 +249,21 @@ def apply_penalties(x: torch.Tensor, params: SamplingParams, history: RowHistory
     return x
 
 
+def apply_logit_bias(x: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """x: [V] fp32 logits -> the row's own biases added (a new tensor when there are any). Ids
+    are unique, so the result does not depend on the order of the additions."""
+    if not params.logit_bias:
+        return x
+    ids, biases = zip(*params.logit_bias)
+    if ids[-1] >= x.numel():
+        raise ValueError(
+            f"logit_bias token id {ids[-1]} is outside the {x.numel()}-token vocabulary")
+    x = x.clone()
+    index = torch.tensor(ids, dtype=torch.long, device=x.device)
+    x[index] += torch.tensor(biases, dtype=torch.float32, device=x.device)
+    return x
+
+
 def _draw(x: torch.Tensor, order: torch.Tensor, params: SamplingParams, u: float) -> int:
     """x: [V] penalised logits, order: [V] ids by x descending (ties to lower id)."""
     z = x[order].to(torch.float64) / params.temperature
@@ -246,6 +293,7 @@ def sample_row(
     if logits.dim() != 1:
         raise ValueError(f"sample_row takes logits of shape [V], got {tuple(logits.shape)}")
     x = apply_penalties(logits.to(torch.float32, copy=True), params, history)
+    x = apply_logit_bias(x, params)
     logprobs = torch.log_softmax(x, dim=0)
     need_order = not params.is_greedy or params.top_logprobs > 0
     order = torch.sort(x, descending=True, stable=True).indices if need_order else None

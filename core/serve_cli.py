@@ -1,8 +1,9 @@
 """`tensorfold serve`: the OpenAI-compatible HTTP server.
 
 Prints the memory plan and the address, serves until SIGINT or SIGTERM, then stops admitting
-(new requests get 503), lets in-flight requests end, stops the engine and prints the pool's
-census. Exit status 0, or 1 when the census is UNEVEN.
+(new requests get 503), lets in-flight requests end for up to --shutdown-timeout and aborts the
+rest (shutdown.py), stops the engine and prints the pool's census. Exit status 0, or 1 when the
+census is UNEVEN.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
     parser.add_argument("--api-key", metavar="KEY",
-                        help="require Authorization: Bearer KEY on /v1/ routes")
+                        help="require Authorization: Bearer KEY on /v1/ routes (TF_API_KEY)")
+    parser.add_argument("--api-key-file", metavar="PATH",
+                        help="as --api-key, the key being the file's first line")
     parser.add_argument("--allowed-origins", metavar="ORIGINS",
                         help="origins whose web pages may call the server (CORS): a comma "
                         "list such as https://app.example.com, or * (TF_ALLOWED_ORIGINS; "
@@ -37,8 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the model's name in the API (default: --model, or FAMILY-demo)")
     parser.add_argument("--max-waiting", type=int, default=1024, metavar="N",
                         help="requests that may wait for a lane before new ones get 503")
-    parser.add_argument("--max-body-mib", type=float, default=64.0, metavar="MIB",
-                        help="largest request body accepted (larger ones get 413)")
+    parser.add_argument("--max-body-mib", type=float, metavar="MIB",
+                        help="largest request body accepted, larger ones get 413 "
+                        "(TF_MAX_BODY_MIB, default 8)")
     parser.add_argument("--shutdown-timeout", type=float, default=60.0, metavar="SECONDS",
                         help="how long in-flight requests may run on after SIGINT/SIGTERM")
 
@@ -48,17 +52,21 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     if not 0 <= args.port <= 65535:
         raise CommandError(f"--port must be in 0..65535, got {args.port}")
-    if args.max_waiting < 0 or args.max_body_mib <= 0:
-        raise CommandError("--max-waiting must be >= 0 and --max-body-mib > 0")
+    if args.max_waiting < 0:
+        raise CommandError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    if not args.shutdown_timeout >= 0:
+        raise CommandError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+    from tensorfold.api_key import resolve_api_key
     from tensorfold.start import open_served, pick_device
 
+    api_key = resolve_api_key(args.api_key, args.api_key_file, settings.api_key)
     served = open_served(settings, args.family, args.model)  # checks the TF_* environment
     try:
         if args.served_model_name:
             served.model_name = args.served_model_name
         served.engine.max_waiting = args.max_waiting
         args.origins = settings.origins
-        asyncio.run(_serve(served, args, pick_device(settings)))
+        asyncio.run(_serve(served, args, settings, api_key, pick_device(settings)))
         for sig in (signal.SIGINT, signal.SIGTERM):  # repeats while the engine winds down
             signal.signal(sig, signal.SIG_IGN)
     finally:
@@ -82,30 +90,40 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/v1" if ":" in host else f"http://{host}:{port}/v1"
 
 
-async def _serve(served: Served, args: argparse.Namespace, device: str) -> None:
+async def _serve(served: Served, args: argparse.Namespace, settings: Settings,
+                 api_key: str | None, device: str) -> None:
     from aiohttp import web
 
+    from tensorfold.api_key import exposure_warning
     from tensorfold.cli import CommandError
     from tensorfold.logs import get_logger
+    from tensorfold.request_limits import MIB, Limits, listen
     from tensorfold.server import STATE, create_app
+    from tensorfold.shutdown import RUNNER_GRACE_S, drain
 
     log = get_logger("tensorfold.serve")
-    app = create_app(served, device=device, api_key=args.api_key,
-                     max_body=int(args.max_body_mib * 1024 * 1024),
+    limits = Limits(max_body=int(settings.max_body_mib * MIB),
+                    read_timeout_s=settings.read_timeout_s,
+                    max_connections=settings.max_connections)
+    app = create_app(served, device=device, api_key=api_key, limits=limits,
                      allowed_origins=args.origins)
     state = app[STATE]
+    # Draining is drain()'s, bounded by --shutdown-timeout; the runner then waits only briefly.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=args.shutdown_timeout)
+                           shutdown_timeout=RUNNER_GRACE_S, **limits.handler_args())
     await runner.setup()
     try:
-        await web.TCPSite(runner, args.host, args.port).start()
+        listening = await listen(runner, args.host, args.port, limits.max_connections,
+                                 state.metrics.errors.labels("503").inc)
     except OSError as exc:
         await runner.cleanup()
         raise CommandError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
-    host, port = runner.addresses[0][:2]
+    host, port = listening.sockets[0].getsockname()[:2]
     print(served.plan.startup_line(), flush=True)
     print(f"serving {served.model_name} at {_url(host, port)}", flush=True)
     log.info("serving", model=served.model_name, url=_url(host, port))
+    if (warning := exposure_warning(args.host, api_key)) is not None:
+        log.warning(warning)
     signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -116,16 +134,7 @@ async def _serve(served: Served, args: argparse.Namespace, device: str) -> None:
     state.draining = True
     if served.engine.fatal is not None:  # requests in flight have ended with the error
         log.error("stopping: " + served.engine.fatal)
-        await runner.cleanup()
-        return
-    log.info("shutting down: no new requests; waiting for those in flight (a second signal "
-             "cancels them)", inflight=state.inflight)
-    idle = asyncio.ensure_future(state.idle.wait())
-    again = asyncio.ensure_future(signals.get())
-    await asyncio.wait([idle, again], timeout=args.shutdown_timeout,
-                       return_when=asyncio.FIRST_COMPLETED)
-    if not idle.done():
-        log.warning("in-flight requests are cancelled", inflight=state.inflight)
-    idle.cancel()
-    again.cancel()
-    await runner.cleanup()  # cancels what is left; their handlers cancel them in the engine
+    else:
+        await drain(state, signals, args.shutdown_timeout)
+    listening.close()
+    await runner.cleanup()  # closes idle connections; cancels a handler still stuck after 1 s

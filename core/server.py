@@ -20,16 +20,17 @@ from .choices import choice_params
 from .engine import QueueFull
 from .logs import get_logger
 from .metrics import CONTENT_TYPE, Metrics
-from .openai_api import ApiError, Parsed, error_body, parse_chat, parse_completion, parse_json
+from .openai_api import ApiError, Parsed, error_body, parse_chat, parse_completion
 from .openai_replies import Choices, TokenTexts, dumps, sse
-from .requests import Event, Finished, RequestRefused, TokenOut
+from .request_checks import parse_request
+from .request_limits import LIMITS, Limits, in_workers, read_body
+from .requests import Event, Finished, Request, RequestRefused, TokenOut
 
 if TYPE_CHECKING:
     from .start import Served
 
 log = get_logger("tensorfold.server")
 
-DEFAULT_MAX_BODY = 64 * 1024 * 1024
 RETRY_AFTER_S = "1"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -51,9 +52,15 @@ class State:
         self.api_key = api_key.encode() if api_key else None
         self.draining = False
         self.inflight = 0
+        self.open: dict[int, Request] = {}  # submitted, not yet answered: abort_all's
         self.idle = asyncio.Event()
         self.idle.set()
         self.texts = TokenTexts(served.tokenizer)
+
+    def abort_all(self) -> None:
+        """Cancel every open request; each ends with finish_reason "abort"."""
+        for req in list(self.open.values()):
+            self.engine.cancel(req)
 
 
 STATE: web.AppKey[State] = web.AppKey("state", State)
@@ -99,7 +106,7 @@ async def gate_middleware(request: web.Request, handler: Handler) -> web.StreamR
                 key.strip().encode(errors="replace"), state.api_key
             ):
                 raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY",
-                               code="invalid_api_key")
+                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
         if state.draining and request.method == "POST":
             raise ApiError(503, "the server is shutting down",
                            headers={"Retry-After": RETRY_AFTER_S})
@@ -123,10 +130,12 @@ class _Timing:
 async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.StreamResponse:
     state = request.app[STATE]
     timing = _Timing(state.metrics)
-    body = parse_json(await request.read())
+    # Off the loop: a big body's JSON, a long prompt's template and tokenizer would stall it.
+    parsed = await in_workers(request, parse_request, await read_body(request), parse,
+                              state.served)
+    if state.draining:  # the signal came while the body was parsed
+        raise ApiError(503, "the server is shutting down", headers={"Retry-After": RETRY_AFTER_S})
     loop = asyncio.get_running_loop()
-    # Off the loop: a long prompt's template and tokenizer would stall every stream.
-    parsed = await loop.run_in_executor(None, parse, body, state.served)
     events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()  # (choice, event)
 
     def sink(i: int, event: Event) -> None:  # on the engine thread
@@ -154,6 +163,8 @@ async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.S
                        headers={"Retry-After": RETRY_AFTER_S}) from None
     reply = Choices(parsed, state.served.model_name, reqs[0].params.seed, state.texts, parsed.n)
     state.inflight += 1
+    for req in reqs:
+        state.open[id(req)] = req
     state.idle.clear()
     try:
         if parsed.stream:
@@ -170,6 +181,8 @@ async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.S
         if not reply.done:
             for req in reqs:
                 state.engine.cancel(req)
+        for req in reqs:
+            state.open.pop(id(req), None)
         state.inflight -= 1
         if state.inflight == 0:
             state.idle.set()
@@ -267,12 +280,14 @@ async def metrics(request: web.Request) -> web.Response:
 
 def create_app(
     served: Served, *, device: str = "cpu", api_key: str | None = None,
-    max_body: int = DEFAULT_MAX_BODY, allowed_origins: Sequence[str] = (),
+    limits: Limits | None = None, allowed_origins: Sequence[str] = (),
 ) -> web.Application:
+    limits = limits or Limits()
     app = web.Application(middlewares=[errors_middleware, gate_middleware],
-                          client_max_size=max_body)
+                          client_max_size=limits.max_body)
     cors.install(app, allowed_origins)  # its preflight answers before the key check
     app[STATE] = State(served, device, api_key)
+    app[LIMITS] = limits
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)

@@ -120,6 +120,29 @@ class Settings(BaseSettings):
         "for any. Unset: none, and no CORS header is sent.",
         json_schema_extra={"values": "comma-separated origins (scheme://host[:port]), or *"},
     )
+    api_key: str | None = Field(
+        default=None,
+        description="The key `serve` requires as `Authorization: Bearer KEY` on /v1/ routes "
+        "(--api-key and --api-key-file win over it; unset or empty: no key).",
+        json_schema_extra={"values": "text"},
+    )
+    max_body_mib: float = Field(
+        default=8.0,
+        gt=0,
+        description="The largest request body `serve` reads, in MiB (--max-body-mib); a larger "
+        "one gets 413 before it is read.",
+    )
+    read_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a client may take to send a request's headers, and again its body, "
+        "before `serve` answers 408 or closes the connection; also how long an idle "
+        "connection is kept.",
+    )
+    max_connections: PositiveInt = Field(
+        default=1024,
+        description="Connections `serve` keeps open at once; one more is answered 503 and closed.",
+    )
     demo_cache: Path = Field(
         default=Path("~/.cache/tensorfold/demo"),
         validate_default=True,

@@ -75,6 +75,8 @@ params_st = st.builds(
     seed=st.integers(0, 2**64 - 1),
     logprobs=st.just(True),
     top_logprobs=st.integers(0, 5),
+    logit_bias=st.dictionaries(st.integers(0, 1), st.sampled_from([-100.0, -2.5, 0.0, 3.0, 100.0]),
+                               max_size=2),
 )
 
 
@@ -311,6 +313,13 @@ def test_logprobs_are_before_temperature_and_filtering() -> None:
         ("ignore_eos", 1),
         ("logprobs", "yes"),
         ("top_logprobs", 21),
+        ("logit_bias", [1, 2]),
+        ("logit_bias", {"x": 1}),
+        ("logit_bias", {"-1": 1}),
+        ("logit_bias", {True: 1}),
+        ("logit_bias", {"5": "high"}),
+        ("logit_bias", {"5": float("nan")}),
+        ("logit_bias", {"5": True}),
     ],
 )
 def test_validation_names_field(field, value) -> None:
@@ -357,3 +366,40 @@ def test_lanes_batched_greedy_rows_equal_sample_row_alone():
     for p, r in rows[:4]:
         assert got[id(r)] == sample_row(r, p, 0, RowHistory([1, 2]))
     assert got[id(rows[2][1])].token == 7
+
+
+def test_logit_bias_is_normalised_and_clamped() -> None:
+    params = SamplingParams(logit_bias={"7": 250, 3: -1e9, "12": 0.5})
+    assert params.logit_bias == ((3, -100.0), (7, 100.0), (12, 0.5))
+    assert SamplingParams(logit_bias={}).logit_bias == ()
+
+
+def test_logit_bias_moves_the_draw_of_its_row_only() -> None:
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(3))
+    top = int(torch.argmax(x[1]))
+    favour = (top + 5) % 64
+    plain = SamplingParams(temperature=0)
+    biased = SamplingParams(temperature=0, logit_bias={favour: 100})
+    banned = SamplingParams(temperature=0, logit_bias={top: -100})
+    assert sample_row(x[1], plain, 0, RowHistory()).token == top
+    assert sample_row(x[1], biased, 0, RowHistory()).token == favour
+    assert sample_row(x[1], banned, 0, RowHistory()).token != top
+    hot = SamplingParams(temperature=1.0, seed=9, logit_bias={favour: 100})
+    assert {sample_row(x[1], hot, t, RowHistory()).token for t in range(20)} == {favour}
+    rows = [(plain, 0, RowHistory()), (biased, 0, RowHistory()), (plain, 0, RowHistory())]
+    together = sample(x, rows)
+    assert [r.token for r in together] == [
+        sample_row(x[i], p, 0, h).token for i, (p, _, h) in enumerate(rows)]
+    with pytest.raises(ValueError, match="outside the 64-token vocabulary"):
+        sample_row(x[0], SamplingParams(temperature=0, logit_bias={64: 1}), 0, RowHistory())
+
+
+def test_lanes_batched_greedy_leaves_biased_rows_to_sample_row() -> None:
+    from tensorfold.lanes import _greedy_rows
+
+    x = torch.randn(3, 40, generator=torch.Generator().manual_seed(1))
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0),
+              SamplingParams(temperature=0, logit_bias={5: 100})]
+    rows = [(p, x[i]) for i, p in enumerate(params)]
+    got = _greedy_rows(rows)
+    assert set(got) == {id(rows[0][1]), id(rows[1][1])}

@@ -247,6 +247,28 @@ def test_stop_string_and_extras(server: ServedDemo) -> None:
     assert r.choices[0].finish_reason == "stop" and r.choices[0].text == base[: base.index(stop)]
 
 
+def test_logit_bias_changes_tokens_and_stays_exact_among_others(server: ServedDemo) -> None:
+    """A strong bias changes the sampled tokens; a biased request sent among others (the other
+    lanes busy with unbiased ones) gets exactly the tokens it gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    c = server.client()
+    kw = dict(model="lfm2_moe-demo", prompt="The little engine", max_tokens=12, temperature=0.9,
+              seed=77)
+    plain = c.completions.create(**kw).choices[0].text  # type: ignore[call-overload]
+    bias = {str(t): 8 for t in range(200, 260)} | {"264": -100}
+    biased = dict(kw, logit_bias=bias)
+    alone = c.completions.create(**biased).choices[0].text  # type: ignore[call-overload]
+    assert alone != plain
+    others = [dict(kw, seed=s, max_tokens=24) for s in range(3)]
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(c.completions.create, **o) for o in others[:2]]
+        mine = pool.submit(c.completions.create, **biased)
+        futures.append(pool.submit(c.completions.create, **others[2]))
+        assert mine.result().choices[0].text == alone
+        assert all(f.result().choices[0].text for f in futures)
+
+
 def test_metrics_and_census(server: ServedDemo) -> None:
     m = server.wait_even()
     assert m["tensorfold_prompt_tokens_total{source=computed}"] > 0

@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from test_server import ServedDemo
 
@@ -157,6 +159,28 @@ CASES: list[tuple[str, Any, int, str | None]] = [
     ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
     ("/v1/chat/completions", {**CHAT, "logprobs": 1.5}, 400, "logprobs"),
     ("/v1/chat/completions", {**CHAT, "model": "gpt-4o"}, 404, "model"),
+    # lone surrogates: json.dumps writes them as \ud800 escapes, which json.loads accepts
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "a\ud800"}]},
+     400, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "\udfff"}]}]}, 400, "messages"),
+    ("/v1/completions", body(prompt="The \ud83d little"), 400, "prompt"),
+    ("/v1/completions", body(prompt=["\ud800"]), 400, "prompt"),
+    ("/v1/completions", body(stop=["ok", "\udc00"]), 400, "stop"),
+    ("/v1/completions", body(stop="\ud800"), 400, "stop"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"name": "\ud800"}]}, 400, "tools"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "hi"}]}, 400,
+     "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "hi"},
+                                                    {"role": "", "content": "x"}]}, 400,
+     "messages"),
+    ("/v1/completions", body(logit_bias={"abc": 1}), 400, "logit_bias"),
+    ("/v1/completions", body(logit_bias={"-3": 1}), 400, "logit_bias"),
+    ("/v1/completions", body(logit_bias={"768": 1}), 400, "logit_bias"),
+    ("/v1/completions", body(logit_bias={"5": "up"}), 400, "logit_bias"),
+    ("/v1/completions", body(logit_bias=[5, 1]), 400, "logit_bias"),
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {"5": None}}, 400, "logit_bias"),
+    ("/v1/completions", b'{"prompt": "x", "logit_bias": {"5": NaN}}', 400, "logit_bias"),
     ("/v1/nothing-here", CHAT, 404, None),
 ]
 
@@ -169,6 +193,28 @@ def test_bad_request_then_good(api: Http, path: str, payload: Any, status: int,
     r = api.post(path, content=raw, headers={"Content-Type": "application/json"})
     check_error(r, status, param)
     good(api)
+
+
+def test_refusals_say_what_is_accepted(api: Http) -> None:
+    chat = {**CHAT, "messages": [{"role": "user", "content": "ok"},
+                                 {"role": "user", "content": ["x", "\ud800"]}]}
+    error = check_error(api.post("/v1/chat/completions", json=chat), 400, "messages")
+    assert "messages[1].content" in error["message"] and "surrogate" in error["message"]
+    chat = {**CHAT, "messages": [{"role": "wizard", "content": "hi"}]}
+    error = check_error(api.post("/v1/chat/completions", json=chat), 400, "messages")
+    assert "wizard" in error["message"] and "assistant" in error["message"]
+    error = check_error(api.post("/v1/completions", json=body(logit_bias={"900": 2})), 400)
+    assert "0..767" in error["message"]
+    good(api)
+
+
+def test_logit_bias_is_clamped_and_applied(api: Http) -> None:
+    """Out-of-range biases are clamped, not refused; a +100 bias makes greedy pick the token."""
+    r = api.post("/v1/completions", json=body(
+        temperature=0, max_tokens=4, logprobs=0, return_tokens_as_token_ids=True,
+        logit_bias={"264": 1e6}, ignore_eos=True))
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["logprobs"]["tokens"] == ["token_id:264"] * 4
 
 
 def test_over_the_window_names_both_numbers(api: Http) -> None:
@@ -206,7 +252,9 @@ def test_official_client_errors(server: ServedDemo) -> None:
 
 def test_api_key(server: ServedDemo, api: Http) -> None:
     anon = Http(server.base)
-    check_error(anon.post("/v1/chat/completions", json=CHAT), 401)
+    r = anon.post("/v1/chat/completions", json=CHAT)
+    check_error(r, 401)
+    assert r.headers["www-authenticate"] == "Bearer"
     check_error(anon.get("/v1/models", headers={"Authorization": "Bearer nope"}), 401)
     check_error(anon.get("/v1/models", headers={"Authorization": KEY}), 401)
     assert anon.get("/health").status_code == 200
@@ -273,3 +321,81 @@ def test_census_even_at_the_end(server: ServedDemo) -> None:
     m = server.wait_even()
     assert m["tensorfold_uneven_total"] == 0
     assert m["tensorfold_http_errors_total{status=400}"] >= len(CASES) - 2
+
+
+_plain_text = st.text(max_size=6)
+text_st = st.one_of(_plain_text, _plain_text, _plain_text,
+                    st.sampled_from(["\ud800", "a\udfff", "", "</s>", "<|im_end|>"]))
+json_st = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-3, 10**20), st.floats(allow_nan=False),
+              text_st),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.one_of(_plain_text, text_st), inner, max_size=3)),
+    max_leaves=8,
+)
+message_st = st.fixed_dictionaries({"role": st.one_of(
+    st.sampled_from(["user", "system", "assistant", "tool", "developer"]), text_st),
+    "content": st.one_of(text_st, text_st, json_st)})
+PLAUSIBLE = {  # values near the accepted ones, so that the checks past the first are reached
+    "model": st.sampled_from([MODEL, "gpt-4o"]),
+    "prompt": st.one_of(text_st, st.lists(st.integers(-1, 800), max_size=5)),
+    "messages": st.lists(message_st, min_size=1, max_size=3),
+    "stop": st.one_of(text_st, st.lists(text_st, max_size=3)),
+    "temperature": st.floats(-0.5, 3), "top_p": st.floats(0, 1.5), "top_k": st.integers(-2, 50),
+    "seed": st.integers(-(2**64), 2**65),
+    "logit_bias": st.dictionaries(st.integers(-2, 800).map(str), st.floats(-1e4, 1e4),
+                                  max_size=4),
+    "logprobs": st.one_of(st.booleans(), st.integers(-1, 25)), "top_logprobs": st.integers(-1, 25),
+    "stream": st.booleans(), "n": st.integers(0, 2), "ignore_eos": st.booleans(),
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    "stop_token_ids": st.lists(st.integers(-1, 800), max_size=3),
+    "max_completion_tokens": st.integers(-1, 3), "echo": st.booleans(), "user": text_st,
+}
+FIELDS = sorted(PLAUSIBLE) + ["tools", "frequency_penalty", "response_format"]
+
+
+def value_st(name: str) -> st.SearchStrategy[Any]:
+    plausible = PLAUSIBLE.get(name, json_st)
+    return st.one_of(plausible, plausible, plausible, plausible, json_st)
+
+
+@st.composite
+def request_st(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
+    """A good body with up to 3 fields set to values near (or far from) the accepted ones."""
+    chat = draw(st.booleans())
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    payload: dict[str, Any] = dict(CHAT if chat else COMPLETION)
+    text = draw(text_st)  # the prompt or the message: lone surrogates there once reached a 500
+    if chat:
+        payload["messages"] = [{"role": "user", "content": text}]
+    else:
+        payload["prompt"] = text
+    payload["max_tokens"] = draw(st.sampled_from([1, 2, 3, 1, 2, 3, 0, -1, "2", 2.5, None, True]))
+    if payload["max_tokens"] is None:  # the default (the window, for chat) is too slow here
+        payload["max_completion_tokens"] = 2
+    for name in draw(st.lists(st.sampled_from(FIELDS), unique=True, max_size=3)):
+        payload[name] = draw(value_st(name))
+    mct = payload.get("max_completion_tokens")
+    if isinstance(mct, int) and not isinstance(mct, bool) and mct > 3:  # it wins: keep it short
+        payload["max_completion_tokens"] = 3
+    if draw(st.integers(0, 9)) == 5:  # hypothesis favours the ends of a range: not those
+        del payload["messages" if chat else "prompt"]
+    return path, payload
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck),
+          derandomize=True)
+@given(request=request_st())
+def test_fuzzed_bodies_never_get_a_5xx(server: ServedDemo, api: Http,
+                                      request: tuple[str, dict[str, Any]]) -> None:
+    path, payload = request
+    r = api.post(path, content=json.dumps(payload).encode())
+    assert r.status_code < 500, (payload, r.text)
+    if r.status_code != 200:
+        check_error(r, r.status_code)
+    assert api.get("/health").status_code == 200
+
+
+def test_fuzzing_left_the_census_even(server: ServedDemo, api: Http) -> None:
+    server.wait_even()
+    good(api)

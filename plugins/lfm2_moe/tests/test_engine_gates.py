@@ -120,7 +120,29 @@ def test_a_request_over_the_window_is_refused_with_both_numbers(demo):
     try:
         with pytest.raises(RequestRefused, match=r"4000 tokens plus max_tokens 200 make 4200.*4096"):
             llm.generate([[5] * 4000], SamplingParams(max_tokens=200))
+        with pytest.raises(RequestRefused, match=r"logit_bias key 9999 .* ids are 0\.\.767"):
+            llm.generate([[5] * 10], SamplingParams(logit_bias={9999: 1}))  # not a failed pass
         assert llm.generate([[5] * 10], GREEDY)[0].finish_reason == "length"
+    finally:
+        close_even(llm)
+
+
+def test_a_biased_row_among_others_equals_it_alone(demo, prompts):
+    """logit_bias is applied to its own row only: a strong bias changes the tokens, and the
+    biased request gets the same tokens alone as batched with unbiased ones (greedy and
+    seeded, whose greedy rows the lanes otherwise sample together)."""
+    favoured = {t: 6.0 for t in range(300, 340)}
+    llm = open_llm(demo, parallel=4)
+    try:
+        for base in (GREEDY, SAMPLED):
+            biased = SamplingParams(**{**vars(base), "logit_bias": favoured})
+            plain_alone = tokens(llm, [prompts[2]], base)[0]
+            alone = tokens(llm, [prompts[2]], biased)[0]
+            assert alone != plain_alone
+            assert sum(300 <= t < 340 for t in alone) > sum(300 <= t < 340 for t in plain_alone)
+            batch = [prompts[0], prompts[2], prompts[1], prompts[3]]
+            got = llm.generate(batch, [base, biased, base, base])
+            assert got[1].token_ids == alone
     finally:
         close_even(llm)
 

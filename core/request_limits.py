@@ -1,0 +1,129 @@
+"""What one client may cost the server: the body's size, how long its headers and body may take
+to arrive, how many connections may be open, and the bounded pool of threads that turns bodies
+into requests (JSON, the chat template, the tokenizer) off the event loop.
+
+Settings: TF_MAX_BODY_MIB (--max-body-mib), TF_READ_TIMEOUT_S, TF_MAX_CONNECTIONS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from aiohttp import web
+
+from .openai_api import ApiError, error_body
+from .openai_replies import dumps
+
+MIB = 1024 * 1024
+
+
+def _workers() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1),
+                              thread_name_prefix="tf-request")
+
+
+@dataclass
+class Limits:
+    max_body: int = 8 * MIB  # bytes
+    read_timeout_s: float = 30.0  # headers, then the body, each; also an idle connection's life
+    max_connections: int = 1024
+    workers: ThreadPoolExecutor = field(default_factory=_workers)
+
+    def handler_args(self) -> dict[str, Any]:
+        """aiohttp's per-connection arguments: a connection that sends no complete request
+        (headers included) within read_timeout_s of opening, or of its last reply, is closed;
+        the unread rest of a refused body is drained for at most as long."""
+        return {"keepalive_timeout": self.read_timeout_s,
+                "lingering_time": min(self.read_timeout_s, 10.0)}
+
+
+LIMITS: web.AppKey[Limits] = web.AppKey("limits", Limits)
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole body, or a 413 (before reading it, when Content-Length says it is too big) or
+    a 408 (when it does not arrive within read_timeout_s)."""
+    limits = request.app[LIMITS]
+    length = request.content_length
+    if length is not None and length > limits.max_body:
+        raise too_large(length, limits.max_body)
+    try:
+        async with asyncio.timeout(limits.read_timeout_s):
+            return await request.read()
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {limits.read_timeout_s:g} s "
+                       "(TF_READ_TIMEOUT_S); send the whole body its Content-Length promises",
+                       headers={"Connection": "close"}) from None
+    except web.HTTPRequestEntityTooLarge:  # chunked, or a Content-Length that lied
+        raise too_large(None, limits.max_body) from None
+
+
+def too_large(length: int | None, limit: int) -> ApiError:
+    size = f"{length} bytes" if length is not None else "more bytes than that"
+    return ApiError(413, f"the request body is {size}; the limit is {limit} bytes "
+                    f"({limit / MIB:g} MiB: --max-body-mib or TF_MAX_BODY_MIB)",
+                    headers={"Connection": "close"})  # the unread rest is drained, then closed
+
+
+async def in_workers(request: web.Request, work: Callable[..., Any], *args: Any) -> Any:
+    """Run CPU work for a request on the bounded pool, so the loop keeps serving."""
+    pool = request.app[LIMITS].workers
+    return await asyncio.get_running_loop().run_in_executor(pool, work, *args)
+
+
+class _Refusal(asyncio.Protocol):
+    """A connection past the cap: answered 503 once its request starts (or after a second),
+    then closed, without reaching the application."""
+
+    def __init__(self, reply: bytes, refused: Callable[[], None]) -> None:
+        self.reply = reply
+        self.refused = refused
+        self.transport: asyncio.Transport | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.timer = asyncio.get_running_loop().call_later(1.0, self._refuse)
+
+    def data_received(self, data: bytes) -> None:
+        self._refuse()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.transport = None
+
+    def _refuse(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(self.reply)
+            self.transport.close()
+            self.refused()
+
+
+def refusal_bytes(cap: int) -> bytes:
+    body = dumps(error_body(503, f"the server already has {cap} connections open, its limit "
+                            "(TF_MAX_CONNECTIONS); retry later"))
+    head = ("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
+    return head.encode() + body
+
+
+async def listen(runner: web.BaseRunner, host: str, port: int, cap: int,
+                 refused: Callable[[], None] = lambda: None) -> asyncio.Server:
+    """Listen for the runner's server, with at most `cap` connections open at once (`refused`
+    is called for each one turned away); the caller closes the returned server before
+    runner.cleanup()."""
+    server = runner.server
+    assert server is not None, "runner.setup() first"
+    reply = refusal_bytes(cap)
+
+    def protocol() -> asyncio.Protocol:
+        if len(server.connections) >= cap:
+            return _Refusal(reply, refused)
+        return server()
+
+    return await asyncio.get_running_loop().create_server(protocol, host, port)
