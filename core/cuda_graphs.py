@@ -78,6 +78,12 @@ class GraphRunner(ModelRunner):
     # -- a round ------------------------------------------------------------------------------
 
     @torch.inference_mode()
+    def release_graphs(self) -> None:
+        """Drop the captured graphs (before a rank leaves NCCL: graphs that hold its kernels
+        keep its communicator busy, and the teardown waits on them)."""
+        self.graphs.clear()
+        torch.cuda.synchronize()
+
     def run(self, streams: Sequence[StreamRows]) -> list[torch.Tensor]:
         bucket = self._bucket(streams)
         if bucket is None:

@@ -48,6 +48,7 @@ class Served:
         # After a lost rank the engine thread may sit in a collective until its timeout.
         self.engine.stop(timeout=None if self.engine.fatal is None else 10.0)
         if self.team is not None:
+            release_graphs(self.engine.lanes.runner)
             self.team.close()
 
 
@@ -62,6 +63,13 @@ class Rank:
     hooks: Any  # the family's plugin manager's hook relay
     arena: Any  # SnapshotArena, or None with the prompt store off
     capacity: int  # kept states the store may hold
+
+
+def release_graphs(runner: Any) -> None:
+    """A GraphRunner's graphs dropped (a tensor-parallel rank, before it leaves the group)."""
+    release = getattr(runner, "release_graphs", None)
+    if release is not None:
+        release()
 
 
 def pick_device(settings: Settings) -> str:

@@ -442,7 +442,7 @@ def follow(settings: Settings, spec: FamilySpec, folder: Path, launch: Launch,
     """A follower's whole life: join, open its shard (the same plan as rank 0), repeat rank 0's
     operations until it stops. Returns the exit status: 0, 2 when the start was refused (rank
     0 says why), 1 when rank 0 was lost."""
-    from .start import USER_REFUSALS, open_rank
+    from .start import USER_REFUSALS, open_rank, release_graphs
 
     joined = Joined(launch, settings, store)
     try:
@@ -458,6 +458,7 @@ def follow(settings: Settings, spec: FamilySpec, folder: Path, launch: Launch,
         log.error(f"tensor parallel: follower rank {launch.rank} lost rank 0 or failed: "
                   f"{type(exc).__name__}: {exc}")
         return 1
+    release_graphs(rank.runner)
     joined.leave()
     return 0
 

@@ -264,24 +264,27 @@ def assert_choices_equal_single_twins(
 def assert_engine_gates_at_tp(
     family: str, model: Path, prompts: Sequence[list[int]], chats: Sequence[Sequence[str]],
     greedy: SamplingParams, sampled: SamplingParams, *, tp: int = 2, min_cached: int = 100,
-    **flags: Any,
+    match_one_rank: bool = True, **flags: Any,
 ) -> None:
     """An engine at `tp` ranks (rank 0 here, the followers it starts) against one at one rank:
-    greedy tokens equal (they may differ between TP sizes in general; not on these models), and
+    greedy tokens equal when match_one_rank (they may differ between TP sizes in general, as
+    in bf16 on GPUs, where sums run in another order; not on these models in fp32), and
     the gates at `tp`: concurrent == solo (greedy and sampled); then windows, poisoned pages and
     the prompt store at once: pages == windows, and each chat's later turns resume (more than
     `min_cached` tokens from the store) with the replies of a fresh run."""
-    one = open_llm(family, model, **flags)
-    try:
-        one_rank = tokens(one, prompts, greedy)
-    finally:
-        close_even(one)
+    if match_one_rank:
+        one = open_llm(family, model, **flags)
+        try:
+            one_rank = tokens(one, prompts, greedy)
+        finally:
+            close_even(one)
     both = (("greedy", greedy), ("sampled", sampled))
     llm = open_llm(family, model, tp=tp, **flags)
     try:
         assert llm.served.plan.ranks == tp
         alone = {name: [tokens(llm, [p], params)[0] for p in prompts] for name, params in both}
-        assert alone["greedy"] == one_rank
+        if match_one_rank:
+            assert alone["greedy"] == one_rank
         for name, params in both:
             assert tokens(llm, prompts, params) == alone[name]  # concurrent == solo
         fresh, _ = run_chats(llm, chats, greedy)
