@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from tensorfold.forward_pass import ForwardPass
+from tensorfold.ops.attention import rows_dot, weighted_rows
 from tensorfold.ops.gpu import use_triton
 from tensorfold.ops.linear import linear
 from tensorfold.ops.norms import rms_norm
@@ -116,13 +117,13 @@ def _block(q: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor, scale: float
     for tile in tiles:
         t0 = tile * KEY_TILE
         kt = keys[t0 : t0 + KEY_TILE]  # [KEY_TILE, r]
-        s = torch.mm(qh, kt.t()) * scale
+        s = rows_dot(qh[None], kt[None])[0] * scale  # not a BLAS: see rows_dot
         s = s.masked_fill(~visible[:, t0 : t0 + KEY_TILE], float("-inf"))
         new_max = torch.maximum(run_max, s.amax(-1, keepdim=True))
         safe = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
         p = torch.exp(s - safe)
         alpha = torch.exp(run_max - safe)
         run_sum = run_sum * alpha + p.sum(-1, keepdim=True)
-        acc = acc * alpha + torch.mm(p, kt)
+        acc = acc * alpha + weighted_rows(p[None], kt[None])[0]
         run_max = new_max
     return (acc / run_sum).view(b, heads, r)
