@@ -153,19 +153,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_cache_arguments(cache)
     for p in (openai, concurrent, cache):
-        p.add_argument("--url", default=DEFAULT_URL, help=f"the server's /v1 (default {DEFAULT_URL})")
-        p.add_argument("--api-key", metavar="KEY")
+        p.add_argument("--url", default=DEFAULT_URL, help="the server's /v1")
+        p.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
         p.add_argument("--json", action="store_true", help="also print the results as JSON")
-    openai.add_argument("--prompts", nargs="+", default=list(PROMPTS[:2]), metavar="TEXT")
-    openai.add_argument("--max-tokens", type=int, default=256)
-    openai.add_argument("--repeats", type=int, default=3)
-    openai.add_argument("--temperature", type=float, default=0.0)
+    openai.add_argument("--prompts", nargs="+", default=list(PROMPTS[:2]), metavar="TEXT",
+                        help="prompts to time, each sent --repeats times")
+    openai.add_argument("--max-tokens", type=int, default=256, help="tokens each reply generates")
+    openai.add_argument("--repeats", type=int, default=3,
+                        help="times each prompt is sent; the median is reported")
+    openai.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
     concurrent.add_argument("--levels", default="1,2,4,8", help="requests at once, e.g. 1,2,4,8")
     concurrent.add_argument("--alone", action="store_true",
                             help="compare with each case sent alone (else the first level)")
     concurrent.add_argument("--serial", action="store_true",
                             help="also send every case once more, one after another")
-    concurrent.add_argument("--max-tokens", type=int, default=32)
+    concurrent.add_argument("--max-tokens", type=int, default=32,
+                            help="tokens each reply generates")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

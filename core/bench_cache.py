@@ -20,8 +20,9 @@ def long_prompt(words: int, seed: int) -> str:
 def add_arguments(cache: argparse.ArgumentParser) -> None:
     cache.add_argument("--words", type=int, default=6000, help="prompt length in words")
     cache.add_argument("--seed", type=int, default=0, help="which prompt (a fixed text per seed)")
-    cache.add_argument("--max-tokens", type=int, default=8)
-    cache.add_argument("--warm-runs", type=int, default=2)
+    cache.add_argument("--max-tokens", type=int, default=8, help="tokens each reply generates")
+    cache.add_argument("--warm-runs", type=int, default=2,
+                       help="times the same prompt is sent again, warm")
     cache.add_argument("--require-cold", action="store_true",
                        help="fail if the first run already hit the prompt store")
 

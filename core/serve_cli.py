@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
 import signal
+import socket
 import sys
 from typing import TYPE_CHECKING
 
@@ -46,14 +48,22 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandError(f"--port must be in 0..65535, got {args.port}")
     if args.max_waiting < 0 or args.max_body_mib <= 0:
         raise CommandError("--max-waiting must be >= 0 and --max-body-mib > 0")
-    from tensorfold.start import open_served, pick_device
+    from tensorfold.start import open_served, parallel_launch, pick_device
 
-    served = open_served(settings, args.family, args.model)  # checks the TF_* environment
+    launch = parallel_launch(settings)
+    # The port is taken before the weights load, so that a busy one is said at once.
+    sock = listen(args.host, args.port) if launch is None or launch.rank == 0 else None
+    try:
+        served = open_served(settings, args.family, args.model)  # checks the TF_* environment
+    except BaseException:
+        if sock is not None:
+            sock.close()
+        raise
     try:
         if args.served_model_name:
             served.model_name = args.served_model_name
         served.engine.max_waiting = args.max_waiting
-        asyncio.run(_serve(served, args, pick_device(settings)))
+        asyncio.run(_serve(served, args, pick_device(settings), sock))
         for sig in (signal.SIGINT, signal.SIGTERM):  # repeats while the engine winds down
             signal.signal(sig, signal.SIG_IGN)
     finally:
@@ -73,14 +83,29 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (0: any free port); CommandError when it cannot be had."""
+    from tensorfold.cli import CommandError
+
+    try:
+        family, _, _, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        return socket.create_server(address, family=family, backlog=1024)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        hint = "; is another server there? choose another with --port" if (
+            exc.errno == errno.EADDRINUSE) else ""
+        raise CommandError(f"cannot listen on {host}:{port}: {why}{hint}") from None
+
+
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/v1" if ":" in host else f"http://{host}:{port}/v1"
 
 
-async def _serve(served: Served, args: argparse.Namespace, device: str) -> None:
+async def _serve(served: Served, args: argparse.Namespace, device: str,
+                 sock: socket.socket) -> None:
     from aiohttp import web
 
-    from tensorfold.cli import CommandError
     from tensorfold.logs import get_logger
     from tensorfold.server import STATE, create_app
 
@@ -91,15 +116,12 @@ async def _serve(served: Served, args: argparse.Namespace, device: str) -> None:
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=args.shutdown_timeout)
     await runner.setup()
-    try:
-        await web.TCPSite(runner, args.host, args.port).start()
-    except OSError as exc:
-        await runner.cleanup()
-        raise CommandError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    await web.SockSite(runner, sock).start()
     host, port = runner.addresses[0][:2]
+    # The start lines, once, on stdout (not as log lines too).
     print(served.plan.startup_line(), flush=True)
-    print(f"serving {served.model_name} at {_url(host, port)}", flush=True)
-    log.info("serving", model=served.model_name, url=_url(host, port))
+    print(f"serving {served.model_name} ({served.family_note}) at {_url(host, port)}",
+          flush=True)
     signals = asyncio.Queue[int]()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
