@@ -34,6 +34,7 @@ async def bench_cache(args: argparse.Namespace) -> int:
         "prompt": long_prompt(args.words, args.seed), "max_tokens": args.max_tokens,
         "temperature": 0, "logprobs": 0, "ignore_eos": True})
     async with Client(args.url, args.api_key) as client:
+        client.expect("bench cache", 1 + args.warm_runs)
         replies = [await client.run(case) for _ in range(1 + args.warm_runs)]
     failed = [r.error for r in replies if r.error]
     if failed:
