@@ -181,7 +181,9 @@ def test_completions_text_ids_and_stream(server: ServedDemo) -> None:
     prompt = "The little engine woke before dawn and"
     text = c.completions.create(model="lfm2_moe-demo", prompt=prompt, max_tokens=10,
                                 temperature=0)
-    tok = Tokenizer.from_checkpoint(Checkpoint.open(server.tmp / "demo" / "lfm2_moe-demo-v1"))
+    from tensorfold_lfm2_moe.demo import DEMO_NAME
+
+    tok = Tokenizer.from_checkpoint(Checkpoint.open(server.tmp / "demo" / DEMO_NAME))
     ids = tok.encode(prompt, add_special_tokens=True)
     by_ids = c.completions.create(model="lfm2_moe-demo", prompt=ids, max_tokens=10,
                                   temperature=0)
