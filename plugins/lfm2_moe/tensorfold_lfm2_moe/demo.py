@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tensorfold.demo_build import build_atomically, train_byte_bpe, write_json
+from tensorfold.demo_build import build_atomically, load_trained, train_byte_bpe, write_json
 from tensorfold.demo_text import plain_text
 
 if TYPE_CHECKING:
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 DEMO_NAME = "lfm2_moe-demo-v2"
 WEIGHTS = Path(__file__).with_name("demo_weights.safetensors")
+RETRAIN = "python -m tensorfold_lfm2_moe.demo_train"
 FILES = (
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
     "tokenizer_config.json",
@@ -83,38 +84,11 @@ def build_tokenizer() -> Tokenizer:
     return tok
 
 
-def tokenizer_digest(tok: Tokenizer) -> str:
-    """What the shipped weights were trained with: the tokenizer's vocabulary (its merges follow
-    from it), in a form no `tokenizers` version changes."""
-    import hashlib
-    import json
-
-    vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
-    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
-
-
 def build_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The shipped trained weights in float32, checked against `random_weights(cfg)`'s names and
-    shapes."""
-    from safetensors.torch import load_file
-
-    want = {k: tuple(v.shape) for k, v in random_weights(cfg).items()}
-    w = {k: v.float() for k, v in load_file(str(WEIGHTS)).items()}
-    if {k: tuple(v.shape) for k, v in w.items()} != want:
-        raise RuntimeError(f"{WEIGHTS.name} does not match this demo's config; retrain it with "
-                           "python -m tensorfold_lfm2_moe.demo_train")
-    return w
-
-
-def check_trained_with(tok: Tokenizer) -> None:
-    """The shipped weights were trained with this tokenizer (its digest is in their metadata)."""
-    from safetensors import safe_open
-
-    with safe_open(str(WEIGHTS), "pt") as f:
-        trained_with = (f.metadata() or {}).get("tokenizer_sha256")
-    if trained_with != tokenizer_digest(tok):
-        raise RuntimeError(f"{WEIGHTS.name} was trained with another tokenizer; retrain it with "
-                           "python -m tensorfold_lfm2_moe.demo_train")
+    shapes and the tokenizer they were trained with."""
+    shapes = {k: tuple(v.shape) for k, v in random_weights(cfg).items()}
+    return load_trained(WEIGHTS, shapes, build_tokenizer(), RETRAIN)
 
 
 def random_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -185,7 +159,6 @@ def write_demo(folder: Path) -> None:
         "add_bos_token": True, "add_eos_token": False, "clean_up_tokenization_spaces": False,
         "model_max_length": SHAPE["max_position_embeddings"], "chat_template": CHAT_TEMPLATE,
     })
-    check_trained_with(tok)
     save_file(build_weights(cfg), str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
