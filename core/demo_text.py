@@ -107,3 +107,11 @@ def plain_text() -> str:
 def words(text: str | None = None) -> set[str]:
     """The lower-cased words of `text` (default: everything here)."""
     return {w.lower() for w in re.findall(r"[A-Za-z]+", plain_text() if text is None else text)}
+
+
+def known_share(text: str) -> float:
+    """The share of `text`'s words that the demo text holds (0 with no words): how a test tells
+    a demo's reply made of words from noise."""
+    found = re.findall(r"[A-Za-z]+", text)
+    known = words()
+    return sum(w.lower() in known for w in found) / len(found) if found else 0.0

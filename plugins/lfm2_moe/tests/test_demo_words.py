@@ -10,22 +10,10 @@ import pytest
 
 import tensorfold
 from tensorfold import SamplingParams
-from tensorfold.demo_text import words
+from tensorfold.demo_text import known_share
 
 CHATS = ["What is the capital of France?", "Tell me a story.", "Hello!", "Who are you?"]
 COMPLETIONS = ["Once upon a time", "The little engine"]
-
-
-def known_share(text: str) -> float:
-    """The share of `text`'s words that the demo's training text holds (0 with no words)."""
-    found = re.findall(r"[A-Za-z]+", text)
-    return sum(w.lower() in words() for w in found) / len(found) if found else 0.0
-
-
-def test_noise_is_not_words() -> None:
-    # What the demo wrote with random weights (issue 22): the check below would refuse it.
-    assert known_share("\ufffd Fr con\ufffd\u001c\ufffdPar light3 se\ufffd 5 fromcacheU\u001e al6") < 0.8
-    assert known_share("Paris is the capital of France.") == 1.0
 
 
 @pytest.fixture(scope="module")
