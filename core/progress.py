@@ -1,10 +1,12 @@
 """Progress on long work (weights loading, `tensorfold bench`): a tqdm bar on stderr when it is
-a terminal; otherwise a few plain log lines (the start, each tenth done, the end), so that a
-log file or a CI job still shows how far the work got without a line per step."""
+a terminal; otherwise a few plain log lines (the start, a tenth done at most every `interval`
+seconds, the end), so that a log file or a CI job still shows how far long work got without a
+line per step, and short work says only its start and end."""
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from tensorfold.logs import get_logger
@@ -21,8 +23,9 @@ class Progress:
     """
 
     def __init__(self, what: str, total: int, unit: str = "", show: bool | None = None,
-                 file: Any = None) -> None:
-        self.what, self.total, self.unit = what, total, unit
+                 file: Any = None, interval: float = 5.0) -> None:
+        self.what, self.total, self.unit, self.interval = what, total, unit, interval
+        self._said = time.monotonic()
         self.done = 0
         self.status = ""
         self._tenths = 0
@@ -58,8 +61,9 @@ class Progress:
             self._bar.update(n)
             return
         tenths = 10 * self.done // self.total if self.total else 10
-        if self._tenths < tenths < 10:
+        if self._tenths < tenths < 10 and time.monotonic() - self._said >= self.interval:
             self._tenths = tenths
+            self._said = time.monotonic()
             log.info(self._line())
 
     def _line(self) -> str:

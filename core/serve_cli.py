@@ -92,7 +92,9 @@ def listen(host: str, port: int) -> socket.socket:
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
         return socket.create_server(address, family=family, backlog=1024)
     except OSError as exc:
-        why = exc.strerror or str(exc)
+        # create_server's own message repeats the address; a name lookup's errno is its own
+        why = (exc.strerror if isinstance(exc, socket.gaierror) or not exc.errno
+               else os.strerror(exc.errno)) or str(exc)
         hint = "; is another server there? choose another with --port" if (
             exc.errno == errno.EADDRINUSE) else ""
         raise CommandError(f"cannot listen on {host}:{port}: {why}{hint}") from None

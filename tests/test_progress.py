@@ -27,7 +27,8 @@ def test_a_terminal_gets_a_bar_and_no_log_lines() -> None:
 
 def test_elsewhere_a_line_at_the_start_each_tenth_and_the_end() -> None:
     out = io.StringIO()  # not a terminal
-    with capture_logs() as logs, Progress("bench openai", 40, "requests", file=out) as p:
+    with capture_logs() as logs, Progress("bench openai", 40, "requests", file=out,
+                                          interval=0) as p:
         for _ in range(40):
             p.update()
     assert out.getvalue() == ""
