@@ -122,7 +122,7 @@ class Checkpoint:
         self._index = index  # tensor name -> the file the index (or the single file) places it in
         self._headers = headers
         self._handles: dict[tuple[Path, str], Any] = {}
-        self._progress: list[Any] | None = None  # [Progress, tensors loaded, tensors] while loading()
+        self._progress: list[Any] | None = None  # [Progress, tensors done, tensors] in loading()
         self.shard = Shard()  # tensor parallel: which rank this is, and how tensors are cut
 
     @classmethod
