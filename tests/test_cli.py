@@ -108,3 +108,23 @@ def test_idle_census_is_debug_and_an_uneven_one_an_error() -> None:
     assert [(e["log_level"], e["event"][:12]) for e in logs] == [
         ("debug", "kv pool idle"), ("error", "UNEVEN kv po")]
     assert lanes.uneven == 1
+
+
+def test_generate_with_no_family_named_runs_the_default_demo(
+    tf_env: pytest.MonkeyPatch, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's `tensorfold generate "Once upon a time"`, with whatever is installed (all
+    three families in the test environment): the default family's demo writes words."""
+    pytest.importorskip("tensorfold_lfm2_moe")
+    from tensorfold.demo_text import known_share
+    from tensorfold.plugins import reset_plugin_manager
+
+    tf_env.setenv("TF_DEMO_CACHE", str(tmp_path))
+    reset_plugin_manager()
+    with capture_logs() as logs:
+        assert cli.main(["generate", "Once upon a time", "--max-tokens", "16",
+                         "--context", "1024"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("'Once upon a time' -> ") and known_share(out) >= 0.8, out
+    said = [e["event"] for e in logs if e["event"].startswith("lfm2_moe-demo: family lfm2_moe")]
+    assert len(said) == 1, logs
