@@ -18,9 +18,12 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensorfold.settings import Settings
+
+if TYPE_CHECKING:
+    from tensorfold.progress import Progress
 
 DEFAULT_URL = "http://127.0.0.1:8000/v1"
 PROMPTS = (
@@ -87,6 +90,15 @@ class Client:
             headers=headers, timeout=aiohttp.ClientTimeout(total=timeout),
             connector=aiohttp.TCPConnector(limit=0))
         self.model: str | None = None
+        self.progress: Progress | None = None  # counts replies while a bench runs
+
+    def expect(self, what: str, requests: int) -> None:
+        """Show progress over the next `requests` replies (see tensorfold.progress)."""
+        from tensorfold.progress import Progress
+
+        if self.progress is not None:
+            self.progress.close()
+        self.progress = Progress(what, requests, "requests")
 
     async def __aenter__(self) -> Client:
         try:
@@ -99,10 +111,18 @@ class Client:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.close()
         await self.session.close()
 
     async def run(self, case: Case) -> Reply:
         """Send a case as a stream; a failure is a Reply with .error, never an exception."""
+        reply = await self._run(case)
+        if self.progress is not None:
+            self.progress.update()
+        return reply
+
+    async def _run(self, case: Case) -> Reply:
         payload = {"model": self.model, **case.payload, "stream": True,
                    "stream_options": {"include_usage": True}, "return_tokens_as_token_ids": True}
         reply = Reply()
@@ -153,19 +173,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_cache_arguments(cache)
     for p in (openai, concurrent, cache):
-        p.add_argument("--url", default=DEFAULT_URL, help=f"the server's /v1 (default {DEFAULT_URL})")
-        p.add_argument("--api-key", metavar="KEY")
+        p.add_argument("--url", default=DEFAULT_URL, help="the server's /v1")
+        p.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
         p.add_argument("--json", action="store_true", help="also print the results as JSON")
-    openai.add_argument("--prompts", nargs="+", default=list(PROMPTS[:2]), metavar="TEXT")
-    openai.add_argument("--max-tokens", type=int, default=256)
-    openai.add_argument("--repeats", type=int, default=3)
-    openai.add_argument("--temperature", type=float, default=0.0)
+    openai.add_argument("--prompts", nargs="+", default=list(PROMPTS[:2]), metavar="TEXT",
+                        help="prompts to time, each sent --repeats times")
+    openai.add_argument("--max-tokens", type=int, default=256, help="tokens each reply generates")
+    openai.add_argument("--repeats", type=int, default=3,
+                        help="times each prompt is sent; the median is reported")
+    openai.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
     concurrent.add_argument("--levels", default="1,2,4,8", help="requests at once, e.g. 1,2,4,8")
     concurrent.add_argument("--alone", action="store_true",
                             help="compare with each case sent alone (else the first level)")
     concurrent.add_argument("--serial", action="store_true",
                             help="also send every case once more, one after another")
-    concurrent.add_argument("--max-tokens", type=int, default=32)
+    concurrent.add_argument("--max-tokens", type=int, default=32,
+                            help="tokens each reply generates")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -189,6 +212,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 async def bench_openai(args: argparse.Namespace) -> int:
     rows, failed = [], 0
     async with Client(args.url, args.api_key) as client:
+        client.expect("bench openai", len(args.prompts) * args.repeats)
         for i, prompt in enumerate(args.prompts):
             case = Case(f"prompt{i}", "/completions", {
                 "prompt": prompt, "max_tokens": args.max_tokens, "logprobs": 0,
@@ -230,6 +254,8 @@ async def bench_concurrent(args: argparse.Namespace) -> int:
     todo = cases(args.max_tokens)
     runs: dict[str, list[tuple[Case, Reply]]] = {}
     async with Client(args.url, args.api_key) as client:
+        sends = sum(max(level, len(todo)) for level in levels)
+        client.expect("bench concurrent", sends + len(todo) * (args.alone + args.serial))
         if args.alone:
             runs["alone"] = [(c, await client.run(c)) for c in todo]
         for level in levels:

@@ -20,8 +20,9 @@ def long_prompt(words: int, seed: int) -> str:
 def add_arguments(cache: argparse.ArgumentParser) -> None:
     cache.add_argument("--words", type=int, default=6000, help="prompt length in words")
     cache.add_argument("--seed", type=int, default=0, help="which prompt (a fixed text per seed)")
-    cache.add_argument("--max-tokens", type=int, default=8)
-    cache.add_argument("--warm-runs", type=int, default=2)
+    cache.add_argument("--max-tokens", type=int, default=8, help="tokens each reply generates")
+    cache.add_argument("--warm-runs", type=int, default=2,
+                       help="times the same prompt is sent again, warm")
     cache.add_argument("--require-cold", action="store_true",
                        help="fail if the first run already hit the prompt store")
 
@@ -33,6 +34,7 @@ async def bench_cache(args: argparse.Namespace) -> int:
         "prompt": long_prompt(args.words, args.seed), "max_tokens": args.max_tokens,
         "temperature": 0, "logprobs": 0, "ignore_eos": True})
     async with Client(args.url, args.api_key) as client:
+        client.expect("bench cache", 1 + args.warm_runs)
         replies = [await client.run(case) for _ in range(1 + args.warm_runs)]
     failed = [r.error for r in replies if r.error]
     if failed:

@@ -122,7 +122,7 @@ class Checkpoint:
         self._index = index  # tensor name -> the file the index (or the single file) places it in
         self._headers = headers
         self._handles: dict[tuple[Path, str], Any] = {}
-        self._progress: list[int] | None = None  # [bytes loaded, bytes in all] while loading()
+        self._progress: list[Any] | None = None  # [Progress, tensors done, tensors] in loading()
         self.shard = Shard()  # tensor parallel: which rank this is, and how tensors are cut
 
     @classmethod
@@ -290,28 +290,36 @@ class Checkpoint:
         if dtype is not None:
             tensor = tensor.to(torch_dtype(dtype))
         if self._progress is not None:
-            self._progress[0] += read
-            self._show_progress()
+            self._progress[1] += 1
+            self._progress[0].note(f"{self._progress[1]}/{self._progress[2]} tensors")
+            self._progress[0].update(read)
         return tensor
 
     @contextlib.contextmanager
-    def loading(self, progress: bool | None = None) -> Iterator[None]:
-        """While a family loads its weights: a progress line on stderr when it is a terminal
-        (progress=None) or when progress=True, ended when the block ends."""
-        show = sys.stderr.isatty() if progress is None else progress
-        self._progress = [0, self.local_bytes()] if show else None
+    def loading(
+        self, progress: bool | None = None, names: Sequence[str] | None = None
+    ) -> Iterator[None]:
+        """While a family loads its weights (or the tensors `names`): progress in bytes and
+        tensors (tensorfold.progress): a bar on stderr when it is a terminal, else a few log
+        lines (progress=None); always the bar (True); nothing (False: a tensor-parallel
+        follower, whose rank 0 shows it)."""
+        if progress is False:
+            yield
+            return
+        from .progress import Progress
+
+        if names is None:
+            tensors = sum(1 for n in self._index if self.local_shape(n) is not None)
+            nbytes = self.local_bytes()
+        else:
+            tensors, nbytes = len(names), sum(self.info(n).nbytes for n in names)
+        bar = Progress("loading weights", nbytes, "B", show=progress)
+        self._progress = [bar, 0, tensors]
         try:
             yield
         finally:
-            if self._progress is not None:
-                sys.stderr.write("\n")
             self._progress = None
-
-    def _show_progress(self) -> None:
-        assert self._progress is not None
-        done, total = self._progress
-        sys.stderr.write(f"\rloading weights: {done / 2**30:.2f} of {total / 2**30:.2f} GiB")
-        sys.stderr.flush()
+            bar.close()
 
     def load_many(
         self,
@@ -321,26 +329,14 @@ class Checkpoint:
         dtype: "torch.dtype | str | None" = None,
         progress: bool | None = None,
     ) -> dict[str, "torch.Tensor"]:
-        """Load several tensors, file by file. A progress line goes to stderr when it is a terminal
-        (progress=None) or when progress=True."""
+        """Load several tensors, file by file, with progress as `loading(progress)` shows it."""
         wanted = list(dict.fromkeys(names))
         infos = {n: self.info(n) for n in wanted}
         order = sorted(wanted, key=lambda n: (infos[n].file, n))
-        total = sum(i.nbytes for i in infos.values())
-        show = sys.stderr.isatty() if progress is None else progress
         out: dict[str, torch.Tensor] = {}
-        done = 0
-        for k, name in enumerate(order, 1):
-            out[name] = self.load(name, device=device, dtype=dtype)
-            done += infos[name].nbytes
-            if show:
-                sys.stderr.write(
-                    f"\rloading weights: {k}/{len(order)} tensors, "
-                    f"{done / 2**30:.2f}/{total / 2**30:.2f} GiB"
-                )
-                sys.stderr.flush()
-        if show:
-            sys.stderr.write("\n")
+        with self.loading(progress, order):
+            for name in order:
+                out[name] = self.load(name, device=device, dtype=dtype)
         return {n: out[n] for n in wanted}
 
     def _handle(self, file: Path, device: str) -> Any:

@@ -68,33 +68,63 @@ def register_command(
 def add_family_arguments(parser: argparse.ArgumentParser) -> None:
     """--family and --model, shared by the subcommands that load a model."""
     parser.add_argument(
-        "--family", metavar="NAME", help="model family (default: the only installed one)"
+        "--family", metavar="NAME",
+        help="model family (default: TF_FAMILY, else the only installed one, else of several "
+        "the default one: lfm2_moe when installed; `tensorfold families` lists them)",
     )
     parser.add_argument(
-        "--model", metavar="DIR", help="checkpoint folder (default: the family's demo checkpoint)"
+        "--model", metavar="DIR",
+        help="checkpoint folder, e.g. a Hugging Face snapshot with config.json, *.safetensors "
+        "and tokenizer.json (default: the family's demo checkpoint, built in TF_DEMO_CACHE)",
     )
+
+
+def _setting_help(text: str, name: str) -> str:
+    """Help for a flag that overrides a setting: its TF_* name and its default."""
+    from tensorfold.profiles import show_default
+    from tensorfold.settings import env_name
+
+    default = Settings.model_fields[name].get_default(call_default_factory=True)
+    return f"{text} ({env_name(name)}, default {show_default(default)})"
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """The memory plan's flags (each overrides its TF_* setting)."""
     parser.add_argument(
-        "--parallel", metavar="N|auto", help="lanes: streams decoded together (TF_PARALLEL)"
+        "--parallel", metavar="N|auto",
+        help=_setting_help("lanes: streams decoded together", "parallel"),
     )
     parser.add_argument(
-        "--context", type=int, metavar="TOKENS", help="the window a stream may reach (TF_CONTEXT)"
+        "--context", type=int, metavar="TOKENS",
+        help=_setting_help("the window a stream may reach; unset: the model's maximum", "context"),
     )
     parser.add_argument(
         "--prompt-cache-gib", type=float, metavar="GIB",
-        help="the prompt store's budget (TF_PROMPT_CACHE_GIB, default 16)",
+        help=_setting_help("the prompt store's budget", "prompt_cache_gib"),
     )
     parser.add_argument(
         "--tp", type=int, metavar="N",
-        help="tensor-parallel ranks on this host, one a device (TF_TP)",
+        help=_setting_help("tensor-parallel ranks on this host, one a device", "tp"),
     )
     parser.add_argument(
         "--load-format", choices=["auto", "dummy"],
-        help="dummy: random weights at the checkpoint's config, for benchmarks (TF_LOAD_FORMAT)",
+        help=_setting_help("dummy: random weights at the checkpoint's config, for benchmarks",
+                           "load_format"),
     )
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Adds "(default: X)" to a flag's help when it has a default its text does not name."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            action.option_strings and "default" not in text and "%(default)" not in text
+            and default is not None and default is not False and default is not argparse.SUPPRESS
+        ):
+            text += " (default: %(default)s)"
+        return text
 
 
 def start_checks(settings: Settings, pm: PluginManager | None = None) -> PluginManager:
@@ -113,6 +143,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser; `parser.commands` maps each subcommand to its own parser."""
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: absent unless given, so the option works before or after the subcommand.
     common.add_argument(
@@ -124,16 +155,49 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS, help="lowest level logged (default: TF_LOG_LEVEL, else info)",
     )
     parser = argparse.ArgumentParser(
-        prog="tensorfold", parents=[common], description="Serve large language models."
+        prog="tensorfold", parents=[common], description="Serve large language models.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"tensorfold {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    children = {}
     for command in COMMANDS.values():
         child = sub.add_parser(
-            command.name, parents=[common], help=command.help, description=command.help
+            command.name, parents=[common], help=command.help, description=command.help,
+            formatter_class=HelpFormatter,
         )
         _function(command.add_arguments)(child)
+        for nested in walk_parsers(child):  # nested subcommands (`bench openai`) alike
+            nested.formatter_class = HelpFormatter
+        children[command.name] = child
+    parser.commands = children  # type: ignore[attr-defined]
     return parser
+
+
+def walk_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """`parser` and every subcommand parser under it, at any depth."""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                found += walk_parsers(child)
+    return found
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line; a flag a subcommand does not know is reported with that
+    subcommand's usage (argparse alone would show the top-level one)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        child = parser.commands[args.command]  # type: ignore[attr-defined]
+        while True:  # down to the innermost subcommand given (`bench openai`)
+            nested = [a for a in child._actions if isinstance(a, argparse._SubParsersAction)]
+            if not nested or getattr(args, nested[0].dest, None) not in nested[0].choices:
+                break
+            child = nested[0].choices[getattr(args, nested[0].dest)]
+        child.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def _function(ref: Callable[..., object] | str) -> Callable[..., object]:
@@ -142,7 +206,7 @@ def _function(ref: Callable[..., object] | str) -> Callable[..., object]:
 
 def main(argv: list[str] | None = None) -> int:
     """The `tensorfold` console script."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         settings = settings_from_args(args)
         configure_logging(settings.log_format, settings.log_level)

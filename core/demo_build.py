@@ -64,3 +64,38 @@ def train_byte_bpe(corpus: str, vocab_size: int, special_tokens: Sequence[str]) 
     )
     tok.train_from_iterator(corpus.splitlines(keepends=True), trainer=trainer)
     return tok
+
+
+# -- trained demo weights, shipped with a plugin (see tensorfold.demo_train) ------------------
+
+
+def tokenizer_digest(tok: "Tokenizer") -> str:
+    """What trained weights were trained with: the tokenizer's vocabulary (its merges follow
+    from it), in a form no `tokenizers` version changes."""
+    import hashlib
+
+    vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+def save_trained(weights: dict[str, Any], path: Path, tok: "Tokenizer", trained_by: str) -> None:
+    from safetensors.torch import save_file
+
+    save_file(weights, str(path), metadata={
+        "format": "pt", "tokenizer_sha256": tokenizer_digest(tok), "trained_by": trained_by})
+
+
+def load_trained(path: Path, shapes: dict[str, tuple[int, ...]], tok: "Tokenizer",
+                 retrain: str) -> dict[str, Any]:
+    """The shipped weights at `path` in float32, checked against the names and shapes the demo's
+    config gives and the tokenizer they were trained with; `retrain` says how to make new ones."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        trained_with = (f.metadata() or {}).get("tokenizer_sha256")
+        weights = {k: f.get_tensor(k).float() for k in f.keys()}
+    if trained_with != tokenizer_digest(tok):
+        raise RuntimeError(f"{path.name} was trained with another tokenizer; retrain: {retrain}")
+    if {k: tuple(v.shape) for k, v in weights.items()} != shapes:
+        raise RuntimeError(f"{path.name} does not match the demo's config; retrain: {retrain}")
+    return weights

@@ -25,13 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     sub = parser.add_subparsers(dest="exact", metavar="ACTION", required=True)
     record = sub.add_parser("record", help="record token hashes from a server")
-    record.add_argument("--url", default=DEFAULT_URL, help=f"the server's /v1 ({DEFAULT_URL})")
-    record.add_argument("--api-key", metavar="KEY")
-    record.add_argument("--out", required=True, type=Path, metavar="FILE")
-    record.add_argument("--max-tokens", type=int, default=32)
+    record.add_argument("--url", default=DEFAULT_URL, help="the server's /v1")
+    record.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
+    record.add_argument("--out", required=True, type=Path, metavar="FILE",
+                        help="where the recording is written (JSON)")
+    record.add_argument("--max-tokens", type=int, default=32, help="tokens each reply generates")
     compare = sub.add_parser("compare", help="compare two recordings")
-    compare.add_argument("a", type=Path, metavar="A")
-    compare.add_argument("b", type=Path, metavar="B")
+    compare.add_argument("a", type=Path, metavar="A", help="a recording")
+    compare.add_argument("b", type=Path, metavar="B", help="another recording")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:

@@ -101,6 +101,8 @@ class FamilySpec:
     can refuse before any weight loads; empty: the plan waits for the loaded model)
     dummy: "module:function(config: dict, device: str, dtype: str) -> FamilyModel" with random
     weights from a fixed seed (TF_LOAD_FORMAT=dummy); empty: the family has none.
+    demo_rank: when several families are installed and none is named (--family, TF_FAMILY),
+    the one with a demo (`build_demo` set) and the lowest demo_rank is chosen, then by name.
     hooks: "module:attr" of an object holding the family's per-family hook implementations
     (share_pool, share_attach, snap_keep, snap_restore, shard_plan); registered on the chosen
     family's own plugin manager only. Empty: the core adapters' defaults.
@@ -117,6 +119,7 @@ class FamilySpec:
     description: str = ""
     hooks: str = ""
     dummy: str = ""
+    demo_rank: int = 100
     distribution: str = field(default="", compare=False)
     version: str = field(default="", compare=False)
 

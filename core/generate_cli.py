@@ -15,12 +15,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_family_arguments(parser)
     add_engine_arguments(parser)
     parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt texts")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--n", type=int, default=1,
+    parser.add_argument("--max-tokens", type=int, default=32, metavar="N",
+                        help="most tokens generated for each prompt")
+    parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                        help="sampling temperature; 0 is greedy: the likeliest token each step")
+    parser.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                        help="sample from the likeliest tokens whose probabilities sum to P "
+                        "(1: all of them)")
+    parser.add_argument("--top-k", type=int, default=0, metavar="K",
+                        help="sample from the K likeliest tokens only (0: no limit)")
+    parser.add_argument("--seed", type=int, default=None, metavar="N",
+                        help="seed of the sampling draws; the same seed gives the same tokens, "
+                        "alone or batched (default: a fresh seed, printed with each completion)")
+    parser.add_argument("--n", type=int, default=1, metavar="N",
                         help="choices of each prompt (choice i seeded --seed + i; at most the "
                         "lanes, --parallel)")
     parser.add_argument("--chat", action="store_true", help="render each prompt as a user turn")

@@ -360,8 +360,8 @@ class Lanes:
 
     def census(self) -> bool:
         census = self.pool.census()
-        if census.idle_even:
-            log.info(census.line())
+        if census.idle_even:  # after every drain: debug, so a busy server's log is not all census
+            log.debug(census.line())
             return True
         self.uneven += 1
         log.error("UNEVEN " + census.line(), live=census.live)

@@ -11,9 +11,12 @@ from typing import Any, Sequence, Union
 from .choices import choice_params
 from .requests import Event, Finished, TokenOut
 from .sampling import SamplingParams
+from .logs import get_logger
 from .settings import Settings
 from .tool_calls import ToolCall, parse_tool_calls
 from .start import Served, open_served
+
+log = get_logger("tensorfold.llm")
 
 Prompt = Union[str, Sequence[int]]
 
@@ -60,19 +63,22 @@ class LLM:
     keyword arguments (the same names as Settings' fields: parallel, context, kv_pages, ...)."""
 
     def __init__(self, family: str | None = None, model: str | Path | None = None, **flags: Any):
-        self.settings = Settings().with_overrides(**flags)
-        self.served: Served = open_served(self.settings, family, model)
-        self.tokenizer = self.served.tokenizer
+        self._open(Settings().with_overrides(**flags), family, model)
 
     @classmethod
     def from_settings(
         cls, settings: Settings, family: str | None = None, model: str | Path | None = None
     ) -> "LLM":
         llm = cls.__new__(cls)
-        llm.settings = settings
-        llm.served = open_served(settings, family, model)
-        llm.tokenizer = llm.served.tokenizer
+        llm._open(settings, family, model)
         return llm
+
+    def _open(self, settings: Settings, family: str | None, model: str | Path | None) -> None:
+        self.settings = settings
+        self.served: Served = open_served(settings, family, model)
+        self.tokenizer = self.served.tokenizer
+        for line in self.served.start_lines():  # the offline API says them as log lines
+            log.info(line)
 
     def encode(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):

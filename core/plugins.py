@@ -192,21 +192,35 @@ def _label(spec: FamilySpec) -> str:
 
 
 def choose_family(name: str | None, pm: pluggy.PluginManager) -> FamilySpec:
-    """The family `--family name` asks for; with no name, the only installed family."""
+    """The family `--family name` (or TF_FAMILY) asks for; with no name, the only installed
+    family, or of several the default one (`default_family`)."""
     found = families(pm)
     failed = "".join(
         f"; plugin {ep!r} failed to load ({why})" for ep, why in getattr(pm, "failures", {}).items()
     )
     installed = ", ".join(found) or "none"
     if name is None:
-        if len(found) == 1:
-            return next(iter(found.values()))
         if not found:
             raise FamilyError(f"no model families are installed{failed}")
-        raise FamilyError(f"several families are installed ({installed}); choose one with --family")
+        chosen = default_family(found)
+        if chosen is None:
+            raise FamilyError(
+                f"several families are installed ({installed}) and none has a demo checkpoint; "
+                "choose one with --family or TF_FAMILY"
+            )
+        return chosen
     if name not in found:
         raise FamilyError(f"unknown family {name!r}; installed families: {installed}{failed}")
     return found[name]
+
+
+def default_family(found: dict[str, FamilySpec]) -> FamilySpec | None:
+    """The family chosen when none is named: the only one, or of several the first with a demo
+    checkpoint by (demo_rank, name), a stable order whatever order the plugins loaded in."""
+    if len(found) == 1:
+        return next(iter(found.values()))
+    with_demo = [spec for spec in found.values() if spec.build_demo]
+    return min(with_demo, key=lambda s: (s.demo_rank, s.name), default=None)
 
 
 def family_plugin_manager(spec: FamilySpec, defaults: list[object]) -> PluginManager:

@@ -54,14 +54,15 @@ def core_rows() -> list[ProfileRow]:
             ProfileRow(
                 setting=env_name(name),
                 values=accepted_values(field),
-                default=_show(default),
+                default=show_default(default),
                 meaning=field.description or "",
             )
         )
     return rows
 
 
-def _show(default: object) -> str:
+def show_default(default: object) -> str:
+    """A default as `tensorfold profiles` shows it (None: unset, booleans 0 or 1)."""
     if default is None:
         return "unset"
     if isinstance(default, bool):

@@ -8,6 +8,7 @@ Settings: TF_MAX_BODY_MIB (--max-body-mib), TF_READ_TIMEOUT_S, TF_MAX_CONNECTION
 from __future__ import annotations
 
 import asyncio
+import socket
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -112,11 +113,11 @@ def refusal_bytes(cap: int) -> bytes:
     return head.encode() + body
 
 
-async def listen(runner: web.BaseRunner, host: str, port: int, cap: int,
-                 refused: Callable[[], None] = lambda: None) -> asyncio.Server:
-    """Listen for the runner's server, with at most `cap` connections open at once (`refused`
-    is called for each one turned away); the caller closes the returned server before
-    runner.cleanup()."""
+async def serve_on(runner: web.BaseRunner, sock: socket.socket, cap: int,
+                   refused: Callable[[], None] = lambda: None) -> asyncio.Server:
+    """Serve the runner's server on the listening socket `sock` (bound before the weights
+    loaded), with at most `cap` connections open at once (`refused` is called for each one
+    turned away); the caller closes the returned server before runner.cleanup()."""
     server = runner.server
     assert server is not None, "runner.setup() first"
     reply = refusal_bytes(cap)
@@ -126,4 +127,4 @@ async def listen(runner: web.BaseRunner, host: str, port: int, cap: int,
             return _Refusal(reply, refused)
         return server()
 
-    return await asyncio.get_running_loop().create_server(protocol, host, port)
+    return await asyncio.get_running_loop().create_server(protocol, sock=sock)

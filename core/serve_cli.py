@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
 import signal
+import socket
 import sys
 from typing import TYPE_CHECKING
 
@@ -57,16 +59,24 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if not args.shutdown_timeout >= 0:
         raise CommandError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     from tensorfold.api_key import resolve_api_key
-    from tensorfold.start import open_served, pick_device
+    from tensorfold.start import open_served, parallel_launch, pick_device
 
     api_key = resolve_api_key(args.api_key, args.api_key_file, settings.api_key)
-    served = open_served(settings, args.family, args.model)  # checks the TF_* environment
+    launch = parallel_launch(settings)
+    # The port is taken before the weights load, so that a busy one is said at once.
+    sock = listen(args.host, args.port) if launch is None or launch.rank == 0 else None
+    try:
+        served = open_served(settings, args.family, args.model)  # checks the TF_* environment
+    except BaseException:
+        if sock is not None:
+            sock.close()
+        raise
     try:
         if args.served_model_name:
             served.model_name = args.served_model_name
         served.engine.max_waiting = args.max_waiting
         args.origins = settings.origins
-        asyncio.run(_serve(served, args, settings, api_key, pick_device(settings)))
+        asyncio.run(_serve(served, args, settings, api_key, pick_device(settings), sock))
         for sig in (signal.SIGINT, signal.SIGTERM):  # repeats while the engine winds down
             signal.signal(sig, signal.SIG_IGN)
     finally:
@@ -86,18 +96,35 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (0: any free port); CommandError when it cannot be had."""
+    from tensorfold.cli import CommandError
+
+    try:
+        family, _, _, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        return socket.create_server(address, family=family, backlog=1024)
+    except OSError as exc:
+        # create_server's own message repeats the address; a name lookup's errno is its own
+        why = (exc.strerror if isinstance(exc, socket.gaierror) or not exc.errno
+               else os.strerror(exc.errno)) or str(exc)
+        hint = "; is another server there? choose another with --port" if (
+            exc.errno == errno.EADDRINUSE) else ""
+        raise CommandError(f"cannot listen on {host}:{port}: {why}{hint}") from None
+
+
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/v1" if ":" in host else f"http://{host}:{port}/v1"
 
 
 async def _serve(served: Served, args: argparse.Namespace, settings: Settings,
-                 api_key: str | None, device: str) -> None:
+                 api_key: str | None, device: str, sock: socket.socket) -> None:
     from aiohttp import web
 
     from tensorfold.api_key import exposure_warning
     from tensorfold.cli import CommandError
     from tensorfold.logs import get_logger
-    from tensorfold.request_limits import MIB, Limits, listen
+    from tensorfold.request_limits import MIB, Limits, serve_on
     from tensorfold.server import STATE, create_app
     from tensorfold.shutdown import RUNNER_GRACE_S, drain
 
@@ -112,16 +139,13 @@ async def _serve(served: Served, args: argparse.Namespace, settings: Settings,
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=RUNNER_GRACE_S, **limits.handler_args())
     await runner.setup()
-    try:
-        listening = await listen(runner, args.host, args.port, limits.max_connections,
-                                 state.metrics.errors.labels("503").inc)
-    except OSError as exc:
-        await runner.cleanup()
-        raise CommandError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    listening = await serve_on(runner, sock, limits.max_connections,
+                               state.metrics.errors.labels("503").inc)
     host, port = listening.sockets[0].getsockname()[:2]
+    # The start lines, once, on stdout (not as log lines too).
     print(served.plan.startup_line(), flush=True)
-    print(f"serving {served.model_name} at {_url(host, port)}", flush=True)
-    log.info("serving", model=served.model_name, url=_url(host, port))
+    print(f"serving {served.model_name} ({served.family_note}) at {_url(host, port)}",
+          flush=True)
     if (warning := exposure_warning(args.host, api_key)) is not None:
         log.warning(warning)
     signals = asyncio.Queue[int]()

@@ -44,6 +44,12 @@ class Settings(BaseSettings):
         "installed plugin; empty: none.",
         json_schema_extra={"values": "comma-separated entry-point names"},
     )
+    family: str | None = Field(
+        default=None,
+        description="The model family served when --family is not given. Unset: the only "
+        "installed family, or of several the default one (lfm2_moe when installed).",
+        json_schema_extra={"values": "an installed family's name"},
+    )
     kv_pages: Literal["auto", "on", "off", "0"] = Field(
         default="auto",
         description="Paged KV cache: on, off (0 is off: every lane owns a window), or auto "

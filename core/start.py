@@ -14,7 +14,9 @@ from .family import FamilySpec, ModelShape, Shard, ShardRefused, resolve
 from .kv_plan import GiB, Plan, PlanRefused, memory_budget, plan
 from .lanes import Lanes
 from .logs import get_logger
-from .plugins import FamilyError, choose_family, family_plugin_manager, get_plugin_manager
+from .plugins import (
+    FamilyError, choose_family, families, family_plugin_manager, get_plugin_manager,
+)
 from .profiles import collect_rows
 from .settings import Settings, SettingsError, check_environment, torchrun_env
 from .tokenizer import Tokenizer
@@ -43,6 +45,11 @@ class Served:
     window: int
     team: Any = None  # tensor parallel: rank 0's side of the ranks (None at one rank)
     tool_format: Any = None  # the family's ToolCallFormat (tool_call_format hook); None: none
+    family_note: str = ""  # which family, and why: for the start line
+
+    def start_lines(self) -> list[str]:
+        """What a start says once: the memory plan and the family chosen."""
+        return [self.plan.startup_line(), f"{self.model_name}: {self.family_note}"]
 
     def close(self) -> None:
         # After a lost rank the engine thread may sit in a collective until its timeout.
@@ -243,8 +250,6 @@ def open_rank(
     if layout is not None and model_obj.layout != layout:
         raise FamilyError(f"family {spec.name!r}: the loaded shard's state layout differs from "
                           "the one its shard_plan declared")
-    if group is None or group.rank == 0:
-        log.info(the_plan.startup_line())
     store_on = settings.kv_share > 0
     cache_pages = the_plan.cache_bytes // the_plan.page_bytes if store_on and the_plan.page_bytes else 0
     # On CUDA, decode rounds replay a CUDA graph per lane-count bucket (its scratch page and
@@ -281,7 +286,8 @@ def open_served(
     torchrun the other ranks follow rank 0 here and exit when it stops (SystemExit)."""
     pm = get_plugin_manager(settings)
     check_environment(settings, collect_rows(pm))
-    spec = choose_family(family, pm)
+    asked = family or settings.family
+    spec = choose_family(asked, pm)
     launch = parallel_launch(settings)
     if launch is not None and launch.rank > 0:
         from .tensor_parallel import follow
@@ -326,7 +332,20 @@ def open_served(
     name = model if model is not None else f"{spec.name}-demo"
     tool_format = rank.hooks.tool_call_format(config=rank.checkpoint.config)
     return Served(spec, rank.checkpoint, tokenizer, rank.plan, engine, str(name),
-                  rank.plan.window, team, tool_format)
+                  rank.plan.window, team, tool_format,
+                  family_note(spec, asked, pm))
+
+
+def family_note(spec: FamilySpec, asked: str | None, pm: Any) -> str:
+    """'family NAME', and when it was chosen by default among several, the others and how to
+    pick one of them."""
+    if asked is not None:
+        return f"family {spec.name}"
+    others = [name for name in families(pm) if name != spec.name]
+    if not others:
+        return f"family {spec.name}"
+    return (f"family {spec.name}, the default (also installed: {', '.join(others)}; "
+            "--family or TF_FAMILY picks one)")
 
 
 def parallel_launch(settings: Settings):

@@ -36,6 +36,8 @@ def test_bench_concurrent_reports_zero_unequal(server: ServedDemo) -> None:
     assert "equal 48, unequal 0, failed 0" in r.stdout, r.stdout
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["level 4"] == {"equal": 12, "unequal": 0, "failed": 0}
+    # stderr is not a terminal: progress as log lines, not a bar; the last says all were sent
+    assert "bench concurrent: 60/60 requests" in r.stderr and "it/s" not in r.stderr, r.stderr
     server.wait_even()
 
 
@@ -44,6 +46,7 @@ def test_bench_openai_reports_speed(server: ServedDemo) -> None:
                    "--max-tokens", "16", "--repeats", "2", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     rows = json.loads(r.stdout.strip().splitlines()[-1])["rows"]
+    assert "bench openai: 4/4 requests" in r.stderr and "it/s" not in r.stderr, r.stderr
     assert len(rows) == 2 and all(row["decode_tok_s"] > 0 and row["ttft_s"] > 0 for row in rows)
 
 

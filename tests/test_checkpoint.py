@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from structlog.testing import capture_logs
 
 from tensorfold.checkpoint import Checkpoint, CheckpointError
 
@@ -84,13 +85,19 @@ def test_dtype_cast_and_shape_check(single: Path) -> None:
     assert "model.safetensors" in msg and "'a'" in msg and "[4, 3]" in msg and "[3, 4]" in msg
 
 
-def test_progress_line_only_on_a_terminal(single: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_progress_bar_only_on_a_terminal_else_log_lines(
+    single: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ckpt = Checkpoint.open(single)
-    ckpt.load_many(["a", "b"])
-    assert capsys.readouterr().err == ""
+    with capture_logs() as logs:
+        ckpt.load_many(["a", "b"])  # stderr is not a terminal here: log lines, no bar
+    assert "it/s" not in capsys.readouterr().err
+    lines = [e["event"] for e in logs if e["event"].startswith("loading weights")]
+    assert lines[0] == "loading weights: 0 B of 58 B"
+    assert lines[-1] == "loading weights: 58 B of 58 B, 2/2 tensors"
     ckpt.load_many(["a", "b"], progress=True)
     err = capsys.readouterr().err
-    assert "2/2 tensors" in err and err.endswith("\n")
+    assert "loading weights: 100%" in err and "2/2 tensors" in err and err.endswith("\n")
 
 
 def test_progress_follows_isatty(single: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,8 +116,10 @@ def test_progress_follows_isatty(single: Path, monkeypatch: pytest.MonkeyPatch) 
 
     tty = Tty()
     monkeypatch.setattr(sys, "stderr", tty)
-    Checkpoint.open(single).load_many(["a"])
-    assert "1/1 tensors" in "".join(tty.parts)
+    with capture_logs() as logs:
+        Checkpoint.open(single).load_many(["a"])
+    assert "1/1 tensors" in "".join(tty.parts) and "100%" in "".join(tty.parts)
+    assert logs == []
 
 
 def test_missing_folder(tmp_path: Path) -> None:
@@ -239,7 +248,7 @@ def test_loading_shows_a_progress_line_and_ends_it(tmp_path, capsys):
         ckpt.load("a")
         ckpt.load("b")
     err = capsys.readouterr().err
-    assert "loading weights:" in err and err.endswith("\n")
-    with ckpt.loading(progress=False):
+    assert "loading weights: 100%" in err and "2/2 tensors" in err and err.endswith("\n")
+    with capture_logs() as logs, ckpt.loading(progress=False):
         ckpt.load("a")
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().err == "" and logs == []

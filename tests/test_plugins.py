@@ -14,7 +14,8 @@ from structlog.testing import capture_logs
 
 import fake_family
 from fake_family import DefaultHooks, FamiliesPlugin
-from tensorfold import cli, plugins
+import tensorfold
+from tensorfold import cli, plugins, start
 from tensorfold.family import FamilySpec
 from tensorfold.plugins import FamilyError, PluginManager
 from tensorfold.settings import Settings
@@ -137,9 +138,56 @@ def test_the_only_family_is_chosen_without_a_name(pm: PluginManager) -> None:
     pm.add_plugin(FamiliesPlugin("a"), "fake_a")
     assert plugins.choose_family(None, pm).name == "a"
     pm.add_plugin(FamiliesPlugin("b"), "fake_b")
-    with pytest.raises(FamilyError, match=r"several families are installed \(a, b\)"):
-        plugins.choose_family(None, pm)
+    assert plugins.choose_family(None, pm).name == "a"  # of several: the first by name
     assert plugins.choose_family("b", pm).name == "b"
+
+
+class RankedPlugin:
+    """Families with and without a demo, in an order their names do not follow."""
+
+    def __init__(self, *specs: FamilySpec) -> None:
+        self.specs = specs
+
+    @tensorfold.hookimpl
+    def register_families(self, register) -> None:
+        for s in self.specs:
+            register(s)
+
+
+def test_the_default_of_several_is_the_lowest_demo_rank_with_a_demo(
+    tf_env: pytest.MonkeyPatch, pm: PluginManager
+) -> None:
+    pm.add_plugin(RankedPlugin(
+        FamilySpec(name="a", load="x:y", build_demo=""),  # no demo: never the default
+        FamilySpec(name="c", load="x:y", build_demo="x:y", demo_rank=0),
+    ), "ranked")
+    pm.add_plugin(FamiliesPlugin("b"), "fake_b")
+    assert plugins.choose_family(None, pm).name == "c"
+    assert start.family_note(plugins.choose_family(None, pm), None, pm) == (
+        "family c, the default (also installed: a, b; --family or TF_FAMILY picks one)")
+    assert start.family_note(plugins.choose_family("b", pm), "b", pm) == "family b"
+
+
+def test_several_families_without_a_demo_ask_for_one(pm: PluginManager) -> None:
+    pm.add_plugin(RankedPlugin(FamilySpec(name="a", load="x:y", build_demo=""),
+                               FamilySpec(name="b", load="x:y", build_demo="")), "ranked")
+    with pytest.raises(FamilyError, match=r"several families are installed \(a, b\) and none"):
+        plugins.choose_family(None, pm)
+
+
+def test_tf_family_names_the_family_to_open(
+    tf_env: pytest.MonkeyPatch, pm: PluginManager
+) -> None:
+    """TF_FAMILY is read into the settings and asked for as --family is (before any load)."""
+    pm.add_plugin(FamiliesPlugin("a", "b"), "fake")
+    tf_env.setenv("TF_FAMILY", "b")
+    tf_env.setattr(start, "get_plugin_manager", lambda settings=None: pm)
+    tf_env.setattr(start, "model_folder", lambda spec, *a: (_ for _ in ()).throw(
+        FamilyError(f"chose {spec.name}")))
+    with pytest.raises(FamilyError, match="^chose b$"):
+        start.open_served(Settings())
+    with pytest.raises(FamilyError, match="^chose a$"):  # the flag wins over TF_FAMILY
+        start.open_served(Settings().with_overrides(family="a"), "a")
 
 
 def test_per_family_hooks_reach_only_the_chosen_family(

@@ -181,7 +181,9 @@ def test_completions_text_ids_and_stream(server: ServedDemo) -> None:
     prompt = "The little engine woke before dawn and"
     text = c.completions.create(model="lfm2_moe-demo", prompt=prompt, max_tokens=10,
                                 temperature=0)
-    tok = Tokenizer.from_checkpoint(Checkpoint.open(server.tmp / "demo" / "lfm2_moe-demo-v2"))
+    from tensorfold_lfm2_moe.demo import DEMO_NAME
+
+    tok = Tokenizer.from_checkpoint(Checkpoint.open(server.tmp / "demo" / DEMO_NAME))
     ids = tok.encode(prompt, add_special_tokens=True)
     by_ids = c.completions.create(model="lfm2_moe-demo", prompt=ids, max_tokens=10,
                                   temperature=0)
@@ -222,7 +224,9 @@ def test_seed_reproduces_sampling(server: ServedDemo) -> None:
     c = server.client()
 
     def run(seed: int | None) -> tuple[str, int]:
-        r = c.chat.completions.create(model="lfm2_moe-demo", messages=MESSAGES, max_tokens=24,
+        # A question the demo was not taught: its answers spread over several it knows.
+        unknown = [{"role": "user", "content": "Describe the moon."}]
+        r = c.chat.completions.create(model="lfm2_moe-demo", messages=unknown, max_tokens=24,
                                       temperature=0.8, seed=seed)
         assert r.model_extra is not None
         return r.choices[0].message.content or "", r.model_extra["seed"]
@@ -278,6 +282,18 @@ def test_metrics_and_census(server: ServedDemo) -> None:
     assert m["tensorfold_lanes{state=free}"] == 4
 
 
+def test_start_lines_once_and_no_idle_census_at_info(server: ServedDemo) -> None:
+    """The plan and address are printed once on stdout, not logged again; the census after each
+    drain is a debug line, so the (info) log has none after the requests above."""
+    server.wait_even()
+    assert [p for p in server.printed if p.startswith("kv plan")] != []
+    assert len(server.printed) == 2, server.printed
+    assert server.printed[1].startswith("serving lfm2_moe-demo (family lfm2_moe) at http://")
+    logs = server.logs()
+    assert "kv plan" not in logs and "serving" not in logs.replace("serving the demo", "")
+    assert "kv pool idle" not in logs
+
+
 def test_shutdown_lets_inflight_requests_end(server: ServedDemo) -> None:
     """Last in this module: SIGTERM mid-stream; the stream ends whole; exit 0 with the census."""
     stream = server.client().completions.create(
@@ -328,7 +344,8 @@ def test_refusals_are_one_line_before_the_weights(
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
     env.update(TF_DEMO_CACHE=str(tmp_path / "demo"), TF_MEMORY_LIMIT_GIB="1")
-    r = subprocess.run([sys.executable, "-c", LAUNCH, "serve", "--context", "4096", *flags],
+    r = subprocess.run([sys.executable, "-c", LAUNCH, "serve", "--port", "0", "--context", "4096",
+                        *flags],
                        capture_output=True, text=True, env=env, timeout=120)
     errors = [line for line in r.stderr.splitlines() if line.startswith("tensorfold: error:")]
     assert r.returncode == 2 and len(errors) == 1 and says in errors[0], r.stderr

@@ -78,8 +78,8 @@ def test_flags_override_and_none_is_ignored(tf_env: pytest.MonkeyPatch) -> None:
     assert (t.parallel, t.context, s.parallel) == (2, 4096, 4)
     with pytest.raises(SettingsError, match="^--parallel=0 is not valid"):
         s.with_overrides(parallel=0)
-    with pytest.raises(TypeError, match="not settings: family"):
-        s.with_overrides(family="glm5_next")
+    with pytest.raises(TypeError, match="not settings: host"):
+        s.with_overrides(host="0.0.0.0")
 
 
 def test_plugin_value(tf_env: pytest.MonkeyPatch) -> None:

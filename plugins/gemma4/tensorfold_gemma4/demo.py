@@ -1,13 +1,17 @@
-"""A small deterministic Gemma 4 checkpoint, built locally (no download, no transformers).
+"""A small Gemma 4 checkpoint that writes words, built locally (no download, no transformers).
 
-`build_demo(cache_dir)` writes `cache_dir / "gemma4-demo-v2"` as transformers 5.23.0 saves a
+`build_demo(cache_dir)` writes `cache_dir / DEMO_NAME` as transformers 5.23.0 saves a
 text-only `Gemma4ForConditionalGeneration` (no vision or audio tower): config.json with the text
 model under `text_config`, generation_config.json, model.safetensors with the on-disk names of real
 checkpoints (`model.language_model.*`, fused experts, no lm_head), and a byte-level BPE tokenizer
 with Gemma's special tokens and a Gemma-style chat template (`<start_of_turn>user ...
-<end_of_turn>`). Its six layers cover the family: sliding (window 128) and full layers, k_eq_v,
-the dense GeGLU beside 8 experts, per-layer embeddings, and two KV-sharing layers with the
-double-wide MLP. Same bytes on every build.
+<end_of_turn>`), learnt from tensorfold.demo_text. Its six layers cover the family: sliding
+(window 128) and full layers, k_eq_v, the dense GeGLU beside 8 experts, per-layer embeddings, and
+two KV-sharing layers with the double-wide MLP. Same bytes on every build.
+
+The weights ship with the plugin (demo_weights.safetensors, float16): trained on
+tensorfold.demo_text from `random_weights` by `python -m tensorfold_gemma4.demo_train` (needs
+transformers). The demo knows a few stories, facts and answers, nothing else.
 """
 
 from __future__ import annotations
@@ -20,12 +24,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .demo_template import CHAT_TEMPLATE
+from tensorfold.demo_text import plain_text
 
 if TYPE_CHECKING:
     import torch
     from tokenizers import Tokenizer
 
 DEMO_NAME = "gemma4-demo-v2"
+WEIGHTS = Path(__file__).with_name("demo_weights.safetensors")
+RETRAIN = "python -m tensorfold_gemma4.demo_train"
 FILES = (
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
     "tokenizer_config.json",
@@ -39,7 +46,7 @@ SPECIAL_TOKENS = (
     "<start_of_audio>", "<end_of_audio>",
 )
 PAD, EOS, BOS, END_OF_TURN = "<pad>", "<eos>", "<bos>", "<end_of_turn>"
-VOCAB_TARGET = 768
+VOCAB_TARGET = 1024
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 LAYER_TYPES = [SLIDING, SLIDING, FULL, SLIDING, SLIDING, FULL]
@@ -53,24 +60,10 @@ TEXT: dict[str, Any] = dict(
 GLOBAL_HEAD_DIM, GLOBAL_KV_HEADS = 64, 1  # the full layers' per_layer_config
 
 
-CORPUS = """\
-The lighthouse keeper climbed the stairs every evening at six. There were one hundred and twelve
-steps, and he counted them aloud, because his father had counted them before him. At the top he
-lit the lamp, wound the clock, and wrote the weather in a thick blue book.
-A language model reads a prompt one token at a time. Some of its layers look only at the last few
-hundred tokens, through a sliding window; others look at everything that came before. The server
-keeps what each layer has seen in pages of memory, so the next word costs only a little work.
-In the autumn the apples fall in the orchard, and the children gather them in baskets. Their
-grandmother makes pies and jam, and the kitchen smells of cinnamon for a week.
-Clear code is kind to its readers. Name things for what they are, keep functions short, and write
-a test before you trust a change. When a test fails, read the message before you read the code.
-The fox looked at the grapes, high on the vine. "They are surely sour," he said, and walked away.
-The crow on the fence laughed, and the farmer's dog barked at both of them.
-Questions and answers: What is the largest ocean? The Pacific is the largest ocean. How many legs
-does a spider have? A spider has eight legs. What do bees make? Bees make honey and wax.
-Could you summarise this page for me? Certainly. Tell me how long the summary should be.
-Numbers: eleven, twelve, thirteen, twenty, thirty, forty, fifty. 7 8 9 11 12 13 20 30 64 512 2026.
-"""
+# The tokenizer learns the demo's text (tensorfold.demo_text) and a line of digits and symbols.
+CORPUS = plain_text() + (
+    "7 8 9 11 12 13 20 30 64 512 2026. Symbols: + - * / = ( ) [ ] { } < > , . ; : ! ? \" ' #\n"
+)
 
 
 def config_dict(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
@@ -123,7 +116,17 @@ def build_tokenizer() -> Tokenizer:
 
 
 def build_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Every tensor under its on-disk name, drawn in a fixed order from a local generator."""
+    """The shipped trained weights in float32, checked against `random_weights(cfg)`'s names and
+    shapes and the tokenizer they were trained with."""
+    from tensorfold.demo_build import load_trained
+
+    shapes = {k: tuple(v.shape) for k, v in random_weights(cfg).items()}
+    return load_trained(WEIGHTS, shapes, build_tokenizer(), RETRAIN)
+
+
+def random_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Every tensor under its on-disk name, drawn in a fixed order from a local generator (where
+    the demo's training starts)."""
     import torch
 
     gen = torch.Generator().manual_seed(SEED)
@@ -211,7 +214,7 @@ def is_complete(folder: Path) -> bool:
 
 
 def build_demo(cache_dir: Path) -> Path:
-    """Return `cache_dir / "gemma4-demo-v2"`, building it first unless a complete one is there.
+    """Return `cache_dir / DEMO_NAME`, building it first unless a complete one is there.
 
     The files are written into a temporary sibling folder that is renamed into place, so a crashed
     build never leaves a half checkpoint, and concurrent builders agree on one result.

@@ -1,11 +1,15 @@
 """A small deterministic GLM-5.3-Flash-shaped checkpoint, built locally (no download, no
 transformers).
 
-`build_demo(cache_dir)` writes `cache_dir / "glm5_next-demo-v2"` as transformers 5.23.0 saves a
+`build_demo(cache_dir)` writes `cache_dir / DEMO_NAME` as transformers 5.23.0 saves a
 `Glm5NextForConditionalGeneration`: config.json (text_config + a one-block vision_config),
 generation_config.json, model.safetensors under the on-disk names of real checkpoints (per-expert
 projections, q/k/v_conv1d, hc_* names, a vision tower that is not served), a byte-level BPE
 tokenizer with GLM's special tokens, and a GLM-style chat template. Same bytes on every build.
+
+The weights ship with the plugin (demo_weights.safetensors, float16): trained on
+tensorfold.demo_text from demo_weights' random ones by `python -m tensorfold_glm.demo_train`
+(needs transformers). The demo knows a few stories, facts and answers, nothing else.
 """
 
 from __future__ import annotations
@@ -15,13 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 from tensorfold.demo_build import build_atomically, train_byte_bpe, write_json
 
-from .demo_weights import build_weights
+from .demo_weights import build_weights as random_weights
 from .demo_text import CHAT_TEMPLATE, CORPUS
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 DEMO_NAME = "glm5_next-demo-v2"
+WEIGHTS = Path(__file__).with_name("demo_weights.safetensors")
+RETRAIN = "python -m tensorfold_glm.demo_train"
 FILES = (
     "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
     "tokenizer.json", "tokenizer_config.json",
@@ -99,6 +105,15 @@ def build_tokenizer() -> Tokenizer:
     )
     return tok
 
+
+
+def build_weights(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The shipped trained weights in float32, checked against `random_weights(cfg)`'s names and
+    shapes and the tokenizer they were trained with."""
+    from tensorfold.demo_build import load_trained
+
+    shapes = {k: tuple(v.shape) for k, v in random_weights(cfg).items()}
+    return load_trained(WEIGHTS, shapes, build_tokenizer(), RETRAIN)
 
 
 def write_demo(folder: Path) -> None:

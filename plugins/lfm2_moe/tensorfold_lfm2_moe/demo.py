@@ -1,9 +1,14 @@
-"""A small deterministic LFM2-MoE checkpoint, built locally (no download, no transformers).
+"""A small LFM2-MoE checkpoint that writes words, built locally (no download, no transformers).
 
-`build_demo(cache_dir)` writes `cache_dir / "lfm2_moe-demo-v2"` as transformers 5.23.0 would save
-an `Lfm2MoeForCausalLM`: config.json, generation_config.json, model.safetensors with the on-disk
+`build_demo(cache_dir)` writes `cache_dir / DEMO_NAME` as transformers 5.23.0 would save an
+`Lfm2MoeForCausalLM`: config.json, generation_config.json, model.safetensors with the on-disk
 names of real checkpoints (per-expert w1/w2/w3, no lm_head), and a byte-level BPE tokenizer with
-LFM2's ChatML special tokens. Same bytes on every build.
+LFM2's ChatML special tokens, learnt from tensorfold.demo_text. Same bytes on every build.
+
+The weights ship with the plugin (demo_weights.safetensors, float16, about 3 MB): trained on
+tensorfold.demo_text by `python -m tensorfold_lfm2_moe.demo_train` (needs transformers), which
+starts from `random_weights` and is deterministic on the CPU. The demo knows a few stories,
+facts and answers; it is a smoke test that writes words, not a useful model.
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tensorfold.demo_build import build_atomically, train_byte_bpe, write_json
+from tensorfold.demo_build import build_atomically, load_trained, train_byte_bpe, write_json
+from tensorfold.demo_text import plain_text
 
 from .demo_template import CHAT_TEMPLATE
 
@@ -20,6 +26,8 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 DEMO_NAME = "lfm2_moe-demo-v2"
+WEIGHTS = Path(__file__).with_name("demo_weights.safetensors")
+RETRAIN = "python -m tensorfold_lfm2_moe.demo_train"
 FILES = (
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
     "tokenizer_config.json",
@@ -28,7 +36,7 @@ SEED = 20250101
 
 SPECIAL_TOKENS = ("<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
 PAD, BOS, EOS = "<|pad|>", "<|startoftext|>", "<|im_end|>"
-VOCAB_TARGET = 768
+VOCAB_TARGET = 1024
 
 LAYER_TYPES = ["conv", "conv", "full_attention", "conv", "conv", "full_attention"]
 SHAPE: dict[str, Any] = dict(
@@ -39,38 +47,10 @@ SHAPE: dict[str, Any] = dict(
 )
 
 
-CORPUS = """\
-The little engine woke before dawn and listened to the rain on the roof of the station. It had
-carried coal and letters and children across the valley for many years, and it knew every bridge
-by the sound its wheels made. When the signal turned green, it gave a short whistle and rolled out
-into the grey light. A language model reads text one token at a time. Each token looks back at the
-tokens before it, and the model keeps what it has seen in a cache, so that the next word can be
-computed without reading the whole story again. When many people talk to the same server, their
-caches share one pool of memory pages.
-In the spring the river rises, and the farmers along its banks move their sheep to the higher
-fields.
-The water is cold and fast, brown with soil from the mountains. By summer it is clear again, and
-the children swim in the slow pools below the old mill, where the trout hide under the stones.
-Good software is easy to read and easy to change. Small functions with clear names, tests that run
-in seconds, and a short note where the code cannot explain itself: these are worth more than
-clever tricks.
-When something breaks, a good test tells you where, and a good log line tells you why.
-She opened the window and looked at the garden. The roses were red and white, the apple tree was
-full of birds, and the cat was asleep on the warm wall. "What a beautiful morning," she said, and
-went down to make tea. Her brother was already in the kitchen, reading the newspaper and eating
-bread with honey.
-How many tokens can a model remember? The answer depends on the size of its window and on the
-memory of the machine. A short conversation needs only a few pages; a long document may need
-thousands. The server plans its memory at start, and it refuses a request it cannot serve instead
-of failing halfway through.
-Questions and answers: What is the capital of France? Paris is the capital of France. What color
-is the sky? The sky is blue on a clear day. How many days are in a week? There are seven days in a
-week.
-Can you help me write a letter? Yes, of course. Tell me who the letter is for and what you want to
-say.
-Numbers: one, two, three, four, five, six, seven, eight, nine, ten. 0 1 2 3 4 5 6 7 8 9 10 100
-1000 2025.
-"""
+# The tokenizer learns the demo's text (tensorfold.demo_text) and a line of digits and symbols.
+CORPUS = plain_text() + (
+    "0 1 2 3 4 5 6 7 8 9 10 100 1000 2025. Symbols: + - * / = ( ) [ ] { } < > , . ; : ! ? \" ' #\n"
+)
 
 
 def config_dict(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
@@ -100,7 +80,15 @@ def build_tokenizer() -> Tokenizer:
 
 
 def build_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """Every tensor under its on-disk name, drawn in a fixed order from a local generator."""
+    """The shipped trained weights in float32, checked against `random_weights(cfg)`'s names and
+    shapes and the tokenizer they were trained with."""
+    shapes = {k: tuple(v.shape) for k, v in random_weights(cfg).items()}
+    return load_trained(WEIGHTS, shapes, build_tokenizer(), RETRAIN)
+
+
+def random_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Every tensor under its on-disk name, drawn in a fixed order from a local generator (the
+    start of the demo's training)."""
     import torch
 
     gen = torch.Generator().manual_seed(SEED)

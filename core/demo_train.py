@@ -1,0 +1,94 @@
+"""Training a family's demo weights (run by hand, never when serving): a transformers reference
+model, loaded from a demo folder with the family's random weights, learns a list of texts; the
+tensors come back under their on-disk names as float16, to ship with the plugin.
+
+Needs transformers (the test extra). Deterministic on the CPU: one thread, deterministic
+algorithms, batches drawn from a seeded generator. A family's `demo_train` module calls
+`main(...)` with what it knows: its model class, how to write a start folder, its texts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from tokenizers import Tokenizer
+
+
+def train(
+    model_cls: Any,
+    write_start: Callable[[Path], None],
+    token_ids: Sequence[Sequence[int]],
+    pad_id: int,
+    steps: int,
+    seed: int,
+    batch: int = 16,
+    lr: float = 3e-3,
+    log: Callable[[str], None] = print,
+) -> dict[str, torch.Tensor]:
+    """Train `model_cls.from_pretrained(folder)` (a folder `write_start` fills) on `token_ids`
+    (one example each, next-token loss on every token but the first) and return its tensors as
+    `save_pretrained` writes them, in float16."""
+    import torch
+    from safetensors.torch import load_file
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    with tempfile.TemporaryDirectory() as start:
+        write_start(Path(start))
+        model = model_cls.from_pretrained(start, dtype=torch.float32)
+    width = max(len(ids) for ids in token_ids)
+    x = torch.full((len(token_ids), width), pad_id, dtype=torch.long)
+    labels = torch.full_like(x, -100)
+    mask = torch.zeros_like(x)
+    for i, ids in enumerate(token_ids):
+        x[i, : len(ids)] = torch.tensor(list(ids))
+        labels[i, 1 : len(ids)] = torch.tensor(list(ids[1:]))
+        mask[i, : len(ids)] = 1
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    model.train()
+    for step in range(steps):
+        pick = torch.randperm(len(token_ids), generator=gen)[:batch]
+        cut = int(mask[pick].sum(1).max())
+        out = model(input_ids=x[pick, :cut], attention_mask=mask[pick, :cut],
+                    labels=labels[pick, :cut])
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        if step % 100 == 0 or step == steps - 1:
+            log(f"step {step}: loss {out.loss.item():.4f}")
+    with tempfile.TemporaryDirectory() as end:
+        model.save_pretrained(end)
+        state = load_file(str(Path(end) / "model.safetensors"))
+    return {k: v.to(torch.float16).contiguous() for k, v in state.items()}
+
+
+def main(
+    description: str,
+    out: Path,
+    default_steps: int,
+    run: Callable[[int], tuple[dict[str, torch.Tensor], Tokenizer]],
+    argv: Sequence[str] | None = None,
+) -> None:
+    """The command line of a family's demo_train module: `run(steps)` trains and returns the
+    tensors and the tokenizer they learnt with; they are written to --out (default `out`)."""
+    from tensorfold.demo_build import save_trained
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=default_steps,
+                        help=f"optimizer steps (default {default_steps})")
+    parser.add_argument("--out", type=Path, default=out,
+                        help="where the weights go (default: the shipped file)")
+    args = parser.parse_args(argv)
+    weights, tok = run(args.steps)
+    save_trained(weights, args.out, tok, f"{parser.prog} --steps {args.steps}")
+    print(f"wrote {args.out}")
