@@ -48,7 +48,8 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     close_even(engine)
 
 
-@pytest.mark.parametrize("prompt", ["The little engine", LONG], ids=["short", "long"])
+# a prompt the trained demo was not taught: its sampled choices differ
+@pytest.mark.parametrize("prompt", ["Seven purple violins", LONG], ids=["short", "long"])
 @pytest.mark.parametrize("params", [
     SamplingParams(temperature=0.9, seed=11, max_tokens=8, repetition_penalty=1.2),
     SamplingParams(temperature=0.7, top_k=20, max_tokens=8, logprobs=True, top_logprobs=2),
@@ -249,7 +250,8 @@ def completion(http: Http, **fields: Any) -> dict[str, Any]:
     return r.json()
 
 
-@pytest.mark.parametrize("prompt", ["The little engine", LONG], ids=["short", "long"])
+# a prompt the trained demo was not taught: its sampled choices differ
+@pytest.mark.parametrize("prompt", ["Seven purple violins", LONG], ids=["short", "long"])
 def test_completion_choices_equal_their_single_twins(server: ServedDemo, prompt: str) -> None:
     http = Http(server.base)
     many = completion(http, prompt=prompt, n=3, temperature=0.9, seed=41)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from http.client import HTTPConnection
 import json
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -176,7 +177,7 @@ CASES: list[tuple[str, Any, int, str | None]] = [
      "messages"),
     ("/v1/completions", body(logit_bias={"abc": 1}), 400, "logit_bias"),
     ("/v1/completions", body(logit_bias={"-3": 1}), 400, "logit_bias"),
-    ("/v1/completions", body(logit_bias={"768": 1}), 400, "logit_bias"),
+    ("/v1/completions", body(logit_bias={"100000": 1}), 400, "logit_bias"),  # past the vocabulary
     ("/v1/completions", body(logit_bias={"5": "up"}), 400, "logit_bias"),
     ("/v1/completions", body(logit_bias=[5, 1]), 400, "logit_bias"),
     ("/v1/chat/completions", {**CHAT, "logit_bias": {"5": None}}, 400, "logit_bias"),
@@ -203,8 +204,9 @@ def test_refusals_say_what_is_accepted(api: Http) -> None:
     chat = {**CHAT, "messages": [{"role": "wizard", "content": "hi"}]}
     error = check_error(api.post("/v1/chat/completions", json=chat), 400, "messages")
     assert "wizard" in error["message"] and "assistant" in error["message"]
-    error = check_error(api.post("/v1/completions", json=body(logit_bias={"900": 2})), 400)
-    assert "0..767" in error["message"]
+    error = check_error(api.post("/v1/completions", json=body(logit_bias={"100000": 2})), 400)
+    top = re.search(r"ids are 0\.\.(\d+)", error["message"])
+    assert top is not None and 0 < int(top.group(1)) < 100000, error["message"]
     good(api)
 
 

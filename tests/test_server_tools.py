@@ -44,7 +44,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
 
 @pytest.fixture(scope="module")
 def tok(server: ServedDemo) -> Tokenizer:
-    return Tokenizer.from_checkpoint(Checkpoint.open(server.tmp / "demo" / "lfm2_moe-demo-v2"))
+    from tensorfold_lfm2_moe.demo import DEMO_NAME
+
+    return Tokenizer.from_checkpoint(Checkpoint.open(server.tmp / "demo" / DEMO_NAME))
 
 
 def prompt_tokens(tok: Tokenizer, messages: list[dict[str, Any]],

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import torch
     from tokenizers import Tokenizer
 
-DEMO_NAME = "gemma4-demo-v2"
+DEMO_NAME = "gemma4-demo-v3"
 WEIGHTS = Path(__file__).with_name("demo_weights.safetensors")
 RETRAIN = "python -m tensorfold_gemma4.demo_train"
 FILES = (

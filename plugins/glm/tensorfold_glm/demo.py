@@ -25,7 +25,7 @@ from .demo_text import CHAT_TEMPLATE, CORPUS
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-DEMO_NAME = "glm5_next-demo-v2"
+DEMO_NAME = "glm5_next-demo-v3"
 WEIGHTS = Path(__file__).with_name("demo_weights.safetensors")
 RETRAIN = "python -m tensorfold_glm.demo_train"
 FILES = (

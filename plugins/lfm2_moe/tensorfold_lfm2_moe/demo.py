@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
     from tokenizers import Tokenizer
 
-DEMO_NAME = "lfm2_moe-demo-v2"
+DEMO_NAME = "lfm2_moe-demo-v3"
 WEIGHTS = Path(__file__).with_name("demo_weights.safetensors")
 RETRAIN = "python -m tensorfold_lfm2_moe.demo_train"
 FILES = (
