@@ -58,10 +58,11 @@ class Settings(BaseSettings):
         description="On CUDA, replay decode rounds as CUDA graphs (0: run every pass eagerly, "
         "for debugging; the tokens are the same).",
     )
-    kv_share: int = Field(
-        default=0,
+    kv_share: int | None = Field(
+        default=None,
         ge=0,
-        description="The prompt store: how many kept states it may hold in all (unset, empty or "
+        description="The prompt store: how many kept states it may hold in all (unset or empty: "
+        "on, sized from what the memory plan leaves for the prompt cache, at least 4 a lane; "
         "0: off).",
     )
     memory_limit_gib: float | None = Field(

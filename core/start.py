@@ -11,7 +11,7 @@ from typing import Any
 from .checkpoint import Checkpoint, CheckpointError
 from .engine import Engine
 from .family import FamilySpec, ModelShape, Shard, ShardRefused, resolve
-from .kv_plan import GiB, Plan, PlanRefused, memory_budget, plan
+from .kv_plan import MIN_STATES_A_LANE, GiB, Plan, PlanRefused, fmt_bytes, memory_budget, plan
 from .lanes import Lanes
 from .logs import get_logger
 from .plugins import FamilyError, choose_family, family_plugin_manager, get_plugin_manager
@@ -151,7 +151,7 @@ def _room(settings: Settings, shape: ModelShape, device: str, weights: int) -> i
 def _plan(settings: Settings, shape: ModelShape, room: int) -> Plan:
     window = settings.context or shape.max_positions
     layout = shape.layout
-    store_on = settings.kv_share > 0
+    share = settings.kv_share  # None: on, sized by the plan; 0: off; n: n kept states
     return plan(
         room=room,
         page_rows=PAGE_ROWS,
@@ -159,27 +159,30 @@ def _plan(settings: Settings, shape: ModelShape, room: int) -> Plan:
         fixed_bytes=layout.fixed_bytes,
         window=window,
         lanes=settings.parallel,
-        cache_budget=int(settings.prompt_cache_gib * GiB) if store_on else 0,
+        cache_budget=int(settings.prompt_cache_gib * GiB),
         paging=settings.kv_pages,
-        snapshot_bytes=settings.kv_share * layout.fixed_bytes,
+        snapshot_bytes=(share or 0) * layout.fixed_bytes,
+        states="auto" if share is None else share,
+        store=share != 0,
     )
 
 
 def open_arena(settings: Settings, the_plan: Plan, layout, device: str, arena_cls=None):
-    """The prompt store's snapshot arena (TF_KV_SHARE=n states, within the plan's snapshot
-    bytes) and its capacity; warns when n keeps fewer than 4 states a lane."""
+    """The prompt store's snapshot arena (the plan's kept states, within its snapshot bytes)
+    and its capacity; warns when it keeps fewer than 4 states a lane."""
     from tensorfold.adapters.snapshots import SnapshotArena
 
-    n = settings.kv_share
-    if n < 4 * the_plan.lanes:
+    n = the_plan.states
+    wanted = MIN_STATES_A_LANE * the_plan.lanes
+    if n < wanted:
+        said = (f"TF_KV_SHARE={settings.kv_share}" if settings.kv_share is not None else
+                f"the prompt cache ({fmt_bytes(the_plan.cache_bytes + the_plan.snapshot_bytes)})")
         log.warning(
-            f"TF_KV_SHARE={n} keeps fewer than 4 states a lane; TF_KV_SHARE={4 * the_plan.lanes} "
-            f"would give 4 at --parallel {the_plan.lanes}"
+            f"{said} keeps {n} states, fewer than {MIN_STATES_A_LANE} a lane; TF_KV_SHARE="
+            f"{wanted} (with a --prompt-cache-gib that funds it) would give {MIN_STATES_A_LANE}"
+            f" at --parallel {the_plan.lanes}"
         )
-    capacity = n
-    if layout.fixed_bytes:
-        capacity = min(n, the_plan.snapshot_bytes // layout.fixed_bytes)
-    return (arena_cls or SnapshotArena)(layout.fixed, capacity, device), capacity
+    return (arena_cls or SnapshotArena)(layout.fixed, n, device), n
 
 
 def open_sharing(the_plan: Plan, runner, hooks, arena, capacity: int, layout):
@@ -245,8 +248,7 @@ def open_rank(
                           "the one its shard_plan declared")
     if group is None or group.rank == 0:
         log.info(the_plan.startup_line())
-    store_on = settings.kv_share > 0
-    cache_pages = the_plan.cache_bytes // the_plan.page_bytes if store_on and the_plan.page_bytes else 0
+    cache_pages = the_plan.cache_bytes // the_plan.page_bytes if the_plan.page_bytes else 0
     # On CUDA, decode rounds replay a CUDA graph per lane-count bucket (its scratch page and
     # slot are counted in the plan by plan_memory).
     runner_cls, graph_args = ModelRunner, {}
@@ -266,7 +268,7 @@ def open_rank(
         **graph_args,
     )
     arena, capacity = None, 0
-    if store_on:
+    if the_plan.store_on:
         arena, capacity = open_arena(settings, the_plan, model_obj.layout,
                                      str(model_obj.device), arena_cls)
     return Rank(ckpt, the_plan, runner, hooks.hook, arena, capacity)
