@@ -65,6 +65,13 @@ class Settings(BaseSettings):
         "on, sized from what the memory plan leaves for the prompt cache, at least 4 a lane; "
         "0: off).",
     )
+    kv_host_gib: float | None = Field(
+        default=None,
+        ge=0,
+        description="The prompt store's host-memory tier, in GiB: kept states the device store "
+        "evicts move there (pinned on CUDA) and a later hit copies them back instead of "
+        "prefilling (unset: a quarter of the host memory available at start; 0: off).",
+    )
     memory_limit_gib: float | None = Field(
         default=None,
         gt=0,

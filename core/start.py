@@ -26,6 +26,7 @@ USER_REFUSALS = (SettingsError, FamilyError, CheckpointError, ShardRefused, Plan
 
 PAGE_ROWS = 512
 CPU_ROOM_GIB = 2.0  # the CPU's memory budget when TF_MEMORY_LIMIT_GIB is unset
+HOST_SHARE = 0.25  # of the host memory available at start, for the host tier by default
 CUDA_RESERVE = 2 * GiB  # the runtime and fragmentation
 ACTIVATION_ROWS = 2048  # a pass's rows, for the activation reserve
 
@@ -185,9 +186,9 @@ def open_arena(settings: Settings, the_plan: Plan, layout, device: str, arena_cl
     return (arena_cls or SnapshotArena)(layout.fixed, n, device), n
 
 
-def open_sharing(the_plan: Plan, runner, hooks, arena, capacity: int, layout):
+def open_sharing(the_plan: Plan, runner, hooks, arena, capacity: int, layout, host=None):
     """The prompt store over the pool: its pages are the plan's prompt cache, added to the
-    pool; its snapshots live in `arena`."""
+    pool; its snapshots live in `arena`; `host` is its host tier (or None)."""
     from .prompt_share import PromptSharing
 
     cache_pages = the_plan.cache_bytes // the_plan.page_bytes if the_plan.page_bytes else 0
@@ -197,8 +198,31 @@ def open_sharing(the_plan: Plan, runner, hooks, arena, capacity: int, layout):
     )
     return PromptSharing(
         pool=runner.pool, runner=runner, arena=arena, hooks=hooks, max_states=capacity,
-        cache_pages=cache_pages, mark_rows=layout.mark_rows, grid=the_plan.pass_rows,
+        cache_pages=cache_pages, mark_rows=layout.mark_rows, grid=the_plan.pass_rows, host=host,
     )
+
+
+def open_host_tier(settings: Settings, the_plan: Plan, runner, arena, layout):
+    """The prompt store's host tier (TF_KV_HOST_GIB, by default HOST_SHARE of the host memory
+    available now), or None when it is off or funds not even one state. Its bytes go first to
+    snapshot slots (sized as the device store's kept states are, from the same bytes), the rest
+    to pages."""
+    from .host_tier import HostTier, available_host_memory, host_budget
+    from .kv_plan import auto_states
+
+    budget = host_budget(settings.kv_host_gib, HOST_SHARE, available_host_memory())
+    page_bytes, fixed = the_plan.page_bytes, layout.fixed_bytes
+    slots = auto_states(budget, fixed_bytes=fixed, page_bytes=page_bytes, lanes=the_plan.lanes)
+    pages = (budget - slots * fixed) // page_bytes if page_bytes else 0
+    if budget <= 0 or pages < 1 or (fixed and slots < 1):
+        log.info("prompt store host tier off" + (f" ({fmt_bytes(budget)} funds no state)"
+                                                 if budget > 0 else ""))
+        return None
+    tier = HostTier(runner.rows, arena, pages, slots, str(runner.model.device),
+                    poison=settings.kv_poison)
+    log.info(f"prompt store host tier: {fmt_bytes(tier.bytes)} of host memory, {pages} pages "
+             f"and {tier.num_slots} snapshot slots")
+    return tier
 
 
 def open_rank(
@@ -301,8 +325,12 @@ def open_served(
         layout = rank.runner.model.layout
         sharing = None
         if rank.arena is not None:
+            # Under tensor parallel each rank's state is its shard: the host tier, which copies
+            # one runner's pages, is for one rank only.
+            host = None if team is not None else open_host_tier(
+                settings, rank.plan, rank.runner, rank.arena, layout)
             sharing = open_sharing(rank.plan, runner, rank.hooks, rank.arena, rank.capacity,
-                                   layout)
+                                   layout, host)
         tokenizer = Tokenizer.from_checkpoint(rank.checkpoint)
         lanes = Lanes(
             runner,

@@ -20,7 +20,7 @@ from .sampling import SamplingParams
 # budget of their own), so that a run without it is the fresh run the gates compare against.
 CPU_DEFAULTS: dict[str, Any] = {
     "device": "cpu", "dtype": "float32", "memory_limit_gib": 0.25, "prompt_cache_gib": 0,
-    "kv_share": 0,
+    "kv_share": 0, "kv_host_gib": 0,
 }
 
 
