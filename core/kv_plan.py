@@ -166,7 +166,8 @@ def plan(*, room: int, page_rows: int, page_bytes: int, fixed_bytes: int, window
     the prompt-cache funding, so it may be smaller than asked (Plan.snapshot_bytes says).
     `states`: the store's kept states, a number (its arena is `snapshot_bytes`), 0 when the
     plan does not count them, or "auto": sized from the funding (see the module docstring), the
-    arena then being states * fixed_bytes, and `snapshot_bytes` ignored. `store=False`: the
+    arena then being states * fixed_bytes, and `snapshot_bytes` ignored (no state funded: the
+    store is off). `store=False`: the
     prompt store is off (nothing funded)."""
     if paging not in PAGING_MODES:
         raise ValueError(f"TF_KV_PAGES={paging!r}: expected one of {', '.join(PAGING_MODES)}")
@@ -197,6 +198,8 @@ def plan(*, room: int, page_rows: int, page_bytes: int, fixed_bytes: int, window
     if states == "auto":  # whole snapshots, within the fund
         states = auto_states(fund, fixed_bytes=F, page_bytes=page_bytes, lanes=n)
         snapshot_bytes = states * F
+        if states == 0:  # nothing left to fund it (or a budget of 0): off, and said so
+            store, fund = False, 0
     snap = min(snapshot_bytes, fund)
     if F and states:
         states = min(states, snap // F)  # what the arena holds

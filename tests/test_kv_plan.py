@@ -184,6 +184,12 @@ def test_the_store_off_says_so() -> None:
              lanes=8, cache_budget=16 * GiB, paging="on", states=0, store=False)
     assert p.cache_bytes == p.snapshot_bytes == p.states == 0 and p.pages == 2055 + GiB // PAGE
     assert ", 180 MiB fixed each, prompt store off, 1.00 MiB left," in p.startup_line()
+    # On by default, but a budget of 0 (or no room past the streams) funds no state: off too.
+    for room, cache in ((ROOM_1M, 0), (ROOM_1M - GiB, 16 * GiB)):
+        unfunded = plan(room=room, page_rows=ROWS, page_bytes=PAGE, fixed_bytes=FIXED,
+                        window=M1, lanes=8, cache_budget=cache, paging="on", states="auto")
+        assert not unfunded.store_on and unfunded.states == 0
+        assert "prompt store off" in unfunded.startup_line()
 
 
 def test_fmt_bytes() -> None:

@@ -315,6 +315,10 @@ def test_a_chats_next_turn_resumes(tmp_path: Path) -> None:
         assert second.usage.prompt_tokens_details.cached_tokens > 0
         m = s.wait_even()
         assert m["tensorfold_prompt_tokens_total{source=cached}"] > 0
+        host = {k: v for k, v in m.items() if k.startswith("tensorfold_pool_host_pages{")}
+        assert host["tensorfold_pool_host_pages{state=total}"] > 0  # the host tier is on too
+        assert host["tensorfold_pool_host_pages{state=free}"] + host[
+            "tensorfold_pool_host_pages{state=store}"] == host["tensorfold_pool_host_pages{state=total}"]
         plan_line = next(line for line in s.logs().splitlines() if "kv plan:" in line)
         states = int(re.search(r"for (\d+) kept states", plan_line).group(1))
         assert states >= 4 * 2, plan_line
