@@ -20,6 +20,11 @@ the same room: if L windows fit, k = L and held = L * wp. Worked example, 1M win
 held = max(2048, 2048 + 7) = 2055 pages (11.04 GiB), fixed 8 * 180 MiB = 1.41 GiB, the cache
 gets the last 1 GiB. Windows would need 8 * 11.18 GiB = 89.41 GiB and are refused.
 
+The prompt store's kept states (`states`): a number (TF_KV_SHARE=n), 0 with no store, or
+"auto" (TF_KV_SHARE unset): sized from what the plan funds, each state a snapshot and
+AUTO_STATE_PAGES pages, and never fewer than MIN_STATES_A_LANE a lane (the arena then takes
+what the fund allows, and the start warns).
+
 TF_KV_PAGES: "off" and "0" plan windows; "on" and "auto" plan pages whenever the family has
 paged rows (page_bytes > 0); pages are never worse than windows, so auto always takes them. A
 family with no paged rows has nothing to page and plans windows of fixed state in every mode.
@@ -34,6 +39,9 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 PASS_ROWS = 2048
 MAX_AUTO_LANES = 64
 PAGING_MODES = ("auto", "on", "off", "0")
+MIN_STATES_A_LANE = 4  # kept states a lane the store is sized for at least
+AUTO_STATE_PAGES = 2  # pages an automatically sized state is funded beside its snapshot
+MAX_AUTO_STATES = 4096
 
 Lanes = int | Literal["auto"]
 
@@ -73,6 +81,8 @@ class Plan:
     snapshot_bytes: int = 0  # snapshot arena, funded inside the prompt-cache budget
     pass_rows: int = PASS_ROWS
     ranks: int = 1  # tensor-parallel ranks: bytes are one rank's (each holds its shard's state)
+    states: int = 0  # kept states the prompt store may hold (0: not counted by the plan)
+    store_on: bool = True  # False: the prompt store is off (TF_KV_SHARE=0)
 
     @property
     def total_rows(self) -> int:
@@ -100,9 +110,13 @@ class Plan:
         snaps = ""
         if self.snapshot_bytes:
             snaps = f" with {fmt_bytes(self.snapshot_bytes)} of snapshots"
-        return (f"{head}, {fmt_bytes(self.fixed_bytes)} fixed each, prompt cache"
-                f" {fmt_bytes(self.cache_bytes)}{snaps}, {fmt_bytes(self.left_bytes)} left,"
-                f" prompts in passes of up to {self.pass_rows} rows")
+        if self.states:
+            snaps += f" for {self.states} kept states"
+        store = (f"prompt cache {fmt_bytes(self.cache_bytes)}{snaps}" if self.store_on
+                 else "prompt store off")
+        return (f"{head}, {fmt_bytes(self.fixed_bytes)} fixed each, {store},"
+                f" {fmt_bytes(self.left_bytes)} left, prompts in passes of up to"
+                f" {self.pass_rows} rows")
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -144,11 +158,17 @@ def _refuse(mode: str, label: str, lanes: int, room: int, page_rows: int, page_b
 
 
 def plan(*, room: int, page_rows: int, page_bytes: int, fixed_bytes: int, window: int,
-         lanes: Lanes, cache_budget: int, paging: str, snapshot_bytes: int = 0) -> Plan:
+         lanes: Lanes, cache_budget: int, paging: str, snapshot_bytes: int = 0,
+         states: int | Literal["auto"] = 0, store: bool = True) -> Plan:
     """Plan the room (see the module docstring). `lanes="auto"` takes as many lanes as whole
     windows fit (at least 1, at most MAX_AUTO_LANES), in either mode. Raises PlanRefused when
     the streams do not fit, ValueError on a bad argument. The snapshot arena comes first out of
-    the prompt-cache funding, so it may be smaller than asked (Plan.snapshot_bytes says)."""
+    the prompt-cache funding, so it may be smaller than asked (Plan.snapshot_bytes says).
+    `states`: the store's kept states, a number (its arena is `snapshot_bytes`), 0 when the
+    plan does not count them, or "auto": sized from the funding (see the module docstring), the
+    arena then being states * fixed_bytes, and `snapshot_bytes` ignored (no state funded: the
+    store is off). `store=False`: the
+    prompt store is off (nothing funded)."""
     if paging not in PAGING_MODES:
         raise ValueError(f"TF_KV_PAGES={paging!r}: expected one of {', '.join(PAGING_MODES)}")
     if page_rows < 1 or window < 1:
@@ -174,15 +194,38 @@ def plan(*, room: int, page_rows: int, page_bytes: int, fixed_bytes: int, window
     need = held * page_bytes + n * F
     if need > room:
         raise _refuse(mode, label, n, room, page_rows, page_bytes, F, window)
-    fund = min(cache_budget, room - need)
+    fund = min(cache_budget, room - need) if store else 0
+    if states == "auto":  # whole snapshots, within the fund
+        states = auto_states(fund, fixed_bytes=F, page_bytes=page_bytes, lanes=n)
+        snapshot_bytes = states * F
+        if states == 0:  # nothing left to fund it (or a budget of 0): off, and said so
+            store, fund = False, 0
     snap = min(snapshot_bytes, fund)
+    if F and states:
+        states = min(states, snap // F)  # what the arena holds
     pages = held
     if mode == "pages":
         pages = min(held + (room - need - fund) // page_bytes, n * wp)
     left = room - pages * page_bytes - n * F - fund
     return Plan(mode=mode, lanes=n, pages=pages, page_rows=page_rows, page_bytes=page_bytes,
                 fixed_bytes=F, window=window, cache_bytes=fund - snap, left_bytes=left,
-                windows_held=pages // wp, snapshot_bytes=snap)
+                windows_held=pages // wp, snapshot_bytes=snap, states=states if store else 0,
+                store_on=store)
+
+
+def auto_states(fund: int, *, fixed_bytes: int, page_bytes: int, lanes: int) -> int:
+    """Kept states for a store funded `fund` bytes: each state its snapshot and
+    AUTO_STATE_PAGES pages, at least MIN_STATES_A_LANE a lane where the fund holds their
+    snapshots (else as many snapshots as it holds), at most MAX_AUTO_STATES; 0 with nothing
+    funded."""
+    if fund <= 0:
+        return 0
+    each = fixed_bytes + AUTO_STATE_PAGES * page_bytes
+    fit = MAX_AUTO_STATES if each == 0 else fund // each
+    floor = MIN_STATES_A_LANE * lanes  # snapshots first: pages may then be shared or fewer
+    if fixed_bytes:
+        floor = min(floor, fund // fixed_bytes)
+    return min(MAX_AUTO_STATES, max(floor, fit))
 
 
 def memory_budget(*, device_free: int | None, weights: int, reserve: int, activations: int,

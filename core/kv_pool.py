@@ -23,16 +23,23 @@ class Census:
     store: int
     live: int
     total: int
+    host: tuple[int, int, int] | None = None  # the host tier's free, store and total pages
 
     @property
     def idle_even(self) -> bool:
-        return self.promised == 0 and self.live == 0 and self.free + self.store == self.total
+        host_even = self.host is None or self.host[0] + self.host[1] == self.host[2]
+        return (self.promised == 0 and self.live == 0 and self.free + self.store == self.total
+                and host_even)
 
     def line(self) -> str:
-        return (
+        line = (
             f"kv pool idle: promised {self.promised}, free {self.free} + store {self.store} "
             f"== total {self.total}"
         )
+        if self.host is not None:
+            free, store, total = self.host
+            line += f"; host free {free} + store {store} == total {total}"
+        return line
 
 
 class KVPool:
@@ -50,6 +57,9 @@ class KVPool:
         self.promised = 0
         self.store_pages = 0  # pages the prompt store holds (alone or with streams)
         self.on_freed: list[Callable[[Sequence[int]], None]] = []
+        # The host tier's census (free, store, total), where the prompt store has one: free
+        # host pages, and host pages its kept states hold.
+        self.host_census: Callable[[], tuple[int, int, int]] | None = None
 
     def pages_for(self, rows: int) -> int:
         return -(-rows // self.page_rows)
@@ -83,6 +93,17 @@ class KVPool:
         self._refs[page] = 1
         return page
 
+    def take_for_store(self, n: int) -> list[int]:
+        """n free pages, not promised to anyone, held by the prompt store alone (a state copied
+        back from the host tier); the caller checks can_promise(n) first."""
+        if not self.can_promise(n):
+            raise PoolExhausted(f"{n} pages asked for the store, {self.available} can be taken")
+        pages = [self._take() for _ in range(n)]
+        for p in pages:
+            self._store_refs[p] = 1
+        self.store_pages += n
+        return pages
+
     def hold(self, pages: Sequence[int], store: bool = False) -> None:
         """Add a holder to pages that someone already holds."""
         for p in pages:
@@ -113,7 +134,8 @@ class KVPool:
         live = sum(
             1 for p in range(self.num_pages) if self._refs[p] > 0 and self._store_refs[p] == 0
         )
-        return Census(self.promised, self.free, store, live, self.num_pages)
+        host = self.host_census() if self.host_census is not None else None
+        return Census(self.promised, self.free, store, live, self.num_pages, host)
 
 
 class Lease:

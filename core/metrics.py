@@ -64,6 +64,12 @@ class _EngineCollector(Collector):
         for state in ("free", "promised", "store", "live", "total"):
             pages.add_metric([state], getattr(census, state))
         yield pages
+        if census.host is not None:
+            host = GaugeMetricFamily("tensorfold_pool_host_pages",
+                                     "The prompt store's host-tier pages", labels=["state"])
+            for state, n in zip(("free", "store", "total"), census.host):
+                host.add_metric([state], n)
+            yield host
         yield CounterMetricFamily(
             "tensorfold_uneven", "Idle censuses that did not add up (a bug)",
             value=engine.lanes.uneven,
@@ -78,6 +84,16 @@ class _EngineCollector(Collector):
                 "tensorfold_prompt_store_evictions", "Kept states evicted (LRU)",
                 value=sharing.evictions,
             )
+            if sharing.host is not None:
+                yield GaugeMetricFamily(
+                    "tensorfold_prompt_store_host_states", "Kept states in the host tier",
+                    value=sharing.on_host,
+                )
+                yield CounterMetricFamily(
+                    "tensorfold_prompt_store_host_hits",
+                    "Kept states copied back from the host tier for a resume",
+                    value=sharing.host_hits,
+                )
         yield GaugeMetricFamily(
             "tensorfold_device_memory_peak_bytes",
             "Peak device memory (torch's peak on cuda, peak RSS on the cpu)",

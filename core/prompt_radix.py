@@ -20,6 +20,7 @@ class Kept:
     snapshot: Any
     node: "Node"
     last_used: int = 0
+    host: Any = None  # set while the state lives in the host tier (pages and snapshot moved)
 
 
 @dataclass(eq=False)

@@ -1,5 +1,9 @@
 """The prompt store's side of the lanes: resume at admission, keeps at marks inside passes,
-eviction when streams are short of pages or the store is over its budget."""
+eviction when streams are short of pages or the store is over its budget.
+
+With a host tier (host_tier.HostTier), a state the device store evicts moves to host memory
+instead of being dropped (the host tier drops its own least recently used states to make room),
+and a later match copies it back into pool pages before it is resumed, as a device state is."""
 
 from __future__ import annotations
 
@@ -13,9 +17,9 @@ log = get_logger("tensorfold.prompt_share")
 
 
 class PromptSharing:
-    """`max_states`: kept states in all (TF_KV_SHARE); `cache_pages`: pages the store may hold.
-    `mark_rows`: usable marks are multiples of it (the family's granularity); `grid`: the pass
-    grid, whose multiples are marks too."""
+    """`max_states`: kept states on the device in all (TF_KV_SHARE); `cache_pages`: pages the
+    store may hold. `mark_rows`: usable marks are multiples of it (the family's granularity);
+    `grid`: the pass grid, whose multiples are marks too. `host`: the host tier, or None."""
 
     def __init__(
         self,
@@ -28,6 +32,7 @@ class PromptSharing:
         cache_pages: int,
         mark_rows: int,
         grid: int,
+        host: Any = None,
     ):
         self.pool = pool
         self.runner = runner
@@ -37,23 +42,39 @@ class PromptSharing:
         self.cache_pages = cache_pages
         self.mark_rows = mark_rows
         self.grid = grid
+        self.host = host
         self.store = RadixStore(self._dropped)
-        self.evictions = 0
+        self.evictions = 0  # states the device store gave up (dropped, or moved to the host)
+        self._host_kept: set[Kept] = set()  # states in the host tier now
+        self.host_evictions = 0  # states the host tier dropped
+        self.host_hits = 0  # states copied back from the host tier
+        self._paging_in: Kept | None = None  # the state being copied back, spared by the host
+        if host is not None:
+            pool.host_census = self.host_census
+
+    @property
+    def on_host(self) -> int:
+        return len(self._host_kept)
+
+    @property
+    def device_states(self) -> int:
+        return len(self.store) - self.on_host
 
     # -- admission ----------------------------------------------------------------------------
 
     def match(self, prompt: Sequence[int]) -> Kept | None:
-        """The longest kept prefix that leaves at least the prompt's last row to compute."""
-        return self.store.lookup(prompt, len(prompt) - 1)
+        """The longest kept prefix that leaves at least the prompt's last row to compute; a
+        state in the host tier is copied back first (None when there is no room for it)."""
+        kept = self.store.lookup(prompt, len(prompt) - 1)
+        if kept is not None and kept.host is not None and not self._page_in(kept):
+            return None
+        return kept
 
     def make_room(self, pages: int, keep: Kept | None = None) -> bool:
-        """Evict least-recently-used states (never `keep`) until `pages` can be promised."""
+        """Evict least-recently-used device states (never `keep`) until `pages` can be
+        promised."""
         while not self.pool.can_promise(pages):
-            victim = min(
-                (k for k in self.store.kept() if k is not keep),
-                key=lambda k: k.last_used,
-                default=None,
-            )
+            victim = self._lru_on_device(keep)
             if victim is None:
                 return False
             self._evict(victim)
@@ -87,10 +108,11 @@ class PromptSharing:
         pos = len(tokens)
         if pos % self.mark_rows or self.store.has(tokens) is not None:
             return
-        while len(self.store) >= self.max_states or self.arena.free == 0:
-            if self.store.evict_lru() is None:
+        while self.device_states >= self.max_states or self.arena.free == 0:
+            victim = self._lru_on_device()
+            if victim is None:
                 return
-            self.evictions += 1
+            self._evict(victim)
         snapshot = None
         if self.arena.buffers:
             snapshot = self.runner.keep_state(self.hooks, self.arena, slot, tap)
@@ -100,19 +122,90 @@ class PromptSharing:
         self.pool.hold(held, store=True)
         kept = self.store.insert(list(tokens), held, snapshot)
         while self.pool.store_pages > self.cache_pages:
-            victim = self.store.evict_lru()
-            self.evictions += 1
-            if victim is kept or victim is None:
+            victim = self._lru_on_device()
+            if victim is None:
+                break
+            self._evict(victim)
+            if victim is kept:
                 break
 
-    def _evict(self, kept: Kept) -> None:
-        self.store.drop(kept)
-        self.evictions += 1
+    # -- eviction and the host tier -----------------------------------------------------------
 
-    def _dropped(self, kept: Kept) -> None:
+    def _lru_on_device(self, keep: Kept | None = None) -> Kept | None:
+        return min((k for k in self.store.kept() if k.host is None and k is not keep),
+                   key=lambda k: k.last_used, default=None)
+
+    def _evict(self, kept: Kept) -> None:
+        """The device store gives a state up: to the host tier where it has one and the state
+        fits, else dropped."""
+        self.evictions += 1
+        if self.host is None or not self._host_room(len(kept.pages), kept):
+            self.store.drop(kept)
+            return
+        copy = self.host.page_out(self.runner.rows, self.arena, kept.pages, kept.snapshot)
+        self._release_device(kept)
+        kept.host = copy
+        self._host_kept.add(kept)
+
+    def _host_room(self, pages: int, keep: Kept) -> bool:
+        """Drop the host tier's least recently used states (never `keep`, nor a state being
+        copied back) until a state of `pages` pages fits; False when it never would."""
+        if not self.host.fits(pages):
+            return False
+        spare = (keep, self._paging_in)
+        while not self.host.can_take(pages):
+            victim = min((k for k in self.store.kept() if k.host is not None and k not in spare),
+                         key=lambda k: k.last_used, default=None)
+            if victim is None:
+                return False
+            self.store.drop(victim)
+            self.host_evictions += 1
+        return True
+
+    def _page_in(self, kept: Kept) -> bool:
+        """Copy a host state back into pool pages the store holds (making room on the device
+        as a keep would); False when there is no room, and it stays on the host."""
+        n = len(kept.host.pages)
+        self._paging_in = kept
+        try:
+            while (self.device_states >= self.max_states or self.arena.free == 0
+                   or self.pool.store_pages + n > self.cache_pages
+                   or not self.pool.can_promise(n)):
+                victim = self._lru_on_device(kept)
+                if victim is None:
+                    return False
+                self._evict(victim)
+        finally:
+            self._paging_in = None
+        pages = self.pool.take_for_store(n)
+        snapshot = self.arena.lease()
+        self.host.page_in(kept.host, self.runner.rows, self.arena, pages, snapshot)
+        self.host.release(kept.host)
+        kept.host, kept.pages, kept.snapshot = None, pages, snapshot
+        self._host_kept.discard(kept)
+        self.host_hits += 1
+        return True
+
+    def _release_device(self, kept: Kept) -> None:
         self.pool.drop(kept.pages, store=True)
         if kept.snapshot is not None:
             self.arena.release(kept.snapshot)
+        kept.pages, kept.snapshot = [], None
+
+    def _dropped(self, kept: Kept) -> None:
+        if kept.host is not None:
+            self.host.release(kept.host)
+            kept.host = None
+            self._host_kept.discard(kept)
+        else:
+            self._release_device(kept)
+
+    def host_census(self) -> tuple[int, int, int]:
+        """The host tier's free pages, the pages its kept states hold, and its total: they add
+        up unless a host page was lost (or held twice). Read from /metrics' thread too: the
+        set is copied in one step (under the GIL) before it is walked."""
+        held = sum(len(copy.pages) for copy in [k.host for k in list(self._host_kept)] if copy)
+        return self.host.free_pages, held, self.host.num_pages
 
     def clear(self) -> None:
         self.store.clear()

@@ -64,11 +64,19 @@ class Settings(BaseSettings):
         description="On CUDA, replay decode rounds as CUDA graphs (0: run every pass eagerly, "
         "for debugging; the tokens are the same).",
     )
-    kv_share: int = Field(
-        default=0,
+    kv_share: int | None = Field(
+        default=None,
         ge=0,
-        description="The prompt store: how many kept states it may hold in all (unset, empty or "
+        description="The prompt store: how many kept states it may hold in all (unset or empty: "
+        "on, sized from what the memory plan leaves for the prompt cache, at least 4 a lane; "
         "0: off).",
+    )
+    kv_host_gib: float | None = Field(
+        default=None,
+        ge=0,
+        description="The prompt store's host-memory tier, in GiB: kept states the device store "
+        "evicts move there (pinned on CUDA) and a later hit copies them back instead of "
+        "prefilling (unset: a quarter of the host memory available at start; 0: off).",
     )
     memory_limit_gib: float | None = Field(
         default=None,

@@ -11,7 +11,7 @@ from typing import Any
 from .checkpoint import Checkpoint, CheckpointError
 from .engine import Engine
 from .family import FamilySpec, ModelShape, Shard, ShardRefused, resolve
-from .kv_plan import GiB, Plan, PlanRefused, memory_budget, plan
+from .kv_plan import MIN_STATES_A_LANE, GiB, Plan, PlanRefused, fmt_bytes, memory_budget, plan
 from .lanes import Lanes
 from .logs import get_logger
 from .plugins import (
@@ -28,6 +28,7 @@ USER_REFUSALS = (SettingsError, FamilyError, CheckpointError, ShardRefused, Plan
 
 PAGE_ROWS = 512
 CPU_ROOM_GIB = 2.0  # the CPU's memory budget when TF_MEMORY_LIMIT_GIB is unset
+HOST_SHARE = 0.25  # of the host memory available at start, for the host tier by default
 CUDA_RESERVE = 2 * GiB  # the runtime and fragmentation
 ACTIVATION_ROWS = 2048  # a pass's rows, for the activation reserve
 
@@ -158,7 +159,7 @@ def _room(settings: Settings, shape: ModelShape, device: str, weights: int) -> i
 def _plan(settings: Settings, shape: ModelShape, room: int) -> Plan:
     window = settings.context or shape.max_positions
     layout = shape.layout
-    store_on = settings.kv_share > 0
+    share = settings.kv_share  # None: on, sized by the plan; 0: off; n: n kept states
     return plan(
         room=room,
         page_rows=PAGE_ROWS,
@@ -166,32 +167,35 @@ def _plan(settings: Settings, shape: ModelShape, room: int) -> Plan:
         fixed_bytes=layout.fixed_bytes,
         window=window,
         lanes=settings.parallel,
-        cache_budget=int(settings.prompt_cache_gib * GiB) if store_on else 0,
+        cache_budget=int(settings.prompt_cache_gib * GiB),
         paging=settings.kv_pages,
-        snapshot_bytes=settings.kv_share * layout.fixed_bytes,
+        snapshot_bytes=(share or 0) * layout.fixed_bytes,
+        states="auto" if share is None else share,
+        store=share != 0,
     )
 
 
 def open_arena(settings: Settings, the_plan: Plan, layout, device: str, arena_cls=None):
-    """The prompt store's snapshot arena (TF_KV_SHARE=n states, within the plan's snapshot
-    bytes) and its capacity; warns when n keeps fewer than 4 states a lane."""
+    """The prompt store's snapshot arena (the plan's kept states, within its snapshot bytes)
+    and its capacity; warns when it keeps fewer than 4 states a lane."""
     from tensorfold.adapters.snapshots import SnapshotArena
 
-    n = settings.kv_share
-    if n < 4 * the_plan.lanes:
+    n = the_plan.states
+    wanted = MIN_STATES_A_LANE * the_plan.lanes
+    if n < wanted:
+        said = (f"TF_KV_SHARE={settings.kv_share}" if settings.kv_share is not None else
+                f"the prompt cache ({fmt_bytes(the_plan.cache_bytes + the_plan.snapshot_bytes)})")
         log.warning(
-            f"TF_KV_SHARE={n} keeps fewer than 4 states a lane; TF_KV_SHARE={4 * the_plan.lanes} "
-            f"would give 4 at --parallel {the_plan.lanes}"
+            f"{said} keeps {n} states, fewer than {MIN_STATES_A_LANE} a lane; TF_KV_SHARE="
+            f"{wanted} (with a --prompt-cache-gib that funds it) would give {MIN_STATES_A_LANE}"
+            f" at --parallel {the_plan.lanes}"
         )
-    capacity = n
-    if layout.fixed_bytes:
-        capacity = min(n, the_plan.snapshot_bytes // layout.fixed_bytes)
-    return (arena_cls or SnapshotArena)(layout.fixed, capacity, device), capacity
+    return (arena_cls or SnapshotArena)(layout.fixed, n, device), n
 
 
-def open_sharing(the_plan: Plan, runner, hooks, arena, capacity: int, layout):
+def open_sharing(the_plan: Plan, runner, hooks, arena, capacity: int, layout, host=None):
     """The prompt store over the pool: its pages are the plan's prompt cache, added to the
-    pool; its snapshots live in `arena`."""
+    pool; its snapshots live in `arena`; `host` is its host tier (or None)."""
     from .prompt_share import PromptSharing
 
     cache_pages = the_plan.cache_bytes // the_plan.page_bytes if the_plan.page_bytes else 0
@@ -201,8 +205,31 @@ def open_sharing(the_plan: Plan, runner, hooks, arena, capacity: int, layout):
     )
     return PromptSharing(
         pool=runner.pool, runner=runner, arena=arena, hooks=hooks, max_states=capacity,
-        cache_pages=cache_pages, mark_rows=layout.mark_rows, grid=the_plan.pass_rows,
+        cache_pages=cache_pages, mark_rows=layout.mark_rows, grid=the_plan.pass_rows, host=host,
     )
+
+
+def open_host_tier(settings: Settings, the_plan: Plan, runner, arena, layout):
+    """The prompt store's host tier (TF_KV_HOST_GIB, by default HOST_SHARE of the host memory
+    available now), or None when it is off or funds not even one state. Its bytes go first to
+    snapshot slots (sized as the device store's kept states are, from the same bytes), the rest
+    to pages."""
+    from .host_tier import HostTier, available_host_memory, host_budget
+    from .kv_plan import auto_states
+
+    budget = host_budget(settings.kv_host_gib, HOST_SHARE, available_host_memory())
+    page_bytes, fixed = the_plan.page_bytes, layout.fixed_bytes
+    slots = auto_states(budget, fixed_bytes=fixed, page_bytes=page_bytes, lanes=the_plan.lanes)
+    pages = (budget - slots * fixed) // page_bytes if page_bytes else 0
+    if budget <= 0 or pages < 1 or (fixed and slots < 1):
+        log.info("prompt store host tier off" + (f" ({fmt_bytes(budget)} funds no state)"
+                                                 if budget > 0 else ""))
+        return None
+    tier = HostTier(runner.rows, arena, pages, slots, str(runner.model.device),
+                    poison=settings.kv_poison)
+    log.info(f"prompt store host tier: {fmt_bytes(tier.bytes)} of host memory, {pages} pages "
+             f"and {tier.num_slots} snapshot slots")
+    return tier
 
 
 def open_rank(
@@ -250,8 +277,7 @@ def open_rank(
     if layout is not None and model_obj.layout != layout:
         raise FamilyError(f"family {spec.name!r}: the loaded shard's state layout differs from "
                           "the one its shard_plan declared")
-    store_on = settings.kv_share > 0
-    cache_pages = the_plan.cache_bytes // the_plan.page_bytes if store_on and the_plan.page_bytes else 0
+    cache_pages = the_plan.cache_bytes // the_plan.page_bytes if the_plan.page_bytes else 0
     # On CUDA, decode rounds replay a CUDA graph per lane-count bucket (its scratch page and
     # slot are counted in the plan by plan_memory).
     runner_cls, graph_args = ModelRunner, {}
@@ -271,7 +297,7 @@ def open_rank(
         **graph_args,
     )
     arena, capacity = None, 0
-    if store_on:
+    if the_plan.store_on:
         arena, capacity = open_arena(settings, the_plan, model_obj.layout,
                                      str(model_obj.device), arena_cls)
     return Rank(ckpt, the_plan, runner, hooks.hook, arena, capacity)
@@ -305,8 +331,12 @@ def open_served(
         layout = rank.runner.model.layout
         sharing = None
         if rank.arena is not None:
+            # Under tensor parallel each rank's state is its shard: the host tier, which copies
+            # one runner's pages, is for one rank only.
+            host = None if team is not None else open_host_tier(
+                settings, rank.plan, rank.runner, rank.arena, layout)
             sharing = open_sharing(rank.plan, runner, rank.hooks, rank.arena, rank.capacity,
-                                   layout)
+                                   layout, host)
         tokenizer = Tokenizer.from_checkpoint(rank.checkpoint)
         lanes = Lanes(
             runner,

@@ -33,7 +33,7 @@ MAX_TOKENS = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 SAMPLED = SamplingParams(temperature=0.8, seed=1234, max_tokens=MAX_TOKENS, ignore_eos=True)
 GPU_FLAGS = {"device": "cuda", "dtype": "bfloat16", "memory_limit_gib": 4, "context": CONTEXT,
-             "prompt_cache_gib": 0}
+             "prompt_cache_gib": 0, "kv_share": 0, "kv_host_gib": 0}
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -130,6 +130,6 @@ def test_gates_at_tp_2(family, runs):
     name, folder = family
     prompts, _, _, _ = runs
     chats = [testing.chat_turns(c, 2, 300, 12) for c in range(3)]
-    flags = {k: v for k, v in GPU_FLAGS.items() if k != "prompt_cache_gib"}
+    flags = {k: v for k, v in GPU_FLAGS.items() if k not in ("prompt_cache_gib", "kv_share")}
     testing.assert_engine_gates_at_tp(name, folder, prompts[:6], chats, GREEDY, SAMPLED,
                                       tp=2, match_one_rank=False, **flags)

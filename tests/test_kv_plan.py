@@ -153,6 +153,45 @@ def test_startup_line() -> None:
         " prompts in passes of up to 2048 rows")
 
 
+def test_the_store_sized_by_the_plan() -> None:
+    # The room's last GiB funds the store: each automatic state is its 180 MiB snapshot and two
+    # 5.5 MiB pages (191 MiB), so 1 GiB holds 5, fewer than 4 a lane at --parallel 8: the plan
+    # asks 32, and the arena takes what the GiB funds, 5 snapshots (900 MiB).
+    p = plan(room=ROOM_1M, page_rows=ROWS, page_bytes=PAGE, fixed_bytes=FIXED, window=M1,
+             lanes=8, cache_budget=16 * GiB, paging="on", states="auto")
+    assert p.states == 5 and p.snapshot_bytes == 5 * FIXED
+    assert p.cache_bytes == GiB - 5 * FIXED and p.total_bytes == ROOM_1M
+    assert "prompt cache 124 MiB with 900 MiB of snapshots for 5 kept states" in p.startup_line()
+    # 20 GiB more room: a second window's pages (11 GiB), and the store funded the rest
+    # (10.00 GiB), 53 states of 191 MiB, more than 4 a lane.
+    big = plan(room=ROOM_1M + 20 * GiB, page_rows=ROWS, page_bytes=PAGE, fixed_bytes=FIXED,
+               window=M1, lanes=8, cache_budget=16 * GiB, paging="on", states="auto")
+    fund = ROOM_1M + 20 * GiB - 2 * W_1M - 8 * FIXED
+    assert big.windows_held == 2 and big.cache_bytes + big.snapshot_bytes == fund
+    assert big.states == fund // (FIXED + 2 * PAGE) == 53 and big.snapshot_bytes == 53 * FIXED
+    # No fixed state: states cost only their pages.
+    flat = plan(room=ROOM_1M + 20 * GiB, page_rows=ROWS, page_bytes=PAGE, fixed_bytes=0,
+                window=M1, lanes=8, cache_budget=GiB, paging="on", states="auto")
+    assert flat.states == flat.cache_bytes // (2 * PAGE) == 41 and flat.snapshot_bytes == 0
+    # At least 4 a lane when the fund allows it.
+    few = plan(room=ROOM_1M + 20 * GiB, page_rows=ROWS, page_bytes=PAGE, fixed_bytes=MiB,
+               window=M1, lanes=8, cache_budget=100 * MiB, paging="on", states="auto")
+    assert few.states == 32 and few.snapshot_bytes == 32 * MiB
+
+
+def test_the_store_off_says_so() -> None:
+    p = plan(room=ROOM_1M, page_rows=ROWS, page_bytes=PAGE, fixed_bytes=FIXED, window=M1,
+             lanes=8, cache_budget=16 * GiB, paging="on", states=0, store=False)
+    assert p.cache_bytes == p.snapshot_bytes == p.states == 0 and p.pages == 2055 + GiB // PAGE
+    assert ", 180 MiB fixed each, prompt store off, 1.00 MiB left," in p.startup_line()
+    # On by default, but a budget of 0 (or no room past the streams) funds no state: off too.
+    for room, cache in ((ROOM_1M, 0), (ROOM_1M - GiB, 16 * GiB)):
+        unfunded = plan(room=room, page_rows=ROWS, page_bytes=PAGE, fixed_bytes=FIXED,
+                        window=M1, lanes=8, cache_budget=cache, paging="on", states="auto")
+        assert not unfunded.store_on and unfunded.states == 0
+        assert "prompt store off" in unfunded.startup_line()
+
+
 def test_fmt_bytes() -> None:
     assert fmt_bytes(90.48 * GiB) == "90.48 GiB"
     assert fmt_bytes(180 * MiB) == "180 MiB"

@@ -19,7 +19,7 @@ WORDS = "lamp river cedar harbor violet meadow copper lantern willow ember".spli
 
 
 def serve(tmp: Path, share: int) -> ServedDemo:
-    env = {"TF_KV_SHARE": str(share)} if share else {}
+    env = {"TF_KV_SHARE": str(share)}  # 0: off (the store is on by default)
     return ServedDemo(tmp, "--parallel", "4", "--prompt-cache-gib", "0.05", env=env)
 
 

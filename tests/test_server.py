@@ -7,6 +7,7 @@ small memory budget, reads the address the server prints, and reads its /metrics
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -313,9 +314,10 @@ def test_shutdown_lets_inflight_requests_end(server: ServedDemo) -> None:
 
 
 def test_a_chats_next_turn_resumes(tmp_path: Path) -> None:
-    """With the prompt store on, the server passes the chat's turn marks to the engine, so the
-    next turn's prompt is cached up to the last kept mark."""
-    s = ServedDemo(tmp_path, "--parallel", "2", env={"TF_KV_SHARE": "16"})
+    """The prompt store is on by default (sized by the plan, at least 4 states a lane, said in
+    the plan line): the server passes the chat's turn marks to the engine, so the next turn's
+    prompt is cached up to the last kept mark."""
+    s = ServedDemo(tmp_path, "--parallel", "2")
     try:
         c = s.client()
         turn = [{"role": "user", "content": "Tell me a story about the little engine. " * 40}]
@@ -329,6 +331,13 @@ def test_a_chats_next_turn_resumes(tmp_path: Path) -> None:
         assert second.usage.prompt_tokens_details.cached_tokens > 0
         m = s.wait_even()
         assert m["tensorfold_prompt_tokens_total{source=cached}"] > 0
+        host = {k: v for k, v in m.items() if k.startswith("tensorfold_pool_host_pages{")}
+        assert host["tensorfold_pool_host_pages{state=total}"] > 0  # the host tier is on too
+        assert host["tensorfold_pool_host_pages{state=free}"] + host[
+            "tensorfold_pool_host_pages{state=store}"] == host["tensorfold_pool_host_pages{state=total}"]
+        plan_line = next(line for line in s.printed if line.startswith("kv plan:"))  # stdout, once
+        states = int(re.search(r"for (\d+) kept states", plan_line).group(1))
+        assert states >= 4 * 2, plan_line
     finally:
         rc, _ = s.stop()
     assert rc == 0

@@ -25,7 +25,7 @@ GLM_ROW = ProfileRow("TF_GLM_INDEXER", "on, off", "on", ("glm5_next",), "Sparse 
 
 def test_defaults(tf_env: pytest.MonkeyPatch) -> None:
     s = Settings()
-    assert (s.plugins, s.kv_pages, s.kv_poison, s.kv_share) == (None, "auto", False, 0)
+    assert (s.plugins, s.kv_pages, s.kv_poison, s.kv_share) == (None, "auto", False, None)
     assert (s.parallel, s.context, s.prompt_cache_gib, s.memory_limit_gib) == (1, None, 16.0, None)
     assert (s.device, s.dtype, s.log_format, s.log_level) == ("auto", "auto", "console", "info")
     assert s.demo_cache == Path("~/.cache/tensorfold/demo").expanduser()
@@ -48,7 +48,7 @@ def test_empty_means_unset_except_for_tf_plugins(tf_env: pytest.MonkeyPatch) -> 
     for name in ("TF_KV_SHARE", "TF_CONTEXT", "TF_KV_PAGES", "TF_PLUGINS", "TF_PARALLEL"):
         tf_env.setenv(name, "")
     s = Settings()
-    assert (s.kv_share, s.context, s.kv_pages, s.parallel) == (0, None, "auto", 1)
+    assert (s.kv_share, s.context, s.kv_pages, s.parallel) == (None, None, "auto", 1)
     assert s.plugins == ""
 
 

@@ -75,6 +75,21 @@ def test_poisoned_pages_with_the_store_on_give_the_same_replies(demo, fresh):
         close_even(llm)
 
 
+def test_states_resumed_from_the_host_tier_give_the_same_replies(demo, fresh):
+    # Four kept states on the device: the store evicts to the host tier, and later turns copy
+    # their pages and sliding rings back from it (poisoned pages: a stale row shows).
+    llm = open_llm(demo, parallel=4, kv_share=4, kv_host_gib=0.1, kv_poison=True)
+    try:
+        replies, cached = run_chats(llm, SAMPLED)
+        assert replies == fresh["sampled"]
+        sharing = llm.served.engine.lanes.sharing
+        assert sharing.evictions > 0 and sharing.host_hits > 0, cached
+        assert all(n > 0 for turn in cached[1:] for n in turn), cached
+        assert "; host free " in llm.served.engine.lanes.pool.census().line()
+    finally:
+        close_even(llm)
+
+
 def test_a_mark_inside_a_pass_resumes_there_with_no_extra_pass(demo):
     # the mark lies past the demo's 128-row sliding window: the kept rings carry the resume
     testing.assert_a_mark_inside_a_pass_resumes_there(

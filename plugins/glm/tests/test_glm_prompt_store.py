@@ -71,6 +71,21 @@ def test_resumed_equals_fresh_over_chats(demo, fresh, flags):
         close_even(llm)
 
 
+def test_states_resumed_from_the_host_tier_give_the_same_replies(demo, fresh):
+    # Two kept states on the device: the store evicts to the host tier, and later turns copy
+    # their latent, indexer and KDA states back from it (poisoned pages: a stale row shows).
+    llm = open_llm(demo, parallel=3, kv_share=2, kv_host_gib=0.1, kv_poison=True)
+    try:
+        replies, cached = run_chats(llm, SAMPLED)
+        assert replies == fresh
+        sharing = llm.served.engine.lanes.sharing
+        assert sharing.evictions > 0 and sharing.host_hits > 0, cached
+        assert all(n % 64 == 0 for turn in cached for n in turn)
+        assert "; host free " in llm.served.engine.lanes.pool.census().line()
+    finally:
+        close_even(llm)
+
+
 def submit(llm: LLM, ids: Sequence[int], marks: Sequence[int]) -> tuple[list[int], int]:
     return testing.submit_with_marks(llm, ids, marks, GREEDY)
 

@@ -89,3 +89,19 @@ def test_a_mark_inside_a_pass_resumes_there_with_no_extra_pass(demo):
     testing.assert_a_mark_inside_a_pass_resumes_there(
         lambda **flags: open_llm(demo, **flags), " ".join(WORDS * 2),
         " ".join(reversed(WORDS)), GREEDY)
+
+
+def test_states_resumed_from_the_host_tier_give_the_same_replies(demo, fresh):
+    # Four kept states on the device for 8 chats: the store evicts to the host tier all along,
+    # and later turns copy their states back from it (poisoned pages and host pages: a stale
+    # row changes tokens). The census counts the host pages too.
+    llm = open_llm(demo, parallel=4, kv_share=4, kv_host_gib=0.1, kv_poison=True)
+    try:
+        replies, cached = run_chats(llm, SAMPLED)
+        assert replies == fresh["sampled"]
+        sharing = llm.served.engine.lanes.sharing
+        assert sharing.evictions > 0 and sharing.host_hits > 0, cached
+        assert all(n > 0 for turn in cached[1:] for n in turn), cached
+        assert "; host free " in llm.served.engine.lanes.pool.census().line()
+    finally:
+        close_even(llm)
