@@ -1,5 +1,6 @@
-"""The code blocks of a markdown guide that carry a file name (```python file=path), for the
-tests that run a guide's code (tests/test_plugin_guide.py)."""
+"""The code blocks of a markdown guide that carry a file name (```python file=path) or are marked
+to be checked (```python check), for the tests that run a guide's code
+(tests/test_plugin_guide.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 from pathlib import Path
 
 FENCE = re.compile(r"^```(\w+) file=(\S+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+CHECK = re.compile(r"^```python check\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
 
 def file_blocks(markdown: str) -> dict[str, str]:
@@ -20,6 +22,11 @@ def file_blocks(markdown: str) -> dict[str, str]:
             raise ValueError(f"{path} leaves the guide's folder")
         files[path] = body
     return files
+
+
+def check_blocks(markdown: str) -> list[str]:
+    """The snippets marked ```python check: code that must run as written."""
+    return CHECK.findall(markdown)
 
 
 def write_blocks(markdown: str, root: Path) -> dict[str, Path]:

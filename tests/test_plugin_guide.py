@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from guide_blocks import file_blocks, write_blocks
+from guide_blocks import check_blocks, file_blocks, write_blocks
 
 GUIDE = Path(__file__).parents[1] / "docs" / "plugins.md"
 LAUNCH = "import sys; from tensorfold.cli import main; sys.exit(main())"
@@ -61,6 +61,22 @@ def test_the_guide_names_its_files() -> None:
     assert {"tiny_dense/pyproject.toml", "tiny_dense/tensorfold_tiny_dense/plugin.py",
             "tiny_dense/tensorfold_tiny_dense/model.py", "tiny_dense/tensorfold_tiny_dense/demo.py",
             "tiny_dense/tests/test_parity.py", "tiny_dense/tests/test_engine.py"} <= files
+
+
+def test_the_profile_rows_snippet_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next-steps snippet registers its row and reads its setting."""
+    from tensorfold.plugins import PluginManager
+
+    (snippet,) = check_blocks(GUIDE.read_text())
+    monkeypatch.setenv("TF_TINY_DENSE_WINDOW", "64")
+    namespace: dict = {}
+    exec(compile(snippet, "docs/plugins.md", "exec"), namespace)
+    assert namespace["window"]() == 64
+    pm = PluginManager()
+    pm.register(type("Plugin", (), {"profile_rows": staticmethod(namespace["profile_rows"])}))
+    rows: list = []
+    pm.hook.profile_rows(register=rows.append)
+    assert [r.setting for r in rows] == ["TF_TINY_DENSE_WINDOW"]
 
 
 def test_the_installed_family_is_listed(installed) -> None:
