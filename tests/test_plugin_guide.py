@@ -3,7 +3,7 @@ the plugin is installed there the way pip records an install (a .dist-info folde
 pyproject's entry points, on the path), and then, in fresh interpreters that find it through the
 `tensorfold` entry-point group: `tensorfold families` lists it, `tensorfold serve` serves its
 demo to an OpenAI client, and the plugin's own tests pass (parity with transformers 5.23.0 in
-fp32, the pass-level gates, the engine gates)."""
+fp32, the pass-level gates, the engine gates, and two tensor-parallel ranks on the CPU)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def test_the_guide_names_its_files() -> None:
     files = set(file_blocks(GUIDE.read_text()))
     assert {"tiny_dense/pyproject.toml", "tiny_dense/tensorfold_tiny_dense/plugin.py",
             "tiny_dense/tensorfold_tiny_dense/model.py", "tiny_dense/tensorfold_tiny_dense/demo.py",
-            "tiny_dense/tests/test_parity.py", "tiny_dense/tests/test_engine.py"} <= files
+            "tiny_dense/tests/test_parity.py", "tiny_dense/tests/test_engine.py",
+            "tiny_dense/tensorfold_tiny_dense/shards.py", "tiny_dense/tests/test_tp.py"} <= files
 
 
 def test_the_profile_rows_snippet_runs(monkeypatch: pytest.MonkeyPatch) -> None:
