@@ -1,6 +1,6 @@
 """A checkpoint folder with no weights for `--load-format dummy`: a config.json at one of
-tensorfold_lfm2_moe.dummy.SHAPES (families.md §2.1, §6.1) and the demo's tokenizer files (ids
-past its vocabulary decode to nothing; the bench compares token ids).
+tensorfold_lfm2_moe.dummy.SHAPES (LFM2-8B-A1B or LFM2-24B-A2B, from their model cards) and the
+demo's tokenizer files (ids past its vocabulary decode to nothing; the bench compares token ids).
 python bench/dummy_folder.py OUT_DIR [SHAPE]   (default LFM2-8B-A1B)"""
 
 import json

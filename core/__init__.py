@@ -1,4 +1,7 @@
-"""tensorfold: serve large language models from Python."""
+"""tensorfold: serve large language models from Python.
+
+docs/architecture.md has a request's path through these modules, the module map and the
+exactness rules; docs/plugins.md and docs/reference.md are for family authors."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """What a family declares to the core: its registration record and its state layout.
 
 Nothing here imports torch: plugins build these at import time, before a family is chosen.
+docs/plugins.md builds a family from these; docs/reference.md describes every field.
 """
 
 from __future__ import annotations
@@ -104,8 +105,9 @@ class FamilySpec:
     demo_rank: when several families are installed and none is named (--family, TF_FAMILY),
     the one with a demo (`build_demo` set) and the lowest demo_rank is chosen, then by name.
     hooks: "module:attr" of an object holding the family's per-family hook implementations
-    (share_pool, share_attach, snap_keep, snap_restore, shard_plan); registered on the chosen
-    family's own plugin manager only. Empty: the core adapters' defaults.
+    (share_pool, share_attach, snap_keep, snap_restore, shard_plan, tool_call_format);
+    registered on the chosen family's own plugin manager only. Empty: the core adapters'
+    defaults.
 
     Under tensor parallel (`--tp N`) `load` and `dummy` run on every rank: `checkpoint.load`
     returns the rank's slice of each tensor as the family's `shard_plan` cuts it,

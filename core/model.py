@@ -1,4 +1,5 @@
-"""The interface a family's model implements once its family is chosen (torch side)."""
+"""The interface a family's model implements once its family is chosen (torch side); see
+docs/reference.md and the worked family in docs/plugins.md."""
 
 from __future__ import annotations
 

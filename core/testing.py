@@ -1,5 +1,6 @@
 """Helpers for families' tests (ours and third parties'): an engine on a checkpoint on the CPU
-in fp32, closed with the census checked, and the gates' common moves."""
+in fp32, closed with the census checked, and the gates' common moves. docs/reference.md lists
+them; docs/plugins.md uses them on a complete family."""
 
 from __future__ import annotations
 

@@ -31,8 +31,12 @@ from .weights import (
     AttentionWeights, LayerWeights, MlpWeights, ModelWeights, MoeWeights, PleWeights,
 )
 
-# families.md §3.1 and §6.1: Gemma-4-26B-A4B's text model, as its config.json's text_config
-# (a third-party loader's field-by-field listing; five sliding layers to one full, the last full).
+# Gemma-4-26B-A4B's text model, as its config.json's text_config (a third-party loader's
+# field-by-field listing): 30 layers, every sixth full (25 sliding + 5 full, the last full);
+# H 2816, 16 heads; sliding layers 8 KV heads x 256, window 1024; full layers 2 KV heads x 512
+# with k_eq_v; a dense GeGLU of 2112 beside a 128-expert top-8 MoE of width 704 in every layer;
+# no per-layer embeddings, no KV sharing; softcap 30; 262144 positions; tied; 25.23B
+# parameters (22.84B in routed experts, 3.82B active a token), 50.5 GB in bf16.
 CONFIGS: dict[str, dict[str, Any]] = {
     "Gemma-4-26B-A4B": dict(
         model_type="gemma4_text", vocab_size=262_144, hidden_size=2816, intermediate_size=2112,

@@ -1,9 +1,9 @@
 """Tiny Gemma 4 checkpoints saved by transformers 5.23.0 (the reference), and our model on them.
 
 Built once a session:
-- "e_style": families.md §4.1's tiny config (a ConditionalGeneration checkpoint): sliding window 8,
-  k_eq_v, the MoE beside the dense MLP, per-layer embeddings, two KV-sharing layers with the
-  double-wide MLP, softcap.
+- "e_style": the first tiny config checked against the reference (a ConditionalGeneration
+  checkpoint): sliding window 8, k_eq_v, the MoE beside the dense MLP, per-layer embeddings, two
+  KV-sharing layers with the double-wide MLP, softcap.
 - "a26b_style": Gemma-4-26B-A4B's layout at toy size: 5:1-ish sliding/full, window 100, k_eq_v,
   six experts top-3, no per-layer embeddings, no KV sharing, bidirectional-vision flag.
 - "causal_lm": a text-only `Gemma4ForCausalLM` (weights under `model.`): v_proj on full layers,

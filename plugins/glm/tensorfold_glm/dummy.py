@@ -35,7 +35,9 @@ from .weights import (
 
 F32 = torch.float32
 
-# The class defaults of Glm5NextTextConfig (families.md §1.1): 45 layers, 34 KDA + 11 MLA;
+# The class defaults of Glm5NextTextConfig (transformers 5.23.0): vocab 154880, H 4096, 45
+# layers, every fourth from 3 MLA with its own indexer and the rest KDA (34 KDA + 11 MLA), 3 dense
+# (12288) + 42 MoE (288 experts of 2048, top-8, one shared); 313.3B text parameters;
 # "-8L" keeps the widths with 8 layers: KDA but at 3 and 7 (MLA), 3 dense + 5 MoE, ~76 GB bf16.
 SHAPES: dict[str, GlmConfig] = {
     "GLM-5.3-Flash": GlmConfig.from_dict({}, "GLM-5.3-Flash"),

@@ -39,7 +39,7 @@ def test_plugin_registers_the_family_and_its_retired_row() -> None:
 
 @pytest.mark.parametrize("config", [{}, {"model_type": "glm5_next", "text_config": {}}])
 def test_state_layout_at_the_real_shape(config: dict) -> None:
-    """families.md §1.3: 34 KDA layers keep an fp32 [64, 128, 128] state and a 3-column conv
+    """At the class defaults, 34 KDA layers keep an fp32 [64, 128, 128] state and a 3-column conv
     tail of 3 * 64 * 128 bf16 channels (140.8 MiB a stream); 11 MLA layers page a 512-wide
     latent and the indexer's 128-wide key, gate and pool-key rows (19.25 KiB a token)."""
     layout = shape(config, "bfloat16").layout

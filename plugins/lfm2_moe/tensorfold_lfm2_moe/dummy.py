@@ -27,8 +27,11 @@ def _layer_types(layers: int, attention: tuple[int, ...]) -> tuple[str, ...]:
     return tuple(ATTENTION if i in attention else CONV for i in range(layers))
 
 
-# families.md §2.1 and §6.1. The 8B's attention layers are a third-party listing; the 24B's
-# are not published: every fourth layer from 2, as the 8B's spacing.
+# From the model cards: LFM2-8B-A1B has 24 layers (18 conv + 6 attention), 32 experts top-4 of
+# width 1792, a dense width of 7168, the first 2 layers dense (8.34B parameters, 1.56B active);
+# LFM2-24B-A2B has 40 layers (30 conv + 10 attention), 64 experts top-4 of width 1536, the first
+# 2 dense, a 32K context (23.8B, 2.27B active). The 8B's attention layers are a third-party
+# listing; the 24B's are not published: every fourth layer from 2, as the 8B's spacing.
 SHAPES: dict[str, Lfm2MoeConfig] = {
     "LFM2-8B-A1B": Lfm2MoeConfig(
         num_hidden_layers=24, layer_types=_layer_types(24, (2, 6, 10, 14, 18, 21)),

@@ -1,6 +1,7 @@
 """Tiny LFM2-MoE checkpoints saved by transformers 5.23.0 (the reference), and our model on them.
 
-Built once a session: families.md §4.1's tiny config, and a second shape with attention first,
+Built once a session: the first tiny config checked against the reference (conv + dense,
+attention + MoE, conv + MoE layers), and a second shape with attention first,
 other head_dim / KV heads / experts / top-k, two dense layers, conv biases and no top-k
 renormalisation. Seeds are fixed, expert_bias is perturbed (it initialises to zeros) and
 initializer_range is 0.1 (at 0.02 greedy decoding repeats one token).
@@ -26,7 +27,7 @@ COMMON: dict[str, Any] = dict(
     pad_token_id=0, bos_token_id=1, eos_token_id=2, norm_eps=1e-5, conv_L_cache=3,
 )
 SHAPES: dict[str, dict[str, Any]] = {
-    # families.md §4.1
+    # conv + dense, attention + MoE, conv + MoE
     "lfm2_tiny": dict(
         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
         layer_types=["conv", "full_attention", "conv", "full_attention"],

@@ -1,0 +1,142 @@
+"""docs/plugins.md's plugin runs as written: its file blocks are written into a temporary folder,
+the plugin is installed there the way pip records an install (a .dist-info folder with the
+pyproject's entry points, on the path), and then, in fresh interpreters that find it through the
+`tensorfold` entry-point group: `tensorfold families` lists it, `tensorfold serve` serves its
+demo to an OpenAI client, and the plugin's own tests pass (parity with transformers 5.23.0 in
+fp32, the pass-level gates, the engine gates, and two tensor-parallel ranks on the CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from guide_blocks import check_blocks, file_blocks, write_blocks
+
+GUIDE = Path(__file__).parents[1] / "docs" / "plugins.md"
+LAUNCH = "import sys; from tensorfold.cli import main; sys.exit(main())"
+
+
+def install_in_place(project: Path, site: Path) -> str:
+    """Record `project` (a folder with pyproject.toml) as installed into `site`: its packages are
+    importable from `project` and its entry points are read from a dist-info, as pip would write
+    them. Returns the distribution's name."""
+    meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+    dist = site / f"{meta['name'].replace('-', '_')}-{meta['version']}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {meta['name']}\nVersion: {meta['version']}\n")
+    lines = [f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items())
+             for group, eps in meta.get("entry-points", {}).items()]
+    (dist / "entry_points.txt").write_text("\n".join(lines))
+    return meta["name"]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """The guide's project folder, and an environment in which its plugin is installed (and no
+    other: TF_PLUGINS names it alone)."""
+    root = tmp_path_factory.mktemp("guide")
+    write_blocks(GUIDE.read_text(), root)
+    project = root / "tiny_dense"
+    site = root / "site"
+    assert install_in_place(project, site) == "tensorfold-tiny-dense"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(project), str(site)])
+    env["TF_PLUGINS"] = "tiny_dense"
+    env["TF_DEMO_CACHE"] = str(root / "demo")
+    return project, env
+
+
+def test_the_guide_names_its_files() -> None:
+    files = set(file_blocks(GUIDE.read_text()))
+    assert {"tiny_dense/pyproject.toml", "tiny_dense/tensorfold_tiny_dense/plugin.py",
+            "tiny_dense/tensorfold_tiny_dense/model.py", "tiny_dense/tensorfold_tiny_dense/demo.py",
+            "tiny_dense/tests/test_parity.py", "tiny_dense/tests/test_engine.py",
+            "tiny_dense/tensorfold_tiny_dense/shards.py", "tiny_dense/tests/test_tp.py"} <= files
+
+
+def test_the_profile_rows_snippet_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next-steps snippet registers its row and reads its setting."""
+    from tensorfold.plugins import PluginManager
+
+    (snippet,) = check_blocks(GUIDE.read_text())
+    monkeypatch.setenv("TF_TINY_DENSE_WINDOW", "64")
+    namespace: dict = {}
+    exec(compile(snippet, "docs/plugins.md", "exec"), namespace)
+    assert namespace["window"]() == 64
+    pm = PluginManager()
+    pm.register(type("Plugin", (), {"profile_rows": staticmethod(namespace["profile_rows"])}))
+    rows: list = []
+    pm.hook.profile_rows(register=rows.append)
+    assert [r.setting for r in rows] == ["TF_TINY_DENSE_WINDOW"]
+
+
+def test_the_installed_family_is_listed(installed) -> None:
+    project, env = installed
+    families = subprocess.run([sys.executable, "-c", LAUNCH, "families"], env=env,
+                              cwd=project, capture_output=True, text=True, timeout=120)
+    assert families.returncode == 0, families.stderr
+    assert "tiny_dense" in families.stdout and "tensorfold-tiny-dense" in families.stdout
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def test_serve_answers_a_chat_with_the_demo(installed) -> None:
+    project, env = installed
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH, "serve", "--family", "tiny_dense", "--port", "0",
+         "--parallel", "2"], env={**env, "TF_MEMORY_LIMIT_GIB": "0.5"}, cwd=project,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, url = time.monotonic() + 120, None
+        while url is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("serving "):
+                url = line.split(" at ")[-1].strip()
+        assert url, proc.stderr.read() if proc.poll() is not None else "no address printed"
+        for _ in range(100):
+            try:
+                with urllib.request.urlopen(url.removesuffix("/v1") + "/health", timeout=5):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        ask = {"model": "tiny_dense-demo", "max_tokens": 6, "temperature": 0, "seed": 1,
+               "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+        first = _post(url + "/chat/completions", ask)
+        assert first["choices"][0]["finish_reason"] in ("length", "stop")
+        assert first["usage"]["completion_tokens"] >= 1
+        assert _post(url + "/chat/completions", ask)["choices"] == first["choices"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.timeout(600)
+def test_the_guides_plugin_passes_its_own_tests(installed) -> None:
+    pytest.importorskip("transformers", reason="transformers 5.23.0 is the parity reference")
+    project, env = installed
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        env=env, cwd=project, capture_output=True, text=True, timeout=540)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-2000:]
