@@ -58,8 +58,9 @@ def main() -> None:
         }
         out: dict[str, object] = {"streams": STREAMS, "vocab": tok.vocab_size,
                                   "threads": torch.get_num_threads()}
-        rounds = _round_ms(llm, prompts, {"free": free, **{
-            name: replace(free, ignore_eos=False, constraint=c) for name, c in constraints.items()}})
+        named = {name: replace(free, ignore_eos=False, constraint=c)
+                 for name, c in constraints.items()}
+        rounds = _round_ms(llm, prompts, {"free": free, **named})
         base = rounds["free"]
         out["free_round_ms"] = round(base, 3)
         for name, constraint in constraints.items():

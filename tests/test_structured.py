@@ -141,7 +141,8 @@ def test_a_constrained_row_alone_equals_it_among_others(llm: Any) -> None:
     fmt = schema_format(SCHEMAS["nested"])
     for params in (GREEDY, SAMPLED):
         alone = llm.generate(["Once upon a time"], params, response_format=fmt)[0]
-        constrained = replace(params, constraint=llm._constrained([params], fmt)[0].constraint)
+        constrained = replace(params, constraint=structured.json_schema(SCHEMAS["nested"],
+                                                                        llm.tokenizer))
         others = [replace(params, seed=7), constrained, GREEDY,
                   replace(constrained, seed=99)]
         got = llm.generate(["One, two,", "Once upon a time", "Tell me", "Once upon a time"],
