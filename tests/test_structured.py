@@ -231,3 +231,33 @@ def test_a_finished_stream_drops_its_matcher(llm: Any) -> None:
     finally:
         del lanes._take
     assert taken and all(s.matcher is None for s in taken)
+
+
+def test_a_cancelled_stream_drops_its_matcher_and_the_lane_serves_on(llm: Any) -> None:
+    import threading
+
+    from tensorfold.requests import Finished, TokenOut
+
+    engine = llm.served.engine
+    live: list[Any] = []
+    first, ended = threading.Event(), threading.Event()
+    events: list[Any] = []
+
+    def sink(event: Any) -> None:
+        events.append(event)
+        if isinstance(event, TokenOut):
+            live.extend(s for s in engine.lanes.live if s.req.id == event.request_id)
+            first.set()
+        elif isinstance(event, Finished):
+            ended.set()
+
+    params = replace(SAMPLED, max_tokens=400, constraint=structured.regex(
+        "[a-z ]{2000}", llm.tokenizer))
+    req = engine.submit(llm.encode("Tell me"), params, sink)
+    assert first.wait(60)
+    assert live and live[0].matcher is not None
+    engine.cancel(req)
+    assert ended.wait(60) and events[-1].reason == "cancelled"
+    assert live[0].matcher is None
+    out = llm.generate(["Tell me"], GREEDY, response_format={"guided_regex": "[0-9]{3}"})[0]
+    assert re.fullmatch("[0-9]{3}", out.text)
