@@ -264,7 +264,10 @@ def tool_calls(tools: ToolRequest, tok: Tokenizer) -> Constraint:
     "named" offers one), each call's arguments valid against its tool's parameters."""
     build = tools.format.grammar
     assert build is not None
-    lark = build(tools.tools, tools.parallel, lambda text: _literal(tok, text))
+    try:
+        lark = build(tools.tools, tools.parallel, lambda text: _literal(tok, text))
+    except ValueError as exc:  # a schema the family's markup cannot be held to
+        raise StructuredError(f"tools: {exc}", "tools") from None
     return _validated("tool_calls", _llg().LLMatcher.grammar_from_lark(lark), tok, "tools")
 
 
