@@ -58,6 +58,7 @@ class Live:
     cached: int = 0  # prompt rows resumed from the store
     marks: list[int] = field(default_factory=list)  # prompt positions to keep states at
     forks: list["Live"] = field(default_factory=list)  # choices 1..n-1, before they fork
+    matcher: Any = None  # structured output: this row's grammar state (tensorfold.structured)
 
     @property
     def prefilling(self) -> bool:
@@ -175,6 +176,8 @@ class Lanes:
                 wanting.append((stream, out[-1]))
                 if stream.forks:  # n choices: the others start from this row's logits
                     wanting += [(f, out[-1]) for f in self._fork(stream)]
+        # structured output: each row masked by its own matcher, before its own draw
+        wanting = [(s, s.matcher.mask(row) if s.matcher else row) for s, row in wanting]
         greedy = _greedy_rows([(s.req.params, row) for s, row in wanting])
         for stream, row in wanting:
             t = len(stream.generated)
@@ -223,6 +226,7 @@ class Lanes:
             decoder=IncrementalDecoder(
                 self.tokenizer, keep=frozenset(req.params.keep_special_ids)
             ) if self.tokenizer else None,
+            matcher=req.params.constraint.start() if req.params.constraint else None,
         )
 
     def _fork(self, parent: Live) -> list[Live]:
@@ -247,6 +251,7 @@ class Lanes:
     def _drop_fork(self, f: Live, reason: str, error: str | None = None) -> None:
         """A choice that never forked (its prompt's stream ended first, or it was cancelled)."""
         f.lease.release()
+        f.matcher = None
         self.free_slots.append(f.slot)
         self._finish_unadmitted(f.req, reason, error)
 
@@ -291,6 +296,10 @@ class Lanes:
     def _take(self, s: Live, t: int, result: SampleResult) -> None:
         s.generated.append(result.token)
         s.history.append(result.token)
+        if s.matcher is not None and (refused := s.matcher.accept(result.token)):
+            log.error("the grammar refused a token its mask allowed", error=refused)
+            self._release(s, "error", f"structured output: {refused}")
+            return
         piece = s.decoder.step([result.token]) if s.decoder else ""
         step = s.stops.feed(result.token, piece)
         s.req.sink(
@@ -325,6 +334,7 @@ class Lanes:
             fed = s.req.prompt + s.generated[: s.pos - len(s.req.prompt)]
             self.sharing.keep(fed, s.lease.pages, s.slot, None)
         s.lease.release()
+        s.matcher = None  # the grammar state goes with the stream
         if self.pool.poison_freed:
             self.runner.poison_slot(s.slot)
         self.free_slots.append(s.slot)

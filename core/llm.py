@@ -15,6 +15,7 @@ from .logs import get_logger
 from .settings import Settings
 from .tool_calls import ToolCall, parse_tool_calls
 from .start import Served, open_served
+from .structured import FIELDS
 
 log = get_logger("tensorfold.llm")
 
@@ -90,8 +91,15 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
         n: int = 1,
+        *,
+        response_format: dict | None = None,
     ) -> list[Completion]:
         """Run every prompt through the lanes at once; returns completions in prompt order.
+
+        response_format: as the API takes it ({"type": "json_object"} or {"type":
+        "json_schema", "json_schema": {"schema": {...}}}), or any one structured-output field
+        as {"guided_regex": ...}, {"guided_grammar": ...}, {"structured_outputs": {...}};
+        raises ValueError (StructuredError) for what the server would refuse with a 400.
 
         n > 1: n choices of each prompt, the prompt computed once; choice i (`.index`) samples
         as the prompt alone would with seed `tensorfold.choices.choice_seed(seed, i)` (seed + i;
@@ -100,6 +108,7 @@ class LLM:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         params = sampling if isinstance(sampling, Sequence) else [sampling or SamplingParams()] * len(prompts)
+        params = self._constrained(params, response_format)
         return self._run([(self.encode(prompt), ()) for prompt in prompts], params, n)
 
     def chat(
@@ -111,6 +120,7 @@ class LLM:
         tools: Sequence[dict] | None = None,
         tool_choice: str | dict | None = None,
         parallel_tool_calls: bool | None = None,
+        response_format: dict | None = None,
     ) -> list[Completion]:
         """Render each conversation with the checkpoint's chat template (add_generation_prompt)
         and complete it; the turns' ends are marks where the prompt store keeps states.
@@ -120,7 +130,11 @@ class LLM:
         docs/serving.md); history may hold assistant `tool_calls` and `role: "tool"` messages.
         With tools offered, each completion's `content` and `tool_calls` are the text parsed in
         the family's tool-call format, and finish_reason is "tool_calls" when it called.
-        Raises ValueError (ToolRequestError) for tool fields the server would refuse."""
+        tool_choice "required" or named is constrained where the family's format can be (the
+        arguments then always parse and validate against the tool's parameters).
+        response_format: as in `generate`.
+        Raises ValueError (ToolRequestError, StructuredError) for fields the server would
+        refuse."""
         from .chat_template import marks_to_token_positions, render_chat
         from .tool_request import parse_tool_request, tool_history
 
@@ -136,6 +150,7 @@ class LLM:
         if request is not None:
             keep = tuple(sorted(self.tokenizer.special_ids(request.format.markers)))
             params = [replace(p, keep_special_ids=keep) for p in params]
+        params = self._constrained(params, response_format, request)
         runs = []
         for messages in conversations:
             chat = render_chat(
@@ -154,6 +169,17 @@ class LLM:
                 if c.tool_calls and c.finish_reason == "stop":
                     c.finish_reason = "tool_calls"
         return completions
+
+    def _constrained(self, params, response_format, tools=None) -> list[SamplingParams]:
+        from .structured import from_body
+
+        body = dict(response_format or {})
+        if body and not set(body) & set(FIELDS):  # the OpenAI shape itself
+            body = {"response_format": body}
+        constraint = from_body(body, self.tokenizer, tools)
+        if constraint is None:
+            return list(params)
+        return [replace(p, constraint=constraint) for p in params]
 
     def _run(self, runs, params, n: int = 1) -> list[Completion]:
         if len(params) != len(runs):

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from .chat_template import ChatTemplateError, marks_to_token_positions, render_chat
 from .sampling import SamplingParams, SamplingParamsError
+from .structured import StructuredError
+from .structured import from_body as constraint_from_body
 from .tool_request import ToolRequest, ToolRequestError, parse_tool_request, tool_history
 
 if TYPE_CHECKING:
@@ -178,6 +180,19 @@ def _sampling(
     return params, max_param
 
 
+def _constrained(body: dict[str, Any], served: Served, params: SamplingParams,
+                 tools: ToolRequest | None = None) -> SamplingParams:
+    """params with the request's structured-output constraint, compiled and checked now, before
+    any pass (a malformed schema, regex or grammar is a 400 naming it)."""
+    try:
+        constraint = constraint_from_body(body, served.tokenizer, tools)
+        return params if constraint is None else replace(params, constraint=constraint)
+    except StructuredError as exc:
+        raise bad(str(exc), exc.param) from None
+    except SamplingParamsError as exc:
+        raise bad(str(exc), exc.field) from None
+
+
 def _choices(body: dict[str, Any]) -> int:
     n = _get(body, "n", "int")
     if n is not None and n < 1:
@@ -243,6 +258,7 @@ def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
         body, lambda: _default_max(served, len(ids), COMPLETION_DEFAULT_MAX_TOKENS),
         served.checkpoint.generation_config, logprobs is not None, logprobs or 0,
     )
+    params = _constrained(body, served, params)
     token_ids = bool(_get(body, "return_tokens_as_token_ids", "bool"))
     return Parsed("completion", ids, params, (), stream, usage, max_param, token_ids,
                   _choices(body))
@@ -303,5 +319,6 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
     if tools is not None:  # markers that are special tokens must reach the parser
         keep = tok.special_ids(tools.format.markers)
         params = replace(params, keep_special_ids=tuple(sorted(keep)))
+    params = _constrained(body, served, params, tools)
     return Parsed("chat", ids, params, tuple(marks), stream, usage, max_param, token_ids,
                   _choices(body), tools)

@@ -83,7 +83,9 @@ class PromptSharing:
     def resume(self, kept: Kept, lease: Lease, slot: int) -> int:
         """Attach the kept pages to the lease and restore the snapshot into the slot."""
         self.runner.attach(self.hooks, lease, kept.pages, kept.pos)
-        if kept.snapshot is not None:
+        # a family with no fixed state keeps empty snapshots, leased here without the runner, so
+        # there is nothing to restore (and a TP follower never saw them)
+        if kept.snapshot is not None and self.arena.buffers:
             self.runner.restore_state(self.hooks, self.arena, kept.snapshot, slot)
         return kept.pos
 

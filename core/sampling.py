@@ -21,7 +21,7 @@ import numbers
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -147,6 +147,9 @@ class SamplingParams:
     top_logprobs: int = 0  # 0..20, needs logprobs
     keep_special_ids: tuple[int, ...] = ()  # special tokens written into the text (tool markers)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]), by id
+    # structured output (tensorfold.structured.Constraint): the lanes mask each row's logits
+    # with its own matcher before the draw; None: free text
+    constraint: Any = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: object) -> None:
@@ -178,6 +181,14 @@ class SamplingParams:
             raise SamplingParamsError("top_logprobs", "needs logprobs set to true")
         put("top_logprobs", top_n)
         put("logit_bias", _logit_bias(self.logit_bias))
+        if self.constraint is not None and not callable(getattr(self.constraint, "start", None)):
+            raise SamplingParamsError(
+                "constraint", "must be a tensorfold.structured.Constraint (see "
+                f"tensorfold.structured.response_format), got {self.constraint!r}")
+        if self.constraint is not None and self.ignore_eos:
+            raise SamplingParamsError(
+                "ignore_eos", "cannot be combined with structured output: the grammar ends the "
+                "reply with the end of text once it is complete")
 
     @property
     def is_greedy(self) -> bool:

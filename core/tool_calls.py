@@ -45,6 +45,10 @@ class ToolCallFormat:
     inner: other tokens of the markup that `parse` reads (Gemma's string quote `<|"|>`, GLM's
         `<arg_key>`): where any marker is a special token of the tokenizer, it must still be
         decoded into the text.
+    grammar(tools, parallel, literal): a Lark grammar (llguidance's dialect) for a reply that
+        is only calls to `tools` (OpenAI tool entries), several when `parallel`; `literal(text)`
+        gives a marker's Lark term (a special token's id, or quoted text). None: tool_choice
+        "required" / named cannot be constrained in this format (tensorfold.structured).
     """
 
     name: str
@@ -53,6 +57,7 @@ class ToolCallFormat:
     parse: Callable[[str, Schemas], list[tuple[str, dict[str, Any]]]]
     after: tuple[str, ...] = ()
     inner: tuple[str, ...] = ()
+    grammar: Callable[[Sequence[Mapping[str, Any]], bool, Callable[[str], str]], str] | None = None
 
     @property
     def markers(self) -> tuple[str, ...]:

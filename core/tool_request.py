@@ -4,9 +4,11 @@ checked, and a chat history's assistant `tool_calls` made ready for a chat templ
 - `tool_choice` "none" (the default without tools): the tools are not offered to the model (not
   passed to the template, as vLLM does) and its text is not parsed for calls.
 - "auto" (the default with tools): the tools go to the template, the reply is parsed.
-- "required" and a named function: until a grammar engine constrains decoding, nothing forces the
-  model to call: the tools (a named choice: only that one) go to the template and the reply is
-  parsed as with "auto"; a reply with no call comes back as content with finish_reason "stop".
+- "required" and a named function: the tools (a named choice: only that one) go to the template
+  and the reply is parsed as with "auto"; where the family's format gives a grammar
+  (ToolCallFormat.grammar), decoding is constrained to calls whose arguments validate
+  (tensorfold.structured); elsewhere nothing forces a call, and a reply with no call comes back
+  as content with finish_reason "stop".
 - parallel_tool_calls=false: the first call is returned, later ones are dropped.
 
 Every refusal is a ToolRequestError naming the field and what would be accepted.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Callable, Mapping, Sequence
 
 from tensorfold.tool_calls import MalformedToolCall, Schemas, ToolCallFormat
 
@@ -119,4 +119,84 @@ def parse(body: str, schemas: Schemas) -> list[tuple[str, dict[str, Any]]]:
     return [(found.group(), arguments)]
 
 
-FORMAT = ToolCallFormat("gemma4", START, END, parse, after=(RESPONSE,), inner=(QUOTE,))
+class _Grammar:
+    """Lark rules for Gemma's value syntax, typed by a JSON schema: strings quoted with <|"|>
+    (bare text without '<'; enum, minLength and maxLength held to), numbers, integers, booleans
+    and null as JSON writes them (with their bounds), arrays of such values, and objects with
+    bare keys, their required members always and the others optionally. Not enforced: a
+    string's pattern or format, an array's length bounds and uniqueItems, object keywords other
+    than properties and required, and $ref / anyOf across types (such a value is refused at
+    compile time rather than loosely constrained)."""
+
+    def __init__(self, literal: Callable[[str], str]) -> None:
+        self.quote = literal(QUOTE)
+        self.rules: list[str] = []
+
+    def rule(self, body: str) -> str:
+        name = f"v{len(self.rules)}"
+        self.rules.append(f"{name}: {body}")
+        return name
+
+    def value(self, schema: Mapping[str, Any]) -> str:
+        from tensorfold.structured import JSON_OPTIONS
+
+        kind = schema.get("type")
+        enum = schema.get("enum")
+        if isinstance(enum, list) and enum and all(isinstance(e, str) for e in enum):
+            return self.rule(" | ".join(f"{self.quote} {json.dumps(e)} {self.quote}"
+                                        for e in enum))
+        if kind == "string":
+            low = schema.get("minLength", 0)
+            high = schema.get("maxLength", "")
+            low = low if isinstance(low, int) and low >= 0 else 0
+            high = high if isinstance(high, int) and high >= low else ""
+            return self.rule(f"{self.quote} /[^<]{{{low},{high}}}/ {self.quote}")
+        if kind == "array":
+            items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+            item = self.value(items)
+            return self.rule(f'"[" ({item} ("," {item})*)? "]"')
+        if kind == "object" or (kind is None and "properties" in schema):
+            return self.obj(schema)
+        if kind in ("integer", "number", "boolean", "null") or isinstance(enum, list):
+            return self.rule("%json" + json.dumps({**schema, "x-guidance": JSON_OPTIONS}))
+        raise ValueError(f"gemma4 tool calls cannot be constrained to the schema "
+                         f"{json.dumps(schema)[:80]}: give each parameter a single type")
+
+    def obj(self, schema: Mapping[str, Any]) -> str:
+        """'{' members '}': required members first, then optional ones, commas between."""
+        properties = schema.get("properties") or {}
+        required = [k for k in properties if k in set(schema.get("required") or [])]
+        optional = [k for k in properties if k not in required]
+        member = {k: self.rule(f'{json.dumps(k)} ":" {self.value(properties[k])}')
+                  for k in properties}
+        if required:
+            head = ' "," '.join(member[k] for k in required)
+            tail = " ".join(f'("," {member[k]})?' for k in optional)
+            return self.rule(f'"{{" {head} {tail} "}}"')
+        choices = ['""']
+        for i, k in enumerate(optional):  # the first member present is optional[i]
+            tail = " ".join(f'("," {member[o]})?' for o in optional[i + 1:])
+            choices.append(f"{member[k]} {tail}")
+        inner = self.rule(" | ".join(choices))
+        return self.rule(f'"{{" {inner} "}}"')
+
+
+def grammar(tools: Sequence[Mapping[str, Any]], parallel: bool,
+            literal: Callable[[str], str]) -> str:
+    """Sections of calls to `tools` (one, or several when `parallel`), each argument typed by
+    its parameter's schema (see _Grammar for what is not enforced)."""
+    g = _Grammar(literal)
+    calls = []
+    for tool in tools:
+        function = tool["function"]
+        parameters = dict(function.get("parameters") or {})
+        parameters.setdefault("type", "object")
+        arguments = g.obj(parameters)
+        calls.append(g.rule(f'{literal(START)} "call:" {json.dumps(function["name"])} '
+                            f"{arguments} {literal(END)}"))
+    call = g.rule(" | ".join(calls))
+    return "\n".join([f"start: {call}+" if parallel else f"start: {call}", *g.rules])
+
+
+FORMAT = ToolCallFormat("gemma4", START, END, parse, after=(RESPONSE,), inner=(QUOTE,),
+                        grammar=grammar)

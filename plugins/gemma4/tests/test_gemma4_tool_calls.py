@@ -87,3 +87,57 @@ def test_the_demo_template_names_a_tool_answer_by_its_call() -> None:
     text = render_chat(CHAT_TEMPLATE, messages, bos_token="<bos>",
                        add_generation_prompt=False).text
     assert text.endswith(f"<|tool_response>response:get_time{{value:{Q}10:42{Q}}}<tool_response|>")
+
+
+CONSTRAINED = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 12},
+            "units": {"type": "string", "enum": ["C", "F"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            "where": {"type": "object", "properties": {
+                "lat": {"type": "number", "minimum": -90, "maximum": 90},
+                "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}}}}},
+        "required": ["city", "days"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["CET", "UTC"]},
+                                         "exact": {"type": "boolean"}}}}},
+]
+
+
+def test_constrained_calls_from_the_random_demo_validate(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """tool_choice required / named on the gemma4 demo (random weights): the grammar alone
+    makes the reply one call in Gemma's markup whose arguments validate against the schema; a
+    schema the markup cannot be held to is refused naming tools."""
+    import json
+
+    import jsonschema
+
+    from tensorfold.sampling import SamplingParams
+    from tensorfold.structured import StructuredError
+    from tensorfold.testing import close_even, open_llm
+
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in CONSTRAINED}
+    llm = open_llm("gemma4", None, parallel=2,
+                   demo_cache=tmp_path_factory.mktemp("gemma-constrained"))
+    try:
+        ask = [[{"role": "user", "content": "What is the weather in Paris?"}]]
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        for choice, params in (
+                ("required", SamplingParams(temperature=0, max_tokens=300)),
+                ("required", SamplingParams(temperature=1.0, seed=4, max_tokens=300)),
+                (named, SamplingParams(temperature=1.0, seed=8, max_tokens=300))):
+            out = llm.chat(ask, params, tools=CONSTRAINED, tool_choice=choice,
+                           parallel_tool_calls=False)[0]
+            assert out.finish_reason == "tool_calls" and out.content is None, out.text
+            (call,) = out.tool_calls
+            if choice is named:
+                assert call.name == "get_weather"
+            jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+        loose = [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"x": {"anyOf": [{"type": "string"}, {}]}}}}}]
+        with pytest.raises(StructuredError, match="single type"):
+            llm.chat(ask, SamplingParams(max_tokens=4), tools=loose, tool_choice="required")
+    finally:
+        close_even(llm)

@@ -92,3 +92,49 @@ def test_reads_what_the_demo_template_writes() -> None:
     text = render_chat(CHAT_TEMPLATE, _history("Checking."), tools=TOOLS).text
     assert parse_everywhere(FORMAT, _assistant_part(text, "Checking."), TOOLS) == (
         "Checking.", CALLS)
+
+
+CONSTRAINED = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 12},
+            "units": {"type": "string", "enum": ["C", "F"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            "hours": {"type": "array", "items": {"type": "integer", "minimum": 0,
+                                                 "maximum": 23}, "maxItems": 3}},
+        "required": ["city", "days"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["CET", "UTC"]}},
+        "required": ["zone"]}}},
+]
+
+
+def test_constrained_calls_from_the_random_demo_validate(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """tool_choice required / named on the glm5_next demo (random weights): the grammar alone
+    makes the reply one call in GLM's markup whose arguments validate against the schema."""
+    import json
+
+    import jsonschema
+
+    from tensorfold.sampling import SamplingParams
+    from tensorfold.testing import close_even, open_llm
+
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in CONSTRAINED}
+    llm = open_llm("glm5_next", None, parallel=2,
+                   demo_cache=tmp_path_factory.mktemp("glm-constrained"))
+    try:
+        ask = [[{"role": "user", "content": "What is the weather in Paris?"}]]
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        for choice, params in (
+                ("required", SamplingParams(temperature=0, max_tokens=400)),
+                (named, SamplingParams(temperature=1.0, seed=8, max_tokens=400))):
+            out = llm.chat(ask, params, tools=CONSTRAINED, tool_choice=choice,
+                           parallel_tool_calls=False)[0]
+            assert out.finish_reason == "tool_calls" and out.content is None, out.text
+            (call,) = out.tool_calls
+            if choice is named:
+                assert call.name == "get_weather"
+            jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+    finally:
+        close_even(llm)

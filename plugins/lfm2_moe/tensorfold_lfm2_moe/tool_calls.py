@@ -8,12 +8,16 @@ writes strings in single quotes and lists with Python's repr) or JSON (its templ
 objects with tojson, so `true`, `false` and `null` count too). Liquid's models also write the
 list as JSON when a system prompt asks for it: `[{"name": ..., "arguments": {...}}]`.
 Parsed with `ast.parse`, never evaluated.
+
+Constrained calls (tool_choice "required" or named) are written in the JSON form, which the
+grammar can hold to each tool's parameter schema: `[{"name": "f", "arguments": {...}}]`.
 """
 
 from __future__ import annotations
 
 import ast
-from typing import Any
+import json
+from typing import Any, Callable, Mapping, Sequence
 
 from tensorfold.tool_calls import MalformedToolCall, Schemas, ToolCallFormat
 
@@ -82,4 +86,21 @@ def parse(body: str, schemas: Schemas) -> list[tuple[str, dict[str, Any]]]:
     return [_call(item) for item in items]
 
 
-FORMAT = ToolCallFormat("lfm2", START, END, parse)
+def grammar(tools: Sequence[Mapping[str, Any]], parallel: bool,
+            literal: Callable[[str], str]) -> str:
+    """The JSON form, one call (or several when `parallel`), each a tool's name and arguments
+    valid against its parameters."""
+    from tensorfold.structured import arguments_schema
+
+    rules = []
+    for i, tool in enumerate(tools):
+        function = tool["function"]
+        head = '{"name": ' + json.dumps(function["name"]) + ', "arguments": '
+        schema = json.dumps(arguments_schema(function.get("parameters")))
+        rules.append(f"call_{i}: {json.dumps(head)} %json{schema} \"}}\"")
+    calls = 'call ("," call)*' if parallel else "call"
+    return "\n".join([f'start: {literal(START)} "[" {calls} "]" {literal(END)}',
+                      "call: " + " | ".join(f"call_{i}" for i in range(len(tools))), *rules])
+
+
+FORMAT = ToolCallFormat("lfm2", START, END, parse, grammar=grammar)

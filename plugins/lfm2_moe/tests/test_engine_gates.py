@@ -4,6 +4,7 @@ short prompts don't wait behind. Every engine's census must be even when it goes
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -170,5 +171,31 @@ def test_cancel_frees_the_lane_and_pages_in_the_next_round(demo):
         assert events[-1].reason == "cancelled"
         # the lane is free again: a second request runs at once
         assert llm.generate([[6] * 8], GREEDY)[0].finish_reason == "length"
+    finally:
+        close_even(llm)
+
+
+def test_constrained_rows_concurrent_equal_solo(demo, prompts):
+    """Structured output on: every row masked by its own matcher gives, all eight at once (long
+    prompts cut across passes among them; greedy and seeded rows mixed), the tokens it gives
+    alone; the replies are JSON of the schema, and the census is even after."""
+    from tensorfold.structured import json_schema
+
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "n": {"type": "integer", "minimum": 0, "maximum": 999},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+        "required": ["name", "n"], "additionalProperties": False}
+    llm = open_llm(demo, parallel=8)
+    try:
+        constraint = json_schema(schema, llm.tokenizer)
+        mixed = [SamplingParams(**{**vars(GREEDY if i % 3 == 0 else SAMPLED), "seed": 50 + i,
+                                   "ignore_eos": False, "max_tokens": 60,
+                                   "constraint": constraint}) for i in range(len(prompts))]
+        alone = [llm.generate([p], params)[0] for p, params in zip(prompts, mixed)]
+        together = llm.generate(prompts, mixed)
+        assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+        for c in alone:
+            assert c.finish_reason == "stop" and set(json.loads(c.text)) >= {"name", "n"}
     finally:
         close_even(llm)

@@ -1,0 +1,280 @@
+"""Structured output: a request's constraint (`response_format`, a regex, a grammar, or the tool
+calls that `tool_choice` "required" / named demands) compiled into a grammar for llguidance, and
+the per-row matcher that masks the lanes' logits.
+
+The grammar engine is llguidance (see docs/serving.md, "Structured output", for why): it builds
+its tokenizer from our `tokenizers` JSON, compiles JSON schemas, regexes and Lark grammars
+lazily (no compile pass before the first token), and computes a token mask per step.
+
+Exactness: a row's mask depends only on the row's own generated tokens, and the mask is applied
+to the row's own logits before its seeded draw (lanes.py), so concurrent == solo and resumed ==
+fresh hold with constraints on; each of n choices has its own matcher. The mask lets the end of
+text (EOS) through only where the grammar accepts, and only EOS once the grammar is complete.
+
+Everything a request can get wrong is a StructuredError naming the field and the problem; it is
+raised while the request is parsed, before any pass.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
+    from .tool_request import ToolRequest
+
+# compact JSON: a model cannot wander off into whitespace; escapes that JSON and Python read alike
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False,
+                                "json_allowed_escapes": 'nrbtf\\"u'}
+FIELDS = ("response_format", "guided_json", "guided_regex", "guided_grammar", "guided_choice",
+          "structured_outputs")
+_FORMAT_SHAPE = ('{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+                 '"json_schema": {"name": ..., "schema": {...}, "strict": true}}')
+_OUTPUTS_KEYS = ("json", "json_object", "regex", "grammar", "choice")
+
+
+class StructuredError(ValueError):
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _llg() -> Any:
+    import llguidance
+
+    return llguidance
+
+
+_TOKENIZERS: "weakref.WeakKeyDictionary[Tokenizer, Any]" = weakref.WeakKeyDictionary()
+
+
+def ll_tokenizer(tok: Tokenizer) -> Any:
+    """llguidance's view of our tokenizer (built once per tokenizer): the same tokenizer.json,
+    its EOS tokens the ones that end a stream."""
+    if (found := _TOKENIZERS.get(tok)) is None:
+        eos = sorted(tok.eos_token_ids)
+        found = _llg().LLTokenizer(tok.hf.to_str(), n_vocab=tok.vocab_size,
+                                   eos_token=eos or None)
+        _TOKENIZERS[tok] = found
+    return found
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A compiled constraint: `kind` says what asked for it, `grammar` is llguidance's grammar
+    text. Immutable and shared by every choice of a request; `start()` gives a row its own
+    matcher."""
+
+    kind: str  # "json_object", "json_schema", "regex", "grammar", "choice", "tool_calls"
+    grammar: str
+    tokenizer: Any = field(compare=False, repr=False)
+
+    def start(self) -> RowMatcher:
+        return RowMatcher(self.tokenizer, self.grammar)
+
+
+class RowMatcher:
+    """One row's grammar state: `mask` a logits row for the next token, `accept` the sampled one.
+    Dropped (and its memory freed) when the row's stream ends."""
+
+    def __init__(self, tokenizer: Any, grammar: str) -> None:
+        self.matcher = _llg().LLMatcher(tokenizer, grammar, log_level=0)
+        self.vocab = tokenizer.vocab_size
+
+    def allowed(self, vocab: int) -> torch.Tensor:
+        """[vocab] bool: the tokens the grammar allows next (ids past the tokenizer's: never)."""
+        bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8),
+                             bitorder="little")[: min(vocab, self.vocab)]
+        out = torch.zeros(vocab, dtype=torch.bool)
+        out[: bits.size] = torch.from_numpy(bits.astype(np.bool_))
+        return out
+
+    def mask(self, row: torch.Tensor) -> torch.Tensor:
+        """row: [V] logits -> a copy with every token the grammar forbids at -inf."""
+        allowed = self.allowed(row.numel()).to(row.device, non_blocking=True)
+        return row.masked_fill(~allowed, float("-inf"))
+
+    def accept(self, token: int) -> str | None:
+        """Advance by the sampled token; an error message if the grammar refused it."""
+        self.matcher.consume_token(token)
+        return self.matcher.get_error() if self.matcher.is_error() else None
+
+
+def _validated(kind: str, grammar: str, tok: Tokenizer, param: str) -> Constraint:
+    lltok = ll_tokenizer(tok)
+    error = _llg().LLMatcher.validate_grammar(grammar, lltok)
+    if error:
+        raise StructuredError(f"{param}: the {kind.replace('_', ' ')} does not compile: "
+                              f"{error.strip()}", param)
+    return Constraint(kind, grammar, lltok)
+
+
+def _schema_text(schema: Any, param: str) -> dict[str, Any]:
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise StructuredError(f"{param} is not valid JSON: {exc}", param) from None
+    if isinstance(schema, bool):
+        schema = {} if schema else {"not": {}}
+    if not isinstance(schema, dict):
+        raise StructuredError(f"{param} must be a JSON schema (an object), got "
+                              f"{json.dumps(schema)[:80]}", param)
+    return schema
+
+
+def json_schema_grammar(schema: Mapping[str, Any], param: str) -> str:
+    llg = _llg()
+    try:
+        return llg.LLMatcher.grammar_from_json_schema(dict(schema), defaults=JSON_OPTIONS)
+    except (ValueError, TypeError) as exc:
+        raise StructuredError(f"{param}: the JSON schema is malformed: {exc}", param) from None
+
+
+def json_schema(schema: Any, tok: Tokenizer, param: str = "response_format") -> Constraint:
+    return _validated("json_schema",
+                      json_schema_grammar(_schema_text(schema, param), param), tok, param)
+
+
+def json_object(tok: Tokenizer, param: str = "response_format") -> Constraint:
+    return _validated("json_object", json_schema_grammar({"type": "object"}, param), tok, param)
+
+
+def regex(pattern: Any, tok: Tokenizer, param: str = "guided_regex") -> Constraint:
+    if not isinstance(pattern, str) or not pattern:
+        raise StructuredError(f"{param} must be a non-empty regular expression string", param)
+    return _validated("regex", _llg().LLMatcher.grammar_from_regex(pattern), tok, param)
+
+
+def grammar(text: Any, tok: Tokenizer, param: str = "guided_grammar") -> Constraint:
+    """A Lark grammar in llguidance's dialect, or a GBNF one (llama.cpp's, as vLLM takes it),
+    which is converted to Lark."""
+    if not isinstance(text, str) or not text.strip():
+        raise StructuredError(f"{param} must be a non-empty grammar string (Lark or GBNF)", param)
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    try:
+        lark = any_to_lark(text)
+    except Exception as exc:  # the converter raises plain exceptions for GBNF it cannot read
+        raise StructuredError(f"{param}: the GBNF grammar does not parse: {exc}", param) from None
+    return _validated("grammar", _llg().LLMatcher.grammar_from_lark(lark), tok, param)
+
+
+def choice(options: Any, tok: Tokenizer, param: str = "guided_choice") -> Constraint:
+    if (not isinstance(options, list) or not options
+            or not all(isinstance(o, str) and o for o in options)):
+        raise StructuredError(f"{param} must be a non-empty array of non-empty strings", param)
+    lark = "start: " + " | ".join(json.dumps(o) for o in options)
+    return _validated("choice", _llg().LLMatcher.grammar_from_lark(lark), tok, param)
+
+
+def response_format(value: Any, tok: Tokenizer) -> Constraint | None:
+    """OpenAI's response_format: text (no constraint), json_object or json_schema."""
+    param = "response_format"
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise StructuredError(f"response_format must be {_FORMAT_SHAPE}", param)
+    kind = value["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_object(tok)
+    if kind != "json_schema":
+        raise StructuredError(f"response_format.type must be \"text\", \"json_object\" or "
+                              f"\"json_schema\", got {json.dumps(kind)[:60]}", param)
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise StructuredError(f"response_format.json_schema must be an object; "
+                              f"response_format must be {_FORMAT_SHAPE}", param)
+    name = spec.get("name")
+    if name is not None and not isinstance(name, str):
+        raise StructuredError("response_format.json_schema.name must be a string", param)
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise StructuredError("response_format.json_schema.strict must be a boolean", param)
+    if "schema" not in spec:  # OpenAI's default: any JSON object
+        return json_object(tok)
+    return json_schema(spec["schema"], tok)
+
+
+def _structured_outputs(value: Any, tok: Tokenizer) -> Constraint | None:
+    """vLLM's structured_outputs: {"json" | "json_object" | "regex" | "grammar" | "choice"}."""
+    param = "structured_outputs"
+    if not isinstance(value, dict):
+        raise StructuredError(f"{param} must be an object with one of "
+                              f"{', '.join(_OUTPUTS_KEYS)}", param)
+    given = [k for k in _OUTPUTS_KEYS if value.get(k) not in (None, False)]
+    unknown = sorted(set(value) - set(_OUTPUTS_KEYS))
+    if unknown:
+        raise StructuredError(f"{param} does not take {', '.join(unknown)}; it takes one of "
+                              f"{', '.join(_OUTPUTS_KEYS)}", param)
+    if len(given) != 1:
+        raise StructuredError(f"{param} needs exactly one of {', '.join(_OUTPUTS_KEYS)}, got "
+                              f"{len(given)}", param)
+    key, item = given[0], value[given[0]]
+    if key == "json":
+        return json_schema(item, tok, param)
+    if key == "json_object":
+        return json_object(tok, param)
+    return {"regex": regex, "grammar": grammar, "choice": choice}[key](item, tok, param)
+
+
+def from_body(body: Mapping[str, Any], tok: Tokenizer,
+              tools: ToolRequest | None = None) -> Constraint | None:
+    """The request's constraint, from whichever one field asks for it; None when none does.
+    tool_choice "required" or named, where the family's format can be constrained, is one too."""
+    asked = [name for name in FIELDS if body.get(name) is not None]
+    if tools is not None and tools.choice in ("required", "named") and tools.format.grammar:
+        asked.append("tool_choice")
+    if len(asked) > 1:
+        raise StructuredError(f"{' and '.join(asked)} each constrain the reply; send one", asked[1])
+    if not asked:
+        return None
+    name = asked[0]
+    value = body.get(name)
+    if name == "response_format":
+        return response_format(value, tok)
+    if name == "guided_json":
+        return json_schema(value, tok, name)
+    if name == "guided_regex":
+        return regex(value, tok, name)
+    if name == "guided_grammar":
+        return grammar(value, tok, name)
+    if name == "guided_choice":
+        return choice(value, tok, name)
+    if name == "structured_outputs":
+        return _structured_outputs(value, tok)
+    assert tools is not None
+    return tool_calls(tools, tok)
+
+
+def _literal(tok: Tokenizer, text: str) -> str:
+    """A piece of markup as a Lark term: a special token by its id, other text quoted."""
+    ids = tok.special_ids([text])
+    return f"<[{next(iter(ids))}]>" if ids else json.dumps(text)
+
+
+def tool_calls(tools: ToolRequest, tok: Tokenizer) -> Constraint:
+    """A reply that is only calls, in the family's markup, to the offered tools (tool_choice
+    "named" offers one), each call's arguments valid against its tool's parameters."""
+    build = tools.format.grammar
+    assert build is not None
+    try:
+        lark = build(tools.tools, tools.parallel, lambda text: _literal(tok, text))
+    except ValueError as exc:  # a schema the family's markup cannot be held to
+        raise StructuredError(f"tools: {exc}", "tools") from None
+    return _validated("tool_calls", _llg().LLMatcher.grammar_from_lark(lark), tok, "tools")
+
+
+def arguments_schema(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A tool's `parameters` as the schema of its arguments object, compact JSON, for a
+    format's grammar (`%json{...}` in Lark)."""
+    schema = dict(parameters or {})
+    schema.setdefault("type", "object")
+    schema["x-guidance"] = {**JSON_OPTIONS, **(schema.get("x-guidance") or {})}
+    return schema
