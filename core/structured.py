@@ -260,12 +260,15 @@ def _literal(tok: Tokenizer, text: str) -> str:
 
 
 def tool_calls(tools: ToolRequest, tok: Tokenizer) -> Constraint:
-    """A reply that is only calls, in the family's markup, to the offered tools (tool_choice
-    "named" offers one), each call's arguments valid against its tool's parameters."""
+    """A reply that is only calls, in the family's markup, to the offered tools, each call's
+    arguments valid against its tool's parameters. tool_choice "named" offers one tool and is
+    called once (OpenAI's forced function; a grammar allowing more lets a model repeat it until
+    max_tokens)."""
     build = tools.format.grammar
     assert build is not None
+    parallel = tools.parallel and tools.choice != "named"
     try:
-        lark = build(tools.tools, tools.parallel, lambda text: _literal(tok, text))
+        lark = build(tools.tools, parallel, lambda text: _literal(tok, text))
     except ValueError as exc:  # a schema the family's markup cannot be held to
         raise StructuredError(f"tools: {exc}", "tools") from None
     return _validated("tool_calls", _llg().LLMatcher.grammar_from_lark(lark), tok, "tools")
