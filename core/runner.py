@@ -17,6 +17,7 @@ from tensorfold.adapters import paged_kv
 from tensorfold.adapters.paged_kv import PagedRows
 from tensorfold.adapters.stream_state import StreamSlots
 
+from .cpu_threads import one_cpu_thread
 from .forward_pass import ForwardPass, LogitRows, StreamRows
 from .kv_pool import KVPool, Lease
 from .model import FamilyModel
@@ -53,7 +54,11 @@ class ModelRunner:
     def run(self, streams: Sequence[StreamRows]) -> list[torch.Tensor]:
         """One pass; returns each stream's logits ([rows wanted, vocab], fp32)."""
         fp = ForwardPass(streams, self.pool.page_rows, self.model.device)
-        logits = self.model.forward(fp, self.rows, self.slots)
+        if torch.device(self.model.device).type == "cpu":
+            with one_cpu_thread():
+                logits = self.model.forward(fp, self.rows, self.slots)
+        else:
+            logits = self.model.forward(fp, self.rows, self.slots)
         self.last_pass = fp  # its taps feed the prompt store's keeps
         return fp.split_logits(logits)
 
