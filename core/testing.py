@@ -450,3 +450,33 @@ class ReferenceCase:
             tokens = out.sequences[0, len(self.prompt):].tolist()
             self._cache[key] = tokens, torch.cat([s.float() for s in out.logits])
         return self._cache[key]
+
+
+# -- the demos: they write words ----------------------------------------------------------------
+
+DEMO_CHATS = ("What is the capital of France?", "Tell me a story.", "Hello!", "Who are you?")
+DEMO_COMPLETIONS = ("Once upon a time", "The little engine")
+
+
+def assert_demo_writes_words(llm: LLM) -> None:
+    """A trained demo's greedy replies to fixed chats end their turn and are readable words, at
+    least 80% of them from its training text (tensorfold.demo_text), with no U+FFFD or control
+    bytes; it knows France's capital; its completions of fixed openings are words too."""
+    import re
+
+    from .demo_text import known_share
+
+    replies = llm.chat([[{"role": "user", "content": p}] for p in DEMO_CHATS],
+                       SamplingParams(temperature=0.0, max_tokens=40))
+    for prompt, reply in zip(DEMO_CHATS, replies):
+        text = reply.text
+        assert reply.finish_reason == "stop", (prompt, text)  # it ends its turn
+        assert len(re.findall(r"[A-Za-z]+", text)) >= 3, (prompt, text)
+        assert known_share(text) >= 0.8, (prompt, text)
+        assert not re.search(r"[\ufffd\x00-\x08\x0b-\x1f]", text), (prompt, text)
+    assert "Paris" in replies[0].text, replies[0].text
+    completions = llm.generate(list(DEMO_COMPLETIONS), SamplingParams(temperature=0.0,
+                                                                      max_tokens=24))
+    for prompt, reply in zip(DEMO_COMPLETIONS, completions):
+        assert len(re.findall(r"[A-Za-z]+", reply.text)) >= 8, (prompt, reply.text)
+        assert known_share(reply.text) >= 0.8, (prompt, reply.text)
