@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import struct
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence

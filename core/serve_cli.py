@@ -122,7 +122,6 @@ async def _serve(served: Served, args: argparse.Namespace, settings: Settings,
     from aiohttp import web
 
     from tensorfold.api_key import exposure_warning
-    from tensorfold.cli import CommandError
     from tensorfold.logs import get_logger
     from tensorfold.request_limits import MIB, Limits, serve_on
     from tensorfold.server import STATE, create_app
