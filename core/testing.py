@@ -123,6 +123,14 @@ def run_chats(
     return replies, cached
 
 
+def assert_host_tier_served(llm: LLM, cached: Sequence[Sequence[int]]) -> None:
+    """After chats on an engine with a small device store and a host tier: the store evicted to
+    the host and resumed from it, and the census line counts the host pages."""
+    sharing = llm.served.engine.lanes.sharing
+    assert sharing.evictions > 0 and sharing.host_hits > 0, cached
+    assert "; host free " in llm.served.engine.lanes.pool.census().line()
+
+
 # -- pass-level checks, on a family's model through a ModelRunner -------------------------------
 # make_runner(model=None, num_pages=, num_slots=, page_rows=512, poison=False) -> ModelRunner
 
