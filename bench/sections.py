@@ -68,13 +68,16 @@ class Sections:
         from tensorfold.forward_pass import StreamRows
 
         res: dict[str, Any] = {}
-        for name, n, rows in (("decode1", 1, 1), ("decode64", 64, 1), ("prefill2048", 1, 2048)):
-            runner = self.runner(n, graphs=False, window=4096)
+        runs = (("decode1", 1, 1, False), ("decode1_graph", 1, 1, True), ("decode64", 64, 1, False),
+                ("prefill2048", 1, 2048, False))
+        for name, n, rows, graphs in runs:
+            runner = self.runner(n, graphs=graphs, window=4096)
             g = torch.Generator().manual_seed(7)
             streams = [StreamRows(s, 0 if rows > 1 else 100,
                                   torch.randint(10, self.model.vocab_size, (rows,), generator=g).tolist(),
                                   list(range(s * 8, s * 8 + 8))) for s in range(n)]
-            runner.run(streams)
+            for _ in range(3 if graphs else 1):  # a graph runner captures on its second round
+                runner.run(streams)
             sync(self.device)
             with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
                 for _ in range(3):
@@ -87,6 +90,7 @@ class Sections:
             kern.sort(key=lambda t: -t[1])
             res[name] = {
                 "gpu_us_per_round": sum(k[1] for k in kern if not k[0].startswith("cuda")),
+                "kernels_per_round": sum(k[2] for k in kern if not k[0].startswith("cuda")),
                 "top": [(k[0][:60], round(k[1], 1), round(k[2], 1)) for k in kern[:12]],
             }
         return res

@@ -1,10 +1,11 @@
 """Batch-invariant linear layers on the GPU: x [M, K] @ w[N, K]ᵀ in Triton.
 
-K is walked in BLOCK_K steps from 0 upwards into one fp32 accumulator, and BLOCK_K is chosen
-by the weight's shape (N, K) only: the reduction order never depends on the row count M, so a
-row's bits do not depend on how many rows share the call. The tile along M and N (and the warps)
-is chosen by M: small tiles for decode-sized passes (up to SMALL_ROWS rows), 128-row tiles for
-prompt passes. Every tile shape measured on an H200 gave the same bits (docs/perf.md), and
+K is cut into SPLITS chunks (triton_splitk.py), each walked in BLOCK_K steps into an fp32 partial,
+the partials summed in chunk order; BLOCK_K and SPLITS are chosen by the weight's shape (N, K)
+only: the reduction order never depends on the row count M, so a row's bits do not depend on how
+many rows share the call. The tile along M and N (and the warps) is chosen by M: 16-row tiles
+for a few rows, 64-row tiles for decode-sized passes (up to SMALL_ROWS rows), 128-row tiles for
+prompt passes; up to SMALL_ROWS rows the chunks run in programs of their own. Every tile shape measured on an H200 gave the same bits (docs/perf.md), and
 tests/test_triton_kernels.py checks the two choices agree bit for bit under the interpreter.
 """
 
@@ -16,8 +17,11 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_splitk as splitk
 from .triton_util import interpreting, mma
 
+TINY_BLOCK_M = 16  # passes of up to TINY_ROWS rows (one decode round of a few streams)
+TINY_ROWS = 16
 BLOCK_M = 64  # passes of up to SMALL_ROWS rows
 PREFILL_BLOCK_M = 128  # larger passes
 SMALL_ROWS = 256
@@ -49,43 +53,88 @@ def tiles_for(n: int, k: int) -> Tiles:
     return Tiles(64, 64, 4, 4)
 
 
+def splits_of(n: int, k: int) -> int:
+    """K chunks for an [*, k] @ [n, k]ᵀ product: from the weight's shape only (they fix the bits)."""
+    t = tiles_for(n, k)
+    return splitk.splits_for(triton.cdiv(n, t.block_n), triton.cdiv(k, t.block_k))
+
+
 def pick(m: int, n: int, k: int) -> tuple[int, Tiles]:
     """(BLOCK_M, tiles) for an [m, k] @ [n, k]ᵀ product. BLOCK_K is tiles_for(n, k)'s at every
     m: only the M/N tiling and the warps change with the row count, never the k order."""
     t = tiles_for(n, k)
+    if m <= TINY_ROWS:
+        return TINY_BLOCK_M, t
     if m <= SMALL_ROWS:
         return BLOCK_M, t
     bn = 128 if n >= 1024 else t.block_n
     return PREFILL_BLOCK_M, Tiles(bn, t.block_k, 8, 3 if t.block_k <= 64 else 2)
 
 
-@triton.jit(do_not_specialize=["M"])  # one binary for any row count
-def _linear_kernel(
-    x_ptr, w_ptr, b_ptr, o_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+@triton.jit
+def _chunk_product(
+    x_ptr, w_ptr, rm, rn, M, N, k_lo, k_hi, stride_xm, stride_wn,
+    IEEE: tl.constexpr, INTERP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    """Σ over k in [k_lo, k_hi) of x[rm, k] · w[rn, k], in BLOCK_K steps from k_lo upward, fp32."""
     rk = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
-    w_ptrs = w_ptr + rn[None, :].to(tl.int64) * stride_wn + rk[:, None]
+    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_lo + rk)[None, :]
+    w_ptrs = w_ptr + rn[None, :].to(tl.int64) * stride_wn + (k_lo + rk)[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kin = (k0 + rk) < K
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kin = (k0 + rk) < k_hi
         a = tl.load(x_ptrs, mask=(rm[:, None] < M) & kin[None, :], other=0.0)
         b = tl.load(w_ptrs, mask=(rn[None, :] < N) & kin[:, None], other=0.0)
         acc = mma(a, b, acc, IEEE, INTERP)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    out = acc.to(o_ptr.dtype.element_ty)
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0)
-        out = (out.to(tl.float32) + bias.to(tl.float32)).to(o_ptr.dtype.element_ty)
-    o_ptrs = o_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
-    tl.store(o_ptrs, out, mask=(rm[:, None] < M) & (rn[None, :] < N))
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])  # one binary for any row count
+def _linear_kernel(
+    x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, cnt_ptr, M, N, K, CHUNK, ws_rows,
+    stride_xm, stride_wn, stride_om,
+    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, SPLITS: tl.constexpr,
+    SPLIT_GRID: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    finish = True
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SPLIT_GRID:  # this program's chunk to the workspace; the tile's last arrival adds them
+        s = tl.program_id(2)
+        part = _chunk_product(
+            x_ptr, w_ptr, rm, rn, M, N, s * CHUNK, tl.minimum(K, (s + 1) * CHUNK),
+            stride_xm, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
+        )
+        ws = ws_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
+        tl.store(ws + s.to(tl.int64) * ws_rows * N, part, mask=rn[None, :] < N)
+        tl.debug_barrier()
+        tile = pid_m * tl.num_programs(0) + pid_n
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        finish = arrived == SPLITS - 1
+        if finish:
+            for t in tl.static_range(SPLITS):
+                total += tl.load(ws + t * ws_rows * N, mask=rn[None, :] < N, other=0.0,
+                                 cache_modifier=".cg")
+            tl.atomic_xchg(cnt_ptr + tile, 0)
+    else:
+        for t in tl.static_range(SPLITS):
+            total += _chunk_product(
+                x_ptr, w_ptr, rm, rn, M, N, t * CHUNK, tl.minimum(K, (t + 1) * CHUNK),
+                stride_xm, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
+            )
+    if finish:
+        out = total.to(o_ptr.dtype.element_ty)
+        if HAS_BIAS:
+            bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0)
+            out = (out.to(tl.float32) + bias.to(tl.float32)).to(o_ptr.dtype.element_ty)
+        o_ptrs = o_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
+        tl.store(o_ptrs, out, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -102,11 +151,21 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m:
         bm, t = pick(m, n, k)
-        grid = (triton.cdiv(n, t.block_n), triton.cdiv(m, bm))
+        splits = splits_of(n, k)
+        grid_m = triton.cdiv(m, bm)
+        split_grid = splits > 1 and m <= SMALL_ROWS
+        grid = (triton.cdiv(n, t.block_n), grid_m, splits if split_grid else 1)
+        if split_grid:
+            ws = torch.empty(splits, grid_m * bm, n, dtype=torch.float32, device=x.device)
+            cnt = splitk.counters(x.device, grid[0] * grid[1])
+        else:
+            ws = cnt = out
         _linear_kernel[grid](
-            rows, weight, bias if bias is not None else weight, out, m, n, k,
+            rows, weight, bias if bias is not None else weight, out, ws, cnt, m, n, k,
+            splitk.chunk(k, t.block_k, splits), grid_m * bm,
             rows.stride(0), weight.stride(0), out.stride(0),
             HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, INTERP=interpreting(),
+            SPLITS=splits, SPLIT_GRID=split_grid,
             BLOCK_M=bm, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
             num_warps=t.warps, num_stages=t.stages,
         )

@@ -1,0 +1,199 @@
+"""The GEMMs of a decode round at one row, timed inside CUDA graphs, for each K split.
+
+Timing a 5 µs kernel from Python measures the launch, not the kernel: each variant here is
+captured as `reps` back-to-back calls in one CUDA graph, over `copies` rotating weights (more
+bytes than the L2 holds), and the replay is timed with events. Each variant is also checked: a
+row alone gives the same bits as that row in a 2048-row pass (prompt tiles, the chunks summed in
+one program), and the result is within bf16 rounding of the torch product.
+
+    python bench/decode_kernels.py --out $OUT          # a table on stdout, decode_kernels.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tensorfold.ops import moe, triton_linear, triton_moe, triton_splitk  # noqa: E402
+
+BF16 = torch.bfloat16
+L2_BYTES = 60 << 20
+
+LINEAR = {  # name: (N, K)
+    "lfm2 conv.in_proj": (6144, 2048), "lfm2 conv.out_proj/q/o": (2048, 2048),
+    "lfm2 k/v": (512, 2048), "lfm2 q+k+v": (3072, 2048), "lfm2 lm_head": (65536, 2048),
+    "gemma4 q (sliding)": (4096, 2816), "gemma4 k/v (sliding)": (2048, 2816),
+    "gemma4 o (sliding)": (2816, 4096), "gemma4 dense gate/up": (2112, 2816),
+    "gemma4 dense down": (2816, 2112),
+}
+MOE = {  # name: (experts, width, hidden, top_k)
+    "lfm2 8B moe": (32, 1792, 2048, 4), "gemma4 26B moe": (128, 704, 2816, 8),
+    "lfm2 8B dense": (1, 7168, 2048, 1),
+}
+
+
+DEVICE = "cuda"
+
+
+def graph_us(calls: list[Callable[[], Any]], reps: int = 40) -> float:
+    """µs a call: `reps` calls (cycling through `calls`) captured in one graph, median of 15
+    replays (on the CPU, --smoke: one plain call each, timed by the host clock)."""
+    if DEVICE == "cpu":
+        import time
+
+        a = time.perf_counter()
+        for c in calls:
+            c()
+        return 1e6 * (time.perf_counter() - a) / len(calls)
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for r in range(reps):
+            calls[r % len(calls)]()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(15):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / reps)
+    return statistics.median(times)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def copies_for(nbytes: int) -> int:
+    return max(2, min(16, 3 * L2_BYTES // max(nbytes, 1) + 1))
+
+
+def variants() -> list[tuple[str, dict[str, Any]]]:
+    out = [("before: no split, 64-row tile", dict(MAX_SPLITS=1, TINY_BLOCK_M=64))]
+    for s in (1, 2, 4, 8, 16):
+        out.append((f"split<={s}, 16-row tile", dict(MAX_SPLITS=s, TINY_BLOCK_M=16)))
+    return out
+
+
+def apply(v: dict[str, Any]) -> None:
+    triton_splitk.MAX_SPLITS = v["MAX_SPLITS"]
+    triton_linear.TINY_BLOCK_M = v["TINY_BLOCK_M"]
+    triton_moe.TINY_BLOCK_M = v["TINY_BLOCK_M"]
+
+
+def linear_rows() -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    for name, (n, k) in LINEAR.items():
+        ws = [(torch.randn(n, k, device=DEVICE) * 0.02).to(BF16) for _ in range(copies_for(n * k * 2))]
+        x = torch.randn(2048, k, device=DEVICE).to(BF16)
+        ref = x[:1].float() @ ws[0].float().t()
+        row: dict[str, Any] = {"weight_mb": n * k * 2 / 1e6}
+        x1 = x[:1].contiguous()
+        row["cublas_us"] = graph_us([lambda w=w: torch.matmul(x1, w.t()) for w in ws])
+        for label, v in variants():
+            apply(v)
+            big = triton_linear.linear(x, ws[0])
+            one = triton_linear.linear(x1, ws[0])
+            us = graph_us([lambda w=w: triton_linear.linear(x1, w) for w in ws])
+            row[label] = {
+                "us": us, "tb_per_s": n * k * 2 / us / 1e6,
+                "splits": triton_linear.splits_of(n, k),
+                "row_alone_equal": bool(torch.equal(one, big[:1])),
+                "rel_err": rel(one, ref),
+                "m8_us": graph_us([lambda w=w: triton_linear.linear(x[:8], w) for w in ws]),
+            }
+        res[name] = row
+    return res
+
+
+def moe_rows() -> dict[str, Any]:
+    res: dict[str, Any] = {}
+    for name, (e, i, h, k) in MOE.items():
+        layer_bytes = 3 * e * i * h * 2
+        sets = []
+        for _ in range(max(2, min(6, 3 * L2_BYTES // (3 * min(e, k) * i * h * 2) + 1))):
+            gate_up = (torch.randn(e, 2 * i, h, device=DEVICE) * 0.02).to(BF16)
+            down = (torch.randn(e, h, i, device=DEVICE) * 0.02).to(BF16)
+            sets.append((list(gate_up[:, :i].unbind(0)), list(gate_up[:, i:].unbind(0)),
+                         list(down.unbind(0))))
+        gate = (torch.randn(e, h, device=DEVICE) * 0.02).to(BF16)
+        x = torch.randn(2048, h, device=DEVICE).to(BF16)
+
+        def layer(xx, s):
+            if e == 1:
+                return moe.gated_ffn(xx, s[0][0], s[1][0], s[2][0])
+            wts, ex = moe.route(xx, gate, None, k, norm_topk_prob=True)
+            return moe.moe(xx, wts, ex, *s)
+
+        row: dict[str, Any] = {"active_mb": 3 * k * i * h * 2 / 1e6, "layer_mb": layer_bytes / 1e6}
+        x1 = x[5:6].contiguous()
+        for label, v in variants():
+            apply(v)
+            big = layer(x, sets[0])
+            one = layer(x1, sets[0])
+            us = graph_us([lambda s=s: layer(x1, s) for s in sets])
+            row[label] = {
+                "us": us, "tb_per_s": 3 * k * i * h * 2 / us / 1e6,
+                "row_alone_equal": bool(torch.equal(one, big[5:6])),
+                "m8_us": graph_us([lambda s=s: layer(x[:8], s) for s in sets]),
+            }
+        res[name] = row
+    return res
+
+
+def table(res: dict[str, Any]) -> str:
+    lines = []
+    for part in ("linear", "moe"):
+        for name, row in res[part].items():
+            cells = [f"{name:26s}"]
+            if "cublas_us" in row:
+                cells.append(f"cuBLAS {row['cublas_us']:6.1f}")
+            for label, _ in variants():
+                r = row[label]
+                eq = "" if r["row_alone_equal"] else "!NEQ"
+                cells.append(f"{label.split(',')[0]}: {r['us']:6.1f}us {r['tb_per_s']:4.2f}TB/s{eq}")
+            lines.append(" | ".join(cells))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT") or "bench_out")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, interpreted")
+    args = ap.parse_args()
+    if args.smoke:
+        from tensorfold.ops import gpu
+
+        global DEVICE
+        DEVICE = "cpu"
+        gpu.set_triton(True, on_cpu=True)
+        LINEAR.clear()
+        LINEAR.update({"tiny": (96, 320)})
+        MOE.clear()
+        MOE.update({"tiny moe": (6, 96, 320, 2), "tiny dense": (1, 128, 320, 1)})
+    torch.manual_seed(0)
+    saved = dict(MAX_SPLITS=triton_splitk.MAX_SPLITS, TINY_BLOCK_M=triton_linear.TINY_BLOCK_M)
+    res = {"linear": linear_rows(), "moe": moe_rows()}
+    apply(saved)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "decode_kernels.json").write_text(json.dumps(res, indent=1))
+    print(table(res))
+
+
+if __name__ == "__main__":
+    main()
