@@ -32,6 +32,11 @@ class Sections:
         self.results: dict[str, Any] = {"args": vars(args)}
         self.t0 = time.perf_counter()
         self.device = "cpu" if args.smoke else "cuda"
+        from tensorfold.ops import gpu
+        from tensorfold.settings import Settings
+
+        self.results["dependent_launch"] = Settings().dependent_launch  # TF_DEPENDENT_LAUNCH
+        gpu.set_dependent_launch(self.results["dependent_launch"])
 
     def left(self) -> float:
         return self.args.budget_s - (time.perf_counter() - self.t0)

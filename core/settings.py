@@ -64,6 +64,12 @@ class Settings(BaseSettings):
         description="On CUDA, replay decode rounds as CUDA graphs (0: run every pass eagerly, "
         "for debugging; the tokens are the same).",
     )
+    dependent_launch: bool = Field(
+        default=True,
+        description="On Hopper GPUs and newer, launch the kernels with programmatic dependent "
+        "launch, so that each starts while the one before it finishes (0: plain launches; the "
+        "tokens are the same).",
+    )
     kv_share: int | None = Field(
         default=None,
         ge=0,

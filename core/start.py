@@ -281,6 +281,9 @@ def open_rank(
     # On CUDA, decode rounds replay a CUDA graph per lane-count bucket (its scratch page and
     # slot are counted in the plan by plan_memory).
     runner_cls, graph_args = ModelRunner, {}
+    from .ops import gpu
+
+    gpu.set_dependent_launch(settings.dependent_launch)
     if device.startswith("cuda") and settings.cuda_graphs:
         from .cuda_graphs import GraphRunner
 

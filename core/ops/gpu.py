@@ -11,6 +11,8 @@ import torch
 _enabled = True
 _on_cpu = False
 _have_triton: bool | None = None
+_dependent_launch = True
+_pdl_devices: dict[int, bool] = {}
 
 
 def set_triton(enabled: bool, *, on_cpu: bool = False) -> None:
@@ -30,3 +32,23 @@ def have_triton() -> bool:
 
 def use_triton(t: torch.Tensor) -> bool:
     return (t.is_cuda or _on_cpu) and _enabled and have_triton()
+
+
+def set_dependent_launch(enabled: bool) -> None:
+    """Launch the kernels that wait for their predecessor (triton_util.after_prior) with
+    programmatic dependent launch on GPUs that have it (on by default; TF_DEPENDENT_LAUNCH)."""
+    global _dependent_launch
+    _dependent_launch = enabled
+
+
+def launch_options(t: torch.Tensor) -> dict[str, bool]:
+    """The PDL keywords for a kernel launch on t's device: each kernel then starts while the one
+    before it finishes (the launch gap between small decode kernels hides), and waits for it in
+    after_prior. Hopper (sm_90) and newer, not under the interpreter."""
+    if not (t.is_cuda and _dependent_launch):
+        return {"PDL": False}
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    ok = _pdl_devices.get(index)
+    if ok is None:
+        ok = _pdl_devices[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return {"PDL": True, "launch_pdl": True} if ok else {"PDL": False}

@@ -16,6 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .gpu import launch_options
+from .triton_util import after_prior
+
 ALIGN_CHUNK = 256  # pairs one program aligns alone; a chunk's pairs (fewer for many experts)
 
 
@@ -23,7 +26,9 @@ ALIGN_CHUNK = 256  # pairs one program aligns alone; a chunk's pairs (fewer for 
 def _align_kernel(
     expert_ptr, sorted_ptr, block_ptr, P, E, max_blocks,
     BM: tl.constexpr, EB: tl.constexpr, CHUNK: tl.constexpr, BB: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     ex = tl.arange(0, EB)
     counts = tl.zeros((EB,), dtype=tl.int32)
     for p0 in range(0, P, CHUNK):
@@ -55,7 +60,8 @@ def _align_kernel(
 
 
 @triton.jit
-def _chunk_hist_kernel(expert_ptr, hist_ptr, P, EB: tl.constexpr, CHUNK: tl.constexpr):
+def _chunk_hist_kernel(expert_ptr, hist_ptr, P, EB: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+    after_prior(PDL)
     c = tl.program_id(0)
     ex = tl.arange(0, EB)
     p = c * CHUNK + tl.arange(0, CHUNK)
@@ -67,9 +73,11 @@ def _chunk_hist_kernel(expert_ptr, hist_ptr, P, EB: tl.constexpr, CHUNK: tl.cons
 def _chunk_scatter_kernel(
     expert_ptr, hist_ptr, sorted_ptr, block_ptr, P, E, n_chunks, max_blocks,
     BM: tl.constexpr, EB: tl.constexpr, CHUNK: tl.constexpr, CB: tl.constexpr, BB: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Chunk c's pairs to their sorted places, from every chunk's histogram; chunk 0 also
     writes the padding and the block map."""
+    after_prior(PDL)
     c = tl.program_id(0)
     ex = tl.arange(0, EB)
     counts = tl.zeros((EB,), dtype=tl.int32)
@@ -122,14 +130,14 @@ def align(experts: torch.Tensor, num_experts: int, block_m: int) -> Aligned:
     if p <= ALIGN_CHUNK:  # one program (decode rounds)
         _align_kernel[(1,)](
             flat, sorted_pairs, block_expert, p, num_experts, max_blocks,
-            BM=block_m, EB=eb, CHUNK=chunk, BB=64, num_warps=8,
+            BM=block_m, EB=eb, CHUNK=chunk, BB=64, num_warps=8, **launch_options(flat),
         )
     else:  # a program a chunk: histograms, then each chunk's scatter
         chunks = triton.cdiv(p, chunk)
         hist = torch.empty(chunks, eb, dtype=torch.int32, device=flat.device)
-        _chunk_hist_kernel[(chunks,)](flat, hist, p, EB=eb, CHUNK=chunk, num_warps=4)
+        _chunk_hist_kernel[(chunks,)](flat, hist, p, EB=eb, CHUNK=chunk, num_warps=4, **launch_options(flat))
         _chunk_scatter_kernel[(chunks,)](
             flat, hist, sorted_pairs, block_expert, p, num_experts, chunks, max_blocks,
-            BM=block_m, EB=eb, CHUNK=chunk, CB=16, BB=64, num_warps=8,
+            BM=block_m, EB=eb, CHUNK=chunk, CB=16, BB=64, num_warps=8, **launch_options(flat),
         )
     return Aligned(sorted_pairs, block_expert, max_blocks)

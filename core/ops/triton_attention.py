@@ -21,7 +21,8 @@ import triton
 import triton.language as tl
 
 from .pass_meta import QUERY_ROWS, PassMeta
-from .triton_util import interpreting, mma
+from .gpu import launch_options
+from .triton_util import after_prior, interpreting, mma
 
 KEY_TILE = 64
 WIDE_HEAD = 128  # head dims above this take 16-row tiles and output blocks of at most 128
@@ -94,7 +95,9 @@ def _attention_kernel(
     G: tl.constexpr, GP: tl.constexpr, QB: tl.constexpr, NSUB: tl.constexpr, D: tl.constexpr,
     DC: tl.constexpr, BDV: tl.constexpr, KT: tl.constexpr,
     HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     kvh = tl.program_id(1)
     dv0 = tl.program_id(2) * BDV
     blk, qrow, head, valid, qpos, first, hi = row_tile(
@@ -163,6 +166,6 @@ def paged_attention(
         v_rows.stride(1), out.stride(0), out.stride(1),
         G=group, GP=triton.next_power_of_2(group), QB=qb, NSUB=nsub, D=d, DC=dc, BDV=bdv,
         KT=KEY_TILE, HAS_WINDOW=window is not None, IEEE=q.dtype == torch.float32,
-        INTERP=interpreting(), num_warps=4, num_stages=2,
+        INTERP=interpreting(), num_warps=4, num_stages=2, **launch_options(q),
     )
     return out

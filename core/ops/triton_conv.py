@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .gpu import launch_options
+from .triton_util import after_prior
 from .pass_meta import PassMeta
 
 ROWS = 16
@@ -24,7 +26,9 @@ def _gated_conv_kernel(
     bcx_ptr, state_ptr, w_ptr, bias_ptr, y_ptr, row_stream, stream_row0, stream_start,
     stream_slot, n_rows, H, stride_bcx, stride_ss,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, CH: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ch = tl.program_id(1) * CH + tl.arange(0, CH)
     rmask = rows < n_rows
@@ -64,11 +68,13 @@ def _gated_conv_kernel(
 def tail_kernel(
     bcx_ptr, state_ptr, stream_row0, stream_len, stream_start, stream_slot, H, stride_bcx,
     stride_ss, K: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr, GATED: tl.constexpr = True,
+    PDL: tl.constexpr = False,
 ):
     """Each stream's conv tail [H, K-1] in its slot moved on past its run: the last K-1 inputs,
     from the run's rows and, for a run shorter than K-1, the old tail (zeros for a fresh
     stream). GATED: an input is B ⊙ x of the row's [B | C | x] (lfm2's gated conv), rounded to
     the tail's dtype; otherwise the row's own H channels (glm5_next's KDA conv)."""
+    after_prior(PDL)
     s = tl.program_id(0)
     ch = tl.program_id(1) * CH + tl.arange(0, CH)
     cmask = ch < H
@@ -117,11 +123,11 @@ def gated_conv(
     _gated_conv_kernel[grid](
         bcx, state, weight, bias if bias is not None else weight, y, meta.row_stream,
         meta.stream_row0, meta.stream_start, meta.stream_slot, n, h, bcx.stride(0),
-        state.stride(0), K=k, HAS_BIAS=bias is not None, ROWS=ROWS, CH=CHANNELS, num_warps=4,
+        state.stride(0), K=k, HAS_BIAS=bias is not None, ROWS=ROWS, CH=CHANNELS, num_warps=4, **launch_options(bcx),
     )
     tail_kernel[(meta.num_streams, triton.cdiv(h, CHANNELS))](
         bcx, state, meta.stream_row0, meta.stream_len, meta.stream_start, meta.stream_slot, h,
         bcx.stride(0), state.stride(0), K=k, KP=triton.next_power_of_2(max(k - 1, 1)),
-        CH=CHANNELS, num_warps=4,
+        CH=CHANNELS, num_warps=4, **launch_options(bcx),
     )
     return y

@@ -5,7 +5,8 @@ the partials summed in chunk order; BLOCK_K and SPLITS are chosen by the weight'
 only: the reduction order never depends on the row count M, so a row's bits do not depend on how
 many rows share the call. The tile along M and N (and the warps) is chosen by M: 16-row tiles
 for a few rows, 64-row tiles for decode-sized passes (up to SMALL_ROWS rows), 128-row tiles for
-prompt passes; up to SMALL_ROWS rows the chunks run in programs of their own. Every tile shape measured on an H200 gave the same bits (docs/perf.md), and
+prompt passes; up to TINY_ROWS rows the chunks run in programs of their own (above, the
+workspace of partials would cost more than the split gains). Every tile shape measured on an H200 gave the same bits (docs/perf.md), and
 tests/test_triton_kernels.py checks the two choices agree bit for bit under the interpreter.
 """
 
@@ -18,7 +19,8 @@ import triton
 import triton.language as tl
 
 from . import triton_splitk as splitk
-from .triton_util import interpreting, mma
+from .gpu import launch_options
+from .triton_util import after_prior, interpreting, mma, publish_writes
 
 TINY_BLOCK_M = 16  # passes of up to TINY_ROWS rows (one decode round of a few streams)
 TINY_ROWS = 16
@@ -98,7 +100,9 @@ def _linear_kernel(
     stride_xm, stride_wn, stride_om,
     HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, SPLITS: tl.constexpr,
     SPLIT_GRID: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -113,14 +117,14 @@ def _linear_kernel(
         )
         ws = ws_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
         tl.store(ws + s.to(tl.int64) * ws_rows * N, part, mask=rn[None, :] < N)
-        tl.debug_barrier()
+        publish_writes(INTERP)
         tile = pid_m * tl.num_programs(0) + pid_n
         arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
         finish = arrived == SPLITS - 1
         if finish:
             for t in tl.static_range(SPLITS):
                 total += tl.load(ws + t * ws_rows * N, mask=rn[None, :] < N, other=0.0,
-                                 cache_modifier=".cg")
+                                 volatile=True)
             tl.atomic_xchg(cnt_ptr + tile, 0)
     else:
         for t in tl.static_range(SPLITS):
@@ -153,7 +157,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         bm, t = pick(m, n, k)
         splits = splits_of(n, k)
         grid_m = triton.cdiv(m, bm)
-        split_grid = splits > 1 and m <= SMALL_ROWS
+        split_grid = splits > 1 and m <= TINY_ROWS
         grid = (triton.cdiv(n, t.block_n), grid_m, splits if split_grid else 1)
         if split_grid:
             ws = torch.empty(splits, grid_m * bm, n, dtype=torch.float32, device=x.device)
@@ -167,6 +171,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, INTERP=interpreting(),
             SPLITS=splits, SPLIT_GRID=split_grid,
             BLOCK_M=bm, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-            num_warps=t.warps, num_stages=t.stages,
+            num_warps=t.warps, num_stages=t.stages, **launch_options(rows),
         )
     return out.reshape(*lead, n)

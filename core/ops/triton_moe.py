@@ -28,7 +28,8 @@ import triton.language as tl
 
 from .triton_align import Aligned, align
 from . import triton_splitk as splitk
-from .triton_util import interpreting, mma
+from .gpu import launch_options
+from .triton_util import after_prior, interpreting, mma, publish_writes
 
 BLOCK_M = 128  # prompt passes (more than SMALL_ROWS rows)
 SMALL_BLOCK_M = 64  # decode-sized passes
@@ -115,7 +116,9 @@ def _swiglu_kernel(
     TOPK: tl.constexpr, ACT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
     SPLITS: tl.constexpr, SPLIT_GRID: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     e = tl.load(block_ptr + pid_m)
@@ -145,14 +148,14 @@ def _swiglu_kernel(
             ws = ws_ptr + rows[:, None] * I + rn[None, :]
             tl.store(ws + (2 * s) * span, p1, mask=nmask)
             tl.store(ws + (2 * s + 1) * span, p3, mask=nmask)
-            tl.debug_barrier()
+            publish_writes(INTERP)
             tile = pid_m * tl.num_programs(0) + pid_n
             arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
             finish = arrived == SPLITS - 1
             if finish:
                 for t in tl.static_range(SPLITS):
-                    h1 += tl.load(ws + (2 * t) * span, mask=nmask, other=0.0, cache_modifier=".cg")
-                    h3 += tl.load(ws + (2 * t + 1) * span, mask=nmask, other=0.0, cache_modifier=".cg")
+                    h1 += tl.load(ws + (2 * t) * span, mask=nmask, other=0.0, volatile=True)
+                    h3 += tl.load(ws + (2 * t + 1) * span, mask=nmask, other=0.0, volatile=True)
                 tl.atomic_xchg(cnt_ptr + tile, 0)
         else:
             for t in tl.static_range(SPLITS):
@@ -195,7 +198,9 @@ def _down_kernel(
     HAS_WEIGHT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
     SPLITS: tl.constexpr, SPLIT_GRID: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     e = tl.load(block_ptr + pid_m)
@@ -219,13 +224,13 @@ def _down_kernel(
             span = tl.num_programs(1) * BM * H
             ws = ws_ptr + rows[:, None] * H + rn[None, :]
             tl.store(ws + s * span, part, mask=nmask)
-            tl.debug_barrier()
+            publish_writes(INTERP)
             tile = pid_m * tl.num_programs(0) + pid_n
             arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
             finish = arrived == SPLITS - 1
             if finish:
                 for t in tl.static_range(SPLITS):
-                    acc += tl.load(ws + t * span, mask=nmask, other=0.0, cache_modifier=".cg")
+                    acc += tl.load(ws + t * span, mask=nmask, other=0.0, volatile=True)
                 tl.atomic_xchg(cnt_ptr + tile, 0)
         else:
             for t in tl.static_range(SPLITS):
@@ -246,7 +251,9 @@ def _down_kernel(
 def _slot_sum_kernel(
     s_ptr, p_ptr, o_ptr, H, TOPK: tl.constexpr, CH: tl.constexpr, ROUND_EACH: tl.constexpr,
     HAS_PLUS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     ch = tl.program_id(1) * CH + tl.arange(0, CH)
     m = ch < H
@@ -298,9 +305,11 @@ def _experts(
     x = x.contiguous()
     g = torch.empty(al.max_blocks * block_m, i, dtype=x.dtype, device=x.device)
     ieee = x.dtype == torch.float32
-    split_grid = pairs <= SMALL_ROWS * top_k
+    split_grid = pairs <= TINY_ROWS * top_k
     t = sw
-    splits = splitk.splits_for(triton.cdiv(i, t.block_n), triton.cdiv(h, t.block_k))
+    # K split for the dense FFN only: at one row the routed experts' GEMMs were no faster split
+    # (bench/decode_kernels.py), their programs being already top_k times as many
+    splits = splitk.splits_for(triton.cdiv(i, t.block_n), triton.cdiv(h, t.block_k)) if top_k == 1 else 1
     grid = (triton.cdiv(i, t.block_n), al.max_blocks, splits if split_grid and splits > 1 else 1)
     ws, cnt = _workspace(grid, 2 * splits * al.max_blocks * block_m * i, x.device)
     _swiglu_kernel[grid](
@@ -309,10 +318,10 @@ def _experts(
         x.stride(0), w1.stride(0), w1.stride(1), w3.stride(0), w3.stride(1),
         TOPK=top_k, ACT=ACTS[act], IEEE=ieee, INTERP=interpreting(), SPLITS=splits,
         SPLIT_GRID=grid[2] > 1, BM=block_m,
-        BN=t.block_n, BK=t.block_k, num_warps=t.warps, num_stages=t.stages,
+        BN=t.block_n, BK=t.block_k, num_warps=t.warps, num_stages=t.stages, **launch_options(x),
     )
     t = dn
-    splits = splitk.splits_for(triton.cdiv(h, t.block_n), triton.cdiv(i, t.block_k))
+    splits = splitk.splits_for(triton.cdiv(h, t.block_n), triton.cdiv(i, t.block_k)) if top_k == 1 else 1
     grid = (triton.cdiv(h, t.block_n), al.max_blocks, splits if split_grid and splits > 1 else 1)
     ws, cnt = _workspace(grid, splits * al.max_blocks * block_m * h, x.device)
     rw = route_weights.reshape(-1) if route_weights is not None else g
@@ -322,20 +331,20 @@ def _experts(
         w2.stride(0), w2.stride(1), out.stride(0),
         HAS_WEIGHT=route_weights is not None, IEEE=ieee, INTERP=interpreting(), SPLITS=splits,
         SPLIT_GRID=grid[2] > 1, BM=block_m, BN=t.block_n,
-        BK=t.block_k, num_warps=t.warps, num_stages=t.stages,
+        BK=t.block_k, num_warps=t.warps, num_stages=t.stages, **launch_options(g),
     )
 
 
 def _workspace(grid: tuple[int, int, int], numel: int, device: torch.device):
     """(fp32 partials, arrival counters) for a split grid; placeholders otherwise."""
     if grid[2] == 1:
-        ws = _PLACEHOLDER.setdefault(device, torch.empty(1, dtype=torch.float32, device=device))
+        ws = _.setdefault(device, torch.empty(1, dtype=torch.float32, device=device))
     else:
         ws = torch.empty(numel, dtype=torch.float32, device=device)
     return ws, splitk.counters(device, grid[0] * grid[1])
 
 
-_PLACEHOLDER: dict[torch.device, torch.Tensor] = {}
+_: dict[torch.device, torch.Tensor] = {}
 
 
 def moe(
@@ -364,7 +373,7 @@ def moe(
         assert p.shape == out.shape
         _slot_sum_kernel[(n, triton.cdiv(h, 1024))](
             slots, p, out, h, TOPK=k, CH=1024, ROUND_EACH=round_sum, HAS_PLUS=plus is not None,
-            num_warps=4,
+            num_warps=4, **launch_options(slots),
         )
     return out
 

@@ -11,12 +11,17 @@ import torch
 import triton
 import triton.language as tl
 
+from .gpu import launch_options
+from .triton_util import after_prior
+
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
 def _rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, o_ptr, h_ptr, n_rows, D, eps,
     HAS_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < D)
@@ -48,7 +53,7 @@ def _launch(x, res, weight, eps):
     if n:
         _rms_norm_kernel[(triton.cdiv(n, per),)](
             rows, r, weight.contiguous(), out, h, n, d, eps,
-            HAS_RES=res is not None, ROWS=per, BLOCK_D=block_d, num_warps=4,
+            HAS_RES=res is not None, ROWS=per, BLOCK_D=block_d, num_warps=4, **launch_options(rows),
         )
     return out.view(x.shape), h.view(x.shape)
 

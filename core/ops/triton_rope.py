@@ -8,12 +8,17 @@ import torch
 import triton
 import triton.language as tl
 
+from .gpu import launch_options
+from .triton_util import after_prior
+
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
 def _rope_kernel(
     x_ptr, c_ptr, s_ptr, o_ptr, n_rows, heads, stride_xn, stride_xh, stride_cn,
     HALF: tl.constexpr, HEADS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     row = tl.program_id(0)
     h = tl.arange(0, HEADS)
     i = tl.arange(0, HALF)
@@ -45,6 +50,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     if n:
         _rope_kernel[(n,)](
             x, cos, sin, out, n, heads, x.stride(0), x.stride(1), cos.stride(0),
-            HALF=d // 2, HEADS=triton.next_power_of_2(heads), num_warps=2,
+            HALF=d // 2, HEADS=triton.next_power_of_2(heads), num_warps=2, **launch_options(x),
         )
     return out

@@ -20,7 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_util import interpreting, mma
+from .gpu import launch_options
+from .triton_util import after_prior, interpreting, mma
 
 ROUTE_ROWS = 16
 ROUTER_SPLIT = 256  # columns of H a router program sums (fixed: part of the reduction order)
@@ -32,9 +33,11 @@ def _router_partial_kernel(
     x_ptr, g_ptr, part_ptr, M, E, K, stride_xm,
     F32: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, BM: tl.constexpr,
     EB: tl.constexpr, EBLK: tl.constexpr, KS: tl.constexpr, BK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Split s of the router logits: x[:, s*KS : (s+1)*KS] @ gate[experts of this block, same]ᵀ,
     fp32 (F32: x read as fp32, an fp32 product, as x.float() @ gate.float()ᵀ)."""
+    after_prior(PDL)
     pid_m = tl.program_id(0)
     s = tl.program_id(1)
     rm = pid_m * BM + tl.arange(0, BM)
@@ -86,9 +89,11 @@ def _route_kernel(
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, NORM: tl.constexpr,
     GROUPS: tl.constexpr, EPG: tl.constexpr, KEEP_GROUPS: tl.constexpr, GB: tl.constexpr,
     BY_EXPERT: tl.constexpr, ROWS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """lt_ptr: only its dtype is read, the logits' (and sigmoid scores') dtype; the weights are
     rounded to w_ptr's."""
+    after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ex = tl.arange(0, EB)
     rmask = rows < n_rows
@@ -169,7 +174,7 @@ def _partials(x: torch.Tensor, gate: torch.Tensor, fp32: bool) -> tuple[torch.Te
         _router_partial_kernel[(triton.cdiv(n, bm), splits, triton.cdiv(e, eblk))](
             x, gate, part, n, e, h, x.stride(0), F32=fp32,
             IEEE=fp32 or x.dtype == torch.float32, INTERP=interpreting(), BM=bm, EB=eb,
-            EBLK=eblk, KS=ROUTER_SPLIT, BK=bk, num_warps=4,
+            EBLK=eblk, KS=ROUTER_SPLIT, BK=bk, num_warps=4, **launch_options(x),
         )
     return part, eb
 
@@ -194,7 +199,7 @@ def _select(
         TOPK=top_k, KB=triton.next_power_of_2(top_k), EB=eb, SOFTMAX=softmax,
         HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, NORM=norm, GROUPS=groups,
         EPG=e // groups, KEEP_GROUPS=keep_groups, GB=max(2, triton.next_power_of_2(groups)),
-        BY_EXPERT=by_expert, ROWS=rows, num_warps=4,
+        BY_EXPERT=by_expert, ROWS=rows, num_warps=4, **launch_options(part),
     )
     return weights, experts
 
@@ -236,7 +241,9 @@ def softmax_route(
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
 def _router_input_kernel(
     r_ptr, s_ptr, w_ptr, z_ptr, xe_ptr, n_rows, D, eps, const, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     m = cols < D
@@ -262,6 +269,6 @@ def router_input(
     if n:
         _router_input_kernel[(n,)](
             r, scale.contiguous(), pre_norm.contiguous(), z, xe, n, d, float(eps), float(const),
-            BLOCK_D=triton.next_power_of_2(d), num_warps=8 if d > 2048 else 4,
+            BLOCK_D=triton.next_power_of_2(d), num_warps=8 if d > 2048 else 4, **launch_options(r),
         )
     return z, xe

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import triton
 
-WAVE = 264  # programs a decode GEMM should offer: two per SM of an H200
+WAVE = 128  # programs a decode GEMM should offer: about one per SM of an H200 (bench/decode_kernels.py)
 MAX_SPLITS = 8
 COUNTERS = 1 << 16
 

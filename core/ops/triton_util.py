@@ -27,3 +27,24 @@ def mma(a, b, acc, IEEE: tl.constexpr, INTERP: tl.constexpr):
     else:
         out = tl.dot(a, b, acc)
     return out
+
+
+@triton.jit
+def after_prior(PDL: tl.constexpr):
+    """Under programmatic dependent launch (PDL, Hopper on): wait until the kernel before this one
+    has finished and its writes are visible, then let the next kernel's programs be placed. A
+    kernel launched with PDL may start while its predecessor runs, so this comes before the
+    kernel's first load or store."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def publish_writes(INTERP: tl.constexpr):
+    """Every thread's earlier global writes made visible GPU-wide, then a barrier: what a program
+    writes before it announces itself (an arrival counter) is then there for whoever reads it."""
+    if not INTERP:
+        tl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+    tl.debug_barrier()

@@ -21,7 +21,8 @@ import triton.language as tl
 
 from .pass_meta import QUERY_ROWS, PassMeta
 from .triton_attention import KEY_TILE, attend_tile, row_tile, tiles
-from .triton_util import interpreting
+from .gpu import launch_options
+from .triton_util import after_prior, interpreting
 
 
 @triton.jit(do_not_specialize=["window"])
@@ -33,7 +34,9 @@ def _ring_attention_kernel(
     G: tl.constexpr, GP: tl.constexpr, QB: tl.constexpr, NSUB: tl.constexpr, D: tl.constexpr,
     DC: tl.constexpr, BDV: tl.constexpr, KT: tl.constexpr, IEEE: tl.constexpr,
     INTERP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     kvh = tl.program_id(1)
     dv0 = tl.program_id(2) * BDV
     blk, qrow, head, valid, qpos, first, hi = row_tile(
@@ -110,7 +113,7 @@ def ring_attention(
         ring_v.stride(1), ring_v.stride(2), out.stride(0), out.stride(1),
         G=group, GP=triton.next_power_of_2(group), QB=qb, NSUB=nsub, D=d, DC=dc, BDV=bdv,
         KT=KEY_TILE, IEEE=q.dtype == torch.float32, INTERP=interpreting(), num_warps=4,
-        num_stages=2,
+        num_stages=2, **launch_options(q),
     )
     return out
 
@@ -119,7 +122,9 @@ def ring_attention(
 def _advance_kernel(
     new_ptr, ring_ptr, pos_ptr, row_stream, stream_start, stream_len, stream_slot, rows,
     stride_nn, stride_nh, stride_rs, stride_rr, stride_rh, D: tl.constexpr, BD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     i = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.load(row_stream + i)
@@ -149,5 +154,5 @@ def advance_rings(ring: torch.Tensor, new: torch.Tensor, positions: torch.Tensor
     _advance_kernel[(n, hkv)](
         new, ring, positions, meta.row_stream, meta.stream_start, meta.stream_len,
         meta.stream_slot, rows, new.stride(0), new.stride(1), ring.stride(0), ring.stride(1),
-        ring.stride(2), D=d, BD=min(triton.next_power_of_2(d), 256), num_warps=4,
+        ring.stride(2), D=d, BD=min(triton.next_power_of_2(d), 256), num_warps=4, **launch_options(new),
     )

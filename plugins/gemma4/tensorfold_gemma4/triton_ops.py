@@ -20,6 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
+from tensorfold.ops.gpu import launch_options
+from tensorfold.ops.triton_util import after_prior
+
 _GELU_C = math.sqrt(2.0 / math.pi)
 ELEMENTS = 1024  # elements a program of the elementwise kernels takes
 
@@ -53,7 +56,9 @@ def _normed(x, w_ptr, cols, cmask, D, eps, HAS_W: tl.constexpr):
 def _rms_norm_kernel(
     x_ptr, w_ptr, o_ptr, n_rows, D, eps,
     HAS_W: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -69,7 +74,9 @@ def _residual_kernel(
     h_ptr, a_ptr, e_ptr, wa_ptr, we_ptr, wp_ptr, s_ptr, wn_ptr, ho_ptr, xo_ptr, n_rows, D, eps,
     NORM_A: tl.constexpr, HAS_E: tl.constexpr, HAS_POST: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -97,7 +104,8 @@ def _residual_kernel(
 
 @triton.jit(do_not_specialize=["n"])
 def _gelu_kernel(a_ptr, b_ptr, o_ptr, n, HAS_B: tl.constexpr, C: tl.constexpr,
-                 BLOCK: tl.constexpr):
+                 BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    after_prior(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     dt = o_ptr.dtype.element_ty
@@ -109,7 +117,8 @@ def _gelu_kernel(a_ptr, b_ptr, o_ptr, n, HAS_B: tl.constexpr, C: tl.constexpr,
 
 
 @triton.jit(do_not_specialize=["n"])
-def _softcap_kernel(x_ptr, o_ptr, n, cap, BLOCK: tl.constexpr):
+def _softcap_kernel(x_ptr, o_ptr, n, cap, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    after_prior(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     dt = x_ptr.dtype.element_ty
@@ -137,7 +146,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     if n:
         _rms_norm_kernel[(triton.cdiv(n, per),)](
             rows, weight if weight is not None else rows, out, n, d, eps,
-            HAS_W=weight is not None, ROWS=per, BLOCK_D=block_d, num_warps=4,
+            HAS_W=weight is not None, ROWS=per, BLOCK_D=block_d, num_warps=4, **launch_options(rows),
         )
     return out.view(x.shape)
 
@@ -170,7 +179,7 @@ def residual(
             wnext if wnext is not None else dummy, h_out, x_out, n, d, eps,
             NORM_A=wa is not None, HAS_E=e is not None, HAS_POST=wpost is not None,
             HAS_SCALE=scale is not None, HAS_NEXT=wnext is not None, ROWS=per, BLOCK_D=block_d,
-            num_warps=4,
+            num_warps=4, **launch_options(hr),
         )
     return h_out.view(h.shape), (x_out.view(h.shape) if wnext is not None else None)
 
@@ -182,7 +191,7 @@ def _elementwise(a: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     n = ac.numel()
     if n:
         _gelu_kernel[(triton.cdiv(n, ELEMENTS),)](
-            ac, bc, out, n, HAS_B=b is not None, C=_GELU_C, BLOCK=ELEMENTS, num_warps=4,
+            ac, bc, out, n, HAS_B=b is not None, C=_GELU_C, BLOCK=ELEMENTS, num_warps=4, **launch_options(ac),
         )
     return out
 
@@ -203,5 +212,5 @@ def softcap_float(logits: torch.Tensor, cap: float) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     n = x.numel()
     if n:
-        _softcap_kernel[(triton.cdiv(n, ELEMENTS),)](x, out, n, cap, BLOCK=ELEMENTS, num_warps=4)
+        _softcap_kernel[(triton.cdiv(n, ELEMENTS),)](x, out, n, cap, BLOCK=ELEMENTS, num_warps=4, **launch_options(x))
     return out
