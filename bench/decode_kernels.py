@@ -156,6 +156,34 @@ def moe_rows() -> dict[str, Any]:
     return res
 
 
+def invariance() -> dict[str, Any]:
+    """The shipped configuration: each shape's rows alone and in passes of every size class
+    (split grid, 64-row and 128-row tiles) against the same rows in a 2048-row pass."""
+    res: dict[str, Any] = {}
+    sizes = (1, 2, 8, 16, 17, 64, 256, 257, 700)
+    for name, (n, k) in LINEAR.items():
+        w = (torch.randn(n, k, device=DEVICE) * 0.02).to(BF16)
+        x = torch.randn(2048, k, device=DEVICE).to(BF16)
+        big = triton_linear.linear(x, w)
+        res[name] = [m for m in sizes if not torch.equal(triton_linear.linear(x[:m].clone(), w), big[:m])]
+    for name, (e, i, h, k) in MOE.items():
+        gate_up = (torch.randn(e, 2 * i, h, device=DEVICE) * 0.02).to(BF16)
+        down = (torch.randn(e, h, i, device=DEVICE) * 0.02).to(BF16)
+        s = (list(gate_up[:, :i].unbind(0)), list(gate_up[:, i:].unbind(0)), list(down.unbind(0)))
+        gate = (torch.randn(e, h, device=DEVICE) * 0.02).to(BF16)
+        x = torch.randn(2048, h, device=DEVICE).to(BF16)
+
+        def layer(xx):
+            if e == 1:
+                return moe.gated_ffn(xx, s[0][0], s[1][0], s[2][0])
+            wts, ex = moe.route(xx, gate, None, k, norm_topk_prob=True)
+            return moe.moe(xx, wts, ex, *s)
+
+        big = layer(x)
+        res[name] = [m for m in sizes for _ in range(3) if not torch.equal(layer(x[:m].clone()), big[:m])]
+    return res
+
+
 def table(res: dict[str, Any]) -> str:
     lines = []
     for part in ("linear", "moe"):
@@ -175,6 +203,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench_out")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, interpreted")
+    ap.add_argument("--check", action="store_true", help="only the row-invariance check")
     args = ap.parse_args()
     if args.smoke:
         from tensorfold.ops import gpu
@@ -187,6 +216,9 @@ def main() -> None:
         MOE.clear()
         MOE.update({"tiny moe": (6, 96, 320, 2), "tiny dense": (1, 128, 320, 1)})
     torch.manual_seed(0)
+    if args.check:
+        print("rows unequal to the 2048-row pass:", json.dumps(invariance()))
+        return
     saved = dict(MAX_SPLITS=triton_splitk.MAX_SPLITS, TINY_BLOCK_M=triton_linear.TINY_BLOCK_M)
     res = {"linear": linear_rows(), "moe": moe_rows()}
     apply(saved)

@@ -183,7 +183,15 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="time several linear tile shapes")
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--max-splits", type=int, help="override triton_splitk.MAX_SPLITS")
+    ap.add_argument("--tiny-block-m", type=int, help="override the 16-row tile of tiny passes")
     args = ap.parse_args()
+    from tensorfold.ops import triton_linear, triton_moe, triton_splitk
+
+    if args.max_splits:
+        triton_splitk.MAX_SPLITS = args.max_splits
+    if args.tiny_block_m:
+        triton_linear.TINY_BLOCK_M = triton_moe.TINY_BLOCK_M = args.tiny_block_m
     if args.smoke:
         gpu.set_triton(True, on_cpu=True)
     b = Bench(args)
