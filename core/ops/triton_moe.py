@@ -27,9 +27,8 @@ import triton
 import triton.language as tl
 
 from .triton_align import Aligned, align
-from . import triton_splitk as splitk
 from .gpu import launch_options
-from .triton_util import after_prior, interpreting, mma, publish_writes
+from .triton_util import after_prior, interpreting, mma
 
 BLOCK_M = 128  # prompt passes (more than SMALL_ROWS rows)
 SMALL_BLOCK_M = 64  # decode-sized passes
@@ -83,21 +82,34 @@ def _gate(h1, h3, limit, dt: tl.constexpr, ACT: tl.constexpr):
     return (act.to(dt).to(tl.float32) * h3).to(dt)
 
 
-@triton.jit
-def _gate_up_chunk(
-    x_ptrs, w1_ptrs, w3_ptrs, valid, nmask, k_lo, k_hi,
-    IEEE: tl.constexpr, INTERP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+@triton.jit(do_not_specialize=["P"])  # one binary for any row count
+def _swiglu_kernel(
+    x_ptr, w1_ptr, w3_ptr, g_ptr, sorted_ptr, block_ptr, P, E, I, K, limit,
+    stride_xm, stride_1e, stride_1n, stride_3e, stride_3n,
+    TOPK: tl.constexpr, ACT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
-    """(Σ x·w1, Σ x·w3) over k in [k_lo, k_hi), in BK steps from k_lo upward, fp32. The pointers
-    point at k = 0."""
+    after_prior(PDL)
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    e = tl.load(block_ptr + pid_m)
+    live = e < E
+    pairs = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
+    valid = (pairs < P) & live
+    src = (pairs // TOPK).to(tl.int64)
+    rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
-    x_ptrs += k_lo
-    w1_ptrs += k_lo
-    w3_ptrs += k_lo
+    e64 = tl.where(live, e, 0).to(tl.int64)
+    x_ptrs = x_ptr + src[:, None] * stride_xm + rk[None, :]
+    w1_ptrs = w1_ptr + e64 * stride_1e + rn[None, :].to(tl.int64) * stride_1n + rk[:, None]
+    w3_ptrs = w3_ptr + e64 * stride_3e + rn[None, :].to(tl.int64) * stride_3n + rk[:, None]
     acc1 = tl.zeros((BM, BN), dtype=tl.float32)
     acc3 = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BK):
-        kin = (k0 + rk) < k_hi
+    k_end = tl.where(live, K, 0)
+    nmask = rn[None, :] < I
+    for k0 in range(0, k_end, BK):
+        kin = (k0 + rk) < K
         a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
         b1 = tl.load(w1_ptrs, mask=nmask & kin[:, None], other=0.0)
         b3 = tl.load(w3_ptrs, mask=nmask & kin[:, None], other=0.0)
@@ -106,15 +118,17 @@ def _gate_up_chunk(
         x_ptrs += BK
         w1_ptrs += BK
         w3_ptrs += BK
-    return acc1, acc3
+    dt = g_ptr.dtype.element_ty
+    g = _gate(acc1.to(dt).to(tl.float32), acc3.to(dt).to(tl.float32), limit, dt, ACT)
+    rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
+    tl.store(g_ptr + rows[:, None] * I + rn[None, :], g, mask=valid[:, None] & nmask)
 
 
 @triton.jit(do_not_specialize=["P"])  # one binary for any row count
-def _swiglu_kernel(
-    x_ptr, w1_ptr, w3_ptr, g_ptr, sorted_ptr, block_ptr, ws_ptr, cnt_ptr, P, E, I, K, limit, CHUNK,
-    stride_xm, stride_1e, stride_1n, stride_3e, stride_3n,
-    TOPK: tl.constexpr, ACT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
-    SPLITS: tl.constexpr, SPLIT_GRID: tl.constexpr,
+def _down_kernel(
+    g_ptr, w2_ptr, rw_ptr, out_ptr, sorted_ptr, block_ptr, P, E, H, K,
+    stride_2e, stride_2n, stride_om,
+    HAS_WEIGHT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
@@ -123,128 +137,31 @@ def _swiglu_kernel(
     pid_m = tl.program_id(1)
     e = tl.load(block_ptr + pid_m)
     live = e < E
-    if live:
-        pairs = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
-        valid = pairs < P
-        src = (pairs // TOPK).to(tl.int64)
-        rn = pid_n * BN + tl.arange(0, BN)
-        rk = tl.arange(0, BK)
-        e64 = e.to(tl.int64)
-        x_ptrs = x_ptr + src[:, None] * stride_xm + rk[None, :]
-        w1_ptrs = w1_ptr + e64 * stride_1e + rn[None, :].to(tl.int64) * stride_1n + rk[:, None]
-        w3_ptrs = w3_ptr + e64 * stride_3e + rn[None, :].to(tl.int64) * stride_3n + rk[:, None]
-        nmask = rn[None, :] < I
-        rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
-        h1 = tl.zeros((BM, BN), dtype=tl.float32)
-        h3 = tl.zeros((BM, BN), dtype=tl.float32)
-        finish = True
-        if SPLIT_GRID:  # this chunk's partials to the workspace; the tile's last arrival adds them
-            s = tl.program_id(2)
-            p1, p3 = _gate_up_chunk(
-                x_ptrs, w1_ptrs, w3_ptrs, valid, nmask, s * CHUNK, tl.minimum(K, (s + 1) * CHUNK),
-                IEEE, INTERP, BM, BN, BK,
-            )
-            span = tl.num_programs(1) * BM * I  # one partial: [max_blocks * BM, I]
-            ws = ws_ptr + rows[:, None] * I + rn[None, :]
-            tl.store(ws + (2 * s) * span, p1, mask=nmask)
-            tl.store(ws + (2 * s + 1) * span, p3, mask=nmask)
-            publish_writes(INTERP)
-            tile = pid_m * tl.num_programs(0) + pid_n
-            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            finish = arrived == SPLITS - 1
-            if finish:
-                for t in tl.static_range(SPLITS):
-                    h1 += tl.load(ws + (2 * t) * span, mask=nmask, other=0.0, volatile=True)
-                    h3 += tl.load(ws + (2 * t + 1) * span, mask=nmask, other=0.0, volatile=True)
-                tl.atomic_xchg(cnt_ptr + tile, 0)
-        else:
-            for t in tl.static_range(SPLITS):
-                p1, p3 = _gate_up_chunk(
-                    x_ptrs, w1_ptrs, w3_ptrs, valid, nmask, t * CHUNK, tl.minimum(K, (t + 1) * CHUNK),
-                    IEEE, INTERP, BM, BN, BK,
-                )
-                h1 += p1
-                h3 += p3
-        if finish:
-            dt = g_ptr.dtype.element_ty
-            g = _gate(h1.to(dt).to(tl.float32), h3.to(dt).to(tl.float32), limit, dt, ACT)
-            tl.store(g_ptr + rows[:, None] * I + rn[None, :], g, mask=valid[:, None] & nmask)
-
-
-@triton.jit
-def _down_chunk(
-    g_ptrs, w_ptrs, valid, nmask, k_lo, k_hi,
-    IEEE: tl.constexpr, INTERP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-):
-    """Σ g·w2 over k in [k_lo, k_hi), in BK steps from k_lo upward, fp32 (pointers at k = 0)."""
+    pairs = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
+    valid = (pairs < P) & live
+    rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
+    rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
-    g_ptrs += k_lo
-    w_ptrs += k_lo
+    e64 = tl.where(live, e, 0).to(tl.int64)
+    g_ptrs = g_ptr + rows[:, None] * K + rk[None, :]
+    w_ptrs = w2_ptr + e64 * stride_2e + rn[None, :].to(tl.int64) * stride_2n + rk[:, None]
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BK):
-        kin = (k0 + rk) < k_hi
+    k_end = tl.where(live, K, 0)
+    nmask = rn[None, :] < H
+    for k0 in range(0, k_end, BK):
+        kin = (k0 + rk) < K
         a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
         b = tl.load(w_ptrs, mask=nmask & kin[:, None], other=0.0)
         acc = mma(a, b, acc, IEEE, INTERP)
         g_ptrs += BK
         w_ptrs += BK
-    return acc
-
-
-@triton.jit(do_not_specialize=["P"])  # one binary for any row count
-def _down_kernel(
-    g_ptr, w2_ptr, rw_ptr, out_ptr, sorted_ptr, block_ptr, ws_ptr, cnt_ptr, P, E, H, K, CHUNK,
-    stride_2e, stride_2n, stride_om,
-    HAS_WEIGHT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
-    SPLITS: tl.constexpr, SPLIT_GRID: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
-    after_prior(PDL)
-    pid_n = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    e = tl.load(block_ptr + pid_m)
-    live = e < E
-    if live:
-        pairs = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
-        valid = pairs < P
-        rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
-        rn = pid_n * BN + tl.arange(0, BN)
-        rk = tl.arange(0, BK)
-        e64 = e.to(tl.int64)
-        g_ptrs = g_ptr + rows[:, None] * K + rk[None, :]
-        w_ptrs = w2_ptr + e64 * stride_2e + rn[None, :].to(tl.int64) * stride_2n + rk[:, None]
-        nmask = rn[None, :] < H
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        finish = True
-        if SPLIT_GRID:
-            s = tl.program_id(2)
-            part = _down_chunk(g_ptrs, w_ptrs, valid, nmask, s * CHUNK, tl.minimum(K, (s + 1) * CHUNK),
-                               IEEE, INTERP, BM, BN, BK)
-            span = tl.num_programs(1) * BM * H
-            ws = ws_ptr + rows[:, None] * H + rn[None, :]
-            tl.store(ws + s * span, part, mask=nmask)
-            publish_writes(INTERP)
-            tile = pid_m * tl.num_programs(0) + pid_n
-            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            finish = arrived == SPLITS - 1
-            if finish:
-                for t in tl.static_range(SPLITS):
-                    acc += tl.load(ws + t * span, mask=nmask, other=0.0, volatile=True)
-                tl.atomic_xchg(cnt_ptr + tile, 0)
-        else:
-            for t in tl.static_range(SPLITS):
-                acc += _down_chunk(g_ptrs, w_ptrs, valid, nmask, t * CHUNK,
-                                   tl.minimum(K, (t + 1) * CHUNK), IEEE, INTERP, BM, BN, BK)
-        if finish:
-            y = acc.to(g_ptr.dtype.element_ty)  # the expert's output in the model dtype
-            if HAS_WEIGHT:
-                rw = tl.load(rw_ptr + pairs, mask=valid, other=0.0).to(tl.float32)
-                y = y.to(tl.float32) * rw[:, None]
-            y = y.to(out_ptr.dtype.element_ty)  # the slot's dtype
-            dest = pairs.to(tl.int64)
-            tl.store(out_ptr + dest[:, None] * stride_om + rn[None, :], y,
-                     mask=valid[:, None] & nmask)
+    y = acc.to(g_ptr.dtype.element_ty)  # the expert's output in the model dtype
+    if HAS_WEIGHT:
+        rw = tl.load(rw_ptr + pairs, mask=valid, other=0.0).to(tl.float32)
+        y = y.to(tl.float32) * rw[:, None]
+    y = y.to(out_ptr.dtype.element_ty)  # the slot's dtype
+    dest = pairs.to(tl.int64)
+    tl.store(out_ptr + dest[:, None] * stride_om + rn[None, :], y, mask=valid[:, None] & nmask)
 
 
 @triton.jit
@@ -305,46 +222,21 @@ def _experts(
     x = x.contiguous()
     g = torch.empty(al.max_blocks * block_m, i, dtype=x.dtype, device=x.device)
     ieee = x.dtype == torch.float32
-    split_grid = pairs <= TINY_ROWS * top_k
     t = sw
-    # K split for the dense FFN only: at one row the routed experts' GEMMs were no faster split
-    # (bench/decode_kernels.py), their programs being already top_k times as many
-    splits = splitk.splits_for(triton.cdiv(i, t.block_n), triton.cdiv(h, t.block_k)) if top_k == 1 else 1
-    grid = (triton.cdiv(i, t.block_n), al.max_blocks, splits if split_grid and splits > 1 else 1)
-    ws, cnt = _workspace(grid, 2 * splits * al.max_blocks * block_m * i, x.device)
-    _swiglu_kernel[grid](
-        x, w1, w3, g, al.sorted_pairs, al.block_expert, ws, cnt, pairs, e, i, h, float(limit),
-        splitk.chunk(h, t.block_k, splits),
+    _swiglu_kernel[(triton.cdiv(i, t.block_n), al.max_blocks)](
+        x, w1, w3, g, al.sorted_pairs, al.block_expert, pairs, e, i, h, float(limit),
         x.stride(0), w1.stride(0), w1.stride(1), w3.stride(0), w3.stride(1),
-        TOPK=top_k, ACT=ACTS[act], IEEE=ieee, INTERP=interpreting(), SPLITS=splits,
-        SPLIT_GRID=grid[2] > 1, BM=block_m,
+        TOPK=top_k, ACT=ACTS[act], IEEE=ieee, INTERP=interpreting(), BM=block_m,
         BN=t.block_n, BK=t.block_k, num_warps=t.warps, num_stages=t.stages, **launch_options(x),
     )
     t = dn
-    splits = splitk.splits_for(triton.cdiv(h, t.block_n), triton.cdiv(i, t.block_k)) if top_k == 1 else 1
-    grid = (triton.cdiv(h, t.block_n), al.max_blocks, splits if split_grid and splits > 1 else 1)
-    ws, cnt = _workspace(grid, splits * al.max_blocks * block_m * h, x.device)
     rw = route_weights.reshape(-1) if route_weights is not None else g
-    _down_kernel[grid](
-        g, w2, rw, out, al.sorted_pairs, al.block_expert, ws, cnt, pairs, e, h, i,
-        splitk.chunk(i, t.block_k, splits),
+    _down_kernel[(triton.cdiv(h, t.block_n), al.max_blocks)](
+        g, w2, rw, out, al.sorted_pairs, al.block_expert, pairs, e, h, i,
         w2.stride(0), w2.stride(1), out.stride(0),
-        HAS_WEIGHT=route_weights is not None, IEEE=ieee, INTERP=interpreting(), SPLITS=splits,
-        SPLIT_GRID=grid[2] > 1, BM=block_m, BN=t.block_n,
+        HAS_WEIGHT=route_weights is not None, IEEE=ieee, INTERP=interpreting(), BM=block_m, BN=t.block_n,
         BK=t.block_k, num_warps=t.warps, num_stages=t.stages, **launch_options(g),
     )
-
-
-def _workspace(grid: tuple[int, int, int], numel: int, device: torch.device):
-    """(fp32 partials, arrival counters) for a split grid; placeholders otherwise."""
-    if grid[2] == 1:
-        ws = _.setdefault(device, torch.empty(1, dtype=torch.float32, device=device))
-    else:
-        ws = torch.empty(numel, dtype=torch.float32, device=device)
-    return ws, splitk.counters(device, grid[0] * grid[1])
-
-
-_: dict[torch.device, torch.Tensor] = {}
 
 
 def moe(
