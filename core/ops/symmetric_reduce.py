@@ -90,10 +90,16 @@ class SymmetricReduce(OneShot):
         self.handle = handle
         self.buffer = buffer  # [SLOTS * slot_bytes] uint8: this rank's; keeps the memory alive
         self.timeout_ms = timeout_ms
-        peers = [handle.get_buffer(r, (SLOTS * slot_bytes,), torch.uint8) for r in range(world)]
+        # The buffer may sit inside a larger symmetric allocation (torch's implicit pool), at the
+        # same offset on every rank; get_buffer counts from the allocation's start.
+        offset = buffer.data_ptr() - int(handle.buffer_ptrs[rank])
+        if offset < 0:
+            raise RuntimeError("the symmetric buffer lies before its allocation's start")
+        peers = [handle.get_buffer(r, (SLOTS * slot_bytes,), torch.uint8, offset)
+                 for r in range(world)]
         if peers[rank].data_ptr() != buffer.data_ptr():
             raise RuntimeError("the symmetric memory handle's view of this rank's buffer is not "
-                               "the buffer (an offset this torch does not apply)")
+                               "the buffer")
         self.peers = peers
         self._views: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
 
