@@ -186,6 +186,53 @@ def test_the_runners_fence_every_pass(traced):
     assert traced.into == [("barrier",), ("barrier",)]
 
 
+# -- the buffers, with every rank's memory in this process -------------------------------------
+
+
+class FakeHandle:
+    """What SymmetricReduce uses of torch's handle, over CPU tensors: every rank's allocation
+    (`bases`), its buffer at the same offset in each, as torch's implicit pool places it."""
+
+    def __init__(self, bases: list[torch.Tensor]):
+        self.bases = bases
+        self.buffer_ptrs = [b.data_ptr() for b in bases]
+
+    def get_buffer(self, rank, sizes, dtype, storage_offset=0):
+        flat = self.bases[rank].view(dtype)
+        n = int(torch.tensor(sizes).prod())
+        return flat[storage_offset : storage_offset + n].view(sizes)
+
+
+@pytest.mark.parametrize("offset", [0, 4096])
+def test_each_rank_reads_every_ranks_slot_in_rank_order(offset):
+    pytest.importorskip("triton")
+    from tensorfold.ops.symmetric_reduce import SymmetricReduce
+
+    world, slot_bytes = 3, 4096
+    bases = [torch.zeros(offset + SLOTS * slot_bytes + 512, dtype=torch.uint8)
+             for _ in range(world)]
+    handle = FakeHandle(bases)
+    ranks = [SymmetricReduce(handle, bases[r][offset : offset + SLOTS * slot_bytes], r, world,
+                             slot_bytes, timeout_ms=1) for r in range(world)]
+    g = torch.Generator().manual_seed(3)
+    written = []
+    for slot, (dtype, out_dtype, rows) in enumerate([(torch.bfloat16, torch.bfloat16, 7),
+                                                     (torch.float32, torch.bfloat16, 4)]):
+        parts = (torch.randn(world, rows, 64, generator=g) * 100).to(dtype)
+        written.append(parts)
+        for r in range(world):
+            ranks[r]._write(slot, parts[r])
+        want = parallel.rank_order_sum(parts, out_dtype)
+        with testing.interpreter_rounds_like_the_gpu():
+            for r in range(world):
+                assert torch.equal(ranks[r]._read_sum(slot, parts[r], out_dtype), want)
+    # slot 1's writes left slot 0's values where they were, and rank 0 sees each rank's own
+    for r in range(world):
+        assert torch.equal(ranks[0].views(0, torch.bfloat16)[r][: 7 * 64].view(7, 64),
+                           written[0][r])
+    assert all(b[:offset].eq(0).all() for b in bases)  # nothing written before the buffers
+
+
 # -- what it takes ----------------------------------------------------------------------------
 
 
