@@ -136,13 +136,25 @@ def open_symmetric(group: Any, rank: int, world: int, device: torch.device, time
     if world > MAX_WORLD:
         raise RuntimeError(f"the one-shot sum takes at most {MAX_WORLD} ranks, not {world}")
     buffer = symm_mem.empty(SLOTS * slot_bytes, dtype=torch.uint8, device=device)
-    handle = symm_mem.rendezvous(buffer, group)
+    try:
+        handle = symm_mem.rendezvous(buffer, group)
+    except RuntimeError:
+        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+        if enable is None:
+            raise
+        import warnings
+
+        # older torch wants the group registered first (deprecated, then removed, since)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            enable(group.group_name)
+        handle = symm_mem.rendezvous(buffer, group)
     if handle is None:
         raise RuntimeError("symmetric memory rendezvous returned nothing")
     if getattr(handle, "has_multicast_support", lambda: False)():
-        # torch's barrier would then signal through NVLink multicast, which must stay off here
-        _log.warning("symmetric memory reports NVLink multicast support; set "
-                    "TORCH_SYMM_MEM_DISABLE_MULTICAST=1 where it must stay off")
+        # torch's barrier then signals through NVLink multicast: say so where it must stay off
+        _log.warning("symmetric memory has NVLink multicast on; TORCH_SYMM_MEM_DISABLE_MULTICAST=1 "
+                     "turns it off where it must stay off")
     reduce = SymmetricReduce(handle, buffer, rank, world, slot_bytes,
                              timeout_ms=max(1, int(timeout_s * 1000)))
     reduce.begin_pass()
