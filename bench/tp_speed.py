@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -65,7 +67,7 @@ def one(shape: str, tp: int, reduce: str) -> dict:
     started = time.perf_counter()
     llm = LLM(family=FAMILIES[shape], model=folder, load_format="dummy", tp=tp, tp_reduce=reduce,
               device="cuda", dtype="bfloat16", context=1024, parallel=max(STREAMS),
-              memory_limit_gib=8, prompt_cache_gib=0, kv_share=0)
+              memory_limit_gib=8, prompt_cache_gib=0, kv_share=0, tp_timeout_s=60)
     res: dict = {"shape": shape, "tp": tp, "reduce": reduce, "open_s": 0.0,
                  "symmetric": parallel.current().reduce is not None}
     res["open_s"] = time.perf_counter() - started
@@ -115,14 +117,19 @@ def main() -> None:
             row["error"] = "skipped: the budget is spent"
         else:
             cmd = [sys.executable, __file__, "--one", f"{shape}:{tp}:{reduce}"]
+            # a session of its own: a timeout ends rank 0 and the follower it started
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, start_new_session=True)
             try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
-                found = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+                stdout, stderr = proc.communicate(timeout=left)
+                found = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
                 if found:
                     row = json.loads(found[-1][7:])
                 else:
-                    row["error"] = f"exit {done.returncode}: {done.stderr[-600:]}"
+                    row["error"] = f"exit {proc.returncode}: {stderr[-600:]}"
             except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
                 row["error"] = f"timed out after {left:.0f} s"
         rows.append(row)
         print(json.dumps(row), flush=True)
