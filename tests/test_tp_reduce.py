@@ -247,6 +247,39 @@ def test_messages_up_to_the_bound_take_the_symmetric_path():
     assert not OneShot(0, 2).takes(torch.zeros(4), torch.float32)  # on the CPU: gloo's path
 
 
+# -- set up at join ---------------------------------------------------------------------------
+
+
+class JoinedStub:
+    """What Joined._small_reduce reads of a rank: its place, its timeout, the control group's
+    gather (here: every rank's answer, as `failing` makes them)."""
+
+    def __init__(self, rank: int, failing: tuple[int, ...]):
+        self.rank, self.world, self.local_rank, self.timeout_s = rank, 2, rank, 5.0
+        self.failing = failing
+
+    def gather(self, why):
+        return [why if r == self.rank else ("RuntimeError: no peer access" if r in self.failing
+                                            else None) for r in range(self.world)]
+
+
+@pytest.mark.parametrize("failing", [(), (1,), (0, 1)])
+def test_every_rank_takes_nccl_when_any_rank_cannot_set_up(monkeypatch, failing):
+    import tensorfold.ops.symmetric_reduce as sr
+    from tensorfold.tensor_parallel import Joined
+
+    def open_symmetric(group, rank, world, device, timeout_s):
+        if rank in failing:
+            raise RuntimeError("no peer access")
+        return ("reduce of rank", rank)
+
+    monkeypatch.setattr(sr, "open_symmetric", open_symmetric)
+    got = [Joined._small_reduce(JoinedStub(r, failing), Settings()) for r in range(2)]
+    assert got == ([("reduce of rank", 0), ("reduce of rank", 1)] if not failing else [None] * 2)
+    nccl = Settings(tp_reduce="nccl")
+    assert [Joined._small_reduce(JoinedStub(r, ()), nccl) for r in range(2)] == [None, None]
+
+
 # -- the setting ------------------------------------------------------------------------------
 
 
