@@ -94,7 +94,7 @@ class GraphRunner(ModelRunner):
         if g.graph is not None:
             g.graph.replay()
         else:
-            g.logits = self.model.forward(g.fp, self.rows, self.slots)
+            g.logits = self.forward(g.fp)
         self.replays += 1
         self.last_pass = g.fp
         assert g.logits is not None
@@ -162,11 +162,11 @@ class GraphRunner(ModelRunner):
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # compiles every kernel before the capture
-                self.model.forward(fp, self.rows, self.slots)
+                self.forward(fp)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._mempool):
-            logits = self.model.forward(fp, self.rows, self.slots)
+            logits = self.forward(fp)
         return logits, graph
 
     def _static_pass(self, bucket: int, dev: torch.Tensor) -> ForwardPass:

@@ -21,6 +21,7 @@ from .cpu_threads import one_cpu_thread
 from .forward_pass import ForwardPass, LogitRows, StreamRows
 from .kv_pool import KVPool, Lease
 from .model import FamilyModel
+from .ops import parallel
 
 
 class ModelRunner:
@@ -56,11 +57,16 @@ class ModelRunner:
         fp = ForwardPass(streams, self.pool.page_rows, self.model.device)
         if torch.device(self.model.device).type == "cpu":
             with one_cpu_thread():
-                logits = self.model.forward(fp, self.rows, self.slots)
+                logits = self.forward(fp)
         else:
-            logits = self.model.forward(fp, self.rows, self.slots)
+            logits = self.forward(fp)
         self.last_pass = fp  # its taps feed the prompt store's keeps
         return fp.split_logits(logits)
+
+    def forward(self, fp: ForwardPass) -> torch.Tensor:
+        """The model's forward over `fp`, its collectives' pass fence first (ops.parallel)."""
+        parallel.begin_pass()
+        return self.model.forward(fp, self.rows, self.slots)
 
     def poison_slot(self, slot: int) -> None:
         """Fill a freed slot's fixed state with NaN (TF_KV_POISON)."""

@@ -126,6 +126,14 @@ class Settings(BaseSettings):
         description="Seconds a tensor-parallel rank may keep the others waiting (a collective, "
         "or a follower joining at start) before the server stops with an error.",
     )
+    tp_reduce: Literal["symmetric", "nccl"] = Field(
+        default="symmetric",
+        description="How CUDA ranks sum their partials. symmetric: messages up to 8 MiB (decode "
+        "rounds) in one kernel over symmetric memory, larger ones through NCCL; where the "
+        "symmetric buffers cannot be set up, NCCL, and the start says why. nccl: always an "
+        "NCCL all_gather. Both sum in rank order in fp32: the same bits. Gloo on the CPU "
+        "ignores it.",
+    )
     log_format: Literal["console", "json"] = Field(
         default="console",
         description="Log lines: readable console lines, or one JSON object a line.",

@@ -98,10 +98,38 @@ class Joined:
         # to START_TIMEOUT_S); once serving, rank 0's beats keep an idle follower inside it.
         self.control = dist.new_group(
             backend="gloo", timeout=timedelta(seconds=max(self.timeout_s, START_TIMEOUT_S)))
-        parallel.set_group(parallel.Group(self.rank, self.world, None))
+        reduce = self._small_reduce(settings) if cuda else None
+        parallel.set_group(parallel.Group(self.rank, self.world, None, reduce))
         self.lock = threading.Lock()  # one operation at a time: its broadcast and its work
         self.broken: str | None = None
         self.last_sent = time.monotonic()
+
+    def _small_reduce(self, settings: Settings) -> Any:
+        """The one-shot sum over symmetric memory for small partials (TF_TP_REDUCE=symmetric),
+        when every rank set it up; else None: NCCL's all_gather, said once with why."""
+        from .ops.symmetric_reduce import SLOT_BYTES, open_symmetric
+
+        if settings.tp_reduce == "nccl":
+            if self.rank == 0:
+                log.info("tensor parallel: partial sums through NCCL's all_gather "
+                         "(TF_TP_REDUCE=nccl)")
+            return None
+        reduce, why = None, None
+        try:
+            reduce = open_symmetric(dist.group.WORLD, self.rank, self.world,
+                                    torch.device("cuda", self.local_rank), self.timeout_s)
+        except Exception as exc:  # this torch, driver or machine cannot: NCCL serves
+            why = f"{type(exc).__name__}: {exc}"
+        failed = [f"rank {r}: {w}" for r, w in enumerate(self.gather(why)) if w]
+        if failed:  # every rank takes the same path
+            if self.rank == 0:
+                log.warning("tensor parallel: partial sums through NCCL's all_gather; symmetric "
+                            "memory could not be set up (" + "; ".join(failed) + ")")
+            return None
+        if self.rank == 0:
+            log.info(f"tensor parallel: partial sums up to {SLOT_BYTES >> 20} MiB through "
+                     "symmetric memory (one kernel, rank order in fp32), larger through NCCL")
+        return reduce
 
     def device(self, picked: str) -> str:
         """This rank's device: its own GPU (LOCAL_RANK) on CUDA."""

@@ -20,7 +20,8 @@ MODULES = [
     "tensorfold.adapters.snapshots", "tensorfold.checkpoint", "tensorfold.tokenizer",
     "tensorfold.demo_build", "tensorfold.ops.linear", "tensorfold.ops.norms",
     "tensorfold.ops.rope", "tensorfold.ops.attention", "tensorfold.ops.window_attention",
-    "tensorfold.ops.moe", "tensorfold.ops.conv", "tensorfold.ops.parallel", "tensorfold.ops.gpu",
+    "tensorfold.ops.moe", "tensorfold.ops.conv", "tensorfold.ops.parallel",
+    "tensorfold.ops.symmetric_reduce", "tensorfold.ops.gpu",
     "tensorfold.ops.pass_meta", "tensorfold.testing",
 ]
 

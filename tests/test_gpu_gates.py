@@ -13,6 +13,7 @@ Every engine's census must be even when it closes.
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 
 import pytest
@@ -126,9 +127,11 @@ def test_resumed_equals_fresh(family):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="--tp 2 needs two GPUs")
-def test_gates_at_tp_2(family, runs):
+def test_gates_at_tp_2(family):
     name, folder = family
-    prompts, _, _, _ = runs
+    config = json.loads((folder / "config.json").read_text())
+    vocab = config.get("vocab_size") or config["text_config"]["vocab_size"]
+    prompts = draw_prompts(vocab, LENGTHS, 7)  # runs' prompts, without its one-GPU runs
     chats = [testing.chat_turns(c, 2, 300, 12) for c in range(3)]
     flags = {k: v for k, v in GPU_FLAGS.items() if k not in ("prompt_cache_gib", "kv_share")}
     testing.assert_engine_gates_at_tp(name, folder, prompts[:6], chats, GREEDY, SAMPLED,

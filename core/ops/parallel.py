@@ -1,10 +1,13 @@
 """The collectives a family's forward calls under tensor and expert parallel.
 
 Exactness: partial results are combined by an all_gather, which moves bits and adds nothing,
-then summed here in rank order in fp32. So a row's sum is the same on every rank and does not
-depend on the pass's size or how the message is cut (an all_reduce may change its summation
-order with the message size). At a given TP size concurrent == solo, resumed == fresh and
-pages == windows hold as they do at one rank; between TP sizes the sums round differently.
+then summed here in rank order in fp32 (`rank_order_sum`). So a row's sum is the same on every
+rank and does not depend on the pass's size or how the message is cut (an all_reduce may change
+its summation order with the message size). On CUDA, messages up to a few MiB (decode rounds)
+take the one-shot sum over symmetric memory instead (ops/symmetric_reduce.py: the same sum in
+one kernel, the same bits, no NCCL launch); larger ones the all_gather. At a given TP size
+concurrent == solo, resumed == fresh and pages == windows hold as they do at one rank; between
+TP sizes the sums round differently.
 
 With no group (one process) every function is the identity, and torch.distributed is never
 imported. `tensorfold.tensor_parallel` sets the group once, at start.
@@ -28,6 +31,7 @@ class Group:
     rank: int = 0
     world: int = 1
     pg: Any = None
+    reduce: Any = None  # a symmetric_reduce.OneShot for small messages on CUDA, or None
 
 
 _GROUP = Group()
@@ -55,17 +59,31 @@ def _gather(x: torch.Tensor, g: Group) -> torch.Tensor:
     return out
 
 
+def begin_pass() -> None:
+    """Before each forward pass's first collective, on every rank (the runners call it, also
+    inside a CUDA graph's capture): the one-shot sum's fence. Nothing without one."""
+    if _GROUP.reduce is not None:
+        _GROUP.reduce.begin_pass()
+
+
+def rank_order_sum(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """parts [world, ...] -> Σ_r float32(parts[r]) in rank order, rounded once to dtype."""
+    acc = parts[0].float()
+    for r in range(1, parts.shape[0]):
+        acc = acc + parts[r].float()
+    return acc.to(dtype)
+
+
 def sum_partials(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Σ over ranks of each rank's partial x [..., H] (a row-parallel linear's output, or the
     local experts'), summed in rank order in fp32 and rounded to `dtype` (default: x's)."""
     g = _GROUP
+    dtype = dtype or x.dtype
     if g.world == 1:
-        return x if dtype is None else x.to(dtype)
-    parts = _gather(x, g)
-    acc = parts[0].float()
-    for r in range(1, g.world):
-        acc = acc + parts[r].float()
-    return acc.to(dtype or x.dtype)
+        return x if dtype == x.dtype else x.to(dtype)
+    if g.reduce is not None and g.reduce.takes(x, dtype):
+        return g.reduce.sum(x, dtype)
+    return rank_order_sum(_gather(x, g), dtype)
 
 
 def gather_columns(x: torch.Tensor) -> torch.Tensor:
