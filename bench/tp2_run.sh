@@ -17,7 +17,7 @@ export PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 out=${OUT:-tp2_out}
 mkdir -p "$out"
-budget=530
+budget=${TP2_BUDGET_S:-530}
 t_start=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - t_start) )); }
 
