@@ -34,7 +34,7 @@ def install(app: web.Application, state: State) -> None:
     files = {name: (_read(name), kind) for name, kind in FILES.items()}
 
     async def root(request: web.Request) -> web.StreamResponse:
-        raise web.HTTPFound(request.rel_url.with_path("/status"))
+        raise web.HTTPFound(request.rel_url.with_path("/status").with_query(request.query))
 
     async def status(request: web.Request) -> web.StreamResponse:
         by_query = _allowed(request)
