@@ -37,7 +37,7 @@ class Engine:
         self.fatal: str | None = None
         self.on_fatal: list[Callable[[str], None]] = []
         # Watchers of the status page: each gets one summary, taken between two rounds.
-        self._asks: list[Callable[[dict[str, Any]], None]] = []
+        self._asks: list[Callable[[dict[str, Any] | None], None]] = []
 
     # -- any thread ---------------------------------------------------------------------------
 
@@ -92,9 +92,10 @@ class Engine:
         with self._wake:
             self._wake.notify()
 
-    def ask_summary(self, reply: Callable[[dict[str, Any]], None]) -> None:
+    def ask_summary(self, reply: Callable[[dict[str, Any] | None], None]) -> None:
         """`reply` gets a summary of the lanes, the pool and the prompt store (status_snapshot),
-        called once on the engine thread between two rounds. Nothing is taken unless asked."""
+        or None if taking it failed; called once, on the engine thread, between two rounds.
+        Nothing is taken unless asked."""
         with self._wake:
             self._asks.append(reply)
             self._wake.notify()
@@ -184,10 +185,14 @@ class Engine:
         lanes.waiting.extend(inbox)
         lanes.fail_all(self.fatal or "the engine stopped")
 
-    def _answer(self, asks: list[Callable[[dict[str, Any]], None]]) -> None:
+    def _answer(self, asks: list[Callable[[dict[str, Any] | None], None]]) -> None:
         if not asks:
             return
-        summary = take_summary(self.lanes, len(self._inbox))
+        try:
+            summary = take_summary(self.lanes, len(self._inbox))
+        except Exception:  # the page's summary failing must not stop the engine
+            log.exception("the status summary failed")
+            summary = None
         for reply in asks:
             try:
                 reply(summary)

@@ -69,9 +69,9 @@ class StatusFeed:
 
     async def _ask(self) -> dict[str, Any] | None:
         loop = asyncio.get_running_loop()
-        answer: asyncio.Future[dict[str, Any]] = loop.create_future()
+        answer: asyncio.Future[dict[str, Any] | None] = loop.create_future()
 
-        def reply(summary: dict[str, Any]) -> None:  # on the engine thread
+        def reply(summary: dict[str, Any] | None) -> None:  # on the engine thread
             loop.call_soon_threadsafe(_settle, answer, summary)
 
         self.state.engine.ask_summary(reply)
@@ -98,7 +98,7 @@ class StatusFeed:
         return json.dumps(summary).encode()
 
 
-def _settle(future: asyncio.Future[dict[str, Any]], summary: dict[str, Any]) -> None:
+def _settle(future: asyncio.Future[Any], summary: dict[str, Any] | None) -> None:
     if not future.done():
         future.set_result(summary)
 

@@ -11,12 +11,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from chromium import Browser
-from tensorfold import status_feed
+from tensorfold import status_feed, status_snapshot
 from tensorfold.status_feed import StatusFeed
 from test_server import ServedDemo
 from test_server_bad_input import Http
@@ -138,8 +139,8 @@ def test_the_event_stream_says_what_metrics_says(server: ServedDemo) -> None:
 
 # -- in a browser -----------------------------------------------------------------------------
 
-PAGE_METRICS = """Object.fromEntries([...document.querySelectorAll('[data-metric]')]
-    .map(e => [e.dataset.metric, e.dataset.value === undefined ? null : Number(e.dataset.value)]))"""
+PAGE_METRICS = """Object.fromEntries([...document.querySelectorAll('[data-metric]')].map(
+    e => [e.dataset.metric, e.dataset.value === undefined ? null : Number(e.dataset.value)]))"""
 
 
 def _wait(what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
@@ -200,3 +201,49 @@ def test_the_page_in_a_browser_matches_metrics(server: ServedDemo, chromium_exe:
     finally:
         browser.close()
     server.wait_even()
+
+
+# -- the summary's pieces ---------------------------------------------------------------------
+
+
+def _live(prompt: int, cached: int, pos: int, generated: int = 0) -> Any:
+    req = SimpleNamespace(id="req-1", prompt=[0] * prompt, arrival=time.monotonic() - 2,
+                          params=SimpleNamespace(max_tokens=9), forks=[])
+    return SimpleNamespace(req=req, slot=0, cached=cached, pos=pos, generated=[1] * generated,
+                           lease=SimpleNamespace(pages=[0, 1], promised=3), forks=[],
+                           prefilling=pos < prompt)
+
+
+@pytest.mark.parametrize("prompt,cached,pos,phase", [
+    (5000, 0, 0, ("prefill", 1, 3)), (5000, 0, 2048, ("prefill", 2, 3)),
+    (5000, 0, 4096, ("prefill", 3, 3)), (5000, 2048, 2048, ("prefill", 1, 2)),
+    (5000, 3000, 3000, ("prefill", 1, 2)), (100, 0, 0, ("prefill", 1, 1)),
+    (100, 0, 100, ("decode",)),
+])
+def test_a_streams_phase_counts_passes_on_the_grid(prompt: int, cached: int, pos: int,
+                                                   phase: tuple[Any, ...]) -> None:
+    s = status_snapshot._stream(_live(prompt, cached, pos, 4), 2048, time.monotonic())
+    assert (s["phase"], s.get("pass"), s.get("passes"))[: len(phase)] == phase
+    assert (s["generated"], s["max_tokens"], s["pages"], s["promised"]) == (4, 9, 2, 3)
+    assert s["age_s"] >= 2
+
+
+def test_the_store_tree_is_cut_at_its_node_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    def chain(n: int) -> Any:  # a root, then n nodes each under the last
+        root = node = SimpleNamespace(edge=(), depth=0, kept=None, children={})
+        for i in range(n):
+            kept = SimpleNamespace(pages=[i], snapshot=None, hits=i, host=None,
+                                   used_at=time.monotonic())
+            child = SimpleNamespace(edge=(i,), depth=i + 1, kept=kept, children={})
+            node.children[i] = child
+            node = child
+        return root
+
+    monkeypatch.setattr(status_snapshot, "MAX_NODES", 5)
+    budget = {"left": status_snapshot.MAX_NODES, "left_out": 0}
+    tree = status_snapshot._node(chain(9), time.monotonic(), budget)
+    depths = []
+    while tree is not None:
+        depths.append(tree["depth"])
+        tree = tree["children"][0] if tree["children"] else None
+    assert depths == [0, 1, 2, 3, 4] and budget["left_out"] == 5
