@@ -80,7 +80,8 @@ def _store(lanes: Lanes, now: float) -> dict[str, Any] | None:
     budget = {"left": MAX_NODES, "left_out": 0}
     trees = [_node(root, now, budget) for root in sharing.store.roots()]
     return {
-        "states": len(sharing.store), "max_states": sharing.max_states,
+        "states": len(sharing.store), "on_device": sharing.device_states,
+        "max_states": sharing.max_states,
         "pages": lanes.pool.store_pages, "max_pages": sharing.cache_pages,
         "evictions": sharing.evictions, "on_host": sharing.on_host,
         "host_hits": sharing.host_hits, "host_evictions": sharing.host_evictions,

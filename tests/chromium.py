@@ -56,6 +56,7 @@ class Browser:
 
     def __init__(self, exe: str, profile: Path, width: int = 1280, height: int = 1600) -> None:
         profile.mkdir(parents=True, exist_ok=True)
+        (profile / "DevToolsActivePort").unlink(missing_ok=True)  # a run before this one's
         self.log = open(profile.parent / "chromium.log", "w")
         self.proc = subprocess.Popen(
             [exe, *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
@@ -125,8 +126,13 @@ class Browser:
             raise AssertionError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
 
-    def screenshot(self, path: Path) -> None:
-        shot = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+    def screenshot(self, path: Path, scale: float = 1.0) -> None:
+        """The whole page as a PNG, its size times `scale`."""
+        width, height = self.eval("[document.documentElement.scrollWidth, "
+                                  "document.documentElement.scrollHeight]")
+        clip = {"x": 0, "y": 0, "width": width, "height": height, "scale": scale}
+        shot = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
+                         clip=clip)
         path.write_bytes(base64.b64decode(shot["data"]))
 
     def close(self) -> None:

@@ -68,7 +68,7 @@ function summary(s) {
   while (points.length && points[0].t < s.t - SPAN_S) points.shift();
   const pool = s.pool, c = s.counters;
   for (const k of ["free", "promised", "live", "store", "total"]) setMetric(`tensorfold_pool_pages{state=${k}}`, pool[k]);
-  $("#host").textContent = pool.host ? `${fmt(pool.host.free)} / ${fmt(pool.host.store)} / ${fmt(pool.host.total)}` : "none";
+  $("#host").textContent = pool.host ? `free ${fmt(pool.host.free)} · store ${fmt(pool.host.store)} · total ${fmt(pool.host.total)}` : "none";
   drawBar(pool);
   drawPoolChart();
   const census = $("#census");
@@ -110,20 +110,24 @@ function drawBar(pool) {
   }));
 }
 
+// Pages held, stacked (live at the bottom), scaled to the most held in the span: a pool that
+// is mostly free would leave them a sliver.
 function drawPoolChart() {
   const svg = $("#pool-chart");
   if (points.length < 2) return svg.replaceChildren();
+  const held = ["live", "store", "promised"];
   const t1 = points[points.length - 1].t, t0 = t1 - SPAN_S;
-  const total = STATES.reduce((a, k) => a + points[points.length - 1].pool[k], 0) || 1;
-  const x = (t) => ((t - t0) / SPAN_S) * 600, y = (v) => 140 - (v / total) * 140;
+  const top = Math.max(1, ...points.map((p) => held.reduce((a, k) => a + p.pool[k], 0)));
+  $("#pool-top").textContent = fmt(top);
+  const x = (t) => ((t - t0) / SPAN_S) * 600, y = (v) => 140 - (v / top) * 136;
   const paths = [];
   let below = points.map(() => 0);
-  for (const k of STATES) {  // stacked areas, live at the bottom
-    const top = points.map((p, i) => below[i] + p.pool[k]);
-    const up = points.map((p, i) => `${x(p.t).toFixed(1)},${y(top[i]).toFixed(1)}`);
+  for (const k of held) {
+    const above = points.map((p, i) => below[i] + p.pool[k]);
+    const up = points.map((p, i) => `${x(p.t).toFixed(1)},${y(above[i]).toFixed(1)}`);
     const down = points.map((p, i) => `${x(p.t).toFixed(1)},${y(below[i]).toFixed(1)}`).reverse();
     paths.push(svgEl("polygon", {points: up.concat(down).join(" "), class: k}));
-    below = top;
+    below = above;
   }
   svg.replaceChildren(...paths);
 }
@@ -197,6 +201,7 @@ function drawStore(store) {
   if (store === null) return $("#tree").replaceChildren();
   setMetric("tensorfold_prompt_store_states", store.states);
   setMetric("tensorfold_prompt_store_evictions_total", store.evictions);
+  $("#store-device").textContent = fmt(store.on_device);
   $("#store-max-states").textContent = fmt(store.max_states);
   $("#store-pages").textContent = fmt(store.pages);
   $("#store-max-pages").textContent = fmt(store.max_pages);
