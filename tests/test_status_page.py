@@ -165,11 +165,16 @@ def _expected(m: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def _chat(server: ServedDemo, i: int, tokens: int) -> None:
+def _chat(server: ServedDemo, i: int, seen: threading.Event) -> None:
+    """A long streamed chat, read until the page has seen it decode; then it is cut (the
+    server cancels it), so the test takes as long on a fast machine as on a slow one."""
     stream = server.client().chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": f"Tell me about engine {i}."}],
-        max_tokens=tokens, temperature=0.8, stream=True, extra_body={"ignore_eos": True})
-    assert sum(1 for _ in stream) > 0
+        max_tokens=3000, temperature=0.8, stream=True, extra_body={"ignore_eos": True})
+    for _ in stream:
+        if seen.is_set():
+            break
+    stream.close()
 
 
 def test_the_page_in_a_browser_matches_metrics(server: ServedDemo, chromium_exe: str,
@@ -179,7 +184,8 @@ def test_the_page_in_a_browser_matches_metrics(server: ServedDemo, chromium_exe:
         browser.open(f"{server.base}/status?key={KEY}")  # the cookie feeds its EventSource
         _wait("a live stream", lambda: browser.eval(
             "document.querySelector('#link').dataset.state") == "live")
-        load = [threading.Thread(target=_chat, args=(server, i, 400)) for i in range(2)]
+        seen = threading.Event()
+        load = [threading.Thread(target=_chat, args=(server, i, seen)) for i in range(2)]
         for t in load:
             t.start()
         try:
@@ -187,10 +193,11 @@ def test_the_page_in_a_browser_matches_metrics(server: ServedDemo, chromium_exe:
                 "document.querySelectorAll('#streams tr[data-phase=decode]').length") == 2)
             assert browser.eval(PAGE_METRICS)["tensorfold_lanes{state=busy}"] == 2
         finally:
+            seen.set()
             for t in load:
                 t.join()
         expected = _expected(server.wait_even())
-        assert expected["tensorfold_generation_tokens_total"] >= 800
+        assert expected["tensorfold_generation_tokens_total"] > 0
         assert expected["tensorfold_prompt_store_states"] > 0
         _wait(f"what /metrics shows: {expected}",
               lambda: browser.eval(PAGE_METRICS) == expected, timeout=10)
