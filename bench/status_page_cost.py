@@ -6,6 +6,7 @@ each mode's best and median decode tok/s as JSON.
 
     python -m bench.status_page_cost                       # the CPU demo, 4 rounds
     python -m bench.status_page_cost --browser --rounds 6
+    python -m bench.status_page_cost --summary   # one summary's time on the engine thread
 """
 
 from __future__ import annotations
@@ -82,14 +83,45 @@ class Page:
         self.dir.cleanup()
 
 
+def summary_cost(calls: int = 300) -> dict[str, float]:
+    """The demo offline, its prompt store holding what 16 prompts and their next turns kept:
+    the median time take_summary() takes (the engine thread's whole cost of one summary),
+    against the median decode round of one stream."""
+    from tensorfold import LLM, SamplingParams
+    from tensorfold.status_snapshot import take_summary
+
+    llm = LLM(family="lfm2_moe", parallel=4, kv_share=64)
+    try:
+        params = SamplingParams(max_tokens=24, temperature=0.8, seed=1)
+        first = llm.generate([f"Engine {i} climbed the hill and" for i in range(16)], params)
+        llm.generate([c.text + " Then what?" for c in first], params)
+        lanes = llm.served.engine.lanes
+        times = []
+        for _ in range(calls):
+            t = time.perf_counter()
+            take_summary(lanes)
+            times.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        llm.generate(["One stream"], SamplingParams(max_tokens=256, ignore_eos=True))
+        round_s = (time.perf_counter() - t) / 256
+        return {"states": len(lanes.sharing.store), "summary_ms": statistics.median(times) * 1e3,
+                "round_ms": round_s * 1e3}
+    finally:
+        llm.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--watchers", type=int, default=1)
     ap.add_argument("--browser", action="store_true")
+    ap.add_argument("--summary", action="store_true")
     ap.add_argument("serve_flags", nargs="*", default=["--family", "lfm2_moe", "--parallel", "4"])
     args = ap.parse_args()
+    if args.summary:
+        print(json.dumps(summary_cost()))
+        return
     proc, url = serve(args.serve_flags)
     base = url.removesuffix("/v1")
     modes = ["closed", "events"] + (["browser"] if args.browser else [])
