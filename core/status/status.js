@@ -215,7 +215,7 @@ function drawStore(store) {
 function node(n) {
   const k = n.kept;
   const label = el("span", {class: k ? "kept" : "inner"}, `+${fmt(n.tokens)} → ${fmt(n.depth)} tokens`);
-  const info = k ? el("span", {class: "muted"}, ` · ${k.pages} page${k.pages === 1 ? "" : "s"}${k.snapshot ? " + snapshot" : ""}${k.host ? " · host" : ""} · ${k.hits} hits · used ${seconds(k.idle_s)} ago`) : "";
+  const info = k ? el("span", {class: "muted"}, ` · ${k.pages} page${k.pages === 1 ? "" : "s"}${k.snapshot ? " + snapshot" : ""}${k.host ? " · host" : ""} · ${k.hits} hit${k.hits === 1 ? "" : "s"} · used ${seconds(k.idle_s)} ago`) : "";
   return el("li", {}, label, info, ...(n.children.length ? [el("ul", {}, ...n.children.map(node))] : []));
 }
 
