@@ -100,6 +100,7 @@ def _hello(state: State) -> dict[str, Any]:
     return {
         "model": served.model_name, "family": served.family_note,
         "plan": {**dataclasses.asdict(served.plan), "line": served.plan.startup_line()},
+        "asked": served.asked,
         "window": served.window, "interval_s": INTERVAL_S,
     }
 

@@ -131,6 +131,7 @@ def test_the_event_stream_says_what_metrics_says(server: ServedDemo) -> None:
     (hello, h), (history, _), (message, s) = events
     assert (hello, history, message) == ("hello", "history", "message")
     assert h["model"] == MODEL and h["plan"]["lanes"] == LANES and h["plan"]["line"]
+    assert h["asked"]["parallel"] == LANES and h["asked"]["kv_share"] == 16
     for state in ("free", "promised", "live", "store", "total"):
         assert s["pool"][state] == metrics[f"tensorfold_pool_pages{{state={state}}}"]
     assert s["pool"]["idle"] and s["pool"]["even"] and s["lanes"]["busy"] == 0

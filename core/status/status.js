@@ -45,20 +45,28 @@ function seconds(s) {
 function hello(h) {
   $("#model").textContent = h.model;
   $("#plan-line").textContent = h.plan.line;
-  const p = h.plan;
+  const p = h.plan, a = h.asked || {};
   const gib = bytes;
+  const or = (v, unset) => (v === null || v === undefined) ? unset : v;
+  // [what, asked, planned]
   const rows = [
-    ["mode", p.mode], ["lanes", p.lanes], ["window", `${fmt(p.window)} tokens`],
-    ["pages", `${fmt(p.pages)} of ${fmt(p.page_rows)} rows (${gib(p.pages * p.page_bytes)})`],
-    ["whole windows held", fmt(p.windows_held)],
-    ["fixed state a lane", gib(p.fixed_bytes)],
-    ["prompt cache", p.store_on ? gib(p.cache_bytes) : "off"],
-    ["snapshot arena", gib(p.snapshot_bytes)],
-    ["kept states", p.states || "not counted"],
-    ["room left", gib(p.left_bytes)], ["pass", `${fmt(p.pass_rows)} rows`],
+    ["lanes", `--parallel ${or(a.parallel, "")}`, p.lanes],
+    ["window", `--context ${or(a.context, "(the model's)")}`, fmt(p.window)],
+    ["paging", `TF_KV_PAGES ${or(a.kv_pages, "")}`, p.mode],
+    ["prompt cache", `--prompt-cache-gib ${or(a.prompt_cache_gib, "")}`, p.store_on ? gib(p.cache_bytes) : "off"],
+    ["kept states", `TF_KV_SHARE ${or(a.kv_share, "(sized by the plan)")}`, p.store_on ? (p.states || "not counted") : "off"],
+    ["memory", a.memory_limit_gib ? `TF_MEMORY_LIMIT_GIB ${a.memory_limit_gib}` : "", `${gib(p.pages * p.page_bytes + p.lanes * p.fixed_bytes + p.cache_bytes + p.snapshot_bytes)} (${gib(p.left_bytes)} left)`],
+    ["pages", "", `${fmt(p.pages)} × ${fmt(p.page_rows)} rows`],
+    ["their bytes", "", gib(p.pages * p.page_bytes)],
+    ["whole windows held", "", fmt(p.windows_held)],
+    ["fixed state a lane", "", gib(p.fixed_bytes)],
+    ["snapshot arena", "", gib(p.snapshot_bytes)],
+    ["pass", "", `${fmt(p.pass_rows)} rows`],
   ];
-  if (p.ranks > 1) rows.push(["tensor-parallel ranks", p.ranks]);
-  $("#plan-table").replaceChildren(...rows.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v))));
+  if (p.ranks > 1) rows.push(["tensor-parallel ranks", "", p.ranks]);
+  $("#plan-table").replaceChildren(
+    el("tr", {}, el("th", {}, ""), el("th", {}, "asked"), el("th", {}, "planned")),
+    ...rows.map(([k, asked, got]) => el("tr", {}, el("th", {}, k), el("td", {class: "asked"}, asked), el("td", {}, got))));
 }
 
 // -- every summary ----------------------------------------------------------------------
