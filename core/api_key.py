@@ -7,6 +7,7 @@ is refused rather than read as "no key".
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 from pathlib import Path
 
@@ -40,6 +41,17 @@ def resolve_api_key(flag: str | None, file: str | None, setting: str | None) -> 
         raise SettingsError("TF_API_KEY holds only spaces; give a key, or leave it empty to "
                             "serve without one")
     return setting.strip()
+
+
+def key_matches(given: str | None, key: bytes) -> bool:
+    """`given` is the key (compared in constant time)."""
+    return given is not None and hmac.compare_digest(given.strip().encode(errors="replace"), key)
+
+
+def bearer_matches(authorization: str, key: bytes) -> bool:
+    """An `Authorization: Bearer KEY` header's value carries the key."""
+    scheme, _, given = authorization.partition(" ")
+    return scheme.lower() == "bearer" and key_matches(given, key)
 
 
 def is_loopback(host: str) -> bool:

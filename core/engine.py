@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from .lanes import Lanes
 from .logs import get_logger
 from .requests import Event, Finished, Request
 from .sampling import SamplingParams
+from .status_snapshot import take_summary
 
 log = get_logger("tensorfold.engine")
 
@@ -35,6 +36,8 @@ class Engine:
         # Set when the engine cannot go on (a tensor-parallel rank was lost): why, and who to tell.
         self.fatal: str | None = None
         self.on_fatal: list[Callable[[str], None]] = []
+        # Watchers of the status page: each gets one summary, taken between two rounds.
+        self._asks: list[Callable[[dict[str, Any] | None], None]] = []
 
     # -- any thread ---------------------------------------------------------------------------
 
@@ -87,6 +90,14 @@ class Engine:
         """The request ends (reason "cancelled") and its lane and pages come back next round."""
         req.cancelled = True
         with self._wake:
+            self._wake.notify()
+
+    def ask_summary(self, reply: Callable[[dict[str, Any] | None], None]) -> None:
+        """`reply` gets a summary of the lanes, the pool and the prompt store (status_snapshot),
+        or None if taking it failed; called once, on the engine thread, between two rounds.
+        Nothing is taken unless asked."""
+        with self._wake:
+            self._asks.append(reply)
             self._wake.notify()
 
     @property
@@ -143,15 +154,19 @@ class Engine:
         lanes = self.lanes
         while True:
             with self._wake:
-                while not self._inbox and lanes.idle and not self._stopping:
+                while (not self._inbox and lanes.idle and not self._stopping
+                       and not self._asks):
                     self._wake.wait()
                 if self.fatal is not None:
                     break
                 inbox, self._inbox = self._inbox, []
+                asks, self._asks = self._asks, []
                 if self._stopping and not inbox and lanes.idle:
+                    self._answer(asks)
                     return
             for req in inbox:
                 lanes.add(req)
+            self._answer(asks)
             try:
                 lanes.step()
             except Exception as exc:  # a failed pass ends its requests; the engine keeps serving
@@ -162,7 +177,24 @@ class Engine:
                 log.exception("pass failed", error=str(exc))
                 lanes.fail_all(f"{type(exc).__name__}: {exc}")
                 lanes.census()
+        with self._wake:
+            asks, self._asks = self._asks, []
+        self._answer(asks)
         with self._wake:  # requests that came in meanwhile end with the same error
             inbox, self._inbox = self._inbox, []
         lanes.waiting.extend(inbox)
         lanes.fail_all(self.fatal or "the engine stopped")
+
+    def _answer(self, asks: list[Callable[[dict[str, Any] | None], None]]) -> None:
+        if not asks:
+            return
+        try:
+            summary = take_summary(self.lanes, len(self._inbox))
+        except Exception:  # the page's summary failing must not stop the engine
+            log.exception("the status summary failed")
+            summary = None
+        for reply in asks:
+            try:
+                reply(summary)
+            except Exception:  # a watcher gone (its event loop closed) changes nothing here
+                log.exception("a status watcher failed")

@@ -103,6 +103,7 @@ class Lanes:
         self.passes = 0
         self.rows_cached = 0  # prompt rows resumed from the store, all requests together
         self.rows_computed = 0  # prompt rows prefilled
+        self.tokens_out = 0  # tokens sampled, all streams together
 
     # -- submission (validated before it is queued) ------------------------------------------
 
@@ -295,6 +296,7 @@ class Lanes:
 
     def _take(self, s: Live, t: int, result: SampleResult) -> None:
         s.generated.append(result.token)
+        self.tokens_out += 1
         s.history.append(result.token)
         if s.matcher is not None and (refused := s.matcher.accept(result.token)):
             log.error("the grammar refused a token its mask allowed", error=refused)

@@ -138,5 +138,23 @@ class Metrics:
         self.prompt_tokens.labels("computed").inc(prompt - cached)
         self.generation_tokens.inc(completion)
 
+    def totals(self) -> dict[str, float]:
+        """The server's counters and timing sums now (for the status page)."""
+        return {
+            "generation_tokens": _sum(self.generation_tokens),
+            "requests": _sum(self.requests),
+            "prompt_cached": _sum(self.prompt_tokens, source="cached"),
+            "prompt_computed": _sum(self.prompt_tokens, source="computed"),
+            "errors": _sum(self.errors),
+            "ttft_sum": _sum(self.ttft, "_sum"), "ttft_count": _sum(self.ttft, "_count"),
+            "itl_sum": _sum(self.itl, "_sum"), "itl_count": _sum(self.itl, "_count"),
+        }
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _sum(metric: Counter | Histogram, suffix: str = "_total", **labels: str) -> float:
+    """A metric's samples named *suffix (those with `labels`), added up over its labels."""
+    return sum(s.value for family in metric.collect() for s in family.samples
+               if s.name.endswith(suffix) and labels.items() <= s.labels.items())

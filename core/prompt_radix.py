@@ -21,6 +21,8 @@ class Kept:
     node: "Node"
     last_used: int = 0
     host: Any = None  # set while the state lives in the host tier (pages and snapshot moved)
+    hits: int = 0  # resumes from this state
+    used_at: float = 0.0  # time.monotonic() of its keep or its last resume
 
 
 @dataclass(eq=False)
@@ -48,6 +50,10 @@ class RadixStore:
 
     def __len__(self) -> int:
         return self._count
+
+    def roots(self) -> list[Node]:
+        """The trees' roots, one a content key (for the status page's walk)."""
+        return list(self._roots.values())
 
     def kept(self) -> Iterator[Kept]:
         stack = list(self._roots.values())

@@ -7,6 +7,7 @@ and a later match copies it back into pool pages before it is resumed, as a devi
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 from .kv_pool import KVPool, Lease
@@ -82,6 +83,8 @@ class PromptSharing:
 
     def resume(self, kept: Kept, lease: Lease, slot: int) -> int:
         """Attach the kept pages to the lease and restore the snapshot into the slot."""
+        kept.hits += 1
+        kept.used_at = time.monotonic()
         self.runner.attach(self.hooks, lease, kept.pages, kept.pos)
         # a family with no fixed state keeps empty snapshots, leased here without the runner, so
         # there is nothing to restore (and a TP follower never saw them)
@@ -123,6 +126,7 @@ class PromptSharing:
         held = list(pages[: self.pool.pages_for(pos)])
         self.pool.hold(held, store=True)
         kept = self.store.insert(list(tokens), held, snapshot)
+        kept.used_at = time.monotonic()
         while self.pool.store_pages > self.cache_pages:
             victim = self._lru_on_device()
             if victim is None:

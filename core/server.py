@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 from aiohttp import web
 
-from . import cors
+from . import cors, status_page
+from .api_key import bearer_matches
 from .choices import choice_params
 from .engine import QueueFull
 from .logs import get_logger
@@ -100,11 +100,7 @@ async def gate_middleware(request: web.Request, handler: Handler) -> web.StreamR
     state = request.app[STATE]
     if request.path.startswith("/v1/"):
         if state.api_key is not None:
-            given = request.headers.get("Authorization", "")
-            scheme, _, key = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                key.strip().encode(errors="replace"), state.api_key
-            ):
+            if not bearer_matches(request.headers.get("Authorization", ""), state.api_key):
                 raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY",
                                code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
         if state.draining and request.method == "POST":
@@ -294,4 +290,5 @@ def create_app(
     app.router.add_get("/v1/models/{name:.+}", model)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    status_page.install(app, app[STATE])
     return app

@@ -47,6 +47,7 @@ class Served:
     team: Any = None  # tensor parallel: rank 0's side of the ranks (None at one rank)
     tool_format: Any = None  # the family's ToolCallFormat (tool_call_format hook); None: none
     family_note: str = ""  # which family, and why: for the start line
+    asked: dict[str, Any] = dataclasses.field(default_factory=dict)  # plan_asked(): for /status
 
     def start_lines(self) -> list[str]:
         """What a start says once: the memory plan and the family chosen."""
@@ -366,7 +367,14 @@ def open_served(
     tool_format = rank.hooks.tool_call_format(config=rank.checkpoint.config)
     return Served(spec, rank.checkpoint, tokenizer, rank.plan, engine, str(name),
                   rank.plan.window, team, tool_format,
-                  family_note(spec, asked, pm))
+                  family_note(spec, asked, pm), plan_asked(settings))
+
+
+def plan_asked(settings: Settings) -> dict[str, Any]:
+    """What the memory plan was asked for (None: the default), to show beside what it gave."""
+    return {"parallel": settings.parallel, "context": settings.context,
+            "prompt_cache_gib": settings.prompt_cache_gib, "kv_pages": settings.paging,
+            "kv_share": settings.kv_share, "memory_limit_gib": settings.memory_limit_gib}
 
 
 def family_note(spec: FamilySpec, asked: str | None, pm: Any) -> str:

@@ -32,3 +32,11 @@ def no_installed_plugins(tf_env: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPa
 def pm() -> PluginManager:
     """A fresh plugin manager with tensorfold's hookspecs and no plugins."""
     return PluginManager()
+
+
+@pytest.fixture(scope="session")
+def chromium_exe() -> str:
+    """Debian's chromium, installed with apt-get first where it is missing and can be (CI)."""
+    from chromium import find_or_install
+
+    return find_or_install()
