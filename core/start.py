@@ -11,6 +11,7 @@ from typing import Any
 from .checkpoint import Checkpoint, CheckpointError
 from .engine import Engine
 from .family import FamilySpec, ModelShape, Shard, ShardRefused, resolve
+from .kv_dtype import kv_label, kv_layout
 from .kv_plan import MIN_STATES_A_LANE, GiB, Plan, PlanRefused, fmt_bytes, memory_budget, plan
 from .lanes import Lanes
 from .logs import get_logger
@@ -132,7 +133,7 @@ def _room(settings: Settings, shape: ModelShape, device: str, weights: int) -> i
             need=window,
             have=shape.max_positions,
         )
-    layout = shape.layout
+    layout = kv_layout(shape.layout, settings.kv_dtype)
     if device.startswith("cuda"):
         import torch
 
@@ -158,9 +159,9 @@ def _room(settings: Settings, shape: ModelShape, device: str, weights: int) -> i
 
 def _plan(settings: Settings, shape: ModelShape, room: int) -> Plan:
     window = settings.context or shape.max_positions
-    layout = shape.layout
+    layout = kv_layout(shape.layout, settings.kv_dtype)  # the pages' real bytes, scales too
     share = settings.kv_share  # None: on, sized by the plan; 0: off; n: n kept states
-    return plan(
+    the_plan = plan(
         room=room,
         page_rows=PAGE_ROWS,
         page_bytes=layout.page_bytes(PAGE_ROWS),
@@ -173,6 +174,7 @@ def _plan(settings: Settings, shape: ModelShape, room: int) -> Plan:
         states="auto" if share is None else share,
         store=share != 0,
     )
+    return dataclasses.replace(the_plan, kv_label=kv_label(layout))
 
 
 def open_arena(settings: Settings, the_plan: Plan, layout, device: str, arena_cls=None):
@@ -294,6 +296,7 @@ def open_rank(
         page_rows=PAGE_ROWS,
         poison=settings.kv_poison,
         plugin_manager=hooks,
+        kv_dtype=settings.kv_dtype,
         **graph_args,
     )
     arena, capacity = None, 0

@@ -65,8 +65,8 @@ def _ring_attention_kernel(
                          nv_ptr + new_at * stride_nvn + kvh * stride_nvh)
         visible = (j[None, :] <= qpos[:, None]) & (j[None, :] > qpos[:, None] - window)
         m_i, l_i, acc = attend_tile(
-            q_ptr, q_off, q0, valid, k_row, v_row, in_ring | in_new, visible, m_i, l_i, acc,
-            scale, QB * GP, KT, D, DC, BDV, dv0, IEEE, INTERP,
+            q_ptr, q_off, q0, valid, k_row, v_row, k_row, v_row, in_ring | in_new, visible,
+            m_i, l_i, acc, scale, QB * GP, KT, D, DC, BDV, dv0, False, IEEE, INTERP,
         )
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # 1: a part with no rows
     dv = dv0 + tl.arange(0, BDV)

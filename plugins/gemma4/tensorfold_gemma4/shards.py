@@ -48,10 +48,12 @@ def state_layout(cfg: Gemma4Config, dtype: str, world: int = 1) -> StateLayout:
     """Each full layer that owns its K/V pages K and V rows [kv_local, head_dim]; each sliding one
     keeps rings of its last W-1 rows a stream as fixed state (sliding.py), which snapshots carry;
     reuse layers read their store layer's rows and hold none. At `world` ranks, one rank's KV
-    heads. Any row is a usable mark."""
+    heads. Any row is a usable mark. The full layers' K/V rows may be fp8 (TF_KV_DTYPE); the
+    rings stay in the model's dtype (docs/serving.md says why)."""
     owners = [layer for layer in cfg.layers if not layer.reuses_kv]
     paged = tuple(
-        RowSpec(f"L{layer.index}.{kv}", (kv_local(layer, world), layer.head_dim), dtype)
+        RowSpec(f"L{layer.index}.{kv}", (kv_local(layer, world), layer.head_dim), dtype,
+                fp8=True)
         for layer in owners if layer.window is None for kv in ("k", "v")
     )
     fixed: tuple[StateSpec, ...] = tuple(

@@ -1,0 +1,71 @@
+"""The KV dtype (TF_KV_DTYPE, --kv-dtype): the dtype paged rows are stored in.
+
+"auto" keeps every row in the family's declared dtype (the model's). "fp8" stores each row a
+family marks `RowSpec.fp8` in float8 e4m3 (torch.float8_e4m3fn), with a float32 scale beside it
+for every row and every index but the last: a K/V row [Hkv, D] gets scales [Hkv, 1], an MLA
+latent row [r] a scale [1]. The scale is the row's amax over that last dim / 448 (e4m3's
+largest value), so the stored bits of a row depend on that row alone. A per-page scale would
+depend on which rows reached the page first (so a resumed stream, whose page filled in another
+order of passes, or a window, could store other bits than a fresh one); a per-tensor scale fixed
+up front would be exact but clips or wastes range on rows it was not chosen for.
+
+The scales are one more paged buffer a row (`NAME.scale`), so the pool's page copies, poison,
+the host tier and the plan's byte counts carry them with no code of their own. Nothing here
+imports torch (the plan uses it before a family loads); tensorfold.ops.kv_quant quantizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .family import RowSpec, StateLayout
+from .settings import SettingsError
+
+KV_DTYPES = ("auto", "fp8")
+FP8 = "float8_e4m3fn"
+SCALE = ".scale"  # suffix of a quantized row's scale buffer
+
+
+class KVDtypeRefused(SettingsError):
+    """--kv-dtype asks for something the family cannot store; the message says what (refused
+    before the weights load where the family declares its shape)."""
+
+
+def scale_spec(spec: RowSpec) -> RowSpec:
+    """The scale buffer beside an fp8 row: one float32 a row per index but the last."""
+    return RowSpec(spec.name + SCALE, (*spec.shape[:-1], 1), "float32", spec.window)
+
+
+def kv_layout(layout: StateLayout, kv_dtype: str, family: str = "the family") -> StateLayout:
+    """The layout as the pool stores it under `kv_dtype`: under "fp8" each RowSpec marked fp8
+    becomes an e4m3 row and its scale row; the others, and the fixed state, are unchanged."""
+    if kv_dtype not in KV_DTYPES:
+        raise KVDtypeRefused(f"--kv-dtype {kv_dtype}: accepted values are {', '.join(KV_DTYPES)}")
+    if kv_dtype == "auto":
+        return layout
+    if not any(spec.fp8 for spec in layout.paged):
+        raise KVDtypeRefused(f"--kv-dtype fp8: {family} stores none of its paged rows in fp8; "
+                             "drop --kv-dtype (or TF_KV_DTYPE)")
+    paged: list[RowSpec] = []
+    for spec in layout.paged:
+        if spec.fp8 and spec.dtype != FP8:
+            paged += [replace(spec, dtype=FP8), scale_spec(spec)]
+        else:
+            paged.append(spec)
+    return replace(layout, paged=tuple(paged))
+
+
+def kv_label(layout: StateLayout) -> str:
+    """How the stored layout keeps its paged rows, for the plan line: "float32",
+    "fp8 e4m3 + scales", or "fp8 e4m3 + scales, 6 of 12 buffers bfloat16"."""
+    rows = [s for s in layout.paged if not s.name.endswith(SCALE)]
+    if not rows:
+        return "no paged rows"
+    quantized = [s for s in rows if s.dtype == FP8]
+    others = sorted({s.dtype for s in rows if s.dtype != FP8})
+    if not quantized:
+        return "/".join(others)
+    label = "fp8 e4m3 + scales"
+    if others:
+        label += f", {len(rows) - len(quantized)} of {len(rows)} buffers {'/'.join(others)}"
+    return label
