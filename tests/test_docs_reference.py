@@ -21,7 +21,7 @@ MODULES = [
     "tensorfold.demo_build", "tensorfold.ops.linear", "tensorfold.ops.norms",
     "tensorfold.ops.rope", "tensorfold.ops.attention", "tensorfold.ops.window_attention",
     "tensorfold.ops.moe", "tensorfold.ops.conv", "tensorfold.ops.parallel", "tensorfold.ops.gpu",
-    "tensorfold.ops.pass_meta", "tensorfold.testing",
+    "tensorfold.ops.pass_meta", "tensorfold.ops.kv_quant", "tensorfold.testing",
 ]
 
 
