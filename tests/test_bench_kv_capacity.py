@@ -35,3 +35,26 @@ def test_gemma4_26b_fits_about_twice_the_streams_in_fp8() -> None:
     assert (got["bf16"]["streams"], got["fp8"]["streams"]) == (5, 10), got  # 14.8 GiB of room
     lines = kv_capacity.table({"Gemma-4-26B-A4B": got}).splitlines()
     assert lines[1].split()[-1] == "5" and lines[2].split()[-1] == "10"
+
+
+def test_the_device_bench_runs_every_section_on_the_cpu(tmp_path) -> None:
+    """bench/kv_fp8.py --smoke: tiny models on the CPU through the same sections as on the GPU;
+    its gates hold and its host tier served the resumed turn."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "bench" / "kv_fp8.py"
+    done = subprocess.run([sys.executable, str(script), "--smoke", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    for shape in kv_capacity.SHAPES:
+        r = results[shape]
+        assert r["gates"]["concurrent_equals_solo"] and r["gates"]["pages_equal_windows_poisoned"]
+        fp8 = r["next_turn"]["fp8"]
+        assert fp8["resumed_equals_fresh"] and fp8["host_tier"]["host_hit"], fp8
+        assert fp8["gpu_store"]["cached"] > 0 and fp8["host_tier"]["cached"] > 0, fp8
+        assert {"bf16_streams1", "fp8_streams1"} <= set(r["decode"])
+    assert "concurrent==solo True" in (tmp_path / "summary.txt").read_text()
