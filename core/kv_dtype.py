@@ -4,10 +4,12 @@
 family marks `RowSpec.fp8` in float8 e4m3 (torch.float8_e4m3fn), with a float32 scale beside it
 for every row and every index but the last: a K/V row [Hkv, D] gets scales [Hkv, 1], an MLA
 latent row [r] a scale [1]. The scale is the row's amax over that last dim / 448 (e4m3's
-largest value), so the stored bits of a row depend on that row alone. A per-page scale would
-depend on which rows reached the page first (so a resumed stream, whose page filled in another
-order of passes, or a window, could store other bits than a fresh one); a per-tensor scale fixed
-up front would be exact but clips or wastes range on rows it was not chosen for.
+largest value), so the stored bits of a row depend on that row alone, and every gate holds
+within fp8. A per-page scale taken from the rows one write brings would depend on how passes
+cut the page (a prompt pass writes many rows at once, a decode round one, a resume starts
+mid-page), so a resumed stream or a window could store other bits than a fresh one; taken from
+the page's first row alone it would be exact but clip the later rows. A per-tensor scale fixed
+up front would be exact too, but clips or wastes range on rows it was not chosen for.
 
 The scales are one more paged buffer a row (`NAME.scale`), so the pool's page copies, poison,
 the host tier and the plan's byte counts carry them with no code of their own. Nothing here
