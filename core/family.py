@@ -42,11 +42,15 @@ class RowSpec:
 
 @dataclass(frozen=True)
 class StateSpec:
-    """Per-stream fixed state that is not paged (conv tails, recurrent states, sliding rows)."""
+    """Per-stream fixed state that is not paged (conv tails, recurrent states, sliding rows).
+    `fp8`: under TF_KV_DTYPE=fp8 stored in float8 e4m3 with a scale beside each vector of the
+    last dim, as RowSpec.fp8 (sliding K/V rings); set it only where the family quantizes its
+    writes and dequantizes its reads (tensorfold.ops.kv_quant)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str = "float32"
+    fp8: bool = False
 
     @property
     def nbytes(self) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .family import RowSpec, StateLayout
+from .family import RowSpec, StateLayout, StateSpec
 from .settings import SettingsError
 
 KV_DTYPES = ("auto", "fp8")
@@ -38,15 +38,21 @@ def scale_spec(spec: RowSpec) -> RowSpec:
     return RowSpec(spec.name + SCALE, (*spec.shape[:-1], 1), "float32", spec.window)
 
 
+def scale_state(spec: StateSpec) -> StateSpec:
+    """The scales beside fp8 fixed state (a sliding ring [W-1, Hkv, D]: [W-1, Hkv, 1])."""
+    return StateSpec(spec.name + SCALE, (*spec.shape[:-1], 1), "float32")
+
+
 def kv_layout(layout: StateLayout, kv_dtype: str, family: str = "the family") -> StateLayout:
-    """The layout as the pool stores it under `kv_dtype`: under "fp8" each RowSpec marked fp8
-    becomes an e4m3 row and its scale row; the others, and the fixed state, are unchanged."""
+    """The layout as the pool and the slots store it under `kv_dtype`: under "fp8" each RowSpec
+    and StateSpec marked fp8 becomes e4m3 and gets its scales beside it; the others are
+    unchanged."""
     if kv_dtype not in KV_DTYPES:
         raise KVDtypeRefused(f"--kv-dtype {kv_dtype}: accepted values are {', '.join(KV_DTYPES)}")
     if kv_dtype == "auto":
         return layout
-    if not any(spec.fp8 for spec in layout.paged):
-        raise KVDtypeRefused(f"--kv-dtype fp8: {family} stores none of its paged rows in fp8; "
+    if not any(spec.fp8 for spec in (*layout.paged, *layout.fixed)):
+        raise KVDtypeRefused(f"--kv-dtype fp8: {family} stores none of its KV rows in fp8; "
                              "drop --kv-dtype (or TF_KV_DTYPE)")
     paged: list[RowSpec] = []
     for spec in layout.paged:
@@ -54,7 +60,13 @@ def kv_layout(layout: StateLayout, kv_dtype: str, family: str = "the family") ->
             paged += [replace(spec, dtype=FP8), scale_spec(spec)]
         else:
             paged.append(spec)
-    return replace(layout, paged=tuple(paged))
+    fixed: list[StateSpec] = []
+    for state in layout.fixed:
+        if state.fp8 and state.dtype != FP8:
+            fixed += [replace(state, dtype=FP8), scale_state(state)]
+        else:
+            fixed.append(state)
+    return replace(layout, paged=tuple(paged), fixed=tuple(fixed))
 
 
 def kv_label(layout: StateLayout) -> str:

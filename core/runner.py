@@ -41,15 +41,16 @@ class ModelRunner:
         self.model = model
         self.pool = KVPool(num_pages, page_rows, poison=poison)
         device = str(model.device)
-        # the pages as stored: under kv_dtype "fp8" the family's fp8 rows and their scales
-        stored = kv_layout(model.layout, kv_dtype, getattr(model, "name", "the family"))
+        # the layout as stored: under kv_dtype "fp8" the family's fp8 rows and their scales
+        self.layout = stored = kv_layout(model.layout, kv_dtype,
+                                         getattr(model, "name", "the family"))
         rows = None
         if plugin_manager is not None:
             rows = plugin_manager.hook.share_pool(
                 layout=stored, num_pages=num_pages, page_rows=page_rows, device=device
             )
         self.rows: PagedRows = rows or paged_kv.share_pool(stored, num_pages, page_rows, device)
-        self.slots = StreamSlots(model.layout.fixed, num_slots, device)
+        self.slots = StreamSlots(stored.fixed, num_slots, device)
         if poison:
             self.pool.on_freed.append(self.rows.poison)
         self.last_pass: ForwardPass | None = None

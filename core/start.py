@@ -301,7 +301,7 @@ def open_rank(
     )
     arena, capacity = None, 0
     if the_plan.store_on:
-        arena, capacity = open_arena(settings, the_plan, model_obj.layout,
+        arena, capacity = open_arena(settings, the_plan, runner.layout,
                                      str(model_obj.device), arena_cls)
     return Rank(ckpt, the_plan, runner, hooks.hook, arena, capacity)
 
@@ -331,7 +331,7 @@ def open_served(
     try:
         rank = open_rank(settings, spec, folder, team.joined if team else None)
         runner = rank.runner if team is None else team.lead(rank)
-        layout = rank.runner.model.layout
+        layout = rank.runner.layout  # as stored: fp8 state and its scales under --kv-dtype fp8
         sharing = None
         if rank.arena is not None:
             # Under tensor parallel each rank's state is its shard: the host tier, which copies

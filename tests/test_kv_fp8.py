@@ -116,9 +116,21 @@ def test_the_plan_line_says_how_rows_are_stored() -> None:
     assert line.startswith("kv plan: 2 streams taking") and "rows in fp8 e4m3 + scales" in line
 
 
+def test_fp8_fixed_state_gets_its_scales_and_the_rest_is_left_alone() -> None:
+    layout = StateLayout(paged=(RowSpec("k", (2, 8), fp8=True),),
+                         fixed=(StateSpec("ring", (7, 2, 8), "bfloat16", fp8=True),
+                                StateSpec("conv", (16, 2), "bfloat16")))
+    stored = kv_layout(layout, "fp8")
+    assert [(s.name, s.shape, s.dtype) for s in stored.fixed] == [
+        ("ring", (7, 2, 8), "float8_e4m3fn"), ("ring.scale", (7, 2, 1), "float32"),
+        ("conv", (16, 2), "bfloat16")]
+    assert stored.fixed_bytes == 7 * 2 * (8 + 4) + 16 * 2 * 2
+    assert kv_layout(StateLayout(fixed=layout.fixed), "fp8").fixed == stored.fixed
+
+
 def test_a_family_with_no_fp8_rows_is_refused_by_name() -> None:
     plain = StateLayout(paged=(RowSpec("k", (2, 8)),))
-    with pytest.raises(KVDtypeRefused, match="fakefam stores none of its paged rows in fp8"):
+    with pytest.raises(KVDtypeRefused, match="fakefam stores none of its KV rows in fp8"):
         kv_layout(plain, "fp8", "fakefam")
     assert kv_layout(plain, "auto") is plain
 

@@ -1,7 +1,7 @@
-"""gemma4 with fp8 KV pages (TF_KV_DTYPE=fp8: its full layers' K/V; the sliding rings keep the
-model's dtype) on the demo checkpoint (fp32): every gate holds bit for bit within fp8 (concurrent
-== solo, pages == windows with poisoned freed pages, resumed == fresh, from the device store and
-from the host tier), and fp8 stays close to fp32 KV."""
+"""gemma4 with fp8 KV pages and rings (TF_KV_DTYPE=fp8: its full layers' K/V and its sliding
+layers' rings) on the demo checkpoint (fp32): every gate holds bit for bit within fp8 (concurrent
+== solo, pages == windows with poisoned freed pages, resumed == fresh past the sliding window,
+from the device store and from the host tier), and fp8 stays close to fp32 KV."""
 
 from __future__ import annotations
 
