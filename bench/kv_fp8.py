@@ -91,9 +91,9 @@ def first_token(llm: Any, ids: list[int], params: Any) -> tuple[float, list[int]
     return first[0] - start, tokens, ended[0].cached_tokens
 
 
-def dummy_folder(family: str, model: Any, context: int) -> Path:
-    """A checkpoint folder for --load-format dummy at the model's config: the family demo's
-    config.json and tokenizer files with the model's text config over them."""
+def dummy_folder(family: str, model: Any, context: int, smoke: bool) -> Path:
+    """A checkpoint folder for --load-format dummy at the model's config (the smoke's or the
+    real shape's): the family demo's config.json and tokenizer files with that config over."""
     import dataclasses
 
     demo_module = {"gemma4": "tensorfold_gemma4.demo", "lfm2_moe": "tensorfold_lfm2_moe.demo"}
@@ -108,7 +108,7 @@ def dummy_folder(family: str, model: Any, context: int) -> Path:
         from bench.gemma4_speed import SMOKE as SMOKE_CONFIG
         from tensorfold_gemma4.dummy import CONFIGS
 
-        raw = CONFIGS["Gemma-4-26B-A4B"] if model.cfg.hidden_size != 128 else SMOKE_CONFIG
+        raw = SMOKE_CONFIG if smoke else CONFIGS["Gemma-4-26B-A4B"]
         config["text_config"] = {**raw, "model_type": config["text_config"]["model_type"],
                                  "max_position_embeddings": max(context, 4096)}
     else:
@@ -205,7 +205,7 @@ class KVBench(Sections):
         family = kv_capacity.SHAPES[shape][0]
         z = self.sizes
         context = z["chat"] + 2048
-        folder = dummy_folder(family, self.model, context)
+        folder = dummy_folder(family, self.model, context, self.args.smoke)
         vocab = self.model.vocab_size
         self.model = None  # the engines load their own copy
         gc.collect()
