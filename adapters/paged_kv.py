@@ -2,6 +2,10 @@
 
 Each paged buffer is one tensor viewed flat as [num_pages * page_rows, *row_shape]: row `pos` of a
 stream lives at flat row `pages[pos // page_rows] * page_rows + pos % page_rows`.
+
+Under TF_KV_DTYPE=fp8 a quantized row's buffer is float8 e4m3 and its scales are the buffer
+`NAME.scale` at the same flat rows (tensorfold.kv_dtype): `write` fills both, readers take
+`flat(name)` with `scales(name)`.
 """
 
 from __future__ import annotations
@@ -12,13 +16,16 @@ import torch
 
 from tensorfold import hookimpl
 from tensorfold.family import RowSpec, StateLayout
+from tensorfold.kv_dtype import SCALE
 from tensorfold.kv_pool import Lease
+from tensorfold.ops.kv_quant import FP8_DTYPE, index_copy_rows, quantize_rows
 
 TORCH_DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
     "float64": torch.float64,
+    "float8_e4m3fn": torch.float8_e4m3fn,
 }
 
 
@@ -42,10 +49,19 @@ class PagedRows:
         """[num_pages * page_rows, *row_shape]"""
         return self.buffers[name]
 
+    def scales(self, name: str) -> torch.Tensor | None:
+        """[num_pages * page_rows, *row_shape[:-1], 1] float32: the scales of an fp8 buffer's
+        rows (stored = value / scale); None for a buffer kept in its own dtype."""
+        return self.buffers.get(name + SCALE)
+
     def write(self, name: str, index: torch.Tensor, values: torch.Tensor) -> None:
-        """Store values [N, *row_shape] at flat rows index [N]."""
+        """Store values [N, *row_shape] at flat rows index [N] (quantized, with their scales,
+        into an fp8 buffer)."""
         buf = self.buffers[name]
-        buf.index_copy_(0, index, values.to(buf.dtype))
+        if buf.dtype == FP8_DTYPE:
+            values, scales = quantize_rows(values)
+            self.buffers[name + SCALE].index_copy_(0, index, scales)
+        index_copy_rows(buf, index, values.to(buf.dtype))
 
     def _page_view(self, name: str) -> torch.Tensor:
         buf = self.buffers[name]

@@ -103,6 +103,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help=_setting_help("the prompt store's budget", "prompt_cache_gib"),
     )
     parser.add_argument(
+        "--kv-dtype", metavar="auto|fp8",
+        help=_setting_help("the dtype paged KV rows are stored in", "kv_dtype"),
+    )
+    parser.add_argument(
         "--tp", type=int, metavar="N",
         help=_setting_help("tensor-parallel ranks on this host, one a device", "tp"),
     )

@@ -51,6 +51,7 @@ class GraphRunner(ModelRunner):
         page_rows: int = 512,
         poison: bool = False,
         plugin_manager=None,
+        kv_dtype: str = "auto",
         max_pages: int | None = None,
         buckets: Sequence[int] = BUCKETS,
         capture: bool = True,
@@ -58,7 +59,7 @@ class GraphRunner(ModelRunner):
         # One more page and slot than asked for: the scratch rows that padding writes.
         super().__init__(
             model, num_pages=num_pages + 1, num_slots=num_slots + 1, page_rows=page_rows,
-            poison=poison, plugin_manager=plugin_manager,
+            poison=poison, plugin_manager=plugin_manager, kv_dtype=kv_dtype,
         )
         self.pool = KVPool(num_pages, page_rows, poison=poison)
         if poison:

@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "int32": 4, "int64": 8}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "int32": 4, "int64": 8,
+               "float8_e4m3fn": 1}
 
 
 @dataclass(frozen=True)
@@ -20,13 +21,16 @@ class RowSpec:
 
     `shape` is one row's shape, e.g. (kv_heads, head_dim). `window`: a query at t reads only
     rows t - window < j <= t of this buffer (sliding-window layers), so older rows may leave the
-    pool; None reads every row.
+    pool; None reads every row. `fp8`: under TF_KV_DTYPE=fp8 the row is stored in float8 e4m3
+    with a scale beside it (tensorfold.kv_dtype); set it only where the family's read path
+    dequantizes (PagedRows.scales), the rest stay in `dtype`.
     """
 
     name: str
     shape: tuple[int, ...]
     dtype: str = "float32"
     window: int | None = None
+    fp8: bool = False
 
     @property
     def row_bytes(self) -> int:
@@ -38,11 +42,15 @@ class RowSpec:
 
 @dataclass(frozen=True)
 class StateSpec:
-    """Per-stream fixed state that is not paged (conv tails, recurrent states, sliding rows)."""
+    """Per-stream fixed state that is not paged (conv tails, recurrent states, sliding rows).
+    `fp8`: under TF_KV_DTYPE=fp8 stored in float8 e4m3 with a scale beside each vector of the
+    last dim, as RowSpec.fp8 (sliding K/V rings); set it only where the family quantizes its
+    writes and dequantizes its reads (tensorfold.ops.kv_quant)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str = "float32"
+    fp8: bool = False
 
     @property
     def nbytes(self) -> int:

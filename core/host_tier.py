@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import torch
 
 from .kv_plan import GiB
+from .ops.kv_quant import index_copy_rows
 
 
 @dataclass(eq=False)
@@ -109,7 +110,7 @@ class HostTier:
             for name, buf in rows.buffers.items():
                 src = torch.tensor(list(pages), dtype=torch.long, device=buf.device)
                 view = buf.view(rows.num_pages, rows.page_rows, *buf.shape[1:])
-                self.pages[name].index_copy_(0, dst, view.index_select(0, src).to("cpu"))
+                index_copy_rows(self.pages[name], dst, view.index_select(0, src).to("cpu"))
             if slot is not None:
                 for name, buf in arena.buffers.items():
                     self.slots[name][slot].copy_(buf[snapshot.page])
@@ -128,7 +129,7 @@ class HostTier:
             for name, buf in rows.buffers.items():
                 dst = torch.tensor(list(pages), dtype=torch.long, device=buf.device)
                 view = buf.view(rows.num_pages, rows.page_rows, *buf.shape[1:])
-                view.index_copy_(0, dst, self.pages[name].index_select(0, src).to(
+                index_copy_rows(view, dst, self.pages[name].index_select(0, src).to(
                     buf.device, non_blocking=True))
             if copy.slot is not None:
                 for name, buf in arena.buffers.items():

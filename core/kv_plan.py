@@ -83,6 +83,7 @@ class Plan:
     ranks: int = 1  # tensor-parallel ranks: bytes are one rank's (each holds its shard's state)
     states: int = 0  # kept states the prompt store may hold (0: not counted by the plan)
     store_on: bool = True  # False: the prompt store is off (TF_KV_SHARE=0)
+    kv_label: str = ""  # how pages store their rows (kv_dtype.kv_label), for the start line
 
     @property
     def total_rows(self) -> int:
@@ -99,14 +100,15 @@ class Plan:
 
     def startup_line(self) -> str:
         label = f"kv plan per rank (tp {self.ranks})" if self.ranks > 1 else "kv plan"
+        rows = f" rows in {self.kv_label}" if self.kv_label else " rows"
         if self.mode == "pages":
             head = (f"{label}: {self.lanes} streams taking {self.pages} pages of {self.page_rows}"
-                    f" rows ({fmt_bytes(self.pages_bytes)}, {self.total_rows:,} rows) as they need"
+                    f"{rows} ({fmt_bytes(self.pages_bytes)}, {self.total_rows:,} rows) as they need"
                     f" them (enough for {self.windows_held} at a {self.window}-token window)")
         else:
             each = self.pages_bytes // max(self.lanes, 1)
             head = (f"{label}: {self.lanes} streams at once, {fmt_bytes(each)} each at a"
-                    f" {self.window}-token window: {self.total_rows:,} rows")
+                    f" {self.window}-token window: {self.total_rows:,}{rows}")
         snaps = ""
         if self.snapshot_bytes:
             snaps = f" with {fmt_bytes(self.snapshot_bytes)} of snapshots"

@@ -19,6 +19,7 @@ from tensorfold.adapters.stream_state import StreamSlots
 
 from .cpu_threads import one_cpu_thread
 from .forward_pass import ForwardPass, LogitRows, StreamRows
+from .kv_dtype import kv_layout
 from .kv_pool import KVPool, Lease
 from .model import FamilyModel
 from .ops import parallel
@@ -36,17 +37,21 @@ class ModelRunner:
         page_rows: int = 512,
         poison: bool = False,
         plugin_manager=None,
+        kv_dtype: str = "auto",
     ):
         self.model = model
         self.pool = KVPool(num_pages, page_rows, poison=poison)
         device = str(model.device)
+        # the layout as stored: under kv_dtype "fp8" the family's fp8 rows and their scales
+        self.layout = stored = kv_layout(model.layout, kv_dtype,
+                                         getattr(model, "name", "the family"))
         rows = None
         if plugin_manager is not None:
             rows = plugin_manager.hook.share_pool(
-                layout=model.layout, num_pages=num_pages, page_rows=page_rows, device=device
+                layout=stored, num_pages=num_pages, page_rows=page_rows, device=device
             )
-        self.rows: PagedRows = rows or paged_kv.share_pool(model.layout, num_pages, page_rows, device)
-        self.slots = StreamSlots(model.layout.fixed, num_slots, device)
+        self.rows: PagedRows = rows or paged_kv.share_pool(stored, num_pages, page_rows, device)
+        self.slots = StreamSlots(stored.fixed, num_slots, device)
         if poison:
             self.pool.on_freed.append(self.rows.poison)
         self.last_pass: ForwardPass | None = None

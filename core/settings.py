@@ -55,6 +55,12 @@ class Settings(BaseSettings):
         description="Paged KV cache: on, off (0 is off: every lane owns a window), or auto "
         "(pages when they serve the requested lanes).",
     )
+    kv_dtype: Literal["auto", "fp8"] = Field(
+        default="auto",
+        description="The dtype of paged KV rows (--kv-dtype): auto keeps the model's; fp8 "
+        "stores the family's attention rows in float8 e4m3 with a float32 scale a row and head "
+        "beside them (about half the bytes, so about twice the tokens in the same memory).",
+    )
     kv_poison: bool = Field(
         default=False,
         description="Fill freed and detached pages with NaN, so that a stale read changes tokens.",

@@ -11,6 +11,7 @@ from typing import Any
 from .checkpoint import Checkpoint, CheckpointError
 from .engine import Engine
 from .family import FamilySpec, ModelShape, Shard, ShardRefused, resolve
+from .kv_dtype import kv_label, kv_layout
 from .kv_plan import MIN_STATES_A_LANE, GiB, Plan, PlanRefused, fmt_bytes, memory_budget, plan
 from .lanes import Lanes
 from .logs import get_logger
@@ -133,7 +134,7 @@ def _room(settings: Settings, shape: ModelShape, device: str, weights: int) -> i
             need=window,
             have=shape.max_positions,
         )
-    layout = shape.layout
+    layout = kv_layout(shape.layout, settings.kv_dtype)
     if device.startswith("cuda"):
         import torch
 
@@ -159,9 +160,9 @@ def _room(settings: Settings, shape: ModelShape, device: str, weights: int) -> i
 
 def _plan(settings: Settings, shape: ModelShape, room: int) -> Plan:
     window = settings.context or shape.max_positions
-    layout = shape.layout
+    layout = kv_layout(shape.layout, settings.kv_dtype)  # the pages' real bytes, scales too
     share = settings.kv_share  # None: on, sized by the plan; 0: off; n: n kept states
-    return plan(
+    the_plan = plan(
         room=room,
         page_rows=PAGE_ROWS,
         page_bytes=layout.page_bytes(PAGE_ROWS),
@@ -174,6 +175,7 @@ def _plan(settings: Settings, shape: ModelShape, room: int) -> Plan:
         states="auto" if share is None else share,
         store=share != 0,
     )
+    return dataclasses.replace(the_plan, kv_label=kv_label(layout))
 
 
 def open_arena(settings: Settings, the_plan: Plan, layout, device: str, arena_cls=None):
@@ -298,11 +300,12 @@ def open_rank(
         page_rows=PAGE_ROWS,
         poison=settings.kv_poison,
         plugin_manager=hooks,
+        kv_dtype=settings.kv_dtype,
         **graph_args,
     )
     arena, capacity = None, 0
     if the_plan.store_on:
-        arena, capacity = open_arena(settings, the_plan, model_obj.layout,
+        arena, capacity = open_arena(settings, the_plan, runner.layout,
                                      str(model_obj.device), arena_cls)
     return Rank(ckpt, the_plan, runner, hooks.hook, arena, capacity)
 
@@ -332,7 +335,7 @@ def open_served(
     try:
         rank = open_rank(settings, spec, folder, team.joined if team else None)
         runner = rank.runner if team is None else team.lead(rank)
-        layout = rank.runner.model.layout
+        layout = rank.runner.layout  # as stored: fp8 state and its scales under --kv-dtype fp8
         sharing = None
         if rank.arena is not None:
             # Under tensor parallel each rank's state is its shard: the host tier, which copies

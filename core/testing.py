@@ -281,30 +281,49 @@ def assert_engine_gates_at_tp(
     """An engine at `tp` ranks (rank 0 here, the followers it starts) against one at one rank:
     greedy tokens equal when match_one_rank (they may differ between TP sizes in general, as
     in bf16 on GPUs, where sums run in another order; not on these models in fp32), and
-    the gates at `tp`: concurrent == solo (greedy and sampled); then windows, poisoned pages and
-    the prompt store at once: pages == windows, and each chat's later turns resume (more than
-    `min_cached` tokens from the store) with the replies of a fresh run."""
+    assert_engine_gates at `tp`."""
     if match_one_rank:
         one = open_llm(family, model, **flags)
         try:
             one_rank = tokens(one, prompts, greedy)
         finally:
             close_even(one)
-    both = (("greedy", greedy), ("sampled", sampled))
-    llm = open_llm(family, model, tp=tp, **flags)
-    try:
+
+    def at_tp(llm: LLM) -> None:
         assert llm.served.plan.ranks == tp
+
+    alone = assert_engine_gates(family, model, prompts, chats, greedy, sampled,
+                                min_cached=min_cached, opened=at_tp, tp=tp, **flags)
+    if match_one_rank:
+        assert alone == one_rank
+
+
+def assert_engine_gates(
+    family: str, model: Path, prompts: Sequence[list[int]], chats: Sequence[Sequence[str]],
+    greedy: SamplingParams, sampled: SamplingParams, *, min_cached: int = 100,
+    opened: Callable[[LLM], None] | None = None, **flags: Any,
+) -> list[list[int]]:
+    """The gates on engines opened with `flags` (tp=2, kv_dtype="fp8", ...): concurrent ==
+    solo (greedy and sampled); then windows, poisoned pages and the prompt store at once:
+    pages == windows, and each chat's later turns resume (more than `min_cached` tokens from
+    the store) with the replies of a fresh run. `opened(llm)` checks each engine opened.
+    Returns the prompts' greedy tokens alone."""
+    both = (("greedy", greedy), ("sampled", sampled))
+    llm = open_llm(family, model, **flags)
+    try:
+        if opened is not None:
+            opened(llm)
         alone = {name: [tokens(llm, [p], params)[0] for p in prompts] for name, params in both}
-        if match_one_rank:
-            assert alone["greedy"] == one_rank
         for name, params in both:
             assert tokens(llm, prompts, params) == alone[name]  # concurrent == solo
         fresh, _ = run_chats(llm, chats, greedy)
     finally:
         close_even(llm)
-    stored = open_llm(family, model, tp=tp, kv_pages="off", kv_poison=True, kv_share=16,
-                      prompt_cache_gib=0.05, **flags)
+    stored = open_llm(family, model, **{"kv_pages": "off", "kv_poison": True, "kv_share": 16,
+                                        "prompt_cache_gib": 0.05, **flags})
     try:
+        if opened is not None:
+            opened(stored)
         assert stored.served.plan.mode == "windows"
         for name, params in both:
             assert tokens(stored, prompts, params) == alone[name]  # pages == windows
@@ -313,6 +332,34 @@ def assert_engine_gates_at_tp(
         assert all(c > min_cached for c in cached[1]), cached
     finally:
         close_even(stored)
+    return alone["greedy"]
+
+
+@dataclass(frozen=True)
+class KVAgreement:
+    """A model's greedy decoding with one KV dtype against the model's own (kv_agreement)."""
+
+    tokens: int  # greedy tokens in all
+    agreed: int  # of them, those before each prompt's first difference
+    top1: float  # share of the prompts whose first generated token is the same
+    logit_error: float  # max |logit difference| over every prompt row, over max |logit|
+
+
+def kv_agreement(model: Any, prompts: Sequence[list[int]], steps: int,
+                 kv_dtype: str = "fp8") -> KVAgreement:
+    """Each prompt (with `steps`, at most 2048 rows) decoded greedily by `model` on a runner
+    whose pages keep the model's dtype and on one whose pages are `kv_dtype` (see greedy)."""
+    runs = {}
+    for kv in ("auto", kv_dtype):
+        runner = ModelRunner(model, num_pages=4, num_slots=1, kv_dtype=kv)
+        runs[kv] = [greedy(runner, p, steps) for p in prompts]
+    agreed, error, first = 0, 0.0, 0
+    for (want_logits, want), (got_logits, got) in zip(runs["auto"], runs[kv_dtype]):
+        agreed += next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), len(want))
+        first += want[0] == got[0]
+        error = max(error, float((got_logits - want_logits).abs().max()
+                                 / want_logits.abs().max()))
+    return KVAgreement(steps * len(prompts), agreed, first / len(prompts), error)
 
 
 def free_port() -> int:

@@ -22,7 +22,7 @@ MODULES = [
     "tensorfold.ops.rope", "tensorfold.ops.attention", "tensorfold.ops.window_attention",
     "tensorfold.ops.moe", "tensorfold.ops.conv", "tensorfold.ops.parallel",
     "tensorfold.ops.symmetric_reduce", "tensorfold.ops.gpu",
-    "tensorfold.ops.pass_meta", "tensorfold.testing",
+    "tensorfold.ops.pass_meta", "tensorfold.ops.kv_quant", "tensorfold.testing",
 ]
 
 

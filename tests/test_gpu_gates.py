@@ -6,6 +6,7 @@ decode rounds replayed as CUDA graphs:
 - graph replay == eager (TF_CUDA_GRAPHS=0);
 - pages == windows with freed pages poisoned;
 - resumed == fresh: chats whose later turns come from the prompt store give a fresh run's replies;
+- the same gates with fp8 KV pages (--kv-dtype fp8);
 - at --tp 2, where two GPUs are there, the same gates against one rank.
 Every engine's census must be even when it closes.
 """
@@ -124,6 +125,20 @@ def test_resumed_equals_fresh(family):
         close_even(llm)
     assert replies == fresh
     assert all(c > 100 for c in cached[1]), cached  # the second turns resumed
+
+
+def test_gates_within_fp8_kv(family, runs):
+    """--kv-dtype fp8: the gates again, through the kernels' fp8 read paths and graph replays."""
+    name, folder = family
+    prompts, _, _, _ = runs
+    chats = [testing.chat_turns(c, 2, 300, 12) for c in range(3)]
+    flags = {k: v for k, v in GPU_FLAGS.items() if k not in ("prompt_cache_gib", "kv_share")}
+
+    def in_fp8(llm: LLM) -> None:
+        assert "rows in fp8 e4m3 + scales" in llm.served.plan.startup_line()
+
+    testing.assert_engine_gates(name, folder, prompts[:6], chats, GREEDY, SAMPLED,
+                                opened=in_fp8, kv_dtype="fp8", parallel=4, **flags)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="--tp 2 needs two GPUs")

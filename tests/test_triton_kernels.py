@@ -30,6 +30,7 @@ from tensorfold.ops import (  # noqa: E402
     triton_rope,
     triton_route,
 )
+from tensorfold.ops.kv_quant import dequantize_rows, quantize_rows  # noqa: E402
 from tensorfold.ops.pass_meta import build_meta  # noqa: E402
 
 
@@ -184,6 +185,42 @@ def test_paged_attention_matches_reference_and_a_stream_alone(dtype, tol, window
         out = triton_attention.paged_attention(
             q[a:z].clone(), k, v, alone.positions, build_meta(alone), page_rows, scale=0.25,
             window=window,
+        )
+        assert torch.equal(out, got[a:z]), f"stream {i}"
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+@pytest.mark.parametrize("window", [None, 20])
+def test_paged_attention_over_fp8_rows_matches_reference_and_a_stream_alone(dtype, tol, window):
+    """TF_KV_DTYPE=fp8: e4m3 rows with their scales, poisoned where unwritten (rows and scales)."""
+    page_rows, hkv, group, d = 8, 2, 3, 16
+    fp = _pass(MIXED, page_rows)
+    k, ks = quantize_rows(randn(16 * page_rows, hkv, d, seed=26, scale=3.0))
+    v, vs = quantize_rows(randn(16 * page_rows, hkv, d, seed=27, scale=0.1))
+    q = randn(fp.num_rows, hkv * group, d, seed=28, dtype=dtype)
+    written = torch.zeros(16 * page_rows, dtype=torch.bool)
+    for s in fp.streams:
+        for pos in range(s.end):
+            written[s.pages[pos // page_rows] * page_rows + pos % page_rows] = True
+    for t in (k, ks, v, vs):
+        t[(~written).nonzero().flatten()] = float("nan")  # no boolean masks for e4m3
+    scales = {"k_scales": ks, "v_scales": vs}
+    want = ref_attention.paged_attention(q, k, v, fp, scale=0.25, window=window, **scales)
+    # the reference over the same rows dequantized up front: the scales are folded in right
+    plain = ref_attention.paged_attention(q, dequantize_rows(k, ks), dequantize_rows(v, vs), fp,
+                                          scale=0.25, window=window)
+    assert rel(want, plain) < (1e-6 if dtype == torch.float32 else 1e-2)
+    got = triton_attention.paged_attention(
+        q, k, v, fp.positions, build_meta(fp), page_rows, scale=0.25, window=window, **scales
+    )
+    assert not got.isnan().any()
+    assert rel(got, want) < tol
+    for i in range(len(fp.streams)):
+        alone = ForwardPass([fp.streams[i]], page_rows)
+        a, z = fp.spans[i]
+        out = triton_attention.paged_attention(
+            q[a:z].clone(), k, v, alone.positions, build_meta(alone), page_rows, scale=0.25,
+            window=window, **scales,
         )
         assert torch.equal(out, got[a:z]), f"stream {i}"
 

@@ -23,6 +23,7 @@ from tensorfold.forward_pass import ForwardPass, StreamRows  # noqa: E402
 from tensorfold.ops import attention as ref_attention  # noqa: E402
 from tensorfold.ops import triton_attention, triton_window  # noqa: E402
 from tensorfold.ops import window_attention as ref_window  # noqa: E402
+from tensorfold.ops.kv_quant import dequantize_rows, quantize_rows  # noqa: E402
 from tensorfold.ops.pass_meta import build_meta  # noqa: E402
 
 DTYPES = [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]
@@ -152,6 +153,49 @@ def test_rings_advance_as_the_torch_advance(window):
     triton_window.advance_rings(ring, new, fp.positions, build_meta(fp))
     assert torch.equal(ring.isnan(), want.isnan())
     assert torch.equal(ring.nan_to_num(), want.nan_to_num())
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_ring_attention_over_fp8_rows_matches_the_torch_rings_and_a_stream_alone(dtype, tol):
+    """TF_KV_DTYPE=fp8: e4m3 rings and new rows with their scales (NaN in the rings' rows
+    outside the windows, scales too)."""
+    fp, q, k, v, ring_k, ring_v, _, _ = _case(RUNS, 6, 2, 16, 16, torch.float32, seed=11)
+    q = q.to(dtype)
+    (k, ks), (v, vs) = quantize_rows(k), quantize_rows(v)
+    (ring_k, rks), (ring_v, rvs) = quantize_rows(ring_k), quantize_rows(ring_v)
+    scales = ref_window.RingScales(ks, vs, rks, rvs)
+    want = ref_window.ring_attention(q, k, v, ring_k, ring_v, fp, scale=0.3, window=W,
+                                     scales=scales)
+    # the reference over the same rows dequantized up front
+    plain = ref_window.window_attention(q, ref_window.gather_window(
+        dequantize_rows(ring_k, rks), dequantize_rows(ring_v, rvs), dequantize_rows(k, ks),
+        dequantize_rows(v, vs), fp, W), fp, scale=0.3, window=W)
+    assert torch.equal(want, plain)
+    got = triton_window.ring_attention(q, k, v, ring_k, ring_v, fp.positions, build_meta(fp),
+                                       scale=0.3, window=W, scales=scales)
+    assert torch.isfinite(got).all()
+    assert rel(got, want) < tol
+    for i, run in enumerate(RUNS):
+        alone = _pass([run])
+        a, z = fp.spans[i]
+        out = triton_window.ring_attention(
+            q[a:z].clone(), k[a:z].clone(), v[a:z].clone(), ring_k, ring_v, alone.positions,
+            build_meta(alone), scale=0.3, window=W,
+            scales=ref_window.RingScales(ks[a:z].clone(), vs[a:z].clone(), rks, rvs))
+        assert torch.equal(out, got[a:z]), f"stream {i}"
+
+
+def test_fp8_rings_and_their_scales_advance_as_the_torch_advance():
+    runs = RUNS + [(5, 200, 3)]
+    fp = _pass(runs)
+    new, scales = quantize_rows(randn(fp.num_rows, 2, 16, seed=12))
+    for rows in (new, scales):
+        ring = torch.full((SLOTS + 1, W - 1, *rows.shape[1:]), float("nan"), dtype=rows.dtype)
+        want = ring.clone()
+        ref_window.advance_rings(want, rows, fp)
+        triton_window.advance_rings(ring, rows, fp.positions, build_meta(fp))
+        assert torch.equal(ring.float().isnan(), want.float().isnan())
+        assert torch.equal(ring.float().nan_to_num(), want.float().nan_to_num())
 
 
 # --- gemma4's GPU path on the CPU ---

@@ -12,6 +12,10 @@ tile sizes depend only on (D, DV, G), never on the pass (`tiles`). Keys are read
 stream's page table; rows past what the stream has written are never loaded.
 
 `attend_tile` is shared with the ring kernel (triton_window.py), which reads its keys elsewhere.
+
+fp8 rows (SCALED): keys and values are e4m3, converted exactly to q's dtype; a key's scale
+multiplies its scores after the head-dim sums, a value's its probabilities before the sum over
+keys (tensorfold.ops.kv_quant), as the torch reference does.
 """
 
 from __future__ import annotations
@@ -61,20 +65,27 @@ def row_tile(pos_ptr, block_row0, block_len, pid, kvh,
 
 @triton.jit
 def attend_tile(
-    q_ptr, q_off, q0, valid, k_row, v_row, kmask, visible, m_i, l_i, acc, scale,
+    q_ptr, q_off, q0, valid, k_row, v_row, ks_row, vs_row, kmask, visible, m_i, l_i, acc, scale,
     M: tl.constexpr, KT: tl.constexpr, D: tl.constexpr, DC: tl.constexpr, BDV: tl.constexpr,
-    dv0, IEEE: tl.constexpr, INTERP: tl.constexpr,
+    dv0, SCALED: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
 ):
     """One key tile's online-softmax step. q_off [M]: query row offsets (q0 [M, DC]: their first
     head-dim chunk, held); k_row, v_row [KT]: pointers to the tile's key/value rows (at the KV
-    head), loaded only where kmask; visible [M, KT]. Returns (m_i, l_i, acc [M, BDV])."""
+    head), loaded only where kmask; ks_row, vs_row [KT]: their fp8 scales (read when SCALED);
+    visible [M, KT]. Returns (m_i, l_i, acc [M, BDV])."""
     dc = tl.arange(0, DC)
     k = tl.load(k_row[:, None] + dc[None, :], mask=kmask[:, None], other=0.0)
+    if SCALED:
+        k = k.to(q0.dtype)
     sc = mma(q0, tl.trans(k), tl.zeros((M, KT), dtype=tl.float32), IEEE, INTERP)
     for c in tl.static_range(DC, D, DC):  # the head dim in fixed chunks, in order
         q = tl.load(q_ptr + q_off[:, None] + (c + dc)[None, :], mask=valid[:, None], other=0.0)
         k = tl.load(k_row[:, None] + (c + dc)[None, :], mask=kmask[:, None], other=0.0)
+        if SCALED:
+            k = k.to(q0.dtype)
         sc = mma(q, tl.trans(k), sc, IEEE, INTERP)
+    if SCALED:
+        sc = sc * tl.load(ks_row, mask=kmask, other=0.0)[None, :]
     sc = tl.where(visible, sc * scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(sc, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -83,18 +94,23 @@ def attend_tile(
     l_i = l_i * alpha + tl.sum(p, axis=1)
     dv = dv0 + tl.arange(0, BDV)
     v = tl.load(v_row[:, None] + dv[None, :], mask=kmask[:, None], other=0.0)
-    acc = mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE, INTERP)
+    pv = p
+    if SCALED:
+        v = v.to(q0.dtype)
+        pv = p * tl.load(vs_row, mask=kmask, other=0.0)[None, :]
+    acc = mma(pv.to(v.dtype), v, acc * alpha[:, None], IEEE, INTERP)
     return m_new, l_i, acc
 
 
 @triton.jit(do_not_specialize=["stride_ts", "stride_tp", "window"])  # page tables of any width
 def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, pos_ptr, block_stream, block_row0, block_len, stream_start,
-    stream_len, table_ptr, stride_ts, stride_tp, page_rows, scale, window,
-    stride_qn, stride_qh, stride_kr, stride_kh, stride_vr, stride_vh, stride_on, stride_oh,
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, pos_ptr, block_stream, block_row0, block_len,
+    stream_start, stream_len, table_ptr, stride_ts, stride_tp, page_rows, scale, window,
+    stride_qn, stride_qh, stride_kr, stride_kh, stride_vr, stride_vh, stride_ksr, stride_ksh,
+    stride_vsr, stride_vsh, stride_on, stride_oh,
     G: tl.constexpr, GP: tl.constexpr, QB: tl.constexpr, NSUB: tl.constexpr, D: tl.constexpr,
     DC: tl.constexpr, BDV: tl.constexpr, KT: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, SCALED: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
@@ -125,8 +141,9 @@ def _attention_kernel(
             visible = visible & (j[None, :] > qpos[:, None] - window)
         m_i, l_i, acc = attend_tile(
             q_ptr, q_off, q0, valid, k_ptr + krow * stride_kr + kvh * stride_kh,
-            v_ptr + krow * stride_vr + kvh * stride_vh, written, visible, m_i, l_i, acc, scale,
-            QB * GP, KT, D, DC, BDV, dv0, IEEE, INTERP,
+            v_ptr + krow * stride_vr + kvh * stride_vh, ks_ptr + krow * stride_ksr +
+            kvh * stride_ksh, vs_ptr + krow * stride_vsr + kvh * stride_vsh, written, visible,
+            m_i, l_i, acc, scale, QB * GP, KT, D, DC, BDV, dv0, SCALED, IEEE, INTERP,
         )
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # 1: a part with no rows
     dv = dv0 + tl.arange(0, BDV)
@@ -144,9 +161,12 @@ def paged_attention(
     *,
     scale: float,
     window: int | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [N, Hq, D]; k_rows [P*R, Hkv, D], v_rows [P*R, Hkv, Dv] (flat paged buffers holding
-    this pass's rows); positions [N]. Returns [N, Hq, Dv] in q's dtype."""
+    this pass's rows); positions [N]; k_scales, v_scales [P*R, Hkv, 1] when the rows are fp8.
+    Returns [N, Hq, Dv] in q's dtype."""
     n, hq, d = q.shape
     hkv, dv = k_rows.shape[1], v_rows.shape[-1]
     out = torch.empty(n, hq, dv, dtype=q.dtype, device=q.device)
@@ -158,14 +178,17 @@ def paged_attention(
     group = hq // hkv
     qb, dc, bdv = tiles(d, dv, group)
     nsub = QUERY_ROWS // qb
+    scaled = k_scales is not None
+    ks, vs = (k_scales, v_scales) if scaled else (k_rows, v_rows)  # unread unless scaled
     _attention_kernel[(meta.num_blocks * nsub, hkv, dv // bdv)](
-        q, k_rows, v_rows, out, positions, meta.block_stream, meta.block_row0, meta.block_len,
-        meta.stream_start, meta.stream_len, meta.table, meta.table.stride(0),
+        q, k_rows, v_rows, ks, vs, out, positions, meta.block_stream, meta.block_row0,
+        meta.block_len, meta.stream_start, meta.stream_len, meta.table, meta.table.stride(0),
         meta.table.stride(1), page_rows, scale, window or 0,
         q.stride(0), q.stride(1), k_rows.stride(0), k_rows.stride(1), v_rows.stride(0),
-        v_rows.stride(1), out.stride(0), out.stride(1),
+        v_rows.stride(1), ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1),
+        out.stride(0), out.stride(1),
         G=group, GP=triton.next_power_of_2(group), QB=qb, NSUB=nsub, D=d, DC=dc, BDV=bdv,
-        KT=KEY_TILE, HAS_WINDOW=window is not None, IEEE=q.dtype == torch.float32,
+        KT=KEY_TILE, HAS_WINDOW=window is not None, SCALED=scaled, IEEE=q.dtype == torch.float32,
         INTERP=interpreting(), num_warps=4, num_stages=2, **launch_options(q),
     )
     return out

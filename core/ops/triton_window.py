@@ -10,7 +10,8 @@ outside the window (stale, or NaN in a poisoned slot) are never loaded. So its b
 paged kernel's with the same window over the same rows.
 
 Attention must read the rings before they advance: the new row at p overwrites p-(W-1), which
-the query at p still sees.
+the query at p still sees. fp8 rings (SCALED): the new rows and the rings are e4m3, their
+scales read from the same two places (window_attention.RingScales).
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ from .triton_util import after_prior, interpreting
 
 @triton.jit(do_not_specialize=["window"])
 def _ring_attention_kernel(
-    q_ptr, nk_ptr, nv_ptr, rk_ptr, rv_ptr, o_ptr, pos_ptr, block_stream, block_row0, block_len,
-    stream_row0, stream_start, stream_slot, scale, window,
+    q_ptr, nk_ptr, nv_ptr, rk_ptr, rv_ptr, nks_ptr, nvs_ptr, rks_ptr, rvs_ptr, o_ptr, pos_ptr,
+    block_stream, block_row0, block_len, stream_row0, stream_start, stream_slot, scale, window,
     stride_qn, stride_qh, stride_nkn, stride_nkh, stride_nvn, stride_nvh,
     stride_rks, stride_rkr, stride_rkh, stride_rvs, stride_rvr, stride_rvh, stride_on, stride_oh,
+    stride_sn, stride_sh, stride_ss, stride_sr,
     G: tl.constexpr, GP: tl.constexpr, QB: tl.constexpr, NSUB: tl.constexpr, D: tl.constexpr,
-    DC: tl.constexpr, BDV: tl.constexpr, KT: tl.constexpr, IEEE: tl.constexpr,
-    INTERP: tl.constexpr,
+    DC: tl.constexpr, BDV: tl.constexpr, KT: tl.constexpr, SCALED: tl.constexpr,
+    IEEE: tl.constexpr, INTERP: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
@@ -66,10 +68,15 @@ def _ring_attention_kernel(
         ring_at_v = (slot * stride_rvs + (j % rows) * stride_rvr).to(tl.int64)
         v_row = tl.where(in_ring, rv_ptr + ring_at_v + kvh * stride_rvh,
                          nv_ptr + new_at * stride_nvn + kvh * stride_nvh)
+        # the scales' offsets (new [N, Hkv, 1] and rings [slots, W-1, Hkv, 1] alike strided)
+        s_at = tl.where(in_ring, slot * stride_ss + (j % rows) * stride_sr,
+                        new_at * stride_sn) + kvh * stride_sh
+        ks_row = tl.where(in_ring, rks_ptr + s_at, nks_ptr + s_at)
+        vs_row = tl.where(in_ring, rvs_ptr + s_at, nvs_ptr + s_at)
         visible = (j[None, :] <= qpos[:, None]) & (j[None, :] > qpos[:, None] - window)
         m_i, l_i, acc = attend_tile(
-            q_ptr, q_off, q0, valid, k_row, v_row, in_ring | in_new, visible, m_i, l_i, acc,
-            scale, QB * GP, KT, D, DC, BDV, dv0, IEEE, INTERP,
+            q_ptr, q_off, q0, valid, k_row, v_row, ks_row, vs_row, in_ring | in_new, visible,
+            m_i, l_i, acc, scale, QB * GP, KT, D, DC, BDV, dv0, SCALED, IEEE, INTERP,
         )
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # 1: a part with no rows
     dv = dv0 + tl.arange(0, BDV)
@@ -88,11 +95,12 @@ def ring_attention(
     *,
     scale: float,
     window: int,
+    scales=None,
 ) -> torch.Tensor:
     """q [N, Hq, D]; new_k [N, Hkv, D], new_v [N, Hkv, Dv]: the pass's rows; ring_k
     [slots, W-1, Hkv, D], ring_v [slots, W-1, Hkv, Dv]: the rings before the pass; positions
-    [N]. A query at t sees keys t-window < j <= t of its stream. Returns [N, Hq, Dv] in q's
-    dtype."""
+    [N]; scales: a window_attention.RingScales when the rows are fp8. A query at t sees keys
+    t-window < j <= t of its stream. Returns [N, Hq, Dv] in q's dtype."""
     n, hq, d = q.shape
     hkv, dv = new_k.shape[1], new_v.shape[-1]
     out = torch.empty(n, hq, dv, dtype=q.dtype, device=q.device)
@@ -105,15 +113,23 @@ def ring_attention(
     group = hq // hkv
     qb, dc, bdv = tiles(d, dv, group)
     nsub = QUERY_ROWS // qb
+    if scales is not None:
+        nks, nvs, rks, rvs = (x.contiguous() for x in scales)
+        assert nks.shape == nvs.shape and rks.shape == rvs.shape
+        s_strides = (nks.stride(0), nks.stride(1), rks.stride(0), rks.stride(1))
+        assert s_strides[1] == rks.stride(2), "new and ring scales share the head stride"
+    else:  # unread
+        nks, nvs, rks, rvs, s_strides = new_k, new_v, ring_k, ring_v, (0, 0, 0, 0)
     _ring_attention_kernel[(meta.num_blocks * nsub, hkv, dv // bdv)](
-        q, new_k, new_v, ring_k, ring_v, out, positions, meta.block_stream, meta.block_row0,
-        meta.block_len, meta.stream_row0, meta.stream_start, meta.stream_slot, scale, window,
+        q, new_k, new_v, ring_k, ring_v, nks, nvs, rks, rvs, out, positions, meta.block_stream,
+        meta.block_row0, meta.block_len, meta.stream_row0, meta.stream_start, meta.stream_slot,
+        scale, window,
         q.stride(0), q.stride(1), new_k.stride(0), new_k.stride(1), new_v.stride(0),
         new_v.stride(1), ring_k.stride(0), ring_k.stride(1), ring_k.stride(2), ring_v.stride(0),
-        ring_v.stride(1), ring_v.stride(2), out.stride(0), out.stride(1),
+        ring_v.stride(1), ring_v.stride(2), out.stride(0), out.stride(1), *s_strides,
         G=group, GP=triton.next_power_of_2(group), QB=qb, NSUB=nsub, D=d, DC=dc, BDV=bdv,
-        KT=KEY_TILE, IEEE=q.dtype == torch.float32, INTERP=interpreting(), num_warps=4,
-        num_stages=2, **launch_options(q),
+        KT=KEY_TILE, SCALED=scales is not None, IEEE=q.dtype == torch.float32,
+        INTERP=interpreting(), num_warps=4, num_stages=2, **launch_options(q),
     )
     return out
 

@@ -15,11 +15,17 @@ bits are paged_attention's over the same rows.
 `ring_attention` and `advance_rings` are the pass-level entry points: on the GPU they run the
 Triton kernels of triton_window.py (layout from PassMeta, no host sync, graph-capturable), on the
 CPU the torch reference below. Attention reads the rings before they advance.
+
+fp8 rings (TF_KV_DTYPE=fp8): the rings and the pass's new rows are e4m3 with their scales
+(`RingScales`, tensorfold.ops.kv_quant), so a row reads the same whether it is new in the pass
+or kept in the ring; the reference dequantizes the gathered rows, the kernel folds the scales in
+after the sums (as paged attention does).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +33,17 @@ import torch.nn.functional as F
 from ..forward_pass import ForwardPass
 from .attention import KEY_TILE, QUERY_BLOCK, rows_dot, weighted_rows
 from .gpu import use_triton
+from .kv_quant import index_copy_rows
+
+
+class RingScales(NamedTuple):
+    """The fp8 scales beside a sliding layer's rows: new_k, new_v [N, Hkv, 1] (the pass's
+    rows), ring_k, ring_v [slots, W-1, Hkv, 1] (the rings before the pass)."""
+
+    new_k: torch.Tensor
+    new_v: torch.Tensor
+    ring_k: torch.Tensor
+    ring_v: torch.Tensor
 
 
 @dataclass
@@ -72,19 +89,25 @@ def ring_attention(
     *,
     scale: float,
     window: int,
+    scales: RingScales | None = None,
 ) -> torch.Tensor:
     """q [N, Hq, D]; new_k [N, Hkv, D], new_v [N, Hkv, Dv]: the pass's rows; ring_k
-    [slots, W-1, Hkv, D], ring_v [slots, W-1, Hkv, Dv]: the rings before the pass. A query at t
-    sees keys t-window < j <= t of its stream. Returns [N, Hq, Dv] in q's dtype."""
+    [slots, W-1, Hkv, D], ring_v [slots, W-1, Hkv, Dv]: the rings before the pass; scales:
+    theirs when all four are fp8. A query at t sees keys t-window < j <= t of its stream.
+    Returns [N, Hq, Dv] in q's dtype."""
     if use_triton(q):
         from .pass_meta import pass_meta
         from .triton_window import ring_attention as triton_ring_attention
 
         return triton_ring_attention(
             q, new_k, new_v, ring_k, ring_v, fp.positions, pass_meta(fp), scale=scale,
-            window=window,
+            window=window, scales=scales,
         )
     rows = gather_window(ring_k, ring_v, new_k, new_v, fp, window)
+    if scales is not None:  # the gathered rows dequantized, the zero padding staying zero
+        s = gather_window(scales.ring_k, scales.ring_v, scales.new_k, scales.new_v, fp, window)
+        rows = WindowRows(rows.bases, [k.float() * ks for k, ks in zip(rows.keys, s.keys)],
+                          [v.float() * vs for v, vs in zip(rows.values, s.values)])
     return window_attention(q, rows, fp, scale=scale, window=window)
 
 
@@ -103,7 +126,7 @@ def advance_rings(ring: torch.Tensor, new: torch.Tensor, fp: ForwardPass) -> Non
     for s, (a, b) in zip(fp.streams, fp.spans):
         first = max(s.start, s.end - rows)
         index = torch.arange(first, s.end, device=fp.device) % rows
-        ring[s.slot].index_copy_(0, index, new[a + first - s.start : b])
+        index_copy_rows(ring[s.slot], index, new[a + first - s.start : b])
 
 
 def ring_after(rows: torch.Tensor, base: int, p: int, window: int) -> torch.Tensor:
@@ -113,7 +136,7 @@ def ring_after(rows: torch.Tensor, base: int, p: int, window: int) -> torch.Tens
     lo = max(0, p - window + 1)
     if p > lo:
         index = torch.arange(lo, p, device=rows.device) % (window - 1)
-        ring.index_copy_(0, index, rows[lo - base : p - base])
+        index_copy_rows(ring, index, rows[lo - base : p - base])
     return ring
 
 

@@ -41,17 +41,20 @@ def ring_specs(layer: Layer, dtype: str, world: int = 1) -> tuple[StateSpec, Sta
     assert layer.window is not None and not layer.reuses_kv
     shape = (layer.window - 1, kv_local(layer, world), layer.head_dim)
     name = f"L{layer.index}"
-    return StateSpec(f"{name}.sk", shape, dtype), StateSpec(f"{name}.sv", shape, dtype)
+    return (StateSpec(f"{name}.sk", shape, dtype, fp8=True),
+            StateSpec(f"{name}.sv", shape, dtype, fp8=True))
 
 
 def state_layout(cfg: Gemma4Config, dtype: str, world: int = 1) -> StateLayout:
     """Each full layer that owns its K/V pages K and V rows [kv_local, head_dim]; each sliding one
     keeps rings of its last W-1 rows a stream as fixed state (sliding.py), which snapshots carry;
     reuse layers read their store layer's rows and hold none. At `world` ranks, one rank's KV
-    heads. Any row is a usable mark."""
+    heads. Any row is a usable mark. The full layers' K/V rows and the rings may be fp8
+    (TF_KV_DTYPE)."""
     owners = [layer for layer in cfg.layers if not layer.reuses_kv]
     paged = tuple(
-        RowSpec(f"L{layer.index}.{kv}", (kv_local(layer, world), layer.head_dim), dtype)
+        RowSpec(f"L{layer.index}.{kv}", (kv_local(layer, world), layer.head_dim), dtype,
+                fp8=True)
         for layer in owners if layer.window is None for kv in ("k", "v")
     )
     fixed: tuple[StateSpec, ...] = tuple(

@@ -6,6 +6,10 @@ rank's KV heads under tensor parallel: shards.ring_specs), indexed by absolute p
 (core/ops/window_attention.py). The prompt store snapshots the rings at marks, tapped inside the
 pass that computes them, so a kept prompt holds the last W-1 sliding rows it needs to resume.
 
+Under TF_KV_DTYPE=fp8 the rings are e4m3 with their scales beside them (`L{i}.sk.scale`,
+[W-1, kv_heads, 1]): the pass's new rows are quantized before attention reads them, so a row
+reads the same new in its pass as kept in the ring later (resumed == fresh).
+
 Attention reads a layer's rings as they stood before the pass, plus the pass's new rows, then the
 rings advance. A store layer whose rows later reuse layers read (KV sharing) keeps its new rows
 and defers its advance until the last of its readers has attended, so every reader sees the same
@@ -19,8 +23,10 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from tensorfold.forward_pass import ForwardPass
+from tensorfold.kv_dtype import SCALE
+from tensorfold.ops.kv_quant import quantize_rows
 from tensorfold.ops.window_attention import (
-    advance_rings, gather_window, ring_after, ring_attention,
+    RingScales, advance_rings, gather_window, ring_after, ring_attention,
 )
 
 from .config import Layer
@@ -38,7 +44,7 @@ class SlidingRows:
         self.fp = fp
         self.slots = slots
         self.shared = shared
-        self.pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.pending: dict[int, tuple[torch.Tensor, ...]] = {}
         self.last_reader: dict[int, int] | None = None
 
     def attend(
@@ -56,23 +62,32 @@ class SlidingRows:
         the pass plus the pass's rows; then moves the rings on past the pass (taps first)."""
         assert layer.window is not None
         src = layer.kv_source
-        ring_k, ring_v = (self.slots.get(f"L{src}.{kv}") for kv in ("sk", "sv"))
+        names = [f"L{src}.sk", f"L{src}.sv"]
+        fp8 = f"L{src}.sk{SCALE}" in self.slots.buffers
+        if fp8:
+            names += [f"L{src}.sk{SCALE}", f"L{src}.sv{SCALE}"]
+        rings = [self.slots.get(name) for name in names]  # ring_k, ring_v(, their scales)
         if new is None:
-            k, v = self.pending[src]
+            rows = self.pending[src]
+        elif fp8:  # (k, v, k scales, v scales)
+            (k, ks), (v, vs) = quantize_rows(new[0]), quantize_rows(new[1])
+            rows = (k, v, ks, vs)
         else:
-            k, v = new
-        out = ring_attention(q, k, v, ring_k, ring_v, self.fp, scale=scale, window=layer.window)
+            rows = new
+        scales = RingScales(rows[2], rows[3], rings[2], rings[3]) if fp8 else None
+        out = ring_attention(q, rows[0], rows[1], rings[0], rings[1], self.fp, scale=scale,
+                             window=layer.window, scales=scales)
         if new is not None:
-            self._tap(f"L{src}", ring_k, ring_v, k, v, layer.window)
+            self._tap(names, rings, rows, layer.window)
             if src in self.shared:
-                self.pending[src] = (k, v)
+                self.pending[src] = rows
                 return out
         elif layer.index != self._last_readers(layers)[src]:
             return out
         else:
             del self.pending[src]
-        advance_rings(ring_k, k, self.fp)
-        advance_rings(ring_v, v, self.fp)
+        for ring, row in zip(rings, rows):
+            advance_rings(ring, row, self.fp)
         return out
 
     def _last_readers(self, layers: Sequence[Layer]) -> dict[int, int]:
@@ -83,15 +98,19 @@ class SlidingRows:
                     self.last_reader[other.kv_source] = other.index
         return self.last_reader
 
-    def _tap(self, name: str, ring_k: torch.Tensor, ring_v: torch.Tensor, k: torch.Tensor,
-             v: torch.Tensor, window: int) -> None:
-        """The rings as they stand after row p - 1, at each tap p of the pass's runs (taps occur
-        only in eager passes, whose streams are real, so a host loop is fine)."""
+    def _tap(self, names: list[str], rings: list[torch.Tensor], rows: tuple[torch.Tensor, ...],
+             window: int) -> None:
+        """The rings (names[i]: rings[i], advanced by rows[i]) as they stand after row p - 1, at
+        each tap p of the pass's runs (taps occur only in eager passes, whose streams are real,
+        so a host loop is fine)."""
         fp = self.fp
         if not any(stream.taps for stream in fp.streams):
             return
-        rows = gather_window(ring_k, ring_v, k, v, fp, window)
-        for i, stream in enumerate(fp.streams):
-            for p in stream.taps:
-                for kv, gathered in (("sk", rows.keys[i]), ("sv", rows.values[i])):
-                    fp.tap(i, p, f"{name}.{kv}", ring_after(gathered, rows.bases[i], p, window))
+        for pair in range(0, len(names), 2):  # (K, V), then (K scales, V scales)
+            got = gather_window(rings[pair], rings[pair + 1], rows[pair], rows[pair + 1], fp,
+                                window)
+            for i, stream in enumerate(fp.streams):
+                for p in stream.taps:
+                    for name, gathered in ((names[pair], got.keys[i]),
+                                           (names[pair + 1], got.values[i])):
+                        fp.tap(i, p, name, ring_after(gathered, got.bases[i], p, window))

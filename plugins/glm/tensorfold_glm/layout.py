@@ -47,7 +47,7 @@ def state_layout(cfg: GlmConfig, dtype: str, world: int = 1) -> StateLayout:
         raise ValueError(f"glm5_next runs in {', '.join(DTYPES)}, not {dtype!r}")
     paged: list[RowSpec] = []
     for i in cfg.mla_layers:
-        paged.append(RowSpec(f"L{i}.latent", (cfg.kv_lora_rank,), name))
+        paged.append(RowSpec(f"L{i}.latent", (cfg.kv_lora_rank,), name, fp8=True))
         if cfg.runs_indexer(i):
             paged.append(RowSpec(f"L{i}.index_k", (cfg.index_head_dim,), name))
             paged.append(RowSpec(f"L{i}.index_gate", (cfg.index_head_dim,), name))

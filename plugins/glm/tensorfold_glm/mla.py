@@ -71,29 +71,37 @@ def mla(
         assert isinstance(masks, torch.Tensor)
         attended = sparse_mla(
             head_linear(q, w.w_uk), rows.flat(f"{name}.latent"), masks, fp.positions,
-            pass_meta(fp), fp.page_rows, cfg.index_kpool, scale,
+            pass_meta(fp), fp.page_rows, cfg.index_kpool, scale, rows.scales(f"{name}.latent"),
         )  # [N, heads, r]
         o = head_linear(attended, w.w_uv)
         return row_linear(o.reshape(n, -1), w.o, w.o_bias), masks
     assert isinstance(masks, list)
     q_lat = head_linear(q, w.w_uk).float()  # [N, heads, r]
     out = torch.empty_like(q_lat)
+    latent, latent_scales = rows.flat(f"{name}.latent"), rows.scales(f"{name}.latent")
     for i, (lo, hi) in enumerate(fp.spans):
-        keys = rows.flat(f"{name}.latent").index_select(0, fp.read_index(i)).float()  # [end, r]
-        out[lo:hi] = sparse_attention(q_lat[lo:hi], keys, masks[i], scale)
+        idx = fp.read_index(i)
+        keys = latent.index_select(0, idx).float()  # [end, r]
+        key_scales = None if latent_scales is None else latent_scales.index_select(0, idx)[:, 0]
+        out[lo:hi] = sparse_attention(q_lat[lo:hi], keys, masks[i], scale, key_scales)
     o = head_linear(out.to(x.dtype), w.w_uv)  # [N, heads, dv]
     return row_linear(o.reshape(n, -1), w.o, w.o_bias), masks
 
 
 def sparse_attention(
-    q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, scale: float
+    q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, scale: float,
+    key_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One stream's queries against its latent rows. q [n, heads, r] fp32; keys [end, r] fp32
-    (keys = values); mask [n, end] bool (True: attend). Returns [n, heads, r] fp32."""
+    (keys = values); mask [n, end] bool (True: attend); key_scales [end]: the rows' scales when
+    they are stored in fp8 (folded into the scores and the probabilities, as in
+    tensorfold.ops.attention). Returns [n, heads, r] fp32."""
     n, heads, r = q.shape
     pad = (-keys.shape[0]) % KEY_TILE
     keys = F.pad(keys, (0, 0, 0, pad))
     mask = F.pad(mask, (0, pad))
+    if key_scales is not None:
+        key_scales = F.pad(key_scales, (0, pad))
     out = q.new_empty(n, heads, r)
     for a in range(0, n, QUERY_BLOCK):
         qb, mb = q[a : a + QUERY_BLOCK], mask[a : a + QUERY_BLOCK]
@@ -101,12 +109,14 @@ def sparse_attention(
         if m < QUERY_BLOCK:  # padded rows repeat the last query; their results are dropped
             qb = torch.cat([qb, qb[-1:].expand(QUERY_BLOCK - m, -1, -1)])
             mb = torch.cat([mb, mb[-1:].expand(QUERY_BLOCK - m, -1)])
-        out[a : a + m] = _block(qb, mb, keys, scale)[:m]
+        out[a : a + m] = _block(qb, mb, keys, scale, key_scales)[:m]
     return out
 
 
-def _block(q: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, heads, r]; mask [B, T'] (T' a multiple of KEY_TILE); keys [T', r] -> [B, heads, r]."""
+def _block(q: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor, scale: float,
+           key_scales: torch.Tensor | None) -> torch.Tensor:
+    """q [B, heads, r]; mask [B, T'] (T' a multiple of KEY_TILE); keys [T', r]; key_scales
+    [T'] or None -> [B, heads, r]."""
     b, heads, r = q.shape
     qh = q.reshape(b * heads, r)
     visible = mask.repeat_interleave(heads, dim=0)  # [B*heads, T'], rows as qh's
@@ -117,13 +127,17 @@ def _block(q: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor, scale: float
     for tile in tiles:
         t0 = tile * KEY_TILE
         kt = keys[t0 : t0 + KEY_TILE]  # [KEY_TILE, r]
-        s = rows_dot(qh[None], kt[None])[0] * scale  # not a BLAS: see rows_dot
-        s = s.masked_fill(~visible[:, t0 : t0 + KEY_TILE], float("-inf"))
+        s = rows_dot(qh[None], kt[None])[0]  # not a BLAS: see rows_dot
+        st = None if key_scales is None else key_scales[t0 : t0 + KEY_TILE]
+        if st is not None:
+            s = s * st
+        s = (s * scale).masked_fill(~visible[:, t0 : t0 + KEY_TILE], float("-inf"))
         new_max = torch.maximum(run_max, s.amax(-1, keepdim=True))
         safe = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
         p = torch.exp(s - safe)
         alpha = torch.exp(run_max - safe)
         run_sum = run_sum * alpha + p.sum(-1, keepdim=True)
-        acc = acc * alpha + weighted_rows(p[None], kt[None])[0]
+        pv = p if st is None else p * st
+        acc = acc * alpha + weighted_rows(pv[None], kt[None])[0]
         run_max = new_max
     return (acc / run_sum).view(b, heads, r)

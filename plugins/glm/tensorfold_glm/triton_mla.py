@@ -7,7 +7,9 @@ stays in registers. It visits the row's selected pools in ascending position ord
 POOLS_PER_STEP pools a step, then its tail (the rows of its own incomplete pool up to t), with an
 online softmax in fp32: the steps a row takes depend only on its selection and position, so its
 bits do not depend on the other rows of the pass. Latent rows are read through the stream's
-page table, and only rows at or before t that the selection names are loaded.
+page table, and only rows at or before t that the selection names are loaded. fp8 latent rows
+(SCALED) are converted exactly to q's dtype; a row's scale multiplies its scores after the sum
+over r and its probabilities before the sum over rows, as mla.sparse_attention does.
 
 `head_linear`: a separate linear map per head, x [n, heads, K] @ w[heads, N, K]ᵀ, with K walked
 from 0 upwards in BLOCK_K steps fixed by the weight's shape (never by n): batch-invariant, where
@@ -78,26 +80,35 @@ def head_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _attend(q, c, visible, m_i, l_i, acc, scale, IEEE: tl.constexpr, INTERP: tl.constexpr):
-    """One online-softmax step: q [HB, R], c [KT, R] (keys = values), visible [KT]."""
+def _attend(q, c, cs, visible, m_i, l_i, acc, scale, SCALED: tl.constexpr, IEEE: tl.constexpr,
+            INTERP: tl.constexpr):
+    """One online-softmax step: q [HB, R], c [KT, R] (keys = values), cs [KT] their fp8 scales
+    (used when SCALED), visible [KT]."""
+    if SCALED:
+        c = c.to(q.dtype)
     sc = mma(q, tl.trans(c), tl.zeros((q.shape[0], c.shape[0]), dtype=tl.float32), IEEE, INTERP)
+    if SCALED:
+        sc = sc * cs[None, :]
     sc = tl.where(visible[None, :], sc * scale, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(sc, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp(sc - m_safe[:, None])
     alpha = tl.exp(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
+    if SCALED:
+        p = p * cs[None, :]
     acc = mma(p.to(c.dtype), c, acc * alpha[:, None], IEEE, INTERP)
     return m_new, l_i, acc
 
 
 @triton.jit(do_not_specialize=["stride_ts", "stride_tp", "n_sel"])
 def _sparse_mla_kernel(
-    q_ptr, c_ptr, o_ptr, sel_ptr, pos_ptr, row_stream, table_ptr, stride_ts, stride_tp,
-    page_rows, n_sel, scale, stride_qn, stride_qh, stride_cn, stride_on, stride_oh, stride_sn,
+    q_ptr, c_ptr, cs_ptr, o_ptr, sel_ptr, pos_ptr, row_stream, table_ptr, stride_ts, stride_tp,
+    page_rows, n_sel, scale, stride_qn, stride_qh, stride_cn, stride_csn, stride_on, stride_oh,
+    stride_sn,
     HEADS: tl.constexpr, HB: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     KPOOL: tl.constexpr, PPS: tl.constexpr, SELP: tl.constexpr,
-    IEEE: tl.constexpr, INTERP: tl.constexpr,
+    SCALED: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * HB + tl.arange(0, HB)
@@ -124,7 +135,10 @@ def _sparse_mla_kernel(
         crow = page.to(tl.int64) * page_rows + j % page_rows
         c = tl.load(c_ptr + crow[:, None] * stride_cn + d[None, :],
                     mask=ok[:, None] & dok[None, :], other=0.0)
-        m_i, l_i, acc = _attend(q, c, ok, m_i, l_i, acc, scale, IEEE, INTERP)
+        cs = tl.zeros((PPS * KPOOL,), dtype=tl.float32)
+        if SCALED:
+            cs = tl.load(cs_ptr + crow * stride_csn, mask=ok, other=0.0)
+        m_i, l_i, acc = _attend(q, c, cs, ok, m_i, l_i, acc, scale, SCALED, IEEE, INTERP)
     # the tail: rows [(t + 1) // KPOOL * KPOOL, t] of t's own pool (none when t ends a pool)
     v = tl.arange(0, KPOOL)
     j = (t + 1) // KPOOL * KPOOL + v
@@ -133,7 +147,10 @@ def _sparse_mla_kernel(
     crow = page.to(tl.int64) * page_rows + j % page_rows
     c = tl.load(c_ptr + crow[:, None] * stride_cn + d[None, :], mask=ok[:, None] & dok[None, :],
                 other=0.0)
-    m_i, l_i, acc = _attend(q, c, ok, m_i, l_i, acc, scale, IEEE, INTERP)
+    cs = tl.zeros((KPOOL,), dtype=tl.float32)
+    if SCALED:
+        cs = tl.load(cs_ptr + crow * stride_csn, mask=ok, other=0.0)
+    m_i, l_i, acc = _attend(q, c, cs, ok, m_i, l_i, acc, scale, SCALED, IEEE, INTERP)
     out = acc / l_i[:, None]
     tl.store(o_ptr + row * stride_on + h[:, None] * stride_oh + d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=hok[:, None] & dok[None, :])
@@ -142,10 +159,12 @@ def _sparse_mla_kernel(
 def sparse_mla(
     q_lat: torch.Tensor, latent: torch.Tensor, selection: torch.Tensor, positions: torch.Tensor,
     meta: PassMeta, page_rows: int, kpool: int, scale: float,
+    latent_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q_lat [N, heads, r] (model dtype); latent [P*R, r] (the flat paged buffer, holding this
     pass's rows); selection [N, W] int32 chosen pools, ascending, -1 padded (triton_indexer);
-    positions [N]. Returns [N, heads, r] in q_lat's dtype (the softmax and sums in fp32)."""
+    positions [N]; latent_scales [P*R, 1] when the latent rows are fp8. Returns [N, heads, r]
+    in q_lat's dtype (the softmax and sums in fp32)."""
     n, heads, r = q_lat.shape
     out = torch.empty_like(q_lat)
     if n == 0:
@@ -154,13 +173,16 @@ def sparse_mla(
         q_lat = q_lat.contiguous()
     n_sel = selection.shape[1]
     hb = min(HEADS_BLOCK, triton.next_power_of_2(heads))
+    scaled = latent_scales is not None
+    cs = latent_scales if scaled else latent  # unread unless scaled
     _sparse_mla_kernel[(n, triton.cdiv(heads, hb))](
-        q_lat, latent, out, selection, positions, meta.row_stream, meta.table,
+        q_lat, latent, cs, out, selection, positions, meta.row_stream, meta.table,
         meta.table.stride(0), meta.table.stride(1), page_rows, n_sel, scale,
-        q_lat.stride(0), q_lat.stride(1), latent.stride(0), out.stride(0), out.stride(1),
-        selection.stride(0),
+        q_lat.stride(0), q_lat.stride(1), latent.stride(0), cs.stride(0), out.stride(0),
+        out.stride(1), selection.stride(0),
         HEADS=heads, HB=hb, R=r, RP=triton.next_power_of_2(r), KPOOL=kpool, PPS=POOLS_PER_STEP,
-        SELP=triton.next_power_of_2(max(n_sel, 1)), IEEE=q_lat.dtype == torch.float32,
+        SELP=triton.next_power_of_2(max(n_sel, 1)), SCALED=scaled,
+        IEEE=q_lat.dtype == torch.float32,
         INTERP=interpreting(), num_warps=4,
     )
     return out

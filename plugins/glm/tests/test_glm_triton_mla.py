@@ -27,6 +27,7 @@ from tensorfold.cuda_graphs import GraphRunner  # noqa: E402
 from tensorfold.family import RowSpec  # noqa: E402
 from tensorfold.forward_pass import ForwardPass, StreamRows  # noqa: E402
 from tensorfold.ops import gpu  # noqa: E402
+from tensorfold.ops.kv_quant import dequantize_rows, quantize_rows  # noqa: E402
 from tensorfold.ops.pass_meta import build_meta  # noqa: E402
 from tensorfold_glm import indexer, mla, ops, triton_indexer, triton_mla  # noqa: E402
 from tensorfold_glm.config import GlmConfig  # noqa: E402
@@ -249,6 +250,40 @@ def test_sparse_mla_kernel_matches_the_reference(dtype, tol):
     for i, (lo, hi) in enumerate(fp.spans):
         keys = latent.index_select(0, fp.read_index(i)).float()
         want = mla.sparse_attention(q[lo:hi].float(), keys, masks_of(sel, fp)[i], 0.25)
+        assert rel(got[lo:hi], want) < tol
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_sparse_mla_kernel_over_fp8_latent_rows_matches_the_reference(dtype, tol):
+    """TF_KV_DTYPE=fp8: e4m3 latent rows and their scales (NaN where no stream wrote), read by
+    the kernel and by the reference alike; the reference folds the scales in as dequantizing
+    up front would."""
+    fp = make_pass(MIXED)
+    heads, r = CFG.num_attention_heads, CFG.kv_lora_rank
+    latent, scales = quantize_rows(randn(NUM_PAGES * PAGE_ROWS, r, seed=31, scale=4.0))
+    written = torch.zeros(NUM_PAGES * PAGE_ROWS, dtype=torch.bool)
+    written[fp.read_index(0)] = True
+    for i in range(1, len(fp.spans)):
+        written[fp.read_index(i)] = True
+    unwritten = (~written).nonzero().flatten()
+    latent[unwritten], scales[unwritten] = float("nan"), float("nan")
+    q = randn(fp.num_rows, heads, r, seed=32, dtype=dtype)
+    g = torch.Generator().manual_seed(33)
+    sel = torch.full((fp.num_rows, 3), -1, dtype=torch.int32)
+    for row, t in enumerate(fp.positions.tolist()):
+        pick = torch.randperm((t + 1) // CFG.index_kpool, generator=g)[:3].sort().values
+        sel[row, : len(pick)] = pick.to(torch.int32)
+    got = triton_mla.sparse_mla(q, latent, sel, fp.positions, build_meta(fp), PAGE_ROWS,
+                                CFG.index_kpool, 0.25, scales)
+    assert not got.isnan().any()
+    for i, (lo, hi) in enumerate(fp.spans):
+        idx = fp.read_index(i)
+        keys, key_scales = latent.index_select(0, idx).float(), scales.index_select(0, idx)[:, 0]
+        want = mla.sparse_attention(q[lo:hi].float(), keys, masks_of(sel, fp)[i], 0.25,
+                                    key_scales)
+        plain = mla.sparse_attention(q[lo:hi].float(), dequantize_rows(
+            latent.index_select(0, idx), scales.index_select(0, idx)), masks_of(sel, fp)[i], 0.25)
+        assert rel(want, plain) < 1e-6
         assert rel(got[lo:hi], want) < tol
 
 

@@ -47,7 +47,8 @@ def attention(
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     rows.write(f"{name}.k", fp.write_index, k)
     rows.write(f"{name}.v", fp.write_index, v)
-    o = paged_attention(q, rows.flat(f"{name}.k"), rows.flat(f"{name}.v"), fp, scale=d**-0.5)
+    o = paged_attention(q, rows.flat(f"{name}.k"), rows.flat(f"{name}.v"), fp, scale=d**-0.5,
+                        k_scales=rows.scales(f"{name}.k"), v_scales=rows.scales(f"{name}.v"))
     return parallel.row_linear(o.reshape(n, -1), w.out)
 
 

@@ -29,11 +29,12 @@ LAYER = r"model\.layers\.\d+"
 def state_layout(cfg: Lfm2MoeConfig, dtype: str, world: int = 1) -> StateLayout:
     """Attention layers page K and V rows [kv_heads, head_dim]; conv layers keep their tail
     (the last K-1 values of B⊙x) per stream, [H, K-1]; at `world` ranks, one rank's heads and
-    channels. Any row is a usable mark."""
+    channels. Any row is a usable mark. K/V rows may be fp8 (TF_KV_DTYPE)."""
     kv = max(1, cfg.num_key_value_heads // world)
     row = (kv, cfg.head_dim)
     paged = tuple(
-        RowSpec(f"L{i}.{n}", row, dtype) for i in cfg.attention_layers for n in ("k", "v")
+        RowSpec(f"L{i}.{n}", row, dtype, fp8=True)
+        for i in cfg.attention_layers for n in ("k", "v")
     )
     tail = (cfg.hidden_size // world, cfg.conv_L_cache - 1)
     fixed = tuple(StateSpec(f"L{i}.conv", tail, dtype) for i in cfg.conv_layers)

@@ -1,0 +1,147 @@
+"""How many streams at a long window the memory plan fits with bf16 and with fp8 KV pages, at a
+family's real shape: the weights counted from a model built on the meta device (no memory, no
+GPU), the pages from its state layout as tensorfold.kv_dtype stores it, the room as
+tensorfold.start plans it on CUDA (the device's memory less the weights, the runtime reserve, the
+activation reserve and the graph runner's scratch page and slot), no prompt cache.
+
+    python bench/kv_capacity.py [--memory-gib 140] [--window 131072]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tensorfold.family import StateLayout  # noqa: E402
+from tensorfold.kv_dtype import kv_label, kv_layout  # noqa: E402
+from tensorfold.kv_plan import GiB, PlanRefused, memory_budget, plan  # noqa: E402
+from tensorfold.start import ACTIVATION_ROWS, CUDA_RESERVE, PAGE_ROWS  # noqa: E402
+
+H200_GIB = 139.8  # an H200's memory as CUDA reports it (on the GPU, bench/kv_fp8.py reads it)
+MAX_STREAMS = 4096
+
+
+def _gemma4(device: str) -> Any:
+    import torch
+    from tensorfold_gemma4.dummy import SHAPES, build_dummy
+
+    return build_dummy(SHAPES["Gemma-4-26B-A4B"], device, torch.bfloat16, seed=0)
+
+
+def _lfm2(device: str) -> Any:
+    import torch
+    from tensorfold_lfm2_moe.dummy import build_dummy
+
+    return build_dummy("LFM2-24B-A2B", device, torch.bfloat16, seed=0)
+
+
+# shape name -> (family, a builder of its dummy model on a device)
+SHAPES: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "Gemma-4-26B-A4B": ("gemma4", _gemma4),
+    "LFM2-24B-A2B": ("lfm2_moe", _lfm2),
+}
+
+
+def weight_bytes(weights: Any) -> int:
+    """Bytes of every distinct tensor reachable from a model's weights object."""
+    import torch
+
+    seen: dict[int, torch.Tensor] = {}
+
+    def walk(obj: Any, depth: int) -> None:
+        if isinstance(obj, torch.Tensor):
+            seen[id(obj)] = obj
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                walk(v, depth + 1)
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                walk(v, depth + 1)
+        elif hasattr(obj, "__dict__") and depth < 8:
+            for v in vars(obj).values():
+                walk(v, depth + 1)
+
+    walk(weights, 0)
+    return sum(t.numel() * t.element_size() for t in seen.values())
+
+
+def room(memory: int, weights: int, stored: StateLayout) -> int:
+    """The plan's room on a device of `memory` bytes holding `weights`, as start._room counts it."""
+    scratch = stored.page_bytes(PAGE_ROWS) + stored.fixed_bytes
+    return memory_budget(device_free=memory, weights=weights + scratch, reserve=CUDA_RESERVE,
+                         activations=ACTIVATION_ROWS * 64 * 1024, limit_gib=None)
+
+
+def streams_that_fit(stored: StateLayout, room_bytes: int, window: int) -> int:
+    """The largest --parallel the plan accepts at `window` in pages mode with no prompt cache
+    (every stream at a full window: the pages hold a window a stream); 0 when not one fits."""
+
+    def fits(n: int) -> bool:
+        try:
+            p = plan(room=room_bytes, page_rows=PAGE_ROWS, page_bytes=stored.page_bytes(PAGE_ROWS),
+                     fixed_bytes=stored.fixed_bytes, window=window, lanes=n, cache_budget=0,
+                     paging="on", store=False)
+        except PlanRefused:
+            return False
+        return p.windows_held >= n
+
+    lo, hi = 0, MAX_STREAMS
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+def capacity(layout: StateLayout, weights: int, memory: int, window: int) -> dict[str, Any]:
+    """Per KV dtype: bytes a token, a stream at `window` (pages and fixed state) and how many
+    streams fit."""
+    out: dict[str, Any] = {"weights_gib": weights / GiB, "memory_gib": memory / GiB,
+                           "window": window}
+    for kv in ("auto", "fp8"):
+        stored = kv_layout(layout, kv)
+        r = room(memory, weights, stored)
+        per_stream = -(-window // PAGE_ROWS) * stored.page_bytes(PAGE_ROWS) + stored.fixed_bytes
+        out["bf16" if kv == "auto" else kv] = {
+            "stored_as": kv_label(stored), "bytes_per_token": stored.row_bytes,
+            "stream_gib": per_stream / GiB, "room_gib": r / GiB,
+            "streams": streams_that_fit(stored, r, window),
+        }
+    out["ratio"] = out["fp8"]["streams"] / max(out["bf16"]["streams"], 1)
+    return out
+
+
+def shape_capacity(shape: str, memory: int, window: int) -> dict[str, Any]:
+    """capacity() at a named shape, its weights counted on the meta device."""
+    family, build = SHAPES[shape]
+    model = build("meta")
+    return {"family": family, **capacity(model.layout, weight_bytes(model.weights), memory,
+                                         window)}
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    lines = [f"{'shape':<17} {'KV':<5} {'B/token':>8} {'GiB/stream':>10} {'streams':>8}"]
+    for shape, r in results.items():
+        for kv in ("bf16", "fp8"):
+            c = r[kv]
+            lines.append(f"{shape:<17} {kv:<5} {c['bytes_per_token']:>8} "
+                         f"{c['stream_gib']:>10.2f} {c['streams']:>8}")
+        lines.append(f"{'':<17} fp8/bf16 streams {r['ratio']:.2f}x at a {r['window']}-token window"
+                     f" ({r['weights_gib']:.1f} GiB of weights in {r['memory_gib']:.1f} GiB)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--memory-gib", type=float, default=H200_GIB)
+    ap.add_argument("--window", type=int, default=131072)
+    args = ap.parse_args()
+    memory = int(args.memory_gib * GiB)
+    print(table({s: shape_capacity(s, memory, args.window) for s in SHAPES}))
+
+
+if __name__ == "__main__":
+    main()

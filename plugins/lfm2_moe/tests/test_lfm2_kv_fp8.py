@@ -1,0 +1,67 @@
+"""lfm2_moe with fp8 KV pages (TF_KV_DTYPE=fp8) on the demo checkpoint (fp32): every gate holds
+bit for bit within fp8 (concurrent == solo, pages == windows with poisoned freed pages, resumed
+== fresh, from the device store and from the host tier), and fp8 stays close to fp32 KV."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tensorfold import testing
+from tensorfold.sampling import SamplingParams
+from tensorfold.testing import close_even
+from tensorfold_lfm2_moe.demo import build_demo
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+SAMPLED = SamplingParams(temperature=0.8, seed=5, max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_demo(tmp_path_factory.mktemp("demo"))
+
+
+def in_fp8(llm) -> None:
+    assert "rows in fp8 e4m3 + scales" in llm.served.plan.startup_line()
+
+
+def test_gates_hold_within_fp8_kv(demo: Path) -> None:
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(5, 700, (n,), generator=g).tolist() for n in (9, 130, 600, 2100)]
+    chats = [testing.chat_turns(c, turns=2, first=150, later=20) for c in range(3)]
+    testing.assert_engine_gates("lfm2_moe", demo, prompts, chats, GREEDY, SAMPLED,
+                                min_cached=150, opened=in_fp8, kv_dtype="fp8", context=4096,
+                                parallel=4)
+
+
+def test_fp8_states_resumed_from_the_host_tier_give_the_fresh_replies(demo: Path) -> None:
+    chats = [testing.chat_turns(c, turns=3, first=60, later=20) for c in range(6)]
+    llm = testing.open_llm("lfm2_moe", demo, kv_dtype="fp8", context=4096, parallel=3)
+    try:
+        fresh, _ = testing.run_chats(llm, chats, SAMPLED)
+    finally:
+        close_even(llm)
+    llm = testing.open_llm("lfm2_moe", demo, kv_dtype="fp8", context=4096, parallel=3,
+                           kv_share=2, prompt_cache_gib=0.05, kv_host_gib=0.1, kv_poison=True)
+    try:
+        replies, cached = testing.run_chats(llm, chats, SAMPLED)
+        assert replies == fresh
+        testing.assert_host_tier_served(llm, cached)
+    finally:
+        close_even(llm)
+
+
+def test_fp8_kv_agrees_with_fp32_kv_and_the_demo_still_writes_words(demo: Path) -> None:
+    llm = testing.open_llm("lfm2_moe", demo, kv_dtype="fp8", context=1024, parallel=2)
+    try:
+        testing.assert_demo_writes_words(llm)
+        tok, model = llm.tokenizer, llm.served.engine.lanes.runner.model
+        prompts = [tok.encode(t) for t in testing.DEMO_COMPLETIONS + testing.DEMO_CHATS]
+    finally:
+        close_even(llm)
+    agreement = testing.kv_agreement(model, prompts, steps=16)
+    print(agreement)
+    assert agreement.top1 == 1.0 and agreement.agreed >= 0.75 * agreement.tokens, agreement
+    assert 0 < agreement.logit_error < 0.05, agreement
