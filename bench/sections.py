@@ -93,6 +93,8 @@ class Sections:
             kern = [(e.key, e.device_time_total / 3, e.count / 3)
                     for e in prof.key_averages() if e.device_time_total > 0]
             kern.sort(key=lambda t: -t[1])
+            (self.out / f"kernels_{name}.tsv").write_text("".join(
+                f"{k[1]:.1f}\t{k[2]:.1f}\t{k[0]}\n" for k in kern))  # µs, calls a round, name
             res[name] = {
                 "gpu_us_per_round": sum(k[1] for k in kern if not k[0].startswith("cuda")),
                 "kernels_per_round": sum(k[2] for k in kern if not k[0].startswith("cuda")),
