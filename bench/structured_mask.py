@@ -15,9 +15,9 @@ built at the start, about 20 s):
 path: --device cpu --folder /tmp/smoke65k --shape demo --rounds 4 --repeats 1.
 
 Rounds are timed as (64 streams x (1 + ROUNDS) tokens) less (64 streams x 1 token), so the
-prompt pass is not counted. The masks alone: 64 matchers, one `RowMatcher.mask` each per step on
-a logits row on the device (as core/lanes.py does it), and llguidance's bitmasks alone (the
-CPU part of it); `*_masks_pct_of_free_round` is the masks' share of a free round (target on the
+prompt pass is not counted. The masks alone: 64 matchers' masks computed together and applied to a
+[64, V] logits batch on the device (`structured.mask_rows`, as core/lanes.py does it), and
+llguidance's bitmasks alone, one row after another (the CPU part of it, unthreaded); `*_masks_pct_of_free_round` is the masks' share of a free round (target on the
 GPU: under 5%). Every constrained row must reach its max_tokens (else a round would hold fewer
 rows): `*_short_rows` counts those that did not.
 """
@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tensorfold.sampling import SamplingParams  # noqa: E402
-from tensorfold.structured import json_schema, regex  # noqa: E402
+from tensorfold.structured import json_schema, mask_rows, regex  # noqa: E402
 from tensorfold.testing import close_even, open_llm  # noqa: E402
 
 STREAMS = 64
@@ -146,25 +146,25 @@ def main() -> None:
             out[f"{name}_overhead_pct"] = round(100 * (ms - base) / base, 1)
             if args.folder is not None:
                 out[f"{name}_short_rows"] = short[name]
-            # the masks alone: 64 matchers, one mask each per step, on an fp32 logits row on
-            # the device (as the runner gives them); llguidance's bitmasks alone on matchers of
-            # their own, taken through the same tokens
+            # the masks alone: 64 matchers, one mask each per step applied to a [64, V] fp32
+            # logits batch on the device (as core/lanes.py does it: structured.mask_rows), and
+            # llguidance's bitmasks alone (one row after another, on twin matchers) for scale
             matchers = [constraint.start() for _ in range(STREAMS)]
             twins = [constraint.start() for _ in range(STREAMS)]
-            row = torch.zeros(vocab, device=args.device)
+            rows = torch.zeros(STREAMS, vocab, device=args.device)
             steps, bits = [], []
             for _ in range(args.rounds):
                 sync()
                 start = time.perf_counter()
-                masked = [m.mask(row) for m in matchers]
+                masked = rows.clone()
+                mask_rows(masked, list(enumerate(matchers)))
                 sync()
                 steps.append(time.perf_counter() - start)
                 start = time.perf_counter()
                 for m in twins:
                     m.matcher.compute_bitmask()
                 bits.append(time.perf_counter() - start)
-                for m, twin, x in zip(matchers, twins, masked):
-                    token = int(torch.argmax(x))
+                for m, twin, token in zip(matchers, twins, torch.argmax(masked, 1).tolist()):
                     m.accept(token)
                     twin.accept(token)
             masks_ms = statistics.median(steps) * 1e3

@@ -33,8 +33,9 @@ from .logs import get_logger
 from .prompt_share import PromptSharing
 from .requests import Finished, Request, RequestRefused, TokenOut
 from .runner import ModelRunner
-from .sampling import RowHistory, SampleResult, sample_row
+from .sampling import RowHistory, SampleResult, sample_rows
 from .stops import StopChecker
+from .structured import mask_rows
 from .tokenizer import IncrementalDecoder, Tokenizer
 
 log = get_logger("tensorfold.lanes")
@@ -177,13 +178,16 @@ class Lanes:
                 wanting.append((stream, out[-1]))
                 if stream.forks:  # n choices: the others start from this row's logits
                     wanting += [(f, out[-1]) for f in self._fork(stream)]
-        # structured output: each row masked by its own matcher, before its own draw
-        wanting = [(s, s.matcher.mask(row) if s.matcher else row) for s, row in wanting]
-        greedy = _greedy_rows([(s.req.params, row) for s, row in wanting])
-        for stream, row in wanting:
-            t = len(stream.generated)
-            result = greedy.pop(id(row), None) or sample_row(row, stream.req.params, t, stream.history)
-            self._take(stream, t, result)
+        if wanting:
+            # one [B, V] for the round: each row masked by its own matcher (structured output),
+            # then all drawn together, each row as it would be alone (sampling.sample_rows)
+            x = torch.stack([row for _, row in wanting])
+            mask_rows(x, [(i, s.matcher) for i, (s, _) in enumerate(wanting) if s.matcher])
+            ts = [len(s.generated) for s, _ in wanting]
+            results = sample_rows(x, [(s.req.params, t, s.history)
+                                      for (s, _), t in zip(wanting, ts)])
+            for (stream, _), t, result in zip(wanting, ts, results):
+                self._take(stream, t, result)
         if self.idle:
             self.census()
         return True
@@ -379,25 +383,3 @@ class Lanes:
         log.error("UNEVEN " + census.line(), live=census.live)
         return False
 
-
-def _plain_greedy(params) -> bool:
-    return (params.is_greedy and not params.has_penalties and not params.top_logprobs
-            and not params.logit_bias)
-
-
-def _greedy_rows(rows: list) -> dict[int, SampleResult]:
-    """A round's plain greedy rows (temperature 0; no penalties, logit_bias or top_logprobs)
-    sampled together: one argmax and one log-softmax over [B, V] and one copy to the host. Each
-    row is reduced on its own, so a row gets the token sample_row would give it alone (the first
-    maximum: ties to the lowest id). rows: (params, logits [V]); keyed by id(logits)."""
-    picked = [row for params, row in rows if _plain_greedy(params)]
-    if len(picked) < 2:
-        return {}
-    x = torch.stack(picked).to(torch.float32)  # [B, V]
-    tokens = torch.argmax(x, dim=1)
-    logprobs = torch.log_softmax(x, dim=1).gather(1, tokens[:, None])[:, 0]
-    both = torch.stack((tokens.to(torch.float64), logprobs.to(torch.float64))).cpu().tolist()
-    return {
-        id(row): SampleResult(int(tok), float(lp), [])
-        for row, tok, lp in zip(picked, both[0], both[1])
-    }

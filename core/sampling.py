@@ -7,7 +7,8 @@ stream samples the same tokens alone or batched, resumed or fresh. There is no g
 Per row, in this order: penalties on the raw logits (repetition, then frequency and presence, as
 vLLM orders them) -> logit_bias (added to the row's own logits) -> temperature -> top_k -> top_p
 -> min_p -> renormalise -> inverse-CDF draw over tokens sorted by probability descending, ties
-to the lower id. top_k keeps exactly k tokens of that order (ties at the edge to the lower ids,
+to the lower id, the weights as integers in units of 2**-36 of the top token's (so the sums are
+exact in any order: a row draws alike alone or in a batch of any size, on any device kernel). top_k keeps exactly k tokens of that order (ties at the edge to the lower ids,
 unlike HF's keep-all-ties), so top_k=1 is greedy. Temperature 0 is greedy: argmax of the penalised and biased logits, ties to the lowest id.
 
 Logprobs are log_softmax of the penalised and biased logits, before temperature and filtering:
@@ -275,26 +276,89 @@ def apply_logit_bias(x: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return x
 
 
-def _draw(x: torch.Tensor, order: torch.Tensor, params: SamplingParams, u: float) -> int:
-    """x: [V] penalised logits, order: [V] ids by x descending (ties to lower id)."""
-    z = x[order].to(torch.float64) / params.temperature
-    w = torch.exp(z - z[0])  # unnormalised probabilities in draw order, w[0] == 1
-    rank = torch.arange(w.numel(), device=w.device)
-    keep = w > 0
-    if params.top_k:
-        keep &= rank < params.top_k
-        w = torch.where(keep, w, 0.0)
-    if params.top_p < 1:
-        cdf = torch.cumsum(w, 0)
-        mass_before = torch.cat([cdf.new_zeros(1), cdf[:-1]])
-        keep &= mass_before < params.top_p * cdf[-1]
-    if params.min_p:
-        keep &= w >= params.min_p  # p >= min_p * p_max, as w[0] is p_max
-    w = torch.where(keep, w, 0.0)
-    cdf = torch.cumsum(w, 0)
-    i = torch.searchsorted(cdf, cdf[-1:] * u, right=True)
-    last_kept = torch.where(keep, rank, 0).max()  # for u * total rounding up to the total
-    return int(order[torch.minimum(i, last_kept)])
+WEIGHT_BITS = 36  # the draw's weights: integers in units of 2**-36 of the top token's weight
+
+
+def _draw_rows(x: torch.Tensor, order: torch.Tensor, rows: Sequence[tuple[SamplingParams, int]],
+               ) -> torch.Tensor:
+    """x: [B, V] penalised logits, order: [B, V] ids by x descending (ties to lower id); rows:
+    (params, t) of rows that sample (temperature > 0). Returns the drawn ids [B].
+
+    Weights in draw order are w = exp((z - z_max) / temperature) in float64, each turned into an
+    integer floor(w * 2**WEIGHT_BITS) (the top token's is 2**WEIGHT_BITS; a token under 2**-36 of
+    it weighs nothing). Integer prefix sums are exact whatever the kernel's order of additions, so
+    a row's draw cannot depend on the other rows of a batch, nor on how the device scans."""
+    b, v = x.shape
+    dev = x.device
+    temp = torch.tensor([p.temperature for p, _ in rows], dtype=torch.float64, device=dev)
+    z = x.gather(1, order).to(torch.float64) / temp[:, None]
+    w = torch.exp(z - z[:, :1])  # w[:, 0] == 1
+    rank = torch.arange(v, device=dev)
+    top_k = torch.tensor([p.top_k or v for p, _ in rows], device=dev)
+    keep = (w > 0) & (rank < top_k[:, None])
+    weight = torch.where(keep, torch.floor(w * float(1 << WEIGHT_BITS)), 0.0).to(torch.int64)
+    top_p = [p.top_p for p, _ in rows]
+    if min(top_p) < 1:
+        cdf = torch.cumsum(weight, 1)
+        p = torch.tensor(top_p, dtype=torch.float64, device=dev)[:, None]
+        # total < 2**53: integers and products exact enough to compare in float64
+        nucleus = (cdf - weight).to(torch.float64) < p * cdf[:, -1:].to(torch.float64)
+        keep &= nucleus | (p >= 1)
+    min_p = [p.min_p for p, _ in rows]
+    if max(min_p) > 0:
+        keep &= w >= torch.tensor(min_p, dtype=torch.float64, device=dev)[:, None]
+    weight = torch.where(keep, weight, 0)
+    cdf = torch.cumsum(weight, 1)
+    total = cdf[:, -1:]  # >= 2**WEIGHT_BITS: the top token is always kept
+    u = torch.tensor([uniform(p.seed, t) for p, t in rows], dtype=torch.float64, device=dev)
+    target = torch.minimum(torch.floor(u[:, None] * total.to(torch.float64)).to(torch.int64),
+                           total - 1)
+    i = torch.searchsorted(cdf, target, right=True)  # the first id whose cdf passes the target
+    return order.gather(1, i)[:, 0]
+
+
+def sample_rows(
+    logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, int, RowHistory]]
+) -> list[SampleResult]:
+    """logits: [B, V] (any float dtype, any device); rows[i] = (params, t, history) of row i,
+    sampling output position t of its stream. Row i gets what it gets alone (B = 1): each step
+    works on rows independently (penalties and biases row by row, log_softmax, argmax and sort
+    within a row, integer prefix sums), and the host reads the results back once."""
+    if logits.dim() != 2 or logits.shape[0] != len(rows):
+        raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
+    b, v = logits.shape
+    x = logits.to(torch.float32, copy=True)
+    for i, (params, _, history) in enumerate(rows):
+        if params.has_penalties or params.logit_bias:
+            x[i] = apply_logit_bias(apply_penalties(x[i], params, history), params)
+    logprobs = torch.log_softmax(x, dim=1)
+    tokens = torch.argmax(x, dim=1)  # first maximum: ties to the lowest id
+    drawn = [i for i, (p, _, _) in enumerate(rows) if not p.is_greedy]
+    top_n = min(max(p.top_logprobs for p, _, _ in rows), v)
+    order = None
+    if drawn or top_n:
+        order = torch.sort(x, dim=1, descending=True, stable=True).indices
+    if drawn:
+        for i in drawn:
+            if rows[i][0].seed is None:
+                raise ValueError(
+                    "sampling with temperature > 0 needs a seed: use params.with_seed()")
+        at = torch.tensor(drawn, device=x.device)
+        picked = _draw_rows(x[at], order[at], [rows[i][:2] for i in drawn])
+        tokens = tokens.index_copy(0, at, picked)
+    parts = [tokens[:, None].to(torch.float64),
+             logprobs.gather(1, tokens[:, None]).to(torch.float64)]
+    if top_n:
+        assert order is not None
+        ids = order[:, :top_n]
+        parts += [ids.to(torch.float64), logprobs.gather(1, ids).to(torch.float64)]
+    host = torch.cat(parts, 1).cpu().tolist()  # the one read back
+    out = []
+    for (params, _, _), row in zip(rows, host):
+        k = min(params.top_logprobs, v)
+        top = [(int(i), lp) for i, lp in zip(row[2 : 2 + k], row[2 + top_n : 2 + top_n + k])]
+        out.append(SampleResult(int(row[0]), row[1], top))
+    return out
 
 
 def sample_row(
@@ -303,31 +367,12 @@ def sample_row(
     """Sample output position t of one stream. logits: [V] (any float dtype, any device)."""
     if logits.dim() != 1:
         raise ValueError(f"sample_row takes logits of shape [V], got {tuple(logits.shape)}")
-    x = apply_penalties(logits.to(torch.float32, copy=True), params, history)
-    x = apply_logit_bias(x, params)
-    logprobs = torch.log_softmax(x, dim=0)
-    need_order = not params.is_greedy or params.top_logprobs > 0
-    order = torch.sort(x, descending=True, stable=True).indices if need_order else None
-    if params.is_greedy:
-        token = int(torch.argmax(x))  # first maximum: ties to the lowest id
-    else:
-        if params.seed is None:
-            raise ValueError("sampling with temperature > 0 needs a seed: use params.with_seed()")
-        assert order is not None
-        token = _draw(x, order, params, uniform(params.seed, t))
-    top: list[tuple[int, float]] = []
-    if params.top_logprobs:
-        assert order is not None
-        ids = order[: params.top_logprobs]
-        top = list(zip(ids.tolist(), logprobs[ids].tolist()))
-    return SampleResult(token, float(logprobs[token]), top)
+    return sample_rows(logits[None], [(params, t, history)])[0]
 
 
 def sample(
     logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, int, RowHistory]]
 ) -> list[SampleResult]:
     """logits: [B, V]; rows[i] = (params, t, history) of row i. Row i gets exactly what
-    sample_row gives it alone: rows are processed independently, never reduced together."""
-    if logits.dim() != 2 or logits.shape[0] != len(rows):
-        raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
-    return [sample_row(logits[i], p, t, h) for i, (p, t, h) in enumerate(rows)]
+    sample_row gives it alone (sample_rows)."""
+    return sample_rows(logits, rows)

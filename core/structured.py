@@ -89,21 +89,53 @@ class RowMatcher:
 
     def allowed(self, vocab: int) -> torch.Tensor:
         """[vocab] bool: the tokens the grammar allows next (ids past the tokenizer's: never)."""
-        bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8),
-                             bitorder="little")[: min(vocab, self.vocab)]
-        out = torch.zeros(vocab, dtype=torch.bool)
-        out[: bits.size] = torch.from_numpy(bits.astype(np.bool_))
-        return out
+        words = torch.from_numpy(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.int32))
+        return _unpack(words[None], vocab, self.vocab)[0]
 
     def mask(self, row: torch.Tensor) -> torch.Tensor:
         """row: [V] logits -> a copy with every token the grammar forbids at -inf."""
-        allowed = self.allowed(row.numel()).to(row.device, non_blocking=True)
-        return row.masked_fill(~allowed, float("-inf"))
+        out = row[None].clone()
+        mask_rows(out, [(0, self)])
+        return out[0]
 
     def accept(self, token: int) -> str | None:
         """Advance by the sampled token; an error message if the grammar refused it."""
         self.matcher.consume_token(token)
         return self.matcher.get_error() if self.matcher.is_error() else None
+
+
+_EXECUTOR: list[Any] = []
+
+
+def _unpack(words: torch.Tensor, vocab: int, known: int) -> torch.Tensor:
+    """words [R, W] int32 bitmasks (bit j of word i: token 32 i + j) -> [R, vocab] bool, ids at
+    or past `known` (the tokenizer's vocabulary) never allowed."""
+    ids = torch.arange(vocab, device=words.device)
+    lim = min(vocab, known, 32 * words.shape[1])
+    bits = (words[:, ids[:lim] >> 5] >> (ids[:lim] & 31).to(torch.int32)) & 1
+    out = torch.zeros(words.shape[0], vocab, dtype=torch.bool, device=words.device)
+    out[:, :lim] = bits.bool()
+    return out
+
+
+def mask_rows(logits: torch.Tensor, rows: list[tuple[int, RowMatcher]]) -> None:
+    """logits [B, V], in place: each (i, matcher) sets row i's tokens that its grammar forbids
+    next to -inf. The bitmasks are computed together on llguidance's thread pool (the GIL let
+    go, so a pass already launched on the GPU runs on meanwhile), copied to the device once and
+    applied in one masked fill. A row's mask depends on its own matcher alone."""
+    if not rows:
+        return
+    if not _EXECUTOR:
+        _EXECUTOR.append(_llg().LLExecutor())
+    known = rows[0][1].vocab
+    words_per_row = (known + 31) // 32
+    cuda = logits.device.type == "cuda"
+    words = torch.empty(len(rows), words_per_row, dtype=torch.int32, pin_memory=cuda)
+    _EXECUTOR[0].unsafe_compute_mask_ptr([(m.matcher, j) for j, (_, m) in enumerate(rows)],
+                                         words.data_ptr(), words_per_row * 4, len(rows))
+    allowed = _unpack(words.to(logits.device, non_blocking=True), logits.shape[1], known)
+    at = torch.tensor([i for i, _ in rows], device=logits.device)
+    logits[at] = logits[at].masked_fill(~allowed, float("-inf"))
 
 
 def _validated(kind: str, grammar: str, tok: Tokenizer, param: str) -> Constraint:

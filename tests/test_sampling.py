@@ -347,25 +347,37 @@ def test_params_are_normalised_and_frozen() -> None:
     assert not math.isnan(SamplingParams(temperature=0).temperature)
 
 
-def test_lanes_batched_greedy_rows_equal_sample_row_alone():
-    """Lanes samples a round's plain greedy rows together; each row gets sample_row's token and
-    logprob, ties going to the lowest id; rows with penalties or top_logprobs are left out."""
-    import torch
-
-    from tensorfold.lanes import _greedy_rows
-    from tensorfold.sampling import RowHistory, SamplingParams, sample_row
-
+def test_batched_greedy_rows_equal_sample_row_alone():
+    """A round's rows are sampled together (sample_rows); greedy rows among sampled ones, with
+    ties, penalties and top_logprobs, each get sample_row's token and logprob alone, ties going
+    to the lowest id."""
     x = torch.randn(6, 500, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16).float()
     x[2, 40] = x[2, 7] = x[2].max() + 1  # a tie: the lowest id wins
     plain = SamplingParams(temperature=0)
-    params = [plain] * 4 + [SamplingParams(temperature=0, logprobs=True, top_logprobs=2),
+    params = [plain] * 3 + [SamplingParams(temperature=0.8, seed=5, top_p=0.9),
+                            SamplingParams(temperature=0, logprobs=True, top_logprobs=2),
                             SamplingParams(temperature=0, repetition_penalty=1.3)]
-    rows = [(p, x[i]) for i, p in enumerate(params)]
-    got = _greedy_rows(rows)
-    assert set(got) == {id(r) for _, r in rows[:4]}
-    for p, r in rows[:4]:
-        assert got[id(r)] == sample_row(r, p, 0, RowHistory([1, 2]))
-    assert got[id(rows[2][1])].token == 7
+    rows = [(p, 3, RowHistory([1, 2])) for p in params]
+    got = sample(x, rows)
+    for i, (p, t, h) in enumerate(rows):
+        assert got[i] == sample_row(x[i], p, t, h)
+    assert got[2].token == 7
+    assert len(got[4].top_logprobs) == 2 and got[4].top_logprobs[0][0] == got[4].token
+
+
+def test_draw_weights_are_integers_exact_in_any_order():
+    """The draw's prefix sums are integers: the same for a row alone, in a batch, reversed."""
+    from tensorfold.sampling import WEIGHT_BITS, _draw_rows
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 3000, generator=g) * 4
+    order = torch.sort(x, dim=1, descending=True, stable=True).indices
+    rows = [(SamplingParams(temperature=1.3, seed=s, top_p=0.97, min_p=0.01), s) for s in range(5)]
+    together = _draw_rows(x, order, rows)
+    for i in range(5):
+        alone = _draw_rows(x[i : i + 1], order[i : i + 1], rows[i : i + 1])
+        assert int(alone[0]) == int(together[i])
+    assert WEIGHT_BITS == 36
 
 
 def test_logit_bias_is_normalised_and_clamped() -> None:
@@ -394,12 +406,3 @@ def test_logit_bias_moves_the_draw_of_its_row_only() -> None:
         sample_row(x[0], SamplingParams(temperature=0, logit_bias={64: 1}), 0, RowHistory())
 
 
-def test_lanes_batched_greedy_leaves_biased_rows_to_sample_row() -> None:
-    from tensorfold.lanes import _greedy_rows
-
-    x = torch.randn(3, 40, generator=torch.Generator().manual_seed(1))
-    params = [SamplingParams(temperature=0), SamplingParams(temperature=0),
-              SamplingParams(temperature=0, logit_bias={5: 100})]
-    rows = [(p, x[i]) for i, p in enumerate(params)]
-    got = _greedy_rows(rows)
-    assert set(got) == {id(rows[0][1]), id(rows[1][1])}

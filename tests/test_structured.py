@@ -263,3 +263,32 @@ def test_a_cancelled_stream_drops_its_matcher_and_the_lane_serves_on(llm: Any) -
     assert live[0].matcher is None
     out = llm.generate(["Tell me"], GREEDY, response_format={"guided_regex": "[0-9]{3}"})[0]
     assert re.fullmatch("[0-9]{3}", out.text)
+
+
+def test_masks_of_a_batch_are_each_rows_own_bitmask(llm: Any) -> None:
+    """mask_rows fills the rows' bitmasks together (llguidance's thread pool) and applies them
+    in one fill: each row gets exactly the tokens its own matcher allows (as llguidance's
+    bitmask says, bit j of word i for token 32 i + j), ids past the tokenizer's never; rows
+    without a matcher are untouched."""
+    import numpy as np
+    import torch
+
+    tok = llm.tokenizer
+    constraint = structured.json_schema({"type": "object", "properties": {
+        "a": {"type": "integer"}}, "required": ["a"]}, tok)
+    matchers = [constraint.start() for _ in range(3)]
+    for token in tok.encode('{"a":1')[:3]:
+        matchers[1].accept(token)
+    vocab = tok.vocab_size + 7
+    x = torch.randn(4, vocab, generator=torch.Generator().manual_seed(0))
+    out = x.clone()
+    structured.mask_rows(out, [(0, matchers[0]), (1, matchers[1]), (3, matchers[2])])
+    assert torch.equal(out[2], x[2])
+    for row, m in ((0, matchers[0]), (1, matchers[1]), (3, matchers[2])):
+        bits = np.unpackbits(np.frombuffer(m.matcher.compute_bitmask(), dtype=np.uint8),
+                             bitorder="little")[: tok.vocab_size].astype(bool)
+        allowed = torch.zeros(vocab, dtype=torch.bool)
+        allowed[: tok.vocab_size] = torch.from_numpy(bits)
+        assert torch.equal(out[row], x[row].masked_fill(~allowed, float("-inf")))
+        assert 0 < int(allowed.sum()) < tok.vocab_size
+    assert not torch.equal(out[0].isinf(), out[1].isinf())  # the rows' own states, not one mask
