@@ -35,7 +35,7 @@ from .requests import Finished, Request, RequestRefused, TokenOut
 from .runner import ModelRunner
 from .sampling import RowHistory, SampleResult, sample_rows
 from .stops import StopChecker
-from .structured import mask_rows
+from .structured import accept_rows, mask_rows
 from .tokenizer import IncrementalDecoder, Tokenizer
 
 log = get_logger("tensorfold.lanes")
@@ -186,8 +186,12 @@ class Lanes:
             ts = [len(s.generated) for s, _ in wanting]
             results = sample_rows(x, [(s.req.params, t, s.history)
                                       for (s, _), t in zip(wanting, ts)])
+            refused = dict(zip(
+                (id(s) for s, _ in wanting if s.matcher),
+                accept_rows([(s.matcher, r.token) for (s, _), r in zip(wanting, results)
+                             if s.matcher])))
             for (stream, _), t, result in zip(wanting, ts, results):
-                self._take(stream, t, result)
+                self._take(stream, t, result, refused.get(id(stream)))
         if self.idle:
             self.census()
         return True
@@ -298,11 +302,12 @@ class Lanes:
                 continue  # the family did not tap mid-pass: no exact state to keep there
             self.sharing.keep(s.req.prompt[:p], s.lease.pages, s.slot, (i, p))
 
-    def _take(self, s: Live, t: int, result: SampleResult) -> None:
+    def _take(self, s: Live, t: int, result: SampleResult, refused: str | None = None) -> None:
+        """A row's sampled token; `refused`: its grammar's error, when it refused the token."""
         s.generated.append(result.token)
         self.tokens_out += 1
         s.history.append(result.token)
-        if s.matcher is not None and (refused := s.matcher.accept(result.token)):
+        if refused:
             log.error("the grammar refused a token its mask allowed", error=refused)
             self._release(s, "error", f"structured output: {refused}")
             return

@@ -118,6 +118,22 @@ def _unpack(words: torch.Tensor, vocab: int, known: int) -> torch.Tensor:
     return out
 
 
+def _executor() -> Any:
+    if not _EXECUTOR:
+        _EXECUTOR.append(_llg().LLExecutor())
+    return _EXECUTOR[0]
+
+
+def accept_rows(rows: list[tuple[RowMatcher, int]]) -> list[str | None]:
+    """Advance each matcher by its row's sampled token, together on llguidance's thread pool;
+    for each, an error message if its grammar refused the token (else None)."""
+    if not rows:
+        return []
+    ok = _executor().consume_token_par([(m.matcher, token) for m, token in rows])
+    return [None if fine else (m.matcher.get_error() or f"token {token} refused")
+            for (m, token), fine in zip(rows, ok)]
+
+
 def mask_rows(logits: torch.Tensor, rows: list[tuple[int, RowMatcher]]) -> None:
     """logits [B, V], in place: each (i, matcher) sets row i's tokens that its grammar forbids
     next to -inf. The bitmasks are computed together on llguidance's thread pool (the GIL let
@@ -125,14 +141,12 @@ def mask_rows(logits: torch.Tensor, rows: list[tuple[int, RowMatcher]]) -> None:
     applied in one masked fill. A row's mask depends on its own matcher alone."""
     if not rows:
         return
-    if not _EXECUTOR:
-        _EXECUTOR.append(_llg().LLExecutor())
     known = rows[0][1].vocab
     words_per_row = (known + 31) // 32
     cuda = logits.device.type == "cuda"
     words = torch.empty(len(rows), words_per_row, dtype=torch.int32, pin_memory=cuda)
-    _EXECUTOR[0].unsafe_compute_mask_ptr([(m.matcher, j) for j, (_, m) in enumerate(rows)],
-                                         words.data_ptr(), words_per_row * 4, len(rows))
+    _executor().unsafe_compute_mask_ptr([(m.matcher, j) for j, (_, m) in enumerate(rows)],
+                                      words.data_ptr(), words_per_row * 4, len(rows))
     allowed = _unpack(words.to(logits.device, non_blocking=True), logits.shape[1], known)
     at = torch.tensor([i for i, _ in rows], device=logits.device)
     logits[at] = logits[at].masked_fill(~allowed, float("-inf"))

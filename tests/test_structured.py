@@ -223,9 +223,9 @@ def test_a_finished_stream_drops_its_matcher(llm: Any) -> None:
     taken = []
     real = lanes._take
 
-    def spy(s: Any, t: int, result: Any) -> None:
+    def spy(s: Any, t: int, result: Any, refused: str | None = None) -> None:
         taken.append(s)
-        real(s, t, result)
+        real(s, t, result, refused)
 
     lanes._take = spy
     try:
@@ -292,3 +292,14 @@ def test_masks_of_a_batch_are_each_rows_own_bitmask(llm: Any) -> None:
         assert torch.equal(out[row], x[row].masked_fill(~allowed, float("-inf")))
         assert 0 < int(allowed.sum()) < tok.vocab_size
     assert not torch.equal(out[0].isinf(), out[1].isinf())  # the rows' own states, not one mask
+
+
+def test_accept_rows_advances_each_matcher_and_names_a_refusal(llm: Any) -> None:
+    tok = llm.tokenizer
+    constraint = structured.regex("ab+", tok)
+    good, bad = constraint.start(), constraint.start()
+    a, b = tok.encode("a")[-1], tok.encode("b")[-1]
+    got = structured.accept_rows([(good, a), (bad, b)])
+    assert got[0] is None and isinstance(got[1], str) and got[1]
+    assert bad.matcher.is_error() and not good.matcher.is_error()
+    assert structured.accept_rows([(good, b)]) == [None]
