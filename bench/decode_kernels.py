@@ -156,6 +156,48 @@ def moe_rows() -> dict[str, Any]:
     return res
 
 
+def moe_tiles() -> dict[str, Any]:
+    """The expert kernels' tiles for a few rows (triton_moe.TINY_*_TILES, BLOCK_K fixed at 64 so
+    the k order stays): each MoE shape's layer at one row, timed in a graph, for each tile, and
+    whether the row alone still equals that row in a 2048-row pass (and 8 rows theirs)."""
+    res: dict[str, Any] = {}
+    saved = (triton_moe.TINY_SWIGLU_TILES, triton_moe.TINY_DOWN_TILES)
+    tiles = [triton_moe.Tiles(bn, 64, w, st) for bn in (16, 32, 64) for w in (2, 4)
+             for st in (3, 5)]
+    for name, (e, i, h, k) in MOE.items():
+        sets = []
+        for _ in range(max(2, min(6, 3 * L2_BYTES // (3 * min(e, k) * i * h * 2) + 1))):
+            gate_up = (torch.randn(e, 2 * i, h, device=DEVICE) * 0.02).to(BF16)
+            down = (torch.randn(e, h, i, device=DEVICE) * 0.02).to(BF16)
+            sets.append((list(gate_up[:, :i].unbind(0)), list(gate_up[:, i:].unbind(0)),
+                         list(down.unbind(0))))
+        gate = (torch.randn(e, h, device=DEVICE) * 0.02).to(BF16)
+        x = torch.randn(2048, h, device=DEVICE).to(BF16)
+
+        def layer(xx, s):
+            if e == 1:
+                return moe.gated_ffn(xx, s[0][0], s[1][0], s[2][0])
+            wts, ex = moe.route(xx, gate, None, k, norm_topk_prob=True)
+            return moe.moe(xx, wts, ex, *s)
+
+        big = layer(x, sets[0])
+        x1 = x[5:6].contiguous()
+        row: dict[str, Any] = {}
+        for t in tiles:
+            triton_moe.TINY_SWIGLU_TILES = triton_moe.TINY_DOWN_TILES = t
+            label = f"bn{t.block_n} w{t.warps} s{t.stages}"
+            try:
+                equal = bool(torch.equal(layer(x1, sets[0]), big[5:6])) and bool(
+                    torch.equal(layer(x[:8].clone(), sets[0]), big[:8]))
+                row[label] = {"us": graph_us([lambda s=s: layer(x1, s) for s in sets]),
+                              "equal": equal}
+            except Exception as exc:  # a tile Triton cannot build
+                row[label] = {"error": str(exc)[:120]}
+        res[name] = row
+    triton_moe.TINY_SWIGLU_TILES, triton_moe.TINY_DOWN_TILES = saved
+    return res
+
+
 def invariance() -> dict[str, Any]:
     """The shipped configuration: each shape's rows alone and in passes of every size class
     (split grid, 64-row and 128-row tiles) against the same rows in a 2048-row pass."""
@@ -204,6 +246,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench_out")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, interpreted")
     ap.add_argument("--check", action="store_true", help="only the row-invariance check")
+    ap.add_argument("--moe-tiles", action="store_true", help="only the expert kernels' few-row tiles")
     args = ap.parse_args()
     if args.smoke:
         from tensorfold.ops import gpu
@@ -218,6 +261,14 @@ def main() -> None:
     torch.manual_seed(0)
     if args.check:
         print("rows unequal to the 2048-row pass:", json.dumps(invariance()))
+        return
+    if args.moe_tiles:
+        res = moe_tiles()
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "moe_tiles.json").write_text(json.dumps(res, indent=1))
+        for name, row in res.items():
+            print(name, " | ".join(f"{k}: {v.get('us', float('nan')):.1f}{'' if v.get('equal') else ' NEQ'}"
+                                   for k, v in row.items()))
         return
     saved = dict(MAX_SPLITS=triton_splitk.MAX_SPLITS, TINY_BLOCK_M=triton_linear.TINY_BLOCK_M)
     res = {"linear": linear_rows(), "moe": moe_rows()}

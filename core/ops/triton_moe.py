@@ -53,12 +53,15 @@ DOWN_TILES = Tiles(128, 64, 8, 3)
 # A decode pass's (run 2's tiles; the same BLOCK_K, so the same k order).
 SMALL_SWIGLU_TILES = Tiles(64, 64, 4, 4)
 SMALL_DOWN_TILES = Tiles(64, 64, 4, 4)
+# A few rows' (TINY_ROWS or fewer; the same BLOCK_K, so the same k order).
+TINY_SWIGLU_TILES = Tiles(64, 64, 4, 4)
+TINY_DOWN_TILES = Tiles(64, 64, 4, 4)
 
 
 def pick(rows: int) -> tuple[int, Tiles, Tiles]:
     """(BLOCK_M, swiglu tiles, down tiles) for a pass of `rows` rows."""
     if rows <= TINY_ROWS:
-        return TINY_BLOCK_M, SMALL_SWIGLU_TILES, SMALL_DOWN_TILES
+        return TINY_BLOCK_M, TINY_SWIGLU_TILES, TINY_DOWN_TILES
     if rows <= SMALL_ROWS:
         return SMALL_BLOCK_M, SMALL_SWIGLU_TILES, SMALL_DOWN_TILES
     return BLOCK_M, SWIGLU_TILES, DOWN_TILES
