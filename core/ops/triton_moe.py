@@ -53,9 +53,11 @@ DOWN_TILES = Tiles(128, 64, 8, 3)
 # A decode pass's (run 2's tiles; the same BLOCK_K, so the same k order).
 SMALL_SWIGLU_TILES = Tiles(64, 64, 4, 4)
 SMALL_DOWN_TILES = Tiles(64, 64, 4, 4)
-# A few rows' (TINY_ROWS or fewer; the same BLOCK_K, so the same k order).
-TINY_SWIGLU_TILES = Tiles(64, 64, 4, 4)
-TINY_DOWN_TILES = Tiles(64, 64, 4, 4)
+# A few rows' (TINY_ROWS or fewer; the same BLOCK_K, so the same k order): the best layer at
+# one row over lfm2 8B's and gemma4 26B's experts and lfm2's dense FFN in
+# `bench/decode_kernels.py --moe-tiles` on an H200 (docs/perf.md), every tile's bits equal.
+TINY_SWIGLU_TILES = Tiles(32, 64, 2, 5)
+TINY_DOWN_TILES = Tiles(32, 64, 2, 5)
 
 
 def pick(rows: int) -> tuple[int, Tiles, Tiles]:
