@@ -535,3 +535,86 @@ def assert_demo_writes_words(llm: LLM) -> None:
     for prompt, reply in zip(DEMO_COMPLETIONS, completions):
         assert len(re.findall(r"[A-Za-z]+", reply.text)) >= 8, (prompt, reply.text)
         assert known_share(reply.text) >= 0.8, (prompt, reply.text)
+
+
+# -- tensorfold serve --tp 2 in a subprocess -------------------------------------------------
+
+SERVE_LAUNCH = "import sys; from tensorfold.cli import main; sys.exit(main())"
+
+
+def start_serve_tp_2(model: Path, log: Any, *flags: str, device: str = "cpu",
+                     wait_s: float = 120, **env: str) -> tuple[Any, str]:
+    """`tensorfold serve --family lfm2_moe --tp 2` of `model` (gloo on the CPU, NCCL on CUDA),
+    its log to the open file `log`: the process and its API's URL once it says it is serving.
+    `env`: extra TF_* settings (the CPU defaults to a 0.25 GiB cap)."""
+    import subprocess
+    import sys
+    import time
+
+    base = dict(TF_DEVICE=device, TF_TP_TIMEOUT_S="20" if device == "cpu" else "60")
+    if device == "cpu":
+        base["TF_MEMORY_LIMIT_GIB"] = "0.25"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE_LAUNCH, "serve", "--family", "lfm2_moe", "--model",
+         str(model), "--port", "0", "--context", "4096", "--parallel", "2", "--tp", "2",
+         "--served-model-name", "demo", *flags],
+        stdout=subprocess.PIPE, stderr=log, text=True, env=clean_env(**{**base, **env}))
+    printed: list[str] = []
+    assert proc.stdout is not None
+    deadline = time.monotonic() + wait_s
+    while not printed or not printed[-1].startswith("serving "):
+        line = proc.stdout.readline()
+        assert line and time.monotonic() < deadline, (printed, Path(log.name).read_text())
+        printed.append(line.strip())
+    assert any(p.startswith("kv plan per rank (tp 2): 2 streams") for p in printed), printed
+    return proc, printed[-1].split(" at ")[-1]
+
+
+def assert_signal_drains_tp_2(proc: Any, url: str, log_path: Path, sig: int,
+                              wait_s: float = 60) -> float:
+    """With a stream open on `url`, send `sig` to a `--tp 2` server (start_serve_tp_2): it
+    exits 0 within `wait_s`, the stream ends with "abort" and [DONE], the follower rank has
+    exited, and the shutdown census (all pages back) is its last line. Returns the seconds from
+    the signal to the exit."""
+    import os
+    import re
+    import threading
+    import time
+
+    import openai
+
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=wait_s + 60)
+    reasons: list[str | None] = []
+    first = threading.Event()
+
+    def stream() -> None:
+        for chunk in client.completions.create(
+                model="demo", prompt="Once upon a time", max_tokens=3000, stream=True,
+                extra_body={"ignore_eos": True}):
+            first.set()
+            reasons.append(chunk.choices[0].finish_reason if chunk.choices else None)
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    assert first.wait(wait_s), log_path.read_text()
+    found = re.search(r"started follower rank 1 \(pid (\d+)\)", log_path.read_text())
+    assert found, log_path.read_text()
+    follower = int(found.group(1))
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    assert proc.wait(timeout=wait_s) == 0, log_path.read_text()
+    took = time.monotonic() - sent
+    reader.join(30)
+    assert not reader.is_alive() and reasons[-1] == "abort", reasons[-3:]
+    for _ in range(100):  # the follower has exited (and been reaped)
+        try:
+            os.kill(follower, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"follower rank 1 (pid {follower}) still runs after the server")
+    assert proc.stdout is not None
+    census = proc.stdout.read().strip().splitlines()[-1]  # printed at exit
+    assert census.startswith("kv pool idle: promised 0"), census
+    return took

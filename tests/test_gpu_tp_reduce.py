@@ -17,13 +17,8 @@ subprocesses of this file, NCCL between them):
 
 from __future__ import annotations
 
-import os
-import re
 import signal
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -215,61 +210,20 @@ def test_engine_tokens_equal_with_either_reduce(tmp_path: Path):
 
 
 def test_serve_tp_2_on_gpus_stops_on_sigint_within_the_drain_timeout(tmp_path: Path):
-    import openai
-
     from tensorfold import testing
     from tensorfold_lfm2_moe.demo import build_demo
 
     demo = build_demo(tmp_path / "demo")
-    env = testing.clean_env(TF_DEVICE="cuda", TF_DTYPE="bfloat16", TF_MEMORY_LIMIT_GIB="4",
-                            TF_TP_TIMEOUT_S="60")
-    launch = "import sys; from tensorfold.cli import main; sys.exit(main())"
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", launch, "serve", "--family", "lfm2_moe", "--model", str(demo),
-             "--port", "0", "--context", "4096", "--parallel", "2", "--tp", "2",
-             "--served-model-name", "demo", "--shutdown-timeout", str(SHUTDOWN_S)],
-            stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+        proc, url = testing.start_serve_tp_2(
+            demo, log, "--shutdown-timeout", str(SHUTDOWN_S), device="cuda",
+            TF_DTYPE="bfloat16", TF_MEMORY_LIMIT_GIB="4")
         try:
-            assert proc.stdout is not None
-            line = ""
-            while not line.startswith("serving "):
-                line = proc.stdout.readline().strip()
-                assert line or proc.poll() is None, log_path.read_text()
-            url = line.split(" at ")[-1]
-            client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
-            reasons: list[str | None] = []
-            first = threading.Event()
-
-            def stream() -> None:
-                for chunk in client.completions.create(
-                        model="demo", prompt="Once upon a time", max_tokens=4000, stream=True,
-                        extra_body={"ignore_eos": True}):
-                    first.set()
-                    reasons.append(chunk.choices[0].finish_reason if chunk.choices else None)
-
-            reader = threading.Thread(target=stream)
-            reader.start()
-            assert first.wait(120), log_path.read_text()
-            follower = int(re.search(r"started follower rank 1 \(pid (\d+)\)",
-                                     log_path.read_text()).group(1))
-            sent = time.monotonic()
-            proc.send_signal(signal.SIGINT)
-            status = proc.wait(timeout=SHUTDOWN_S + TEARDOWN_S + 60)
-            took = time.monotonic() - sent
-            print(f"sigint stop: --tp 2 on GPUs exited {status} in {took:.1f} s "
+            took = testing.assert_signal_drains_tp_2(proc, url, log_path, signal.SIGINT,
+                                                     wait_s=SHUTDOWN_S + TEARDOWN_S)
+            print(f"sigint stop: --tp 2 on GPUs exited in {took:.1f} s "
                   f"(--shutdown-timeout {SHUTDOWN_S:g})")
-            assert status == 0, log_path.read_text()
-            assert took <= SHUTDOWN_S + TEARDOWN_S, log_path.read_text()
-            reader.join(30)
-            assert not reader.is_alive() and reasons[-1] == "abort", reasons[-3:]
-            with pytest.raises(ProcessLookupError):
-                for _ in range(100):
-                    os.kill(follower, 0)
-                    time.sleep(0.1)
-            census = proc.stdout.read().strip().splitlines()[-1]
-            assert census.startswith("kv pool idle: promised 0"), census
         finally:
             if proc.poll() is None:
                 proc.kill()

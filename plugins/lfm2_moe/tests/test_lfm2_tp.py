@@ -21,7 +21,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -136,22 +135,7 @@ def test_engine_gates_at_tp_2_and_tokens_equal_one_ranks(demo: Path):
 
 
 def start_serve_tp_2(demo: Path, log: Any, *flags: str) -> tuple[subprocess.Popen, str]:
-    """`tensorfold serve --tp 2` of the demo on the CPU (gloo), its log to `log`: the process
-    and its API's URL, once it says it is serving."""
-    env = testing.clean_env(TF_MEMORY_LIMIT_GIB="0.25", TF_DEVICE="cpu", TF_TP_TIMEOUT_S="20")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", LAUNCH, "serve", "--family", "lfm2_moe", "--model", str(demo),
-         "--port", "0", "--context", "4096", "--parallel", "2", "--tp", "2",
-         "--served-model-name", "demo", *flags],
-        stdout=subprocess.PIPE, stderr=log, text=True, env=env)
-    printed = []
-    assert proc.stdout is not None
-    while not printed or not printed[-1].startswith("serving "):
-        line = proc.stdout.readline()
-        assert line, (printed, Path(log.name).read_text())
-        printed.append(line.strip())
-    assert any(p.startswith("kv plan per rank (tp 2): 2 streams") for p in printed)
-    return proc, printed[-1].split(" at ")[-1]
+    return testing.start_serve_tp_2(demo, log, *flags)
 
 
 def test_serve_tp_2_answers_then_stops_when_a_follower_dies(demo: Path, tmp_path: Path):
@@ -185,42 +169,10 @@ def test_serve_tp_2_answers_then_stops_when_a_follower_dies(demo: Path, tmp_path
 def test_serve_tp_2_stops_on_a_signal_with_its_follower(demo: Path, tmp_path: Path, sig):
     """A signal drains `--tp 2` within --shutdown-timeout: the open stream ends with "abort" and
     [DONE], rank 0 and its follower exit, and the shutdown census is said."""
-    import threading
-
-    import openai
-
     log = open(tmp_path / "serve.log", "w")
     proc, url = start_serve_tp_2(demo, log, "--shutdown-timeout", "1")
     try:
-        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
-        reasons: list[str | None] = []
-        first = threading.Event()
-
-        def stream() -> None:
-            for chunk in client.completions.create(
-                    model="demo", prompt="Once upon a time", max_tokens=3000, stream=True,
-                    extra_body={"ignore_eos": True}):
-                first.set()
-                reasons.append(chunk.choices[0].finish_reason if chunk.choices else None)
-
-        reader = threading.Thread(target=stream)
-        reader.start()
-        assert first.wait(60)
-        log.flush()
-        found = re.search(r"started follower rank 1 \(pid (\d+)\)", (tmp_path / "serve.log").read_text())
-        assert found
-        follower = int(found.group(1))
-        proc.send_signal(sig)
-        assert proc.wait(timeout=60) == 0, (tmp_path / "serve.log").read_text()
-        reader.join(30)
-        assert not reader.is_alive() and reasons[-1] == "abort", reasons[-3:]
-        with pytest.raises(ProcessLookupError):  # the follower has exited (and been reaped)
-            for _ in range(100):
-                os.kill(follower, 0)
-                time.sleep(0.1)
-        assert proc.stdout is not None
-        census = proc.stdout.read().strip().splitlines()[-1]  # printed at exit
-        assert census.startswith("kv pool idle: promised 0"), census
+        testing.assert_signal_drains_tp_2(proc, url, tmp_path / "serve.log", sig)
     finally:
         if proc.poll() is None:
             proc.kill()
