@@ -13,6 +13,7 @@ Every engine's census must be even when it closes.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 from pathlib import Path
@@ -139,6 +140,23 @@ def test_gates_within_fp8_kv(family, runs):
 
     testing.assert_engine_gates(name, folder, prompts[:6], chats, GREEDY, SAMPLED,
                                 opened=in_fp8, kv_dtype="fp8", parallel=4, **flags)
+
+
+def test_fp8_kv_agreement_with_bf16_kv(family, record_property):
+    """fp8 pages against bf16 pages on the GPU (not exact: another cache): each trained demo's
+    prompts decoded greedily for 16 steps on both; the figures go to the JUnit report
+    (`kv_agreement` property) for docs/perf.md. Loose bounds only: the first token of most
+    prompts agrees and no logit moves by a fifth of the largest."""
+    name, folder = family
+    llm = open_llm(family, parallel=1)
+    try:
+        tok, model = llm.tokenizer, llm.served.engine.lanes.runner.model
+        prompts = [tok.encode(t) for t in testing.DEMO_COMPLETIONS + testing.DEMO_CHATS]
+    finally:
+        close_even(llm)
+    agreement = testing.kv_agreement(model, prompts, steps=16)
+    record_property("kv_agreement", json.dumps({"family": name, **dataclasses.asdict(agreement)}))
+    assert agreement.top1 >= 0.75 and agreement.logit_error < 0.2, agreement
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="--tp 2 needs two GPUs")
