@@ -76,6 +76,12 @@ class Settings(BaseSettings):
         "launch, so that each starts while the one before it finishes (0: plain launches; the "
         "tokens are the same).",
     )
+    warm_up: bool | None = Field(
+        default=None,
+        description="Before serving, run a few prompts and decode rounds through the lanes so "
+        "that kernels compile, autotune and capture their graphs at start, not in the first "
+        "request (unset: on for CUDA, off on the CPU; 0: off; 1: on).",
+    )
     kv_share: int | None = Field(
         default=None,
         ge=0,

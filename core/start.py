@@ -10,6 +10,7 @@ from typing import Any
 
 from .checkpoint import Checkpoint, CheckpointError
 from .engine import Engine
+from .warm_up import warm_up
 from .family import FamilySpec, ModelShape, Shard, ShardRefused, resolve
 from .kv_dtype import kv_label, kv_layout
 from .kv_plan import MIN_STATES_A_LANE, GiB, Plan, PlanRefused, fmt_bytes, memory_budget, plan
@@ -354,6 +355,9 @@ def open_served(
             sharing=sharing,
             hooks=rank.hooks,
         )
+        device = str(rank.runner.model.device)
+        if settings.warm_up if settings.warm_up is not None else device.startswith("cuda"):
+            warm_up(lanes, rank.runner.model.vocab_size)
         engine = Engine(lanes)
         if team is not None:
             team.on_fatal = engine.die

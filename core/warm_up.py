@@ -1,0 +1,61 @@
+"""A warm-up before the first request: a few prompts and decode rounds through the lanes at start,
+so that the first user's request does not wait for what a cold process does once: Triton
+compiling each kernel for the device, fla-core autotuning its KDA kernels (glm5_next), the
+decode rounds' CUDA graphs being captured.
+
+It covers each row-count class the kernels pick tiles by (a few rows, a decode-sized pass, a
+prompt pass of more than 256 rows), prompts one at a time and packed, and decode rounds at two
+streams and at one. It leaves nothing behind: the requests' tokens go nowhere, the prompt store
+is cleared (its pages back in the pool: the census is checked), and the lanes' counters start
+from zero, so /metrics and the status page count only real requests.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from .logs import get_logger
+from .requests import Event, Request
+from .sampling import SamplingParams
+
+log = get_logger(__name__)
+
+# prompt lengths: a prompt pass of more than 256 rows alone, then two packed (a decode-sized
+# pass), then decode rounds at two streams and at one (the shorter reply ends first)
+FIRST = (300,)
+PACKED = (40, 7)
+REPLY = (6, 3)
+
+
+def warm_up(lanes: Any, vocab: int) -> float:
+    """Run the warm-up requests to the end on `lanes` (its engine thread not started yet);
+    returns the seconds it took. Raises what a pass raises: a model that cannot run a pass
+    should not start serving."""
+    started = time.perf_counter()
+    g = torch.Generator().manual_seed(0)
+    events: list[Event] = []
+    top = max(2, min(vocab, 1000))
+    window = getattr(lanes, "window", None) or 4096
+    for lengths in (FIRST, PACKED):
+        for i, n in enumerate(lengths):
+            n = max(1, min(n, window - REPLY[0] - 2))
+            prompt = torch.randint(1, top, (n,), generator=g).tolist()
+            params = SamplingParams(temperature=0, max_tokens=REPLY[i % len(REPLY)],
+                                    ignore_eos=True)
+            lanes.add(Request(prompt, params, events.append, id=f"warm-up-{len(events)}"))
+        while lanes.step():
+            pass
+    errors = [e.error for e in events if getattr(e, "error", None)]
+    if errors:
+        raise RuntimeError(f"the warm-up's passes failed: {errors[0]}")
+    if lanes.sharing is not None:
+        lanes.sharing.clear()
+    lanes.passes = lanes.rows_cached = lanes.rows_computed = lanes.tokens_out = 0
+    if not lanes.census():
+        raise RuntimeError("the warm-up left the pool uneven: " + lanes.pool.census().line())
+    took = time.perf_counter() - started
+    log.info(f"warm-up: kernels compiled and decode graphs captured in {took:.1f} s")
+    return took

@@ -1,0 +1,47 @@
+"""The warm-up at start (TF_WARM_UP; on for CUDA): it runs its prompts and decode rounds through
+the lanes before the engine serves, and leaves nothing behind: the pool's census even, the
+prompt store empty, the counters at zero, and a warmed engine's replies equal a cold one's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tensorfold import testing
+from tensorfold.sampling import SamplingParams
+
+PARAMS = {"greedy": SamplingParams(temperature=0, max_tokens=12),
+          "sampled": SamplingParams(temperature=0.9, seed=3, max_tokens=12)}
+PROMPTS = ["Once upon a time", "The little engine that could", "Hello"]
+
+
+@pytest.mark.parametrize("family", ["lfm2_moe", "gemma4", "glm5_next"])
+def test_a_warmed_engine_answers_as_a_cold_one_and_keeps_nothing(family: str, tmp_path: Path):
+    replies = {}
+    for warm in (False, True):
+        llm = testing.open_llm(family, None, demo_cache=tmp_path, warm_up=warm, parallel=2,
+                               kv_share=8)
+        try:
+            lanes = llm.served.engine.lanes
+            assert lanes.tokens_out == lanes.passes == lanes.rows_computed == 0
+            assert lanes.sharing is not None and not list(lanes.sharing.store.kept())
+            assert lanes.pool.census().idle_even and lanes.uneven == 0
+            replies[warm] = {name: [c.token_ids for c in llm.generate(PROMPTS, p)]
+                             for name, p in PARAMS.items()}
+        finally:
+            testing.close_even(llm)
+    assert replies[True] == replies[False]
+
+
+def test_the_warm_up_is_on_for_cuda_only_unless_asked(tmp_path: Path, monkeypatch):
+    from tensorfold import start
+
+    ran = []
+    monkeypatch.setattr(start, "warm_up", lambda lanes, vocab: ran.append(vocab))
+    for flag, runs in ((None, False), (True, True), (False, False)):
+        ran.clear()
+        flags = {} if flag is None else {"warm_up": flag}
+        llm = testing.open_llm("lfm2_moe", None, demo_cache=tmp_path, **flags)
+        testing.close_even(llm)
+        assert bool(ran) == runs, (flag, ran)
