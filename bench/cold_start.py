@@ -60,7 +60,7 @@ def child(args: argparse.Namespace) -> None:
         flags.update(device="cpu", memory_limit_gib=0.5)
         model = None
     else:
-        flags.update(device="cuda", dtype="bfloat16", load_format="dummy", memory_limit_gib=60)
+        flags.update(device="cuda", dtype="bfloat16", load_format="dummy")
         model = args.folder
     started = time.perf_counter()
     llm = LLM(family=args.family, model=model, **flags)
