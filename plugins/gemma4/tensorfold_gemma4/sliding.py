@@ -26,7 +26,7 @@ from tensorfold.forward_pass import ForwardPass
 from tensorfold.kv_dtype import SCALE
 from tensorfold.ops.kv_quant import quantize
 from tensorfold.ops.window_attention import (
-    RingScales, advance_rings, gather_window, ring_after, ring_attention,
+    RingScales, advance_many, gather_window, ring_after, ring_attention,
 )
 
 from .config import Layer
@@ -86,8 +86,7 @@ class SlidingRows:
             return out
         else:
             del self.pending[src]
-        for ring, row in zip(rings, rows):
-            advance_rings(ring, row, self.fp)
+        advance_many(rings, list(rows), self.fp)  # K, V (and their scales): one launch
         return out
 
     def _last_readers(self, layers: Sequence[Layer]) -> dict[int, int]:
