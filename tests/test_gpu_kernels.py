@@ -86,6 +86,44 @@ def test_norms_and_rope_rows_alone_equal_batches():
     assert_rows_invariant(lambda q, c, s: triton_rope.apply_rope(q, c, s), q, cos, sin)
 
 
+def test_fp8_row_writes_give_the_cpu_references_bits():
+    """triton_kv_quant on the device (IEEE divisions, its own e4m3 rounding) against
+    quantize_rows + index_copy_rows on the CPU (torch's CUDA path divides by 448 as a multiply
+    by its reciprocal, so the CPU's is the reference): K and V of varied magnitudes, zero rows,
+    and rows of scale 1 that hold every e4m3 value and every rounding tie."""
+    from tensorfold.ops.kv_quant import FP8_DTYPE, index_copy_rows, quantize_rows
+    from tensorfold.ops.triton_kv_quant import quantize_scatter
+
+    g = torch.Generator().manual_seed(17)
+    k = torch.randn(300, 8, 128, generator=g) * torch.logspace(-10, 5, 300)[:, None, None]
+    k[5] = 0.0
+    grid = torch.arange(256, dtype=torch.uint8).view(FP8_DTYPE).float()
+    grid = grid[grid.isfinite() & (grid >= 0)].sort().values
+    mid = (grid[1:] + grid[:-1]) / 2
+    ties = torch.cat([grid, mid, mid.nextafter(grid[1:]), mid.nextafter(grid[:-1])])
+    ties = torch.cat([ties, -ties, torch.zeros((-2 * ties.numel()) % 255)]).view(-1, 1, 255)
+    ties = torch.cat([torch.full((ties.shape[0], 1, 1), 448.0), ties], dim=-1)
+    v = torch.zeros(300, 2, 256)
+    v[: ties.shape[0]] = torch.cat([ties, ties * 0.5], dim=1)
+    v[ties.shape[0]:] = torch.randn(300 - ties.shape[0], 2, 256, generator=g)
+    for dtype in (torch.float32, BF16):
+        index = torch.randperm(1200, generator=g)[:600:2]
+        want, got = [], []
+        for x in (k.to(dtype), v.to(dtype)):
+            q, s = quantize_rows(x)
+            dst = torch.zeros(1200, *x.shape[1:], dtype=FP8_DTYPE)
+            sc = torch.zeros(1200, x.shape[1], 1)
+            index_copy_rows(dst, index, q)
+            sc.index_copy_(0, index, s)
+            want.append((dst, sc))
+            got.append((x.to(DEV), torch.zeros(dst.shape, dtype=torch.uint8, device=DEV).view(
+                FP8_DTYPE), torch.zeros_like(sc, device=DEV)))
+        quantize_scatter(index.to(DEV), got)
+        for (wq, ws), (_, gq, gs) in zip(want, got):
+            assert torch.equal(gq.cpu().view(torch.uint8), wq.view(torch.uint8))
+            assert torch.equal(gs.cpu().view(torch.int32), ws.view(torch.int32))
+
+
 # -- each family's model through its kernels, on its demo checkpoint ------------------------------
 
 

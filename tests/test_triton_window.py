@@ -265,3 +265,32 @@ def test_gemma4_through_the_kernels_matches_the_torch_path(demo_model, monkeypat
     want = _rounds(ModelRunner(demo_model, num_pages=4, num_slots=2), prompts, 2, cut=10)
     for g, w in zip(plain, want):
         assert rel(g, w) < 1e-4
+
+
+def test_k_v_rings_and_their_scales_advance_in_one_launch_as_the_torch_advance(monkeypatch):
+    """A sliding layer's four fp8 rings (K, V: e4m3 of other widths; their scales: float32
+    [.., 1]) advanced together (window_attention.advance_many) as one by one in torch."""
+    from tensorfold.ops import gpu
+
+    runs = RUNS + [(5, 200, 3)]
+    fp = _pass(runs)
+    (k, ks), (v, vs) = quantize_rows(randn(fp.num_rows, 2, 16, seed=13)), quantize_rows(
+        randn(fp.num_rows, 3, 8, seed=14))
+    news = [k, v, ks, vs]
+    rings = [torch.full((SLOTS + 1, W - 1, *t.shape[1:]), float("nan")).to(t.dtype) for t in news]
+    want = [r.clone() for r in rings]
+    ref_window.advance_many(want, news, fp)
+    launches = []
+    real = triton_window._advance_kernel
+    monkeypatch.setattr(triton_window, "_advance_kernel",
+                        type("K", (), {"__getitem__": lambda self, g: (launches.append(g),
+                                                                       real[g])[1]})())
+    gpu.set_triton(True, on_cpu=True)
+    try:
+        ref_window.advance_many(rings, news, fp)
+    finally:
+        gpu.set_triton(True)
+    assert launches == [(fp.num_rows, 2 + 3 + 2 + 3)]
+    for got, w in zip(rings, want):
+        got, w = got.float(), w.float()
+        assert torch.equal(got.isnan(), w.isnan()) and torch.equal(got.nan_to_num(), w.nan_to_num())

@@ -135,19 +135,9 @@ def ring_attention(
 
 
 @triton.jit
-def _advance_kernel(
-    new_ptr, ring_ptr, pos_ptr, row_stream, stream_start, stream_len, stream_slot, rows,
-    stride_nn, stride_nh, stride_rs, stride_rr, stride_rh, D: tl.constexpr, BD: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
-    after_prior(PDL)
-    i = tl.program_id(0)
-    h = tl.program_id(1)
-    s = tl.load(row_stream + i)
-    p = tl.load(pos_ptr + i).to(tl.int32)
-    end = (tl.load(stream_start + s) + tl.load(stream_len + s)).to(tl.int32)
-    slot = tl.load(stream_slot + s).to(tl.int64)
-    keep = p >= end - rows  # the stream's last `rows` rows of this pass
+def _advance_one(new_ptr, ring_ptr, i, h, p, keep, slot, rows, stride_nn, stride_nh, stride_rs,
+                 stride_rr, stride_rh, D: tl.constexpr, BD: tl.constexpr):
+    """Head h of the pass's row i (at position p) to ring[slot, p mod rows] where keep."""
     dst = ring_ptr + slot * stride_rs + (p % rows).to(tl.int64) * stride_rr + h * stride_rh
     src = new_ptr + i.to(tl.int64) * stride_nn + h * stride_nh
     for c in tl.static_range(0, D, BD):
@@ -156,19 +146,75 @@ def _advance_kernel(
         tl.store(dst + cols, x, mask=keep & (cols < D))
 
 
+@triton.jit
+def _advance_kernel(
+    pos_ptr, row_stream, stream_start, stream_len, stream_slot, rows,
+    n0, r0, n0n, n0h, r0s, r0r, r0h, n1, r1, n1n, n1h, r1s, r1r, r1h,
+    n2, r2, n2n, n2h, r2s, r2r, r2h, n3, r3, n3n, n3h, r3s, r3r, r3h,
+    H0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, D0: tl.constexpr,
+    D1: tl.constexpr, D2: tl.constexpr, D3: tl.constexpr, BD: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """Up to four rings (same slots and rows) advanced by their new rows: program (i, j) moves
+    row i's head j of the rings' heads laid end to end (H0 of the first, H1, ...)."""
+    after_prior(PDL)
+    i = tl.program_id(0)
+    j = tl.program_id(1)
+    s = tl.load(row_stream + i)
+    p = tl.load(pos_ptr + i).to(tl.int32)
+    end = (tl.load(stream_start + s) + tl.load(stream_len + s)).to(tl.int32)
+    slot = tl.load(stream_slot + s).to(tl.int64)
+    keep = p >= end - rows  # the stream's last `rows` rows of this pass
+    if j < H0:
+        _advance_one(n0, r0, i, j, p, keep, slot, rows, n0n, n0h, r0s, r0r, r0h, D0, BD)
+    elif j < H0 + H1:
+        _advance_one(n1, r1, i, j - H0, p, keep, slot, rows, n1n, n1h, r1s, r1r, r1h, D1, BD)
+    elif j < H0 + H1 + H2:
+        _advance_one(n2, r2, i, j - H0 - H1, p, keep, slot, rows, n2n, n2h, r2s, r2r, r2h, D2,
+                     BD)
+    else:
+        _advance_one(n3, r3, i, j - H0 - H1 - H2, p, keep, slot, rows, n3n, n3h, r3s, r3r, r3h,
+                     D3, BD)
+
+
 def advance_rings(ring: torch.Tensor, new: torch.Tensor, positions: torch.Tensor,
                   meta: PassMeta) -> None:
     """ring [slots, W-1, Hkv, D]; new [N, Hkv, D]: the pass's rows at positions [N]. Each
     stream's last min(len, W-1) rows go to ring[slot, pos mod (W-1)]."""
-    rows = ring.shape[1]
-    n, hkv, d = new.shape
+    advance_many([ring], [new], positions, meta)
+
+
+def advance_many(rings: list[torch.Tensor], news: list[torch.Tensor], positions: torch.Tensor,
+                 meta: PassMeta) -> None:
+    """advance_rings of each (ring, new) pair, in one launch for each four (a sliding layer's
+    K and V rings, and their fp8 scales'). The rings share their slots and rows (W-1)."""
+    for a in range(0, len(rings), 4):
+        _advance_group(rings[a : a + 4], news[a : a + 4], positions, meta)
+
+
+def _advance_group(rings, news, positions, meta) -> None:
+    rows = rings[0].shape[1]
+    n = news[0].shape[0]
     if rows == 0 or n == 0:
         return
-    if new.stride(-1) != 1:
-        new = new.contiguous()
-    assert ring.stride(-1) == 1
-    _advance_kernel[(n, hkv)](
-        new, ring, positions, meta.row_stream, meta.stream_start, meta.stream_len,
-        meta.stream_slot, rows, new.stride(0), new.stride(1), ring.stride(0), ring.stride(1),
-        ring.stride(2), D=d, BD=min(triton.next_power_of_2(d), 256), num_warps=4, **launch_options(new),
+    args, heads, dims = [], [], []
+    for ring, new in zip(rings, news):
+        assert ring.shape[1] == rows and new.shape[0] == n and ring.stride(-1) == 1
+        new = new.reshape(n, -1, new.shape[-1])
+        if new.stride(-1) != 1:
+            new = new.contiguous()
+        ring = ring.view(ring.shape[0], rows, -1, ring.shape[-1])
+        args += [new, ring, new.stride(0), new.stride(1), ring.stride(0), ring.stride(1),
+                 ring.stride(2)]
+        heads.append(new.shape[1])
+        dims.append(new.shape[2])
+    while len(heads) < 4:  # unused pairs: no program reaches them
+        args += args[:7]
+        heads.append(0)
+        dims.append(dims[0])
+    _advance_kernel[(n, sum(heads))](
+        positions, meta.row_stream, meta.stream_start, meta.stream_len, meta.stream_slot, rows,
+        *args, H0=heads[0], H1=heads[1], H2=heads[2], D0=dims[0], D1=dims[1], D2=dims[2],
+        D3=dims[3], BD=min(triton.next_power_of_2(max(dims)), 256), num_warps=4,
+        **launch_options(news[0]),
     )

@@ -12,9 +12,10 @@ zero-padded query blocks of QUERY_BLOCK and the same online softmax, so a row's 
 only on its position and its stream's rows, however the pass is cut and whatever shares it; the
 bits are paged_attention's over the same rows.
 
-`ring_attention` and `advance_rings` are the pass-level entry points: on the GPU they run the
-Triton kernels of triton_window.py (layout from PassMeta, no host sync, graph-capturable), on the
-CPU the torch reference below. Attention reads the rings before they advance.
+`ring_attention` and `advance_rings` (`advance_many`: several rings at once) are the pass-level
+entry points: on the GPU they run the Triton kernels of triton_window.py (layout from PassMeta,
+no host sync, graph-capturable), on the CPU the torch reference below. Attention reads the
+rings before they advance.
 
 fp8 rings (TF_KV_DTYPE=fp8): the rings and the pass's new rows are e4m3 with their scales
 (`RingScales`, tensorfold.ops.kv_quant), so a row reads the same whether it is new in the pass
@@ -127,6 +128,19 @@ def advance_rings(ring: torch.Tensor, new: torch.Tensor, fp: ForwardPass) -> Non
         first = max(s.start, s.end - rows)
         index = torch.arange(first, s.end, device=fp.device) % rows
         index_copy_rows(ring[s.slot], index, new[a + first - s.start : b])
+
+
+def advance_many(rings: list[torch.Tensor], news: list[torch.Tensor], fp: ForwardPass) -> None:
+    """advance_rings(ring, new, fp) of each pair: a sliding layer's K and V rings (and their fp8
+    scales), on the GPU in one launch."""
+    if news and use_triton(news[0]):
+        from .pass_meta import pass_meta
+        from .triton_window import advance_many as triton_advance_many
+
+        triton_advance_many(list(rings), list(news), fp.positions, pass_meta(fp))
+        return
+    for ring, new in zip(rings, news):
+        advance_rings(ring, new, fp)
 
 
 def ring_after(rows: torch.Tensor, base: int, p: int, window: int) -> torch.Tensor:

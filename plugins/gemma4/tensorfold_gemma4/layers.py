@@ -60,8 +60,7 @@ def attention(
     else:
         src = f"L{layer.kv_source}"
         if new is not None:
-            rows.write(f"{src}.k", fp.write_index, new[0])
-            rows.write(f"{src}.v", fp.write_index, new[1])
+            rows.write_many(fp.write_index, [(f"{src}.k", new[0]), (f"{src}.v", new[1])])
         o = paged_attention(q, rows.flat(f"{src}.k"), rows.flat(f"{src}.v"), fp, scale=1.0,
                             k_scales=rows.scales(f"{src}.k"), v_scales=rows.scales(f"{src}.v"))
     return parallel.row_linear(o.reshape(n, -1), w.o)

@@ -24,9 +24,9 @@ import torch
 
 from tensorfold.forward_pass import ForwardPass
 from tensorfold.kv_dtype import SCALE
-from tensorfold.ops.kv_quant import quantize_rows
+from tensorfold.ops.kv_quant import quantize
 from tensorfold.ops.window_attention import (
-    RingScales, advance_rings, gather_window, ring_after, ring_attention,
+    RingScales, advance_many, gather_window, ring_after, ring_attention,
 )
 
 from .config import Layer
@@ -70,7 +70,7 @@ class SlidingRows:
         if new is None:
             rows = self.pending[src]
         elif fp8:  # (k, v, k scales, v scales)
-            (k, ks), (v, vs) = quantize_rows(new[0]), quantize_rows(new[1])
+            (k, ks), (v, vs) = quantize(new[0], new[1])  # one launch on the GPU
             rows = (k, v, ks, vs)
         else:
             rows = new
@@ -86,8 +86,7 @@ class SlidingRows:
             return out
         else:
             del self.pending[src]
-        for ring, row in zip(rings, rows):
-            advance_rings(ring, row, self.fp)
+        advance_many(rings, list(rows), self.fp)  # K, V (and their scales): one launch
         return out
 
     def _last_readers(self, layers: Sequence[Layer]) -> dict[int, int]:

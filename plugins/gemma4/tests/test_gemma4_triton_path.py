@@ -204,3 +204,38 @@ def test_concurrent_equals_solo_on_the_gpu_path() -> None:
     (alone_row,) = solo.run([StreamRows(0, 30, [7], [0], "last")])
     (alone_prompt,) = solo.run([StreamRows(1, 0, prompts[1], [1], "all")])
     assert torch.equal(mixed[0], alone_row) and torch.equal(mixed[1], alone_prompt)
+
+
+@pytest.mark.parametrize("name, dtype", [("a26b_style", torch.bfloat16),
+                                         ("e_style", torch.float32)])
+def test_fp8_rows_through_the_quantize_kernel_give_the_torch_quantizations_bits(
+    name: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TF_KV_DTYPE=fp8 on the GPU path: the full layers' page rows and the sliding layers' new
+    ring rows quantized by the kernel (triton_kv_quant, K and V in one launch) give the logits
+    they give quantized by the torch reference, bit for bit, past the window and decoding."""
+    from tensorfold.ops import kv_quant, triton_kv_quant
+
+    model = tiny_model(name, dtype)
+    tokens, steps = prompt(24, 5), prompt(2, 6)
+
+    def run() -> torch.Tensor:
+        runner = ModelRunner(model, num_pages=2, num_slots=1, page_rows=512, kv_dtype="fp8")
+        (first,) = runner.run([StreamRows(0, 0, tokens, [0], "all")])
+        rows = [first]
+        for i, t in enumerate(steps):
+            rows += runner.run([StreamRows(0, len(tokens) + i, [t], [0], "last")])
+        return torch.cat(rows)
+
+    gpu.set_triton(True, on_cpu=True)
+    launches = []
+    real = triton_kv_quant.quantize_scatter
+    monkeypatch.setattr(triton_kv_quant, "quantize_scatter",
+                        lambda *a: (launches.append(len(a[1])), real(*a)))
+    got = run()
+    owners = sum(1 for layer in Gemma4Config.from_dict(SHAPES[name]).layers if not layer.reuses_kv)
+    assert launches == [2] * owners * (1 + len(steps))  # K and V together, one launch a layer
+    monkeypatch.setattr(kv_quant, "use_triton", lambda t: False)  # the torch quantization
+    want = run()
+    assert torch.isfinite(got).all()
+    assert torch.equal(got, want)

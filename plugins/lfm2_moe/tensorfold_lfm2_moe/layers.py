@@ -45,8 +45,7 @@ def attention(
     k = rms_norm(linear(x, w.k).view(n, -1, d), w.k_norm, cfg.norm_eps)
     v = linear(x, w.v).view(n, -1, d)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    rows.write(f"{name}.k", fp.write_index, k)
-    rows.write(f"{name}.v", fp.write_index, v)
+    rows.write_many(fp.write_index, [(f"{name}.k", k), (f"{name}.v", v)])
     o = paged_attention(q, rows.flat(f"{name}.k"), rows.flat(f"{name}.v"), fp, scale=d**-0.5,
                         k_scales=rows.scales(f"{name}.k"), v_scales=rows.scales(f"{name}.v"))
     return parallel.row_linear(o.reshape(n, -1), w.out)
