@@ -4,8 +4,9 @@ compiling each kernel for the device, fla-core autotuning its KDA kernels (glm5_
 decode rounds' CUDA graphs being captured.
 
 It covers each row-count class the kernels pick tiles by (a few rows, a decode-sized pass, a
-prompt pass of more than 256 rows), prompts one at a time and packed, and decode rounds at two
-streams and at one. It leaves nothing behind: the requests' tokens go nowhere, the prompt store
+prompt pass of more than 256 rows, a whole pass of TF_PASS_ROWS), row counts that are and are
+not multiples of 16 (Triton compiles those apart), prompts one at a time and packed, and decode
+rounds at two streams and at one. It leaves nothing behind: the requests' tokens go nowhere, the prompt store
 is cleared (its pages back in the pool: the census is checked), and the lanes' counters start
 from zero, so /metrics and the status page count only real requests.
 """
@@ -23,9 +24,10 @@ from .sampling import SamplingParams
 
 log = get_logger(__name__)
 
-# prompt lengths: a prompt pass of more than 256 rows alone, then two packed (a decode-sized
-# pass), then decode rounds at two streams and at one (the shorter reply ends first)
-FIRST = (300,)
+# prompt lengths: one prompt of a full pass and 300 rows more (a whole pass, then a prompt pass
+# of more than 256 rows whose length is no multiple of 16), then two packed (a decode-sized
+# pass); then decode rounds at two streams and at one (the shorter reply ends first)
+PAST_A_PASS = 300
 PACKED = (40, 7)
 REPLY = (6, 3)
 
@@ -39,7 +41,7 @@ def warm_up(lanes: Any, vocab: int) -> float:
     events: list[Event] = []
     top = max(2, min(vocab, 1000))
     window = getattr(lanes, "window", None) or 4096
-    for lengths in (FIRST, PACKED):
+    for lengths in ((lanes.pass_rows + PAST_A_PASS,), PACKED):
         for i, n in enumerate(lengths):
             n = max(1, min(n, window - REPLY[0] - 2))
             prompt = torch.randint(1, top, (n,), generator=g).tolist()
