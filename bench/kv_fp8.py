@@ -324,6 +324,8 @@ def main() -> None:
     ap.add_argument("--memory-gib", type=float, default=kv_capacity.H200_GIB,
                     help="the device memory the capacity section plans for on the CPU")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--sections", default="build,decode,gates,next_turn",
+                    help="of each shape, in this order (capacity always runs)")
     args = ap.parse_args()
     b = KVBench(args)
     b.results["env"] = {"torch": torch.__version__, "commit": args.commit,
@@ -334,6 +336,8 @@ def main() -> None:
         for name, fn, need in (("build", lambda: b.build(shape), 10), ("decode", b.decode, 30),
                                ("gates", b.gates, 20),
                                ("next_turn", lambda: b.next_turn(shape), 40)):
+            if name not in args.sections.split(","):
+                continue
             b.section(f"{shape}.{name}", fn, need)
             shape_results[name] = b.results.pop(f"{shape}.{name}")
             b.results[shape] = shape_results
