@@ -387,17 +387,39 @@ def _plain_greedy(params) -> bool:
 
 def _greedy_rows(rows: list) -> dict[int, SampleResult]:
     """A round's plain greedy rows (temperature 0; no penalties, logit_bias or top_logprobs)
-    sampled together: one argmax and one log-softmax over [B, V] and one copy to the host. Each
-    row is reduced on its own, so a row gets the token sample_row would give it alone (the first
-    maximum: ties to the lowest id). rows: (params, logits [V]); keyed by id(logits)."""
+    sampled together: one argmax and one log-softmax over [B, V] and one copy to the host (the
+    round's only wait for the device, one row or many). Each row is reduced on its own, so a row
+    gets the token sample_row would give it alone (the first maximum: ties to the lowest id).
+    rows: (params, logits [V]); keyed by id(logits)."""
     picked = [row for params, row in rows if _plain_greedy(params)]
-    if len(picked) < 2:
+    if not picked:
         return {}
-    x = torch.stack(picked).to(torch.float32)  # [B, V]
+    x = _as_batch(picked).to(torch.float32)  # [B, V]
     tokens = torch.argmax(x, dim=1)
-    logprobs = torch.log_softmax(x, dim=1).gather(1, tokens[:, None])[:, 0]
-    both = torch.stack((tokens.to(torch.float64), logprobs.to(torch.float64))).cpu().tolist()
-    return {
-        id(row): SampleResult(int(tok), float(lp), [])
-        for row, tok, lp in zip(picked, both[0], both[1])
-    }
+    logprobs = torch.log_softmax(x, dim=1).gather(1, tokens[:, None])  # [B, 1]
+    if x.shape[1] <= 1 << 24:  # ids are exact in fp32: [B, 2] (token, logprob), one copy
+        pairs = torch.cat((tokens[:, None].to(torch.float32), logprobs), dim=1).cpu().tolist()
+    else:
+        pairs = torch.cat((tokens[:, None].to(torch.float64), logprobs.to(torch.float64)),
+                          dim=1).cpu().tolist()
+    return {id(row): SampleResult(int(tok), float(lp), []) for row, (tok, lp) in zip(picked, pairs)}
+
+
+def _as_batch(rows: list[torch.Tensor]) -> torch.Tensor:
+    """rows [V] as one [B, V] tensor: a view when they are consecutive rows of one contiguous
+    tensor (a decode round's logits), else a stacked copy. The same values in the same layout
+    either way, so every row reduces to the same bits. (Rows at consecutive addresses that
+    first's storage holds are that storage's memory, whatever tensors they came from.)"""
+    first = rows[0]
+    v = first.shape[0]
+    step = v * first.element_size()
+    base = first.data_ptr()
+    fits = first.storage_offset() + len(rows) * v <= (
+        first.untyped_storage().nbytes() // first.element_size())
+    if fits and first.stride() == (1,) and all(
+        r.stride() == (1,) and r.dtype == first.dtype and r.device == first.device
+        and r.shape[0] == v and r.data_ptr() == base + k * step
+        for k, r in enumerate(rows)
+    ):
+        return first.as_strided((len(rows), v), (v, 1))
+    return torch.stack(rows)
