@@ -388,12 +388,18 @@ def _plain_greedy(params) -> bool:
 def _greedy_rows(rows: list) -> dict[int, SampleResult]:
     """A round's plain greedy rows (temperature 0; no penalties, logit_bias or top_logprobs)
     sampled together: one argmax and one log-softmax over [B, V] and one copy to the host (the
-    round's only wait for the device, one row or many). Each row is reduced on its own, so a row
+    round's only wait for the device, one row or many; a single row on the CPU is left to
+    sample_row, where reading twice waits for nothing). Each row is reduced on its own, so a row
     gets the token sample_row would give it alone (the first maximum: ties to the lowest id).
     rows: (params, logits [V]); keyed by id(logits)."""
     picked = [row for params, row in rows if _plain_greedy(params)]
-    if not picked:
-        return {}
+    if not picked or (len(picked) == 1 and not picked[0].is_cuda):
+        return {}  # one row on the CPU: sample_row's two reads wait for nothing, and cost less
+    return _greedy_batch(picked)
+
+
+def _greedy_batch(picked: list[torch.Tensor]) -> dict[int, SampleResult]:
+    """_greedy_rows' batch: the rows' tokens and logprobs, read from the device in one copy."""
     x = _as_batch(picked).to(torch.float32)  # [B, V]
     tokens = torch.argmax(x, dim=1)
     logprobs = torch.log_softmax(x, dim=1).gather(1, tokens[:, None])  # [B, 1]

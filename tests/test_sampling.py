@@ -366,6 +366,12 @@ def test_lanes_batched_greedy_rows_equal_sample_row_alone():
     for p, r in rows[:4]:
         assert got[id(r)] == sample_row(r, p, 0, RowHistory([1, 2]))
     assert got[id(rows[2][1])].token == 7
+    # one row: on a GPU it takes the batched path too (one read from the device)
+    from tensorfold.lanes import _greedy_batch
+
+    for i in range(4):
+        assert list(_greedy_batch([x[i]]).values()) == [sample_row(x[i], plain, 0, RowHistory())]
+    assert _greedy_rows(rows[:1]) == {}  # on the CPU: left to sample_row
 
 
 def test_logit_bias_is_normalised_and_clamped() -> None:
