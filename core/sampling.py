@@ -303,7 +303,8 @@ def sample_row(
     """Sample output position t of one stream. logits: [V] (any float dtype, any device)."""
     if logits.dim() != 1:
         raise ValueError(f"sample_row takes logits of shape [V], got {tuple(logits.shape)}")
-    x = apply_penalties(logits.to(torch.float32, copy=True), params, history)
+    # no copy: nothing below writes into x (penalties and biases make new tensors)
+    x = apply_penalties(logits.to(torch.float32), params, history)
     x = apply_logit_bias(x, params)
     logprobs = torch.log_softmax(x, dim=0)
     need_order = not params.is_greedy or params.top_logprobs > 0
