@@ -7,16 +7,19 @@ eagerly. A bucket's unused rows point at a scratch page and a scratch slot that 
 hands out; the kernels are batch-invariant, so padding never changes a real row's bits.
 
 The inputs live in one static int64 buffer [4 + max_pages, bucket]: tokens, positions, write
-rows, slots, then the page tables (page j of every stream in row 4 + j). Only the columns a
-round uses are copied.
+rows, slots, then the page tables (page j of every stream in row 4 + j). A round writes its
+columns on the host (page tables only when they changed) and copies the rows it uses.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from .forward_pass import ForwardPass, StreamRows
 from .kv_pool import KVPool
@@ -39,6 +42,12 @@ class _Graph:
     dev: torch.Tensor  # the same on the device: the graph's inputs
     logits: torch.Tensor | None = None  # [bucket, V]: the graph's output
     graph: "torch.cuda.CUDAGraph | None" = None
+    np: "np.ndarray | None" = None  # host, as numpy (the same memory)
+    width: int = 0  # columns the last round wrote; [width, bucket) hold padding
+    need: int = -1  # page-table rows the last round wrote
+    tables: list[list[int]] | None = None  # the page tables it wrote, column by column
+    copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    rows: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = field(default_factory=dict)
 
 
 class GraphRunner(ModelRunner):
@@ -99,7 +108,11 @@ class GraphRunner(ModelRunner):
         self.replays += 1
         self.last_pass = g.fp
         assert g.logits is not None
-        return [g.logits[i : i + 1] for i in range(len(streams))]
+        n = len(streams)
+        hit = g.rows.get(n)
+        if hit is None or hit[0] is not g.logits:  # the graph's output is one static tensor
+            hit = g.rows[n] = (g.logits, [g.logits[i : i + 1] for i in range(n)])
+        return list(hit[1])  # a [1, V] view a stream, made once
 
     def _bucket(self, streams: Sequence[StreamRows]) -> int | None:
         if not use_triton(self._probe):
@@ -111,23 +124,39 @@ class GraphRunner(ModelRunner):
         return next((b for b in self.buckets if b >= len(streams)), None)
 
     def _fill(self, g: _Graph, streams: Sequence[StreamRows], need: int) -> None:
+        """Write the round's columns into the pinned host buffer (through a numpy view of it: no
+        tensor is built per round) and copy its first 4 + need rows to the device. Page tables
+        change only when a stream takes a page or the streams change: they are rewritten then,
+        and otherwise left as the last round wrote them."""
         if self._copied is not None:
             self._copied.synchronize()  # the last round's copy has left the pinned buffer
         rows = self.pool.page_rows
-        cols = [
-            [s.tokens[0], s.start, s.pages[s.start // rows] * rows + s.start % rows, s.slot,
-             *s.pages, *([self.scratch_page] * (need - len(s.pages)))]
-            for s in streams
-        ]
         b = len(streams)
-        g.host[: 4 + need, :b] = torch.tensor(cols, dtype=torch.int64).t()
-        self._pad(g.host, b, g.bucket)
-        g.dev[: 4 + need].copy_(g.host[: 4 + need], non_blocking=True)
+        h = g.np
+        h[:4, :b] = [
+            [s.tokens[0] for s in streams],
+            [s.start for s in streams],
+            [s.pages[s.start // rows] * rows + s.start % rows for s in streams],
+            [s.slot for s in streams],
+        ]
+        tables = [s.pages for s in streams]
+        if need != g.need or tables != g.tables:
+            for i, pages in enumerate(tables):
+                h[4 : 4 + len(pages), i] = pages
+                h[4 + len(pages) : 4 + need, i] = self.scratch_page
+            g.tables, g.need = [list(p) for p in tables], need
+        if b != g.width:  # columns [b, bucket) are padding again
+            self._pad(h, b, g.bucket)
+            g.width = b
+        dev, host = g.copies.get(need) or g.copies.setdefault(
+            need, (g.dev[: 4 + need], g.host[: 4 + need]))
+        dev.copy_(host, non_blocking=True)
         if g.dev.is_cuda:
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+            if self._copied is None:
+                self._copied = torch.cuda.Event()
+            self._copied.record()  # one event, recorded again each round
 
-    def _pad(self, host: torch.Tensor, a: int, b: int) -> None:
+    def _pad(self, host: "np.ndarray", a: int, b: int) -> None:
         """Columns [a, b): a fresh one-row stream at position 0 on the scratch page and slot."""
         if a < b:
             host[0, a:b] = 0
@@ -143,10 +172,12 @@ class GraphRunner(ModelRunner):
         host = torch.empty(4 + self.max_pages, bucket, dtype=torch.int64)
         if device.type == "cuda":
             host = host.pin_memory()
-        self._pad(host, 0, bucket)
+        self._pad(host.numpy(), 0, bucket)
         dev = host.to(device)
+        if dev.data_ptr() == host.data_ptr():  # on the CPU: the graph's inputs are their own
+            dev = host.clone()
         fp = self._static_pass(bucket, dev)
-        g = _Graph(bucket, fp, host, dev)
+        g = _Graph(bucket, fp, host, dev, np=host.numpy(), width=bucket)
         if self.capture:
             try:
                 g.logits, g.graph = self._capture(fp)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,9 @@ if TYPE_CHECKING:
     from .tokenizer import Tokenizer
 
 _FINISH = {"stop": "stop", "length": "length", "cancelled": "abort", "error": "error"}
+
+
+_TEXT_SLOT = "\x00tensorfold text\x00"  # where a text chunk's text goes in its frame
 
 
 def dumps(value: Any) -> bytes:
@@ -92,6 +96,7 @@ class Reply:
         tools = parsed.tools
         self.tool_stream = None if tools is None else ToolCallStream(
             tools.format, tools.tools, parallel=tools.parallel)
+        self._text_frame: tuple[bytes, bytes] | None = None  # built at the first text chunk
 
     def add(self, event: Event) -> None:
         self.text.append(event.text)
@@ -184,8 +189,23 @@ class Reply:
         """The stream's events for newly released text: one chunk, or with tools parsed, the
         content that is surely not markup, then each tool-call delta in a chunk of its own."""
         if self.tool_stream is None:
+            if not events and text:
+                return self.text_sse(text)
             return sse(self.chunk(text, events, offset))
         return self._tool_chunks(self.tool_stream.feed(text), events)
+
+    def text_sse(self, text: str) -> bytes:
+        """sse(self.chunk(text, [], 0)) for non-empty text, byte for byte, without building and
+        encoding the chunk each token: every such chunk of a reply is the same frame around its
+        text, so the frame is encoded once and only the text is encoded (as json.dumps would,
+        with ensure_ascii off) after that."""
+        if self._text_frame is None:
+            framed = sse(self.chunk(_TEXT_SLOT, [], 0))
+            head, slot, tail = framed.partition(dumps(_TEXT_SLOT))
+            assert slot and slot not in tail, "the text slot is in the frame once"
+            self._text_frame = (head, tail)
+        head, tail = self._text_frame
+        return head + encode_basestring(text).encode() + tail
 
     def _tool_chunks(self, piece: Piece, events: list[TokenOut]) -> bytes:
         out = b""

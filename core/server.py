@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP API (aiohttp): routes, streaming, errors.
 
 Engine events arrive on the engine thread; each request's sink hands them to the event loop
-through call_soon_threadsafe. A request whose client goes away (the handler is cancelled, or a
+through a `Mailbox` (one call_soon_threadsafe for whatever has come since the loop last woke). A request whose client goes away (the handler is cancelled, or a
 write fails) is cancelled in the engine, so its lane and pages come back.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
@@ -42,6 +43,37 @@ def json_response(
                         content_type="application/json")
 
 
+class Mailbox:
+    """Engine events on their way to one event loop: the engine thread drops them here and wakes
+    the loop only when no wake-up is already on its way, so a round's events for every stream
+    (and a stream's tokens that come faster than the loop reads them) cost one wake-up of the
+    loop (call_soon_threadsafe writes to its self-pipe), not one each. Order is kept."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Queue[Any], Any]] = []
+        self._woken = False
+
+    def put(self, queue: asyncio.Queue[Any], item: Any) -> None:  # on the engine thread
+        with self._lock:
+            self._items.append((queue, item))
+            if self._woken:
+                return
+            self._woken = True
+        try:
+            self.loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop has closed: nobody is listening any more
+            pass
+
+    def _deliver(self) -> None:  # on the loop
+        with self._lock:
+            items, self._items = self._items, []
+            self._woken = False
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
 class State:
     """What the handlers share: the served model, metrics, the draining flag, in-flight count."""
 
@@ -56,6 +88,14 @@ class State:
         self.idle = asyncio.Event()
         self.idle.set()
         self.texts = TokenTexts(served.tokenizer)
+        self._mailbox: Mailbox | None = None
+
+    def mailbox(self, loop: asyncio.AbstractEventLoop) -> Mailbox:
+        """The mailbox to `loop` (the app's; a new one if the app moved to another loop)."""
+        box = self._mailbox
+        if box is None or box.loop is not loop:
+            box = self._mailbox = Mailbox(loop)
+        return box
 
     def abort_all(self) -> None:
         """Cancel every open request; each ends with finish_reason "abort"."""
@@ -131,7 +171,7 @@ async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.S
                               state.served)
     if state.draining:  # the signal came while the body was parsed
         raise ApiError(503, "the server is shutting down", headers={"Retry-After": RETRY_AFTER_S})
-    loop = asyncio.get_running_loop()
+    mailbox = state.mailbox(asyncio.get_running_loop())
     events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()  # (choice, event)
 
     def sink(i: int, event: Event) -> None:  # on the engine thread
@@ -141,10 +181,7 @@ async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.S
                                        event.cached_tokens, event.completion_tokens)
             else:
                 state.metrics.generation_tokens.inc(event.completion_tokens)
-        try:
-            loop.call_soon_threadsafe(events.put_nowait, (i, event))
-        except RuntimeError:  # the loop has closed: nobody is listening any more
-            pass
+        mailbox.put(events, (i, event))
 
     try:
         reqs = state.engine.submit_n(

@@ -23,7 +23,7 @@ pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 from tensorfold import testing  # noqa: E402
 from tensorfold.adapters.paged_kv import PagedRows  # noqa: E402
-from tensorfold.cuda_graphs import GraphRunner  # noqa: E402
+from tensorfold.cuda_graphs import GraphRunner, _Graph  # noqa: E402
 from tensorfold.family import RowSpec  # noqa: E402
 from tensorfold.forward_pass import ForwardPass, StreamRows  # noqa: E402
 from tensorfold.ops import gpu  # noqa: E402
@@ -369,7 +369,7 @@ def test_a_decode_pass_laid_out_as_the_graph_runners_equals_the_eager_pass(gpu_p
     dev = host.clone()
     static = GraphRunner._static_pass(ns, bucket, dev)
     streams = [StreamRows(s, a, [1], p, "last") for s, a, _, p in decode]
-    g = SimpleNamespace(host=host, dev=dev, bucket=bucket)
+    g = _Graph(bucket, static, host, dev, np=host.numpy(), width=bucket)
     GraphRunner._fill(ns, g, streams, max(len(s.pages) for s in streams))
     got = two_layers(dtype, static, clone(base), x)
     for w, o in zip(want[:2], got[:2]):
