@@ -151,12 +151,6 @@ class Engine:
     # -- the engine thread --------------------------------------------------------------------
 
     def _loop(self) -> None:
-        try:
-            self._rounds()
-        finally:
-            self.lanes.next_masks.close()  # its thread, once no round can start it again
-
-    def _rounds(self) -> None:
         lanes = self.lanes
         while True:
             with self._wake:

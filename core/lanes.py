@@ -35,7 +35,7 @@ from .requests import Finished, Request, RequestRefused, TokenOut
 from .runner import ModelRunner
 from .sampling import RowHistory, SampleResult, sample_rows
 from .stops import StopChecker
-from .structured import NextMasks, accept_rows, mask_rows
+from .structured import accept_rows, mask_rows
 from .tokenizer import IncrementalDecoder, Tokenizer
 
 log = get_logger("tensorfold.lanes")
@@ -105,7 +105,6 @@ class Lanes:
         self.rows_cached = 0  # prompt rows resumed from the store, all requests together
         self.rows_computed = 0  # prompt rows prefilled
         self.tokens_out = 0  # tokens sampled, all streams together
-        self.next_masks = NextMasks()  # structured output: next round's masks, computed ahead
 
     # -- submission (validated before it is queued) ------------------------------------------
 
@@ -183,11 +182,7 @@ class Lanes:
             # one [B, V] for the round: each row masked by its own matcher (structured output),
             # then all drawn together, each row as it would be alone (sampling.sample_rows)
             x = torch.stack([row for _, row in wanting])
-            masked = [(i, s) for i, (s, _) in enumerate(wanting) if s.matcher]
-            ahead = self.next_masks.wait()
-            mask_rows(x, [(i, s.matcher) for i, s in masked], {
-                id(s.matcher): ahead[key] for _, s in masked
-                if (key := (id(s.matcher), len(s.generated))) in ahead})
+            mask_rows(x, [(i, s.matcher) for i, (s, _) in enumerate(wanting) if s.matcher])
             ts = [len(s.generated) for s, _ in wanting]
             results = sample_rows(x, [(s.req.params, t, s.history)
                                       for (s, _), t in zip(wanting, ts)])
@@ -197,8 +192,6 @@ class Lanes:
                              if s.matcher])))
             for (stream, _), t, result in zip(wanting, ts, results):
                 self._take(stream, t, result, refused.get(id(stream)))
-            self.next_masks.start([(s.matcher, len(s.generated)) for s in self.live
-                                   if s.matcher is not None and s.next_token is not None])
         if self.idle:
             self.census()
         return True

@@ -134,74 +134,22 @@ def accept_rows(rows: list[tuple[RowMatcher, int]]) -> list[str | None]:
             for (m, token), fine in zip(rows, ok)]
 
 
-def _bitmasks(matchers: list[RowMatcher], pinned: bool) -> torch.Tensor:
-    """[R, W] int32: each matcher's bitmask of allowed next tokens, computed together on
-    llguidance's thread pool (the GIL let go meanwhile)."""
-    words_per_row = (matchers[0].vocab + 31) // 32
-    words = torch.empty(len(matchers), words_per_row, dtype=torch.int32, pin_memory=pinned)
-    _executor().unsafe_compute_mask_ptr([(m.matcher, j) for j, m in enumerate(matchers)],
-                                        words.data_ptr(), words_per_row * 4, len(matchers))
-    return words
-
-
-def mask_rows(logits: torch.Tensor, rows: list[tuple[int, RowMatcher]],
-              ready: dict[int, torch.Tensor] | None = None) -> None:
+def mask_rows(logits: torch.Tensor, rows: list[tuple[int, RowMatcher]]) -> None:
     """logits [B, V], in place: each (i, matcher) sets row i's tokens that its grammar forbids
-    next to -inf. `ready`: bitmasks computed ahead (NextMasks), by id(matcher); the others are
-    computed now, together on llguidance's thread pool (the GIL let go, so a pass already
-    launched on the GPU runs on meanwhile). Copied to the device once and applied in one masked
-    fill. A row's mask depends on its own matcher alone."""
+    next to -inf. The bitmasks are computed together on llguidance's thread pool (the GIL let
+    go, so a pass already launched on the GPU runs on meanwhile), copied to the device once and
+    applied in one masked fill. A row's mask depends on its own matcher alone."""
     if not rows:
         return
-    ready = ready or {}
+    known = rows[0][1].vocab
+    words_per_row = (known + 31) // 32
     cuda = logits.device.type == "cuda"
-    missing = [m for _, m in rows if id(m) not in ready]
-    fresh = dict(zip(map(id, missing), _bitmasks(missing, cuda))) if missing else {}
-    words = torch.stack([ready.get(id(m), fresh.get(id(m))) for _, m in rows])
-    if cuda:
-        words = words.pin_memory()
-    allowed = _unpack(words.to(logits.device, non_blocking=True), logits.shape[1],
-                      rows[0][1].vocab)
+    words = torch.empty(len(rows), words_per_row, dtype=torch.int32, pin_memory=cuda)
+    _executor().unsafe_compute_mask_ptr([(m.matcher, j) for j, (_, m) in enumerate(rows)],
+                                      words.data_ptr(), words_per_row * 4, len(rows))
+    allowed = _unpack(words.to(logits.device, non_blocking=True), logits.shape[1], known)
     at = torch.tensor([i for i, _ in rows], device=logits.device)
     logits[at] = logits[at].masked_fill(~allowed, float("-inf"))
-
-
-class NextMasks:
-    """The next round's masks, started on a background thread as soon as a round's matchers have
-    advanced, so that the host's planning, the pass's launch and the pass itself overlap them.
-    A mask is used only for the matcher it was computed for and only if that matcher has not
-    moved since (the stream's token count is part of the key)."""
-
-    def __init__(self) -> None:
-        self._thread: Any = None
-        self._future: Any = None
-        self._keys: list[tuple[RowMatcher, int]] = []  # the matchers held alive while listed
-
-    def start(self, rows: list[tuple[RowMatcher, int]]) -> None:
-        """rows: (matcher, tokens it has consumed) of each stream that decodes next round."""
-        self.wait()
-        if not rows:
-            return
-        if self._thread is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="tf-masks")
-        self._keys = rows
-        self._future = self._thread.submit(_bitmasks, [m for m, _ in rows], False)
-
-    def wait(self) -> dict[tuple[int, int], torch.Tensor]:
-        """The masks started last, by (id(matcher), tokens consumed); none once taken."""
-        if self._future is None:
-            return {}
-        words, keys = self._future.result(), self._keys
-        self._future, self._keys = None, []
-        return {(id(m), n): words[j] for j, (m, n) in enumerate(keys)}
-
-    def close(self) -> None:
-        self.wait()
-        if self._thread is not None:
-            self._thread.shutdown(wait=True)
-            self._thread = None
 
 
 def _validated(kind: str, grammar: str, tok: Tokenizer, param: str) -> Constraint:

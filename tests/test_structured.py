@@ -303,28 +303,3 @@ def test_accept_rows_advances_each_matcher_and_names_a_refusal(llm: Any) -> None
     assert got[0] is None and isinstance(got[1], str) and got[1]
     assert bad.matcher.is_error() and not good.matcher.is_error()
     assert structured.accept_rows([(good, b)]) == [None]
-
-
-def test_next_rounds_masks_are_computed_ahead_and_used(llm: Any, monkeypatch: Any) -> None:
-    """After a round's matchers advance, the next round's masks start on the lanes' mask thread
-    (structured.NextMasks); the round uses them, so the engine thread computes masks only for
-    rows that had none ahead (a stream's first token). The replies are those of a plain run."""
-    import threading
-
-    calls: list[tuple[str, int]] = []
-    real = structured._bitmasks
-
-    def spy(matchers: Any, pinned: bool) -> Any:
-        calls.append((threading.current_thread().name, len(matchers)))
-        return real(matchers, pinned)
-
-    params = replace(SAMPLED, max_tokens=12)
-    fmt = {"type": "json_object"}
-    monkeypatch.setattr(structured, "_bitmasks", spy)
-    ahead = llm.generate(["Tell me", "Write"], params, response_format=fmt)
-    ahead_rows = sum(n for name, n in calls if name.startswith("tf-masks"))
-    now_rows = sum(n for name, n in calls if not name.startswith("tf-masks"))
-    assert now_rows == 2 and ahead_rows >= 4, calls  # the engine thread: the first round's
-    monkeypatch.setattr(llm.served.engine.lanes.next_masks, "start", lambda rows: None)
-    plain = llm.generate(["Tell me", "Write"], params, response_format=fmt)
-    assert [c.token_ids for c in ahead] == [c.token_ids for c in plain]
