@@ -131,6 +131,45 @@ def assert_host_tier_served(llm: LLM, cached: Sequence[Sequence[int]]) -> None:
     assert "; host free " in llm.served.engine.lanes.pool.census().line()
 
 
+def assert_host_tier_resumes_as_fresh(family: str, model: Path, chats: Sequence[Any],
+                                      params: SamplingParams, **flags: Any) -> None:
+    """Chats turn by turn on an engine opened with `flags` (e.g. kv_dtype="fp8"), fresh (no
+    store), then on one whose small device store evicts to a host tier, with freed pages
+    poisoned: the same replies, and the host tier served (assert_host_tier_served)."""
+    llm = open_llm(family, model, parallel=3, **flags)
+    try:
+        fresh, _ = run_chats(llm, chats, params)
+    finally:
+        close_even(llm)
+    llm = open_llm(family, model, parallel=3, kv_share=2, prompt_cache_gib=0.05,
+                   kv_host_gib=0.1, kv_poison=True, **flags)
+    try:
+        replies, cached = run_chats(llm, chats, params)
+        assert replies == fresh
+        assert_host_tier_served(llm, cached)
+    finally:
+        close_even(llm)
+
+
+def assert_demo_agrees_in_kv_dtype(family: str, demo: Path, kv_dtype: str, max_logit_error: float,
+                                   min_agreed: float = 0.75) -> KVAgreement:
+    """A trained demo with its pages in `kv_dtype`: it still writes words
+    (assert_demo_writes_words), and greedy decoding of the demo's prompts agrees with pages in
+    the model's dtype (kv_agreement): every first token, at least `min_agreed` of the tokens,
+    and a logit error above 0 (the pages do differ) and under `max_logit_error`."""
+    llm = open_llm(family, demo, kv_dtype=kv_dtype, context=1024, parallel=2)
+    try:
+        assert_demo_writes_words(llm)
+        tok, model = llm.tokenizer, llm.served.engine.lanes.runner.model
+        prompts = [tok.encode(t) for t in DEMO_COMPLETIONS + DEMO_CHATS]
+    finally:
+        close_even(llm)
+    agreement = kv_agreement(model, prompts, steps=16, kv_dtype=kv_dtype)
+    assert agreement.top1 == 1.0 and agreement.agreed >= min_agreed * agreement.tokens, agreement
+    assert 0 < agreement.logit_error < max_logit_error, agreement
+    return agreement
+
+
 # -- pass-level checks, on a family's model through a ModelRunner -------------------------------
 # make_runner(model=None, num_pages=, num_slots=, page_rows=512, poison=False) -> ModelRunner
 
