@@ -121,24 +121,32 @@ def linear_rows() -> dict[str, Any]:
     return res
 
 
+def moe_layer(e: int, i: int, h: int, k: int) -> tuple[list[Any], torch.Tensor, Callable]:
+    """A MoE shape's weight sets (more bytes than the L2 holds, to rotate through), 2048 input
+    rows, and its layer (route, experts, slot sum; the dense FFN when e == 1): layer(x, set)."""
+    sets = []
+    for _ in range(max(2, min(6, 3 * L2_BYTES // (3 * min(e, k) * i * h * 2) + 1))):
+        gate_up = (torch.randn(e, 2 * i, h, device=DEVICE) * 0.02).to(BF16)
+        down = (torch.randn(e, h, i, device=DEVICE) * 0.02).to(BF16)
+        sets.append((list(gate_up[:, :i].unbind(0)), list(gate_up[:, i:].unbind(0)),
+                     list(down.unbind(0))))
+    gate = (torch.randn(e, h, device=DEVICE) * 0.02).to(BF16)
+    x = torch.randn(2048, h, device=DEVICE).to(BF16)
+
+    def layer(xx: torch.Tensor, s: Any) -> torch.Tensor:
+        if e == 1:
+            return moe.gated_ffn(xx, s[0][0], s[1][0], s[2][0])
+        wts, ex = moe.route(xx, gate, None, k, norm_topk_prob=True)
+        return moe.moe(xx, wts, ex, *s)
+
+    return sets, x, layer
+
+
 def moe_rows() -> dict[str, Any]:
     res: dict[str, Any] = {}
     for name, (e, i, h, k) in MOE.items():
         layer_bytes = 3 * e * i * h * 2
-        sets = []
-        for _ in range(max(2, min(6, 3 * L2_BYTES // (3 * min(e, k) * i * h * 2) + 1))):
-            gate_up = (torch.randn(e, 2 * i, h, device=DEVICE) * 0.02).to(BF16)
-            down = (torch.randn(e, h, i, device=DEVICE) * 0.02).to(BF16)
-            sets.append((list(gate_up[:, :i].unbind(0)), list(gate_up[:, i:].unbind(0)),
-                         list(down.unbind(0))))
-        gate = (torch.randn(e, h, device=DEVICE) * 0.02).to(BF16)
-        x = torch.randn(2048, h, device=DEVICE).to(BF16)
-
-        def layer(xx, s):
-            if e == 1:
-                return moe.gated_ffn(xx, s[0][0], s[1][0], s[2][0])
-            wts, ex = moe.route(xx, gate, None, k, norm_topk_prob=True)
-            return moe.moe(xx, wts, ex, *s)
+        sets, x, layer = moe_layer(e, i, h, k)
 
         row: dict[str, Any] = {"active_mb": 3 * k * i * h * 2 / 1e6, "layer_mb": layer_bytes / 1e6}
         x1 = x[5:6].contiguous()
@@ -166,20 +174,7 @@ def moe_tiles() -> dict[str, Any]:
     tiles = [triton_moe.Tiles(bn, 64, w, st) for bn in (16, 32, 64) for w in (2, 4)
              for st in (3, 5)]
     for name, (e, i, h, k) in MOE.items():
-        sets = []
-        for _ in range(max(2, min(6, 3 * L2_BYTES // (3 * min(e, k) * i * h * 2) + 1))):
-            gate_up = (torch.randn(e, 2 * i, h, device=DEVICE) * 0.02).to(BF16)
-            down = (torch.randn(e, h, i, device=DEVICE) * 0.02).to(BF16)
-            sets.append((list(gate_up[:, :i].unbind(0)), list(gate_up[:, i:].unbind(0)),
-                         list(down.unbind(0))))
-        gate = (torch.randn(e, h, device=DEVICE) * 0.02).to(BF16)
-        x = torch.randn(2048, h, device=DEVICE).to(BF16)
-
-        def layer(xx, s):
-            if e == 1:
-                return moe.gated_ffn(xx, s[0][0], s[1][0], s[2][0])
-            wts, ex = moe.route(xx, gate, None, k, norm_topk_prob=True)
-            return moe.moe(xx, wts, ex, *s)
+        sets, x, layer = moe_layer(e, i, h, k)
 
         big = layer(x, sets[0])
         x1 = x[5:6].contiguous()
