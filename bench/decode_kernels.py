@@ -205,17 +205,10 @@ def invariance() -> dict[str, Any]:
         big = triton_linear.linear(x, w)
         res[name] = [m for m in sizes if not torch.equal(triton_linear.linear(x[:m].clone(), w), big[:m])]
     for name, (e, i, h, k) in MOE.items():
-        gate_up = (torch.randn(e, 2 * i, h, device=DEVICE) * 0.02).to(BF16)
-        down = (torch.randn(e, h, i, device=DEVICE) * 0.02).to(BF16)
-        s = (list(gate_up[:, :i].unbind(0)), list(gate_up[:, i:].unbind(0)), list(down.unbind(0)))
-        gate = (torch.randn(e, h, device=DEVICE) * 0.02).to(BF16)
-        x = torch.randn(2048, h, device=DEVICE).to(BF16)
+        sets, x, layer_of = moe_layer(e, i, h, k)
 
-        def layer(xx):
-            if e == 1:
-                return moe.gated_ffn(xx, s[0][0], s[1][0], s[2][0])
-            wts, ex = moe.route(xx, gate, None, k, norm_topk_prob=True)
-            return moe.moe(xx, wts, ex, *s)
+        def layer(xx: torch.Tensor) -> torch.Tensor:
+            return layer_of(xx, sets[0])
 
         big = layer(x)
         res[name] = [m for m in sizes for _ in range(3) if not torch.equal(layer(x[:m].clone()), big[:m])]
