@@ -202,3 +202,18 @@ def test_under_torchrun_a_refusal_names_the_short_rank(demo: Path, tmp_path: Pat
 if __name__ == "__main__":  # a rank of the tests above: python test_lfm2_tp.py RANK PORT ...
     rank_, port_, *rest = sys.argv[1:]
     passes_worker(int(rank_), int(port_), *rest)
+
+
+def test_a_warmed_up_tp_2_engine_answers_as_a_cold_one(demo: Path):
+    """The warm-up at start (on for CUDA) drives the follower rank through its passes too, and
+    leaves both ranks as a cold start would: the same tokens, the pool even."""
+    params = SamplingParams(temperature=0, max_tokens=8)
+    replies = {}
+    for warm in (False, True):
+        llm = testing.open_llm("lfm2_moe", demo, tp=2, warm_up=warm, parallel=2, context=4096)
+        try:
+            replies[warm] = [c.token_ids for c in llm.generate(["Once upon a time", "Hello"],
+                                                               params)]
+        finally:
+            testing.close_even(llm)
+    assert replies[True] == replies[False]
