@@ -182,16 +182,17 @@ class Lanes:
             # one [B, V] for the round: each row masked by its own matcher (structured output),
             # then all drawn together, each row as it would be alone (sampling.sample_rows)
             x = torch.stack([row for _, row in wanting])
-            mask_rows(x, [(i, s.matcher) for i, (s, _) in enumerate(wanting) if s.matcher])
+            bound = [i for i, (s, _) in enumerate(wanting) if s.matcher]
+            mask_rows(x, [(i, wanting[i][0].matcher) for i in bound])
             ts = [len(s.generated) for s, _ in wanting]
             results = sample_rows(x, [(s.req.params, t, s.history)
                                       for (s, _), t in zip(wanting, ts)])
-            refused = dict(zip(
-                (id(s) for s, _ in wanting if s.matcher),
-                accept_rows([(s.matcher, r.token) for (s, _), r in zip(wanting, results)
-                             if s.matcher])))
-            for (stream, _), t, result in zip(wanting, ts, results):
-                self._take(stream, t, result, refused.get(id(stream)))
+            refused: list[str | None] = [None] * len(wanting)
+            for i, error in zip(bound, accept_rows(
+                    [(wanting[i][0].matcher, results[i].token) for i in bound])):
+                refused[i] = error
+            for (stream, _), t, result, error in zip(wanting, ts, results, refused):
+                self._take(stream, t, result, error)
         if self.idle:
             self.census()
         return True

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import math
-from json.encoder import encode_basestring  # type: ignore[attr-defined]
 import time
 import uuid
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any
 
 from .openai_api import Parsed, error_body

@@ -214,4 +214,6 @@ class PromptSharing:
         return self.host.free_pages, held, self.host.num_pages
 
     def clear(self) -> None:
+        """Drop every kept state (on the device and on the host) and count from zero again."""
         self.store.clear()
+        self.evictions = self.host_evictions = self.host_hits = 0

@@ -8,8 +8,10 @@ Per row, in this order: penalties on the raw logits (repetition, then frequency 
 vLLM orders them) -> logit_bias (added to the row's own logits) -> temperature -> top_k -> top_p
 -> min_p -> renormalise -> inverse-CDF draw over tokens sorted by probability descending, ties
 to the lower id, the weights as integers in units of 2**-36 of the top token's (so the sums are
-exact in any order: a row draws alike alone or in a batch of any size, on any device kernel). top_k keeps exactly k tokens of that order (ties at the edge to the lower ids,
-unlike HF's keep-all-ties), so top_k=1 is greedy. Temperature 0 is greedy: argmax of the penalised and biased logits, ties to the lowest id.
+exact in any order: a row draws alike alone or in a batch of any size, on any device kernel).
+top_k keeps exactly k tokens of that order (ties at the edge to the lower ids, unlike HF's
+keep-all-ties), so top_k=1 is greedy. Temperature 0 is greedy: argmax of the penalised and
+biased logits, ties to the lowest id.
 
 Logprobs are log_softmax of the penalised and biased logits, before temperature and filtering:
 what the row was drawn from before the sampler's filters.
@@ -288,8 +290,7 @@ def _draw_rows(x: torch.Tensor, order: torch.Tensor, rows: Sequence[tuple[Sampli
     integer floor(w * 2**WEIGHT_BITS) (the top token's is 2**WEIGHT_BITS; a token under 2**-36 of
     it weighs nothing). Integer prefix sums are exact whatever the kernel's order of additions, so
     a row's draw cannot depend on the other rows of a batch, nor on how the device scans."""
-    b, v = x.shape
-    dev = x.device
+    v, dev = x.shape[1], x.device
     temp = torch.tensor([p.temperature for p, _ in rows], dtype=torch.float64, device=dev)
     z = x.gather(1, order).to(torch.float64) / temp[:, None]
     w = torch.exp(z - z[:, :1])  # w[:, 0] == 1
@@ -326,11 +327,14 @@ def sample_rows(
     within a row, integer prefix sums), and the host reads the results back once."""
     if logits.dim() != 2 or logits.shape[0] != len(rows):
         raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
-    b, v = logits.shape
-    x = logits.to(torch.float32, copy=True)
-    for i, (params, _, history) in enumerate(rows):
-        if params.has_penalties or params.logit_bias:
-            x[i] = apply_logit_bias(apply_penalties(x[i], params, history), params)
+    v = logits.shape[1]
+    x = logits.to(torch.float32)
+    biased = [i for i, (p, _, _) in enumerate(rows) if p.has_penalties or p.logit_bias]
+    if biased and x is logits:  # written below: the caller's logits stay as they are
+        x = x.clone()
+    for i in biased:
+        params, _, history = rows[i]
+        x[i] = apply_logit_bias(apply_penalties(x[i], params, history), params)
     logprobs = torch.log_softmax(x, dim=1)
     tokens = torch.argmax(x, dim=1)  # first maximum: ties to the lowest id
     drawn = [i for i, (p, _, _) in enumerate(rows) if not p.is_greedy]
@@ -368,11 +372,3 @@ def sample_row(
     if logits.dim() != 1:
         raise ValueError(f"sample_row takes logits of shape [V], got {tuple(logits.shape)}")
     return sample_rows(logits[None], [(params, t, history)])[0]
-
-
-def sample(
-    logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, int, RowHistory]]
-) -> list[SampleResult]:
-    """logits: [B, V]; rows[i] = (params, t, history) of row i. Row i gets exactly what
-    sample_row gives it alone (sample_rows)."""
-    return sample_rows(logits, rows)

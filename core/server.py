@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP API (aiohttp): routes, streaming, errors.
 
 Engine events arrive on the engine thread; each request's sink hands them to the event loop
-through a `Mailbox` (one call_soon_threadsafe for whatever has come since the loop last woke). A request whose client goes away (the handler is cancelled, or a
-write fails) is cancelled in the engine, so its lane and pages come back.
+through a `Mailbox` (one call_soon_threadsafe for whatever has come since the loop last woke).
+A request whose client goes away (the handler is cancelled, or a write fails) is cancelled in
+the engine, so its lane and pages come back.
 """
 
 from __future__ import annotations

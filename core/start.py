@@ -10,7 +10,6 @@ from typing import Any
 
 from .checkpoint import Checkpoint, CheckpointError
 from .engine import Engine
-from .warm_up import warm_up
 from .family import FamilySpec, ModelShape, Shard, ShardRefused, resolve
 from .kv_dtype import kv_label, kv_layout
 from .kv_plan import MIN_STATES_A_LANE, GiB, Plan, PlanRefused, fmt_bytes, memory_budget, plan
@@ -22,6 +21,7 @@ from .plugins import (
 from .profiles import collect_rows
 from .settings import Settings, SettingsError, check_environment, torchrun_env
 from .tokenizer import Tokenizer
+from .warm_up import warm_up
 
 log = get_logger("tensorfold.start")
 

@@ -22,7 +22,6 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -80,23 +79,12 @@ class Constraint:
 
 
 class RowMatcher:
-    """One row's grammar state: `mask` a logits row for the next token, `accept` the sampled one.
+    """One row's grammar state (masks: mask_rows; the sampled tokens: accept_rows or `accept`).
     Dropped (and its memory freed) when the row's stream ends."""
 
     def __init__(self, tokenizer: Any, grammar: str) -> None:
         self.matcher = _llg().LLMatcher(tokenizer, grammar, log_level=0)
         self.vocab = tokenizer.vocab_size
-
-    def allowed(self, vocab: int) -> torch.Tensor:
-        """[vocab] bool: the tokens the grammar allows next (ids past the tokenizer's: never)."""
-        words = torch.from_numpy(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.int32))
-        return _unpack(words[None], vocab, self.vocab)[0]
-
-    def mask(self, row: torch.Tensor) -> torch.Tensor:
-        """row: [V] logits -> a copy with every token the grammar forbids at -inf."""
-        out = row[None].clone()
-        mask_rows(out, [(0, self)])
-        return out[0]
 
     def accept(self, token: int) -> str | None:
         """Advance by the sampled token; an error message if the grammar refused it."""

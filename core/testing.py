@@ -345,13 +345,20 @@ def assert_engine_gates(
     """The gates on engines opened with `flags` (tp=2, kv_dtype="fp8", ...): concurrent ==
     solo (greedy and sampled); then windows, poisoned pages and the prompt store at once:
     pages == windows, and each chat's later turns resume (more than `min_cached` tokens from
-    the store) with the replies of a fresh run. `opened(llm)` checks each engine opened.
-    Returns the prompts' greedy tokens alone."""
+    the store) with the replies of a fresh run. `opened(llm)` checks each engine opened; with
+    kv_dtype="fp8" each engine's plan must say its rows are in fp8. Returns the prompts' greedy
+    tokens alone."""
     both = (("greedy", greedy), ("sampled", sampled))
-    llm = open_llm(family, model, **flags)
-    try:
+
+    def check(llm: LLM) -> None:
+        if flags.get("kv_dtype") == "fp8":
+            assert "rows in fp8 e4m3 + scales" in llm.served.plan.startup_line()
         if opened is not None:
             opened(llm)
+
+    llm = open_llm(family, model, **flags)
+    try:
+        check(llm)
         alone = {name: [tokens(llm, [p], params)[0] for p in prompts] for name, params in both}
         for name, params in both:
             assert tokens(llm, prompts, params) == alone[name]  # concurrent == solo
@@ -361,8 +368,7 @@ def assert_engine_gates(
     stored = open_llm(family, model, **{"kv_pages": "off", "kv_poison": True, "kv_share": 16,
                                         "prompt_cache_gib": 0.05, **flags})
     try:
-        if opened is not None:
-            opened(stored)
+        check(stored)
         assert stored.served.plan.mode == "windows"
         for name, params in both:
             assert tokens(stored, prompts, params) == alone[name]  # pages == windows

@@ -6,9 +6,10 @@ decode rounds' CUDA graphs being captured.
 It covers each row-count class the kernels pick tiles by (a few rows, a decode-sized pass, a
 prompt pass of more than 256 rows, a whole pass of TF_PASS_ROWS), row counts that are and are
 not multiples of 16 (Triton compiles those apart), prompts one at a time and packed, and decode
-rounds at two streams and at one. It leaves nothing behind: the requests' tokens go nowhere, the prompt store
-is cleared (its pages back in the pool: the census is checked), and the lanes' counters start
-from zero, so /metrics and the status page count only real requests.
+rounds at two streams and at one. It leaves nothing behind: the requests' tokens go nowhere,
+the prompt store is cleared (its pages back in the pool: the census is checked), and the lanes'
+and the store's counters start from zero, so /metrics and the status page count only real
+requests.
 """
 
 from __future__ import annotations
@@ -40,20 +41,20 @@ def warm_up(lanes: Any, vocab: int) -> float:
     g = torch.Generator().manual_seed(0)
     events: list[Event] = []
     top = max(2, min(vocab, 1000))
-    window = getattr(lanes, "window", None) or 4096
-    for lengths in ((lanes.pass_rows + PAST_A_PASS,), PACKED):
+    groups = ((lanes.pass_rows + PAST_A_PASS,), PACKED)
+    for group, lengths in enumerate(groups):
         for i, n in enumerate(lengths):
-            n = max(1, min(n, window - REPLY[0] - 2))
+            n = max(1, min(n, lanes.window - REPLY[0] - 2))
             prompt = torch.randint(1, top, (n,), generator=g).tolist()
             params = SamplingParams(temperature=0, max_tokens=REPLY[i % len(REPLY)],
                                     ignore_eos=True)
-            lanes.add(Request(prompt, params, events.append, id=f"warm-up-{len(events)}"))
+            lanes.add(Request(prompt, params, events.append, id=f"warm-up-{group}-{i}"))
         while lanes.step():
             pass
     errors = [e.error for e in events if getattr(e, "error", None)]
     if errors:
         raise RuntimeError(f"the warm-up's passes failed: {errors[0]}")
-    if lanes.sharing is not None:
+    if lanes.sharing is not None:  # it kept states at the prompts' marks
         lanes.sharing.clear()
     lanes.passes = lanes.rows_cached = lanes.rows_computed = lanes.tokens_out = 0
     if not lanes.census():

@@ -134,12 +134,8 @@ def test_gates_within_fp8_kv(family, runs):
     prompts, _, _, _ = runs
     chats = [testing.chat_turns(c, 2, 300, 12) for c in range(3)]
     flags = {k: v for k, v in GPU_FLAGS.items() if k not in ("prompt_cache_gib", "kv_share")}
-
-    def in_fp8(llm: LLM) -> None:
-        assert "rows in fp8 e4m3 + scales" in llm.served.plan.startup_line()
-
     testing.assert_engine_gates(name, folder, prompts[:6], chats, GREEDY, SAMPLED,
-                                opened=in_fp8, kv_dtype="fp8", parallel=4, **flags)
+                                kv_dtype="fp8", parallel=4, **flags)
 
 
 def test_fp8_kv_agreement_with_bf16_kv(family, record_property):

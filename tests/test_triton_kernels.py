@@ -166,26 +166,35 @@ def test_paged_attention_matches_reference_and_a_stream_alone(dtype, tol, window
     k = randn(16 * page_rows, hkv, d, seed=16, dtype=dtype)
     v = randn(16 * page_rows, hkv, d, seed=17, dtype=dtype)
     q = randn(fp.num_rows, hkv * group, d, seed=18, dtype=dtype)
-    # rows a stream has not written yet are poisoned: they must never be read
-    written = torch.zeros(16 * page_rows, dtype=torch.bool)
-    for s in fp.streams:
-        for pos in range(s.end):
-            written[s.pages[pos // page_rows] * page_rows + pos % page_rows] = True
-    k[~written] = float("nan")
-    v[~written] = float("nan")
+    _poison_unwritten(fp, page_rows, k, v)  # rows a stream has not written: never read
     want = ref_attention.paged_attention(q, k, v, fp, scale=0.25, window=window)
     got = triton_attention.paged_attention(
         q, k, v, fp.positions, build_meta(fp), page_rows, scale=0.25, window=window
     )
     assert not got.isnan().any()
     assert rel(got, want) < tol
+    _assert_streams_alone_equal(fp, page_rows, q, k, v, got, window=window)
+
+
+def _poison_unwritten(fp: ForwardPass, page_rows: int, *rows: torch.Tensor) -> None:
+    """NaN into every flat row no stream of `fp` has written (rows, and fp8 rows' scales)."""
+    written = torch.zeros(rows[0].shape[0], dtype=torch.bool)
+    for s in fp.streams:
+        for pos in range(s.end):
+            written[s.pages[pos // page_rows] * page_rows + pos % page_rows] = True
+    for t in rows:
+        t[(~written).nonzero().flatten()] = float("nan")  # no boolean masks for e4m3
+
+
+def _assert_streams_alone_equal(fp: ForwardPass, page_rows: int, q: torch.Tensor,
+                                k: torch.Tensor, v: torch.Tensor, got: torch.Tensor,
+                                **kw) -> None:
+    """Each stream of `fp` alone through the Triton kernel gives its rows of `got`, bit for bit."""
     for i in range(len(fp.streams)):
         alone = ForwardPass([fp.streams[i]], page_rows)
         a, z = fp.spans[i]
         out = triton_attention.paged_attention(
-            q[a:z].clone(), k, v, alone.positions, build_meta(alone), page_rows, scale=0.25,
-            window=window,
-        )
+            q[a:z].clone(), k, v, alone.positions, build_meta(alone), page_rows, scale=0.25, **kw)
         assert torch.equal(out, got[a:z]), f"stream {i}"
 
 
@@ -198,12 +207,7 @@ def test_paged_attention_over_fp8_rows_matches_reference_and_a_stream_alone(dtyp
     k, ks = quantize_rows(randn(16 * page_rows, hkv, d, seed=26, scale=3.0))
     v, vs = quantize_rows(randn(16 * page_rows, hkv, d, seed=27, scale=0.1))
     q = randn(fp.num_rows, hkv * group, d, seed=28, dtype=dtype)
-    written = torch.zeros(16 * page_rows, dtype=torch.bool)
-    for s in fp.streams:
-        for pos in range(s.end):
-            written[s.pages[pos // page_rows] * page_rows + pos % page_rows] = True
-    for t in (k, ks, v, vs):
-        t[(~written).nonzero().flatten()] = float("nan")  # no boolean masks for e4m3
+    _poison_unwritten(fp, page_rows, k, ks, v, vs)
     scales = {"k_scales": ks, "v_scales": vs}
     want = ref_attention.paged_attention(q, k, v, fp, scale=0.25, window=window, **scales)
     # the reference over the same rows dequantized up front: the scales are folded in right
@@ -215,14 +219,7 @@ def test_paged_attention_over_fp8_rows_matches_reference_and_a_stream_alone(dtyp
     )
     assert not got.isnan().any()
     assert rel(got, want) < tol
-    for i in range(len(fp.streams)):
-        alone = ForwardPass([fp.streams[i]], page_rows)
-        a, z = fp.spans[i]
-        out = triton_attention.paged_attention(
-            q[a:z].clone(), k, v, alone.positions, build_meta(alone), page_rows, scale=0.25,
-            window=window, **scales,
-        )
-        assert torch.equal(out, got[a:z]), f"stream {i}"
+    _assert_streams_alone_equal(fp, page_rows, q, k, v, got, window=window, **scales)
 
 
 # --- MoE ---

@@ -20,12 +20,16 @@ PROMPTS = ["Once upon a time", "The little engine that could", "Hello"]
 def test_a_warmed_engine_answers_as_a_cold_one_and_keeps_nothing(family: str, tmp_path: Path):
     replies = {}
     for warm in (False, True):
+        # a store that can keep what the warm-up's prompts leave at their marks
         llm = testing.open_llm(family, None, demo_cache=tmp_path, warm_up=warm, parallel=2,
-                               kv_share=8)
+                               kv_share=8, prompt_cache_gib=0.05)
         try:
             lanes = llm.served.engine.lanes
             assert lanes.tokens_out == lanes.passes == lanes.rows_computed == 0
-            assert lanes.sharing is not None and not list(lanes.sharing.store.kept())
+            sharing = lanes.sharing
+            assert sharing is not None and sharing.max_states > 0
+            assert not list(sharing.store.kept())
+            assert sharing.evictions == sharing.host_hits == 0
             assert lanes.pool.census().idle_even and lanes.uneven == 0
             replies[warm] = {name: [c.token_ids for c in llm.generate(PROMPTS, p)]
                              for name, p in PARAMS.items()}

@@ -23,17 +23,13 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_demo(tmp_path_factory.mktemp("demo"))
 
 
-def in_fp8(llm) -> None:
-    assert "rows in fp8 e4m3 + scales" in llm.served.plan.startup_line()
-
-
 def test_gates_hold_within_fp8_kv(demo: Path) -> None:
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(13, 700, (n,), generator=g).tolist() for n in (9, 200, 600, 2100)]
     chats = [testing.chat_turns(c, turns=2, first=150, later=20) for c in range(3)]
     # resumed == fresh past the demo's 128-row sliding window: the kept rings carry the resume
     testing.assert_engine_gates("gemma4", demo, prompts, chats, GREEDY, SAMPLED,
-                                min_cached=150, opened=in_fp8, kv_dtype="fp8", context=4096,
+                                min_cached=150, kv_dtype="fp8", context=4096,
                                 parallel=4)
 
 
