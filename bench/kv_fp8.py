@@ -127,6 +127,7 @@ class KVBench(Sections):
         super().__init__(args)
         self.sizes = SMOKE if args.smoke else FULL
         self.model: Any = None
+        self.shape = ""
 
     # -- capacity, from the plan ----------------------------------------------------------------
 
@@ -169,6 +170,42 @@ class KVBench(Sections):
                     "ms_per_round": 1e3 * run.decode_s / max(run.decode_rounds, 1),
                     "graph_replays": runner.replays, "capture_error": runner.capture_error,
                 }
+                del runner
+        return res
+
+    def profile(self) -> dict[str, Any]:
+        """Kernel times of one eager decode round of one stream at 2k and 32k rows of context,
+        bf16 against fp8 pages (the rows hold whatever the pool held: timing only). Writes
+        kernels_SHAPE_KV_CONTEXT.tsv (µs a round, calls a round, name)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        from tensorfold.forward_pass import StreamRows
+
+        res: dict[str, Any] = {}
+        contexts = (64, 200) if self.args.smoke else (2048, 32768)
+        for context in contexts:
+            window = context + PAGE_ROWS
+            per = -(-window // PAGE_ROWS)
+            for kv in KV:
+                runner = GraphRunner(self.model, num_pages=per, num_slots=1, page_rows=PAGE_ROWS,
+                                     kv_dtype=KV[kv], max_pages=per, capture=False)
+                rows = [StreamRows(0, context, [11], list(range(per)))]
+                runner.run(rows)
+                sync(self.device)
+                with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+                    for _ in range(3):
+                        runner.run(rows)
+                    sync(self.device)
+                kern = sorted(((e.key, e.device_time_total / 3, e.count / 3)
+                               for e in prof.key_averages() if e.device_time_total > 0),
+                              key=lambda t: -t[1])
+                name = f"{self.shape}_{kv}_{context}"
+                (self.out / f"kernels_{name}.tsv").write_text("".join(
+                    f"{k[1]:.1f}\t{k[2]:.1f}\t{k[0]}\n" for k in kern))
+                res[f"{kv}_{context}"] = {
+                    "gpu_us_per_round": round(sum(k[1] for k in kern
+                                                  if not k[0].startswith("cuda")), 1),
+                    "top": [(k[0][:50], round(k[1], 1), round(k[2], 1)) for k in kern[:8]]}
                 del runner
         return res
 
@@ -332,9 +369,10 @@ def main() -> None:
                         "gpu": torch.cuda.get_device_name(0) if b.device == "cuda" else None}
     b.section("capacity", b.capacity)
     for shape in kv_capacity.SHAPES:
+        b.shape = shape
         shape_results: dict[str, Any] = {}
         for name, fn, need in (("build", lambda: b.build(shape), 10), ("decode", b.decode, 30),
-                               ("gates", b.gates, 20),
+                               ("gates", b.gates, 20), ("profile", b.profile, 20),
                                ("next_turn", lambda: b.next_turn(shape), 40)):
             if name not in args.sections.split(","):
                 continue
