@@ -1,7 +1,8 @@
 """The GPU suite's kernel checks (`pytest -m gpu`, on a CUDA machine), in bf16 on the device:
 
 - the shared kernels (linear, MoE, gated FFN, router, norms, rope): a row alone gives the bits it
-  gives in batches of every size, across the tile choice by row count;
+  gives in batches of every size, across the tile choice by row count; attention's key segments
+  walked by one program or shared by several give the same bits;
 - each family's model on its demo checkpoint, through all of its kernels: streams in one pass
   (a decode row, a chunk, a whole prompt) give the logits they give alone, bit for bit; shuffled
   page tables and poisoned free pages change nothing; the graph runner's decode rounds equal
@@ -122,6 +123,55 @@ def test_fp8_row_writes_give_the_cpu_references_bits():
         for (wq, ws), (_, gq, gs) in zip(want, got):
             assert torch.equal(gq.cpu().view(torch.uint8), wq.view(torch.uint8))
             assert torch.equal(gs.cpu().view(torch.int32), ws.view(torch.int32))
+
+
+@pytest.mark.parametrize("hq, hkv, d, fp8", [(16, 2, 512, False), (16, 2, 512, True),
+                                             (32, 8, 64, False), (32, 8, 64, True)])
+def test_attention_key_segments_walked_or_shared_give_the_same_bits(hq, hkv, d, fp8):
+    """Paged attention over long contexts (gemma4's wide global heads, lfm2's GQA), with and
+    without a window: one program walking each row's key segments, programs sharing them, and
+    each stream alone (split its own way) all give the same bits; close to the torch path."""
+    from tensorfold.forward_pass import ForwardPass, StreamRows
+    from tensorfold.ops import attention as ref_attention
+    from tensorfold.ops import triton_attention
+    from tensorfold.ops.kv_quant import quantize_rows
+    from tensorfold.ops.pass_meta import build_meta
+
+    page_rows, pages = 64, 400
+    order = torch.randperm(pages, generator=torch.Generator().manual_seed(1)).tolist()
+    specs = [(0, 9000, 1), (1, 3000, 40), (2, 0, 300), (3, 5000, 1)]  # slot, start, rows
+    streams, used = [], 0
+    for slot, start, n in specs:
+        k = -(-(start + n) // page_rows)
+        streams.append(StreamRows(slot, start, [0] * n, order[used : used + k], "all"))
+        used += k
+    fp = ForwardPass(streams, page_rows, DEV)
+    k, v = randn(pages * page_rows, hkv, d, seed=2), randn(pages * page_rows, hkv, d, seed=3)
+    scales = {}
+    if fp8:
+        (k, ks), (v, vs) = quantize_rows(k), quantize_rows(v)
+        scales = {"k_scales": ks, "v_scales": vs}
+    q = randn(fp.num_rows, hq, d, seed=4)
+
+    def run(fp, q, window, parts):
+        return triton_attention.paged_attention(
+            q, k, v, fp.positions, build_meta(fp), page_rows, scale=d**-0.5, window=window,
+            parts=parts, **scales)
+
+    for window in (None, 1024):
+        walked = run(fp, q, window, 1)
+        for parts in (7, None):
+            assert torch.equal(run(fp, q, window, parts), walked), (window, parts)
+        for i, st in enumerate(streams):
+            a, z = fp.spans[i]
+            alone = run(ForwardPass([st], page_rows, DEV), q[a:z].clone(), window, None)
+            assert torch.equal(alone, walked[a:z]), (window, i)
+        cpu = {n: t.cpu() for n, t in scales.items()}
+        want = ref_attention.paged_attention(q.cpu(), k.cpu(), v.cpu(),
+                                             ForwardPass(streams, page_rows), scale=d**-0.5,
+                                             window=window, **cpu)
+        err = (walked.float().cpu() - want.float()).abs().max() / want.float().abs().max()
+        assert err < 2e-2, (window, float(err))
 
 
 # -- each family's model through its kernels, on its demo checkpoint ------------------------------

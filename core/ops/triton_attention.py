@@ -13,6 +13,11 @@ stream's page table; rows past what the stream has written are never loaded.
 
 `attend_tile` is shared with the ring kernel (triton_window.py), which reads its keys elsewhere.
 
+Keys come in segments of triton_key_split.SEGMENT: each segment's online softmax starts fresh
+and the segments fold into the row's total in order (triton_key_split.merge), either as one
+program walks them or, for passes with few programs (a few decode rows over a long context),
+shared among `parts` programs and folded by a second kernel: the same bits either way.
+
 fp8 rows (SCALED): keys and values are e4m3, converted exactly to q's dtype; a key's scale
 multiplies its scores after the head-dim sums, a value's its probabilities before the sum over
 keys (tensorfold.ops.kv_quant), as the torch reference does.
@@ -26,6 +31,7 @@ import triton.language as tl
 
 from .pass_meta import QUERY_ROWS, PassMeta
 from .gpu import launch_options
+from . import triton_key_split as key_split
 from .triton_util import after_prior, interpreting, mma
 
 KEY_TILE = 64
@@ -102,7 +108,7 @@ def attend_tile(
     return m_new, l_i, acc
 
 
-@triton.jit(do_not_specialize=["stride_ts", "stride_tp", "window"])  # page tables of any width
+@triton.jit(do_not_specialize=["stride_ts", "stride_tp", "window", "parts"])  # any table width
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, pos_ptr, block_stream, block_row0, block_len,
     stream_start, stream_len, table_ptr, stride_ts, stride_tp, page_rows, scale, window,
@@ -111,11 +117,14 @@ def _attention_kernel(
     G: tl.constexpr, GP: tl.constexpr, QB: tl.constexpr, NSUB: tl.constexpr, D: tl.constexpr,
     DC: tl.constexpr, BDV: tl.constexpr, KT: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SCALED: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
+    ws_ptr=None, ml_ptr=None, parts=1, HQ: tl.constexpr = 1, NSEG: tl.constexpr = 1,
+    DVB: tl.constexpr = 1, SEG: tl.constexpr = 256, SPLIT: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
     kvh = tl.program_id(1)
-    dv0 = tl.program_id(2) * BDV
+    dv0 = (tl.program_id(2) % DVB) * BDV
+    part = tl.program_id(2) // DVB
     blk, qrow, head, valid, qpos, first, hi = row_tile(
         pos_ptr, block_row0, block_len, tl.program_id(0), kvh, G, GP, QB, NSUB)
     s = tl.load(block_stream + blk)
@@ -126,29 +135,37 @@ def _attention_kernel(
     lo = 0
     if HAS_WINDOW:
         lo = (tl.maximum(first - window + 1, 0) // KT) * KT
-    m_i = tl.full((QB * GP,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((QB * GP,), dtype=tl.float32)
-    acc = tl.zeros((QB * GP, BDV), dtype=tl.float32)
     kt = tl.arange(0, KT)
-    for t0 in range(lo, hi, KT):
-        j = t0 + kt
-        written = j < end
-        page = tl.load(table_ptr + s * stride_ts + (j // page_rows) * stride_tp, mask=written,
-                       other=0)
-        krow = page.to(tl.int64) * page_rows + j % page_rows
-        visible = j[None, :] <= qpos[:, None]
-        if HAS_WINDOW:
-            visible = visible & (j[None, :] > qpos[:, None] - window)
-        m_i, l_i, acc = attend_tile(
-            q_ptr, q_off, q0, valid, k_ptr + krow * stride_kr + kvh * stride_kh,
-            v_ptr + krow * stride_vr + kvh * stride_vh, ks_ptr + krow * stride_ksr +
-            kvh * stride_ksh, vs_ptr + krow * stride_vsr + kvh * stride_vsh, written, visible,
-            m_i, l_i, acc, scale, QB * GP, KT, D, DC, BDV, dv0, SCALED, IEEE, INTERP,
-        )
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # 1: a part with no rows
-    dv = dv0 + tl.arange(0, BDV)
-    tl.store(o_ptr + qrow[:, None] * stride_on + head[:, None] * stride_oh + dv[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
+    m_t, l_t, acc_t = key_split.fresh(QB * GP, BDV)
+    step = parts if SPLIT else 1
+    for seg in range(lo // SEG + part, tl.cdiv(hi, SEG), step):
+        m_i, l_i, acc = key_split.fresh(QB * GP, BDV)
+        for t0 in range(tl.maximum(lo, seg * SEG), tl.minimum(hi, seg * SEG + SEG), KT):
+            j = t0 + kt
+            written = j < end
+            page = tl.load(table_ptr + s * stride_ts + (j // page_rows) * stride_tp,
+                           mask=written, other=0)
+            krow = page.to(tl.int64) * page_rows + j % page_rows
+            visible = j[None, :] <= qpos[:, None]
+            if HAS_WINDOW:
+                visible = visible & (j[None, :] > qpos[:, None] - window)
+            m_i, l_i, acc = attend_tile(
+                q_ptr, q_off, q0, valid, k_ptr + krow * stride_kr + kvh * stride_kh,
+                v_ptr + krow * stride_vr + kvh * stride_vh, ks_ptr + krow * stride_ksr +
+                kvh * stride_ksh, vs_ptr + krow * stride_vsr + kvh * stride_vsh, written,
+                visible, m_i, l_i, acc, scale, QB * GP, KT, D, DC, BDV, dv0, SCALED, IEEE,
+                INTERP,
+            )
+        if SPLIT:
+            key_split.store_partial(ws_ptr, ml_ptr, qrow, head, valid, seg % NSEG, m_i, l_i,
+                                    acc, dv0, HQ, NSEG, DVB * BDV, BDV)
+        else:
+            m_t, l_t, acc_t = key_split.merge(m_t, l_t, acc_t, m_i, l_i, acc)
+    if not SPLIT:
+        out = key_split.finish(l_t, acc_t)
+        dv = dv0 + tl.arange(0, BDV)
+        tl.store(o_ptr + qrow[:, None] * stride_on + head[:, None] * stride_oh + dv[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
 
 def paged_attention(
@@ -163,10 +180,12 @@ def paged_attention(
     window: int | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    parts: int | None = None,
 ) -> torch.Tensor:
     """q [N, Hq, D]; k_rows [P*R, Hkv, D], v_rows [P*R, Hkv, Dv] (flat paged buffers holding
     this pass's rows); positions [N]; k_scales, v_scales [P*R, Hkv, 1] when the rows are fp8.
-    Returns [N, Hq, Dv] in q's dtype."""
+    parts: programs sharing a row tile's key segments (triton_key_split; by default from the
+    pass's size). Returns [N, Hq, Dv] in q's dtype."""
     n, hq, d = q.shape
     hkv, dv = k_rows.shape[1], v_rows.shape[-1]
     out = torch.empty(n, hq, dv, dtype=q.dtype, device=q.device)
@@ -180,7 +199,18 @@ def paged_attention(
     nsub = QUERY_ROWS // qb
     scaled = k_scales is not None
     ks, vs = (k_scales, v_scales) if scaled else (k_rows, v_rows)  # unread unless scaled
-    _attention_kernel[(meta.num_blocks * nsub, hkv, dv // bdv)](
+    dvb = dv // bdv
+    span = meta.table.shape[1] * page_rows
+    if window is not None:
+        span = min(span, window + KEY_TILE + QUERY_ROWS)
+    nseg = triton.cdiv(span, key_split.SEGMENT) + (window is not None)
+    if parts is None:
+        parts = key_split.parts(meta.num_blocks * nsub * hkv * dvb, nseg)
+    split = {}
+    if parts > 1:
+        ws, ml = key_split.workspace(n, hq, nseg, dv, q)
+        split = dict(ws_ptr=ws, ml_ptr=ml, parts=parts, HQ=hq, NSEG=nseg, SPLIT=True)
+    _attention_kernel[(meta.num_blocks * nsub, hkv, dvb * parts)](
         q, k_rows, v_rows, ks, vs, out, positions, meta.block_stream, meta.block_row0,
         meta.block_len, meta.stream_start, meta.stream_len, meta.table, meta.table.stride(0),
         meta.table.stride(1), page_rows, scale, window or 0,
@@ -189,6 +219,9 @@ def paged_attention(
         out.stride(0), out.stride(1),
         G=group, GP=triton.next_power_of_2(group), QB=qb, NSUB=nsub, D=d, DC=dc, BDV=bdv,
         KT=KEY_TILE, HAS_WINDOW=window is not None, SCALED=scaled, IEEE=q.dtype == torch.float32,
-        INTERP=interpreting(), num_warps=4, num_stages=2, **launch_options(q),
+        INTERP=interpreting(), DVB=dvb, SEG=key_split.SEGMENT, num_warps=4, num_stages=2,
+        **split, **launch_options(q),
     )
+    if parts > 1:
+        key_split.combine(ws, ml, out, positions, window, bdv)
     return out

@@ -5,7 +5,7 @@ A stream's ring [W-1, Hkv, D] holds row p at index p mod (W-1). A pass's run of 
 [start, start + len) reads positions [max(0, start-W+1), start) from its ring and positions
 >= start from the pass's new rows. The attention kernel is the paged kernel's walk
 (triton_attention.py: the same row tiles, key tiles aligned to absolute positions, fixed
-head-dim chunks, the same online softmax) with keys read from those two places; ring rows
+head-dim chunks, the same key segments and online softmax) with keys read from those two places; ring rows
 outside the window (stale, or NaN in a poisoned slot) are never loaded. So its bits equal the
 paged kernel's with the same window over the same rows.
 
@@ -23,10 +23,11 @@ import triton.language as tl
 from .pass_meta import QUERY_ROWS, PassMeta
 from .triton_attention import KEY_TILE, attend_tile, row_tile, tiles
 from .gpu import launch_options
+from . import triton_key_split as key_split
 from .triton_util import after_prior, interpreting
 
 
-@triton.jit(do_not_specialize=["window"])
+@triton.jit(do_not_specialize=["window", "parts"])
 def _ring_attention_kernel(
     q_ptr, nk_ptr, nv_ptr, rk_ptr, rv_ptr, nks_ptr, nvs_ptr, rks_ptr, rvs_ptr, o_ptr, pos_ptr,
     block_stream, block_row0, block_len, stream_row0, stream_start, stream_slot, scale, window,
@@ -36,11 +37,14 @@ def _ring_attention_kernel(
     G: tl.constexpr, GP: tl.constexpr, QB: tl.constexpr, NSUB: tl.constexpr, D: tl.constexpr,
     DC: tl.constexpr, BDV: tl.constexpr, KT: tl.constexpr, SCALED: tl.constexpr,
     IEEE: tl.constexpr, INTERP: tl.constexpr,
+    ws_ptr=None, ml_ptr=None, parts=1, HQ: tl.constexpr = 1, NSEG: tl.constexpr = 1,
+    DVB: tl.constexpr = 1, SEG: tl.constexpr = 256, SPLIT: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
     kvh = tl.program_id(1)
-    dv0 = tl.program_id(2) * BDV
+    dv0 = (tl.program_id(2) % DVB) * BDV
+    part = tl.program_id(2) // DVB
     blk, qrow, head, valid, qpos, first, hi = row_tile(
         pos_ptr, block_row0, block_len, tl.program_id(0), kvh, G, GP, QB, NSUB)
     s = tl.load(block_stream + blk)
@@ -53,35 +57,43 @@ def _ring_attention_kernel(
     q0 = tl.load(q_ptr + q_off[:, None] + tl.arange(0, DC)[None, :], mask=valid[:, None],
                  other=0.0)
     lo = (tl.maximum(first - window + 1, 0) // KT) * KT
-    m_i = tl.full((QB * GP,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((QB * GP,), dtype=tl.float32)
-    acc = tl.zeros((QB * GP, BDV), dtype=tl.float32)
     kt = tl.arange(0, KT)
-    for t0 in range(lo, hi, KT):
-        j = t0 + kt
-        in_ring = (j >= ring_lo) & (j < start)
-        in_new = (j >= start) & (j < hi)  # rows of this run up to the tile's last query
-        ring_at = (slot * stride_rks + (j % rows) * stride_rkr).to(tl.int64)
-        new_at = (srow0 + j - start).to(tl.int64)
-        k_row = tl.where(in_ring, rk_ptr + ring_at + kvh * stride_rkh,
-                         nk_ptr + new_at * stride_nkn + kvh * stride_nkh)
-        ring_at_v = (slot * stride_rvs + (j % rows) * stride_rvr).to(tl.int64)
-        v_row = tl.where(in_ring, rv_ptr + ring_at_v + kvh * stride_rvh,
-                         nv_ptr + new_at * stride_nvn + kvh * stride_nvh)
-        # the scales' offsets (new [N, Hkv, 1] and rings [slots, W-1, Hkv, 1] alike strided)
-        s_at = tl.where(in_ring, slot * stride_ss + (j % rows) * stride_sr,
-                        new_at * stride_sn) + kvh * stride_sh
-        ks_row = tl.where(in_ring, rks_ptr + s_at, nks_ptr + s_at)
-        vs_row = tl.where(in_ring, rvs_ptr + s_at, nvs_ptr + s_at)
-        visible = (j[None, :] <= qpos[:, None]) & (j[None, :] > qpos[:, None] - window)
-        m_i, l_i, acc = attend_tile(
-            q_ptr, q_off, q0, valid, k_row, v_row, ks_row, vs_row, in_ring | in_new, visible,
-            m_i, l_i, acc, scale, QB * GP, KT, D, DC, BDV, dv0, SCALED, IEEE, INTERP,
-        )
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # 1: a part with no rows
-    dv = dv0 + tl.arange(0, BDV)
-    tl.store(o_ptr + qrow[:, None] * stride_on + head[:, None] * stride_oh + dv[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
+    m_t, l_t, acc_t = key_split.fresh(QB * GP, BDV)
+    step = parts if SPLIT else 1
+    for seg in range(lo // SEG + part, tl.cdiv(hi, SEG), step):
+        m_i, l_i, acc = key_split.fresh(QB * GP, BDV)
+        for t0 in range(tl.maximum(lo, seg * SEG), tl.minimum(hi, seg * SEG + SEG), KT):
+            j = t0 + kt
+            in_ring = (j >= ring_lo) & (j < start)
+            in_new = (j >= start) & (j < hi)  # rows of this run up to the tile's last query
+            ring_at = (slot * stride_rks + (j % rows) * stride_rkr).to(tl.int64)
+            new_at = (srow0 + j - start).to(tl.int64)
+            k_row = tl.where(in_ring, rk_ptr + ring_at + kvh * stride_rkh,
+                             nk_ptr + new_at * stride_nkn + kvh * stride_nkh)
+            ring_at_v = (slot * stride_rvs + (j % rows) * stride_rvr).to(tl.int64)
+            v_row = tl.where(in_ring, rv_ptr + ring_at_v + kvh * stride_rvh,
+                             nv_ptr + new_at * stride_nvn + kvh * stride_nvh)
+            # the scales' offsets (new [N, Hkv, 1] and rings [slots, W-1, Hkv, 1] alike strided)
+            s_at = tl.where(in_ring, slot * stride_ss + (j % rows) * stride_sr,
+                            new_at * stride_sn) + kvh * stride_sh
+            ks_row = tl.where(in_ring, rks_ptr + s_at, nks_ptr + s_at)
+            vs_row = tl.where(in_ring, rvs_ptr + s_at, nvs_ptr + s_at)
+            visible = (j[None, :] <= qpos[:, None]) & (j[None, :] > qpos[:, None] - window)
+            m_i, l_i, acc = attend_tile(
+                q_ptr, q_off, q0, valid, k_row, v_row, ks_row, vs_row, in_ring | in_new,
+                visible, m_i, l_i, acc, scale, QB * GP, KT, D, DC, BDV, dv0, SCALED, IEEE,
+                INTERP,
+            )
+        if SPLIT:
+            key_split.store_partial(ws_ptr, ml_ptr, qrow, head, valid, seg % NSEG, m_i, l_i,
+                                    acc, dv0, HQ, NSEG, DVB * BDV, BDV)
+        else:
+            m_t, l_t, acc_t = key_split.merge(m_t, l_t, acc_t, m_i, l_i, acc)
+    if not SPLIT:
+        out = key_split.finish(l_t, acc_t)
+        dv = dv0 + tl.arange(0, BDV)
+        tl.store(o_ptr + qrow[:, None] * stride_on + head[:, None] * stride_oh + dv[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
 
 def ring_attention(
@@ -96,6 +108,7 @@ def ring_attention(
     scale: float,
     window: int,
     scales=None,
+    parts: int | None = None,
 ) -> torch.Tensor:
     """q [N, Hq, D]; new_k [N, Hkv, D], new_v [N, Hkv, Dv]: the pass's rows; ring_k
     [slots, W-1, Hkv, D], ring_v [slots, W-1, Hkv, Dv]: the rings before the pass; positions
@@ -120,7 +133,15 @@ def ring_attention(
         assert s_strides[1] == rks.stride(2), "new and ring scales share the head stride"
     else:  # unread
         nks, nvs, rks, rvs, s_strides = new_k, new_v, ring_k, ring_v, (0, 0, 0, 0)
-    _ring_attention_kernel[(meta.num_blocks * nsub, hkv, dv // bdv)](
+    dvb = dv // bdv
+    nseg = triton.cdiv(window + KEY_TILE + QUERY_ROWS, key_split.SEGMENT) + 1
+    if parts is None:
+        parts = key_split.parts(meta.num_blocks * nsub * hkv * dvb, nseg)
+    split = {}
+    if parts > 1:
+        ws, ml = key_split.workspace(n, hq, nseg, dv, q)
+        split = dict(ws_ptr=ws, ml_ptr=ml, parts=parts, HQ=hq, NSEG=nseg, SPLIT=True)
+    _ring_attention_kernel[(meta.num_blocks * nsub, hkv, dvb * parts)](
         q, new_k, new_v, ring_k, ring_v, nks, nvs, rks, rvs, out, positions, meta.block_stream,
         meta.block_row0, meta.block_len, meta.stream_row0, meta.stream_start, meta.stream_slot,
         scale, window,
@@ -129,8 +150,11 @@ def ring_attention(
         ring_v.stride(1), ring_v.stride(2), out.stride(0), out.stride(1), *s_strides,
         G=group, GP=triton.next_power_of_2(group), QB=qb, NSUB=nsub, D=d, DC=dc, BDV=bdv,
         KT=KEY_TILE, SCALED=scales is not None, IEEE=q.dtype == torch.float32,
-        INTERP=interpreting(), num_warps=4, num_stages=2, **launch_options(q),
+        INTERP=interpreting(), DVB=dvb, SEG=key_split.SEGMENT, num_warps=4, num_stages=2,
+        **split, **launch_options(q),
     )
+    if parts > 1:
+        key_split.combine(ws, ml, out, positions, window, bdv)
     return out
 
 

@@ -1,0 +1,116 @@
+"""Attention's keys in segments, so a few query rows over a long context can spread over the GPU
+(flash-decoding) and still get the bits they get in any other pass.
+
+Every attention kernel (triton_attention.py, triton_window.py) cuts a row's keys into segments of
+SEGMENT keys aligned to absolute positions, runs the online softmax over each segment from a
+fresh start, and folds the segments' (max, sum, weighted values) into the row's total in segment
+order with `merge`. A segment a row cannot see is an exact identity in `merge` (its max is -inf,
+its sum 0). So a row's result depends only on its position and its stream's keys, whoever
+computes the segments: one program walking them in order (`merge` as it goes), or programs
+that each take every PARTS-th segment and leave it in a workspace for `combine` to fold in the
+same order with the same `merge`. Which way a pass goes (`parts`) is a matter of speed only.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .gpu import launch_options
+from .triton_util import after_prior
+
+SEGMENT = 256  # keys; a multiple of the key tile (64)
+TARGET_PROGRAMS = 264  # two programs per SM of an H200: split until a pass has about this many
+
+
+def parts(programs: int, segments: int) -> int:
+    """How many programs share a row tile's segments: 1 (one program walks them all) when the
+    pass already has enough programs, else enough to reach TARGET_PROGRAMS."""
+    if programs >= TARGET_PROGRAMS or segments <= 1:
+        return 1
+    return max(1, min(segments, triton.cdiv(TARGET_PROGRAMS, programs)))
+
+
+def workspace(rows: int, heads: int, segments: int, dv: int,
+              like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partials of `segments` segment slots a (row, head): values [rows, heads, segments, dv]
+    and (max, sum) [rows, heads, segments, 2], fp32."""
+    dev = like.device
+    return (torch.empty(rows, heads, segments, dv, dtype=torch.float32, device=dev),
+            torch.empty(rows, heads, segments, 2, dtype=torch.float32, device=dev))
+
+
+@triton.jit
+def fresh(M: tl.constexpr, BDV: tl.constexpr):
+    return (tl.full((M,), float("-inf"), dtype=tl.float32), tl.zeros((M,), dtype=tl.float32),
+            tl.zeros((M, BDV), dtype=tl.float32))
+
+
+@triton.jit
+def merge(m_t, l_t, acc_t, m_s, l_s, acc_s):
+    """A segment's (max m_s [M], sum l_s [M], values acc_s [M, BDV]) folded into the total's.
+    Explicit fma: the same operations in every kernel, whatever the compiler would contract."""
+    m = tl.maximum(m_t, m_s)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    a = tl.exp(m_t - m_safe)
+    b = tl.exp(m_s - m_safe)
+    l_t = tl.fma(l_t, a, l_s * b)
+    acc_t = tl.fma(acc_t, a[:, None], acc_s * b[:, None])
+    return m, l_t, acc_t
+
+
+@triton.jit
+def finish(l_t, acc_t):
+    return acc_t / tl.where(l_t > 0, l_t, 1.0)[:, None]  # 1: a row that saw nothing
+
+
+@triton.jit
+def store_partial(ws_ptr, ml_ptr, qrow, head, valid, slot, m_s, l_s, acc_s, dv0,
+                  HQ: tl.constexpr, NSEG: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr):
+    """Segment slot `slot`'s partial of the tile's valid rows (qrow, head) to the workspace."""
+    at = (qrow * HQ + head) * NSEG + slot  # [M] (row, head, slot)
+    dv = dv0 + tl.arange(0, BDV)
+    tl.store(ws_ptr + at[:, None] * DV + dv[None, :], acc_s, mask=valid[:, None])
+    tl.store(ml_ptr + at * 2, m_s, mask=valid)
+    tl.store(ml_ptr + at * 2 + 1, l_s, mask=valid)
+
+
+@triton.jit(do_not_specialize=["window"])
+def _combine_kernel(
+    ws_ptr, ml_ptr, o_ptr, pos_ptr, window, stride_on, stride_oh,
+    HQ: tl.constexpr, NSEG: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
+    SEG: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """Program (row, head, output block): the row's segments, in order, merged; written out."""
+    after_prior(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    dv0 = tl.program_id(2) * BDV
+    pos = tl.load(pos_ptr + row).to(tl.int32)
+    lo = 0
+    if window > 0:
+        lo = tl.maximum(pos - window + 1, 0)
+    m_t, l_t, acc_t = fresh(1, BDV)
+    dv = dv0 + tl.arange(0, BDV)
+    base = (row * HQ + head) * NSEG
+    one = tl.arange(0, 1)
+    for seg in range(lo // SEG, pos // SEG + 1):
+        at = base + seg % NSEG + one  # [1]
+        m_s = tl.load(ml_ptr + at * 2)
+        l_s = tl.load(ml_ptr + at * 2 + 1)
+        acc_s = tl.load(ws_ptr + at[:, None] * DV + dv[None, :])
+        m_t, l_t, acc_t = merge(m_t, l_t, acc_t, m_s, l_s, acc_s)
+    out = finish(l_t, acc_t)
+    tl.store(o_ptr + row * stride_on + head * stride_oh + dv[None, :] + one[:, None] * 0,
+             out.to(o_ptr.dtype.element_ty))
+
+
+def combine(ws: torch.Tensor, ml: torch.Tensor, out: torch.Tensor, positions: torch.Tensor,
+            window: int | None, bdv: int) -> None:
+    """out [N, Hq, Dv] from the partials a split pass left in (ws, ml) (`workspace`)."""
+    n, hq, nseg, dv = ws.shape
+    _combine_kernel[(n, hq, dv // bdv)](
+        ws, ml, out, positions, window or 0, out.stride(0), out.stride(1),
+        HQ=hq, NSEG=nseg, DV=dv, BDV=bdv, SEG=SEGMENT, num_warps=4, **launch_options(out),
+    )
