@@ -3,7 +3,9 @@
 At Gemma-4-26B-A4B's and LFM2-24B-A2B's shapes with dummy bf16 weights:
 - capacity: streams at a 131072-token window the memory plan fits in the device's memory with
   bf16 and with fp8 pages (bench/kv_capacity.py; the weights at their real bytes);
-- decode tokens/s at 1 and 64 streams (2048-token prompts, CUDA graphs), bf16 and fp8 pages;
+- decode tokens/s at 1 and 64 streams (2048-token prompts, CUDA graphs), bf16 and fp8 pages,
+  and at 1 stream after a 32k-token prompt (decode_long);
+- the kernels of one decode round at 2k and 32k rows of context (profile);
 - the gates within fp8 through the lanes: concurrent == solo, pages == windows on a tight
   pool whose freed pages are poisoned;
 - a 32k-token chat's next turn, time to first token: fresh (no store), resumed from the GPU
@@ -154,17 +156,19 @@ class KVBench(Sections):
                            page_rows=PAGE_ROWS, poison=poison, kv_dtype=KV[kv], max_pages=per,
                            capture=self.device == "cuda")
 
-    def decode(self) -> dict[str, Any]:
+    def decode(self, prompt: int | None = None, streams: tuple[int, ...] | None = None,
+               new: int | None = None) -> dict[str, Any]:
         """Each stream a `prompt`-row prompt, then `new` tokens; a round counts when every
         stream decodes."""
         z, res = self.sizes, {}
-        window = z["prompt"] + z["new"] + PAGE_ROWS
-        for n in z["streams"]:
-            prompts = engine_runs.random_prompts(n, z["prompt"], self.model.vocab_size, seed=n)
+        prompt, new = prompt or z["prompt"], new or z["new"]
+        window = prompt + new + PAGE_ROWS
+        for n in streams or z["streams"]:
+            prompts = engine_runs.random_prompts(n, prompt, self.model.vocab_size, seed=n)
             for kv in KV:
                 runner = self.runner(n, kv, window)
                 engine_runs.run_requests(runner, prompts, 4, lanes=n, window=window)  # capture
-                run = engine_runs.run_requests(runner, prompts, z["new"], lanes=n, window=window)
+                run = engine_runs.run_requests(runner, prompts, new, lanes=n, window=window)
                 res[f"{kv}_streams{n}"] = {
                     "tokens_per_s": run.decode_tokens_per_s,
                     "ms_per_round": 1e3 * run.decode_s / max(run.decode_rounds, 1),
@@ -172,6 +176,11 @@ class KVBench(Sections):
                 }
                 del runner
         return res
+
+    def decode_long(self) -> dict[str, Any]:
+        """decode's figures for one stream after a 32k-token prompt (a 300-token one in the
+        smoke), where the KV rows are a real part of what a round reads."""
+        return self.decode(300 if self.args.smoke else 32768, (1,), 32)
 
     def profile(self) -> dict[str, Any]:
         """Kernel times of one eager decode round of one stream at 2k and 32k rows of context,
@@ -373,6 +382,7 @@ def main() -> None:
         shape_results: dict[str, Any] = {}
         for name, fn, need in (("build", lambda: b.build(shape), 10), ("decode", b.decode, 30),
                                ("gates", b.gates, 20), ("profile", b.profile, 20),
+                               ("decode_long", b.decode_long, 30),
                                ("next_turn", lambda: b.next_turn(shape), 40)):
             if name not in args.sections.split(","):
                 continue
