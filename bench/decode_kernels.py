@@ -7,6 +7,8 @@ row alone gives the same bits as that row in a 2048-row pass (prompt tiles, the 
 one program), and the result is within bf16 rounding of the torch product.
 
     python bench/decode_kernels.py --out $OUT          # a table on stdout, decode_kernels.json
+
+TF_DEPENDENT_LAUNCH and TF_PREFETCH_WEIGHTS apply, as in the engine.
 """
 
 from __future__ import annotations
@@ -249,6 +251,14 @@ def main() -> None:
         LINEAR.update({"tiny": (96, 320)})
         MOE.clear()
         MOE.update({"tiny moe": (6, 96, 320, 2), "tiny dense": (1, 128, 320, 1)})
+    from tensorfold.ops import gpu
+    from tensorfold.settings import Settings
+
+    launch = {"dependent_launch": Settings().dependent_launch,  # TF_DEPENDENT_LAUNCH
+              "prefetch_weights": Settings().prefetch_weights}  # TF_PREFETCH_WEIGHTS
+    gpu.set_dependent_launch(launch["dependent_launch"])
+    gpu.set_prefetch_weights(launch["prefetch_weights"])
+    print(json.dumps(launch))
     torch.manual_seed(0)
     if args.check:
         print("rows unequal to the 2048-row pass:", json.dumps(invariance()))
@@ -262,7 +272,7 @@ def main() -> None:
                                    for k, v in row.items()))
         return
     saved = dict(MAX_SPLITS=triton_splitk.MAX_SPLITS, TINY_BLOCK_M=triton_linear.TINY_BLOCK_M)
-    res = {"linear": linear_rows(), "moe": moe_rows()}
+    res = {**launch, "linear": linear_rows(), "moe": moe_rows()}
     apply(saved)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "decode_kernels.json").write_text(json.dumps(res, indent=1))

@@ -37,6 +37,8 @@ class Sections:
 
         self.results["dependent_launch"] = Settings().dependent_launch  # TF_DEPENDENT_LAUNCH
         gpu.set_dependent_launch(self.results["dependent_launch"])
+        self.results["prefetch_weights"] = Settings().prefetch_weights  # TF_PREFETCH_WEIGHTS
+        gpu.set_prefetch_weights(self.results["prefetch_weights"])
 
     def left(self) -> float:
         return self.args.budget_s - (time.perf_counter() - self.t0)

@@ -76,6 +76,11 @@ class Settings(BaseSettings):
         "launch, so that each starts while the one before it finishes (0: plain launches; the "
         "tokens are the same).",
     )
+    prefetch_weights: bool = Field(
+        default=True,
+        description="With dependent launch, let each GEMV kernel prefetch part of its weights "
+        "into L2 while the kernel before it finishes (0: off; the tokens are the same).",
+    )
     warm_up: bool | None = Field(
         default=None,
         description="Before serving, run a few prompts and decode rounds through the lanes so "

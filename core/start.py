@@ -288,6 +288,7 @@ def open_rank(
     from .ops import gpu
 
     gpu.set_dependent_launch(settings.dependent_launch)
+    gpu.set_prefetch_weights(settings.prefetch_weights)
     if device.startswith("cuda") and settings.cuda_graphs:
         from .cuda_graphs import GraphRunner
 

@@ -327,6 +327,31 @@ def test_tile_choice_by_row_count_changes_no_bits(dtype, monkeypatch: pytest.Mon
         assert torch.equal(a, z)
 
 
+def test_weight_prefetch_changes_no_bits(monkeypatch: pytest.MonkeyPatch):
+    """The code before the wait that computes the prefetched rows (a no-op prefetch under the
+    interpreter) runs with prefetch forced on, and no result changes."""
+    dtype = torch.bfloat16
+    x = randn(5, 160, seed=41, dtype=dtype)
+    w = randn(300, 160, seed=42, dtype=dtype, scale=0.1)
+    n, h, i, e, k = 4, 32, 48, 6, 3
+    xm = randn(n, h, seed=43, dtype=dtype)
+    w1, w3, w2 = _experts(e, i, h, dtype, 44)
+    weights, experts = ref_moe.route(xm, randn(e, h, seed=45, dtype=dtype), None, k, norm_topk_prob=True)
+    dw1, dw3 = randn(40, h, seed=46, dtype=dtype, scale=0.2), randn(40, h, seed=47, dtype=dtype, scale=0.2)
+    dw2 = randn(h, 40, seed=48, dtype=dtype, scale=0.2)
+    got = {}
+    for pk in (0, 64):
+        monkeypatch.setattr(triton_linear, "prefetch_k", lambda *_, pk=pk: pk)
+        monkeypatch.setattr(triton_moe, "prefetch_k", lambda *_, pk=pk: pk)
+        got[pk] = (
+            triton_linear.linear(x, w),
+            triton_moe.moe(xm, weights, experts, w1, w3, w2),
+            triton_moe.gated_ffn(xm, dw1, dw3, dw2),
+        )
+    for a, z in zip(got[0], got[64]):
+        assert torch.equal(a, z)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_k_split_in_programs_of_their_own_equals_the_chunks_in_one(dtype, monkeypatch):
     """The linear's K cut in chunks: a pass of a few rows gives each chunk its own program and the

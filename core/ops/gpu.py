@@ -12,6 +12,7 @@ _enabled = True
 _on_cpu = False
 _have_triton: bool | None = None
 _dependent_launch = True
+_prefetch_weights = True
 _pdl_devices: dict[int, bool] = {}
 
 
@@ -39,6 +40,31 @@ def set_dependent_launch(enabled: bool) -> None:
     programmatic dependent launch on GPUs that have it (on by default; TF_DEPENDENT_LAUNCH)."""
     global _dependent_launch
     _dependent_launch = enabled
+
+
+def set_prefetch_weights(enabled: bool) -> None:
+    """Let kernels launched with PDL prefetch part of their weights into L2 before they wait for
+    their predecessor (on by default; TF_PREFETCH_WEIGHTS). A hint: results are the same."""
+    global _prefetch_weights
+    _prefetch_weights = enabled
+
+
+PREFETCH_BYTES = 8 << 20  # prefetched by one launch at most (an H200's L2 is 50 MB)
+
+
+def prefetch_k(w: torch.Tensor, rows: int) -> int:
+    """How many elements of each weight row range a kernel prefetches before its wait
+    (triton_util.prefetch_l2), for a launch that reads `rows` row ranges of w (rows of distinct
+    matrices, or the chunks of split rows): a power of two, so that the launch prefetches
+    PREFETCH_BYTES at most; 0 (off) without PDL, below 64 elements, or when w's rows do not
+    start 16-byte aligned."""
+    if not (_prefetch_weights and launch_options(w)["PDL"]):
+        return 0
+    size = w.element_size()
+    if w.data_ptr() % 16 or any(s * size % 16 for s in w.stride()[:-1]):
+        return 0
+    per_row = PREFETCH_BYTES // (max(rows, 1) * size)
+    return 1 << (per_row.bit_length() - 1) if per_row >= 64 else 0
 
 
 def launch_options(t: torch.Tensor) -> dict[str, bool]:

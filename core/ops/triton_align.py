@@ -115,6 +115,9 @@ class Aligned:
     sorted_pairs: torch.Tensor  # [max_blocks * block_m] int32: pair index, or P for padding
     block_expert: torch.Tensor  # [max_blocks] int32: expert, or E past the last block
     max_blocks: int
+    # the experts align read (pair r*k + j's at r*k + j; the dense FFN's: block_expert): the
+    # kernel before align wrote them, so the GEMMs after align may read them before their wait
+    pair_expert: torch.Tensor
 
 
 def align(experts: torch.Tensor, num_experts: int, block_m: int) -> Aligned:
@@ -140,4 +143,4 @@ def align(experts: torch.Tensor, num_experts: int, block_m: int) -> Aligned:
             flat, hist, sorted_pairs, block_expert, p, num_experts, chunks, max_blocks,
             BM=block_m, EB=eb, CHUNK=chunk, CB=16, BB=64, num_warps=8, **launch_options(flat),
         )
-    return Aligned(sorted_pairs, block_expert, max_blocks)
+    return Aligned(sorted_pairs, block_expert, max_blocks, flat)

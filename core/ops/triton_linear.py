@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 
 from . import triton_splitk as splitk
-from .gpu import launch_options
-from .triton_util import after_prior, interpreting, mma, publish_writes
+from .gpu import launch_options, prefetch_k
+from .triton_util import after_prior, interpreting, mma, prefetch_rows, publish_writes
 
 TINY_BLOCK_M = 16  # passes of up to TINY_ROWS rows (one decode round of a few streams)
 TINY_ROWS = 16
@@ -100,13 +100,22 @@ def _linear_kernel(
     stride_xm, stride_wn, stride_om,
     HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, SPLITS: tl.constexpr,
     SPLIT_GRID: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,
 ):
-    after_prior(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PREFETCH_K > 0:  # the weights need nothing from the kernel before
+        if pid_m == 0:
+            k_lo = 0
+            k_end = K
+            if SPLIT_GRID:
+                k_lo = tl.program_id(2) * CHUNK
+                k_end = tl.minimum(K, k_lo + CHUNK)
+            prefetch_rows(w_ptr, rn, stride_wn, N, k_lo, tl.minimum(k_end, k_lo + PREFETCH_K),
+                          INTERP)
+    after_prior(PDL)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     finish = True
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if SPLIT_GRID:  # this program's chunk to the workspace; the tile's last arrival adds them
@@ -172,5 +181,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             SPLITS=splits, SPLIT_GRID=split_grid,
             BLOCK_M=bm, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
             num_warps=t.warps, num_stages=t.stages, **launch_options(rows),
+            PREFETCH_K=prefetch_k(weight, n * splits),
         )
     return out.reshape(*lead, n)

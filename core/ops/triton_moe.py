@@ -27,8 +27,8 @@ import triton
 import triton.language as tl
 
 from .triton_align import Aligned, align
-from .gpu import launch_options
-from .triton_util import after_prior, interpreting, mma
+from .gpu import launch_options, prefetch_k
+from .triton_util import after_prior, interpreting, mma, prefetch_rows
 
 BLOCK_M = 128  # prompt passes (more than SMALL_ROWS rows)
 SMALL_BLOCK_M = 64  # decode-sized passes
@@ -89,21 +89,27 @@ def _gate(h1, h3, limit, dt: tl.constexpr, ACT: tl.constexpr):
 
 @triton.jit(do_not_specialize=["P"])  # one binary for any row count
 def _swiglu_kernel(
-    x_ptr, w1_ptr, w3_ptr, g_ptr, sorted_ptr, block_ptr, P, E, I, K, limit,
+    x_ptr, w1_ptr, w3_ptr, g_ptr, ex_ptr, sorted_ptr, block_ptr, P, E, I, K, limit,
     stride_xm, stride_1e, stride_1n, stride_3e, stride_3n,
     TOPK: tl.constexpr, ACT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,
 ):
-    after_prior(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
+    if PREFETCH_K > 0:  # pair pid_m's expert rows (Aligned.pair_expert)
+        if pid_m < P:
+            ep = tl.minimum(tl.maximum(tl.load(ex_ptr + pid_m), 0), E - 1).to(tl.int64)
+            k_hi = tl.minimum(K, PREFETCH_K)
+            prefetch_rows(w1_ptr + ep * stride_1e, rn, stride_1n, I, 0, k_hi, INTERP)
+            prefetch_rows(w3_ptr + ep * stride_3e, rn, stride_3n, I, 0, k_hi, INTERP)
+    after_prior(PDL)
     e = tl.load(block_ptr + pid_m)
     live = e < E
     pairs = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
     valid = (pairs < P) & live
     src = (pairs // TOPK).to(tl.int64)
-    rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
     e64 = tl.where(live, e, 0).to(tl.int64)
     x_ptrs = x_ptr + src[:, None] * stride_xm + rk[None, :]
@@ -135,17 +141,22 @@ def _down_kernel(
     stride_2e, stride_2n, stride_om,
     HAS_WEIGHT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,
 ):
-    after_prior(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
+    if PREFETCH_K > 0:  # align wrote the block map two kernels back (swiglu between)
+        ep = tl.load(block_ptr + pid_m)
+        if ep < E:
+            prefetch_rows(w2_ptr + tl.maximum(ep, 0).to(tl.int64) * stride_2e, rn, stride_2n, H,
+                          0, tl.minimum(K, PREFETCH_K), INTERP)
+    after_prior(PDL)
     e = tl.load(block_ptr + pid_m)
     live = e < E
     pairs = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
     valid = (pairs < P) & live
     rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
-    rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
     e64 = tl.where(live, e, 0).to(tl.int64)
     g_ptrs = g_ptr + rows[:, None] * K + rk[None, :]
@@ -227,12 +238,17 @@ def _experts(
     x = x.contiguous()
     g = torch.empty(al.max_blocks * block_m, i, dtype=x.dtype, device=x.device)
     ieee = x.dtype == torch.float32
+    # Weights prefetched before each kernel's wait: a few rows' passes (decode), bounded by
+    # the experts a launch can read.
+    ex = min(e, al.max_blocks) if block_m == TINY_BLOCK_M else 0
+    pre_sw = min(prefetch_k(w1, 2 * i * ex), prefetch_k(w3, 2 * i * ex)) if ex else 0
     t = sw
     _swiglu_kernel[(triton.cdiv(i, t.block_n), al.max_blocks)](
-        x, w1, w3, g, al.sorted_pairs, al.block_expert, pairs, e, i, h, float(limit),
-        x.stride(0), w1.stride(0), w1.stride(1), w3.stride(0), w3.stride(1),
+        x, w1, w3, g, al.pair_expert, al.sorted_pairs, al.block_expert, pairs, e, i, h,
+        float(limit), x.stride(0), w1.stride(0), w1.stride(1), w3.stride(0), w3.stride(1),
         TOPK=top_k, ACT=ACTS[act], IEEE=ieee, INTERP=interpreting(), BM=block_m,
         BN=t.block_n, BK=t.block_k, num_warps=t.warps, num_stages=t.stages, **launch_options(x),
+        PREFETCH_K=pre_sw,
     )
     t = dn
     rw = route_weights.reshape(-1) if route_weights is not None else g
@@ -241,6 +257,7 @@ def _experts(
         w2.stride(0), w2.stride(1), out.stride(0),
         HAS_WEIGHT=route_weights is not None, IEEE=ieee, INTERP=interpreting(), BM=block_m, BN=t.block_n,
         BK=t.block_k, num_warps=t.warps, num_stages=t.stages, **launch_options(g),
+        PREFETCH_K=prefetch_k(w2, h * ex) if ex else 0,
     )
 
 
@@ -298,7 +315,8 @@ def _identity(n: int, device: torch.device, block_m: int) -> Aligned:
         blocks = triton.cdiv(n, block_m)
         pairs = torch.arange(blocks * block_m, dtype=torch.int32, device=device)
         pairs = torch.where(pairs < n, pairs, n)
-        _IDENTITY[key] = Aligned(pairs, torch.zeros(blocks, dtype=torch.int32, device=device), blocks)
+        zeros = torch.zeros(blocks, dtype=torch.int32, device=device)
+        _IDENTITY[key] = Aligned(pairs, zeros, blocks, zeros)
     return _IDENTITY[key]
 
 
