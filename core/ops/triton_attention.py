@@ -205,7 +205,8 @@ def paged_attention(
         span = min(span, window + KEY_TILE + QUERY_ROWS)
     nseg = triton.cdiv(span, key_split.SEGMENT) + (window is not None)
     if parts is None:
-        parts = key_split.parts(meta.num_blocks * nsub * hkv * dvb, nseg)
+        parts = key_split.parts(key_split.live_tiles(meta.num_blocks, nsub, n, qb) * hkv * dvb,
+                                nseg)
     split = {}
     if parts > 1:
         ws, ml = key_split.workspace(n, hq, nseg, dv, q)

@@ -32,6 +32,12 @@ def parts(programs: int, segments: int) -> int:
     return max(1, min(segments, triton.cdiv(TARGET_PROGRAMS, programs)))
 
 
+def live_tiles(blocks: int, nsub: int, rows: int, qb: int) -> int:
+    """At most how many of a pass's blocks*nsub row tiles hold rows (a decode row fills one
+    of its block's nsub parts)."""
+    return min(blocks * nsub, blocks + rows // qb)
+
+
 def workspace(rows: int, heads: int, segments: int, dv: int,
               like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Partials of `segments` segment slots a (row, head): values [rows, heads, segments, dv]

@@ -136,7 +136,8 @@ def ring_attention(
     dvb = dv // bdv
     nseg = triton.cdiv(window + KEY_TILE + QUERY_ROWS, key_split.SEGMENT) + 1
     if parts is None:
-        parts = key_split.parts(meta.num_blocks * nsub * hkv * dvb, nseg)
+        parts = key_split.parts(key_split.live_tiles(meta.num_blocks, nsub, n, qb) * hkv * dvb,
+                                nseg)
     split = {}
     if parts > 1:
         ws, ml = key_split.workspace(n, hq, nseg, dv, q)
