@@ -192,13 +192,16 @@ class KVBench(Sections):
 
         res: dict[str, Any] = {}
         contexts = (64, 200) if self.args.smoke else (2048, 32768)
+        n = self.args.profile_streams
         for context in contexts:
             window = context + PAGE_ROWS
             per = -(-window // PAGE_ROWS)
             for kv in KV:
-                runner = GraphRunner(self.model, num_pages=per, num_slots=1, page_rows=PAGE_ROWS,
-                                     kv_dtype=KV[kv], max_pages=per, capture=False)
-                rows = [StreamRows(0, context, [11], list(range(per)))]
+                runner = GraphRunner(self.model, num_pages=n * per, num_slots=n,
+                                     page_rows=PAGE_ROWS, kv_dtype=KV[kv], max_pages=per,
+                                     capture=False)
+                rows = [StreamRows(s, context, [11], list(range(s * per, (s + 1) * per)))
+                        for s in range(n)]
                 runner.run(rows)
                 sync(self.device)
                 with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
@@ -208,7 +211,7 @@ class KVBench(Sections):
                 kern = sorted(((e.key, e.device_time_total / 3, e.count / 3)
                                for e in prof.key_averages() if e.device_time_total > 0),
                               key=lambda t: -t[1])
-                name = f"{self.shape}_{kv}_{context}"
+                name = f"{self.shape}_{kv}_{context}" + (f"_{n}" if n > 1 else "")
                 (self.out / f"kernels_{name}.tsv").write_text("".join(
                     f"{k[1]:.1f}\t{k[2]:.1f}\t{k[0]}\n" for k in kern))
                 res[f"{kv}_{context}"] = {
@@ -370,14 +373,22 @@ def main() -> None:
     ap.add_argument("--memory-gib", type=float, default=kv_capacity.H200_GIB,
                     help="the device memory the capacity section plans for on the CPU")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--shapes", default=",".join(kv_capacity.SHAPES))
+    ap.add_argument("--profile-streams", type=int, default=1)
+    ap.add_argument("--walk", action="store_true",
+                    help="attention's key segments always walked by one program (no split)")
     ap.add_argument("--sections", default="build,decode,gates,next_turn",
                     help="of each shape, in this order (capacity always runs)")
     args = ap.parse_args()
+    if args.walk:
+        from tensorfold.ops import triton_key_split
+
+        triton_key_split.TARGET_PROGRAMS = 0
     b = KVBench(args)
     b.results["env"] = {"torch": torch.__version__, "commit": args.commit,
                         "gpu": torch.cuda.get_device_name(0) if b.device == "cuda" else None}
     b.section("capacity", b.capacity)
-    for shape in kv_capacity.SHAPES:
+    for shape in args.shapes.split(","):
         b.shape = shape
         shape_results: dict[str, Any] = {}
         for name, fn, need in (("build", lambda: b.build(shape), 10), ("decode", b.decode, 30),
