@@ -77,9 +77,10 @@ class Settings(BaseSettings):
         "tokens are the same).",
     )
     prefetch_weights: bool = Field(
-        default=True,
+        default=False,
         description="With dependent launch, let each GEMV kernel prefetch part of its weights "
-        "into L2 while the kernel before it finishes (0: off; the tokens are the same).",
+        "into L2 while the kernel before it finishes (off: on an H200 it gained nothing, "
+        "docs/perf.md; the tokens are the same either way).",
     )
     warm_up: bool | None = Field(
         default=None,

@@ -12,7 +12,7 @@ _enabled = True
 _on_cpu = False
 _have_triton: bool | None = None
 _dependent_launch = True
-_prefetch_weights = True
+_prefetch_weights = False
 _pdl_devices: dict[int, bool] = {}
 
 
@@ -44,7 +44,7 @@ def set_dependent_launch(enabled: bool) -> None:
 
 def set_prefetch_weights(enabled: bool) -> None:
     """Let kernels launched with PDL prefetch part of their weights into L2 before they wait for
-    their predecessor (on by default; TF_PREFETCH_WEIGHTS). A hint: results are the same."""
+    their predecessor (off by default; TF_PREFETCH_WEIGHTS). A hint: results are the same."""
     global _prefetch_weights
     _prefetch_weights = enabled
 

@@ -26,10 +26,12 @@ TARGET_PROGRAMS = 264  # two programs per SM of an H200: split until a pass has 
 
 def parts(programs: int, segments: int) -> int:
     """How many programs share a row tile's segments: 1 (one program walks them all) when the
-    pass already has enough programs, else enough to reach TARGET_PROGRAMS."""
-    if programs >= TARGET_PROGRAMS or segments <= 1:
+    pass has a quarter of TARGET_PROGRAMS or more (a split of 2 or 3 gains less than its
+    combine costs: at 32 streams, docs/perf.md), else enough to reach TARGET_PROGRAMS."""
+    want = triton.cdiv(TARGET_PROGRAMS, max(programs, 1))
+    if want < 4 or segments <= 1:
         return 1
-    return max(1, min(segments, triton.cdiv(TARGET_PROGRAMS, programs)))
+    return min(segments, want)
 
 
 def live_tiles(blocks: int, nsub: int, rows: int, qb: int) -> int:
