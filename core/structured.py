@@ -97,12 +97,14 @@ _EXECUTOR: list[Any] = []
 
 def _unpack(words: torch.Tensor, vocab: int, known: int) -> torch.Tensor:
     """words [R, W] int32 bitmasks (bit j of word i: token 32 i + j) -> [R, vocab] bool, ids at
-    or past `known` (the tokenizer's vocabulary) never allowed."""
-    ids = torch.arange(vocab, device=words.device)
+    or past `known` (the tokenizer's vocabulary) never allowed. Unpacked byte by byte (both
+    sides little-endian): 8 bits a byte, no [R, vocab] int32 in between."""
+    rows = words.shape[0]
     lim = min(vocab, known, 32 * words.shape[1])
-    bits = (words[:, ids[:lim] >> 5] >> (ids[:lim] & 31).to(torch.int32)) & 1
-    out = torch.zeros(words.shape[0], vocab, dtype=torch.bool, device=words.device)
-    out[:, :lim] = bits.bool()
+    shifts = torch.arange(8, dtype=torch.uint8, device=words.device)
+    bits = (words.contiguous().view(torch.uint8).unsqueeze(-1) >> shifts) & 1  # [R, 4W, 8]
+    out = torch.zeros(rows, vocab, dtype=torch.bool, device=words.device)
+    out[:, :lim] = bits.view(rows, -1)[:, :lim].bool()
     return out
 
 
@@ -136,6 +138,9 @@ def mask_rows(logits: torch.Tensor, rows: list[tuple[int, RowMatcher]]) -> None:
     _executor().unsafe_compute_mask_ptr([(m.matcher, j) for j, (_, m) in enumerate(rows)],
                                       words.data_ptr(), words_per_row * 4, len(rows))
     allowed = _unpack(words.to(logits.device, non_blocking=True), logits.shape[1], known)
+    if len(rows) == logits.shape[0] and all(i == j for j, (i, _) in enumerate(rows)):
+        logits.masked_fill_(~allowed, float("-inf"))  # every row constrained: one fill
+        return
     at = torch.tensor([i for i, _ in rows], device=logits.device)
     logits[at] = logits[at].masked_fill(~allowed, float("-inf"))
 

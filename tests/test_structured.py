@@ -292,6 +292,9 @@ def test_masks_of_a_batch_are_each_rows_own_bitmask(llm: Any) -> None:
         assert torch.equal(out[row], x[row].masked_fill(~allowed, float("-inf")))
         assert 0 < int(allowed.sum()) < tok.vocab_size
     assert not torch.equal(out[0].isinf(), out[1].isinf())  # the rows' own states, not one mask
+    every = x[[0, 1, 3]].clone()  # every row constrained: the one-fill path
+    structured.mask_rows(every, list(enumerate(matchers)))
+    assert torch.equal(every, out[[0, 1, 3]])
 
 
 def test_accept_rows_advances_each_matcher_and_names_a_refusal(llm: Any) -> None:
