@@ -6,8 +6,8 @@ A stream's ring [W-1, Hkv, D] holds row p at index p mod (W-1). A pass's run of 
 >= start from the pass's new rows. The attention kernel is the paged kernel's walk
 (triton_attention.py: the same row tiles, key tiles aligned to absolute positions, fixed
 head-dim chunks, the same key segments and online softmax) with keys read from those two
-places; ring rows outside the window (stale, or NaN in a poisoned slot) are never loaded. So its bits equal the
-paged kernel's with the same window over the same rows.
+places; ring rows outside the window (stale, or NaN in a poisoned slot) are never loaded. So
+its bits equal the paged kernel's with the same window over the same rows.
 
 Attention must read the rings before they advance: the new row at p overwrites p-(W-1), which
 the query at p still sees. fp8 rings (SCALED): the new rows and the rings are e4m3, their
