@@ -1,27 +1,39 @@
-"""Paged attention's decode rows at 1, 8 and 64 streams over 2k and 32k keys, on one GPU: the
-key segments walked by one program (parts=1), shared (parts chosen by the pass), and, when
-core/ops/_old_attention.py holds the kernel before segments, that one. µs a call, each from a
-CUDA graph of 20 calls.
+"""Attention's decode rows on one GPU, µs a call (each from a CUDA graph of 20 calls): the
+paged kernel at 1, 8 and 64 streams over 2k and 32k keys, and the ring kernel (gemma4's sliding
+layers, a 1024-key window) at 1, 8 and 64 streams; each with its key segments walked by one
+program (parts=1) and shared (parts chosen by the pass), bf16 and fp8 rows. Another version of
+the kernels to compare, laid beside them as core/ops/_old_attention.py and _old_window.py
+(its triton_attention import pointed at _old_attention), is timed too ("old"), and the bits
+of both are compared (equal: "=", else "≠").
 
     python3 bench/attention_split.py
+    TRITON_INTERPRET=1 python3 bench/attention_split.py --smoke   # the CPU, tiny sizes, untimed
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 
 import torch
 
 from tensorfold.forward_pass import ForwardPass, StreamRows
-from tensorfold.ops import triton_attention
+from tensorfold.ops import triton_attention, triton_window
 from tensorfold.ops.kv_quant import quantize_rows
+from tensorfold.ops.window_attention import RingScales
 from tensorfold.ops.pass_meta import build_meta
 
 SHAPES = {"lfm2 (32/8 x 64)": (32, 8, 64), "gemma4 global (16/2 x 512)": (16, 2, 512)}
-PAGE_ROWS = 512
+SMOKE = "--smoke" in sys.argv
+PAGE_ROWS = 16 if SMOKE else 512
+DEV = "cpu" if SMOKE else "cuda"
+POS = 100 if SMOKE else 5000  # the ring's decode rows
 
 
 def timed(fn, reps: int = 20) -> float:
+    if SMOKE:
+        fn()
+        return 0.0
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -39,43 +51,96 @@ def timed(fn, reps: int = 20) -> float:
     return a.elapsed_time(b) * 1e3 / (5 * reps)
 
 
-def main() -> None:
+def optional(name: str):
     try:
-        old = importlib.import_module("tensorfold.ops._old_attention")
+        return importlib.import_module(f"tensorfold.ops.{name}")
     except ImportError:
-        old = None
-    for name, (hq, hkv, d) in SHAPES.items():
-        for context in (2048, 32768):
-            for streams in (1, 8, 64):
+        return None
+
+
+def main() -> None:
+    paged()
+    ring()
+
+
+def ring() -> None:
+    """gemma4's sliding layers: 16 query heads, 8 KV heads of 256, a 1024-key window, each
+    stream's decode row at position 5000 with its ring full."""
+    old = optional("_old_window")
+    hq, hkv, d, window = (4, 2, 16, 40) if SMOKE else (16, 8, 256, 1024)
+    for streams in (1, 3) if SMOKE else (1, 8, 64):
+        runs = [StreamRows(s, POS, [0], [0] * (POS // PAGE_ROWS + 1), "all")
+                for s in range(streams)]
+        fp = ForwardPass(runs, PAGE_ROWS, DEV)
+        meta = build_meta(fp)
+        q = torch.randn(streams, hq, d, device=DEV, dtype=torch.bfloat16)
+        nk, nv = (torch.randn(streams, hkv, d, device=DEV, dtype=torch.bfloat16)
+                  for _ in range(2))
+        rk, rv = (torch.randn(streams, window - 1, hkv, d, device=DEV, dtype=torch.bfloat16)
+                  for _ in range(2))
+        for kv in ("bf16", "fp8"):
+            args, sc = (nk, nv, rk, rv), None
+            if kv == "fp8":
+                (a, sa), (b, sb), (c, scc), (e, se) = (quantize_rows(x) for x in args)
+                args, sc = (a, b, c, e), RingScales(sa, sb, scc, se)
+            outs, row = [], []
+            for label, mod, parts in (("walk", triton_window, 1), ("auto", triton_window, None),
+                                      ("old", old, "old")):
+                if mod is None:
+                    continue
+                kw = {} if parts == "old" else {"parts": parts}
+
+                def call(mod=mod, kw=kw):
+                    return mod.ring_attention(q, *args, fp.positions, meta, scale=d**-0.5,
+                                              window=window, scales=sc, **kw)
+
+                outs.append(call())
+                row.append(f"{label} {timed(call):8.1f}")
+            same = "=" if all(torch.equal(o, outs[0]) for o in outs) else "≠"
+            print(f"{f'ring ({hq}/{hkv} x {d})':<27} win {window:>6} streams {streams:>2} {kv:<4} "
+                  f"µs: " + "  ".join(row) + f"  bits {same}", flush=True)
+
+
+def paged() -> None:
+    old = optional("_old_attention")
+    shapes = {"smoke (4/2 x 16)": (4, 2, 16)} if SMOKE else SHAPES
+    for name, (hq, hkv, d) in shapes.items():
+        for context in (300,) if SMOKE else (2048, 32768):
+            for streams in (1, 3) if SMOKE else (1, 8, 64):
                 per = -(-(context + 1) // PAGE_ROWS)
                 pages = streams * per
                 if pages * PAGE_ROWS * hkv * d * 2 * 2 > 40e9:
                     continue
                 runs = [StreamRows(s, context, [0], list(range(s * per, (s + 1) * per)), "all")
                         for s in range(streams)]
-                fp = ForwardPass(runs, PAGE_ROWS, "cuda")
+                fp = ForwardPass(runs, PAGE_ROWS, DEV)
                 meta = build_meta(fp)
-                k = torch.randn(pages * PAGE_ROWS, hkv, d, device="cuda", dtype=torch.bfloat16)
+                k = torch.randn(pages * PAGE_ROWS, hkv, d, device=DEV, dtype=torch.bfloat16)
                 v = torch.randn_like(k)
-                q = torch.randn(streams, hq, d, device="cuda", dtype=torch.bfloat16)
+                q = torch.randn(streams, hq, d, device=DEV, dtype=torch.bfloat16)
                 for kv in ("bf16", "fp8"):
                     sc = {}
                     kk, vv = k, v
                     if kv == "fp8":
                         (kk, ks), (vv, vs) = quantize_rows(k), quantize_rows(v)
                         sc = {"k_scales": ks, "v_scales": vs}
-                    row = []
+                    outs, row = [], []
                     for label, mod, parts in (("walk", triton_attention, 1),
                                               ("auto", triton_attention, None),
                                               ("old", old, "old")):
                         if mod is None:
                             continue
                         kw = {} if parts == "old" else {"parts": parts}
-                        us = timed(lambda mod=mod, kw=kw: mod.paged_attention(
-                            q, kk, vv, fp.positions, meta, PAGE_ROWS, scale=d**-0.5, **sc, **kw))
-                        row.append(f"{label} {us:8.1f}")
+
+                        def call(mod=mod, kw=kw, kk=kk, vv=vv, sc=sc):
+                            return mod.paged_attention(q, kk, vv, fp.positions, meta, PAGE_ROWS,
+                                                       scale=d**-0.5, **sc, **kw)
+
+                        outs.append(call())
+                        row.append(f"{label} {timed(call):8.1f}")
+                    same = "=" if all(torch.equal(o, outs[0]) for o in outs) else "≠"
                     print(f"{name:<27} ctx {context:>6} streams {streams:>2} {kv:<4} µs: "
-                          + "  ".join(row), flush=True)
+                          + "  ".join(row) + f"  bits {same}", flush=True)
                 del k, v, kk, vv
 
 
