@@ -168,11 +168,18 @@ class KVBench(Sections):
             for kv in KV:
                 runner = self.runner(n, kv, window)
                 engine_runs.run_requests(runner, prompts, 4, lanes=n, window=window)  # capture
+                retries = self.alloc_retries()
                 run = engine_runs.run_requests(runner, prompts, new, lanes=n, window=window)
                 res[f"{kv}_streams{n}"] = {
                     "tokens_per_s": run.decode_tokens_per_s,
                     "ms_per_round": 1e3 * run.decode_s / max(run.decode_rounds, 1),
+                    "tokens_per_round": run.decode_tokens / max(run.decode_rounds, 1),
                     "graph_replays": runner.replays, "capture_error": runner.capture_error,
+                    # the 64-stream bf16 figure varies 6x between runs of one tree: the
+                    # allocator's retries (cudaFree and again) during the timed run, if any
+                    "alloc_retries": self.alloc_retries() - retries,
+                    "reserved_gib": (torch.cuda.memory_reserved() / 2**30
+                                     if self.device == "cuda" else 0.0),
                 }
                 del runner
         return res
@@ -220,6 +227,11 @@ class KVBench(Sections):
                     "top": [(k[0][:50], round(k[1], 1), round(k[2], 1)) for k in kern[:8]]}
                 del runner
         return res
+
+    def alloc_retries(self) -> int:
+        if self.device != "cuda":
+            return 0
+        return int(torch.cuda.memory_stats().get("num_alloc_retries", 0))
 
     def gates(self) -> dict[str, Any]:
         """In fp8: the prompts alone, then all at once, then on a tight pool of poisoned pages."""

@@ -82,6 +82,9 @@ def test_split_choice_follows_the_pass_size():
     assert triton_key_split.parts(2, 1) == 1  # one segment: nothing to share
     assert triton_key_split.parts(2, 100) == 100  # 132 wanted, 100 segments to share
     assert triton_key_split.parts(8, 200) == 33
+    # a decode row fills one of its block's parts: 64 one-row blocks of wide heads (8 parts)
+    assert triton_key_split.live_tiles(64, 8, 64, 2) == 96
+    assert triton_key_split.live_tiles(1, 1, 16, 16) == 1
 
 
 def test_ring_segments_walked_or_shared_give_the_same_bits(one_tile_segments):
