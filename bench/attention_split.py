@@ -7,6 +7,7 @@ the kernels to compare, laid beside them as core/ops/_old_attention.py and _old_
 of both are compared (equal: "=", else "≠").
 
     python3 bench/attention_split.py
+    python3 bench/attention_split.py --warps=4,8   # the new kernels at each count of warps
     TRITON_INTERPRET=1 python3 bench/attention_split.py --smoke   # the CPU, tiny sizes, untimed
 """
 
@@ -59,8 +60,14 @@ def optional(name: str):
 
 
 def main() -> None:
-    paged()
-    ring()
+    from tensorfold.ops import triton_key_split
+
+    warps = [int(w) for a in sys.argv if a.startswith("--warps=") for w in a[8:].split(",")]
+    for w in warps or [triton_key_split.WARPS]:
+        triton_key_split.WARPS = w
+        print(f"-- {w} warps an attention program (the old kernels keep theirs)", flush=True)
+        paged()
+        ring()
 
 
 def ring() -> None:

@@ -220,7 +220,8 @@ def paged_attention(
         out.stride(0), out.stride(1),
         G=group, GP=triton.next_power_of_2(group), QB=qb, NSUB=nsub, D=d, DC=dc, BDV=bdv,
         KT=KEY_TILE, HAS_WINDOW=window is not None, SCALED=scaled, IEEE=q.dtype == torch.float32,
-        INTERP=interpreting(), DVB=dvb, SEG=key_split.SEGMENT, num_warps=4, num_stages=2,
+        INTERP=interpreting(), DVB=dvb, SEG=key_split.SEGMENT, num_warps=key_split.WARPS,
+        num_stages=2,
         **split, **launch_options(q),
     )
     if parts > 1:

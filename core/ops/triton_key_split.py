@@ -22,6 +22,7 @@ from .triton_util import after_prior
 
 SEGMENT = 256  # keys; a multiple of the key tile (64)
 TARGET_PROGRAMS = 264  # two programs per SM of an H200: split until a pass has about this many
+WARPS = 4  # of an attention program (paged and ring); bench/attention_split.py --warps tries others
 
 
 def parts(programs: int, segments: int) -> int:

@@ -151,7 +151,8 @@ def ring_attention(
         ring_v.stride(1), ring_v.stride(2), out.stride(0), out.stride(1), *s_strides,
         G=group, GP=triton.next_power_of_2(group), QB=qb, NSUB=nsub, D=d, DC=dc, BDV=bdv,
         KT=KEY_TILE, SCALED=scales is not None, IEEE=q.dtype == torch.float32,
-        INTERP=interpreting(), DVB=dvb, SEG=key_split.SEGMENT, num_warps=4, num_stages=2,
+        INTERP=interpreting(), DVB=dvb, SEG=key_split.SEGMENT, num_warps=key_split.WARPS,
+        num_stages=2,
         **split, **launch_options(q),
     )
     if parts > 1:
