@@ -1,4 +1,4 @@
-"""fp8 KV pages against bf16 on one GPU, in one run of about 4 minutes (issue 19).
+"""fp8 KV pages against bf16 on one GPU, in one run of about 6 minutes (issue 19; --budget-s 520).
 
 At Gemma-4-26B-A4B's and LFM2-24B-A2B's shapes with dummy bf16 weights:
 - capacity: streams at a 131072-token window the memory plan fits in the device's memory with
@@ -353,17 +353,19 @@ def table(r: dict[str, Any], streams: int) -> str:
 
     lines = [kv_capacity.table(r["capacity"]) if "streams" in str(r.get("capacity")) else
              f"capacity: {r.get('capacity')}", ""]
-    lines.append(f"{'shape':<17} {'KV':<5} {'tok/s 1':>9} {f'tok/s {streams}':>9} {'fresh s':>8}"
-                 f" {'gpu s':>7} {'host s':>7}  gates")
+    lines.append(f"{'shape':<17} {'KV':<5} {'tok/s 1':>9} {f'tok/s {streams}':>9} "
+                 f"{'1 long':>9} {'fresh s':>8} {'gpu s':>7} {'host s':>7}  gates")
     for shape in kv_capacity.SHAPES:
         s = r.get(shape, {})
         dec, turns, gates = s.get("decode", {}), s.get("next_turn", {}), s.get("gates", {})
+        long = s.get("decode_long", {})
         n = streams
         for kv in KV:
             t = turns.get(kv, {}) if isinstance(turns, dict) else {}
             line = (f"{shape:<17} {kv:<5} "
                     f"{num(dec.get(f'{kv}_streams1', {}).get('tokens_per_s'), '9.1f')} "
                     f"{num(dec.get(f'{kv}_streams{n}', {}).get('tokens_per_s'), '9.1f')} "
+                    f"{num(long.get(f'{kv}_streams1', {}).get('tokens_per_s'), '9.1f')} "
                     f"{num(t.get('fresh', {}).get('ttft_s'), '8.2f')} "
                     f"{num(t.get('gpu_store', {}).get('ttft_s'), '7.2f')} "
                     f"{num(t.get('host_tier', {}).get('ttft_s'), '7.2f')}")
@@ -389,7 +391,7 @@ def main() -> None:
     ap.add_argument("--profile-streams", type=int, default=1)
     ap.add_argument("--walk", action="store_true",
                     help="attention's key segments always walked by one program (no split)")
-    ap.add_argument("--sections", default="build,decode,gates,next_turn",
+    ap.add_argument("--sections", default="build,decode,decode_long,gates,next_turn",
                     help="of each shape, in this order (capacity always runs)")
     args = ap.parse_args()
     if args.walk:
