@@ -27,14 +27,13 @@ from tensorfold.ops.kv_quant import quantize_rows  # noqa: E402
 from tensorfold.ops.pass_meta import build_meta  # noqa: E402
 
 PAGE_ROWS = 16
-# slot, start, rows, pages: decode rows deep in their context, a chunk that crosses segments,
-# a fresh prompt longer than a segment, a decode row in the first segment
+# slot, start, rows, pages: a decode row deep in its context, a chunk that crosses a segment's
+# end, a fresh prompt longer than a segment, a decode row in the first segment
 LONG = [
     (0, 300, 1, list(range(0, 20))),
-    (1, 140, 20, list(range(20, 31))),
-    (2, 0, 70, list(range(31, 36))),
-    (3, 200, 1, list(range(36, 49))),
-    (4, 9, 1, [49]),
+    (1, 120, 12, list(range(20, 29))),
+    (2, 0, 70, list(range(29, 34))),
+    (3, 9, 1, [34]),
 ]
 
 
@@ -50,14 +49,13 @@ def _paged(q, k, v, fp, window, parts, **scales):
 
 @pytest.mark.parametrize("dtype, tol, fp8, window", [(torch.float32, 1e-5, False, None),
                                                      (torch.bfloat16, 2e-2, False, 100),
-                                                     (torch.bfloat16, 2e-2, True, None),
                                                      (torch.bfloat16, 2e-2, True, 100)])
 def test_paged_segments_walked_or_shared_give_the_same_bits(one_tile_segments, dtype, tol, fp8,
                                                            window):
     fp = _pass(LONG, PAGE_ROWS)
     hkv, group, d = 2, 3, 16
-    k = randn(50 * PAGE_ROWS, hkv, d, seed=1, dtype=dtype)
-    v = randn(50 * PAGE_ROWS, hkv, d, seed=2, dtype=dtype)
+    k = randn(35 * PAGE_ROWS, hkv, d, seed=1, dtype=dtype)
+    v = randn(35 * PAGE_ROWS, hkv, d, seed=2, dtype=dtype)
     scales = {}
     if fp8:
         (k, ks), (v, vs) = quantize_rows(k.float()), quantize_rows(v.float())
