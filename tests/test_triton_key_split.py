@@ -74,12 +74,12 @@ def test_paged_segments_walked_or_shared_give_the_same_bits(one_tile_segments, d
 
 
 def test_split_choice_follows_the_pass_size():
-    assert triton_key_split.parts(264, 100) == 1  # enough programs already
-    assert triton_key_split.parts(100, 100) == 1  # a split of 3 would not pay for its combine
-    assert triton_key_split.parts(66, 100) == 4
-    assert triton_key_split.parts(2, 1) == 1  # one segment: nothing to share
-    assert triton_key_split.parts(2, 100) == 100  # 132 wanted, 100 segments to share
-    assert triton_key_split.parts(8, 200) == 33
+    assert triton_key_split.parts_for(264, 100) == 1  # enough programs already
+    assert triton_key_split.parts_for(100, 100) == 1  # a split of 3 would not pay for its combine
+    assert triton_key_split.parts_for(66, 100) == 4
+    assert triton_key_split.parts_for(2, 1) == 1  # one segment: nothing to share
+    assert triton_key_split.parts_for(2, 100) == 100  # 132 wanted, 100 segments to share
+    assert triton_key_split.parts_for(8, 200) == 33
     # a decode row fills one of its block's parts: 64 one-row blocks of wide heads (8 parts)
     assert triton_key_split.live_tiles(64, 8, 64, 2) == 96
     assert triton_key_split.live_tiles(1, 1, 16, 16) == 1

@@ -156,16 +156,11 @@ def _attention_kernel(
                 visible, m_i, l_i, acc, scale, QB * GP, KT, D, DC, BDV, dv0, SCALED, IEEE,
                 INTERP,
             )
-        if SPLIT:
-            key_split.store_partial(ws_ptr, ml_ptr, qrow, head, valid, seg % NSEG, m_i, l_i,
-                                    acc, dv0, HQ, NSEG, DVB * BDV, BDV)
-        else:
-            m_t, l_t, acc_t = key_split.merge(m_t, l_t, acc_t, m_i, l_i, acc)
-    if not SPLIT:
-        out = key_split.finish(l_t, acc_t)
-        dv = dv0 + tl.arange(0, BDV)
-        tl.store(o_ptr + qrow[:, None] * stride_on + head[:, None] * stride_oh + dv[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
+        m_t, l_t, acc_t = key_split.end_segment(m_t, l_t, acc_t, m_i, l_i, acc, ws_ptr, ml_ptr,
+                                                qrow, head, valid, seg, dv0, HQ, NSEG,
+                                                DVB * BDV, BDV, SPLIT)
+    key_split.store_total(o_ptr, qrow, head, valid, l_t, acc_t, dv0, stride_on, stride_oh, BDV,
+                          SPLIT)
 
 
 def paged_attention(
@@ -204,14 +199,9 @@ def paged_attention(
     if window is not None:
         span = min(span, window + KEY_TILE + QUERY_ROWS)
     nseg = triton.cdiv(span, key_split.SEGMENT) + (window is not None)
-    if parts is None:
-        parts = key_split.parts(key_split.live_tiles(meta.num_blocks, nsub, n, qb) * hkv * dvb,
-                                nseg)
-    split = {}
-    if parts > 1:
-        ws, ml = key_split.workspace(n, hq, nseg, dv, q)
-        split = dict(ws_ptr=ws, ml_ptr=ml, parts=parts, HQ=hq, NSEG=nseg, SPLIT=True)
-    _attention_kernel[(meta.num_blocks * nsub, hkv, dvb * parts)](
+    split = key_split.plan(q, out, key_split.live_tiles(meta.num_blocks, nsub, n, qb), hkv, dvb,
+                           nseg, parts)
+    _attention_kernel[(meta.num_blocks * nsub, hkv, dvb * split.parts)](
         q, k_rows, v_rows, ks, vs, out, positions, meta.block_stream, meta.block_row0,
         meta.block_len, meta.stream_start, meta.stream_len, meta.table, meta.table.stride(0),
         meta.table.stride(1), page_rows, scale, window or 0,
@@ -222,8 +212,7 @@ def paged_attention(
         KT=KEY_TILE, HAS_WINDOW=window is not None, SCALED=scaled, IEEE=q.dtype == torch.float32,
         INTERP=interpreting(), DVB=dvb, SEG=key_split.SEGMENT, num_warps=key_split.WARPS,
         num_stages=2,
-        **split, **launch_options(q),
+        **split.kernel, **launch_options(q),
     )
-    if parts > 1:
-        key_split.combine(ws, ml, out, positions, window, bdv)
+    split.finish(out, positions, window, bdv)
     return out

@@ -13,6 +13,9 @@ same order with the same `merge`. Which way a pass goes (`parts`) is a matter of
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -25,7 +28,7 @@ TARGET_PROGRAMS = 264  # two programs per SM of an H200: split until a pass has 
 WARPS = 4  # of an attention program (paged and ring); bench/attention_split.py --warps tries others
 
 
-def parts(programs: int, segments: int) -> int:
+def parts_for(programs: int, segments: int) -> int:
     """How many programs share a row tile's segments: 1 (one program walks them all) when the
     pass has a quarter of TARGET_PROGRAMS or more (a split of 2 or 3 gains less than its
     combine costs: at 32 streams, docs/perf.md), else enough to reach TARGET_PROGRAMS."""
@@ -41,13 +44,37 @@ def live_tiles(blocks: int, nsub: int, rows: int, qb: int) -> int:
     return min(blocks * nsub, blocks + rows // qb)
 
 
-def workspace(rows: int, heads: int, segments: int, dv: int,
-              like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Partials of `segments` segment slots a (row, head): values [rows, heads, segments, dv]
-    and (max, sum) [rows, heads, segments, 2], fp32."""
-    dev = like.device
-    return (torch.empty(rows, heads, segments, dv, dtype=torch.float32, device=dev),
-            torch.empty(rows, heads, segments, 2, dtype=torch.float32, device=dev))
+@dataclass
+class Split:
+    """How a pass's attention launch shares its key segments: `parts` programs a row tile (the
+    grid's third dimension is output blocks x parts), `kernel` the keywords the kernel takes
+    for it (none when one program walks them), and the workspace `combine` folds."""
+
+    parts: int
+    kernel: dict[str, Any]
+    ws: torch.Tensor | None = None
+    ml: torch.Tensor | None = None
+
+    def finish(self, out: torch.Tensor, positions: torch.Tensor, window: int | None,
+               bdv: int) -> None:
+        """After the attention kernel: out from the partials, when they were shared."""
+        if self.ws is not None:
+            combine(self.ws, self.ml, out, positions, window, bdv)
+
+
+def plan(q: torch.Tensor, out: torch.Tensor, tiles: int, kv_heads: int, out_blocks: int,
+         segments: int, parts: int | None = None) -> Split:
+    """The split of a launch over `tiles` live row tiles (live_tiles) x kv_heads x out_blocks
+    programs, into `segments` segment slots a row; parts: forced (tests, benchmarks)."""
+    if parts is None:
+        parts = parts_for(tiles * kv_heads * out_blocks, segments)
+    if parts == 1:
+        return Split(1, {})
+    n, hq, dv = out.shape
+    ws = torch.empty(n, hq, segments, dv, dtype=torch.float32, device=q.device)
+    ml = torch.empty(n, hq, segments, 2, dtype=torch.float32, device=q.device)
+    return Split(parts, dict(ws_ptr=ws, ml_ptr=ml, parts=parts, HQ=hq, NSEG=segments,
+                             SPLIT=True), ws, ml)
 
 
 @triton.jit
@@ -83,6 +110,30 @@ def store_partial(ws_ptr, ml_ptr, qrow, head, valid, slot, m_s, l_s, acc_s, dv0,
     tl.store(ws_ptr + at[:, None] * DV + dv[None, :], acc_s, mask=valid[:, None])
     tl.store(ml_ptr + at * 2, m_s, mask=valid)
     tl.store(ml_ptr + at * 2 + 1, l_s, mask=valid)
+
+
+@triton.jit
+def end_segment(m_t, l_t, acc_t, m_s, l_s, acc_s, ws_ptr, ml_ptr, qrow, head, valid, seg, dv0,
+                HQ: tl.constexpr, NSEG: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
+                SPLIT: tl.constexpr):
+    """A segment's partial done: to the workspace (SPLIT: `combine` folds it later), else
+    folded into the row's total now. Returns the total."""
+    if SPLIT:
+        store_partial(ws_ptr, ml_ptr, qrow, head, valid, seg % NSEG, m_s, l_s, acc_s, dv0, HQ,
+                      NSEG, DV, BDV)
+    else:
+        m_t, l_t, acc_t = merge(m_t, l_t, acc_t, m_s, l_s, acc_s)
+    return m_t, l_t, acc_t
+
+
+@triton.jit
+def store_total(o_ptr, qrow, head, valid, l_t, acc_t, dv0, stride_on, stride_oh,
+                BDV: tl.constexpr, SPLIT: tl.constexpr):
+    """The tile's rows out, when its program walked all their segments (not SPLIT)."""
+    if not SPLIT:
+        dv = dv0 + tl.arange(0, BDV)
+        tl.store(o_ptr + qrow[:, None] * stride_on + head[:, None] * stride_oh + dv[None, :],
+                 finish(l_t, acc_t).to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
 
 @triton.jit(do_not_specialize=["window"])

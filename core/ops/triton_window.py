@@ -84,16 +84,11 @@ def _ring_attention_kernel(
                 visible, m_i, l_i, acc, scale, QB * GP, KT, D, DC, BDV, dv0, SCALED, IEEE,
                 INTERP,
             )
-        if SPLIT:
-            key_split.store_partial(ws_ptr, ml_ptr, qrow, head, valid, seg % NSEG, m_i, l_i,
-                                    acc, dv0, HQ, NSEG, DVB * BDV, BDV)
-        else:
-            m_t, l_t, acc_t = key_split.merge(m_t, l_t, acc_t, m_i, l_i, acc)
-    if not SPLIT:
-        out = key_split.finish(l_t, acc_t)
-        dv = dv0 + tl.arange(0, BDV)
-        tl.store(o_ptr + qrow[:, None] * stride_on + head[:, None] * stride_oh + dv[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=valid[:, None])
+        m_t, l_t, acc_t = key_split.end_segment(m_t, l_t, acc_t, m_i, l_i, acc, ws_ptr, ml_ptr,
+                                                qrow, head, valid, seg, dv0, HQ, NSEG,
+                                                DVB * BDV, BDV, SPLIT)
+    key_split.store_total(o_ptr, qrow, head, valid, l_t, acc_t, dv0, stride_on, stride_oh, BDV,
+                          SPLIT)
 
 
 def ring_attention(
@@ -135,14 +130,9 @@ def ring_attention(
         nks, nvs, rks, rvs, s_strides = new_k, new_v, ring_k, ring_v, (0, 0, 0, 0)
     dvb = dv // bdv
     nseg = triton.cdiv(window + KEY_TILE + QUERY_ROWS, key_split.SEGMENT) + 1
-    if parts is None:
-        parts = key_split.parts(key_split.live_tiles(meta.num_blocks, nsub, n, qb) * hkv * dvb,
-                                nseg)
-    split = {}
-    if parts > 1:
-        ws, ml = key_split.workspace(n, hq, nseg, dv, q)
-        split = dict(ws_ptr=ws, ml_ptr=ml, parts=parts, HQ=hq, NSEG=nseg, SPLIT=True)
-    _ring_attention_kernel[(meta.num_blocks * nsub, hkv, dvb * parts)](
+    split = key_split.plan(q, out, key_split.live_tiles(meta.num_blocks, nsub, n, qb), hkv, dvb,
+                           nseg, parts)
+    _ring_attention_kernel[(meta.num_blocks * nsub, hkv, dvb * split.parts)](
         q, new_k, new_v, ring_k, ring_v, nks, nvs, rks, rvs, out, positions, meta.block_stream,
         meta.block_row0, meta.block_len, meta.stream_row0, meta.stream_start, meta.stream_slot,
         scale, window,
@@ -153,10 +143,9 @@ def ring_attention(
         KT=KEY_TILE, SCALED=scales is not None, IEEE=q.dtype == torch.float32,
         INTERP=interpreting(), DVB=dvb, SEG=key_split.SEGMENT, num_warps=key_split.WARPS,
         num_stages=2,
-        **split, **launch_options(q),
+        **split.kernel, **launch_options(q),
     )
-    if parts > 1:
-        key_split.combine(ws, ml, out, positions, window, bdv)
+    split.finish(out, positions, window, bdv)
     return out
 
 
