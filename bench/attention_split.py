@@ -1,6 +1,6 @@
 """Attention's decode rows on one GPU, µs a call (each from a CUDA graph of 20 calls): the
-paged kernel at 1, 8 and 64 streams over 2k and 32k keys, and the ring kernel (gemma4's sliding
-layers, a 1024-key window) at 1, 8 and 64 streams; each with its key segments walked by one
+paged kernel at 1 to 64 streams over 2k and 32k keys, and the ring kernel (gemma4's sliding
+layers, a 1024-key window) at 1 to 64 streams; each with its key segments walked by one
 program (parts=1) and shared (parts chosen by the pass), bf16 and fp8 rows. Another version of
 the kernels to compare, laid beside them as core/ops/_old_attention.py and _old_window.py
 (its triton_attention import pointed at _old_attention), is timed too ("old"), and the bits
@@ -8,6 +8,7 @@ of both are compared (equal: "=", else "≠").
 
     python3 bench/attention_split.py
     python3 bench/attention_split.py --warps=4,8   # the new kernels at each count of warps
+    python3 bench/attention_split.py --parts=2,4   # and with these splits forced
     TRITON_INTERPRET=1 python3 bench/attention_split.py --smoke   # the CPU, tiny sizes, untimed
 """
 
@@ -26,6 +27,9 @@ from tensorfold.ops.pass_meta import build_meta
 
 SHAPES = {"lfm2 (32/8 x 64)": (32, 8, 64), "gemma4 global (16/2 x 512)": (16, 2, 512)}
 SMOKE = "--smoke" in sys.argv
+# --parts=2,4: also time the kernels with these forced splits ("p2", "p4")
+FORCED = [int(x) for a in sys.argv if a.startswith("--parts=") for x in a[8:].split(",")]
+STREAMS = (1, 3) if SMOKE else (1, 8, 16, 32, 64)
 PAGE_ROWS = 16 if SMOKE else 512
 DEV = "cpu" if SMOKE else "cuda"
 POS = 100 if SMOKE else 5000  # the ring's decode rows
@@ -75,7 +79,7 @@ def ring() -> None:
     stream's decode row at position 5000 with its ring full."""
     old = optional("_old_window")
     hq, hkv, d, window = (4, 2, 16, 40) if SMOKE else (16, 8, 256, 1024)
-    for streams in (1, 3) if SMOKE else (1, 8, 64):
+    for streams in STREAMS:
         runs = [StreamRows(s, POS, [0], [0] * (POS // PAGE_ROWS + 1), "all")
                 for s in range(streams)]
         fp = ForwardPass(runs, PAGE_ROWS, DEV)
@@ -92,6 +96,7 @@ def ring() -> None:
                 args, sc = (a, b, c, e), RingScales(sa, sb, scc, se)
             outs, row = [], []
             for label, mod, parts in (("walk", triton_window, 1), ("auto", triton_window, None),
+                                      *((f"p{f}", triton_window, f) for f in FORCED),
                                       ("old", old, "old")):
                 if mod is None:
                     continue
@@ -113,7 +118,7 @@ def paged() -> None:
     shapes = {"smoke (4/2 x 16)": (4, 2, 16)} if SMOKE else SHAPES
     for name, (hq, hkv, d) in shapes.items():
         for context in (300,) if SMOKE else (2048, 32768):
-            for streams in (1, 3) if SMOKE else (1, 8, 64):
+            for streams in STREAMS:
                 per = -(-(context + 1) // PAGE_ROWS)
                 pages = streams * per
                 if pages * PAGE_ROWS * hkv * d * 2 * 2 > 40e9:
@@ -134,6 +139,7 @@ def paged() -> None:
                     outs, row = [], []
                     for label, mod, parts in (("walk", triton_attention, 1),
                                               ("auto", triton_attention, None),
+                                              *((f"p{f}", triton_attention, f) for f in FORCED),
                                               ("old", old, "old")):
                         if mod is None:
                             continue
