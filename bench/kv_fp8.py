@@ -36,7 +36,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import engine_runs, kv_capacity  # noqa: E402
-from bench.sections import Sections, sync  # noqa: E402
+from bench.sections import Sections, kernel_table, sync  # noqa: E402
 from tensorfold.cuda_graphs import GraphRunner  # noqa: E402
 
 PAGE_ROWS = 512
@@ -215,12 +215,8 @@ class KVBench(Sections):
                     for _ in range(3):
                         runner.run(rows)
                     sync(self.device)
-                kern = sorted(((e.key, e.device_time_total / 3, e.count / 3)
-                               for e in prof.key_averages() if e.device_time_total > 0),
-                              key=lambda t: -t[1])
                 name = f"{self.shape}_{kv}_{context}" + (f"_{n}" if n > 1 else "")
-                (self.out / f"kernels_{name}.tsv").write_text("".join(
-                    f"{k[1]:.1f}\t{k[2]:.1f}\t{k[0]}\n" for k in kern))
+                kern = kernel_table(prof, 3, self.out / f"kernels_{name}.tsv")
                 res[f"{kv}_{context}"] = {
                     "gpu_us_per_round": round(sum(k[1] for k in kern
                                                   if not k[0].startswith("cuda")), 1),

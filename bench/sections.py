@@ -21,6 +21,15 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def kernel_table(prof: Any, rounds: int, path: Path) -> list[tuple[str, float, float]]:
+    """A torch profile's kernels over `rounds` rounds: (name, µs a round, calls a round), the
+    longest first, also written to path as tab-separated µs, calls, name."""
+    kern = sorted(((e.key, e.device_time_total / rounds, e.count / rounds)
+                   for e in prof.key_averages() if e.device_time_total > 0), key=lambda t: -t[1])
+    path.write_text("".join(f"{k[1]:.1f}\t{k[2]:.1f}\t{k[0]}\n" for k in kern))
+    return kern
+
+
 class Sections:
     """args: --out, --budget-s and --smoke (the CPU, tiny shapes). Each section returns a
     JSON-able dict."""
@@ -92,11 +101,7 @@ class Sections:
                 sync(self.device)
             table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
             (self.out / f"profile_{name}.txt").write_text(table)
-            kern = [(e.key, e.device_time_total / 3, e.count / 3)
-                    for e in prof.key_averages() if e.device_time_total > 0]
-            kern.sort(key=lambda t: -t[1])
-            (self.out / f"kernels_{name}.tsv").write_text("".join(
-                f"{k[1]:.1f}\t{k[2]:.1f}\t{k[0]}\n" for k in kern))  # µs, calls a round, name
+            kern = kernel_table(prof, 3, self.out / f"kernels_{name}.tsv")
             res[name] = {
                 "gpu_us_per_round": sum(k[1] for k in kern if not k[0].startswith("cuda")),
                 "kernels_per_round": sum(k[2] for k in kern if not k[0].startswith("cuda")),
