@@ -21,7 +21,7 @@ import torch
 
 from tensorfold import testing
 from tensorfold.ops import parallel
-from tensorfold.ops.symmetric_reduce import SLOT_BYTES, SLOTS, OneShot
+from tensorfold.ops.symmetric_reduce import SLOT_BYTES, SLOTS, OneShot, multicast_on
 from tensorfold.runner import ModelRunner, open_stream
 from tensorfold.settings import Settings, SettingsError
 
@@ -53,6 +53,25 @@ def test_rank_sum_kernel_equals_the_rank_order_sum_bit_for_bit(world, dtypes):
     if world > 2 and dtypes == (torch.float32, torch.float32):  # (two adds commute exactly)
         reversed_order = parallel.rank_order_sum(parts.flip(0), out_dtype)
         assert not torch.equal(reversed_order, want)  # the order is what the test pins
+
+
+def test_multicast_is_read_off_the_handle_whatever_torch_offers():
+    """torch 2.11's handles carry has_multicast_support as a static check that takes a device
+    (calling it bare raised a TypeError on two H200s); multicast_ptr says it for the handle."""
+
+    class Torch211:
+        multicast_ptr = 0
+
+        @staticmethod
+        def has_multicast_support(device_type, device_index):
+            return True
+
+    class Multicast:
+        multicast_ptr = 0x7F0000000000
+
+    assert not multicast_on(Torch211())
+    assert multicast_on(Multicast())
+    assert not multicast_on(object())
 
 
 def test_rank_sum_takes_at_most_eight_ranks():

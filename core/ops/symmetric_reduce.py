@@ -125,6 +125,14 @@ class SymmetricReduce(OneShot):
         return rank_sum(self.views(slot, x.dtype), out)
 
 
+def multicast_on(handle: Any) -> bool:
+    """Whether a symmetric-memory handle signals through NVLink multicast: its multicast_ptr is
+    set. (torch 2.11's has_multicast_support is a static check of a device, not of the handle:
+    calling it on the handle raised a TypeError on the two-GPU machine.)"""
+    ptr = getattr(handle, "multicast_ptr", 0)
+    return isinstance(ptr, int) and ptr != 0
+
+
 def open_symmetric(group: Any, rank: int, world: int, device: torch.device, timeout_s: float,
                    slot_bytes: int = SLOT_BYTES) -> SymmetricReduce:
     """Allocate and exchange the buffers (a collective: every rank of `group` calls it), then
@@ -151,7 +159,7 @@ def open_symmetric(group: Any, rank: int, world: int, device: torch.device, time
         handle = symm_mem.rendezvous(buffer, group)
     if handle is None:
         raise RuntimeError("symmetric memory rendezvous returned nothing")
-    if getattr(handle, "has_multicast_support", lambda: False)():
+    if multicast_on(handle):
         # torch's barrier then signals through NVLink multicast: say so where it must stay off
         _log.warning("symmetric memory has NVLink multicast on; TORCH_SYMM_MEM_DISABLE_MULTICAST=1 "
                      "turns it off where it must stay off")
