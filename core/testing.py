@@ -626,18 +626,30 @@ def assert_signal_drains_tp_2(proc: Any, url: str, log_path: Path, sig: int,
     import threading
     import time
 
-    import openai
+    import json
+    import urllib.request
 
-    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=wait_s + 60)
+    # stdlib HTTP, not the openai client: the GPU machine's image has no openai package
+    body = json.dumps({"model": "demo", "prompt": "Once upon a time", "max_tokens": 3000,
+                       "stream": True, "ignore_eos": True}).encode()
+    request = urllib.request.Request(f"{url}/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
     reasons: list[str | None] = []
+    events: list[str] = []
     first = threading.Event()
 
     def stream() -> None:
-        for chunk in client.completions.create(
-                model="demo", prompt="Once upon a time", max_tokens=3000, stream=True,
-                extra_body={"ignore_eos": True}):
-            first.set()
-            reasons.append(chunk.choices[0].finish_reason if chunk.choices else None)
+        with urllib.request.urlopen(request, timeout=wait_s + 60) as response:
+            for raw in response:
+                line = raw.decode().strip()
+                if not line.startswith("data: "):
+                    continue
+                events.append(line[6:])
+                if line[6:] == "[DONE]":
+                    break
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                reasons.append(choices[0].get("finish_reason"))
+                first.set()
 
     reader = threading.Thread(target=stream)
     reader.start()
@@ -651,6 +663,7 @@ def assert_signal_drains_tp_2(proc: Any, url: str, log_path: Path, sig: int,
     took = time.monotonic() - sent
     reader.join(30)
     assert not reader.is_alive() and reasons[-1] == "abort", reasons[-3:]
+    assert events[-1] == "[DONE]", events[-3:]
     for _ in range(100):  # the follower has exited (and been reaped)
         try:
             os.kill(follower, 0)
