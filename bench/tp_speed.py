@@ -67,7 +67,7 @@ def one(shape: str, tp: int, reduce: str) -> dict:
     started = time.perf_counter()
     llm = LLM(family=FAMILIES[shape], model=folder, load_format="dummy", tp=tp, tp_reduce=reduce,
               device="cuda", dtype="bfloat16", context=1024, parallel=max(STREAMS),
-              memory_limit_gib=8, prompt_cache_gib=0, kv_share=0, tp_timeout_s=60)
+              memory_limit_gib=24, prompt_cache_gib=0, kv_share=0, tp_timeout_s=60)
     res: dict = {"shape": shape, "tp": tp, "reduce": reduce, "open_s": 0.0,
                  "symmetric": parallel.current().reduce is not None}
     res["open_s"] = time.perf_counter() - started
