@@ -9,6 +9,8 @@ of both are compared (equal: "=", else "≠").
     python3 bench/attention_split.py
     python3 bench/attention_split.py --warps=4,8   # the new kernels at each count of warps
     python3 bench/attention_split.py --parts=2,4   # and with these splits forced
+    python3 bench/attention_split.py --tiles=small # every shape on wide heads' tiles (M = 16)
+    python3 bench/attention_split.py --prefill     # and one prompt pass of 2k / 8k rows
     TRITON_INTERPRET=1 python3 bench/attention_split.py --smoke   # the CPU, tiny sizes, untimed
 """
 
@@ -63,8 +65,20 @@ def optional(name: str):
         return None
 
 
+def small_tiles(d: int, dv: int, group: int) -> tuple[int, int, int]:
+    """--tiles=small: the wide heads' row tiles (QB*GP = 16 rows) for every head dim."""
+    gp = 1 << (group - 1).bit_length()
+    return max(1, 16 // gp), min(d, 64), min(dv, 128)
+
+
 def main() -> None:
     from tensorfold.ops import triton_key_split
+
+    if "--tiles=small" in sys.argv:  # the new kernels only; the old keep theirs
+        triton_attention.tiles = triton_window.tiles = small_tiles
+        print("-- every shape on 16-row tiles (old: the shipped tiles)", flush=True)
+    if "--prefill" in sys.argv:
+        prefill()
 
     warps = [int(w) for a in sys.argv if a.startswith("--warps=") for w in a[8:].split(",")]
     for w in warps or [triton_key_split.WARPS]:
@@ -111,6 +125,35 @@ def ring() -> None:
             same = "=" if all(torch.equal(o, outs[0]) for o in outs) else "≠"
             print(f"{f'ring ({hq}/{hkv} x {d})':<27} win {window:>6} streams {streams:>2} {kv:<4} "
                   f"µs: " + "  ".join(row) + f"  bits {same}", flush=True)
+
+
+def prefill() -> None:
+    """One stream's prompt of 2k and 8k rows in one pass (prompt rows see each other)."""
+    old = optional("_old_attention")
+    shapes = {"smoke (4/2 x 16)": (4, 2, 16)} if SMOKE else SHAPES
+    for name, (hq, hkv, d) in shapes.items():
+        for rows in (40,) if SMOKE else (2048, 8192):
+            per = -(-rows // PAGE_ROWS)
+            fp = ForwardPass([StreamRows(0, 0, [0] * rows, list(range(per)), "last")],
+                             PAGE_ROWS, DEV)
+            meta = build_meta(fp)
+            k = torch.randn(per * PAGE_ROWS, hkv, d, device=DEV, dtype=torch.bfloat16)
+            v = torch.randn_like(k)
+            q = torch.randn(rows, hq, d, device=DEV, dtype=torch.bfloat16)
+            outs, row = [], []
+            for label, mod in (("new", triton_attention), ("old", old)):
+                if mod is None:
+                    continue
+
+                def call(mod=mod):
+                    return mod.paged_attention(q, k, v, fp.positions, meta, PAGE_ROWS,
+                                               scale=d**-0.5)
+
+                outs.append(call())
+                row.append(f"{label} {timed(call, 3):8.1f}")
+            same = "=" if all(torch.equal(o, outs[0]) for o in outs) else "≠"
+            print(f"{name:<27} prompt {rows:>5} rows, one pass, bf16 µs: " + "  ".join(row)
+                  + f"  bits {same}", flush=True)
 
 
 def paged() -> None:
