@@ -31,7 +31,7 @@ SHAPES = {"lfm2 (32/8 x 64)": (4, 64), "gemma4 global (16/2 x 512)": (8, 512)}  
 
 def compile_one(group: int, d: int, fp8: bool, split: bool, warps: int, stages: int):
     fn = triton_attention._attention_kernel
-    qb, dc, bdv = triton_attention.tiles(d, d, group)
+    qb, dc, bdv = triton_attention.tiles(d, d, group, fp8)
     kv = "*fp8e4nv" if fp8 else "*bf16"
     types = {"q_ptr": "*bf16", "k_ptr": kv, "v_ptr": kv, "ks_ptr": "*fp32" if fp8 else kv,
              "vs_ptr": "*fp32" if fp8 else kv, "o_ptr": "*bf16", "scale": "fp32",

@@ -11,6 +11,8 @@ of both are compared (equal: "=", else "≠").
     python3 bench/attention_split.py --parts=2,4   # and with these splits forced
     python3 bench/attention_split.py --tiles=small # every shape on wide heads' tiles (M = 16)
     python3 bench/attention_split.py --prefill     # and one prompt pass of 2k / 8k rows
+    python3 bench/attention_split.py --wide=128:4,512:8  # wide heads (gemma4) at each
+                                # (output columns, warps) a program; lfm2 once, at the default
     TRITON_INTERPRET=1 python3 bench/attention_split.py --smoke   # the CPU, tiny sizes, untimed
 """
 
@@ -65,7 +67,7 @@ def optional(name: str):
         return None
 
 
-def small_tiles(d: int, dv: int, group: int) -> tuple[int, int, int]:
+def small_tiles(d: int, dv: int, group: int, fp8: bool = False) -> tuple[int, int, int]:
     """--tiles=small: the wide heads' row tiles (QB*GP = 16 rows) for every head dim."""
     gp = 1 << (group - 1).bit_length()
     return max(1, 16 // gp), min(d, 64), min(dv, 128)
@@ -77,9 +79,19 @@ def main() -> None:
     if "--tiles=small" in sys.argv:  # the new kernels only; the old keep theirs
         triton_attention.tiles = triton_window.tiles = small_tiles
         print("-- every shape on 16-row tiles (old: the shipped tiles)", flush=True)
+    wide = [tuple(int(x) for x in c.split(":")) for a in sys.argv if a.startswith("--wide=")
+            for c in a[7:].split(",")]
+    if wide:
+        for i, (bdv, w) in enumerate(wide):
+            triton_attention.WIDE_BDV, triton_attention.WIDE_WARPS = bdv, w
+            print(f"-- wide heads: {bdv} output columns, {w} warps a program", flush=True)
+            paged(wide_only=i > 0)
+            ring()
+            if "--prefill" in sys.argv:
+                prefill(wide_only=True)
+        return
     if "--prefill" in sys.argv:
         prefill()
-
     warps = [int(w) for a in sys.argv if a.startswith("--warps=") for w in a[8:].split(",")]
     for w in warps or [triton_key_split.WARPS]:
         triton_key_split.WARPS = w
@@ -127,10 +139,16 @@ def ring() -> None:
                   f"µs: " + "  ".join(row) + f"  bits {same}", flush=True)
 
 
-def prefill() -> None:
+def shapes_for(wide_only: bool) -> dict[str, tuple[int, int, int]]:
+    if SMOKE:
+        return {"smoke (4/2 x 16)": (4, 2, 16)}
+    return {n: s for n, s in SHAPES.items() if not wide_only or s[2] > triton_attention.WIDE_HEAD}
+
+
+def prefill(wide_only: bool = False) -> None:
     """One stream's prompt of 2k and 8k rows in one pass (prompt rows see each other)."""
     old = optional("_old_attention")
-    shapes = {"smoke (4/2 x 16)": (4, 2, 16)} if SMOKE else SHAPES
+    shapes = shapes_for(wide_only)
     for name, (hq, hkv, d) in shapes.items():
         for rows in (40,) if SMOKE else (2048, 8192):
             per = -(-rows // PAGE_ROWS)
@@ -156,9 +174,9 @@ def prefill() -> None:
                   + f"  bits {same}", flush=True)
 
 
-def paged() -> None:
+def paged(wide_only: bool = False) -> None:
     old = optional("_old_attention")
-    shapes = {"smoke (4/2 x 16)": (4, 2, 16)} if SMOKE else SHAPES
+    shapes = shapes_for(wide_only)
     for name, (hq, hkv, d) in shapes.items():
         for context in (300,) if SMOKE else (2048, 32768):
             for streams in STREAMS:

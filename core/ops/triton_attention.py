@@ -35,17 +35,28 @@ from . import triton_key_split as key_split
 from .triton_util import after_prior, interpreting, mma
 
 KEY_TILE = 64
-WIDE_HEAD = 128  # head dims above this take 16-row tiles and output blocks of at most 128
+WIDE_HEAD = 128  # head dims above this take 16-row tiles, WIDE_BDV output columns a program
+WIDE_BDV = 512  # (each output block recomputes the scores; one block of 512 at 8 warps does
+WIDE_WARPS = 8  # gemma4's global heads in 0.6x the time of four of 128 at 4: docs/perf.md)
 
 
-def tiles(d: int, dv: int, group: int) -> tuple[int, int, int]:
+def tiles(d: int, dv: int, group: int, fp8: bool = False) -> tuple[int, int, int]:
     """(QB query rows a program, DC head-dim chunk, BDV output columns a program) for head dims
-    d/dv and GQA group `group`; a function of the shape only, so every pass gets the same bits."""
+    d/dv, GQA group `group` and the rows' dtype; a function of these only, so every pass gets
+    the same bits. Narrow heads take QUERY_ROWS rows a program (QB x group = 64 wgmma rows for
+    lfm2), fp8 ones 16 rows (QB x group): a decode row's tile converts its e4m3 keys for 16
+    rows instead of 64, which halves fp8 decode at many streams and doubles a prompt's
+    attention (docs/perf.md, session 9)."""
     gp = triton.next_power_of_2(group)
     assert d & (d - 1) == 0 and dv & (dv - 1) == 0 and d >= 16 and dv >= 16, (d, dv)
     if max(d, dv) <= WIDE_HEAD:
-        return QUERY_ROWS, min(d, 64), dv
-    return max(1, 16 // gp), 64, min(dv, 128)
+        return (max(1, 16 // gp) if fp8 else QUERY_ROWS), min(d, 64), dv
+    return max(1, 16 // gp), 64, min(dv, WIDE_BDV)
+
+
+def warps(d: int, dv: int) -> int:
+    """Warps of an attention program (paged or ring) for head dims d/dv (speed only)."""
+    return key_split.WARPS if max(d, dv) <= WIDE_HEAD else WIDE_WARPS
 
 
 @triton.jit
@@ -190,9 +201,9 @@ def paged_attention(
         q = q.contiguous()
     assert k_rows.stride(-1) == 1 and v_rows.stride(-1) == 1
     group = hq // hkv
-    qb, dc, bdv = tiles(d, dv, group)
-    nsub = QUERY_ROWS // qb
     scaled = k_scales is not None
+    qb, dc, bdv = tiles(d, dv, group, scaled)
+    nsub = QUERY_ROWS // qb
     ks, vs = (k_scales, v_scales) if scaled else (k_rows, v_rows)  # unread unless scaled
     dvb = dv // bdv
     span = meta.table.shape[1] * page_rows
@@ -210,7 +221,7 @@ def paged_attention(
         out.stride(0), out.stride(1),
         G=group, GP=triton.next_power_of_2(group), QB=qb, NSUB=nsub, D=d, DC=dc, BDV=bdv,
         KT=KEY_TILE, HAS_WINDOW=window is not None, SCALED=scaled, IEEE=q.dtype == torch.float32,
-        INTERP=interpreting(), DVB=dvb, SEG=key_split.SEGMENT, num_warps=key_split.WARPS,
+        INTERP=interpreting(), DVB=dvb, SEG=key_split.SEGMENT, num_warps=warps(d, dv),
         num_stages=2,
         **split.kernel, **launch_options(q),
     )

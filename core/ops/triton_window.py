@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .pass_meta import QUERY_ROWS, PassMeta
-from .triton_attention import KEY_TILE, attend_tile, row_tile, tiles
+from .triton_attention import KEY_TILE, attend_tile, row_tile, tiles, warps
 from .gpu import launch_options
 from . import triton_key_split as key_split
 from .triton_util import after_prior, interpreting
@@ -119,7 +119,7 @@ def ring_attention(
     new_k, new_v = (x if x.stride(-1) == 1 else x.contiguous() for x in (new_k, new_v))
     assert ring_k.stride(-1) == 1 and ring_v.stride(-1) == 1
     group = hq // hkv
-    qb, dc, bdv = tiles(d, dv, group)
+    qb, dc, bdv = tiles(d, dv, group, scales is not None)
     nsub = QUERY_ROWS // qb
     if scales is not None:
         nks, nvs, rks, rvs = (x.contiguous() for x in scales)
@@ -141,7 +141,7 @@ def ring_attention(
         ring_v.stride(1), ring_v.stride(2), out.stride(0), out.stride(1), *s_strides,
         G=group, GP=triton.next_power_of_2(group), QB=qb, NSUB=nsub, D=d, DC=dc, BDV=bdv,
         KT=KEY_TILE, SCALED=scales is not None, IEEE=q.dtype == torch.float32,
-        INTERP=interpreting(), DVB=dvb, SEG=key_split.SEGMENT, num_warps=key_split.WARPS,
+        INTERP=interpreting(), DVB=dvb, SEG=key_split.SEGMENT, num_warps=warps(d, dv),
         num_stages=2,
         **split.kernel, **launch_options(q),
     )
