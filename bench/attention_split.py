@@ -158,20 +158,25 @@ def prefill(wide_only: bool = False) -> None:
             k = torch.randn(per * PAGE_ROWS, hkv, d, device=DEV, dtype=torch.bfloat16)
             v = torch.randn_like(k)
             q = torch.randn(rows, hq, d, device=DEV, dtype=torch.bfloat16)
-            outs, row = [], []
-            for label, mod in (("new", triton_attention), ("old", old)):
-                if mod is None:
-                    continue
+            for kv in ("bf16", "fp8"):
+                kk, vv, sc = k, v, {}
+                if kv == "fp8":
+                    (kk, ks), (vv, vs) = quantize_rows(k), quantize_rows(v)
+                    sc = {"k_scales": ks, "v_scales": vs}
+                outs, row = [], []
+                for label, mod in (("new", triton_attention), ("old", old)):
+                    if mod is None:
+                        continue
 
-                def call(mod=mod):
-                    return mod.paged_attention(q, k, v, fp.positions, meta, PAGE_ROWS,
-                                               scale=d**-0.5)
+                    def call(mod=mod, kk=kk, vv=vv, sc=sc):
+                        return mod.paged_attention(q, kk, vv, fp.positions, meta, PAGE_ROWS,
+                                                   scale=d**-0.5, **sc)
 
-                outs.append(call())
-                row.append(f"{label} {timed(call, 3):8.1f}")
-            same = "=" if all(torch.equal(o, outs[0]) for o in outs) else "≠"
-            print(f"{name:<27} prompt {rows:>5} rows, one pass, bf16 µs: " + "  ".join(row)
-                  + f"  bits {same}", flush=True)
+                    outs.append(call())
+                    row.append(f"{label} {timed(call, 3):8.1f}")
+                same = "=" if all(torch.equal(o, outs[0]) for o in outs) else "≠"
+                print(f"{name:<27} prompt {rows:>5} rows, one pass, {kv:<4} µs: " + "  ".join(row)
+                      + f"  bits {same}", flush=True)
 
 
 def paged(wide_only: bool = False) -> None:
