@@ -53,9 +53,11 @@ def run_requests(
     *,
     lanes: int,
     window: int,
+    full: bool = False,
 ) -> Run:
     """All prompts submitted at once, greedy, stepped to the end. A round counts as decode
-    when every live stream is decoding."""
+    when every live stream is decoding (full: and every prompt's stream is live, so the rounds
+    while streams finish one by one do not count)."""
     ln = Lanes(runner, lanes=lanes, window=window)
     outcomes = [Outcome() for _ in prompts]
     params = SamplingParams(max_tokens=max_tokens, **GREEDY).with_seed()
@@ -69,6 +71,7 @@ def run_requests(
             not s.prefilling and s.next_token is not None for s in ln.live
         )
         n = len(ln.live)
+        decoding = decoding and (not full or n == len(prompts))
         a = time.perf_counter()
         if not ln.step():
             break

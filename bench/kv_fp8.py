@@ -158,18 +158,23 @@ class KVBench(Sections):
 
     def decode(self, prompt: int | None = None, streams: tuple[int, ...] | None = None,
                new: int | None = None) -> dict[str, Any]:
-        """Each stream a `prompt`-row prompt, then `new` tokens; a round counts when every
-        stream decodes."""
+        """Each stream a `prompt`-row prompt, then `new` tokens (n more at n streams); a round
+        counts when every stream decodes. Prompts are prefilled one a pass (2048 rows), so the
+        first stream has decoded n-1 tokens when the last starts: n more tokens make `new`
+        rounds of all n streams (before, the figure was the tail where streams finish one by
+        one, at 32 streams a round on average, and varied 6x between runs)."""
         z, res = self.sizes, {}
         prompt, new = prompt or z["prompt"], new or z["new"]
-        window = prompt + new + PAGE_ROWS
         for n in streams or z["streams"]:
             prompts = engine_runs.random_prompts(n, prompt, self.model.vocab_size, seed=n)
+            steps = new + (n if n > 1 else 0)
+            window = prompt + steps + PAGE_ROWS
             for kv in KV:
                 runner = self.runner(n, kv, window)
                 engine_runs.run_requests(runner, prompts, 4, lanes=n, window=window)  # capture
                 retries = self.alloc_retries()
-                run = engine_runs.run_requests(runner, prompts, new, lanes=n, window=window)
+                run = engine_runs.run_requests(runner, prompts, steps, lanes=n, window=window,
+                                               full=True)
                 res[f"{kv}_streams{n}"] = {
                     "tokens_per_s": run.decode_tokens_per_s,
                     "ms_per_round": 1e3 * run.decode_s / max(run.decode_rounds, 1),
