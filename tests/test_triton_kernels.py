@@ -222,6 +222,18 @@ def test_paged_attention_over_fp8_rows_matches_reference_and_a_stream_alone(dtyp
     _assert_streams_alone_equal(fp, page_rows, q, k, v, got, window=window, **scales)
 
 
+def test_attention_tiles_follow_the_shape_and_the_rows_dtype_only():
+    """A program's tile is a function of (D, Dv, group, fp8 rows), never of the pass: lfm2's
+    narrow GQA heads take 16 queries x 4 heads in bf16 and 4 x 4 in fp8; gemma4's wide heads
+    one block of all their output columns (512 global, 256 sliding) at 8 warps."""
+    assert triton_attention.tiles(64, 64, 4) == (16, 64, 64)
+    assert triton_attention.tiles(64, 64, 4, fp8=True) == (4, 64, 64)
+    for fp8 in (False, True):
+        assert triton_attention.tiles(512, 512, 8, fp8) == (2, 64, 512)
+        assert triton_attention.tiles(256, 256, 2, fp8) == (8, 64, 256)
+    assert (triton_attention.warps(64, 64), triton_attention.warps(512, 512)) == (4, 8)
+
+
 # --- MoE ---
 
 
