@@ -25,7 +25,7 @@ from .triton_util import after_prior
 
 SEGMENT = 256  # keys; a multiple of the key tile (64)
 TARGET_PROGRAMS = 264  # two programs per SM of an H200: split until a pass has about this many
-WARPS = 4  # of an attention program (paged and ring); bench/attention_split.py --warps tries others
+WARPS = 4  # of a narrow-head attention program, paged or ring (wide: triton_attention.WIDE_WARPS)
 
 
 def parts_for(programs: int, segments: int) -> int:
