@@ -9,7 +9,7 @@ of both are compared (equal: "=", else "≠").
     python3 bench/attention_split.py
     python3 bench/attention_split.py --warps=4,8   # the new kernels at each count of warps
     python3 bench/attention_split.py --parts=2,4   # and with these splits forced
-    python3 bench/attention_split.py --tiles=small # every shape on wide heads' tiles (M = 16)
+    python3 bench/attention_split.py --tiles=small # every shape on 16-row tiles (fp8's), bf16 too
     python3 bench/attention_split.py --prefill     # and one prompt pass of 2k / 8k rows
     python3 bench/attention_split.py --wide=128:4,512:8  # wide heads (gemma4) at each
                                 # (output columns, warps) a program; lfm2 once, at the default
@@ -67,10 +67,12 @@ def optional(name: str):
         return None
 
 
+SHIPPED_TILES = triton_attention.tiles
+
+
 def small_tiles(d: int, dv: int, group: int, fp8: bool = False) -> tuple[int, int, int]:
-    """--tiles=small: the wide heads' row tiles (QB*GP = 16 rows) for every head dim."""
-    gp = 1 << (group - 1).bit_length()
-    return max(1, 16 // gp), min(d, 64), min(dv, 128)
+    """--tiles=small: 16-row tiles (QB*GP = 16) for every head dim and dtype, as fp8 rows get."""
+    return SHIPPED_TILES(d, dv, group, True)
 
 
 def main() -> None:

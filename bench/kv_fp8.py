@@ -162,7 +162,7 @@ class KVBench(Sections):
         counts when every stream decodes. Prompts are prefilled one a pass (2048 rows), so the
         first stream has decoded n-1 tokens when the last starts: n more tokens make `new`
         rounds of all n streams (before, the figure was the tail where streams finish one by
-        one, at 32 streams a round on average, and varied 6x between runs)."""
+        one, 32 streams a round on average)."""
         z, res = self.sizes, {}
         prompt, new = prompt or z["prompt"], new or z["new"]
         for n in streams or z["streams"]:
@@ -267,8 +267,8 @@ class KVBench(Sections):
         """A chat of `chat` tokens and its reply, then its next turn: fresh on an engine without
         the store; resumed from the device store right after the first turn; resumed from the
         host tier after another chat's keeps pushed its states there (a short chat and its turn
-        before these, untimed, so no figure pays a first resume's compiles). fp8, then bf16 while at
-        least a minute of the budget is left."""
+        before these, untimed, so no figure pays a first resume's compiles). fp8, then bf16
+        while at least a minute of the budget is left."""
         family = kv_capacity.SHAPES[shape][0]
         z = self.sizes
         context = z["chat"] + 2048
