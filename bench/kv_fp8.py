@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import engine_runs, kv_capacity  # noqa: E402
 from bench.sections import Sections, kernel_table, sync  # noqa: E402
+from bench.turn_trace import TurnTrace  # noqa: E402
 from tensorfold.cuda_graphs import GraphRunner  # noqa: E402
 
 PAGE_ROWS = 512
@@ -296,7 +297,7 @@ class KVBench(Sections):
         from tensorfold.sampling import SamplingParams
 
         n = self.sizes["chat"]
-        chats = engine_runs.random_prompts(3, n, vocab, seed=21)  # A, B, and C that evicts B
+        chats = engine_runs.random_prompts(4, n, vocab, seed=21)  # A, B, C that evicts B, D
         follow = engine_runs.random_prompts(2, 32, vocab, seed=22)
         params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
         states = len(range(2048, n + 1, 2048)) + 1  # the keeps of one chat: its grid, its end
@@ -306,9 +307,17 @@ class KVBench(Sections):
         if self.args.smoke:
             flags.update(memory_limit_gib=0.5)
 
+        trace = TurnTrace.install()
+
         def timed(llm: LLM, ids: list[int]) -> tuple[float, list[int], int]:
             """(seconds to the first token, the tokens, prompt tokens resumed)."""
             return first_token(llm, ids, params)
+
+        def traced(llm: LLM, ids: list[int]) -> dict[str, Any]:
+            """A timed turn with its trace: what compiled while it ran, and where it waited."""
+            with trace.window() as w:
+                r = dict(zip(("ttft_s", "tokens", "cached"), timed(llm, ids)))
+            return {**r, "trace": w.result()}
 
         out: dict[str, Any] = {}
         llm = LLM(family=family, model=folder, kv_share=states, kv_host_gib=8 if not
@@ -323,13 +332,17 @@ class KVBench(Sections):
             timed(llm, x + reply_x + follow[0])
             _, reply_a, _ = timed(llm, chats[0])
             turn_a = chats[0] + reply_a + follow[0]
-            out["gpu_store"] = dict(zip(("ttft_s", "tokens", "cached"), timed(llm, turn_a)))
+            out["gpu_store"] = traced(llm, turn_a)
             _, reply_b, _ = timed(llm, chats[1])
             timed(llm, chats[2])  # its keeps evict B's states to the host tier
             turn_b = chats[1] + reply_b + follow[1]
             hits = sharing.host_hits
-            out["host_tier"] = dict(zip(("ttft_s", "tokens", "cached"), timed(llm, turn_b)))
+            out["host_tier"] = traced(llm, turn_b)
             out["host_tier"]["host_hit"] = sharing.host_hits > hits
+            # the device store again, on a chat of the same length after all the above: a
+            # second figure for what the first resume of a shape pays
+            _, reply_d, _ = timed(llm, chats[3])
+            out["gpu_store_again"] = traced(llm, chats[3] + reply_d + follow[0])
             out["plan"] = llm.served.plan.startup_line()
         finally:
             testing.close_even(llm)

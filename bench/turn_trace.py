@@ -1,0 +1,112 @@
+"""Where a timed request's time goes, for benchmarks: the Triton kernels compiled while it ran
+(a first compile of a new specialisation costs 0.1-1 s) and the wall seconds spent in the prompt
+store's and the runner's steps, from wrappers installed around them.
+
+    trace = TurnTrace.install()
+    with trace.window() as w:
+        ...                      # the timed request
+    w.result()  # {"compiled": [...], "seconds": {"PromptSharing.match": ..., ...}, "calls": {...}}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from typing import Any, Iterator
+
+# (module, class, method) wrapped: the store's admission, keeps, evictions and host copies, and
+# the runner's passes; wall time, so a step that waits for the GPU includes the wait
+WRAPPED = (
+    ("tensorfold.prompt_share", "PromptSharing", "match"),
+    ("tensorfold.prompt_share", "PromptSharing", "make_room"),
+    ("tensorfold.prompt_share", "PromptSharing", "resume"),
+    ("tensorfold.prompt_share", "PromptSharing", "keep"),
+    ("tensorfold.prompt_share", "PromptSharing", "_evict"),
+    ("tensorfold.prompt_share", "PromptSharing", "_page_in"),
+    ("tensorfold.host_tier", "HostTier", "page_out"),
+    ("tensorfold.host_tier", "HostTier", "page_in"),
+    ("tensorfold.runner", "ModelRunner", "run"),
+    ("tensorfold.runner", "ModelRunner", "attach"),
+    ("tensorfold.runner", "ModelRunner", "keep_state"),
+    ("tensorfold.runner", "ModelRunner", "restore_state"),
+)
+
+
+class Window:
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.compiled: list[str] = []  # "kernel +seconds from the window's start"
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self.first: dict[str, float] = {}  # each step's first call
+
+    def result(self) -> dict[str, Any]:
+        return {"compiled": self.compiled,
+                "seconds": {k: round(v, 4) for k, v in sorted(self.seconds.items())},
+                "calls": dict(sorted(self.calls.items())),
+                "first": {k: round(v, 4) for k, v in sorted(self.first.items())}}
+
+
+class TurnTrace:
+    _installed: "TurnTrace | None" = None
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open: Window | None = None
+
+    @classmethod
+    def install(cls) -> "TurnTrace":
+        """Once a process: the wrappers and Triton's compile hook (chained to one already set)."""
+        if cls._installed is not None:
+            return cls._installed
+        trace = cls._installed = cls()
+        import importlib
+
+        for module, owner, name in WRAPPED:
+            klass = getattr(importlib.import_module(module), owner)
+            setattr(klass, name, trace._wrap(f"{owner}.{name}", getattr(klass, name)))
+        try:
+            from triton import knobs
+        except ImportError:  # the CPU without Triton: no compiles to see
+            return trace
+        before = knobs.runtime.jit_cache_hook
+
+        def hook(*, repr: str, **kw: Any) -> Any:
+            with trace.lock:
+                if trace.open is not None:
+                    w = trace.open
+                    w.compiled.append(f"{repr.split('[', 1)[0]} +{time.perf_counter() - w.t0:.2f}s")
+            return before(repr=repr, **kw) if before else None
+
+        knobs.runtime.jit_cache_hook = hook
+        return trace
+
+    def _wrap(self, label: str, fn: Any) -> Any:
+        trace = self
+
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            a = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                w = trace.open
+                if w is not None:
+                    with trace.lock:
+                        took = time.perf_counter() - a
+                        w.seconds[label] = w.seconds.get(label, 0.0) + took
+                        w.first.setdefault(label, took)
+                        w.calls[label] = w.calls.get(label, 0) + 1
+
+        return timed
+
+    @contextlib.contextmanager
+    def window(self) -> Iterator[Window]:
+        w = Window()
+        self.open = w
+        try:
+            yield w
+        finally:
+            self.open = None
