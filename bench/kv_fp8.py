@@ -324,12 +324,12 @@ class KVBench(Sections):
                   self.args.smoke else 0.05, **flags)
         try:
             sharing = llm.served.engine.lanes.sharing
-            # a short chat and its next turn first, untimed: the first resume of a process
-            # compiles what the warm-up at start did not (a pass of a few rows after a long
-            # prefix), which the device store's figure, taken first, paid before
+            # a short chat and its next turn first, apart from the figures: the first resume
+            # of a process, traced to show whether it compiled anything the warm-up did not
+            # (before session 10 every new table width of a split pass did, ~1 s)
             x = engine_runs.random_prompts(1, min(n, 2100), vocab, seed=23)[0]
             _, reply_x, _ = timed(llm, x)
-            timed(llm, x + reply_x + follow[0])
+            out["first_resume"] = traced(llm, x + reply_x + follow[0])  # what it compiled
             _, reply_a, _ = timed(llm, chats[0])
             turn_a = chats[0] + reply_a + follow[0]
             out["gpu_store"] = traced(llm, turn_a)

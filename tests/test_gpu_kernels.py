@@ -174,6 +174,42 @@ def test_attention_key_segments_walked_or_shared_give_the_same_bits(hq, hkv, d, 
         assert err < 2e-2, (window, float(err))
 
 
+def test_split_attention_compiles_once_for_any_table_width():
+    """A few rows after a long prefix split their keys (triton_key_split); the workspace's
+    segment count follows the pass's table width, which must not make Triton compile again: a
+    first resume at a new width once waited ~1 s for it (docs/perf.md, session 10)."""
+    from triton import knobs
+
+    from tensorfold.forward_pass import ForwardPass, StreamRows
+    from tensorfold.ops import triton_attention
+    from tensorfold.ops.pass_meta import build_meta
+
+    page_rows, pages, hq, hkv, d = 64, 200, 8, 2, 64
+    k, v = randn(pages * page_rows, hkv, d, seed=2), randn(pages * page_rows, hkv, d, seed=3)
+    compiled: list[str] = []
+    before = knobs.runtime.jit_cache_hook
+
+    def hook(*, repr: str, **kw):
+        compiled.append(repr.split("[", 1)[0])
+        return before(repr=repr, **kw) if before else None
+
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        for i, start in enumerate((700, 3000, 5100, 9001, 12345)):  # 11 .. 194 pages
+            fp = ForwardPass([StreamRows(0, start, [0] * 3, list(range(-(-(start + 3)
+                                                                         // page_rows))))],
+                             page_rows, DEV)
+            q = randn(fp.num_rows, hq, d, seed=4)
+            if i == 1:
+                compiled.clear()  # the first width compiled what any width needs
+            triton_attention.paged_attention(q, k, v, fp.positions, build_meta(fp), page_rows,
+                                             scale=d**-0.5, parts=4)
+        torch.cuda.synchronize()
+    finally:
+        knobs.runtime.jit_cache_hook = before
+    assert compiled == [], compiled
+
+
 # -- each family's model through its kernels, on its demo checkpoint ------------------------------
 
 

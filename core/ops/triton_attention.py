@@ -119,7 +119,7 @@ def attend_tile(
     return m_new, l_i, acc
 
 
-@triton.jit(do_not_specialize=["stride_ts", "stride_tp", "window", "parts"])  # any table width
+@triton.jit(do_not_specialize=["stride_ts", "stride_tp", "window", "parts", "nseg"])  # any width
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, pos_ptr, block_stream, block_row0, block_len,
     stream_start, stream_len, table_ptr, stride_ts, stride_tp, page_rows, scale, window,
@@ -128,7 +128,7 @@ def _attention_kernel(
     G: tl.constexpr, GP: tl.constexpr, QB: tl.constexpr, NSUB: tl.constexpr, D: tl.constexpr,
     DC: tl.constexpr, BDV: tl.constexpr, KT: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SCALED: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
-    ws_ptr=None, ml_ptr=None, parts=1, HQ: tl.constexpr = 1, NSEG: tl.constexpr = 1,
+    ws_ptr=None, ml_ptr=None, parts=1, HQ: tl.constexpr = 1, nseg=1,
     DVB: tl.constexpr = 1, SEG: tl.constexpr = 256, SPLIT: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
@@ -168,7 +168,7 @@ def _attention_kernel(
                 INTERP,
             )
         m_t, l_t, acc_t = key_split.end_segment(m_t, l_t, acc_t, m_i, l_i, acc, ws_ptr, ml_ptr,
-                                                qrow, head, valid, seg, dv0, HQ, NSEG,
+                                                qrow, head, valid, seg, dv0, nseg, HQ,
                                                 DVB * BDV, BDV, SPLIT)
     key_split.store_total(o_ptr, qrow, head, valid, l_t, acc_t, dv0, stride_on, stride_oh, BDV,
                           SPLIT)

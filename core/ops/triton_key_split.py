@@ -73,7 +73,7 @@ def plan(q: torch.Tensor, out: torch.Tensor, tiles: int, kv_heads: int, out_bloc
     n, hq, dv = out.shape
     ws = torch.empty(n, hq, segments, dv, dtype=torch.float32, device=q.device)
     ml = torch.empty(n, hq, segments, 2, dtype=torch.float32, device=q.device)
-    return Split(parts, dict(ws_ptr=ws, ml_ptr=ml, parts=parts, HQ=hq, NSEG=segments,
+    return Split(parts, dict(ws_ptr=ws, ml_ptr=ml, parts=parts, HQ=hq, nseg=segments,
                              SPLIT=True), ws, ml)
 
 
@@ -102,10 +102,10 @@ def finish(l_t, acc_t):
 
 
 @triton.jit
-def store_partial(ws_ptr, ml_ptr, qrow, head, valid, slot, m_s, l_s, acc_s, dv0,
-                  HQ: tl.constexpr, NSEG: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr):
+def store_partial(ws_ptr, ml_ptr, qrow, head, valid, slot, m_s, l_s, acc_s, dv0, nseg,
+                  HQ: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr):
     """Segment slot `slot`'s partial of the tile's valid rows (qrow, head) to the workspace."""
-    at = (qrow * HQ + head) * NSEG + slot  # [M] (row, head, slot)
+    at = (qrow * HQ + head) * nseg + slot  # [M] (row, head, slot)
     dv = dv0 + tl.arange(0, BDV)
     tl.store(ws_ptr + at[:, None] * DV + dv[None, :], acc_s, mask=valid[:, None])
     tl.store(ml_ptr + at * 2, m_s, mask=valid)
@@ -114,13 +114,13 @@ def store_partial(ws_ptr, ml_ptr, qrow, head, valid, slot, m_s, l_s, acc_s, dv0,
 
 @triton.jit
 def end_segment(m_t, l_t, acc_t, m_s, l_s, acc_s, ws_ptr, ml_ptr, qrow, head, valid, seg, dv0,
-                HQ: tl.constexpr, NSEG: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
+                nseg, HQ: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
                 SPLIT: tl.constexpr):
     """A segment's partial done: to the workspace (SPLIT: `combine` folds it later), else
     folded into the row's total now. Returns the total."""
     if SPLIT:
-        store_partial(ws_ptr, ml_ptr, qrow, head, valid, seg % NSEG, m_s, l_s, acc_s, dv0, HQ,
-                      NSEG, DV, BDV)
+        store_partial(ws_ptr, ml_ptr, qrow, head, valid, seg % nseg, m_s, l_s, acc_s, dv0,
+                      nseg, HQ, DV, BDV)
     else:
         m_t, l_t, acc_t = merge(m_t, l_t, acc_t, m_s, l_s, acc_s)
     return m_t, l_t, acc_t
@@ -136,10 +136,12 @@ def store_total(o_ptr, qrow, head, valid, l_t, acc_t, dv0, stride_on, stride_oh,
                  finish(l_t, acc_t).to(o_ptr.dtype.element_ty), mask=valid[:, None])
 
 
-@triton.jit(do_not_specialize=["window"])
+# nseg (a row's segment slots) follows the pass's table width: a constexpr would compile anew for
+# each width a split pass meets (a first resume after a long prefix waited ~1 s for it)
+@triton.jit(do_not_specialize=["window", "nseg"])
 def _combine_kernel(
-    ws_ptr, ml_ptr, o_ptr, pos_ptr, window, stride_on, stride_oh,
-    HQ: tl.constexpr, NSEG: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
+    ws_ptr, ml_ptr, o_ptr, pos_ptr, window, nseg, stride_on, stride_oh,
+    HQ: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
     SEG: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (row, head, output block): the row's segments, in order, merged; written out."""
@@ -153,10 +155,10 @@ def _combine_kernel(
         lo = tl.maximum(pos - window + 1, 0)
     m_t, l_t, acc_t = fresh(1, BDV)
     dv = dv0 + tl.arange(0, BDV)
-    base = (row * HQ + head) * NSEG
+    base = (row * HQ + head) * nseg
     one = tl.arange(0, 1)
     for seg in range(lo // SEG, pos // SEG + 1):
-        at = base + seg % NSEG + one  # [1]
+        at = base + seg % nseg + one  # [1]
         m_s = tl.load(ml_ptr + at * 2)
         l_s = tl.load(ml_ptr + at * 2 + 1)
         acc_s = tl.load(ws_ptr + at[:, None] * DV + dv[None, :])
@@ -171,6 +173,6 @@ def combine(ws: torch.Tensor, ml: torch.Tensor, out: torch.Tensor, positions: to
     """out [N, Hq, Dv] from the partials a split pass left in (ws, ml) (`workspace`)."""
     n, hq, nseg, dv = ws.shape
     _combine_kernel[(n, hq, dv // bdv)](
-        ws, ml, out, positions, window or 0, out.stride(0), out.stride(1),
-        HQ=hq, NSEG=nseg, DV=dv, BDV=bdv, SEG=SEGMENT, num_warps=4, **launch_options(out),
+        ws, ml, out, positions, window or 0, nseg, out.stride(0), out.stride(1),
+        HQ=hq, DV=dv, BDV=bdv, SEG=SEGMENT, num_warps=4, **launch_options(out),
     )

@@ -27,7 +27,7 @@ from . import triton_key_split as key_split
 from .triton_util import after_prior, interpreting
 
 
-@triton.jit(do_not_specialize=["window", "parts"])
+@triton.jit(do_not_specialize=["window", "parts", "nseg"])
 def _ring_attention_kernel(
     q_ptr, nk_ptr, nv_ptr, rk_ptr, rv_ptr, nks_ptr, nvs_ptr, rks_ptr, rvs_ptr, o_ptr, pos_ptr,
     block_stream, block_row0, block_len, stream_row0, stream_start, stream_slot, scale, window,
@@ -37,7 +37,7 @@ def _ring_attention_kernel(
     G: tl.constexpr, GP: tl.constexpr, QB: tl.constexpr, NSUB: tl.constexpr, D: tl.constexpr,
     DC: tl.constexpr, BDV: tl.constexpr, KT: tl.constexpr, SCALED: tl.constexpr,
     IEEE: tl.constexpr, INTERP: tl.constexpr,
-    ws_ptr=None, ml_ptr=None, parts=1, HQ: tl.constexpr = 1, NSEG: tl.constexpr = 1,
+    ws_ptr=None, ml_ptr=None, parts=1, HQ: tl.constexpr = 1, nseg=1,
     DVB: tl.constexpr = 1, SEG: tl.constexpr = 256, SPLIT: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
@@ -85,7 +85,7 @@ def _ring_attention_kernel(
                 INTERP,
             )
         m_t, l_t, acc_t = key_split.end_segment(m_t, l_t, acc_t, m_i, l_i, acc, ws_ptr, ml_ptr,
-                                                qrow, head, valid, seg, dv0, HQ, NSEG,
+                                                qrow, head, valid, seg, dv0, nseg, HQ,
                                                 DVB * BDV, BDV, SPLIT)
     key_split.store_total(o_ptr, qrow, head, valid, l_t, acc_t, dv0, stride_on, stride_oh, BDV,
                           SPLIT)
