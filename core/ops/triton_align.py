@@ -22,6 +22,46 @@ from .triton_util import after_prior
 ALIGN_CHUNK = 256  # pairs one program aligns alone; a chunk's pairs (fewer for many experts)
 
 
+@triton.jit
+def _layout(counts, BM: tl.constexpr):
+    """Each expert's run padded to BM rows: (padded, ends, starts, total) in sorted order."""
+    padded = (counts + BM - 1) // BM * BM
+    ends = tl.cumsum(padded, axis=0)
+    return padded, ends, ends - padded, tl.sum(padded, axis=0)
+
+
+@triton.jit
+def _pad_and_map(sorted_ptr, block_ptr, counts, padded, ends, starts, total, P, E, max_blocks,
+                 BM: tl.constexpr, BB: tl.constexpr):
+    """Each run's padding (pair P) and every block's expert (E past the last run)."""
+    j = tl.arange(0, BM)
+    pad_at = (starts + counts)[:, None] + j[None, :]
+    tl.store(sorted_ptr + pad_at, P, mask=j[None, :] < (padded - counts)[:, None])
+    for b0 in range(0, max_blocks, BB):
+        b = b0 + tl.arange(0, BB)
+        row = b * BM
+        owner = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), axis=1)
+        owner = tl.where(row < total, owner, E)
+        tl.store(block_ptr + b, owner, mask=b < max_blocks)
+
+
+@triton.jit
+def align_pairs(ids, p, sorted_ptr, block_ptr, P, E, max_blocks, BM: tl.constexpr,
+                EB: tl.constexpr, BB: tl.constexpr):
+    """All of a pass's pairs at once, from a program that holds them (the router's, in a
+    decode round): ids [PB] their experts (EB where no pair), p [PB] their indices, ascending
+    where ids < EB. Writes what _align_kernel writes."""
+    ex = tl.arange(0, EB)
+    hot = (ids[:, None] == ex[None, :]).to(tl.int32)  # [PB, EB]
+    counts = tl.sum(hot, axis=0)
+    padded, ends, starts, total = _layout(counts, BM)
+    rank = tl.cumsum(hot, axis=0) - hot
+    dest = tl.sum(hot * starts[None, :] + hot * rank, axis=1)
+    tl.store(sorted_ptr + dest, p, mask=ids < EB)
+    _pad_and_map(sorted_ptr, block_ptr, counts, padded, ends, starts, total, P, E, max_blocks,
+                 BM, BB)
+
+
 @triton.jit(do_not_specialize=["P", "max_blocks"])  # one binary for any row count
 def _align_kernel(
     expert_ptr, sorted_ptr, block_ptr, P, E, max_blocks,
@@ -35,10 +75,7 @@ def _align_kernel(
         p = p0 + tl.arange(0, CHUNK)
         ids = tl.load(expert_ptr + p, mask=p < P, other=EB).to(tl.int32)
         counts += tl.sum((ids[:, None] == ex[None, :]).to(tl.int32), axis=0)
-    padded = (counts + BM - 1) // BM * BM
-    ends = tl.cumsum(padded, axis=0)
-    starts = ends - padded
-    total = tl.sum(padded, axis=0)
+    padded, ends, starts, total = _layout(counts, BM)
     run = tl.zeros((EB,), dtype=tl.int32)
     for p0 in range(0, P, CHUNK):
         p = p0 + tl.arange(0, CHUNK)
@@ -48,15 +85,8 @@ def _align_kernel(
         dest = tl.sum(hot * (starts + run)[None, :] + hot * rank, axis=1)
         tl.store(sorted_ptr + dest, p, mask=p < P)
         run += tl.sum(hot, axis=0)
-    j = tl.arange(0, BM)
-    pad_at = (starts + counts)[:, None] + j[None, :]
-    tl.store(sorted_ptr + pad_at, P, mask=j[None, :] < (padded - counts)[:, None])
-    for b0 in range(0, max_blocks, BB):
-        b = b0 + tl.arange(0, BB)
-        row = b * BM
-        owner = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), axis=1)
-        owner = tl.where(row < total, owner, E)
-        tl.store(block_ptr + b, owner, mask=b < max_blocks)
+    _pad_and_map(sorted_ptr, block_ptr, counts, padded, ends, starts, total, P, E, max_blocks,
+                 BM, BB)
 
 
 @triton.jit
@@ -88,9 +118,7 @@ def _chunk_scatter_kernel(
                     other=0)
         counts += tl.sum(h, axis=0)
         before += tl.sum(tl.where(rows[:, None] < c, h, 0), axis=0)
-    padded = (counts + BM - 1) // BM * BM
-    ends = tl.cumsum(padded, axis=0)
-    starts = ends - padded
+    padded, ends, starts, total = _layout(counts, BM)
     p = c * CHUNK + tl.arange(0, CHUNK)
     ids = tl.load(expert_ptr + p, mask=p < P, other=EB).to(tl.int32)
     hot = (ids[:, None] == ex[None, :]).to(tl.int32)
@@ -98,16 +126,8 @@ def _chunk_scatter_kernel(
     dest = tl.sum(hot * (starts + before)[None, :] + hot * rank, axis=1)
     tl.store(sorted_ptr + dest, p, mask=p < P)
     if c == 0:
-        j = tl.arange(0, BM)
-        pad_at = (starts + counts)[:, None] + j[None, :]
-        tl.store(sorted_ptr + pad_at, P, mask=j[None, :] < (padded - counts)[:, None])
-        total = tl.sum(padded, axis=0)
-        for b0 in range(0, max_blocks, BB):
-            b = b0 + tl.arange(0, BB)
-            row = b * BM
-            owner = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), axis=1)
-            owner = tl.where(row < total, owner, E)
-            tl.store(block_ptr + b, owner, mask=b < max_blocks)
+        _pad_and_map(sorted_ptr, block_ptr, counts, padded, ends, starts, total, P, E,
+                     max_blocks, BM, BB)
 
 
 @dataclass
@@ -115,9 +135,17 @@ class Aligned:
     sorted_pairs: torch.Tensor  # [max_blocks * block_m] int32: pair index, or P for padding
     block_expert: torch.Tensor  # [max_blocks] int32: expert, or E past the last block
     max_blocks: int
-    # the experts align read (pair r*k + j's at r*k + j; the dense FFN's: block_expert): the
-    # kernel before align wrote them, so the GEMMs after align may read them before their wait
+    # the experts align read (pair r*k + j's at r*k + j; the dense FFN's: block_expert). The
+    # GEMMs' weight prefetch reads them before its wait: a hint only (clamped to an expert),
+    # so a stale value where the router aligned in the same kernel costs nothing but bytes
     pair_expert: torch.Tensor
+    block_m: int = 0  # the run padding (0: not recorded)
+    num_experts: int = 0
+
+
+def max_blocks_for(pairs: int, num_experts: int, block_m: int) -> int:
+    """Blocks of block_m the sorted pairs can take at most: every expert's run padded."""
+    return triton.cdiv(pairs + min(num_experts, pairs) * (block_m - 1), block_m)
 
 
 def align(experts: torch.Tensor, num_experts: int, block_m: int) -> Aligned:
@@ -125,7 +153,7 @@ def align(experts: torch.Tensor, num_experts: int, block_m: int) -> Aligned:
     block_m rows."""
     flat = experts.reshape(-1)
     p = flat.numel()
-    max_blocks = triton.cdiv(p + min(num_experts, p) * (block_m - 1), block_m)
+    max_blocks = max_blocks_for(p, num_experts, block_m)
     sorted_pairs = torch.empty(max_blocks * block_m, dtype=torch.int32, device=flat.device)
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=flat.device)
     eb = triton.next_power_of_2(num_experts)
@@ -143,4 +171,4 @@ def align(experts: torch.Tensor, num_experts: int, block_m: int) -> Aligned:
             flat, hist, sorted_pairs, block_expert, p, num_experts, chunks, max_blocks,
             BM=block_m, EB=eb, CHUNK=chunk, CB=16, BB=64, num_warps=8, **launch_options(flat),
         )
-    return Aligned(sorted_pairs, block_expert, max_blocks, flat)
+    return Aligned(sorted_pairs, block_expert, max_blocks, flat, block_m, num_experts)

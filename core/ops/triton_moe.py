@@ -276,7 +276,7 @@ def moe(
     n, k = experts.shape
     s1, s3, s2 = stacked(w1), stacked(w3), stacked(w2)
     bm, sw, dn = pick(n)
-    al = align(experts, s1.shape[0], bm)
+    al = prealigned(experts, s1.shape[0], bm) or align(experts, s1.shape[0], bm)
     h = x.shape[1]
     slots = torch.empty(n * k, h, dtype=slot_dtype or x.dtype, device=x.device)
     if n:
@@ -290,6 +290,15 @@ def moe(
             num_warps=4, **launch_options(slots),
         )
     return out
+
+
+def prealigned(experts: torch.Tensor, num_experts: int, block_m: int) -> Aligned | None:
+    """The pairs' order the router left with `experts` (triton_route, a few rows' pass), when it
+    was sorted for these experts and this block size."""
+    al = getattr(experts, "tf_aligned", None)
+    if al is not None and al.block_m == block_m and al.num_experts == num_experts:
+        return al
+    return None
 
 
 def gated_ffn(

@@ -21,9 +21,12 @@ import triton
 import triton.language as tl
 
 from .gpu import launch_options
+from .triton_align import Aligned, align_pairs, max_blocks_for
+from .triton_moe import TINY_BLOCK_M, TINY_ROWS
 from .triton_util import after_prior, interpreting, mma
 
 ROUTE_ROWS = 16
+ALIGN_ONE_HOT = 16384  # the most (pair, expert) cells the router's program aligns in (as align)
 ROUTER_SPLIT = 256  # columns of H a router program sums (fixed: part of the reduction order)
 EXPERT_BLOCK = 64  # experts a router program computes
 
@@ -82,17 +85,19 @@ def _keep_groups(key, ex, ROWS: tl.constexpr, EB: tl.constexpr, EPG: tl.constexp
     return tl.where(keep, key, float("-inf"))
 
 
-@triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
+@triton.jit(do_not_specialize=["n_rows", "max_blocks"])  # one binary for any row count
 def _route_kernel(
     part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, n_rows, E, S, scaling, norm_eps,
     TOPK: tl.constexpr, KB: tl.constexpr, EB: tl.constexpr, SOFTMAX: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, NORM: tl.constexpr,
     GROUPS: tl.constexpr, EPG: tl.constexpr, KEEP_GROUPS: tl.constexpr, GB: tl.constexpr,
     BY_EXPERT: tl.constexpr, ROWS: tl.constexpr,
-    PDL: tl.constexpr = False,
+    sorted_ptr=None, block_ptr=None, max_blocks=0, ALIGN: tl.constexpr = False,
+    BM: tl.constexpr = 16, PDL: tl.constexpr = False,
 ):
     """lt_ptr: only its dtype is read, the logits' (and sigmoid scores') dtype; the weights are
-    rounded to w_ptr's."""
+    rounded to w_ptr's. ALIGN (one program holds the pass's rows): the pairs sorted by expert
+    too, as triton_align.align(experts, E, BM) sorts them, to sorted_ptr and block_ptr."""
     after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ex = tl.arange(0, EB)
@@ -154,6 +159,10 @@ def _route_kernel(
     m = rmask[:, None] & valid[None, :]
     tl.store(e_ptr + offs, picked, mask=m)
     tl.store(w_ptr + offs, out, mask=m)
+    if ALIGN:  # pair r*TOPK + j at r*KB + j of the flattened tile: the same order
+        ids = tl.reshape(tl.where(m, picked.to(tl.int32), EB), (ROWS * KB,))
+        align_pairs(ids, tl.reshape(offs.to(tl.int32), (ROWS * KB,)), sorted_ptr, block_ptr,
+                    n_rows * TOPK, E, max_blocks, BM, EB, 64)
 
 
 def _partials(x: torch.Tensor, gate: torch.Tensor, fp32: bool) -> tuple[torch.Tensor, int]:
@@ -193,14 +202,27 @@ def _select(
     assert e % groups == 0 and 1 <= keep_groups <= groups
     rows = max(1, min(ROUTE_ROWS, 4096 // eb))  # by E alone
     lt = torch.empty(0, dtype=logit_dtype, device=part.device)
+    fused: dict = {}
+    # A pass that one program routes and whose expert GEMMs take few-row tiles: that program
+    # sorts the pairs for them too (what triton_align.align does), a launch fewer a MoE layer
+    kb = triton.next_power_of_2(top_k)
+    if n <= min(rows, TINY_ROWS) and rows * kb * eb <= ALIGN_ONE_HOT:
+        blocks = max_blocks_for(n * top_k, e, TINY_BLOCK_M)
+        sorted_pairs = torch.empty(blocks * TINY_BLOCK_M, dtype=torch.int32, device=part.device)
+        block_expert = torch.empty(blocks, dtype=torch.int32, device=part.device)
+        fused = dict(sorted_ptr=sorted_pairs, block_ptr=block_expert, max_blocks=blocks,
+                     ALIGN=True, BM=TINY_BLOCK_M)
     _route_kernel[(triton.cdiv(n, rows),)](
         part, bias if bias is not None else part, scale if scale is not None else part, lt,
         weights, experts, n, e, splits, float(scaling), float(norm_eps),
-        TOPK=top_k, KB=triton.next_power_of_2(top_k), EB=eb, SOFTMAX=softmax,
+        TOPK=top_k, KB=kb, EB=eb, SOFTMAX=softmax,
         HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, NORM=norm, GROUPS=groups,
         EPG=e // groups, KEEP_GROUPS=keep_groups, GB=max(2, triton.next_power_of_2(groups)),
-        BY_EXPERT=by_expert, ROWS=rows, num_warps=4, **launch_options(part),
+        BY_EXPERT=by_expert, ROWS=rows, num_warps=4, **fused, **launch_options(part),
     )
+    if fused:
+        experts.tf_aligned = Aligned(sorted_pairs, block_expert, blocks, experts.reshape(-1),
+                                     TINY_BLOCK_M, e)
     return weights, experts
 
 
