@@ -72,6 +72,12 @@ def test_moe_gated_ffn_and_router_rows_alone_equal_batches():
     assert_rows_invariant(
         lambda x: triton_route.route(x, gate, eb, k, norm_topk_prob=True, scaling=2.5), x)
 
+    def routed_moe(x):  # a few rows: the router's program sorts the pairs (no align launch)
+        wt, ex = triton_route.route(x, gate, eb, k, norm_topk_prob=True, scaling=2.5)
+        return triton_moe.moe(x, wt, ex, w1, w3, w2)
+
+    assert_rows_invariant(routed_moe, x)
+
 
 def test_norms_and_rope_rows_alone_equal_batches():
     from tensorfold.ops import rope as ref_rope
