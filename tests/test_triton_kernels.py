@@ -279,33 +279,30 @@ def test_align_sorts_pairs_by_expert_in_padded_blocks(rows):
     assert seen == sorted(seen, key=lambda p: (int(flat[p]), p))
 
 
-@pytest.mark.parametrize("e, k, softmax", [(6, 3, False), (32, 4, False), (128, 8, True),
-                                            (8, 2, True)])
-def test_router_of_a_few_rows_sorts_their_pairs_as_align_does(e, k, softmax):
-    """A decode-sized pass's router program also aligns its pairs (one launch fewer): the
-    order and block map equal triton_align's, which the MoE then takes; more rows, or more
-    (pair, expert) cells than the program holds, leave it to align."""
+@pytest.mark.parametrize("e, k, softmax, by_expert", [
+    (6, 3, False, False), (32, 4, False, False), (128, 8, True, False), (288, 8, False, True)])
+def test_router_of_one_row_sorts_its_pairs_as_align_does(e, k, softmax, by_expert):
+    """A pass of one row (a stream's decode round): the router's program also aligns its pairs
+    (one launch fewer a MoE layer), in the order and block map triton_align gives, which the MoE
+    then takes; passes of more rows leave it to align."""
     x, gate = randn(40, 64, seed=50), randn(e, 64, seed=51)
-    for n in (1, 3, 16, 17):
+    for n in (1, 2, 16):
         if softmax:
             w, experts = triton_route.softmax_route(x[:n].clone(), gate, k, None)
         else:
             w, experts = triton_route.route(x[:n].clone(), gate, None, k, norm_topk_prob=True,
-                                            scaling=1.0)
+                                            scaling=1.0, by_expert=by_expert)
         got = triton_moe.prealigned(experts, e, triton_moe.TINY_BLOCK_M)
-        if n > triton_moe.TINY_ROWS:
+        if n > 1:
             assert got is None
             continue
         want = triton_align.align(experts, e, triton_moe.TINY_BLOCK_M)
         assert got is not None and got.max_blocks == want.max_blocks
-        assert torch.equal(got.block_expert, want.block_expert), n
+        assert torch.equal(got.block_expert, want.block_expert)
         used = (want.block_expert < e).repeat_interleave(triton_moe.TINY_BLOCK_M)  # past: unread
-        assert torch.equal(got.sorted_pairs[used], want.sorted_pairs[used]), n
+        assert torch.equal(got.sorted_pairs[used], want.sorted_pairs[used])
         assert triton_moe.prealigned(experts, e + 1, triton_moe.TINY_BLOCK_M) is None
-    wide = randn(e * 64, 64, seed=52)  # 8 rows x 8 slots x 512 experts: too many cells
-    _, experts = triton_route.route(x[:2].clone(), wide, None, 8, norm_topk_prob=True,
-                                    scaling=1.0)
-    assert triton_moe.prealigned(experts, e * 64, triton_moe.TINY_BLOCK_M) is None
+        assert triton_moe.prealigned(experts, e, triton_moe.SMALL_BLOCK_M) is None
 
 
 def _experts(e, i, h, dtype, seed):

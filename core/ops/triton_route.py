@@ -22,11 +22,11 @@ import triton.language as tl
 
 from .gpu import launch_options
 from .triton_align import Aligned, align_pairs, max_blocks_for
-from .triton_moe import TINY_BLOCK_M, TINY_ROWS
+from .triton_moe import TINY_BLOCK_M
 from .triton_util import after_prior, interpreting, mma
 
 ROUTE_ROWS = 16
-ALIGN_ONE_HOT = 16384  # the most (pair, expert) cells the router's program aligns in (as align)
+ALIGN_ONE_ROW = True  # a one-row pass's router also aligns its pairs (False: benchmarks' "before")
 ROUTER_SPLIT = 256  # columns of H a router program sums (fixed: part of the reduction order)
 EXPERT_BLOCK = 64  # experts a router program computes
 
@@ -96,8 +96,8 @@ def _route_kernel(
     BM: tl.constexpr = 16, PDL: tl.constexpr = False,
 ):
     """lt_ptr: only its dtype is read, the logits' (and sigmoid scores') dtype; the weights are
-    rounded to w_ptr's. ALIGN (one program holds the pass's rows): the pairs sorted by expert
-    too, as triton_align.align(experts, E, BM) sorts them, to sorted_ptr and block_ptr."""
+    rounded to w_ptr's. ALIGN (a pass of one row): its pairs sorted by expert too, as
+    triton_align.align(experts, E, BM) sorts them, to sorted_ptr and block_ptr."""
     after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ex = tl.arange(0, EB)
@@ -159,10 +159,10 @@ def _route_kernel(
     m = rmask[:, None] & valid[None, :]
     tl.store(e_ptr + offs, picked, mask=m)
     tl.store(w_ptr + offs, out, mask=m)
-    if ALIGN:  # pair r*TOPK + j at r*KB + j of the flattened tile: the same order
-        ids = tl.reshape(tl.where(m, picked.to(tl.int32), EB), (ROWS * KB,))
-        align_pairs(ids, tl.reshape(offs.to(tl.int32), (ROWS * KB,)), sorted_ptr, block_ptr,
-                    n_rows * TOPK, E, max_blocks, BM, EB, 64)
+    if ALIGN:  # the row's slots back from memory (a [ROWS, KB] tile has no row to slice)
+        tl.debug_barrier()  # every thread's stores above seen by the whole program
+        ids = tl.load(e_ptr + kcol, mask=valid, other=EB).to(tl.int32)
+        align_pairs(ids, kcol, sorted_ptr, block_ptr, TOPK, E, max_blocks, BM, EB, 64)
 
 
 def _partials(x: torch.Tensor, gate: torch.Tensor, fp32: bool) -> tuple[torch.Tensor, int]:
@@ -203,11 +203,11 @@ def _select(
     rows = max(1, min(ROUTE_ROWS, 4096 // eb))  # by E alone
     lt = torch.empty(0, dtype=logit_dtype, device=part.device)
     fused: dict = {}
-    # A pass that one program routes and whose expert GEMMs take few-row tiles: that program
-    # sorts the pairs for them too (what triton_align.align does), a launch fewer a MoE layer
+    # A pass of one row (a stream's decode round): the router's program sorts its pairs for
+    # the expert GEMMs too (what triton_align.align does), a launch fewer a MoE layer
     kb = triton.next_power_of_2(top_k)
-    if n <= min(rows, TINY_ROWS) and rows * kb * eb <= ALIGN_ONE_HOT:
-        blocks = max_blocks_for(n * top_k, e, TINY_BLOCK_M)
+    if n == 1 and ALIGN_ONE_ROW:
+        blocks = max_blocks_for(top_k, e, TINY_BLOCK_M)
         sorted_pairs = torch.empty(blocks * TINY_BLOCK_M, dtype=torch.int32, device=part.device)
         block_expert = torch.empty(blocks, dtype=torch.int32, device=part.device)
         fused = dict(sorted_ptr=sorted_pairs, block_ptr=block_expert, max_blocks=blocks,
