@@ -326,7 +326,8 @@ class KVBench(Sections):
             sharing = llm.served.engine.lanes.sharing
             # a short chat and its next turn first, apart from the figures: the first resume
             # of a process, traced to show whether it compiled anything the warm-up did not
-            # (before session 10 every new table width of a split pass did, ~1 s)
+            # (in session 10 a split pass's new table width did, and pass_meta's views at new
+            # alignments, 0.6-2.3 s)
             x = engine_runs.random_prompts(1, min(n, 2100), vocab, seed=23)[0]
             _, reply_x, _ = timed(llm, x)
             out["first_resume"] = traced(llm, x + reply_x + follow[0])  # what it compiled

@@ -180,10 +180,11 @@ def test_attention_key_segments_walked_or_shared_give_the_same_bits(hq, hkv, d, 
         assert err < 2e-2, (window, float(err))
 
 
-def test_split_attention_compiles_once_for_any_table_width():
+def test_split_attention_compiles_once_for_any_table_width_and_rows():
     """A few rows after a long prefix split their keys (triton_key_split); the workspace's
-    segment count follows the pass's table width, which must not make Triton compile again: a
-    first resume at a new width once waited ~1 s for it (docs/perf.md, session 10)."""
+    segment count follows the pass's table width, and the pass's layout views sit at offsets
+    that follow its row count: neither may make Triton compile again (a chat's next turn once
+    waited ~1 s for it; docs/perf.md, session 10)."""
     from triton import knobs
 
     from tensorfold.forward_pass import ForwardPass, StreamRows
@@ -201,8 +202,10 @@ def test_split_attention_compiles_once_for_any_table_width():
 
     knobs.runtime.jit_cache_hook = hook
     try:
-        for i, start in enumerate((700, 3000, 5100, 9001, 12345)):  # 11 .. 194 pages
-            fp = ForwardPass([StreamRows(0, start, [0] * 3, list(range(-(-(start + 3)
+        # 11 .. 194 pages, and row counts that put pass_meta's sections at other offsets
+        for i, (start, n) in enumerate(((700, 3), (3000, 3), (5100, 33), (9001, 7),
+                                        (12345, 20))):
+            fp = ForwardPass([StreamRows(0, start, [0] * n, list(range(-(-(start + n)
                                                                          // page_rows))))],
                              page_rows, DEV)
             q = randn(fp.num_rows, hq, d, seed=4)

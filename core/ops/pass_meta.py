@@ -13,6 +13,7 @@ import torch
 from ..forward_pass import ForwardPass
 
 QUERY_ROWS = 16  # query rows of one stream in an attention program
+ALIGN_INTS = 4  # int32s in 16 bytes
 
 
 @dataclass
@@ -48,20 +49,23 @@ def build_meta(fp: ForwardPass) -> PassMeta:
     for i, (a, b) in enumerate(spans):
         row_stream.extend([i] * (b - a))
         blocks.extend((i, r, min(QUERY_ROWS, b - r)) for r in range(a, b, QUERY_ROWS))
-    flat: list[int] = row_stream
-    for i in range(s):
-        flat.append(spans[i][0])
-    flat.extend(b - a for a, b in spans)
-    flat.extend(st.start for st in streams)
-    flat.extend(st.slot for st in streams)
-    for kind in range(3):
-        flat.extend(blk[kind] for blk in blocks)
-    for st in streams:
-        flat.extend(st.pages)
-        flat.extend([0] * (max_pages - len(st.pages)))
+    table = [p for st in streams for p in [*st.pages, *[0] * (max_pages - len(st.pages))]]
+    sections = [row_stream, [a for a, _ in spans], [b - a for a, b in spans],
+                [st.start for st in streams], [st.slot for st in streams],
+                *([blk[kind] for blk in blocks] for kind in range(3)), table]
+    # Each section starts at a multiple of 16 bytes: Triton specialises a pointer on 16-byte
+    # alignment, so views at the sections' raw offsets (which follow the pass's row, stream and
+    # block counts) made a pass of a new shape compile its kernels again (~1 s, mid-serving)
+    flat: list[int] = []
+    sizes = []
+    for sec in sections:
+        pad = -len(sec) % ALIGN_INTS
+        flat.extend(sec)
+        flat.extend([0] * pad)
+        sizes += [len(sec), pad]
     dev = torch.tensor(flat, dtype=torch.int32).to(fp.device, non_blocking=True)
     n, nb = fp.num_rows, len(blocks)
-    parts = torch.split(dev, [n, s, s, s, s, nb, nb, nb, s * max_pages])
+    parts = torch.split(dev, sizes)[::2]
     return PassMeta(
         n, s, nb, parts[0], parts[1], parts[2], parts[3], parts[4],
         parts[8].view(s, max_pages), parts[5], parts[6], parts[7],
