@@ -13,7 +13,7 @@ import torch
 from ..forward_pass import ForwardPass
 
 QUERY_ROWS = 16  # query rows of one stream in an attention program
-ALIGN_INTS = 4  # int32s in 16 bytes
+_ALIGN_INTS = 4  # int32s in 16 bytes
 
 
 @dataclass
@@ -59,7 +59,7 @@ def build_meta(fp: ForwardPass) -> PassMeta:
     flat: list[int] = []
     sizes = []
     for sec in sections:
-        pad = -len(sec) % ALIGN_INTS
+        pad = -len(sec) % _ALIGN_INTS
         flat.extend(sec)
         flat.extend([0] * pad)
         sizes += [len(sec), pad]
