@@ -10,7 +10,9 @@ At Gemma-4-26B-A4B's and LFM2-24B-A2B's shapes with dummy bf16 weights:
   pool whose freed pages are poisoned;
 - a 32k-token chat's next turn, time to first token: fresh (no store), resumed from the GPU
   store, resumed from the host tier (its state evicted there by another chat), in fp8 (and in
-  bf16 while the budget lasts); the resumed replies must equal the fresh ones.
+  bf16 while the budget lasts); the resumed replies must equal the fresh ones. Each resumed
+  turn is traced (bench/turn_trace.py: Triton compiles while it ran, seconds in the store's
+  steps), with a short chat's first resume and a second device-store turn beside them.
 Prints a table at the end; writes results.json, log.txt and summary.txt to --out ($OUT).
 
     python bench/kv_fp8.py --commit $(git rev-parse --short HEAD)

@@ -293,8 +293,8 @@ def moe(
 
 
 def prealigned(experts: torch.Tensor, num_experts: int, block_m: int) -> Aligned | None:
-    """The pairs' order the router left with `experts` (triton_route, a few rows' pass), when it
-    was sorted for these experts and this block size."""
+    """The pairs' order the router left with `experts` (triton_route, a pass of one row), when
+    it was sorted for these experts and this block size; else None (align sorts them)."""
     al = getattr(experts, "tf_aligned", None)
     if al is not None and al.block_m == block_m and al.num_experts == num_experts:
         return al

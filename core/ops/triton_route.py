@@ -202,10 +202,10 @@ def _select(
     assert e % groups == 0 and 1 <= keep_groups <= groups
     rows = max(1, min(ROUTE_ROWS, 4096 // eb))  # by E alone
     lt = torch.empty(0, dtype=logit_dtype, device=part.device)
-    fused: dict = {}
+    kb = triton.next_power_of_2(top_k)
     # A pass of one row (a stream's decode round): the router's program sorts its pairs for
     # the expert GEMMs too (what triton_align.align does), a launch fewer a MoE layer
-    kb = triton.next_power_of_2(top_k)
+    fused: dict = {}
     if n == 1 and ALIGN_ONE_ROW:
         blocks = max_blocks_for(top_k, e, TINY_BLOCK_M)
         sorted_pairs = torch.empty(blocks * TINY_BLOCK_M, dtype=torch.int32, device=part.device)
