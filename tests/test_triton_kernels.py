@@ -222,6 +222,24 @@ def test_paged_attention_over_fp8_rows_matches_reference_and_a_stream_alone(dtyp
     _assert_streams_alone_equal(fp, page_rows, q, k, v, got, window=window, **scales)
 
 
+def test_bf16_queries_meet_fp8_rows_as_fp16_clamped_to_its_range():
+    """A bf16 q meets e4m3 rows as fp16 (triton_attention.scaled_q): a q past fp16's largest
+    finite value is clamped there, never an inf that would turn the row's scores into NaN."""
+    page_rows, hkv, group, d = 8, 2, 3, 16
+    fp = _pass(MIXED, page_rows)
+    k, ks = quantize_rows(randn(16 * page_rows, hkv, d, seed=26, scale=3.0))
+    v, vs = quantize_rows(randn(16 * page_rows, hkv, d, seed=27, scale=0.1))
+    q = randn(fp.num_rows, hkv * group, d, seed=28, dtype=torch.bfloat16) * 1e-3
+    q[0, 0, :4] = torch.tensor([1e6, -1e6, 7e4, 3.0])  # past fp16's 65504, and one inside
+    scales = {"k_scales": ks, "v_scales": vs}
+    got = triton_attention.paged_attention(q, k, v, fp.positions, build_meta(fp), page_rows,
+                                           scale=0.25, **scales)
+    want = ref_attention.paged_attention(q.float().clamp(-65504, 65504), k, v, fp, scale=0.25,
+                                         **scales)
+    assert got.isfinite().all()
+    assert rel(got, want) < 2e-2
+
+
 def test_attention_tiles_follow_the_shape_and_the_rows_dtype_only():
     """A program's tile is a function of (D, Dv, group, fp8 rows), never of the pass: lfm2's
     narrow GQA heads take 16 queries x 4 heads in bf16 and 4 x 4 in fp8; gemma4's wide heads

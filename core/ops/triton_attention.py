@@ -18,9 +18,12 @@ and the segments fold into the row's total in order (triton_key_split.merge), ei
 program walks them or, for passes with few programs (a few decode rows over a long context),
 shared among `parts` programs and folded by a second kernel: the same bits either way.
 
-fp8 rows (SCALED): keys and values are e4m3, converted exactly to q's dtype; a key's scale
-multiplies its scores after the head-dim sums, a value's its probabilities before the sum over
-keys (tensorfold.ops.kv_quant), as the torch reference does.
+fp8 rows (SCALED): keys and values are e4m3, converted exactly to fp16 (one instruction for two
+on sm_90; bf16 takes three, the conversion bounded fp8 decode: docs/perf.md, session 11), and a
+bf16 q meets them as fp16 (exact for |q| in fp16's normal range; clamped to its finite range);
+an fp32 q meets them as fp32. A key's scale multiplies its scores after the head-dim sums, a
+value's its probabilities before the sum over keys (tensorfold.ops.kv_quant), as the torch
+reference does.
 """
 
 from __future__ import annotations
@@ -81,6 +84,14 @@ def row_tile(pos_ptr, block_row0, block_len, pid, kvh,
 
 
 @triton.jit
+def scaled_q(q, SCALED: tl.constexpr, IEEE: tl.constexpr):
+    """q as it meets fp8 rows: fp16 (clamped to its finite range) unless the pass is fp32."""
+    if SCALED and not IEEE:
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    return q
+
+
+@triton.jit
 def attend_tile(
     q_ptr, q_off, q0, valid, k_row, v_row, ks_row, vs_row, kmask, visible, m_i, l_i, acc, scale,
     M: tl.constexpr, KT: tl.constexpr, D: tl.constexpr, DC: tl.constexpr, BDV: tl.constexpr,
@@ -92,11 +103,12 @@ def attend_tile(
     visible [M, KT]. Returns (m_i, l_i, acc [M, BDV])."""
     dc = tl.arange(0, DC)
     k = tl.load(k_row[:, None] + dc[None, :], mask=kmask[:, None], other=0.0)
-    if SCALED:
+    if SCALED:  # q0 is already scaled_q's
         k = k.to(q0.dtype)
     sc = mma(q0, tl.trans(k), tl.zeros((M, KT), dtype=tl.float32), IEEE, INTERP)
     for c in tl.static_range(DC, D, DC):  # the head dim in fixed chunks, in order
         q = tl.load(q_ptr + q_off[:, None] + (c + dc)[None, :], mask=valid[:, None], other=0.0)
+        q = scaled_q(q, SCALED, IEEE)
         k = tl.load(k_row[:, None] + (c + dc)[None, :], mask=kmask[:, None], other=0.0)
         if SCALED:
             k = k.to(q0.dtype)
@@ -141,8 +153,8 @@ def _attention_kernel(
     s = tl.load(block_stream + blk)
     end = tl.load(stream_start + s) + tl.load(stream_len + s)  # keys [0, end) are written
     q_off = qrow * stride_qn + head * stride_qh
-    q0 = tl.load(q_ptr + q_off[:, None] + tl.arange(0, DC)[None, :], mask=valid[:, None],
-                 other=0.0)
+    q0 = scaled_q(tl.load(q_ptr + q_off[:, None] + tl.arange(0, DC)[None, :],
+                          mask=valid[:, None], other=0.0), SCALED, IEEE)
     lo = 0
     if HAS_WINDOW:
         lo = (tl.maximum(first - window + 1, 0) // KT) * KT

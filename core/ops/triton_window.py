@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .pass_meta import QUERY_ROWS, PassMeta
-from .triton_attention import KEY_TILE, attend_tile, row_tile, tiles, warps
+from .triton_attention import KEY_TILE, attend_tile, row_tile, scaled_q, tiles, warps
 from .gpu import launch_options
 from . import triton_key_split as key_split
 from .triton_util import after_prior, interpreting
@@ -54,8 +54,8 @@ def _ring_attention_kernel(
     rows = tl.maximum(window - 1, 1)  # ring rows (a window of 1 reads none)
     ring_lo = tl.maximum(start - window + 1, 0)  # the ring holds positions [ring_lo, start)
     q_off = qrow * stride_qn + head * stride_qh
-    q0 = tl.load(q_ptr + q_off[:, None] + tl.arange(0, DC)[None, :], mask=valid[:, None],
-                 other=0.0)
+    q0 = scaled_q(tl.load(q_ptr + q_off[:, None] + tl.arange(0, DC)[None, :],
+                          mask=valid[:, None], other=0.0), SCALED, IEEE)
     lo = (tl.maximum(first - window + 1, 0) // KT) * KT
     kt = tl.arange(0, KT)
     m_t, l_t, acc_t = key_split.fresh(QB * GP, BDV)
