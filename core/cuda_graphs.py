@@ -98,9 +98,23 @@ class GraphRunner(ModelRunner):
         bucket = self._bucket(streams)
         if bucket is None:
             return super().run(streams)
+        return self._replay(bucket, streams, None)
+
+    def run_fed(self, streams: Sequence[StreamRows], tokens: torch.Tensor) -> list[torch.Tensor]:
+        bucket = self._bucket(streams)
+        if bucket is None:
+            return super().run_fed(streams, tokens)
+        return self._replay(bucket, streams, tokens)
+
+    def _replay(self, bucket: int, streams: Sequence[StreamRows],
+                tokens: torch.Tensor | None) -> list[torch.Tensor]:
+        """A decode round through `bucket`'s graph; tokens: the rows' tokens on the device
+        (copied into the graph's input after the host's columns), or None: the streams' own."""
         g = self.graphs.get(bucket) or self._build(bucket)
         need = max(len(s.pages) for s in streams)
         self._fill(g, streams, need)
+        if tokens is not None:
+            g.dev[0, : len(streams)].copy_(tokens)
         if g.graph is not None:
             g.graph.replay()
         else:

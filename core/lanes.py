@@ -33,7 +33,7 @@ from .logs import get_logger
 from .prompt_share import PromptSharing
 from .requests import Finished, Request, RequestRefused, TokenOut
 from .runner import ModelRunner
-from .sampling import RowHistory, SampleResult, sample_rows
+from .sampling import RowHistory, SampleResult, launch_rows, read_rows
 from .stops import StopChecker
 from .structured import accept_rows, mask_rows
 from .tokenizer import IncrementalDecoder, Tokenizer
@@ -41,6 +41,9 @@ from .tokenizer import IncrementalDecoder, Tokenizer
 log = get_logger("tensorfold.lanes")
 
 PASS_ROWS = 2048
+# Decode rounds sent ahead (`Lanes.ahead`): None on a GPU only, True anywhere (tests of it on
+# the CPU), False never (benchmarks compare)
+DECODE_AHEAD: bool | None = None
 
 
 @dataclass
@@ -66,6 +69,15 @@ class Live:
         return self.pos < len(self.req.prompt)
 
 
+@dataclass
+class _Flight:
+    """A decode round sent before the host read the tokens it feeds (they stay on the device):
+    its streams, in the pass's order, and their logits views."""
+
+    owners: list[Live]
+    logits: list[torch.Tensor]
+
+
 class Lanes:
     def __init__(
         self,
@@ -79,6 +91,7 @@ class Lanes:
         lookahead: int = 0,
         sharing: PromptSharing | None = None,
         hooks: Any = None,
+        ahead: bool | None = None,
     ):
         if lanes > runner.slots.num_slots:
             raise ValueError(f"{lanes} lanes need {lanes} state slots, the runner has fewer")
@@ -105,6 +118,20 @@ class Lanes:
         self.rows_cached = 0  # prompt rows resumed from the store, all requests together
         self.rows_computed = 0  # prompt rows prefilled
         self.tokens_out = 0  # tokens sampled, all streams together
+        # ahead: when every live stream decodes and nothing waits, the next round goes to the
+        # GPU fed by this round's tokens on the device, before the host reads them, so the host's
+        # work on a round overlaps the next forward. A stream that ends in between has fed one
+        # row more (its lease covers it; what it keeps says so). Default (DECODE_AHEAD): on a
+        # GPU, when the runner can feed a round from the device (`run_fed`; not under tensor
+        # parallel).
+        fed = getattr(runner, "run_fed", None) is not None
+        if ahead is None:
+            ahead = DECODE_AHEAD
+        if ahead is None:
+            ahead = torch.device(runner.model.device).type == "cuda"
+        self.ahead = ahead and fed
+        self._flight: _Flight | None = None
+        self.sent_ahead = 0  # rounds sent ahead
 
     # -- submission (validated before it is queued) ------------------------------------------
 
@@ -160,7 +187,19 @@ class Lanes:
 
     def step(self) -> bool:
         """Run one round; False when there was nothing to do."""
-        dropped = self._drop_cancelled()
+        flight, self._flight = self._flight, None
+        dropped = False
+        if flight is not None:  # sent last round: its rows are computed, the draws are left
+            dropped = self._drop_cancelled()
+            alive = {id(s) for s in self.live}
+            wanting = [(s, out[-1]) for s, out in zip(flight.owners, flight.logits)
+                       if id(s) in alive]
+            if wanting:
+                self._draw(wanting)
+                if self.idle:
+                    self.census()
+                return True
+        dropped = self._drop_cancelled() or dropped
         self._admit()
         if not self.live:
             if dropped and self.idle:
@@ -179,23 +218,46 @@ class Lanes:
                 if stream.forks:  # n choices: the others start from this row's logits
                     wanting += [(f, out[-1]) for f in self._fork(stream)]
         if wanting:
-            # one [B, V] for the round: each row masked by its own matcher (structured output),
-            # then all drawn together, each row as it would be alone (sampling.sample_rows)
-            x = torch.stack([row for _, row in wanting])
-            bound = [i for i, (s, _) in enumerate(wanting) if s.matcher]
-            mask_rows(x, [(i, wanting[i][0].matcher) for i in bound])
-            ts = [len(s.generated) for s, _ in wanting]
-            results = sample_rows(x, [(s.req.params, t, s.history)
-                                      for (s, _), t in zip(wanting, ts)])
-            refused: list[str | None] = [None] * len(wanting)
-            for i, error in zip(bound, accept_rows(
-                    [(wanting[i][0].matcher, results[i].token) for i in bound])):
-                refused[i] = error
-            for (stream, _), t, result, error in zip(wanting, ts, results, refused):
-                self._take(stream, t, result, error)
+            self._draw(wanting)
         if self.idle:
             self.census()
         return True
+
+    def _draw(self, wanting: list[tuple[Live, torch.Tensor]]) -> None:
+        """One [B, V] for the round: each row masked by its own matcher (structured output),
+        then all drawn together, each row as it would be alone (sampling.launch_rows); the next
+        round sent ahead when it can be; then the tokens read and taken."""
+        x = torch.stack([row for _, row in wanting])
+        bound = [i for i, (s, _) in enumerate(wanting) if s.matcher]
+        mask_rows(x, [(i, wanting[i][0].matcher) for i in bound])
+        ts = [len(s.generated) for s, _ in wanting]
+        pending = launch_rows(x, [(s.req.params, t, s.history)
+                                  for (s, _), t in zip(wanting, ts)])
+        self._send_ahead([s for s, _ in wanting], pending.tokens)
+        results = read_rows(pending)
+        refused: list[str | None] = [None] * len(wanting)
+        for i, error in zip(bound, accept_rows(
+                [(wanting[i][0].matcher, results[i].token) for i in bound])):
+            refused[i] = error
+        for (stream, _), t, result, error in zip(wanting, ts, results, refused):
+            self._take(stream, t, result, error)
+
+    def _send_ahead(self, streams: list[Live], tokens: torch.Tensor) -> None:
+        """The next round, each stream's row fed the token this round drew for it (`tokens`
+        [B], still on the device), when it would be this round's streams' decode rows alone:
+        every live stream is among them, none waits to fork, and no request waits to be
+        admitted (it is, a round later)."""
+        if not self.ahead or self.waiting or len(streams) != len(self.live):
+            return
+        if any(s.forks for s in streams) or len({id(s) for s in streams}) != len(streams):
+            return
+        runs = [StreamRows(s.slot, s.pos, [0], s.lease.cover(s.pos + 1)) for s in streams]
+        logits = self.runner.run_fed(runs, tokens)  # type: ignore[attr-defined]
+        self.passes += 1
+        self.sent_ahead += 1
+        for s, run in zip(streams, runs):
+            s.pos = run.end
+        self._flight = _Flight(streams, logits)
 
     def _admit(self) -> None:
         while self.waiting and self.free_slots:
@@ -375,6 +437,7 @@ class Lanes:
 
     def fail_all(self, error: str) -> None:
         """End every request with an error (the forward raised): lanes and pages come back."""
+        self._flight = None
         for s in list(self.live):
             self._release(s, "error", error)
         while self.waiting:

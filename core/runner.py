@@ -59,7 +59,19 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, streams: Sequence[StreamRows]) -> list[torch.Tensor]:
         """One pass; returns each stream's logits ([rows wanted, vocab], fp32)."""
+        return self._run(ForwardPass(streams, self.pool.page_rows, self.model.device))
+
+    @torch.inference_mode()
+    def run_fed(self, streams: Sequence[StreamRows], tokens: torch.Tensor) -> list[torch.Tensor]:
+        """A pass of one decode row a stream whose tokens are already on the model's device
+        (`tokens` [len(streams)] int64, in the streams' order; the streams' own token lists
+        are placeholders): a round the host sends before it has read the last round's draws."""
         fp = ForwardPass(streams, self.pool.page_rows, self.model.device)
+        assert fp.num_rows == len(streams) == tokens.shape[0], "one decode row a stream"
+        fp.tokens = tokens
+        return self._run(fp)
+
+    def _run(self, fp: ForwardPass) -> list[torch.Tensor]:
         if torch.device(self.model.device).type == "cpu":
             with one_cpu_thread():
                 logits = self.forward(fp)

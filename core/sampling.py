@@ -318,13 +318,24 @@ def _draw_rows(x: torch.Tensor, order: torch.Tensor, rows: Sequence[tuple[Sampli
     return order.gather(1, i)[:, 0]
 
 
-def sample_rows(
+class PendingRows(NamedTuple):
+    """Rows drawn on the device, their read-back under way (`launch_rows`); `read_rows` waits."""
+
+    tokens: torch.Tensor  # [B] int64 on the logits' device: what a device-fed round takes
+    host: torch.Tensor  # [B, 2 + 2 * top_n] float64: token, logprob, top ids, top logprobs
+    done: Any  # a CUDA event recorded after the copy to `host`, or None
+    top: list[int]  # each row's top_logprobs
+    top_n: int
+
+
+def launch_rows(
     logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, int, RowHistory]]
-) -> list[SampleResult]:
+) -> PendingRows:
     """logits: [B, V] (any float dtype, any device); rows[i] = (params, t, history) of row i,
     sampling output position t of its stream. Row i gets what it gets alone (B = 1): each step
     works on rows independently (penalties and biases row by row, log_softmax, argmax and sort
-    within a row, integer prefix sums), and the host reads the results back once."""
+    within a row, integer prefix sums). The results' one copy to the host is queued behind the
+    draws, before whatever the caller queues next; `read_rows` waits for it."""
     if logits.dim() != 2 or logits.shape[0] != len(rows):
         raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
     v = logits.shape[1]
@@ -356,13 +367,35 @@ def sample_rows(
         assert order is not None
         ids = order[:, :top_n]
         parts += [ids.to(torch.float64), logprobs.gather(1, ids).to(torch.float64)]
-    host = torch.cat(parts, 1).cpu().tolist()  # the one read back
+    both = torch.cat(parts, 1)
+    done = None
+    if both.is_cuda:  # into pinned memory, not waited for here
+        host = torch.empty(both.shape, dtype=both.dtype, pin_memory=True)
+        host.copy_(both, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+    else:
+        host = both
+    return PendingRows(tokens, host, done, [min(p.top_logprobs, v) for p, _, _ in rows], top_n)
+
+
+def read_rows(pending: PendingRows) -> list[SampleResult]:
+    """The host's results of `launch_rows`, once its copy is done (the one read back)."""
+    if pending.done is not None:
+        pending.done.synchronize()
     out = []
-    for (params, _, _), row in zip(rows, host):
-        k = min(params.top_logprobs, v)
-        top = [(int(i), lp) for i, lp in zip(row[2 : 2 + k], row[2 + top_n : 2 + top_n + k])]
+    n = pending.top_n
+    for k, row in zip(pending.top, pending.host.tolist()):
+        top = [(int(i), lp) for i, lp in zip(row[2 : 2 + k], row[2 + n : 2 + n + k])]
         out.append(SampleResult(int(row[0]), row[1], top))
     return out
+
+
+def sample_rows(
+    logits: torch.Tensor, rows: Sequence[tuple[SamplingParams, int, RowHistory]]
+) -> list[SampleResult]:
+    """`launch_rows`, then `read_rows`: each row's token, logprob and top logprobs."""
+    return read_rows(launch_rows(logits, rows))
 
 
 def sample_row(

@@ -333,6 +333,9 @@ class Leader:
     """Rank 0's runner under tensor parallel: each operation on the storage is broadcast, then
     done here. Every other attribute (pool, rows, slots, model, last_pass) is the runner's."""
 
+    # rounds are fed from the host only: the other ranks cannot read rank 0's drawn tokens
+    run_fed = None
+
     def __init__(self, runner: Any, team: Team):
         self.runner = runner
         self.team = team

@@ -1,0 +1,105 @@
+"""Decode rounds sent ahead (`Lanes.ahead`: the next round fed on the device by this round's
+draws before the host reads them; on by default on a GPU) change no token: the gates hold with
+it on the CPU, and give what the same engines give with it off, while it was used for most
+decode rounds. A stream that ends while a round it fed is in flight keeps its rows and state
+as fed (resumed == fresh); cancelled streams, n choices and structured output go through it."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tensorfold import lanes as lanes_module
+from tensorfold import testing
+from tensorfold.requests import Finished, TokenOut
+from tensorfold.sampling import SamplingParams
+from tensorfold_lfm2_moe.demo import build_demo
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+SAMPLED = SamplingParams(temperature=0.8, seed=5, max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_demo(tmp_path_factory.mktemp("demo"))
+
+
+def _gates(demo: Path, ahead: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[Any]]:
+    monkeypatch.setattr(lanes_module, "DECODE_AHEAD", ahead)
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(5, 700, (n,), generator=g).tolist() for n in (9, 130, 600)]
+    chats = [testing.chat_turns(c, turns=2, first=150, later=20) for c in range(3)]
+    opened: list[Any] = []
+    alone = testing.assert_engine_gates("lfm2_moe", demo, prompts, chats, GREEDY, SAMPLED,
+                                        min_cached=150, context=4096, parallel=4,
+                                        opened=opened.append)
+    return alone, [llm.served.engine.lanes for llm in opened]
+
+
+def test_gates_hold_with_rounds_sent_ahead_and_equal_them_without(
+        demo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ahead, lanes_on = _gates(demo, True, monkeypatch)
+    plain, lanes_off = _gates(demo, False, monkeypatch)
+    assert ahead == plain
+    assert all(ln.ahead and ln.sent_ahead > ln.passes // 2 for ln in lanes_on), \
+        [(ln.sent_ahead, ln.passes) for ln in lanes_on]
+    assert all(not ln.ahead and ln.sent_ahead == 0 for ln in lanes_off)
+
+
+class _CancelAt:
+    """A sink that cancels its request once it has `at` tokens (in the engine's thread)."""
+
+    def __init__(self, engine: Any, at: int) -> None:
+        self.engine, self.at = engine, at
+        self.tokens: list[int] = []
+        self.req: Any = None
+        self.ready, self.done = threading.Event(), threading.Event()
+        self.finished: Any = None
+
+    def __call__(self, event: Any) -> None:
+        if isinstance(event, TokenOut):
+            self.tokens.append(event.token)
+            if len(self.tokens) == self.at:
+                self.ready.wait(10)  # submit has returned the request
+                self.engine.cancel(self.req)
+        elif isinstance(event, Finished):
+            self.finished = event
+            self.done.set()
+
+
+def test_cancelled_streams_choices_and_grammars_with_rounds_sent_ahead(
+        demo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Among streams sent ahead: one cancelled mid-reply, n choices of a prompt, a JSON-schema
+    reply; each gives what it gives with rounds sent ahead off, and the census is even."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    json_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    runs = {}
+    for ahead in (False, True):
+        monkeypatch.setattr(lanes_module, "DECODE_AHEAD", ahead)
+        llm = testing.open_llm("lfm2_moe", demo, parallel=4)
+        try:
+            lanes = llm.served.engine.lanes
+            assert lanes.ahead == ahead
+            sink = _CancelAt(llm.served.engine, 5)
+            sink.req = llm.served.engine.submit([5, 6, 7, 8], long, sink)
+            sink.ready.set()
+            free = llm.generate([[9, 10, 11]], SAMPLED)
+            shaped = llm.generate(["Tell me"], SamplingParams(temperature=0.7, seed=3,
+                                                              max_tokens=24),
+                                  response_format=json_format)
+            assert sink.done.wait(60)
+            n = llm.generate(["Seven purple violins"],
+                             SamplingParams(temperature=0.9, seed=11, max_tokens=8), n=3)
+            runs[ahead] = (sink.tokens, sink.finished.reason,
+                           [c.token_ids for c in free + shaped + n])
+            sent = lanes.sent_ahead
+        finally:
+            testing.close_even(llm)
+        assert (sent > 0) == ahead
+    assert runs[True] == runs[False]
+    assert runs[True][:2] == (runs[True][0][:5], "cancelled") and len(runs[True][0]) == 5
