@@ -460,16 +460,21 @@ def _tiny(dtype: torch.dtype):
     return dummy.build_dummy(cfg, "cpu", dtype, seed=0, std=0.1)
 
 
-def _passes(runner, prompts, decode_rounds):
-    """Prefill every prompt in one pass, then greedy decode rounds; all logits, in order."""
+def _passes(runner, prompts, decode_rounds, fed=False):
+    """Prefill every prompt in one pass, then greedy decode rounds; all logits, in order.
+    fed: each round's tokens stay a tensor (`run_fed`), the rows' own are placeholders."""
     from tensorfold.runner import open_stream
 
     streams = [open_stream(runner, i, 64) for i in range(len(prompts))]
     out = runner.run([s.rows(p) for s, p in zip(streams, prompts)])
     logits = [torch.cat(out)]
     for _ in range(decode_rounds):
-        nxt = [[int(o[-1].argmax())] for o in out]
-        out = runner.run([s.rows(t) for s, t in zip(streams, nxt)])
+        if fed:
+            nxt = torch.stack([o[-1].argmax() for o in out])
+            out = runner.run_fed([s.rows([0]) for s in streams], nxt)
+        else:
+            nxt = [[int(o[-1].argmax())] for o in out]
+            out = runner.run([s.rows(t) for s, t in zip(streams, nxt)])
         logits.append(torch.cat(out))
     return logits
 
@@ -500,3 +505,21 @@ def test_graph_runner_decode_rounds_equal_the_plain_runner(kernels_on_cpu):
     assert runner.replays == 3 and list(runner.graphs) == [4]  # 3 streams in the bucket of 4
     for g, p in zip(graphed, plain):
         assert torch.equal(g, p)
+
+
+def test_decode_rounds_fed_on_the_device_equal_rounds_fed_by_the_host(kernels_on_cpu):
+    """`run_fed` (the lanes' rounds sent ahead): the graph's input row of tokens copied from a
+    tensor gives the bits the host's tokens give, through a graph bucket and eagerly."""
+    from tensorfold.cuda_graphs import GraphRunner
+    from tensorfold.runner import ModelRunner
+
+    model = _tiny(torch.bfloat16)
+    prompts = [list(range(3, 40)), [7, 9, 11], list(range(50, 70))]
+    plain = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), prompts, 3)
+    runner = GraphRunner(model, num_pages=16, num_slots=4, page_rows=16, max_pages=4)
+    graphed = _passes(runner, prompts, 3, fed=True)
+    eager = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), prompts, 3,
+                    fed=True)
+    assert runner.replays == 3
+    for g, e, p in zip(graphed, eager, plain):
+        assert torch.equal(g, p) and torch.equal(e, p)
