@@ -380,6 +380,32 @@ def assert_engine_gates(
     return alone["greedy"]
 
 
+def assert_gates_sent_ahead_equal_plain(
+    family: str, model: Path, prompts: Sequence[list[int]], chats: Sequence[Sequence[str]],
+    greedy: SamplingParams, sampled: SamplingParams, **flags: Any,
+) -> None:
+    """`assert_engine_gates` with decode rounds sent ahead (lanes.DECODE_AHEAD, on the CPU
+    too), then without: the gates hold in both, the tokens are the same, and the lanes sent
+    most of their rounds ahead in the first."""
+    from . import lanes as lanes_module
+
+    got, used = {}, {}
+    was = lanes_module.DECODE_AHEAD
+    try:
+        for ahead in (True, False):
+            lanes_module.DECODE_AHEAD = ahead
+            opened: list[LLM] = []
+            got[ahead] = assert_engine_gates(family, model, prompts, chats, greedy, sampled,
+                                             opened=opened.append, **flags)
+            used[ahead] = [(ln.sent_ahead, ln.passes) for ln in
+                           (llm.served.engine.lanes for llm in opened)]
+    finally:
+        lanes_module.DECODE_AHEAD = was
+    assert got[True] == got[False]
+    assert all(sent > passes // 2 for sent, passes in used[True]), used[True]
+    assert all(sent == 0 for sent, _ in used[False]), used[False]
+
+
 @dataclass(frozen=True)
 class KVAgreement:
     """A model's greedy decoding with one KV dtype against the model's own (kv_agreement)."""

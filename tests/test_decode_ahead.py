@@ -28,26 +28,13 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_demo(tmp_path_factory.mktemp("demo"))
 
 
-def _gates(demo: Path, ahead: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[Any]]:
-    monkeypatch.setattr(lanes_module, "DECODE_AHEAD", ahead)
+def test_gates_hold_with_rounds_sent_ahead_and_equal_them_without(demo: Path) -> None:
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(5, 700, (n,), generator=g).tolist() for n in (9, 130, 600)]
     chats = [testing.chat_turns(c, turns=2, first=150, later=20) for c in range(3)]
-    opened: list[Any] = []
-    alone = testing.assert_engine_gates("lfm2_moe", demo, prompts, chats, GREEDY, SAMPLED,
-                                        min_cached=150, context=4096, parallel=4,
-                                        opened=opened.append)
-    return alone, [llm.served.engine.lanes for llm in opened]
-
-
-def test_gates_hold_with_rounds_sent_ahead_and_equal_them_without(
-        demo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ahead, lanes_on = _gates(demo, True, monkeypatch)
-    plain, lanes_off = _gates(demo, False, monkeypatch)
-    assert ahead == plain
-    assert all(ln.ahead and ln.sent_ahead > ln.passes // 2 for ln in lanes_on), \
-        [(ln.sent_ahead, ln.passes) for ln in lanes_on]
-    assert all(not ln.ahead and ln.sent_ahead == 0 for ln in lanes_off)
+    testing.assert_gates_sent_ahead_equal_plain("lfm2_moe", demo, prompts, chats, GREEDY,
+                                                SAMPLED, min_cached=150, context=4096,
+                                                parallel=4)
 
 
 class _CancelAt:
