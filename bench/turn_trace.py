@@ -77,7 +77,10 @@ class TurnTrace:
             with trace.lock:
                 if trace.open is not None:
                     w = trace.open
-                    w.compiled.append(f"{repr.split('[', 1)[0]} +{time.perf_counter() - w.t0:.2f}s")
+                    jf = getattr(kw.get("fn"), "jit_function", None)
+                    why = spec_diff(jf, kw.get("key")) if jf is not None else ""
+                    w.compiled.append(f"{repr.split('[', 1)[0]} +{time.perf_counter() - w.t0:.2f}s"
+                                      + (f" ({why})" if why else ""))
             return before(repr=repr, **kw) if before else None
 
         knobs.runtime.jit_cache_hook = hook
@@ -110,3 +113,25 @@ class TurnTrace:
             yield w
         finally:
             self.open = None
+
+
+def spec_diff(jf: Any, key: Any) -> str:
+    """What sets a kernel's new compile apart from the nearest one compiled before in this
+    process: "arg: before -> now" for each argument whose specialisation (dtype, 16-byte
+    alignment or divisibility, == 1, a constexpr's value) differs; "first" if none was."""
+    pairs = [(k, v) for cache in list(jf.device_caches.values()) for k, v in cache[1].items()]
+    new = next((k for k, v in pairs if v == key), None)
+    if new is None:
+        return ""
+    names = jf.arg_names
+    best: list[str] | None = None
+    for k, v in pairs:
+        if v == key:
+            continue
+        d = [f"{names[i] if i < len(names) else i}: {a} -> {b}"
+             for i, (a, b) in enumerate(zip(k[0], new[0])) if a != b]
+        if k[1] != new[1]:
+            d.append("options")
+        if best is None or len(d) < len(best):
+            best = d
+    return "first" if best is None else "; ".join(best)

@@ -5,11 +5,11 @@ decode rounds' CUDA graphs being captured.
 
 It covers each row-count class the kernels pick tiles by (a few rows, a decode-sized pass, a
 prompt pass of more than 256 rows, a whole pass of TF_PASS_ROWS), row counts that are and are
-not multiples of 16 (Triton compiles those apart), prompts one at a time and packed, and decode
-rounds at two streams and at one. It leaves nothing behind: the requests' tokens go nowhere,
-the prompt store is cleared (its pages back in the pool: the census is checked), and the lanes'
-and the store's counters start from zero, so /metrics and the status page count only real
-requests.
+not multiples of 16 (Triton compiles those apart), prompts one at a time and packed, decode
+rounds at two streams and at one, and a short prompt alone (its attention splits its keys). It
+leaves nothing behind: the requests' tokens go nowhere, the prompt store is cleared (its pages
+back in the pool: the census is checked), and the lanes' and the store's counters start from
+zero, so /metrics and the status page count only real requests.
 """
 
 from __future__ import annotations
@@ -27,9 +27,13 @@ log = get_logger(__name__)
 
 # prompt lengths: one prompt of a full pass and 300 rows more (a whole pass, then a prompt pass
 # of more than 256 rows whose length is no multiple of 16), then two packed (a decode-sized
-# pass); then decode rounds at two streams and at one (the shorter reply ends first)
+# pass); then decode rounds at two streams and at one (the shorter reply ends first); then a
+# short prompt alone: a pass of so few attention programs that they share its keys' segments
+# (triton_key_split), as a chat's next turn after a long kept prefix does (without it, fp8
+# rows of narrow heads first compiled that kernel mid-serving: docs/perf.md, session 11)
 PAST_A_PASS = 300
 PACKED = (40, 7)
+ALONE = (3,)
 REPLY = (6, 3)
 
 
@@ -41,7 +45,7 @@ def warm_up(lanes: Any, vocab: int) -> float:
     g = torch.Generator().manual_seed(0)
     events: list[Event] = []
     top = max(2, min(vocab, 1000))
-    groups = ((lanes.pass_rows + PAST_A_PASS,), PACKED)
+    groups = ((lanes.pass_rows + PAST_A_PASS,), PACKED, ALONE)
     for group, lengths in enumerate(groups):
         for i, n in enumerate(lengths):
             n = max(1, min(n, lanes.window - REPLY[0] - 2))

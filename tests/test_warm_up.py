@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tensorfold import testing
+from tensorfold import testing, warm_up
+from tensorfold.ops import triton_attention
+from tensorfold.ops import triton_key_split as key_split
+from tensorfold.ops.pass_meta import QUERY_ROWS
 from tensorfold.sampling import SamplingParams
 
 PARAMS = {"greedy": SamplingParams(temperature=0, max_tokens=12),
@@ -49,3 +52,17 @@ def test_the_warm_up_is_on_for_cuda_only_unless_asked(tmp_path: Path, monkeypatc
         llm = testing.open_llm("lfm2_moe", None, demo_cache=tmp_path, **flags)
         testing.close_even(llm)
         assert bool(ran) == runs, (flag, ran)
+
+
+# (query heads, KV heads, head dim): LFM2's attention, gemma4's global and sliding layers
+@pytest.mark.parametrize("hq, hkv, d", [(32, 8, 64), (16, 2, 512), (16, 8, 256)])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_the_lone_warm_up_prompt_shares_its_attention_keys(hq: int, hkv: int, d: int,
+                                                           fp8: bool) -> None:
+    """The warm-up's short prompt alone is a pass whose attention programs share its keys'
+    segments (the split kernel and its combine), as a chat's next turn after a long kept prefix
+    does: so that kernel is compiled before the server listens, in bf16 and fp8 rows."""
+    qb, _, bdv = triton_attention.tiles(d, d, hq // hkv, fp8)
+    rows = warm_up.ALONE[0]
+    tiles = key_split.live_tiles(1, QUERY_ROWS // qb, rows, qb)
+    assert key_split.parts_for(tiles * hkv * (d // bdv), segments=2) > 1
