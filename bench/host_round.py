@@ -151,7 +151,8 @@ class Timers:
         self.wrap(ln, "_plan_pass", "plan_pass")
         self.wrap(runner, "run", "runner.run (less the stub)", minus=stub)
         self.wrap(lanes_mod, "mask_rows", "mask_rows (structured output)")
-        self.wrap(lanes_mod, "sample_rows", "sample_rows (the round's draws)")
+        self.wrap(lanes_mod, "launch_rows", "launch_rows (the round's draws)")
+        self.wrap(lanes_mod, "read_rows", "read_rows (their read-back)")
         self.wrap(ln, "_take", "take (decode, stops, sink)")
 
     def wrap(self, obj: Any, name: str, label: str, minus: Any = None) -> None:
