@@ -90,3 +90,15 @@ def test_cancelled_streams_choices_and_grammars_with_rounds_sent_ahead(
         assert (sent > 0) == ahead
     assert runs[True] == runs[False]
     assert runs[True][:2] == (runs[True][0][:5], "cancelled") and len(runs[True][0]) == 5
+
+
+def test_states_kept_with_a_round_in_flight_resume_from_the_host_tier_as_fresh(
+        demo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chats whose turns end with a round in flight (kept as fed, one row past the last
+    token), evicted to the host tier and resumed from it: the replies of fresh runs, in fp8
+    rows as in the model's dtype."""
+    monkeypatch.setattr(lanes_module, "DECODE_AHEAD", True)
+    chats = [testing.chat_turns(c, turns=3, first=60, later=20) for c in range(6)]
+    for kv_dtype in ("auto", "fp8"):
+        testing.assert_host_tier_resumes_as_fresh("lfm2_moe", demo, chats, SAMPLED,
+                                                  kv_dtype=kv_dtype, context=4096)
