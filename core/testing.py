@@ -381,7 +381,7 @@ def assert_engine_gates(
 
 
 def assert_gates_sent_ahead_equal_plain(
-    family: str, model: Path, prompts: Sequence[list[int]], chats: Sequence[Sequence[str]],
+    family: str, model: Path | None, prompts: Sequence[list[int]], chats: Sequence[Sequence[str]],
     greedy: SamplingParams, sampled: SamplingParams, **flags: Any,
 ) -> None:
     """`assert_engine_gates` with decode rounds sent ahead (lanes.DECODE_AHEAD, on the CPU
