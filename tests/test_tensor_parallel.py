@@ -288,7 +288,8 @@ def test_a_follower_repeats_rank_0s_operations_on_its_storage():
     sharing = open_sharing(type("P", (), {"cache_bytes": 8 * 32, "page_bytes": 32,
                                           "pass_rows": 32})(),
                            runner, lead.hooks, lead.arena, 6, CountModel.layout)
-    lanes = Lanes(runner, lanes=2, window=256, pass_rows=32, sharing=sharing)
+    lanes = Lanes(runner, lanes=2, window=256, pass_rows=32, sharing=sharing, ahead=True)
+    assert not lanes.ahead  # rounds are not sent ahead: the followers could not read the draws
     done = []
     g = torch.Generator().manual_seed(0)
     base = [torch.randint(1, 16, (40,), generator=g).tolist() for _ in range(2)]
