@@ -91,7 +91,6 @@ class Lanes:
         lookahead: int = 0,
         sharing: PromptSharing | None = None,
         hooks: Any = None,
-        ahead: bool | None = None,
     ):
         if lanes > runner.slots.num_slots:
             raise ValueError(f"{lanes} lanes need {lanes} state slots, the runner has fewer")
@@ -125,8 +124,7 @@ class Lanes:
         # GPU, when the runner can feed a round from the device (`run_fed`; not under tensor
         # parallel).
         fed = getattr(runner, "run_fed", None) is not None
-        if ahead is None:
-            ahead = DECODE_AHEAD
+        ahead = DECODE_AHEAD
         if ahead is None:
             ahead = torch.device(runner.model.device).type == "cuda"
         self.ahead = ahead and fed
@@ -187,10 +185,9 @@ class Lanes:
 
     def step(self) -> bool:
         """Run one round; False when there was nothing to do."""
+        dropped = self._drop_cancelled()
         flight, self._flight = self._flight, None
-        dropped = False
         if flight is not None:  # sent last round: its rows are computed, the draws are left
-            dropped = self._drop_cancelled()
             alive = {id(s) for s in self.live}
             wanting = [(s, out[-1]) for s, out in zip(flight.owners, flight.logits)
                        if id(s) in alive]
@@ -199,7 +196,6 @@ class Lanes:
                 if self.idle:
                     self.census()
                 return True
-        dropped = self._drop_cancelled() or dropped
         self._admit()
         if not self.live:
             if dropped and self.idle:
@@ -245,11 +241,10 @@ class Lanes:
     def _send_ahead(self, streams: list[Live], tokens: torch.Tensor) -> None:
         """The next round, each stream's row fed the token this round drew for it (`tokens`
         [B], still on the device), when it would be this round's streams' decode rows alone:
-        every live stream is among them, none waits to fork, and no request waits to be
-        admitted (it is, a round later)."""
+        every live stream is among them (they are live and distinct, so equal counts say so;
+        a prompt still filling, or a choice waiting to fork, makes them fewer) and no request
+        waits to be admitted (it is, a round later)."""
         if not self.ahead or self.waiting or len(streams) != len(self.live):
-            return
-        if any(s.forks for s in streams) or len({id(s) for s in streams}) != len(streams):
             return
         runs = [StreamRows(s.slot, s.pos, [0], s.lease.cover(s.pos + 1)) for s in streams]
         logits = self.runner.run_fed(runs, tokens)  # type: ignore[attr-defined]

@@ -98,7 +98,7 @@ def test_cancelled_streams_choices_and_grammars_with_rounds_sent_ahead(
             testing.close_even(llm)
         assert (sent > 0) == ahead
     assert runs[True] == runs[False]
-    assert runs[True][:2] == (runs[True][0][:5], "cancelled") and len(runs[True][0]) == 5
+    assert len(runs[True][0]) == 5 and runs[True][1] == "cancelled"
 
 
 def test_states_kept_with_a_round_in_flight_resume_from_the_host_tier_as_fresh(

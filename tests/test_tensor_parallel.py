@@ -21,6 +21,7 @@ from tensorfold.family import (
 )
 from tensorfold.forward_pass import ForwardPass
 from tensorfold.kv_plan import PlanRefused
+from tensorfold import lanes as lanes_module
 from tensorfold.lanes import Lanes
 from tensorfold.model import FamilyModel
 from tensorfold.ops import parallel
@@ -278,7 +279,7 @@ def _rank(arena_cls, poison: bool):
     return Rank(None, None, runner, hooks.hook, arena, 6)
 
 
-def test_a_follower_repeats_rank_0s_operations_on_its_storage():
+def test_a_follower_repeats_rank_0s_operations_on_its_storage(monkeypatch):
     """Chats through the lanes with the prompt store on and poison on: passes, taps and keeps,
     resumes (a partial page copied, a snapshot restored), eviction and freed pages and slots:
     the follower's storage ends equal to rank 0's."""
@@ -288,7 +289,8 @@ def test_a_follower_repeats_rank_0s_operations_on_its_storage():
     sharing = open_sharing(type("P", (), {"cache_bytes": 8 * 32, "page_bytes": 32,
                                           "pass_rows": 32})(),
                            runner, lead.hooks, lead.arena, 6, CountModel.layout)
-    lanes = Lanes(runner, lanes=2, window=256, pass_rows=32, sharing=sharing, ahead=True)
+    monkeypatch.setattr(lanes_module, "DECODE_AHEAD", True)
+    lanes = Lanes(runner, lanes=2, window=256, pass_rows=32, sharing=sharing)
     assert not lanes.ahead  # rounds are not sent ahead: the followers could not read the draws
     done = []
     g = torch.Generator().manual_seed(0)

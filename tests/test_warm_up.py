@@ -4,15 +4,20 @@ prompt store empty, the counters at zero, and a warmed engine's replies equal a 
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
-import pytest
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported (as the
+# kernels' tests do: a kernel is interpreted or not from its import on)
 
-from tensorfold import testing, warm_up
-from tensorfold.ops import triton_attention
-from tensorfold.ops import triton_key_split as key_split
-from tensorfold.ops.pass_meta import QUERY_ROWS
-from tensorfold.sampling import SamplingParams
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tensorfold import testing, warm_up  # noqa: E402
+from tensorfold.ops import triton_attention  # noqa: E402
+from tensorfold.ops import triton_key_split as key_split  # noqa: E402
+from tensorfold.ops.pass_meta import QUERY_ROWS  # noqa: E402
+from tensorfold.sampling import SamplingParams  # noqa: E402
 
 PARAMS = {"greedy": SamplingParams(temperature=0, max_tokens=12),
           "sampled": SamplingParams(temperature=0.9, seed=3, max_tokens=12)}
