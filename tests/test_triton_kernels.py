@@ -323,6 +323,34 @@ def test_router_of_one_row_sorts_its_pairs_as_align_does(e, k, softmax, by_exper
         assert triton_moe.prealigned(experts, e, triton_moe.SMALL_BLOCK_M) is None
 
 
+@pytest.mark.parametrize("kind", ["sigmoid", "softmax", "fp32_groups"])
+def test_router_of_one_row_in_one_launch_equals_its_two(kind, monkeypatch: pytest.MonkeyPatch):
+    """A one-row pass's router runs its partials and its top k in one launch (the last program
+    to finish its split routes): the weights, experts and sorted pairs of the two launches."""
+    x, gate = randn(1, 600, seed=52, dtype=torch.bfloat16), randn(64, 600, seed=53, scale=0.05)
+    gate = gate.to(torch.bfloat16)
+    bias, scale = randn(64, seed=54, scale=0.1), randn(64, seed=55).abs()
+
+    def run():
+        if kind == "softmax":
+            return triton_route.softmax_route(x, gate, 8, scale.to(torch.bfloat16))
+        if kind == "fp32_groups":
+            return triton_route.route(x, gate, bias, 6, norm_topk_prob=True, scaling=2.5,
+                                      fp32=True, norm_eps=1e-20, groups=8, keep_groups=4,
+                                      by_expert=True)
+        return triton_route.route(x, gate, bias, 4, norm_topk_prob=True, scaling=2.5)
+
+    got = [run() for _ in range(2)]  # the arrival counter is left at zero for the next launch
+    monkeypatch.setattr(triton_route, "FUSE_ONE_ROW", False)
+    want = run()
+    for w, e in got:
+        assert torch.equal(w, want[0]) and torch.equal(e, want[1])
+        a, b = e.tf_aligned, want[1].tf_aligned
+        assert torch.equal(a.block_expert, b.block_expert)
+        used = (b.block_expert < 64).repeat_interleave(triton_moe.TINY_BLOCK_M)
+        assert torch.equal(a.sorted_pairs[used], b.sorted_pairs[used])
+
+
 def _experts(e, i, h, dtype, seed):
     w1 = randn(e, 2 * i, h, seed=seed, dtype=dtype, scale=0.2)  # w1 and w3 interleaved as HF
     w2 = randn(e, h, i, seed=seed + 1, dtype=dtype, scale=0.2)

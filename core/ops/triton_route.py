@@ -23,10 +23,12 @@ import triton.language as tl
 from .gpu import launch_options
 from .triton_align import Aligned, align_pairs, max_blocks_for
 from .triton_moe import TINY_BLOCK_M
-from .triton_util import after_prior, interpreting, mma
+from . import triton_splitk
+from .triton_util import after_prior, interpreting, mma, publish_writes
 
 ROUTE_ROWS = 16
 ALIGN_ONE_ROW = True  # a one-row pass's router also aligns its pairs (False: benchmarks' "before")
+FUSE_ONE_ROW = True  # ... and its partials and its top k are one launch (False: two, as before)
 ROUTER_SPLIT = 256  # columns of H a router program sums (fixed: part of the reduction order)
 EXPERT_BLOCK = 64  # experts a router program computes
 
@@ -38,9 +40,19 @@ def _router_partial_kernel(
     EB: tl.constexpr, EBLK: tl.constexpr, KS: tl.constexpr, BK: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
+    _router_partial(x_ptr, g_ptr, part_ptr, M, E, K, stride_xm, F32, IEEE, INTERP, BM, EB, EBLK,
+                    KS, BK)
+
+
+@triton.jit
+def _router_partial(
+    x_ptr, g_ptr, part_ptr, M, E, K, stride_xm,
+    F32: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, BM: tl.constexpr,
+    EB: tl.constexpr, EBLK: tl.constexpr, KS: tl.constexpr, BK: tl.constexpr,
+):
     """Split s of the router logits: x[:, s*KS : (s+1)*KS] @ gate[experts of this block, same]ᵀ,
     fp32 (F32: x read as fp32, an fp32 product, as x.float() @ gate.float()ᵀ)."""
-    after_prior(PDL)
     pid_m = tl.program_id(0)
     s = tl.program_id(1)
     rm = pid_m * BM + tl.arange(0, BM)
@@ -99,7 +111,26 @@ def _route_kernel(
     rounded to w_ptr's. ALIGN (a pass of one row): its pairs sorted by expert too, as
     triton_align.align(experts, E, BM) sorts them, to sorted_ptr and block_ptr."""
     after_prior(PDL)
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    _route_rows(
+        tl.program_id(0) * ROWS, part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, n_rows, E,
+        S, scaling, norm_eps, TOPK, KB, EB, SOFTMAX, HAS_BIAS, HAS_SCALE, NORM, GROUPS, EPG,
+        KEEP_GROUPS, GB, BY_EXPERT, ROWS, sorted_ptr, block_ptr, max_blocks, ALIGN, BM, False,
+    )
+
+
+@triton.jit
+def _route_rows(
+    row0, part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, n_rows, E, S, scaling, norm_eps,
+    TOPK: tl.constexpr, KB: tl.constexpr, EB: tl.constexpr, SOFTMAX: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, NORM: tl.constexpr,
+    GROUPS: tl.constexpr, EPG: tl.constexpr, KEEP_GROUPS: tl.constexpr, GB: tl.constexpr,
+    BY_EXPERT: tl.constexpr, ROWS: tl.constexpr, sorted_ptr, block_ptr, max_blocks,
+    ALIGN: tl.constexpr, BM: tl.constexpr, VOLATILE: tl.constexpr,
+):
+    """Rows row0 .. row0 + ROWS: their partials summed in split order, scored, their top k
+    picked and weighted (VOLATILE: the partials read past L1, written by other programs of this
+    launch)."""
+    rows = row0 + tl.arange(0, ROWS)
     ex = tl.arange(0, EB)
     rmask = rows < n_rows
     emask = ex < E
@@ -108,7 +139,8 @@ def _route_kernel(
     acc = tl.zeros((ROWS, EB), dtype=tl.float32)
     for s in range(0, S):  # the K splits, always in this order
         offs = (s * n_rows + rows)[:, None].to(tl.int64) * EB + ex[None, :]
-        acc += tl.load(part_ptr + offs, mask=rmask[:, None] & emask[None, :], other=0.0)
+        acc += tl.load(part_ptr + offs, mask=rmask[:, None] & emask[None, :], other=0.0,
+                       volatile=VOLATILE)
     lg = acc.to(ldt).to(tl.float32)  # the router's logits, rounded as the reference's
     if SOFTMAX:
         lg = tl.where(emask[None, :], lg, float("-inf"))
@@ -165,64 +197,122 @@ def _route_kernel(
         align_pairs(ids, kcol, sorted_ptr, block_ptr, TOPK, E, max_blocks, BM, EB, 64)
 
 
-def _partials(x: torch.Tensor, gate: torch.Tensor, fp32: bool) -> tuple[torch.Tensor, int]:
-    """The router's logits in fixed splits of H: ([splits, N, EB] fp32, EB)."""
-    n, h = x.shape
+@triton.jit
+def _router_route_kernel(
+    x_ptr, g_ptr, part_ptr, cnt_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, K, stride_xm,
+    E, S, scaling, norm_eps, sorted_ptr, block_ptr, max_blocks,
+    F32: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, PBM: tl.constexpr,
+    EBLK: tl.constexpr, KS: tl.constexpr, BK: tl.constexpr,
+    TOPK: tl.constexpr, KB: tl.constexpr, EB: tl.constexpr, SOFTMAX: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, NORM: tl.constexpr,
+    GROUPS: tl.constexpr, EPG: tl.constexpr, KEEP_GROUPS: tl.constexpr, GB: tl.constexpr,
+    BY_EXPERT: tl.constexpr, ROWS: tl.constexpr, BM: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """A pass of one row in one launch: each program writes its split of the logits as
+    _router_partial_kernel does, and the last to arrive routes and aligns the row as
+    _route_kernel does (the same sums in the same order, so the same bits)."""
+    after_prior(PDL)
+    _router_partial(x_ptr, g_ptr, part_ptr, 1, E, K, stride_xm, F32, IEEE, INTERP, PBM, EB, EBLK,
+                    KS, BK)
+    publish_writes(INTERP)
+    programs = tl.num_programs(1) * tl.num_programs(2)
+    if tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == programs - 1:
+        _route_rows(
+            0, part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, 1, E, S, scaling, norm_eps,
+            TOPK, KB, EB, SOFTMAX, HAS_BIAS, HAS_SCALE, NORM, GROUPS, EPG, KEEP_GROUPS, GB,
+            BY_EXPERT, ROWS, sorted_ptr, block_ptr, max_blocks, True, BM, True,
+        )
+        tl.atomic_xchg(cnt_ptr, 0)
+
+
+def _partial_tiles(x: torch.Tensor, gate: torch.Tensor, fp32: bool) -> dict:
+    """The router GEMV's split of H and its tiles, from H, E and fp32 alone."""
     e = gate.shape[0]
-    x = x.contiguous() if x.stride(-1) != 1 else x
-    gate = gate.contiguous()
     eb = max(16, triton.next_power_of_2(e))
-    eblk = min(eb, EXPERT_BLOCK)
-    splits = triton.cdiv(h, ROUTER_SPLIT)
-    part = torch.empty(splits, n, eb, dtype=torch.float32, device=x.device)
     # An fp32 product is a plain FMA loop, not a tensor-core one: smaller tiles keep its
     # operands in registers (with 64 x 128 tiles glm5_next's router took 0.45 ms for one row
     # on the H200; 16 x 32 is not timed yet). Neither tile changes a row's reduction order.
     bm, bk = (16, 32) if fp32 else (64, min(128, ROUTER_SPLIT))
+    return dict(eb=eb, eblk=min(eb, EXPERT_BLOCK), splits=triton.cdiv(x.shape[1], ROUTER_SPLIT),
+                bm=bm, bk=bk, ieee=fp32 or x.dtype == torch.float32)
+
+
+def _partials(x: torch.Tensor, gate: torch.Tensor, fp32: bool) -> tuple[torch.Tensor, int]:
+    """The router's logits in fixed splits of H: ([splits, N, EB] fp32, EB)."""
+    n, h = x.shape
+    e = gate.shape[0]
+    t = _partial_tiles(x, gate, fp32)
+    part = torch.empty(t["splits"], n, t["eb"], dtype=torch.float32, device=x.device)
     if n:
-        _router_partial_kernel[(triton.cdiv(n, bm), splits, triton.cdiv(e, eblk))](
-            x, gate, part, n, e, h, x.stride(0), F32=fp32,
-            IEEE=fp32 or x.dtype == torch.float32, INTERP=interpreting(), BM=bm, EB=eb,
-            EBLK=eblk, KS=ROUTER_SPLIT, BK=bk, num_warps=4, **launch_options(x),
+        _router_partial_kernel[(triton.cdiv(n, t["bm"]), t["splits"], triton.cdiv(e, t["eblk"]))](
+            x, gate, part, n, e, h, x.stride(0), F32=fp32, IEEE=t["ieee"], INTERP=interpreting(),
+            BM=t["bm"], EB=t["eb"], EBLK=t["eblk"], KS=ROUTER_SPLIT, BK=t["bk"], num_warps=4,
+            **launch_options(x),
         )
-    return part, eb
+    return part, t["eb"]
 
 
-def _select(
-    part: torch.Tensor, eb: int, e: int, top_k: int, logit_dtype: torch.dtype,
+def _route(
+    x: torch.Tensor, gate: torch.Tensor, fp32: bool, top_k: int, logit_dtype: torch.dtype,
     weight_dtype: torch.dtype, *, softmax: bool, bias: torch.Tensor | None,
     scale: torch.Tensor | None, norm: bool, norm_eps: float, scaling: float, groups: int,
     keep_groups: int, by_expert: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    splits, n, _ = part.shape
-    weights = torch.empty(n, top_k, dtype=weight_dtype, device=part.device)
-    experts = torch.empty(n, top_k, dtype=torch.long, device=part.device)
+    """The router's logits (x [N, H] @ gate [E, H]ᵀ in fixed splits of H), then each row's top k:
+    (weights [N, k] in weight_dtype, experts [N, k] long). A pass of one row (a stream's decode
+    round) runs both in one launch, and its pairs come sorted by expert for the expert GEMMs
+    (what triton_align.align does)."""
+    n, h = x.shape
+    e = gate.shape[0]
+    x = x.contiguous() if x.stride(-1) != 1 else x
+    gate = gate.contiguous()
+    t = _partial_tiles(x, gate, fp32)
+    eb = t["eb"]
+    weights = torch.empty(n, top_k, dtype=weight_dtype, device=x.device)
+    experts = torch.empty(n, top_k, dtype=torch.long, device=x.device)
     if n == 0:
         return weights, experts
     assert e % groups == 0 and 1 <= keep_groups <= groups
-    rows = max(1, min(ROUTE_ROWS, 4096 // eb))  # by E alone
-    lt = torch.empty(0, dtype=logit_dtype, device=part.device)
-    kb = triton.next_power_of_2(top_k)
-    # A pass of one row (a stream's decode round): the router's program sorts its pairs for
-    # the expert GEMMs too (what triton_align.align does), a launch fewer a MoE layer
-    fused: dict = {}
-    if n == 1 and ALIGN_ONE_ROW:
-        blocks = max_blocks_for(top_k, e, TINY_BLOCK_M)
-        sorted_pairs = torch.empty(blocks * TINY_BLOCK_M, dtype=torch.int32, device=part.device)
-        block_expert = torch.empty(blocks, dtype=torch.int32, device=part.device)
-        fused = dict(sorted_ptr=sorted_pairs, block_ptr=block_expert, max_blocks=blocks,
-                     ALIGN=True, BM=TINY_BLOCK_M)
-    _route_kernel[(triton.cdiv(n, rows),)](
-        part, bias if bias is not None else part, scale if scale is not None else part, lt,
-        weights, experts, n, e, splits, float(scaling), float(norm_eps),
-        TOPK=top_k, KB=kb, EB=eb, SOFTMAX=softmax,
+    select = dict(
+        TOPK=top_k, KB=triton.next_power_of_2(top_k), EB=eb, SOFTMAX=softmax,
         HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, NORM=norm, GROUPS=groups,
         EPG=e // groups, KEEP_GROUPS=keep_groups, GB=max(2, triton.next_power_of_2(groups)),
-        BY_EXPERT=by_expert, ROWS=rows, num_warps=4, **fused, **launch_options(part),
+        BY_EXPERT=by_expert, ROWS=max(1, min(ROUTE_ROWS, 4096 // eb)),  # by E alone
     )
-    if fused:
+    lt = torch.empty(0, dtype=logit_dtype, device=x.device)
+    if n == 1 and ALIGN_ONE_ROW:
+        blocks = max_blocks_for(top_k, e, TINY_BLOCK_M)
+        sorted_pairs = torch.empty(blocks * TINY_BLOCK_M, dtype=torch.int32, device=x.device)
+        block_expert = torch.empty(blocks, dtype=torch.int32, device=x.device)
+        part = torch.empty(t["splits"], 1, eb, dtype=torch.float32, device=x.device)
+        grid = (1, t["splits"], triton.cdiv(e, t["eblk"]))
+        if FUSE_ONE_ROW:
+            _router_route_kernel[grid](
+                x, gate, part, triton_splitk.counters(x.device, 1),
+                bias if bias is not None else part, scale if scale is not None else part, lt,
+                weights, experts, h, x.stride(0), e, t["splits"], float(scaling),
+                float(norm_eps), sorted_pairs, block_expert, blocks,
+                F32=fp32, IEEE=t["ieee"], INTERP=interpreting(), PBM=t["bm"], EBLK=t["eblk"],
+                KS=ROUTER_SPLIT, BK=t["bk"], BM=TINY_BLOCK_M, num_warps=4, **select,
+                **launch_options(x),
+            )
+        else:
+            part = _partials(x, gate, fp32)[0]
+            _route_kernel[(1,)](
+                part, bias if bias is not None else part, scale if scale is not None else part,
+                lt, weights, experts, 1, e, t["splits"], float(scaling), float(norm_eps),
+                sorted_ptr=sorted_pairs, block_ptr=block_expert, max_blocks=blocks, ALIGN=True,
+                BM=TINY_BLOCK_M, num_warps=4, **select, **launch_options(part),
+            )
         experts.tf_aligned = Aligned(sorted_pairs, block_expert, blocks, experts.reshape(-1),
                                      TINY_BLOCK_M, e)
+        return weights, experts
+    part = _partials(x, gate, fp32)[0]
+    _route_kernel[(triton.cdiv(n, select["ROWS"]),)](
+        part, bias if bias is not None else part, scale if scale is not None else part, lt,
+        weights, experts, n, e, t["splits"], float(scaling), float(norm_eps), num_warps=4,
+        **select, **launch_options(part),
+    )
     return weights, experts
 
 
@@ -238,9 +328,8 @@ def route(
     (their sum + norm_eps) when norm_topk_prob, times scaling. groups > 1: experts are chosen
     within the keep_groups best of `groups` equal groups, a group scoring its two best keys."""
     dt = torch.float32 if fp32 else x.dtype
-    part, eb = _partials(x, gate, fp32)
-    return _select(
-        part, eb, gate.shape[0], top_k, dt, dt, softmax=False, bias=expert_bias, scale=None,
+    return _route(
+        x, gate, fp32, top_k, dt, dt, softmax=False, bias=expert_bias, scale=None,
         norm=norm_topk_prob, norm_eps=norm_eps, scaling=scaling, groups=groups,
         keep_groups=keep_groups, by_expert=by_expert,
     )
@@ -252,9 +341,8 @@ def softmax_route(
     """Softmax routing (gemma4). x [N, H]; gate [E, H]; expert_scale [E] -> (weights [N, k]
     fp32, experts [N, k] long): logits x gateᵀ rounded to x's dtype, softmax in fp32, the top k
     (descending; ties to the lower expert), divided by their sum, times expert_scale."""
-    part, eb = _partials(x, gate, False)
-    return _select(
-        part, eb, gate.shape[0], top_k, x.dtype, torch.float32, softmax=True, bias=None,
+    return _route(
+        x, gate, False, top_k, x.dtype, torch.float32, softmax=True, bias=None,
         scale=expert_scale, norm=True, norm_eps=0.0, scaling=1.0, groups=1, keep_groups=1,
         by_expert=False,
     )
