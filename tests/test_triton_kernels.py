@@ -155,6 +155,28 @@ def test_gated_conv_over_a_pass_matches_the_per_stream_reference(dtype, tol, wit
     assert torch.equal(out, got[a:z])
 
 
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_decode_round_conv_moves_tails_in_its_own_launch(k, monkeypatch: pytest.MonkeyPatch):
+    """A pass of one row a stream (a decode round; one stream fresh, one past its first row, one
+    deep): the conv moves each tail on in its own launch, to the bits the second launch gives."""
+    h = 200  # two channel blocks, the second part masked
+    fp = _pass([(3, 0, 1, [0]), (0, 1, 1, [1]), (5, 20, 1, [2, 4, 6])])
+    bcx = randn(3, 3 * h, seed=16, dtype=torch.bfloat16)
+    state = randn(6, h, k - 1, seed=17, dtype=torch.bfloat16)
+    w = randn(h, k, seed=18, dtype=torch.bfloat16, scale=0.5)
+    b = randn(h, seed=19, dtype=torch.bfloat16)
+    ref_state = state.clone()
+    want = ref_conv.gated_conv(bcx, ref_state, fp, w, b)  # the CPU path
+    got_state = state.clone()
+    got = triton_conv.gated_conv(bcx, got_state, build_meta(fp), w, b, one_row_each=True)
+    monkeypatch.setattr(triton_conv, "TAIL_IN_PLACE", False)
+    two_state = state.clone()
+    two = triton_conv.gated_conv(bcx, two_state, build_meta(fp), w, b, one_row_each=True)
+    assert torch.equal(got, two) and torch.equal(got_state, two_state)
+    assert torch.equal(got_state, ref_state) and rel(got, want) < 2e-2
+    assert torch.equal(got_state[[1, 2, 4]], state[[1, 2, 4]])  # slots of no stream: untouched
+
+
 # --- attention ---
 
 

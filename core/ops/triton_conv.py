@@ -4,7 +4,8 @@ each stream's tail read from and written back to its fixed-state slot.
 Output t of a run is Σ_j w[:, j] · ext[t + j] over ext = tail ++ u (u = B ⊙ x rounded to the
 model dtype), taps in order, fp32, bias last, rounded; then C ⊙ z rounded, as ops/conv.py. Every
 output is elementwise in its own K inputs. The tails are updated by a second launch, after every
-output has read the old ones.
+output has read the old ones; in a pass of one row a stream (a decode round) the row's own program
+moves its stream's tail on as it reads it, in the same launch.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .pass_meta import PassMeta
 
 ROWS = 16
 CHANNELS = 128
+TAIL_IN_PLACE = True  # a decode round's tails moved on by the conv's own launch (False: a second)
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
@@ -26,7 +28,7 @@ def _gated_conv_kernel(
     bcx_ptr, state_ptr, w_ptr, bias_ptr, y_ptr, row_stream, stream_row0, stream_start,
     stream_slot, n_rows, H, stride_bcx, stride_ss,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, CH: tl.constexpr,
-    PDL: tl.constexpr = False,
+    ONE_ROW_EACH: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -51,10 +53,17 @@ def _gated_conv_kernel(
         t_ptrs = state_ptr + slot[:, None] * stride_ss + ch[None, :] * (K - 1) + e[:, None]
         tail = tl.load(t_ptrs, mask=m_t, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + ch * K + j, mask=cmask, other=0.0).to(tl.float32)
+        tap = tl.where(from_u[:, None], u, tail)
         if j == 0:
-            acc = tl.where(from_u[:, None], u, tail) * w[None, :]
+            acc = tap * w[None, :]
         else:
-            acc = acc + tl.where(from_u[:, None], u, tail) * w[None, :]
+            acc = acc + tap * w[None, :]
+            if ONE_ROW_EACH:  # the row is its stream's run (e == j): tap j is the new tail's j-1,
+                # stored where tap j-1 was read (read by every thread before the barrier); the
+                # state's dtype is the model's, so the tap is the value tail_kernel would store
+                tl.debug_barrier()
+                tl.store(t_ptrs - 1, tap.to(state_ptr.dtype.element_ty),
+                         mask=rmask[:, None] & cmask[None, :])
     if HAS_BIAS:
         acc = acc + tl.load(bias_ptr + ch, mask=cmask, other=0.0).to(tl.float32)[None, :]
     z = acc.to(dt).to(tl.float32)
@@ -109,9 +118,11 @@ def gated_conv(
     meta: PassMeta,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
+    one_row_each: bool = False,
 ) -> torch.Tensor:
     """bcx [N, 3H] (B, C, x); state [slots, H, K-1] (updated in place); weight [H, K]; bias [H].
-    Returns C ⊙ conv(B ⊙ x) [N, H]."""
+    one_row_each: every stream of the pass has one row (a decode round). Returns C ⊙ conv(B ⊙ x)
+    [N, H]."""
     n = bcx.shape[0]
     h, k = weight.shape
     bcx = bcx.contiguous()
@@ -120,11 +131,15 @@ def gated_conv(
     if n == 0:
         return y
     grid = (triton.cdiv(n, ROWS), triton.cdiv(h, CHANNELS))
+    in_place = one_row_each and TAIL_IN_PLACE and k >= 2 and state.dtype == bcx.dtype
     _gated_conv_kernel[grid](
         bcx, state, weight, bias if bias is not None else weight, y, meta.row_stream,
         meta.stream_row0, meta.stream_start, meta.stream_slot, n, h, bcx.stride(0),
-        state.stride(0), K=k, HAS_BIAS=bias is not None, ROWS=ROWS, CH=CHANNELS, num_warps=4, **launch_options(bcx),
+        state.stride(0), K=k, HAS_BIAS=bias is not None, ROWS=ROWS, CH=CHANNELS,
+        ONE_ROW_EACH=in_place, num_warps=4, **launch_options(bcx),
     )
+    if in_place:
+        return y
     tail_kernel[(meta.num_streams, triton.cdiv(h, CHANNELS))](
         bcx, state, meta.stream_row0, meta.stream_len, meta.stream_start, meta.stream_slot, h,
         bcx.stride(0), state.stride(0), K=k, KP=triton.next_power_of_2(max(k - 1, 1)),
