@@ -92,6 +92,26 @@ def test_rms_norm_and_the_residual_add(dtype, tol):
     assert torch.equal(triton_norms.rms_norm(x[5:6].clone(), w, 1e-5), got[5:6])
 
 
+@pytest.mark.parametrize("k", [1, 4])
+def test_add_rms_norm_sums_a_moes_slots_as_the_slot_sum_does(k, kernels_on_cpu):
+    """The next add_rms_norm sums a MoE's slots (moe.SlotSum) in its own launch: the bits of the
+    slot sum's kernel then the norm, and of the CPU path's sum; a row alone as among others."""
+    slots = randn(9, k, 300, seed=6, dtype=torch.bfloat16)
+    r = randn(9, 300, seed=7, dtype=torch.bfloat16)
+    w = (1 + randn(300, seed=8) * 0.1).to(torch.bfloat16)
+    want = ref_norms.add_rms_norm(triton_moe.slot_sum(slots), r, w, 1e-5)
+    got = ref_norms.add_rms_norm(ref_moe.SlotSum(slots), r, w, 1e-5)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(ref_moe.SlotSum(slots).total(), triton_moe.slot_sum(slots))
+    alone = ref_norms.add_rms_norm(ref_moe.SlotSum(slots[4:5].clone()), r[4:5].clone(), w, 1e-5)
+    assert torch.equal(alone[0], got[0][4:5]) and torch.equal(alone[1], got[1][4:5])
+    from tensorfold.ops import gpu
+
+    gpu.set_triton(False)
+    cpu = ref_norms.add_rms_norm(ref_moe.SlotSum(slots), r, w, 1e-5)
+    assert torch.equal(cpu[1], got[1])  # the sum and the residual add: exact either way
+
+
 # --- rope ---
 
 

@@ -15,12 +15,41 @@ above and the up product clamped to ±limit, glm5_next), "gelu_tanh" (GeGLU, gem
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from .gpu import use_triton
 from .linear import linear
+
+
+SLOTS_SUMMED_BY_NORM = True  # families pass sum_slots=not this (False: the slot sum's own launch)
+
+
+@dataclass(frozen=True)
+class SlotSum:
+    """A MoE's output with its slots not yet summed: slots [N, k, H], each row's weighted expert
+    outputs in slot order, in the model's dtype. `norms.add_rms_norm` takes it as its x and sums
+    the slots on the GPU in its own launch (a launch fewer a MoE layer); total() sums them here.
+    Either way: in slot order, in fp32, rounded to the slots' dtype once."""
+
+    slots: torch.Tensor
+
+    def total(self) -> torch.Tensor:
+        if use_triton(self.slots):
+            from . import triton_moe
+
+            return triton_moe.slot_sum(self.slots)
+        acc = self.slots[:, 0].float()
+        for j in range(1, self.slots.shape[1]):
+            acc = acc + self.slots[:, j].float()
+        return acc.to(self.slots.dtype)
+
+
+def summed(f: "torch.Tensor | SlotSum") -> torch.Tensor:
+    """f as an [N, H] tensor (a SlotSum's total)."""
+    return f.total() if isinstance(f, SlotSum) else f
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -116,15 +145,20 @@ def moe(
     act: str = "silu",
     limit: float = 0.0,
     fp32_slots: bool = False,
-) -> torch.Tensor:
+    sum_slots: bool = True,
+) -> "torch.Tensor | SlotSum":
     """x [N, H]; weights, experts [N, k]; expert e is gated_ffn(·, w1[e], w3[e], w2[e], act).
 
     Returns Σ_j weights[:, j] · expert_{experts[:, j]}(x) [N, H] in x's dtype, summed over j in
     slot order in fp32. Each slot's y · w (y in x's dtype) is rounded to x's dtype (lfm2), or
-    kept in fp32 with fp32_slots (gemma4)."""
+    kept in fp32 with fp32_slots (gemma4). sum_slots=False (not with fp32_slots): the slots
+    unsummed, as a SlotSum for the next add_rms_norm."""
     if use_triton(x):
         from . import triton_moe
 
+        if not sum_slots and not fp32_slots:
+            return SlotSum(triton_moe.moe(x, weights, experts, w1, w3, w2, act=act, limit=limit,
+                                          sum_slots=False))
         return triton_moe.moe(
             x, weights, experts, w1, w3, w2, act=act, limit=limit,
             slot_dtype=torch.float32 if fp32_slots else None,
@@ -144,6 +178,8 @@ def moe(
         y = gated_ffn(x.index_select(0, picks // k), w1[e], w3[e], w2[e], act=act, limit=limit)
         slots[picks] = (y * flat_weights[picks, None]).to(slots.dtype)
     per_slot = slots.view(n, k, -1)
+    if not sum_slots and not fp32_slots:
+        return SlotSum(per_slot)
     acc = per_slot[:, 0].float()
     for j in range(1, k):
         acc = acc + per_slot[:, j].float()

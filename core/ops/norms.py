@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .gpu import use_triton
+from .moe import SlotSum
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -24,9 +25,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: "torch.Tensor | SlotSum", residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = x + residual; returns (rms_norm(h), h). x, residual [..., D] of one dtype."""
+    """h = x + residual; returns (rms_norm(h), h). x, residual [..., D] of one dtype; x may be a
+    MoE's unsummed slots (moe.SlotSum), summed first."""
+    if isinstance(x, SlotSum):
+        if use_triton(x.slots) and x.slots.shape[-2] > 1:
+            from .triton_norms import add_rms_norm as triton_add_rms_norm
+
+            return triton_add_rms_norm(x.slots, residual, weight, eps, slots=x.slots.shape[-2])
+        x = x.total()
     if use_triton(x):
         from .triton_norms import add_rms_norm as triton_add_rms_norm
 

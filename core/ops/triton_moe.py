@@ -266,13 +266,14 @@ def moe(
     w1: Sequence[torch.Tensor] | torch.Tensor, w3: Sequence[torch.Tensor] | torch.Tensor,
     w2: Sequence[torch.Tensor] | torch.Tensor, *, act: str = "silu", limit: float = 0.0,
     slot_dtype: torch.dtype | None = None, round_sum: bool = False,
-    plus: torch.Tensor | None = None,
+    plus: torch.Tensor | None = None, sum_slots: bool = True,
 ) -> torch.Tensor:
     """x [N, H]; weights [N, k] (any float dtype); experts [N, k]; w1, w3 E x [I, H] or
     [E, I, H]; w2 E x [H, I] or [E, H, I] -> Σ_j weights[:, j] · expert_j(x) [N, H], in slot
     order. slot_dtype: each slot's y·w is kept in it (default x's dtype; torch.float32 keeps the
     products unrounded). round_sum: each add of the slot sum rounded to x's dtype, else summed in
-    fp32. plus [N, H]: added last (before the final rounding)."""
+    fp32. plus [N, H]: added last (before the final rounding). sum_slots=False: the slots
+    [N, k, H] as they are (their sum left to the caller: slot_sum, or add_rms_norm's)."""
     n, k = experts.shape
     s1, s3, s2 = stacked(w1), stacked(w3), stacked(w2)
     bm, sw, dn = pick(n)
@@ -281,12 +282,25 @@ def moe(
     slots = torch.empty(n * k, h, dtype=slot_dtype or x.dtype, device=x.device)
     if n:
         _experts(x, al, n * k, k, s1, s3, s2, weights.contiguous(), slots, bm, sw, dn, act, limit)
-    out = torch.empty(n, h, dtype=x.dtype, device=x.device)
+    if not sum_slots:
+        return slots.view(n, k, h)
+    return slot_sum(slots.view(n, k, h), x.dtype, round_sum, plus)
+
+
+def slot_sum(
+    slots: torch.Tensor, dtype: torch.dtype | None = None, round_each: bool = False,
+    plus: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """slots [N, k, H] -> Σ_j slots[:, j] in slot order in fp32 (round_each: each add rounded to
+    dtype), plus [N, H] added last, rounded to dtype (default: the slots')."""
+    n, k, h = slots.shape
+    slots = slots.contiguous()
+    out = torch.empty(n, h, dtype=dtype or slots.dtype, device=slots.device)
     if n:
         p = plus.contiguous() if plus is not None else out
         assert p.shape == out.shape
         _slot_sum_kernel[(n, triton.cdiv(h, 1024))](
-            slots, p, out, h, TOPK=k, CH=1024, ROUND_EACH=round_sum, HAS_PLUS=plus is not None,
+            slots, p, out, h, TOPK=k, CH=1024, ROUND_EACH=round_each, HAS_PLUS=plus is not None,
             num_warps=4, **launch_options(slots),
         )
     return out

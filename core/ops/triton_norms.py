@@ -19,43 +19,55 @@ from .triton_util import after_prior
 def _rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, o_ptr, h_ptr, n_rows, D, eps,
     HAS_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr = False,
+    SLOTS: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):
+    """SLOTS > 1: x is [n_rows, SLOTS, D], a MoE's slots, summed in slot order in fp32 and
+    rounded to h's dtype first (triton_moe._slot_sum_kernel's sum)."""
     after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < D)
     offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if SLOTS > 1:
+        at = rows[:, None].to(tl.int64) * (SLOTS * D) + cols[None, :]
+        acc = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        for j in tl.static_range(1, SLOTS):
+            acc = acc + tl.load(x_ptr + at + j * D, mask=mask, other=0.0).to(tl.float32)
+        x = acc.to(h_ptr.dtype.element_ty)
+    else:
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
     if HAS_RES:
         r = tl.load(r_ptr + offs, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(h_ptr.dtype.element_ty)
         tl.store(h_ptr + offs, x, mask=mask)
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=1) / D
-    normed = (xf * tl.math.rsqrt(var + eps)[:, None]).to(x_ptr.dtype.element_ty)
+    normed = (xf * tl.math.rsqrt(var + eps)[:, None]).to(h_ptr.dtype.element_ty)
     w = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
     out = w[None, :].to(tl.float32) * normed.to(tl.float32)
     tl.store(o_ptr + offs, out.to(o_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch(x, res, weight, eps):
+def _launch(x, res, weight, eps, slots=1):
     d = x.shape[-1]
-    rows = x.reshape(-1, d).contiguous()
+    shape = x.shape if slots == 1 else x.shape[:-2] + x.shape[-1:]
+    src = x.reshape(-1, slots * d).contiguous()
+    rows = src if slots == 1 else torch.empty(src.shape[0], d, dtype=x.dtype, device=x.device)
     n = rows.shape[0]
     out = torch.empty(
         rows.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device
     )
-    h = torch.empty_like(rows) if res is not None else rows
+    h = torch.empty_like(rows) if res is not None or slots > 1 else rows
     r = res.reshape(-1, d).contiguous() if res is not None else rows
     block_d = triton.next_power_of_2(d)
     per = max(1, min(64, 4096 // block_d))
     if n:
         _rms_norm_kernel[(triton.cdiv(n, per),)](
-            rows, r, weight.contiguous(), out, h, n, d, eps,
-            HAS_RES=res is not None, ROWS=per, BLOCK_D=block_d, num_warps=4, **launch_options(rows),
+            src, r, weight.contiguous(), out, h, n, d, eps,
+            HAS_RES=res is not None, ROWS=per, BLOCK_D=block_d, SLOTS=slots, num_warps=4,
+            **launch_options(rows),
         )
-    return out.view(x.shape), h.view(x.shape)
+    return out.view(shape), h.view(shape)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -64,7 +76,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, slots: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = x + residual (in x's dtype); returns (rms_norm(h), h). x, residual [..., D]."""
-    return _launch(x, residual, weight, eps)
+    """h = x + residual (in x's dtype); returns (rms_norm(h), h). x, residual [..., D]; with
+    slots > 1, x is [..., slots, D], summed over its slots in order in fp32 and rounded first."""
+    return _launch(x, residual, weight, eps, slots)

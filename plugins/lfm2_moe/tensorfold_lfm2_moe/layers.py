@@ -62,8 +62,11 @@ def short_conv(
     return parallel.row_linear(z, w.out_proj, w.out_bias)
 
 
-def feed_forward(cfg: Lfm2MoeConfig, w: DenseWeights | MoeWeights, x: torch.Tensor) -> torch.Tensor:
-    """x [N, H] -> [N, H]: the dense SwiGLU, or the sigmoid-routed MoE."""
+def feed_forward(
+    cfg: Lfm2MoeConfig, w: DenseWeights | MoeWeights, x: torch.Tensor
+) -> "torch.Tensor | moe_ops.SlotSum":
+    """x [N, H] -> [N, H]: the dense SwiGLU, or the sigmoid-routed MoE (its slots left for the
+    next add_rms_norm to sum: moe_ops.SlotSum)."""
     if isinstance(w, DenseWeights):  # w2 row-parallel under tensor parallel
         return parallel.sum_partials(moe_ops.gated_ffn(x, w.w1, w.w3, w.w2))
     weights, experts = moe_ops.route(
@@ -72,4 +75,5 @@ def feed_forward(cfg: Lfm2MoeConfig, w: DenseWeights | MoeWeights, x: torch.Tens
     )
     if parallel.current().world > 1:  # this rank's experts, the ranks' partials summed
         return parallel.expert_parallel_moe(x, weights, experts, w.w1, w.w3, w.w2, w.first_expert)
-    return moe_ops.moe(x, weights, experts, w.w1, w.w3, w.w2)
+    return moe_ops.moe(x, weights, experts, w.w1, w.w3, w.w2,
+                       sum_slots=not moe_ops.SLOTS_SUMMED_BY_NORM)

@@ -10,6 +10,7 @@ from tensorfold.checkpoint import torch_dtype
 from tensorfold.family import ModelShape, StateLayout
 from tensorfold.forward_pass import ForwardPass
 from tensorfold.model import FamilyModel
+from tensorfold.ops import moe as moe_ops
 from tensorfold.ops import parallel, rope
 from tensorfold.ops.linear import linear
 from tensorfold.ops.norms import add_rms_norm, rms_norm
@@ -78,7 +79,7 @@ class Lfm2MoeModel(FamilyModel):
             if i + 1 < n:
                 x, h = add_rms_norm(f, h, w.layers[i + 1].operator_norm, cfg.norm_eps)
             else:
-                h = h + f
+                h = h + moe_ops.summed(f)
         out = rms_norm(h.index_select(0, fp.logit_rows), w.final_norm, cfg.norm_eps)
         if self.tp.world > 1 and shards.vocab_parallel(cfg, self.tp.world):
             return parallel.gather_columns(linear(out, w.lm_head)).float()  # [R, V]
