@@ -382,6 +382,7 @@ def test_router_of_one_row_in_one_launch_equals_its_two(kind, monkeypatch: pytes
                                       by_expert=True)
         return triton_route.route(x, gate, bias, 4, norm_topk_prob=True, scaling=2.5)
 
+    assert gate.shape[0] <= triton_route.FUSE_MAX_EXPERTS
     got = [run() for _ in range(2)]  # the arrival counter is left at zero for the next launch
     monkeypatch.setattr(triton_route, "FUSE_ONE_ROW", False)
     want = run()

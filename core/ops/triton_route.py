@@ -29,6 +29,8 @@ from .triton_util import after_prior, interpreting, mma, publish_writes
 ROUTE_ROWS = 16
 ALIGN_ONE_ROW = True  # a one-row pass's router also aligns its pairs (False: benchmarks' "before")
 FUSE_ONE_ROW = True  # ... and its partials and its top k are one launch (False: two, as before)
+FUSE_MAX_EXPERTS = 64  # ... for up to this many experts: LFM2-8B-A1B's 32 gained (forward 1.696
+# -> 1.676 ms with two other launches folded), Gemma-4-26B-A4B's 128 lost (4.60 -> 4.74 ms)
 ROUTER_SPLIT = 256  # columns of H a router program sums (fixed: part of the reduction order)
 EXPERT_BLOCK = 64  # experts a router program computes
 
@@ -286,7 +288,7 @@ def _route(
         block_expert = torch.empty(blocks, dtype=torch.int32, device=x.device)
         part = torch.empty(t["splits"], 1, eb, dtype=torch.float32, device=x.device)
         grid = (1, t["splits"], triton.cdiv(e, t["eblk"]))
-        if FUSE_ONE_ROW:
+        if FUSE_ONE_ROW and e <= FUSE_MAX_EXPERTS:
             _router_route_kernel[grid](
                 x, gate, part, triton_splitk.counters(x.device, 1),
                 bias if bias is not None else part, scale if scale is not None else part, lt,
