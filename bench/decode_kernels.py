@@ -217,6 +217,69 @@ def invariance() -> dict[str, Any]:
     return res
 
 
+SWEEP_SHAPES = {  # name: (N, K)
+    "lfm2 conv.in_proj": (6144, 2048), "lfm2 out_proj/q/o": (2048, 2048), "lfm2 k/v": (512, 2048),
+    "gemma4 q": (4096, 2816), "gemma4 o": (2816, 4096),
+}
+
+
+SWEEP_GRID = ((32, 64, 128), (64, 128), (4,), (128, 256))  # BLOCK_N, BLOCK_K, stages, wave
+
+
+def tile_sweep() -> dict[str, Any]:
+    """Each shape's one-row GEMV (and 8 and 64 rows) under other tiles and waves (the K split's
+    program target): µs a call in a graph, and whether a row alone still equals the row in a
+    2048-row pass. BLOCK_K and the split change a shape's bits (for every row count alike)."""
+    import itertools
+
+    res: dict[str, Any] = {}
+    saved_tuned, saved_wave = dict(triton_linear.TUNED), triton_splitk.WAVE
+    for name, (n, k) in SWEEP_SHAPES.items():
+        ws = [(torch.randn(n, k, device=DEVICE) * 0.02).to(BF16) for _ in range(copies_for(n * k * 2))]
+        x = torch.randn(2048 if DEVICE != "cpu" else 300, k, device=DEVICE).to(BF16)
+        x1, x8, x64 = x[:1].contiguous(), x[:8].contiguous(), x[:64].contiguous()
+        rows = {"shipped": triton_linear.tiles_for(n, k)}
+        for bn, bk, st, wave in itertools.product(*SWEEP_GRID):
+            rows[f"bn{bn} bk{bk} st{st} wave{wave}"] = (triton_linear.Tiles(bn, bk, 4, st), wave)
+        out: dict[str, Any] = {}
+        for label, cfg in rows.items():
+            triton_linear.TUNED.clear()
+            triton_linear.TUNED.update(saved_tuned)
+            triton_splitk.WAVE = saved_wave
+            if label != "shipped":
+                triton_linear.TUNED[(n, k)], triton_splitk.WAVE = cfg
+            try:
+                big = triton_linear.linear(x, ws[0])
+                eq = bool(torch.equal(triton_linear.linear(x1, ws[0]), big[:1])) and bool(
+                    torch.equal(triton_linear.linear(x8, ws[0]), big[:8])) and bool(
+                    torch.equal(triton_linear.linear(x64, ws[0]), big[:64]))
+                out[label] = {
+                    "us": graph_us([lambda w=w: triton_linear.linear(x1, w) for w in ws]),
+                    "m8_us": graph_us([lambda w=w: triton_linear.linear(x8, w) for w in ws]),
+                    "m64_us": graph_us([lambda w=w: triton_linear.linear(x64, w) for w in ws]),
+                    "equal": eq, "splits": triton_linear.splits_of(n, k),
+                }
+            except Exception as e:  # a tile that does not fit
+                out[label] = {"error": str(e)[:120]}
+        triton_linear.TUNED.clear()
+        triton_linear.TUNED.update(saved_tuned)
+        triton_splitk.WAVE = saved_wave
+        ok = {lb: r for lb, r in out.items() if "us" in r and r["equal"]}
+        best = sorted(ok, key=lambda lb: ok[lb]["us"])[:5]
+        res[name] = {"all": out, "best": best}
+        print(f"{name} ({n}, {k}): shipped {out['shipped'].get('us', 0):.2f} / "
+              f"{out['shipped'].get('m8_us', 0):.2f} / {out['shipped'].get('m64_us', 0):.2f} us"
+              f" (1 / 8 / 64 rows)", flush=True)
+        for lb in best:
+            r = ok[lb]
+            print(f"    {lb}: {r['us']:.2f} / {r['m8_us']:.2f} / {r['m64_us']:.2f} us, "
+                  f"{r['splits']} splits", flush=True)
+        bad = [lb for lb, r in out.items() if "us" in r and not r["equal"]]
+        if bad:
+            print(f"    rows unequal: {bad}", flush=True)
+    return res
+
+
 def table(res: dict[str, Any]) -> str:
     lines = []
     for part in ("linear", "moe"):
@@ -239,6 +302,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench_out")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, interpreted")
     ap.add_argument("--check", action="store_true", help="only the row-invariance check")
+    ap.add_argument("--tiles", action="store_true", help="only the one-row GEMVs' tile sweep")
     ap.add_argument("--moe-tiles", action="store_true", help="only the expert kernels' few-row tiles")
     args = ap.parse_args()
     if args.smoke:
@@ -251,6 +315,10 @@ def main() -> None:
         LINEAR.update({"tiny": (96, 320)})
         MOE.clear()
         MOE.update({"tiny moe": (6, 96, 320, 2), "tiny dense": (1, 128, 320, 1)})
+        SWEEP_SHAPES.clear()
+        SWEEP_SHAPES.update({"tiny": (96, 320)})
+        global SWEEP_GRID
+        SWEEP_GRID = ((32,), (64,), (3,), (128,))
     from tensorfold.ops import gpu
     from tensorfold.settings import Settings
 
@@ -262,6 +330,11 @@ def main() -> None:
     torch.manual_seed(0)
     if args.check:
         print("rows unequal to the 2048-row pass:", json.dumps(invariance()))
+        return
+    if args.tiles:
+        res = tile_sweep()
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "tile_sweep.json").write_text(json.dumps(res, indent=1))
         return
     if args.moe_tiles:
         res = moe_tiles()

@@ -125,14 +125,15 @@ def _linear_kernel(
             stride_xm, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
         )
         ws = ws_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
-        tl.store(ws + s.to(tl.int64) * ws_rows * N, part, mask=rn[None, :] < N)
+        live = (rm[:, None] < M) & (rn[None, :] < N)  # a one-row pass's 15 others: not written
+        tl.store(ws + s.to(tl.int64) * ws_rows * N, part, mask=live)
         publish_writes(INTERP)
         tile = pid_m * tl.num_programs(0) + pid_n
         arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
         finish = arrived == SPLITS - 1
         if finish:
             for t in tl.static_range(SPLITS):
-                total += tl.load(ws + t * ws_rows * N, mask=rn[None, :] < N, other=0.0,
+                total += tl.load(ws + t * ws_rows * N, mask=live, other=0.0,
                                  volatile=True)
             tl.atomic_xchg(cnt_ptr + tile, 0)
     else:
