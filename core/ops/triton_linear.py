@@ -35,15 +35,20 @@ class Tiles:
     block_k: int
     warps: int
     stages: int
+    wave: int = 0  # programs the K split aims at one row (0: triton_splitk.WAVE)
 
 
-# (N, K) -> tiles, where measured better than the default on an H200 (bench/kernels.py's
-# sweep; docs/perf.md). Every tile shape gave the same bits there: the k order (BLOCK_K) fixes them.
+# (N, K) -> tiles, where measured better than the default on an H200 (bench/kernels.py's and
+# bench/decode_kernels.py --tiles' sweeps; docs/perf.md). Every tile shape gave the same bits
+# there: the k order (BLOCK_K and the split) fixes them.
 TUNED: dict[tuple[int, int], Tiles] = {
-    (2048, 2048): Tiles(64, 128, 4, 3),
+    (6144, 2048): Tiles(32, 128, 4, 4),  # lfm2 conv.in_proj: 1 / 8 / 64 rows 9.99 / 10.60 / 35.20 µs -> 8.82 / 8.78 / 10.41
+    (2048, 2048): Tiles(32, 128, 4, 4, wave=256),  # 6.11 / 6.22 / 11.62 -> 5.92 / 6.14 / 9.47
     (512, 2048): Tiles(32, 128, 4, 4),
     (32, 2048): Tiles(32, 128, 4, 4),
     (64, 2048): Tiles(32, 128, 4, 4),
+    (4096, 2816): Tiles(32, 128, 4, 4, wave=256),  # gemma4 q: 9.57 / 9.85 / 44.78 -> 9.05 / 9.15 / 10.58
+    (2816, 4096): Tiles(32, 128, 4, 4, wave=256),  # gemma4 o: 10.10 / 10.29 / 21.25 -> 9.36 / 9.58 / 14.58
 }
 
 
@@ -58,7 +63,7 @@ def tiles_for(n: int, k: int) -> Tiles:
 def splits_of(n: int, k: int) -> int:
     """K chunks for an [*, k] @ [n, k]ᵀ product: from the weight's shape only (they fix the bits)."""
     t = tiles_for(n, k)
-    return splitk.splits_for(triton.cdiv(n, t.block_n), triton.cdiv(k, t.block_k))
+    return splitk.splits_for(triton.cdiv(n, t.block_n), triton.cdiv(k, t.block_k), t.wave)
 
 
 def pick(m: int, n: int, k: int) -> tuple[int, Tiles]:
@@ -70,7 +75,7 @@ def pick(m: int, n: int, k: int) -> tuple[int, Tiles]:
     if m <= SMALL_ROWS:
         return BLOCK_M, t
     bn = 128 if n >= 1024 else t.block_n
-    return PREFILL_BLOCK_M, Tiles(bn, t.block_k, 8, 3 if t.block_k <= 64 else 2)
+    return PREFILL_BLOCK_M, Tiles(bn, t.block_k, 8, 3 if t.block_k <= 64 else 2, t.wave)
 
 
 @triton.jit

@@ -25,10 +25,10 @@ COUNTERS = 1 << 16
 _counters: dict[torch.device, torch.Tensor] = {}
 
 
-def splits_for(tiles: int, k_blocks: int) -> int:
+def splits_for(tiles: int, k_blocks: int, wave: int = 0) -> int:
     """Chunks for a product with `tiles` output tiles at one row and K of `k_blocks` BLOCK_K steps:
-    a power of two, enough for about WAVE programs, at most MAX_SPLITS and k_blocks."""
-    want = triton.cdiv(WAVE, max(tiles, 1))
+    a power of two, enough for about `wave` programs (0: WAVE), at most MAX_SPLITS and k_blocks."""
+    want = triton.cdiv(wave or WAVE, max(tiles, 1))
     splits = 1
     while splits < want and splits * 2 <= min(MAX_SPLITS, k_blocks):
         splits *= 2
