@@ -126,6 +126,28 @@ def test_rope_matches_reference(dtype, tol):
     assert torch.equal(triton_rope.apply_rope(x[2:3].clone(), cos[2:3], sin[2:3]), got[2:3])
 
 
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+@pytest.mark.parametrize("fp32_weight", [False, True])
+def test_norm_rope_in_one_launch_matches_the_norm_then_rope(dtype, tol, fp32_weight):
+    """Each head normalised then rotated in one launch (lfm2's w · round(x̂), gemma4's x̂·w in
+    fp32): the CPU path's norm then rope, within rounding; a row alone as among others."""
+    pos = torch.tensor([0, 1, 7, 511, 512, 4095, 20000])
+    x = randn(len(pos), 5, 64, seed=6, dtype=dtype) * 3
+    w = 1 + randn(64, seed=9) * 0.1
+    w = w if fp32_weight else w.to(dtype)
+    cos, sin = ref_rope.cos_sin(pos, ref_rope.inv_freq(64, 1e6), dtype)
+    got = triton_rope.norm_rope(x, w, 1e-6, cos, sin, fp32_weight)
+    if fp32_weight:
+        xf = x.float()
+        normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w).to(dtype)
+    else:
+        normed = ref_norms.rms_norm(x, w, 1e-6)
+    want = ref_rope.apply_rope(normed, cos, sin)
+    assert got.dtype == dtype and rel(got, want) < tol / 10
+    alone = triton_rope.norm_rope(x[2:3].clone(), w, 1e-6, cos[2:3], sin[2:3], fp32_weight)
+    assert torch.equal(alone, got[2:3])
+
+
 # --- a pass over several streams ---
 
 

@@ -8,6 +8,8 @@ a row's rotation never depends on which other positions share the pass.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from .gpu import use_triton
@@ -41,3 +43,25 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
         return triton_apply_rope(x, cos, sin)
     cos, sin = cos[:, None, :], sin[:, None, :]
     return (x * cos) + (rotate_half(x) * sin)
+
+
+NORM_ROPE_FUSED = True  # norm_rope in one launch on the GPU (False: the norm's and rope's own)
+
+
+def norm_rope(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, *,
+    fp32_weight: bool = False, norm: "Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None" = None,
+) -> torch.Tensor:
+    """apply_rope(norm(x, weight, eps), cos, sin): each head of x [N, H, D] RMS-normalised, then
+    rotated; weight [D]; cos, sin [N, D]. norm: the family's RMSNorm (default ops.norms.rms_norm:
+    w · round(x̂)); fp32_weight says which the GPU's one launch computes: x̂·w in fp32 rounded
+    once (Gemma4RMSNorm, an fp32 weight), or w · round(x̂). x̂ = x·rsqrt(mean(x²) + eps) in fp32."""
+    if use_triton(x) and x.dtype == cos.dtype and NORM_ROPE_FUSED and (
+        not fp32_weight or weight.dtype == torch.float32
+    ):
+        from .triton_rope import norm_rope as triton_norm_rope
+
+        return triton_norm_rope(x, weight, eps, cos, sin, fp32_weight)
+    if norm is None:
+        from .norms import rms_norm as norm
+    return apply_rope(norm(x, weight, eps), cos, sin)

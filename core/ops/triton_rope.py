@@ -1,6 +1,7 @@
 """NeoX rotary embeddings on the GPU in Triton, rounding as ops/rope.py does in the model dtype:
 out = round(x·cos) + round(rotate_half(x)·sin), each product and the sum rounded. Elementwise
-per (row, head): no row depends on another."""
+per (row, head): no row depends on another. `norm_rope` first normalises each head (RMSNorm over
+the head, a program a row, its tile from the head count and width alone), in the same launch."""
 
 from __future__ import annotations
 
@@ -40,6 +41,44 @@ def _rope_kernel(
     tl.store(obase + HALF + i[None, :], hi.to(dt), mask=hm)
 
 
+@triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
+def _norm_rope_kernel(
+    x_ptr, w_ptr, c_ptr, s_ptr, o_ptr, n_rows, heads, stride_xn, stride_xh, stride_cn, eps,
+    HALF: tl.constexpr, HEADS: tl.constexpr, W_FP32: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """Each head of a row RMS-normalised over its 2·HALF values (W_FP32: x̂·w in fp32, rounded
+    once, as Gemma4RMSNorm; else w · round(x̂) rounded, as ops/norms.py), then rotated as
+    _rope_kernel rotates."""
+    after_prior(PDL)
+    row = tl.program_id(0)
+    h = tl.arange(0, HEADS)
+    i = tl.arange(0, HALF)
+    hm = h[:, None] < heads
+    base = x_ptr + row.to(tl.int64) * stride_xn + h[:, None] * stride_xh
+    x1 = tl.load(base + i[None, :], mask=hm, other=0.0).to(tl.float32)
+    x2 = tl.load(base + HALF + i[None, :], mask=hm, other=0.0).to(tl.float32)
+    r = tl.math.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+    w1 = tl.load(w_ptr + i).to(tl.float32)[None, :]
+    w2 = tl.load(w_ptr + HALF + i).to(tl.float32)[None, :]
+    dt = o_ptr.dtype.element_ty
+    if W_FP32:
+        x1 = (x1 * r[:, None] * w1).to(dt).to(tl.float32)
+        x2 = (x2 * r[:, None] * w2).to(dt).to(tl.float32)
+    else:
+        x1 = (w1 * (x1 * r[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        x2 = (w2 * (x2 * r[:, None]).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    c1 = tl.load(c_ptr + row * stride_cn + i)[None, :].to(tl.float32)
+    c2 = tl.load(c_ptr + row * stride_cn + HALF + i)[None, :].to(tl.float32)
+    s1 = tl.load(s_ptr + row * stride_cn + i)[None, :].to(tl.float32)
+    s2 = tl.load(s_ptr + row * stride_cn + HALF + i)[None, :].to(tl.float32)
+    lo = (x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)
+    hi = (x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)
+    obase = o_ptr + row.to(tl.int64) * heads * 2 * HALF + h[:, None] * 2 * HALF
+    tl.store(obase + i[None, :], lo.to(dt), mask=hm)
+    tl.store(obase + HALF + i[None, :], hi.to(dt), mask=hm)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [N, H, D]; cos, sin [N, D] (x's dtype) -> [N, H, D]."""
     n, heads, d = x.shape
@@ -51,5 +90,25 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
         _rope_kernel[(n,)](
             x, cos, sin, out, n, heads, x.stride(0), x.stride(1), cos.stride(0),
             HALF=d // 2, HEADS=triton.next_power_of_2(heads), num_warps=2, **launch_options(x),
+        )
+    return out
+
+
+def norm_rope(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+    fp32_weight: bool,
+) -> torch.Tensor:
+    """x [N, H, D]; weight [D]; cos, sin [N, D] (x's dtype) -> [N, H, D]: each head normalised,
+    then rotated (see _norm_rope_kernel)."""
+    n, heads, d = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty(n, heads, d, dtype=x.dtype, device=x.device)
+    if n:
+        _norm_rope_kernel[(n,)](
+            x, weight.contiguous(), cos, sin, out, n, heads, x.stride(0), x.stride(1),
+            cos.stride(0), float(eps), HALF=d // 2, HEADS=triton.next_power_of_2(heads),
+            W_FP32=fp32_weight, num_warps=4 if heads * d > 4096 else 2, **launch_options(x),
         )
     return out

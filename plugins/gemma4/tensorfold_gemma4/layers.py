@@ -20,7 +20,7 @@ from tensorfold.forward_pass import ForwardPass
 from tensorfold.ops import parallel
 from tensorfold.ops.attention import paged_attention
 from tensorfold.ops.linear import linear
-from tensorfold.ops.rope import apply_rope
+from tensorfold.ops.rope import norm_rope
 
 from .config import Gemma4Config, Layer
 from .ops import gelu_tanh, rms_norm
@@ -48,13 +48,14 @@ def attention(
     k_eq_v, V is the raw k_proj output (before k_norm and RoPE) through v_norm."""
     n, d, eps = x.shape[0], layer.head_dim, cfg.rms_norm_eps
     # heads from the weights: under tensor parallel, this rank's query and KV heads
-    q = rms_norm(linear(x, w.q).view(n, -1, d), w.q_norm, eps)
-    q = apply_rope(q, cos, sin)
+    q = norm_rope(linear(x, w.q).view(n, -1, d), w.q_norm, eps, cos, sin, fp32_weight=True,
+                  norm=rms_norm)
     new = None  # this layer's K and V rows [N, kv_heads, D], unless it reuses another's
     if w.k is not None:
         raw_k = linear(x, w.k).view(n, -1, d)
         raw_v = raw_k if w.v is None else linear(x, w.v).view(n, -1, d)
-        new = apply_rope(rms_norm(raw_k, w.k_norm, eps), cos, sin), rms_norm(raw_v, None, eps)
+        new = (norm_rope(raw_k, w.k_norm, eps, cos, sin, fp32_weight=True, norm=rms_norm),
+               rms_norm(raw_v, None, eps))
     if layer.window is not None:
         o = sliding.attend(cfg.layers, layer, q, new, scale=1.0)
     else:

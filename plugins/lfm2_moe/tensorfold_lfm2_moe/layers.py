@@ -16,8 +16,7 @@ from tensorfold.ops import parallel
 from tensorfold.ops.attention import paged_attention
 from tensorfold.ops.conv import gated_conv
 from tensorfold.ops.linear import linear
-from tensorfold.ops.norms import rms_norm
-from tensorfold.ops.rope import apply_rope
+from tensorfold.ops.rope import norm_rope
 
 from .config import Lfm2MoeConfig
 from .weights import AttentionWeights, ConvWeights, DenseWeights, MoeWeights
@@ -41,10 +40,9 @@ def attention(
     Writes the pass's k/v rows to `{name}.k` / `{name}.v` before attending."""
     n, d = x.shape[0], cfg.head_dim
     # heads from the weights: under tensor parallel, this rank's heads
-    q = rms_norm(linear(x, w.q).view(n, -1, d), w.q_norm, cfg.norm_eps)
-    k = rms_norm(linear(x, w.k).view(n, -1, d), w.k_norm, cfg.norm_eps)
+    q = norm_rope(linear(x, w.q).view(n, -1, d), w.q_norm, cfg.norm_eps, cos, sin)
+    k = norm_rope(linear(x, w.k).view(n, -1, d), w.k_norm, cfg.norm_eps, cos, sin)
     v = linear(x, w.v).view(n, -1, d)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     rows.write_many(fp.write_index, [(f"{name}.k", k), (f"{name}.v", v)])
     o = paged_attention(q, rows.flat(f"{name}.k"), rows.flat(f"{name}.v"), fp, scale=d**-0.5,
                         k_scales=rows.scales(f"{name}.k"), v_scales=rows.scales(f"{name}.v"))
