@@ -42,13 +42,16 @@ class Tiles:
 # bench/decode_kernels.py --tiles' sweeps; docs/perf.md). Every tile shape gave the same bits
 # there: the k order (BLOCK_K and the split) fixes them.
 TUNED: dict[tuple[int, int], Tiles] = {
-    (6144, 2048): Tiles(32, 128, 4, 4),  # lfm2 conv.in_proj: 1 / 8 / 64 rows 9.99 / 10.60 / 35.20 µs -> 8.82 / 8.78 / 10.41
+    # µs at 1 / 8 / 64 rows before -> after (decode_kernels.py --tiles); BLOCK_K and the split
+    # as before, so the same bits and the same prompt tiles (a 128-long k step for in_proj took
+    # a third off 2k prefill)
+    (6144, 2048): Tiles(64, 64, 4, 4, wave=256),  # lfm2 in_proj: 9.99 / 10.60 / 35.20 -> 9.49 / 9.76 / 13.56
     (2048, 2048): Tiles(32, 128, 4, 4, wave=256),  # 6.11 / 6.22 / 11.62 -> 5.92 / 6.14 / 9.47
     (512, 2048): Tiles(32, 128, 4, 4),
     (32, 2048): Tiles(32, 128, 4, 4),
     (64, 2048): Tiles(32, 128, 4, 4),
-    (4096, 2816): Tiles(32, 128, 4, 4, wave=256),  # gemma4 q: 9.57 / 9.85 / 44.78 -> 9.05 / 9.15 / 10.58
-    (2816, 4096): Tiles(32, 128, 4, 4, wave=256),  # gemma4 o: 10.10 / 10.29 / 21.25 -> 9.36 / 9.58 / 14.58
+    (4096, 2816): Tiles(64, 64, 4, 4, wave=256),  # gemma4 q: 9.57 / 9.85 / 44.78 -> 9.22 / 9.44 / 16.33
+    (2816, 4096): Tiles(32, 64, 4, 4, wave=256),  # gemma4 o: 10.10 / 10.29 / 21.25 -> 9.81 / 10.02 / 19.18
 }
 
 
