@@ -7,6 +7,7 @@ row alone gives the same bits as that row in a 2048-row pass (prompt tiles, the 
 one program), and the result is within bf16 rounding of the torch product.
 
     python bench/decode_kernels.py --out $OUT          # a table on stdout, decode_kernels.json
+    python bench/decode_kernels.py --tiles             # the one-row GEMVs under other tiles and waves
 
 TF_DEPENDENT_LAUNCH and TF_PREFETCH_WEIGHTS apply, as in the engine.
 """
