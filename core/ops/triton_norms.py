@@ -49,23 +49,22 @@ def _rms_norm_kernel(
 
 
 def _launch(x, res, weight, eps, slots=1):
+    """slots > 1 (x [..., slots, D], summed first) only with a residual."""
+    assert slots == 1 or res is not None
     d = x.shape[-1]
     shape = x.shape if slots == 1 else x.shape[:-2] + x.shape[-1:]
     src = x.reshape(-1, slots * d).contiguous()
-    rows = src if slots == 1 else torch.empty(src.shape[0], d, dtype=x.dtype, device=x.device)
-    n = rows.shape[0]
-    out = torch.empty(
-        rows.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device
-    )
-    h = torch.empty_like(rows) if res is not None or slots > 1 else rows
-    r = res.reshape(-1, d).contiguous() if res is not None else rows
+    n = src.shape[0]
+    out = torch.empty(n, d, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    h = torch.empty(n, d, dtype=x.dtype, device=x.device) if res is not None else src
+    r = res.reshape(-1, d).contiguous() if res is not None else src
     block_d = triton.next_power_of_2(d)
     per = max(1, min(64, 4096 // block_d))
     if n:
         _rms_norm_kernel[(triton.cdiv(n, per),)](
             src, r, weight.contiguous(), out, h, n, d, eps,
             HAS_RES=res is not None, ROWS=per, BLOCK_D=block_d, SLOTS=slots, num_warps=4,
-            **launch_options(rows),
+            **launch_options(src),
         )
     return out.view(shape), h.view(shape)
 

@@ -239,11 +239,10 @@ def _partial_tiles(x: torch.Tensor, gate: torch.Tensor, fp32: bool) -> dict:
                 bm=bm, bk=bk, ieee=fp32 or x.dtype == torch.float32)
 
 
-def _partials(x: torch.Tensor, gate: torch.Tensor, fp32: bool) -> tuple[torch.Tensor, int]:
-    """The router's logits in fixed splits of H: ([splits, N, EB] fp32, EB)."""
+def _partials(x: torch.Tensor, gate: torch.Tensor, fp32: bool, t: dict) -> torch.Tensor:
+    """The router's logits in fixed splits of H (_partial_tiles' t): [splits, N, EB] fp32."""
     n, h = x.shape
     e = gate.shape[0]
-    t = _partial_tiles(x, gate, fp32)
     part = torch.empty(t["splits"], n, t["eb"], dtype=torch.float32, device=x.device)
     if n:
         _router_partial_kernel[(triton.cdiv(n, t["bm"]), t["splits"], triton.cdiv(e, t["eblk"]))](
@@ -251,7 +250,7 @@ def _partials(x: torch.Tensor, gate: torch.Tensor, fp32: bool) -> tuple[torch.Te
             BM=t["bm"], EB=t["eb"], EBLK=t["eblk"], KS=ROUTER_SPLIT, BK=t["bk"], num_warps=4,
             **launch_options(x),
         )
-    return part, t["eb"]
+    return part
 
 
 def _route(
@@ -262,8 +261,8 @@ def _route(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The router's logits (x [N, H] @ gate [E, H]ᵀ in fixed splits of H), then each row's top k:
     (weights [N, k] in weight_dtype, experts [N, k] long). A pass of one row (a stream's decode
-    round) runs both in one launch, and its pairs come sorted by expert for the expert GEMMs
-    (what triton_align.align does)."""
+    round) has its pairs sorted by expert for the expert GEMMs too (what triton_align.align
+    does), and for up to FUSE_MAX_EXPERTS experts runs the logits and the top k in one launch."""
     n, h = x.shape
     e = gate.shape[0]
     x = x.contiguous() if x.stride(-1) != 1 else x
@@ -280,41 +279,37 @@ def _route(
         HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, NORM=norm, GROUPS=groups,
         EPG=e // groups, KEEP_GROUPS=keep_groups, GB=max(2, triton.next_power_of_2(groups)),
         BY_EXPERT=by_expert, ROWS=max(1, min(ROUTE_ROWS, 4096 // eb)),  # by E alone
+        num_warps=4,
     )
     lt = torch.empty(0, dtype=logit_dtype, device=x.device)
+    aligned = None
     if n == 1 and ALIGN_ONE_ROW:
         blocks = max_blocks_for(top_k, e, TINY_BLOCK_M)
-        sorted_pairs = torch.empty(blocks * TINY_BLOCK_M, dtype=torch.int32, device=x.device)
-        block_expert = torch.empty(blocks, dtype=torch.int32, device=x.device)
+        aligned = Aligned(torch.empty(blocks * TINY_BLOCK_M, dtype=torch.int32, device=x.device),
+                          torch.empty(blocks, dtype=torch.int32, device=x.device), blocks,
+                          experts.reshape(-1), TINY_BLOCK_M, e)
+    if aligned is not None and FUSE_ONE_ROW and e <= FUSE_MAX_EXPERTS:
         part = torch.empty(t["splits"], 1, eb, dtype=torch.float32, device=x.device)
-        grid = (1, t["splits"], triton.cdiv(e, t["eblk"]))
-        if FUSE_ONE_ROW and e <= FUSE_MAX_EXPERTS:
-            _router_route_kernel[grid](
-                x, gate, part, triton_splitk.counters(x.device, 1),
-                bias if bias is not None else part, scale if scale is not None else part, lt,
-                weights, experts, h, x.stride(0), e, t["splits"], float(scaling),
-                float(norm_eps), sorted_pairs, block_expert, blocks,
-                F32=fp32, IEEE=t["ieee"], INTERP=interpreting(), PBM=t["bm"], EBLK=t["eblk"],
-                KS=ROUTER_SPLIT, BK=t["bk"], BM=TINY_BLOCK_M, num_warps=4, **select,
-                **launch_options(x),
-            )
-        else:
-            part = _partials(x, gate, fp32)[0]
-            _route_kernel[(1,)](
-                part, bias if bias is not None else part, scale if scale is not None else part,
-                lt, weights, experts, 1, e, t["splits"], float(scaling), float(norm_eps),
-                sorted_ptr=sorted_pairs, block_ptr=block_expert, max_blocks=blocks, ALIGN=True,
-                BM=TINY_BLOCK_M, num_warps=4, **select, **launch_options(part),
-            )
-        experts.tf_aligned = Aligned(sorted_pairs, block_expert, blocks, experts.reshape(-1),
-                                     TINY_BLOCK_M, e)
-        return weights, experts
-    part = _partials(x, gate, fp32)[0]
-    _route_kernel[(triton.cdiv(n, select["ROWS"]),)](
-        part, bias if bias is not None else part, scale if scale is not None else part, lt,
-        weights, experts, n, e, t["splits"], float(scaling), float(norm_eps), num_warps=4,
-        **select, **launch_options(part),
-    )
+        _router_route_kernel[(1, t["splits"], triton.cdiv(e, t["eblk"]))](
+            x, gate, part, triton_splitk.counters(x.device, 1),
+            bias if bias is not None else part, scale if scale is not None else part, lt,
+            weights, experts, h, x.stride(0), e, t["splits"], float(scaling), float(norm_eps),
+            aligned.sorted_pairs, aligned.block_expert, blocks,
+            F32=fp32, IEEE=t["ieee"], INTERP=interpreting(), PBM=t["bm"], EBLK=t["eblk"],
+            KS=ROUTER_SPLIT, BK=t["bk"], BM=TINY_BLOCK_M, **select, **launch_options(x),
+        )
+    else:
+        part = _partials(x, gate, fp32, t)
+        align = {} if aligned is None else dict(
+            sorted_ptr=aligned.sorted_pairs, block_ptr=aligned.block_expert,
+            max_blocks=aligned.max_blocks, ALIGN=True, BM=TINY_BLOCK_M)
+        _route_kernel[(triton.cdiv(n, select["ROWS"]),)](
+            part, bias if bias is not None else part, scale if scale is not None else part, lt,
+            weights, experts, n, e, t["splits"], float(scaling), float(norm_eps),
+            **align, **select, **launch_options(part),
+        )
+    if aligned is not None:
+        experts.tf_aligned = aligned
     return weights, experts
 
 
