@@ -198,7 +198,8 @@ def main() -> None:
     want = set(args.sections.split(",")) if args.sections != "all" else None
     plan: list[tuple[str, Callable[[], Any], float]] = [
         ("env", b.env, 0), ("limits", b.limits, 30), ("build", b.build, 20),
-        ("decode", b.decode, 40), ("prefill", b.prefill, 30), ("gates", b.gates, 60),
+        ("decode", b.decode, 40), ("prefill", b.prefill, 30),
+        ("prefill_probe", b.prefill_probe, 40), ("gates", b.gates, 60),
         ("transformers", b.transformers, 60), ("kernels", b.kernels, 40),
         ("profile", b.profile, 20), ("other_shape", b.other_shape, 90),
     ]
