@@ -220,11 +220,12 @@ def invariance() -> dict[str, Any]:
 
 SWEEP_SHAPES = {  # name: (N, K)
     "lfm2 conv.in_proj": (6144, 2048), "lfm2 out_proj/q/o": (2048, 2048), "lfm2 k/v": (512, 2048),
+    "lfm2 q+k+v": (3072, 2048),
     "gemma4 q": (4096, 2816), "gemma4 o": (2816, 4096),
 }
 
 
-SWEEP_GRID = ((32, 64, 128), (64, 128), (4,), (128, 256))  # BLOCK_N, BLOCK_K, stages, wave
+SWEEP_GRID = ((32, 64, 128), (64, 128), (4,), (128, 256), (4,))  # BLOCK_N, BLOCK_K, stages, wave, warps
 
 
 def tile_sweep() -> dict[str, Any]:
@@ -240,8 +241,9 @@ def tile_sweep() -> dict[str, Any]:
         x = torch.randn(2048 if DEVICE != "cpu" else 300, k, device=DEVICE).to(BF16)
         x1, x8, x64 = x[:1].contiguous(), x[:8].contiguous(), x[:64].contiguous()
         rows = {"shipped": triton_linear.tiles_for(n, k)}
-        for bn, bk, st, wave in itertools.product(*SWEEP_GRID):
-            rows[f"bn{bn} bk{bk} st{st} wave{wave}"] = (triton_linear.Tiles(bn, bk, 4, st), wave)
+        for bn, bk, st, wave, warps in itertools.product(*SWEEP_GRID):
+            rows[f"bn{bn} bk{bk} st{st} wave{wave} w{warps}"] = (
+                triton_linear.Tiles(bn, bk, warps, st), wave)
         out: dict[str, Any] = {}
         for label, cfg in rows.items():
             triton_linear.TUNED.clear()
@@ -305,7 +307,18 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="only the row-invariance check")
     ap.add_argument("--tiles", action="store_true", help="only the one-row GEMVs' tile sweep")
     ap.add_argument("--moe-tiles", action="store_true", help="only the expert kernels' few-row tiles")
+    ap.add_argument("--grid", help="--tiles' grid: BLOCK_Ns;BLOCK_Ks;stages;waves;warps, each "
+                    "comma-separated (wave 1: no K split), e.g. '16,32;128,256;4,8;1,256;2,4'")
+    ap.add_argument("--shapes", help="--tiles' shapes: names of SWEEP_SHAPES, comma-separated")
     args = ap.parse_args()
+    global SWEEP_GRID
+    if args.grid:
+        SWEEP_GRID = tuple(tuple(int(v) for v in part.split(",")) for part in args.grid.split(";"))
+    if args.shapes:
+        keep = args.shapes.split(",")
+        for name in list(SWEEP_SHAPES):
+            if name not in keep:
+                del SWEEP_SHAPES[name]
     if args.smoke:
         from tensorfold.ops import gpu
 
@@ -318,8 +331,7 @@ def main() -> None:
         MOE.update({"tiny moe": (6, 96, 320, 2), "tiny dense": (1, 128, 320, 1)})
         SWEEP_SHAPES.clear()
         SWEEP_SHAPES.update({"tiny": (96, 320)})
-        global SWEEP_GRID
-        SWEEP_GRID = ((32,), (64,), (3,), (128,))
+        SWEEP_GRID = ((32,), (64,), (3,), (128,), (4,))
     from tensorfold.ops import gpu
     from tensorfold.settings import Settings
 

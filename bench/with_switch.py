@@ -4,7 +4,9 @@ each side in a process of its own, the same tree.
     python3 bench/with_switch.py tensorfold.ops.triton_linear.PRELOAD_WEIGHTS=False \
         bench/lfm2_speed.py --sections decode
 
-Each MODULE.ATTR=VALUE before the script sets one attribute (VALUE a Python literal).
+Each MODULE.ATTR=VALUE before the script sets one attribute: VALUE a Python literal, or else an
+expression evaluated in the module's namespace, e.g.
+    tensorfold.ops.triton_linear.TUNED="{**TUNED, (6144, 2048): Tiles(32, 128, 4, 4, wave=1)}"
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ def main(argv: list[str]) -> None:
         mod = importlib.import_module(module)
         if not hasattr(mod, attr):
             raise SystemExit(f"{module} has no attribute {attr!r}")
-        setattr(mod, attr, ast.literal_eval(value))
+        try:
+            setattr(mod, attr, ast.literal_eval(value))
+        except (ValueError, SyntaxError):
+            setattr(mod, attr, eval(value, vars(mod)))  # noqa: S307 (a bench's own command line)
         print(f"{target} = {value}", flush=True)
     if not argv:
         raise SystemExit(__doc__)

@@ -46,7 +46,9 @@ TUNED: dict[tuple[int, int], Tiles] = {
     # µs at 1 / 8 / 64 rows before -> after (decode_kernels.py --tiles); BLOCK_K and the split
     # as before, so the same bits and the same prompt tiles (a 128-long k step for in_proj took
     # a third off 2k prefill)
-    (6144, 2048): Tiles(64, 64, 4, 4, wave=256),  # lfm2 in_proj: 9.99 / 10.60 / 35.20 -> 9.49 / 9.76 / 13.56
+    # lfm2 in_proj, unsplit: 9.55 / 9.84 / 13.64 -> 8.87 / 8.90 / 10.46 (session 13's sweep;
+    # engine forward 1.613 -> 1.596 ms at one stream, 64 streams 11354 -> 11515 tok/s)
+    (6144, 2048): Tiles(32, 128, 4, 4, wave=1),
     (2048, 2048): Tiles(32, 128, 4, 4, wave=256),  # 6.11 / 6.22 / 11.62 -> 5.92 / 6.14 / 9.47
     (512, 2048): Tiles(32, 128, 4, 4),
     (32, 2048): Tiles(32, 128, 4, 4),
