@@ -79,6 +79,20 @@ def test_moe_gated_ffn_and_router_rows_alone_equal_batches():
     assert_rows_invariant(routed_moe, x)
 
 
+@pytest.mark.parametrize("h", [2048, 512])
+def test_norm_in_the_routers_launch_gives_the_norms_bits(h):
+    """norm_route: a row alone (the add + RMSNorm in the router's one launch) has the bits of
+    the same row in a batch (add_rms_norm's own launch, then the router's)."""
+    from tensorfold.ops import triton_route
+
+    nw = (1 + randn(h, seed=17, scale=0.1).float() * 0.1).to(BF16)
+    gate, eb = randn(32, h, seed=18, scale=0.05), randn(32, seed=19, scale=0.1).float()
+    assert_rows_invariant(
+        lambda y, r: triton_route.norm_route(y, r, nw, 1e-5, gate, eb, 4, norm_topk_prob=True,
+                                             scaling=2.5),
+        randn(700, h, seed=20), randn(700, h, seed=21))
+
+
 def test_norms_and_rope_rows_alone_equal_batches():
     from tensorfold.ops import rope as ref_rope
     from tensorfold.ops import triton_norms, triton_rope

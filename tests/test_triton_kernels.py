@@ -416,6 +416,35 @@ def test_router_of_one_row_in_one_launch_equals_its_two(kind, monkeypatch: pytes
         assert torch.equal(a.sorted_pairs[used], b.sorted_pairs[used])
 
 
+def test_norm_and_router_of_one_row_in_one_launch_equal_their_own(monkeypatch):
+    """A one-row pass's add + RMSNorm runs in its router's launch (norm_route): h, x, the
+    weights, experts and sorted pairs as add_rms_norm's launch then the router's; a pass of
+    more rows launches them as they are."""
+    y, r = randn(1, 600, seed=56, dtype=torch.bfloat16), randn(1, 600, seed=57, dtype=torch.bfloat16)
+    nw = (1 + randn(600, seed=58, scale=0.1)).to(torch.bfloat16)
+    gate = randn(32, 600, seed=59, scale=0.05).to(torch.bfloat16)
+    bias = randn(32, seed=60, scale=0.1)
+
+    def run(y, r):
+        return triton_route.norm_route(y, r, nw, 1e-5, gate, bias, 4, norm_topk_prob=True,
+                                       scaling=2.5)
+
+    got = [run(y, r) for _ in range(2)]  # the arrival counter is left at zero for the next launch
+    monkeypatch.setattr(triton_route, "NORM_IN_ROUTER", False)
+    want = run(y, r)
+    x, h = triton_norms.add_rms_norm(y, r, nw, 1e-5)
+    assert torch.equal(want[0], x) and torch.equal(want[1], h)
+    for g in got:
+        assert all(torch.equal(a, b) for a, b in zip(g, want))
+        a, b = g[3].tf_aligned, want[3].tf_aligned
+        assert torch.equal(a.block_expert, b.block_expert)
+        used = (b.block_expert < 32).repeat_interleave(triton_moe.TINY_BLOCK_M)
+        assert torch.equal(a.sorted_pairs[used], b.sorted_pairs[used])
+    ys, rs = randn(3, 600, seed=61, dtype=torch.bfloat16), randn(3, 600, seed=62, dtype=torch.bfloat16)
+    three = run(ys, rs)
+    assert torch.equal(three[0][1:2], run(ys[1:2].clone(), rs[1:2].clone())[0])
+
+
 def _experts(e, i, h, dtype, seed):
     w1 = randn(e, 2 * i, h, seed=seed, dtype=dtype, scale=0.2)  # w1 and w3 interleaved as HF
     w2 = randn(e, h, i, seed=seed + 1, dtype=dtype, scale=0.2)

@@ -134,6 +134,32 @@ def route(
     return weights * scaling, experts
 
 
+def norm_route(
+    y: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    gate: torch.Tensor,
+    expert_bias: torch.Tensor | None,
+    top_k: int,
+    *,
+    norm_topk_prob: bool,
+    scaling: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h = y + residual, x = rms_norm(h) (norms.add_rms_norm), then route(x, ...): returns
+    (x, h, weights, experts). On the GPU a pass of one row does it in one launch."""
+    if use_triton(y):
+        from . import triton_route
+
+        return triton_route.norm_route(y, residual, norm_weight, eps, gate, expert_bias, top_k,
+                                       norm_topk_prob=norm_topk_prob, scaling=scaling)
+    from .norms import add_rms_norm
+
+    x, h = add_rms_norm(y, residual, norm_weight, eps)
+    return (x, h, *route(x, gate, expert_bias, top_k, norm_topk_prob=norm_topk_prob,
+                         scaling=scaling))
+
+
 def moe(
     x: torch.Tensor,
     weights: torch.Tensor,

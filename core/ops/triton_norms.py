@@ -21,10 +21,21 @@ def _rms_norm_kernel(
     HAS_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
     SLOTS: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):
-    """SLOTS > 1: x is [n_rows, SLOTS, D], a MoE's slots, summed in slot order in fp32 and
-    rounded to h's dtype first (triton_moe._slot_sum_kernel's sum)."""
     after_prior(PDL)
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    norm_rows(x_ptr, r_ptr, w_ptr, o_ptr, h_ptr, tl.program_id(0) * ROWS, n_rows, D, eps,
+              HAS_RES, ROWS, BLOCK_D, SLOTS)
+
+
+@triton.jit
+def norm_rows(
+    x_ptr, r_ptr, w_ptr, o_ptr, h_ptr, row0, n_rows, D, eps,
+    HAS_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, SLOTS: tl.constexpr,
+):
+    """Rows row0 .. row0 + ROWS as a [ROWS, BLOCK_D] tile. SLOTS > 1: x is [n_rows, SLOTS, D],
+    a MoE's slots, summed in slot order in fp32 and rounded to h's dtype first
+    (triton_moe._slot_sum_kernel's sum). A launch that calls this with the same ROWS, BLOCK_D
+    and warps reduces a row in the same order (triton_route's norm + router of one row)."""
+    rows = row0 + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < D)
     offs = rows[:, None].to(tl.int64) * D + cols[None, :]
@@ -48,6 +59,15 @@ def _rms_norm_kernel(
     tl.store(o_ptr + offs, out.to(o_ptr.dtype.element_ty), mask=mask)
 
 
+NORM_WARPS = 4  # part of a row's reduction order (norm_rows)
+
+
+def rows_per_program(d: int) -> tuple[int, int]:
+    """(ROWS, BLOCK_D) of a norm over rows of width d: from d alone."""
+    block_d = triton.next_power_of_2(d)
+    return max(1, min(64, 4096 // block_d)), block_d
+
+
 def _launch(x, res, weight, eps, slots=1):
     """slots > 1 (x [..., slots, D], summed first) only with a residual."""
     assert slots == 1 or res is not None
@@ -58,12 +78,11 @@ def _launch(x, res, weight, eps, slots=1):
     out = torch.empty(n, d, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
     h = torch.empty(n, d, dtype=x.dtype, device=x.device) if res is not None else src
     r = res.reshape(-1, d).contiguous() if res is not None else src
-    block_d = triton.next_power_of_2(d)
-    per = max(1, min(64, 4096 // block_d))
+    per, block_d = rows_per_program(d)
     if n:
         _rms_norm_kernel[(triton.cdiv(n, per),)](
             src, r, weight.contiguous(), out, h, n, d, eps,
-            HAS_RES=res is not None, ROWS=per, BLOCK_D=block_d, SLOTS=slots, num_warps=4,
+            HAS_RES=res is not None, ROWS=per, BLOCK_D=block_d, SLOTS=slots, num_warps=NORM_WARPS,
             **launch_options(src),
         )
     return out.view(shape), h.view(shape)

@@ -23,12 +23,14 @@ import triton.language as tl
 from .gpu import launch_options
 from .triton_align import Aligned, align_pairs, max_blocks_for
 from .triton_moe import TINY_BLOCK_M
+from .triton_norms import NORM_WARPS, norm_rows, rows_per_program
 from . import triton_splitk
 from .triton_util import after_prior, interpreting, mma, publish_writes
 
 ROUTE_ROWS = 16
 ALIGN_ONE_ROW = True  # a one-row pass's router also aligns its pairs (False: benchmarks' "before")
 FUSE_ONE_ROW = True  # ... and its partials and its top k are one launch (False: two, as before)
+NORM_IN_ROUTER = True  # norm_route: a one-row pass's add + RMSNorm in the router's launch
 FUSE_MAX_EXPERTS = 64  # ... for up to this many experts: LFM2-8B-A1B's 32 gained (forward 1.696
 # -> 1.676 ms with two other launches folded), Gemma-4-26B-A4B's 128 lost (4.60 -> 4.74 ms)
 ROUTER_SPLIT = 256  # columns of H a router program sums (fixed: part of the reduction order)
@@ -208,12 +210,20 @@ def _router_route_kernel(
     TOPK: tl.constexpr, KB: tl.constexpr, EB: tl.constexpr, SOFTMAX: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, NORM: tl.constexpr,
     GROUPS: tl.constexpr, EPG: tl.constexpr, KEEP_GROUPS: tl.constexpr, GB: tl.constexpr,
-    BY_EXPERT: tl.constexpr, ROWS: tl.constexpr, BM: tl.constexpr, PDL: tl.constexpr = False,
+    BY_EXPERT: tl.constexpr, ROWS: tl.constexpr, BM: tl.constexpr,
+    y_ptr=None, r_ptr=None, nw_ptr=None, h_ptr=None, in_eps=0.0, NORM_IN: tl.constexpr = False,
+    NROWS: tl.constexpr = 1, BLOCK_D: tl.constexpr = 16, PDL: tl.constexpr = False,
 ):
     """A pass of one row in one launch: each program writes its split of the logits as
     _router_partial_kernel does, and the last to arrive routes and aligns the row as
-    _route_kernel does (the same sums in the same order, so the same bits)."""
+    _route_kernel does (the same sums in the same order, so the same bits). NORM_IN: first
+    h = y + r and x = rms_norm(h) (weight nw), written to h_ptr and x_ptr by every program (the
+    same values) as triton_norms' kernel computes them: norm_rows on the same tile, in as many
+    warps (NORM_WARPS), so the same bits."""
     after_prior(PDL)
+    if NORM_IN:
+        norm_rows(y_ptr, r_ptr, nw_ptr, x_ptr, h_ptr, 0, 1, K, in_eps, True, NROWS, BLOCK_D, 1)
+        tl.debug_barrier()  # the program's stores of x seen by all its threads before it reads x
     _router_partial(x_ptr, g_ptr, part_ptr, 1, E, K, stride_xm, F32, IEEE, INTERP, PBM, EB, EBLK,
                     KS, BK)
     publish_writes(INTERP)
@@ -257,12 +267,14 @@ def _route(
     x: torch.Tensor, gate: torch.Tensor, fp32: bool, top_k: int, logit_dtype: torch.dtype,
     weight_dtype: torch.dtype, *, softmax: bool, bias: torch.Tensor | None,
     scale: torch.Tensor | None, norm: bool, norm_eps: float, scaling: float, groups: int,
-    keep_groups: int, by_expert: bool,
+    keep_groups: int, by_expert: bool, norm_in: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The router's logits (x [N, H] @ gate [E, H]ᵀ in fixed splits of H), then each row's top k:
     (weights [N, k] in weight_dtype, experts [N, k] long). A pass of one row (a stream's decode
     round) has its pairs sorted by expert for the expert GEMMs too (what triton_align.align
-    does), and for up to FUSE_MAX_EXPERTS experts runs the logits and the top k in one launch."""
+    does), and for up to FUSE_MAX_EXPERTS experts runs the logits and the top k in one launch.
+    norm_in (with that launch only): the launch's extra arguments that make x there first
+    (norm_route)."""
     n, h = x.shape
     e = gate.shape[0]
     x = x.contiguous() if x.stride(-1) != 1 else x
@@ -288,7 +300,7 @@ def _route(
         aligned = Aligned(torch.empty(blocks * TINY_BLOCK_M, dtype=torch.int32, device=x.device),
                           torch.empty(blocks, dtype=torch.int32, device=x.device), blocks,
                           experts.reshape(-1), TINY_BLOCK_M, e)
-    if aligned is not None and FUSE_ONE_ROW and e <= FUSE_MAX_EXPERTS:
+    if fuses_one_row(n, e):
         part = torch.empty(t["splits"], 1, eb, dtype=torch.float32, device=x.device)
         _router_route_kernel[(1, t["splits"], triton.cdiv(e, t["eblk"]))](
             x, gate, part, triton_splitk.counters(x.device, 1),
@@ -296,9 +308,11 @@ def _route(
             weights, experts, h, x.stride(0), e, t["splits"], float(scaling), float(norm_eps),
             aligned.sorted_pairs, aligned.block_expert, blocks,
             F32=fp32, IEEE=t["ieee"], INTERP=interpreting(), PBM=t["bm"], EBLK=t["eblk"],
-            KS=ROUTER_SPLIT, BK=t["bk"], BM=TINY_BLOCK_M, **select, **launch_options(x),
+            KS=ROUTER_SPLIT, BK=t["bk"], BM=TINY_BLOCK_M, **select, **(norm_in or {}),
+            **launch_options(x),
         )
     else:
+        assert norm_in is None
         part = _partials(x, gate, fp32, t)
         align = {} if aligned is None else dict(
             sorted_ptr=aligned.sorted_pairs, block_ptr=aligned.block_expert,
@@ -311,6 +325,41 @@ def _route(
     if aligned is not None:
         experts.tf_aligned = aligned
     return weights, experts
+
+
+def fuses_one_row(n: int, experts: int) -> bool:
+    """Whether a pass of n rows routes in one launch (_router_route_kernel)."""
+    return n == 1 and ALIGN_ONE_ROW and FUSE_ONE_ROW and experts <= FUSE_MAX_EXPERTS
+
+
+def norm_route(
+    y: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+    gate: torch.Tensor, expert_bias: torch.Tensor | None, top_k: int, *, norm_topk_prob: bool,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h = y + residual, x = rms_norm(h) (triton_norms.add_rms_norm), then route(x, ...):
+    (x, h, weights, experts). A pass of one row does all of it in the router's one launch (the
+    norm's bits as its own kernel's); other passes launch the norm and route as they are."""
+    n, d = y.shape
+    if not (NORM_IN_ROUTER and fuses_one_row(n, gate.shape[0]) and residual.dtype == y.dtype
+            and norm_weight.dtype == y.dtype and y.stride(-1) == 1):
+        from .triton_norms import add_rms_norm
+
+        x, h = add_rms_norm(y, residual, norm_weight, eps)
+        return (x, h, *route(x, gate, expert_bias, top_k, norm_topk_prob=norm_topk_prob,
+                             scaling=scaling))
+    y, residual = y.contiguous(), residual.contiguous()
+    x, h = torch.empty_like(y), torch.empty_like(y)
+    rows, block_d = rows_per_program(d)
+    assert NORM_WARPS == 4  # the router launch's warps (_route's select)
+    norm_in = dict(y_ptr=y, r_ptr=residual, nw_ptr=norm_weight.contiguous(), h_ptr=h,
+                   in_eps=float(eps), NORM_IN=True, NROWS=rows, BLOCK_D=block_d)
+    weights, experts = _route(
+        x, gate, False, top_k, x.dtype, x.dtype, softmax=False, bias=expert_bias, scale=None,
+        norm=norm_topk_prob, norm_eps=1e-6, scaling=scaling, groups=1, keep_groups=1,
+        by_expert=False, norm_in=norm_in,
+    )
+    return x, h, weights, experts
 
 
 def route(

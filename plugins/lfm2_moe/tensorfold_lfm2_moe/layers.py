@@ -16,6 +16,7 @@ from tensorfold.ops import parallel
 from tensorfold.ops.attention import paged_attention
 from tensorfold.ops.conv import gated_conv
 from tensorfold.ops.linear import linear
+from tensorfold.ops.norms import add_rms_norm
 from tensorfold.ops.rope import norm_rope
 
 from .config import Lfm2MoeConfig
@@ -60,18 +61,23 @@ def short_conv(
     return parallel.row_linear(z, w.out_proj, w.out_bias)
 
 
-def feed_forward(
-    cfg: Lfm2MoeConfig, w: DenseWeights | MoeWeights, x: torch.Tensor
-) -> "torch.Tensor | moe_ops.SlotSum":
-    """x [N, H] -> [N, H]: the dense SwiGLU, or the sigmoid-routed MoE (its slots left for the
-    next add_rms_norm to sum: moe_ops.SlotSum)."""
+def norm_feed_forward(
+    cfg: Lfm2MoeConfig, w: DenseWeights | MoeWeights, norm: torch.Tensor, y: torch.Tensor,
+    h: torch.Tensor,
+) -> "tuple[torch.Tensor | moe_ops.SlotSum, torch.Tensor]":
+    """h = y + h and the FFN of rms_norm(h) (weight `norm`), [N, H] each: (the dense SwiGLU's
+    or the sigmoid-routed MoE's output, its slots left for the next add_rms_norm to sum as a
+    moe_ops.SlotSum; h). The MoE's norm and router are one launch in a decode round of one
+    stream (moe_ops.norm_route)."""
     if isinstance(w, DenseWeights):  # w2 row-parallel under tensor parallel
-        return parallel.sum_partials(moe_ops.gated_ffn(x, w.w1, w.w3, w.w2))
-    weights, experts = moe_ops.route(
-        x, w.gate, w.expert_bias, cfg.num_experts_per_tok,
+        x, h = add_rms_norm(y, h, norm, cfg.norm_eps)
+        return parallel.sum_partials(moe_ops.gated_ffn(x, w.w1, w.w3, w.w2)), h
+    x, h, weights, experts = moe_ops.norm_route(
+        y, h, norm, cfg.norm_eps, w.gate, w.expert_bias, cfg.num_experts_per_tok,
         norm_topk_prob=cfg.norm_topk_prob, scaling=cfg.routed_scaling_factor,
     )
     if parallel.current().world > 1:  # this rank's experts, the ranks' partials summed
-        return parallel.expert_parallel_moe(x, weights, experts, w.w1, w.w3, w.w2, w.first_expert)
+        return parallel.expert_parallel_moe(x, weights, experts, w.w1, w.w3, w.w2,
+                                            w.first_expert), h
     return moe_ops.moe(x, weights, experts, w.w1, w.w3, w.w2,
-                       sum_slots=not moe_ops.SLOTS_SUMMED_BY_NORM)
+                       sum_slots=not moe_ops.SLOTS_SUMMED_BY_NORM), h

@@ -74,8 +74,7 @@ class Lfm2MoeModel(FamilyModel):
                 y = layers.attention(cfg, f"L{i}", layer.mixer, x, cos, sin, fp, rows)
             else:
                 y = layers.short_conv(f"L{i}", layer.mixer, x, fp, slots)
-            x, h = add_rms_norm(y, h, layer.ffn_norm, cfg.norm_eps)  # h = y + h, fused
-            f = layers.feed_forward(cfg, layer.ffn, x)
+            f, h = layers.norm_feed_forward(cfg, layer.ffn, layer.ffn_norm, y, h)  # h = y + h
             if i + 1 < n:
                 x, h = add_rms_norm(f, h, w.layers[i + 1].operator_norm, cfg.norm_eps)
             else:
