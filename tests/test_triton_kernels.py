@@ -429,6 +429,7 @@ def test_norm_and_router_of_one_row_in_one_launch_equal_their_own(monkeypatch):
         return triton_route.norm_route(y, r, nw, 1e-5, gate, bias, 4, norm_topk_prob=True,
                                        scaling=2.5)
 
+    monkeypatch.setattr(triton_route, "NORM_IN_ROUTER", True)
     got = [run(y, r) for _ in range(2)]  # the arrival counter is left at zero for the next launch
     monkeypatch.setattr(triton_route, "NORM_IN_ROUTER", False)
     want = run(y, r)
@@ -440,6 +441,7 @@ def test_norm_and_router_of_one_row_in_one_launch_equal_their_own(monkeypatch):
         assert torch.equal(a.block_expert, b.block_expert)
         used = (b.block_expert < 32).repeat_interleave(triton_moe.TINY_BLOCK_M)
         assert torch.equal(a.sorted_pairs[used], b.sorted_pairs[used])
+    monkeypatch.setattr(triton_route, "NORM_IN_ROUTER", True)
     ys, rs = randn(3, 600, seed=61, dtype=torch.bfloat16), randn(3, 600, seed=62, dtype=torch.bfloat16)
     three = run(ys, rs)
     assert torch.equal(three[0][1:2], run(ys[1:2].clone(), rs[1:2].clone())[0])
