@@ -90,9 +90,8 @@ def dummy_weights(
             gate_up = part.normal(len(local), 2 * n, h)
             down = part.normal(len(local), h, n)
             bias_e = init.normal(e, std=0.01, dtype=torch.float32) if cfg.use_expert_bias else None
-            ffn = MoeWeights(
-                init.normal(e, h), bias_e, list(gate_up[:, :n].unbind(0)),
-                list(gate_up[:, n:].unbind(0)), list(down.unbind(0)), local.start,
+            ffn = MoeWeights(  # [E, I, H] views of the stacks, as the loader's stacked tensors
+                init.normal(e, h), bias_e, gate_up[:, :n], gate_up[:, n:], down, local.start,
             )
         layers.append(LayerWeights(init.ones(h), init.ones(h), mixer, ffn))
     lm_head = embed
@@ -153,8 +152,7 @@ def cast(model: Lfm2MoeModel, dtype: torch.dtype) -> Lfm2MoeModel:
         else:
             gate_up, down = (t.to(dtype) for t in expert_stacks(f))
             n = f.w1[0].shape[0]
-            ffn = MoeWeights(c(f.gate), f.expert_bias, list(gate_up[:, :n].unbind(0)),  # type: ignore[arg-type]
-                             list(gate_up[:, n:].unbind(0)), list(down.unbind(0)),
+            ffn = MoeWeights(c(f.gate), f.expert_bias, gate_up[:, :n], gate_up[:, n:], down,
                              f.first_expert)
         layers.append(LayerWeights(c(layer.operator_norm), c(layer.ffn_norm), mixer, ffn))  # type: ignore[arg-type]
     embed = c(w.embed)
