@@ -1,0 +1,58 @@
+"""What the compiler makes of two launches that must reduce a row in the same order, checked on
+the CPU by compiling both for an H200 (sm_90) to Triton's GPU IR: the interpreter sums with
+numpy, so only the layout of the reduced tile says whether two kernels add a row's elements in
+the same order (the same blocked layout and the same ops give the same tree)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+triton = pytest.importorskip("triton")
+GPUTarget = pytest.importorskip("triton.backends.compiler").GPUTarget
+
+
+def _compile(fn, constexprs: dict, types: dict, divisible: set[str]):
+    """fn for sm_90 as a launch specialises it: pointers and the named ints 16-divisible."""
+    sig = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+             if a not in constexprs and (sig[a].startswith("*") or a in divisible)}
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    try:
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 4, "launch_pdl": True})
+    except Exception as exc:  # no CUDA backend in this Triton build
+        pytest.skip(f"cannot compile for sm_90 here: {exc!s:.80}")
+
+
+def _row_sum_layouts(kernel, shape: str) -> list[str]:
+    """The blocked layouts of every reduce of an fp32 `shape` tile to its rows."""
+    ir = kernel.asm["ttgir"]
+    layouts = dict(re.findall(r"^(#blocked\d*) = (#ttg\.blocked<[^>]*>)", ir, re.M))
+    return [layouts[m] for m in re.findall(
+        rf"\(tensor<{shape}xf32, (#blocked\d*)>\) -> tensor<\d+xf32", ir)]
+
+
+def test_norm_in_the_routers_launch_reduces_a_row_as_the_norm_kernel():
+    """triton_route's norm of one row (NORM_IN) and triton_norms' kernel sum a 2048-wide row's
+    squares on the same [2, 2048] tile in the same layout (lfm2 8B's width)."""
+    from tensorfold.ops import triton_norms, triton_route
+
+    rows, block_d = triton_norms.rows_per_program(2048)
+    bf16 = {a: "*bf16" for a in ("x_ptr", "g_ptr", "lt_ptr", "w_ptr", "y_ptr", "r_ptr",
+                                 "nw_ptr", "h_ptr", "o_ptr")}
+    route = _compile(triton_route._router_route_kernel, dict(
+        F32=False, IEEE=False, INTERP=False, PBM=64, EBLK=32, KS=triton_route.ROUTER_SPLIT,
+        BK=128, TOPK=4, KB=4, EB=32, SOFTMAX=False, HAS_BIAS=True, HAS_SCALE=False, NORM=True,
+        GROUPS=1, EPG=32, KEEP_GROUPS=1, GB=2, BY_EXPERT=False, ROWS=16, BM=16, NORM_IN=True,
+        NROWS=rows, BLOCK_D=block_d, PDL=True,
+    ), {**bf16, "part_ptr": "*fp32", "cnt_ptr": "*i32", "bias_ptr": "*fp32",
+        "scale_ptr": "*fp32", "e_ptr": "*i64", "scaling": "fp32", "norm_eps": "fp32",
+        "sorted_ptr": "*i32", "block_ptr": "*i32", "in_eps": "fp32"}, {"K", "stride_xm"})
+    norm = _compile(triton_norms._rms_norm_kernel, dict(
+        HAS_RES=True, ROWS=rows, BLOCK_D=block_d, SLOTS=1, PDL=True,
+    ), {**bf16, "eps": "fp32"}, {"D"})
+    want = _row_sum_layouts(norm, f"{rows}x{block_d}")
+    assert len(want) == 1
+    assert _row_sum_layouts(route, f"{rows}x{block_d}") == want
