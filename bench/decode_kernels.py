@@ -222,6 +222,7 @@ SWEEP_SHAPES = {  # name: (N, K)
     "lfm2 conv.in_proj": (6144, 2048), "lfm2 out_proj/q/o": (2048, 2048), "lfm2 k/v": (512, 2048),
     "lfm2 q+k+v": (3072, 2048),
     "gemma4 q": (4096, 2816), "gemma4 o": (2816, 4096), "gemma4 k/v": (2048, 2816),
+    "gemma4 q+k+v": (8192, 2816), "gemma4 q+k (full)": (9216, 2816),
 }
 
 

@@ -68,7 +68,8 @@ def _tensors(obj) -> dict[int, torch.Tensor]:
             found.update(_tensors(x))
     elif hasattr(obj, "__dataclass_fields__"):
         for name in obj.__dataclass_fields__:
-            found.update(_tensors(getattr(obj, name)))
+            if name != "qkv":  # attention's q, k and v are its rows
+                found.update(_tensors(getattr(obj, name)))
     return found
 
 

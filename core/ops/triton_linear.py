@@ -55,6 +55,10 @@ TUNED: dict[tuple[int, int], Tiles] = {
     (64, 2048): Tiles(32, 128, 4, 4),
     (4096, 2816): Tiles(64, 64, 4, 4, wave=256),  # gemma4 q: 9.57 / 9.85 / 44.78 -> 9.22 / 9.44 / 16.33
     (2816, 4096): Tiles(32, 64, 4, 4, wave=256),  # gemma4 o: 10.10 / 10.29 / 21.25 -> 9.81 / 10.02 / 19.18
+    # gemma4's q+k+v (sliding layers) and q+k (full layers, k_eq_v) as one weight: in_proj's
+    # unsplit tile by analogy (wider, as long in K), not yet swept (decode_kernels.py --tiles)
+    (8192, 2816): Tiles(32, 128, 4, 4, wave=1),
+    (9216, 2816): Tiles(32, 128, 4, 4, wave=1),
 }
 
 

@@ -48,14 +48,17 @@ def attention(
     k_eq_v, V is the raw k_proj output (before k_norm and RoPE) through v_norm."""
     n, d, eps = x.shape[0], layer.head_dim, cfg.rms_norm_eps
     # heads from the weights: under tensor parallel, this rank's query and KV heads
-    q = norm_rope(linear(x, w.q).view(n, -1, d), w.q_norm, eps, cos, sin, fp32_weight=True,
-                  norm=rms_norm)
     new = None  # this layer's K and V rows [N, kv_heads, D], unless it reuses another's
-    if w.k is not None:
-        raw_k = linear(x, w.k).view(n, -1, d)
-        raw_v = raw_k if w.v is None else linear(x, w.v).view(n, -1, d)
+    if w.qkv is None:
+        raw_q = linear(x, w.q).view(n, -1, d)
+    else:  # q, k (and v) from one product: [N, q | k | v] viewed as heads
+        heads = linear(x, w.qkv).view(n, -1, d)
+        q_heads, kv_heads = len(w.q) // d, len(w.k) // d
+        raw_q, raw_k = heads[:, :q_heads], heads[:, q_heads:q_heads + kv_heads]
+        raw_v = raw_k if w.v is None else heads[:, q_heads + kv_heads:]
         new = (norm_rope(raw_k, w.k_norm, eps, cos, sin, fp32_weight=True, norm=rms_norm),
                rms_norm(raw_v, None, eps))
+    q = norm_rope(raw_q, w.q_norm, eps, cos, sin, fp32_weight=True, norm=rms_norm)
     if layer.window is not None:
         o = sliding.attend(cfg.layers, layer, q, new, scale=1.0)
     else:

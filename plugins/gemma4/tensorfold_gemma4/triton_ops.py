@@ -54,17 +54,20 @@ def _normed(x, w_ptr, cols, cmask, D, eps, HAS_W: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_rows"])
 def _rms_norm_kernel(
-    x_ptr, w_ptr, o_ptr, n_rows, D, eps,
+    x_ptr, w_ptr, o_ptr, n_rows, D, eps, heads, stride_n,
     HAS_W: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
+    """Row r of the output is head r % heads of x's row r // heads (x's rows stride_n apart,
+    its heads D apart: a view of some heads of a wider row)."""
     after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
     mask = (rows[:, None] < n_rows) & cmask[None, :]
     offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    src = ((rows // heads).to(tl.int64) * stride_n + (rows % heads) * D)[:, None] + cols[None, :]
+    x = tl.load(x_ptr + src, mask=mask, other=0.0).to(tl.float32)
     out = _normed(x, w_ptr, cols, cmask, D, eps, HAS_W)
     tl.store(o_ptr + offs, out.to(o_ptr.dtype.element_ty), mask=mask)
 
@@ -138,17 +141,23 @@ def _tiling(d: int) -> tuple[int, int]:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """x [..., D], weight [D] fp32 or None -> [..., D] in x's dtype."""
-    rows = _rows(x)
-    out = torch.empty_like(rows)
-    n, d = rows.shape
+    """x [..., D], weight [D] fp32 or None -> [..., D] in x's dtype (contiguous). A view
+    [N, heads, D] of some heads of wider rows (heads D apart) is read in place."""
+    d = x.shape[-1]
+    if x.dim() == 3 and x.stride(-1) == 1 and x.stride(-2) == d:
+        src, heads, stride_n = x, x.shape[1], x.stride(0)
+    else:
+        src = _rows(x)
+        heads, stride_n = 1, d
+    n = x.numel() // d
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     per, block_d = _tiling(d)
     if n:
         _rms_norm_kernel[(triton.cdiv(n, per),)](
-            rows, weight if weight is not None else rows, out, n, d, eps,
-            HAS_W=weight is not None, ROWS=per, BLOCK_D=block_d, num_warps=4, **launch_options(rows),
+            src, weight if weight is not None else out, out, n, d, eps, max(heads, 1), stride_n,
+            HAS_W=weight is not None, ROWS=per, BLOCK_D=block_d, num_warps=4, **launch_options(out),
         )
-    return out.view(x.shape)
+    return out
 
 
 def residual(

@@ -16,7 +16,7 @@ vocabulary of a vocab-parallel lm_head (a view of the tied embeddings).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -35,12 +35,26 @@ TEXT_PREFIXES = ("model.language_model.", "model.")
 
 @dataclass
 class AttentionWeights:
+    """On a layer with its own K, q, k (and v) are made row slices of one tensor, qkv, at
+    construction (every path that builds these weights, a rank's shards too): one product
+    computes them all, in no more memory."""
+
     q: torch.Tensor  # [heads*D, H]
     k: torch.Tensor | None  # [kv_heads*D, H]; None on reuse layers
     v: torch.Tensor | None  # [kv_heads*D, H]; None on reuse and k_eq_v layers
     o: torch.Tensor  # [H, heads*D]
     q_norm: torch.Tensor  # [D] fp32
     k_norm: torch.Tensor | None  # [D] fp32; None on reuse layers
+    qkv: torch.Tensor | None = field(init=False, repr=False)  # [(heads + 2·kv_heads)*D, H]
+
+    def __post_init__(self) -> None:
+        parts = [t for t in (self.q, self.k, self.v) if t is not None]
+        self.qkv = torch.cat(parts) if len(parts) > 1 else None
+        if self.qkv is not None:
+            views = iter(self.qkv.split([len(t) for t in parts]))
+            self.q = next(views)
+            self.k = next(views)
+            self.v = next(views) if self.v is not None else None
 
 
 @dataclass

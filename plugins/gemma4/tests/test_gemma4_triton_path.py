@@ -84,6 +84,9 @@ def test_norms_match_reference_and_are_row_invariant(dtype: torch.dtype) -> None
         assert got.dtype == dtype and got.shape == x.shape
         close(got, want, dtype)
         row_invariant(lambda t, weight=weight: triton_ops.rms_norm(t, weight, 1e-6), x)
+        wide = randn(9, 7, 48, seed=3, dtype=dtype, scale=3.0)  # heads 2..4 of wider rows, in place
+        assert torch.equal(triton_ops.rms_norm(wide[:, 2:5], weight, 1e-6),
+                           triton_ops.rms_norm(wide[:, 2:5].contiguous(), weight, 1e-6))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
