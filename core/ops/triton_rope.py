@@ -135,7 +135,9 @@ def qkv_norm_rope_write(
 ) -> torch.Tensor:
     """qkv [N, Hq + 2·Hkv, D] (q, k, v heads); q_norm, k_norm [D]; cos, sin [N, D]; k_dst, v_dst
     [R, Hkv, D] (qkv's dtype); index [N] -> q [N, Hq, D]: norm_rope(q) (NORM_ROUNDED), with
-    norm_rope(k) and v stored at rows index of k_dst and v_dst, in one launch."""
+    norm_rope(k) and v stored at rows index of k_dst and v_dst, in one launch. The bits of
+    norm_rope's launches when q's and k's take the same warps (Hq·D <= 4096: LFM2-8B-A1B's 2048):
+    the warps set the layout a head's squares are summed in (tests/test_kernel_layouts.py)."""
     n, heads, d = qkv.shape
     kv_heads = k_dst.shape[1]
     q_heads = heads - 2 * kv_heads
