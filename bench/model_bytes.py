@@ -51,7 +51,9 @@ def _all_tensors(w):
         seen[t.data_ptr()] = t
     for layer in w.layers:
         for obj in (layer, layer.mixer, layer.ffn):
-            for v in vars(obj).values():
+            for name, v in vars(obj).items():
+                if name == "qkv":  # attention's q, k and v are its rows
+                    continue
                 for t in v if isinstance(v, list) else [v]:
                     if isinstance(t, torch.Tensor):
                         seen[t.data_ptr()] = t

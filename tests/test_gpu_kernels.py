@@ -109,6 +109,35 @@ def test_norms_and_rope_rows_alone_equal_batches():
     assert_rows_invariant(lambda q, c, s: triton_rope.apply_rope(q, c, s), q, cos, sin)
 
 
+def test_qkv_norm_rope_write_rows_alone_equal_batches_and_the_launches_it_replaces():
+    """lfm2's q/k norm + rope with its K/V row writes in one launch, at LFM2-8B-A1B's heads: a
+    row alone gives the bits it gives in batches, and the bits of norm_rope's launch for q and
+    for k and the copies."""
+    from tensorfold.ops import rope as ref_rope
+    from tensorfold.ops import triton_rope
+
+    hq, hkv, d, n = 32, 8, 64, 700
+    qkv = randn(n, hq + 2 * hkv, d, seed=17)
+    q_norm, k_norm = 1 + randn(d, seed=18, scale=0.1), 1 + randn(d, seed=19, scale=0.1)
+    pos = torch.arange(n, device=DEV) * 7
+    cos, sin = ref_rope.cos_sin(pos, ref_rope.inv_freq(d, 1e6).to(DEV), BF16)
+    index = torch.randperm(2 * n, generator=torch.Generator().manual_seed(20))[:n].to(DEV)
+
+    def fused(qkv, cos, sin, index):
+        k_rows = torch.zeros(2 * n, hkv, d, dtype=BF16, device=DEV)
+        v_rows = torch.zeros_like(k_rows)
+        q = triton_rope.qkv_norm_rope_write(qkv, q_norm, k_norm, 1e-5, cos, sin, k_rows, v_rows,
+                                            index)
+        return q, k_rows[index], v_rows[index]
+
+    assert_rows_invariant(fused, qkv, cos, sin, index)
+    q, k, v = qkv.split((hq, hkv, hkv), dim=1)
+    want = (triton_rope.norm_rope(q, q_norm, 1e-5, cos, sin, False),
+            triton_rope.norm_rope(k, k_norm, 1e-5, cos, sin, False), v)
+    for got, w in zip(fused(qkv, cos, sin, index), want):
+        assert torch.equal(got, w)
+
+
 def test_fp8_row_writes_give_the_cpu_references_bits():
     """triton_kv_quant on the device (IEEE divisions, its own e4m3 rounding) against
     quantize_rows + index_copy_rows on the CPU (torch's CUDA path divides by 448 as a multiply

@@ -13,7 +13,7 @@ triton = pytest.importorskip("triton")
 GPUTarget = pytest.importorskip("triton.backends.compiler").GPUTarget
 
 
-def _compile(fn, constexprs: dict, types: dict, divisible: set[str]):
+def _compile(fn, constexprs: dict, types: dict, divisible: set[str], num_warps: int = 4):
     """fn for sm_90 as a launch specialises it: pointers and the named ints 16-divisible."""
     sig = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
@@ -21,7 +21,7 @@ def _compile(fn, constexprs: dict, types: dict, divisible: set[str]):
     src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     try:
         return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": 4, "launch_pdl": True})
+                              options={"num_warps": num_warps, "launch_pdl": True})
     except Exception as exc:  # no CUDA backend in this Triton build
         pytest.skip(f"cannot compile for sm_90 here: {exc!s:.80}")
 
@@ -56,3 +56,28 @@ def test_norm_in_the_routers_launch_reduces_a_row_as_the_norm_kernel():
     want = _row_sum_layouts(norm, f"{rows}x{block_d}")
     assert len(want) == 1
     assert _row_sum_layouts(route, f"{rows}x{block_d}") == want
+
+
+def test_qkv_norm_rope_write_reduces_its_heads_as_norm_ropes_launches():
+    """triton_rope's one launch for lfm2's q/k norm + rope and K/V writes sums each q and k
+    head's squares on the tiles of norm_rope's launch for q and for k, in the same layouts
+    (LFM2-8B-A1B's 32 q and 8 KV heads of 64)."""
+    from tensorfold.ops import triton_rope
+
+    hq, hkv, half, norm = 32, 8, 32, triton_rope.NORM_ROUNDED
+    strides = {"stride_xn", "stride_xh", "stride_cn"}
+    fused = _compile(triton_rope._qkv_kernel, dict(
+        HALF=half, Q_HEADS=hq, KV_HEADS=hkv, NORM=norm, PDL=True,
+    ), {a: "*bf16" for a in ("x_ptr", "wq_ptr", "wk_ptr", "c_ptr", "s_ptr", "q_ptr", "k_ptr",
+                             "v_ptr")} | {"index_ptr": "*i64", "eps": "fp32"},
+        strides | {"q_heads", "stride_kn", "stride_kh", "stride_vn", "stride_vh"},
+        num_warps=triton_rope._warps(max(hq, hkv), 2 * half, norm))
+    for heads in (hq, hkv):
+        alone = _compile(triton_rope._rope_kernel, dict(
+            HALF=half, HEADS=heads, NORM=norm, PDL=True,
+        ), {a: "*bf16" for a in ("x_ptr", "w_ptr", "c_ptr", "s_ptr", "o_ptr")} | {"eps": "fp32"},
+            strides | ({"heads"} if heads % 16 == 0 else set()),
+            num_warps=triton_rope._warps(heads, 2 * half, norm))
+        want = _row_sum_layouts(alone, f"{heads}x{half}")
+        assert len(want) == 2  # a head's two halves
+        assert _row_sum_layouts(fused, f"{heads}x{half}") == want

@@ -148,6 +148,36 @@ def test_norm_rope_in_one_launch_matches_the_norm_then_rope(dtype, tol, fp32_wei
     assert torch.equal(alone, got[2:3])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hq, hkv", [(6, 3), (4, 4)])
+def test_qkv_norm_rope_write_in_one_launch_matches_the_launches_it_replaces(dtype, hq, hkv):
+    """q and k normalised and rotated, k and v stored at scattered rows of larger buffers, in one
+    launch: the bits of norm_rope's launch for q and for k and the two index copies; the
+    buffers' other rows untouched; a row alone as among others."""
+    pos = torch.tensor([0, 1, 7, 511, 512, 4095, 20000])
+    n, d = len(pos), 64
+    qkv = randn(n, hq + 2 * hkv, d, seed=10, dtype=dtype) * 3
+    q_norm, k_norm = ((1 + randn(d, seed=s) * 0.1).to(dtype) for s in (11, 12))
+    cos, sin = ref_rope.cos_sin(pos, ref_rope.inv_freq(d, 1e6), dtype)
+    index = torch.randperm(40, generator=gen(13))[:n]
+    k_rows, v_rows = (randn(40, hkv, d, seed=s, dtype=dtype) for s in (14, 15))
+    k_want, v_want = k_rows.clone(), v_rows.clone()
+    q, k, v = qkv.split((hq, hkv, hkv), dim=1)
+    q_want = triton_rope.norm_rope(q, q_norm, 1e-6, cos, sin, False)
+    k_want.index_copy_(0, index, triton_rope.norm_rope(k, k_norm, 1e-6, cos, sin, False))
+    v_want.index_copy_(0, index, v)
+    got = triton_rope.qkv_norm_rope_write(qkv, q_norm, k_norm, 1e-6, cos, sin, k_rows, v_rows,
+                                          index)
+    assert torch.equal(got, q_want)
+    assert torch.equal(k_rows, k_want) and torch.equal(v_rows, v_want)
+    k_alone, v_alone = torch.zeros_like(k_rows), torch.zeros_like(v_rows)
+    alone = triton_rope.qkv_norm_rope_write(qkv[2:3].clone(), q_norm, k_norm, 1e-6, cos[2:3],
+                                            sin[2:3], k_alone, v_alone, index[2:3])
+    assert torch.equal(alone, got[2:3])
+    assert torch.equal(k_alone[index[2]], k_rows[index[2]])
+    assert torch.equal(v_alone[index[2]], v_rows[index[2]])
+
+
 # --- a pass over several streams ---
 
 

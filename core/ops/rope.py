@@ -65,3 +65,27 @@ def norm_rope(
     if norm is None:
         from .norms import rms_norm as norm
     return apply_rope(norm(x, weight, eps), cos, sin)
+
+
+QKV_WRITE_FUSED = True  # qkv_norm_rope_write in one launch on the GPU (with NORM_ROPE_FUSED)
+
+
+def qkv_norm_rope_write(
+    qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
+    cos: torch.Tensor, sin: torch.Tensor, k_dst: torch.Tensor, v_dst: torch.Tensor,
+    index: torch.Tensor,
+) -> torch.Tensor:
+    """An attention layer's q heads for attention and its new K/V rows stored: qkv [N, Hq +
+    2·Hkv, D] holds each row's q, k and v heads; returns norm_rope(q, q_norm, eps, cos, sin)
+    [N, Hq, D] and writes norm_rope(k, k_norm, ...) into k_dst [R, Hkv, D] and v into v_dst at
+    rows index [N] (the norm w · round(x̂)). k_dst and v_dst hold qkv's dtype (fp8 rows are
+    quantized by their own writer: PagedRows.write_many)."""
+    kv_heads = k_dst.shape[1]
+    if use_triton(qkv) and qkv.dtype == cos.dtype and NORM_ROPE_FUSED and QKV_WRITE_FUSED:
+        from .triton_rope import qkv_norm_rope_write as triton_qkv_norm_rope_write
+
+        return triton_qkv_norm_rope_write(qkv, q_norm, k_norm, eps, cos, sin, k_dst, v_dst, index)
+    q, k, v = qkv.split((qkv.shape[1] - 2 * kv_heads, kv_heads, kv_heads), dim=1)
+    k_dst.index_copy_(0, index, norm_rope(k, k_norm, eps, cos, sin))
+    v_dst.index_copy_(0, index, v)
+    return norm_rope(q, q_norm, eps, cos, sin)

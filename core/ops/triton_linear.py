@@ -50,6 +50,8 @@ TUNED: dict[tuple[int, int], Tiles] = {
     # engine forward 1.613 -> 1.596 ms at one stream, 64 streams 11354 -> 11515 tok/s)
     (6144, 2048): Tiles(32, 128, 4, 4, wave=1),
     (2048, 2048): Tiles(32, 128, 4, 4, wave=256),  # 6.11 / 6.22 / 11.62 -> 5.92 / 6.14 / 9.47
+    # LFM2-8B-A1B's q+k+v weight ((32 + 2·8)·64 rows): the 2048x2048 row's tiles, not yet swept
+    (3072, 2048): Tiles(32, 128, 4, 4, wave=256),
     (512, 2048): Tiles(32, 128, 4, 4),
     (32, 2048): Tiles(32, 128, 4, 4),
     (64, 2048): Tiles(32, 128, 4, 4),

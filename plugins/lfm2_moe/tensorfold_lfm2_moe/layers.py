@@ -17,7 +17,7 @@ from tensorfold.ops.attention import paged_attention
 from tensorfold.ops.conv import gated_conv
 from tensorfold.ops.linear import linear
 from tensorfold.ops.norms import add_rms_norm
-from tensorfold.ops.rope import norm_rope
+from tensorfold.ops.rope import norm_rope, qkv_norm_rope_write
 
 from .config import Lfm2MoeConfig
 from .weights import AttentionWeights, ConvWeights, DenseWeights, MoeWeights
@@ -40,13 +40,21 @@ def attention(
     """GQA with per-head q/k RMSNorm before RoPE. x [N, H]; cos, sin [N, D] -> [N, H].
     Writes the pass's k/v rows to `{name}.k` / `{name}.v` before attending."""
     n, d = x.shape[0], cfg.head_dim
+    k_name, v_name = f"{name}.k", f"{name}.v"
+    k_rows, v_rows = rows.flat(k_name), rows.flat(v_name)  # [R, Hkv, D]
     # heads from the weights: under tensor parallel, this rank's heads
-    q = norm_rope(linear(x, w.q).view(n, -1, d), w.q_norm, cfg.norm_eps, cos, sin)
-    k = norm_rope(linear(x, w.k).view(n, -1, d), w.k_norm, cfg.norm_eps, cos, sin)
-    v = linear(x, w.v).view(n, -1, d)
-    rows.write_many(fp.write_index, [(f"{name}.k", k), (f"{name}.v", v)])
-    o = paged_attention(q, rows.flat(f"{name}.k"), rows.flat(f"{name}.v"), fp, scale=d**-0.5,
-                        k_scales=rows.scales(f"{name}.k"), v_scales=rows.scales(f"{name}.v"))
+    qkv = linear(x, w.qkv).view(n, -1, d)  # [N, Hq + 2·Hkv, D]
+    if k_rows.dtype == v_rows.dtype == x.dtype:  # not fp8 rows: one launch stores them
+        q = qkv_norm_rope_write(qkv, w.q_norm, w.k_norm, cfg.norm_eps, cos, sin, k_rows, v_rows,
+                                fp.write_index)
+    else:
+        kv_heads = k_rows.shape[1]
+        q, k, v = qkv.split((qkv.shape[1] - 2 * kv_heads, kv_heads, kv_heads), dim=1)
+        q = norm_rope(q, w.q_norm, cfg.norm_eps, cos, sin)
+        k = norm_rope(k, w.k_norm, cfg.norm_eps, cos, sin)
+        rows.write_many(fp.write_index, [(k_name, k), (v_name, v)])
+    o = paged_attention(q, k_rows, v_rows, fp, scale=d**-0.5,
+                        k_scales=rows.scales(k_name), v_scales=rows.scales(v_name))
     return parallel.row_linear(o.reshape(n, -1), w.out)
 
 

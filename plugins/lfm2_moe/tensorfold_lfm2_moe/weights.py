@@ -11,7 +11,7 @@ rank's), and only this rank's experts are read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -27,12 +27,20 @@ if TYPE_CHECKING:
 
 @dataclass
 class AttentionWeights:
+    """q, k and v are made row slices of one tensor, qkv, at construction (every path that builds
+    these weights, a rank's shards too): one product computes all three, in no more memory."""
+
     q: torch.Tensor  # [heads*D, H]
     k: torch.Tensor  # [kv_heads*D, H]
     v: torch.Tensor  # [kv_heads*D, H]
     out: torch.Tensor  # [H, heads*D]
     q_norm: torch.Tensor  # [D]
     k_norm: torch.Tensor  # [D]
+    qkv: torch.Tensor = field(init=False, repr=False)  # [(heads + 2*kv_heads)*D, H]: q, k, v
+
+    def __post_init__(self) -> None:
+        self.qkv = torch.cat((self.q, self.k, self.v))
+        self.q, self.k, self.v = self.qkv.split((len(self.q), len(self.k), len(self.v)))
 
 
 @dataclass
