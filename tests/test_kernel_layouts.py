@@ -1,16 +1,44 @@
 """What the compiler makes of two launches that must reduce a row in the same order, checked on
 the CPU by compiling both for an H200 (sm_90) to Triton's GPU IR: the interpreter sums with
 numpy, so only the layout of the reduced tile says whether two kernels add a row's elements in
-the same order (the same blocked layout and the same ops give the same tree)."""
+the same order (the same blocked layout and the same ops give the same tree).
+
+Each check runs in a fresh process without TRITON_INTERPRET (other test modules set it, and an
+interpreted kernel cannot be compiled): `python tests/test_kernel_layouts.py CHECK`."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
-triton = pytest.importorskip("triton")
-GPUTarget = pytest.importorskip("triton.backends.compiler").GPUTarget
+SKIP = 77  # a check's exit status when this Triton cannot compile for sm_90
+
+
+def _in_fresh_process(check: str) -> None:
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, __file__, check], env=env, capture_output=True,
+                          text=True, timeout=600)
+    if done.returncode == SKIP:
+        pytest.skip(done.stdout.strip()[-200:])
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+
+
+def test_norm_in_the_routers_launch_reduces_a_row_as_the_norm_kernel():
+    """triton_route's norm of one row (NORM_IN) and triton_norms' kernel sum a 2048-wide row's
+    squares on the same [2, 2048] tile in the same layout (lfm2 8B's width)."""
+    _in_fresh_process("norm_in_router")
+
+
+def test_qkv_norm_rope_write_reduces_its_heads_as_norm_ropes_launches():
+    """triton_rope's one launch for lfm2's q/k norm + rope and K/V writes sums each q and k
+    head's squares on the tiles of norm_rope's launch for q and for k, in the same layouts
+    (LFM2-8B-A1B's 32 q and 8 KV heads of 64)."""
+    _in_fresh_process("qkv_norm_rope_write")
 
 
 def _compile(fn, constexprs: dict, types: dict, divisible: set[str], num_warps: int = 4):
@@ -23,7 +51,8 @@ def _compile(fn, constexprs: dict, types: dict, divisible: set[str], num_warps: 
         return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": num_warps, "launch_pdl": True})
     except Exception as exc:  # no CUDA backend in this Triton build
-        pytest.skip(f"cannot compile for sm_90 here: {exc!s:.80}")
+        print(f"cannot compile for sm_90 here: {exc!s:.80}")
+        sys.exit(SKIP)
 
 
 def _row_sum_layouts(kernel, shape: str) -> list[str]:
@@ -34,9 +63,7 @@ def _row_sum_layouts(kernel, shape: str) -> list[str]:
         rf"\(tensor<{shape}xf32, (#blocked\d*)>\) -> tensor<\d+xf32", ir)]
 
 
-def test_norm_in_the_routers_launch_reduces_a_row_as_the_norm_kernel():
-    """triton_route's norm of one row (NORM_IN) and triton_norms' kernel sum a 2048-wide row's
-    squares on the same [2, 2048] tile in the same layout (lfm2 8B's width)."""
+def check_norm_in_router() -> None:
     from tensorfold.ops import triton_norms, triton_route
 
     rows, block_d = triton_norms.rows_per_program(2048)
@@ -58,10 +85,7 @@ def test_norm_in_the_routers_launch_reduces_a_row_as_the_norm_kernel():
     assert _row_sum_layouts(route, f"{rows}x{block_d}") == want
 
 
-def test_qkv_norm_rope_write_reduces_its_heads_as_norm_ropes_launches():
-    """triton_rope's one launch for lfm2's q/k norm + rope and K/V writes sums each q and k
-    head's squares on the tiles of norm_rope's launch for q and for k, in the same layouts
-    (LFM2-8B-A1B's 32 q and 8 KV heads of 64)."""
+def check_qkv_norm_rope_write() -> None:
     from tensorfold.ops import triton_rope
 
     hq, hkv, half, norm = 32, 8, 32, triton_rope.NORM_ROUNDED
@@ -81,3 +105,11 @@ def test_qkv_norm_rope_write_reduces_its_heads_as_norm_ropes_launches():
         want = _row_sum_layouts(alone, f"{heads}x{half}")
         assert len(want) == 2  # a head's two halves
         assert _row_sum_layouts(fused, f"{heads}x{half}") == want
+
+
+if __name__ == "__main__":
+    import triton  # noqa: F401
+    from triton.backends.compiler import GPUTarget
+
+    {"norm_in_router": check_norm_in_router,
+     "qkv_norm_rope_write": check_qkv_norm_rope_write}[sys.argv[1]]()
