@@ -176,8 +176,9 @@ def _cast(obj: Any, dtype: torch.dtype) -> Any:
             return seen[id(o)]
         if isinstance(o, list):
             return [c(x) for x in o]
-        if hasattr(o, "__dataclass_fields__"):
-            return type(o)(**{f: c(getattr(o, f)) for f in o.__dataclass_fields__})
+        if hasattr(o, "__dataclass_fields__"):  # fields made at construction (qkv) made again
+            return type(o)(**{f.name: c(getattr(o, f.name))
+                              for f in o.__dataclass_fields__.values() if f.init})
         return o
 
     return c(obj)

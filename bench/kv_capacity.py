@@ -66,7 +66,8 @@ def weight_bytes(weights: Any) -> int:
                 walk(v, depth + 1)
 
     walk(weights, 0)
-    return sum(t.numel() * t.element_size() for t in seen.values())
+    own = [t for t in seen.values() if t._base is None or id(t._base) not in seen]  # q of qkv: once
+    return sum(t.numel() * t.element_size() for t in own)
 
 
 def room(memory: int, weights: int, stored: StateLayout) -> int:
