@@ -75,8 +75,8 @@ def norm_feed_forward(
 ) -> "tuple[torch.Tensor | moe_ops.SlotSum, torch.Tensor]":
     """h = y + h and the FFN of rms_norm(h) (weight `norm`), [N, H] each: (the dense SwiGLU's
     or the sigmoid-routed MoE's output, its slots left for the next add_rms_norm to sum as a
-    moe_ops.SlotSum; h). The MoE's norm and router are one launch in a decode round of one
-    stream (moe_ops.norm_route)."""
+    moe_ops.SlotSum; h). The MoE's norm and router go through moe_ops.norm_route, which can
+    run them as one launch in a decode round of one stream (triton_route.NORM_IN_ROUTER)."""
     if isinstance(w, DenseWeights):  # w2 row-parallel under tensor parallel
         x, h = add_rms_norm(y, h, norm, cfg.norm_eps)
         return parallel.sum_partials(moe_ops.gated_ffn(x, w.w1, w.w3, w.w2)), h
