@@ -27,7 +27,6 @@ TINY_ROWS = 16
 BLOCK_M = 64  # passes of up to SMALL_ROWS rows
 PREFILL_BLOCK_M = 128  # larger passes
 SMALL_ROWS = 256
-ONE_K_WALK = False  # a prompt pass's chunks in one K walk (True), or a loop a chunk (False); not yet measured on a GPU
 
 
 @dataclass(frozen=True)
@@ -117,7 +116,7 @@ def _linear_kernel(
     stride_xm, stride_wn, stride_om,
     HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, SPLITS: tl.constexpr,
     SPLIT_GRID: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0, ONE_WALK: tl.constexpr = False,
+    PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -153,22 +152,6 @@ def _linear_kernel(
                 total += tl.load(ws + t * ws_rows * N, mask=live, other=0.0,
                                  volatile=True)
             tl.atomic_xchg(cnt_ptr + tile, 0)
-    elif ONE_WALK and SPLITS > 1:  # the chunks in one K walk: the loads run on across their
-        # ends; each chunk's sum still starts from zero and joins the total in chunk order
-        rk = tl.arange(0, BLOCK_K)
-        x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
-        w_ptrs = w_ptr + rn[None, :].to(tl.int64) * stride_wn + rk[:, None]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kin = (k0 + rk) < K
-            a = tl.load(x_ptrs, mask=(rm[:, None] < M) & kin[None, :], other=0.0)
-            b = tl.load(w_ptrs, mask=(rn[None, :] < N) & kin[:, None], other=0.0)
-            acc = mma(a, b, acc, IEEE, INTERP)
-            x_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
-            if ((k0 + BLOCK_K) % CHUNK == 0) | (k0 + BLOCK_K >= K):
-                total += acc
-                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:
         for t in tl.static_range(SPLITS):
             total += _chunk_product(
@@ -215,6 +198,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             SPLITS=splits, SPLIT_GRID=split_grid,
             BLOCK_M=bm, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
             num_warps=t.warps, num_stages=t.stages, **launch_options(rows),
-            PREFETCH_K=prefetch_k(weight, n * splits), ONE_WALK=ONE_K_WALK,
+            PREFETCH_K=prefetch_k(weight, n * splits),
         )
     return out.reshape(*lead, n)
