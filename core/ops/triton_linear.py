@@ -49,15 +49,17 @@ TUNED: dict[tuple[int, int], Tiles] = {
     # engine forward 1.613 -> 1.596 ms at one stream, 64 streams 11354 -> 11515 tok/s)
     (6144, 2048): Tiles(32, 128, 4, 4, wave=1),
     (2048, 2048): Tiles(32, 128, 4, 4, wave=256),  # 6.11 / 6.22 / 11.62 -> 5.92 / 6.14 / 9.47
-    # LFM2-8B-A1B's q+k+v weight ((32 + 2·8)·64 rows): the 2048x2048 row's tiles, not yet swept
-    (3072, 2048): Tiles(32, 128, 4, 4, wave=256),
+    # LFM2-8B-A1B's q+k+v weight ((32 + 2·8)·64 rows), unsplit: 7.02 / 7.16 / 9.69 -> 6.43 /
+    # 6.48 / 8.30 (session 14's sweep)
+    (3072, 2048): Tiles(32, 128, 4, 8, wave=1),
     (512, 2048): Tiles(32, 128, 4, 4),
     (32, 2048): Tiles(32, 128, 4, 4),
     (64, 2048): Tiles(32, 128, 4, 4),
     (4096, 2816): Tiles(64, 64, 4, 4, wave=256),  # gemma4 q: 9.57 / 9.85 / 44.78 -> 9.22 / 9.44 / 16.33
     (2816, 4096): Tiles(32, 64, 4, 4, wave=256),  # gemma4 o: 10.10 / 10.29 / 21.25 -> 9.81 / 10.02 / 19.18
     # gemma4's q+k+v (sliding layers) and q+k (full layers, k_eq_v) as one weight: in_proj's
-    # unsplit tile by analogy (wider, as long in K), not yet swept (decode_kernels.py --tiles)
+    # unsplit tile; session 14's sweep found none faster (13.25 / 13.40 / 14.71 and 15.25 /
+    # 15.31 / 23.73 µs)
     (8192, 2816): Tiles(32, 128, 4, 4, wave=1),
     (9216, 2816): Tiles(32, 128, 4, 4, wave=1),
 }

@@ -30,10 +30,11 @@ from .triton_util import after_prior, interpreting, mma, publish_writes
 ROUTE_ROWS = 16
 ALIGN_ONE_ROW = True  # a one-row pass's router also aligns its pairs (False: benchmarks' "before")
 FUSE_ONE_ROW = True  # ... and its partials and its top k are one launch (False: two, as before)
-# norm_route: a one-row pass's add + RMSNorm in the router's launch. Off until the GPU shows
-# the two launches reduce a row in the same order (tests/test_gpu_kernels.py's
-# test_norm_in_the_routers_launch_gives_the_norms_bits); the interpreter cannot show it.
-NORM_IN_ROUTER = False
+# norm_route: a one-row pass's add + RMSNorm in the router's launch. The GPU shows the two
+# launches reduce a row in the same order (tests/test_gpu_kernels.py's
+# test_norm_in_the_routers_launch_gives_the_norms_bits; the interpreter cannot show it).
+# LFM2-8B-A1B, one stream: forward 1.536 -> 1.469 ms (docs/perf.md, session 14)
+NORM_IN_ROUTER = True
 FUSE_MAX_EXPERTS = 64  # ... for up to this many experts: LFM2-8B-A1B's 32 gained (forward 1.696
 # -> 1.676 ms with two other launches folded), Gemma-4-26B-A4B's 128 lost (4.60 -> 4.74 ms)
 ROUTER_SPLIT = 256  # columns of H a router program sums (fixed: part of the reduction order)
