@@ -36,3 +36,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if bias is not None:
         out = out + bias
     return out.reshape(*lead, weight.shape[0])
+
