@@ -36,4 +36,3 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if bias is not None:
         out = out + bias
     return out.reshape(*lead, weight.shape[0])
-
