@@ -114,43 +114,6 @@ def test_norm_in_the_linears_launch_gives_the_norms_bits(h, n, monkeypatch: pyte
         lambda s, r: triton_linear.norm_linear(s, r, nw, 1e-5, w, slots=4), slots, r)
 
 
-@pytest.mark.parametrize("rows", [1, 8])
-def test_in_proj_and_conv_in_one_launch_give_the_bits_of_their_own(rows, monkeypatch):
-    """norm_proj_conv at LFM2-8B-A1B's conv layer (2048 wide, in_proj 6144 x 2048, 3 taps): a
-    decode round of 1 and of 8 streams (fresh, young and deep) in one launch (the norm in it at
-    one row) gives z, h and the moved tails the bits of norm_linear's launches then
-    gated_conv's, with a residual, without, and with a MoE's slots."""
-    from tensorfold.forward_pass import ForwardPass, StreamRows
-    from tensorfold.ops import conv as ops_conv
-    from tensorfold.ops import triton_conv, triton_linear
-    from tensorfold.ops.moe import SlotSum
-
-    monkeypatch.setattr(triton_linear, "NORM_IN_LINEAR", True)
-    h, k = 2048, 3
-    starts = [0, 1, 2, 40, 7, 0, 300, 5][:rows]
-    fp = ForwardPass([StreamRows(2 * i, st, [1], [i]) for i, st in enumerate(starts)], 16, DEV)
-    state = randn(20, h, k - 1, seed=30)
-    cw, cb = randn(h, k, seed=31, scale=0.5), randn(h, seed=32, scale=0.1)
-    wp = randn(3 * h, h, seed=33, scale=0.02)
-    nw = (1 + randn(h, seed=34, scale=0.1).float() * 0.1).to(BF16)
-    y, r = randn(rows, h, seed=35), randn(rows, h, seed=36)
-    s4 = SlotSum(randn(rows, 4, h, seed=37))
-    monkeypatch.setattr(triton_conv, "PROJ_IN_CONV", True)
-    from tensorfold.ops.pass_meta import pass_meta
-
-    assert triton_conv.norm_proj_conv(y, r, nw, 1e-5, wp, None, state.clone(), pass_meta(fp),
-                                      cw, cb) is not None  # the one launch applies
-    for yy, rr in [(y, r), (y, None), (s4, r)]:
-        monkeypatch.setattr(triton_conv, "PROJ_IN_CONV", True)
-        one_state = state.clone()
-        got = ops_conv.norm_proj_conv(yy, rr, nw, 1e-5, wp, None, one_state, fp, cw, cb)
-        monkeypatch.setattr(triton_conv, "PROJ_IN_CONV", False)
-        two_state = state.clone()
-        want = ops_conv.norm_proj_conv(yy, rr, nw, 1e-5, wp, None, two_state, fp, cw, cb)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-        assert torch.equal(one_state, two_state)
-
-
 def test_norms_and_rope_rows_alone_equal_batches():
     from tensorfold.ops import rope as ref_rope
     from tensorfold.ops import triton_norms, triton_rope

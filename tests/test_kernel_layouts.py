@@ -36,8 +36,8 @@ def test_norm_in_the_routers_launch_reduces_a_row_as_the_norm_kernel():
 
 def test_norm_in_the_products_launch_reduces_a_row_as_the_norm_kernel():
     """triton_linear's norm of one row (NORM_IN: lfm2's in_proj, unsplit, and a K-split
-    product) and triton_conv's in_proj + conv launch, alone and with a MoE's 4 slots summed
-    first, sum a 2048-wide row's squares on the norm kernel's [2, 2048] tile in its layout."""
+    product), alone and with a MoE's 4 slots summed first, sums a 2048-wide row's squares on the
+    norm kernel's [2, 2048] tile in its layout."""
     _in_fresh_process("norm_in_linear")
 
 
@@ -93,7 +93,7 @@ def check_norm_in_router() -> None:
 
 
 def check_norm_in_linear() -> None:
-    from tensorfold.ops import triton_conv, triton_linear, triton_norms
+    from tensorfold.ops import triton_linear, triton_norms
 
     rows, block_d = triton_norms.rows_per_program(2048)
     bf16 = {a: "*bf16" for a in ("x_ptr", "w_ptr", "b_ptr", "o_ptr", "y_ptr", "r_ptr", "nw_ptr",
@@ -114,17 +114,6 @@ def check_norm_in_linear() -> None:
                 {"N", "K", "CHUNK", "ws_rows", "stride_xm", "stride_wn", "stride_om"},
                 num_warps=triton_norms.NORM_WARPS)
             assert _row_sum_layouts(product, f"{rows}x{block_d}") == want
-        proj_conv = _compile(triton_conv._proj_conv_kernel, dict(
-            HAS_IN_BIAS=False, HAS_BIAS=True, TAPS=3, IEEE=False, INTERP=False, SPLITS=1,
-            BLOCK_M=16, BLOCK_N=triton_conv.PROJ_CONV_BLOCK_N, BLOCK_K=128, PDL=True,
-            NORM_IN=True, HAS_RES=True, NROWS=rows, BLOCK_D=block_d, SLOTS=slots,
-        ), {a: "*bf16" for a in ("x_ptr", "w_ptr", "ib_ptr", "state_ptr", "cw_ptr", "cb_ptr",
-                                 "y_ptr", "yn_ptr", "r_ptr", "nw_ptr", "h_ptr")}
-            | {a: "*i32" for a in ("row_stream", "stream_start", "stream_slot")}
-            | {"in_eps": "fp32"},
-            {"H", "K", "CHUNK", "stride_xm", "stride_wn", "stride_ss"},
-            num_warps=triton_norms.NORM_WARPS)
-        assert _row_sum_layouts(proj_conv, f"{rows}x{block_d}") == want
 
 
 def check_qkv_norm_rope_write() -> None:

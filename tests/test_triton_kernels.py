@@ -249,59 +249,6 @@ def test_decode_round_conv_moves_tails_in_its_own_launch(k, monkeypatch: pytest.
     assert torch.equal(got_state[[1, 2, 4]], state[[1, 2, 4]])  # slots of no stream: untouched
 
 
-@pytest.mark.parametrize("k", [2, 4])
-def test_in_proj_and_conv_of_a_decode_round_in_one_launch_equal_their_own(
-    k, monkeypatch, kernels_on_cpu
-):
-    """norm_proj_conv: a decode round's norm, in_proj and conv (one row a stream: fresh, young,
-    deep) in one launch (one row) or two (three rows: the norm's, then this) give z, h and the
-    moved tails the bits of norm_linear's launches then gated_conv's, with and without biases,
-    a residual and a MoE's slots; the CPU path agrees."""
-    from tensorfold.ops import conv as ops_conv
-    from tensorfold.ops.moe import SlotSum
-
-    h, d = 40, 48  # two channel blocks of PROJ_CONV_BLOCK_N, the second part masked
-    monkeypatch.setattr(triton_linear, "NORM_IN_LINEAR", True)
-    monkeypatch.setattr(triton_conv, "PROJ_IN_CONV", True)
-    monkeypatch.setattr(triton_linear, "TUNED", {(3 * h, d): triton_linear.Tiles(32, 16, 4, 2, 8)})
-    assert triton_linear.splits_of(3 * h, d) > 1  # the chunks summed as the split launch does
-    specs = [(3, 0, 1, [0]), (0, 1, 1, [1]), (5, 20, 1, [2, 4, 6])]
-    state = randn(6, h, k - 1, seed=71, dtype=torch.bfloat16)
-    cw = randn(h, k, seed=72, dtype=torch.bfloat16, scale=0.5)
-    wp = randn(3 * h, d, seed=73, dtype=torch.bfloat16, scale=0.2)
-    nw = (1 + randn(d, seed=74, scale=0.1)).to(torch.bfloat16)
-    for rows in (1, 3):
-        fp = _pass(specs[:rows])
-        y = randn(rows, d, seed=75, dtype=torch.bfloat16)
-        r = randn(rows, d, seed=76, dtype=torch.bfloat16)
-        s4 = SlotSum(randn(rows, 4, d, seed=77, dtype=torch.bfloat16))
-        ib = randn(3 * h, seed=78, dtype=torch.bfloat16, scale=0.1)
-        cb = randn(h, seed=79, dtype=torch.bfloat16, scale=0.1)
-        for yy, rr, ibias, cbias in [(y, r, ib, cb), (y, None, None, None), (s4, r, None, cb)]:
-            args = (nw, 1e-5, wp, ibias)
-            fused_state = state.clone()
-            assert triton_conv.norm_proj_conv(
-                yy.slots if isinstance(yy, SlotSum) else yy, rr, *args, fused_state.clone(),
-                build_meta(fp), cw, cbias, slots=4 if isinstance(yy, SlotSum) else 1) is not None
-            got, got_h = ops_conv.norm_proj_conv(yy, rr, *args, fused_state, fp, cw, cbias)
-            monkeypatch.setattr(triton_conv, "PROJ_IN_CONV", False)
-            two_state = state.clone()
-            want, want_h = ops_conv.norm_proj_conv(yy, rr, *args, two_state, fp, cw, cbias)
-            monkeypatch.setattr(triton_conv, "PROJ_IN_CONV", True)
-            assert torch.equal(got, want) and torch.equal(got_h.view(-1), want_h.reshape(-1))
-            assert torch.equal(fused_state, two_state)
-            assert torch.equal(fused_state[[1, 2, 4]], state[[1, 2, 4]])
-    from tensorfold.ops import gpu
-
-    gpu.set_triton(False)
-    cpu_state = state.clone()
-    cpu, _ = ops_conv.norm_proj_conv(y, r, nw, 1e-5, wp, None, cpu_state, fp, cw, None)
-    gpu.set_triton(True, on_cpu=True)
-    kern_state = state.clone()
-    kern, _ = ops_conv.norm_proj_conv(y, r, nw, 1e-5, wp, None, kern_state, fp, cw, None)
-    assert rel(kern, cpu) < 2e-2 and torch.equal(kern_state, cpu_state)
-
-
 # --- attention ---
 
 

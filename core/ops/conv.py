@@ -15,7 +15,6 @@ import torch
 
 from ..forward_pass import ForwardPass
 from .gpu import use_triton
-from .moe import SlotSum
 
 
 def _extend(u: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
@@ -91,33 +90,3 @@ def gated_conv(
         return triton_gated_conv(bcx, state, pass_meta(fp), weight, bias,
                                  one_row_each=all(hi - lo == 1 for lo, hi in fp.spans))
     return c * z
-
-
-def norm_proj_conv(
-    y: "torch.Tensor | SlotSum", residual: torch.Tensor | None, norm_weight: torch.Tensor,
-    eps: float, in_proj: torch.Tensor, in_bias: torch.Tensor | None, state: torch.Tensor,
-    fp: ForwardPass, weight: torch.Tensor, bias: torch.Tensor | None = None,
-    tap_name: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = y + residual (h = y without one; y may be a MoE's unsummed slots), then the gated
-    conv of linear(rms_norm(h), in_proj, in_bias): (C ⊙ conv(B ⊙ x) [N, H], h), as
-    norms.norm_linear and gated_conv compute them. On the GPU a decode round (each stream one
-    row, no taps) can run the product and the conv in one launch
-    (triton_conv.norm_proj_conv)."""
-    from .norms import norm_linear
-
-    if (use_triton(in_proj) and not any(s.taps for s in fp.streams)
-            and all(hi - lo == 1 for lo, hi in fp.spans)):
-        from .pass_meta import pass_meta
-        from .triton_conv import norm_proj_conv as triton_norm_proj_conv
-
-        slots = y.slots if isinstance(y, SlotSum) else None
-        if slots is None or (residual is not None and slots.shape[-2] > 1):
-            rows = y if slots is None else slots
-            done = triton_norm_proj_conv(
-                rows, residual, norm_weight, eps, in_proj, in_bias, state, pass_meta(fp), weight,
-                bias, slots=1 if slots is None else slots.shape[-2])
-            if done is not None:
-                return done
-    bcx, h = norm_linear(y, residual, norm_weight, eps, in_proj, in_bias)
-    return gated_conv(bcx, state, fp, weight, bias, tap_name), h

@@ -14,7 +14,7 @@ from tensorfold.forward_pass import ForwardPass
 from tensorfold.ops import moe as moe_ops
 from tensorfold.ops import parallel
 from tensorfold.ops.attention import paged_attention
-from tensorfold.ops.conv import norm_proj_conv
+from tensorfold.ops.conv import gated_conv
 from tensorfold.ops.norms import add_rms_norm, norm_linear
 from tensorfold.ops.rope import norm_rope, qkv_norm_rope_write
 
@@ -70,8 +70,8 @@ def short_conv(
     None), the conv carried across passes in slot `{name}.conv` ([slots, H, K-1]): (the output,
     y + h), [N, H] each. Under tensor parallel H of the conv is this rank's channels and
     out_proj sums the ranks' parts."""
-    z, h = norm_proj_conv(y, h, norm, eps, w.in_proj, w.in_bias, slots.get(f"{name}.conv"), fp,
-                          w.conv, w.conv_bias, tap_name=f"{name}.conv")  # in_proj: [N, 3H], B C x
+    bcx, h = norm_linear(y, h, norm, eps, w.in_proj, w.in_bias)  # [N, 3H]: B, C, x
+    z = gated_conv(bcx, slots.get(f"{name}.conv"), fp, w.conv, w.conv_bias, tap_name=f"{name}.conv")
     return parallel.row_linear(z, w.out_proj, w.out_bias), h
 
 
