@@ -20,7 +20,7 @@ import triton.language as tl
 
 from . import triton_splitk as splitk
 from .gpu import launch_options, prefetch_k
-from .triton_norms import NORM_WARPS, norm_rows, rows_per_program
+from .triton_norms import NORM_WARPS, row_rstd, rows_per_program, summed_rows
 from .triton_util import after_prior, interpreting, mma, prefetch_rows, publish_writes
 
 TINY_BLOCK_M = 16  # passes of up to TINY_ROWS rows (one decode round of a few streams)
@@ -118,6 +118,32 @@ def _chunk_product(
     return acc
 
 
+@triton.jit
+def _norm_chunk_product(
+    y_ptr, r_ptr, nw_ptr, rstd, w_ptr, rm, rn, M, N, k_lo, k_hi, K, stride_wn,
+    IEEE: tl.constexpr, INTERP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, HAS_RES: tl.constexpr, SLOTS: tl.constexpr,
+):
+    """_chunk_product of x = rms_norm(y (+ r)) (weight nw; one row, rstd its scale from
+    row_rstd), x made chunk by chunk as norm_rows makes it: elementwise, so the same bits."""
+    rk = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + rn[None, :].to(tl.int64) * stride_wn + (k_lo + rk)[:, None]
+    dt = w_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        cols = k0 + rk
+        kin = cols < k_hi
+        xm = (rm[:, None] < M) & kin[None, :]
+        h = summed_rows(y_ptr, r_ptr, rm, cols, xm, K, dt, HAS_RES, SLOTS)
+        normed = (h.to(tl.float32) * rstd).to(dt)
+        nw = tl.load(nw_ptr + cols, mask=kin, other=0.0)
+        a = (nw[None, :].to(tl.float32) * normed.to(tl.float32)).to(dt)
+        b = tl.load(w_ptrs, mask=(rn[None, :] < N) & kin[:, None], other=0.0)
+        acc = mma(a, b, acc, IEEE, INTERP)
+        w_ptrs += BLOCK_K
+    return acc
+
+
 @triton.jit(do_not_specialize=["M"])  # one binary for any row count
 def _linear_kernel(
     x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, cnt_ptr, M, N, K, CHUNK, ws_rows,
@@ -129,10 +155,10 @@ def _linear_kernel(
     HAS_RES: tl.constexpr = False, NROWS: tl.constexpr = 1, BLOCK_D: tl.constexpr = 16,
     SLOTS: tl.constexpr = 1,
 ):
-    """NORM_IN (a pass of one row): first x = rms_norm(y (+ r)) (weight nw; y's SLOTS summed
-    first), h = y + r, written to x_ptr and h_ptr by every program (the same values) as
-    triton_norms' kernel computes them: norm_rows on the same tile in as many warps
-    (NORM_WARPS), so the same bits; then the product reads x."""
+    """NORM_IN (a pass of one row): the product of x = rms_norm(y (+ r)) (weight nw; y's SLOTS
+    summed first), never stored: every program reduces the row's squares as triton_norms'
+    kernel does (row_rstd on norm_rows' tile in as many warps, NORM_WARPS: the same bits),
+    then makes its chunks of x as it walks them; the first program stores h = y + r."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -146,19 +172,28 @@ def _linear_kernel(
             prefetch_rows(w_ptr, rn, stride_wn, N, k_lo, tl.minimum(k_end, k_lo + PREFETCH_K),
                           INTERP)
     after_prior(PDL)
+    rstd = 0.0
     if NORM_IN:
-        norm_rows(y_ptr, r_ptr, nw_ptr, x_ptr, h_ptr, 0, 1, K, in_eps, HAS_RES, NROWS, BLOCK_D,
-                  SLOTS)
-        tl.debug_barrier()  # the program's stores of x seen by all its threads before it reads x
+        first = (pid_n == 0) & (pid_m == 0)
+        if SPLIT_GRID:
+            first = first & (tl.program_id(2) == 0)
+        rstd = row_rstd(y_ptr, r_ptr, h_ptr, K, in_eps, first, HAS_RES, NROWS, BLOCK_D, SLOTS)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     finish = True
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if SPLIT_GRID:  # this program's chunk to the workspace; the tile's last arrival adds them
         s = tl.program_id(2)
-        part = _chunk_product(
-            x_ptr, w_ptr, rm, rn, M, N, s * CHUNK, tl.minimum(K, (s + 1) * CHUNK),
-            stride_xm, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
-        )
+        if NORM_IN:
+            part = _norm_chunk_product(
+                y_ptr, r_ptr, nw_ptr, rstd, w_ptr, rm, rn, M, N, s * CHUNK,
+                tl.minimum(K, (s + 1) * CHUNK), K, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N,
+                BLOCK_K, HAS_RES, SLOTS,
+            )
+        else:
+            part = _chunk_product(
+                x_ptr, w_ptr, rm, rn, M, N, s * CHUNK, tl.minimum(K, (s + 1) * CHUNK),
+                stride_xm, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
+            )
         ws = ws_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
         live = (rm[:, None] < M) & (rn[None, :] < N)  # a one-row pass's 15 others: not written
         tl.store(ws + s.to(tl.int64) * ws_rows * N, part, mask=live)
@@ -173,10 +208,17 @@ def _linear_kernel(
             tl.atomic_xchg(cnt_ptr + tile, 0)
     else:
         for t in tl.static_range(SPLITS):
-            total += _chunk_product(
-                x_ptr, w_ptr, rm, rn, M, N, t * CHUNK, tl.minimum(K, (t + 1) * CHUNK),
-                stride_xm, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
-            )
+            if NORM_IN:
+                total += _norm_chunk_product(
+                    y_ptr, r_ptr, nw_ptr, rstd, w_ptr, rm, rn, M, N, t * CHUNK,
+                    tl.minimum(K, (t + 1) * CHUNK), K, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N,
+                    BLOCK_K, HAS_RES, SLOTS,
+                )
+            else:
+                total += _chunk_product(
+                    x_ptr, w_ptr, rm, rn, M, N, t * CHUNK, tl.minimum(K, (t + 1) * CHUNK),
+                    stride_xm, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
+                )
     if finish:
         out = total.to(o_ptr.dtype.element_ty)
         if HAS_BIAS:
@@ -241,8 +283,8 @@ def norm_linear(
         x, h = add_rms_norm(y, residual, norm_weight, eps, slots)
         return linear(x, weight, bias), h
     y = y.contiguous()
-    x = torch.empty(1, d, dtype=y.dtype, device=y.device)
-    h = torch.empty_like(x) if residual is not None else y.view(1, d)
+    x = y.view(1, -1)[:, :d]  # the kernel's x: only its shape and stride are read
+    h = torch.empty(1, d, dtype=y.dtype, device=y.device) if residual is not None else y.view(1, d)
     rows, block_d = rows_per_program(d)
     norm_in = dict(y_ptr=y, r_ptr=residual.contiguous() if residual is not None else y,
                    nw_ptr=norm_weight.contiguous(), h_ptr=h, in_eps=float(eps), NORM_IN=True,
