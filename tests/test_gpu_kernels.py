@@ -95,25 +95,6 @@ def test_norm_in_the_routers_launch_gives_the_norms_bits(h, monkeypatch: pytest.
         randn(700, h, seed=20), randn(700, h, seed=21))
 
 
-@pytest.mark.parametrize("h, n", [(2048, 6144), (2048, 3072), (2048, 2048), (512, 384)])
-def test_norm_in_the_linears_launch_gives_the_norms_bits(h, n, monkeypatch: pytest.MonkeyPatch):
-    """norm_linear: a row alone (the add + RMSNorm in the product's one launch; LFM2-8B-A1B's
-    in_proj, q+k+v and a K-split 2048x2048) has the bits of the same row in a batch
-    (add_rms_norm's own launch, then the product's): with a residual, without, and with a
-    MoE's slots summed first."""
-    from tensorfold.ops import triton_linear
-
-    monkeypatch.setattr(triton_linear, "NORM_IN_LINEAR", True)
-    nw = (1 + randn(h, seed=22, scale=0.1).float() * 0.1).to(BF16)
-    w = randn(n, h, seed=23, scale=0.05)
-    y, r, slots = randn(700, h, seed=24), randn(700, h, seed=25), randn(700, 4, h, seed=26)
-    assert triton_linear.fuses_norm(1, y[:1], r[:1], nw, w, 1)
-    assert_rows_invariant(lambda y, r: triton_linear.norm_linear(y, r, nw, 1e-5, w), y, r)
-    assert_rows_invariant(lambda y: triton_linear.norm_linear(y, None, nw, 1e-5, w), y)
-    assert_rows_invariant(
-        lambda s, r: triton_linear.norm_linear(s, r, nw, 1e-5, w, slots=4), slots, r)
-
-
 def test_norms_and_rope_rows_alone_equal_batches():
     from tensorfold.ops import rope as ref_rope
     from tensorfold.ops import triton_norms, triton_rope

@@ -34,13 +34,6 @@ def test_norm_in_the_routers_launch_reduces_a_row_as_the_norm_kernel():
     _in_fresh_process("norm_in_router")
 
 
-def test_norm_in_the_products_launch_reduces_a_row_as_the_norm_kernel():
-    """triton_linear's norm of one row (NORM_IN: lfm2's in_proj, unsplit, and a K-split
-    product), alone and with a MoE's 4 slots summed first, sums a 2048-wide row's squares on the
-    norm kernel's [2, 2048] tile in its layout."""
-    _in_fresh_process("norm_in_linear")
-
-
 def test_qkv_norm_rope_write_reduces_its_heads_as_norm_ropes_launches():
     """triton_rope's one launch for lfm2's q/k norm + rope and K/V writes sums each q and k
     head's squares on the tiles of norm_rope's launch for q and for k, in the same layouts
@@ -92,30 +85,6 @@ def check_norm_in_router() -> None:
     assert _row_sum_layouts(route, f"{rows}x{block_d}") == want
 
 
-def check_norm_in_linear() -> None:
-    from tensorfold.ops import triton_linear, triton_norms
-
-    rows, block_d = triton_norms.rows_per_program(2048)
-    bf16 = {a: "*bf16" for a in ("x_ptr", "w_ptr", "b_ptr", "o_ptr", "y_ptr", "r_ptr", "nw_ptr",
-                                 "h_ptr")}
-    for slots in (1, 4):
-        norm = _compile(triton_norms._rms_norm_kernel, dict(
-            HAS_RES=True, ROWS=rows, BLOCK_D=block_d, SLOTS=slots, PDL=True,
-        ), {a: "*bf16" for a in ("x_ptr", "r_ptr", "w_ptr", "o_ptr", "h_ptr")} | {"eps": "fp32"},
-            {"D"})
-        want = _row_sum_layouts(norm, f"{rows}x{block_d}")
-        assert len(want) == 1
-        for splits, block_n in ((1, 32), (4, 32)):
-            product = _compile(triton_linear._linear_kernel, dict(
-                HAS_BIAS=False, IEEE=False, INTERP=False, SPLITS=splits, SPLIT_GRID=splits > 1,
-                BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=128, PDL=True, PREFETCH_K=0, NORM_IN=True,
-                HAS_RES=True, NROWS=rows, BLOCK_D=block_d, SLOTS=slots,
-            ), {**bf16, "ws_ptr": "*fp32", "cnt_ptr": "*i32", "in_eps": "fp32"},
-                {"N", "K", "CHUNK", "ws_rows", "stride_xm", "stride_wn", "stride_om"},
-                num_warps=triton_norms.NORM_WARPS)
-            assert _row_sum_layouts(product, f"{rows}x{block_d}") == want
-
-
 def check_qkv_norm_rope_write() -> None:
     from tensorfold.ops import triton_rope
 
@@ -142,5 +111,5 @@ if __name__ == "__main__":
     import triton  # noqa: F401
     from triton.backends.compiler import GPUTarget
 
-    {"norm_in_router": check_norm_in_router, "norm_in_linear": check_norm_in_linear,
+    {"norm_in_router": check_norm_in_router,
      "qkv_norm_rope_write": check_qkv_norm_rope_write}[sys.argv[1]]()

@@ -483,41 +483,6 @@ def _experts(e, i, h, dtype, seed):
     return list(w1[:, :i].unbind(0)), list(w1[:, i:].unbind(0)), list(w2.unbind(0))
 
 
-@pytest.mark.parametrize("n, d", [(96, 600), (64, 320)])  # unsplit and split in K at one row
-def test_norm_and_product_of_one_row_in_one_launch_equal_their_own(n, d, monkeypatch):
-    """A one-row pass's add + RMSNorm runs in the product's launch (norm_linear): the product
-    and h as add_rms_norm's launch then linear's, with a residual, without one and with a
-    MoE's slots summed first; a pass of more rows launches them as they are."""
-    y, r = randn(1, d, seed=63, dtype=torch.bfloat16), randn(1, d, seed=64, dtype=torch.bfloat16)
-    s4 = randn(1, 4, d, seed=65, dtype=torch.bfloat16)
-    nw = (1 + randn(d, seed=66, scale=0.1)).to(torch.bfloat16)
-    w = randn(n, d, seed=67, scale=0.05).to(torch.bfloat16)
-    b = randn(n, seed=68, scale=0.1).to(torch.bfloat16)
-    monkeypatch.setattr(triton_linear, "NORM_IN_LINEAR", True)
-    if n == 64:
-        monkeypatch.setattr(triton_linear, "TUNED", {(n, d): triton_linear.Tiles(32, 64, 4, 2, 16)})
-        assert triton_linear.splits_of(n, d) > 1
-    cases = [(y, r, 1), (y, None, 1), (s4, r, 4)]
-    for yy, rr, slots in cases:
-        assert triton_linear.fuses_norm(1, yy, rr, nw, w, slots)
-    got = [triton_linear.norm_linear(yy, rr, nw, 1e-5, w, b, slots) for yy, rr, slots in cases]
-    monkeypatch.setattr(triton_linear, "NORM_IN_LINEAR", False)
-    for (yy, rr, slots), (out, h) in zip(cases, got):
-        if rr is None:
-            x, want_h = triton_norms.rms_norm(yy, nw, 1e-5), yy
-        else:
-            x, want_h = triton_norms.add_rms_norm(yy, rr, nw, 1e-5, slots)
-        assert torch.equal(h.view(-1), want_h.reshape(-1))
-        assert torch.equal(out, triton_linear.linear(x, w, b))
-        assert torch.equal(out, triton_linear.norm_linear(yy, rr, nw, 1e-5, w, b, slots)[0])
-    three = randn(3, d, seed=69, dtype=torch.bfloat16), randn(3, d, seed=70, dtype=torch.bfloat16)
-    assert not triton_linear.fuses_norm(3, three[0], three[1], nw, w, 1)
-    monkeypatch.setattr(triton_linear, "NORM_IN_LINEAR", True)
-    out, h = triton_linear.norm_linear(*three, nw, 1e-5, w, b)
-    alone = triton_linear.norm_linear(three[0][1:2].clone(), three[1][1:2].clone(), nw, 1e-5, w, b)
-    assert torch.equal(out[1:2], alone[0]) and torch.equal(h[1:2], alone[1])
-
-
 @pytest.mark.parametrize("dtype, tol", DTYPES)
 def test_moe_matches_reference_and_is_row_invariant(dtype, tol):
     n, h, i, e, k = 100, 32, 48, 6, 3  # 300 pairs: aligned by chunks, a row alone in one

@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 
 from .gpu import use_triton
-from .linear import linear
-from .moe import SlotSum, summed
+from .moe import SlotSum
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -42,25 +41,3 @@ def add_rms_norm(
         return triton_add_rms_norm(x, residual, weight, eps)
     h = x + residual
     return rms_norm(h, weight, eps), h
-
-
-def norm_linear(
-    y: "torch.Tensor | SlotSum", residual: torch.Tensor | None, norm_weight: torch.Tensor,
-    eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = y + residual (h = y without one), then (linear(rms_norm(h), weight, bias), h), as
-    norms.add_rms_norm and linear compute them. y may be a MoE's unsummed slots (moe.SlotSum).
-    On the GPU a pass of one row runs it in the product's launch (triton_linear.norm_linear)."""
-    slots = y.slots if isinstance(y, SlotSum) else None
-    if use_triton(weight) and (slots is None or residual is not None):
-        from .triton_linear import norm_linear as triton_norm_linear
-
-        if slots is not None and slots.shape[-2] > 1:
-            return triton_norm_linear(slots, residual, norm_weight, eps, weight, bias,
-                                      slots=slots.shape[-2])
-        return triton_norm_linear(summed(y), residual, norm_weight, eps, weight, bias)
-    if residual is None:
-        h = summed(y)
-        return linear(rms_norm(h, norm_weight, eps), weight, bias), h
-    x, h = add_rms_norm(y, residual, norm_weight, eps)
-    return linear(x, weight, bias), h

@@ -20,7 +20,6 @@ import triton.language as tl
 
 from . import triton_splitk as splitk
 from .gpu import launch_options, prefetch_k
-from .triton_norms import NORM_WARPS, row_rstd, rows_per_program, summed_rows
 from .triton_util import after_prior, interpreting, mma, prefetch_rows, publish_writes
 
 TINY_BLOCK_M = 16  # passes of up to TINY_ROWS rows (one decode round of a few streams)
@@ -28,11 +27,6 @@ TINY_ROWS = 16
 BLOCK_M = 64  # passes of up to SMALL_ROWS rows
 PREFILL_BLOCK_M = 128  # larger passes
 SMALL_ROWS = 256
-# norm_linear: a one-row pass's add + RMSNorm in the product's launch (lfm2's operator norms
-# before in_proj and q/k/v). Off until the GPU shows the two launches reduce a row in the same
-# order (tests/test_gpu_kernels.py's test_norm_in_the_linears_launch_gives_the_norms_bits); the
-# interpreter cannot show it (tests/test_kernel_layouts.py compares the compiled layouts)
-NORM_IN_LINEAR = False
 
 
 @dataclass(frozen=True)
@@ -118,32 +112,6 @@ def _chunk_product(
     return acc
 
 
-@triton.jit
-def _norm_chunk_product(
-    y_ptr, r_ptr, nw_ptr, rstd, w_ptr, rm, rn, M, N, k_lo, k_hi, K, stride_wn,
-    IEEE: tl.constexpr, INTERP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, HAS_RES: tl.constexpr, SLOTS: tl.constexpr,
-):
-    """_chunk_product of x = rms_norm(y (+ r)) (weight nw; one row, rstd its scale from
-    row_rstd), x made chunk by chunk as norm_rows makes it: elementwise, so the same bits."""
-    rk = tl.arange(0, BLOCK_K)
-    w_ptrs = w_ptr + rn[None, :].to(tl.int64) * stride_wn + (k_lo + rk)[:, None]
-    dt = w_ptr.dtype.element_ty
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        cols = k0 + rk
-        kin = cols < k_hi
-        xm = (rm[:, None] < M) & kin[None, :]
-        h = summed_rows(y_ptr, r_ptr, rm, cols, xm, K, dt, HAS_RES, SLOTS)
-        normed = (h.to(tl.float32) * rstd).to(dt)
-        nw = tl.load(nw_ptr + cols, mask=kin, other=0.0)
-        a = (nw[None, :].to(tl.float32) * normed.to(tl.float32)).to(dt)
-        b = tl.load(w_ptrs, mask=(rn[None, :] < N) & kin[:, None], other=0.0)
-        acc = mma(a, b, acc, IEEE, INTERP)
-        w_ptrs += BLOCK_K
-    return acc
-
-
 @triton.jit(do_not_specialize=["M"])  # one binary for any row count
 def _linear_kernel(
     x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, cnt_ptr, M, N, K, CHUNK, ws_rows,
@@ -151,14 +119,7 @@ def _linear_kernel(
     HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, SPLITS: tl.constexpr,
     SPLIT_GRID: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,
-    y_ptr=None, r_ptr=None, nw_ptr=None, h_ptr=None, in_eps=0.0, NORM_IN: tl.constexpr = False,
-    HAS_RES: tl.constexpr = False, NROWS: tl.constexpr = 1, BLOCK_D: tl.constexpr = 16,
-    SLOTS: tl.constexpr = 1,
 ):
-    """NORM_IN (a pass of one row): the product of x = rms_norm(y (+ r)) (weight nw; y's SLOTS
-    summed first), never stored: every program reduces the row's squares as triton_norms'
-    kernel does (row_rstd on norm_rows' tile in as many warps, NORM_WARPS: the same bits),
-    then makes its chunks of x as it walks them; the first program stores h = y + r."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -172,28 +133,15 @@ def _linear_kernel(
             prefetch_rows(w_ptr, rn, stride_wn, N, k_lo, tl.minimum(k_end, k_lo + PREFETCH_K),
                           INTERP)
     after_prior(PDL)
-    rstd = 0.0
-    if NORM_IN:
-        first = (pid_n == 0) & (pid_m == 0)
-        if SPLIT_GRID:
-            first = first & (tl.program_id(2) == 0)
-        rstd = row_rstd(y_ptr, r_ptr, h_ptr, K, in_eps, first, HAS_RES, NROWS, BLOCK_D, SLOTS)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     finish = True
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if SPLIT_GRID:  # this program's chunk to the workspace; the tile's last arrival adds them
         s = tl.program_id(2)
-        if NORM_IN:
-            part = _norm_chunk_product(
-                y_ptr, r_ptr, nw_ptr, rstd, w_ptr, rm, rn, M, N, s * CHUNK,
-                tl.minimum(K, (s + 1) * CHUNK), K, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N,
-                BLOCK_K, HAS_RES, SLOTS,
-            )
-        else:
-            part = _chunk_product(
-                x_ptr, w_ptr, rm, rn, M, N, s * CHUNK, tl.minimum(K, (s + 1) * CHUNK),
-                stride_xm, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
-            )
+        part = _chunk_product(
+            x_ptr, w_ptr, rm, rn, M, N, s * CHUNK, tl.minimum(K, (s + 1) * CHUNK),
+            stride_xm, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
+        )
         ws = ws_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
         live = (rm[:, None] < M) & (rn[None, :] < N)  # a one-row pass's 15 others: not written
         tl.store(ws + s.to(tl.int64) * ws_rows * N, part, mask=live)
@@ -208,17 +156,10 @@ def _linear_kernel(
             tl.atomic_xchg(cnt_ptr + tile, 0)
     else:
         for t in tl.static_range(SPLITS):
-            if NORM_IN:
-                total += _norm_chunk_product(
-                    y_ptr, r_ptr, nw_ptr, rstd, w_ptr, rm, rn, M, N, t * CHUNK,
-                    tl.minimum(K, (t + 1) * CHUNK), K, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N,
-                    BLOCK_K, HAS_RES, SLOTS,
-                )
-            else:
-                total += _chunk_product(
-                    x_ptr, w_ptr, rm, rn, M, N, t * CHUNK, tl.minimum(K, (t + 1) * CHUNK),
-                    stride_xm, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
-                )
+            total += _chunk_product(
+                x_ptr, w_ptr, rm, rn, M, N, t * CHUNK, tl.minimum(K, (t + 1) * CHUNK),
+                stride_xm, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
+            )
     if finish:
         out = total.to(o_ptr.dtype.element_ty)
         if HAS_BIAS:
@@ -228,10 +169,8 @@ def _linear_kernel(
         tl.store(o_ptrs, out, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           norm_in: dict | None = None) -> torch.Tensor:
-    """x [..., K] @ weight[N, K]ᵀ (+ bias [N]) -> [..., N] in x's dtype. norm_in: the
-    _linear_kernel arguments that make x in the same launch (norm_linear)."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight[N, K]ᵀ (+ bias [N]) -> [..., N] in x's dtype."""
     lead = x.shape[:-1]
     k = x.shape[-1]
     n = weight.shape[0]
@@ -261,44 +200,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             SPLITS=splits, SPLIT_GRID=split_grid,
             BLOCK_M=bm, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
             num_warps=t.warps, num_stages=t.stages, **launch_options(rows),
-            PREFETCH_K=prefetch_k(weight, n * splits), **(norm_in or {}),
+            PREFETCH_K=prefetch_k(weight, n * splits),
         )
     return out.reshape(*lead, n)
-
-
-def norm_linear(
-    y: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-    weight: torch.Tensor, bias: torch.Tensor | None = None, slots: int = 1,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = y + residual (y alone without one; y [N, slots, D] summed over its slots first),
-    then (linear(rms_norm(h), weight, bias), h): triton_norms' launch and linear's, or for a
-    pass of one row one launch with the same bits (NORM_IN_LINEAR)."""
-    from .triton_norms import add_rms_norm, rms_norm
-
-    d = y.shape[-1]
-    n = y.numel() // (slots * d)
-    if not fuses_norm(n, y, residual, norm_weight, weight, slots):
-        if residual is None:
-            return linear(rms_norm(y, norm_weight, eps), weight, bias), y
-        x, h = add_rms_norm(y, residual, norm_weight, eps, slots)
-        return linear(x, weight, bias), h
-    y = y.contiguous()
-    x = y.view(1, -1)[:, :d]  # the kernel's x: only its shape and stride are read
-    h = torch.empty(1, d, dtype=y.dtype, device=y.device) if residual is not None else y.view(1, d)
-    rows, block_d = rows_per_program(d)
-    norm_in = dict(y_ptr=y, r_ptr=residual.contiguous() if residual is not None else y,
-                   nw_ptr=norm_weight.contiguous(), h_ptr=h, in_eps=float(eps), NORM_IN=True,
-                   HAS_RES=residual is not None, NROWS=rows, BLOCK_D=block_d, SLOTS=slots)
-    return linear(x, weight, bias, norm_in), h
-
-
-def fuses_norm(n: int, y: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
-               weight: torch.Tensor, slots: int) -> bool:
-    """Whether norm_linear runs as one launch: one row, one dtype throughout, and the product's
-    tiles in the norm kernel's warps (part of the norm's reduction order)."""
-    d = y.shape[-1]
-    return (NORM_IN_LINEAR and n == 1 and weight.shape[-1] == d and weight.stride(-1) == 1
-            and y.dtype == norm_weight.dtype == weight.dtype
-            and (residual is None or residual.dtype == y.dtype)
-            and (slots == 1 or residual is not None)
-            and pick(1, weight.shape[0], d)[1].warps == NORM_WARPS)

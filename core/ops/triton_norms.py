@@ -27,41 +27,29 @@ def _rms_norm_kernel(
 
 
 @triton.jit
-def summed_rows(x_ptr, r_ptr, rows, cols, mask, D, dt: tl.constexpr, HAS_RES: tl.constexpr,
-                SLOTS: tl.constexpr):
-    """h = x (its SLOTS summed in slot order in fp32, rounded to dt) + r, rounded to dt, at
-    [rows, cols] of rows D wide (SLOTS·D for x): the tile's values, not stored."""
-    offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-    if SLOTS > 1:
-        at = rows[:, None].to(tl.int64) * (SLOTS * D) + cols[None, :]
-        acc = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
-        for j in tl.static_range(1, SLOTS):
-            acc = acc + tl.load(x_ptr + at + j * D, mask=mask, other=0.0).to(tl.float32)
-        x = acc.to(dt)
-    else:
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    if HAS_RES:
-        r = tl.load(r_ptr + offs, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(dt)
-    return x
-
-
-@triton.jit
 def norm_rows(
     x_ptr, r_ptr, w_ptr, o_ptr, h_ptr, row0, n_rows, D, eps,
     HAS_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, SLOTS: tl.constexpr,
 ):
     """Rows row0 .. row0 + ROWS as a [ROWS, BLOCK_D] tile. SLOTS > 1: x is [n_rows, SLOTS, D],
     a MoE's slots, summed in slot order in fp32 and rounded to h's dtype first
-    (triton_moe._slot_sum_kernel's sum). A launch that calls this (or row_rstd) with the same
-    ROWS, BLOCK_D and warps reduces a row in the same order (triton_route's norm + router of
-    one row, triton_linear's norm + product)."""
+    (triton_moe._slot_sum_kernel's sum). A launch that calls this with the same ROWS, BLOCK_D
+    and warps reduces a row in the same order (triton_route's norm + router of one row)."""
     rows = row0 + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < D)
     offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-    x = summed_rows(x_ptr, r_ptr, rows, cols, mask, D, h_ptr.dtype.element_ty, HAS_RES, SLOTS)
+    if SLOTS > 1:
+        at = rows[:, None].to(tl.int64) * (SLOTS * D) + cols[None, :]
+        acc = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        for j in tl.static_range(1, SLOTS):
+            acc = acc + tl.load(x_ptr + at + j * D, mask=mask, other=0.0).to(tl.float32)
+        x = acc.to(h_ptr.dtype.element_ty)
+    else:
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0)
     if HAS_RES:
+        r = tl.load(r_ptr + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(h_ptr.dtype.element_ty)
         tl.store(h_ptr + offs, x, mask=mask)
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=1) / D
@@ -69,25 +57,6 @@ def norm_rows(
     w = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
     out = w[None, :].to(tl.float32) * normed.to(tl.float32)
     tl.store(o_ptr + offs, out.to(o_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def row_rstd(
-    x_ptr, r_ptr, h_ptr, D, eps, store_h, HAS_RES: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK_D: tl.constexpr, SLOTS: tl.constexpr,
-):
-    """rsqrt(mean(h²) + eps) of a pass's one row, h = x + r as norm_rows sums and reduces it
-    (its [ROWS, BLOCK_D] tile, row 0 live), h stored where store_h: the scale a product's
-    program applies to its own chunks of the row (triton_linear's NORM_IN)."""
-    rows = tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK_D)
-    mask = (rows[:, None] < 1) & (cols[None, :] < D)
-    x = summed_rows(x_ptr, r_ptr, rows, cols, mask, D, h_ptr.dtype.element_ty, HAS_RES, SLOTS)
-    if HAS_RES:
-        tl.store(h_ptr + rows[:, None] * D + cols[None, :], x, mask=mask & store_h)
-    xf = x.to(tl.float32)
-    var = tl.sum(xf * xf, axis=1) / D
-    return tl.sum(tl.where(rows == 0, tl.math.rsqrt(var + eps), 0.0), axis=0)
 
 
 NORM_WARPS = 4  # part of a row's reduction order (norm_rows)

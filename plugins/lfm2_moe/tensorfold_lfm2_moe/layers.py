@@ -15,7 +15,8 @@ from tensorfold.ops import moe as moe_ops
 from tensorfold.ops import parallel
 from tensorfold.ops.attention import paged_attention
 from tensorfold.ops.conv import gated_conv
-from tensorfold.ops.norms import add_rms_norm, norm_linear
+from tensorfold.ops.linear import linear
+from tensorfold.ops.norms import add_rms_norm
 from tensorfold.ops.rope import norm_rope, qkv_norm_rope_write
 
 from .config import Lfm2MoeConfig
@@ -30,25 +31,20 @@ def attention(
     cfg: Lfm2MoeConfig,
     name: str,
     w: AttentionWeights,
-    y: "torch.Tensor | moe_ops.SlotSum",
-    h: torch.Tensor | None,
-    norm: torch.Tensor,
+    x: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
     fp: ForwardPass,
     rows: "PagedRows",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GQA with per-head q/k RMSNorm before RoPE over x = rms_norm(y + h) (weight `norm`; y
-    alone when h is None): (attention's output, y + h), [N, H] each; cos, sin [N, D].
+) -> torch.Tensor:
+    """GQA with per-head q/k RMSNorm before RoPE. x [N, H]; cos, sin [N, D] -> [N, H].
     Writes the pass's k/v rows to `{name}.k` / `{name}.v` before attending."""
-    d = cfg.head_dim
+    n, d = x.shape[0], cfg.head_dim
     k_name, v_name = f"{name}.k", f"{name}.v"
     k_rows, v_rows = rows.flat(k_name), rows.flat(v_name)  # [R, Hkv, D]
     # heads from the weights: under tensor parallel, this rank's heads
-    qkv, h = norm_linear(y, h, norm, cfg.norm_eps, w.qkv)
-    n = h.shape[0]
-    qkv = qkv.view(n, -1, d)  # [N, Hq + 2·Hkv, D]
-    if k_rows.dtype == v_rows.dtype == h.dtype:  # not fp8 rows: one launch stores them
+    qkv = linear(x, w.qkv).view(n, -1, d)  # [N, Hq + 2·Hkv, D]
+    if k_rows.dtype == v_rows.dtype == x.dtype:  # not fp8 rows: one launch stores them
         q = qkv_norm_rope_write(qkv, w.q_norm, w.k_norm, cfg.norm_eps, cos, sin, k_rows, v_rows,
                                 fp.write_index)
     else:
@@ -59,20 +55,18 @@ def attention(
         rows.write_many(fp.write_index, [(k_name, k), (v_name, v)])
     o = paged_attention(q, k_rows, v_rows, fp, scale=d**-0.5,
                         k_scales=rows.scales(k_name), v_scales=rows.scales(v_name))
-    return parallel.row_linear(o.reshape(n, -1), w.out), h
+    return parallel.row_linear(o.reshape(n, -1), w.out)
 
 
 def short_conv(
-    name: str, w: ConvWeights, y: "torch.Tensor | moe_ops.SlotSum", h: torch.Tensor | None,
-    norm: torch.Tensor, eps: float, fp: ForwardPass, slots: "StreamSlots",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """out_proj(C ⊙ conv(B ⊙ x)) over x = rms_norm(y + h) (weight `norm`; y alone when h is
-    None), the conv carried across passes in slot `{name}.conv` ([slots, H, K-1]): (the output,
-    y + h), [N, H] each. Under tensor parallel H of the conv is this rank's channels and
-    out_proj sums the ranks' parts."""
-    bcx, h = norm_linear(y, h, norm, eps, w.in_proj, w.in_bias)  # [N, 3H]: B, C, x
+    name: str, w: ConvWeights, x: torch.Tensor, fp: ForwardPass, slots: "StreamSlots"
+) -> torch.Tensor:
+    """out_proj(C ⊙ conv(B ⊙ x)), the conv carried across passes in slot `{name}.conv`
+    ([slots, H, K-1]). x [N, H] -> [N, H]. Under tensor parallel H of the conv is this rank's
+    channels and out_proj sums the ranks' parts."""
+    bcx = linear(x, w.in_proj, w.in_bias)  # [N, 3H]: B, C, x
     z = gated_conv(bcx, slots.get(f"{name}.conv"), fp, w.conv, w.conv_bias, tap_name=f"{name}.conv")
-    return parallel.row_linear(z, w.out_proj, w.out_bias), h
+    return parallel.row_linear(z, w.out_proj, w.out_bias)
 
 
 def norm_feed_forward(

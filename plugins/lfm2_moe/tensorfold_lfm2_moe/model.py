@@ -13,7 +13,7 @@ from tensorfold.model import FamilyModel
 from tensorfold.ops import moe as moe_ops
 from tensorfold.ops import parallel, rope
 from tensorfold.ops.linear import linear
-from tensorfold.ops.norms import rms_norm
+from tensorfold.ops.norms import add_rms_norm, rms_norm
 
 from . import layers, shards
 from .config import Lfm2MoeConfig
@@ -67,19 +67,18 @@ class Lfm2MoeModel(FamilyModel):
         cfg, w = self.cfg, self.weights
         h = w.embed.index_select(0, fp.tokens)  # [N, H]
         cos, sin = rope.cos_sin(fp.positions, self.inv_freq, self.dtype)  # [N, D]
-        f: "torch.Tensor | moe_ops.SlotSum | None" = None  # the last layer's FFN output
+        n = len(w.layers)
+        x = rms_norm(h, w.layers[0].operator_norm, cfg.norm_eps) if n else h
         for i, layer in enumerate(w.layers):
-            # the layer's input: rms_norm(f + h), h = f + h (rms_norm(h) before the first)
-            y, res = (h, None) if f is None else (f, h)
             if isinstance(layer.mixer, AttentionWeights):
-                y, h = layers.attention(cfg, f"L{i}", layer.mixer, y, res, layer.operator_norm,
-                                        cos, sin, fp, rows)
+                y = layers.attention(cfg, f"L{i}", layer.mixer, x, cos, sin, fp, rows)
             else:
-                y, h = layers.short_conv(f"L{i}", layer.mixer, y, res, layer.operator_norm,
-                                         cfg.norm_eps, fp, slots)
+                y = layers.short_conv(f"L{i}", layer.mixer, x, fp, slots)
             f, h = layers.norm_feed_forward(cfg, layer.ffn, layer.ffn_norm, y, h)  # h = y + h
-        if f is not None:
-            h = h + moe_ops.summed(f)
+            if i + 1 < n:
+                x, h = add_rms_norm(f, h, w.layers[i + 1].operator_norm, cfg.norm_eps)
+            else:
+                h = h + moe_ops.summed(f)
         out = rms_norm(h.index_select(0, fp.logit_rows), w.final_norm, cfg.norm_eps)
         if self.tp.world > 1 and shards.vocab_parallel(cfg, self.tp.world):
             return parallel.gather_columns(linear(out, w.lm_head)).float()  # [R, V]
