@@ -168,14 +168,21 @@ def moe_rows() -> dict[str, Any]:
     return res
 
 
+MOE_GRID = ((16, 32, 64), (2, 4), (3, 5), (64,))  # BLOCK_Ns, warps, stages, BLOCK_Ks
+MOE_KERNEL = "both"  # the tiles swept: both kernels' at once, or "swiglu" or "down" alone
+
+
 def moe_tiles() -> dict[str, Any]:
-    """The expert kernels' tiles for a few rows (triton_moe.TINY_*_TILES, BLOCK_K fixed at 64 so
-    the k order stays): each MoE shape's layer at one row, timed in a graph, for each tile, and
-    whether the row alone still equals that row in a 2048-row pass (and 8 rows theirs)."""
+    """The expert kernels' tiles for a few rows (triton_moe.TINY_*_TILES; MOE_KERNEL says which
+    kernel's, the other keeping the shipped tile): each MoE shape's layer at one row, timed in a
+    graph, for each tile, and whether the row alone still equals that row in a 2048-row pass
+    (and 8 rows theirs); the prompt tiles keep BLOCK_K 64, so a BLOCK_K other than 64 that
+    stays equal shows BLOCK_K leaves the k order alone."""
     res: dict[str, Any] = {}
     saved = (triton_moe.TINY_SWIGLU_TILES, triton_moe.TINY_DOWN_TILES)
-    tiles = [triton_moe.Tiles(bn, 64, w, st) for bn in (16, 32, 64) for w in (2, 4)
-             for st in (3, 5)]
+    bns, warps, stages, bks = MOE_GRID
+    tiles = [triton_moe.Tiles(bn, bk, w, st) for bn in bns for w in warps for st in stages
+             for bk in bks]
     for name, (e, i, h, k) in MOE.items():
         sets, x, layer = moe_layer(e, i, h, k)
 
@@ -183,8 +190,9 @@ def moe_tiles() -> dict[str, Any]:
         x1 = x[5:6].contiguous()
         row: dict[str, Any] = {}
         for t in tiles:
-            triton_moe.TINY_SWIGLU_TILES = triton_moe.TINY_DOWN_TILES = t
-            label = f"bn{t.block_n} w{t.warps} s{t.stages}"
+            triton_moe.TINY_SWIGLU_TILES = t if MOE_KERNEL in ("both", "swiglu") else saved[0]
+            triton_moe.TINY_DOWN_TILES = t if MOE_KERNEL in ("both", "down") else saved[1]
+            label = f"bn{t.block_n} bk{t.block_k} w{t.warps} s{t.stages}"
             try:
                 equal = bool(torch.equal(layer(x1, sets[0]), big[5:6])) and bool(
                     torch.equal(layer(x[:8].clone(), sets[0]), big[:8]))
@@ -311,8 +319,16 @@ def main() -> None:
     ap.add_argument("--grid", help="--tiles' grid: BLOCK_Ns;BLOCK_Ks;stages;waves;warps, each "
                     "comma-separated (wave 1: no K split), e.g. '16,32;128,256;4,8;1,256;2,4'")
     ap.add_argument("--shapes", help="--tiles' shapes: names of SWEEP_SHAPES, comma-separated")
+    ap.add_argument("--moe-grid", help="--moe-tiles' grid: BLOCK_Ns;warps;stages[;BLOCK_Ks], "
+                    "each comma-separated, e.g. '32,64;2,4;5,8;64,128'")
+    ap.add_argument("--moe-kernel", choices=("both", "swiglu", "down"), default="both",
+                    help="--moe-tiles: whose tiles vary (the other keeps the shipped tile)")
     args = ap.parse_args()
-    global SWEEP_GRID
+    global SWEEP_GRID, MOE_GRID, MOE_KERNEL
+    MOE_KERNEL = args.moe_kernel
+    if args.moe_grid:
+        parts = [tuple(int(v) for v in part.split(",")) for part in args.moe_grid.split(";")]
+        MOE_GRID = tuple(parts) if len(parts) == 4 else (*parts, (64,))
     if args.grid:
         SWEEP_GRID = tuple(tuple(int(v) for v in part.split(",")) for part in args.grid.split(";"))
     if args.shapes:
