@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .gpu import launch_options
-from .triton_util import after_prior
+from .triton_util import after_prior, cdiv, next_power_of_2
 
 ALIGN_CHUNK = 256  # pairs one program aligns alone; a chunk's pairs (fewer for many experts)
 
@@ -145,7 +145,7 @@ class Aligned:
 
 def max_blocks_for(pairs: int, num_experts: int, block_m: int) -> int:
     """Blocks of block_m the sorted pairs can take at most: every expert's run padded."""
-    return triton.cdiv(pairs + min(num_experts, pairs) * (block_m - 1), block_m)
+    return cdiv(pairs + min(num_experts, pairs) * (block_m - 1), block_m)
 
 
 def align(experts: torch.Tensor, num_experts: int, block_m: int) -> Aligned:
@@ -156,7 +156,7 @@ def align(experts: torch.Tensor, num_experts: int, block_m: int) -> Aligned:
     max_blocks = max_blocks_for(p, num_experts, block_m)
     sorted_pairs = torch.empty(max_blocks * block_m, dtype=torch.int32, device=flat.device)
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=flat.device)
-    eb = triton.next_power_of_2(num_experts)
+    eb = next_power_of_2(num_experts)
     chunk = max(16, min(ALIGN_CHUNK, 16384 // eb))  # a [chunk, EB] one-hot stays small
     if p <= ALIGN_CHUNK:  # one program (decode rounds)
         _align_kernel[(1,)](
@@ -164,7 +164,7 @@ def align(experts: torch.Tensor, num_experts: int, block_m: int) -> Aligned:
             BM=block_m, EB=eb, CHUNK=chunk, BB=64, num_warps=8, **launch_options(flat),
         )
     else:  # a program a chunk: histograms, then each chunk's scatter
-        chunks = triton.cdiv(p, chunk)
+        chunks = cdiv(p, chunk)
         hist = torch.empty(chunks, eb, dtype=torch.int32, device=flat.device)
         _chunk_hist_kernel[(chunks,)](flat, hist, p, EB=eb, CHUNK=chunk, num_warps=4, **launch_options(flat))
         _chunk_scatter_kernel[(chunks,)](

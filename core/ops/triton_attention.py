@@ -35,7 +35,7 @@ import triton.language as tl
 from .pass_meta import QUERY_ROWS, PassMeta
 from .gpu import launch_options
 from . import triton_key_split as key_split
-from .triton_util import after_prior, interpreting, mma
+from .triton_util import after_prior, cdiv, interpreting, mma, next_power_of_2
 
 KEY_TILE = 64
 WIDE_HEAD = 128  # head dims above this take 16-row tiles, WIDE_BDV output columns a program
@@ -50,7 +50,7 @@ def tiles(d: int, dv: int, group: int, fp8: bool = False) -> tuple[int, int, int
     lfm2), fp8 ones 16 rows (QB x group): a decode row's tile converts its e4m3 keys for 16
     rows instead of 64, which halves fp8 decode at many streams and doubles a prompt's
     attention (docs/perf.md, session 9)."""
-    gp = triton.next_power_of_2(group)
+    gp = next_power_of_2(group)
     assert d & (d - 1) == 0 and dv & (dv - 1) == 0 and d >= 16 and dv >= 16, (d, dv)
     if max(d, dv) <= WIDE_HEAD:
         return (max(1, 16 // gp) if fp8 else QUERY_ROWS), min(d, 64), dv
@@ -221,7 +221,7 @@ def paged_attention(
     span = meta.table.shape[1] * page_rows
     if window is not None:
         span = min(span, window + KEY_TILE + QUERY_ROWS)
-    nseg = triton.cdiv(span, key_split.SEGMENT) + (window is not None)
+    nseg = cdiv(span, key_split.SEGMENT) + (window is not None)
     split = key_split.plan(q, out, key_split.live_tiles(meta.num_blocks, nsub, n, qb), hkv, dvb,
                            nseg, parts)
     _attention_kernel[(meta.num_blocks * nsub, hkv, dvb * split.parts)](
@@ -231,7 +231,7 @@ def paged_attention(
         q.stride(0), q.stride(1), k_rows.stride(0), k_rows.stride(1), v_rows.stride(0),
         v_rows.stride(1), ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1),
         out.stride(0), out.stride(1),
-        G=group, GP=triton.next_power_of_2(group), QB=qb, NSUB=nsub, D=d, DC=dc, BDV=bdv,
+        G=group, GP=next_power_of_2(group), QB=qb, NSUB=nsub, D=d, DC=dc, BDV=bdv,
         KT=KEY_TILE, HAS_WINDOW=window is not None, SCALED=scaled, IEEE=q.dtype == torch.float32,
         INTERP=interpreting(), DVB=dvb, SEG=key_split.SEGMENT, num_warps=warps(d, dv),
         num_stages=2,

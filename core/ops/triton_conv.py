@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .gpu import launch_options
-from .triton_util import after_prior
+from .triton_util import after_prior, cdiv, next_power_of_2
 from .pass_meta import PassMeta
 
 ROWS = 16
@@ -130,7 +130,7 @@ def gated_conv(
     y = torch.empty(n, h, dtype=bcx.dtype, device=bcx.device)
     if n == 0:
         return y
-    grid = (triton.cdiv(n, ROWS), triton.cdiv(h, CHANNELS))
+    grid = (cdiv(n, ROWS), cdiv(h, CHANNELS))
     in_place = one_row_each and TAIL_IN_PLACE and k >= 2 and state.dtype == bcx.dtype
     _gated_conv_kernel[grid](
         bcx, state, weight, bias if bias is not None else weight, y, meta.row_stream,
@@ -140,9 +140,9 @@ def gated_conv(
     )
     if in_place:
         return y
-    tail_kernel[(meta.num_streams, triton.cdiv(h, CHANNELS))](
+    tail_kernel[(meta.num_streams, cdiv(h, CHANNELS))](
         bcx, state, meta.stream_row0, meta.stream_len, meta.stream_start, meta.stream_slot, h,
-        bcx.stride(0), state.stride(0), K=k, KP=triton.next_power_of_2(max(k - 1, 1)),
+        bcx.stride(0), state.stride(0), K=k, KP=next_power_of_2(max(k - 1, 1)),
         CH=CHANNELS, num_warps=4, **launch_options(bcx),
     )
     return y

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .gpu import launch_options
-from .triton_util import after_prior
+from .triton_util import after_prior, cdiv
 
 SEGMENT = 256  # keys; a multiple of the key tile (64)
 TARGET_PROGRAMS = 264  # two programs per SM of an H200: split until a pass has about this many
@@ -32,7 +32,7 @@ def parts_for(programs: int, segments: int) -> int:
     """How many programs share a row tile's segments: 1 (one program walks them all) when the
     pass has a quarter of TARGET_PROGRAMS or more (a split of 2 or 3 gains less than its
     combine costs: at 32 streams, docs/perf.md), else enough to reach TARGET_PROGRAMS."""
-    want = triton.cdiv(TARGET_PROGRAMS, max(programs, 1))
+    want = cdiv(TARGET_PROGRAMS, max(programs, 1))
     if want < 4 or segments <= 1:
         return 1
     return min(segments, want)

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .gpu import launch_options
-from .triton_util import after_prior
+from .triton_util import after_prior, next_power_of_2
 
 
 @triton.jit
@@ -118,7 +118,7 @@ def quantize_scatter(index: torch.Tensor | None,
     for v, q, s in (a, b):
         args += [v, q, s, v.stride(0), v.stride(1), q.stride(0), q.stride(1), s.stride(0),
                  s.stride(1)]
-    bd = triton.next_power_of_2(max(da, db))
+    bd = next_power_of_2(max(da, db))
     _quant_kernel[(n, ha + hb)](
         idx, index.stride(0) if index is not None else 0, n, *args, HA=ha, DA=da, DB=db, BD=bd,
         HAS_INDEX=index is not None, num_warps=4 if bd >= 512 else (2 if bd >= 128 else 1),

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from . import triton_splitk as splitk
 from .gpu import launch_options, prefetch_k
-from .triton_util import after_prior, interpreting, mma, prefetch_rows, publish_writes
+from .triton_util import after_prior, cdiv, interpreting, mma, prefetch_rows, publish_writes
 
 TINY_BLOCK_M = 16  # passes of up to TINY_ROWS rows (one decode round of a few streams)
 TINY_ROWS = 16
@@ -76,7 +76,7 @@ def tiles_for(n: int, k: int) -> Tiles:
 def splits_of(n: int, k: int) -> int:
     """K chunks for an [*, k] @ [n, k]ᵀ product: from the weight's shape only (they fix the bits)."""
     t = tiles_for(n, k)
-    return splitk.splits_for(triton.cdiv(n, t.block_n), triton.cdiv(k, t.block_k), t.wave)
+    return splitk.splits_for(cdiv(n, t.block_n), cdiv(k, t.block_k), t.wave)
 
 
 def pick(m: int, n: int, k: int) -> tuple[int, Tiles]:
@@ -184,9 +184,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if m:
         bm, t = pick(m, n, k)
         splits = splits_of(n, k)
-        grid_m = triton.cdiv(m, bm)
+        grid_m = cdiv(m, bm)
         split_grid = splits > 1 and m <= TINY_ROWS
-        grid = (triton.cdiv(n, t.block_n), grid_m, splits if split_grid else 1)
+        grid = (cdiv(n, t.block_n), grid_m, splits if split_grid else 1)
         if split_grid:
             ws = torch.empty(splits, grid_m * bm, n, dtype=torch.float32, device=x.device)
             cnt = splitk.counters(x.device, grid[0] * grid[1])

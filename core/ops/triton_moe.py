@@ -28,7 +28,7 @@ import triton.language as tl
 
 from .triton_align import Aligned, align
 from .gpu import launch_options, prefetch_k
-from .triton_util import after_prior, interpreting, mma, prefetch_rows
+from .triton_util import after_prior, cdiv, interpreting, mma, prefetch_rows
 
 BLOCK_M = 128  # prompt passes (more than SMALL_ROWS rows)
 SMALL_BLOCK_M = 64  # decode-sized passes
@@ -243,7 +243,7 @@ def _experts(
     ex = min(e, al.max_blocks) if block_m == TINY_BLOCK_M else 0
     pre_sw = min(prefetch_k(w1, 2 * i * ex), prefetch_k(w3, 2 * i * ex)) if ex else 0
     t = sw
-    _swiglu_kernel[(triton.cdiv(i, t.block_n), al.max_blocks)](
+    _swiglu_kernel[(cdiv(i, t.block_n), al.max_blocks)](
         x, w1, w3, g, al.pair_expert, al.sorted_pairs, al.block_expert, pairs, e, i, h,
         float(limit), x.stride(0), w1.stride(0), w1.stride(1), w3.stride(0), w3.stride(1),
         TOPK=top_k, ACT=ACTS[act], IEEE=ieee, INTERP=interpreting(), BM=block_m,
@@ -252,7 +252,7 @@ def _experts(
     )
     t = dn
     rw = route_weights.reshape(-1) if route_weights is not None else g
-    _down_kernel[(triton.cdiv(h, t.block_n), al.max_blocks)](
+    _down_kernel[(cdiv(h, t.block_n), al.max_blocks)](
         g, w2, rw, out, al.sorted_pairs, al.block_expert, pairs, e, h, i,
         w2.stride(0), w2.stride(1), out.stride(0),
         HAS_WEIGHT=route_weights is not None, IEEE=ieee, INTERP=interpreting(), BM=block_m, BN=t.block_n,
@@ -299,7 +299,7 @@ def slot_sum(
     if n:
         p = plus.contiguous() if plus is not None else out
         assert p.shape == out.shape
-        _slot_sum_kernel[(n, triton.cdiv(h, 1024))](
+        _slot_sum_kernel[(n, cdiv(h, 1024))](
             slots, p, out, h, TOPK=k, CH=1024, ROUND_EACH=round_each, HAS_PLUS=plus is not None,
             num_warps=4, **launch_options(slots),
         )
@@ -335,7 +335,7 @@ def _identity(n: int, device: torch.device, block_m: int) -> Aligned:
     """Rows 0..n-1 in order, all of expert 0 (the dense FFN); built once a row count."""
     key = (n, str(device), block_m)
     if key not in _IDENTITY:
-        blocks = triton.cdiv(n, block_m)
+        blocks = cdiv(n, block_m)
         pairs = torch.arange(blocks * block_m, dtype=torch.int32, device=device)
         pairs = torch.where(pairs < n, pairs, n)
         zeros = torch.zeros(blocks, dtype=torch.int32, device=device)

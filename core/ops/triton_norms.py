@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .gpu import launch_options
-from .triton_util import after_prior
+from .triton_util import after_prior, cdiv, next_power_of_2
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
@@ -64,7 +64,7 @@ NORM_WARPS = 4  # part of a row's reduction order (norm_rows)
 
 def rows_per_program(d: int) -> tuple[int, int]:
     """(ROWS, BLOCK_D) of a norm over rows of width d: from d alone."""
-    block_d = triton.next_power_of_2(d)
+    block_d = next_power_of_2(d)
     return max(1, min(64, 4096 // block_d)), block_d
 
 
@@ -80,7 +80,7 @@ def _launch(x, res, weight, eps, slots=1):
     r = res.reshape(-1, d).contiguous() if res is not None else src
     per, block_d = rows_per_program(d)
     if n:
-        _rms_norm_kernel[(triton.cdiv(n, per),)](
+        _rms_norm_kernel[(cdiv(n, per),)](
             src, r, weight.contiguous(), out, h, n, d, eps,
             HAS_RES=res is not None, ROWS=per, BLOCK_D=block_d, SLOTS=slots, num_warps=NORM_WARPS,
             **launch_options(src),

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_util import cdiv
+
 MAX_WORLD = 8
 BLOCK = 1024
 
@@ -55,6 +57,6 @@ def rank_sum(parts: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
     if n == 0:
         return out
     ptrs = list(parts) + [parts[0]] * (MAX_WORLD - world)  # the unused ones are never read
-    grid = (triton.cdiv(n, BLOCK),)
+    grid = (cdiv(n, BLOCK),)
     _rank_sum_kernel[grid](*ptrs, out, n, WORLD=world, BLOCK=BLOCK, num_warps=4)
     return out

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from .gpu import launch_options
-from .triton_util import after_prior
+from .triton_util import after_prior, next_power_of_2
 
 
 NORM_NONE, NORM_ROUNDED, NORM_FP32 = 0, 1, 2  # _rope_kernel's NORM
@@ -108,7 +108,7 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch
         _rope_kernel[(n,)](
             x, weight.contiguous() if weight is not None else cos, cos, sin, out, n, heads,
             x.stride(0), x.stride(1), cos.stride(0), float(eps), HALF=d // 2,
-            HEADS=triton.next_power_of_2(heads), NORM=norm,
+            HEADS=next_power_of_2(heads), NORM=norm,
             num_warps=_warps(heads, d, norm), **launch_options(x),
         )
     return out
@@ -152,7 +152,7 @@ def qkv_norm_rope_write(
             qkv, q_norm.contiguous(), k_norm.contiguous(), cos, sin, q, k_dst, v_dst, index, n,
             q_heads, kv_heads, qkv.stride(0), qkv.stride(1), cos.stride(0), k_dst.stride(0),
             k_dst.stride(1), v_dst.stride(0), v_dst.stride(1), float(eps), HALF=d // 2,
-            Q_HEADS=triton.next_power_of_2(q_heads), KV_HEADS=triton.next_power_of_2(kv_heads),
+            Q_HEADS=next_power_of_2(q_heads), KV_HEADS=next_power_of_2(kv_heads),
             NORM=NORM_ROUNDED, num_warps=_warps(max(q_heads, kv_heads), d, NORM_ROUNDED),
             **launch_options(qkv),
         )

@@ -25,7 +25,7 @@ from .triton_align import Aligned, align_pairs, max_blocks_for
 from .triton_moe import TINY_BLOCK_M
 from .triton_norms import NORM_WARPS, norm_rows, rows_per_program
 from . import triton_splitk
-from .triton_util import after_prior, interpreting, mma, publish_writes
+from .triton_util import after_prior, cdiv, interpreting, mma, next_power_of_2, publish_writes
 
 ROUTE_ROWS = 16
 ALIGN_ONE_ROW = True  # a one-row pass's router also aligns its pairs (False: benchmarks' "before")
@@ -244,12 +244,12 @@ def _router_route_kernel(
 def _partial_tiles(x: torch.Tensor, gate: torch.Tensor, fp32: bool) -> dict:
     """The router GEMV's split of H and its tiles, from H, E and fp32 alone."""
     e = gate.shape[0]
-    eb = max(16, triton.next_power_of_2(e))
+    eb = max(16, next_power_of_2(e))
     # An fp32 product is a plain FMA loop, not a tensor-core one: smaller tiles keep its
     # operands in registers (with 64 x 128 tiles glm5_next's router took 0.45 ms for one row
     # on the H200; 16 x 32 is not timed yet). Neither tile changes a row's reduction order.
     bm, bk = (16, 32) if fp32 else (64, min(128, ROUTER_SPLIT))
-    return dict(eb=eb, eblk=min(eb, EXPERT_BLOCK), splits=triton.cdiv(x.shape[1], ROUTER_SPLIT),
+    return dict(eb=eb, eblk=min(eb, EXPERT_BLOCK), splits=cdiv(x.shape[1], ROUTER_SPLIT),
                 bm=bm, bk=bk, ieee=fp32 or x.dtype == torch.float32)
 
 
@@ -259,7 +259,7 @@ def _partials(x: torch.Tensor, gate: torch.Tensor, fp32: bool, t: dict) -> torch
     e = gate.shape[0]
     part = torch.empty(t["splits"], n, t["eb"], dtype=torch.float32, device=x.device)
     if n:
-        _router_partial_kernel[(triton.cdiv(n, t["bm"]), t["splits"], triton.cdiv(e, t["eblk"]))](
+        _router_partial_kernel[(cdiv(n, t["bm"]), t["splits"], cdiv(e, t["eblk"]))](
             x, gate, part, n, e, h, x.stride(0), F32=fp32, IEEE=t["ieee"], INTERP=interpreting(),
             BM=t["bm"], EB=t["eb"], EBLK=t["eblk"], KS=ROUTER_SPLIT, BK=t["bk"], num_warps=4,
             **launch_options(x),
@@ -291,9 +291,9 @@ def _route(
         return weights, experts
     assert e % groups == 0 and 1 <= keep_groups <= groups
     select = dict(
-        TOPK=top_k, KB=triton.next_power_of_2(top_k), EB=eb, SOFTMAX=softmax,
+        TOPK=top_k, KB=next_power_of_2(top_k), EB=eb, SOFTMAX=softmax,
         HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, NORM=norm, GROUPS=groups,
-        EPG=e // groups, KEEP_GROUPS=keep_groups, GB=max(2, triton.next_power_of_2(groups)),
+        EPG=e // groups, KEEP_GROUPS=keep_groups, GB=max(2, next_power_of_2(groups)),
         BY_EXPERT=by_expert, ROWS=max(1, min(ROUTE_ROWS, 4096 // eb)),  # by E alone
         num_warps=4,
     )
@@ -306,7 +306,7 @@ def _route(
                           experts.reshape(-1), TINY_BLOCK_M, e)
     if fuses_one_row(n, e):
         part = torch.empty(t["splits"], 1, eb, dtype=torch.float32, device=x.device)
-        _router_route_kernel[(1, t["splits"], triton.cdiv(e, t["eblk"]))](
+        _router_route_kernel[(1, t["splits"], cdiv(e, t["eblk"]))](
             x, gate, part, triton_splitk.counters(x.device, 1),
             bias if bias is not None else part, scale if scale is not None else part, lt,
             weights, experts, h, x.stride(0), e, t["splits"], float(scaling), float(norm_eps),
@@ -321,7 +321,7 @@ def _route(
         align = {} if aligned is None else dict(
             sorted_ptr=aligned.sorted_pairs, block_ptr=aligned.block_expert,
             max_blocks=aligned.max_blocks, ALIGN=True, BM=TINY_BLOCK_M)
-        _route_kernel[(triton.cdiv(n, select["ROWS"]),)](
+        _route_kernel[(cdiv(n, select["ROWS"]),)](
             part, bias if bias is not None else part, scale if scale is not None else part, lt,
             weights, experts, n, e, t["splits"], float(scaling), float(norm_eps),
             **align, **select, **launch_options(part),
@@ -429,6 +429,6 @@ def router_input(
     if n:
         _router_input_kernel[(n,)](
             r, scale.contiguous(), pre_norm.contiguous(), z, xe, n, d, float(eps), float(const),
-            BLOCK_D=triton.next_power_of_2(d), num_warps=8 if d > 2048 else 4, **launch_options(r),
+            BLOCK_D=next_power_of_2(d), num_warps=8 if d > 2048 else 4, **launch_options(r),
         )
     return z, xe

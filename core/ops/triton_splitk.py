@@ -16,7 +16,8 @@ tests/test_gpu_kernels.py on the GPU).
 from __future__ import annotations
 
 import torch
-import triton
+
+from .triton_util import cdiv
 
 WAVE = 128  # programs a decode GEMM should offer: about one per SM of an H200 (bench/decode_kernels.py)
 MAX_SPLITS = 8
@@ -28,7 +29,7 @@ _counters: dict[torch.device, torch.Tensor] = {}
 def splits_for(tiles: int, k_blocks: int, wave: int = 0) -> int:
     """Chunks for a product with `tiles` output tiles at one row and K of `k_blocks` BLOCK_K steps:
     a power of two, enough for about `wave` programs (0: WAVE), at most MAX_SPLITS and k_blocks."""
-    want = triton.cdiv(wave or WAVE, max(tiles, 1))
+    want = cdiv(wave or WAVE, max(tiles, 1))
     splits = 1
     while splits < want and splits * 2 <= min(MAX_SPLITS, k_blocks):
         splits *= 2
@@ -37,7 +38,7 @@ def splits_for(tiles: int, k_blocks: int, wave: int = 0) -> int:
 
 def chunk(k: int, block_k: int, splits: int) -> int:
     """Length of each chunk of K: whole BLOCK_K steps (the last chunk may be shorter)."""
-    return triton.cdiv(triton.cdiv(k, block_k), splits) * block_k
+    return cdiv(cdiv(k, block_k), splits) * block_k
 
 
 def counters(device: torch.device, tiles: int) -> torch.Tensor:

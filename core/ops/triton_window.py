@@ -24,7 +24,7 @@ from .pass_meta import QUERY_ROWS, PassMeta
 from .triton_attention import KEY_TILE, attend_tile, row_tile, scaled_q, tiles, warps
 from .gpu import launch_options
 from . import triton_key_split as key_split
-from .triton_util import after_prior, interpreting
+from .triton_util import after_prior, cdiv, interpreting, next_power_of_2
 
 
 @triton.jit(do_not_specialize=["window", "parts", "nseg"])
@@ -129,7 +129,7 @@ def ring_attention(
     else:  # unread
         nks, nvs, rks, rvs, s_strides = new_k, new_v, ring_k, ring_v, (0, 0, 0, 0)
     dvb = dv // bdv
-    nseg = triton.cdiv(window + KEY_TILE + QUERY_ROWS, key_split.SEGMENT) + 1
+    nseg = cdiv(window + KEY_TILE + QUERY_ROWS, key_split.SEGMENT) + 1
     split = key_split.plan(q, out, key_split.live_tiles(meta.num_blocks, nsub, n, qb), hkv, dvb,
                            nseg, parts)
     _ring_attention_kernel[(meta.num_blocks * nsub, hkv, dvb * split.parts)](
@@ -139,7 +139,7 @@ def ring_attention(
         q.stride(0), q.stride(1), new_k.stride(0), new_k.stride(1), new_v.stride(0),
         new_v.stride(1), ring_k.stride(0), ring_k.stride(1), ring_k.stride(2), ring_v.stride(0),
         ring_v.stride(1), ring_v.stride(2), out.stride(0), out.stride(1), *s_strides,
-        G=group, GP=triton.next_power_of_2(group), QB=qb, NSUB=nsub, D=d, DC=dc, BDV=bdv,
+        G=group, GP=next_power_of_2(group), QB=qb, NSUB=nsub, D=d, DC=dc, BDV=bdv,
         KT=KEY_TILE, SCALED=scales is not None, IEEE=q.dtype == torch.float32,
         INTERP=interpreting(), DVB=dvb, SEG=key_split.SEGMENT, num_warps=warps(d, dv),
         num_stages=2,
@@ -230,6 +230,6 @@ def _advance_group(rings, news, positions, meta) -> None:
     _advance_kernel[(n, sum(heads))](
         positions, meta.row_stream, meta.stream_start, meta.stream_len, meta.stream_slot, rows,
         *args, H0=heads[0], H1=heads[1], H2=heads[2], D0=dims[0], D1=dims[1], D2=dims[2],
-        D3=dims[3], BD=min(triton.next_power_of_2(max(dims)), 256), num_warps=4,
+        D3=dims[3], BD=min(next_power_of_2(max(dims)), 256), num_warps=4,
         **launch_options(news[0]),
     )

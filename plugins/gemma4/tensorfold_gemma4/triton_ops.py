@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from tensorfold.ops.gpu import launch_options
-from tensorfold.ops.triton_util import after_prior
+from tensorfold.ops.triton_util import after_prior, cdiv, next_power_of_2
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 ELEMENTS = 1024  # elements a program of the elementwise kernels takes
@@ -136,7 +136,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 def _tiling(d: int) -> tuple[int, int]:
     """(rows a program, BLOCK_D) from the row width alone."""
-    block_d = triton.next_power_of_2(d)
+    block_d = next_power_of_2(d)
     return max(1, min(16, 4096 // block_d)), block_d
 
 
@@ -153,7 +153,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     per, block_d = _tiling(d)
     if n:
-        _rms_norm_kernel[(triton.cdiv(n, per),)](
+        _rms_norm_kernel[(cdiv(n, per),)](
             src, weight if weight is not None else out, out, n, d, eps, max(heads, 1), stride_n,
             HAS_W=weight is not None, ROWS=per, BLOCK_D=block_d, num_warps=4, **launch_options(out),
         )
@@ -182,7 +182,7 @@ def residual(
     per, block_d = _tiling(d)
     dummy = hr
     if n:
-        _residual_kernel[(triton.cdiv(n, per),)](
+        _residual_kernel[(cdiv(n, per),)](
             hr, ar, er, wa if wa is not None else dummy, we if we is not None else dummy,
             wpost if wpost is not None else dummy, scale if scale is not None else dummy,
             wnext if wnext is not None else dummy, h_out, x_out, n, d, eps,
@@ -199,7 +199,7 @@ def _elementwise(a: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     out = torch.empty_like(ac)
     n = ac.numel()
     if n:
-        _gelu_kernel[(triton.cdiv(n, ELEMENTS),)](
+        _gelu_kernel[(cdiv(n, ELEMENTS),)](
             ac, bc, out, n, HAS_B=b is not None, C=_GELU_C, BLOCK=ELEMENTS, num_warps=4, **launch_options(ac),
         )
     return out
@@ -221,5 +221,5 @@ def softcap_float(logits: torch.Tensor, cap: float) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     n = x.numel()
     if n:
-        _softcap_kernel[(triton.cdiv(n, ELEMENTS),)](x, out, n, cap, BLOCK=ELEMENTS, num_warps=4, **launch_options(x))
+        _softcap_kernel[(cdiv(n, ELEMENTS),)](x, out, n, cap, BLOCK=ELEMENTS, num_warps=4, **launch_options(x))
     return out

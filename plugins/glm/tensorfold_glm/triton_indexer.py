@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from tensorfold.ops.pass_meta import QUERY_ROWS, PassMeta
-from tensorfold.ops.triton_util import interpreting, mma
+from tensorfold.ops.triton_util import cdiv, interpreting, mma, next_power_of_2
 
 POOL_TILE = 32  # pools scored per program
 NO_POOL = -(2**63)  # the key of a non-candidate
@@ -66,10 +66,10 @@ def layer_norm(
     rows = x.reshape(-1, d).contiguous()
     n = rows.shape[0]
     out = torch.empty_like(rows)
-    block_d = triton.next_power_of_2(d)
+    block_d = next_power_of_2(d)
     per = max(1, min(64, 4096 // block_d))
     if n:
-        _layer_norm_kernel[(triton.cdiv(n, per),)](
+        _layer_norm_kernel[(cdiv(n, per),)](
             rows, weight.contiguous(), bias.contiguous(), out, n, d, eps,
             ROWS=per, BLOCK_D=block_d, num_warps=4,
         )
@@ -140,10 +140,10 @@ def write_pool_keys(
         return
     kpool, dim = ape.shape
     rows = 16
-    _pool_key_kernel[(triton.cdiv(n, rows),)](
+    _pool_key_kernel[(cdiv(n, rows),)](
         k_rows, g_rows, ape.contiguous(), key_rows, positions, write_index, meta.row_stream, n,
         meta.table, meta.table.stride(0), meta.table.stride(1), page_rows, k_rows.stride(0),
-        g_rows.stride(0), key_rows.stride(0), DI=dim, DIP=triton.next_power_of_2(dim),
+        g_rows.stride(0), key_rows.stride(0), DI=dim, DIP=next_power_of_2(dim),
         KPOOL=kpool, ROWS=rows, num_warps=4,
     )
 
@@ -208,12 +208,12 @@ def pool_key_scores(
         return keys
     q = q.contiguous()
     weights = weights.contiguous()
-    grid = (meta.num_blocks, triton.cdiv(pools, POOL_TILE))
+    grid = (meta.num_blocks, cdiv(pools, POOL_TILE))
     _score_kernel[grid](
         q, weights, key_rows, keys, positions, meta.block_stream, meta.block_row0,
         meta.block_len, meta.table, meta.table.stride(0), meta.table.stride(1), page_rows, pools,
         scale, q.stride(0), q.stride(1), weights.stride(0), key_rows.stride(0),
-        NI=heads, DI=dim, DIP=triton.next_power_of_2(dim), KPOOL=kpool, QB=QUERY_ROWS,
+        NI=heads, DI=dim, DIP=next_power_of_2(dim), KPOOL=kpool, QB=QUERY_ROWS,
         PT=POOL_TILE, IEEE=q.dtype == torch.float32, INTERP=interpreting(), num_warps=4,
     )
     return keys

@@ -15,6 +15,7 @@ import triton.language as tl
 
 from tensorfold.ops.pass_meta import PassMeta
 from tensorfold.ops.triton_conv import tail_kernel
+from tensorfold.ops.triton_util import cdiv, next_power_of_2
 
 ROWS = 16
 CHANNELS = 128
@@ -70,14 +71,14 @@ def conv_silu(
     out = torch.empty(3, n, d, dtype=qkv.dtype, device=qkv.device)
     if n == 0:
         return out
-    _conv_silu_kernel[(triton.cdiv(n, ROWS), triton.cdiv(c, CHANNELS))](
+    _conv_silu_kernel[(cdiv(n, ROWS), cdiv(c, CHANNELS))](
         qkv, tails, weight.contiguous(), out, meta.row_stream, meta.stream_row0,
         meta.stream_start, meta.stream_slot, n, c, d, qkv.stride(0), tails.stride(0),
         K=k, ROWS=ROWS, CH=CHANNELS, num_warps=4,
     )
-    tail_kernel[(meta.num_streams, triton.cdiv(c, CHANNELS))](
+    tail_kernel[(meta.num_streams, cdiv(c, CHANNELS))](
         qkv, tails, meta.stream_row0, meta.stream_len, meta.stream_start, meta.stream_slot, c,
-        qkv.stride(0), tails.stride(0), K=k, KP=triton.next_power_of_2(max(k - 1, 1)),
+        qkv.stride(0), tails.stride(0), K=k, KP=next_power_of_2(max(k - 1, 1)),
         CH=CHANNELS, GATED=False, num_warps=4,
     )
     return out
@@ -98,7 +99,7 @@ def zero_fresh(states: torch.Tensor, meta: PassMeta) -> None:
     the starts: a decode pass under a CUDA graph may hold a one-row prompt). states [slots, ...]
     contiguous per slot."""
     size = states[0].numel()
-    _zero_fresh_kernel[(meta.num_streams, triton.cdiv(size, ZERO_BLOCK))](
+    _zero_fresh_kernel[(meta.num_streams, cdiv(size, ZERO_BLOCK))](
         states, meta.stream_start, meta.stream_slot, size, states.stride(0), BLOCK=ZERO_BLOCK,
         num_warps=4,
     )
@@ -129,10 +130,10 @@ def gated_norm(o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: f
     gate = gate.contiguous()
     out = torch.empty_like(o)
     groups = o.numel() // v
-    block_v = triton.next_power_of_2(v)
+    block_v = next_power_of_2(v)
     per = max(1, min(64, 4096 // block_v))
     if groups:
-        _gated_norm_kernel[(triton.cdiv(groups, per),)](
+        _gated_norm_kernel[(cdiv(groups, per),)](
             o, gate, weight.contiguous(), out, groups, v, eps, ROWS=per, BLOCK_V=block_v,
             num_warps=4,
         )

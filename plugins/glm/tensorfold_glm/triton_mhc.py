@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tensorfold.ops.triton_util import interpreting
+from tensorfold.ops.triton_util import cdiv, interpreting, next_power_of_2
 
 PROJECT_ROWS = 16  # tl.dot's smallest M
 BLOCK_K = 64
@@ -35,8 +35,8 @@ EXPAND_ROWS = 4
 def split_for(width: int) -> tuple[int, int]:
     """(pieces, columns a piece) for an hc·H-wide projection: by the width alone."""
     pieces = max(1, min(MAX_SPLIT, width // PIECE))
-    cols = triton.cdiv(triton.cdiv(width, pieces), BLOCK_K) * BLOCK_K
-    return triton.cdiv(width, cols), cols
+    cols = cdiv(cdiv(width, pieces), BLOCK_K) * BLOCK_K
+    return cdiv(width, cols), cols
 
 
 @triton.jit
@@ -169,7 +169,7 @@ def collapse_norm(
     n, hc, h = streams.shape
     width = hc * h
     w = (2 + hc) * hc
-    wp = max(16, triton.next_power_of_2(w))
+    wp = max(16, next_power_of_2(w))
     streams = streams.contiguous()
     dev = streams.device
     out = torch.empty(n, h, dtype=torch.promote_types(streams.dtype, norm_weight.dtype), device=dev)
@@ -178,7 +178,7 @@ def collapse_norm(
     if n == 0:
         return post, comb, out
     pieces, cols = split_for(width)
-    tiles = triton.cdiv(n, PROJECT_ROWS)
+    tiles = cdiv(n, PROJECT_ROWS)
     n_pad = tiles * PROJECT_ROWS
     z = torch.empty(pieces, n_pad, wp, dtype=torch.float32, device=dev)
     ss = torch.empty(pieces, n_pad, dtype=torch.float32, device=dev)
@@ -186,10 +186,10 @@ def collapse_norm(
         streams, fn.contiguous(), z, ss, n, width, cols, W=w, WP=wp, ROWS=PROJECT_ROWS,
         BK=BLOCK_K, INTERP=interpreting(), num_warps=4,
     )
-    _collapse_kernel[(triton.cdiv(n, COLLAPSE_ROWS),)](
+    _collapse_kernel[(cdiv(n, COLLAPSE_ROWS),)](
         streams, z, ss, base.contiguous(), scale.contiguous(), norm_weight.contiguous(), post,
         comb, out, n, n_pad, h, iters, rms_eps, hc_eps, norm_eps, HC=hc, WP=wp, PIECES=pieces,
-        ROWS=COLLAPSE_ROWS, BH=min(BLOCK_H, triton.next_power_of_2(h)), num_warps=4,
+        ROWS=COLLAPSE_ROWS, BH=min(BLOCK_H, next_power_of_2(h)), num_warps=4,
     )
     return post, comb, out
 
@@ -231,8 +231,8 @@ def expand(
     residual = residual.contiguous()
     out = torch.empty_like(residual)
     if n:
-        bh = min(BLOCK_H, triton.next_power_of_2(h))
-        _expand_kernel[(triton.cdiv(n, EXPAND_ROWS), triton.cdiv(h, bh))](
+        bh = min(BLOCK_H, next_power_of_2(h))
+        _expand_kernel[(cdiv(n, EXPAND_ROWS), cdiv(h, bh))](
             post.contiguous(), comb.contiguous(), y.contiguous(), residual, out, n, h, HC=hc,
             ROWS=EXPAND_ROWS, BH=bh, num_warps=4,
         )

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from tensorfold.ops.pass_meta import PassMeta
-from tensorfold.ops.triton_util import interpreting, mma
+from tensorfold.ops.triton_util import cdiv, interpreting, mma, next_power_of_2
 
 HEADS_BLOCK = 16
 POOLS_PER_STEP = 2  # 32 latent rows a step at kpool 16
@@ -68,8 +68,8 @@ def head_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         weight = weight.contiguous()
     out = torch.empty(n, heads, out_n, dtype=x.dtype, device=x.device)
     if n:
-        block_k = min(HEAD_BLOCK_K, triton.next_power_of_2(k))
-        grid = (triton.cdiv(out_n, HEAD_BLOCK_N), triton.cdiv(n, HEAD_BLOCK_M), heads)
+        block_k = min(HEAD_BLOCK_K, next_power_of_2(k))
+        grid = (cdiv(out_n, HEAD_BLOCK_N), cdiv(n, HEAD_BLOCK_M), heads)
         _head_linear_kernel[grid](
             x, weight, out, n, out_n, k, x.stride(0), x.stride(1), weight.stride(0),
             weight.stride(1), out.stride(0), out.stride(1),
@@ -172,16 +172,16 @@ def sparse_mla(
     if q_lat.stride(-1) != 1:
         q_lat = q_lat.contiguous()
     n_sel = selection.shape[1]
-    hb = min(HEADS_BLOCK, triton.next_power_of_2(heads))
+    hb = min(HEADS_BLOCK, next_power_of_2(heads))
     scaled = latent_scales is not None
     cs = latent_scales if scaled else latent  # unread unless scaled
-    _sparse_mla_kernel[(n, triton.cdiv(heads, hb))](
+    _sparse_mla_kernel[(n, cdiv(heads, hb))](
         q_lat, latent, cs, out, selection, positions, meta.row_stream, meta.table,
         meta.table.stride(0), meta.table.stride(1), page_rows, n_sel, scale,
         q_lat.stride(0), q_lat.stride(1), latent.stride(0), cs.stride(0), out.stride(0),
         out.stride(1), selection.stride(0),
-        HEADS=heads, HB=hb, R=r, RP=triton.next_power_of_2(r), KPOOL=kpool, PPS=POOLS_PER_STEP,
-        SELP=triton.next_power_of_2(max(n_sel, 1)), SCALED=scaled,
+        HEADS=heads, HB=hb, R=r, RP=next_power_of_2(r), KPOOL=kpool, PPS=POOLS_PER_STEP,
+        SELP=next_power_of_2(max(n_sel, 1)), SCALED=scaled,
         IEEE=q_lat.dtype == torch.float32,
         INTERP=interpreting(), num_warps=4,
     )
