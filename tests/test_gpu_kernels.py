@@ -95,6 +95,22 @@ def test_norm_in_the_routers_launch_gives_the_norms_bits(h, monkeypatch: pytest.
         randn(700, h, seed=20), randn(700, h, seed=21))
 
 
+def test_route_of_one_row_on_its_own_tile_gives_the_rows_tiles_bits(monkeypatch):
+    """ONE_ROW_TILE: gemma4's routing (softmax over 128 experts, top 8, per-expert scale) of a
+    row alone, on a [1, 128] tile in one warp, has the bits of the row in a batch ([16, 128]
+    tiles in four warps), the sigmoid route's too."""
+    from tensorfold.ops import triton_route
+
+    monkeypatch.setattr(triton_route, "ONE_ROW_TILE", True)
+    gate = randn(128, 2816, seed=40, scale=0.02)
+    scale = (1 + randn(128, seed=41, scale=0.1)).float()
+    x = randn(700, 2816, seed=42)
+    assert not triton_route.fuses_one_row(1, 128)
+    assert_rows_invariant(lambda x: triton_route.softmax_route(x, gate, 8, scale), x)
+    assert_rows_invariant(
+        lambda x: triton_route.route(x, gate, None, 8, norm_topk_prob=True, scaling=2.5), x)
+
+
 def test_norms_and_rope_rows_alone_equal_batches():
     from tensorfold.ops import rope as ref_rope
     from tensorfold.ops import triton_norms, triton_rope

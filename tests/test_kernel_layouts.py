@@ -34,6 +34,13 @@ def test_norm_in_the_routers_launch_reduces_a_row_as_the_norm_kernel():
     _in_fresh_process("norm_in_router")
 
 
+def test_route_of_one_row_on_its_own_tile_reduces_a_row_as_the_rows_tile():
+    """triton_route's _route_kernel for one row on a [1, 128] tile in one warp (ONE_ROW_TILE)
+    reduces each row (the softmax's sum among them) in the layout of the [16, 128] tile in four
+    warps along the row: 4 columns a thread, 32 threads, one warp (gemma4's 128 experts)."""
+    _in_fresh_process("route_one_row")
+
+
 def test_qkv_norm_rope_write_reduces_its_heads_as_norm_ropes_launches():
     """triton_rope's one launch for lfm2's q/k norm + rope and K/V writes sums each q and k
     head's squares on the tiles of norm_rope's launch for q and for k, in the same layouts
@@ -85,6 +92,30 @@ def check_norm_in_router() -> None:
     assert _row_sum_layouts(route, f"{rows}x{block_d}") == want
 
 
+def _along_rows(layout: str) -> tuple[str, ...]:
+    """A 2-D blocked layout's spread along dim 1 (a row): per thread, threads, warps; and order."""
+    f = {k: (a, b) for k, a, b in re.findall(r"(\w+) = \[(\d+), (\d+)\]", layout)}
+    return f["sizePerThread"][1], f["threadsPerWarp"][1], f["warpsPerCTA"][1], *f["order"]
+
+
+def check_route_one_row() -> None:
+    from tensorfold.ops import triton_route
+
+    def route(rows: int, warps: int) -> list[str]:
+        kernel = _compile(triton_route._route_kernel, dict(
+            TOPK=8, KB=8, EB=128, SOFTMAX=True, HAS_BIAS=False, HAS_SCALE=True, NORM=True,
+            GROUPS=1, EPG=128, KEEP_GROUPS=1, GB=2, BY_EXPERT=False, ROWS=rows, ALIGN=True,
+            BM=16, PDL=True,
+        ), {"part_ptr": "*fp32", "bias_ptr": "*fp32", "scale_ptr": "*fp32", "lt_ptr": "*bf16",
+            "w_ptr": "*fp32", "e_ptr": "*i64", "scaling": "fp32", "norm_eps": "fp32",
+            "sorted_ptr": "*i32", "block_ptr": "*i32"}, set(), num_warps=warps)
+        return _row_sum_layouts(kernel, f"{rows}x128")
+
+    many, one = route(triton_route.ROUTE_ROWS, 4), route(1, 1)
+    assert many and len(many) == len(one)
+    assert [_along_rows(a) for a in one] == [_along_rows(a) for a in many]
+
+
 def check_qkv_norm_rope_write() -> None:
     from tensorfold.ops import triton_rope
 
@@ -111,5 +142,5 @@ if __name__ == "__main__":
     import triton  # noqa: F401
     from triton.backends.compiler import GPUTarget
 
-    {"norm_in_router": check_norm_in_router,
+    {"norm_in_router": check_norm_in_router, "route_one_row": check_route_one_row,
      "qkv_norm_rope_write": check_qkv_norm_rope_write}[sys.argv[1]]()

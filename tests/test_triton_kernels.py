@@ -417,6 +417,34 @@ def test_router_of_one_row_sorts_its_pairs_as_align_does(e, k, softmax, by_exper
         assert triton_moe.prealigned(experts, e, triton_moe.SMALL_BLOCK_M) is None
 
 
+@pytest.mark.parametrize("softmax", [True, False])
+def test_route_of_one_row_on_its_own_tile_equals_the_rows_tile(softmax, monkeypatch):
+    """ONE_ROW_TILE: a one-row pass's route on a [1, E] tile in one warp gives the weights,
+    experts and sorted pairs of the [ROUTE_ROWS, E] tile (gemma4's 128 experts, top 8), and the
+    rows of a larger pass theirs."""
+    e, k = 128, 8
+    x = randn(3, 96, seed=80, dtype=torch.bfloat16)
+    gate = randn(e, 96, seed=81, scale=0.1).to(torch.bfloat16)
+    scale = (1 + randn(e, seed=82, scale=0.1)).float()
+
+    def run(rows):
+        if softmax:
+            return triton_route.softmax_route(rows, gate, k, scale)
+        return triton_route.route(rows, gate, None, k, norm_topk_prob=True, scaling=2.5)
+
+    assert not triton_route.fuses_one_row(1, e)
+    want = run(x[1:2].clone())
+    monkeypatch.setattr(triton_route, "ONE_ROW_TILE", True)
+    got = run(x[1:2].clone())
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    a, b = got[1].tf_aligned, want[1].tf_aligned
+    assert torch.equal(a.block_expert, b.block_expert)
+    used = (b.block_expert < e).repeat_interleave(triton_moe.TINY_BLOCK_M)
+    assert torch.equal(a.sorted_pairs[used], b.sorted_pairs[used])
+    three = run(x)
+    assert torch.equal(three[0][1:2], got[0]) and torch.equal(three[1][1:2], got[1])
+
+
 @pytest.mark.parametrize("kind", ["sigmoid", "softmax", "fp32_groups"])
 def test_router_of_one_row_in_one_launch_equals_its_two(kind, monkeypatch: pytest.MonkeyPatch):
     """A one-row pass's router runs its partials and its top k in one launch (the last program

@@ -37,6 +37,12 @@ FUSE_ONE_ROW = True  # ... and its partials and its top k are one launch (False:
 NORM_IN_ROUTER = True
 FUSE_MAX_EXPERTS = 64  # ... for up to this many experts: LFM2-8B-A1B's 32 gained (forward 1.696
 # -> 1.676 ms with two other launches folded), Gemma-4-26B-A4B's 128 lost (4.60 -> 4.74 ms)
+# A one-row pass's _route_kernel (the experts beyond FUSE_MAX_EXPERTS: gemma4's 128) on a
+# [1, E] tile in one warp instead of the [ROUTE_ROWS, E] tile in four: a row's reductions keep
+# their layout (4 columns a thread, 32 threads along the row, one warp: the same tree), and the
+# kernel's instructions halve (PTX 9276 -> 5069 lines at E=128, top 8). Off until the GPU shows
+# the bits (tests/test_gpu_kernels.py) and the time (gemma4's route: 16 µs a layer at one row)
+ONE_ROW_TILE = False
 ROUTER_SPLIT = 256  # columns of H a router program sums (fixed: part of the reduction order)
 EXPERT_BLOCK = 64  # experts a router program computes
 
@@ -317,6 +323,8 @@ def _route(
         )
     else:
         assert norm_in is None
+        if n == 1 and ONE_ROW_TILE:
+            select.update(ROWS=1, num_warps=1)
         part = _partials(x, gate, fp32, t)
         align = {} if aligned is None else dict(
             sorted_ptr=aligned.sorted_pairs, block_ptr=aligned.block_expert,
