@@ -98,7 +98,8 @@ def test_norm_in_the_routers_launch_gives_the_norms_bits(h, monkeypatch: pytest.
 def test_route_of_one_row_on_its_own_tile_gives_the_rows_tiles_bits(monkeypatch):
     """ONE_ROW_TILE: gemma4's routing (softmax over 128 experts, top 8, per-expert scale) of a
     row alone, on a [1, 128] tile in one warp, has the bits of the row in a batch ([16, 128]
-    tiles in four warps), the sigmoid route's too."""
+    tiles in four warps), the sigmoid route's too, and lfm2's one-launch router of 32 experts
+    on a [1, 32] tile."""
     from tensorfold.ops import triton_route
 
     monkeypatch.setattr(triton_route, "ONE_ROW_TILE", True)
@@ -109,6 +110,10 @@ def test_route_of_one_row_on_its_own_tile_gives_the_rows_tiles_bits(monkeypatch)
     assert_rows_invariant(lambda x: triton_route.softmax_route(x, gate, 8, scale), x)
     assert_rows_invariant(
         lambda x: triton_route.route(x, gate, None, 8, norm_topk_prob=True, scaling=2.5), x)
+    few, eb = randn(32, 2816, seed=43, scale=0.02), randn(32, seed=44, scale=0.1).float()
+    assert triton_route.fuses_one_row(1, 32)  # the one-launch router, sigmoid, on [1, 32]
+    assert_rows_invariant(
+        lambda x: triton_route.route(x, few, eb, 4, norm_topk_prob=True, scaling=2.5), x)
 
 
 def test_norms_and_rope_rows_alone_equal_batches():
