@@ -42,7 +42,8 @@ FUSE_MAX_EXPERTS = 64  # ... for up to this many experts: LFM2-8B-A1B's 32 gaine
 # their layout (4 columns a thread, 32 threads along the row, one warp: the same tree), and the
 # kernel's instructions halve (PTX 9276 -> 5069 lines at E=128, top 8). With sigmoid scores (no
 # order-dependent sum: the top k by argmax, each weight picked alone) the one-launch router of
-# fewer experts takes a [1, E] tile too, in its four warps. Off until the GPU shows the bits
+# fewer experts takes a [1, E] tile too, in its four warps. Not with expert groups (glm5_next:
+# their scores are reduced on other tiles). Off until the GPU shows the bits
 # (tests/test_gpu_kernels.py) and the time (gemma4's route: 16 µs a layer at one row)
 ONE_ROW_TILE = False
 ROUTER_SPLIT = 256  # columns of H a router program sums (fixed: part of the reduction order)
@@ -313,7 +314,7 @@ def _route(
                           torch.empty(blocks, dtype=torch.int32, device=x.device), blocks,
                           experts.reshape(-1), TINY_BLOCK_M, e)
     if fuses_one_row(n, e):
-        if ONE_ROW_TILE and not softmax:  # sigmoid: no sum whose order the layout could change
+        if ONE_ROW_TILE and not softmax and groups == 1:  # no sum whose order a layout sets
             select["ROWS"] = 1
         part = torch.empty(t["splits"], 1, eb, dtype=torch.float32, device=x.device)
         _router_route_kernel[(1, t["splits"], cdiv(e, t["eblk"]))](
@@ -327,7 +328,7 @@ def _route(
         )
     else:
         assert norm_in is None
-        if n == 1 and ONE_ROW_TILE:
+        if n == 1 and ONE_ROW_TILE and groups == 1:
             select.update(ROWS=1, num_warps=1)  # a row's layout kept (see ONE_ROW_TILE)
         part = _partials(x, gate, fp32, t)
         align = {} if aligned is None else dict(
