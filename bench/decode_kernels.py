@@ -328,6 +328,8 @@ def main() -> None:
     MOE_KERNEL = args.moe_kernel
     if args.moe_grid:
         parts = [tuple(int(v) for v in part.split(",")) for part in args.moe_grid.split(";")]
+        if len(parts) not in (3, 4):
+            ap.error(f"--moe-grid takes BLOCK_Ns;warps;stages[;BLOCK_Ks], not {args.moe_grid!r}")
         MOE_GRID = tuple(parts) if len(parts) == 4 else (*parts, (64,))
     if args.grid:
         SWEEP_GRID = tuple(tuple(int(v) for v in part.split(",")) for part in args.grid.split(";"))

@@ -47,9 +47,8 @@ def pass_level_short_conv(name, w, x, fp, slots):
 
 
 def use_pass_level_conv() -> bool:
-    """Until the plugin's layers.short_conv calls ops.conv.gated_conv (or norm_proj_conv) itself
-    (old trees)."""
-    if "_conv(" in inspect.getsource(layers.short_conv):
+    """Until the plugin's layers.short_conv calls ops.conv.gated_conv itself."""
+    if "gated_conv" in inspect.getsource(layers.short_conv):
         return False
     layers.short_conv = pass_level_short_conv
     return True
