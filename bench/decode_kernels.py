@@ -231,6 +231,7 @@ SWEEP_SHAPES = {  # name: (N, K)
     "lfm2 q+k+v": (3072, 2048),
     "gemma4 q": (4096, 2816), "gemma4 o": (2816, 4096), "gemma4 k/v": (2048, 2816),
     "gemma4 q+k+v": (8192, 2816), "gemma4 q+k (full)": (9216, 2816),
+    "lfm2 lm_head": (65536, 2048), "gemma4 lm_head": (262144, 2816),
 }
 
 
