@@ -79,6 +79,26 @@ def test_moe_gated_ffn_and_router_rows_alone_equal_batches():
     assert_rows_invariant(routed_moe, x)
 
 
+def test_moe_of_wide_experts_rows_alone_equal_batches():
+    """Experts LONG_K wide or wider: a few rows' down kernel walks K in 128-long steps, a
+    prompt pass's in 64-long ones; on the GPU the bits are the same (the MMAs chain)."""
+    from tensorfold.ops import moe as ref_moe
+    from tensorfold.ops import triton_moe
+
+    h, e, k = 512, 8, 4
+    i = triton_moe.LONG_K + 768
+    w1 = list(randn(e, i, h, seed=30, scale=0.05).unbind(0))
+    w3 = list(randn(e, i, h, seed=31, scale=0.05).unbind(0))
+    w2 = list(randn(e, h, i, seed=32, scale=0.02).unbind(0))
+    gate = randn(e, h, seed=33, scale=0.05)
+    x = randn(700, h, seed=34)
+    weights, experts = ref_moe.route(x, gate, None, k, norm_topk_prob=True)
+    assert triton_moe.pick(1, i)[2] == triton_moe.TINY_LONG_DOWN_TILES
+    assert_rows_invariant(lambda x, wt, ex: triton_moe.moe(x, wt, ex, w1, w3, w2), x, weights, experts)
+    d1, d3, d2 = w1[0], w3[0], w2[0]
+    assert_rows_invariant(lambda x: triton_moe.gated_ffn(x, d1, d3, d2), x)
+
+
 @pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("h", [2048, 512])
 def test_norm_in_the_routers_launch_gives_the_norms_bits(h, prefetch, monkeypatch: pytest.MonkeyPatch):

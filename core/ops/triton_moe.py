@@ -62,12 +62,22 @@ SMALL_DOWN_TILES = Tiles(64, 64, 4, 4)
 # `bench/decode_kernels.py --moe-tiles` on an H200 (docs/perf.md), every tile's bits equal.
 TINY_SWIGLU_TILES = Tiles(32, 64, 2, 5)
 TINY_DOWN_TILES = Tiles(32, 64, 2, 5)
+# ... and the down kernel's when its K (the experts' width) is LONG_K or more: 128-long k steps,
+# 8 stages. LFM2-8B-A1B's MoE layer at one row 37.1 -> 33.4 µs, its dense FFN 41.0 -> 35.0
+# (K 1792 and 7168); gemma4 26B's (K 704) was faster with the tile above. BLOCK_K 128 gave the
+# bits of BLOCK_K 64 on the GPU, where the MMAs chain one accumulator in k steps of 16 whatever
+# BLOCK_K is (a row alone and 8 rows equal to a 2048-row pass's; docs/perf.md, session 15). The
+# interpreter adds each dot's whole K to the accumulator at once, so there BLOCK_K stays 64.
+TINY_LONG_DOWN_TILES = Tiles(32, 128, 4, 8)
+LONG_K = 1024
 
 
-def pick(rows: int) -> tuple[int, Tiles, Tiles]:
-    """(BLOCK_M, swiglu tiles, down tiles) for a pass of `rows` rows."""
+def pick(rows: int, width: int = 0) -> tuple[int, Tiles, Tiles]:
+    """(BLOCK_M, swiglu tiles, down tiles) for a pass of `rows` rows through experts `width`
+    wide (the down kernel's K)."""
     if rows <= TINY_ROWS:
-        return TINY_BLOCK_M, TINY_SWIGLU_TILES, TINY_DOWN_TILES
+        down = TINY_LONG_DOWN_TILES if width >= LONG_K and not interpreting() else TINY_DOWN_TILES
+        return TINY_BLOCK_M, TINY_SWIGLU_TILES, down
     if rows <= SMALL_ROWS:
         return SMALL_BLOCK_M, SMALL_SWIGLU_TILES, SMALL_DOWN_TILES
     return BLOCK_M, SWIGLU_TILES, DOWN_TILES
@@ -280,7 +290,7 @@ def moe(
     [N, k, H] as they are (their sum left to the caller: slot_sum, or add_rms_norm's)."""
     n, k = experts.shape
     s1, s3, s2 = stacked(w1), stacked(w3), stacked(w2)
-    bm, sw, dn = pick(n)
+    bm, sw, dn = pick(n, s1.shape[1])
     al = prealigned(experts, s1.shape[0], bm) or align(experts, s1.shape[0], bm)
     h = x.shape[1]
     slots = torch.empty(n * k, h, dtype=slot_dtype or x.dtype, device=x.device)
@@ -329,7 +339,7 @@ def gated_ffn(
     out = torch.empty(n, h, dtype=x.dtype, device=x.device)
     if n == 0:
         return out
-    bm, sw, dn = pick(n)
+    bm, sw, dn = pick(n, w1.shape[0])
     _experts(x, _identity(n, x.device, bm), n, 1, w1[None], w3[None], w2[None], None, out, bm, sw,
              dn, act, limit)
     return out

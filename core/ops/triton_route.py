@@ -44,11 +44,13 @@ FUSE_MAX_EXPERTS = 64  # ... for up to this many experts: LFM2-8B-A1B's 32 gaine
 # kernel's instructions halve (PTX 9276 -> 5069 lines at E=128, top 8). With sigmoid scores (no
 # order-dependent sum: the top k by argmax, each weight picked alone) the one-launch router of
 # fewer experts takes a [1, E] tile too, in its four warps. Not with expert groups (glm5_next:
-# their scores are reduced on other tiles). Off until the GPU shows the bits
-# (tests/test_gpu_kernels.py) and the time (gemma4's route: 16 µs a layer at one row)
-ONE_ROW_TILE = False
+# their scores are reduced on other tiles). On the GPU the rows' bits are equal
+# (tests/test_gpu_kernels.py) and Gemma-4-26B-A4B's one-stream forward went 4.165 -> 3.847 ms
+# (lfm2's: no change; docs/perf.md, session 15)
+ONE_ROW_TILE = True
 # A one-launch router's programs prefetch their split of the router weight into L2 before they
-# wait for the kernel before (a hint: the same bits). Off until the GPU shows the time
+# wait for the kernel before (a hint: the same bits). Off: LFM2-8B-A1B's forward 1.456 -> 1.467 ms
+# with it (docs/perf.md, session 15)
 PREFETCH_GATE = False
 ROUTER_SPLIT = 256  # columns of H a router program sums (fixed: part of the reduction order)
 EXPERT_BLOCK = 64  # experts a router program computes
