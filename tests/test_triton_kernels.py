@@ -417,13 +417,11 @@ def test_router_of_one_row_sorts_its_pairs_as_align_does(e, k, softmax, by_exper
         assert triton_moe.prealigned(experts, e, triton_moe.SMALL_BLOCK_M) is None
 
 
-@pytest.mark.parametrize("ids_kept", [False, True])
 @pytest.mark.parametrize("softmax, e, k", [(True, 128, 8), (False, 128, 8), (False, 32, 4)])
-def test_route_of_one_row_on_its_own_tile_equals_the_rows_tile(softmax, e, k, ids_kept, monkeypatch):
+def test_route_of_one_row_on_its_own_tile_equals_the_rows_tile(softmax, e, k, monkeypatch):
     """ONE_ROW_TILE: a one-row pass's route on a [1, E] tile (one warp; four in the one-launch
     router of 32 experts) gives the weights, experts and sorted pairs of the [ROUTE_ROWS, E]
-    tile (gemma4's 128 experts, top 8; lfm2's 32, top 4), and the rows of a larger pass theirs;
-    with the row's experts aligned from registers (IDS_KEPT) or from memory."""
+    tile (gemma4's 128 experts, top 8; lfm2's 32, top 4), and the rows of a larger pass theirs."""
     x = randn(3, 96, seed=80, dtype=torch.bfloat16)
     gate = randn(e, 96, seed=81, scale=0.1).to(torch.bfloat16)
     scale = (1 + randn(e, seed=82, scale=0.1)).float()
@@ -434,10 +432,8 @@ def test_route_of_one_row_on_its_own_tile_equals_the_rows_tile(softmax, e, k, id
         return triton_route.route(rows, gate, None, k, norm_topk_prob=True, scaling=2.5)
 
     assert triton_route.fuses_one_row(1, e) == (e <= triton_route.FUSE_MAX_EXPERTS)
-    monkeypatch.setattr(triton_route, "ONE_ROW_TILE", False)
     want = run(x[1:2].clone())
     monkeypatch.setattr(triton_route, "ONE_ROW_TILE", True)
-    monkeypatch.setattr(triton_route, "IDS_KEPT", ids_kept)
     got = run(x[1:2].clone())
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     a, b = got[1].tf_aligned, want[1].tf_aligned

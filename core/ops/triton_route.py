@@ -48,9 +48,6 @@ FUSE_MAX_EXPERTS = 64  # ... for up to this many experts: LFM2-8B-A1B's 32 gaine
 # (tests/test_gpu_kernels.py) and Gemma-4-26B-A4B's one-stream forward went 4.165 -> 3.847 ms
 # (lfm2's: no change; docs/perf.md, session 15)
 ONE_ROW_TILE = True
-# ... and there the pairs' alignment takes the row's experts from registers, not back from the
-# stores (a round trip through memory less on the router's critical path)
-IDS_KEPT = True
 # A one-launch router's programs prefetch their split of the router weight into L2 before they
 # wait for the kernel before (a hint: the same bits). Off: LFM2-8B-A1B's forward 1.456 -> 1.467 ms
 # with it (docs/perf.md, session 15)
@@ -131,7 +128,7 @@ def _route_kernel(
     GROUPS: tl.constexpr, EPG: tl.constexpr, KEEP_GROUPS: tl.constexpr, GB: tl.constexpr,
     BY_EXPERT: tl.constexpr, ROWS: tl.constexpr,
     sorted_ptr=None, block_ptr=None, max_blocks=0, ALIGN: tl.constexpr = False,
-    BM: tl.constexpr = 16, PDL: tl.constexpr = False, IDS_KEPT: tl.constexpr = False,
+    BM: tl.constexpr = 16, PDL: tl.constexpr = False,
 ):
     """lt_ptr: only its dtype is read, the logits' (and sigmoid scores') dtype; the weights are
     rounded to w_ptr's. ALIGN (a pass of one row): its pairs sorted by expert too, as
@@ -141,7 +138,6 @@ def _route_kernel(
         tl.program_id(0) * ROWS, part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, n_rows, E,
         S, scaling, norm_eps, TOPK, KB, EB, SOFTMAX, HAS_BIAS, HAS_SCALE, NORM, GROUPS, EPG,
         KEEP_GROUPS, GB, BY_EXPERT, ROWS, sorted_ptr, block_ptr, max_blocks, ALIGN, BM, False,
-        IDS_KEPT,
     )
 
 
@@ -152,7 +148,7 @@ def _route_rows(
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, NORM: tl.constexpr,
     GROUPS: tl.constexpr, EPG: tl.constexpr, KEEP_GROUPS: tl.constexpr, GB: tl.constexpr,
     BY_EXPERT: tl.constexpr, ROWS: tl.constexpr, sorted_ptr, block_ptr, max_blocks,
-    ALIGN: tl.constexpr, BM: tl.constexpr, VOLATILE: tl.constexpr, IDS_KEPT: tl.constexpr,
+    ALIGN: tl.constexpr, BM: tl.constexpr, VOLATILE: tl.constexpr,
 ):
     """Rows row0 .. row0 + ROWS: their partials summed in split order, scored, their top k
     picked and weighted (VOLATILE: the partials read past L1, written by other programs of this
@@ -218,12 +214,9 @@ def _route_rows(
     m = rmask[:, None] & valid[None, :]
     tl.store(e_ptr + offs, picked, mask=m)
     tl.store(w_ptr + offs, out, mask=m)
-    if ALIGN:
-        if ROWS == 1 and IDS_KEPT:  # the row's slots as they are: its [1, KB] tile reshaped
-            ids = tl.reshape(tl.where(valid[None, :], picked, EB), (KB,)).to(tl.int32)
-        else:  # back from memory (a [ROWS, KB] tile has no row to slice)
-            tl.debug_barrier()  # every thread's stores above seen by the whole program
-            ids = tl.load(e_ptr + kcol, mask=valid, other=EB).to(tl.int32)
+    if ALIGN:  # the row's slots back from memory (a [ROWS, KB] tile has no row to slice)
+        tl.debug_barrier()  # every thread's stores above seen by the whole program
+        ids = tl.load(e_ptr + kcol, mask=valid, other=EB).to(tl.int32)
         align_pairs(ids, kcol, sorted_ptr, block_ptr, TOPK, E, max_blocks, BM, EB, 64)
 
 
@@ -239,7 +232,7 @@ def _router_route_kernel(
     BY_EXPERT: tl.constexpr, ROWS: tl.constexpr, BM: tl.constexpr,
     y_ptr=None, r_ptr=None, nw_ptr=None, h_ptr=None, in_eps=0.0, NORM_IN: tl.constexpr = False,
     NROWS: tl.constexpr = 1, BLOCK_D: tl.constexpr = 16, PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False, IDS_KEPT: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
 ):
     """A pass of one row in one launch: each program writes its split of the logits as
     _router_partial_kernel does, and the last to arrive routes and aligns the row as
@@ -264,7 +257,7 @@ def _router_route_kernel(
         _route_rows(
             0, part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, 1, E, S, scaling, norm_eps,
             TOPK, KB, EB, SOFTMAX, HAS_BIAS, HAS_SCALE, NORM, GROUPS, EPG, KEEP_GROUPS, GB,
-            BY_EXPERT, ROWS, sorted_ptr, block_ptr, max_blocks, True, BM, True, IDS_KEPT,
+            BY_EXPERT, ROWS, sorted_ptr, block_ptr, max_blocks, True, BM, True,
         )
         tl.atomic_xchg(cnt_ptr, 0)
 
@@ -334,7 +327,7 @@ def _route(
                           experts.reshape(-1), TINY_BLOCK_M, e)
     if fuses_one_row(n, e):
         if ONE_ROW_TILE and not softmax and groups == 1:  # no sum whose order a layout sets
-            select.update(ROWS=1, IDS_KEPT=IDS_KEPT)
+            select["ROWS"] = 1
         part = torch.empty(t["splits"], 1, eb, dtype=torch.float32, device=x.device)
         _router_route_kernel[(1, t["splits"], cdiv(e, t["eblk"]))](
             x, gate, part, triton_splitk.counters(x.device, 1),
@@ -348,7 +341,7 @@ def _route(
     else:
         assert norm_in is None
         if n == 1 and ONE_ROW_TILE and groups == 1:
-            select.update(ROWS=1, num_warps=1, IDS_KEPT=IDS_KEPT)  # a row's layout kept (ONE_ROW_TILE)
+            select.update(ROWS=1, num_warps=1)  # a row's layout kept (see ONE_ROW_TILE)
         part = _partials(x, gate, fp32, t)
         align = {} if aligned is None else dict(
             sorted_ptr=aligned.sorted_pairs, block_ptr=aligned.block_expert,
