@@ -76,7 +76,7 @@ class Sections:
         (self.out / "results.json").write_text(json.dumps(self.results, indent=1, default=str))
 
     def profile(self) -> dict[str, Any]:
-        """Kernel times of eager decode rounds at 1 and 64 streams and one 2048-row pass (a
+        """Kernel times of eager decode rounds at 1, 8 and 64 streams and one 2048-row pass (a
         section of the subclasses that have `self.model` and `self.runner(n, graphs=, window=)`):
         the sum of the device times is what a graph replay would take, less its gaps."""
         from torch.profiler import ProfilerActivity, profile
@@ -84,7 +84,8 @@ class Sections:
         from tensorfold.forward_pass import StreamRows
 
         res: dict[str, Any] = {}
-        runs = (("decode1", 1, 1, False), ("decode1_graph", 1, 1, True), ("decode64", 64, 1, False),
+        runs = (("decode1", 1, 1, False), ("decode1_graph", 1, 1, True), ("decode8", 8, 1, False),
+                ("decode64", 64, 1, False),
                 ("prefill2048", 1, 2048, False))
         for name, n, rows, graphs in runs:
             runner = self.runner(n, graphs=graphs, window=4096)

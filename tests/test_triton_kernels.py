@@ -432,6 +432,7 @@ def test_route_of_one_row_on_its_own_tile_equals_the_rows_tile(softmax, e, k, mo
         return triton_route.route(rows, gate, None, k, norm_topk_prob=True, scaling=2.5)
 
     assert triton_route.fuses_one_row(1, e) == (e <= triton_route.FUSE_MAX_EXPERTS)
+    monkeypatch.setattr(triton_route, "ONE_ROW_TILE", False)
     want = run(x[1:2].clone())
     monkeypatch.setattr(triton_route, "ONE_ROW_TILE", True)
     got = run(x[1:2].clone())
