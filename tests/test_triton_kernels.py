@@ -29,6 +29,7 @@ from tensorfold.ops import (  # noqa: E402
     triton_norms,
     triton_rope,
     triton_route,
+    triton_util,
 )
 from tensorfold.ops.kv_quant import dequantize_rows, quantize_rows  # noqa: E402
 from tensorfold.ops.pass_meta import build_meta  # noqa: E402
@@ -393,21 +394,24 @@ def test_align_sorts_pairs_by_expert_in_padded_blocks(rows):
 
 @pytest.mark.parametrize("e, k, softmax, by_expert", [
     (6, 3, False, False), (32, 4, False, False), (128, 8, True, False), (288, 8, False, True)])
-def test_router_of_one_row_sorts_its_pairs_as_align_does(e, k, softmax, by_expert):
-    """A pass of one row (a stream's decode round): the router's program also aligns its pairs
-    (one launch fewer a MoE layer), in the order and block map triton_align gives, which the MoE
-    then takes; passes of more rows leave it to align."""
+def test_router_of_a_few_rows_sorts_their_pairs_as_align_does(e, k, softmax, by_expert):
+    """A pass of one row or a few (a decode round of a few streams): the router's program also
+    aligns the pairs (one launch fewer a MoE layer), in the order and block map triton_align
+    gives, which the MoE then takes; passes it does not hold whole (more rows than a route
+    program's, or a one-hot past FEW_ROWS_ONE_HOT) leave it to align."""
     x, gate = randn(40, 64, seed=50), randn(e, 64, seed=51)
-    for n in (1, 2, 16):
+    rows = max(1, min(triton_route.ROUTE_ROWS, 4096 // max(16, triton_util.next_power_of_2(e))))
+    for n in (1, 2, 3, 8, 16, 17):
         if softmax:
             w, experts = triton_route.softmax_route(x[:n].clone(), gate, k, None)
         else:
             w, experts = triton_route.route(x[:n].clone(), gate, None, k, norm_topk_prob=True,
                                             scaling=1.0, by_expert=by_expert)
         got = triton_moe.prealigned(experts, e, triton_moe.TINY_BLOCK_M)
-        if n > 1:
-            assert got is None
+        if not triton_route.aligns_in_route(n, k, e, rows):
+            assert got is None and n > 1
             continue
+        assert n <= 16
         want = triton_align.align(experts, e, triton_moe.TINY_BLOCK_M)
         assert got is not None and got.max_blocks == want.max_blocks
         assert torch.equal(got.block_expert, want.block_expert)
@@ -415,6 +419,8 @@ def test_router_of_one_row_sorts_its_pairs_as_align_does(e, k, softmax, by_exper
         assert torch.equal(got.sorted_pairs[used], want.sorted_pairs[used])
         assert triton_moe.prealigned(experts, e + 1, triton_moe.TINY_BLOCK_M) is None
         assert triton_moe.prealigned(experts, e, triton_moe.SMALL_BLOCK_M) is None
+    assert triton_route.aligns_in_route(8, 4, 32, 16)  # LFM2-8B-A1B at 8 streams
+    assert not triton_route.aligns_in_route(17, 4, 32, 16)
 
 
 @pytest.mark.parametrize("softmax, e, k", [(True, 128, 8), (False, 128, 8), (False, 32, 4)])

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .gpu import launch_options
 from .triton_align import Aligned, align_pairs, max_blocks_for
-from .triton_moe import TINY_BLOCK_M
+from .triton_moe import TINY_BLOCK_M, TINY_ROWS
 from .triton_norms import NORM_WARPS, norm_rows, rows_per_program
 from . import triton_splitk
 from .triton_util import (after_prior, cdiv, interpreting, mma, next_power_of_2, prefetch_rows,
@@ -30,6 +30,12 @@ from .triton_util import (after_prior, cdiv, interpreting, mma, next_power_of_2,
 
 ROUTE_ROWS = 16
 ALIGN_ONE_ROW = True  # a one-row pass's router also aligns its pairs (False: benchmarks' "before")
+# ... and so does a pass of a few rows that one route program holds (up to ROUTE_ROWS and the
+# expert GEMMs' TINY_ROWS; a decode round of a few streams), where the pairs' one-hot against the
+# experts stays within FEW_ROWS_ONE_HOT elements: the align launch goes (about 4 µs a layer at 8
+# streams, LFM2-8B-A1B; docs/perf.md, session 15)
+ALIGN_FEW_ROWS = True
+FEW_ROWS_ONE_HOT = 8192
 FUSE_ONE_ROW = True  # ... and its partials and its top k are one launch (False: two, as before)
 # norm_route: a one-row pass's add + RMSNorm in the router's launch. The GPU shows the two
 # launches reduce a row in the same order (tests/test_gpu_kernels.py's
@@ -128,16 +134,18 @@ def _route_kernel(
     GROUPS: tl.constexpr, EPG: tl.constexpr, KEEP_GROUPS: tl.constexpr, GB: tl.constexpr,
     BY_EXPERT: tl.constexpr, ROWS: tl.constexpr,
     sorted_ptr=None, block_ptr=None, max_blocks=0, ALIGN: tl.constexpr = False,
-    BM: tl.constexpr = 16, PDL: tl.constexpr = False,
+    BM: tl.constexpr = 16, PB: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):
     """lt_ptr: only its dtype is read, the logits' (and sigmoid scores') dtype; the weights are
-    rounded to w_ptr's. ALIGN (a pass of one row): its pairs sorted by expert too, as
-    triton_align.align(experts, E, BM) sorts them, to sorted_ptr and block_ptr."""
+    rounded to w_ptr's. ALIGN (a pass that this one program holds, of at most PB pairs): its
+    pairs sorted by expert too, as triton_align.align(experts, E, BM) sorts them, to sorted_ptr
+    and block_ptr."""
     after_prior(PDL)
     _route_rows(
         tl.program_id(0) * ROWS, part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, n_rows, E,
         S, scaling, norm_eps, TOPK, KB, EB, SOFTMAX, HAS_BIAS, HAS_SCALE, NORM, GROUPS, EPG,
-        KEEP_GROUPS, GB, BY_EXPERT, ROWS, sorted_ptr, block_ptr, max_blocks, ALIGN, BM, False,
+        KEEP_GROUPS, GB, BY_EXPERT, ROWS, sorted_ptr, block_ptr, max_blocks, ALIGN, BM, PB,
+        False,
     )
 
 
@@ -148,7 +156,7 @@ def _route_rows(
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, NORM: tl.constexpr,
     GROUPS: tl.constexpr, EPG: tl.constexpr, KEEP_GROUPS: tl.constexpr, GB: tl.constexpr,
     BY_EXPERT: tl.constexpr, ROWS: tl.constexpr, sorted_ptr, block_ptr, max_blocks,
-    ALIGN: tl.constexpr, BM: tl.constexpr, VOLATILE: tl.constexpr,
+    ALIGN: tl.constexpr, BM: tl.constexpr, PB: tl.constexpr, VOLATILE: tl.constexpr,
 ):
     """Rows row0 .. row0 + ROWS: their partials summed in split order, scored, their top k
     picked and weighted (VOLATILE: the partials read past L1, written by other programs of this
@@ -214,10 +222,12 @@ def _route_rows(
     m = rmask[:, None] & valid[None, :]
     tl.store(e_ptr + offs, picked, mask=m)
     tl.store(w_ptr + offs, out, mask=m)
-    if ALIGN:  # the row's slots back from memory (a [ROWS, KB] tile has no row to slice)
+    if ALIGN:  # the pass's pairs back from memory (a [ROWS, KB] tile has no row to slice)
         tl.debug_barrier()  # every thread's stores above seen by the whole program
-        ids = tl.load(e_ptr + kcol, mask=valid, other=EB).to(tl.int32)
-        align_pairs(ids, kcol, sorted_ptr, block_ptr, TOPK, E, max_blocks, BM, EB, 64)
+        pairs = n_rows * TOPK
+        p = tl.arange(0, PB)
+        ids = tl.load(e_ptr + p, mask=p < pairs, other=EB).to(tl.int32)
+        align_pairs(ids, p, sorted_ptr, block_ptr, pairs, E, max_blocks, BM, EB, 64)
 
 
 @triton.jit
@@ -257,7 +267,7 @@ def _router_route_kernel(
         _route_rows(
             0, part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, 1, E, S, scaling, norm_eps,
             TOPK, KB, EB, SOFTMAX, HAS_BIAS, HAS_SCALE, NORM, GROUPS, EPG, KEEP_GROUPS, GB,
-            BY_EXPERT, ROWS, sorted_ptr, block_ptr, max_blocks, True, BM, True,
+            BY_EXPERT, ROWS, sorted_ptr, block_ptr, max_blocks, True, BM, KB, True,
         )
         tl.atomic_xchg(cnt_ptr, 0)
 
@@ -295,9 +305,10 @@ def _route(
     keep_groups: int, by_expert: bool, norm_in: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The router's logits (x [N, H] @ gate [E, H]ᵀ in fixed splits of H), then each row's top k:
-    (weights [N, k] in weight_dtype, experts [N, k] long). A pass of one row (a stream's decode
-    round) has its pairs sorted by expert for the expert GEMMs too (what triton_align.align
-    does), and for up to FUSE_MAX_EXPERTS experts runs the logits and the top k in one launch.
+    (weights [N, k] in weight_dtype, experts [N, k] long). A pass of one row or a few (a decode
+    round of a few streams; aligns_in_route) has its pairs sorted by expert for the expert GEMMs
+    too (what triton_align.align does); one row, for up to FUSE_MAX_EXPERTS experts, runs the
+    logits and the top k in one launch.
     norm_in (with that launch only): the launch's extra arguments that make x there first
     (norm_route)."""
     n, h = x.shape
@@ -320,8 +331,8 @@ def _route(
     )
     lt = torch.empty(0, dtype=logit_dtype, device=x.device)
     aligned = None
-    if n == 1 and ALIGN_ONE_ROW:
-        blocks = max_blocks_for(top_k, e, TINY_BLOCK_M)
+    if aligns_in_route(n, top_k, e, select["ROWS"]):
+        blocks = max_blocks_for(n * top_k, e, TINY_BLOCK_M)
         aligned = Aligned(torch.empty(blocks * TINY_BLOCK_M, dtype=torch.int32, device=x.device),
                           torch.empty(blocks, dtype=torch.int32, device=x.device), blocks,
                           experts.reshape(-1), TINY_BLOCK_M, e)
@@ -345,7 +356,8 @@ def _route(
         part = _partials(x, gate, fp32, t)
         align = {} if aligned is None else dict(
             sorted_ptr=aligned.sorted_pairs, block_ptr=aligned.block_expert,
-            max_blocks=aligned.max_blocks, ALIGN=True, BM=TINY_BLOCK_M)
+            max_blocks=aligned.max_blocks, ALIGN=True, BM=TINY_BLOCK_M,
+            PB=next_power_of_2(n * top_k))
         _route_kernel[(cdiv(n, select["ROWS"]),)](
             part, bias if bias is not None else part, scale if scale is not None else part, lt,
             weights, experts, n, e, t["splits"], float(scaling), float(norm_eps),
@@ -361,6 +373,15 @@ def prefetchable(gate: torch.Tensor) -> bool:
     dependent launch)."""
     return bool(launch_options(gate)["PDL"]) and gate.data_ptr() % 16 == 0 and (
         gate.shape[1] * gate.element_size()) % 16 == 0
+
+
+def aligns_in_route(n: int, top_k: int, experts: int, rows: int) -> bool:
+    """Whether a pass of n rows has its pairs aligned by its router (one route program holding
+    the pass, ROWS rows a program), not by triton_align's launch."""
+    if n == 1:
+        return ALIGN_ONE_ROW
+    return (ALIGN_FEW_ROWS and n <= min(rows, TINY_ROWS)
+            and next_power_of_2(n * top_k) * next_power_of_2(experts) <= FEW_ROWS_ONE_HOT)
 
 
 def fuses_one_row(n: int, experts: int) -> bool:
