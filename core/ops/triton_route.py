@@ -37,8 +37,8 @@ ALIGN_ONE_ROW = True  # a one-row pass's router also aligns its pairs (False: be
 ALIGN_FEW_ROWS = True
 FEW_ROWS_ONE_HOT = 8192
 # ... and its partials, its top k (and norm_route's norm) in the one launch of a one-row pass
-# too, when it aligns them (two launches fewer a MoE layer at a few streams)
-FUSE_FEW_ROWS = True
+# too, when it aligns them. Off until the GPU shows the bits and the time
+FUSE_FEW_ROWS = False
 FUSE_ONE_ROW = True  # ... and its partials and its top k are one launch (False: two, as before)
 # norm_route: a one-row pass's add + RMSNorm in the router's launch. The GPU shows the two
 # launches reduce a row in the same order (tests/test_gpu_kernels.py's
