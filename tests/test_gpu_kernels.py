@@ -99,18 +99,16 @@ def test_moe_of_wide_experts_rows_alone_equal_batches():
     assert_rows_invariant(lambda x: triton_moe.gated_ffn(x, d1, d3, d2), x)
 
 
-@pytest.mark.parametrize("prefetch, few", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("h", [2048, 512])
-def test_norm_in_the_routers_launch_gives_the_norms_bits(h, prefetch, few, monkeypatch: pytest.MonkeyPatch):
+def test_norm_in_the_routers_launch_gives_the_norms_bits(h, prefetch, monkeypatch: pytest.MonkeyPatch):
     """norm_route: a row alone (the add + RMSNorm in the router's one launch) has the bits of
     the same row in a batch (add_rms_norm's own launch, then the router's); with its weights
-    prefetched before its wait too (PREFETCH_GATE), and a few rows in one launch too
-    (FUSE_FEW_ROWS: 2, 3, 7 and 16 rows)."""
+    prefetched before its wait too (PREFETCH_GATE)."""
     from tensorfold.ops import triton_route
 
     monkeypatch.setattr(triton_route, "NORM_IN_ROUTER", True)
     monkeypatch.setattr(triton_route, "PREFETCH_GATE", prefetch)
-    monkeypatch.setattr(triton_route, "FUSE_FEW_ROWS", few)
 
     nw = (1 + randn(h, seed=17, scale=0.1).float() * 0.1).to(BF16)
     gate, eb = randn(32, h, seed=18, scale=0.05), randn(32, seed=19, scale=0.1).float()
@@ -131,12 +129,12 @@ def test_route_of_one_row_on_its_own_tile_gives_the_rows_tiles_bits(monkeypatch)
     gate = randn(128, 2816, seed=40, scale=0.02)
     scale = (1 + randn(128, seed=41, scale=0.1)).float()
     x = randn(700, 2816, seed=42)
-    assert not triton_route.routes_in_one_launch(1, 8, 128)
+    assert not triton_route.fuses_one_row(1, 128)
     assert_rows_invariant(lambda x: triton_route.softmax_route(x, gate, 8, scale), x)
     assert_rows_invariant(
         lambda x: triton_route.route(x, gate, None, 8, norm_topk_prob=True, scaling=2.5), x)
     few, eb = randn(32, 2816, seed=43, scale=0.02), randn(32, seed=44, scale=0.1).float()
-    assert triton_route.routes_in_one_launch(1, 4, 32)  # the one-launch router, sigmoid, on [1, 32]
+    assert triton_route.fuses_one_row(1, 32)  # the one-launch router, sigmoid, on [1, 32]
     assert_rows_invariant(
         lambda x: triton_route.route(x, few, eb, 4, norm_topk_prob=True, scaling=2.5), x)
 

@@ -36,9 +36,6 @@ ALIGN_ONE_ROW = True  # a one-row pass's router also aligns its pairs (False: be
 # streams, LFM2-8B-A1B; docs/perf.md, session 15)
 ALIGN_FEW_ROWS = True
 FEW_ROWS_ONE_HOT = 8192
-# ... and its partials, its top k (and norm_route's norm) in the one launch of a one-row pass
-# too, when it aligns them. Off until the GPU shows the bits and the time
-FUSE_FEW_ROWS = False
 FUSE_ONE_ROW = True  # ... and its partials and its top k are one launch (False: two, as before)
 # norm_route: a one-row pass's add + RMSNorm in the router's launch. The GPU shows the two
 # launches reduce a row in the same order (tests/test_gpu_kernels.py's
@@ -235,7 +232,7 @@ def _route_rows(
 
 @triton.jit
 def _router_route_kernel(
-    x_ptr, g_ptr, part_ptr, cnt_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, M, K, stride_xm,
+    x_ptr, g_ptr, part_ptr, cnt_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, K, stride_xm,
     E, S, scaling, norm_eps, sorted_ptr, block_ptr, max_blocks,
     F32: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, PBM: tl.constexpr,
     EBLK: tl.constexpr, KS: tl.constexpr, BK: tl.constexpr,
@@ -245,34 +242,32 @@ def _router_route_kernel(
     BY_EXPERT: tl.constexpr, ROWS: tl.constexpr, BM: tl.constexpr,
     y_ptr=None, r_ptr=None, nw_ptr=None, h_ptr=None, in_eps=0.0, NORM_IN: tl.constexpr = False,
     NROWS: tl.constexpr = 1, BLOCK_D: tl.constexpr = 16, PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False, PB: tl.constexpr = 1,
+    PREFETCH: tl.constexpr = False,
 ):
-    """A pass of M rows (one, or a few that one route program holds, of PB pairs at most) in one
-    launch: each program writes its split of the logits as _router_partial_kernel does, and the
-    last to arrive routes and aligns the rows as _route_kernel does (the same sums in the same
-    order, so the same bits). NORM_IN: first h = y + r and x = rms_norm(h) (weight nw), written
-    to h_ptr and x_ptr by every program (the same values) as triton_norms' kernel computes
-    them: norm_rows on the same tiles of NROWS rows, in as many warps (NORM_WARPS), so the same
-    bits. PREFETCH: the program's split of the weights into L2 before the wait (PREFETCH_GATE)."""
+    """A pass of one row in one launch: each program writes its split of the logits as
+    _router_partial_kernel does, and the last to arrive routes and aligns the row as
+    _route_kernel does (the same sums in the same order, so the same bits). NORM_IN: first
+    h = y + r and x = rms_norm(h) (weight nw), written to h_ptr and x_ptr by every program (the
+    same values) as triton_norms' kernel computes them: norm_rows on the same tile, in as many
+    warps (NORM_WARPS), so the same bits. PREFETCH: the program's split of the weights into L2
+    before the wait (PREFETCH_GATE)."""
     if PREFETCH:
         rows_e = tl.program_id(2) * EBLK + tl.arange(0, EBLK)
         k_lo = tl.program_id(1) * KS
         prefetch_rows(g_ptr, rows_e, K, E, k_lo, tl.minimum(K, k_lo + KS), INTERP)
     after_prior(PDL)
     if NORM_IN:
-        for r0 in range(0, M, NROWS):
-            norm_rows(y_ptr, r_ptr, nw_ptr, x_ptr, h_ptr, r0, M, K, in_eps, True, NROWS, BLOCK_D,
-                      1)
+        norm_rows(y_ptr, r_ptr, nw_ptr, x_ptr, h_ptr, 0, 1, K, in_eps, True, NROWS, BLOCK_D, 1)
         tl.debug_barrier()  # the program's stores of x seen by all its threads before it reads x
-    _router_partial(x_ptr, g_ptr, part_ptr, M, E, K, stride_xm, F32, IEEE, INTERP, PBM, EB, EBLK,
+    _router_partial(x_ptr, g_ptr, part_ptr, 1, E, K, stride_xm, F32, IEEE, INTERP, PBM, EB, EBLK,
                     KS, BK)
     publish_writes(INTERP)
     programs = tl.num_programs(1) * tl.num_programs(2)
     if tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == programs - 1:
         _route_rows(
-            0, part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, M, E, S, scaling, norm_eps,
+            0, part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, 1, E, S, scaling, norm_eps,
             TOPK, KB, EB, SOFTMAX, HAS_BIAS, HAS_SCALE, NORM, GROUPS, EPG, KEEP_GROUPS, GB,
-            BY_EXPERT, ROWS, sorted_ptr, block_ptr, max_blocks, True, BM, PB, True,
+            BY_EXPERT, ROWS, sorted_ptr, block_ptr, max_blocks, True, BM, KB, True,
         )
         tl.atomic_xchg(cnt_ptr, 0)
 
@@ -331,7 +326,8 @@ def _route(
         TOPK=top_k, KB=next_power_of_2(top_k), EB=eb, SOFTMAX=softmax,
         HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, NORM=norm, GROUPS=groups,
         EPG=e // groups, KEEP_GROUPS=keep_groups, GB=max(2, next_power_of_2(groups)),
-        BY_EXPERT=by_expert, ROWS=route_rows(e), num_warps=4,
+        BY_EXPERT=by_expert, ROWS=max(1, min(ROUTE_ROWS, 4096 // eb)),  # by E alone
+        num_warps=4,
     )
     lt = torch.empty(0, dtype=logit_dtype, device=x.device)
     aligned = None
@@ -340,19 +336,18 @@ def _route(
         aligned = Aligned(torch.empty(blocks * TINY_BLOCK_M, dtype=torch.int32, device=x.device),
                           torch.empty(blocks, dtype=torch.int32, device=x.device), blocks,
                           experts.reshape(-1), TINY_BLOCK_M, e)
-    if routes_in_one_launch(n, top_k, e):
-        if n == 1 and ONE_ROW_TILE and not softmax and groups == 1:  # no sum a layout orders
+    if fuses_one_row(n, e):
+        if ONE_ROW_TILE and not softmax and groups == 1:  # no sum whose order a layout sets
             select["ROWS"] = 1
-        part = torch.empty(t["splits"], n, eb, dtype=torch.float32, device=x.device)
+        part = torch.empty(t["splits"], 1, eb, dtype=torch.float32, device=x.device)
         _router_route_kernel[(1, t["splits"], cdiv(e, t["eblk"]))](
             x, gate, part, triton_splitk.counters(x.device, 1),
             bias if bias is not None else part, scale if scale is not None else part, lt,
-            weights, experts, n, h, x.stride(0), e, t["splits"], float(scaling),
-            float(norm_eps), aligned.sorted_pairs, aligned.block_expert, blocks,
+            weights, experts, h, x.stride(0), e, t["splits"], float(scaling), float(norm_eps),
+            aligned.sorted_pairs, aligned.block_expert, blocks,
             F32=fp32, IEEE=t["ieee"], INTERP=interpreting(), PBM=t["bm"], EBLK=t["eblk"],
             KS=ROUTER_SPLIT, BK=t["bk"], BM=TINY_BLOCK_M, **select, **(norm_in or {}),
-            PREFETCH=PREFETCH_GATE and prefetchable(gate), PB=next_power_of_2(n * top_k),
-            **launch_options(x),
+            PREFETCH=PREFETCH_GATE and prefetchable(gate), **launch_options(x),
         )
     else:
         assert norm_in is None
@@ -389,17 +384,9 @@ def aligns_in_route(n: int, top_k: int, experts: int, rows: int) -> bool:
             and next_power_of_2(n * top_k) * next_power_of_2(experts) <= FEW_ROWS_ONE_HOT)
 
 
-def route_rows(experts: int) -> int:
-    """Rows a route program takes (_route_kernel's ROWS): from the number of experts alone."""
-    return max(1, min(ROUTE_ROWS, 4096 // max(16, next_power_of_2(experts))))
-
-
-def routes_in_one_launch(n: int, top_k: int, experts: int) -> bool:
-    """Whether a pass of n rows routes in one launch (_router_route_kernel): one row, or a few
-    (FUSE_FEW_ROWS) whose pairs the router aligns."""
-    if experts > FUSE_MAX_EXPERTS or not aligns_in_route(n, top_k, experts, route_rows(experts)):
-        return False
-    return FUSE_ONE_ROW if n == 1 else FUSE_FEW_ROWS
+def fuses_one_row(n: int, experts: int) -> bool:
+    """Whether a pass of n rows routes in one launch (_router_route_kernel)."""
+    return n == 1 and ALIGN_ONE_ROW and FUSE_ONE_ROW and experts <= FUSE_MAX_EXPERTS
 
 
 def norm_route(
@@ -408,12 +395,10 @@ def norm_route(
     scaling: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """h = y + residual, x = rms_norm(h) (triton_norms.add_rms_norm), then route(x, ...):
-    (x, h, weights, experts). A pass that routes in one launch (one row; a few with
-    FUSE_FEW_ROWS) does all of it there (the norm's bits as its own kernel's); other passes
-    launch the norm and route as they are."""
+    (x, h, weights, experts). A pass of one row does all of it in the router's one launch (the
+    norm's bits as its own kernel's); other passes launch the norm and route as they are."""
     n, d = y.shape
-    if not (NORM_IN_ROUTER and routes_in_one_launch(n, top_k, gate.shape[0])
-            and residual.dtype == y.dtype
+    if not (NORM_IN_ROUTER and fuses_one_row(n, gate.shape[0]) and residual.dtype == y.dtype
             and norm_weight.dtype == y.dtype and y.stride(-1) == 1):
         from .triton_norms import add_rms_norm
 
