@@ -132,7 +132,7 @@ def check_route_one_row() -> None:
         kernel = _compile(triton_route._route_kernel, dict(
             TOPK=8, KB=8, EB=128, SOFTMAX=True, HAS_BIAS=False, HAS_SCALE=True, NORM=True,
             GROUPS=1, EPG=128, KEEP_GROUPS=1, GB=2, BY_EXPERT=False, ROWS=rows, ALIGN=True,
-            BM=16, PDL=True,
+            BM=16, PB=8, PDL=True,
         ), {"part_ptr": "*fp32", "bias_ptr": "*fp32", "scale_ptr": "*fp32", "lt_ptr": "*bf16",
             "w_ptr": "*fp32", "e_ptr": "*i64", "scaling": "fp32", "norm_eps": "fp32",
             "sorted_ptr": "*i32", "block_ptr": "*i32"}, set(), num_warps=warps)

@@ -32,10 +32,11 @@ ROUTE_ROWS = 16
 ALIGN_ONE_ROW = True  # a one-row pass's router also aligns its pairs (False: benchmarks' "before")
 # ... and so does a pass of a few rows that one route program holds (up to ROUTE_ROWS and the
 # expert GEMMs' TINY_ROWS; a decode round of a few streams), where the pairs' one-hot against the
-# experts stays within FEW_ROWS_ONE_HOT elements: the align launch goes (about 4 µs a layer at 8
-# streams, LFM2-8B-A1B; docs/perf.md, session 15)
+# experts stays within FEW_ROWS_ONE_HOT elements: the align launch goes. LFM2-8B-A1B at 8
+# streams (32 pairs, 32 experts): forward 3.625 -> 3.564 ms. Gemma-4-26B-A4B at 8 (64 pairs, 128
+# experts, a [64, 128] one-hot in four warps) lost: 8.01 -> 8.34 ms (docs/perf.md, session 15)
 ALIGN_FEW_ROWS = True
-FEW_ROWS_ONE_HOT = 8192
+FEW_ROWS_ONE_HOT = 1024
 FUSE_ONE_ROW = True  # ... and its partials and its top k are one launch (False: two, as before)
 # norm_route: a one-row pass's add + RMSNorm in the router's launch. The GPU shows the two
 # launches reduce a row in the same order (tests/test_gpu_kernels.py's
