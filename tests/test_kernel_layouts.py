@@ -41,6 +41,13 @@ def test_route_of_one_row_on_its_own_tile_reduces_a_row_as_the_rows_tile():
     _in_fresh_process("route_one_row")
 
 
+def test_route_aligning_a_few_rows_keeps_its_reductions():
+    """triton_route's _route_kernel aligning a pass of 8 rows (32 pairs, 32 experts:
+    ALIGN_FEW_ROWS) compiles for sm_90 and reduces its rows in the layouts of the route
+    without the alignment."""
+    _in_fresh_process("route_few_rows")
+
+
 def test_qkv_norm_rope_write_reduces_its_heads_as_norm_ropes_launches():
     """triton_rope's one launch for lfm2's q/k norm + rope and K/V writes sums each q and k
     head's squares on the tiles of norm_rope's launch for q and for k, in the same layouts
@@ -143,6 +150,23 @@ def check_route_one_row() -> None:
     assert [_along_rows(a) for a in one] == [_along_rows(a) for a in many]
 
 
+def check_route_few_rows() -> None:
+    from tensorfold.ops import triton_route
+
+    def route(align: bool) -> list[str]:
+        kernel = _compile(triton_route._route_kernel, dict(
+            TOPK=4, KB=4, EB=32, SOFTMAX=False, HAS_BIAS=True, HAS_SCALE=False, NORM=True,
+            GROUPS=1, EPG=32, KEEP_GROUPS=1, GB=2, BY_EXPERT=False, ROWS=16, ALIGN=align,
+            BM=16, PB=32, PDL=True,
+        ), {"part_ptr": "*fp32", "bias_ptr": "*fp32", "scale_ptr": "*fp32", "lt_ptr": "*bf16",
+            "w_ptr": "*bf16", "e_ptr": "*i64", "scaling": "fp32", "norm_eps": "fp32",
+            "sorted_ptr": "*i32", "block_ptr": "*i32"}, set())
+        return _row_sum_layouts(kernel, "16x32")
+
+    plain = route(False)
+    assert plain and route(True) == plain
+
+
 def check_qkv_norm_rope_write() -> None:
     from tensorfold.ops import triton_rope
 
@@ -171,4 +195,4 @@ if __name__ == "__main__":
 
     {"norm_in_router": check_norm_in_router, "route_one_row": check_route_one_row,
      "qkv_norm_rope_write": check_qkv_norm_rope_write,
-     "router_prefetch": check_router_prefetch}[sys.argv[1]]()
+     "router_prefetch": check_router_prefetch, "route_few_rows": check_route_few_rows}[sys.argv[1]]()
