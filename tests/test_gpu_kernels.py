@@ -54,11 +54,18 @@ def test_linear_rows_alone_equal_batches():
     assert_rows_invariant(lambda x: triton_linear.linear(x, w, b), randn(700, 320, seed=3))
 
 
-def test_moe_gated_ffn_and_router_rows_alone_equal_batches():
+@pytest.mark.parametrize("h, i", [(256, 192), (512, 1792)])
+def test_moe_gated_ffn_and_router_rows_alone_equal_batches(h, i):
+    """The experts, the dense FFN, the router and a few rows routed then through the experts:
+    rows alone == batches. 1792 wide (LONG_K or more): a few rows' down kernel walks K in
+    128-long steps, a prompt pass's in 64-long ones; on the GPU the bits are the same (the MMAs
+    chain one accumulator)."""
     from tensorfold.ops import moe as ref_moe
     from tensorfold.ops import triton_moe, triton_route
 
-    h, i, e, k = 256, 192, 16, 4
+    e, k = 16, 4
+    wide = i >= triton_moe.LONG_K
+    assert triton_moe.pick(1, i)[2] == (triton_moe.TINY_LONG_DOWN_TILES if wide else triton_moe.TINY_DOWN_TILES)
     w1 = list(randn(e, i, h, seed=4, scale=0.05).unbind(0))
     w3 = list(randn(e, i, h, seed=5, scale=0.05).unbind(0))
     w2 = list(randn(e, h, i, seed=6, scale=0.05).unbind(0))
@@ -66,7 +73,8 @@ def test_moe_gated_ffn_and_router_rows_alone_equal_batches():
     x = randn(700, h, seed=8)
     weights, experts = ref_moe.route(x, gate, None, k, norm_topk_prob=True)
     assert_rows_invariant(lambda x, wt, ex: triton_moe.moe(x, wt, ex, w1, w3, w2), x, weights, experts)
-    d1, d3, d2 = randn(384, h, seed=9, scale=0.05), randn(384, h, seed=10, scale=0.05), randn(h, 384, seed=11, scale=0.05)
+    d = 2 * i
+    d1, d3, d2 = randn(d, h, seed=9, scale=0.05), randn(d, h, seed=10, scale=0.05), randn(h, d, seed=11, scale=0.05)
     assert_rows_invariant(lambda x: triton_moe.gated_ffn(x, d1, d3, d2), x)
     eb = randn(e, seed=12, scale=0.1).float()
     assert_rows_invariant(
@@ -77,26 +85,6 @@ def test_moe_gated_ffn_and_router_rows_alone_equal_batches():
         return triton_moe.moe(x, wt, ex, w1, w3, w2)
 
     assert_rows_invariant(routed_moe, x)
-
-
-def test_moe_of_wide_experts_rows_alone_equal_batches():
-    """Experts LONG_K wide or wider: a few rows' down kernel walks K in 128-long steps, a
-    prompt pass's in 64-long ones; on the GPU the bits are the same (the MMAs chain)."""
-    from tensorfold.ops import moe as ref_moe
-    from tensorfold.ops import triton_moe
-
-    h, e, k = 512, 8, 4
-    i = triton_moe.LONG_K + 768
-    w1 = list(randn(e, i, h, seed=30, scale=0.05).unbind(0))
-    w3 = list(randn(e, i, h, seed=31, scale=0.05).unbind(0))
-    w2 = list(randn(e, h, i, seed=32, scale=0.02).unbind(0))
-    gate = randn(e, h, seed=33, scale=0.05)
-    x = randn(700, h, seed=34)
-    weights, experts = ref_moe.route(x, gate, None, k, norm_topk_prob=True)
-    assert triton_moe.pick(1, i)[2] == triton_moe.TINY_LONG_DOWN_TILES
-    assert_rows_invariant(lambda x, wt, ex: triton_moe.moe(x, wt, ex, w1, w3, w2), x, weights, experts)
-    d1, d3, d2 = w1[0], w3[0], w2[0]
-    assert_rows_invariant(lambda x: triton_moe.gated_ffn(x, d1, d3, d2), x)
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
