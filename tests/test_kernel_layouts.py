@@ -78,52 +78,25 @@ def _row_sum_layouts(kernel, shape: str) -> list[str]:
 
 
 def check_norm_in_router() -> None:
-    from tensorfold.ops import triton_norms
-
-    rows, block_d = triton_norms.rows_per_program(2048)
-    route = _router_route(False)
-    norm = _compile(triton_norms._rms_norm_kernel, dict(
-        HAS_RES=True, ROWS=rows, BLOCK_D=block_d, SLOTS=1, PDL=True,
-    ), {a: "*bf16" for a in ("x_ptr", "w_ptr", "r_ptr", "h_ptr", "o_ptr")} | {"eps": "fp32"},
-        {"D"})
-    want = _row_sum_layouts(norm, f"{rows}x{block_d}")
-    assert len(want) == 1
-    assert _row_sum_layouts(route, f"{rows}x{block_d}") == want
-
-
-def test_router_prefetching_its_weights_keeps_the_layouts_and_prefetches_before_the_wait():
-    """PREFETCH_GATE: the one-launch router's bulk prefetch of its weight split comes before
-    griddepcontrol.wait in the PTX, and the kernel's row sums keep their layouts."""
-    _in_fresh_process("router_prefetch")
-
-
-def _router_route(prefetch: bool):
     from tensorfold.ops import triton_norms, triton_route
 
     rows, block_d = triton_norms.rows_per_program(2048)
     bf16 = {a: "*bf16" for a in ("x_ptr", "g_ptr", "lt_ptr", "w_ptr", "y_ptr", "r_ptr",
-                                 "nw_ptr", "h_ptr")}
-    return _compile(triton_route._router_route_kernel, dict(
+                                 "nw_ptr", "h_ptr", "o_ptr")}
+    route = _compile(triton_route._router_route_kernel, dict(
         F32=False, IEEE=False, INTERP=False, PBM=64, EBLK=32, KS=triton_route.ROUTER_SPLIT,
         BK=128, TOPK=4, KB=4, EB=32, SOFTMAX=False, HAS_BIAS=True, HAS_SCALE=False, NORM=True,
         GROUPS=1, EPG=32, KEEP_GROUPS=1, GB=2, BY_EXPERT=False, ROWS=16, BM=16, NORM_IN=True,
-        NROWS=rows, BLOCK_D=block_d, PDL=True, PREFETCH=prefetch,
+        NROWS=rows, BLOCK_D=block_d, PDL=True,
     ), {**bf16, "part_ptr": "*fp32", "cnt_ptr": "*i32", "bias_ptr": "*fp32",
         "scale_ptr": "*fp32", "e_ptr": "*i64", "scaling": "fp32", "norm_eps": "fp32",
         "sorted_ptr": "*i32", "block_ptr": "*i32", "in_eps": "fp32"}, {"K", "stride_xm"})
-
-
-def check_router_prefetch() -> None:
-    plain, pre = _router_route(False), _router_route(True)
-    reduces = re.compile(r"\(tensor<(\d+x\d+)xf32, (#blocked\d*)>\) -> tensor<\d+xf32")
-    def sums(kernel):
-        layouts = dict(re.findall(r"^(#blocked\d*) = (#ttg\.blocked<[^>]*>)", kernel.asm["ttgir"],
-                                  re.MULTILINE))
-        return [(shape, layouts[name]) for shape, name in reduces.findall(kernel.asm["ttgir"])]
-    assert sums(plain) and sums(pre) == sums(plain)
-    ptx = pre.asm["ptx"]
-    assert "cp.async.bulk.prefetch.L2" not in plain.asm["ptx"]
-    assert 0 <= ptx.find("cp.async.bulk.prefetch.L2") < ptx.find("griddepcontrol.wait")
+    norm = _compile(triton_norms._rms_norm_kernel, dict(
+        HAS_RES=True, ROWS=rows, BLOCK_D=block_d, SLOTS=1, PDL=True,
+    ), {**bf16, "eps": "fp32"}, {"D"})
+    want = _row_sum_layouts(norm, f"{rows}x{block_d}")
+    assert len(want) == 1
+    assert _row_sum_layouts(route, f"{rows}x{block_d}") == want
 
 
 def _along_rows(layout: str) -> tuple[str, ...]:
@@ -195,4 +168,4 @@ if __name__ == "__main__":
 
     {"norm_in_router": check_norm_in_router, "route_one_row": check_route_one_row,
      "qkv_norm_rope_write": check_qkv_norm_rope_write,
-     "router_prefetch": check_router_prefetch, "route_few_rows": check_route_few_rows}[sys.argv[1]]()
+     "route_few_rows": check_route_few_rows}[sys.argv[1]]()

@@ -35,10 +35,6 @@ SMALL_BLOCK_M = 64  # decode-sized passes
 TINY_BLOCK_M = 16  # a few rows (TINY_ROWS or fewer)
 TINY_ROWS = 16
 SMALL_ROWS = 256
-# Whether the expert kernels prefetch too when weight prefetch is on (TF_PREFETCH_WEIGHTS): the
-# gate/up kernel's experts are not routed yet before its wait, and the down kernel's prefetch
-# competes with the gate/up kernel it follows, which streams more than the L2 holds
-PREFETCH_EXPERTS = True
 
 
 @dataclass(frozen=True)
@@ -256,7 +252,7 @@ def _experts(
     ieee = x.dtype == torch.float32
     # Weights prefetched before each kernel's wait: a few rows' passes (decode), bounded by
     # the experts a launch can read.
-    ex = min(e, al.max_blocks) if block_m == TINY_BLOCK_M and PREFETCH_EXPERTS else 0
+    ex = min(e, al.max_blocks) if block_m == TINY_BLOCK_M else 0
     pre_sw = min(prefetch_k(w1, 2 * i * ex), prefetch_k(w3, 2 * i * ex)) if ex else 0
     t = sw
     _swiglu_kernel[(cdiv(i, t.block_n), al.max_blocks)](

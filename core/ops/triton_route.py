@@ -25,8 +25,7 @@ from .triton_align import Aligned, align_pairs, max_blocks_for
 from .triton_moe import TINY_BLOCK_M, TINY_ROWS
 from .triton_norms import NORM_WARPS, norm_rows, rows_per_program
 from . import triton_splitk
-from .triton_util import (after_prior, cdiv, interpreting, mma, next_power_of_2, prefetch_rows,
-                          publish_writes)
+from .triton_util import after_prior, cdiv, interpreting, mma, next_power_of_2, publish_writes
 
 ROUTE_ROWS = 16
 ALIGN_ONE_ROW = True  # a one-row pass's router also aligns its pairs (False: benchmarks' "before")
@@ -55,10 +54,6 @@ FUSE_MAX_EXPERTS = 64  # ... for up to this many experts: LFM2-8B-A1B's 32 gaine
 # (tests/test_gpu_kernels.py) and Gemma-4-26B-A4B's one-stream forward went 4.165 -> 3.847 ms
 # (lfm2's: no change; docs/perf.md, session 15)
 ONE_ROW_TILE = True
-# A one-launch router's programs prefetch their split of the router weight into L2 before they
-# wait for the kernel before (a hint: the same bits). Off: LFM2-8B-A1B's forward 1.456 -> 1.467 ms
-# with it (docs/perf.md, session 15)
-PREFETCH_GATE = False
 ROUTER_SPLIT = 256  # columns of H a router program sums (fixed: part of the reduction order)
 EXPERT_BLOCK = 64  # experts a router program computes
 
@@ -243,19 +238,13 @@ def _router_route_kernel(
     BY_EXPERT: tl.constexpr, ROWS: tl.constexpr, BM: tl.constexpr,
     y_ptr=None, r_ptr=None, nw_ptr=None, h_ptr=None, in_eps=0.0, NORM_IN: tl.constexpr = False,
     NROWS: tl.constexpr = 1, BLOCK_D: tl.constexpr = 16, PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
 ):
     """A pass of one row in one launch: each program writes its split of the logits as
     _router_partial_kernel does, and the last to arrive routes and aligns the row as
     _route_kernel does (the same sums in the same order, so the same bits). NORM_IN: first
     h = y + r and x = rms_norm(h) (weight nw), written to h_ptr and x_ptr by every program (the
     same values) as triton_norms' kernel computes them: norm_rows on the same tile, in as many
-    warps (NORM_WARPS), so the same bits. PREFETCH: the program's split of the weights into L2
-    before the wait (PREFETCH_GATE)."""
-    if PREFETCH:
-        rows_e = tl.program_id(2) * EBLK + tl.arange(0, EBLK)
-        k_lo = tl.program_id(1) * KS
-        prefetch_rows(g_ptr, rows_e, K, E, k_lo, tl.minimum(K, k_lo + KS), INTERP)
+    warps (NORM_WARPS), so the same bits."""
     after_prior(PDL)
     if NORM_IN:
         norm_rows(y_ptr, r_ptr, nw_ptr, x_ptr, h_ptr, 0, 1, K, in_eps, True, NROWS, BLOCK_D, 1)
@@ -348,7 +337,7 @@ def _route(
             aligned.sorted_pairs, aligned.block_expert, blocks,
             F32=fp32, IEEE=t["ieee"], INTERP=interpreting(), PBM=t["bm"], EBLK=t["eblk"],
             KS=ROUTER_SPLIT, BK=t["bk"], BM=TINY_BLOCK_M, **select, **(norm_in or {}),
-            PREFETCH=PREFETCH_GATE and prefetchable(gate), **launch_options(x),
+            **launch_options(x),
         )
     else:
         assert norm_in is None
@@ -367,13 +356,6 @@ def _route(
     if aligned is not None:
         experts.tf_aligned = aligned
     return weights, experts
-
-
-def prefetchable(gate: torch.Tensor) -> bool:
-    """Whether the router's weight rows can be bulk-prefetched (16-byte aligned, on a GPU with
-    dependent launch)."""
-    return bool(launch_options(gate)["PDL"]) and gate.data_ptr() % 16 == 0 and (
-        gate.shape[1] * gate.element_size()) % 16 == 0
 
 
 def aligns_in_route(n: int, top_k: int, experts: int, rows: int) -> bool:
