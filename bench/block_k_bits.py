@@ -58,7 +58,7 @@ def linear_bits() -> dict:
 def moe_bits_and_times(grid) -> dict:
     res = {}
     saved = (triton_moe.TINY_SWIGLU_TILES, triton_moe.TINY_DOWN_TILES,
-             triton_moe.TINY_LONG_DOWN_TILES, triton_moe.TINY_LONG_SWIGLU_TILES)
+             triton_moe.TINY_LONG_DOWN_TILES)
     for name, shape in [("lfm2 8B moe", dk.MOE["lfm2 8B moe"])]:
         if dk.DEVICE == "cpu":
             shape = (4, 64, 128, 2)
@@ -71,7 +71,7 @@ def moe_bits_and_times(grid) -> dict:
         for bn, bk, warps, st in grid:
             t = triton_moe.Tiles(bn, bk, warps, st)
             triton_moe.TINY_SWIGLU_TILES = triton_moe.TINY_DOWN_TILES = t
-            triton_moe.TINY_LONG_DOWN_TILES = triton_moe.TINY_LONG_SWIGLU_TILES = t
+            triton_moe.TINY_LONG_DOWN_TILES = t
             label = f"bn{bn} bk{bk} w{warps} s{st}"
             try:
                 row[label] = {"equal": bool(torch.equal(layer(x1, sets[0]), base)),
@@ -79,7 +79,7 @@ def moe_bits_and_times(grid) -> dict:
             except Exception as exc:  # a tile Triton cannot build
                 row[label] = {"error": str(exc)[:120]}
         (triton_moe.TINY_SWIGLU_TILES, triton_moe.TINY_DOWN_TILES,
-         triton_moe.TINY_LONG_DOWN_TILES, triton_moe.TINY_LONG_SWIGLU_TILES) = saved
+         triton_moe.TINY_LONG_DOWN_TILES) = saved
         res[name] = row
         if dk.DEVICE == "cpu":
             break

@@ -180,7 +180,7 @@ def moe_tiles() -> dict[str, Any]:
     stays equal shows BLOCK_K leaves the k order alone."""
     res: dict[str, Any] = {}
     saved = (triton_moe.TINY_SWIGLU_TILES, triton_moe.TINY_DOWN_TILES,
-             triton_moe.TINY_LONG_DOWN_TILES, triton_moe.TINY_LONG_SWIGLU_TILES)
+             triton_moe.TINY_LONG_DOWN_TILES)
     bns, warps, stages, bks = MOE_GRID
     tiles = [triton_moe.Tiles(bn, bk, w, st) for bn in bns for w in warps for st in stages
              for bk in bks]
@@ -194,7 +194,6 @@ def moe_tiles() -> dict[str, Any]:
             triton_moe.TINY_SWIGLU_TILES = t if MOE_KERNEL in ("both", "swiglu") else saved[0]
             triton_moe.TINY_DOWN_TILES = t if MOE_KERNEL in ("both", "down") else saved[1]
             triton_moe.TINY_LONG_DOWN_TILES = t if MOE_KERNEL in ("both", "down") else saved[2]
-            triton_moe.TINY_LONG_SWIGLU_TILES = t if MOE_KERNEL in ("both", "swiglu") else saved[3]
             label = f"bn{t.block_n} bk{t.block_k} w{t.warps} s{t.stages}"
             try:
                 equal = bool(torch.equal(layer(x1, sets[0]), big[5:6])) and bool(
@@ -205,7 +204,7 @@ def moe_tiles() -> dict[str, Any]:
                 row[label] = {"error": str(exc)[:120]}
         res[name] = row
     (triton_moe.TINY_SWIGLU_TILES, triton_moe.TINY_DOWN_TILES,
-     triton_moe.TINY_LONG_DOWN_TILES, triton_moe.TINY_LONG_SWIGLU_TILES) = saved
+     triton_moe.TINY_LONG_DOWN_TILES) = saved
     return res
 
 

@@ -392,6 +392,16 @@ def test_align_sorts_pairs_by_expert_in_padded_blocks(rows):
     assert seen == sorted(seen, key=lambda p: (int(flat[p]), p))
 
 
+def test_host_cdiv_and_next_power_of_2_equal_tritons():
+    """The launch code's host arithmetic (triton_util) gives Triton's integers."""
+    import triton
+
+    for a in [0, 1, 2, 3, 7, 8, 9, 31, 32, 33, 100, 1023, 1024, 1025, 65536, 262145]:
+        assert triton_util.next_power_of_2(a) == triton.next_power_of_2(a), a
+        for b in [1, 2, 3, 16, 64, 128, 256, 1000]:
+            assert triton_util.cdiv(a, b) == triton.cdiv(a, b), (a, b)
+
+
 @pytest.mark.parametrize("e, k, softmax, by_expert", [
     (6, 3, False, False), (32, 4, False, False), (128, 8, True, False), (288, 8, False, True)])
 def test_router_of_a_few_rows_sorts_their_pairs_as_align_does(e, k, softmax, by_expert):
@@ -400,7 +410,7 @@ def test_router_of_a_few_rows_sorts_their_pairs_as_align_does(e, k, softmax, by_
     gives, which the MoE then takes; passes it does not hold whole (more rows than a route
     program's, or a one-hot past FEW_ROWS_ONE_HOT) leave it to align."""
     x, gate = randn(40, 64, seed=50), randn(e, 64, seed=51)
-    rows = max(1, min(triton_route.ROUTE_ROWS, 4096 // max(16, triton_util.next_power_of_2(e))))
+    rows = triton_route.route_rows(e)
     for n in (1, 2, 3, 8, 16, 17):
         if softmax:
             w, experts = triton_route.softmax_route(x[:n].clone(), gate, k, None)

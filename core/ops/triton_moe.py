@@ -64,8 +64,9 @@ TINY_DOWN_TILES = Tiles(32, 64, 2, 5)
 # bits of BLOCK_K 64 on the GPU, where the MMAs chain one accumulator in k steps of 16 whatever
 # BLOCK_K is (a row alone and 8 rows equal to a 2048-row pass's; docs/perf.md, session 15). The
 # interpreter adds each dot's whole K to the accumulator at once, so there BLOCK_K stays 64.
+# (The gate/up kernel's K is the hidden width; a sweep of its tiles at one row found none
+# faster, 128-long k steps included.)
 TINY_LONG_DOWN_TILES = Tiles(32, 128, 4, 8)
-TINY_LONG_SWIGLU_TILES = Tiles(32, 64, 2, 5)  # the gate/up kernel's, for such experts
 LONG_K = 1024
 
 
@@ -73,9 +74,8 @@ def pick(rows: int, width: int = 0) -> tuple[int, Tiles, Tiles]:
     """(BLOCK_M, swiglu tiles, down tiles) for a pass of `rows` rows through experts `width`
     wide (the down kernel's K)."""
     if rows <= TINY_ROWS:
-        if width >= LONG_K and not interpreting():
-            return TINY_BLOCK_M, TINY_LONG_SWIGLU_TILES, TINY_LONG_DOWN_TILES
-        return TINY_BLOCK_M, TINY_SWIGLU_TILES, TINY_DOWN_TILES
+        long_k = width >= LONG_K and not interpreting()
+        return TINY_BLOCK_M, TINY_SWIGLU_TILES, TINY_LONG_DOWN_TILES if long_k else TINY_DOWN_TILES
     if rows <= SMALL_ROWS:
         return SMALL_BLOCK_M, SMALL_SWIGLU_TILES, SMALL_DOWN_TILES
     return BLOCK_M, SWIGLU_TILES, DOWN_TILES

@@ -316,8 +316,7 @@ def _route(
         TOPK=top_k, KB=next_power_of_2(top_k), EB=eb, SOFTMAX=softmax,
         HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, NORM=norm, GROUPS=groups,
         EPG=e // groups, KEEP_GROUPS=keep_groups, GB=max(2, next_power_of_2(groups)),
-        BY_EXPERT=by_expert, ROWS=max(1, min(ROUTE_ROWS, 4096 // eb)),  # by E alone
-        num_warps=4,
+        BY_EXPERT=by_expert, ROWS=route_rows(e), num_warps=4,
     )
     lt = torch.empty(0, dtype=logit_dtype, device=x.device)
     aligned = None
@@ -356,6 +355,11 @@ def _route(
     if aligned is not None:
         experts.tf_aligned = aligned
     return weights, experts
+
+
+def route_rows(experts: int) -> int:
+    """Rows a route program takes (_route_kernel's ROWS): from the number of experts alone."""
+    return max(1, min(ROUTE_ROWS, 4096 // max(16, next_power_of_2(experts))))
 
 
 def aligns_in_route(n: int, top_k: int, experts: int, rows: int) -> bool:

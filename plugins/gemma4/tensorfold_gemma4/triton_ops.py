@@ -25,9 +25,6 @@ from tensorfold.ops.triton_util import after_prior, cdiv, next_power_of_2
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 ELEMENTS = 1024  # elements a program of the elementwise kernels takes
-# The residual kernel's warps: a row's sums reduce in a tree set by BLOCK_D and the warps, the
-# same for every row count (a pass's rows each take a program of their own at gemma4's widths)
-RESIDUAL_WARPS = 4
 
 
 @triton.jit
@@ -191,7 +188,7 @@ def residual(
             wnext if wnext is not None else dummy, h_out, x_out, n, d, eps,
             NORM_A=wa is not None, HAS_E=e is not None, HAS_POST=wpost is not None,
             HAS_SCALE=scale is not None, HAS_NEXT=wnext is not None, ROWS=per, BLOCK_D=block_d,
-            num_warps=RESIDUAL_WARPS, **launch_options(hr),
+            num_warps=4, **launch_options(hr),
         )
     return h_out.view(h.shape), (x_out.view(h.shape) if wnext is not None else None)
 
