@@ -163,6 +163,27 @@ class EngineSections(Sections):
                     "top": [(k[0][:60], round(k[1], 1), round(k[2], 1)) for k in kern[:10]]}
         return res
 
+    def rounds(self) -> dict[str, Any]:
+        """Whole decode rounds through the lanes at one stream (graph replay, the sampler, the
+        host), under the torch profiler: the device time a round spends outside the forward's
+        graph, kernel by kernel, against the wall time of a round and the forward alone."""
+        from torch.profiler import ProfilerActivity, profile
+
+        res: dict[str, Any] = {}
+        win, new = 1024, 4 if self.args.smoke else 64
+        runner = self.runner(1, window=win)
+        prompts = engine_runs.random_prompts(1, 64, self.model.vocab_size, seed=1)
+        engine_runs.run_requests(runner, prompts, 4, lanes=1, window=win)  # capture
+        plain = engine_runs.run_requests(runner, prompts, new, lanes=1, window=win)
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            run = engine_runs.run_requests(runner, prompts, new, lanes=1, window=win)
+        kern = kernel_table(prof, max(run.decode_rounds, 1), self.out / "kernels_rounds1.tsv")
+        res["wall_ms_per_round"] = 1e3 * plain.decode_s / max(plain.decode_rounds, 1)
+        res["forward_ms"] = self.forward_ms(runner, 1)
+        res["gpu_us_per_round"] = gpu_busy_us(prof) / max(run.decode_rounds, 1)
+        res["top"] = [(k[0][:60], round(k[1], 1), round(k[2], 1)) for k in kern[:40]]
+        return res
+
     def gates(self) -> dict[str, Any]:
         """64 prompts of 5 to 3000 tokens, 16 new tokens each: alone, then batched at each
         level on one runner, then on a pool of a few pages where streams wait for pages and
