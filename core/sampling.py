@@ -14,7 +14,8 @@ keep-all-ties), so top_k=1 is greedy. Temperature 0 is greedy: argmax of the pen
 biased logits, ties to the lowest id.
 
 Logprobs are log_softmax of the penalised and biased logits, before temperature and filtering:
-what the row was drawn from before the sampler's filters.
+what the row was drawn from before the sampler's filters. On the GPU a row's are (x - max) -
+log Σ exp(x - max) with the sum in ops/triton_row_stats.py's order, whatever else the round holds.
 """
 
 from __future__ import annotations
@@ -28,10 +29,16 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from .ops.gpu import use_triton
+
 _M32 = 0xFFFF_FFFF
 _M64 = (1 << 64) - 1
 MAX_STOPS = 16
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range: biases are clamped to [-100, 100]
+# Rows reduced by ops/triton_row_stats.py on the GPU (each row's first maximum, max and log of
+# its sum of exponentials, one launch), not torch's log_softmax + argmax + gather + cat; False:
+# the torch path everywhere (benchmarks' "before")
+ROW_KERNEL = True
 
 
 def philox4x32(
@@ -339,17 +346,36 @@ def launch_rows(
     if logits.dim() != 2 or logits.shape[0] != len(rows):
         raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
     v = logits.shape[1]
-    x = logits.to(torch.float32)
     biased = [i for i, (p, _, _) in enumerate(rows) if p.has_penalties or p.logit_bias]
+    drawn = [i for i, (p, _, _) in enumerate(rows) if not p.is_greedy]
+    top_n = min(max(p.top_logprobs for p, _, _ in rows), v)
+    kernel = ROW_KERNEL and use_triton(logits)
+    if kernel and logits.stride(-1) == 1 and not (biased or drawn or top_n):
+        from .ops.triton_row_stats import row_stats
+
+        # greedy rows alone: their token and logprob in one launch (the same values as below,
+        # each row's sum of exponentials in the kernel's order)
+        tokens, both, _, _ = row_stats(logits)
+        return _pending(tokens, both, rows, 0)
+    x = logits.to(torch.float32)
     if biased and x is logits:  # written below: the caller's logits stay as they are
         x = x.clone()
     for i in biased:
         params, _, history = rows[i]
         x[i] = apply_logit_bias(apply_penalties(x[i], params, history), params)
-    logprobs = torch.log_softmax(x, dim=1)
-    tokens = torch.argmax(x, dim=1)  # first maximum: ties to the lowest id
-    drawn = [i for i, (p, _, _) in enumerate(rows) if not p.is_greedy]
-    top_n = min(max(p.top_logprobs for p, _, _ in rows), v)
+    if kernel:
+        from .ops.triton_row_stats import row_stats
+
+        tokens, _, top, log_sum = row_stats(x)  # as above: a row's logprobs as it gets alone
+
+        def logprobs_at(ids: torch.Tensor) -> torch.Tensor:
+            return (x.gather(1, ids) - top[:, None]) - log_sum[:, None]
+    else:
+        logprobs = torch.log_softmax(x, dim=1)
+        tokens = torch.argmax(x, dim=1)  # first maximum: ties to the lowest id
+
+        def logprobs_at(ids: torch.Tensor) -> torch.Tensor:
+            return logprobs.gather(1, ids)
     order = None
     if drawn or top_n:
         order = torch.sort(x, dim=1, descending=True, stable=True).indices
@@ -362,12 +388,17 @@ def launch_rows(
         picked = _draw_rows(x[at], order[at], [rows[i][:2] for i in drawn])
         tokens = tokens.index_copy(0, at, picked)
     parts = [tokens[:, None].to(torch.float64),
-             logprobs.gather(1, tokens[:, None]).to(torch.float64)]
+             logprobs_at(tokens[:, None]).to(torch.float64)]
     if top_n:
         assert order is not None
         ids = order[:, :top_n]
-        parts += [ids.to(torch.float64), logprobs.gather(1, ids).to(torch.float64)]
-    both = torch.cat(parts, 1)
+        parts += [ids.to(torch.float64), logprobs_at(ids).to(torch.float64)]
+    return _pending(tokens, torch.cat(parts, 1), rows, top_n)
+
+
+def _pending(tokens: torch.Tensor, both: torch.Tensor,
+             rows: Sequence[tuple[SamplingParams, int, RowHistory]], top_n: int) -> PendingRows:
+    """both [B, 2 + 2 * top_n] float64 on the logits' device, queued for the host."""
     done = None
     if both.is_cuda:  # into pinned memory, not waited for here
         host = torch.empty(both.shape, dtype=both.dtype, pin_memory=True)
@@ -376,7 +407,8 @@ def launch_rows(
         done.record()
     else:
         host = both
-    return PendingRows(tokens, host, done, [min(p.top_logprobs, v) for p, _, _ in rows], top_n)
+    return PendingRows(tokens, host, done, [min(p.top_logprobs, top_n) for p, _, _ in rows],
+                       top_n)
 
 
 def read_rows(pending: PendingRows) -> list[SampleResult]:

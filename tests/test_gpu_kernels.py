@@ -352,3 +352,24 @@ def test_graph_runner_decode_rounds_equal_plain_passes(model):
     assert graphs.replays == 4
     for g, p in zip(graphed, plain):
         assert torch.equal(g, p)
+
+
+@pytest.mark.parametrize("v", [65536, 262144])
+def test_sampler_rows_alone_equal_batches(v: int):
+    """The sampler's row kernel: a row's greedy token, max and log-sum alone as in any batch;
+    the token torch's argmax, the logprob log_softmax's within rounding."""
+    from tensorfold.ops.triton_row_stats import row_stats
+
+    x = randn(64, v, seed=v, scale=4.0)
+    x[3, 17] = x[3, 900] = x[3].max() + 1  # a tie: the lower id
+    tok, both, top, log_sum = full = row_stats(x)
+    for m in (1, 2, 7, 33):
+        for start in (0, 64 - m):
+            part = row_stats(x[start : start + m].clone())
+            for p, f in zip(part, full):
+                assert torch.equal(p, f[start : start + m]), f"rows {start}:{start + m}"
+    xf = x.float()
+    assert torch.equal(tok, xf.argmax(1)) and int(tok[3]) == 17
+    lsm = torch.log_softmax(xf, 1)
+    assert torch.allclose(both[:, 1], lsm.gather(1, tok[:, None])[:, 0].double(), atol=1e-5)
+    assert torch.allclose((xf - top[:, None]) - log_sum[:, None], lsm, atol=1e-5)
