@@ -223,7 +223,10 @@ class Lanes:
         """One [B, V] for the round: each row masked by its own matcher (structured output),
         then all drawn together, each row as it would be alone (sampling.launch_rows); the next
         round sent ahead when it can be; then the tokens read and taken."""
-        x = torch.stack([row for _, row in wanting])
+        if len(wanting) == 1 and not wanting[0][0].matcher:
+            x = wanting[0][1][None]  # read where it lies: nothing masks it (one launch fewer)
+        else:
+            x = torch.stack([row for _, row in wanting])
         bound = [i for i, (s, _) in enumerate(wanting) if s.matcher]
         mask_rows(x, [(i, wanting[i][0].matcher) for i in bound])
         ts = [len(s.generated) for s, _ in wanting]
