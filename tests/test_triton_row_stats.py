@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 from tensorfold import sampling  # noqa: E402
-from tensorfold.ops import gpu  # noqa: E402
+from tensorfold.ops import gpu, triton_row_stats  # noqa: E402
 from tensorfold.ops.triton_row_stats import BLOCK, row_stats, row_stats_reference  # noqa: E402
 from tensorfold.sampling import RowHistory, SamplingParams  # noqa: E402
 
@@ -31,9 +31,18 @@ def triton_on_cpu():
     gpu.set_triton(True, on_cpu=False)
 
 
-@pytest.mark.parametrize("v", [7, BLOCK, 3 * BLOCK + 5])
+@pytest.fixture(params=[None, 2 * BLOCK], ids=["one_program_a_row", "rows_in_chunks"])
+def chunk(request, monkeypatch):
+    """Rows in one program (CHUNK as shipped), or in chunks of 2 * BLOCK ids folded by the
+    row's last program."""
+    if request.param:
+        monkeypatch.setattr(triton_row_stats, "CHUNK", request.param)
+    return triton_row_stats.CHUNK
+
+
+@pytest.mark.parametrize("v", [7, BLOCK, 3 * BLOCK + 5, 8 * BLOCK])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_row_stats_match_the_reference_and_log_softmax(v: int, dtype: torch.dtype) -> None:
+def test_row_stats_match_the_reference_and_log_softmax(v: int, dtype: torch.dtype, chunk) -> None:
     x = logits(3, v, seed=v, dtype=dtype)
     tok, both, top, log_sum = row_stats(x)
     rtok, rboth, rtop, rlog = row_stats_reference(x)
@@ -47,7 +56,7 @@ def test_row_stats_match_the_reference_and_log_softmax(v: int, dtype: torch.dtyp
     assert torch.allclose((xf - top[:, None]) - log_sum[:, None], lsm, atol=1e-5)
 
 
-def test_row_stats_ties_go_to_the_lowest_id_across_lanes_and_steps() -> None:
+def test_row_stats_ties_go_to_the_lowest_id_across_lanes_and_steps(chunk) -> None:
     v = 2 * BLOCK + 9
     x = torch.zeros(4, v)
     x[0, [5, BLOCK + 5, 2 * BLOCK + 1]] = 3.0  # one lane, three steps: its first
@@ -58,7 +67,7 @@ def test_row_stats_ties_go_to_the_lowest_id_across_lanes_and_steps() -> None:
     assert tok.tolist() == [5, 7, 0, v - 2] == x.argmax(1).tolist()
 
 
-def test_a_row_alone_equals_the_row_in_a_batch() -> None:
+def test_a_row_alone_equals_the_row_in_a_batch(chunk) -> None:
     x = logits(5, 2 * BLOCK + 3, seed=11, dtype=torch.bfloat16)
     batch = row_stats(x)
     for i in range(5):
