@@ -207,8 +207,7 @@ def test_fp8_row_writes_give_the_cpu_references_bits():
 
 @pytest.mark.parametrize("hq, hkv, d, fp8", [(16, 2, 512, False), (16, 2, 512, True),
                                              (32, 8, 64, False), (32, 8, 64, True)])
-def test_attention_key_segments_walked_or_shared_give_the_same_bits(hq, hkv, d, fp8,
-                                                                   monkeypatch):
+def test_attention_key_segments_walked_or_shared_give_the_same_bits(hq, hkv, d, fp8):
     """Paged attention over long contexts (gemma4's wide global heads, lfm2's GQA), with and
     without a window: one program walking each row's key segments, programs sharing them, and
     each stream alone (split its own way) all give the same bits; close to the torch path."""
@@ -239,15 +238,10 @@ def test_attention_key_segments_walked_or_shared_give_the_same_bits(hq, hkv, d, 
             q, k, v, fp.positions, build_meta(fp), page_rows, scale=d**-0.5, window=window,
             parts=parts, **scales)
 
-    from tensorfold.ops import triton_key_split
-
     for window in (None, 1024):
         walked = run(fp, q, window, 1)
         for parts in (7, None):
-            for fold in (True, False):  # the tile's last program folds, or the combine launch
-                monkeypatch.setattr(triton_key_split, "FOLD_IN_LAUNCH", fold)
-                assert torch.equal(run(fp, q, window, parts), walked), (window, parts, fold)
-        monkeypatch.setattr(triton_key_split, "FOLD_IN_LAUNCH", True)
+            assert torch.equal(run(fp, q, window, parts), walked), (window, parts)
         for i, st in enumerate(streams):
             a, z = fp.spans[i]
             alone = run(ForwardPass([st], page_rows, DEV), q[a:z].clone(), window, None)

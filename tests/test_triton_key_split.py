@@ -1,6 +1,5 @@
 """Attention's keys in segments (ops/triton_key_split.py), on the CPU under TRITON_INTERPRET=1:
-one program walking a row's segments and several programs sharing them (then the last of them,
-or `combine`, folding them) give
+one program walking a row's segments and several programs sharing them (then `combine`) give
 the same bits, for the paged kernel (with and without a window, bf16 and fp8 rows) and the ring
 kernel; a stream alone, split its own way, gives its bits among others; both agree with the
 torch references. Segments of one key tile (64 keys) make a few hundred keys several segments."""
@@ -38,12 +37,9 @@ LONG = [
 ]
 
 
-@pytest.fixture(params=[True, False], ids=["folded_in_launch", "combine_launch"])
-def one_tile_segments(monkeypatch, request):
-    """Segments of one key tile; the shared segments folded by the tile's last program, or by
-    the combine launch after it (triton_key_split.FOLD_IN_LAUNCH)."""
+@pytest.fixture
+def one_tile_segments(monkeypatch):
     monkeypatch.setattr(triton_key_split, "SEGMENT", 64)
-    monkeypatch.setattr(triton_key_split, "FOLD_IN_LAUNCH", request.param)
 
 
 def _paged(q, k, v, fp, window, parts, **scales):

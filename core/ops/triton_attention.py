@@ -142,7 +142,7 @@ def _attention_kernel(
     HAS_WINDOW: tl.constexpr, SCALED: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
     ws_ptr=None, ml_ptr=None, parts=1, HQ: tl.constexpr = 1, nseg=1,
     DVB: tl.constexpr = 1, SEG: tl.constexpr = 256, SPLIT: tl.constexpr = False,
-    cnt_ptr=None, FOLD: tl.constexpr = False, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
     kvh = tl.program_id(1)
@@ -184,11 +184,6 @@ def _attention_kernel(
                                                 DVB * BDV, BDV, SPLIT)
     key_split.store_total(o_ptr, qrow, head, valid, l_t, acc_t, dv0, stride_on, stride_oh, BDV,
                           SPLIT)
-    if FOLD:
-        tile = (tl.program_id(0) * tl.num_programs(1) + kvh) * DVB + tl.program_id(2) % DVB
-        key_split.fold_when_last(ws_ptr, ml_ptr, cnt_ptr, o_ptr, qrow, head, valid, qpos, window,
-                                 dv0, nseg, parts, tile, stride_on, stride_oh, QB * GP, HQ,
-                                 DVB * BDV, BDV, SEG, INTERP)
 
 
 def paged_attention(
@@ -228,7 +223,7 @@ def paged_attention(
         span = min(span, window + KEY_TILE + QUERY_ROWS)
     nseg = cdiv(span, key_split.SEGMENT) + (window is not None)
     split = key_split.plan(q, out, key_split.live_tiles(meta.num_blocks, nsub, n, qb), hkv, dvb,
-                           nseg, parts, grid_tiles=meta.num_blocks * nsub * hkv * dvb)
+                           nseg, parts)
     _attention_kernel[(meta.num_blocks * nsub, hkv, dvb * split.parts)](
         q, k_rows, v_rows, ks, vs, out, positions, meta.block_stream, meta.block_row0,
         meta.block_len, meta.stream_start, meta.stream_len, meta.table, meta.table.stride(0),

@@ -8,10 +8,7 @@ order with `merge`. A segment a row cannot see is an exact identity in `merge` (
 its sum 0). So a row's result depends only on its position and its stream's keys, whoever
 computes the segments: one program walking them in order (`merge` as it goes), or programs
 that each take every PARTS-th segment and leave it in a workspace for `combine` to fold in the
-same order with the same `merge`. Which way a pass goes (`parts`) is a matter of speed only. With FOLD_IN_LAUNCH the programs
-sharing a tile count their arrivals (as the split GEMVs do, triton_splitk.py) and the last to
-arrive folds the tile's rows with the same `merge` in the same order, so no `combine` launch
-follows.
+same order with the same `merge`. Which way a pass goes (`parts`) is a matter of speed only.
 """
 
 from __future__ import annotations
@@ -23,16 +20,12 @@ import torch
 import triton
 import triton.language as tl
 
-from . import triton_splitk as splitk
 from .gpu import launch_options
-from .triton_util import after_prior, cdiv, publish_writes
+from .triton_util import after_prior, cdiv
 
 SEGMENT = 256  # keys; a multiple of the key tile (64)
 TARGET_PROGRAMS = 264  # two programs per SM of an H200: split until a pass has about this many
 WARPS = 4  # of a narrow-head attention program, paged or ring (wide: triton_attention.WIDE_WARPS)
-# a split pass's segments folded by the last of a tile's programs to arrive, in the attention
-# launch itself (False: a `combine` launch after it; benchmarks' "before")
-FOLD_IN_LAUNCH = True
 
 
 def parts_for(programs: int, segments: int) -> int:
@@ -70,10 +63,9 @@ class Split:
 
 
 def plan(q: torch.Tensor, out: torch.Tensor, tiles: int, kv_heads: int, out_blocks: int,
-         segments: int, parts: int | None = None, grid_tiles: int = 0) -> Split:
+         segments: int, parts: int | None = None) -> Split:
     """The split of a launch over `tiles` live row tiles (live_tiles) x kv_heads x out_blocks
-    programs, into `segments` segment slots a row; parts: forced (tests, benchmarks);
-    grid_tiles: the launch's row tiles x kv_heads x out_blocks (live or not: their counters)."""
+    programs, into `segments` segment slots a row; parts: forced (tests, benchmarks)."""
     if parts is None:
         parts = parts_for(tiles * kv_heads * out_blocks, segments)
     if parts == 1:
@@ -81,12 +73,8 @@ def plan(q: torch.Tensor, out: torch.Tensor, tiles: int, kv_heads: int, out_bloc
     n, hq, dv = out.shape
     ws = torch.empty(n, hq, segments, dv, dtype=torch.float32, device=q.device)
     ml = torch.empty(n, hq, segments, 2, dtype=torch.float32, device=q.device)
-    kernel = dict(ws_ptr=ws, ml_ptr=ml, parts=parts, HQ=hq, nseg=segments, SPLIT=True)
-    if FOLD_IN_LAUNCH:
-        # one arrival counter a program tile: grid dims 0 and 1 times the output blocks
-        kernel.update(cnt_ptr=splitk.counters(q.device, grid_tiles), FOLD=True)
-        return Split(parts, kernel)
-    return Split(parts, kernel, ws, ml)
+    return Split(parts, dict(ws_ptr=ws, ml_ptr=ml, parts=parts, HQ=hq, nseg=segments,
+                             SPLIT=True), ws, ml)
 
 
 @triton.jit
@@ -146,41 +134,6 @@ def store_total(o_ptr, qrow, head, valid, l_t, acc_t, dv0, stride_on, stride_oh,
         dv = dv0 + tl.arange(0, BDV)
         tl.store(o_ptr + qrow[:, None] * stride_on + head[:, None] * stride_oh + dv[None, :],
                  finish(l_t, acc_t).to(o_ptr.dtype.element_ty), mask=valid[:, None])
-
-
-@triton.jit
-def fold_when_last(ws_ptr, ml_ptr, cnt_ptr, o_ptr, qrow, head, valid, qpos, window, dv0, nseg,
-                   parts, tile, stride_on, stride_oh, M: tl.constexpr, HQ: tl.constexpr,
-                   DV: tl.constexpr, BDV: tl.constexpr, SEG: tl.constexpr,
-                   INTERP: tl.constexpr):
-    """After a SPLIT program stored its segments: the last of the tile's `parts` programs to
-    arrive folds each valid row's segments, in order, as `_combine_kernel` folds them (a
-    segment outside a row's range is merged as the exact identity: max -inf, sum 0), writes
-    the rows out and resets the tile's counter. window 0: none."""
-    publish_writes(INTERP)
-    arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    if arrived == parts - 1:
-        lo = tl.zeros_like(qpos)
-        if window > 0:
-            lo = tl.maximum(qpos - window + 1, 0)
-        seg_lo = lo // SEG
-        seg_hi = qpos // SEG
-        first = tl.min(tl.where(valid, seg_lo, 1 << 30), axis=0)
-        last = tl.max(tl.where(valid, seg_hi, -1), axis=0)
-        m_t, l_t, acc_t = fresh(M, BDV)
-        dv = dv0 + tl.arange(0, BDV)
-        base = (qrow * HQ + head) * nseg
-        for seg in range(first, last + 1):
-            use = valid & (seg >= seg_lo) & (seg <= seg_hi)
-            at = base + seg % nseg
-            m_s = tl.load(ml_ptr + at * 2, mask=use, other=float("-inf"), volatile=True)
-            l_s = tl.load(ml_ptr + at * 2 + 1, mask=use, other=0.0, volatile=True)
-            acc_s = tl.load(ws_ptr + at[:, None] * DV + dv[None, :], mask=use[:, None],
-                            other=0.0, volatile=True)
-            m_t, l_t, acc_t = merge(m_t, l_t, acc_t, m_s, l_s, acc_s)
-        tl.store(o_ptr + qrow[:, None] * stride_on + head[:, None] * stride_oh + dv[None, :],
-                 finish(l_t, acc_t).to(o_ptr.dtype.element_ty), mask=valid[:, None])
-        tl.atomic_xchg(cnt_ptr + tile, 0)
 
 
 # nseg (a row's segment slots) follows the pass's table width: a constexpr would compile anew for

@@ -39,7 +39,7 @@ def _ring_attention_kernel(
     IEEE: tl.constexpr, INTERP: tl.constexpr,
     ws_ptr=None, ml_ptr=None, parts=1, HQ: tl.constexpr = 1, nseg=1,
     DVB: tl.constexpr = 1, SEG: tl.constexpr = 256, SPLIT: tl.constexpr = False,
-    cnt_ptr=None, FOLD: tl.constexpr = False, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
     kvh = tl.program_id(1)
@@ -89,11 +89,6 @@ def _ring_attention_kernel(
                                                 DVB * BDV, BDV, SPLIT)
     key_split.store_total(o_ptr, qrow, head, valid, l_t, acc_t, dv0, stride_on, stride_oh, BDV,
                           SPLIT)
-    if FOLD:
-        tile = (tl.program_id(0) * tl.num_programs(1) + kvh) * DVB + tl.program_id(2) % DVB
-        key_split.fold_when_last(ws_ptr, ml_ptr, cnt_ptr, o_ptr, qrow, head, valid, qpos, window,
-                                 dv0, nseg, parts, tile, stride_on, stride_oh, QB * GP, HQ,
-                                 DVB * BDV, BDV, SEG, INTERP)
 
 
 def ring_attention(
@@ -136,7 +131,7 @@ def ring_attention(
     dvb = dv // bdv
     nseg = cdiv(window + KEY_TILE + QUERY_ROWS, key_split.SEGMENT) + 1
     split = key_split.plan(q, out, key_split.live_tiles(meta.num_blocks, nsub, n, qb), hkv, dvb,
-                           nseg, parts, grid_tiles=meta.num_blocks * nsub * hkv * dvb)
+                           nseg, parts)
     _ring_attention_kernel[(meta.num_blocks * nsub, hkv, dvb * split.parts)](
         q, new_k, new_v, ring_k, ring_v, nks, nvs, rks, rvs, out, positions, meta.block_stream,
         meta.block_row0, meta.block_len, meta.stream_row0, meta.stream_start, meta.stream_slot,
