@@ -102,6 +102,8 @@ def row_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"row_stats takes [B, V] rows with unit stride, got {tuple(x.shape)}")
     b, v = x.shape
+    if v >= 1 << 24:
+        raise ValueError(f"row_stats takes rows of fewer than 2**24 ids (exact in fp32), got {v}")
     dev = x.device
     tokens = torch.empty(b, dtype=torch.int64, device=dev)
     both = torch.empty(b, 2, dtype=torch.float64, device=dev)
@@ -133,7 +135,7 @@ def row_stats_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     total = torch.zeros_like(top)
     for t, s in zip(tops, totals):
         total = total + torch.where(t == float("-inf"), torch.zeros_like(s), s * torch.exp(t - top))
-    log_sum = torch.log(total) if len(tops) > 1 else torch.log(totals[0])
+    log_sum = torch.log(total)  # one chunk: 0 + s·exp(0) is s
     both = torch.stack([first.to(torch.float64), (0.0 - log_sum).to(torch.float64)], 1)
     return first, both, top, log_sum
 
