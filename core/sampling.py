@@ -350,14 +350,16 @@ def launch_rows(
     drawn = [i for i, (p, _, _) in enumerate(rows) if not p.is_greedy]
     top_n = min(max(p.top_logprobs for p, _, _ in rows), v)
     kernel = ROW_KERNEL and use_triton(logits)
-    if kernel and logits.stride(-1) == 1 and not (biased or drawn or top_n):
+    if kernel and not (biased or drawn or top_n):
         from .ops.triton_row_stats import row_stats
 
         # greedy rows alone: their token and logprob in one launch (the same values as below,
         # each row's sum of exponentials in the kernel's order)
-        tokens, both, _, _ = row_stats(logits)
+        tokens, both, _, _ = row_stats(logits.contiguous())
         return _pending(tokens, both, rows, 0)
     x = logits.to(torch.float32)
+    if kernel:
+        x = x.contiguous()  # the row kernel reads unit-stride rows
     if biased and x is logits:  # written below: the caller's logits stay as they are
         x = x.clone()
     for i in biased:

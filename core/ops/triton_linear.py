@@ -61,10 +61,10 @@ TUNED: dict[tuple[int, int], Tiles] = {
     # unsplit tile; session 14's sweep found none faster (13.25 / 13.40 / 14.71 and 15.25 /
     # 15.31 / 23.73 µs)
     (8192, 2816): Tiles(32, 128, 4, 4, wave=1),
+    (9216, 2816): Tiles(32, 128, 4, 4, wave=1),
     # LFM2-8B-A1B's lm_head, unsplit as before, its BLOCK_K and prompt tile as before: 64.64 /
     # 65.81 / 68.53 -> 62.79 / 64.48 / 70.51 µs at 1 / 8 / 64 rows (session 16's sweep)
     (65536, 2048): Tiles(64, 64, 4, 6, wave=1),
-    (9216, 2816): Tiles(32, 128, 4, 4, wave=1),
 }
 
 

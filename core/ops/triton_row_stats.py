@@ -4,9 +4,8 @@ as (x - max) - log_sum. A program walks CHUNK ids of a row in BLOCK steps with a
 maximum and a rescaled running sum per lane; a row of more ids takes several programs, whose
 (max, first id, sum) the row's last program to arrive folds in order (an arrival counter, as
 the split GEMVs do). The chunks depend on V alone, so a row's result never depends on the other
-rows. The sampler's
-torch path (log_softmax, argmax, gather, cat: about ten launches a round) stays for the CPU;
-`row_stats_reference` is this kernel's arithmetic in torch, for the tests.
+rows. The sampler's torch path (log_softmax, argmax, gather, cat: about ten launches a round)
+stays for the CPU; `row_stats_reference` is this kernel's arithmetic in torch, for the tests.
 """
 
 from __future__ import annotations
