@@ -208,41 +208,6 @@ def moe_tiles() -> dict[str, Any]:
     return res
 
 
-FUSED_VARIANTS = [  # (label, FUSE_FEW_ROWS, FUSED_TILES' warps and stages, PREFETCH_DOWN)
-    ("two launches", False, (4, 6), False), ("one launch w4 s6", True, (4, 6), False),
-    ("one launch w4 s4", True, (4, 4), False), ("one launch w4 s8", True, (4, 8), False),
-    ("one launch w8 s6", True, (8, 6), False), ("one launch w4 s6 prefetch", True, (4, 6), True),
-]
-
-
-def moe_fused() -> dict[str, Any]:
-    """A few rows' expert GEMMs in two launches or in one (triton_moe.FUSE_FEW_ROWS) under each
-    FUSED_VARIANTS setting: each MoE shape's layer at 1 and 8 rows, timed in a graph, and whether
-    its rows equal the two launches' and the 2048-row pass's."""
-    res: dict[str, Any] = {}
-    saved = (triton_moe.FUSE_FEW_ROWS, triton_moe.FUSED_TILES, triton_moe.PREFETCH_DOWN)
-    for name, (e, i, h, k) in MOE.items():
-        sets, x, layer = moe_layer(e, i, h, k)
-        big = layer(x, sets[0])
-        x1, x8 = x[5:6].contiguous(), x[:8].contiguous()
-        row: dict[str, Any] = {}
-        for label, fuse, (warps, stages), pre in FUSED_VARIANTS:
-            triton_moe.FUSE_FEW_ROWS = fuse
-            triton_moe.FUSED_TILES = triton_moe.Tiles(0, 0, warps, stages)
-            triton_moe.PREFETCH_DOWN = pre
-            try:
-                equal = bool(torch.equal(layer(x1, sets[0]), big[5:6])) and bool(
-                    torch.equal(layer(x8, sets[0]), big[:8]))
-                row[label] = {"us": graph_us([lambda s=s: layer(x1, s) for s in sets]),
-                              "m8_us": graph_us([lambda s=s: layer(x8, s) for s in sets]),
-                              "equal": equal}
-            except Exception as exc:  # a setting Triton cannot build
-                row[label] = {"error": str(exc)[:160]}
-        res[name] = row
-    triton_moe.FUSE_FEW_ROWS, triton_moe.FUSED_TILES, triton_moe.PREFETCH_DOWN = saved
-    return res
-
-
 def invariance() -> dict[str, Any]:
     """The shipped configuration: each shape's rows alone and in passes of every size class
     (split grid, 64-row and 128-row tiles) against the same rows in a 2048-row pass."""
@@ -355,8 +320,6 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="only the row-invariance check")
     ap.add_argument("--tiles", action="store_true", help="only the one-row GEMVs' tile sweep")
     ap.add_argument("--moe-tiles", action="store_true", help="only the expert kernels' few-row tiles")
-    ap.add_argument("--moe-fused", action="store_true",
-                    help="only a few rows' expert GEMMs in two launches against one")
     ap.add_argument("--grid", help="--tiles' grid: BLOCK_Ns;BLOCK_Ks;stages;waves;warps, each "
                     "comma-separated (wave 1: no K split), e.g. '16,32;128,256;4,8;1,256;2,4'")
     ap.add_argument("--shapes", help="--tiles' shapes: names of SWEEP_SHAPES, comma-separated")
@@ -416,16 +379,6 @@ def main() -> None:
         for name, row in res.items():
             print(name, " | ".join(f"{k}: {v.get('us', float('nan')):.1f}{'' if v.get('equal') else ' NEQ'}"
                                    for k, v in row.items()))
-        return
-    if args.moe_fused:
-        res = moe_fused()
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "moe_fused.json").write_text(json.dumps(res, indent=1))
-        for name, row in res.items():
-            for label, v in row.items():
-                print(f"{name:16s} {label:28s}", "error " + v["error"] if "error" in v else
-                      f"1 row {v['us']:6.2f} us  8 rows {v['m8_us']:6.2f} us"
-                      f"{'' if v['equal'] else '  NEQ'}")
         return
     saved = dict(MAX_SPLITS=triton_splitk.MAX_SPLITS, TINY_BLOCK_M=triton_linear.TINY_BLOCK_M)
     res = {**launch, "linear": linear_rows(), "moe": moe_rows()}

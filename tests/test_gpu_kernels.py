@@ -87,46 +87,6 @@ def test_moe_gated_ffn_and_router_rows_alone_equal_batches(h, i):
     assert_rows_invariant(routed_moe, x)
 
 
-@pytest.mark.parametrize("e, i, h, k, act, slots", [
-    (32, 1792, 2048, 4, "silu", None),  # LFM2-8B-A1B's experts
-    (128, 704, 2816, 8, "gelu_tanh", torch.float32),  # Gemma-4-26B-A4B's
-    (1, 7168, 2048, 1, "silu", None),  # LFM2-8B-A1B's dense FFN
-])
-def test_experts_in_one_launch_equal_two_launches_in_graphs_too(e, i, h, k, act, slots, monkeypatch):
-    """triton_moe.FUSE_FEW_ROWS: a few rows' gate/up and down tiles in one launch (the down tiles
-    wait there for their block's gate tiles) give the two launches' bits, eagerly and replayed in
-    a CUDA graph (whose replays find the launch's counters back at zero), and leave its ticket
-    and counters at zero."""
-    from tensorfold.ops import moe as ref_moe
-    from tensorfold.ops import triton_moe
-
-    w1 = list(randn(e, i, h, seed=50, scale=0.02).unbind(0))
-    w3 = list(randn(e, i, h, seed=51, scale=0.02).unbind(0))
-    w2 = list(randn(e, h, i, seed=52, scale=0.02).unbind(0))
-    x = randn(16, h, seed=53)
-    weights, experts = ref_moe.route(x, randn(e, h, seed=54, scale=0.05), None, k, norm_topk_prob=True)
-
-    def layer(m):
-        if e == 1:
-            return triton_moe.gated_ffn(x[:m], w1[0], w3[0], w2[0], act=act)
-        return triton_moe.moe(x[:m], weights[:m], experts[:m], w1, w3, w2, act=act, slot_dtype=slots)
-
-    for m in (1, 2, 8, 16):
-        monkeypatch.setattr(triton_moe, "FUSE_FEW_ROWS", False)
-        want = layer(m)
-        monkeypatch.setattr(triton_moe, "FUSE_FEW_ROWS", True)
-        assert torch.equal(layer(m), want), f"{m} rows"
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = layer(m)
-        for _ in range(3):
-            out.zero_()
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(out, want), f"{m} rows, graph"
-        assert not triton_moe._syncs[torch.device(DEV, torch.cuda.current_device())].any()
-
-
 @pytest.mark.parametrize("h", [2048, 512])
 def test_norm_in_the_routers_launch_gives_the_norms_bits(h, monkeypatch: pytest.MonkeyPatch):
     """norm_route: a row alone (the add + RMSNorm in the router's one launch) has the bits of

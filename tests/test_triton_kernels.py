@@ -554,36 +554,6 @@ def test_gated_ffn_matches_reference(dtype, tol):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_experts_in_one_launch_equal_the_two_launches(dtype, monkeypatch: pytest.MonkeyPatch):
-    """A few rows' gate/up and down tiles in one launch (triton_moe.FUSE_FEW_ROWS: the down
-    tiles of a block wait there for its gate tiles) give the bits of the two launches, for the
-    experts (with their route weights, in slot dtypes of both kinds) and the dense FFN; the
-    launch's ticket and counters are back at zero after each call."""
-    n, h, i, e, k = 7, 32, 80, 6, 3  # i: several gate tiles; 21 pairs over 6 experts
-    x = randn(n, h, seed=71, dtype=dtype)
-    w1, w3, w2 = _experts(e, i, h, dtype, 72)
-    weights, experts = ref_moe.route(x, randn(e, h, seed=74, dtype=dtype), None, k, norm_topk_prob=True)
-    dw1, dw3 = randn(40, h, seed=75, dtype=dtype, scale=0.2), randn(40, h, seed=76, dtype=dtype, scale=0.2)
-    dw2 = randn(h, 40, seed=77, dtype=dtype, scale=0.2)
-    monkeypatch.setattr(triton_moe, "TINY_SWIGLU_TILES", triton_moe.Tiles(16, 16, 2, 2))
-    monkeypatch.setattr(triton_moe, "TINY_DOWN_TILES", triton_moe.Tiles(16, 16, 2, 2))
-    got = {}
-    for fused in (False, True):
-        monkeypatch.setattr(triton_moe, "FUSE_FEW_ROWS", fused)
-        got[fused] = [
-            triton_moe.moe(x[a:z].clone(), weights[a:z].clone(), experts[a:z].clone(), w1, w3, w2,
-                           act=act, slot_dtype=slots)
-            for a, z in ((0, 1), (2, 7)) for act, slots in (("silu", None), ("gelu_tanh", torch.float32))
-        ] + [triton_moe.gated_ffn(x[a:z].clone(), dw1, dw3, dw2) for a, z in ((0, 1), (0, 7))]
-        sync = triton_moe._syncs.get(x.device)
-        assert sync is None or not sync.any()
-    assert triton_moe.fuses(triton_moe.TINY_BLOCK_M, 1)
-    assert triton_moe._syncs[x.device] is not None
-    for a, b in zip(got[False], got[True]):
-        assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tile_choice_by_row_count_changes_no_bits(dtype, monkeypatch: pytest.MonkeyPatch):
     """The decode tiles and the prompt tiles give the same rows the same bits: only the M/N
     tiling changes with the row count, never the k order."""

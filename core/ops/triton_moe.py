@@ -28,7 +28,7 @@ import triton.language as tl
 
 from .triton_align import Aligned, align
 from .gpu import launch_options, prefetch_k
-from .triton_util import after_prior, cdiv, interpreting, mma, prefetch_rows, publish_writes
+from .triton_util import after_prior, cdiv, interpreting, mma, prefetch_rows
 
 BLOCK_M = 128  # prompt passes (more than SMALL_ROWS rows)
 SMALL_BLOCK_M = 64  # decode-sized passes
@@ -70,32 +70,6 @@ TINY_LONG_DOWN_TILES = Tiles(32, 128, 4, 8)
 LONG_K = 1024
 
 
-# A few rows' gate/up and down tiles in one launch (_experts_kernel: the down tiles of a block
-# wait in the launch for its gate tiles), with the tiles above; its warps and stages here.
-FUSE_FEW_ROWS = True
-FUSED_TILES = Tiles(0, 0, 4, 6)
-PREFETCH_DOWN = False  # a down tile's weights prefetched into L2 before its wait
-SYNC_BLOCKS = 256  # blocks a fused launch may have (_sync's counters)
-
-
-def fuses(block_m: int, blocks: int) -> bool:
-    """Whether a pass of block_m-row blocks runs its expert GEMMs in one launch."""
-    return FUSE_FEW_ROWS and block_m == TINY_BLOCK_M and blocks <= SYNC_BLOCKS
-
-
-_syncs: dict[torch.device, torch.Tensor] = {}
-
-
-def _sync(device: torch.device, blocks: int) -> torch.Tensor:
-    """_experts_kernel's ticket and block counters (zero between launches; its own, as launches
-    of other kernels may overlap it under PDL), one buffer a device, made before any graph
-    capture uses it."""
-    buf = _syncs.get(device)
-    if buf is None:
-        buf = _syncs[device] = torch.zeros(1 + 2 * SYNC_BLOCKS, dtype=torch.int32, device=device)
-    return buf
-
-
 def pick(rows: int, width: int = 0) -> tuple[int, Tiles, Tiles]:
     """(BLOCK_M, swiglu tiles, down tiles) for a pass of `rows` rows through experts `width`
     wide (the down kernel's K)."""
@@ -135,31 +109,15 @@ def _swiglu_kernel(
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
     if PREFETCH_K > 0:  # pair pid_m's expert rows (Aligned.pair_expert)
         if pid_m < P:
-            rn = pid_n * BN + tl.arange(0, BN)
             ep = tl.minimum(tl.maximum(tl.load(ex_ptr + pid_m), 0), E - 1).to(tl.int64)
             k_hi = tl.minimum(K, PREFETCH_K)
             prefetch_rows(w1_ptr + ep * stride_1e, rn, stride_1n, I, 0, k_hi, INTERP)
             prefetch_rows(w3_ptr + ep * stride_3e, rn, stride_3n, I, 0, k_hi, INTERP)
     after_prior(PDL)
-    _swiglu_tile(
-        pid_n, pid_m, tl.load(block_ptr + pid_m), x_ptr, w1_ptr, w3_ptr, g_ptr, sorted_ptr, P, E,
-        I, K, limit, stride_xm, stride_1e, stride_1n, stride_3e, stride_3n, TOPK, ACT, IEEE,
-        INTERP, BM, BN, BK,
-    )
-
-
-@triton.jit
-def _swiglu_tile(
-    pid_n, pid_m, e, x_ptr, w1_ptr, w3_ptr, g_ptr, sorted_ptr, P, E, I, K, limit,
-    stride_xm, stride_1e, stride_1n, stride_3e, stride_3n,
-    TOPK: tl.constexpr, ACT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-):
-    """Block pid_m's pairs (of expert e; none when e >= E) times columns pid_n of the gate:
-    their gated products to g."""
-    rn = pid_n * BN + tl.arange(0, BN)
+    e = tl.load(block_ptr + pid_m)
     live = e < E
     pairs = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
     valid = (pairs < P) & live
@@ -199,30 +157,14 @@ def _down_kernel(
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
     if PREFETCH_K > 0:  # align wrote the block map two kernels back (swiglu between)
-        rn = pid_n * BN + tl.arange(0, BN)
         ep = tl.load(block_ptr + pid_m)
         if ep < E:
             prefetch_rows(w2_ptr + tl.maximum(ep, 0).to(tl.int64) * stride_2e, rn, stride_2n, H,
                           0, tl.minimum(K, PREFETCH_K), INTERP)
     after_prior(PDL)
-    _down_tile(
-        pid_n, pid_m, tl.load(block_ptr + pid_m), g_ptr, w2_ptr, rw_ptr, out_ptr, sorted_ptr, P,
-        E, H, K, stride_2e, stride_2n, stride_om, HAS_WEIGHT, IEEE, INTERP, BM, BN, BK, False,
-    )
-
-
-@triton.jit
-def _down_tile(
-    pid_n, pid_m, e, g_ptr, w2_ptr, rw_ptr, out_ptr, sorted_ptr, P, E, H, K,
-    stride_2e, stride_2n, stride_om,
-    HAS_WEIGHT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, G_FROM_L2: tl.constexpr,
-):
-    """Block pid_m's gated products (of expert e; none when e >= E) times columns pid_n of the
-    down weight, times each pair's route weight, to each pair's slot. G_FROM_L2: g read past
-    L1 (written by other programs of the same launch)."""
-    rn = pid_n * BN + tl.arange(0, BN)
+    e = tl.load(block_ptr + pid_m)
     live = e < E
     pairs = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
     valid = (pairs < P) & live
@@ -236,11 +178,7 @@ def _down_tile(
     nmask = rn[None, :] < H
     for k0 in range(0, k_end, BK):
         kin = (k0 + rk) < K
-        if G_FROM_L2:
-            a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0,
-                        cache_modifier=".cg")
-        else:
-            a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
+        a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
         b = tl.load(w_ptrs, mask=nmask & kin[:, None], other=0.0)
         acc = mma(a, b, acc, IEEE, INTERP)
         g_ptrs += BK
@@ -252,64 +190,6 @@ def _down_tile(
     y = y.to(out_ptr.dtype.element_ty)  # the slot's dtype
     dest = pairs.to(tl.int64)
     tl.store(out_ptr + dest[:, None] * stride_om + rn[None, :], y, mask=valid[:, None] & nmask)
-
-
-@triton.jit(do_not_specialize=["P", "blocks"])  # one binary for any row count
-def _experts_kernel(
-    x_ptr, w1_ptr, w3_ptr, g_ptr, w2_ptr, rw_ptr, out_ptr, sorted_ptr, block_ptr, sync_ptr,
-    P, E, I, H, limit, blocks,
-    stride_xm, stride_1e, stride_1n, stride_3e, stride_3n, stride_2e, stride_2n, stride_om,
-    TOPK: tl.constexpr, ACT: tl.constexpr, HAS_WEIGHT: tl.constexpr, IEEE: tl.constexpr,
-    INTERP: tl.constexpr, BM: tl.constexpr, BN1: tl.constexpr, BK1: tl.constexpr,
-    BN2: tl.constexpr, BK2: tl.constexpr, PREFETCH_DOWN: tl.constexpr = False,
-    PDL: tl.constexpr = False,
-):
-    """_swiglu_kernel's tiles then _down_kernel's, in one launch: each program takes a ticket
-    (an arrival order), the first blocks · ⌈I / BN1⌉ tickets a gate tile each (block-major),
-    the rest a down tile each. A down tile waits until its block's gate tiles are all written;
-    every program holding a gate ticket is already placed, and waits on nothing, so the wait
-    ends. Each tile is the standalone kernel's code, so the bits are the two launches' bits.
-    sync_ptr: [1 + 2 · blocks] int32, zero between launches (the ticket, then a count of gate
-    tiles written and of down tiles done a block; the last ticket and the last down tile of a
-    block put theirs back to zero)."""
-    after_prior(PDL)
-    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
-    gate_n = tl.cdiv(I, BN1)
-    down_n = tl.cdiv(H, BN2)
-    gate_tiles = blocks * gate_n
-    if ticket == gate_tiles + blocks * down_n - 1:
-        tl.atomic_xchg(sync_ptr, 0, sem="relaxed", scope="gpu")
-    if ticket < gate_tiles:
-        b = ticket // gate_n
-        e = tl.load(block_ptr + b)
-        if e < E:
-            _swiglu_tile(
-                ticket % gate_n, b, e, x_ptr, w1_ptr, w3_ptr, g_ptr, sorted_ptr, P, E, I, H,
-                limit, stride_xm, stride_1e, stride_1n, stride_3e, stride_3n, TOPK, ACT, IEEE,
-                INTERP, BM, BN1, BK1,
-            )
-            publish_writes(INTERP)
-            tl.atomic_add(sync_ptr + 1 + b, 1, sem="release", scope="gpu")
-    else:
-        d = ticket - gate_tiles
-        b = d // down_n
-        pid_n = d % down_n
-        e = tl.load(block_ptr + b)
-        if e < E:
-            if PREFETCH_DOWN:
-                prefetch_rows(w2_ptr + e.to(tl.int64) * stride_2e, pid_n * BN2 + tl.arange(0, BN2),
-                              stride_2n, H, 0, I, INTERP)
-            while tl.load(sync_ptr + 1 + b, volatile=True) < gate_n:
-                pass
-            publish_writes(INTERP)  # the gate tiles' writes seen before g is read
-            _down_tile(
-                pid_n, b, e, g_ptr, w2_ptr, rw_ptr, out_ptr, sorted_ptr, P, E, H, I, stride_2e,
-                stride_2n, stride_om, HAS_WEIGHT, IEEE, INTERP, BM, BN2, BK2, True,
-            )
-            done = tl.atomic_add(sync_ptr + 1 + blocks + b, 1, sem="relaxed", scope="gpu")
-            if done == down_n - 1:  # every down tile of the block is past its wait
-                tl.atomic_xchg(sync_ptr + 1 + b, 0, sem="relaxed", scope="gpu")
-                tl.atomic_xchg(sync_ptr + 1 + blocks + b, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -370,22 +250,6 @@ def _experts(
     x = x.contiguous()
     g = torch.empty(al.max_blocks * block_m, i, dtype=x.dtype, device=x.device)
     ieee = x.dtype == torch.float32
-    rw = route_weights.reshape(-1) if route_weights is not None else g
-    if fuses(block_m, al.max_blocks):
-        t = FUSED_TILES
-        blocks = al.max_blocks
-        tickets = blocks * (cdiv(i, sw.block_n) + cdiv(h, dn.block_n))
-        _experts_kernel[(tickets,)](
-            x, w1, w3, g, w2, rw, out, al.sorted_pairs, al.block_expert,
-            _sync(x.device, blocks), pairs, e, i, h, float(limit), blocks,
-            x.stride(0), w1.stride(0), w1.stride(1), w3.stride(0), w3.stride(1), w2.stride(0),
-            w2.stride(1), out.stride(0),
-            TOPK=top_k, ACT=ACTS[act], HAS_WEIGHT=route_weights is not None, IEEE=ieee,
-            INTERP=interpreting(), BM=block_m, BN1=sw.block_n, BK1=sw.block_k, BN2=dn.block_n,
-            BK2=dn.block_k, PREFETCH_DOWN=PREFETCH_DOWN and not interpreting(),
-            num_warps=t.warps, num_stages=t.stages, **launch_options(x),
-        )
-        return
     # Weights prefetched before each kernel's wait: a few rows' passes (decode), bounded by
     # the experts a launch can read.
     ex = min(e, al.max_blocks) if block_m == TINY_BLOCK_M else 0
@@ -399,6 +263,7 @@ def _experts(
         PREFETCH_K=pre_sw,
     )
     t = dn
+    rw = route_weights.reshape(-1) if route_weights is not None else g
     _down_kernel[(cdiv(h, t.block_n), al.max_blocks)](
         g, w2, rw, out, al.sorted_pairs, al.block_expert, pairs, e, h, i,
         w2.stride(0), w2.stride(1), out.stride(0),
