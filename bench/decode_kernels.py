@@ -208,6 +208,46 @@ def moe_tiles() -> dict[str, Any]:
     return res
 
 
+BLOCK_VARIANTS = [  # (label, SMALL_BLOCK_M, SMALL_SWIGLU_TILES, SMALL_DOWN_TILES)
+    ("shipped 64-row blocks", 64, (64, 64, 4, 4), (64, 64, 4, 4)),
+    ("16-row, 64x64 w4 s4", 16, (64, 64, 4, 4), (64, 64, 4, 4)),
+    ("16-row, 32x64 w2 s5", 16, (32, 64, 2, 5), (32, 64, 2, 5)),
+    ("16-row, 32x64 w4 s5", 16, (32, 64, 4, 5), (32, 64, 4, 5)),
+    ("16-row, 32x64 w4 s5, down 32x128 s8", 16, (32, 64, 4, 5), (32, 128, 4, 8)),
+    ("32-row, 64x64 w4 s4", 32, (64, 64, 4, 4), (64, 64, 4, 4)),
+    ("32-row, 32x64 w4 s5", 32, (32, 64, 4, 5), (32, 64, 4, 5)),
+]
+BLOCK_ROWS = (32, 64, 128)  # --smoke: (17, 32)
+
+
+def moe_blocks() -> dict[str, Any]:
+    """Decode-sized passes' expert tiles (more than TINY_ROWS rows, up to SMALL_ROWS): the row
+    block and tiles of BLOCK_VARIANTS, each MoE shape's layer at BLOCK_ROWS rows, timed in a
+    graph, and whether those rows equal the same rows of a 2048-row pass."""
+    res: dict[str, Any] = {}
+    saved = (triton_moe.SMALL_BLOCK_M, triton_moe.SMALL_SWIGLU_TILES, triton_moe.SMALL_DOWN_TILES)
+    for name, (e, i, h, k) in MOE.items():
+        sets, x, layer = moe_layer(e, i, h, k)
+        big = layer(x, sets[0])
+        row: dict[str, Any] = {}
+        for label, bm, sw, dn in BLOCK_VARIANTS:
+            triton_moe.SMALL_BLOCK_M = bm
+            triton_moe.SMALL_SWIGLU_TILES = triton_moe.Tiles(*sw)
+            triton_moe.SMALL_DOWN_TILES = triton_moe.Tiles(*dn)
+            cell: dict[str, Any] = {}
+            try:
+                for r in BLOCK_ROWS:
+                    xr = x[:r].contiguous()
+                    cell[f"{r}_us"] = graph_us([lambda s=s: layer(xr, s) for s in sets])
+                    cell[f"{r}_equal"] = bool(torch.equal(layer(xr, sets[0]), big[:r]))
+            except Exception as exc:  # a tile Triton cannot build
+                cell["error"] = str(exc)[:160]
+            row[label] = cell
+        res[name] = row
+    triton_moe.SMALL_BLOCK_M, triton_moe.SMALL_SWIGLU_TILES, triton_moe.SMALL_DOWN_TILES = saved
+    return res
+
+
 def invariance() -> dict[str, Any]:
     """The shipped configuration: each shape's rows alone and in passes of every size class
     (split grid, 64-row and 128-row tiles) against the same rows in a 2048-row pass."""
@@ -320,6 +360,8 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="only the row-invariance check")
     ap.add_argument("--tiles", action="store_true", help="only the one-row GEMVs' tile sweep")
     ap.add_argument("--moe-tiles", action="store_true", help="only the expert kernels' few-row tiles")
+    ap.add_argument("--moe-blocks", action="store_true",
+                    help="only the expert kernels' row blocks and tiles for decode-sized passes")
     ap.add_argument("--grid", help="--tiles' grid: BLOCK_Ns;BLOCK_Ks;stages;waves;warps, each "
                     "comma-separated (wave 1: no K split), e.g. '16,32;128,256;4,8;1,256;2,4'")
     ap.add_argument("--shapes", help="--tiles' shapes: names of SWEEP_SHAPES, comma-separated")
@@ -379,6 +421,16 @@ def main() -> None:
         for name, row in res.items():
             print(name, " | ".join(f"{k}: {v.get('us', float('nan')):.1f}{'' if v.get('equal') else ' NEQ'}"
                                    for k, v in row.items()))
+        return
+    if args.moe_blocks:
+        res = moe_blocks()
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "moe_blocks.json").write_text(json.dumps(res, indent=1))
+        for name, row in res.items():
+            for label, v in row.items():
+                cells = [f"{r} rows {v[f'{r}_us']:7.2f} us{'' if v[f'{r}_equal'] else ' NEQ'}"
+                         for r in BLOCK_ROWS if f"{r}_us" in v]
+                print(f"{name:16s} {label:38s}", " | ".join(cells), v.get("error", ""))
         return
     saved = dict(MAX_SPLITS=triton_splitk.MAX_SPLITS, TINY_BLOCK_M=triton_linear.TINY_BLOCK_M)
     res = {**launch, "linear": linear_rows(), "moe": moe_rows()}

@@ -54,16 +54,19 @@ def test_linear_rows_alone_equal_batches():
     assert_rows_invariant(lambda x: triton_linear.linear(x, w, b), randn(700, 320, seed=3))
 
 
-@pytest.mark.parametrize("h, i", [(256, 192), (512, 1792)])
-def test_moe_gated_ffn_and_router_rows_alone_equal_batches(h, i):
+@pytest.mark.parametrize("h, i, e, k", [(256, 192, 16, 4), (512, 1792, 16, 4), (256, 192, 128, 8)])
+def test_moe_gated_ffn_and_router_rows_alone_equal_batches(h, i, e, k):
     """The experts, the dense FFN, the router and a few rows routed then through the experts:
     rows alone == batches. 1792 wide (LONG_K or more): a few rows' down kernel walks K in
     128-long steps, a prompt pass's in 64-long ones; on the GPU the bits are the same (the MMAs
-    chain one accumulator)."""
+    chain one accumulator). 128 experts, top 8: passes of 33 rows (2 pairs an expert) take the
+    few rows' 16-row blocks, passes of 255 their 64-row blocks."""
     from tensorfold.ops import moe as ref_moe
     from tensorfold.ops import triton_moe, triton_route
 
-    e, k = 16, 4
+    if e == 128:
+        assert triton_moe.pick(33, i, 33 * k, e)[0] == triton_moe.TINY_BLOCK_M
+        assert triton_moe.pick(255, i, 255 * k, e)[0] == triton_moe.SMALL_BLOCK_M
     wide = i >= triton_moe.LONG_K
     assert triton_moe.pick(1, i)[2] == (triton_moe.TINY_LONG_DOWN_TILES if wide else triton_moe.TINY_DOWN_TILES)
     w1 = list(randn(e, i, h, seed=4, scale=0.05).unbind(0))

@@ -543,6 +543,25 @@ def test_moe_matches_reference_and_is_row_invariant(dtype, tol):
         assert torch.equal(sub, got[a:z])
 
 
+def test_decode_passes_of_few_pairs_an_expert_take_the_few_rows_blocks_and_keep_the_bits():
+    """A decode-sized pass (more than TINY_ROWS rows) whose pairs come to at most FEW_PER_EXPERT
+    an expert runs on 16-row blocks, others on 64-row ones: the rows' bits are those of a prompt
+    pass either way."""
+    dtype = torch.bfloat16
+    n, h, i, e, k = 40, 32, 48, 24, 2  # 80 pairs over 24 experts: about 3 an expert
+    assert triton_moe.pick(n, i, n * k, e)[0] == triton_moe.TINY_BLOCK_M
+    assert triton_moe.pick(n, i, n * k, 6)[0] == triton_moe.SMALL_BLOCK_M
+    assert triton_moe.pick(n, i)[0] == triton_moe.SMALL_BLOCK_M  # the dense FFN
+    x = randn(300, h, seed=81, dtype=dtype)
+    w1, w3, w2 = _experts(e, i, h, dtype, 82)
+    weights, experts = ref_moe.route(x, randn(e, h, seed=84, dtype=dtype), None, k, norm_topk_prob=True)
+    whole = triton_moe.moe(x, weights, experts, w1, w3, w2)  # 300 rows: the prompt tiles
+    want = ref_moe.moe(x.double(), weights.double(), experts, *[[t.double() for t in ws] for ws in (w1, w3, w2)])
+    assert rel(whole, want) < 2e-2
+    assert torch.equal(triton_moe.moe(x[:n].clone(), weights[:n].clone(), experts[:n].clone(), w1, w3, w2),
+                       whole[:n])
+
+
 @pytest.mark.parametrize("dtype, tol", DTYPES)
 def test_gated_ffn_matches_reference(dtype, tol):
     x = randn(70, 32, seed=27, dtype=dtype)

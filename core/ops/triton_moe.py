@@ -11,8 +11,9 @@
 W1 and W3 may be strided views of one fused [E, 2I, H] gate_up (gate_up[:, :I], gate_up[:, I:]).
 A pair's result is computed with K walked in order in fixed BLOCK_K steps, so it does not
 depend on how many rows share its expert; the M/N tile (BLOCK_M, BLOCK_N, warps) is chosen by
-the pass's row count (decode-sized passes: 64-row tiles; prompt passes: 128-row tiles), which
-changes no reduction order (every tile measured gave the same bits; docs/perf.md). Pairs come sorted by triton_align; the grids are
+the pass's shape (a few rows, or a decode-sized pass of a few pairs an expert: 16-row tiles;
+other decode-sized passes: 64-row tiles; prompt passes: 128-row tiles), which changes no
+reduction order (every tile measured gave the same bits; docs/perf.md). Pairs come sorted by triton_align; the grids are
 sized for the worst case, so a decode round's launches are fixed for its CUDA graph. The dense
 FFN runs through the same kernels as one expert with every row a pair.
 """
@@ -70,13 +71,27 @@ TINY_LONG_DOWN_TILES = Tiles(32, 128, 4, 8)
 LONG_K = 1024
 
 
-def pick(rows: int, width: int = 0) -> tuple[int, Tiles, Tiles]:
+# A decode-sized pass whose pairs come to at most FEW_PER_EXPERT an expert (pairs <= this times
+# the experts: many experts, a few pairs each) takes the few rows' blocks and tiles. µs for a
+# MoE layer at 32 / 64 / 128 rows on an H200, 64-row blocks -> 16-row blocks with TINY tiles
+# (bench/decode_kernels.py --moe-blocks; docs/perf.md, session 17): Gemma-4-26B-A4B (128
+# experts, top 8: 2 / 4 / 8 pairs an expert) 361.7 / 392.4 / 411.1 -> 357.8 / 378.2 / 404.0;
+# LFM2-8B-A1B (32, top 4: 4 / 8 / 16) 187.7 / 191.6 -> 180.1 / 186.3, and 195.2 -> 203.8 at 16
+# pairs an expert (kept on 64-row blocks). The dense FFN (every row a pair of one expert) keeps
+# them too. Tiles change no bits (the k order is BLOCK_K's and the chain's).
+FEW_PER_EXPERT = 8
+
+
+def pick(rows: int, width: int = 0, pairs: int = 0, experts: int = 1) -> tuple[int, Tiles, Tiles]:
     """(BLOCK_M, swiglu tiles, down tiles) for a pass of `rows` rows through experts `width`
-    wide (the down kernel's K)."""
+    wide (the down kernel's K); `pairs` (0: every row one pair) over `experts`. From the pass's
+    shape alone, never from which experts its rows chose."""
     if rows <= TINY_ROWS:
         long_k = width >= LONG_K and not interpreting()
         return TINY_BLOCK_M, TINY_SWIGLU_TILES, TINY_LONG_DOWN_TILES if long_k else TINY_DOWN_TILES
     if rows <= SMALL_ROWS:
+        if (pairs or rows) <= FEW_PER_EXPERT * experts:
+            return TINY_BLOCK_M, TINY_SWIGLU_TILES, TINY_DOWN_TILES
         return SMALL_BLOCK_M, SMALL_SWIGLU_TILES, SMALL_DOWN_TILES
     return BLOCK_M, SWIGLU_TILES, DOWN_TILES
 
@@ -288,7 +303,7 @@ def moe(
     [N, k, H] as they are (their sum left to the caller: slot_sum, or add_rms_norm's)."""
     n, k = experts.shape
     s1, s3, s2 = stacked(w1), stacked(w3), stacked(w2)
-    bm, sw, dn = pick(n, s1.shape[1])
+    bm, sw, dn = pick(n, s1.shape[1], n * k, s1.shape[0])
     al = prealigned(experts, s1.shape[0], bm) or align(experts, s1.shape[0], bm)
     h = x.shape[1]
     slots = torch.empty(n * k, h, dtype=slot_dtype or x.dtype, device=x.device)
