@@ -209,7 +209,7 @@ def moe_tiles() -> dict[str, Any]:
 
 
 BLOCK_VARIANTS = [  # (label, SMALL_BLOCK_M, SMALL_SWIGLU_TILES, SMALL_DOWN_TILES)
-    ("shipped 64-row blocks", 64, (64, 64, 4, 4), (64, 64, 4, 4)),
+    ("64-row blocks (before session 17)", 64, (64, 64, 4, 4), (64, 64, 4, 4)),
     ("16-row, 64x64 w4 s4", 16, (64, 64, 4, 4), (64, 64, 4, 4)),
     ("16-row, 32x64 w2 s5", 16, (32, 64, 2, 5), (32, 64, 2, 5)),
     ("16-row, 32x64 w4 s5", 16, (32, 64, 4, 5), (32, 64, 4, 5)),
@@ -217,23 +217,27 @@ BLOCK_VARIANTS = [  # (label, SMALL_BLOCK_M, SMALL_SWIGLU_TILES, SMALL_DOWN_TILE
     ("32-row, 64x64 w4 s4", 32, (64, 64, 4, 4), (64, 64, 4, 4)),
     ("32-row, 32x64 w4 s5", 32, (32, 64, 4, 5), (32, 64, 4, 5)),
 ]
-BLOCK_ROWS = (32, 64, 128)  # --smoke: (17, 32)
+BLOCK_ROWS = (32, 64, 128)
 
 
 def moe_blocks() -> dict[str, Any]:
-    """Decode-sized passes' expert tiles (more than TINY_ROWS rows, up to SMALL_ROWS): the row
-    block and tiles of BLOCK_VARIANTS, each MoE shape's layer at BLOCK_ROWS rows, timed in a
-    graph, and whether those rows equal the same rows of a 2048-row pass."""
+    """Decode-sized passes' expert tiles (more than TINY_ROWS rows, up to SMALL_ROWS): every
+    such pass on the row block and tiles of each BLOCK_VARIANTS entry (FEW_PER_EXPERT off), then
+    the shipped choice ("shipped"), each MoE shape's layer at BLOCK_ROWS rows, timed in a graph,
+    and whether those rows equal the same rows of a 2048-row pass."""
     res: dict[str, Any] = {}
-    saved = (triton_moe.SMALL_BLOCK_M, triton_moe.SMALL_SWIGLU_TILES, triton_moe.SMALL_DOWN_TILES)
+    saved = (triton_moe.SMALL_BLOCK_M, triton_moe.SMALL_SWIGLU_TILES, triton_moe.SMALL_DOWN_TILES,
+             triton_moe.FEW_PER_EXPERT)
+    variants = [(label, bm, triton_moe.Tiles(*sw), triton_moe.Tiles(*dn), 0)
+                for label, bm, sw, dn in BLOCK_VARIANTS] + [("shipped", *saved)]
     for name, (e, i, h, k) in MOE.items():
         sets, x, layer = moe_layer(e, i, h, k)
         big = layer(x, sets[0])
         row: dict[str, Any] = {}
-        for label, bm, sw, dn in BLOCK_VARIANTS:
+        for label, bm, sw, dn, few in variants:
             triton_moe.SMALL_BLOCK_M = bm
-            triton_moe.SMALL_SWIGLU_TILES = triton_moe.Tiles(*sw)
-            triton_moe.SMALL_DOWN_TILES = triton_moe.Tiles(*dn)
+            triton_moe.SMALL_SWIGLU_TILES, triton_moe.SMALL_DOWN_TILES = sw, dn
+            triton_moe.FEW_PER_EXPERT = few
             cell: dict[str, Any] = {}
             try:
                 for r in BLOCK_ROWS:
@@ -244,7 +248,8 @@ def moe_blocks() -> dict[str, Any]:
                 cell["error"] = str(exc)[:160]
             row[label] = cell
         res[name] = row
-    triton_moe.SMALL_BLOCK_M, triton_moe.SMALL_SWIGLU_TILES, triton_moe.SMALL_DOWN_TILES = saved
+    (triton_moe.SMALL_BLOCK_M, triton_moe.SMALL_SWIGLU_TILES, triton_moe.SMALL_DOWN_TILES,
+     triton_moe.FEW_PER_EXPERT) = saved
     return res
 
 

@@ -77,8 +77,9 @@ LONG_K = 1024
 # (bench/decode_kernels.py --moe-blocks; docs/perf.md, session 17): Gemma-4-26B-A4B (128
 # experts, top 8: 2 / 4 / 8 pairs an expert) 361.7 / 392.4 / 411.1 -> 357.8 / 378.2 / 404.0;
 # LFM2-8B-A1B (32, top 4: 4 / 8 / 16) 187.7 / 191.6 -> 180.1 / 186.3, and 195.2 -> 203.8 at 16
-# pairs an expert (kept on 64-row blocks). The dense FFN (every row a pair of one expert) keeps
-# them too. Tiles change no bits (the k order is BLOCK_K's and the chain's).
+# pairs an expert (kept on 64-row blocks). The dense FFN (every row a pair of one expert) stays
+# on 64-row blocks too: it lost on 16-row ones. Tiles change no bits (the k order is BLOCK_K's
+# and the chain's).
 FEW_PER_EXPERT = 8
 
 
