@@ -253,6 +253,84 @@ def moe_blocks() -> dict[str, Any]:
     return res
 
 
+DENSE = {"gemma4 26B dense": (2112, 2816), "lfm2 8B dense": (7168, 2048)}  # name: (width, hidden)
+DENSE_ROWS = {"tiny": (1, 8), "small": (64, 32)}  # the row class: its row counts, timed first
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) a class's candidates for each kernel
+DENSE_CANDIDATES = {
+    "tiny": [(16, bn, bk, w, st) for bn, bk, w, st in (
+        (32, 64, 2, 5), (32, 128, 4, 8), (16, 64, 2, 5), (16, 64, 4, 8), (16, 128, 2, 8),
+        (16, 128, 4, 8), (16, 128, 4, 4))],
+    "small": [(64, 64, 64, 4, 4), (64, 32, 64, 4, 4), (64, 32, 128, 4, 4), (64, 16, 64, 4, 4),
+              (64, 16, 128, 4, 4), (64, 16, 128, 4, 6), (32, 16, 128, 4, 6), (32, 32, 64, 4, 4),
+              (16, 16, 128, 4, 8), (16, 32, 64, 2, 5)],
+}
+
+
+def dense_tiles() -> dict[str, Any]:
+    """The dense FFN's tiles (triton_moe.DENSE_TILES) for each DENSE shape and row class: each
+    kernel's candidates with the other kernel on the shipped tile, the FFN at the class's row
+    counts timed in a graph over rotating weights, its rows checked against the same rows of a
+    2048-row pass; then "best", the fastest equal candidates of both kernels together, and
+    "shipped". The result's "table" is DENSE_TILES with the best entries, as Python."""
+    res: dict[str, Any] = {}
+    saved = dict(triton_moe.DENSE_TILES)
+    table: dict[tuple[int, int, str], Any] = dict(saved)
+    for name, (i, h) in DENSE.items():
+        sets, x, layer = moe_layer(1, i, h, 1)
+        big = layer(x, sets[0])
+        row: dict[str, Any] = {}
+        for cls, counts in DENSE_ROWS.items():
+            triton_moe.DENSE_TILES = dict(saved)
+            triton_moe.DENSE_TILES.pop((i, h, cls), None)
+            shipped = triton_moe.pick(counts[0], i, hidden=h)
+
+            def timed(entry: tuple[int, Any, Any]) -> dict[str, Any]:
+                triton_moe.DENSE_TILES[(i, h, cls)] = entry
+                cell: dict[str, Any] = {}
+                try:
+                    for r in counts:
+                        xr = x[:r].contiguous()
+                        cell[f"{r}_us"] = round(graph_us([lambda s=s: layer(xr, s) for s in sets]), 2)
+                        cell[f"{r}_equal"] = bool(torch.equal(layer(xr, sets[0]), big[:r]))
+                except Exception as exc:  # a tile Triton cannot build
+                    cell["error"] = str(exc)[:160]
+                return cell
+
+            def label(bm: int, t: Any) -> str:
+                return f"bm{bm} bn{t.block_n} bk{t.block_k} w{t.warps} s{t.stages}"
+
+            cells: dict[str, Any] = {"shipped": {"tiles": str(shipped), **timed(shipped)}}
+            best: dict[str, tuple[float, Any]] = {}
+            for kernel in ("swiglu", "down"):
+                for bm, bn, bk, w, st in DENSE_CANDIDATES[cls]:
+                    t = triton_moe.Tiles(bn, bk, w, st)
+                    if kernel == "swiglu":
+                        entry = (bm, t, shipped[2]) if bm == shipped[0] else (bm, t, t)
+                    else:
+                        entry = (bm, shipped[1], t) if bm == shipped[0] else (bm, t, t)
+                    cell = timed(entry)
+                    cells[f"{kernel} {label(bm, t)}"] = cell
+                    us = cell.get(f"{counts[0]}_us")
+                    if us is not None and all(cell.get(f"{r}_equal") for r in counts) and (
+                            bm == shipped[0]) and (kernel not in best or us < best[kernel][0]):
+                        best[kernel] = (us, t)
+            if best:
+                entry = (shipped[0], best.get("swiglu", (0, shipped[1]))[1],
+                         best.get("down", (0, shipped[2]))[1])
+                cell = timed(entry)
+                cells["best"] = {"tiles": str(entry), **cell}
+                if all(cell.get(f"{r}_equal") for r in counts) and cell.get(
+                        f"{counts[0]}_us", 1e9) < cells["shipped"].get(f"{counts[0]}_us", 0):
+                    table[(i, h, cls)] = entry
+            row[cls] = cells
+        res[name] = row
+    triton_moe.DENSE_TILES = saved
+    res["table"] = "{" + ", ".join(
+        f"{k!r}: ({v[0]}, Tiles{tuple(vars(v[1]).values())}, Tiles{tuple(vars(v[2]).values())})"
+        for k, v in table.items()) + "}"
+    return res
+
+
 def invariance() -> dict[str, Any]:
     """The shipped configuration: each shape's rows alone and in passes of every size class
     (split grid, 64-row and 128-row tiles) against the same rows in a 2048-row pass."""
@@ -367,6 +445,8 @@ def main() -> None:
     ap.add_argument("--moe-tiles", action="store_true", help="only the expert kernels' few-row tiles")
     ap.add_argument("--moe-blocks", action="store_true",
                     help="only the expert kernels' row blocks and tiles for decode-sized passes")
+    ap.add_argument("--dense-tiles", action="store_true",
+                    help="only the dense FFN's tiles (triton_moe.DENSE_TILES)")
     ap.add_argument("--grid", help="--tiles' grid: BLOCK_Ns;BLOCK_Ks;stages;waves;warps, each "
                     "comma-separated (wave 1: no K split), e.g. '16,32;128,256;4,8;1,256;2,4'")
     ap.add_argument("--shapes", help="--tiles' shapes: names of SWEEP_SHAPES, comma-separated")
@@ -399,6 +479,11 @@ def main() -> None:
         LINEAR.update({"tiny": (96, 320)})
         MOE.clear()
         MOE.update({"tiny moe": (6, 96, 320, 2), "tiny dense": (1, 128, 320, 1)})
+        DENSE.clear()
+        DENSE.update({"tiny dense": (128, 320)})
+        DENSE_ROWS.update(tiny=(1, 3), small=(20,))
+        for cls in DENSE_CANDIDATES:
+            DENSE_CANDIDATES[cls] = DENSE_CANDIDATES[cls][:3]
         SWEEP_SHAPES.clear()
         SWEEP_SHAPES.update({"tiny": (96, 320)})
         SWEEP_GRID = ((32,), (64,), (3,), (128,), (4,))
@@ -426,6 +511,21 @@ def main() -> None:
         for name, row in res.items():
             print(name, " | ".join(f"{k}: {v.get('us', float('nan')):.1f}{'' if v.get('equal') else ' NEQ'}"
                                    for k, v in row.items()))
+        return
+    if args.dense_tiles:
+        res = dense_tiles()
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "dense_tiles.json").write_text(json.dumps(res, indent=1))
+        for name, row in res.items():
+            if name == "table":
+                continue
+            for cls, cells in row.items():
+                for label, v in sorted(cells.items(), key=lambda kv: min(
+                        (u for k, u in kv[1].items() if k.endswith("_us")), default=1e9)):
+                    times = " | ".join(f"{k[:-3]} rows {u:7.2f} us{'' if v.get(k[:-3] + '_equal') else ' NEQ'}"
+                                       for k, u in v.items() if k.endswith("_us"))
+                    print(f"{name:16s} {cls:5s} {label:40s} {times} {v.get('error', '')}")
+        print("DENSE_TILES =", res["table"])
         return
     if args.moe_blocks:
         res = moe_blocks()

@@ -109,3 +109,54 @@ class Sections:
                 "top": [(k[0][:60], round(k[1], 1), round(k[2], 1)) for k in kern[:12]],
             }
         return res
+
+    def census(self) -> dict[str, Any]:
+        """Every kernel of one eager decode round at 1, 8 and 64 streams with dependent launch
+        off, so each launch's time is its own (under PDL a kernel's time includes its wait on
+        the one before): census_N.tsv lists them in launch order (µs, grid, name), and the
+        result groups them by (name, grid), the longest first. Two rounds warm the kernels
+        first."""
+        import tempfile
+
+        from torch.profiler import ProfilerActivity, profile
+
+        from tensorfold.forward_pass import StreamRows
+        from tensorfold.ops import gpu
+
+        res: dict[str, Any] = {}
+        gpu.set_dependent_launch(False)
+        try:
+            for n in (1, 8, 64):
+                runner = self.runner(n, graphs=False, window=4096)
+                g = torch.Generator().manual_seed(7)
+                streams = [StreamRows(s, 100, torch.randint(10, self.model.vocab_size, (1,),
+                                                            generator=g).tolist(),
+                                      list(range(s * 8, s * 8 + 8))) for s in range(n)]
+                for _ in range(2):
+                    runner.run(streams)
+                sync(self.device)
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    runner.run(streams)
+                    sync(self.device)
+                with tempfile.TemporaryDirectory() as d:
+                    prof.export_chrome_trace(f"{d}/trace.json")
+                    trace = json.loads(Path(f"{d}/trace.json").read_text())
+                kern = sorted((e for e in trace.get("traceEvents", [])
+                               if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+                lines, groups = [], {}
+                for e in kern:
+                    grid = "x".join(str(v) for v in e.get("args", {}).get("grid", []))
+                    name = e["name"][:60]
+                    lines.append(f"{e['dur']:.2f}\t{grid}\t{name}\n")
+                    c, t = groups.get((name, grid), (0, 0.0))
+                    groups[(name, grid)] = (c + 1, t + e["dur"])
+                (self.out / f"census_{n}.tsv").write_text("".join(lines))
+                rows = sorted(groups.items(), key=lambda kv: -kv[1][1])
+                res[f"streams{n}"] = {
+                    "kernels": len(kern), "us": round(sum(e["dur"] for e in kern), 1),
+                    "groups": [(k[0][:40], k[1], c, round(t / c, 2), round(t, 1))
+                               for k, (c, t) in rows[:40]]}
+                del runner
+        finally:
+            gpu.set_dependent_launch(self.results["dependent_launch"])
+        return res

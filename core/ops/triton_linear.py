@@ -27,6 +27,7 @@ TINY_ROWS = 16
 BLOCK_M = 64  # passes of up to SMALL_ROWS rows
 PREFILL_BLOCK_M = 128  # larger passes
 SMALL_ROWS = 256
+SPLIT_ROWS = TINY_ROWS  # passes of up to this many rows run each K chunk in a program of its own
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         bm, t = pick(m, n, k)
         splits = splits_of(n, k)
         grid_m = cdiv(m, bm)
-        split_grid = splits > 1 and m <= TINY_ROWS
+        split_grid = splits > 1 and m <= SPLIT_ROWS
         grid = (cdiv(n, t.block_n), grid_m, splits if split_grid else 1)
         if split_grid:
             ws = torch.empty(splits, grid_m * bm, n, dtype=torch.float32, device=x.device)
