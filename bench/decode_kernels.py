@@ -331,6 +331,56 @@ def dense_tiles() -> dict[str, Any]:
     return res
 
 
+ALIGN_CASES = {"gemma4 8 rows": (8, 128, 8), "gemma4 64 rows": (64, 128, 8),
+               "lfm2 64 rows": (64, 32, 4)}  # name: (rows, experts, top k)
+
+
+def align_route() -> dict[str, Any]:
+    """A decode pass's routing alone, timed in a graph: triton_align.align of its pairs with
+    each pair's place by a cumulative sum or by a product (RANK_BY_DOT), and its route
+    (gemma4's softmax over 128 experts, lfm2's sigmoid over 32) ROUTE_ROWS rows a program or a
+    program a row (ONE_ROW_PROGRAMS); each variant's result checked against the first's."""
+    from tensorfold.ops import triton_align, triton_route
+
+    res: dict[str, Any] = {}
+    saved = (triton_align.RANK_BY_DOT, triton_route.ONE_ROW_PROGRAMS)
+    for name, (n, e, k) in ALIGN_CASES.items():
+        g = torch.Generator().manual_seed(n + e)
+        experts = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(n)]).to(DEVICE)
+        x = torch.randn(n, 2816 if e == 128 else 2048, device=DEVICE).to(BF16)
+        gate = (torch.randn(e, x.shape[1], device=DEVICE) * 0.02).to(BF16)
+        scale = torch.ones(e, device=DEVICE)
+        row: dict[str, Any] = {}
+        want = None
+        for dot in (False, True):
+            triton_align.RANK_BY_DOT = dot
+            al = triton_align.align(experts, e, triton_moe.TINY_BLOCK_M)
+            used = (al.block_expert < e).repeat_interleave(triton_moe.TINY_BLOCK_M)
+            got = (al.block_expert.clone(), al.sorted_pairs[used].clone())
+            want = want or got
+            row[f"align dot={dot}"] = {
+                "us": round(graph_us([lambda: triton_align.align(experts, e, triton_moe.TINY_BLOCK_M)]), 2),
+                "equal": bool(torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]))}
+        triton_align.RANK_BY_DOT = saved[0]
+
+        def routed() -> Any:
+            if e == 128:
+                return triton_route.softmax_route(x, gate, k, scale)
+            return triton_route.route(x, gate, None, k, norm_topk_prob=True, scaling=1.0)
+
+        first = None
+        for one in (False, True):
+            triton_route.ONE_ROW_PROGRAMS = one
+            w, ex = routed()
+            first = first or (w.clone(), ex.clone())
+            row[f"route one_row_programs={one}"] = {
+                "us": round(graph_us([routed]), 2),
+                "equal": bool(torch.equal(w, first[0]) and torch.equal(ex, first[1]))}
+        triton_route.ONE_ROW_PROGRAMS = saved[1]
+        res[name] = row
+    return res
+
+
 def invariance() -> dict[str, Any]:
     """The shipped configuration: each shape's rows alone and in passes of every size class
     (split grid, 64-row and 128-row tiles) against the same rows in a 2048-row pass."""
@@ -447,6 +497,8 @@ def main() -> None:
                     help="only the expert kernels' row blocks and tiles for decode-sized passes")
     ap.add_argument("--dense-tiles", action="store_true",
                     help="only the dense FFN's tiles (triton_moe.DENSE_TILES)")
+    ap.add_argument("--align", action="store_true",
+                    help="only a decode pass's routing: align and route variants")
     ap.add_argument("--grid", help="--tiles' grid: BLOCK_Ns;BLOCK_Ks;stages;waves;warps, each "
                     "comma-separated (wave 1: no K split), e.g. '16,32;128,256;4,8;1,256;2,4'")
     ap.add_argument("--shapes", help="--tiles' shapes: names of SWEEP_SHAPES, comma-separated")
@@ -511,6 +563,14 @@ def main() -> None:
         for name, row in res.items():
             print(name, " | ".join(f"{k}: {v.get('us', float('nan')):.1f}{'' if v.get('equal') else ' NEQ'}"
                                    for k, v in row.items()))
+        return
+    if args.align:
+        res = align_route()
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "align.json").write_text(json.dumps(res, indent=1))
+        for name, row in res.items():
+            for label, v in row.items():
+                print(f"{name:16s} {label:34s} {v['us']:7.2f} us{'' if v['equal'] else ' NEQ'}")
         return
     if args.dense_tiles:
         res = dense_tiles()

@@ -392,6 +392,41 @@ def test_align_sorts_pairs_by_expert_in_padded_blocks(rows):
     assert seen == sorted(seen, key=lambda p: (int(flat[p]), p))
 
 
+@pytest.mark.parametrize("rows, e, k", [(64, 128, 8), (50, 32, 4), (8, 128, 8)])
+def test_align_by_dot_gives_the_scans_order(rows, e, k, monkeypatch):
+    """RANK_BY_DOT: each pair's place among its expert's pairs from a product on the tensor
+    cores gives the cumulative sum's order and block map (gemma4's 512 pairs over 128 experts,
+    in chunks; lfm2's 200 over 32, one program; 64 pairs)."""
+    experts = torch.stack([torch.randperm(e, generator=gen(60 + r))[:k] for r in range(rows)])
+    monkeypatch.setattr(triton_align, "RANK_BY_DOT", False)
+    want = triton_align.align(experts, e, triton_moe.TINY_BLOCK_M)
+    monkeypatch.setattr(triton_align, "RANK_BY_DOT", True)
+    got = triton_align.align(experts, e, triton_moe.TINY_BLOCK_M)
+    assert torch.equal(got.block_expert, want.block_expert)
+    used = (want.block_expert < e).repeat_interleave(triton_moe.TINY_BLOCK_M)  # past: unread
+    assert torch.equal(got.sorted_pairs[used], want.sorted_pairs[used])
+
+
+@pytest.mark.parametrize("softmax, e, k", [(True, 128, 8), (False, 32, 4)])
+def test_route_a_program_a_row_equals_the_rows_tiles(softmax, e, k, monkeypatch):
+    """ONE_ROW_PROGRAMS: a pass its router does not align, routed a program a row on the
+    one-row tile, gives the weights and experts of ROUTE_ROWS rows a program."""
+    x = randn(40, 96, seed=83, dtype=torch.bfloat16)
+    gate = randn(e, 96, seed=84, scale=0.1).to(torch.bfloat16)
+    scale = (1 + randn(e, seed=85, scale=0.1)).float()
+
+    def run(rows):
+        if softmax:
+            return triton_route.softmax_route(rows, gate, k, scale)
+        return triton_route.route(rows, gate, None, k, norm_topk_prob=True, scaling=2.5)
+
+    monkeypatch.setattr(triton_route, "ONE_ROW_PROGRAMS", False)
+    want = run(x)
+    monkeypatch.setattr(triton_route, "ONE_ROW_PROGRAMS", True)
+    got = run(x)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_host_cdiv_and_next_power_of_2_equal_tritons():
     """The launch code's host arithmetic (triton_util) gives Triton's integers."""
     import triton

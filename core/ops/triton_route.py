@@ -54,6 +54,10 @@ FUSE_MAX_EXPERTS = 64  # ... for up to this many experts: LFM2-8B-A1B's 32 gaine
 # (tests/test_gpu_kernels.py) and Gemma-4-26B-A4B's one-stream forward went 4.165 -> 3.847 ms
 # (lfm2's: no change; docs/perf.md, session 15)
 ONE_ROW_TILE = True
+# ... and every pass that its router does not align (more rows than one route program holds):
+# a program a row on that tile, not ROUTE_ROWS rows a program in four warps. The same layout a
+# row, so the same bits.
+ONE_ROW_PROGRAMS = False
 ROUTER_SPLIT = 256  # columns of H a router program sums (fixed: part of the reduction order)
 EXPERT_BLOCK = 64  # experts a router program computes
 
@@ -340,7 +344,7 @@ def _route(
         )
     else:
         assert norm_in is None
-        if n == 1 and ONE_ROW_TILE and groups == 1:
+        if ONE_ROW_TILE and groups == 1 and (n == 1 or (ONE_ROW_PROGRAMS and aligned is None)):
             select.update(ROWS=1, num_warps=1)  # a row's layout kept (see ONE_ROW_TILE)
         part = _partials(x, gate, fp32, t)
         align = {} if aligned is None else dict(
