@@ -336,32 +336,22 @@ ALIGN_CASES = {"gemma4 8 rows": (8, 128, 8), "gemma4 64 rows": (64, 128, 8),
 
 
 def align_route() -> dict[str, Any]:
-    """A decode pass's routing alone, timed in a graph: triton_align.align of its pairs with
-    each pair's place by a cumulative sum or by a product (RANK_BY_DOT), and its route
-    (gemma4's softmax over 128 experts, lfm2's sigmoid over 32) ROUTE_ROWS rows a program or a
-    program a row (ONE_ROW_PROGRAMS); each variant's result checked against the first's."""
+    """A decode pass's routing alone, timed in a graph: triton_align.align of its pairs, and its
+    route (gemma4's softmax over 128 experts, lfm2's sigmoid over 32) ROUTE_ROWS rows a program
+    or a program a row (triton_route.ONE_ROW_PROGRAMS), each route checked against the first's."""
     from tensorfold.ops import triton_align, triton_route
 
     res: dict[str, Any] = {}
-    saved = (triton_align.RANK_BY_DOT, triton_route.ONE_ROW_PROGRAMS)
+    saved = triton_route.ONE_ROW_PROGRAMS
     for name, (n, e, k) in ALIGN_CASES.items():
         g = torch.Generator().manual_seed(n + e)
         experts = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(n)]).to(DEVICE)
         x = torch.randn(n, 2816 if e == 128 else 2048, device=DEVICE).to(BF16)
         gate = (torch.randn(e, x.shape[1], device=DEVICE) * 0.02).to(BF16)
         scale = torch.ones(e, device=DEVICE)
-        row: dict[str, Any] = {}
-        want = None
-        for dot in (False, True):
-            triton_align.RANK_BY_DOT = dot
-            al = triton_align.align(experts, e, triton_moe.TINY_BLOCK_M)
-            used = (al.block_expert < e).repeat_interleave(triton_moe.TINY_BLOCK_M)
-            got = (al.block_expert.clone(), al.sorted_pairs[used].clone())
-            want = want or got
-            row[f"align dot={dot}"] = {
-                "us": round(graph_us([lambda: triton_align.align(experts, e, triton_moe.TINY_BLOCK_M)]), 2),
-                "equal": bool(torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]))}
-        triton_align.RANK_BY_DOT = saved[0]
+        row: dict[str, Any] = {"align": {
+            "us": round(graph_us([lambda: triton_align.align(experts, e, triton_moe.TINY_BLOCK_M)]), 2),
+            "equal": True}}
 
         def routed() -> Any:
             if e == 128:
@@ -376,7 +366,7 @@ def align_route() -> dict[str, Any]:
             row[f"route one_row_programs={one}"] = {
                 "us": round(graph_us([routed]), 2),
                 "equal": bool(torch.equal(w, first[0]) and torch.equal(ex, first[1]))}
-        triton_route.ONE_ROW_PROGRAMS = saved[1]
+        triton_route.ONE_ROW_PROGRAMS = saved
         res[name] = row
     return res
 

@@ -90,6 +90,39 @@ def test_moe_gated_ffn_and_router_rows_alone_equal_batches(h, i, e, k):
     assert_rows_invariant(routed_moe, x)
 
 
+@pytest.mark.parametrize("i, h", [(2112, 2816), (7168, 2048)])
+def test_dense_ffn_on_its_own_tiles_rows_alone_equal_batches(i, h):
+    """DENSE_TILES: gemma4's and lfm2's dense FFN, whose decode-sized passes have their own tiles
+    (16 or 32 columns, 128-long k steps): rows alone == batches, across every row class."""
+    from tensorfold.ops import triton_moe
+
+    assert (i, h, "small") in triton_moe.DENSE_TILES
+    w1, w3 = randn(i, h, seed=30, scale=0.05), randn(i, h, seed=31, scale=0.05)
+    w2 = randn(h, i, seed=32, scale=0.05)
+    assert_rows_invariant(lambda x: triton_moe.gated_ffn(x, w1, w3, w2), randn(700, h, seed=33))
+
+
+def test_route_a_program_a_row_gives_the_rows_tiles_bits(monkeypatch):
+    """ONE_ROW_PROGRAMS: passes routed a program a row on the one-row tile (gemma4's softmax
+    over 128 experts, top 8; the sigmoid route of 32, top 4) give the bits of ROUTE_ROWS rows a
+    program in four warps, and rows alone those of batches."""
+    from tensorfold.ops import triton_route
+
+    gate = randn(128, 2816, seed=45, scale=0.02)
+    scale = (1 + randn(128, seed=46, scale=0.1)).float()
+    few, eb = randn(32, 2816, seed=47, scale=0.02), randn(32, seed=48, scale=0.1).float()
+    x = randn(700, 2816, seed=49)
+    runs = (lambda x: triton_route.softmax_route(x, gate, 8, scale),
+            lambda x: triton_route.route(x, few, eb, 4, norm_topk_prob=True, scaling=2.5))
+    for run in runs:
+        monkeypatch.setattr(triton_route, "ONE_ROW_PROGRAMS", False)
+        want = run(x)
+        monkeypatch.setattr(triton_route, "ONE_ROW_PROGRAMS", True)
+        got = run(x)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert_rows_invariant(run, x)
+
+
 @pytest.mark.parametrize("h", [2048, 512])
 def test_norm_in_the_routers_launch_gives_the_norms_bits(h, monkeypatch: pytest.MonkeyPatch):
     """norm_route: a row alone (the add + RMSNorm in the router's one launch) has the bits of

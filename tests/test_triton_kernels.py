@@ -392,21 +392,6 @@ def test_align_sorts_pairs_by_expert_in_padded_blocks(rows):
     assert seen == sorted(seen, key=lambda p: (int(flat[p]), p))
 
 
-@pytest.mark.parametrize("rows, e, k", [(64, 128, 8), (50, 32, 4), (8, 128, 8)])
-def test_align_by_dot_gives_the_scans_order(rows, e, k, monkeypatch):
-    """RANK_BY_DOT: each pair's place among its expert's pairs from a product on the tensor
-    cores gives the cumulative sum's order and block map (gemma4's 512 pairs over 128 experts,
-    in chunks; lfm2's 200 over 32, one program; 64 pairs)."""
-    experts = torch.stack([torch.randperm(e, generator=gen(60 + r))[:k] for r in range(rows)])
-    monkeypatch.setattr(triton_align, "RANK_BY_DOT", False)
-    want = triton_align.align(experts, e, triton_moe.TINY_BLOCK_M)
-    monkeypatch.setattr(triton_align, "RANK_BY_DOT", True)
-    got = triton_align.align(experts, e, triton_moe.TINY_BLOCK_M)
-    assert torch.equal(got.block_expert, want.block_expert)
-    used = (want.block_expert < e).repeat_interleave(triton_moe.TINY_BLOCK_M)  # past: unread
-    assert torch.equal(got.sorted_pairs[used], want.sorted_pairs[used])
-
-
 @pytest.mark.parametrize("softmax, e, k", [(True, 128, 8), (False, 32, 4)])
 def test_route_a_program_a_row_equals_the_rows_tiles(softmax, e, k, monkeypatch):
     """ONE_ROW_PROGRAMS: a pass its router does not align, routed a program a row on the
@@ -595,6 +580,24 @@ def test_decode_passes_of_few_pairs_an_expert_take_the_few_rows_blocks_and_keep_
     assert rel(whole, want) < 2e-2
     assert torch.equal(triton_moe.moe(x[:n].clone(), weights[:n].clone(), experts[:n].clone(), w1, w3, w2),
                        whole[:n])
+
+
+def test_dense_ffn_on_its_own_tiles_keeps_the_bits(monkeypatch):
+    """DENSE_TILES: a dense FFN whose shape has its own tiles (here narrower and with 128-long k
+    steps, as gemma4's at 64 rows; the interpreter keeps 64-long ones) gives a decode-sized
+    pass's rows the bits of a prompt pass."""
+    dtype = torch.bfloat16
+    h, i = 64, 48
+    tiles = (triton_moe.SMALL_BLOCK_M, triton_moe.Tiles(16, 128, 4, 4), triton_moe.Tiles(32, 128, 4, 4))
+    monkeypatch.setattr(triton_moe, "DENSE_TILES", {(i, h, "small"): tiles})
+    assert triton_moe.pick(40, i, hidden=h)[1].block_n == 16
+    assert triton_moe.pick(40, i, hidden=h + 1)[1] == triton_moe.SMALL_SWIGLU_TILES
+    assert triton_moe.pick(8, i, hidden=h)[1] == triton_moe.TINY_SWIGLU_TILES  # another class
+    x = randn(300, h, seed=86, dtype=dtype)
+    w1, w3 = randn(i, h, seed=87, dtype=dtype, scale=0.2), randn(i, h, seed=88, dtype=dtype, scale=0.2)
+    w2 = randn(h, i, seed=89, dtype=dtype, scale=0.2)
+    whole = triton_moe.gated_ffn(x, w1, w3, w2)  # 300 rows: the prompt tiles
+    assert torch.equal(triton_moe.gated_ffn(x[:40].clone(), w1, w3, w2), whole[:40])
 
 
 @pytest.mark.parametrize("dtype, tol", DTYPES)

@@ -20,10 +20,6 @@ from .gpu import launch_options
 from .triton_util import after_prior, cdiv, next_power_of_2
 
 ALIGN_CHUNK = 256  # pairs one program aligns alone; a chunk's pairs (fewer for many experts)
-# Each pair's place among its expert's pairs as a product on the tensor cores (a strictly lower
-# triangular [CHUNK, CHUNK] of ones times the [CHUNK, EB] one-hot, in fp16 with fp32 sums:
-# exact for counts below 2048) instead of a cumulative sum along the chunk. The same counts.
-RANK_BY_DOT = False
 
 
 @triton.jit
@@ -32,17 +28,6 @@ def _layout(counts, BM: tl.constexpr):
     padded = (counts + BM - 1) // BM * BM
     ends = tl.cumsum(padded, axis=0)
     return padded, ends, ends - padded, tl.sum(padded, axis=0)
-
-
-@triton.jit
-def _before(hot, ROWS: tl.constexpr, DOT: tl.constexpr):
-    """hot [ROWS, EB] int32 one-hot -> for each row and column, how many rows above it are hot
-    in that column (an exclusive cumulative sum down the rows)."""
-    if DOT:
-        r = tl.arange(0, ROWS)
-        lower = (r[None, :] < r[:, None]).to(tl.float16)
-        return tl.dot(lower, hot.to(tl.float16), out_dtype=tl.float32).to(tl.int32)
-    return tl.cumsum(hot, axis=0) - hot
 
 
 @triton.jit
@@ -81,7 +66,7 @@ def align_pairs(ids, p, sorted_ptr, block_ptr, P, E, max_blocks, BM: tl.constexp
 def _align_kernel(
     expert_ptr, sorted_ptr, block_ptr, P, E, max_blocks,
     BM: tl.constexpr, EB: tl.constexpr, CHUNK: tl.constexpr, BB: tl.constexpr,
-    DOT: tl.constexpr = False, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
     ex = tl.arange(0, EB)
@@ -96,7 +81,7 @@ def _align_kernel(
         p = p0 + tl.arange(0, CHUNK)
         ids = tl.load(expert_ptr + p, mask=p < P, other=EB).to(tl.int32)
         hot = (ids[:, None] == ex[None, :]).to(tl.int32)  # [CHUNK, EB]
-        rank = _before(hot, CHUNK, DOT)
+        rank = tl.cumsum(hot, axis=0) - hot
         dest = tl.sum(hot * (starts + run)[None, :] + hot * rank, axis=1)
         tl.store(sorted_ptr + dest, p, mask=p < P)
         run += tl.sum(hot, axis=0)
@@ -118,7 +103,7 @@ def _chunk_hist_kernel(expert_ptr, hist_ptr, P, EB: tl.constexpr, CHUNK: tl.cons
 def _chunk_scatter_kernel(
     expert_ptr, hist_ptr, sorted_ptr, block_ptr, P, E, n_chunks, max_blocks,
     BM: tl.constexpr, EB: tl.constexpr, CHUNK: tl.constexpr, CB: tl.constexpr, BB: tl.constexpr,
-    DOT: tl.constexpr = False, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """Chunk c's pairs to their sorted places, from every chunk's histogram; chunk 0 also
     writes the padding and the block map."""
@@ -137,7 +122,7 @@ def _chunk_scatter_kernel(
     p = c * CHUNK + tl.arange(0, CHUNK)
     ids = tl.load(expert_ptr + p, mask=p < P, other=EB).to(tl.int32)
     hot = (ids[:, None] == ex[None, :]).to(tl.int32)
-    rank = _before(hot, CHUNK, DOT)
+    rank = tl.cumsum(hot, axis=0) - hot
     dest = tl.sum(hot * (starts + before)[None, :] + hot * rank, axis=1)
     tl.store(sorted_ptr + dest, p, mask=p < P)
     if c == 0:
@@ -173,11 +158,10 @@ def align(experts: torch.Tensor, num_experts: int, block_m: int) -> Aligned:
     block_expert = torch.empty(max_blocks, dtype=torch.int32, device=flat.device)
     eb = next_power_of_2(num_experts)
     chunk = max(16, min(ALIGN_CHUNK, 16384 // eb))  # a [chunk, EB] one-hot stays small
-    dot = RANK_BY_DOT and eb >= 16 and chunk >= 16
     if p <= ALIGN_CHUNK:  # one program (decode rounds)
         _align_kernel[(1,)](
             flat, sorted_pairs, block_expert, p, num_experts, max_blocks,
-            BM=block_m, EB=eb, CHUNK=chunk, BB=64, DOT=dot, num_warps=8, **launch_options(flat),
+            BM=block_m, EB=eb, CHUNK=chunk, BB=64, num_warps=8, **launch_options(flat),
         )
     else:  # a program a chunk: histograms, then each chunk's scatter
         chunks = cdiv(p, chunk)
@@ -185,7 +169,6 @@ def align(experts: torch.Tensor, num_experts: int, block_m: int) -> Aligned:
         _chunk_hist_kernel[(chunks,)](flat, hist, p, EB=eb, CHUNK=chunk, num_warps=4, **launch_options(flat))
         _chunk_scatter_kernel[(chunks,)](
             flat, hist, sorted_pairs, block_expert, p, num_experts, chunks, max_blocks,
-            BM=block_m, EB=eb, CHUNK=chunk, CB=16, BB=64, DOT=dot, num_warps=8,
-            **launch_options(flat),
+            BM=block_m, EB=eb, CHUNK=chunk, CB=16, BB=64, num_warps=8, **launch_options(flat),
         )
     return Aligned(sorted_pairs, block_expert, max_blocks, flat, block_m, num_experts)

@@ -5,7 +5,7 @@ the partials summed in chunk order; BLOCK_K and SPLITS are chosen by the weight'
 only: the reduction order never depends on the row count M, so a row's bits do not depend on how
 many rows share the call. The tile along M and N (and the warps) is chosen by M: 16-row tiles
 for a few rows, 64-row tiles for decode-sized passes (up to SMALL_ROWS rows), 128-row tiles for
-prompt passes; up to TINY_ROWS rows the chunks run in programs of their own (above, the
+prompt passes; up to SPLIT_ROWS rows the chunks run in programs of their own (above, the
 workspace of partials would cost more than the split gains). Every tile shape measured on an H200 gave the same bits (docs/perf.md), and
 tests/test_triton_kernels.py checks the two choices agree bit for bit under the interpreter.
 """
@@ -27,7 +27,12 @@ TINY_ROWS = 16
 BLOCK_M = 64  # passes of up to SMALL_ROWS rows
 PREFILL_BLOCK_M = 128  # larger passes
 SMALL_ROWS = 256
-SPLIT_ROWS = TINY_ROWS  # passes of up to this many rows run each K chunk in a program of its own
+# Passes of up to SPLIT_ROWS rows run each K chunk in a program of its own (the chunks' partials
+# through a workspace); larger ones walk the chunks in one program a tile. At 64 rows gemma4's
+# o_proj (2816 x 4096, 32 columns a tile) gave 88 programs walking all of K on 132 SMs;
+# Gemma-4-26B-A4B at 64 streams, forward 15.57 -> 15.33 ms with SPLIT_ROWS 64 (256: the same;
+# docs/perf.md, session 18). The same chunks summed in the same order: the same bits.
+SPLIT_ROWS = 64
 
 
 @dataclass(frozen=True)

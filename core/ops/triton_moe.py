@@ -78,7 +78,7 @@ LONG_K = 1024
 # experts, top 8: 2 / 4 / 8 pairs an expert) 361.7 / 392.4 / 411.1 -> 357.8 / 378.2 / 404.0;
 # LFM2-8B-A1B (32, top 4: 4 / 8 / 16) 187.7 / 191.6 -> 180.1 / 186.3, and 195.2 -> 203.8 at 16
 # pairs an expert (kept on 64-row blocks). The dense FFN (every row a pair of one expert) stays
-# on 64-row blocks too: it lost on 16-row ones. Tiles change no bits (the k order is BLOCK_K's
+# on 64-row blocks too: it lost on 16-row ones (its own tiles: DENSE_TILES). Tiles change no bits (the k order is BLOCK_K's
 # and the chain's).
 FEW_PER_EXPERT = 8
 
@@ -87,8 +87,16 @@ FEW_PER_EXPERT = 8
 # (BLOCK_M, swiglu tiles, down tiles); the classes: "tiny", TINY_ROWS rows or fewer, "small", up
 # to SMALL_ROWS). A dense FFN is one expert, so the experts' tiles give it few programs: at
 # gemma4's 2112 x 2816 the gate/up kernel's 32 columns a program make 66 programs at one row,
-# 33 of 64 columns at 64 rows, on a GPU of 132 SMs.
-DENSE_TILES: dict[tuple[int, int, str], tuple[int, Tiles, Tiles]] = {}
+# 33 of 64 columns at 64 rows, on a GPU of 132 SMs. µs for the FFN at 64 rows, shipped -> these
+# (bench/decode_kernels.py --dense-tiles, H200; every candidate's rows equal to a 2048-row
+# pass's): gemma4 29.9 -> 19.0 (Gemma-4-26B-A4B at 64 streams, forward 15.46 -> 15.20 ms),
+# lfm2 (7168 x 2048) 53.0 -> 37.2 (docs/perf.md, session 18). At a few rows the sweep's best
+# gemma4 tiles (swiglu 32 x 128, 8 stages; down 16 x 128) took 22.8 -> 19.2 µs alone, but the
+# engine's forward at 8 streams went 8.03 -> 8.21 ms: not kept.
+DENSE_TILES: dict[tuple[int, int, str], tuple[int, Tiles, Tiles]] = {
+    (2112, 2816, "small"): (64, Tiles(16, 128, 4, 4), Tiles(32, 128, 4, 4)),
+    (7168, 2048, "small"): (64, Tiles(64, 64, 4, 4), Tiles(16, 128, 4, 6)),
+}
 
 
 def _k64(t: Tiles) -> Tiles:

@@ -56,8 +56,9 @@ FUSE_MAX_EXPERTS = 64  # ... for up to this many experts: LFM2-8B-A1B's 32 gaine
 ONE_ROW_TILE = True
 # ... and every pass that its router does not align (more rows than one route program holds):
 # a program a row on that tile, not ROUTE_ROWS rows a program in four warps. The same layout a
-# row, so the same bits.
-ONE_ROW_PROGRAMS = False
+# row, so the same bits. The route alone (bench/decode_kernels.py --align, H200): gemma4 at 8
+# and 64 rows 11.8 -> 5.5 and 13.0 -> 5.8 µs; lfm2 at 64 rows 4.2 -> 3.7 (docs/perf.md, session 18)
+ONE_ROW_PROGRAMS = True
 ROUTER_SPLIT = 256  # columns of H a router program sums (fixed: part of the reduction order)
 EXPERT_BLOCK = 64  # experts a router program computes
 
