@@ -331,6 +331,29 @@ def dense_tiles() -> dict[str, Any]:
     return res
 
 
+def dense_split() -> dict[str, Any]:
+    """The dense FFN with its products' K split (triton_moe.DENSE_SPLIT) against unsplit, at
+    several DENSE_WAVEs: each DENSE shape's FFN at 1, 8 and 64 rows timed in a graph over
+    rotating weights, its rows checked against the same rows of a 2048-row pass (split alike)."""
+    res: dict[str, Any] = {}
+    saved = (triton_moe.DENSE_SPLIT, triton_moe.DENSE_WAVE)
+    for name, (i, h) in DENSE.items():
+        sets, x, layer = moe_layer(1, i, h, 1)
+        row: dict[str, Any] = {}
+        for split, wave in ((False, 256), (True, 128), (True, 256), (True, 512)):
+            triton_moe.DENSE_SPLIT, triton_moe.DENSE_WAVE = split, wave
+            big = layer(x, sets[0])
+            cell: dict[str, Any] = {"splits": (triton_moe.dense_splits(i, h), triton_moe.dense_splits(h, i))}
+            for r in (1, 8, 64):
+                xr = x[:r].contiguous()
+                cell[f"{r}_us"] = round(graph_us([lambda s=s: layer(xr, s) for s in sets]), 2)
+                cell[f"{r}_equal"] = bool(torch.equal(layer(xr, sets[0]), big[:r]))
+            row[f"split={split} wave={wave}"] = cell
+        res[name] = row
+    triton_moe.DENSE_SPLIT, triton_moe.DENSE_WAVE = saved
+    return res
+
+
 ALIGN_CASES = {"gemma4 8 rows": (8, 128, 8), "gemma4 64 rows": (64, 128, 8),
                "lfm2 64 rows": (64, 32, 4)}  # name: (rows, experts, top k)
 
@@ -487,6 +510,8 @@ def main() -> None:
                     help="only the expert kernels' row blocks and tiles for decode-sized passes")
     ap.add_argument("--dense-tiles", action="store_true",
                     help="only the dense FFN's tiles (triton_moe.DENSE_TILES)")
+    ap.add_argument("--dense-split", action="store_true",
+                    help="only the dense FFN with its K split (triton_moe.DENSE_SPLIT) and without")
     ap.add_argument("--align", action="store_true",
                     help="only a decode pass's routing: align and route variants")
     ap.add_argument("--grid", help="--tiles' grid: BLOCK_Ns;BLOCK_Ks;stages;waves;warps, each "
@@ -553,6 +578,14 @@ def main() -> None:
         for name, row in res.items():
             print(name, " | ".join(f"{k}: {v.get('us', float('nan')):.1f}{'' if v.get('equal') else ' NEQ'}"
                                    for k, v in row.items()))
+        return
+    if args.dense_split:
+        res = dense_split()
+        for name, row in res.items():
+            for label, v in row.items():
+                cells = " | ".join(f"{r} rows {v[f'{r}_us']:6.2f} us{'' if v[f'{r}_equal'] else ' NEQ'}"
+                                   for r in (1, 8, 64))
+                print(f"{name:16s} {label:22s} splits {v['splits']} {cells}")
         return
     if args.align:
         res = align_route()

@@ -90,13 +90,17 @@ def test_moe_gated_ffn_and_router_rows_alone_equal_batches(h, i, e, k):
     assert_rows_invariant(routed_moe, x)
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("i, h", [(2112, 2816), (7168, 2048)])
-def test_dense_ffn_on_its_own_tiles_rows_alone_equal_batches(i, h):
+def test_dense_ffn_on_its_own_tiles_rows_alone_equal_batches(i, h, split, monkeypatch):
     """DENSE_TILES: gemma4's and lfm2's dense FFN, whose decode-sized passes have their own tiles
-    (16 or 32 columns, 128-long k steps): rows alone == batches, across every row class."""
+    (16 or 32 columns, 128-long k steps): rows alone == batches, across every row class; and
+    with DENSE_SPLIT, its products' K in chunks (a program a chunk up to SPLIT_ROWS rows)."""
     from tensorfold.ops import triton_moe
 
     assert (i, h, "small") in triton_moe.DENSE_TILES
+    monkeypatch.setattr(triton_moe, "DENSE_SPLIT", split)
+    assert (triton_moe.dense_splits(i, h) > 1) == split
     w1, w3 = randn(i, h, seed=30, scale=0.05), randn(i, h, seed=31, scale=0.05)
     w2 = randn(h, i, seed=32, scale=0.05)
     assert_rows_invariant(lambda x: triton_moe.gated_ffn(x, w1, w3, w2), randn(700, h, seed=33))

@@ -601,6 +601,29 @@ def test_dense_ffn_on_its_own_tiles_keeps_the_bits(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_dense_ffn_split_over_k_keeps_rows_alone_equal_to_a_prompt_pass(dtype, tol, monkeypatch):
+    """DENSE_SPLIT: the dense FFN's gate/up and down products in K chunks summed in chunk order,
+    a program a chunk for passes of up to SPLIT_ROWS rows and one program walking the chunks for
+    larger ones: a row alone, a few rows and a decode-sized pass give the rows of a prompt pass,
+    within the reference's tolerance, with the arrival counters back at zero."""
+    from tensorfold.ops import triton_splitk
+
+    monkeypatch.setattr(triton_moe, "DENSE_SPLIT", True)
+    h, i = 320, 300
+    assert triton_moe.dense_splits(i, h) == 2 and triton_moe.dense_splits(h, i) == 2
+    x = randn(300, h, seed=90, dtype=dtype)
+    w1, w3 = randn(i, h, seed=91, dtype=dtype, scale=0.2), randn(i, h, seed=92, dtype=dtype, scale=0.2)
+    w2 = randn(h, i, seed=93, dtype=dtype, scale=0.2)
+    whole = triton_moe.gated_ffn(x, w1, w3, w2)  # 300 rows: the chunks walked in one program
+    assert rel(whole, ref_moe.gated_ffn(x.double(), w1.double(), w3.double(), w2.double())) < tol
+    for a, z in [(7, 8), (0, 5), (20, 60)]:  # a program a chunk
+        assert torch.equal(triton_moe.gated_ffn(x[a:z].clone(), w1, w3, w2), whole[a:z])
+    assert int(triton_splitk.counters(x.device, 1).abs().sum()) == 0
+    monkeypatch.setattr(triton_moe, "DENSE_SPLIT", False)
+    assert triton_moe.dense_splits(i, h) == 1
+
+
+@pytest.mark.parametrize("dtype, tol", DTYPES)
 def test_gated_ffn_matches_reference(dtype, tol):
     x = randn(70, 32, seed=27, dtype=dtype)
     w1, w3 = randn(40, 32, seed=28, dtype=dtype, scale=0.2), randn(40, 32, seed=29, dtype=dtype, scale=0.2)

@@ -27,9 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_splitk as splitk
 from .triton_align import Aligned, align
 from .gpu import launch_options, prefetch_k
-from .triton_util import after_prior, cdiv, interpreting, mma, prefetch_rows
+from .triton_util import after_prior, cdiv, interpreting, mma, prefetch_rows, publish_writes
 
 BLOCK_M = 128  # prompt passes (more than SMALL_ROWS rows)
 SMALL_BLOCK_M = 64  # decode-sized passes
@@ -143,6 +144,52 @@ def _gate(h1, h3, limit, dt: tl.constexpr, ACT: tl.constexpr):
     return (act.to(dt).to(tl.float32) * h3).to(dt)
 
 
+@triton.jit
+def _gate_up_chunk(x_ptr, w1_ptr, w3_ptr, src, valid, e64, rn, nmask, k_lo, k_hi,
+                   stride_xm, stride_1e, stride_1n, stride_3e, stride_3n,
+                   IEEE: tl.constexpr, INTERP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   BK: tl.constexpr):
+    """Σ over k in [k_lo, k_hi) of x[src, k] · w1[e, rn, k] and of · w3[e, rn, k], in BK
+    steps from k_lo upward, each in one fp32 accumulator."""
+    rk = tl.arange(0, BK)
+    x_ptrs = x_ptr + src[:, None] * stride_xm + (k_lo + rk)[None, :]
+    w1_ptrs = w1_ptr + e64 * stride_1e + rn[None, :].to(tl.int64) * stride_1n + (k_lo + rk)[:, None]
+    w3_ptrs = w3_ptr + e64 * stride_3e + rn[None, :].to(tl.int64) * stride_3n + (k_lo + rk)[:, None]
+    acc1 = tl.zeros((BM, BN), dtype=tl.float32)
+    acc3 = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        kin = (k0 + rk) < k_hi
+        a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
+        b1 = tl.load(w1_ptrs, mask=nmask & kin[:, None], other=0.0)
+        b3 = tl.load(w3_ptrs, mask=nmask & kin[:, None], other=0.0)
+        acc1 = mma(a, b1, acc1, IEEE, INTERP)
+        acc3 = mma(a, b3, acc3, IEEE, INTERP)
+        x_ptrs += BK
+        w1_ptrs += BK
+        w3_ptrs += BK
+    return acc1, acc3
+
+
+@triton.jit
+def _down_chunk(g_ptr, w2_ptr, rows, valid, e64, rn, nmask, k_lo, k_hi, K, stride_2e, stride_2n,
+                IEEE: tl.constexpr, INTERP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                BK: tl.constexpr):
+    """Σ over k in [k_lo, k_hi) of g[rows, k] · w2[e, rn, k] (g's rows K long), in BK steps
+    from k_lo upward, in one fp32 accumulator."""
+    rk = tl.arange(0, BK)
+    g_ptrs = g_ptr + rows[:, None] * K + (k_lo + rk)[None, :]
+    w_ptrs = w2_ptr + e64 * stride_2e + rn[None, :].to(tl.int64) * stride_2n + (k_lo + rk)[:, None]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        kin = (k0 + rk) < k_hi
+        a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
+        b = tl.load(w_ptrs, mask=nmask & kin[:, None], other=0.0)
+        acc = mma(a, b, acc, IEEE, INTERP)
+        g_ptrs += BK
+        w_ptrs += BK
+    return acc
+
+
 @triton.jit(do_not_specialize=["P"])  # one binary for any row count
 def _swiglu_kernel(
     x_ptr, w1_ptr, w3_ptr, g_ptr, ex_ptr, sorted_ptr, block_ptr, P, E, I, K, limit,
@@ -150,7 +197,13 @@ def _swiglu_kernel(
     TOPK: tl.constexpr, ACT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,
+    ws_ptr=None, cnt_ptr=None, CHUNK=0, ws_rows=0,
+    SPLITS: tl.constexpr = 1, SPLIT_GRID: tl.constexpr = False,
 ):
+    """SPLITS > 1 (the dense FFN, DENSE_SPLIT): K in SPLITS chunks of CHUNK, each product's
+    chunks summed in chunk order: by one program (a prompt pass), or (SPLIT_GRID) a program
+    a chunk (grid axis 2) whose partials go to ws [SPLITS, 2, ws_rows, I] fp32 and the tile's
+    last to arrive adds them up (triton_splitk's order)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -166,29 +219,48 @@ def _swiglu_kernel(
     pairs = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
     valid = (pairs < P) & live
     src = (pairs // TOPK).to(tl.int64)
-    rk = tl.arange(0, BK)
     e64 = tl.where(live, e, 0).to(tl.int64)
-    x_ptrs = x_ptr + src[:, None] * stride_xm + rk[None, :]
-    w1_ptrs = w1_ptr + e64 * stride_1e + rn[None, :].to(tl.int64) * stride_1n + rk[:, None]
-    w3_ptrs = w3_ptr + e64 * stride_3e + rn[None, :].to(tl.int64) * stride_3n + rk[:, None]
-    acc1 = tl.zeros((BM, BN), dtype=tl.float32)
-    acc3 = tl.zeros((BM, BN), dtype=tl.float32)
     k_end = tl.where(live, K, 0)
     nmask = rn[None, :] < I
-    for k0 in range(0, k_end, BK):
-        kin = (k0 + rk) < K
-        a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        b1 = tl.load(w1_ptrs, mask=nmask & kin[:, None], other=0.0)
-        b3 = tl.load(w3_ptrs, mask=nmask & kin[:, None], other=0.0)
-        acc1 = mma(a, b1, acc1, IEEE, INTERP)
-        acc3 = mma(a, b3, acc3, IEEE, INTERP)
-        x_ptrs += BK
-        w1_ptrs += BK
-        w3_ptrs += BK
-    dt = g_ptr.dtype.element_ty
-    g = _gate(acc1.to(dt).to(tl.float32), acc3.to(dt).to(tl.float32), limit, dt, ACT)
     rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
-    tl.store(g_ptr + rows[:, None] * I + rn[None, :], g, mask=valid[:, None] & nmask)
+    finish = True
+    if SPLITS == 1:
+        acc1, acc3 = _gate_up_chunk(x_ptr, w1_ptr, w3_ptr, src, valid, e64, rn, nmask, 0, k_end,
+                                    stride_xm, stride_1e, stride_1n, stride_3e, stride_3n,
+                                    IEEE, INTERP, BM, BN, BK)
+    elif SPLIT_GRID:
+        sp = tl.program_id(2)
+        p1, p3 = _gate_up_chunk(x_ptr, w1_ptr, w3_ptr, src, valid, e64, rn, nmask, sp * CHUNK,
+                                tl.minimum(k_end, (sp + 1) * CHUNK), stride_xm, stride_1e,
+                                stride_1n, stride_3e, stride_3n, IEEE, INTERP, BM, BN, BK)
+        live_ws = valid[:, None] & nmask
+        ws = ws_ptr + rows[:, None] * I + rn[None, :]
+        half = ws_rows * I
+        tl.store(ws + sp.to(tl.int64) * 2 * half, p1, mask=live_ws)
+        tl.store(ws + sp.to(tl.int64) * 2 * half + half, p3, mask=live_ws)
+        publish_writes(INTERP)
+        tile = pid_m * tl.num_programs(0) + pid_n
+        finish = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1
+        acc1 = tl.zeros((BM, BN), dtype=tl.float32)
+        acc3 = tl.zeros((BM, BN), dtype=tl.float32)
+        if finish:
+            for t in tl.static_range(SPLITS):
+                acc1 += tl.load(ws + t * 2 * half, mask=live_ws, other=0.0, volatile=True)
+                acc3 += tl.load(ws + t * 2 * half + half, mask=live_ws, other=0.0, volatile=True)
+            tl.atomic_xchg(cnt_ptr + tile, 0)
+    else:
+        acc1 = tl.zeros((BM, BN), dtype=tl.float32)
+        acc3 = tl.zeros((BM, BN), dtype=tl.float32)
+        for t in tl.static_range(SPLITS):
+            p1, p3 = _gate_up_chunk(x_ptr, w1_ptr, w3_ptr, src, valid, e64, rn, nmask, t * CHUNK,
+                                    tl.minimum(k_end, (t + 1) * CHUNK), stride_xm, stride_1e,
+                                    stride_1n, stride_3e, stride_3n, IEEE, INTERP, BM, BN, BK)
+            acc1 += p1
+            acc3 += p3
+    if finish:
+        dt = g_ptr.dtype.element_ty
+        g = _gate(acc1.to(dt).to(tl.float32), acc3.to(dt).to(tl.float32), limit, dt, ACT)
+        tl.store(g_ptr + rows[:, None] * I + rn[None, :], g, mask=valid[:, None] & nmask)
 
 
 @triton.jit(do_not_specialize=["P"])  # one binary for any row count
@@ -198,7 +270,10 @@ def _down_kernel(
     HAS_WEIGHT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,
+    ws_ptr=None, cnt_ptr=None, CHUNK=0, ws_rows=0,
+    SPLITS: tl.constexpr = 1, SPLIT_GRID: tl.constexpr = False,
 ):
+    """SPLITS > 1: as _swiglu_kernel's, with ws [SPLITS, ws_rows, H] fp32."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -213,27 +288,43 @@ def _down_kernel(
     pairs = tl.load(sorted_ptr + pid_m * BM + tl.arange(0, BM))
     valid = (pairs < P) & live
     rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
-    rk = tl.arange(0, BK)
     e64 = tl.where(live, e, 0).to(tl.int64)
-    g_ptrs = g_ptr + rows[:, None] * K + rk[None, :]
-    w_ptrs = w2_ptr + e64 * stride_2e + rn[None, :].to(tl.int64) * stride_2n + rk[:, None]
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
     k_end = tl.where(live, K, 0)
     nmask = rn[None, :] < H
-    for k0 in range(0, k_end, BK):
-        kin = (k0 + rk) < K
-        a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        b = tl.load(w_ptrs, mask=nmask & kin[:, None], other=0.0)
-        acc = mma(a, b, acc, IEEE, INTERP)
-        g_ptrs += BK
-        w_ptrs += BK
-    y = acc.to(g_ptr.dtype.element_ty)  # the expert's output in the model dtype
-    if HAS_WEIGHT:
-        rw = tl.load(rw_ptr + pairs, mask=valid, other=0.0).to(tl.float32)
-        y = y.to(tl.float32) * rw[:, None]
-    y = y.to(out_ptr.dtype.element_ty)  # the slot's dtype
-    dest = pairs.to(tl.int64)
-    tl.store(out_ptr + dest[:, None] * stride_om + rn[None, :], y, mask=valid[:, None] & nmask)
+    finish = True
+    if SPLITS == 1:
+        acc = _down_chunk(g_ptr, w2_ptr, rows, valid, e64, rn, nmask, 0, k_end, K, stride_2e,
+                          stride_2n, IEEE, INTERP, BM, BN, BK)
+    elif SPLIT_GRID:
+        sp = tl.program_id(2)
+        part = _down_chunk(g_ptr, w2_ptr, rows, valid, e64, rn, nmask, sp * CHUNK,
+                           tl.minimum(k_end, (sp + 1) * CHUNK), K, stride_2e, stride_2n, IEEE,
+                           INTERP, BM, BN, BK)
+        live_ws = valid[:, None] & nmask
+        ws = ws_ptr + rows[:, None] * H + rn[None, :]
+        tl.store(ws + sp.to(tl.int64) * ws_rows * H, part, mask=live_ws)
+        publish_writes(INTERP)
+        tile = pid_m * tl.num_programs(0) + pid_n
+        finish = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        if finish:
+            for t in tl.static_range(SPLITS):
+                acc += tl.load(ws + t * ws_rows * H, mask=live_ws, other=0.0, volatile=True)
+            tl.atomic_xchg(cnt_ptr + tile, 0)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for t in tl.static_range(SPLITS):
+            acc += _down_chunk(g_ptr, w2_ptr, rows, valid, e64, rn, nmask, t * CHUNK,
+                               tl.minimum(k_end, (t + 1) * CHUNK), K, stride_2e, stride_2n,
+                               IEEE, INTERP, BM, BN, BK)
+    if finish:
+        y = acc.to(g_ptr.dtype.element_ty)  # the expert's output in the model dtype
+        if HAS_WEIGHT:
+            rw = tl.load(rw_ptr + pairs, mask=valid, other=0.0).to(tl.float32)
+            y = y.to(tl.float32) * rw[:, None]
+        y = y.to(out_ptr.dtype.element_ty)  # the slot's dtype
+        dest = pairs.to(tl.int64)
+        tl.store(out_ptr + dest[:, None] * stride_om + rn[None, :], y, mask=valid[:, None] & nmask)
 
 
 @triton.jit
@@ -281,39 +372,80 @@ def stack(ws: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 
+# The dense FFN's products with K cut into chunks summed in chunk order, as triton_linear's
+# (the split from the product's shape alone, so every pass sums a row the same way): a dense
+# FFN is one expert, whose tiles alone give a one-row pass few programs (gemma4's 2112 x 2816
+# gate/up: 66). Passes of up to SPLIT_ROWS rows run a program a chunk, larger ones walk the
+# chunks in one program. The chunks are whole multiples of SPLIT_K_STEP, so BLOCK_K 64 and 128
+# both walk them whole. Not measured yet: off.
+DENSE_SPLIT = False
+DENSE_WAVE = 256  # programs a one-row pass's product should offer
+DENSE_SPLIT_COLUMNS = 32  # the output columns a program is counted for (fixed: it sets the split)
+SPLIT_K_STEP = 128
+SPLIT_ROWS = 64
+
+
+def dense_splits(n: int, k: int) -> int:
+    """K chunks for a dense FFN product of n outputs over k (1: unsplit, the experts' order)."""
+    if not DENSE_SPLIT:
+        return 1
+    return splitk.splits_for(cdiv(n, DENSE_SPLIT_COLUMNS), cdiv(k, SPLIT_K_STEP), DENSE_WAVE)
+
+
+def _split_args(splits: int, pairs: int, tiles: int, rows: int, width: int, k: int, t: Tiles,
+                halves: int, device: torch.device) -> tuple[dict, int]:
+    """The split's kernel arguments and grid axis 2 for a product over k: none when unsplit."""
+    if splits == 1:
+        return {}, 1
+    chunk = splitk.chunk(k, SPLIT_K_STEP, splits)
+    assert chunk % t.block_k == 0, (chunk, t)
+    grid = pairs <= SPLIT_ROWS
+    ws = torch.empty(splits * halves * rows * width if grid else 1, dtype=torch.float32,
+                     device=device)
+    cnt = splitk.counters(device, tiles) if grid else ws
+    return dict(ws_ptr=ws, cnt_ptr=cnt, CHUNK=chunk, ws_rows=rows, SPLITS=splits,
+                SPLIT_GRID=grid), splits if grid else 1
+
+
 def _experts(
     x: torch.Tensor, al: Aligned, pairs: int, top_k: int, w1: torch.Tensor, w3: torch.Tensor,
     w2: torch.Tensor, route_weights: torch.Tensor | None, out: torch.Tensor,
-    block_m: int, sw: Tiles, dn: Tiles, act: str, limit: float,
+    block_m: int, sw: Tiles, dn: Tiles, act: str, limit: float, splits: tuple[int, int] = (1, 1),
 ) -> None:
     """x [N, H]; w1, w3 [E, I, H]; w2 [E, H, I] (each row contiguous; any strides between rows
-    and experts); out [pairs, H] gets each pair's output, in out's dtype."""
+    and experts); out [pairs, H] gets each pair's output, in out's dtype. splits: the gate/up
+    and the down products' K chunks (dense_splits)."""
     e, i, h = w1.shape
     assert w3.shape == w1.shape and w2.shape == (e, h, i)
     assert w1.stride(-1) == 1 and w3.stride(-1) == 1 and w2.stride(-1) == 1
     x = x.contiguous()
-    g = torch.empty(al.max_blocks * block_m, i, dtype=x.dtype, device=x.device)
+    rows = al.max_blocks * block_m
+    g = torch.empty(rows, i, dtype=x.dtype, device=x.device)
     ieee = x.dtype == torch.float32
     # Weights prefetched before each kernel's wait: a few rows' passes (decode), bounded by
     # the experts a launch can read.
     ex = min(e, al.max_blocks) if block_m == TINY_BLOCK_M else 0
     pre_sw = min(prefetch_k(w1, 2 * i * ex), prefetch_k(w3, 2 * i * ex)) if ex else 0
     t = sw
-    _swiglu_kernel[(cdiv(i, t.block_n), al.max_blocks)](
+    tiles = (cdiv(i, t.block_n), al.max_blocks)
+    split, axis = _split_args(splits[0], pairs, tiles[0] * tiles[1], rows, i, h, t, 2, x.device)
+    _swiglu_kernel[(*tiles, axis)](
         x, w1, w3, g, al.pair_expert, al.sorted_pairs, al.block_expert, pairs, e, i, h,
         float(limit), x.stride(0), w1.stride(0), w1.stride(1), w3.stride(0), w3.stride(1),
         TOPK=top_k, ACT=ACTS[act], IEEE=ieee, INTERP=interpreting(), BM=block_m,
         BN=t.block_n, BK=t.block_k, num_warps=t.warps, num_stages=t.stages, **launch_options(x),
-        PREFETCH_K=pre_sw,
+        PREFETCH_K=pre_sw, **split,
     )
     t = dn
     rw = route_weights.reshape(-1) if route_weights is not None else g
-    _down_kernel[(cdiv(h, t.block_n), al.max_blocks)](
+    tiles = (cdiv(h, t.block_n), al.max_blocks)
+    split, axis = _split_args(splits[1], pairs, tiles[0] * tiles[1], rows, h, i, t, 1, x.device)
+    _down_kernel[(*tiles, axis)](
         g, w2, rw, out, al.sorted_pairs, al.block_expert, pairs, e, h, i,
         w2.stride(0), w2.stride(1), out.stride(0),
         HAS_WEIGHT=route_weights is not None, IEEE=ieee, INTERP=interpreting(), BM=block_m, BN=t.block_n,
         BK=t.block_k, num_warps=t.warps, num_stages=t.stages, **launch_options(g),
-        PREFETCH_K=prefetch_k(w2, h * ex) if ex else 0,
+        PREFETCH_K=prefetch_k(w2, h * ex) if ex else 0, **split,
     )
 
 
@@ -381,9 +513,10 @@ def gated_ffn(
     out = torch.empty(n, h, dtype=x.dtype, device=x.device)
     if n == 0:
         return out
-    bm, sw, dn = pick(n, w1.shape[0], hidden=h)
+    i = w1.shape[0]
+    bm, sw, dn = pick(n, i, hidden=h)
     _experts(x, _identity(n, x.device, bm), n, 1, w1[None], w3[None], w2[None], None, out, bm, sw,
-             dn, act, limit)
+             dn, act, limit, (dense_splits(i, h), dense_splits(h, i)))
     return out
 
 
