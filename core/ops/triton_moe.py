@@ -377,12 +377,18 @@ def stack(ws: Sequence[torch.Tensor]) -> torch.Tensor:
 # FFN is one expert, whose tiles alone give a one-row pass few programs (gemma4's 2112 x 2816
 # gate/up: 66). Passes of up to SPLIT_ROWS rows run a program a chunk, larger ones walk the
 # chunks in one program. The chunks are whole multiples of SPLIT_K_STEP, so BLOCK_K 64 and 128
-# both walk them whole. Not measured yet: off.
+# both walk them whole. Measured (bench/decode_kernels.py --dense-split, H200; docs/perf.md,
+# session 18), µs at 1 / 8 / 64 rows, unsplit -> split at DENSE_WAVE 256 with a program a chunk
+# up to 64 rows: gemma4 26.3 / 26.6 / 19.1 -> 20.8 / 21.5 / 30.5; lfm2 36.2 / 36.5 / 37.0 ->
+# 33.7 / 35.1 / 53.6 (wave 128: 31.4 / 31.6 / 44.2). Gemma-4-26B-A4B's forward with it: 3.74 /
+# 7.95 / 15.43 ms at 1 / 8 / 64 streams, against 3.79 / 7.84 / 14.85 on another GPU without.
+# 64-row passes lost to the workspace, so SPLIT_ROWS is now the few rows' bound (not measured
+# in the engine); off until it is, with the gates.
 DENSE_SPLIT = False
 DENSE_WAVE = 256  # programs a one-row pass's product should offer
 DENSE_SPLIT_COLUMNS = 32  # the output columns a program is counted for (fixed: it sets the split)
 SPLIT_K_STEP = 128
-SPLIT_ROWS = 64
+SPLIT_ROWS = TINY_ROWS
 
 
 def dense_splits(n: int, k: int) -> int:
