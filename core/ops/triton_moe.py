@@ -15,7 +15,8 @@ the pass's shape (a few rows, or a decode-sized pass of a few pairs an expert: 1
 other decode-sized passes: 64-row tiles; prompt passes: 128-row tiles), which changes no
 reduction order (every tile measured gave the same bits; docs/perf.md). Pairs come sorted by triton_align; the grids are
 sized for the worst case, so a decode round's launches are fixed for its CUDA graph. The dense
-FFN runs through the same kernels as one expert with every row a pair.
+FFN runs through the same kernels as one expert with every row a pair, on tiles of its own where
+measured faster (DENSE_TILES), optionally with its K in chunks (DENSE_SPLIT).
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ LONG_K = 1024
 # experts, top 8: 2 / 4 / 8 pairs an expert) 361.7 / 392.4 / 411.1 -> 357.8 / 378.2 / 404.0;
 # LFM2-8B-A1B (32, top 4: 4 / 8 / 16) 187.7 / 191.6 -> 180.1 / 186.3, and 195.2 -> 203.8 at 16
 # pairs an expert (kept on 64-row blocks). The dense FFN (every row a pair of one expert) stays
-# on 64-row blocks too: it lost on 16-row ones (its own tiles: DENSE_TILES). Tiles change no bits (the k order is BLOCK_K's
-# and the chain's).
+# on 64-row blocks too: it lost on 16-row ones (its own tiles: DENSE_TILES). Tiles change no
+# bits (the k order is BLOCK_K's and the chain's).
 FEW_PER_EXPERT = 8
 
 
