@@ -79,8 +79,9 @@ class Sections:
         """Kernel times of eager decode rounds at 1, 8 and 64 streams and one 2048-row pass (a
         section of the subclasses that have `self.model` and `self.runner(n, graphs=, window=)`):
         the sum of the device times is what a graph replay would take, less its gaps."""
-        from tensorfold.forward_pass import StreamRows
         from torch.profiler import ProfilerActivity, profile
+
+        from tensorfold.forward_pass import StreamRows
 
         res: dict[str, Any] = {}
         runs = (("decode1", 1, 1, False), ("decode1_graph", 1, 1, True), ("decode8", 8, 1, False),
@@ -117,9 +118,10 @@ class Sections:
         first."""
         import tempfile
 
+        from torch.profiler import ProfilerActivity, profile
+
         from tensorfold.forward_pass import StreamRows
         from tensorfold.ops import gpu
-        from torch.profiler import ProfilerActivity, profile
 
         res: dict[str, Any] = {}
         gpu.set_dependent_launch(False)
