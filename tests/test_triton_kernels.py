@@ -392,19 +392,26 @@ def test_align_sorts_pairs_by_expert_in_padded_blocks(rows):
     assert seen == sorted(seen, key=lambda p: (int(flat[p]), p))
 
 
-@pytest.mark.parametrize("softmax, e, k", [(True, 128, 8), (False, 32, 4)])
-def test_route_a_program_a_row_equals_the_rows_tiles(softmax, e, k, monkeypatch):
-    """ONE_ROW_PROGRAMS: a pass its router does not align, routed a program a row on the
-    one-row tile, gives the weights and experts of ROUTE_ROWS rows a program."""
-    x = randn(40, 96, seed=83, dtype=torch.bfloat16)
-    gate = randn(e, 96, seed=84, scale=0.1).to(torch.bfloat16)
-    scale = (1 + randn(e, seed=85, scale=0.1)).float()
+def _router(softmax: bool, e: int, k: int, seed: int):
+    """A bf16 router of e experts over 96 wide rows: gemma4's softmax with per-expert scales,
+    or the sigmoid route; rows [N, 96] -> (weights, experts)."""
+    gate = randn(e, 96, seed=seed, scale=0.1).to(torch.bfloat16)
+    scale = (1 + randn(e, seed=seed + 1, scale=0.1)).float()
 
     def run(rows):
         if softmax:
             return triton_route.softmax_route(rows, gate, k, scale)
         return triton_route.route(rows, gate, None, k, norm_topk_prob=True, scaling=2.5)
 
+    return run
+
+
+@pytest.mark.parametrize("softmax, e, k", [(True, 128, 8), (False, 32, 4)])
+def test_route_a_program_a_row_equals_the_rows_tiles(softmax, e, k, monkeypatch):
+    """ONE_ROW_PROGRAMS: a pass its router does not align, routed a program a row on the
+    one-row tile, gives the weights and experts of ROUTE_ROWS rows a program."""
+    x = randn(40, 96, seed=83, dtype=torch.bfloat16)
+    run = _router(softmax, e, k, seed=84)
     monkeypatch.setattr(triton_route, "ONE_ROW_PROGRAMS", False)
     want = run(x)
     monkeypatch.setattr(triton_route, "ONE_ROW_PROGRAMS", True)
@@ -459,14 +466,7 @@ def test_route_of_one_row_on_its_own_tile_equals_the_rows_tile(softmax, e, k, mo
     router of 32 experts) gives the weights, experts and sorted pairs of the [ROUTE_ROWS, E]
     tile (gemma4's 128 experts, top 8; lfm2's 32, top 4), and the rows of a larger pass theirs."""
     x = randn(3, 96, seed=80, dtype=torch.bfloat16)
-    gate = randn(e, 96, seed=81, scale=0.1).to(torch.bfloat16)
-    scale = (1 + randn(e, seed=82, scale=0.1)).float()
-
-    def run(rows):
-        if softmax:
-            return triton_route.softmax_route(rows, gate, k, scale)
-        return triton_route.route(rows, gate, None, k, norm_topk_prob=True, scaling=2.5)
-
+    run = _router(softmax, e, k, seed=81)
     assert triton_route.fuses_one_row(1, e) == (e <= triton_route.FUSE_MAX_EXPERTS)
     monkeypatch.setattr(triton_route, "ONE_ROW_TILE", False)
     want = run(x[1:2].clone())
@@ -584,8 +584,10 @@ def test_decode_passes_of_few_pairs_an_expert_take_the_few_rows_blocks_and_keep_
 
 def test_dense_ffn_on_its_own_tiles_keeps_the_bits(monkeypatch):
     """DENSE_TILES: a dense FFN whose shape has its own tiles (here narrower and with 128-long k
-    steps, as gemma4's at 64 rows; the interpreter keeps 64-long ones) gives a decode-sized
-    pass's rows the bits of a prompt pass."""
+    steps, as gemma4's at 64 rows; the interpreter keeps 64-long ones) takes them for its
+    class only, and its decode-sized pass's rows equal a prompt pass's. The interpreter's dot
+    cannot show a tile changing bits: this checks the choice and that the narrow tile computes
+    the right rows; tests/test_gpu_kernels.py checks the bits on the GPU."""
     dtype = torch.bfloat16
     h, i = 64, 48
     tiles = (triton_moe.SMALL_BLOCK_M, triton_moe.Tiles(16, 128, 4, 4), triton_moe.Tiles(32, 128, 4, 4))
@@ -603,7 +605,7 @@ def test_dense_ffn_on_its_own_tiles_keeps_the_bits(monkeypatch):
 @pytest.mark.parametrize("dtype, tol", DTYPES)
 def test_dense_ffn_split_over_k_keeps_rows_alone_equal_to_a_prompt_pass(dtype, tol, monkeypatch):
     """DENSE_SPLIT: the dense FFN's gate/up and down products in K chunks summed in chunk order,
-    a program a chunk for passes of up to SPLIT_ROWS rows and one program walking the chunks for
+    a program a chunk for passes of up to DENSE_SPLIT_ROWS rows and one program walking the chunks for
     larger ones: a row alone, a few rows and a decode-sized pass give the rows of a prompt pass,
     within the reference's tolerance, with the arrival counters back at zero."""
     from tensorfold.ops import triton_splitk
@@ -616,7 +618,7 @@ def test_dense_ffn_split_over_k_keeps_rows_alone_equal_to_a_prompt_pass(dtype, t
     w2 = randn(h, i, seed=93, dtype=dtype, scale=0.2)
     whole = triton_moe.gated_ffn(x, w1, w3, w2)  # 300 rows: the chunks walked in one program
     assert rel(whole, ref_moe.gated_ffn(x.double(), w1.double(), w3.double(), w2.double())) < tol
-    assert triton_moe.SPLIT_ROWS >= 16
+    assert triton_moe.DENSE_SPLIT_ROWS >= 16
     for a, z in [(7, 8), (0, 5), (0, 16), (20, 60)]:  # a program a chunk; 40 rows: one program
         assert torch.equal(triton_moe.gated_ffn(x[a:z].clone(), w1, w3, w2), whole[a:z])
     assert int(triton_splitk.counters(x.device, 1).abs().sum()) == 0

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from . import triton_splitk as splitk
 from .gpu import launch_options, prefetch_k
-from .triton_util import after_prior, cdiv, interpreting, mma, prefetch_rows, publish_writes
+from .triton_util import after_prior, cdiv, interpreting, mma, prefetch_rows
 
 TINY_BLOCK_M = 16  # passes of up to TINY_ROWS rows (one decode round of a few streams)
 TINY_ROWS = 16
@@ -154,15 +154,11 @@ def _linear_kernel(
         ws = ws_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
         live = (rm[:, None] < M) & (rn[None, :] < N)  # a one-row pass's 15 others: not written
         tl.store(ws + s.to(tl.int64) * ws_rows * N, part, mask=live)
-        publish_writes(INTERP)
         tile = pid_m * tl.num_programs(0) + pid_n
-        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        finish = arrived == SPLITS - 1
+        finish = splitk.arrive(cnt_ptr, tile, SPLITS, INTERP)
         if finish:
-            for t in tl.static_range(SPLITS):
-                total += tl.load(ws + t * ws_rows * N, mask=live, other=0.0,
-                                 volatile=True)
-            tl.atomic_xchg(cnt_ptr + tile, 0)
+            total = splitk.chunk_sum(total, ws, ws_rows * N, live, SPLITS)
+            splitk.depart(cnt_ptr, tile)
     else:
         for t in tl.static_range(SPLITS):
             total += _chunk_product(

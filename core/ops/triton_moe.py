@@ -31,7 +31,7 @@ import triton.language as tl
 from . import triton_splitk as splitk
 from .triton_align import Aligned, align
 from .gpu import launch_options, prefetch_k
-from .triton_util import after_prior, cdiv, interpreting, mma, prefetch_rows, publish_writes
+from .triton_util import after_prior, cdiv, interpreting, mma, prefetch_rows
 
 BLOCK_M = 128  # prompt passes (more than SMALL_ROWS rows)
 SMALL_BLOCK_M = 64  # decode-sized passes
@@ -239,16 +239,14 @@ def _swiglu_kernel(
         half = ws_rows * I
         tl.store(ws + sp.to(tl.int64) * 2 * half, p1, mask=live_ws)
         tl.store(ws + sp.to(tl.int64) * 2 * half + half, p3, mask=live_ws)
-        publish_writes(INTERP)
         tile = pid_m * tl.num_programs(0) + pid_n
-        finish = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1
+        finish = splitk.arrive(cnt_ptr, tile, SPLITS, INTERP)
         acc1 = tl.zeros((BM, BN), dtype=tl.float32)
         acc3 = tl.zeros((BM, BN), dtype=tl.float32)
         if finish:
-            for t in tl.static_range(SPLITS):
-                acc1 += tl.load(ws + t * 2 * half, mask=live_ws, other=0.0, volatile=True)
-                acc3 += tl.load(ws + t * 2 * half + half, mask=live_ws, other=0.0, volatile=True)
-            tl.atomic_xchg(cnt_ptr + tile, 0)
+            acc1 = splitk.chunk_sum(acc1, ws, 2 * half, live_ws, SPLITS)
+            acc3 = splitk.chunk_sum(acc3, ws + half, 2 * half, live_ws, SPLITS)
+            splitk.depart(cnt_ptr, tile)
     else:
         acc1 = tl.zeros((BM, BN), dtype=tl.float32)
         acc3 = tl.zeros((BM, BN), dtype=tl.float32)
@@ -304,14 +302,12 @@ def _down_kernel(
         live_ws = valid[:, None] & nmask
         ws = ws_ptr + rows[:, None] * H + rn[None, :]
         tl.store(ws + sp.to(tl.int64) * ws_rows * H, part, mask=live_ws)
-        publish_writes(INTERP)
         tile = pid_m * tl.num_programs(0) + pid_n
-        finish = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1
+        finish = splitk.arrive(cnt_ptr, tile, SPLITS, INTERP)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         if finish:
-            for t in tl.static_range(SPLITS):
-                acc += tl.load(ws + t * ws_rows * H, mask=live_ws, other=0.0, volatile=True)
-            tl.atomic_xchg(cnt_ptr + tile, 0)
+            acc = splitk.chunk_sum(acc, ws, ws_rows * H, live_ws, SPLITS)
+            splitk.depart(cnt_ptr, tile)
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for t in tl.static_range(SPLITS):
@@ -373,23 +369,23 @@ def stack(ws: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 
-# The dense FFN's products with K cut into chunks summed in chunk order, as triton_linear's
-# (the split from the product's shape alone, so every pass sums a row the same way): a dense
-# FFN is one expert, whose tiles alone give a one-row pass few programs (gemma4's 2112 x 2816
-# gate/up: 66). Passes of up to SPLIT_ROWS rows run a program a chunk, larger ones walk the
-# chunks in one program. The chunks are whole multiples of SPLIT_K_STEP, so BLOCK_K 64 and 128
-# both walk them whole. Measured (bench/decode_kernels.py --dense-split, H200; docs/perf.md,
-# session 18), µs at 1 / 8 / 64 rows, unsplit -> split at DENSE_WAVE 256 with a program a chunk
-# up to 64 rows: gemma4 26.3 / 26.6 / 19.1 -> 20.8 / 21.5 / 30.5; lfm2 36.2 / 36.5 / 37.0 ->
-# 33.7 / 35.1 / 53.6 (wave 128: 31.4 / 31.6 / 44.2). Gemma-4-26B-A4B's forward with it: 3.74 /
-# 7.95 / 15.43 ms at 1 / 8 / 64 streams, against 3.79 / 7.84 / 14.85 on another GPU without.
-# 64-row passes lost to the workspace, so SPLIT_ROWS is now the few rows' bound (not measured
-# in the engine); off until it is, with the gates.
+# The dense FFN's products with K cut into chunks summed in chunk order, as triton_linear's (the
+# split from the product's shape alone, so every pass sums a row the same way): a dense FFN is one
+# expert, whose tiles alone give a one-row pass few programs (gemma4's 2112 x 2816 gate/up: 66).
+# Passes of up to DENSE_SPLIT_ROWS rows run a program a chunk, larger ones walk the chunks in one
+# program. The chunks are whole multiples of SPLIT_K_STEP, so BLOCK_K 64 and 128 both walk them
+# whole. Measured (bench/decode_kernels.py --dense-split, H200; docs/perf.md, session 18), µs at 1
+# / 8 / 64 rows, unsplit -> split at DENSE_WAVE 256 with a program a chunk up to 64 rows: gemma4
+# 26.3 / 26.6 / 19.1 -> 20.8 / 21.5 / 30.5; lfm2 36.2 / 36.5 / 37.0 -> 33.7 / 35.1 / 53.6 (wave
+# 128: 31.4 / 31.6 / 44.2). Gemma-4-26B-A4B's forward with it: 3.74 / 7.95 / 15.43 ms at 1 / 8 / 64
+# streams, against 3.79 / 7.84 / 14.85 on another GPU without. 64-row passes lost to the workspace,
+# so DENSE_SPLIT_ROWS is now the few rows' bound (not measured in the engine); off until it is,
+# with the gates.
 DENSE_SPLIT = False
 DENSE_WAVE = 256  # programs a one-row pass's product should offer
 DENSE_SPLIT_COLUMNS = 32  # the output columns a program is counted for (fixed: it sets the split)
 SPLIT_K_STEP = 128
-SPLIT_ROWS = TINY_ROWS
+DENSE_SPLIT_ROWS = TINY_ROWS
 
 
 def dense_splits(n: int, k: int) -> int:
@@ -406,12 +402,11 @@ def _split_args(splits: int, pairs: int, tiles: int, rows: int, width: int, k: i
         return {}, 1
     chunk = splitk.chunk(k, SPLIT_K_STEP, splits)
     assert chunk % t.block_k == 0, (chunk, t)
-    grid = pairs <= SPLIT_ROWS
-    ws = torch.empty(splits * halves * rows * width if grid else 1, dtype=torch.float32,
-                     device=device)
-    cnt = splitk.counters(device, tiles) if grid else ws
-    return dict(ws_ptr=ws, cnt_ptr=cnt, CHUNK=chunk, ws_rows=rows, SPLITS=splits,
-                SPLIT_GRID=grid), splits if grid else 1
+    if pairs > DENSE_SPLIT_ROWS:  # one program walks a tile's chunks: no workspace
+        return dict(CHUNK=chunk, SPLITS=splits), 1
+    ws = torch.empty(splits * halves * rows * width, dtype=torch.float32, device=device)
+    return dict(ws_ptr=ws, cnt_ptr=splitk.counters(device, tiles), CHUNK=chunk, ws_rows=rows,
+                SPLITS=splits, SPLIT_GRID=True), splits
 
 
 def _experts(

@@ -16,14 +16,40 @@ tests/test_gpu_kernels.py on the GPU).
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
-from .triton_util import cdiv
+from .triton_util import cdiv, publish_writes
 
 WAVE = 128  # programs a decode GEMM should offer: about one per SM of an H200 (bench/decode_kernels.py)
 MAX_SPLITS = 8
 COUNTERS = 1 << 16
 
 _counters: dict[torch.device, torch.Tensor] = {}
+
+
+@triton.jit
+def arrive(cnt_ptr, tile, SPLITS: tl.constexpr, INTERP: tl.constexpr):
+    """After a program has stored its chunk's partials for output tile `tile`: publish them and
+    count the program in. True for the tile's last program, which then adds the partials up
+    (chunk_sum) and resets the counter (depart)."""
+    publish_writes(INTERP)
+    return tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu") == SPLITS - 1
+
+
+@triton.jit
+def chunk_sum(total, ws, stride, mask, SPLITS: tl.constexpr):
+    """total + partial 0 + partial 1 + ... (partial t at ws + t * stride, stored this launch by
+    other programs: read past L1), in chunk order."""
+    for t in tl.static_range(SPLITS):
+        total += tl.load(ws + t * stride, mask=mask, other=0.0, volatile=True)
+    return total
+
+
+@triton.jit
+def depart(cnt_ptr, tile):
+    """The tile's counter back at zero for the next launch."""
+    tl.atomic_xchg(cnt_ptr + tile, 0)
 
 
 def splits_for(tiles: int, k_blocks: int, wave: int = 0) -> int:
