@@ -207,6 +207,53 @@ def test_qkv_norm_rope_write_rows_alone_equal_batches_and_the_launches_it_replac
         assert torch.equal(got, w)
 
 
+@pytest.mark.parametrize("hq, hkv, d, k_eq_v", [(16, 8, 256, False), (16, 2, 512, True)])
+def test_qkv_heads_rows_alone_equal_batches_and_the_launches_they_replace(hq, hkv, d, k_eq_v):
+    """gemma4's q/k/v heads in one launch, at Gemma-4-26B-A4B's sliding and full layers: a row
+    alone gives the bits it gives in batches; q's bits are norm_rope's launch's, and k's too
+    where that launch takes q's warps (the sliding layers); v within rounding of the norm."""
+    from tensorfold.ops import rope as ref_rope
+    from tensorfold.ops import triton_rope
+
+    n = 700
+    heads = randn(n, hq + hkv * (1 if k_eq_v else 2), d, seed=21, scale=3.0)
+    q_norm, k_norm = (1 + randn(d, seed=s, scale=0.1).float() for s in (22, 23))
+    pos = torch.arange(n, device=DEV) * 7
+    cos, sin = ref_rope.cos_sin(pos, ref_rope.inv_freq(d, 1e6).to(DEV), BF16)
+    v_first = hq if k_eq_v else hq + hkv
+
+    def fused(heads, cos, sin):
+        return triton_rope.qkv_heads(heads, hq, hkv, v_first, q_norm, k_norm, 1e-6, cos, sin)
+
+    assert_rows_invariant(fused, heads, cos, sin)
+    q, k, v = fused(heads, cos, sin)
+    assert torch.equal(q, triton_rope.norm_rope(heads[:, :hq], q_norm, 1e-6, cos, sin, True))
+    k_alone = triton_rope.norm_rope(heads[:, hq:hq + hkv], k_norm, 1e-6, cos, sin, True)
+    if triton_rope._warps(hkv, d, 2) == triton_rope._warps(hq, d, 2):
+        assert torch.equal(k, k_alone)
+    else:
+        assert (k.float() - k_alone.float()).abs().max() <= 0.02 * k_alone.float().abs().max()
+    vf = heads[:, v_first:v_first + hkv].float()
+    v_want = vf * torch.rsqrt(vf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert (v.float() - v_want).abs().max() <= 0.01 * v_want.abs().max()
+
+
+def test_gemma4_residual_with_the_router_inputs_rows_alone_equal_batches():
+    """gemma4's post-attention residual with the MoE's router and experts' inputs in its launch,
+    at Gemma-4-26B-A4B's width: rows alone == batches; h' and x the residual's own bits."""
+    from tensorfold_gemma4 import triton_ops
+
+    n, d = 700, 2816
+    h, a = randn(n, d, seed=24, scale=2.0), randn(n, d, seed=25, scale=2.0)
+    wa, wn, pre = (1 + randn(d, seed=s, scale=0.1).float() for s in (26, 27, 28))
+    kw = dict(wa=wa, wnext=wn, router_scale=1 + randn(d, seed=29, scale=0.1), const=d**-0.5,
+              pre_norm=pre)
+    assert_rows_invariant(lambda h, a: triton_ops.residual_router(h, a, 1e-6, **kw), h, a)
+    got = triton_ops.residual_router(h, a, 1e-6, **kw)
+    plain = triton_ops.residual(h, a, 1e-6, wa=wa, wnext=wn)
+    assert torch.equal(got[0], plain[0]) and torch.equal(got[1], plain[1])
+
+
 def test_fp8_row_writes_give_the_cpu_references_bits():
     """triton_kv_quant on the device (IEEE divisions, its own e4m3 rounding) against
     quantize_rows + index_copy_rows on the CPU (torch's CUDA path divides by 448 as a multiply

@@ -55,6 +55,13 @@ def test_qkv_norm_rope_write_reduces_its_heads_as_norm_ropes_launches():
     _in_fresh_process("qkv_norm_rope_write")
 
 
+def test_qkv_heads_reduce_q_and_k_as_norm_ropes_launches():
+    """triton_rope's one launch for gemma4's q/k/v heads sums each q and k head's squares on the
+    tiles of norm_rope's launches for q and for k, in the same layouts, where those launches
+    take the same warps (Gemma-4-26B-A4B's sliding layers: 16 q and 8 KV heads of 256)."""
+    _in_fresh_process("qkv_heads")
+
+
 def _compile(fn, constexprs: dict, types: dict, divisible: set[str], num_warps: int = 4):
     """fn for sm_90 as a launch specialises it: pointers and the named ints 16-divisible."""
     sig = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
@@ -162,10 +169,34 @@ def check_qkv_norm_rope_write() -> None:
         assert _row_sum_layouts(fused, f"{heads}x{half}") == want
 
 
+def check_qkv_heads() -> None:
+    from tensorfold.ops import triton_rope
+
+    hq, hkv, half, norm = 16, 8, 128, triton_rope.NORM_FP32
+    warps = triton_rope._warps(max(hq, hkv), 2 * half, norm)
+    strides = {"stride_xn", "stride_xh", "stride_cn"}
+    fused = _compile(triton_rope._heads_kernel, dict(
+        HALF=half, Q_HEADS=hq, KV_HEADS=hkv, NORM=norm, PDL=True,
+    ), {a: "*bf16" for a in ("x_ptr", "c_ptr", "s_ptr", "q_ptr", "k_ptr", "v_ptr")}
+        | {"wq_ptr": "*fp32", "wk_ptr": "*fp32", "eps": "fp32"},
+        strides | {"q_heads", "kv_heads", "v_first"}, num_warps=warps)
+    for heads in (hq, hkv):
+        assert triton_rope._warps(heads, 2 * half, norm) == warps
+        alone = _compile(triton_rope._rope_kernel, dict(
+            HALF=half, HEADS=heads, NORM=norm, PDL=True,
+        ), {a: "*bf16" for a in ("x_ptr", "c_ptr", "s_ptr", "o_ptr")}
+            | {"w_ptr": "*fp32", "eps": "fp32"}, strides | {"heads"}, num_warps=warps)
+        want = _row_sum_layouts(alone, f"{heads}x{half}")
+        assert len(want) == 2  # a head's two halves
+        got = _row_sum_layouts(fused, f"{heads}x{half}")
+        assert got[:2] == want  # k's heads: then v's, without a weight, on the same tile
+        assert all(layout == want[0] for layout in got[2:])
+
+
 if __name__ == "__main__":
     import triton  # noqa: F401
     from triton.backends.compiler import GPUTarget
 
     {"norm_in_router": check_norm_in_router, "route_one_row": check_route_one_row,
-     "qkv_norm_rope_write": check_qkv_norm_rope_write,
+     "qkv_norm_rope_write": check_qkv_norm_rope_write, "qkv_heads": check_qkv_heads,
      "route_few_rows": check_route_few_rows}[sys.argv[1]]()

@@ -179,6 +179,32 @@ def test_qkv_norm_rope_write_in_one_launch_matches_the_launches_it_replaces(dtyp
     assert torch.equal(v_alone[index[2]], v_rows[index[2]])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hq, hkv, k_eq_v", [(6, 3, False), (4, 2, True)])
+def test_qkv_heads_in_one_launch_match_the_launches_they_replace(dtype, hq, hkv, k_eq_v):
+    """gemma4's q, k and v heads from one product in one launch: q and k the bits of norm_rope's
+    launch (x̂·w in fp32), v each head's x̂ rounded once (the CPU path's Gemma4RMSNorm without
+    a weight, within rounding); under k_eq_v V from the raw k heads; a row alone as among
+    others."""
+    pos = torch.tensor([0, 1, 7, 511, 512, 4095, 20000])
+    n, d = len(pos), 64
+    heads = randn(n, hq + hkv * (1 if k_eq_v else 2), d, seed=16, dtype=dtype) * 3
+    q_norm, k_norm = (1 + randn(d, seed=s) * 0.1 for s in (17, 18))
+    cos, sin = ref_rope.cos_sin(pos, ref_rope.inv_freq(d, 1e6), dtype)
+    v_first = hq if k_eq_v else hq + hkv
+    q, k, v = triton_rope.qkv_heads(heads, hq, hkv, v_first, q_norm, k_norm, 1e-6, cos, sin)
+    assert torch.equal(q, triton_rope.norm_rope(heads[:, :hq], q_norm, 1e-6, cos, sin, True))
+    assert torch.equal(k, triton_rope.norm_rope(heads[:, hq:hq + hkv], k_norm, 1e-6, cos, sin,
+                                                True))
+    vf = heads[:, v_first:v_first + hkv].float()
+    v_want = (vf * torch.rsqrt(vf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    assert v.dtype == dtype and v.shape == (n, hkv, d) and rel(v, v_want) < tol
+    alone = triton_rope.qkv_heads(heads[2:3].clone(), hq, hkv, v_first, q_norm, k_norm, 1e-6,
+                                  cos[2:3], sin[2:3])
+    assert all(torch.equal(a, b[2:3]) for a, b in zip(alone, (q, k, v)))
+
+
 # --- a pass over several streams ---
 
 

@@ -67,6 +67,30 @@ def norm_rope(
     return apply_rope(norm(x, weight, eps), cos, sin)
 
 
+QKV_HEADS_FUSED = True  # qkv_heads in one launch on the GPU (with NORM_ROPE_FUSED)
+
+
+def qkv_heads(
+    heads: torch.Tensor, q_heads: int, kv_heads: int, v_first: int, q_norm: torch.Tensor,
+    k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, *,
+    norm: "Callable[[torch.Tensor, torch.Tensor | None, float], torch.Tensor]",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An attention layer's q, k and v heads from one product's heads [N, *, D], each head
+    normalised by `norm` (an fp32 weight: x̂·w in fp32 rounded once) and q and k rotated:
+    q = norm_rope(heads[:, :q_heads], q_norm), k = norm_rope(the next kv_heads, k_norm), and
+    v = norm(the kv_heads from v_first, None) (v_first = q_heads: V from the raw k heads).
+    One launch on the GPU (gemma4's q/k/v norms; three launches before)."""
+    if (use_triton(heads) and heads.dtype == cos.dtype and NORM_ROPE_FUSED and QKV_HEADS_FUSED
+            and q_norm.dtype == k_norm.dtype == torch.float32):
+        from .triton_rope import qkv_heads as triton_qkv_heads
+
+        return triton_qkv_heads(heads, q_heads, kv_heads, v_first, q_norm, k_norm, eps, cos, sin)
+    k = heads[:, q_heads:q_heads + kv_heads]
+    return (norm_rope(heads[:, :q_heads], q_norm, eps, cos, sin, fp32_weight=True, norm=norm),
+            norm_rope(k, k_norm, eps, cos, sin, fp32_weight=True, norm=norm),
+            norm(heads[:, v_first:v_first + kv_heads], None, eps))
+
+
 QKV_WRITE_FUSED = True  # qkv_norm_rope_write in one launch on the GPU (with NORM_ROPE_FUSED)
 
 

@@ -2,7 +2,8 @@
 out = round(x·cos) + round(rotate_half(x)·sin), each product and the sum rounded. Elementwise
 per (row, head): no row depends on another. `norm_rope` first normalises each head (RMSNorm over
 the head, a program a row, its tile from the head count and width alone), in the same launch;
-`qkv_norm_rope_write` does so for a layer's q and k heads and also stores its new K and V rows."""
+`qkv_norm_rope_write` does so for a layer's q and k heads and also stores its new K and V rows;
+`qkv_heads` makes gemma4's q, k and v heads (v normalised without a weight, not rotated)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,19 @@ def _norm_rope_heads(src, dst, live, w_ptr, c_row, s_row, eps,
     tl.store(dst + HALF + i, hi.to(dt), mask=live)
 
 
+@triton.jit
+def _norm_heads(src, dst, live, eps, HALF: tl.constexpr):
+    """The heads at src RMS-normalised without a weight (x̂ in fp32, rounded once: Gemma4RMSNorm
+    with_scale=False), a head's squares summed as _norm_rope_heads sums them, stored at dst."""
+    i = tl.arange(0, HALF)[None, :]
+    x1 = tl.load(src + i, mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + i, mask=live, other=0.0).to(tl.float32)
+    r = tl.math.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+    dt = dst.dtype.element_ty
+    tl.store(dst + i, (x1 * r[:, None]).to(dt), mask=live)
+    tl.store(dst + HALF + i, (x2 * r[:, None]).to(dt), mask=live)
+
+
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
 def _rope_kernel(
     x_ptr, w_ptr, c_ptr, s_ptr, o_ptr, n_rows, heads, stride_xn, stride_xh, stride_cn, eps,
@@ -89,6 +103,31 @@ def _qkv_kernel(
     j = tl.arange(0, 2 * HALF)[None, :]
     v = tl.load(x_row + (q_heads + kv_heads + hk) * stride_xh + j, mask=live)
     tl.store(v_ptr + dest * stride_vn + hk * stride_vh + j, v, mask=live)
+
+
+@triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
+def _heads_kernel(
+    x_ptr, wq_ptr, wk_ptr, c_ptr, s_ptr, q_ptr, k_ptr, v_ptr, n_rows, q_heads, kv_heads, v_first,
+    stride_xn, stride_xh, stride_cn, eps,
+    HALF: tl.constexpr, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, NORM: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """Row `row` of x's heads [N, *, D]: q heads 0.. and k heads q_heads.. normalised and rotated
+    (_norm_rope_heads) into q [N, Hq, D] and k [N, Hkv, D]; v heads v_first.. normalised without
+    a weight (_norm_heads) into v [N, Hkv, D]."""
+    after_prior(PDL)
+    row = tl.program_id(0)
+    x_row = x_ptr + row.to(tl.int64) * stride_xn
+    c_row, s_row = c_ptr + row * stride_cn, s_ptr + row * stride_cn
+    hq = tl.arange(0, Q_HEADS)[:, None]
+    _norm_rope_heads(x_row + hq * stride_xh, q_ptr + row.to(tl.int64) * q_heads * 2 * HALF
+                     + hq * 2 * HALF, hq < q_heads, wq_ptr, c_row, s_row, eps, HALF, NORM)
+    hk = tl.arange(0, KV_HEADS)[:, None]
+    live = hk < kv_heads
+    kv_row = row.to(tl.int64) * kv_heads * 2 * HALF + hk * 2 * HALF
+    _norm_rope_heads(x_row + (q_heads + hk) * stride_xh, k_ptr + kv_row, live, wk_ptr, c_row,
+                     s_row, eps, HALF, NORM)
+    _norm_heads(x_row + (v_first + hk) * stride_xh, v_ptr + kv_row, live, eps, HALF)
 
 
 def _warps(heads: int, d: int, norm: int) -> int:
@@ -157,3 +196,33 @@ def qkv_norm_rope_write(
             **launch_options(qkv),
         )
     return q
+
+
+def qkv_heads(
+    heads: torch.Tensor, q_heads: int, kv_heads: int, v_first: int, q_norm: torch.Tensor,
+    k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """gemma4's attention inputs from one product's heads [N, *, D] in one launch: (q, k, v),
+    q = norm_rope(heads[:, :q_heads], q_norm) [N, Hq, D] and k = norm_rope(the next kv_heads,
+    k_norm) [N, Hkv, D] (NORM_FP32: x̂·w rounded once), v [N, Hkv, D] the kv_heads from v_first
+    normalised without a weight (v_first = q_heads under k_eq_v: V from the raw k heads).
+    The q heads' bits are norm_rope's launch's; the k heads' too where that launch takes the
+    same warps (Hkv·D and Hq·D both within 4096, or both over: tests/test_kernel_layouts.py)."""
+    n, _, d = heads.shape
+    assert q_norm.dtype == k_norm.dtype == torch.float32
+    assert v_first + kv_heads <= heads.shape[1] and q_heads + kv_heads <= heads.shape[1]
+    if heads.stride(-1) != 1:
+        heads = heads.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    q = torch.empty(n, q_heads, d, dtype=heads.dtype, device=heads.device)
+    k = torch.empty(n, kv_heads, d, dtype=heads.dtype, device=heads.device)
+    v = torch.empty_like(k)
+    if n:
+        _heads_kernel[(n,)](
+            heads, q_norm.contiguous(), k_norm.contiguous(), cos, sin, q, k, v, n, q_heads,
+            kv_heads, v_first, heads.stride(0), heads.stride(1), cos.stride(0), float(eps),
+            HALF=d // 2, Q_HEADS=next_power_of_2(q_heads), KV_HEADS=next_power_of_2(kv_heads),
+            NORM=NORM_FP32, num_warps=_warps(max(q_heads, kv_heads), d, NORM_FP32),
+            **launch_options(heads),
+        )
+    return q, k, v

@@ -20,7 +20,7 @@ from tensorfold.forward_pass import ForwardPass
 from tensorfold.ops import parallel
 from tensorfold.ops.attention import paged_attention
 from tensorfold.ops.linear import linear
-from tensorfold.ops.rope import norm_rope
+from tensorfold.ops.rope import norm_rope, qkv_heads
 
 from .config import Gemma4Config, Layer
 from .ops import gelu_tanh, rms_norm
@@ -54,11 +54,12 @@ def attention(
     else:  # q, k (and v) from one product: [N, q | k | v] viewed as heads
         heads = linear(x, w.qkv).view(n, -1, d)
         q_heads, kv_heads = len(w.q) // d, len(w.k) // d
-        raw_q, raw_k = heads[:, :q_heads], heads[:, q_heads:q_heads + kv_heads]
-        raw_v = raw_k if w.v is None else heads[:, q_heads + kv_heads:]
-        new = (norm_rope(raw_k, w.k_norm, eps, cos, sin, fp32_weight=True, norm=rms_norm),
-               rms_norm(raw_v, None, eps))
-    q = norm_rope(raw_q, w.q_norm, eps, cos, sin, fp32_weight=True, norm=rms_norm)
+        v_first = q_heads if w.v is None else q_heads + kv_heads  # k_eq_v: V from raw k
+        q, k, v = qkv_heads(heads, q_heads, kv_heads, v_first, w.q_norm, w.k_norm, eps, cos,
+                            sin, norm=rms_norm)
+        new = (k, v)
+    if new is None:
+        q = norm_rope(raw_q, w.q_norm, eps, cos, sin, fp32_weight=True, norm=rms_norm)
     if layer.window is not None:
         o = sliding.attend(cfg.layers, layer, q, new, scale=1.0)
     else:
@@ -83,14 +84,18 @@ def mlp(w: MlpWeights, x: torch.Tensor) -> torch.Tensor:
     return linear(gelu_tanh(linear(x, w.gate)) * linear(x, w.up), w.down)
 
 
-def moe(cfg: Gemma4Config, w: MoeWeights, r: torch.Tensor) -> torch.Tensor:
+def moe(
+    cfg: Gemma4Config, w: MoeWeights, r: torch.Tensor,
+    inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """The routed experts on the residual r [N, H] -> [N, H] (before post_feedforward_layernorm_2);
     under expert parallel this rank's experts' part in fp32 (see experts_ffn, ffn_sums).
 
     Router: z = rms_norm(r) · scale · H^-0.5 (no weight, in r's dtype), softmax(z Wᵀ) in fp32,
     top-k, renormalised to sum 1, times per_expert_scale. The experts read
-    pre_feedforward_layernorm_2(r). Ties in the top-k go to the lower expert on the GPU (Triton:
-    both inputs in one kernel, the router in tensorfold.ops.triton_route; no host sync).
+    pre_feedforward_layernorm_2(r). inputs: (z, that norm of r) when made already (the
+    residual's launch: ops.residual_router). Ties in the top-k go to the lower expert on the GPU
+    (Triton: both inputs in one kernel, the router in tensorfold.ops.triton_route; no host sync).
     """
     from tensorfold.ops.gpu import use_triton
 
@@ -98,20 +103,22 @@ def moe(cfg: Gemma4Config, w: MoeWeights, r: torch.Tensor) -> torch.Tensor:
     if use_triton(r):
         from tensorfold.ops import triton_route
 
-        z, xe = triton_route.router_input(
+        z, xe = inputs or triton_route.router_input(
             r, eps, w.router_scale, cfg.hidden_size**-0.5, w.pre_norm
         )
         weights, experts = triton_route.softmax_route(
             z, w.router, cfg.top_k_experts, w.per_expert_scale
         )
         return experts_ffn(xe, weights, experts, w.gate_up, w.down, w.first_expert)
-    z = rms_norm(r, None, eps) * w.router_scale * cfg.hidden_size**-0.5
+    if inputs is None:
+        inputs = (rms_norm(r, None, eps) * w.router_scale * cfg.hidden_size**-0.5,
+                  rms_norm(r, w.pre_norm, eps))
+    z, xe = inputs
     probs = torch.softmax(linear(z, w.router), dim=-1, dtype=torch.float32)  # [N, E]
     weights, experts = torch.topk(probs, cfg.top_k_experts, dim=-1)  # [N, k]
     weights = weights / weights.sum(dim=-1, keepdim=True)
     weights = weights * w.per_expert_scale[experts]  # fp32
-    return experts_ffn(rms_norm(r, w.pre_norm, eps), weights, experts, w.gate_up, w.down,
-                       w.first_expert)
+    return experts_ffn(xe, weights, experts, w.gate_up, w.down, w.first_expert)
 
 
 def experts_ffn(

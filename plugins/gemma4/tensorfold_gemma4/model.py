@@ -22,7 +22,7 @@ from tensorfold.ops.linear import linear
 
 from . import layers, shards
 from .config import Gemma4Config, Layer, Rope
-from .ops import residual, rms_norm, softcap_float
+from .ops import residual, residual_router, rms_norm, softcap_float
 from .sliding import SlidingRows
 from .weights import LayerWeights, ModelWeights, load_weights
 
@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from tensorfold.checkpoint import Checkpoint
 
 DTYPES = ("float32", "bfloat16", "float16")
+# The MoE's router and experts' inputs made in the post-attention residual's launch
+# (ops.residual_router), not a launch of their own (False: as before, for benchmarks' A/B)
+ROUTER_IN_RESIDUAL = True
 TOWERS = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
 log = get_logger("tensorfold_gemma4")
 
@@ -159,10 +162,17 @@ def decoder_layer(
     post_norm_1(mlp) + post_norm_2(moe)); then the per-layer input; then h *= layer_scalar."""
     eps = cfg.rms_norm_eps
     a = layers.attention(cfg, layer, w.attention, x, cos, sin, fp, rows, sliding)
-    h, x = residual(h, a, eps, wa=w.post_attention_norm, wnext=w.pre_mlp_norm)
+    e = None
+    if w.moe is None or not ROUTER_IN_RESIDUAL:
+        h, x = residual(h, a, eps, wa=w.post_attention_norm, wnext=w.pre_mlp_norm)
+        e = layers.moe(cfg, w.moe, h) if w.moe is not None else None
+    else:  # the MoE's router and experts' inputs in the residual's launch
+        h, x, z, xe = residual_router(h, a, eps, wa=w.post_attention_norm, wnext=w.pre_mlp_norm,
+                                      router_scale=w.moe.router_scale,
+                                      const=cfg.hidden_size**-0.5, pre_norm=w.moe.pre_norm)
+        e = layers.moe(cfg, w.moe, h, inputs=(z, xe))
     # under tensor parallel both are this rank's parts until ffn_sums adds them up
-    m, e = layers.ffn_sums(layers.mlp(w.mlp, x),
-                           layers.moe(cfg, w.moe, h) if w.moe is not None else None)
+    m, e = layers.ffn_sums(layers.mlp(w.mlp, x), e)
     ffn: dict[str, torch.Tensor | None] = {"wa": w.post_mlp_norm}
     if w.moe is not None:
         ffn = {"wa": w.moe.post_norm_mlp, "e": e,

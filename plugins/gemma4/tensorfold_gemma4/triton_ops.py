@@ -4,6 +4,7 @@
 - `residual`: the sandwich norms' residual adds of a decoder layer fused with the next norm:
   t = a (or rms_norm(a, wa)); t = bf16(t + rms_norm(e, we)); t = rms_norm(t, wpost);
   h' = bf16(h + t); h' = bf16(h' · scalar); x = rms_norm(h', wnext); each step optional.
+  `residual_router` also makes the MoE's router and experts' inputs from h' in that launch.
 - `gelu_tanh` and `gelu_mul` (gelu_tanh(a) rounded, times b rounded).
 - `softcap_float`: cap·tanh(logits / cap) in logits' dtype, written as fp32.
 
@@ -77,8 +78,12 @@ def _residual_kernel(
     h_ptr, a_ptr, e_ptr, wa_ptr, we_ptr, wp_ptr, s_ptr, wn_ptr, ho_ptr, xo_ptr, n_rows, D, eps,
     NORM_A: tl.constexpr, HAS_E: tl.constexpr, HAS_POST: tl.constexpr,
     HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    rs_ptr=None, rw_ptr=None, z_ptr=None, xe_ptr=None, const=1.0, ROUTER: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
+    """One program a tile of whole rows: the steps of the module docstring. ROUTER: also
+    gemma4's router and experts' inputs from h' (triton_route.router_input's formula):
+    z = ((x̂ → dtype) · rs → dtype) · const → dtype, xe = x̂ · rw → dtype."""
     after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
@@ -100,6 +105,13 @@ def _residual_kernel(
     if HAS_SCALE:
         h = (h * tl.load(s_ptr).to(tl.float32)).to(dt).to(tl.float32)
     tl.store(ho_ptr + offs, h.to(dt), mask=mask)
+    if ROUTER:
+        normed = _normed(h, rw_ptr, cols, cmask, D, eps, False)
+        rs = tl.load(rs_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        z = (normed.to(dt).to(tl.float32) * rs[None, :]).to(dt).to(tl.float32)
+        tl.store(z_ptr + offs, (z * const).to(dt), mask=mask)
+        rw = tl.load(rw_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        tl.store(xe_ptr + offs, (normed * rw[None, :]).to(dt), mask=mask)
     if HAS_NEXT:
         x = _normed(h, wn_ptr, cols, cmask, D, eps, True)
         tl.store(xo_ptr + offs, x.to(dt), mask=mask)
@@ -174,6 +186,24 @@ def residual(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """h, a, e [N, H]; norm weights [H] fp32; scale [1] -> (h' [N, H], x [N, H] or None).
     See the module docstring for the steps; `we` goes with `e`."""
+    h_out, x_out, _ = _residual(h, a, eps, wa, e, we, wpost, scale, wnext, None)
+    return h_out, x_out
+
+
+def residual_router(
+    h: torch.Tensor, a: torch.Tensor, eps: float, *, wa: torch.Tensor, wnext: torch.Tensor,
+    router_scale: torch.Tensor, const: float, pre_norm: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """residual(h, a, eps, wa=wa, wnext=wnext) and, in the same launch, gemma4's router and
+    experts' inputs from h' (triton_route.router_input's formula): (h', x, z, xe), [N, H] each.
+    router_scale [H] in h's dtype; pre_norm [H] fp32."""
+    h_out, x_out, inputs = _residual(h, a, eps, wa, None, None, None, None, wnext,
+                                     (router_scale, const, pre_norm))
+    assert x_out is not None and inputs is not None
+    return h_out, x_out, *inputs
+
+
+def _residual(h, a, eps, wa, e, we, wpost, scale, wnext, router):
     hr, ar = _rows(h), _rows(a)
     er = _rows(e) if e is not None else ar
     n, d = hr.shape
@@ -181,6 +211,13 @@ def residual(
     x_out = torch.empty_like(hr) if wnext is not None else h_out
     per, block_d = _tiling(d)
     dummy = hr
+    extra = {}
+    inputs = None
+    if router is not None:
+        rs, const, rw = router
+        inputs = (torch.empty_like(hr), torch.empty_like(hr))
+        extra = dict(rs_ptr=rs.contiguous(), rw_ptr=rw.contiguous(), z_ptr=inputs[0],
+                     xe_ptr=inputs[1], const=float(const), ROUTER=True)
     if n:
         _residual_kernel[(cdiv(n, per),)](
             hr, ar, er, wa if wa is not None else dummy, we if we is not None else dummy,
@@ -188,9 +225,11 @@ def residual(
             wnext if wnext is not None else dummy, h_out, x_out, n, d, eps,
             NORM_A=wa is not None, HAS_E=e is not None, HAS_POST=wpost is not None,
             HAS_SCALE=scale is not None, HAS_NEXT=wnext is not None, ROWS=per, BLOCK_D=block_d,
-            num_warps=4, **launch_options(hr),
+            num_warps=4, **extra, **launch_options(hr),
         )
-    return h_out.view(h.shape), (x_out.view(h.shape) if wnext is not None else None)
+    if inputs is not None:
+        inputs = tuple(t.view(h.shape) for t in inputs)
+    return h_out.view(h.shape), (x_out.view(h.shape) if wnext is not None else None), inputs
 
 
 def _elementwise(a: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:

@@ -116,6 +116,30 @@ def test_fused_residuals_match_the_layer_steps(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_residual_with_the_router_inputs_matches_the_steps_and_router_input(dtype) -> None:
+    """The post-attention residual with the MoE's router and experts' inputs in its launch: the
+    torch steps within rounding, the residual's own outputs' bits, triton_route.router_input's
+    z and xe from h' within rounding, and a row alone as among others."""
+    from tensorfold.ops import triton_route
+
+    h, a = (randn(7, 40, seed=s, dtype=dtype, scale=2.0) for s in (13, 14))
+    wa, wn, pre = (randn(40, seed=s, dtype=torch.float32) * 0.2 + 1.0 for s in (15, 16, 17))
+    rs = (randn(40, seed=18, dtype=torch.float32) * 0.2 + 1.0).to(dtype)
+    kw = dict(wa=wa, wnext=wn, router_scale=rs, const=40**-0.5, pre_norm=pre)
+    gpu.set_triton(False)
+    want = ops.residual_router(h, a, 1e-6, **kw)
+    gpu.set_triton(True, on_cpu=True)
+    got = ops.residual_router(h, a, 1e-6, **kw)
+    for g, w_ in zip(got, want):
+        close(g, w_, dtype)
+    plain = triton_ops.residual(h, a, 1e-6, wa=wa, wnext=wn)
+    assert torch.equal(got[0], plain[0]) and torch.equal(got[1], plain[1])
+    for g, w_ in zip(got[2:], triton_route.router_input(got[0], 1e-6, rs, 40**-0.5, pre)):
+        close(g, w_, dtype)
+    row_invariant(lambda h_, a_: triton_ops.residual_router(h_, a_, 1e-6, **kw), h, a)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gelu_and_softcap_match_reference(dtype: torch.dtype) -> None:
     a, b = randn(5, 300, seed=10, dtype=dtype, scale=4.0), randn(5, 300, seed=11, dtype=dtype)
     logits = randn(3, 1000, seed=12, dtype=dtype, scale=40.0)
