@@ -357,6 +357,86 @@ def dense_split() -> dict[str, Any]:
     return res
 
 
+WALK_ROWS = 2048  # a prompt pass
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): the walk class's candidates for each kernel
+WALK_CANDIDATES = [(128, 64, 64, 8, 3), (128, 64, 64, 4, 3), (128, 64, 64, 4, 4),
+                   (128, 64, 128, 8, 3), (128, 32, 64, 4, 4), (64, 128, 64, 4, 3),
+                   (64, 128, 64, 8, 4), (64, 64, 64, 4, 4)]
+
+
+def dense_walk() -> dict[str, Any]:
+    """The dense FFN's prompt pass with its K split (DENSE_SPLIT; the walk class of
+    triton_moe.DENSE_TILES): each DENSE shape's FFN at WALK_ROWS rows unsplit ("unsplit", the
+    prompt tiles), split on the prompt tiles ("shipped"), and split on each kernel's candidates
+    (the other kernel on the prompt tiles), then "best", the fastest equal candidates of both;
+    each timed in a graph over rotating weights, its rows 0, 0..7 and 0..63 checked against the
+    same rows run alone (split alike). The result's "table" holds each shape's fastest equal
+    entry where faster than "shipped", as Python."""
+    res: dict[str, Any] = {}
+    saved = dict(triton_moe.DENSE_TILES), triton_moe.DENSE_SPLIT
+    entries: dict[tuple[int, int, str], Any] = {}
+    for name, (i, h) in DENSE.items():
+        sets, x, layer = moe_layer(1, i, h, 1)
+        x = x[:WALK_ROWS].contiguous()
+        key = (i, h, "walk")
+        row: dict[str, Any] = {}
+        triton_moe.DENSE_SPLIT = False
+        row["unsplit"] = {"us": round(graph_us([lambda s=s: layer(x, s) for s in sets], 10), 2)}
+        triton_moe.DENSE_SPLIT = True
+        triton_moe.DENSE_TILES.pop(key, None)
+        alone = {r: layer(x[:r].contiguous(), sets[0]) for r in (1, 8, 64)}
+        shipped = triton_moe.pick(WALK_ROWS, i, hidden=h, split=True)
+
+        def timed(entry: tuple[int, Any, Any] | None) -> dict[str, Any]:
+            if entry is None:
+                triton_moe.DENSE_TILES.pop(key, None)
+            else:
+                triton_moe.DENSE_TILES[key] = entry
+            try:
+                us = round(graph_us([lambda s=s: layer(x, s) for s in sets], 10), 2)
+                big = layer(x, sets[0])
+                return {"us": us, "equal": all(bool(torch.equal(big[:r], a)) for r, a in alone.items())}
+            except Exception as exc:  # a tile Triton cannot build
+                return {"error": str(exc)[:160]}
+
+        row["shipped"] = {"tiles": str(shipped), **timed(None)}
+        best: dict[str, tuple[float, Any]] = {}
+        for kernel in ("swiglu", "down"):
+            for bm, bn, bk, w, st in WALK_CANDIDATES:
+                t = triton_moe.Tiles(bn, bk, w, st)
+                if bm != shipped[0]:
+                    entry = (bm, t, t)
+                else:
+                    entry = (bm, t, shipped[2]) if kernel == "swiglu" else (bm, shipped[1], t)
+                cell = timed(entry)
+                row[f"{kernel} bm{bm} bn{bn} bk{bk} w{w} s{st}"] = cell
+                if cell.get("equal") and bm == shipped[0] and (
+                        kernel not in best or cell["us"] < best[kernel][0]):
+                    best[kernel] = (cell["us"], t)
+                if cell.get("equal") and bm != shipped[0] and (
+                        "other" not in best or cell["us"] < best["other"][0]):
+                    best["other"] = (cell["us"], entry)
+        combined = (shipped[0], best.get("swiglu", (0, shipped[1]))[1],
+                    best.get("down", (0, shipped[2]))[1])
+        row["best"] = {"tiles": str(combined), **timed(combined)}
+        fastest = [best["other"]] if "other" in best else []  # the fastest equal cell
+        if row["best"].get("equal"):
+            fastest.append((row["best"]["us"], combined))
+        if "swiglu" in best:
+            fastest.append((best["swiglu"][0], (shipped[0], best["swiglu"][1], shipped[2])))
+        if "down" in best:
+            fastest.append((best["down"][0], (shipped[0], shipped[1], best["down"][1])))
+        us, entry = min(fastest, key=lambda f: f[0], default=(1e9, None))
+        if us < row["shipped"].get("us", 0):
+            entries[key] = entry
+        res[name] = row
+    triton_moe.DENSE_TILES, triton_moe.DENSE_SPLIT = saved
+    res["table"] = "{" + ", ".join(
+        f"{k!r}: ({v[0]}, Tiles{tuple(vars(v[1]).values())}, Tiles{tuple(vars(v[2]).values())})"
+        for k, v in entries.items()) + "}"
+    return res
+
+
 ALIGN_CASES = {"gemma4 8 rows": (8, 128, 8), "gemma4 64 rows": (64, 128, 8),
                "lfm2 64 rows": (64, 32, 4)}  # name: (rows, experts, top k)
 
@@ -520,6 +600,8 @@ def main() -> None:
                     help="only the expert kernels' row blocks and tiles for decode-sized passes")
     ap.add_argument("--dense-tiles", action="store_true",
                     help="only the dense FFN's tiles (triton_moe.DENSE_TILES)")
+    ap.add_argument("--dense-walk", action="store_true",
+                    help="only the dense FFN's prompt pass with its K split, over its tiles")
     ap.add_argument("--dense-split", action="store_true",
                     help="only the dense FFN with its K split (triton_moe.DENSE_SPLIT) and without")
     ap.add_argument("--align", action="store_true",
@@ -559,6 +641,9 @@ def main() -> None:
         DENSE.clear()
         DENSE.update({"tiny dense": (128, 320)})
         DENSE_ROWS.update(tiny=(1, 3), small=(20,))
+        global WALK_ROWS
+        WALK_ROWS = 300
+        del WALK_CANDIDATES[2:]
         for cls in DENSE_CANDIDATES:
             DENSE_CANDIDATES[cls] = DENSE_CANDIDATES[cls][:3]
         SWEEP_SHAPES.clear()
@@ -592,6 +677,16 @@ def main() -> None:
                 cells = " | ".join(f"{r} rows {v[f'{r}_us']:6.2f} us{'' if v[f'{r}_equal'] else ' NEQ'}"
                                    for r in (1, 8, 64))
                 print(f"{name:16s} {label:22s} splits {v['splits']} {cells}")
+        return
+    if args.dense_walk:
+        res = save(args.out, "dense_walk.json", dense_walk())
+        for name, row in res.items():
+            if name == "table":
+                continue
+            for label, v in row.items():
+                flag = "" if v.get("equal", True) else " NEQ"
+                print(f"{name:16s} {label:34s} {v.get('us', float('nan')):9.2f} us{flag} {v.get('error', '')}")
+        print("walk entries:", res["table"])
         return
     if args.align:
         res = save(args.out, "align.json", align_route())

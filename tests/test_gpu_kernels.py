@@ -95,10 +95,11 @@ def test_moe_gated_ffn_and_router_rows_alone_equal_batches(h, i, e, k):
 def test_dense_ffn_on_its_own_tiles_rows_alone_equal_batches(i, h, split, monkeypatch):
     """DENSE_TILES: gemma4's and lfm2's dense FFN, whose decode-sized passes have their own tiles
     (16 or 32 columns, 128-long k steps): rows alone == batches, across every row class; and
-    with DENSE_SPLIT, its products' K in chunks (a program a chunk up to DENSE_SPLIT_ROWS rows)."""
+    with DENSE_SPLIT, its products' K in chunks (a program a chunk up to DENSE_SPLIT_ROWS rows;
+    the 700-row pass on the walk class's tiles)."""
     from tensorfold.ops import triton_moe
 
-    assert (i, h, "small") in triton_moe.DENSE_TILES
+    assert (i, h, "small") in triton_moe.DENSE_TILES and (i, h, "walk") in triton_moe.DENSE_TILES
     monkeypatch.setattr(triton_moe, "DENSE_SPLIT", split)
     assert (triton_moe.dense_splits(i, h) > 1) == split
     w1, w3 = randn(i, h, seed=30, scale=0.05), randn(i, h, seed=31, scale=0.05)

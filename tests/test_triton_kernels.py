@@ -631,9 +631,11 @@ def test_dense_ffn_on_its_own_tiles_keeps_the_bits(monkeypatch):
 @pytest.mark.parametrize("dtype, tol", DTYPES)
 def test_dense_ffn_split_over_k_keeps_rows_alone_equal_to_a_prompt_pass(dtype, tol, monkeypatch):
     """DENSE_SPLIT: the dense FFN's gate/up and down products in K chunks summed in chunk order,
-    a program a chunk for passes of up to DENSE_SPLIT_ROWS rows and one program walking the chunks for
-    larger ones: a row alone, a few rows and a decode-sized pass give the rows of a prompt pass,
-    within the reference's tolerance, with the arrival counters back at zero."""
+    a program a chunk for passes of up to DENSE_SPLIT_ROWS rows and one program walking the
+    chunks for larger ones (in one loop, DENSE_WALK, or a loop a chunk; on the walk class's
+    tiles or the prompt tiles: the same bits): a row alone, a few rows and a decode-sized pass
+    give the rows of a prompt pass, within the reference's tolerance, with the arrival counters
+    back at zero."""
     from tensorfold.ops import triton_splitk
 
     monkeypatch.setattr(triton_moe, "DENSE_SPLIT", True)
@@ -644,12 +646,37 @@ def test_dense_ffn_split_over_k_keeps_rows_alone_equal_to_a_prompt_pass(dtype, t
     w2 = randn(h, i, seed=93, dtype=dtype, scale=0.2)
     whole = triton_moe.gated_ffn(x, w1, w3, w2)  # 300 rows: the chunks walked in one program
     assert rel(whole, ref_moe.gated_ffn(x.double(), w1.double(), w3.double(), w2.double())) < tol
+    assert triton_moe.DENSE_WALK  # one loop; a loop a chunk gives the same bits
+    monkeypatch.setattr(triton_moe, "DENSE_WALK", False)
+    assert torch.equal(triton_moe.gated_ffn(x, w1, w3, w2), whole)
+    monkeypatch.setattr(triton_moe, "DENSE_WALK", True)
+    # the walk class's own tiles (narrower than the prompt tiles, whose two accumulators a
+    # product would spill on the GPU) for a split prompt pass only
+    walk = (triton_moe.BLOCK_M, triton_moe.Tiles(64, 128, 8, 3), triton_moe.Tiles(64, 64, 4, 3))
+    monkeypatch.setitem(triton_moe.DENSE_TILES, (i, h, "walk"), walk)
+    assert triton_moe.pick(300, i, hidden=h, split=True)[1].block_n == 64
+    assert triton_moe.pick(300, i, hidden=h)[1] == triton_moe.SWIGLU_TILES
+    assert torch.equal(triton_moe.gated_ffn(x, w1, w3, w2), whole)
     assert triton_moe.DENSE_SPLIT_ROWS >= 16
     for a, z in [(7, 8), (0, 5), (0, 16), (20, 60)]:  # a program a chunk; 40 rows: one program
         assert torch.equal(triton_moe.gated_ffn(x[a:z].clone(), w1, w3, w2), whole[a:z])
     assert int(triton_splitk.counters(x.device, 1).abs().sum()) == 0
     monkeypatch.setattr(triton_moe, "DENSE_SPLIT", False)
     assert triton_moe.dense_splits(i, h) == 1
+
+
+def test_dense_ffn_split_leaves_no_chunk_empty():
+    """The dense FFN's K chunks from its shape alone: each chunk holds some of K, whatever K
+    (9 steps cut in 8 chunks of 2 would leave three empty: fewer chunks instead)."""
+    from tensorfold.ops import triton_splitk
+
+    assert triton_moe.DENSE_SPLIT
+    for n in (32, 64, 2112):
+        for k in range(64, 40 * 128, 64):
+            splits = triton_moe.dense_splits(n, k)
+            chunk = triton_splitk.chunk(k, triton_moe.SPLIT_K_STEP, splits)
+            assert (splits - 1) * chunk < k <= splits * chunk, (n, k, splits)
+    assert triton_moe.dense_splits(64, 9 * 128) == 2
 
 
 @pytest.mark.parametrize("dtype, tol", DTYPES)

@@ -87,7 +87,7 @@ FEW_PER_EXPERT = 8
 
 # The dense FFN's tiles where measured faster than the experts' ((width, hidden, row class) ->
 # (BLOCK_M, swiglu tiles, down tiles); the classes: "tiny", TINY_ROWS rows or fewer, "small", up
-# to SMALL_ROWS). A dense FFN is one expert, so the experts' tiles give it few programs: at
+# to SMALL_ROWS; "walk" below). A dense FFN is one expert, so the experts' tiles give it few programs: at
 # gemma4's 2112 x 2816 the gate/up kernel's 32 columns a program make 66 programs at one row,
 # 33 of 64 columns at 64 rows, on a GPU of 132 SMs. µs for the FFN at 64 rows, shipped -> these
 # (bench/decode_kernels.py --dense-tiles, H200; every candidate's rows equal to a 2048-row
@@ -95,9 +95,16 @@ FEW_PER_EXPERT = 8
 # lfm2 (7168 x 2048) 53.0 -> 37.2 (docs/perf.md, session 18). At a few rows the sweep's best
 # gemma4 tiles (swiglu 32 x 128, 8 stages; down 16 x 128) took 22.8 -> 19.2 µs alone, but the
 # engine's forward at 8 streams went 8.03 -> 8.21 ms: not kept.
+# "walk": a prompt pass (more than SMALL_ROWS rows) with its K split (DENSE_SPLIT). Its chunks'
+# sums keep two accumulators a product, so the prompt tiles' 128 x 128 spill: µs for the FFN at
+# 2048 rows, unsplit -> split on the prompt tiles -> these (bench/decode_kernels.py --dense-walk,
+# H200; docs/perf.md, session 20; rows alone equal): gemma4 174.2 -> 672.7 -> 213.6, lfm2
+# 327.0 -> 1238.1 -> 527.0.
 DENSE_TILES: dict[tuple[int, int, str], tuple[int, Tiles, Tiles]] = {
     (2112, 2816, "small"): (64, Tiles(16, 128, 4, 4), Tiles(32, 128, 4, 4)),
     (7168, 2048, "small"): (64, Tiles(64, 64, 4, 4), Tiles(16, 128, 4, 6)),
+    (2112, 2816, "walk"): (128, Tiles(64, 128, 8, 3), Tiles(64, 64, 4, 3)),
+    (7168, 2048, "walk"): (128, Tiles(64, 128, 8, 3), Tiles(128, 64, 8, 3)),
 }
 
 
@@ -106,14 +113,24 @@ def _k64(t: Tiles) -> Tiles:
     return Tiles(t.block_n, 64, t.warps, t.stages) if t.block_k != 64 else t
 
 
+def _dense_class(rows: int, split: bool) -> str | None:
+    """The DENSE_TILES row class of a dense FFN's pass (None: a prompt pass, unsplit)."""
+    if rows <= TINY_ROWS:
+        return "tiny"
+    if rows <= SMALL_ROWS:
+        return "small"
+    return "walk" if split else None
+
+
 def pick(rows: int, width: int = 0, pairs: int = 0, experts: int = 1,
-         hidden: int = 0) -> tuple[int, Tiles, Tiles]:
+         hidden: int = 0, split: bool = False) -> tuple[int, Tiles, Tiles]:
     """(BLOCK_M, swiglu tiles, down tiles) for a pass of `rows` rows through experts `width`
     wide (the down kernel's K) over `hidden` (the gate/up kernel's K; 0: not known); `pairs` (0:
-    every row one pair, the dense FFN) over `experts`. From the pass's shape alone, never from
-    which experts its rows chose."""
-    if not pairs and experts == 1 and rows <= SMALL_ROWS:
-        dense = DENSE_TILES.get((width, hidden, "tiny" if rows <= TINY_ROWS else "small"))
+    every row one pair, the dense FFN, its K split when `split`) over `experts`. From the pass's
+    shape alone, never from which experts its rows chose."""
+    cls = _dense_class(rows, split)
+    if not pairs and experts == 1 and cls is not None:
+        dense = DENSE_TILES.get((width, hidden, cls))
         if dense is not None:
             bm, sw, dn = dense
             return (bm, _k64(sw), _k64(dn)) if interpreting() else dense
@@ -191,6 +208,69 @@ def _down_chunk(g_ptr, w2_ptr, rows, valid, e64, rn, nmask, k_lo, k_hi, K, strid
     return acc
 
 
+@triton.jit
+def _chunk_end(k0, k_end, CHUNK, BK: tl.constexpr):
+    """Whether the BK step at k0 is its chunk's last (the chunk's or K's end)."""
+    return ((k0 + BK) % CHUNK == 0) | (k0 + BK >= k_end)
+
+
+@triton.jit
+def _gate_up_walk(x_ptr, w1_ptr, w3_ptr, src, valid, e64, rn, nmask, k_end, CHUNK,
+                  stride_xm, stride_1e, stride_1n, stride_3e, stride_3n,
+                  IEEE: tl.constexpr, INTERP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                  BK: tl.constexpr):
+    """_gate_up_chunk over each chunk of CHUNK in [0, k_end), the chunks' sums added from +0 in
+    chunk order: the same operations as a loop a chunk, in one loop (one pipeline): a chunk's
+    accumulators restart from zero at its end. No chunk may be empty (_split_args)."""
+    rk = tl.arange(0, BK)
+    x_ptrs = x_ptr + src[:, None] * stride_xm + rk[None, :]
+    w1_ptrs = w1_ptr + e64 * stride_1e + rn[None, :].to(tl.int64) * stride_1n + rk[:, None]
+    w3_ptrs = w3_ptr + e64 * stride_3e + rn[None, :].to(tl.int64) * stride_3n + rk[:, None]
+    acc1 = tl.zeros((BM, BN), dtype=tl.float32)
+    acc3 = tl.zeros((BM, BN), dtype=tl.float32)
+    tot1 = tl.zeros((BM, BN), dtype=tl.float32)
+    tot3 = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, k_end, BK):
+        kin = (k0 + rk) < k_end
+        a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
+        b1 = tl.load(w1_ptrs, mask=nmask & kin[:, None], other=0.0)
+        b3 = tl.load(w3_ptrs, mask=nmask & kin[:, None], other=0.0)
+        acc1 = mma(a, b1, acc1, IEEE, INTERP)
+        acc3 = mma(a, b3, acc3, IEEE, INTERP)
+        end = _chunk_end(k0, k_end, CHUNK, BK)
+        tot1 = tl.where(end, tot1 + acc1, tot1)
+        tot3 = tl.where(end, tot3 + acc3, tot3)
+        acc1 = tl.where(end, 0.0, acc1)
+        acc3 = tl.where(end, 0.0, acc3)
+        x_ptrs += BK
+        w1_ptrs += BK
+        w3_ptrs += BK
+    return tot1, tot3
+
+
+@triton.jit
+def _down_walk(g_ptr, w2_ptr, rows, valid, e64, rn, nmask, k_end, CHUNK, K, stride_2e, stride_2n,
+               IEEE: tl.constexpr, INTERP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr):
+    """_down_chunk over each chunk of CHUNK in [0, k_end), summed as _gate_up_walk sums."""
+    rk = tl.arange(0, BK)
+    g_ptrs = g_ptr + rows[:, None] * K + rk[None, :]
+    w_ptrs = w2_ptr + e64 * stride_2e + rn[None, :].to(tl.int64) * stride_2n + rk[:, None]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    tot = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, k_end, BK):
+        kin = (k0 + rk) < k_end
+        a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
+        b = tl.load(w_ptrs, mask=nmask & kin[:, None], other=0.0)
+        acc = mma(a, b, acc, IEEE, INTERP)
+        end = _chunk_end(k0, k_end, CHUNK, BK)
+        tot = tl.where(end, tot + acc, tot)
+        acc = tl.where(end, 0.0, acc)
+        g_ptrs += BK
+        w_ptrs += BK
+    return tot
+
+
 @triton.jit(do_not_specialize=["P"])  # one binary for any row count
 def _swiglu_kernel(
     x_ptr, w1_ptr, w3_ptr, g_ptr, ex_ptr, sorted_ptr, block_ptr, P, E, I, K, limit,
@@ -199,7 +279,7 @@ def _swiglu_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,
     ws_ptr=None, cnt_ptr=None, CHUNK=0, ws_rows=0,
-    SPLITS: tl.constexpr = 1, SPLIT_GRID: tl.constexpr = False,
+    SPLITS: tl.constexpr = 1, SPLIT_GRID: tl.constexpr = False, WALK: tl.constexpr = False,
 ):
     """SPLITS > 1 (the dense FFN, DENSE_SPLIT): K in SPLITS chunks of CHUNK, each product's
     chunks summed in chunk order: by one program (a prompt pass), or (SPLIT_GRID) a program
@@ -247,6 +327,10 @@ def _swiglu_kernel(
             acc1 = splitk.chunk_sum(acc1, ws, 2 * half, live_ws, SPLITS)
             acc3 = splitk.chunk_sum(acc3, ws + half, 2 * half, live_ws, SPLITS)
             splitk.depart(cnt_ptr, tile)
+    elif WALK:
+        acc1, acc3 = _gate_up_walk(x_ptr, w1_ptr, w3_ptr, src, valid, e64, rn, nmask, k_end,
+                                   CHUNK, stride_xm, stride_1e, stride_1n, stride_3e, stride_3n,
+                                   IEEE, INTERP, BM, BN, BK)
     else:
         acc1 = tl.zeros((BM, BN), dtype=tl.float32)
         acc3 = tl.zeros((BM, BN), dtype=tl.float32)
@@ -270,7 +354,7 @@ def _down_kernel(
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,
     ws_ptr=None, cnt_ptr=None, CHUNK=0, ws_rows=0,
-    SPLITS: tl.constexpr = 1, SPLIT_GRID: tl.constexpr = False,
+    SPLITS: tl.constexpr = 1, SPLIT_GRID: tl.constexpr = False, WALK: tl.constexpr = False,
 ):
     """SPLITS > 1: as _swiglu_kernel's, with ws [SPLITS, ws_rows, H] fp32."""
     pid_n = tl.program_id(0)
@@ -308,6 +392,9 @@ def _down_kernel(
         if finish:
             acc = splitk.chunk_sum(acc, ws, ws_rows * H, live_ws, SPLITS)
             splitk.depart(cnt_ptr, tile)
+    elif WALK:
+        acc = _down_walk(g_ptr, w2_ptr, rows, valid, e64, rn, nmask, k_end, CHUNK, K, stride_2e,
+                         stride_2n, IEEE, INTERP, BM, BN, BK)
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for t in tl.static_range(SPLITS):
@@ -377,22 +464,34 @@ def stack(ws: Sequence[torch.Tensor]) -> torch.Tensor:
 # whole. Measured (bench/decode_kernels.py --dense-split, H200; docs/perf.md, session 18), µs at 1
 # / 8 / 64 rows, unsplit -> split at DENSE_WAVE 256 with a program a chunk up to 64 rows: gemma4
 # 26.3 / 26.6 / 19.1 -> 20.8 / 21.5 / 30.5; lfm2 36.2 / 36.5 / 37.0 -> 33.7 / 35.1 / 53.6 (wave
-# 128: 31.4 / 31.6 / 44.2). Gemma-4-26B-A4B's forward with it: 3.74 / 7.95 / 15.43 ms at 1 / 8 / 64
-# streams, against 3.79 / 7.84 / 14.85 on another GPU without. 64-row passes lost to the workspace,
-# so DENSE_SPLIT_ROWS is now the few rows' bound (not measured in the engine); off until it is,
-# with the gates.
-DENSE_SPLIT = False
+# 128: 31.4 / 31.6 / 44.2). 64-row passes lost to the workspace, so a program a chunk is now for
+# DENSE_SPLIT_ROWS rows or fewer. In the engine, within one call (docs/perf.md, session 19),
+# forward at 1 / 8 / 64 streams, off -> on: Gemma-4-26B-A4B 3.884 / 7.997 / 15.170 -> 3.673 /
+# 7.829 / 15.303 ms; LFM2-8B-A1B 1.407 / 3.568 / 5.065 -> 1.386 / 3.535 / 5.084; both gates true.
+# Prompt passes pay for it (a row's bits must not depend on its pass): on the walk tiles
+# (DENSE_TILES) LFM2-8B-A1B's 2048-token prefill's kernels 21.67 -> 22.04 ms of GPU time, and
+# Gemma-4-26B-A4B's time to first token at 2k / 8k / 32k 69.6 / 349 / 2488 -> 70.7 / 353 / 2510 ms
+# (docs/perf.md, session 20); on the prompt tiles it was 19% slower.
+DENSE_SPLIT = True
 DENSE_WAVE = 256  # programs a one-row pass's product should offer
 DENSE_SPLIT_COLUMNS = 32  # the output columns a program is counted for (fixed: it sets the split)
 SPLIT_K_STEP = 128
 DENSE_SPLIT_ROWS = TINY_ROWS
+# Larger passes walk the chunks in one loop, a chunk's accumulators restarting from zero at its
+# end (one pipeline), not a loop a chunk (SPLITS pipelines, each filled and drained anew).
+# The same operations, so the same bits; its PTX for sm_90 has one pipelined loop's copies
+# against four (gemma4's gate/up at 64 rows: 29 cp.async against 116).
+DENSE_WALK = True
 
 
 def dense_splits(n: int, k: int) -> int:
     """K chunks for a dense FFN product of n outputs over k (1: unsplit, the experts' order)."""
     if not DENSE_SPLIT:
         return 1
-    return splitk.splits_for(cdiv(n, DENSE_SPLIT_COLUMNS), cdiv(k, SPLIT_K_STEP), DENSE_WAVE)
+    splits = splitk.splits_for(cdiv(n, DENSE_SPLIT_COLUMNS), cdiv(k, SPLIT_K_STEP), DENSE_WAVE)
+    while splits > 1 and (splits - 1) * splitk.chunk(k, SPLIT_K_STEP, splits) >= k:
+        splits //= 2  # no empty chunk (9 steps in 8 chunks of 2 would leave three)
+    return splits
 
 
 def _split_args(splits: int, pairs: int, tiles: int, rows: int, width: int, k: int, t: Tiles,
@@ -402,8 +501,9 @@ def _split_args(splits: int, pairs: int, tiles: int, rows: int, width: int, k: i
         return {}, 1
     chunk = splitk.chunk(k, SPLIT_K_STEP, splits)
     assert chunk % t.block_k == 0, (chunk, t)
+    assert (splits - 1) * chunk < k, (k, splits, chunk)  # no empty chunk (_gate_up_walk)
     if pairs > DENSE_SPLIT_ROWS:  # one program walks a tile's chunks: no workspace
-        return dict(CHUNK=chunk, SPLITS=splits), 1
+        return dict(CHUNK=chunk, SPLITS=splits, WALK=DENSE_WALK), 1
     ws = torch.empty(splits * halves * rows * width, dtype=torch.float32, device=device)
     return dict(ws_ptr=ws, cnt_ptr=splitk.counters(device, tiles), CHUNK=chunk, ws_rows=rows,
                 SPLITS=splits, SPLIT_GRID=True), splits
@@ -516,9 +616,10 @@ def gated_ffn(
     if n == 0:
         return out
     i = w1.shape[0]
-    bm, sw, dn = pick(n, i, hidden=h)
+    splits = (dense_splits(i, h), dense_splits(h, i))
+    bm, sw, dn = pick(n, i, hidden=h, split=max(splits) > 1)
     _experts(x, _identity(n, x.device, bm), n, 1, w1[None], w3[None], w2[None], None, out, bm, sw,
-             dn, act, limit, (dense_splits(i, h), dense_splits(h, i)))
+             dn, act, limit, splits)
     return out
 
 
