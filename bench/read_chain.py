@@ -8,8 +8,12 @@ kernel; all of them in one CUDA graph under dependent launch, as the engine repl
 The chain's time is a floor for any round made of that many launches of those sizes: what the
 kernels' arithmetic, their tails and the small launches' own work add comes on top. Beside it:
 every byte read by one launch (the limit at the copy rate), and the bare read rate by size.
+`--persistent` adds the round as one persistent kernel (_phases_kernel): a phase a product (and
+one a small launch, reading nothing), a grid-wide barrier after each, as a kernel whose every
+product waits on the one before; with and without each phase asking L2 for the next product's
+bytes before its barrier (weights do not wait on activations), and the barriers alone.
 
-    python3 bench/read_chain.py --launches lfm2=187,gemma4=295 [--out DIR]
+    python3 bench/read_chain.py --launches lfm2=194,gemma4=476 [--persistent] [--out DIR]
 
 The sizes come from the shapes' configs (`lfm2_plan`, `gemma4_plan`); tests/test_bench_read_chain.py
 checks them against the weights of models built from those configs.
@@ -31,7 +35,7 @@ if __package__ in (None, ""):
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from tensorfold.ops.triton_util import after_prior  # noqa: E402
+from tensorfold.ops.triton_util import after_prior, prefetch_l2  # noqa: E402
 
 MB = 1 << 20
 
@@ -104,6 +108,38 @@ def interleave(products: int, small: int) -> list[int]:
     return order
 
 
+@dataclass
+class Phases:
+    """A persistent kernel's phases, in elements of one buffer holding every product (each at
+    a 128-element boundary): phase i reads length[i] at offset[i]; it prefetches the next
+    phase that reads anything (pf_offset, pf_length; 0 after the last)."""
+
+    offset: list[int]
+    length: list[int]
+    pf_offset: list[int]
+    pf_length: list[int]
+    elements: int
+
+
+def phases_of(plan: Plan, small: int, el: int = 2) -> Phases:
+    """The round's products as phases, `small` empty phases spread between them (interleave)."""
+    starts, at = [], 0
+    for _, b in plan.products:
+        starts.append(at)
+        at += -(-(b // el) // 128) * 128
+    off, length = [], []
+    for i in interleave(len(plan.products), small):
+        off.append(starts[i] if i >= 0 else 0)
+        length.append(plan.products[i][1] // el if i >= 0 else 0)
+    pf_off, pf_len = [0] * len(off), [0] * len(off)
+    nxt = (0, 0)
+    for i in range(len(off) - 1, -1, -1):
+        pf_off[i], pf_len[i] = nxt
+        if length[i]:
+            nxt = (off[i], length[i])
+    return Phases(off, length, pf_off, pf_len, at)
+
+
 # --- the GPU side ----------------------------------------------------------------------------
 
 
@@ -123,6 +159,44 @@ def _read_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr):
 def _empty_kernel(out_ptr, PDL: tl.constexpr):
     after_prior(PDL)
     tl.store(out_ptr + tl.program_id(0), 0.0)
+
+
+@triton.jit
+def _phases_kernel(x_ptr, off_ptr, len_ptr, pf_off_ptr, pf_len_ptr, cnt_ptr, out_ptr, spin_ptr,
+                   phases, BLOCK: tl.constexpr, MAX_SPIN: tl.constexpr, PREFETCH: tl.constexpr,
+                   PF_LANES: tl.constexpr, PF_BYTES: tl.constexpr = 0):
+    # One persistent grid: phase i reads len[i] bf16 values at off[i] (0 for a small launch's
+    # place), stores its sums, then a grid-wide barrier (every program counts in and waits for
+    # cnt to reach (i + 1) * programs), as a kernel whose phase i + 1 needs phase i's output.
+    # PREFETCH: as a phase starts, each program asks L2 for its share of the first PF_BYTES
+    # (0: all) of the phase whose bytes come next (pf_*: weights do not wait on activations),
+    # PF_LANES spans of a program, one bulk prefetch each.
+    pid, g = tl.program_id(0), tl.num_programs(0)
+    spins = 0
+    for i in range(phases):
+        off, n = tl.load(off_ptr + i), tl.load(len_ptr + i)
+        if PREFETCH:
+            pf_off, pf_n = tl.load(pf_off_ptr + i), tl.load(pf_len_ptr + i)
+            total = pf_n * 2
+            if PF_BYTES > 0:
+                total = tl.minimum(total, PF_BYTES)
+            span = tl.cdiv(total, g * PF_LANES * 16) * 16
+            at = (pid * PF_LANES + tl.arange(0, PF_LANES)).to(tl.int64) * span
+            left = tl.maximum(tl.minimum(total - at, span), 0)
+            prefetch_l2(x_ptr + pf_off + at // 2, (left // 16 * 16).to(tl.int32), True)
+        acc = tl.zeros([BLOCK], tl.float32)
+        for start in range(pid * BLOCK, n, g * BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + off + offs, mask=offs < n, other=0.0).to(tl.float32)
+        tl.store(out_ptr + i * g + pid, tl.sum(acc, axis=0))
+        tl.debug_barrier()  # the whole program's reads summed before it counts in
+        tl.atomic_add(cnt_ptr, 1, sem="release", scope="gpu")
+        target = (i + 1) * g
+        seen = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+        while (seen < target) & (spins < MAX_SPIN):
+            seen = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+            spins += 1
+    tl.store(spin_ptr + pid, spins)
 
 
 @dataclass(frozen=True)
@@ -253,6 +327,63 @@ def round_chain(ch: Chains, plan: Plan, launches: int | None, tiles: dict[int, R
     return res
 
 
+PHASE_TILES = [ReadTile(4096, 8, 2), ReadTile(4096, 4, 4), ReadTile(2048, 8, 4),
+               ReadTile(2048, 4, 8), ReadTile(1024, 4, 8)]
+PF_MB = (4, 16, 0)  # next-phase prefetch budgets (0: the whole next product)
+MAX_SPIN = 1 << 18  # polls of a barrier, all phases together: ~0.1 s, far past any phase
+
+
+def persistent(ch: Chains, plan: Plan, small: int) -> dict[str, Any]:
+    """The round as one persistent kernel (_phases_kernel) on each of PHASE_TILES, with and
+    without the next phase's prefetch: the best µs of each, and the grid-wide barrier's own
+    cost (as many phases reading nothing). Programs a tile are capped by what an SM holds at
+    once (registers, warps): a barrier needs every program resident."""
+    torch = ch.torch
+    ph = phases_of(plan, small)
+    dev = dict(device="cuda", dtype=torch.int64)
+    off, ln = torch.tensor(ph.offset, **dev), torch.tensor(ph.length, **dev)
+    pf_off, pf_len = torch.tensor(ph.pf_offset, **dev), torch.tensor(ph.pf_length, **dev)
+    zero = torch.zeros_like(ln)
+    buf = torch.randn(ph.elements, device="cuda", dtype=torch.bfloat16)
+    cnt = torch.zeros(1, device="cuda", dtype=torch.int32)
+    one = torch.zeros(1, device="cuda", dtype=torch.int32)
+    res: dict[str, Any] = {"phases": len(ph.offset), "rows": []}
+    for tile in PHASE_TILES:
+        regs = max(_phases_kernel[(1,)](buf, off, zero, pf_off, zero, cnt, ch.scratch, one,
+                                        len(ph.offset),
+                                        BLOCK=tile.block, MAX_SPIN=MAX_SPIN, PREFETCH=pf,
+                                        PF_LANES=128, PF_BYTES=MB if pf else 0,
+                                        num_warps=tile.warps).n_regs
+                   for pf in (False, True))
+        fits = min(64 // tile.warps, 65536 // (-(-regs * 32 // 256) * 256 * tile.warps), 32)
+        grid = ch.sms * max(1, min(tile.per_sm, fits))
+        out = torch.zeros(len(ph.offset) * grid, device="cuda", dtype=torch.float32)
+        spins = torch.zeros(grid, device="cuda", dtype=torch.int32)
+        for name, lengths, pf in (("barriers", zero, None), ("reads", ln, None),
+                                  *((f"reads_prefetched_{mb}mb", ln, mb) for mb in PF_MB)):
+            def step():
+                cnt.zero_()
+                _phases_kernel[(grid,)](buf, off, lengths, pf_off, pf_len, cnt, out, spins,
+                                        len(ph.offset), BLOCK=tile.block, MAX_SPIN=MAX_SPIN,
+                                        PREFETCH=pf is not None, PF_LANES=128,
+                                        PF_BYTES=(pf or 0) * MB, num_warps=tile.warps)
+            us = ch.time_us(step, reps=10)
+            res["rows"].append({"tile": vars(tile), "grid": grid, "regs": regs, "what": name,
+                                "us": round(us, 1),
+                                "barrier_timeouts": int((spins >= MAX_SPIN).sum().item())})
+    for name in ("reads", *(f"reads_prefetched_{mb}mb" for mb in PF_MB), "barriers"):
+        ok = [r for r in res["rows"] if r["what"] == name and not r["barrier_timeouts"]]
+        if ok:
+            best = min(ok, key=lambda r: r["us"])
+            res[f"{name}_us"] = best["us"]
+            if name != "barriers":
+                res[f"{name}_tok_s"] = round(1e6 / best["us"], 1)
+    if "barriers_us" in res:
+        res["barrier_us_each"] = round(res["barriers_us"] / len(ph.offset), 2)
+    del buf
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench_out")
@@ -260,6 +391,8 @@ def main() -> None:
                     help="shape=kernels of its one-stream round (the census), comma-separated; "
                          "lfm2 and gemma4 name LFM2-8B-A1B and Gemma-4-26B-A4B")
     ap.add_argument("--shapes", default="LFM2-8B-A1B,LFM2-24B-A2B,Gemma-4-26B-A4B")
+    ap.add_argument("--persistent", action="store_true",
+                    help="also the round as one persistent kernel, a grid-wide barrier a phase")
     args = ap.parse_args()
     alias = {"lfm2": "LFM2-8B-A1B", "lfm2_24b": "LFM2-24B-A2B", "gemma4": "Gemma-4-26B-A4B"}
     launches = {}
@@ -282,6 +415,14 @@ def main() -> None:
         res[shape] = round_chain(ch, every[shape], launches.get(shape), tiles)
         print(shape, json.dumps(res[shape]), flush=True)
         torch.cuda.empty_cache()
+        if args.persistent:
+            plan, n = every[shape], launches.get(shape)
+            small = 0 if n is None else n - len(plan.products)
+            res[shape]["persistent"] = {"products": persistent(ch, plan, 0)}
+            if small:
+                res[shape]["persistent"]["with_small_phases"] = persistent(ch, plan, small)
+            print(shape, "persistent", json.dumps(res[shape]["persistent"]), flush=True)
+            torch.cuda.empty_cache()
     (out / "read_chain.json").write_text(json.dumps(res, indent=1))
 
 

@@ -81,3 +81,31 @@ def test_the_read_kernel_sums_every_value_once() -> None:
         read[(grid,)](x, out, x.numel(), BLOCK=block, PDL=False)
         assert out.sum().item() == x.float().sum().item()
         assert (out != 0).sum() > (grid > 1)  # the programs split the walk
+
+
+def test_the_persistent_phases_read_each_product_once_and_prefetch_the_next() -> None:
+    plan = read_chain.Plan("tiny", [("a", 300), ("b", 512), ("c", 2)])
+    ph = read_chain.phases_of(plan, small=2)
+    reads = [(o, n) for o, n in zip(ph.offset, ph.length) if n]
+    assert reads == [(0, 150), (256, 256), (512, 1)]  # each at a 128-element boundary
+    assert len(ph.offset) == 5 and ph.elements == 640
+    for i, (o, n) in enumerate(zip(ph.offset, ph.length)):
+        later = [(a, b) for a, b in zip(ph.offset[i + 1:], ph.length[i + 1:]) if b]
+        assert (ph.pf_offset[i], ph.pf_length[i]) == (later[0] if later else (0, 0))
+
+
+def test_the_persistent_kernel_sums_each_phase_and_passes_its_barriers() -> None:
+    g = torch.Generator().manual_seed(1)
+    plan = read_chain.Plan("tiny", [("a", 2 * 700), ("b", 2 * 300), ("c", 2 * 1000)])
+    ph = read_chain.phases_of(plan, small=2)
+    x = torch.randint(-8, 8, (ph.elements,), generator=g).to(torch.bfloat16)
+    t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    out = torch.zeros(len(ph.offset))
+    spins = torch.zeros(1, dtype=torch.int32)
+    cnt = torch.zeros(1, dtype=torch.int32)
+    read_chain._phases_kernel[(1,)](
+        x, t(ph.offset), t(ph.length), t(ph.pf_offset), t(ph.pf_length), cnt, out, spins,
+        len(ph.offset), BLOCK=256, MAX_SPIN=4, PREFETCH=False, PF_LANES=128)
+    want = [x[o:o + n].float().sum().item() for o, n in zip(ph.offset, ph.length)]
+    assert out.tolist() == want
+    assert cnt.item() == len(ph.offset) and spins.item() == 0  # one program: no wait
