@@ -10,8 +10,8 @@ kernels' arithmetic, their tails and the small launches' own work add comes on t
 every byte read by one launch (the limit at the copy rate), and the bare read rate by size.
 `--persistent` adds the round as one persistent kernel (_phases_kernel): a phase a product (and
 one a small launch, reading nothing), a grid-wide barrier after each, as a kernel whose every
-product waits on the one before; with and without each phase asking L2 for the next product's
-bytes before its barrier (weights do not wait on activations), and the barriers alone.
+product waits on the one before; with and without each phase asking L2, as it starts, for the
+next product's first bytes (weights do not wait on activations), and the barriers alone.
 
     python3 bench/read_chain.py --launches lfm2=194,gemma4=476 [--persistent] [--out DIR]
 
