@@ -46,20 +46,52 @@ def _pad_and_map(sorted_ptr, block_ptr, counts, padded, ends, starts, total, P, 
 
 
 @triton.jit
+def _align_pairwise(ids, p, sorted_ptr, block_ptr, P, E, max_blocks, BM: tl.constexpr,
+                    EB: tl.constexpr, BB: tl.constexpr):
+    """align_pairs by comparing the pairs with each other ([PB, PB] tiles), not with every
+    expert: each expert's run found from its first pair. The same writes as the one-hot."""
+    ok = ids < EB
+    same = (ids[:, None] == ids[None, :]) & ok[:, None] & ok[None, :]  # [PB i, PB j]
+    earlier = p[None, :] < p[:, None]
+    count = tl.sum(same.to(tl.int32), axis=1)
+    rank = tl.sum((same & earlier).to(tl.int32), axis=1)  # earlier pairs of i's expert
+    first = ok & (rank == 0)  # the pair that stands for its expert's run
+    padded = tl.where(first, (count + BM - 1) // BM * BM, 0)
+    below = first[None, :] & (ids[None, :] < ids[:, None])  # [i, j]: j's run before i's
+    start = tl.sum(tl.where(below, padded[None, :], 0), axis=1)
+    total = tl.sum(padded, axis=0)
+    tl.store(sorted_ptr + start + rank, p, mask=ok)
+    j = tl.arange(0, BM)
+    pad_at = (start + count)[:, None] + j[None, :]
+    tl.store(sorted_ptr + pad_at, P, mask=first[:, None] & (j[None, :] < (padded - count)[:, None]))
+    for b0 in range(0, max_blocks, BB):
+        b = b0 + tl.arange(0, BB)
+        row = b * BM
+        inside = (first[None, :] & (start[None, :] <= row[:, None])
+                  & (row[:, None] < (start + padded)[None, :]))  # [BB, PB]
+        owner = tl.sum(tl.where(inside, ids[None, :], 0), axis=1)
+        owner = tl.where(row < total, owner, E)
+        tl.store(block_ptr + b, owner, mask=b < max_blocks)
+
+
+@triton.jit
 def align_pairs(ids, p, sorted_ptr, block_ptr, P, E, max_blocks, BM: tl.constexpr,
-                EB: tl.constexpr, BB: tl.constexpr):
+                EB: tl.constexpr, BB: tl.constexpr, PAIRWISE: tl.constexpr = False):
     """All of a pass's pairs at once, from a program that holds them (the router's, in a
     decode round): ids [PB] their experts (EB where no pair), p [PB] their indices, ascending
-    where ids < EB. Writes what _align_kernel writes."""
-    ex = tl.arange(0, EB)
-    hot = (ids[:, None] == ex[None, :]).to(tl.int32)  # [PB, EB]
-    counts = tl.sum(hot, axis=0)
-    padded, ends, starts, total = _layout(counts, BM)
-    rank = tl.cumsum(hot, axis=0) - hot
-    dest = tl.sum(hot * starts[None, :] + hot * rank, axis=1)
-    tl.store(sorted_ptr + dest, p, mask=ids < EB)
-    _pad_and_map(sorted_ptr, block_ptr, counts, padded, ends, starts, total, P, E, max_blocks,
-                 BM, BB)
+    where ids < EB. Writes what _align_kernel writes (PAIRWISE: _align_pairwise's way)."""
+    if PAIRWISE:
+        _align_pairwise(ids, p, sorted_ptr, block_ptr, P, E, max_blocks, BM, EB, BB)
+    else:
+        ex = tl.arange(0, EB)
+        hot = (ids[:, None] == ex[None, :]).to(tl.int32)  # [PB, EB]
+        counts = tl.sum(hot, axis=0)
+        padded, ends, starts, total = _layout(counts, BM)
+        rank = tl.cumsum(hot, axis=0) - hot
+        dest = tl.sum(hot * starts[None, :] + hot * rank, axis=1)
+        tl.store(sorted_ptr + dest, p, mask=ids < EB)
+        _pad_and_map(sorted_ptr, block_ptr, counts, padded, ends, starts, total, P, E,
+                     max_blocks, BM, BB)
 
 
 @triton.jit(do_not_specialize=["P", "max_blocks"])  # one binary for any row count

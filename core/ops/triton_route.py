@@ -59,6 +59,14 @@ ONE_ROW_TILE = True
 # row, so the same bits. The route alone (bench/decode_kernels.py --align, H200): gemma4 at 8
 # and 64 rows 11.8 -> 5.5 and 13.0 -> 5.8 µs; lfm2 at 64 rows 4.2 -> 3.7 (docs/perf.md, session 18)
 ONE_ROW_PROGRAMS = True
+# A route program's K splits summed by an unrolled loop (the same sums in the same order, the
+# loads in flight together) and a few pairs aligned against each other (triton_align's
+# _align_pairwise: [PB, PB] tiles, not the [PB, E] one-hot; the same writes). glm5_next's one
+# row (288 experts, top 8, one warp): see docs/perf.md, session 23
+UNROLL_SPLITS = True
+PAIRWISE_ALIGN = True
+SIGMOID_ONE_ROW_WARPS = 1  # warps of a one-row sigmoid route (no sum a layout orders)
+FUSE_MAX_SIGMOID_EXPERTS = 64  # FUSE_MAX_EXPERTS for sigmoid routing without expert groups
 ROUTER_SPLIT = 256  # columns of H a router program sums (fixed: part of the reduction order)
 EXPERT_BLOCK = 64  # experts a router program computes
 
@@ -129,13 +137,14 @@ def _keep_groups(key, ex, ROWS: tl.constexpr, EB: tl.constexpr, EPG: tl.constexp
 
 @triton.jit(do_not_specialize=["n_rows", "max_blocks"])  # one binary for any row count
 def _route_kernel(
-    part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, n_rows, E, S, scaling, norm_eps,
-    TOPK: tl.constexpr, KB: tl.constexpr, EB: tl.constexpr, SOFTMAX: tl.constexpr,
+    part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, n_rows, E, S: tl.constexpr, scaling,
+    norm_eps, TOPK: tl.constexpr, KB: tl.constexpr, EB: tl.constexpr, SOFTMAX: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, NORM: tl.constexpr,
     GROUPS: tl.constexpr, EPG: tl.constexpr, KEEP_GROUPS: tl.constexpr, GB: tl.constexpr,
     BY_EXPERT: tl.constexpr, ROWS: tl.constexpr,
     sorted_ptr=None, block_ptr=None, max_blocks=0, ALIGN: tl.constexpr = False,
     BM: tl.constexpr = 16, PB: tl.constexpr = 1, PDL: tl.constexpr = False,
+    UNROLL: tl.constexpr = False, PAIRWISE: tl.constexpr = False,
 ):
     """lt_ptr: only its dtype is read, the logits' (and sigmoid scores') dtype; the weights are
     rounded to w_ptr's. ALIGN (a pass that this one program holds, of at most PB pairs): its
@@ -146,22 +155,25 @@ def _route_kernel(
         tl.program_id(0) * ROWS, part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, n_rows, E,
         S, scaling, norm_eps, TOPK, KB, EB, SOFTMAX, HAS_BIAS, HAS_SCALE, NORM, GROUPS, EPG,
         KEEP_GROUPS, GB, BY_EXPERT, ROWS, sorted_ptr, block_ptr, max_blocks, ALIGN, BM, PB,
-        False,
+        False, UNROLL, PAIRWISE,
     )
 
 
 @triton.jit
 def _route_rows(
-    row0, part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, n_rows, E, S, scaling, norm_eps,
+    row0, part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, n_rows, E, S: tl.constexpr,
+    scaling, norm_eps,
     TOPK: tl.constexpr, KB: tl.constexpr, EB: tl.constexpr, SOFTMAX: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, NORM: tl.constexpr,
     GROUPS: tl.constexpr, EPG: tl.constexpr, KEEP_GROUPS: tl.constexpr, GB: tl.constexpr,
     BY_EXPERT: tl.constexpr, ROWS: tl.constexpr, sorted_ptr, block_ptr, max_blocks,
     ALIGN: tl.constexpr, BM: tl.constexpr, PB: tl.constexpr, VOLATILE: tl.constexpr,
+    UNROLL: tl.constexpr, PAIRWISE: tl.constexpr,
 ):
     """Rows row0 .. row0 + ROWS: their partials summed in split order, scored, their top k
     picked and weighted (VOLATILE: the partials read past L1, written by other programs of this
-    launch)."""
+    launch). UNROLL: the splits' loop unrolled, so their loads are in flight together (the
+    same sums in the same order). PAIRWISE: the pairs aligned by _align_pairwise."""
     rows = row0 + tl.arange(0, ROWS)
     ex = tl.arange(0, EB)
     rmask = rows < n_rows
@@ -169,10 +181,16 @@ def _route_rows(
     ldt = lt_ptr.dtype.element_ty
     dt = w_ptr.dtype.element_ty
     acc = tl.zeros((ROWS, EB), dtype=tl.float32)
-    for s in range(0, S):  # the K splits, always in this order
-        offs = (s * n_rows + rows)[:, None].to(tl.int64) * EB + ex[None, :]
-        acc += tl.load(part_ptr + offs, mask=rmask[:, None] & emask[None, :], other=0.0,
-                       volatile=VOLATILE)
+    if UNROLL:
+        for s in tl.static_range(S):  # the K splits, always in this order
+            offs = (s * n_rows + rows)[:, None].to(tl.int64) * EB + ex[None, :]
+            acc += tl.load(part_ptr + offs, mask=rmask[:, None] & emask[None, :], other=0.0,
+                           volatile=VOLATILE)
+    else:
+        for s in range(0, S):
+            offs = (s * n_rows + rows)[:, None].to(tl.int64) * EB + ex[None, :]
+            acc += tl.load(part_ptr + offs, mask=rmask[:, None] & emask[None, :], other=0.0,
+                           volatile=VOLATILE)
     lg = acc.to(ldt).to(tl.float32)  # the router's logits, rounded as the reference's
     if SOFTMAX:
         lg = tl.where(emask[None, :], lg, float("-inf"))
@@ -228,13 +246,13 @@ def _route_rows(
         pairs = n_rows * TOPK
         p = tl.arange(0, PB)
         ids = tl.load(e_ptr + p, mask=p < pairs, other=EB).to(tl.int32)
-        align_pairs(ids, p, sorted_ptr, block_ptr, pairs, E, max_blocks, BM, EB, 64)
+        align_pairs(ids, p, sorted_ptr, block_ptr, pairs, E, max_blocks, BM, EB, 64, PAIRWISE)
 
 
 @triton.jit
 def _router_route_kernel(
     x_ptr, g_ptr, part_ptr, cnt_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, K, stride_xm,
-    E, S, scaling, norm_eps, sorted_ptr, block_ptr, max_blocks,
+    E, S: tl.constexpr, scaling, norm_eps, sorted_ptr, block_ptr, max_blocks,
     F32: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, PBM: tl.constexpr,
     EBLK: tl.constexpr, KS: tl.constexpr, BK: tl.constexpr,
     TOPK: tl.constexpr, KB: tl.constexpr, EB: tl.constexpr, SOFTMAX: tl.constexpr,
@@ -243,6 +261,7 @@ def _router_route_kernel(
     BY_EXPERT: tl.constexpr, ROWS: tl.constexpr, BM: tl.constexpr,
     y_ptr=None, r_ptr=None, nw_ptr=None, h_ptr=None, in_eps=0.0, NORM_IN: tl.constexpr = False,
     NROWS: tl.constexpr = 1, BLOCK_D: tl.constexpr = 16, PDL: tl.constexpr = False,
+    UNROLL: tl.constexpr = False, PAIRWISE: tl.constexpr = False,
 ):
     """A pass of one row in one launch: each program writes its split of the logits as
     _router_partial_kernel does, and the last to arrive routes and aligns the row as
@@ -262,7 +281,8 @@ def _router_route_kernel(
         _route_rows(
             0, part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, 1, E, S, scaling, norm_eps,
             TOPK, KB, EB, SOFTMAX, HAS_BIAS, HAS_SCALE, NORM, GROUPS, EPG, KEEP_GROUPS, GB,
-            BY_EXPERT, ROWS, sorted_ptr, block_ptr, max_blocks, True, BM, KB, True,
+            BY_EXPERT, ROWS, sorted_ptr, block_ptr, max_blocks, True, BM, KB, True, UNROLL,
+            PAIRWISE,
         )
         tl.atomic_xchg(cnt_ptr, 0)
 
@@ -321,7 +341,7 @@ def _route(
         TOPK=top_k, KB=next_power_of_2(top_k), EB=eb, SOFTMAX=softmax,
         HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, NORM=norm, GROUPS=groups,
         EPG=e // groups, KEEP_GROUPS=keep_groups, GB=max(2, next_power_of_2(groups)),
-        BY_EXPERT=by_expert, ROWS=route_rows(e), num_warps=4,
+        BY_EXPERT=by_expert, ROWS=route_rows(e), num_warps=4, UNROLL=UNROLL_SPLITS,
     )
     lt = torch.empty(0, dtype=logit_dtype, device=x.device)
     aligned = None
@@ -330,9 +350,10 @@ def _route(
         aligned = Aligned(torch.empty(blocks * TINY_BLOCK_M, dtype=torch.int32, device=x.device),
                           torch.empty(blocks, dtype=torch.int32, device=x.device), blocks,
                           experts.reshape(-1), TINY_BLOCK_M, e)
-    if fuses_one_row(n, e):
+    if fuses_one_row(n, e, sigmoid=not softmax and groups == 1):
         if ONE_ROW_TILE and not softmax and groups == 1:  # no sum whose order a layout sets
             select["ROWS"] = 1
+        select["PAIRWISE"] = PAIRWISE_ALIGN and t["eb"] > next_power_of_2(top_k)
         part = torch.empty(t["splits"], 1, eb, dtype=torch.float32, device=x.device)
         _router_route_kernel[(1, t["splits"], cdiv(e, t["eblk"]))](
             x, gate, part, triton_splitk.counters(x.device, 1),
@@ -347,11 +368,14 @@ def _route(
         assert norm_in is None
         if ONE_ROW_TILE and groups == 1 and (n == 1 or (ONE_ROW_PROGRAMS and aligned is None)):
             select.update(ROWS=1, num_warps=1)  # a row's layout kept (see ONE_ROW_TILE)
+            if n == 1 and not softmax:
+                select["num_warps"] = SIGMOID_ONE_ROW_WARPS
         part = _partials(x, gate, fp32, t)
+        pb = next_power_of_2(n * top_k)
         align = {} if aligned is None else dict(
             sorted_ptr=aligned.sorted_pairs, block_ptr=aligned.block_expert,
-            max_blocks=aligned.max_blocks, ALIGN=True, BM=TINY_BLOCK_M,
-            PB=next_power_of_2(n * top_k))
+            max_blocks=aligned.max_blocks, ALIGN=True, BM=TINY_BLOCK_M, PB=pb,
+            PAIRWISE=PAIRWISE_ALIGN and eb > pb)
         _route_kernel[(cdiv(n, select["ROWS"]),)](
             part, bias if bias is not None else part, scale if scale is not None else part, lt,
             weights, experts, n, e, t["splits"], float(scaling), float(norm_eps),
@@ -376,9 +400,11 @@ def aligns_in_route(n: int, top_k: int, experts: int, rows: int) -> bool:
             and next_power_of_2(n * top_k) * next_power_of_2(experts) <= FEW_ROWS_ONE_HOT)
 
 
-def fuses_one_row(n: int, experts: int) -> bool:
-    """Whether a pass of n rows routes in one launch (_router_route_kernel)."""
-    return n == 1 and ALIGN_ONE_ROW and FUSE_ONE_ROW and experts <= FUSE_MAX_EXPERTS
+def fuses_one_row(n: int, experts: int, sigmoid: bool = False) -> bool:
+    """Whether a pass of n rows routes in one launch (_router_route_kernel); sigmoid: a
+    sigmoid route without expert groups (FUSE_MAX_SIGMOID_EXPERTS)."""
+    most = max(FUSE_MAX_EXPERTS, FUSE_MAX_SIGMOID_EXPERTS) if sigmoid else FUSE_MAX_EXPERTS
+    return n == 1 and ALIGN_ONE_ROW and FUSE_ONE_ROW and experts <= most
 
 
 def norm_route(
@@ -390,7 +416,8 @@ def norm_route(
     (x, h, weights, experts). A pass of one row does all of it in the router's one launch (the
     norm's bits as its own kernel's); other passes launch the norm and route as they are."""
     n, d = y.shape
-    if not (NORM_IN_ROUTER and fuses_one_row(n, gate.shape[0]) and residual.dtype == y.dtype
+    if not (NORM_IN_ROUTER and fuses_one_row(n, gate.shape[0], sigmoid=True)
+            and residual.dtype == y.dtype
             and norm_weight.dtype == y.dtype and y.stride(-1) == 1):
         from .triton_norms import add_rms_norm
 
