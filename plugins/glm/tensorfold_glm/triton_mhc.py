@@ -29,6 +29,14 @@ PIECE = 256  # the hc·H axis is cut in pieces of about this many columns, at mo
 MAX_SPLIT = 64
 COLLAPSE_ROWS = 4
 BLOCK_H = 512
+# The collapse a program a row, its whole row in one tile (up to WHOLE_ROW_MAX columns): the
+# row's collapse computed once and kept for the norm, the pieces' loop unrolled (their loads in
+# flight together; the same sums in the same order). A one-row call was one program walking
+# 64 pieces and 2 x 8 column blocks one load after another (18.4 us at GLM-5.3-Flash's width,
+# docs/perf.md session 21); 13.1 against 21.7 us with its projection (session 23)
+WHOLE_ROW = True
+WHOLE_ROW_MAX = 8192
+WHOLE_ROW_WARPS = 4
 EXPAND_ROWS = 4
 
 
@@ -103,8 +111,9 @@ def _collapse_kernel(
     x_ptr, z_ptr, ss_ptr, base_ptr, scale_ptr, norm_w_ptr, post_ptr, comb_ptr, out_ptr,
     n_rows, n_pad, H, iters, rms_eps, hc_eps, norm_eps,
     HC: tl.constexpr, WP: tl.constexpr, PIECES: tl.constexpr, ROWS: tl.constexpr,
-    BH: tl.constexpr,
+    BH: tl.constexpr, WHOLE: tl.constexpr = False,
 ):
+    """WHOLE: BH covers H; the pieces' loop unrolled, the collapse computed once."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < n_rows
     r64 = rows.to(tl.int64)
@@ -115,12 +124,20 @@ def _collapse_kernel(
     z_pre = tl.zeros((ROWS, HC), dtype=tl.float32)
     z_post = tl.zeros((ROWS, HC), dtype=tl.float32)
     z_comb = tl.zeros((ROWS, HC, HC), dtype=tl.float32)
-    for p in range(PIECES):  # the pieces in order
-        at = p * n_pad + r64
-        ss += tl.load(ss_ptr + at)
-        z_pre += tl.load(z_ptr + at[:, None] * WP + c[None, :])
-        z_post += tl.load(z_ptr + at[:, None] * WP + HC + c[None, :])
-        z_comb += tl.load(z_ptr + at[:, None, None] * WP + 2 * HC + m3 * HC + n3)
+    if WHOLE:
+        for p in tl.static_range(PIECES):  # the pieces in order
+            at = p * n_pad + r64
+            ss += tl.load(ss_ptr + at)
+            z_pre += tl.load(z_ptr + at[:, None] * WP + c[None, :])
+            z_post += tl.load(z_ptr + at[:, None] * WP + HC + c[None, :])
+            z_comb += tl.load(z_ptr + at[:, None, None] * WP + 2 * HC + m3 * HC + n3)
+    else:
+        for p in range(PIECES):  # the pieces in order
+            at = p * n_pad + r64
+            ss += tl.load(ss_ptr + at)
+            z_pre += tl.load(z_ptr + at[:, None] * WP + c[None, :])
+            z_post += tl.load(z_ptr + at[:, None] * WP + HC + c[None, :])
+            z_comb += tl.load(z_ptr + at[:, None, None] * WP + 2 * HC + m3 * HC + n3)
     r = tl.math.rsqrt(ss / (HC * H) + rms_eps)
     s0 = tl.load(scale_ptr)
     s1 = tl.load(scale_ptr + 1)
@@ -140,23 +157,34 @@ def _collapse_kernel(
 
     dt = x_ptr.dtype.element_ty
     row_base = r64[:, None] * HC * H
-    ss2 = tl.zeros((ROWS,), dtype=tl.float32)
-    for hb in range(0, H, BH):  # the collapse, rounded, and its Σx²
-        cols = hb + tl.arange(0, BH)
+    if WHOLE:
+        cols = tl.arange(0, BH)
         mask = rmask[:, None] & (cols < H)[None, :]
-        x = _collapse_block(x_ptr, row_base, cols, mask, pre, c, H, HC, ROWS, BH)
-        xr = x.to(dt).to(tl.float32)
-        ss2 += tl.sum(xr * xr, axis=1)
-    rn = tl.math.rsqrt(ss2 / H + norm_eps)
-    for hb in range(0, H, BH):  # the same collapse again, normed
-        cols = hb + tl.arange(0, BH)
-        mask = rmask[:, None] & (cols < H)[None, :]
-        x = _collapse_block(x_ptr, row_base, cols, mask, pre, c, H, HC, ROWS, BH)
-        normed = (x.to(dt).to(tl.float32) * rn[:, None]).to(dt)
+        xr = _collapse_block(x_ptr, row_base, cols, mask, pre, c, H, HC, ROWS, BH)
+        xr = xr.to(dt).to(tl.float32)
+        rn = tl.math.rsqrt(tl.sum(xr * xr, axis=1) / H + norm_eps)
         w = tl.load(norm_w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
-        y = w[None, :] * normed.to(tl.float32)
+        y = w[None, :] * (xr * rn[:, None]).to(dt).to(tl.float32)
         tl.store(out_ptr + r64[:, None] * H + cols[None, :], y.to(out_ptr.dtype.element_ty),
                  mask=mask)
+    else:
+        ss2 = tl.zeros((ROWS,), dtype=tl.float32)
+        for hb in range(0, H, BH):  # the collapse, rounded, and its Σx²
+            cols = hb + tl.arange(0, BH)
+            mask = rmask[:, None] & (cols < H)[None, :]
+            x = _collapse_block(x_ptr, row_base, cols, mask, pre, c, H, HC, ROWS, BH)
+            xr = x.to(dt).to(tl.float32)
+            ss2 += tl.sum(xr * xr, axis=1)
+        rn = tl.math.rsqrt(ss2 / H + norm_eps)
+        for hb in range(0, H, BH):  # the same collapse again, normed
+            cols = hb + tl.arange(0, BH)
+            mask = rmask[:, None] & (cols < H)[None, :]
+            x = _collapse_block(x_ptr, row_base, cols, mask, pre, c, H, HC, ROWS, BH)
+            normed = (x.to(dt).to(tl.float32) * rn[:, None]).to(dt)
+            w = tl.load(norm_w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
+            y = w[None, :] * normed.to(tl.float32)
+            tl.store(out_ptr + r64[:, None] * H + cols[None, :], y.to(out_ptr.dtype.element_ty),
+                     mask=mask)
 
 
 def collapse_norm(
@@ -186,10 +214,13 @@ def collapse_norm(
         streams, fn.contiguous(), z, ss, n, width, cols, W=w, WP=wp, ROWS=PROJECT_ROWS,
         BK=BLOCK_K, INTERP=interpreting(), num_warps=4,
     )
-    _collapse_kernel[(cdiv(n, COLLAPSE_ROWS),)](
+    whole = WHOLE_ROW and h <= WHOLE_ROW_MAX
+    rows = 1 if whole else COLLAPSE_ROWS
+    _collapse_kernel[(cdiv(n, rows),)](
         streams, z, ss, base.contiguous(), scale.contiguous(), norm_weight.contiguous(), post,
         comb, out, n, n_pad, h, iters, rms_eps, hc_eps, norm_eps, HC=hc, WP=wp, PIECES=pieces,
-        ROWS=COLLAPSE_ROWS, BH=min(BLOCK_H, next_power_of_2(h)), num_warps=4,
+        ROWS=rows, BH=next_power_of_2(h) if whole else min(BLOCK_H, next_power_of_2(h)),
+        WHOLE=whole, num_warps=WHOLE_ROW_WARPS if whole else 4,
     )
     return post, comb, out
 
