@@ -1,0 +1,223 @@
+"""glm5_next's one-program launches at one row (docs/perf.md session 21's census): the fp32
+router's route, mHC's collapse and the indexer's pooled keys, each timed alone (a CUDA graph of
+REPS calls) with its module's switches set each way. Checks in the same run: each way's route and
+pool keys against the first way's, bit for bit; every way's row alone == in a batch; the
+collapse's error against the first way's (its norm's sum is cut by H alone, so its bits change).
+
+    python bench/glm_one_program.py                 # on the GPU; prints JSON
+    python bench/glm_one_program.py --smoke         # on the CPU, tiny, Triton interpreted
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+if "--smoke" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.glm_attention import REAL, TINY, Layer  # noqa: E402
+from tensorfold.ops import gpu, triton_route  # noqa: E402
+from tensorfold.ops.pass_meta import pass_meta  # noqa: E402
+from tensorfold_glm import triton_indexer, triton_mhc  # noqa: E402
+
+REPS = 20
+ROUTE_WAYS = {  # triton_route's switches
+    "before": dict(UNROLL_SPLITS=False, PAIRWISE_ALIGN=False, SIGMOID_ONE_ROW_WARPS=1,
+                   FUSE_MAX_SIGMOID_EXPERTS=64),
+    "unroll": dict(UNROLL_SPLITS=True, PAIRWISE_ALIGN=False, SIGMOID_ONE_ROW_WARPS=1,
+                   FUSE_MAX_SIGMOID_EXPERTS=64),
+    "pairwise": dict(UNROLL_SPLITS=False, PAIRWISE_ALIGN=True, SIGMOID_ONE_ROW_WARPS=1,
+                     FUSE_MAX_SIGMOID_EXPERTS=64),
+    "both": dict(UNROLL_SPLITS=True, PAIRWISE_ALIGN=True, SIGMOID_ONE_ROW_WARPS=1,
+                 FUSE_MAX_SIGMOID_EXPERTS=64),
+    "both_4warps": dict(UNROLL_SPLITS=True, PAIRWISE_ALIGN=True, SIGMOID_ONE_ROW_WARPS=4,
+                        FUSE_MAX_SIGMOID_EXPERTS=64),
+    "both_one_launch": dict(UNROLL_SPLITS=True, PAIRWISE_ALIGN=True, SIGMOID_ONE_ROW_WARPS=1,
+                            FUSE_MAX_SIGMOID_EXPERTS=512),
+}
+COLLAPSE_WAYS = {  # triton_mhc's switches
+    "before": dict(WHOLE_ROW=False),
+    "whole_4warps": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=4),
+    "whole_8warps": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=8),
+    "whole_16warps": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=16),
+}
+POOL_KEY_WAYS = {"main": {}}  # triton_indexer: one way (a tiled kernel lost, session 23)
+
+
+@contextmanager
+def switched(module: Any, values: dict[str, Any]) -> Iterator[None]:
+    old = {k: getattr(module, k) for k in values}
+    for k, v in values.items():
+        setattr(module, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(module, k, v)
+
+
+def us_a_call(fn: Callable[[], Any], device: str) -> float | None:
+    """µs a call: REPS calls captured in one CUDA graph, the median of 10 replays (None on the
+    CPU: interpreted times say nothing)."""
+    if device != "cuda":
+        fn()
+        return None
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(REPS):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        a = time.perf_counter()
+        graph.replay()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - a) / REPS * 1e6)
+    return sorted(times)[len(times) // 2]
+
+
+def route_outputs(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, k: int,
+                  scaling: float) -> dict[str, torch.Tensor]:
+    w, e = triton_route.route(x, gate, bias, k, norm_topk_prob=True, scaling=scaling, fp32=True,
+                              norm_eps=1e-20, by_expert=True)
+    out = {"weights": w, "experts": e}
+    aligned = getattr(e, "tf_aligned", None)
+    if aligned is not None:  # the written part: blocks of an expert, their pairs
+        used = int((aligned.block_expert < gate.shape[0]).sum())
+        out["block_expert"] = aligned.block_expert.clone()
+        out["sorted_pairs"] = aligned.sorted_pairs[: used * aligned.block_m].clone()
+    return out
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def route_section(cfg: Any, device: str) -> dict[str, Any]:
+    g = torch.Generator(device=device).manual_seed(0)
+    h, e, k = cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok
+    x = torch.randn(64, h, device=device, generator=g).to(torch.bfloat16)
+    gate = (torch.randn(e, h, device=device, generator=g) * h**-0.5).to(torch.bfloat16).float()
+    bias = torch.randn(e, device=device, generator=g) * 0.01
+    out: dict[str, Any] = {}
+    first: dict[int, dict[str, torch.Tensor]] = {}
+    for name, values in ROUTE_WAYS.items():
+        with switched(triton_route, values):
+            row: dict[str, Any] = {}
+            for n in (1, 8, 64):
+                got = route_outputs(x[:n], gate, bias, k, cfg.routed_scaling_factor)
+                first.setdefault(n, got)
+                row[f"equals_first_way_{n}"] = same(got, first[n])
+                row[f"row0_equals_alone_{n}"] = bool(
+                    torch.equal(got["weights"][0], first[1]["weights"][0])
+                    and torch.equal(got["experts"][0], first[1]["experts"][0]))
+                row[f"us_{n}"] = us_a_call(
+                    lambda n=n: triton_route.route(
+                        x[:n], gate, bias, k, norm_topk_prob=True,
+                        scaling=cfg.routed_scaling_factor, fp32=True, norm_eps=1e-20,
+                        by_expert=True), device)
+            out[name] = row
+    return out
+
+
+def collapse_section(cfg: Any, device: str) -> dict[str, Any]:
+    g = torch.Generator(device=device).manual_seed(1)
+    hc, h = cfg.hc_mult, cfg.hidden_size
+    width = (2 + hc) * hc
+    rows = (1, 8, 64, 2048) if device == "cuda" else (1, 3, 8)
+    streams = torch.randn(max(rows), hc, h, device=device, generator=g).to(torch.bfloat16)
+    fn = torch.randn(width, hc * h, device=device, generator=g) * 0.5 / (hc * h) ** 0.5
+    base = torch.randn(width, device=device, generator=g) * 0.5
+    scale = torch.rand(3, device=device, generator=g) + 0.5
+    norm_w = (1 + 0.1 * torch.randn(h, device=device, generator=g)).to(torch.bfloat16)
+
+    def call(n: int) -> tuple[torch.Tensor, ...]:
+        return triton_mhc.collapse_norm(
+            streams[:n], fn, base, scale, norm_w, iters=cfg.hc_sinkhorn_iters,
+            rms_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps)
+
+    out: dict[str, Any] = {}
+    first = None
+    for name, values in COLLAPSE_WAYS.items():
+        with switched(triton_mhc, values):
+            alone, batch = call(1), call(max(rows))
+            first = first or batch
+            row: dict[str, Any] = {
+                "row0_equals_alone": all(torch.equal(a[0], b[0]) for a, b in zip(alone, batch)),
+                "max_abs_diff_vs_first_way": [float((a.float() - b.float()).abs().max())
+                                              for a, b in zip(batch, first)],
+            }
+            for n in rows:
+                row[f"us_{n}"] = us_a_call(lambda n=n: call(n), device)
+            out[name] = row
+    return out
+
+
+def pool_key_section(cfg: Any, device: str) -> dict[str, Any]:
+    page_rows = 512 if device == "cuda" else 16
+    ctx = 4 * page_rows
+    kp = cfg.index_kpool
+    layer = Layer(cfg, device, 1, ctx // page_rows + 1, page_rows)
+    rows = layer.rows
+    cases = {"pool_end": layer.pass_([0], 3 * kp - 1, 1), "mid_pool": layer.pass_([0], 3 * kp, 1),
+             "prompt": layer.pass_([0], 0, ctx)}
+
+    def call(fp: Any) -> None:
+        triton_indexer.write_pool_keys(
+            rows.flat("L0.index_k"), rows.flat("L0.index_gate"), layer.w.indexer.ape,
+            rows.flat("L0.pool_key"), fp.positions, fp.write_index, pass_meta(fp), page_rows)
+
+    keys = rows.buffers["L0.pool_key"]
+    out: dict[str, Any] = {}
+    first: dict[str, torch.Tensor] = {}
+    for name, values in POOL_KEY_WAYS.items():
+        with switched(triton_indexer, values):
+            row: dict[str, Any] = {}
+            for case, fp in cases.items():
+                keys.fill_(float("nan"))
+                call(fp)
+                got = keys.clone()
+                first.setdefault(case, got)
+                row[f"equals_first_way_{case}"] = bool(torch.equal(got.nan_to_num(7.0),
+                                                                   first[case].nan_to_num(7.0)))
+                row[f"us_{case}"] = us_a_call(lambda fp=fp: call(fp), device)
+            out[name] = row
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny, on the CPU, Triton interpreted")
+    args = ap.parse_args()
+    device = "cpu" if args.smoke else "cuda"
+    if args.smoke:
+        gpu.set_triton(True, on_cpu=True)
+    cfg = TINY if args.smoke else REAL
+    result: dict[str, Any] = {"shape": "tiny" if args.smoke else "GLM-5.3-Flash"}
+    if device == "cuda":
+        result["gpu"] = torch.cuda.get_device_name()
+    result["route"] = route_section(cfg, device)
+    result["collapse"] = collapse_section(cfg, device)
+    result["pool_keys"] = pool_key_section(cfg, device)
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
