@@ -32,27 +32,14 @@ from tensorfold.ops.pass_meta import pass_meta  # noqa: E402
 from tensorfold_glm import triton_indexer, triton_mhc  # noqa: E402
 
 REPS = 20
-ROUTE_WAYS = {  # triton_route's switches
-    "before": dict(UNROLL_SPLITS=False, PAIRWISE_ALIGN=False, SIGMOID_ONE_ROW_WARPS=1,
-                   FUSE_MAX_SIGMOID_EXPERTS=64),
-    "unroll": dict(UNROLL_SPLITS=True, PAIRWISE_ALIGN=False, SIGMOID_ONE_ROW_WARPS=1,
-                   FUSE_MAX_SIGMOID_EXPERTS=64),
-    "pairwise": dict(UNROLL_SPLITS=False, PAIRWISE_ALIGN=True, SIGMOID_ONE_ROW_WARPS=1,
-                     FUSE_MAX_SIGMOID_EXPERTS=64),
-    "both": dict(UNROLL_SPLITS=True, PAIRWISE_ALIGN=True, SIGMOID_ONE_ROW_WARPS=1,
-                 FUSE_MAX_SIGMOID_EXPERTS=64),
-    "both_4warps": dict(UNROLL_SPLITS=True, PAIRWISE_ALIGN=True, SIGMOID_ONE_ROW_WARPS=4,
-                        FUSE_MAX_SIGMOID_EXPERTS=64),
-    "both_one_launch": dict(UNROLL_SPLITS=True, PAIRWISE_ALIGN=True, SIGMOID_ONE_ROW_WARPS=1,
-                            FUSE_MAX_SIGMOID_EXPERTS=512),
+ROUTE_WAYS = {  # triton_route's switches (session 23's ways: docs/perf.md)
+    "session23": dict(UNROLL_SPLITS=True, PAIRWISE_ALIGN=True, FP32_EXPERT_BLOCK=64),
+    "fp32_experts_32": dict(UNROLL_SPLITS=True, PAIRWISE_ALIGN=True, FP32_EXPERT_BLOCK=32),
+    "fp32_experts_16": dict(UNROLL_SPLITS=True, PAIRWISE_ALIGN=True, FP32_EXPERT_BLOCK=16),
+    "fp32_experts_8": dict(UNROLL_SPLITS=True, PAIRWISE_ALIGN=True, FP32_EXPERT_BLOCK=8),
 }
-COLLAPSE_WAYS = {  # triton_mhc's switches
-    "before": dict(WHOLE_ROW=False),
-    "whole_4warps": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=4),
-    "whole_8warps": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=8),
-    "whole_16warps": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=16),
-}
-POOL_KEY_WAYS = {"main": {}}  # triton_indexer: one way (a tiled kernel lost, session 23)
+COLLAPSE_WAYS = {"whole_4warps": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=4)}  # session 23's
+POOL_KEY_WAYS = {"main": {}}  # triton_indexer: one way (session 24: early exit, one-row tile)
 
 
 @contextmanager

@@ -56,11 +56,15 @@ def select(
     keys from the rows instead and leaves `{name}.pool_key` untouched.
     x [N, H] (normed); q_resid [N, q_lora_rank]."""
     n, heads, dim, kpool = x.shape[0], cfg.index_n_heads, cfg.index_head_dim, cfg.index_kpool
+    if use_triton(x):  # x's three maps in one product
+        k_raw, gate, head_w = linear(x, w.x_maps).split([dim, dim, heads], dim=1)
+    else:
+        k_raw, gate, head_w = linear(x, w.wk), linear(x, w.gate), linear(x, w.weights_proj)
     rows.write(f"{name}.index_k", fp.write_index,
-               layer_norm(linear(x, w.wk), w.k_norm, w.k_bias, K_NORM_EPS))
-    rows.write(f"{name}.index_gate", fp.write_index, linear(x, w.gate))
+               layer_norm(k_raw, w.k_norm, w.k_bias, K_NORM_EPS))
+    rows.write(f"{name}.index_gate", fp.write_index, gate)
     q = linear(q_resid, w.wq_b).view(n, heads, dim)  # [N, nI, dI]
-    weights = linear(x, w.weights_proj).float() * heads**-0.5  # [N, nI]
+    weights = head_w.float() * heads**-0.5  # [N, nI]
     if use_triton(x):
         from tensorfold.ops.pass_meta import pass_meta
 

@@ -171,15 +171,17 @@ def _kda_kernels(
     tails, states = slots.get(f"{name}.conv"), slots.get(f"{name}.kda")
     _tap_tails(fp, f"{name}.conv", qkv, tails, w.conv.shape[1])  # before the kernel moves them
     q, k, v = triton_kda.conv_silu(qkv, tails, meta, w.conv, heads * dk)  # 3 x [N, D]
-    pre = linear(linear(x, w.f_a), w.f_b)  # [N, D]: the forget gate before its activation
-    beta = sigmoid(linear(x, w.b))  # [N, heads], rounded to the model dtype as the reference
+    maps = linear(x, w.x_maps)  # [N, 2Dk + heads]: f_a x, g_a x, b x
+    f_a, g_a, b = maps.split([w.f_a.shape[0], w.g_a.shape[0], heads], dim=1)
+    pre = linear(f_a, w.f_b)  # [N, D]: the forget gate before its activation
+    beta = triton_kda.sigmoid(b)  # [N, heads], rounded to the model dtype as the reference
     triton_kda.zero_fresh(states, meta)
     if meta.num_rows == meta.num_streams:
         o = _decode_rule(cfg, f"{name}.kda", w, q, k, v, pre, beta, states, fp, meta)
     else:
         kernels = (FlaKernels if x.is_cuda else TorchKernels)(cfg, w, heads)
         o = delta_rule_pass(kernels, q, k, v, pre, beta, states, fp, f"{name}.kda")
-    gate = linear(linear(x, w.g_a), w.g_b).view(n, heads, dk)
+    gate = linear(g_a, w.g_b).view(n, heads, dk)
     out = triton_kda.gated_norm(o.view(n, heads, dk), gate, w.o_norm, cfg.rms_norm_eps)
     return row_linear(out.reshape(n, -1), w.o)
 

@@ -37,17 +37,20 @@ from tensorfold.ops.triton_util import cdiv, interpreting, mma, next_power_of_2
 POOL_TILE = 32  # pools scored per program
 NO_POOL = -(2**63)  # the key of a non-candidate
 LOW = 2**32 - 1
+ASCENDING_IN_ONE_LAUNCH = True  # top_pools' chosen pools sorted in a kernel of its own
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
 def _layer_norm_kernel(
-    x_ptr, w_ptr, b_ptr, o_ptr, n_rows, D, eps, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, o_ptr, n_rows, D, stride_x, eps, ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < D)
     offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=mask,
+                other=0.0).to(tl.float32)
     mean = tl.sum(x, axis=1) / D
     centred = tl.where(mask, x - mean[:, None], 0.0)
     var = tl.sum(centred * centred, axis=1) / D
@@ -60,17 +63,17 @@ def _layer_norm_kernel(
 def layer_norm(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
 ) -> torch.Tensor:
-    """LayerNorm over the last dimension in fp32, rounded to x's dtype. x [..., D]; weight,
-    bias [D]."""
+    """LayerNorm over the last dimension in fp32, rounded to x's dtype. x [..., D] (2-D rows
+    may be strided: a slice of a wider product's columns); weight, bias [D] -> contiguous."""
     d = x.shape[-1]
-    rows = x.reshape(-1, d).contiguous()
+    rows = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, d).contiguous()
     n = rows.shape[0]
-    out = torch.empty_like(rows)
+    out = torch.empty(n, d, dtype=x.dtype, device=x.device)
     block_d = next_power_of_2(d)
     per = max(1, min(64, 4096 // block_d))
     if n:
         _layer_norm_kernel[(cdiv(n, per),)](
-            rows, weight.contiguous(), bias.contiguous(), out, n, d, eps,
+            rows, weight.contiguous(), bias.contiguous(), out, n, d, rows.stride(0), eps,
             ROWS=per, BLOCK_D=block_d, num_warps=4,
         )
     return out.view(x.shape)
@@ -93,36 +96,38 @@ def _pool_key_kernel(
     valid = r < n_rows
     t = tl.load(pos_ptr + r, mask=valid, other=0).to(tl.int32)  # [ROWS]
     ends = valid & (t % KPOOL == KPOOL - 1)  # rows that complete their pool
-    s = tl.load(row_stream + r, mask=ends, other=0)
-    first = t - (KPOOL - 1)  # the pool's first position
-    d = tl.arange(0, DIP)
-    dok = d < DI
-    lmask = ends[:, None] & dok[None, :]
-    # K_p, as indexer.pool_keys: max, then the sum of exp, then the weighted keys in order
-    top = tl.full((ROWS, DIP), float("-inf"), dtype=tl.float32)
-    for i in tl.static_range(KPOOL):
-        rows = _paged_rows(table_ptr, stride_ts, stride_tp, s, first + i, ends, page_rows)
-        g = tl.load(g_ptr + rows[:, None] * stride_gn + d[None, :], mask=lmask, other=0.0)
-        a = tl.load(ape_ptr + i * DI + d, mask=dok, other=0.0)
-        top = tl.maximum(top, g.to(tl.float32) + a.to(tl.float32)[None, :])
-    total = tl.zeros((ROWS, DIP), dtype=tl.float32)
-    for i in tl.static_range(KPOOL):
-        rows = _paged_rows(table_ptr, stride_ts, stride_tp, s, first + i, ends, page_rows)
-        g = tl.load(g_ptr + rows[:, None] * stride_gn + d[None, :], mask=lmask, other=0.0)
-        a = tl.load(ape_ptr + i * DI + d, mask=dok, other=0.0)
-        total += tl.exp(g.to(tl.float32) + a.to(tl.float32)[None, :] - top)
-    acc = tl.zeros((ROWS, DIP), dtype=tl.float32)
-    for i in tl.static_range(KPOOL):
-        rows = _paged_rows(table_ptr, stride_ts, stride_tp, s, first + i, ends, page_rows)
-        g = tl.load(g_ptr + rows[:, None] * stride_gn + d[None, :], mask=lmask, other=0.0)
-        k = tl.load(k_ptr + rows[:, None] * stride_kn + d[None, :], mask=lmask, other=0.0)
-        a = tl.load(ape_ptr + i * DI + d, mask=dok, other=0.0)
-        e = tl.exp(g.to(tl.float32) + a.to(tl.float32)[None, :] - top)
-        weight = (e / total).to(k.dtype).to(tl.float32)
-        acc += (weight * k.to(tl.float32)).to(k.dtype).to(tl.float32)
-    dst = tl.load(write_ptr + r, mask=ends, other=0).to(tl.int64)  # the pool's last row
-    tl.store(out_ptr + dst[:, None] * stride_on + d[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=lmask)
+    # Most decode passes end no pool: the whole body (3·KPOOL masked loads) skipped then
+    if tl.max(ends.to(tl.int32), axis=0) > 0:
+        s = tl.load(row_stream + r, mask=ends, other=0)
+        first = t - (KPOOL - 1)  # the pool's first position
+        d = tl.arange(0, DIP)
+        dok = d < DI
+        lmask = ends[:, None] & dok[None, :]
+        # K_p, as indexer.pool_keys: max, then the sum of exp, then the weighted keys in order
+        top = tl.full((ROWS, DIP), float("-inf"), dtype=tl.float32)
+        for i in tl.static_range(KPOOL):
+            rows = _paged_rows(table_ptr, stride_ts, stride_tp, s, first + i, ends, page_rows)
+            g = tl.load(g_ptr + rows[:, None] * stride_gn + d[None, :], mask=lmask, other=0.0)
+            a = tl.load(ape_ptr + i * DI + d, mask=dok, other=0.0)
+            top = tl.maximum(top, g.to(tl.float32) + a.to(tl.float32)[None, :])
+        total = tl.zeros((ROWS, DIP), dtype=tl.float32)
+        for i in tl.static_range(KPOOL):
+            rows = _paged_rows(table_ptr, stride_ts, stride_tp, s, first + i, ends, page_rows)
+            g = tl.load(g_ptr + rows[:, None] * stride_gn + d[None, :], mask=lmask, other=0.0)
+            a = tl.load(ape_ptr + i * DI + d, mask=dok, other=0.0)
+            total += tl.exp(g.to(tl.float32) + a.to(tl.float32)[None, :] - top)
+        acc = tl.zeros((ROWS, DIP), dtype=tl.float32)
+        for i in tl.static_range(KPOOL):
+            rows = _paged_rows(table_ptr, stride_ts, stride_tp, s, first + i, ends, page_rows)
+            g = tl.load(g_ptr + rows[:, None] * stride_gn + d[None, :], mask=lmask, other=0.0)
+            k = tl.load(k_ptr + rows[:, None] * stride_kn + d[None, :], mask=lmask, other=0.0)
+            a = tl.load(ape_ptr + i * DI + d, mask=dok, other=0.0)
+            e = tl.exp(g.to(tl.float32) + a.to(tl.float32)[None, :] - top)
+            weight = (e / total).to(k.dtype).to(tl.float32)
+            acc += (weight * k.to(tl.float32)).to(k.dtype).to(tl.float32)
+        dst = tl.load(write_ptr + r, mask=ends, other=0).to(tl.int64)  # the pool's last row
+        tl.store(out_ptr + dst[:, None] * stride_on + d[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=lmask)
 
 
 def write_pool_keys(
@@ -139,7 +144,7 @@ def write_pool_keys(
     if n == 0:
         return
     kpool, dim = ape.shape
-    rows = 16
+    rows = min(16, next_power_of_2(max(n, 2)))  # a row's arithmetic is its own: any tile
     _pool_key_kernel[(cdiv(n, rows),)](
         k_rows, g_rows, ape.contiguous(), key_rows, positions, write_index, meta.row_stream, n,
         meta.table, meta.table.stride(0), meta.table.stride(1), page_rows, k_rows.stride(0),
@@ -219,14 +224,33 @@ def pool_key_scores(
     return keys
 
 
+@triton.jit
+def _ascending_pools_kernel(best_ptr, out_ptr, K, W, KB: tl.constexpr):
+    """A row's k best keys (any order) -> their pools ascending, -1 padded (int32)."""
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, KB)
+    best = tl.load(best_ptr + row * K + j, mask=j < K, other=-9223372036854775807 - 1)
+    pool = tl.where(best == -9223372036854775807 - 1, W,
+                    (4294967295 - (best & 4294967295)).to(tl.int32))
+    pool = tl.sort(pool)  # no-pools (== W, the padding too) last
+    tl.store(out_ptr + row * K + j, tl.where(pool == W, -1, pool), mask=j < K)
+
+
 def top_pools(keys: torch.Tensor, limit: int) -> torch.Tensor:
     """The `limit` best candidates of each row, ascending, -1 padded: [N, min(limit, W)] int32.
-    keys [N, W] int64 from pool_key_scores."""
+    keys [N, W] int64 from pool_key_scores. On the GPU torch's top k, then one launch for the
+    rest (ASCENDING_IN_ONE_LAUNCH; torch's ops take nine)."""
     n, width = keys.shape
     k = min(limit, width)
     if k == 0:
         return torch.empty(n, 0, dtype=torch.int32, device=keys.device)
     best = torch.topk(keys, k, dim=1, sorted=False).values
+    if ASCENDING_IN_ONE_LAUNCH:
+        out = torch.empty(n, k, dtype=torch.int32, device=keys.device)
+        if n:
+            _ascending_pools_kernel[(n,)](best.contiguous(), out, k, width,
+                                          KB=next_power_of_2(k), num_warps=4)
+        return out
     pool = LOW - (best & LOW)
     pool = torch.where(best == NO_POOL, torch.full_like(pool, width), pool)
     pool = torch.sort(pool, dim=1).values  # ascending; no-pools (== width) last

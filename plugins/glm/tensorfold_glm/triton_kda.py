@@ -1,6 +1,7 @@
 """The KDA mixer's own Triton kernels (the GPU path), beside their torch references in kda.py and
 tensorfold.ops.conv: the short conv with SiLU over a whole pass, its tails, the zeroing of fresh
-streams' recurrent states, and the gated output norm. The delta rule itself is fla-core's
+streams' recurrent states, the gated output norm, and beta's sigmoid (one launch where torch
+takes six). The delta rule itself is fla-core's
 `fused_recurrent_kda` (kda.py).
 
 Every output is a function of its own row's inputs (and its stream's tail), computed in an order
@@ -103,6 +104,32 @@ def zero_fresh(states: torch.Tensor, meta: PassMeta) -> None:
         states, meta.stream_start, meta.stream_slot, size, states.stride(0), BLOCK=ZERO_BLOCK,
         num_warps=4,
     )
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _sigmoid_kernel(x_ptr, out_ptr, n_rows, C, stride_x, ROWS: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_C)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < C)
+    r64 = rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + r64 * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    y = 1.0 / (1.0 + tl.exp(-x))
+    tl.store(out_ptr + r64 * C + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """1 / (1 + exp(-x)) in fp32, rounded to x's dtype (ops.moe.sigmoid). x [N, C], its rows
+    strided (a slice of a wider product's columns) -> [N, C] contiguous."""
+    n, c = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty(n, c, dtype=x.dtype, device=x.device)
+    block_c = next_power_of_2(c)
+    per = max(1, min(64, 4096 // block_c))
+    if n:
+        _sigmoid_kernel[(cdiv(n, per),)](x, out, n, c, x.stride(0), ROWS=per, BLOCK_C=block_c,
+                                         num_warps=4)
+    return out
 
 
 @triton.jit(do_not_specialize=["n_groups"])

@@ -32,6 +32,19 @@ if TYPE_CHECKING:
 F32 = torch.float32
 
 
+def joint_rows(weights: object, *names: str) -> torch.Tensor:
+    """The named [*, H] maps of one input as one weight, their rows in the order named, each
+    name re-pointed at its rows (a view): one product on the GPU instead of one a map, with no
+    second copy. Not a dataclass field, so a census of the fields counts each byte once."""
+    joint = torch.cat([getattr(weights, n) for n in names])
+    row = 0
+    for n in names:
+        rows = getattr(weights, n).shape[0]
+        setattr(weights, n, joint[row : row + rows])
+        row += rows
+    return joint
+
+
 @dataclass
 class HcWeights:
     fn: torch.Tensor  # [(2+hc)*hc, hc*H] fp32 (the reference upcasts it in the op)
@@ -54,6 +67,9 @@ class KdaWeights:
     o_norm: torch.Tensor  # [Dk]
     o: torch.Tensor  # [H, D]
 
+    def __post_init__(self) -> None:
+        self.x_maps = joint_rows(self, "f_a", "g_a", "b")  # [2Dk + heads, H]: one product of x
+
 
 @dataclass
 class IndexerWeights:
@@ -64,6 +80,9 @@ class IndexerWeights:
     weights_proj: torch.Tensor  # [nI, H]
     ape: torch.Tensor  # [kpool, dI]
     gate: torch.Tensor  # [dI, H]
+
+    def __post_init__(self) -> None:
+        self.x_maps = joint_rows(self, "wk", "gate", "weights_proj")  # [2dI + nI, H]
 
 
 @dataclass

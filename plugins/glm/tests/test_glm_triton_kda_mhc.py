@@ -24,7 +24,7 @@ from tensorfold_glm import kda as ref_kda  # noqa: E402
 from tensorfold_glm import mhc as ref_mhc  # noqa: E402
 from tensorfold_glm import triton_kda, triton_mhc  # noqa: E402
 from tensorfold_glm.config import GlmConfig  # noqa: E402
-from tensorfold_glm.ops import silu  # noqa: E402
+from tensorfold_glm.ops import sigmoid, silu  # noqa: E402
 from tensorfold_glm.weights import HcWeights  # noqa: E402
 
 DTYPES = [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]
@@ -92,6 +92,23 @@ def test_gated_norm_matches_the_reference_and_is_row_invariant(dtype, tol):
     got = triton_kda.gated_norm(o, gate, w, 1e-5)
     assert rel(got, ref_kda.gated_norm(o, gate, w, 1e-5)) < tol
     assert torch.equal(triton_kda.gated_norm(o[4:5], gate[4:5], w, 1e-5), got[4:5])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sigmoid_of_a_strided_slice_matches_the_reference_and_is_row_invariant(dtype):
+    wide = randn(9, 40, seed=7, dtype=dtype, scale=4.0)
+    b = wide[:, 32:]  # beta's columns of the joint product: rows strided by 40
+    got = triton_kda.sigmoid(b)
+    assert got.dtype == dtype and got.is_contiguous() and got.shape == (9, 8)
+    assert rel(got, sigmoid(b)) < (1e-6 if dtype == torch.float32 else 1e-2)
+    assert torch.equal(triton_kda.sigmoid(b[4:5].clone()), got[4:5])
+
+
+def test_the_kda_maps_of_x_are_one_weight_viewed_by_name(kda_model):
+    w = kda_model(torch.float32).weights.layers[0].mixer
+    assert torch.equal(w.x_maps, torch.cat([w.f_a, w.g_a, w.b]))
+    assert w.f_a.data_ptr() == w.x_maps.data_ptr() and w.b.is_contiguous()
+    assert w.b.data_ptr() == w.x_maps[-w.b.shape[0]:].data_ptr()
 
 
 # --- mHC: the collapse fused with its norm, and the expand ---

@@ -176,6 +176,8 @@ def test_layer_norm_and_head_linear_kernels(dtype, tol):
     got = triton_indexer.layer_norm(x, w, b, 1e-6)
     assert got.dtype == dtype and rel(got, ops.layer_norm(x, w, b, 1e-6)) < tol / 10
     assert torch.equal(triton_indexer.layer_norm(x[5:6].clone(), w, b, 1e-6), got[5:6])
+    wide = torch.cat([randn(37, 8, seed=9, dtype=dtype), x], dim=1)  # x's columns strided
+    assert torch.equal(triton_indexer.layer_norm(wide[:, 8:], w, b, 1e-6), got)
     q = randn(70, 4, 48, seed=4, dtype=dtype)
     hw = randn(4, 80, 48, seed=5, dtype=dtype, scale=0.2)
     got = triton_mla.head_linear(q, hw)
@@ -376,3 +378,17 @@ def test_a_decode_pass_laid_out_as_the_graph_runners_equals_the_eager_pass(gpu_p
         assert torch.equal(o[:3], w)
     for r in range(3):
         assert set(got[2][r].tolist()) - {-1} == set(want[2][r].tolist()) - {-1}
+
+
+@pytest.mark.parametrize("width, limit", [(40, 16), (9, 16), (300, 128)])
+def test_top_pools_in_one_launch_equal_torchs_sort(width, limit, monkeypatch):
+    gen = torch.Generator().manual_seed(width)
+    keys = torch.randint(-(2**62), 2**62, (5, width), generator=gen, dtype=torch.int64)
+    keys = keys // 2**32 * 2**32 + (triton_indexer.LOW - torch.arange(width))  # pool in the low bits
+    keys[1, width // 3 :] = triton_indexer.NO_POOL  # fewer candidates than the limit
+    keys[3] = triton_indexer.NO_POOL
+    got = triton_indexer.top_pools(keys, limit)
+    monkeypatch.setattr(triton_indexer, "ASCENDING_IN_ONE_LAUNCH", False)
+    want = triton_indexer.top_pools(keys, limit)
+    assert got.dtype == torch.int32 and torch.equal(got, want)
+    assert (got[3] == -1).all() and (got[1, width // 3 :] == -1).all()
