@@ -69,9 +69,10 @@ SIGMOID_ONE_ROW_WARPS = 1  # warps of a one-row sigmoid route (no sum a layout o
 FUSE_MAX_SIGMOID_EXPERTS = 64  # FUSE_MAX_EXPERTS for sigmoid routing without expert groups
 ROUTER_SPLIT = 256  # columns of H a router program sums (fixed: part of the reduction order)
 EXPERT_BLOCK = 64  # experts a router program computes
-# An fp32 router (glm5_next) at one row: 64 experts a program gave 80 programs for a 4.7 MB
-# GEMV (15.6 µs on the H200); the tile along the experts never changes a logit's k order.
-FP32_EXPERT_BLOCK = 16
+# Experts a program of an fp32 router (glm5_next) computes. glm5_next's route at one row, µs on
+# the H200 with 64 / 32 / 16 / 8 (80 to 640 programs): 19.3 / 27.3 / 23.3 / 33.0, the same bits
+# (the tile along the experts never changes a logit's k order; docs/perf.md, session 24).
+FP32_EXPERT_BLOCK = 64
 
 
 @triton.jit(do_not_specialize=["M"])  # one binary for any row count
