@@ -1,8 +1,7 @@
 """The KDA mixer's own Triton kernels (the GPU path), beside their torch references in kda.py and
 tensorfold.ops.conv: the short conv with SiLU over a whole pass, its tails, the zeroing of fresh
 streams' recurrent states, the gated output norm, and beta's sigmoid (one launch where torch
-takes six). The delta rule itself is fla-core's
-`fused_recurrent_kda` (kda.py).
+takes six). The delta rule itself is fla-core's `fused_recurrent_kda` (kda.py).
 
 Every output is a function of its own row's inputs (and its stream's tail), computed in an order
 fixed by the widths alone, so no row depends on the other rows of the pass or where it was cut.

@@ -384,7 +384,8 @@ def test_a_decode_pass_laid_out_as_the_graph_runners_equals_the_eager_pass(gpu_p
 def test_top_pools_in_one_launch_equal_torchs_sort(width, limit, monkeypatch):
     gen = torch.Generator().manual_seed(width)
     keys = torch.randint(-(2**62), 2**62, (5, width), generator=gen, dtype=torch.int64)
-    keys = keys // 2**32 * 2**32 + (triton_indexer.LOW - torch.arange(width))  # pool in the low bits
+    # the pool in the low bits, as pool_key_scores writes it
+    keys = keys // 2**32 * 2**32 + (triton_indexer.LOW - torch.arange(width))
     keys[1, width // 3 :] = triton_indexer.NO_POOL  # fewer candidates than the limit
     keys[3] = triton_indexer.NO_POOL
     got = triton_indexer.top_pools(keys, limit)
