@@ -15,7 +15,8 @@ import triton.language as tl
 
 from tensorfold.ops.pass_meta import PassMeta
 from tensorfold.ops.triton_conv import tail_kernel
-from tensorfold.ops.triton_util import cdiv, next_power_of_2
+from tensorfold.ops.gpu import launch_options
+from tensorfold.ops.triton_util import after_prior, cdiv, next_power_of_2
 
 ROWS = 16
 CHANNELS = 128
@@ -27,7 +28,9 @@ def _conv_silu_kernel(
     u_ptr, tail_ptr, w_ptr, out_ptr, row_stream, stream_row0, stream_start, stream_slot,
     n_rows, C, D, stride_u, stride_ts,
     K: tl.constexpr, ROWS: tl.constexpr, CH: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ch = tl.program_id(1) * CH + tl.arange(0, CH)
     rmask = rows < n_rows
@@ -74,18 +77,20 @@ def conv_silu(
     _conv_silu_kernel[(cdiv(n, ROWS), cdiv(c, CHANNELS))](
         qkv, tails, weight.contiguous(), out, meta.row_stream, meta.stream_row0,
         meta.stream_start, meta.stream_slot, n, c, d, qkv.stride(0), tails.stride(0),
-        K=k, ROWS=ROWS, CH=CHANNELS, num_warps=4,
+        K=k, ROWS=ROWS, CH=CHANNELS, num_warps=4, **launch_options(qkv),
     )
     tail_kernel[(meta.num_streams, cdiv(c, CHANNELS))](
         qkv, tails, meta.stream_row0, meta.stream_len, meta.stream_start, meta.stream_slot, c,
         qkv.stride(0), tails.stride(0), K=k, KP=next_power_of_2(max(k - 1, 1)),
-        CH=CHANNELS, GATED=False, num_warps=4,
+        CH=CHANNELS, GATED=False, num_warps=4, **launch_options(qkv),
     )
     return out
 
 
 @triton.jit
-def _zero_fresh_kernel(state_ptr, stream_start, stream_slot, size, stride_s, BLOCK: tl.constexpr):
+def _zero_fresh_kernel(state_ptr, stream_start, stream_slot, size, stride_s, BLOCK: tl.constexpr,
+                       PDL: tl.constexpr = False):
+    after_prior(PDL)
     s = tl.program_id(0)
     if tl.load(stream_start + s) == 0:
         slot = tl.load(stream_slot + s).to(tl.int64)
@@ -101,12 +106,14 @@ def zero_fresh(states: torch.Tensor, meta: PassMeta) -> None:
     size = states[0].numel()
     _zero_fresh_kernel[(meta.num_streams, cdiv(size, ZERO_BLOCK))](
         states, meta.stream_start, meta.stream_slot, size, states.stride(0), BLOCK=ZERO_BLOCK,
-        num_warps=4,
+        num_warps=4, **launch_options(states),
     )
 
 
 @triton.jit(do_not_specialize=["n_rows"])
-def _sigmoid_kernel(x_ptr, out_ptr, n_rows, C, stride_x, ROWS: tl.constexpr, BLOCK_C: tl.constexpr):
+def _sigmoid_kernel(x_ptr, out_ptr, n_rows, C, stride_x, ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
+                    PDL: tl.constexpr = False):
+    after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_C)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < C)
@@ -127,14 +134,16 @@ def sigmoid(x: torch.Tensor) -> torch.Tensor:
     per = max(1, min(64, 4096 // block_c))
     if n:
         _sigmoid_kernel[(cdiv(n, per),)](x, out, n, c, x.stride(0), ROWS=per, BLOCK_C=block_c,
-                                         num_warps=4)
+                                         num_warps=4, **launch_options(x))
     return out
 
 
 @triton.jit(do_not_specialize=["n_groups"])
 def _gated_norm_kernel(
     o_ptr, gate_ptr, w_ptr, out_ptr, n_groups, V, eps, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     groups = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_V)
     mask = (groups[:, None] < n_groups) & (cols[None, :] < V)
@@ -161,6 +170,6 @@ def gated_norm(o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: f
     if groups:
         _gated_norm_kernel[(cdiv(groups, per),)](
             o, gate, weight.contiguous(), out, groups, v, eps, ROWS=per, BLOCK_V=block_v,
-            num_warps=4,
+            num_warps=4, **launch_options(o),
         )
     return out

@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tensorfold.ops.triton_util import cdiv, interpreting, next_power_of_2
+from tensorfold.ops.gpu import launch_options
+from tensorfold.ops.triton_util import after_prior, cdiv, interpreting, next_power_of_2
 
 PROJECT_ROWS = 16  # tl.dot's smallest M
 BLOCK_K = 64
@@ -38,6 +39,7 @@ WHOLE_ROW = True
 WHOLE_ROW_MAX = 8192
 WHOLE_ROW_WARPS = 4
 EXPAND_ROWS = 4
+EXPAND_BLOCK_H = 512  # columns an expand program takes (any: each column is its own)
 
 
 def split_for(width: int) -> tuple[int, int]:
@@ -63,7 +65,9 @@ def _project_kernel(
     x_ptr, fn_ptr, z_ptr, ss_ptr, n_rows, width, cols,
     W: tl.constexpr, WP: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr,
     INTERP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     piece = tl.program_id(1)
     rmask = rows < n_rows
@@ -112,8 +116,10 @@ def _collapse_kernel(
     n_rows, n_pad, H, iters, rms_eps, hc_eps, norm_eps,
     HC: tl.constexpr, WP: tl.constexpr, PIECES: tl.constexpr, ROWS: tl.constexpr,
     BH: tl.constexpr, WHOLE: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """WHOLE: BH covers H; the pieces' loop unrolled, the collapse computed once."""
+    after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < n_rows
     r64 = rows.to(tl.int64)
@@ -212,7 +218,7 @@ def collapse_norm(
     ss = torch.empty(pieces, n_pad, dtype=torch.float32, device=dev)
     _project_kernel[(tiles, pieces)](
         streams, fn.contiguous(), z, ss, n, width, cols, W=w, WP=wp, ROWS=PROJECT_ROWS,
-        BK=BLOCK_K, INTERP=interpreting(), num_warps=4,
+        BK=BLOCK_K, INTERP=interpreting(), num_warps=4, **launch_options(streams),
     )
     whole = WHOLE_ROW and h <= WHOLE_ROW_MAX
     rows = 1 if whole else COLLAPSE_ROWS
@@ -220,7 +226,7 @@ def collapse_norm(
         streams, z, ss, base.contiguous(), scale.contiguous(), norm_weight.contiguous(), post,
         comb, out, n, n_pad, h, iters, rms_eps, hc_eps, norm_eps, HC=hc, WP=wp, PIECES=pieces,
         ROWS=rows, BH=next_power_of_2(h) if whole else min(BLOCK_H, next_power_of_2(h)),
-        WHOLE=whole, num_warps=WHOLE_ROW_WARPS if whole else 4,
+        WHOLE=whole, num_warps=WHOLE_ROW_WARPS if whole else 4, **launch_options(streams),
     )
     return post, comb, out
 
@@ -229,7 +235,9 @@ def collapse_norm(
 def _expand_kernel(
     post_ptr, comb_ptr, y_ptr, res_ptr, out_ptr, n_rows, H,
     HC: tl.constexpr, ROWS: tl.constexpr, BH: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BH + tl.arange(0, BH)
     rmask = rows < n_rows
@@ -262,9 +270,9 @@ def expand(
     residual = residual.contiguous()
     out = torch.empty_like(residual)
     if n:
-        bh = min(BLOCK_H, next_power_of_2(h))
+        bh = min(EXPAND_BLOCK_H, next_power_of_2(h))
         _expand_kernel[(cdiv(n, EXPAND_ROWS), cdiv(h, bh))](
             post.contiguous(), comb.contiguous(), y.contiguous(), residual, out, n, h, HC=hc,
-            ROWS=EXPAND_ROWS, BH=bh, num_warps=4,
+            ROWS=EXPAND_ROWS, BH=bh, num_warps=4, **launch_options(residual),
         )
     return out

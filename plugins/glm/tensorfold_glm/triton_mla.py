@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 
 from tensorfold.ops.pass_meta import PassMeta
-from tensorfold.ops.triton_util import cdiv, interpreting, mma, next_power_of_2
+from tensorfold.ops.gpu import launch_options
+from tensorfold.ops.triton_util import after_prior, cdiv, interpreting, mma, next_power_of_2
 
 HEADS_BLOCK = 16
 POOLS_PER_STEP = 2  # 32 latent rows a step at kpool 16
@@ -37,7 +38,9 @@ def _head_linear_kernel(
     x_ptr, w_ptr, o_ptr, M, N, K, stride_xm, stride_xh, stride_wh, stride_wn, stride_om,
     stride_oh, IEEE: tl.constexpr, INTERP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     head = tl.program_id(2).to(tl.int64)
@@ -75,6 +78,7 @@ def head_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             weight.stride(1), out.stride(0), out.stride(1),
             IEEE=x.dtype == torch.float32, INTERP=interpreting(),
             BLOCK_M=HEAD_BLOCK_M, BLOCK_N=HEAD_BLOCK_N, BLOCK_K=block_k, num_warps=4,
+            **launch_options(x),
         )
     return out
 
@@ -109,7 +113,9 @@ def _sparse_mla_kernel(
     HEADS: tl.constexpr, HB: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
     KPOOL: tl.constexpr, PPS: tl.constexpr, SELP: tl.constexpr,
     SCALED: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * HB + tl.arange(0, HB)
     hok = h < HEADS
@@ -183,6 +189,6 @@ def sparse_mla(
         HEADS=heads, HB=hb, R=r, RP=next_power_of_2(r), KPOOL=kpool, PPS=POOLS_PER_STEP,
         SELP=next_power_of_2(max(n_sel, 1)), SCALED=scaled,
         IEEE=q_lat.dtype == torch.float32,
-        INTERP=interpreting(), num_warps=4,
+        INTERP=interpreting(), num_warps=4, **launch_options(q_lat),
     )
     return out
