@@ -32,19 +32,23 @@ import triton
 import triton.language as tl
 
 from tensorfold.ops.pass_meta import QUERY_ROWS, PassMeta
-from tensorfold.ops.triton_util import cdiv, interpreting, mma, next_power_of_2
+from tensorfold.ops.gpu import launch_options
+from tensorfold.ops.triton_util import after_prior, cdiv, interpreting, mma, next_power_of_2
 
 POOL_TILE = 32  # pools scored per program
 NO_POOL = -(2**63)  # the key of a non-candidate
 LOW = 2**32 - 1
 ASCENDING_IN_ONE_LAUNCH = True  # top_pools' chosen pools sorted in a kernel of its own
+ONE_LAUNCH_MAX_POOLS = 2048  # top_pools in one launch up to this many pools a row
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
 def _layer_norm_kernel(
     x_ptr, w_ptr, b_ptr, o_ptr, n_rows, D, stride_x, eps, ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < D)
@@ -74,7 +78,7 @@ def layer_norm(
     if n:
         _layer_norm_kernel[(cdiv(n, per),)](
             rows, weight.contiguous(), bias.contiguous(), out, n, d, rows.stride(0), eps,
-            ROWS=per, BLOCK_D=block_d, num_warps=4,
+            ROWS=per, BLOCK_D=block_d, num_warps=4, **launch_options(rows),
         )
     return out.view(x.shape)
 
@@ -91,7 +95,9 @@ def _pool_key_kernel(
     k_ptr, g_ptr, ape_ptr, out_ptr, pos_ptr, write_ptr, row_stream, n_rows,
     table_ptr, stride_ts, stride_tp, page_rows, stride_kn, stride_gn, stride_on,
     DI: tl.constexpr, DIP: tl.constexpr, KPOOL: tl.constexpr, ROWS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     valid = r < n_rows
     t = tl.load(pos_ptr + r, mask=valid, other=0).to(tl.int32)  # [ROWS]
@@ -149,7 +155,7 @@ def write_pool_keys(
         k_rows, g_rows, ape.contiguous(), key_rows, positions, write_index, meta.row_stream, n,
         meta.table, meta.table.stride(0), meta.table.stride(1), page_rows, k_rows.stride(0),
         g_rows.stride(0), key_rows.stride(0), DI=dim, DIP=next_power_of_2(dim),
-        KPOOL=kpool, ROWS=rows, num_warps=4,
+        KPOOL=kpool, ROWS=rows, num_warps=4, **launch_options(k_rows),
     )
 
 
@@ -160,7 +166,9 @@ def _score_kernel(
     stride_qn, stride_qh, stride_wn, stride_pn,
     NI: tl.constexpr, DI: tl.constexpr, DIP: tl.constexpr, KPOOL: tl.constexpr,
     QB: tl.constexpr, PT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    after_prior(PDL)
     blk = tl.program_id(0)
     p0 = tl.program_id(1) * PT
     s = tl.load(block_stream + blk)
@@ -220,13 +228,16 @@ def pool_key_scores(
         scale, q.stride(0), q.stride(1), weights.stride(0), key_rows.stride(0),
         NI=heads, DI=dim, DIP=next_power_of_2(dim), KPOOL=kpool, QB=QUERY_ROWS,
         PT=POOL_TILE, IEEE=q.dtype == torch.float32, INTERP=interpreting(), num_warps=4,
+        **launch_options(q),
     )
     return keys
 
 
 @triton.jit
-def _ascending_pools_kernel(best_ptr, out_ptr, K, W, KB: tl.constexpr):
+def _ascending_pools_kernel(best_ptr, out_ptr, K, W, KB: tl.constexpr,
+                            PDL: tl.constexpr = False):
     """A row's k best keys (any order) -> their pools ascending, -1 padded (int32)."""
+    after_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, KB)
     best = tl.load(best_ptr + row * K + j, mask=j < K, other=-9223372036854775807 - 1)
@@ -236,20 +247,51 @@ def _ascending_pools_kernel(best_ptr, out_ptr, K, W, KB: tl.constexpr):
     tl.store(out_ptr + row * K + j, tl.where(pool == W, -1, pool), mask=j < K)
 
 
+@triton.jit
+def _top_pools_kernel(key_ptr, out_ptr, K, W, WB: tl.constexpr, KB: tl.constexpr,
+                      PDL: tl.constexpr = False):
+    """A row's W keys -> the pools of its K best, ascending, -1 padded (int32). The candidates'
+    keys are unique, so the K best are the candidates at or above the K-th largest key: a set,
+    whatever sort finds it; its pools ascending are those columns in order."""
+    after_prior(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.arange(0, WB)
+    none = -9223372036854775807 - 1
+    key = tl.load(key_ptr + row * W + p, mask=p < W, other=none)
+    ranked = tl.sort(key, descending=True)
+    kth = tl.max(tl.where(p == K - 1, ranked, none), axis=0)
+    chosen = (key >= kth) & (key != none)
+    at = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+    count = tl.sum(chosen.to(tl.int32), axis=0)
+    tl.store(out_ptr + row * K + at, p.to(tl.int32), mask=chosen)
+    j = tl.arange(0, KB)
+    tl.store(out_ptr + row * K + j, tl.full((KB,), -1, dtype=tl.int32), mask=(j >= count) & (j < K))
+
+
 def top_pools(keys: torch.Tensor, limit: int) -> torch.Tensor:
     """The `limit` best candidates of each row, ascending, -1 padded: [N, min(limit, W)] int32.
-    keys [N, W] int64 from pool_key_scores. On the GPU torch's top k, then one launch for the
-    rest (ASCENDING_IN_ONE_LAUNCH; torch's ops take nine)."""
+    keys [N, W] int64 from pool_key_scores. On the GPU, up to ONE_LAUNCH_MAX_POOLS pools a row,
+    one launch a pass (_top_pools_kernel: torch's top k alone took 16 us for 64 pools);
+    wider, torch's top k, then one launch for the rest (ASCENDING_IN_ONE_LAUNCH; torch's ops
+    take nine)."""
     n, width = keys.shape
     k = min(limit, width)
     if k == 0:
         return torch.empty(n, 0, dtype=torch.int32, device=keys.device)
+    if width <= ONE_LAUNCH_MAX_POOLS:
+        out = torch.empty(n, k, dtype=torch.int32, device=keys.device)
+        if n:
+            keys = keys.contiguous()
+            _top_pools_kernel[(n,)](keys, out, k, width, WB=next_power_of_2(width),
+                                    KB=next_power_of_2(k), num_warps=4, **launch_options(keys))
+        return out
     best = torch.topk(keys, k, dim=1, sorted=False).values
     if ASCENDING_IN_ONE_LAUNCH:
         out = torch.empty(n, k, dtype=torch.int32, device=keys.device)
         if n:
             _ascending_pools_kernel[(n,)](best.contiguous(), out, k, width,
-                                          KB=next_power_of_2(k), num_warps=4)
+                                          KB=next_power_of_2(k), num_warps=4,
+                                          **launch_options(best))
         return out
     pool = LOW - (best & LOW)
     pool = torch.where(best == NO_POOL, torch.full_like(pool, width), pool)

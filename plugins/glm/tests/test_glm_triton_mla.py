@@ -380,15 +380,20 @@ def test_a_decode_pass_laid_out_as_the_graph_runners_equals_the_eager_pass(gpu_p
         assert set(got[2][r].tolist()) - {-1} == set(want[2][r].tolist()) - {-1}
 
 
-@pytest.mark.parametrize("width, limit", [(40, 16), (9, 16), (300, 128)])
-def test_top_pools_in_one_launch_equal_torchs_sort(width, limit, monkeypatch):
+@pytest.mark.parametrize("width, limit, one_launch_max", [
+    (40, 16, 0), (9, 16, 0), (300, 128, 0),  # torch's top k, the sort in one launch
+    (40, 16, 2048), (9, 16, 2048), (300, 128, 2048), (128, 128, 2048),  # all in one launch
+])
+def test_top_pools_in_one_launch_equal_torchs_sort(width, limit, one_launch_max, monkeypatch):
     gen = torch.Generator().manual_seed(width)
     keys = torch.randint(-(2**62), 2**62, (5, width), generator=gen, dtype=torch.int64)
     # the pool in the low bits, as pool_key_scores writes it
     keys = keys // 2**32 * 2**32 + (triton_indexer.LOW - torch.arange(width))
     keys[1, width // 3 :] = triton_indexer.NO_POOL  # fewer candidates than the limit
     keys[3] = triton_indexer.NO_POOL
+    monkeypatch.setattr(triton_indexer, "ONE_LAUNCH_MAX_POOLS", one_launch_max)
     got = triton_indexer.top_pools(keys, limit)
+    monkeypatch.setattr(triton_indexer, "ONE_LAUNCH_MAX_POOLS", 0)
     monkeypatch.setattr(triton_indexer, "ASCENDING_IN_ONE_LAUNCH", False)
     want = triton_indexer.top_pools(keys, limit)
     assert got.dtype == torch.int32 and torch.equal(got, want)
