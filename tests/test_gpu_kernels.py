@@ -165,6 +165,26 @@ def test_route_of_one_row_on_its_own_tile_gives_the_rows_tiles_bits(monkeypatch)
         lambda x: triton_route.route(x, few, eb, 4, norm_topk_prob=True, scaling=2.5), x)
 
 
+def test_fp32_router_on_a_columns_major_gate_rows_alone_equal_batches():
+    """glm5_next's router at GLM-5.3-Flash's width (256 experts in 8 groups, top 8, fp32, its
+    gate stored transposed: _router_chain_kernel, on a one-row tile for one row): rows alone ==
+    batches, and the experts of the row-major gate's tiled kernel where no keys are near-tied."""
+    from tensorfold.ops import triton_route
+
+    gate = (torch.randn(256, 4096, generator=torch.Generator().manual_seed(45)) * 0.02).to(DEV)
+    cols = triton_route.columns_major(gate)
+    eb = randn(256, seed=46, scale=0.01).float()
+    x = randn(700, 4096, seed=47)
+
+    def run(x, g=cols):
+        return triton_route.route(x, g, eb, 8, norm_topk_prob=True, scaling=2.5, fp32=True,
+                                  norm_eps=1e-20, groups=8, keep_groups=4, by_expert=True)
+
+    assert_rows_invariant(run, x)
+    same = (run(x)[1] == run(x, gate)[1]).all(-1)
+    assert same.float().mean() > 0.9
+
+
 def test_norms_and_rope_rows_alone_equal_batches():
     from tensorfold.ops import rope as ref_rope
     from tensorfold.ops import triton_norms, triton_rope

@@ -398,6 +398,37 @@ def test_route_matches_reference(dtype, norm, bias):
         assert torch.equal(se, got_e[a:z]) and torch.equal(sw, got_w[a:z])
 
 
+def test_fp32_router_on_a_columns_major_gate_chains_its_fmas_a_row_alone_as_in_a_batch():
+    """glm5_next's router: fp32, expert groups, its gate stored transposed (columns_major), so
+    each logit is one FMA chain a chunk of H (_router_chain_kernel, on a one-row tile for one
+    row): the logits of x.float() @ gate.float()ᵀ within fp32 rounding, the experts and weights
+    of the row-major gate's kernel where no two keys are within rounding, and a row alone (a
+    one-row tile) the bits of the same row among 44 others (16-row tiles)."""
+    x = randn(45, 600, seed=23, dtype=torch.bfloat16)  # 10 chunks of 64, the last one short
+    gate = randn(64, 600, seed=24, scale=0.05)
+    bias = randn(64, seed=25, scale=0.1)
+    cols = triton_route.columns_major(gate)
+    assert triton_route.is_columns_major(cols) and torch.equal(cols, gate)
+    assert triton_route.columns_major(cols) is cols
+
+    def run(rows, g):
+        return triton_route.route(rows, g, bias, 6, norm_topk_prob=True, scaling=2.5, fp32=True,
+                                  norm_eps=1e-20, groups=8, keep_groups=4, by_expert=True)
+
+    splits = -(-600 // triton_route.FP32_CHAIN_SPLIT)
+    part = triton_route._chain_partials(x, cols, 64, splits)
+    logits = x.float() @ gate.t()
+    assert (part.sum(0) - logits).abs().max() <= 1e-5 * logits.abs().max()
+    got_w, got_e = run(x, cols)
+    want_w, want_e = run(x, gate)  # the row-major gate: the tiled kernel's sums
+    same = (got_e == want_e).all(-1)
+    assert same.float().mean() > 0.9
+    assert rel(got_w[same], want_w[same]) < 1e-6
+    for a, z in [(0, 1), (20, 21), (44, 45), (3, 30)]:
+        sw, se = run(x[a:z].clone(), cols)
+        assert torch.equal(se, got_e[a:z]) and torch.equal(sw, got_w[a:z])
+
+
 @pytest.mark.parametrize("rows", [37, 300])  # one program; a program per chunk of pairs
 def test_align_sorts_pairs_by_expert_in_padded_blocks(rows):
     experts = torch.randint(0, 6, (rows, 3), generator=gen(22))

@@ -12,6 +12,12 @@ order, rounds the logits as the reference does, scores them, picks the top k (ti
 expert) and renormalises the weights in slot order. The chunks and the tiles depend on H and E
 alone, so a row's result never depends on the other rows; nothing reads a device value on the
 host, so a decode round's routing is captured in its CUDA graph.
+
+An fp32 router whose gate is stored transposed (`gate` [E, H] a view of a contiguous [H, E]:
+`columns_major`; glm5_next's) takes `_router_chain_kernel` instead: each logit of a chunk is one
+chain of FMAs down its FP32_CHAIN_SPLIT columns of H, in order, each step reading E contiguous
+fp32 of the gate. An FMA chain has the same bits on a tile of one row or of many, so a one-row
+pass runs on a one-row tile, on as many programs as a bare read of the gate wants.
 """
 
 from __future__ import annotations
@@ -73,6 +79,10 @@ EXPERT_BLOCK = 64  # experts a router program computes
 # the H200 with 64 / 32 / 16 / 8 (80 to 640 programs): 19.3 / 27.3 / 23.3 / 33.0, the same bits
 # (the tile along the experts never changes a logit's k order; docs/perf.md, session 24).
 FP32_EXPERT_BLOCK = 64
+# The chain kernel's chunk of H (fixed: part of the reduction order) and its experts a program.
+FP32_CHAIN_SPLIT = 64
+FP32_CHAIN_EXPERTS = 64
+FP32_CHAIN_ROWS = 16  # rows a chain program takes in a pass of more than one row (any: no bits)
 
 
 @triton.jit(do_not_specialize=["M"])  # one binary for any row count
@@ -114,6 +124,59 @@ def _router_partial(
         acc = mma(a, b, acc, IEEE, INTERP)
     offs = (s * M + rm)[:, None].to(tl.int64) * EB + re[None, :]
     tl.store(part_ptr + offs, acc, mask=rm[:, None] < M)
+
+
+@triton.jit(do_not_specialize=["M"])  # one binary for any row count
+def _router_chain_kernel(
+    x_ptr, gt_ptr, part_ptr, M, E, K, stride_xm, EB: tl.constexpr, BM: tl.constexpr,
+    EBLK: tl.constexpr, KS: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """Split s of the fp32 router logits, x[:, s*KS : (s+1)*KS] @ gt[same, experts of this
+    block]: for each logit one FMA chain over the split's columns in order, from 0. gt [K, E]
+    fp32 contiguous (the gate transposed)."""
+    after_prior(PDL)
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    s = tl.program_id(1)
+    re = tl.program_id(2) * EBLK + tl.arange(0, EBLK)
+    rmask = rm < M
+    emask = re < E
+    x_rows = x_ptr + rm.to(tl.int64) * stride_xm
+    acc = tl.zeros((BM, EBLK), dtype=tl.float32)
+    for j in tl.static_range(KS):  # unrolled: the chunk's loads in flight together
+        k = s * KS + j
+        a = tl.load(x_rows + k, mask=rmask & (k < K), other=0.0).to(tl.float32)
+        b = tl.load(gt_ptr + k.to(tl.int64) * E + re, mask=emask & (k < K), other=0.0)
+        acc = tl.fma(a[:, None], b[None, :], acc)
+    offs = (s * M + rm)[:, None].to(tl.int64) * EB + re[None, :]
+    tl.store(part_ptr + offs, acc, mask=rmask[:, None] & emask[None, :])
+
+
+def columns_major(gate: torch.Tensor) -> torch.Tensor:
+    """gate [E, H] as a view of its transpose stored contiguous ([H, E]): the layout an fp32
+    router reads through _router_chain_kernel (glm5_next's MoeWeights store it so). The same
+    values; returned as is when so already."""
+    return gate if is_columns_major(gate) else gate.t().contiguous().t()
+
+
+def is_columns_major(gate: torch.Tensor) -> bool:
+    """gate [E, H] is the view of a contiguous [H, E]."""
+    return gate.dim() == 2 and gate.stride(0) == 1 and gate.stride(1) == gate.shape[0]
+
+
+def _chain_partials(x: torch.Tensor, gate: torch.Tensor, eb: int, splits: int) -> torch.Tensor:
+    """The fp32 router's logits in chunks of FP32_CHAIN_SPLIT columns: [splits, N, EB] fp32."""
+    n, h = x.shape
+    e = gate.shape[0]
+    part = torch.empty(splits, n, eb, dtype=torch.float32, device=x.device)
+    rows = 1 if n == 1 else FP32_CHAIN_ROWS
+    eblk = min(next_power_of_2(e), FP32_CHAIN_EXPERTS)
+    if n:
+        _router_chain_kernel[(cdiv(n, rows), splits, cdiv(e, eblk))](
+            x, gate.t(), part, n, e, h, x.stride(0), EB=eb, BM=rows, EBLK=eblk,
+            KS=FP32_CHAIN_SPLIT, num_warps=max(1, min(4, rows * eblk // 32)),
+            **launch_options(x),
+        )
+    return part
 
 
 @triton.jit
@@ -334,8 +397,12 @@ def _route(
     n, h = x.shape
     e = gate.shape[0]
     x = x.contiguous() if x.stride(-1) != 1 else x
-    gate = gate.contiguous()
+    chain = fp32 and is_columns_major(gate)
+    if not chain:
+        gate = gate.contiguous()
     t = _partial_tiles(x, gate, fp32)
+    if chain:
+        t["splits"] = cdiv(h, FP32_CHAIN_SPLIT)
     eb = t["eb"]
     weights = torch.empty(n, top_k, dtype=weight_dtype, device=x.device)
     experts = torch.empty(n, top_k, dtype=torch.long, device=x.device)
@@ -355,7 +422,7 @@ def _route(
         aligned = Aligned(torch.empty(blocks * TINY_BLOCK_M, dtype=torch.int32, device=x.device),
                           torch.empty(blocks, dtype=torch.int32, device=x.device), blocks,
                           experts.reshape(-1), TINY_BLOCK_M, e)
-    if fuses_one_row(n, e, sigmoid=not softmax and groups == 1):
+    if not chain and fuses_one_row(n, e, sigmoid=not softmax and groups == 1):
         if ONE_ROW_TILE and not softmax and groups == 1:  # no sum whose order a layout sets
             select["ROWS"] = 1
         select["PAIRWISE"] = PAIRWISE_ALIGN and t["eb"] > next_power_of_2(top_k)
@@ -375,7 +442,7 @@ def _route(
             select.update(ROWS=1, num_warps=1)  # a row's layout kept (see ONE_ROW_TILE)
             if n == 1 and not softmax:
                 select["num_warps"] = SIGMOID_ONE_ROW_WARPS
-        part = _partials(x, gate, fp32, t)
+        part = _chain_partials(x, gate, eb, t["splits"]) if chain else _partials(x, gate, fp32, t)
         pb = next_power_of_2(n * top_k)
         align = {} if aligned is None else dict(
             sorted_ptr=aligned.sorted_pairs, block_ptr=aligned.block_expert,
