@@ -1,8 +1,9 @@
 """glm5_next's one-program launches at one row (docs/perf.md session 21's census): the fp32
-router's route, mHC's collapse and the indexer's pooled keys, each timed alone (a CUDA graph of
-REPS calls) with its module's switches set each way. Checks in the same run: each way's route and
-pool keys against the first way's, bit for bit; every way's row alone == in a batch; the
-collapse's error against the first way's (its norm's sum is cut by H alone, so its bits change).
+router's route (its gate row- or column-major), mHC's collapse, the indexer's pooled keys and
+its top pools, each timed alone (a CUDA graph of REPS calls) with its module's switches set each
+way. Checks in the same run: each way's pool keys against the first way's, bit for bit, and its
+routes' experts; every way's row alone == in a batch; the collapse's error against the first
+way's; the top pools one way == the other.
 
     python bench/glm_one_program.py                 # on the GPU; prints JSON
     python bench/glm_one_program.py --smoke         # on the CPU, tiny, Triton interpreted
@@ -32,13 +33,25 @@ from tensorfold.ops.pass_meta import pass_meta  # noqa: E402
 from tensorfold_glm import triton_indexer, triton_mhc  # noqa: E402
 
 REPS = 20
-ROUTE_WAYS = {  # triton_route's switches (session 23's ways: docs/perf.md)
-    "session23": dict(UNROLL_SPLITS=True, PAIRWISE_ALIGN=True, FP32_EXPERT_BLOCK=64),
-    "fp32_experts_32": dict(UNROLL_SPLITS=True, PAIRWISE_ALIGN=True, FP32_EXPERT_BLOCK=32),
-    "fp32_experts_16": dict(UNROLL_SPLITS=True, PAIRWISE_ALIGN=True, FP32_EXPERT_BLOCK=16),
-    "fp32_experts_8": dict(UNROLL_SPLITS=True, PAIRWISE_ALIGN=True, FP32_EXPERT_BLOCK=8),
+ROUTE_WAYS = {  # (the gate's layout, triton_route's switches); "tiled": sessions 23 - 24
+    "tiled_64": ("rows", dict(FP32_EXPERT_BLOCK=64)),
+    "chain_64x64": ("columns", dict(FP32_CHAIN_SPLIT=64, FP32_CHAIN_EXPERTS=64)),
+    "chain_64x128": ("columns", dict(FP32_CHAIN_SPLIT=64, FP32_CHAIN_EXPERTS=128)),
+    "chain_64x256": ("columns", dict(FP32_CHAIN_SPLIT=64, FP32_CHAIN_EXPERTS=256)),
+    "chain_32x64": ("columns", dict(FP32_CHAIN_SPLIT=32, FP32_CHAIN_EXPERTS=64)),
+    "chain_128x64": ("columns", dict(FP32_CHAIN_SPLIT=128, FP32_CHAIN_EXPERTS=64)),
+    "chain_128x32": ("columns", dict(FP32_CHAIN_SPLIT=128, FP32_CHAIN_EXPERTS=32)),
 }
-COLLAPSE_WAYS = {"whole_4warps": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=4)}  # session 23's
+TOP_POOL_WIDTHS = (64, 256, 1024, 2048)  # pools a row: top_pools in one launch against torch's
+COLLAPSE_WAYS = {  # session 23's first; then the collapse's warps, the projection's pieces
+    "whole_4warps": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=4),
+    "whole_2warps": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=2),
+    "whole_1warp": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=1),
+    "pieces_128": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=4, MAX_SPLIT=128, PIECE=128),
+    "pieces_32": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=4, MAX_SPLIT=32, PIECE=512),
+}
+EXPAND_WAYS = {"block_512": dict(EXPAND_BLOCK_H=512), "block_256": dict(EXPAND_BLOCK_H=256),
+               "block_128": dict(EXPAND_BLOCK_H=128), "block_64": dict(EXPAND_BLOCK_H=64)}
 POOL_KEY_WAYS = {"main": {}}  # triton_indexer: one way (session 24: early exit, one-row tile)
 
 
@@ -80,10 +93,11 @@ def us_a_call(fn: Callable[[], Any], device: str) -> float | None:
     return sorted(times)[len(times) // 2]
 
 
-def route_outputs(x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, k: int,
-                  scaling: float) -> dict[str, torch.Tensor]:
-    w, e = triton_route.route(x, gate, bias, k, norm_topk_prob=True, scaling=scaling, fp32=True,
-                              norm_eps=1e-20, by_expert=True)
+def route_outputs(cfg: Any, x: torch.Tensor, gate: torch.Tensor,
+                  bias: torch.Tensor) -> dict[str, torch.Tensor]:
+    w, e = triton_route.route(x, gate, bias, cfg.num_experts_per_tok, norm_topk_prob=True,
+                              scaling=cfg.routed_scaling_factor, fp32=True, norm_eps=1e-20,
+                              groups=cfg.n_group, keep_groups=cfg.topk_group, by_expert=True)
     out = {"weights": w, "experts": e}
     aligned = getattr(e, "tf_aligned", None)
     if aligned is not None:  # the written part: blocks of an expert, their pairs
@@ -98,29 +112,55 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def route_section(cfg: Any, device: str) -> dict[str, Any]:
+    """Each way: µs a call at 1, 8 and 64 rows; row 0 alone == in the batch; the share of rows
+    whose experts are the first way's (another split sums in another order)."""
     g = torch.Generator(device=device).manual_seed(0)
-    h, e, k = cfg.hidden_size, cfg.n_routed_experts, cfg.num_experts_per_tok
+    h, e = cfg.hidden_size, cfg.n_routed_experts
     x = torch.randn(64, h, device=device, generator=g).to(torch.bfloat16)
-    gate = (torch.randn(e, h, device=device, generator=g) * h**-0.5).to(torch.bfloat16).float()
+    rows_major = (torch.randn(e, h, device=device, generator=g) * h**-0.5).to(torch.bfloat16)
+    rows_major = rows_major.float()
+    gates = {"rows": rows_major, "columns": triton_route.columns_major(rows_major)}
     bias = torch.randn(e, device=device, generator=g) * 0.01
     out: dict[str, Any] = {}
     first: dict[int, dict[str, torch.Tensor]] = {}
-    for name, values in ROUTE_WAYS.items():
+    for name, (layout, values) in ROUTE_WAYS.items():
+        gate = gates[layout]
         with switched(triton_route, values):
             row: dict[str, Any] = {}
+            alone = route_outputs(cfg, x[:1], gate, bias)
             for n in (1, 8, 64):
-                got = route_outputs(x[:n], gate, bias, k, cfg.routed_scaling_factor)
+                got = route_outputs(cfg, x[:n], gate, bias)
                 first.setdefault(n, got)
-                row[f"equals_first_way_{n}"] = same(got, first[n])
+                row[f"experts_of_first_way_{n}"] = float(
+                    (got["experts"] == first[n]["experts"]).all(-1).float().mean())
                 row[f"row0_equals_alone_{n}"] = bool(
-                    torch.equal(got["weights"][0], first[1]["weights"][0])
-                    and torch.equal(got["experts"][0], first[1]["experts"][0]))
+                    torch.equal(got["weights"][0], alone["weights"][0])
+                    and torch.equal(got["experts"][0], alone["experts"][0]))
                 row[f"us_{n}"] = us_a_call(
-                    lambda n=n: triton_route.route(
-                        x[:n], gate, bias, k, norm_topk_prob=True,
-                        scaling=cfg.routed_scaling_factor, fp32=True, norm_eps=1e-20,
-                        by_expert=True), device)
+                    lambda n=n: route_outputs(cfg, x[:n], gate, bias), device)
             out[name] = row
+    return out
+
+
+def top_pools_section(cfg: Any, device: str) -> dict[str, Any]:
+    """top_pools of one row (and 8) over W pools: in one launch (ONE_LAUNCH_MAX_POOLS) against
+    torch's top k then the sort's launch; the same pools both ways."""
+    g = torch.Generator(device=device).manual_seed(2)
+    out: dict[str, Any] = {}
+    for width in TOP_POOL_WIDTHS if device == "cuda" else (40,):
+        keys = torch.randint(-(2**62), 2**62, (8, width), device=device, generator=g)
+        keys = keys // 2**32 * 2**32 + (triton_indexer.LOW - torch.arange(width, device=device))
+        keys[:, width - width // 4:] = triton_indexer.NO_POOL  # the last quarter not yet complete
+        row: dict[str, Any] = {}
+        got = {}
+        for way, most in (("one_launch", 1 << 30), ("torch_topk", 0)):
+            with switched(triton_indexer, {"ONE_LAUNCH_MAX_POOLS": most}):
+                got[way] = triton_indexer.top_pools(keys, cfg.select_pools)
+                for n in (1, 8):
+                    row[f"{way}_us_{n}"] = us_a_call(
+                        lambda n=n: triton_indexer.top_pools(keys[:n], cfg.select_pools), device)
+        row["same_pools"] = bool(torch.equal(got["one_launch"], got["torch_topk"]))
+        out[f"pools_{width}"] = row
     return out
 
 
@@ -153,6 +193,30 @@ def collapse_section(cfg: Any, device: str) -> dict[str, Any]:
             }
             for n in rows:
                 row[f"us_{n}"] = us_a_call(lambda n=n: call(n), device)
+            out[name] = row
+    return out
+
+
+def expand_section(cfg: Any, device: str) -> dict[str, Any]:
+    """mHC's expand each way: µs a call; the same bits as the first way (each column is its own)."""
+    g = torch.Generator(device=device).manual_seed(3)
+    hc, h = cfg.hc_mult, cfg.hidden_size
+    rows = (1, 8, 64) if device == "cuda" else (1, 3)
+    n = max(rows)
+    res = torch.randn(n, hc, h, device=device, generator=g).to(torch.bfloat16)
+    y = torch.randn(n, h, device=device, generator=g).to(torch.bfloat16)
+    post = torch.rand(n, hc, device=device, generator=g) * 2
+    comb = torch.rand(n, hc, hc, device=device, generator=g)
+    out: dict[str, Any] = {}
+    first = None
+    for name, values in EXPAND_WAYS.items():
+        with switched(triton_mhc, values):
+            got = triton_mhc.expand(post, comb, y, res)
+            first = got if first is None else first
+            row: dict[str, Any] = {"equals_first_way": bool(torch.equal(got, first))}
+            for m in rows:
+                row[f"us_{m}"] = us_a_call(
+                    lambda m=m: triton_mhc.expand(post[:m], comb[:m], y[:m], res[:m]), device)
             out[name] = row
     return out
 
@@ -202,7 +266,9 @@ def main() -> None:
         result["gpu"] = torch.cuda.get_device_name()
     result["route"] = route_section(cfg, device)
     result["collapse"] = collapse_section(cfg, device)
+    result["expand"] = expand_section(cfg, device)
     result["pool_keys"] = pool_key_section(cfg, device)
+    result["top_pools"] = top_pools_section(cfg, device)
     print(json.dumps(result, indent=1))
 
 
