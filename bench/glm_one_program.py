@@ -41,6 +41,12 @@ ROUTE_WAYS = {  # (the gate's layout, triton_route's switches); "tiled": session
     "chain_32x64": ("columns", dict(FP32_CHAIN_SPLIT=32, FP32_CHAIN_EXPERTS=64)),
     "chain_128x64": ("columns", dict(FP32_CHAIN_SPLIT=128, FP32_CHAIN_EXPERTS=64)),
     "chain_128x32": ("columns", dict(FP32_CHAIN_SPLIT=128, FP32_CHAIN_EXPERTS=32)),
+    "chain_256x16": ("columns", dict(FP32_CHAIN_SPLIT=256, FP32_CHAIN_EXPERTS=16)),
+    "chain_256x32": ("columns", dict(FP32_CHAIN_SPLIT=256, FP32_CHAIN_EXPERTS=32)),
+    "chain_64x64_one_row_groups": ("columns", dict(FP32_CHAIN_SPLIT=64, FP32_CHAIN_EXPERTS=64,
+                                                   ONE_ROW_GROUPS=True)),
+    "chain_128x32_one_row_groups": ("columns", dict(FP32_CHAIN_SPLIT=128, FP32_CHAIN_EXPERTS=32,
+                                                    ONE_ROW_GROUPS=True)),
 }
 TOP_POOL_WIDTHS = (64, 256, 1024, 2048)  # pools a row: top_pools in one launch against torch's
 COLLAPSE_WAYS = {  # session 23's first; then the collapse's warps, the projection's pieces
@@ -107,6 +113,12 @@ def route_outputs(cfg: Any, x: torch.Tensor, gate: torch.Tensor,
     return out
 
 
+def bare_route(cfg: Any, x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor) -> Any:
+    return triton_route.route(x, gate, bias, cfg.num_experts_per_tok, norm_topk_prob=True,
+                              scaling=cfg.routed_scaling_factor, fp32=True, norm_eps=1e-20,
+                              groups=cfg.n_group, keep_groups=cfg.topk_group, by_expert=True)
+
+
 def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -136,8 +148,7 @@ def route_section(cfg: Any, device: str) -> dict[str, Any]:
                 row[f"row0_equals_alone_{n}"] = bool(
                     torch.equal(got["weights"][0], alone["weights"][0])
                     and torch.equal(got["experts"][0], alone["experts"][0]))
-                row[f"us_{n}"] = us_a_call(
-                    lambda n=n: route_outputs(cfg, x[:n], gate, bias), device)
+                row[f"us_{n}"] = us_a_call(lambda n=n: bare_route(cfg, x[:n], gate, bias), device)
             out[name] = row
     return out
 

@@ -60,6 +60,7 @@ FUSE_MAX_EXPERTS = 64  # ... for up to this many experts: LFM2-8B-A1B's 32 gaine
 # (tests/test_gpu_kernels.py) and Gemma-4-26B-A4B's one-stream forward went 4.165 -> 3.847 ms
 # (lfm2's: no change; docs/perf.md, session 15)
 ONE_ROW_TILE = True
+ONE_ROW_GROUPS = False  # ... with expert groups too (glm5_next), a one-row pass only
 # ... and every pass that its router does not align (more rows than one route program holds):
 # a program a row on that tile, not ROUTE_ROWS rows a program in four warps. The same layout a
 # row, so the same bits. The route alone (bench/decode_kernels.py --align, H200): gemma4 at 8
@@ -438,7 +439,8 @@ def _route(
         )
     else:
         assert norm_in is None
-        if ONE_ROW_TILE and groups == 1 and (n == 1 or (ONE_ROW_PROGRAMS and aligned is None)):
+        if ONE_ROW_TILE and ((groups == 1 and (n == 1 or (ONE_ROW_PROGRAMS and aligned is None)))
+                             or (ONE_ROW_GROUPS and n == 1)):
             select.update(ROWS=1, num_warps=1)  # a row's layout kept (see ONE_ROW_TILE)
             if n == 1 and not softmax:
                 select["num_warps"] = SIGMOID_ONE_ROW_WARPS
