@@ -166,8 +166,8 @@ def test_route_of_one_row_on_its_own_tile_gives_the_rows_tiles_bits(monkeypatch)
 
 
 def test_fp32_router_on_a_columns_major_gate_rows_alone_equal_batches():
-    """glm5_next's router at GLM-5.3-Flash's width (256 experts in 8 groups, top 8, fp32, its
-    gate stored transposed: _router_chain_kernel, on a one-row tile for one row): rows alone ==
+    """An fp32 router at GLM-5.3-Flash's width (256 experts in 8 groups, top 8), its gate
+    stored transposed (_router_chain_kernel, on a one-row tile for one row): rows alone ==
     batches, and the experts of the row-major gate's tiled kernel where no keys are near-tied."""
     from tensorfold.ops import triton_route
 

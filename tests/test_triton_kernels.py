@@ -399,11 +399,11 @@ def test_route_matches_reference(dtype, norm, bias):
 
 
 def test_fp32_router_on_a_columns_major_gate_chains_its_fmas_a_row_alone_as_in_a_batch():
-    """glm5_next's router: fp32, expert groups, its gate stored transposed (columns_major), so
-    each logit is one FMA chain a chunk of H (_router_chain_kernel, on a one-row tile for one
-    row): the logits of x.float() @ gate.float()ᵀ within fp32 rounding, the experts and weights
-    of the row-major gate's kernel where no two keys are within rounding, and a row alone (a
-    one-row tile) the bits of the same row among 44 others (16-row tiles)."""
+    """An fp32 router with expert groups (glm5_next's kind), its gate stored transposed
+    (columns_major), so each logit is one FMA chain a chunk of H (_router_chain_kernel, on a
+    one-row tile for one row): the logits of x.float() @ gate.float()ᵀ within fp32 rounding,
+    the experts and weights of the row-major gate's kernel where no two keys are within
+    rounding, and a row alone (a one-row tile) the bits of the same row among 44 others."""
     x = randn(45, 600, seed=23, dtype=torch.bfloat16)  # 10 chunks of 64, the last one short
     gate = randn(64, 600, seed=24, scale=0.05)
     bias = randn(64, seed=25, scale=0.1)

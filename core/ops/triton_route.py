@@ -14,10 +14,15 @@ alone, so a row's result never depends on the other rows; nothing reads a device
 host, so a decode round's routing is captured in its CUDA graph.
 
 An fp32 router whose gate is stored transposed (`gate` [E, H] a view of a contiguous [H, E]:
-`columns_major`; glm5_next's) takes `_router_chain_kernel` instead: each logit of a chunk is one
-chain of FMAs down its FP32_CHAIN_SPLIT columns of H, in order, each step reading E contiguous
-fp32 of the gate. An FMA chain has the same bits on a tile of one row or of many, so a one-row
-pass runs on a one-row tile, on as many programs as a bare read of the gate wants.
+`columns_major`) takes `_router_chain_kernel` instead: each logit of a chunk is one chain of FMAs
+down its FP32_CHAIN_SPLIT columns of H, in order, each step reading E contiguous fp32 of the
+gate. An FMA chain has the same bits on a tile of one row or of many, so a one-row pass runs on
+a one-row tile. glm5_next keeps its gate row-major for now: in its one-stream census (288
+experts) the chain's 64-column chunks took 6.5 us a call against 15.6 for the tiled partials,
+but the route kernel then sums 64 chunks, not 16, in 14.7 us against 6.8 (21.2 against 22.4 a
+route; 8 and 64 streams were slower in that run, not separated from its other changes;
+docs/perf.md, session 25). The other chunk and block ways are bench/glm_one_program.py's, not
+yet measured.
 """
 
 from __future__ import annotations
@@ -60,7 +65,10 @@ FUSE_MAX_EXPERTS = 64  # ... for up to this many experts: LFM2-8B-A1B's 32 gaine
 # (tests/test_gpu_kernels.py) and Gemma-4-26B-A4B's one-stream forward went 4.165 -> 3.847 ms
 # (lfm2's: no change; docs/perf.md, session 15)
 ONE_ROW_TILE = True
-ONE_ROW_GROUPS = False  # ... with expert groups too (glm5_next), a one-row pass only
+# ... with expert groups too (glm5_next), a one-row pass only: for bench/glm_one_program.py's
+# ways (session 21 measured no gain at 16 chunks); the GPU test of its bits is to be written
+# before it is turned on
+ONE_ROW_GROUPS = False
 # ... and every pass that its router does not align (more rows than one route program holds):
 # a program a row on that tile, not ROUTE_ROWS rows a program in four warps. The same layout a
 # row, so the same bits. The route alone (bench/decode_kernels.py --align, H200): gemma4 at 8
@@ -80,7 +88,8 @@ EXPERT_BLOCK = 64  # experts a router program computes
 # the H200 with 64 / 32 / 16 / 8 (80 to 640 programs): 19.3 / 27.3 / 23.3 / 33.0, the same bits
 # (the tile along the experts never changes a logit's k order; docs/perf.md, session 24).
 FP32_EXPERT_BLOCK = 64
-# The chain kernel's chunk of H (fixed: part of the reduction order) and its experts a program.
+# The chain kernel's chunk of H (fixed: part of the reduction order) and its experts a program
+# (64 x 64 measured, above; bench/glm_one_program.py's ROUTE_WAYS hold the others).
 FP32_CHAIN_SPLIT = 64
 FP32_CHAIN_EXPERTS = 64
 FP32_CHAIN_ROWS = 16  # rows a chain program takes in a pass of more than one row (any: no bits)

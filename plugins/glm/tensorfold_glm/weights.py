@@ -117,13 +117,6 @@ class MoeWeights:
     # (gate_up [E, 2I, H], down [E, H, I]) that the experts view: the grouped kernels' operands
     stacks: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def __post_init__(self) -> None:
-        # Stored transposed ([H, E] contiguous; router its view): the GPU's fp32 router reads a
-        # column of H as E contiguous values (tensorfold.ops.triton_route.columns_major)
-        r = self.router
-        if r.dim() == 2 and not (r.stride(0) == 1 and r.stride(1) == r.shape[0]):
-            self.router = r.t().contiguous().t()
-
 
 @dataclass
 class LayerWeights:
