@@ -76,6 +76,21 @@ def test_linear_matches_reference_and_is_row_invariant(dtype, tol, bias):
         assert torch.equal(triton_linear.linear(x[a:z].clone(), w, b), got[a:z])
 
 
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 70])  # the split grid's tile, a prompt's
+def test_linear_stored_as_fp32_is_the_rounded_product_widened(bias, rows):
+    """out_dtype=fp32 (the logits): the bf16 product's bits, widened by the product's own store,
+    on the kernels and on the CPU path."""
+    x = randn(rows, 96, seed=6, dtype=torch.bfloat16)
+    w = randn(80, 96, seed=7, dtype=torch.bfloat16, scale=0.1)
+    b = randn(80, seed=8, dtype=torch.bfloat16) if bias else None
+    got = triton_linear.linear(x, w, b, out_dtype=torch.float32)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, triton_linear.linear(x, w, b).float())
+    cpu = ref_linear.linear(x, w, b, out_dtype=torch.float32)
+    assert cpu.dtype == torch.float32 and torch.equal(cpu, ref_linear.linear(x, w, b).float())
+
+
 # --- norms ---
 
 

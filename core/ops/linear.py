@@ -16,12 +16,17 @@ from .gpu import use_triton
 ROW_BLOCK = 16
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ weight[N, K]ᵀ (+ bias) -> [..., N], each row independent of the others."""
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """x [..., K] @ weight[N, K]ᵀ (+ bias) -> [..., N], each row independent of the others; in
+    x's dtype, then as out_dtype (a wider float, exactly: `linear(x, w).to(out_dtype)`; on the
+    GPU stored so by the product's own launch)."""
     if use_triton(x) and x.dtype == weight.dtype:
         from .triton_linear import linear as triton_linear
 
-        return triton_linear(x, weight, bias)
+        return triton_linear(x, weight, bias, out_dtype)
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1])
     m = rows.shape[0]
@@ -35,4 +40,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     out = out[:m]
     if bias is not None:
         out = out + bias
+    if out_dtype is not None:
+        out = out.to(out_dtype)
     return out.reshape(*lead, weight.shape[0])

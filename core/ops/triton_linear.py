@@ -165,17 +165,21 @@ def _linear_kernel(
                 x_ptr, w_ptr, rm, rn, M, N, t * CHUNK, tl.minimum(K, (t + 1) * CHUNK),
                 stride_xm, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
             )
-    if finish:
-        out = total.to(o_ptr.dtype.element_ty)
+    if finish:  # rounded to x's dtype, then stored in out's (the same, or a wider float)
+        out = total.to(x_ptr.dtype.element_ty)
         if HAS_BIAS:
             bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0)
-            out = (out.to(tl.float32) + bias.to(tl.float32)).to(o_ptr.dtype.element_ty)
+            out = (out.to(tl.float32) + bias.to(tl.float32)).to(x_ptr.dtype.element_ty)
         o_ptrs = o_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
-        tl.store(o_ptrs, out, mask=(rm[:, None] < M) & (rn[None, :] < N))
+        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ weight[N, K]ᵀ (+ bias [N]) -> [..., N] in x's dtype."""
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """x [..., K] @ weight[N, K]ᵀ (+ bias [N]) -> [..., N] in x's dtype, stored in out_dtype
+    (a float at least as wide: the logits as fp32 without a launch of their own)."""
     lead = x.shape[:-1]
     k = x.shape[-1]
     n = weight.shape[0]
@@ -185,7 +189,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
     m = rows.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    out = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
     if m:
         bm, t = pick(m, n, k)
         splits = splits_of(n, k)

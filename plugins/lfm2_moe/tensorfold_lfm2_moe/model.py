@@ -82,4 +82,4 @@ class Lfm2MoeModel(FamilyModel):
         out = rms_norm(h.index_select(0, fp.logit_rows), w.final_norm, cfg.norm_eps)
         if self.tp.world > 1 and shards.vocab_parallel(cfg, self.tp.world):
             return parallel.gather_columns(linear(out, w.lm_head)).float()  # [R, V]
-        return linear(out, w.lm_head).float()  # [R, V]
+        return linear(out, w.lm_head, out_dtype=torch.float32)  # [R, V], rounded, stored as fp32
