@@ -7,7 +7,8 @@ stochastic by the reference's eps-ratio Sinkhorn (x / (sum + eps), columns first
 iters - 1 rounds of rows and columns) — not the log-space form. No state crosses tokens.
 
 On the GPU (`use_triton`) the collapse and the block norm after it are one Triton kernel pair,
-and the expand another (triton_mhc.py).
+the expand another, and the streams a pass starts from and the final head one launch each
+(triton_mhc.py).
 """
 
 from __future__ import annotations
@@ -78,6 +79,26 @@ def expand(
     for m in range(1, residual.shape[1]):
         mixed = mixed + comb[:, m, :, None] * residual[:, m, None, :].float()
     return post.to(dtype)[:, :, None] * y[:, None, :] + mixed.to(dtype)
+
+
+def streams_in(embed: torch.Tensor, tokens: torch.Tensor, hc: int) -> torch.Tensor:
+    """The residual streams a pass starts from: each token's embedding, hc times. embed [V, H];
+    tokens [N] -> [N, hc, H]."""
+    if use_triton(embed):
+        from .triton_mhc import streams_in as fused
+
+        return fused(embed, tokens, hc)
+    e = embed.index_select(0, tokens)  # [N, H]
+    return e[:, None, :].expand(-1, hc, -1).contiguous()
+
+
+def head_of_rows(streams: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """head of the streams of rows [R] (the pass's logit rows): [N, hc, H] -> [R, H]."""
+    if use_triton(streams):
+        from .triton_mhc import head as fused
+
+        return fused(streams, rows)
+    return head(streams.index_select(0, rows))
 
 
 def head(streams: torch.Tensor) -> torch.Tensor:

@@ -81,8 +81,7 @@ class GlmModel(FamilyModel):
         (`tensorfold.ops.gpu.use_triton`); a decode pass reads nothing back to the host, so the
         graph runner can capture it (per-stream layout from `pass_meta(fp)` only)."""
         cfg, w = self.cfg, self.weights
-        e = w.embed.index_select(0, fp.tokens)  # [N, H]
-        streams = e[:, None, :].expand(-1, cfg.hc_mult, -1).contiguous()  # [N, hc, H]
+        streams = mhc.streams_in(w.embed, fp.tokens, cfg.hc_mult)  # [N, hc, H]
         masks: list[torch.Tensor] | None = None  # the last MLA layer's key sets, per stream
         for i, layer in enumerate(w.layers):
             post, comb, x = mhc.collapse_norm(cfg, layer.attn_hc, streams, layer.input_norm)
@@ -94,8 +93,8 @@ class GlmModel(FamilyModel):
             streams = mhc.expand(post, comb, y, streams)
             post, comb, x = mhc.collapse_norm(cfg, layer.ffn_hc, streams, layer.post_norm)
             streams = mhc.expand(post, comb, ffn(cfg, x, layer.ffn), streams)
-        h = mhc.head(streams.index_select(0, fp.logit_rows))  # [R, H]
-        logits = linear(rms_norm(h, w.final_norm, cfg.rms_norm_eps), w.lm_head)
-        if shards.vocab_parallel(cfg, self.tp.world):
-            logits = parallel.gather_columns(logits)  # [R, V]: the ranks' vocabularies in order
-        return logits.float()
+        h = mhc.head_of_rows(streams, fp.logit_rows)  # [R, H]
+        normed = rms_norm(h, w.final_norm, cfg.rms_norm_eps)
+        if shards.vocab_parallel(cfg, self.tp.world):  # [R, V]: the ranks' vocabularies in order
+            return parallel.gather_columns(linear(normed, w.lm_head)).float()
+        return linear(normed, w.lm_head, out_dtype=torch.float32)  # rounded, stored as fp32

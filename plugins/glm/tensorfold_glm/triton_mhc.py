@@ -1,5 +1,6 @@
 """The mHC residual on the GPU in Triton (mhc.py is the torch reference): the collapse fused with
-the RMSNorm after it, and the expand.
+the RMSNorm after it, the expand, the streams a pass starts from (`streams_in`) and the final
+mean of the logit rows' streams (`head`), each one launch.
 
 Collapse, per token, in two launches:
 1. `_project_kernel`: the flattened streams f [hc·H] against fn [(2+hc)·hc, hc·H] in fp32
@@ -275,4 +276,63 @@ def expand(
             post.contiguous(), comb.contiguous(), y.contiguous(), residual, out, n, h, HC=hc,
             ROWS=EXPAND_ROWS, BH=bh, num_warps=4, **launch_options(residual),
         )
+    return out
+
+
+@triton.jit(do_not_specialize=["H"])
+def _streams_in_kernel(embed_ptr, token_ptr, out_ptr, H, HC: tl.constexpr, BH: tl.constexpr,
+                       PDL: tl.constexpr = False):
+    after_prior(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
+    mask = cols < H
+    token = tl.load(token_ptr + row).to(tl.int64)
+    e = tl.load(embed_ptr + token * H + cols, mask=mask)
+    for m in tl.static_range(HC):
+        tl.store(out_ptr + (row * HC + m) * H + cols, e, mask=mask)
+
+
+def streams_in(embed: torch.Tensor, tokens: torch.Tensor, hc: int) -> torch.Tensor:
+    """The residual streams a pass starts from: each token's embedding row, hc times, in one
+    launch (the model's index_select then expand's copy). embed [V, H]; tokens [N] ->
+    [N, hc, H]."""
+    n, h = tokens.shape[0], embed.shape[1]
+    out = torch.empty(n, hc, h, dtype=embed.dtype, device=embed.device)
+    if n:
+        bh = min(BLOCK_H, next_power_of_2(h))
+        _streams_in_kernel[(n, cdiv(h, bh))](
+            embed.contiguous(), tokens, out, h, HC=hc, BH=bh, num_warps=4,
+            **launch_options(embed),
+        )
+    return out
+
+
+@triton.jit(do_not_specialize=["H"])
+def _head_kernel(x_ptr, rows_ptr, out_ptr, H, HC: tl.constexpr, BH: tl.constexpr,
+                 PDL: tl.constexpr = False):
+    after_prior(PDL)
+    r = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
+    mask = cols < H
+    row = tl.load(rows_ptr + r).to(tl.int64)
+    total = tl.load(x_ptr + row * HC * H + cols, mask=mask, other=0.0).to(tl.float32)
+    for m in tl.static_range(1, HC):
+        total = total + tl.load(x_ptr + (row * HC + m) * H + cols, mask=mask,
+                                other=0.0).to(tl.float32)
+    mean = tl.math.div_rn(total, tl.full((BH,), HC, dtype=tl.float32))
+    tl.store(out_ptr + r * H + cols, mean.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def head(streams: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """mhc.head of the pass's rows `rows` [R] (the logit rows) in one launch, where the index
+    select and torch's float, add, divide and round took ten: streams [N, hc, H] -> [R, H], the
+    streams summed in fp32 in order, divided by hc (IEEE), rounded to the streams' dtype."""
+    _, hc, h = streams.shape
+    r = rows.shape[0]
+    streams = streams.contiguous()
+    out = torch.empty(r, h, dtype=streams.dtype, device=streams.device)
+    if r:
+        bh = min(BLOCK_H, next_power_of_2(h))
+        _head_kernel[(r, cdiv(h, bh))](streams, rows, out, h, HC=hc, BH=bh, num_warps=4,
+                                       **launch_options(streams))
     return out

@@ -164,6 +164,23 @@ def test_expand_matches_the_reference_and_is_row_invariant(dtype, tol):
     assert torch.equal(triton_mhc.expand(post[5:6], comb[5:6], y[5:6], res[5:6]), got[5:6])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_streams_in_and_the_head_of_the_logit_rows_give_the_references_bits(dtype):
+    """streams_in (the embedding rows hc times) and head_of_rows (the logit rows' stream mean),
+    one launch each: the torch path's bits (a copy; fp32 adds in stream order, an IEEE divide,
+    one rounding)."""
+    embed = randn(50, 40, seed=5, dtype=dtype)
+    tokens = torch.tensor([3, 49, 3, 0, 17])
+    streams = triton_mhc.streams_in(embed, tokens, 4)
+    assert torch.equal(streams, embed[tokens][:, None, :].expand(-1, 4, -1))
+    res = randn(7, 4, 40, seed=6, dtype=dtype)
+    rows = torch.tensor([6, 2, 3])
+    assert torch.equal(triton_mhc.head(res, rows), ref_mhc.head(res.index_select(0, rows)))
+    three = randn(2, 3, 40, seed=7, dtype=dtype)  # a stream count that is not a power of two
+    one = torch.tensor([1])
+    assert torch.equal(triton_mhc.head(three, one), ref_mhc.head(three[1:]))
+
+
 # --- a KDA-only model through the kernels ---
 
 
