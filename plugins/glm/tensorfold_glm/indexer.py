@@ -64,7 +64,6 @@ def select(
                layer_norm(k_raw, w.k_norm, w.k_bias, K_NORM_EPS))
     rows.write(f"{name}.index_gate", fp.write_index, gate)
     q = linear(q_resid, w.wq_b).view(n, heads, dim)  # [N, nI, dI]
-    weights = head_w.float() * heads**-0.5  # [N, nI]
     if use_triton(x):
         from tensorfold.ops.pass_meta import pass_meta
 
@@ -73,8 +72,10 @@ def select(
         meta, key_rows = pass_meta(fp), rows.flat(f"{name}.pool_key")
         write_pool_keys(rows.flat(f"{name}.index_k"), rows.flat(f"{name}.index_gate"), w.ape,
                         key_rows, fp.positions, fp.write_index, meta, fp.page_rows)
-        return select_pools(q, weights, key_rows, kpool, fp.positions, meta, fp.page_rows,
-                            pool_columns(fp, kpool), cfg.select_pools, dim**-0.5)
+        # the head weights (a column slice of x_maps) scaled as below, in the scores' launch
+        return select_pools(q, head_w, key_rows, kpool, fp.positions, meta, fp.page_rows,
+                            pool_columns(fp, kpool), cfg.select_pools, dim**-0.5, heads**-0.5)
+    weights = head_w.float() * heads**-0.5  # [N, nI]
     q = q.float()
     masks = []
     for i, (stream, (lo, hi)) in enumerate(zip(fp.streams, fp.spans)):

@@ -162,7 +162,7 @@ def write_pool_keys(
 @triton.jit(do_not_specialize=["stride_ts", "stride_tp", "W"])
 def _score_kernel(
     q_ptr, w_ptr, pk_ptr, key_ptr, pos_ptr, block_stream, block_row0, block_len,
-    table_ptr, stride_ts, stride_tp, page_rows, W, scale,
+    table_ptr, stride_ts, stride_tp, page_rows, W, scale, w_scale,
     stride_qn, stride_qh, stride_wn, stride_pn,
     NI: tl.constexpr, DI: tl.constexpr, DIP: tl.constexpr, KPOOL: tl.constexpr,
     QB: tl.constexpr, PT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
@@ -196,7 +196,8 @@ def _score_kernel(
             qh = tl.load(q_ptr + qrow[:, None] * stride_qn + h * stride_qh + d[None, :],
                          mask=rvalid[:, None] & dok[None, :], other=0.0)
             dots = mma(qh, tl.trans(pooled), tl.zeros((QB, PT), dtype=tl.float32), IEEE, INTERP)
-            wh = tl.load(w_ptr + qrow * stride_wn + h, mask=rvalid, other=0.0)
+            wh = tl.load(w_ptr + qrow * stride_wn + h, mask=rvalid, other=0.0).to(tl.float32)
+            wh = wh * w_scale  # the head weights' scale, in fp32 as the CPU path applies it
             score += wh[:, None] * tl.maximum(dots * scale, 0.0)
         score = score + 0.0  # -0.0 -> +0.0: equal scores must have equal keys
         bits = score.to(tl.int32, bitcast=True)
@@ -210,22 +211,26 @@ def _score_kernel(
 def pool_key_scores(
     q: torch.Tensor, weights: torch.Tensor, key_rows: torch.Tensor, kpool: int,
     positions: torch.Tensor, meta: PassMeta, page_rows: int, pools: int, scale: float,
+    weight_scale: float = 1.0,
 ) -> torch.Tensor:
     """Each query's ranking key for pools [0, pools): [N, pools] int64, NO_POOL where the pool is
     not a candidate (incomplete, or ending after the query). q [N, nI, dI] (model dtype);
-    weights [N, nI] fp32; key_rows [P*R, dI] the flat paged pool keys (write_pool_keys), in
-    q's dtype, of every complete pool ending at or before each block's last query."""
+    weights [N, nI] (its rows may be strided), each head's weight read as fp32 times
+    weight_scale (fp32: the CPU path's `weights.float() * weight_scale`, in the scores' launch);
+    key_rows [P*R, dI] the flat paged pool keys (write_pool_keys), in q's dtype, of every
+    complete pool ending at or before each block's last query."""
     n, heads, dim = q.shape
     keys = torch.empty(n, pools, dtype=torch.int64, device=q.device)
     if n == 0 or pools == 0:
         return keys
     q = q.contiguous()
-    weights = weights.contiguous()
+    if weights.stride(1) != 1:
+        weights = weights.contiguous()
     grid = (meta.num_blocks, cdiv(pools, POOL_TILE))
     _score_kernel[grid](
         q, weights, key_rows, keys, positions, meta.block_stream, meta.block_row0,
         meta.block_len, meta.table, meta.table.stride(0), meta.table.stride(1), page_rows, pools,
-        scale, q.stride(0), q.stride(1), weights.stride(0), key_rows.stride(0),
+        scale, weight_scale, q.stride(0), q.stride(1), weights.stride(0), key_rows.stride(0),
         NI=heads, DI=dim, DIP=next_power_of_2(dim), KPOOL=kpool, QB=QUERY_ROWS,
         PT=POOL_TILE, IEEE=q.dtype == torch.float32, INTERP=interpreting(), num_warps=4,
         **launch_options(q),
@@ -302,10 +307,12 @@ def top_pools(keys: torch.Tensor, limit: int) -> torch.Tensor:
 def select_pools(
     q: torch.Tensor, weights: torch.Tensor, key_rows: torch.Tensor, kpool: int,
     positions: torch.Tensor, meta: PassMeta, page_rows: int, pools: int, limit: int,
-    scale: float,
+    scale: float, weight_scale: float = 1.0,
 ) -> torch.Tensor:
     """[N, min(limit, pools)] int32: each query's chosen pools (see the module docstring).
     key_rows: the flat paged pool keys (write_pool_keys run on this pass first); pools: an upper
-    bound on the complete pools of any stream in the pass."""
-    keys = pool_key_scores(q, weights, key_rows, kpool, positions, meta, page_rows, pools, scale)
+    bound on the complete pools of any stream in the pass; weights, weight_scale as
+    pool_key_scores takes them."""
+    keys = pool_key_scores(q, weights, key_rows, kpool, positions, meta, page_rows, pools, scale,
+                           weight_scale)
     return top_pools(keys, limit)

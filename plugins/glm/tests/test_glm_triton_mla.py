@@ -221,6 +221,12 @@ def test_pool_keys_and_scores_kernels_match_the_reference(dtype, tol):
         if cand.any():
             assert rel(got[lo:hi, :pools][cand], want[cand]) < tol
     assert torch.equal(~pk.isnan().any(-1), written)  # no other row was written
+    # the head weights as the GPU path passes them, a bf16 column slice scaled in the launch:
+    # the keys of the CPU path's `weights.float() * scale`
+    head_w = randn(fp.num_rows, ni + 5, seed=9, dtype=torch.bfloat16)[:, 5:]
+    args = (pk, kp, fp.positions, build_meta(fp), PAGE_ROWS, 16, di**-0.5)
+    assert torch.equal(triton_indexer.pool_key_scores(q, head_w, *args, ni**-0.5),
+                       triton_indexer.pool_key_scores(q, head_w.float() * ni**-0.5, *args))
     # a pool's key has the same bits written by any pass: here one row of a pass at a time
     again = clone(rows)
     again.flat("L0.pool_key").fill_(float("nan"))
