@@ -6,7 +6,8 @@ stream lives at flat row `pages[pos // page_rows] * page_rows + pos % page_rows`
 Under TF_KV_DTYPE=fp8 a quantized row's buffer is float8 e4m3 and its scales are the buffer
 `NAME.scale` at the same flat rows (tensorfold.kv_dtype): `write` fills both, readers take
 `flat(name)` with `scales(name)`. `write_many` writes a layer's K and V together: on the GPU
-their fp8 rows take one launch (tensorfold.ops.kv_quant.write_quantized).
+their fp8 rows take one launch (tensorfold.ops.kv_quant.write_quantized), and the rows of
+buffers kept in their own dtype another (kv_quant.copy_rows_many).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tensorfold import hookimpl
 from tensorfold.family import RowSpec, StateLayout
 from tensorfold.kv_dtype import SCALE
 from tensorfold.kv_pool import Lease
-from tensorfold.ops.kv_quant import FP8_DTYPE, index_copy_rows, write_quantized
+from tensorfold.ops.kv_quant import FP8_DTYPE, copy_rows_many, write_quantized
 
 TORCH_DTYPES = {
     "float32": torch.float32,
@@ -63,13 +64,15 @@ class PagedRows:
     def write_many(self, index: torch.Tensor, items: Sequence[tuple[str, torch.Tensor]]) -> None:
         """write(name, index, values) for each (name, values) of items; the fp8 ones quantized
         together (one launch for K and V on the GPU)."""
-        quantized = []
+        quantized, copied = [], []
         for name, values in items:
             buf, scales = self.buffers[name], self.scales(name)
             if buf.dtype == FP8_DTYPE and scales is not None:
                 quantized.append((values, buf, scales))
             else:
-                index_copy_rows(buf, index, values.to(buf.dtype))
+                copied.append((buf, values.to(buf.dtype)))
+        if copied:
+            copy_rows_many(index, copied)
         if quantized:
             write_quantized(index, quantized)
 

@@ -47,6 +47,20 @@ def index_copy_rows(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -
     dst.index_copy_(0, index, src)
 
 
+def copy_rows_many(index: torch.Tensor, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """index_copy_rows(dst, index, src) for each (dst, src) of pairs; on the GPU the pairs not
+    stored as e4m3 take one launch for each MAX_PAIRS (triton_scatter.scatter_rows)."""
+    plain = [(d, s) for d, s in pairs if d.dtype != FP8_DTYPE]
+    if plain and use_triton(index):
+        from .triton_scatter import MAX_PAIRS, scatter_rows
+
+        for i in range(0, len(plain), MAX_PAIRS):
+            scatter_rows(index, plain[i : i + MAX_PAIRS])
+        pairs = [(d, s) for d, s in pairs if d.dtype == FP8_DTYPE]
+    for dst, src in pairs:
+        index_copy_rows(dst, index, src)
+
+
 def write_quantized(
     index: torch.Tensor, writes: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 ) -> None:
