@@ -21,7 +21,7 @@ pass computes it).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -47,22 +47,22 @@ Selection = list[torch.Tensor] | torch.Tensor
 
 def select(
     cfg: GlmConfig, name: str, w: IndexerWeights, x: torch.Tensor, q_resid: torch.Tensor,
-    fp: ForwardPass, rows: "PagedRows",
+    fp: ForwardPass, rows: "PagedRows", also: Sequence[tuple[str, torch.Tensor]] = (),
 ) -> Selection:
-    """Write the pass's indexer rows to `{name}.index_k` / `{name}.index_gate` and return, per
-    stream, the keys each of its rows attends to: [rows, end] bool (on the GPU: the chosen
-    pools, see Selection). On the GPU it also writes the key of each pool a row of the pass
-    completes to `{name}.pool_key` (at the pool's last row); the CPU path rebuilds the pools'
-    keys from the rows instead and leaves `{name}.pool_key` untouched.
+    """Write the pass's indexer rows to `{name}.index_k` / `{name}.index_gate` (with `also`,
+    the layer's other rows for the same positions: one write, one launch on the GPU) and
+    return, per stream, the keys each of its rows attends to: [rows, end] bool (on the GPU: the
+    chosen pools, see Selection). On the GPU it also writes the key of each pool a row of the
+    pass completes to `{name}.pool_key` (at the pool's last row); the CPU path rebuilds the
+    pools' keys from the rows instead and leaves `{name}.pool_key` untouched.
     x [N, H] (normed); q_resid [N, q_lora_rank]."""
     n, heads, dim, kpool = x.shape[0], cfg.index_n_heads, cfg.index_head_dim, cfg.index_kpool
     if use_triton(x):  # x's three maps in one product
         k_raw, gate, head_w = linear(x, w.x_maps).split([dim, dim, heads], dim=1)
     else:
         k_raw, gate, head_w = linear(x, w.wk), linear(x, w.gate), linear(x, w.weights_proj)
-    rows.write(f"{name}.index_k", fp.write_index,
-               layer_norm(k_raw, w.k_norm, w.k_bias, K_NORM_EPS))
-    rows.write(f"{name}.index_gate", fp.write_index, gate)
+    rows.write_many(fp.write_index, [*also, (f"{name}.index_k", layer_norm(
+        k_raw, w.k_norm, w.k_bias, K_NORM_EPS)), (f"{name}.index_gate", gate)])
     q = linear(q_resid, w.wq_b).view(n, heads, dim)  # [N, nI, dI]
     if use_triton(x):
         from tensorfold.ops.pass_meta import pass_meta

@@ -55,10 +55,11 @@ def mla(
     q_resid = rms_norm(linear(x, w.q_a, w.q_a_bias), w.q_a_norm, eps)  # [N, q_lora_rank]
     q = linear(q_resid, w.q_b).view(n, -1, cfg.qk_nope_head_dim)  # [N, heads, dn]
     latent = rms_norm(linear(x, w.kv_a, w.kv_a_bias), w.kv_a_norm, eps)  # [N, r]
-    rows.write(f"{name}.latent", fp.write_index, latent)
-    if w.indexer is not None:
-        masks = indexer.select(cfg, name, w.indexer, x, q_resid, fp, rows)
+    if w.indexer is not None:  # the latent rows written with the indexer's
+        masks = indexer.select(cfg, name, w.indexer, x, q_resid, fp, rows,
+                               also=[(f"{name}.latent", latent)])
     elif shared is not None:
+        rows.write(f"{name}.latent", fp.write_index, latent)
         masks = shared
     else:
         raise ValueError(f"{name} shares its index set, but no earlier layer computed one")
