@@ -35,18 +35,19 @@ from tensorfold_glm import triton_indexer, triton_mhc  # noqa: E402
 REPS = 20
 ROUTE_WAYS = {  # (the gate's layout, triton_route's switches); "tiled": sessions 23 - 24
     "tiled_64": ("rows", dict(FP32_EXPERT_BLOCK=64)),
+    # the FMA chain, its 64 chunks added by the route kernel (session 25's census: 6.5 + 14.7 us)
+    "chain_64x64_route_sums": ("columns", dict(FP32_CHAIN_SPLIT=64, FP32_CHAIN_EXPERTS=64,
+                                               FP32_CHAIN_SUMS=False)),
+    # ... by the chain's last program of each expert block instead (the route adds one)
     "chain_64x64": ("columns", dict(FP32_CHAIN_SPLIT=64, FP32_CHAIN_EXPERTS=64)),
+    "chain_64x32": ("columns", dict(FP32_CHAIN_SPLIT=64, FP32_CHAIN_EXPERTS=32)),
     "chain_64x128": ("columns", dict(FP32_CHAIN_SPLIT=64, FP32_CHAIN_EXPERTS=128)),
-    "chain_64x256": ("columns", dict(FP32_CHAIN_SPLIT=64, FP32_CHAIN_EXPERTS=256)),
     "chain_32x64": ("columns", dict(FP32_CHAIN_SPLIT=32, FP32_CHAIN_EXPERTS=64)),
     "chain_128x64": ("columns", dict(FP32_CHAIN_SPLIT=128, FP32_CHAIN_EXPERTS=64)),
     "chain_128x32": ("columns", dict(FP32_CHAIN_SPLIT=128, FP32_CHAIN_EXPERTS=32)),
     "chain_256x16": ("columns", dict(FP32_CHAIN_SPLIT=256, FP32_CHAIN_EXPERTS=16)),
-    "chain_256x32": ("columns", dict(FP32_CHAIN_SPLIT=256, FP32_CHAIN_EXPERTS=32)),
     "chain_64x64_one_row_groups": ("columns", dict(FP32_CHAIN_SPLIT=64, FP32_CHAIN_EXPERTS=64,
                                                    ONE_ROW_GROUPS=True)),
-    "chain_128x32_one_row_groups": ("columns", dict(FP32_CHAIN_SPLIT=128, FP32_CHAIN_EXPERTS=32,
-                                                    ONE_ROW_GROUPS=True)),
 }
 TOP_POOL_WIDTHS = (64, 256, 1024, 2048)  # pools a row: top_pools in one launch against torch's
 COLLAPSE_WAYS = {  # session 23's first; then the collapse's warps, the projection's pieces

@@ -413,12 +413,17 @@ def test_route_matches_reference(dtype, norm, bias):
         assert torch.equal(se, got_e[a:z]) and torch.equal(sw, got_w[a:z])
 
 
-def test_fp32_router_on_a_columns_major_gate_chains_its_fmas_a_row_alone_as_in_a_batch():
+@pytest.mark.parametrize("sums", [True, False])
+def test_fp32_router_on_a_columns_major_gate_chains_its_fmas_a_row_alone_as_in_a_batch(
+        sums, monkeypatch):
     """An fp32 router with expert groups (glm5_next's kind), its gate stored transposed
-    (columns_major), so each logit is one FMA chain a chunk of H (_router_chain_kernel, on a
-    one-row tile for one row): the logits of x.float() @ gate.float()ᵀ within fp32 rounding,
-    the experts and weights of the row-major gate's kernel where no two keys are within
-    rounding, and a row alone (a one-row tile) the bits of the same row among 44 others."""
+    (columns_major), so each logit is one FMA chain a chunk of H (_router_chain_kernel; a pass
+    of up to FP32_CHAIN_SPLIT_ROWS rows a program a chunk, the chunks added by the last to
+    arrive, or with sums off by the route kernel; a larger pass's programs walk the chunks):
+    the logits of x.float() @ gate.float()ᵀ within fp32 rounding, the experts and weights of
+    the row-major gate's kernel where no two keys are within rounding, and a row alone (a
+    one-row tile) the bits of the same row in a split pass and in a walked one."""
+    monkeypatch.setattr(triton_route, "FP32_CHAIN_SUMS", sums)
     x = randn(45, 600, seed=23, dtype=torch.bfloat16)  # 10 chunks of 64, the last one short
     gate = randn(64, 600, seed=24, scale=0.05)
     bias = randn(64, seed=25, scale=0.1)
@@ -430,16 +435,19 @@ def test_fp32_router_on_a_columns_major_gate_chains_its_fmas_a_row_alone_as_in_a
         return triton_route.route(rows, g, bias, 6, norm_topk_prob=True, scaling=2.5, fp32=True,
                                   norm_eps=1e-20, groups=8, keep_groups=4, by_expert=True)
 
-    splits = -(-600 // triton_route.FP32_CHAIN_SPLIT)
-    part = triton_route._chain_partials(x, cols, 64, splits)
     logits = x.float() @ gate.t()
-    assert (part.sum(0) - logits).abs().max() <= 1e-5 * logits.abs().max()
+    for rows in (x[:1], x[:16], x):  # one row, a split pass, a walked one
+        part, splits = triton_route._chain_logits(rows, cols, 64)
+        assert splits == (1 if sums or rows.shape[0] > 16 else 10)
+        got = part.sum(0) if splits > 1 else part[0]
+        want = logits[: rows.shape[0]]
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max()
     got_w, got_e = run(x, cols)
     want_w, want_e = run(x, gate)  # the row-major gate: the tiled kernel's sums
     same = (got_e == want_e).all(-1)
     assert same.float().mean() > 0.9
     assert rel(got_w[same], want_w[same]) < 1e-6
-    for a, z in [(0, 1), (20, 21), (44, 45), (3, 30)]:
+    for a, z in [(0, 1), (20, 21), (44, 45), (3, 19), (3, 30)]:
         sw, se = run(x[a:z].clone(), cols)
         assert torch.equal(se, got_e[a:z]) and torch.equal(sw, got_w[a:z])
 

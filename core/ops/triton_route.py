@@ -17,12 +17,13 @@ An fp32 router whose gate is stored transposed (`gate` [E, H] a view of a contig
 `columns_major`) takes `_router_chain_kernel` instead: each logit of a chunk is one chain of FMAs
 down its FP32_CHAIN_SPLIT columns of H, in order, each step reading E contiguous fp32 of the
 gate. An FMA chain has the same bits on a tile of one row or of many, so a one-row pass runs on
-a one-row tile. glm5_next keeps its gate row-major for now: in its one-stream census (288
-experts) the chain's 64-column chunks took 6.5 us a call against 15.6 for the tiled partials,
-but the route kernel then sums 64 chunks, not 16, in 14.7 us against 6.8 (21.2 against 22.4 a
-route; 8 and 64 streams were slower in that run, not separated from its other changes;
-docs/perf.md, session 25). The other chunk and block ways are bench/glm_one_program.py's, not
-yet measured.
+a one-row tile; a decode-sized pass runs a program a chunk, the chunks added in order by the
+last program of each expert block to arrive (triton_splitk's counters), a prompt's programs
+walk the chunks in the same order. glm5_next keeps its gate row-major for now: in its
+one-stream census (288 experts) the chain's 64-column chunks took 6.5 us a call against 15.6
+for the tiled partials, but with the route kernel adding the 64 chunks (not 16) the route took
+14.7 us against 6.8 (docs/perf.md, session 25). The chunks added in the chain's own launch, and
+the other chunk and block ways, are bench/glm_one_program.py's, not yet measured.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ FP32_EXPERT_BLOCK = 64
 FP32_CHAIN_SPLIT = 64
 FP32_CHAIN_EXPERTS = 64
 FP32_CHAIN_ROWS = 16  # rows a chain program takes in a pass of more than one row (any: no bits)
+FP32_CHAIN_SPLIT_ROWS = 16  # passes of up to this many rows: a program a chunk
+FP32_CHAIN_SUMS = True  # ... the chunks added by the chain's last program (False: by the route)
 
 
 @triton.jit(do_not_specialize=["M"])  # one binary for any row count
@@ -136,29 +139,61 @@ def _router_partial(
     tl.store(part_ptr + offs, acc, mask=rm[:, None] < M)
 
 
-@triton.jit(do_not_specialize=["M"])  # one binary for any row count
-def _router_chain_kernel(
-    x_ptr, gt_ptr, part_ptr, M, E, K, stride_xm, EB: tl.constexpr, BM: tl.constexpr,
-    EBLK: tl.constexpr, KS: tl.constexpr, PDL: tl.constexpr = False,
-):
-    """Split s of the fp32 router logits, x[:, s*KS : (s+1)*KS] @ gt[same, experts of this
-    block]: for each logit one FMA chain over the split's columns in order, from 0. gt [K, E]
-    fp32 contiguous (the gate transposed)."""
-    after_prior(PDL)
-    rm = tl.program_id(0) * BM + tl.arange(0, BM)
-    s = tl.program_id(1)
-    re = tl.program_id(2) * EBLK + tl.arange(0, EBLK)
-    rmask = rm < M
-    emask = re < E
-    x_rows = x_ptr + rm.to(tl.int64) * stride_xm
+@triton.jit
+def _chain_chunk(x_rows, rmask, gt_ptr, re, emask, E, K, k0, BM: tl.constexpr,
+                 EBLK: tl.constexpr, KS: tl.constexpr):
+    """x[rows, k0 : k0+KS] @ gt[same, re]: each logit one FMA chain over the chunk's columns in
+    order, from 0. -> [BM, EBLK] fp32."""
     acc = tl.zeros((BM, EBLK), dtype=tl.float32)
     for j in tl.static_range(KS):  # unrolled: the chunk's loads in flight together
-        k = s * KS + j
+        k = k0 + j
         a = tl.load(x_rows + k, mask=rmask & (k < K), other=0.0).to(tl.float32)
         b = tl.load(gt_ptr + k.to(tl.int64) * E + re, mask=emask & (k < K), other=0.0)
         acc = tl.fma(a[:, None], b[None, :], acc)
-    offs = (s * M + rm)[:, None].to(tl.int64) * EB + re[None, :]
-    tl.store(part_ptr + offs, acc, mask=rmask[:, None] & emask[None, :])
+    return acc
+
+
+@triton.jit(do_not_specialize=["M"])  # one binary for any row count
+def _router_chain_kernel(
+    x_ptr, gt_ptr, out_ptr, ws_ptr, cnt_ptr, M, E, K, stride_xm, ws_rows,
+    EB: tl.constexpr, BM: tl.constexpr, EBLK: tl.constexpr, KS: tl.constexpr,
+    SPLITS: tl.constexpr, SPLIT_GRID: tl.constexpr, SUM: tl.constexpr, INTERP: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    """The fp32 router's logits x @ gt in SPLITS chunks of KS columns of K (gt [K, E] fp32
+    contiguous: the gate transposed), each chunk's logit an FMA chain (_chain_chunk), the
+    chunks added in order from +0. SPLIT_GRID: a program a chunk (program_id 1), its partial
+    to ws [SPLITS, ws_rows, EB]; with SUM the block's last program to arrive adds them up and
+    stores the logits to out [M, EB]; without, the partials are the output (out unused: a
+    route kernel sums them). Otherwise a program walks the chunks in order itself."""
+    after_prior(PDL)
+    pid_m = tl.program_id(0)
+    pid_e = tl.program_id(2)
+    rm = pid_m * BM + tl.arange(0, BM)
+    re = pid_e * EBLK + tl.arange(0, EBLK)
+    rmask = rm < M
+    emask = re < E
+    live = rmask[:, None] & emask[None, :]
+    x_rows = x_ptr + rm.to(tl.int64) * stride_xm
+    total = tl.zeros((BM, EBLK), dtype=tl.float32)
+    finish = True
+    if SPLIT_GRID:
+        s = tl.program_id(1)
+        part = _chain_chunk(x_rows, rmask, gt_ptr, re, emask, E, K, s * KS, BM, EBLK, KS)
+        ws = ws_ptr + rm[:, None].to(tl.int64) * EB + re[None, :]
+        tl.store(ws + s.to(tl.int64) * ws_rows * EB, part, mask=live)
+        finish = SUM
+        if SUM:
+            tile = pid_m * tl.num_programs(2) + pid_e
+            finish = triton_splitk.arrive(cnt_ptr, tile, SPLITS, INTERP)
+            if finish:
+                total = triton_splitk.chunk_sum(total, ws, ws_rows * EB, live, SPLITS)
+                triton_splitk.depart(cnt_ptr, tile)
+    else:
+        for s in range(SPLITS):  # the chunks in order
+            total += _chain_chunk(x_rows, rmask, gt_ptr, re, emask, E, K, s * KS, BM, EBLK, KS)
+    if finish:
+        tl.store(out_ptr + rm[:, None].to(tl.int64) * EB + re[None, :], total, mask=live)
 
 
 def columns_major(gate: torch.Tensor) -> torch.Tensor:
@@ -173,20 +208,37 @@ def is_columns_major(gate: torch.Tensor) -> bool:
     return gate.dim() == 2 and gate.stride(0) == 1 and gate.stride(1) == gate.shape[0]
 
 
-def _chain_partials(x: torch.Tensor, gate: torch.Tensor, eb: int, splits: int) -> torch.Tensor:
-    """The fp32 router's logits in chunks of FP32_CHAIN_SPLIT columns: [splits, N, EB] fp32."""
+def _chain_logits(x: torch.Tensor, gate: torch.Tensor, eb: int) -> tuple[torch.Tensor, int]:
+    """An fp32 router's logits on _router_chain_kernel (gate columns-major): (part, splits),
+    part [splits, N, EB] fp32 for the route kernel to add up in order: [1, N, EB] when the
+    chain's own launch added its chunks (FP32_CHAIN_SUMS, or a pass of more rows than
+    FP32_CHAIN_SPLIT_ROWS, whose programs walk the chunks), the chunks' partials otherwise.
+    Either way a logit is +0 + chunk 0 + chunk 1 + ...: the same bits."""
     n, h = x.shape
     e = gate.shape[0]
-    part = torch.empty(splits, n, eb, dtype=torch.float32, device=x.device)
+    splits = cdiv(h, FP32_CHAIN_SPLIT)
+    split_grid = n <= FP32_CHAIN_SPLIT_ROWS
     rows = 1 if n == 1 else FP32_CHAIN_ROWS
     eblk = min(next_power_of_2(e), FP32_CHAIN_EXPERTS)
-    if n:
-        _router_chain_kernel[(cdiv(n, rows), splits, cdiv(e, eblk))](
-            x, gate.t(), part, n, e, h, x.stride(0), EB=eb, BM=rows, EBLK=eblk,
-            KS=FP32_CHAIN_SPLIT, num_warps=max(1, min(4, rows * eblk // 32)),
-            **launch_options(x),
-        )
-    return part
+    grid = (cdiv(n, rows), splits if split_grid else 1, cdiv(e, eblk))
+    summed = FP32_CHAIN_SUMS or not split_grid
+    out = torch.empty(1 if summed else splits, n, eb, dtype=torch.float32, device=x.device)
+    if n == 0:
+        return out, out.shape[0]
+    ws_rows = grid[0] * rows
+    if split_grid and summed:
+        ws = torch.empty(splits, ws_rows, eb, dtype=torch.float32, device=x.device)
+        cnt = triton_splitk.counters(x.device, grid[0] * grid[2])
+    elif split_grid:  # the partials are the output; its rows are the pass's
+        ws, cnt, ws_rows = out, out, n
+    else:
+        ws = cnt = out
+    _router_chain_kernel[grid](
+        x, gate.t(), out, ws, cnt, n, e, h, x.stride(0), ws_rows, EB=eb, BM=rows, EBLK=eblk,
+        KS=FP32_CHAIN_SPLIT, SPLITS=splits, SPLIT_GRID=split_grid, SUM=summed,
+        INTERP=interpreting(), num_warps=max(1, min(4, rows * eblk // 32)), **launch_options(x),
+    )
+    return out, out.shape[0]
 
 
 @triton.jit
@@ -411,8 +463,6 @@ def _route(
     if not chain:
         gate = gate.contiguous()
     t = _partial_tiles(x, gate, fp32)
-    if chain:
-        t["splits"] = cdiv(h, FP32_CHAIN_SPLIT)
     eb = t["eb"]
     weights = torch.empty(n, top_k, dtype=weight_dtype, device=x.device)
     experts = torch.empty(n, top_k, dtype=torch.long, device=x.device)
@@ -453,7 +503,10 @@ def _route(
             select.update(ROWS=1, num_warps=1)  # a row's layout kept (see ONE_ROW_TILE)
             if n == 1 and not softmax:
                 select["num_warps"] = SIGMOID_ONE_ROW_WARPS
-        part = _chain_partials(x, gate, eb, t["splits"]) if chain else _partials(x, gate, fp32, t)
+        if chain:
+            part, t["splits"] = _chain_logits(x, gate, eb)
+        else:
+            part = _partials(x, gate, fp32, t)
         pb = next_power_of_2(n * top_k)
         align = {} if aligned is None else dict(
             sorted_ptr=aligned.sorted_pairs, block_ptr=aligned.block_expert,
