@@ -504,6 +504,12 @@ SWEEP_SHAPES = {  # name: (N, K)
     "gemma4 q": (4096, 2816), "gemma4 o": (2816, 4096), "gemma4 k/v": (2048, 2816),
     "gemma4 q+k+v": (8192, 2816), "gemma4 q+k (full)": (9216, 2816),
     "lfm2 lm_head": (65536, 2048), "gemma4 lm_head": (262144, 2816),
+    # glm5_next at GLM-5.3-Flash's widths (session 25's census: the o maps at 23 us, x's narrow
+    # maps at 5.5, f_b / g_b at 4.5, q_a at 7.4 and kv_a at 5.7, each well above a bare read)
+    "glm kda qkv": (24576, 4096), "glm kda o": (4096, 8192), "glm mla o": (4096, 16384),
+    "glm kda x_maps": (320, 4096), "glm indexer x_maps": (288, 4096), "glm f_b/g_b": (8192, 128),
+    "glm mla q_a": (1536, 4096), "glm mla kv_a": (512, 4096), "glm mla q_b": (16384, 1536),
+    "glm indexer wq_b": (4096, 1536),
 }
 
 
