@@ -210,7 +210,8 @@ def collapse_section(cfg: Any, device: str) -> dict[str, Any]:
 
 
 def expand_section(cfg: Any, device: str) -> dict[str, Any]:
-    """mHC's expand each way: µs a call; the same bits as the first way (each column is its own)."""
+    """mHC's expand each way: µs a call; the same bits as the first way (each column is its
+    own)."""
     g = torch.Generator(device=device).manual_seed(3)
     hc, h = cfg.hc_mult, cfg.hidden_size
     rows = (1, 8, 64) if device == "cuda" else (1, 3)
