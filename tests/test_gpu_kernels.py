@@ -185,6 +185,30 @@ def test_fp32_router_on_a_columns_major_gate_rows_alone_equal_batches():
     assert same.float().mean() > 0.9
 
 
+@pytest.mark.parametrize("columns", [False, True])
+def test_grouped_route_of_one_row_on_its_own_tile_gives_the_rows_tiles_bits(columns, monkeypatch):
+    """ONE_ROW_GROUPS (off until this passes and the bench shows a gain): an fp32 route with
+    expert groups (GLM-5.3-Flash's 288 experts in 8 groups, top 8) of a row alone on a [1, E]
+    tile in one warp has the bits of the row among others on the [16, E] tile, the tiled
+    partials' and the FMA chain's."""
+    from tensorfold.ops import triton_route
+
+    gate = (torch.randn(288, 4096, generator=torch.Generator().manual_seed(48)) * 0.02).to(DEV)
+    gate = triton_route.columns_major(gate) if columns else gate
+    eb = randn(288, seed=49, scale=0.01).float()
+    x = randn(64, 4096, seed=50)
+
+    def run(x):
+        return triton_route.route(x, gate, eb, 8, norm_topk_prob=True, scaling=2.5, fp32=True,
+                                  norm_eps=1e-20, groups=8, keep_groups=4, by_expert=True)
+
+    many = run(x)
+    monkeypatch.setattr(triton_route, "ONE_ROW_GROUPS", True)
+    for r in (0, 17, 63):
+        w, e = run(x[r : r + 1].clone())
+        assert torch.equal(w, many[0][r : r + 1]) and torch.equal(e, many[1][r : r + 1])
+
+
 def test_norms_and_rope_rows_alone_equal_batches():
     from tensorfold.ops import rope as ref_rope
     from tensorfold.ops import triton_norms, triton_rope

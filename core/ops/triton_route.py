@@ -67,8 +67,8 @@ FUSE_MAX_EXPERTS = 64  # ... for up to this many experts: LFM2-8B-A1B's 32 gaine
 # (lfm2's: no change; docs/perf.md, session 15)
 ONE_ROW_TILE = True
 # ... with expert groups too (glm5_next), a one-row pass only: for bench/glm_one_program.py's
-# ways (session 21 measured no gain at 16 chunks); the GPU test of its bits is to be written
-# before it is turned on
+# ways (session 21 measured no gain at 16 chunks); off until tests/test_gpu_kernels.py's test
+# of its bits has passed on a GPU and the bench shows a gain
 ONE_ROW_GROUPS = False
 # ... and every pass that its router does not align (more rows than one route program holds):
 # a program a row on that tile, not ROUTE_ROWS rows a program in four warps. The same layout a
