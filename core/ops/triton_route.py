@@ -198,8 +198,8 @@ def _router_chain_kernel(
 
 def columns_major(gate: torch.Tensor) -> torch.Tensor:
     """gate [E, H] as a view of its transpose stored contiguous ([H, E]): the layout an fp32
-    router reads through _router_chain_kernel (glm5_next's MoeWeights store it so). The same
-    values; returned as is when so already."""
+    router reads through _router_chain_kernel (glm5_next's weights do not yet store it so; the
+    bench does). The same values; returned as is when so already."""
     return gate if is_columns_major(gate) else gate.t().contiguous().t()
 
 

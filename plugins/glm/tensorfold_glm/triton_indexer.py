@@ -276,7 +276,8 @@ def _top_pools_kernel(key_ptr, out_ptr, K, W, WB: tl.constexpr, KB: tl.constexpr
 def top_pools(keys: torch.Tensor, limit: int) -> torch.Tensor:
     """The `limit` best candidates of each row, ascending, -1 padded: [N, min(limit, W)] int32.
     keys [N, W] int64 from pool_key_scores. On the GPU, up to ONE_LAUNCH_MAX_POOLS pools a row,
-    one launch a pass (_top_pools_kernel: torch's top k alone took 16 us for 64 pools);
+    one launch a pass (_top_pools_kernel: torch's top k alone took 16.3 us a one-row call in
+    glm5_next's census, docs/perf.md session 24);
     wider, torch's top k, then one launch for the rest (ASCENDING_IN_ONE_LAUNCH; torch's ops
     take nine)."""
     n, width = keys.shape
