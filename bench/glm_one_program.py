@@ -7,6 +7,7 @@ way's; the top pools one way == the other.
 
     python bench/glm_one_program.py                 # on the GPU; prints JSON
     python bench/glm_one_program.py --smoke         # on the CPU, tiny, Triton interpreted
+    python bench/glm_one_program.py --sections collapse,expand   # some of the sections
 """
 
 from __future__ import annotations
@@ -266,10 +267,20 @@ def pool_key_section(cfg: Any, device: str) -> dict[str, Any]:
     return out
 
 
+SECTIONS = {"route": route_section, "collapse": collapse_section, "expand": expand_section,
+            "pool_keys": pool_key_section, "top_pools": top_pools_section}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny, on the CPU, Triton interpreted")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated, of {', '.join(SECTIONS)} (default: all)")
     args = ap.parse_args()
+    names = [n for n in args.sections.split(",") if n]
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown:
+        ap.error(f"unknown sections {unknown}; known: {', '.join(SECTIONS)}")
     device = "cpu" if args.smoke else "cuda"
     if args.smoke:
         gpu.set_triton(True, on_cpu=True)
@@ -277,11 +288,9 @@ def main() -> None:
     result: dict[str, Any] = {"shape": "tiny" if args.smoke else "GLM-5.3-Flash"}
     if device == "cuda":
         result["gpu"] = torch.cuda.get_device_name()
-    result["route"] = route_section(cfg, device)
-    result["collapse"] = collapse_section(cfg, device)
-    result["expand"] = expand_section(cfg, device)
-    result["pool_keys"] = pool_key_section(cfg, device)
-    result["top_pools"] = top_pools_section(cfg, device)
+    for name in names:  # each section on stderr when done: a run stopped by its limit keeps them
+        result[name] = SECTIONS[name](cfg, device)
+        print(f"[{name}] {json.dumps(result[name])}", file=sys.stderr, flush=True)
     print(json.dumps(result, indent=1))
 
 
