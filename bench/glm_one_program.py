@@ -1,9 +1,10 @@
 """glm5_next's one-program launches at one row (docs/perf.md session 21's census): the fp32
-router's route (its gate row- or column-major), mHC's collapse, the indexer's pooled keys and
-its top pools, each timed alone (a CUDA graph of REPS calls) with its module's switches set each
-way. Checks in the same run: each way's pool keys against the first way's, bit for bit, and its
-routes' experts; every way's row alone == in a batch; the collapse's error against the first
-way's; the top pools one way == the other.
+router's route (its gate row- or column-major), mHC's collapse, its expand, the expand and the
+next collapse in one launch, the indexer's pooled keys and its top pools, each timed alone (a
+CUDA graph of REPS calls) with its module's switches set each way. Checks in the same run: each
+way's pool keys against the first way's, bit for bit, and its routes' experts; every way's row
+alone == in a batch; the collapse's error against the first way's; the one-launch expand and
+collapse against the two steps; the top pools one way == the other.
 
     python bench/glm_one_program.py                 # on the GPU; prints JSON
     python bench/glm_one_program.py --smoke         # on the CPU, tiny, Triton interpreted
@@ -235,6 +236,42 @@ def expand_section(cfg: Any, device: str) -> dict[str, Any]:
     return out
 
 
+def expand_collapse_section(cfg: Any, device: str) -> dict[str, Any]:
+    """A sublayer's expand and the next collapse: the two steps (three launches) against one
+    launch (FUSED_EXPAND_COLLAPSE) at 1 to 8 rows, µs a call; the one launch's bits == the two
+    steps' over 64 rows."""
+    g = torch.Generator(device=device).manual_seed(5)
+    hc, h = cfg.hc_mult, cfg.hidden_size
+    width = (2 + hc) * hc
+    rows = (1, 2, 4, 8) if device == "cuda" else (1, 3)
+    n = 64 if device == "cuda" else 8
+    res = torch.randn(n, hc, h, device=device, generator=g).to(torch.bfloat16)
+    y = torch.randn(n, h, device=device, generator=g).to(torch.bfloat16)
+    post = torch.rand(n, hc, device=device, generator=g) * 2
+    comb = torch.softmax(torch.randn(n, hc, hc, device=device, generator=g), -1)
+    fn = torch.randn(width, hc * h, device=device, generator=g) * 0.5 / (hc * h) ** 0.5
+    base = torch.randn(width, device=device, generator=g) * 0.5
+    scale = torch.rand(3, device=device, generator=g) + 0.5
+    norm_w = (1 + 0.1 * torch.randn(h, device=device, generator=g)).to(torch.bfloat16)
+
+    def call(m: int) -> tuple[torch.Tensor, ...]:
+        return triton_mhc.expand_collapse_norm(
+            post[:m], comb[:m], y[:m], res[:m], fn, base, scale, norm_w,
+            iters=cfg.hc_sinkhorn_iters, rms_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps,
+            norm_eps=cfg.rms_norm_eps)
+
+    two_steps = call(n)
+    out: dict[str, Any] = {}
+    for name, on in (("two_steps", False), ("one_launch", True)):
+        with switched(triton_mhc, dict(FUSED_EXPAND_COLLAPSE=on)):
+            row: dict[str, Any] = {"rows_equal_the_two_steps_of_all": all(
+                torch.equal(a, b[:m]) for m in rows for a, b in zip(call(m), two_steps))}
+            for m in rows:
+                row[f"us_{m}"] = us_a_call(lambda m=m: call(m), device)
+            out[name] = row
+    return out
+
+
 def pool_key_section(cfg: Any, device: str) -> dict[str, Any]:
     page_rows = 512 if device == "cuda" else 16
     ctx = 4 * page_rows
@@ -268,7 +305,8 @@ def pool_key_section(cfg: Any, device: str) -> dict[str, Any]:
 
 
 SECTIONS = {"route": route_section, "collapse": collapse_section, "expand": expand_section,
-            "pool_keys": pool_key_section, "top_pools": top_pools_section}
+            "expand_collapse": expand_collapse_section, "pool_keys": pool_key_section,
+            "top_pools": top_pools_section}
 
 
 def main() -> None:

@@ -209,6 +209,34 @@ def test_grouped_route_of_one_row_on_its_own_tile_gives_the_rows_tiles_bits(colu
         assert torch.equal(w, many[0][r : r + 1]) and torch.equal(e, many[1][r : r + 1])
 
 
+def test_expand_and_collapse_in_one_launch_give_the_two_steps_bits(monkeypatch):
+    """FUSED_EXPAND_COLLAPSE (off until this passes and the bench shows a gain): at
+    GLM-5.3-Flash's width (4 streams of 4096) a few rows' expand and next collapse in one launch
+    give the bits of expand then collapse_norm over 64 rows (their three launches)."""
+    from tensorfold_glm import triton_mhc
+
+    n, hc, h = 64, 4, 4096
+    g = torch.Generator().manual_seed(51)
+    post = (torch.rand(n, hc, generator=g) * 2).to(DEV)
+    comb = torch.softmax(torch.randn(n, hc, hc, generator=g), -1).to(DEV)
+    y, res = randn(n, h, seed=52), randn(n, hc, h, seed=53)
+    fn = (torch.randn(24, hc * h, generator=g) * 0.004).to(DEV)
+    base, scale = (torch.randn(24, generator=g) * 0.5).to(DEV), (torch.rand(3) + 0.5).to(DEV)
+    norm_w = randn(h, seed=54, scale=0.2) + 1
+    kw = dict(iters=20, rms_eps=1e-6, hc_eps=1e-6, norm_eps=1e-6)
+
+    def fused(rows):
+        return triton_mhc.expand_collapse_norm(post[rows], comb[rows], y[rows], res[rows], fn,
+                                               base, scale, norm_w, **kw)
+
+    streams = triton_mhc.expand(post, comb, y, res)
+    two_steps = (streams, *triton_mhc.collapse_norm(streams, fn, base, scale, norm_w, **kw))
+    monkeypatch.setattr(triton_mhc, "FUSED_EXPAND_COLLAPSE", True)
+    for rows in ([0], [63], [5, 6], list(range(8)), [3, 9, 20, 31, 40, 50, 60, 62]):
+        for got, want in zip(fused(rows), two_steps):
+            assert torch.equal(got, want[rows]), rows
+
+
 def test_norms_and_rope_rows_alone_equal_batches():
     from tensorfold.ops import rope as ref_rope
     from tensorfold.ops import triton_norms, triton_rope

@@ -7,8 +7,8 @@ stochastic by the reference's eps-ratio Sinkhorn (x / (sum + eps), columns first
 iters - 1 rounds of rows and columns) — not the log-space form. No state crosses tokens.
 
 On the GPU (`use_triton`) the collapse and the block norm after it are one Triton kernel pair,
-the expand another, and the streams a pass starts from and the final head one launch each
-(triton_mhc.py).
+the expand another (or, at a few rows, a sublayer's expand and the next collapse one launch),
+and the streams a pass starts from and the final head one launch each (triton_mhc.py).
 """
 
 from __future__ import annotations
@@ -79,6 +79,26 @@ def expand(
     for m in range(1, residual.shape[1]):
         mixed = mixed + comb[:, m, :, None] * residual[:, m, None, :].float()
     return post.to(dtype)[:, :, None] * y[:, None, :] + mixed.to(dtype)
+
+
+def expand_collapse_norm(
+    cfg: GlmConfig, w: HcWeights, post: torch.Tensor, comb: torch.Tensor, y: torch.Tensor,
+    residual: torch.Tensor, norm_weight: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """expand, then the next sublayer's collapse_norm (its weights w, norm_weight) of the
+    streams it makes: (streams [N, hc, H], post, comb, normed block input). On the GPU a
+    decode-sized pass takes one launch for both (triton_mhc.expand_collapse_norm)."""
+    hc = residual.shape[1]
+    if use_triton(residual) and hc & (hc - 1) == 0:
+        from .triton_mhc import expand_collapse_norm as fused
+
+        return fused(
+            post, comb, y, residual, w.fn, w.base, w.scale, norm_weight,
+            iters=cfg.hc_sinkhorn_iters, rms_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps,
+            norm_eps=cfg.rms_norm_eps,
+        )
+    streams = expand(post, comb, y, residual)
+    return (streams, *collapse_norm(cfg, w, streams, norm_weight))
 
 
 def streams_in(embed: torch.Tensor, tokens: torch.Tensor, hc: int) -> torch.Tensor:

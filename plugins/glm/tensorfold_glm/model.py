@@ -83,16 +83,24 @@ class GlmModel(FamilyModel):
         cfg, w = self.cfg, self.weights
         streams = mhc.streams_in(w.embed, fp.tokens, cfg.hc_mult)  # [N, hc, H]
         masks: list[torch.Tensor] | None = None  # the last MLA layer's key sets, per stream
+        first = w.layers[0]
+        post, comb, x = mhc.collapse_norm(cfg, first.attn_hc, streams, first.input_norm)
         for i, layer in enumerate(w.layers):
-            post, comb, x = mhc.collapse_norm(cfg, layer.attn_hc, streams, layer.input_norm)
             if isinstance(layer.mixer, KdaWeights):
                 y = kda(cfg, f"L{i}", layer.mixer, x, fp, slots)
                 masks = None  # a "shared" layer reads only the layer just before it
             else:
                 y, masks = mla(cfg, f"L{i}", layer.mixer, x, fp, rows, masks)
-            streams = mhc.expand(post, comb, y, streams)
-            post, comb, x = mhc.collapse_norm(cfg, layer.ffn_hc, streams, layer.post_norm)
-            streams = mhc.expand(post, comb, ffn(cfg, x, layer.ffn), streams)
+            # each expand and the collapse after it, one step (one launch at a few rows)
+            streams, post, comb, x = mhc.expand_collapse_norm(
+                cfg, layer.ffn_hc, post, comb, y, streams, layer.post_norm)
+            y = ffn(cfg, x, layer.ffn)
+            if i + 1 < len(w.layers):
+                after = w.layers[i + 1]
+                streams, post, comb, x = mhc.expand_collapse_norm(
+                    cfg, after.attn_hc, post, comb, y, streams, after.input_norm)
+            else:
+                streams = mhc.expand(post, comb, y, streams)
         h = mhc.head_of_rows(streams, fp.logit_rows)  # [R, H]
         normed = rms_norm(h, w.final_norm, cfg.rms_norm_eps)
         if shards.vocab_parallel(cfg, self.tp.world):  # [R, V]: the ranks' vocabularies in order

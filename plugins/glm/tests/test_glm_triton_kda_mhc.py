@@ -164,6 +164,39 @@ def test_expand_matches_the_reference_and_is_row_invariant(dtype, tol):
     assert torch.equal(triton_mhc.expand(post[5:6], comb[5:6], y[5:6], res[5:6]), got[5:6])
 
 
+@pytest.mark.parametrize("hc, h", [(4, 128), (2, 256), (4, 48)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_expand_then_collapse_in_one_launch_gives_the_two_steps_bits(hc, h, dtype, monkeypatch):
+    """FUSED_EXPAND_COLLAPSE: a decode-sized pass's expand and the next collapse in one launch
+    (its pieces arriving, the last collapsing the row) give expand's and collapse_norm's bits,
+    and a row in it equals the row in a larger pass of the two steps."""
+    n = 11
+    cfg = GlmConfig.from_dict({"hidden_size": h, "hc_mult": hc}, "test")
+    w = hc_weights(hc, h, seed=21)
+    post = torch.rand(n, hc, generator=torch.Generator().manual_seed(22)) * 2
+    comb = torch.softmax(randn(n, hc, hc, seed=23), -1)
+    y = randn(n, h, seed=24, dtype=dtype)
+    res = randn(n, hc, h, seed=25, dtype=dtype)
+    norm_w = randn(h, seed=26, dtype=dtype, scale=0.2) + 1
+    kw = dict(iters=cfg.hc_sinkhorn_iters, rms_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps,
+              norm_eps=cfg.rms_norm_eps)
+
+    def both(rows: list[int]) -> tuple[torch.Tensor, ...]:
+        return triton_mhc.expand_collapse_norm(post[rows], comb[rows], y[rows], res[rows], w.fn,
+                                               w.base, w.scale, norm_w, **kw)
+
+    streams = triton_mhc.expand(post, comb, y, res)
+    two_steps = (streams, *triton_mhc.collapse_norm(streams, w.fn, w.base, w.scale, norm_w, **kw))
+    monkeypatch.setattr(triton_mhc, "FUSED_EXPAND_COLLAPSE", True)
+    monkeypatch.setattr(triton_mhc, "FUSED_MAX_ROWS", 3)
+    assert triton_mhc.split_for(hc * h)[0] == (2 if h >= 128 else 1)
+    for rows in ([4], [0, 9, 10]):  # one launch each
+        for got, want in zip(both(rows), two_steps):
+            assert torch.equal(got, want[rows])
+    for got, want in zip(both(list(range(n))), two_steps):  # 11 rows: the two steps
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_streams_in_and_the_head_of_the_logit_rows_give_the_references_bits(dtype):
     """streams_in (the embedding rows hc times) and head_of_rows (the logit rows' stream mean),
@@ -212,6 +245,36 @@ def test_kda_model_through_the_kernels_matches_the_torch_path(dtype, tol, kernel
     for g, w in zip(got, want):
         assert torch.isfinite(g).all()
         assert rel(g, w) < 5 * tol
+
+
+class Launches:
+    """A Triton kernel that keeps the grid of each launch."""
+
+    def __init__(self, kernel):
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+def test_kda_model_with_expand_and_collapse_in_one_launch_gives_the_same_logits(
+        kernels_on_cpu, kda_model, monkeypatch):
+    """FUSED_EXPAND_COLLAPSE in the model: its decode rounds (3 rows) take the one launch, its
+    prompt pass the two steps; every logit as with the switch off, bit for bit."""
+    from tensorfold.runner import ModelRunner
+
+    model = kda_model(torch.bfloat16)
+    plain = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 2)
+    monkeypatch.setattr(triton_mhc, "FUSED_EXPAND_COLLAPSE", True)
+    monkeypatch.setattr(triton_mhc, "FUSED_MAX_ROWS", 3)
+    counted = Launches(triton_mhc._expand_collapse_kernel)
+    monkeypatch.setattr(triton_mhc, "_expand_collapse_kernel", counted)
+    fused = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 2)
+    layers = len(model.weights.layers)  # 2 rounds, each 2 a layer but the last layer's 1
+    assert counted.grids == [(3, 1)] * 2 * (2 * layers - 1)
+    for f, p in zip(fused, plain):
+        assert torch.equal(f, p)
 
 
 LONG = [(7 * i + 3) % 90 + 3 for i in range(320)]
