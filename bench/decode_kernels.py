@@ -508,6 +508,7 @@ SWEEP_SHAPES = {  # name: (N, K)
     # maps at 5.5, f_b / g_b at 4.5, q_a at 7.4 and kv_a at 5.7, each well above a bare read)
     "glm kda qkv": (24576, 4096), "glm kda o": (4096, 8192), "glm mla o": (4096, 16384),
     "glm kda x_maps": (320, 4096), "glm indexer x_maps": (288, 4096), "glm f_b/g_b": (8192, 128),
+    "glm f_b+g_b": (16384, 128),  # linear_groups' joint weight (its tiles are this shape's)
     "glm mla q_a": (1536, 4096), "glm mla kv_a": (512, 4096), "glm mla q_b": (16384, 1536),
     "glm indexer wq_b": (4096, 1536),
 }

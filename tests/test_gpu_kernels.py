@@ -54,6 +54,25 @@ def test_linear_rows_alone_equal_batches():
     assert_rows_invariant(lambda x: triton_linear.linear(x, w, b), randn(700, 320, seed=3))
 
 
+def test_linear_groups_rows_alone_equal_batches():
+    """GLM-5.3-Flash's f_b and g_b (2 x [8192, 128]) of adjacent columns of its x maps' product
+    (a [M, 576] pass) in one launch: rows alone == batches, near each group's own product."""
+    from tensorfold.ops import triton_linear
+
+    w = randn(2 * 8192, 128, seed=55, scale=0.05)
+    maps = randn(700, 576, seed=56)
+
+    def run(m):
+        return triton_linear.linear_groups(m[:, :256], w, 2).transpose(0, 1)
+
+    assert_rows_invariant(run, maps)
+    got = run(maps)
+    for g in range(2):
+        want = triton_linear.linear(maps[:, g * 128 : (g + 1) * 128].contiguous(),
+                                    w[g * 8192 : (g + 1) * 8192])
+        assert (got[:, g].float() - want.float()).abs().max() < 0.02 * want.float().abs().max()
+
+
 @pytest.mark.parametrize("h, i, e, k", [(256, 192, 16, 4), (512, 1792, 16, 4), (256, 192, 128, 8)])
 def test_moe_gated_ffn_and_router_rows_alone_equal_batches(h, i, e, k):
     """The experts, the dense FFN, the router and a few rows routed then through the experts:

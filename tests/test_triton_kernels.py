@@ -91,6 +91,37 @@ def test_linear_stored_as_fp32_is_the_rounded_product_widened(bias, rows):
     assert cpu.dtype == torch.float32 and torch.equal(cpu, ref_linear.linear(x, w, b).float())
 
 
+@pytest.mark.parametrize("n, k, rows", [(256, 128, 70), (512, 64, 300)])
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_linear_groups_in_one_launch_match_each_groups_product_and_are_row_invariant(
+        n, k, rows, dtype, tol):
+    """Two products of adjacent column groups of one pass (x a column slice of a wider pass)
+    in one launch, stacked: each the reference's product of its group; a row alone == in the
+    pass on every tile (the split grid's, a prompt's, a long prompt's 128-wide)."""
+    wide = randn(rows, 2 * k + 40, seed=3, dtype=dtype)
+    x = wide[:, : 2 * k]
+    w = randn(2 * n, k, seed=4, dtype=dtype, scale=0.1)
+    assert triton_linear.groups_fit(2 * n, k, 2)
+    got = triton_linear.linear_groups(x, w, 2)
+    assert got.shape == (2, rows, n) and got.dtype == dtype
+    for g in range(2):
+        part = x[:, g * k : (g + 1) * k].double()
+        assert rel(got[g], ref_linear.linear(part, w[g * n : (g + 1) * n].double())) < tol
+    for a, z in [(0, 1), (3, 4), (5, 22), (40, 70), (rows - 1, rows)]:
+        assert torch.equal(triton_linear.linear_groups(x[a:z].clone(), w, 2), got[:, a:z])
+    cpu = ref_linear.linear_groups(x, w, 2)  # the CPU path: a product a group
+    assert cpu.shape == got.shape and rel(cpu, got) < tol
+
+
+def test_linear_groups_name_what_they_take():
+    x, w = torch.zeros(3, 100), torch.zeros(512, 64)
+    with pytest.raises(ValueError, match=r"do not make 2 groups \(x \[M, 2·K\]"):
+        ref_linear.linear_groups(x, w, 2)
+    assert not triton_linear.groups_fit(2 * 96, 64, 2)  # 96 rows a group: no 128-wide tile
+    with pytest.raises(ValueError, match="rows a group a multiple of 128"):
+        triton_linear.linear_groups(torch.zeros(3, 128), torch.zeros(192, 64), 2)
+
+
 # --- norms ---
 
 

@@ -43,3 +43,23 @@ def linear(
     if out_dtype is not None:
         out = out.to(out_dtype)
     return out.reshape(*lead, weight.shape[0])
+
+
+def linear_groups(x: torch.Tensor, weight: torch.Tensor, groups: int) -> torch.Tensor:
+    """Products of one pass's adjacent column groups with their weights, stacked: x [M, G·K],
+    weight [G·n, K] (the G weights' rows in order) -> [G, M, n], group g being
+    linear(x[:, g·K:(g+1)·K], weight[g·n:(g+1)·n]). On the GPU one launch where the groups fit
+    its tiles (triton_linear.groups_fit), else a product a group; each row's bits its own."""
+    m, gk = x.shape
+    n, k = weight.shape
+    if gk != groups * k or n % groups:
+        raise ValueError(f"linear_groups: x {tuple(x.shape)} and weight {tuple(weight.shape)} do "
+                         f"not make {groups} groups (x [M, {groups}·K], weight [{groups}·n, K])")
+    if use_triton(x) and x.dtype == weight.dtype:
+        from . import triton_linear
+
+        if triton_linear.groups_fit(n, k, groups):
+            return triton_linear.linear_groups(x, weight, groups)
+    step = n // groups
+    return torch.stack([linear(x[:, g * k : (g + 1) * k], weight[g * step : (g + 1) * step])
+                        for g in range(groups)])

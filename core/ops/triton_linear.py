@@ -127,11 +127,19 @@ def _linear_kernel(
     stride_xm, stride_wn, stride_om,
     HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, SPLITS: tl.constexpr,
     SPLIT_GRID: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,
+    PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0, GROUPS: tl.constexpr = 1,
 ):
+    """GROUPS > 1 (linear_groups): w's rows in GROUPS groups of N // GROUPS, group g reading x's
+    columns [g·K, (g+1)·K) and stored as [M, N // GROUPS] at o + g·M·(N // GROUPS); a tile
+    lies in one group."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if GROUPS > 1:
+        group_n = N // GROUPS
+        g = (pid_n * BLOCK_N) // group_n
+        x_ptr += g * K
+        o_ptr += g.to(tl.int64) * M * group_n - g * group_n
     if PREFETCH_K > 0:  # the weights need nothing from the kernel before
         if pid_m == 0:
             k_lo = 0
@@ -212,3 +220,48 @@ def linear(
             PREFETCH_K=prefetch_k(weight, n * splits),
         )
     return out.reshape(*lead, n)
+
+
+def groups_fit(n: int, k: int, groups: int) -> bool:
+    """Whether linear_groups can take an [n, k] weight of `groups` groups in one launch: every
+    tile it may use (any row count) lies in one group."""
+    group_n = n // groups
+    return n % groups == 0 and group_n % tiles_for(n, k).block_n == 0 and group_n % 128 == 0
+
+
+def linear_groups(x: torch.Tensor, weight: torch.Tensor, groups: int) -> torch.Tensor:
+    """x [M, G·K] (unit column stride), weight [G·n, K] -> [G, M, n]: group g is
+    x[:, g·K:(g+1)·K] @ weight[g·n:(g+1)·n]ᵀ, in x's dtype, the G products in one launch with
+    the tiles and K split of the [G·n, K] weight (groups_fit must hold)."""
+    m = x.shape[0]
+    n, k = weight.shape
+    if not groups_fit(n, k, groups) or x.shape[1] != groups * k:
+        raise ValueError(f"linear_groups: x {tuple(x.shape)} and weight {tuple(weight.shape)} "
+                         f"in {groups} groups; needs x [M, {groups}·K] and rows a group a "
+                         "multiple of 128 and of the tile")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    weight = weight.contiguous()
+    out = torch.empty(groups, m, n // groups, dtype=x.dtype, device=x.device)
+    if m:
+        bm, t = pick(m, n, k)
+        splits = splits_of(n, k)
+        grid_m = cdiv(m, bm)
+        split_grid = splits > 1 and m <= SPLIT_ROWS
+        grid = (cdiv(n, t.block_n), grid_m, splits if split_grid else 1)
+        if split_grid:
+            ws = torch.empty(splits, grid_m * bm, n, dtype=torch.float32, device=x.device)
+            cnt = splitk.counters(x.device, grid[0] * grid[1])
+        else:
+            ws = cnt = out
+        _linear_kernel[grid](
+            x, weight, weight, out, ws, cnt, m, n, k,
+            splitk.chunk(k, t.block_k, splits), grid_m * bm,
+            x.stride(0), weight.stride(0), n // groups,
+            HAS_BIAS=False, IEEE=x.dtype == torch.float32, INTERP=interpreting(),
+            SPLITS=splits, SPLIT_GRID=split_grid,
+            BLOCK_M=bm, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+            num_warps=t.warps, num_stages=t.stages, **launch_options(x),
+            PREFETCH_K=prefetch_k(weight, n * splits), GROUPS=groups,
+        )
+    return out

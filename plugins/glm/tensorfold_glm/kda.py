@@ -29,13 +29,20 @@ import torch
 from tensorfold.forward_pass import ForwardPass
 from tensorfold.ops.conv import causal_conv, tails_at
 from tensorfold.ops.gpu import use_triton
-from tensorfold.ops.linear import linear
+from tensorfold.ops.linear import linear, linear_groups
 from tensorfold.ops.parallel import row_linear
 
 from .config import GlmConfig
 from .kda_launches import FlaKernels, TorchKernels, delta_rule_pass
 from .ops import sigmoid, silu
 from .weights import KdaWeights
+
+# f_b of f_a x and g_b of g_a x, adjacent columns of one product, in one launch
+# (linear_groups, where D is a multiple of 128, as GLM-5.3-Flash's): 6 launches a round of
+# GLM-5.3-Flash-8L where there were 12 of 4.5 µs, each reading 2.1 MB that a bare read takes in
+# 1.9 µs (docs/perf.md session 25). The joint weight's tiles and K split are not f_b's: other
+# bits, the same for a row in any pass.
+GATE_MAPS_IN_ONE_LAUNCH = True
 
 if TYPE_CHECKING:
     from tensorfold.adapters.stream_state import StreamSlots
@@ -172,8 +179,12 @@ def _kda_kernels(
     _tap_tails(fp, f"{name}.conv", qkv, tails, w.conv.shape[1])  # before the kernel moves them
     q, k, v = triton_kda.conv_silu(qkv, tails, meta, w.conv, heads * dk)  # 3 x [N, D]
     maps = linear(x, w.x_maps)  # [N, 2Dk + heads]: f_a x, g_a x, b x
-    f_a, g_a, b = maps.split([w.f_a.shape[0], w.g_a.shape[0], heads], dim=1)
-    pre = linear(f_a, w.f_b)  # [N, D]: the forget gate before its activation
+    rank = w.f_a.shape[0]
+    b = maps[:, 2 * rank :]
+    if GATE_MAPS_IN_ONE_LAUNCH:  # [2, N, D]: the forget gate before its activation, the gate
+        pre, gate = linear_groups(maps[:, : 2 * rank], w.fg_b, 2)
+    else:
+        pre, gate = linear(maps[:, :rank], w.f_b), linear(maps[:, rank : 2 * rank], w.g_b)
     beta = triton_kda.sigmoid(b)  # [N, heads], rounded to the model dtype as the reference
     triton_kda.zero_fresh(states, meta)
     if meta.num_rows == meta.num_streams:
@@ -181,8 +192,8 @@ def _kda_kernels(
     else:
         kernels = (FlaKernels if x.is_cuda else TorchKernels)(cfg, w, heads)
         o = delta_rule_pass(kernels, q, k, v, pre, beta, states, fp, f"{name}.kda")
-    gate = linear(g_a, w.g_b).view(n, heads, dk)
-    out = triton_kda.gated_norm(o.view(n, heads, dk), gate, w.o_norm, cfg.rms_norm_eps)
+    out = triton_kda.gated_norm(o.view(n, heads, dk), gate.view(n, heads, dk), w.o_norm,
+                                cfg.rms_norm_eps)
     return row_linear(out.reshape(n, -1), w.o)
 
 

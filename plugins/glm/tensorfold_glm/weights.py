@@ -69,6 +69,7 @@ class KdaWeights:
 
     def __post_init__(self) -> None:
         self.x_maps = joint_rows(self, "f_a", "g_a", "b")  # [2Dk + heads, H]: one product of x
+        self.fg_b = joint_rows(self, "f_b", "g_b")  # [2D, Dk]: f_b of f_a x, g_b of g_a x
 
 
 @dataclass

@@ -128,15 +128,15 @@ def kernels_on_cpu() -> Iterator[None]:
     gpu.set_triton(True)
 
 
-def _kda_model(dtype: torch.dtype) -> Any:
-    """One KDA layer (2 heads of 16) and a dense FFN, dummy weights."""
+def _kda_model(dtype: torch.dtype, head_dim: int = 16) -> Any:
+    """One KDA layer (2 heads of head_dim) and a dense FFN, dummy weights."""
     from tensorfold_glm.config import GlmConfig
     from tensorfold_glm.dummy import build_dummy
 
     cfg = GlmConfig.from_dict({
         "vocab_size": 96, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
         "layer_types": ["linear_attention"], "mlp_layer_types": ["dense"],
-        "linear_num_heads": 2, "linear_head_dim": 16, "num_attention_heads": 2,
+        "linear_num_heads": 2, "linear_head_dim": head_dim, "num_attention_heads": 2,
         "num_key_value_heads": 2, "q_lora_rank": 16, "kv_lora_rank": 16,
         "qk_nope_head_dim": 16, "v_head_dim": 16, "index_head_dim": 16, "index_n_heads": 4,
         "index_topk": 8, "index_kpool": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
@@ -147,5 +147,5 @@ def _kda_model(dtype: torch.dtype) -> Any:
 
 @pytest.fixture
 def kda_model() -> Any:
-    """The builder: kda_model(dtype) -> a KDA-only model."""
+    """The builder: kda_model(dtype, head_dim=16) -> a KDA-only model."""
     return _kda_model

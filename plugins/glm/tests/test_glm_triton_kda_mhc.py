@@ -277,6 +277,31 @@ def test_kda_model_with_expand_and_collapse_in_one_launch_gives_the_same_logits(
         assert torch.equal(f, p)
 
 
+def test_kda_gates_maps_in_one_launch_match_the_torch_path_and_a_stream_alone(
+        kernels_on_cpu, kda_model, monkeypatch):
+    """Heads of 64 (D = 128, as GLM-5.3-Flash's multiple of 128): f_b and g_b take one launch
+    (linear_groups); the logits match the torch path's, and each stream's in the pass equal
+    its own."""
+    from tensorfold.ops import gpu, triton_linear
+    from tensorfold.runner import ModelRunner
+
+    model = kda_model(torch.float32, head_dim=64)
+    calls = []
+    one_launch = triton_linear.linear_groups
+    monkeypatch.setattr(triton_linear, "linear_groups",
+                        lambda *a: calls.append(a[1].shape) or one_launch(*a))
+    together = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 1)
+    assert calls == [(256, 64)] * 2  # the prompt pass, the decode round
+    for i, prompt in enumerate(PROMPTS):
+        alone = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), [prompt], 1)
+        for a, t in zip(alone, together):
+            assert torch.equal(a[0], t[i])
+    gpu.set_triton(False)
+    want = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 1)
+    for g, w in zip(together, want):
+        assert rel(g, w) < 5e-5
+
+
 LONG = [(7 * i + 3) % 90 + 3 for i in range(320)]
 
 
