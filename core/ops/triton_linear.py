@@ -196,30 +196,39 @@ def linear(
         rows = rows.contiguous()
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
-    m = rows.shape[0]
-    out = torch.empty(m, n, dtype=out_dtype or x.dtype, device=x.device)
-    if m:
-        bm, t = pick(m, n, k)
-        splits = splits_of(n, k)
-        grid_m = cdiv(m, bm)
-        split_grid = splits > 1 and m <= SPLIT_ROWS
-        grid = (cdiv(n, t.block_n), grid_m, splits if split_grid else 1)
-        if split_grid:
-            ws = torch.empty(splits, grid_m * bm, n, dtype=torch.float32, device=x.device)
-            cnt = splitk.counters(x.device, grid[0] * grid[1])
-        else:
-            ws = cnt = out
-        _linear_kernel[grid](
-            rows, weight, bias if bias is not None else weight, out, ws, cnt, m, n, k,
-            splitk.chunk(k, t.block_k, splits), grid_m * bm,
-            rows.stride(0), weight.stride(0), out.stride(0),
-            HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, INTERP=interpreting(),
-            SPLITS=splits, SPLIT_GRID=split_grid,
-            BLOCK_M=bm, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-            num_warps=t.warps, num_stages=t.stages, **launch_options(rows),
-            PREFETCH_K=prefetch_k(weight, n * splits),
-        )
+    out = torch.empty(rows.shape[0], n, dtype=out_dtype or x.dtype, device=x.device)
+    _launch(rows, weight, bias, out, out.stride(0), 1)
     return out.reshape(*lead, n)
+
+
+def _launch(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            out: torch.Tensor, stride_om: int, groups: int) -> None:
+    """rows [M, K] (unit column stride, any row stride) @ weight [N, K]ᵀ into out (row stride
+    stride_om; with groups > 1, [groups, M, N // groups]): the tiles and K split of (N, K)."""
+    m, k = rows.shape[0], weight.shape[1]
+    n = weight.shape[0]
+    if not m:
+        return
+    bm, t = pick(m, n, k)
+    splits = splits_of(n, k)
+    grid_m = cdiv(m, bm)
+    split_grid = splits > 1 and m <= SPLIT_ROWS
+    grid = (cdiv(n, t.block_n), grid_m, splits if split_grid else 1)
+    if split_grid:
+        ws = torch.empty(splits, grid_m * bm, n, dtype=torch.float32, device=rows.device)
+        cnt = splitk.counters(rows.device, grid[0] * grid[1])
+    else:
+        ws = cnt = out
+    _linear_kernel[grid](
+        rows, weight, bias if bias is not None else weight, out, ws, cnt, m, n, k,
+        splitk.chunk(k, t.block_k, splits), grid_m * bm,
+        rows.stride(0), weight.stride(0), stride_om,
+        HAS_BIAS=bias is not None, IEEE=rows.dtype == torch.float32, INTERP=interpreting(),
+        SPLITS=splits, SPLIT_GRID=split_grid,
+        BLOCK_M=bm, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+        num_warps=t.warps, num_stages=t.stages, **launch_options(rows),
+        PREFETCH_K=prefetch_k(weight, n * splits), GROUPS=groups,
+    )
 
 
 def groups_fit(n: int, k: int, groups: int) -> bool:
@@ -243,25 +252,5 @@ def linear_groups(x: torch.Tensor, weight: torch.Tensor, groups: int) -> torch.T
         x = x.contiguous()
     weight = weight.contiguous()
     out = torch.empty(groups, m, n // groups, dtype=x.dtype, device=x.device)
-    if m:
-        bm, t = pick(m, n, k)
-        splits = splits_of(n, k)
-        grid_m = cdiv(m, bm)
-        split_grid = splits > 1 and m <= SPLIT_ROWS
-        grid = (cdiv(n, t.block_n), grid_m, splits if split_grid else 1)
-        if split_grid:
-            ws = torch.empty(splits, grid_m * bm, n, dtype=torch.float32, device=x.device)
-            cnt = splitk.counters(x.device, grid[0] * grid[1])
-        else:
-            ws = cnt = out
-        _linear_kernel[grid](
-            x, weight, weight, out, ws, cnt, m, n, k,
-            splitk.chunk(k, t.block_k, splits), grid_m * bm,
-            x.stride(0), weight.stride(0), n // groups,
-            HAS_BIAS=False, IEEE=x.dtype == torch.float32, INTERP=interpreting(),
-            SPLITS=splits, SPLIT_GRID=split_grid,
-            BLOCK_M=bm, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-            num_warps=t.warps, num_stages=t.stages, **launch_options(x),
-            PREFETCH_K=prefetch_k(weight, n * splits), GROUPS=groups,
-        )
+    _launch(x, weight, None, out, n // groups, groups)
     return out
