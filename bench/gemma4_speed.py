@@ -207,12 +207,12 @@ def main() -> None:
         ("env", b.env, 0), ("limits", b.limits, 30), ("build", b.build, 20),
         ("decode", b.decode, 60), ("decode_long", b.decode_long, 40),
         ("prefill", b.prefill, 40), ("gates", b.gates, 90), ("profile", b.profile, 30),
-        ("census", b.census, 30), ("rounds", b.rounds, 30),
+        ("census", b.census, 30), ("round_path", b.round_path, 30), ("rounds", b.rounds, 30),
         ("transformers", b.transformers, 60),
     ]
     for name, fn, need in plan:
         if name in ("env", "build") or want is None or name in want:
-            if args.smoke and name in ("limits", "profile", "census", "rounds"):
+            if args.smoke and name in ("limits", "profile", "census", "round_path", "rounds"):
                 continue
             b.section(name, fn, need)
     text = summary(b.results)

@@ -408,16 +408,16 @@ def main() -> None:
         ("decode", b.decode, 60), ("gates", b.gates, 90), ("prefill", b.prefill, 60),
         ("kda_cost", b.kda_cost, 30), ("transformers", b.transformers, 60),
         ("resumed", b.resumed, 90), ("fp32_parity", b.fp32_parity, 60),
-        ("profile", b.profile, 30), ("census", b.census, 30),
+        ("profile", b.profile, 30), ("census", b.census, 30), ("round_path", b.round_path, 30),
     ]
     # resumed and kda_cost build their own: the bench model's 78 GB would only be in the way
     uses_model = want is None or bool(
-        want & {"decode", "gates", "prefill", "transformers", "profile", "census"})
+        want & {"decode", "gates", "prefill", "transformers", "profile", "census", "round_path"})
     for name, fn, need in plan:
         if name == "build" and not uses_model:
             continue
         if name in ("env", "build") or want is None or name in want:
-            if args.smoke and name in ("limits", "profile", "census"):
+            if args.smoke and name in ("limits", "profile", "census", "round_path"):
                 continue
             b.section(name, fn, need)
     text = summary(b.results)

@@ -201,11 +201,13 @@ def main() -> None:
         ("decode", b.decode, 40), ("prefill", b.prefill, 30),
         ("prefill_probe", b.prefill_probe, 40), ("gates", b.gates, 60),
         ("transformers", b.transformers, 60), ("kernels", b.kernels, 40),
-        ("profile", b.profile, 20), ("census", b.census, 30), ("rounds", b.rounds, 30), ("other_shape", b.other_shape, 90),
+        ("profile", b.profile, 20), ("census", b.census, 30), ("round_path", b.round_path, 30),
+        ("rounds", b.rounds, 30), ("other_shape", b.other_shape, 90),
     ]
     for name, fn, need in plan:
         if name in ("env", "build") or want is None or name in want:
-            if args.smoke and name in ("limits", "kernels", "profile", "census", "other_shape"):
+            if args.smoke and name in ("limits", "kernels", "profile", "census", "round_path",
+                                       "other_shape"):
                 continue
             b.section(name, fn, need)
     text = summary(b.results)

@@ -110,6 +110,45 @@ class Sections:
             }
         return res
 
+    def round_path(self) -> dict[str, Any]:
+        """One graph round at 1 and 8 streams as the engine runs it (dependent launch as set),
+        from its device trace: the wall time from the first kernel to the last, the kernels'
+        summed durations, the idle time between them, and each kernel's share of the wall time
+        (bench/round_path.py), grouped by (name, grid); path_N.tsv lists them in launch order
+        (start µs, duration, share, idle, grid, name). Where the census' sum of eager kernels
+        and the graph's forward differ, this says which launches the difference sits behind."""
+        import tempfile
+
+        from torch.profiler import ProfilerActivity, profile
+
+        from bench import round_path
+        from tensorfold.forward_pass import StreamRows
+
+        res: dict[str, Any] = {}
+        for n in (1, 8):
+            runner = self.runner(n, graphs=True, window=4096)
+            g = torch.Generator().manual_seed(7)
+            streams = [StreamRows(s, 100, torch.randint(10, self.model.vocab_size, (1,),
+                                                        generator=g).tolist(),
+                                  list(range(s * 8, s * 8 + 8))) for s in range(n)]
+            for _ in range(3):  # a graph runner captures on its second round
+                runner.run(streams)
+            sync(self.device)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                runner.run(streams)
+                sync(self.device)
+            with tempfile.TemporaryDirectory() as d:
+                prof.export_chrome_trace(f"{d}/trace.json")
+                kernels = round_path.launches(json.loads(Path(f"{d}/trace.json").read_text()))
+            t0 = kernels[0].ts if kernels else 0.0
+            (self.out / f"path_{n}.tsv").write_text("".join(
+                f"{k.ts - t0:.2f}\t{k.dur:.2f}\t{s:.2f}\t{i:.2f}\t{k.grid}\t{k.name}\n"
+                for k, s, i in round_path.shares(kernels)))
+            res[f"streams{n}"] = round_path.table(kernels)
+            res[f"streams{n}"]["replays"] = getattr(runner, "replays", None)
+            del runner
+        return res
+
     def census(self) -> dict[str, Any]:
         """Every kernel of one eager decode round at 1, 8 and 64 streams with dependent launch
         off, so each launch's time is its own (under PDL a kernel's time includes its wait on
