@@ -1,6 +1,7 @@
 """glm5_next's one-program launches at one row (docs/perf.md session 21's census): the fp32
 router's route (its gate row- or column-major), mHC's collapse, its expand, the expand and the
-next collapse in one launch, the indexer's pooled keys and its top pools, each timed alone (a
+next collapse in one launch, the indexer's pooled keys and its top pools, the KDA delta rule's
+decode rows (ours against fla-core's), each timed alone (a
 CUDA graph of REPS calls) with its module's switches set each way. Checks in the same run: each
 way's pool keys against the first way's, bit for bit, and its routes' experts; every way's row
 alone == in a batch; the collapse's error against the first way's; the one-launch expand and
@@ -61,6 +62,14 @@ COLLAPSE_WAYS = {  # session 23's first; then the collapse's warps, the projecti
 }
 EXPAND_WAYS = {"block_512": dict(EXPAND_BLOCK_H=512), "block_256": dict(EXPAND_BLOCK_H=256),
                "block_128": dict(EXPAND_BLOCK_H=128), "block_64": dict(EXPAND_BLOCK_H=64)}
+RECURRENT_WAYS = {  # triton_kda.recurrent's tile: V columns a program, its warps
+    "v32_4warps": dict(VALUE_BLOCK=32, RECURRENT_WARPS=4),
+    "v16_4warps": dict(VALUE_BLOCK=16, RECURRENT_WARPS=4),
+    "v16_2warps": dict(VALUE_BLOCK=16, RECURRENT_WARPS=2),
+    "v64_4warps": dict(VALUE_BLOCK=64, RECURRENT_WARPS=4),
+    "v64_8warps": dict(VALUE_BLOCK=64, RECURRENT_WARPS=8),
+    "v128_8warps": dict(VALUE_BLOCK=128, RECURRENT_WARPS=8),
+}
 POOL_KEY_WAYS = {"main": {}}  # triton_indexer: one way (session 24: early exit, one-row tile)
 
 
@@ -272,6 +281,79 @@ def expand_collapse_section(cfg: Any, device: str) -> dict[str, Any]:
     return out
 
 
+def recurrent_section(cfg: Any, device: str) -> dict[str, Any]:
+    """The KDA delta rule's decode rows: triton_kda.recurrent's ways at 1, 8 and 64 rows (each
+    its stream's slot), µs a call, against fla-core's fused_recurrent_kda on the GPU (what it
+    replaced, with the sigmoid of beta and the zeroing of fresh slots it needed, not timed here);
+    each way's row alone == in 64; its bits against the first way's; its error against fla's."""
+    from tensorfold_glm import triton_kda
+
+    g = torch.Generator(device=device).manual_seed(9)
+    heads, dk = cfg.linear_num_heads, cfg.linear_head_dim
+    n = 64 if device == "cuda" else 4
+    rows = (1, 8, 64) if device == "cuda" else (1, 4)
+    q, k, v, pre = (torch.randn(n, heads * dk, device=device, generator=g).to(torch.bfloat16)
+                    for _ in range(4))
+    b = torch.randn(n, heads, device=device, generator=g).to(torch.bfloat16)
+    a_log = torch.rand(heads, device=device, generator=g) * 2.7
+    dt_bias = torch.randn(heads * dk, device=device, generator=g) * 0.5
+    start = torch.randn(n, heads, dk, dk, device=device, generator=g) * 0.1
+    ids = torch.arange(n, dtype=torch.int32, device=device)
+    pos = ids + 100
+    states, out = start.clone(), torch.zeros(n, heads, dk, dtype=torch.bfloat16, device=device)
+
+    def call(m: int, first: int = 0) -> None:
+        triton_kda.recurrent(q, k, v, pre, b, a_log, dt_bias, cfg.linear_lower_bound, states,
+                             ids[first : first + m], torch.ones_like(ids[:m]),
+                             pos[first : first + m], ids[first : first + m], out)
+
+    def fresh_run(m: int, first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        states.copy_(start)
+        out.zero_()
+        call(m, first)
+        return out.clone(), states.clone()
+
+    res: dict[str, Any] = {}
+    fla_out = None
+    if device == "cuda":
+        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+        beta = torch.sigmoid(b.float()).to(torch.bfloat16)
+        fla_states = start.clone()
+        o = torch.empty(n, 1, heads, dk, dtype=torch.bfloat16, device=device)
+
+        def fla(m: int) -> None:
+            fused_recurrent_kda_fwd(
+                q=q[:m].view(m, 1, heads, dk), k=k[:m].view(m, 1, heads, dk),
+                v=v[:m].view(m, 1, heads, dk), g=pre[:m].view(m, 1, heads, dk),
+                beta=beta[:m].view(m, 1, heads), initial_state=fla_states,
+                inplace_final_state=True, ssm_state_indices=ids[:m], out=o[:m], A_log=a_log,
+                dt_bias=dt_bias, scale=dk**-0.5, use_qk_l2norm_in_kernel=True,
+                use_gate_in_kernel=True, lower_bound=cfg.linear_lower_bound)
+
+        fla(n)
+        fla_out = o.view(n, heads, dk).float()
+        res["fla"] = {f"us_{m}": us_a_call(lambda m=m: fla(m), device) for m in rows}
+    first_way = None
+    for name, values in RECURRENT_WAYS.items():
+        with switched(triton_kda, values):
+            many = fresh_run(n)
+            first_way = first_way or many
+            row: dict[str, Any] = {
+                "row_alone_equals_batch": all(
+                    torch.equal(fresh_run(1, r)[0][r], many[0][r]) for r in (0, n - 1)),
+                "equals_first_way": bool(torch.equal(many[0], first_way[0])
+                                         and torch.equal(many[1], first_way[1])),
+            }
+            if fla_out is not None:
+                row["rel_err_vs_fla"] = float((many[0].float() - fla_out).norm()
+                                              / fla_out.norm())
+            for m in rows:
+                row[f"us_{m}"] = us_a_call(lambda m=m: call(m), device)
+            res[name] = row
+    return res
+
+
 def pool_key_section(cfg: Any, device: str) -> dict[str, Any]:
     page_rows = 512 if device == "cuda" else 16
     ctx = 4 * page_rows
@@ -306,7 +388,7 @@ def pool_key_section(cfg: Any, device: str) -> dict[str, Any]:
 
 SECTIONS = {"route": route_section, "collapse": collapse_section, "expand": expand_section,
             "expand_collapse": expand_collapse_section, "pool_keys": pool_key_section,
-            "top_pools": top_pools_section}
+            "top_pools": top_pools_section, "recurrent": recurrent_section}
 
 
 def main() -> None:

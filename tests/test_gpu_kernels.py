@@ -256,6 +256,59 @@ def test_expand_and_collapse_in_one_launch_give_the_two_steps_bits(monkeypatch):
             assert torch.equal(got, want[rows]), rows
 
 
+def test_kda_recurrent_rows_alone_equal_batches_and_fla_cores():
+    """triton_kda.recurrent at GLM-5.3-Flash's KDA width (64 heads of 128): 64 decode rows
+    (their streams' states in slots, two fresh) in one launch; each row alone gives its bits and
+    its slot's state; a 5-row run == its rows one launch at a time; all near fla-core's
+    fused_recurrent_kda on the same inputs (its own arithmetic order)."""
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+    from tensorfold_glm import triton_kda
+
+    n, heads, dk = 64, 64, 128
+    q, k, v, pre = (randn(n, heads * dk, seed=60 + i) for i in range(4))
+    b = randn(n, heads, seed=64)
+    g = torch.Generator().manual_seed(65)
+    a_log = (torch.rand(heads, generator=g) * 2.7).to(DEV)
+    dt_bias = (torch.randn(heads * dk, generator=g) * 0.5).to(DEV)
+    start = (torch.randn(n + 1, heads, dk, dk, generator=g) * 0.1).to(DEV)
+    pos = torch.tensor([0 if r in (3, 40) else 100 + r for r in range(n)], dtype=torch.int32)
+    i32 = lambda x: torch.as_tensor(x, dtype=torch.int32, device=DEV)  # noqa: E731
+
+    def run(rows, lens=None):
+        states, out = start.clone(), torch.zeros(n, heads, dk, dtype=BF16, device=DEV)
+        triton_kda.recurrent(q, k, v, pre, b, a_log, dt_bias, -5.0, states, i32(rows),
+                             i32(lens or [1] * len(rows)), pos.to(DEV)[rows], i32(rows), out)
+        return out, states
+
+    together = run(list(range(n)))
+    for r in (0, 3, 17, 40, 63):
+        out, states = run([r])
+        assert torch.equal(out[r], together[0][r]) and torch.equal(states[r], together[1][r])
+    whole = start.clone(), torch.zeros(n, heads, dk, dtype=BF16, device=DEV)
+    triton_kda.recurrent(q, k, v, pre, b, a_log, dt_bias, -5.0, whole[0], i32([10]), i32([5]),
+                         i32([100]), i32([64]), whole[1])
+    steps = start.clone(), torch.zeros(n, heads, dk, dtype=BF16, device=DEV)
+    for r in range(10, 15):
+        triton_kda.recurrent(q, k, v, pre, b, a_log, dt_bias, -5.0, steps[0], i32([r]), i32([1]),
+                             i32([90 + r]), i32([64]), steps[1])
+    assert torch.equal(whole[0][64], steps[0][64]) and torch.equal(whole[1], steps[1])
+
+    states = start.clone()
+    states[3].zero_()
+    states[40].zero_()
+    out = torch.empty(n, 1, heads, dk, dtype=BF16, device=DEV)
+    fused_recurrent_kda_fwd(
+        q=q.view(n, 1, heads, dk), k=k.view(n, 1, heads, dk), v=v.view(n, 1, heads, dk),
+        g=pre.view(n, 1, heads, dk), beta=torch.sigmoid(b.float()).to(BF16).view(n, 1, heads),
+        initial_state=states, inplace_final_state=True, ssm_state_indices=i32(list(range(n))),
+        out=out, A_log=a_log, dt_bias=dt_bias, scale=dk**-0.5, use_qk_l2norm_in_kernel=True,
+        use_gate_in_kernel=True, lower_bound=-5.0)
+    err = (out.view(n, heads, dk).float() - together[0].float()).norm() / out.float().norm()
+    assert err < 2e-2, err
+    assert ((states[:n] - together[1][:n]).norm() / states[:n].norm()) < 1e-3
+
+
 def test_norms_and_rope_rows_alone_equal_batches():
     from tensorfold.ops import rope as ref_rope
     from tensorfold.ops import triton_norms, triton_rope

@@ -8,12 +8,12 @@ reference's recurrent form; its prefill uses the chunked form of the same recurr
 result and the state after it do not depend on where a pass cuts the prompt or on what else the
 pass holds, and the state after any row can be tapped for the prompt store.
 
-The GPU path (`use_triton`): the conv with SiLU and the gated norm are Triton kernels
-(triton_kda.py); the delta rule is fla-core's, with the forget gate and the q/k l2norm computed
-inside it: `chunk_kda` for a prompt's whole 64-row chunks and `fused_recurrent_kda` for decode
-rows and a prompt's last partial chunk (kda_launches.py says which row takes which, and why the
-gates hold). fla-core is imported only there (never on the CPU); under the interpreter on the
-CPU a torch stand-in runs the same launches.
+The GPU path (`use_triton`): the conv with SiLU, the gated norm and the recurrent delta rule
+(decode rows and a prompt's rows outside its whole 64-row chunks, the forget gate, beta and the
+q/k l2norm computed inside it) are Triton kernels (triton_kda.py); a prompt's whole chunks take
+fla-core's `chunk_kda` (kda_launches.py says which row takes which, and why the gates hold).
+fla-core is imported only there (never on the CPU); under the interpreter on the CPU a torch
+stand-in runs the chunks.
 
 Under tensor parallel a rank holds whole heads (shards.py): heads and D are read from the weights
 (D = rows of qkv / 3, heads = rows of b), never from the config; o_proj sums the ranks' parts
@@ -185,13 +185,15 @@ def _kda_kernels(
         pre, gate = linear_groups(maps[:, : 2 * rank], w.fg_b, 2)
     else:
         pre, gate = linear(maps[:, :rank], w.f_b), linear(maps[:, rank : 2 * rank], w.g_b)
-    beta = triton_kda.sigmoid(b)  # [N, heads], rounded to the model dtype as the reference
-    triton_kda.zero_fresh(states, meta)
     if meta.num_rows == meta.num_streams:
-        o = _decode_rule(cfg, f"{name}.kda", w, q, k, v, pre, beta, states, fp, meta)
+        o = _decode_rule(cfg, f"{name}.kda", w, q, k, v, pre, b, states, fp, meta)
     else:
+        # beta for the chunks (the recurrent rows' kernel takes b itself), rounded to the model
+        # dtype as the reference; the chunks read fresh streams' states as zeros
+        beta = triton_kda.sigmoid(b)  # [N, heads]
+        triton_kda.zero_fresh(states, meta)
         kernels = (FlaKernels if x.is_cuda else TorchKernels)(cfg, w, heads)
-        o = delta_rule_pass(kernels, q, k, v, pre, beta, states, fp, f"{name}.kda")
+        o = delta_rule_pass(kernels, q, k, v, pre, b, beta, states, fp, f"{name}.kda")
     out = triton_kda.gated_norm(o.view(n, heads, dk), gate.view(n, heads, dk), w.o_norm,
                                 cfg.rms_norm_eps)
     return row_linear(out.reshape(n, -1), w.o)
@@ -211,29 +213,39 @@ def _tap_tails(
 
 def _decode_rule(
     cfg: GlmConfig, name: str, w: KdaWeights, q: torch.Tensor, k: torch.Tensor,
-    v: torch.Tensor, pre: torch.Tensor, beta: torch.Tensor, states: torch.Tensor,
+    v: torch.Tensor, pre: torch.Tensor, b: torch.Tensor, states: torch.Tensor,
     fp: ForwardPass, meta,
 ) -> torch.Tensor:
     """A decode pass (every stream one row), read from PassMeta alone so a CUDA graph can hold
-    it: on the GPU one recurrent launch updating the slots in place through ssm_state_indices;
-    on the CPU the stand-in. -> o [N, heads, V]."""
-    n, heads, dk = q.shape[0], heads_of(w), cfg.linear_head_dim
-    if q.is_cuda:
-        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+    it: one recurrent launch updating the slots in place (a fresh stream's state read as zeros).
+    -> o [N, heads, V]."""
+    from . import triton_kda
 
-        out = torch.empty_like(v).view(n, 1, heads, dk)
-        fused_recurrent_kda_fwd(
-            q=q.view(n, 1, heads, dk), k=k.view(n, 1, heads, dk), v=v.view(n, 1, heads, dk),
-            g=pre.view(n, 1, heads, dk), beta=beta.view(n, 1, heads), initial_state=states,
-            inplace_final_state=True, ssm_state_indices=meta.stream_slot, out=out,
-            **FlaKernels(cfg, w, heads).common,
-        )
-        out = out.view(n, heads, dk)
+    n, heads, dk = q.shape[0], heads_of(w), cfg.linear_head_dim
+    out = torch.empty(n, heads, dk, dtype=q.dtype, device=q.device)
+    if triton_kda.OWN_RECURRENT:
+        triton_kda.recurrent(q, k, v, pre, b, w.a_log, w.dt_bias, cfg.linear_lower_bound,
+                             states, meta.stream_row0, meta.stream_len, meta.stream_start,
+                             meta.stream_slot, out)
     else:
-        slots = meta.stream_slot.long()
-        out, final = TorchKernels(cfg, w, heads).recurrent(
-            q, k, v, pre, beta, states.index_select(0, slots), torch.arange(n + 1))
-        states.index_copy_(0, slots, final)
+        beta = triton_kda.sigmoid(b)
+        triton_kda.zero_fresh(states, meta)
+        if q.is_cuda:
+            from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+            fused_recurrent_kda_fwd(
+                q=q.view(n, 1, heads, dk), k=k.view(n, 1, heads, dk),
+                v=v.view(n, 1, heads, dk), g=pre.view(n, 1, heads, dk),
+                beta=beta.view(n, 1, heads), initial_state=states, inplace_final_state=True,
+                ssm_state_indices=meta.stream_slot, out=out.view(n, 1, heads, dk),
+                **FlaKernels(cfg, w, heads).common,
+            )
+        else:
+            slots = meta.stream_slot.long()
+            o, final = TorchKernels(cfg, w, heads).packed(
+                q, k, v, pre, beta, states.index_select(0, slots), torch.arange(n + 1))
+            out.copy_(o)
+            states.index_copy_(0, slots, final)
     for i, stream in enumerate(fp.streams):  # a one-row run's tap is its end
         for p in stream.taps:
             fp.tap(i, p, name, states[stream.slot].clone())

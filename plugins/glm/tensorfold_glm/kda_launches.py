@@ -1,25 +1,27 @@
 """The KDA delta rule of a pass on the kernels path: which rows go through fla-core's chunked
-kernel and which through its recurrent one, and the launches.
+kernel and which through the recurrent one, and the launches.
 
 fla-core's `chunk_kda` computes a 64-row chunk at once. Its bits for a row depend on the
 chunk's rows and the state before the chunk, not on how long the launch is (measured on the
 H200: a sequence cut at a chunk boundary into two launches equals one launch), but they differ
-from `fused_recurrent_kda`'s, and they change when sequences are packed into one varlen launch.
+from the recurrent kernel's, and they change when sequences are packed into one varlen launch.
 The recurrent kernel's per-token arithmetic is the same in every launch, packed or not.
 
 So the kernel of a row is fixed by its absolute position and its stream's run in the pass:
 - the whole chunks [64j, 64j + 64) inside a run go through `chunk_kda`, one launch per stream
   and per stretch between its taps (glm5_next's marks are chunk boundaries);
 - the rows before the run's first chunk boundary (a decode row, a draft's rows) and after its
-  last (a prompt's end) go through the recurrent kernel, all streams in one varlen launch.
+  last (a prompt's end) go through the recurrent kernel, all streams' runs in one launch.
 The lanes cut a prompt only at multiples of the family's mark_rows (64 here), and a resume starts
 at a mark, so a prompt's rows meet the same kernels alone or batched, in one pass or cut into
 several, fresh or resumed; decode rows are always recurrent.
 
-Kernels: `FlaKernels` on the GPU; `TorchKernels` on the CPU under the interpreter, where fla-core
-is absent: the token-by-token delta rule, in fp32 for the recurrent rows and in fp64 (rounded
-back) for the chunked ones, so the chunked rows' bits differ from the recurrent ones' as
-fla-core's do, and the CPU tests check this plan.
+The recurrent kernel is `triton_kda.recurrent` (a run's rows in place, on either device), or with
+`triton_kda.OWN_RECURRENT` off fla-core's `fused_recurrent_kda` on packed copies of the rows.
+The chunks: `FlaKernels` on the GPU; `TorchKernels` on the CPU under the interpreter, where
+fla-core is absent: the token-by-token delta rule in fp64 (rounded back), so the chunked rows'
+bits differ from the recurrent ones' as fla-core's do, and the CPU tests check this plan (its
+fp32 form is the packed stand-in with OWN_RECURRENT off, and the recurrent kernel's reference).
 """
 
 from __future__ import annotations
@@ -61,9 +63,13 @@ class Kernels(Protocol):
     """q, k, v, pre [R, D] (pre: the forget gate's input); beta [R, heads]. -> (o [R, heads, V]
     in q's dtype, the states after)."""
 
-    def recurrent(self, q, k, v, pre, beta, states: torch.Tensor, cu: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Packed runs (cu: the cumulative lengths [m + 1]), states [m, heads, K, V]."""
+    cfg: "GlmConfig"
+    w: "KdaWeights"
+
+    def packed(self, q, k, v, pre, beta, states: torch.Tensor, cu: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Packed runs (cu: the cumulative lengths [m + 1]), states [m, heads, K, V]: the
+        recurrent rows when triton_kda.OWN_RECURRENT is off."""
 
     def chunked(self, q, k, v, pre, beta, state: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,10 +78,13 @@ class Kernels(Protocol):
 
 def delta_rule_pass(
     kernels: Kernels, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pre: torch.Tensor,
-    beta: torch.Tensor, states: torch.Tensor, fp: ForwardPass, name: str,
+    b: torch.Tensor, beta: torch.Tensor, states: torch.Tensor, fp: ForwardPass, name: str,
 ) -> torch.Tensor:
-    """The delta rule over a pass. states [slots, heads, K, V] fp32, fresh streams' already
-    zeroed; read and left in place, tapped at the streams' taps. -> o [N, heads, V]."""
+    """The delta rule over a pass. b: beta before its sigmoid (the recurrent kernel's), beta
+    after it (the chunks'); states [slots, heads, K, V] fp32, fresh streams' already zeroed;
+    read and left in place, tapped at the streams' taps. -> o [N, heads, V]."""
+    from . import triton_kda
+
     n, heads, dv = q.shape[0], states.shape[1], states.shape[-1]
     out = torch.empty(n, heads, dv, dtype=q.dtype, device=q.device)
     plans = [segments(s.start, hi - lo, s.taps) for s, (lo, hi) in zip(fp.streams, fp.spans)]
@@ -90,15 +99,26 @@ def delta_rule_pass(
                 if getattr(p, part)[1] > getattr(p, part)[0]]
         if not runs:
             return
+        if triton_kda.OWN_RECURRENT:  # in place, the rows where they are
+            table = torch.tensor([[lo + a for _, lo, (a, _) in runs],
+                                  [b - a for _, _, (a, b) in runs],
+                                  [fp.streams[i].start + a for i, _, (a, _) in runs],
+                                  [fp.streams[i].slot for i, _, _ in runs]],
+                                 dtype=torch.int32).to(q.device)
+            triton_kda.recurrent(q, k, v, pre, b, kernels.w.a_log, kernels.w.dt_bias,
+                                 kernels.cfg.linear_lower_bound, states, *table, out)
+            for i, _, (_, e) in runs:
+                tap(i, e, states[fp.streams[i].slot])
+            return
         rows = torch.cat([torch.arange(lo + a, lo + b) for _, lo, (a, b) in runs]).to(q.device)
         slots = torch.tensor([fp.streams[i].slot for i, _, _ in runs], device=q.device)
         cu = torch.tensor([0, *accumulate(b - a for _, _, (a, b) in runs)], device=q.device)
         pick = [t.index_select(0, rows) for t in (q, k, v, pre, beta)]
-        o, final = kernels.recurrent(*pick, states.index_select(0, slots), cu)
+        o, final = kernels.packed(*pick, states.index_select(0, slots), cu)
         out.index_copy_(0, rows, o)
         states.index_copy_(0, slots, final)
-        for j, (i, _, (_, b)) in enumerate(runs):
-            tap(i, b, final[j])
+        for j, (i, _, (_, e)) in enumerate(runs):
+            tap(i, e, final[j])
 
     recurrent("head")
     for i, (plan, (lo, _)) in enumerate(zip(plans, fp.spans)):
@@ -106,10 +126,10 @@ def delta_rule_pass(
             continue
         slot = fp.streams[i].slot
         state = states[slot : slot + 1]
-        for a, b in plan.chunks:
-            o, state = kernels.chunked(*(t[lo + a : lo + b] for t in (q, k, v, pre, beta)), state)
-            out[lo + a : lo + b] = o
-            tap(i, b, state[0])
+        for a, e in plan.chunks:
+            o, state = kernels.chunked(*(t[lo + a : lo + e] for t in (q, k, v, pre, beta)), state)
+            out[lo + a : lo + e] = o
+            tap(i, e, state[0])
         states[slot] = state[0]
     recurrent("tail")
     return out
@@ -119,7 +139,7 @@ class FlaKernels:
     """fla-core 0.6.0's kernels, the forget gate and the q/k l2norm computed inside them."""
 
     def __init__(self, cfg: "GlmConfig", w: "KdaWeights", heads: int):
-        self.heads, self.dk = heads, cfg.linear_head_dim
+        self.cfg, self.w, self.heads, self.dk = cfg, w, heads, cfg.linear_head_dim
         self.common = dict(
             A_log=w.a_log, dt_bias=w.dt_bias, scale=self.dk**-0.5, use_qk_l2norm_in_kernel=True,
             use_gate_in_kernel=True, lower_bound=cfg.linear_lower_bound,
@@ -130,7 +150,7 @@ class FlaKernels:
         return dict(q=q.view(1, r, h, -1), k=k.view(1, r, h, -1), v=v.view(1, r, h, -1),
                     g=pre.view(1, r, h, -1), beta=beta.view(1, r, h))
 
-    def recurrent(self, q, k, v, pre, beta, states, cu):
+    def packed(self, q, k, v, pre, beta, states, cu):
         from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
         out = torch.empty(1, q.shape[0], self.heads, self.dk, dtype=q.dtype, device=q.device)
@@ -165,7 +185,7 @@ class TorchKernels:
         )
         return o.to(q.dtype), final.float()
 
-    def recurrent(self, q, k, v, pre, beta, states, cu):
+    def packed(self, q, k, v, pre, beta, states, cu):
         bounds = cu.tolist()
         parts = [self._rule(*(t[a:b] for t in (q, k, v, pre, beta)), states[j], torch.float32)
                  for j, (a, b) in enumerate(zip(bounds, bounds[1:]))]

@@ -1,7 +1,8 @@
 """The KDA mixer's own Triton kernels (the GPU path), beside their torch references in kda.py and
 tensorfold.ops.conv: the short conv with SiLU over a whole pass, its tails, the zeroing of fresh
-streams' recurrent states, the gated output norm, and beta's sigmoid (one launch where torch
-takes six). The delta rule itself is fla-core's `fused_recurrent_kda` (kda.py).
+streams' recurrent states, the gated output norm, beta's sigmoid (one launch where torch takes
+six), and the delta rule's recurrent rows (`recurrent`; its reference is kda.delta_rule through
+kda_launches.TorchKernels.packed). A prompt's whole chunks are fla-core's `chunk_kda`.
 
 Every output is a function of its own row's inputs (and its stream's tail), computed in an order
 fixed by the widths alone, so no row depends on the other rows of the pass or where it was cut.
@@ -173,3 +174,94 @@ def gated_norm(o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: f
             num_warps=4, **launch_options(o),
         )
     return out
+
+
+# The delta rule's recurrent rows (a decode row, a prompt's rows outside its whole 64-row
+# chunks): a program a (run, head, VALUE_BLOCK columns of V) keeps its [K, VALUE_BLOCK] slice of
+# the fp32 state in registers through the run's rows, reading and leaving it in the stream's
+# slot. Fixed by the widths alone (never the row or run count), so a row's bits are the same in
+# a decode pass, a prompt's pass or any batch. Where fla-core's recurrent kernel took the
+# sigmoid of beta, the zeroing of fresh states and a launch of its own outside the dependent
+# chain, this takes b before its sigmoid and the stream's start position.
+OWN_RECURRENT = True  # off: fla-core's fused_recurrent_kda (CPU: kda_launches.TorchKernels)
+VALUE_BLOCK = 32
+RECURRENT_WARPS = 4
+
+
+@triton.jit
+def _recurrent_kernel(
+    q_ptr, k_ptr, v_ptr, pre_ptr, b_ptr, a_log_ptr, dt_bias_ptr, state_ptr, out_ptr,
+    run_row0, run_len, run_start, run_slot, lower_bound, scale, stride_pre, stride_b,
+    HEADS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, LOWER: tl.constexpr, PDL: tl.constexpr = False,
+):
+    after_prior(PDL)
+    run = tl.program_id(0)
+    h = tl.program_id(1)
+    kk = tl.arange(0, BK)
+    vv = tl.program_id(2) * BV + tl.arange(0, BV)
+    kmask = kk < DK
+    vmask = vv < DV
+    row0 = tl.load(run_row0 + run).to(tl.int64)
+    n = tl.load(run_len + run)
+    fresh = tl.load(run_start + run) == 0
+    slot = tl.load(run_slot + run).to(tl.int64)
+    s_ptrs = state_ptr + ((slot * HEADS + h) * DK + kk[:, None]) * DV + vv[None, :]
+    smask = kmask[:, None] & vmask[None, :]
+    state = tl.load(s_ptrs, mask=smask & ~fresh, other=0.0)  # [BK, BV] fp32
+    rate = tl.exp(tl.load(a_log_ptr + h))
+    dt = tl.load(dt_bias_ptr + h * DK + kk, mask=kmask, other=0.0)
+    dt_ty = out_ptr.dtype.element_ty
+    for t in range(n):
+        r = row0 + t
+        col = r * (HEADS * DK) + h * DK
+        q = tl.load(q_ptr + col + kk, mask=kmask, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + col + kk, mask=kmask, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + r * (HEADS * DV) + h * DV + vv, mask=vmask, other=0.0).to(tl.float32)
+        g = tl.load(pre_ptr + r * stride_pre + h * DK + kk, mask=kmask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + r * stride_b + h).to(tl.float32)
+        beta = (1.0 / (1.0 + tl.exp(-b))).to(dt_ty).to(tl.float32)  # rounded as the reference
+        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
+        k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+        g = g + dt
+        if LOWER:
+            g = lower_bound * (1.0 / (1.0 + tl.exp(-(rate * g))))
+        else:
+            g = -rate * tl.where(g > 20.0, g, tl.log(1.0 + tl.exp(g)))
+        state = state * tl.exp(g)[:, None]
+        delta = (v - tl.sum(state * k[:, None], axis=0)) * beta  # [BV]
+        state = state + k[:, None] * delta[None, :]
+        o = tl.sum(state * q[:, None], axis=0)
+        tl.store(out_ptr + r * (HEADS * DV) + h * DV + vv, o.to(dt_ty), mask=vmask)
+    tl.store(s_ptrs, state, mask=smask)
+
+
+def recurrent(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pre: torch.Tensor, b: torch.Tensor,
+    a_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None, states: torch.Tensor,
+    run_row0: torch.Tensor, run_len: torch.Tensor, run_start: torch.Tensor,
+    run_slot: torch.Tensor, out: torch.Tensor,
+) -> None:
+    """The gated delta rule over runs of rows (kda.delta_rule with its inputs made as the
+    reference makes them: q, k l2-normed, q scaled by K^-0.5, the forget gate from pre, beta the
+    sigmoid of b rounded to the model dtype), each run's state read from and left in its slot.
+
+    q, k [N, heads·K], v [N, heads·V] contiguous (the conv's output); pre [N, heads·K] (the
+    forget gate before its activation) and b [N, heads] (beta before its sigmoid), rows strided;
+    a_log [heads], dt_bias [heads·K] fp32; states [slots, heads, K, V] fp32; run_* [m] int32: a
+    run's first row, its rows, its first row's position (0: a fresh state, zeros) and its slot;
+    out [N, heads, V] (model dtype), written at the runs' rows."""
+    m, heads = run_row0.shape[0], states.shape[1]
+    dk, dv = states.shape[2], states.shape[3]
+    if m == 0:
+        return
+    if pre.stride(1) != 1:
+        pre = pre.contiguous()
+    if b.stride(1) != 1:
+        b = b.contiguous()
+    _recurrent_kernel[(m, heads, cdiv(dv, VALUE_BLOCK))](
+        q, k, v, pre, b, a_log, dt_bias, states, out, run_row0, run_len, run_start, run_slot,
+        -1.0 if lower_bound is None else float(lower_bound), dk**-0.5, pre.stride(0),
+        b.stride(0), HEADS=heads, DK=dk, DV=dv, BK=next_power_of_2(dk), BV=VALUE_BLOCK,
+        LOWER=lower_bound is not None, num_warps=RECURRENT_WARPS, **launch_options(states),
+    )

@@ -104,6 +104,95 @@ def test_sigmoid_of_a_strided_slice_matches_the_reference_and_is_row_invariant(d
     assert torch.equal(triton_kda.sigmoid(b[4:5].clone()), got[4:5])
 
 
+class _Gates:
+    """The weights the recurrent rows read: a_log (decay its exp), dt_bias, b's heads."""
+
+    def __init__(self, heads: int, dk: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        self.a_log = torch.randn(heads, generator=g) * 0.5
+        self.decay = torch.exp(self.a_log)
+        self.dt_bias = torch.randn(heads * dk, generator=g)
+        self.b = torch.zeros(heads, 1)
+
+
+def _recurrent_inputs(n: int, heads: int, dk: int, dtype: torch.dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, pre = (torch.randn(n, heads * dk, generator=g).to(dtype) for _ in range(4))
+    b = torch.randn(n, heads + 3, generator=g).to(dtype)[:, 1 : heads + 1]  # strided, as maps'
+    return q, k, v, pre, b
+
+
+def _runs(*runs):
+    """(first row, rows, position, slot) each -> the four int32 columns recurrent takes."""
+    return [torch.tensor(col, dtype=torch.int32) for col in zip(*runs)]
+
+
+@pytest.mark.parametrize("lower_bound", [-5.0, None])
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_the_recurrent_rows_match_the_delta_rule(lower_bound, dtype, tol):
+    """Runs of 4 resumed rows (slot 2), 3 fresh rows (slot 0, its old state ignored) and 1 row
+    (slot 3), in one launch: each run's outputs and the state it leaves against kda.delta_rule
+    on the reference's inputs (the packed stand-in); slot 1, in no run, untouched."""
+    from tensorfold_glm.kda_launches import TorchKernels
+
+    heads, dk, n = 2, 16, 8
+    cfg = GlmConfig.from_dict({"linear_num_heads": heads, "linear_head_dim": dk,
+                               "linear_lower_bound": lower_bound}, "test")
+    w = _Gates(heads, dk, seed=1)
+    q, k, v, pre, b = _recurrent_inputs(n, heads, dk, dtype, seed=2)
+    states = torch.randn(4, heads, dk, dk, generator=torch.Generator().manual_seed(3))
+    before = states.clone()
+    out = torch.full((n, heads, dk), float("nan"), dtype=dtype)
+    triton_kda.recurrent(q, k, v, pre, b, w.a_log, w.dt_bias, lower_bound, states,
+                         *_runs((0, 4, 70, 2), (4, 3, 0, 0), (7, 1, 5, 3)), out)
+    init = torch.stack([before[2], torch.zeros_like(before[0]), before[3]])
+    want, final = TorchKernels(cfg, w, heads).packed(q, k, v, pre, sigmoid(b), init,
+                                                     torch.tensor([0, 4, 7, 8]))
+    assert rel(out.float(), want.float()) < tol
+    for j, slot in enumerate((2, 0, 3)):
+        assert rel(states[slot], final[j]) < tol
+    assert torch.equal(states[1], before[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_recurrent_rows_alone_equal_their_runs_in_one_launch(dtype):
+    """A run's bits do not depend on the runs launched with it, nor on where its rows are cut:
+    6 rows in one launch == 2 then 4 continuing from the state left; each run alone == all
+    three runs in one launch."""
+    heads, dk, n = 2, 16, 9
+    w = _Gates(heads, dk, seed=4)
+    q, k, v, pre, b = _recurrent_inputs(n, heads, dk, dtype, seed=5)
+    start = torch.randn(3, heads, dk, dk, generator=torch.Generator().manual_seed(6))
+
+    def run(*runs):
+        states, out = start.clone(), torch.zeros(n, heads, dk, dtype=dtype)
+        for r in runs:
+            triton_kda.recurrent(q, k, v, pre, b, w.a_log, w.dt_bias, -5.0, states, *_runs(*r),
+                                 out)
+        return out, states
+
+    together = run([(0, 6, 64, 0), (6, 2, 0, 1), (8, 1, 9, 2)])
+    alone = run([(0, 6, 64, 0)], [(6, 2, 0, 1)], [(8, 1, 9, 2)])
+    cut = run([(0, 2, 64, 0)], [(2, 4, 66, 0)], [(6, 2, 0, 1)], [(8, 1, 9, 2)])
+    for got in (alone, cut):
+        assert torch.equal(got[0], together[0]) and torch.equal(got[1], together[1])
+
+
+def test_kda_model_with_the_recurrent_kernel_matches_fla_cores_stand_in(
+        kernels_on_cpu, kda_model, monkeypatch):
+    """OWN_RECURRENT in the fp32 model through the kernels: prompts (their rows outside whole
+    chunks), then decode rounds, against the same passes with the packed stand-in that takes
+    fla-core's place when it is off."""
+    from tensorfold.runner import ModelRunner
+
+    model = kda_model(torch.float32)
+    own = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 3)
+    monkeypatch.setattr(triton_kda, "OWN_RECURRENT", False)
+    stand_in = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 3)
+    for o, s in zip(own, stand_in):
+        assert rel(o, s) < 1e-5
+
+
 def test_the_kda_maps_of_x_are_one_weight_viewed_by_name(kda_model):
     w = kda_model(torch.float32).weights.layers[0].mixer
     assert torch.equal(w.x_maps, torch.cat([w.f_a, w.g_a, w.b]))
