@@ -183,7 +183,9 @@ def gated_norm(o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: f
 # a decode pass, a prompt's pass or any batch. Where fla-core's recurrent kernel took the
 # sigmoid of beta, the zeroing of fresh states and a launch of its own outside the dependent
 # chain, this takes b before its sigmoid and the stream's start position.
-OWN_RECURRENT = True  # off: fla-core's fused_recurrent_kda (CPU: kda_launches.TorchKernels)
+# Off: fla-core's fused_recurrent_kda on packed copies (on the CPU kda_launches.TorchKernels'
+# stand-in). Off until its GPU test of bits and its speed have run (docs/perf.md session 27).
+OWN_RECURRENT = False
 VALUE_BLOCK = 32
 RECURRENT_WARPS = 4
 

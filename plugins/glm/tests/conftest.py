@@ -128,6 +128,15 @@ def kernels_on_cpu() -> Iterator[None]:
     gpu.set_triton(True)
 
 
+@pytest.fixture(params=[False, True], ids=["fla_recurrent", "own_recurrent"])
+def own_recurrent(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Both ways of the KDA recurrent rows (triton_kda.OWN_RECURRENT)."""
+    from tensorfold_glm import triton_kda
+
+    monkeypatch.setattr(triton_kda, "OWN_RECURRENT", request.param)
+    return request.param
+
+
 def _kda_model(dtype: torch.dtype, head_dim: int = 16) -> Any:
     """One KDA layer (2 heads of head_dim) and a dense FFN, dummy weights."""
     from tensorfold_glm.config import GlmConfig

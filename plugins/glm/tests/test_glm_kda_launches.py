@@ -56,7 +56,7 @@ def test_the_chunked_rows_take_the_other_kernel(kernels_on_cpu, kda_model):
     assert (got - want).abs().max() < 1e-4
 
 
-def test_a_prompt_cut_at_chunk_boundaries_equals_one_pass(kernels_on_cpu, kda_model):
+def test_a_prompt_cut_at_chunk_boundaries_equals_one_pass(kernels_on_cpu, kda_model, own_recurrent):
     """Rows, the decode after, and the state: the same bits whether the prompt came in one pass
     or in passes cut at 64 and 128."""
     model = kda_model(torch.bfloat16)
@@ -73,7 +73,7 @@ def test_a_prompt_cut_at_chunk_boundaries_equals_one_pass(kernels_on_cpu, kda_mo
     assert torch.equal(whole, cut) and torch.equal(s1, s2)
 
 
-def test_taps_inside_a_pass_equal_passes_ending_there(kernels_on_cpu, kda_model):
+def test_taps_inside_a_pass_equal_passes_ending_there(kernels_on_cpu, kda_model, own_recurrent):
     model = kda_model(torch.bfloat16)
     runner = ModelRunner(model, num_pages=8, num_slots=1, page_rows=64)
     pages = open_stream(runner, 0, 256).lease.cover(130)

@@ -186,6 +186,7 @@ def test_kda_model_with_the_recurrent_kernel_matches_fla_cores_stand_in(
     from tensorfold.runner import ModelRunner
 
     model = kda_model(torch.float32)
+    monkeypatch.setattr(triton_kda, "OWN_RECURRENT", True)
     own = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 3)
     monkeypatch.setattr(triton_kda, "OWN_RECURRENT", False)
     stand_in = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 3)
@@ -402,7 +403,7 @@ LONG = [(7 * i + 3) % 90 + 3 for i in range(320)]
     ([LONG[:70], LONG[100:164], []], [[12], LONG[164:250], LONG[250:320]], 256),
 ], ids=["short", "chunks"])
 def test_kda_model_through_the_kernels_together_equals_alone(firsts, nexts, rows, kernels_on_cpu,
-                                                            kda_model):
+                                                            kda_model, own_recurrent):
     """A decode row, a prompt's next rows and a fresh prompt: in one pass as alone."""
     from tensorfold.runner import ModelRunner, open_stream
 
@@ -424,7 +425,7 @@ def test_kda_model_through_the_kernels_together_equals_alone(firsts, nexts, rows
         assert torch.equal(joint, alone)
 
 
-def test_graph_runner_decode_rounds_equal_plain_passes(kernels_on_cpu, kda_model):
+def test_graph_runner_decode_rounds_equal_plain_passes(kernels_on_cpu, kda_model, own_recurrent):
     from tensorfold.cuda_graphs import GraphRunner
     from tensorfold.runner import ModelRunner
 
