@@ -110,6 +110,29 @@ class Sections:
             }
         return res
 
+    def traced_decode_round(self, runner: Any, n: int, warm: int) -> dict[str, Any]:
+        """The chrome trace (torch.profiler's export) of one decode round of n streams at
+        position 100, after `warm` rounds of the same rows."""
+        import tempfile
+
+        from torch.profiler import ProfilerActivity, profile
+
+        from tensorfold.forward_pass import StreamRows
+
+        g = torch.Generator().manual_seed(7)
+        streams = [StreamRows(s, 100, torch.randint(10, self.model.vocab_size, (1,),
+                                                    generator=g).tolist(),
+                              list(range(s * 8, s * 8 + 8))) for s in range(n)]
+        for _ in range(warm):
+            runner.run(streams)
+        sync(self.device)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            runner.run(streams)
+            sync(self.device)
+        with tempfile.TemporaryDirectory() as d:
+            prof.export_chrome_trace(f"{d}/trace.json")
+            return json.loads(Path(f"{d}/trace.json").read_text())
+
     def round_path(self) -> dict[str, Any]:
         """One graph round at 1 and 8 streams as the engine runs it (dependent launch as set),
         from its device trace: the wall time from the first kernel to the last, the kernels'
@@ -117,29 +140,13 @@ class Sections:
         (bench/round_path.py), grouped by (name, grid); path_N.tsv lists them in launch order
         (start µs, duration, share, idle, grid, name). Where the census' sum of eager kernels
         and the graph's forward differ, this says which launches the difference sits behind."""
-        import tempfile
-
-        from torch.profiler import ProfilerActivity, profile
-
         from bench import round_path
-        from tensorfold.forward_pass import StreamRows
 
         res: dict[str, Any] = {}
         for n in (1, 8):
             runner = self.runner(n, graphs=True, window=4096)
-            g = torch.Generator().manual_seed(7)
-            streams = [StreamRows(s, 100, torch.randint(10, self.model.vocab_size, (1,),
-                                                        generator=g).tolist(),
-                                  list(range(s * 8, s * 8 + 8))) for s in range(n)]
-            for _ in range(3):  # a graph runner captures on its second round
-                runner.run(streams)
-            sync(self.device)
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                runner.run(streams)
-                sync(self.device)
-            with tempfile.TemporaryDirectory() as d:
-                prof.export_chrome_trace(f"{d}/trace.json")
-                kernels = round_path.launches(json.loads(Path(f"{d}/trace.json").read_text()))
+            # a graph runner captures on its second round
+            kernels = round_path.launches(self.traced_decode_round(runner, n, warm=3))
             t0 = kernels[0].ts if kernels else 0.0
             (self.out / f"path_{n}.tsv").write_text("".join(
                 f"{k.ts - t0:.2f}\t{k.dur:.2f}\t{s:.2f}\t{i:.2f}\t{k.grid}\t{k.name}\n"
@@ -155,11 +162,6 @@ class Sections:
         the one before): census_N.tsv lists them in launch order (µs, grid, name), and the
         result groups them by (name, grid), the longest first. Two rounds warm the kernels
         first."""
-        import tempfile
-
-        from torch.profiler import ProfilerActivity, profile
-
-        from tensorfold.forward_pass import StreamRows
         from tensorfold.ops import gpu
 
         res: dict[str, Any] = {}
@@ -167,19 +169,7 @@ class Sections:
         try:
             for n in (1, 8, 64):
                 runner = self.runner(n, graphs=False, window=4096)
-                g = torch.Generator().manual_seed(7)
-                streams = [StreamRows(s, 100, torch.randint(10, self.model.vocab_size, (1,),
-                                                            generator=g).tolist(),
-                                      list(range(s * 8, s * 8 + 8))) for s in range(n)]
-                for _ in range(2):
-                    runner.run(streams)
-                sync(self.device)
-                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                    runner.run(streams)
-                    sync(self.device)
-                with tempfile.TemporaryDirectory() as d:
-                    prof.export_chrome_trace(f"{d}/trace.json")
-                    trace = json.loads(Path(f"{d}/trace.json").read_text())
+                trace = self.traced_decode_round(runner, n, warm=2)
                 kern = sorted((e for e in trace.get("traceEvents", [])
                                if e.get("cat") == "kernel"), key=lambda e: e["ts"])
                 lines, groups = [], {}

@@ -256,6 +256,30 @@ def test_expand_and_collapse_in_one_launch_give_the_two_steps_bits(monkeypatch):
             assert torch.equal(got, want[rows]), rows
 
 
+def test_kda_decode_tails_moved_on_in_the_convs_launch_equal_the_tail_kernels(monkeypatch):
+    """triton_kda.TAIL_IN_PLACE at GLM-5.3-Flash's KDA width (3 x 8192 channels, kernel 4): a
+    decode pass of 64 streams (two fresh) gives the outputs and leaves the tails of the conv's
+    launch then tail_kernel's, bit for bit."""
+    from tensorfold.forward_pass import ForwardPass, StreamRows
+    from tensorfold.ops.pass_meta import build_meta
+    from tensorfold_glm import triton_kda
+
+    n, d, k = 64, 8192, 4
+    fp = ForwardPass([StreamRows(s, 0 if s in (3, 40) else 100 + s, [1], [0], "all")
+                      for s in range(n)], 512, DEV)
+    meta = build_meta(fp)
+    qkv, tails = randn(n, 3 * d, seed=70), randn(n + 1, 3 * d, k - 1, seed=71)
+    w = randn(3 * d, k, seed=72, scale=0.5).float()
+
+    def run(in_place: bool):
+        monkeypatch.setattr(triton_kda, "TAIL_IN_PLACE", in_place)
+        moved = tails.clone()
+        return triton_kda.conv_silu(qkv, moved, meta, w, d, one_row_each=True), moved
+
+    (out, moved), (want, want_tails) = run(True), run(False)
+    assert torch.equal(out, want) and torch.equal(moved, want_tails)
+
+
 def test_kda_recurrent_rows_alone_equal_batches_and_fla_cores():
     """triton_kda.recurrent at GLM-5.3-Flash's KDA width (64 heads of 128): 64 decode rows
     (their streams' states in slots, two fresh) in one launch; each row alone gives its bits and

@@ -177,7 +177,8 @@ def _kda_kernels(
     qkv = linear(x, w.qkv)  # [N, 3D]
     tails, states = slots.get(f"{name}.conv"), slots.get(f"{name}.kda")
     _tap_tails(fp, f"{name}.conv", qkv, tails, w.conv.shape[1])  # before the kernel moves them
-    q, k, v = triton_kda.conv_silu(qkv, tails, meta, w.conv, heads * dk)  # 3 x [N, D]
+    q, k, v = triton_kda.conv_silu(qkv, tails, meta, w.conv, heads * dk,  # 3 x [N, D]
+                                   one_row_each=meta.num_rows == meta.num_streams)
     maps = linear(x, w.x_maps)  # [N, 2Dk + heads]: f_a x, g_a x, b x
     rank = w.f_a.shape[0]
     b = maps[:, 2 * rank :]

@@ -22,6 +22,10 @@ from tensorfold.ops.triton_util import after_prior, cdiv, next_power_of_2
 ROWS = 16
 CHANNELS = 128
 ZERO_BLOCK = 4096
+# A decode pass's conv tails moved on by the conv's own launch, as lfm2's (tensorfold.ops.
+# triton_conv.TAIL_IN_PLACE): tail_kernel's launch fewer a KDA layer (1.57 us each at one
+# stream, docs/perf.md session 25's census). Off until its GPU run (session 27).
+TAIL_IN_PLACE = False
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
@@ -29,7 +33,7 @@ def _conv_silu_kernel(
     u_ptr, tail_ptr, w_ptr, out_ptr, row_stream, stream_row0, stream_start, stream_slot,
     n_rows, C, D, stride_u, stride_ts,
     K: tl.constexpr, ROWS: tl.constexpr, CH: tl.constexpr,
-    PDL: tl.constexpr = False,
+    ONE_ROW_EACH: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -51,10 +55,17 @@ def _conv_silu_kernel(
         t_ptrs = tail_ptr + slot[:, None] * stride_ts + ch[None, :] * (K - 1) + e[:, None]
         tail = tl.load(t_ptrs, mask=m_t, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + ch * K + j, mask=cmask, other=0.0).to(tl.float32)
+        tap = tl.where(from_u[:, None], u.to(tl.float32), tail)
         if j == 0:
-            acc = tl.where(from_u[:, None], u.to(tl.float32), tail) * w[None, :]
+            acc = tap * w[None, :]
         else:
-            acc = acc + tl.where(from_u[:, None], u.to(tl.float32), tail) * w[None, :]
+            acc = acc + tap * w[None, :]
+            if ONE_ROW_EACH:  # the row is its stream's run (e == j): tap j is the new tail's
+                # j-1, stored where tap j-1 was read (by every thread, before the barrier); the
+                # tail's dtype is qkv's, so the tap is the value tail_kernel would store
+                tl.debug_barrier()
+                tl.store(t_ptrs - 1, tap.to(tail_ptr.dtype.element_ty),
+                         mask=rmask[:, None] & cmask[None, :])
     y = acc / (1.0 + tl.exp(-acc))  # SiLU in fp32, as ops.moe.silu
     which = (ch // D).to(tl.int64)  # q, k or v: out is [3, N, D]
     offs = which[None, :] * n_rows * D + rows.to(tl.int64)[:, None] * D + (ch % D)[None, :]
@@ -62,24 +73,29 @@ def _conv_silu_kernel(
 
 
 def conv_silu(
-    qkv: torch.Tensor, tails: torch.Tensor, meta: PassMeta, weight: torch.Tensor, d: int
+    qkv: torch.Tensor, tails: torch.Tensor, meta: PassMeta, weight: torch.Tensor, d: int,
+    one_row_each: bool = False,
 ) -> torch.Tensor:
     """SiLU(causal conv) of a pass's q|k|v rows, each stream continuing its tail.
 
     qkv [N, 3D] (the projections, model dtype); tails [slots, 3D, K-1] (read, zeros for a stream
-    starting at row 0, then moved on in place); weight [3D, K] fp32. Returns [3, N, D]: q, k, v,
-    each contiguous, rounded to qkv's dtype (the reference: fp32 conv, fp32 SiLU, rounded)."""
+    starting at row 0, then moved on in place); weight [3D, K] fp32; one_row_each: every stream
+    of the pass has one row (a decode pass). Returns [3, N, D]: q, k, v, each contiguous,
+    rounded to qkv's dtype (the reference: fp32 conv, fp32 SiLU, rounded)."""
     n, c = qkv.shape
     k = weight.shape[1]
     qkv = qkv.contiguous()
     out = torch.empty(3, n, d, dtype=qkv.dtype, device=qkv.device)
     if n == 0:
         return out
+    in_place = one_row_each and TAIL_IN_PLACE and k >= 2 and tails.dtype == qkv.dtype
     _conv_silu_kernel[(cdiv(n, ROWS), cdiv(c, CHANNELS))](
         qkv, tails, weight.contiguous(), out, meta.row_stream, meta.stream_row0,
         meta.stream_start, meta.stream_slot, n, c, d, qkv.stride(0), tails.stride(0),
-        K=k, ROWS=ROWS, CH=CHANNELS, num_warps=4, **launch_options(qkv),
+        K=k, ROWS=ROWS, CH=CHANNELS, ONE_ROW_EACH=in_place, num_warps=4, **launch_options(qkv),
     )
+    if in_place:
+        return out
     tail_kernel[(meta.num_streams, cdiv(c, CHANNELS))](
         qkv, tails, meta.stream_row0, meta.stream_len, meta.stream_start, meta.stream_slot, c,
         qkv.stride(0), tails.stride(0), K=k, KP=next_power_of_2(max(k - 1, 1)),

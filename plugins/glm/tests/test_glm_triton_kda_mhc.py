@@ -77,6 +77,31 @@ def test_conv_silu_matches_the_reference_and_a_stream_alone(dtype, tol):
     assert torch.equal(one, got[:, 7:10])
 
 
+@pytest.mark.parametrize("k", [4, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_decode_pass_moves_its_tails_on_in_the_convs_own_launch(k, dtype, monkeypatch):
+    """TAIL_IN_PLACE: a pass of one row a stream (one fresh, two resumed, a slot in no stream)
+    gives the outputs and leaves the tails of the conv then tail_kernel, bit for bit."""
+    d, slots = 32, 4
+    fp = a_pass((0, 0, 1), (2, 5, 1), (3, 9, 1))
+    qkv = randn(fp.num_rows, 3 * d, seed=11, dtype=dtype)
+    tails = randn(slots, 3 * d, k - 1, seed=12, dtype=dtype)
+    w = randn(3 * d, k, seed=13, scale=0.5)
+
+    def run(in_place: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        monkeypatch.setattr(triton_kda, "TAIL_IN_PLACE", in_place)
+        launches = Launches(triton_kda.tail_kernel)
+        monkeypatch.setattr(triton_kda, "tail_kernel", launches)
+        got_tails = tails.clone()
+        out = triton_kda.conv_silu(qkv, got_tails, build_meta(fp), w, d, one_row_each=True)
+        assert len(launches.grids) == (0 if in_place else 1)
+        return out, got_tails
+
+    (out, moved), (want, want_tails) = run(True), run(False)
+    assert torch.equal(out, want) and torch.equal(moved, want_tails)
+    assert torch.equal(moved[1], tails[1])
+
+
 def test_zero_fresh_zeroes_only_the_slots_of_streams_starting_at_row_0():
     states = torch.full((4, 2, 3, 3), float("nan"))
     triton_kda.zero_fresh(states, build_meta(a_pass((3, 0, 2), (1, 4, 1))))
@@ -346,6 +371,25 @@ class Launches:
     def __getitem__(self, grid):
         self.grids.append(grid)
         return self.kernel[grid]
+
+
+def test_kda_model_with_its_tails_moved_on_in_the_convs_launch_gives_the_same_bits(
+        kernels_on_cpu, kda_model, monkeypatch):
+    """TAIL_IN_PLACE in the model: its decode rounds' logits and the tails they leave, as with
+    the tails' own launch."""
+    from tensorfold.runner import ModelRunner
+
+    model = kda_model(torch.bfloat16)
+    out, plain = {}, triton_kda.tail_kernel
+    for on in (False, True):
+        monkeypatch.setattr(triton_kda, "TAIL_IN_PLACE", on)
+        launches = Launches(plain)
+        monkeypatch.setattr(triton_kda, "tail_kernel", launches)
+        runner = ModelRunner(model, num_pages=16, num_slots=3, page_rows=16)
+        out[on] = (_passes(runner, PROMPTS, 3), runner.slots.get("L0.conv").clone())
+        assert len(launches.grids) == (1 if on else 4)  # the prompt pass's; and 3 decode rounds
+    assert all(torch.equal(a, b) for a, b in zip(out[True][0], out[False][0]))
+    assert torch.equal(out[True][1], out[False][1])
 
 
 def test_kda_model_with_expand_and_collapse_in_one_launch_gives_the_same_logits(
