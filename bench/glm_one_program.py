@@ -187,16 +187,24 @@ def top_pools_section(cfg: Any, device: str) -> dict[str, Any]:
     return out
 
 
-def collapse_section(cfg: Any, device: str) -> dict[str, Any]:
-    g = torch.Generator(device=device).manual_seed(1)
+def collapse_weights(cfg: Any, device: str, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """A collapse's fn, base, scale and norm weight at cfg's width, drawn from g: its logits
+    O(1) as the dummy checkpoint's."""
     hc, h = cfg.hc_mult, cfg.hidden_size
     width = (2 + hc) * hc
-    rows = (1, 8, 64, 2048) if device == "cuda" else (1, 3, 8)
-    streams = torch.randn(max(rows), hc, h, device=device, generator=g).to(torch.bfloat16)
     fn = torch.randn(width, hc * h, device=device, generator=g) * 0.5 / (hc * h) ** 0.5
     base = torch.randn(width, device=device, generator=g) * 0.5
     scale = torch.rand(3, device=device, generator=g) + 0.5
     norm_w = (1 + 0.1 * torch.randn(h, device=device, generator=g)).to(torch.bfloat16)
+    return fn, base, scale, norm_w
+
+
+def collapse_section(cfg: Any, device: str) -> dict[str, Any]:
+    g = torch.Generator(device=device).manual_seed(1)
+    hc, h = cfg.hc_mult, cfg.hidden_size
+    rows = (1, 8, 64, 2048) if device == "cuda" else (1, 3, 8)
+    streams = torch.randn(max(rows), hc, h, device=device, generator=g).to(torch.bfloat16)
+    fn, base, scale, norm_w = collapse_weights(cfg, device, g)
 
     def call(n: int) -> tuple[torch.Tensor, ...]:
         return triton_mhc.collapse_norm(
@@ -251,17 +259,13 @@ def expand_collapse_section(cfg: Any, device: str) -> dict[str, Any]:
     steps' over 64 rows."""
     g = torch.Generator(device=device).manual_seed(5)
     hc, h = cfg.hc_mult, cfg.hidden_size
-    width = (2 + hc) * hc
     rows = (1, 2, 4, 8) if device == "cuda" else (1, 3)
     n = 64 if device == "cuda" else 8
     res = torch.randn(n, hc, h, device=device, generator=g).to(torch.bfloat16)
     y = torch.randn(n, h, device=device, generator=g).to(torch.bfloat16)
     post = torch.rand(n, hc, device=device, generator=g) * 2
     comb = torch.softmax(torch.randn(n, hc, hc, device=device, generator=g), -1)
-    fn = torch.randn(width, hc * h, device=device, generator=g) * 0.5 / (hc * h) ** 0.5
-    base = torch.randn(width, device=device, generator=g) * 0.5
-    scale = torch.rand(3, device=device, generator=g) + 0.5
-    norm_w = (1 + 0.1 * torch.randn(h, device=device, generator=g)).to(torch.bfloat16)
+    fn, base, scale, norm_w = collapse_weights(cfg, device, g)
 
     def call(m: int) -> tuple[torch.Tensor, ...]:
         return triton_mhc.expand_collapse_norm(

@@ -101,7 +101,7 @@ def delta_rule_pass(
             return
         if triton_kda.OWN_RECURRENT:  # in place, the rows where they are
             table = torch.tensor([[lo + a for _, lo, (a, _) in runs],
-                                  [b - a for _, _, (a, b) in runs],
+                                  [e - a for _, _, (a, e) in runs],
                                   [fp.streams[i].start + a for i, _, (a, _) in runs],
                                   [fp.streams[i].slot for i, _, _ in runs]],
                                  dtype=torch.int32).to(q.device)
@@ -110,9 +110,9 @@ def delta_rule_pass(
             for i, _, (_, e) in runs:
                 tap(i, e, states[fp.streams[i].slot])
             return
-        rows = torch.cat([torch.arange(lo + a, lo + b) for _, lo, (a, b) in runs]).to(q.device)
+        rows = torch.cat([torch.arange(lo + a, lo + e) for _, lo, (a, e) in runs]).to(q.device)
         slots = torch.tensor([fp.streams[i].slot for i, _, _ in runs], device=q.device)
-        cu = torch.tensor([0, *accumulate(b - a for _, _, (a, b) in runs)], device=q.device)
+        cu = torch.tensor([0, *accumulate(e - a for _, _, (a, e) in runs)], device=q.device)
         pick = [t.index_select(0, rows) for t in (q, k, v, pre, beta)]
         o, final = kernels.packed(*pick, states.index_select(0, slots), cu)
         out.index_copy_(0, rows, o)
