@@ -24,8 +24,8 @@ CHANNELS = 128
 ZERO_BLOCK = 4096
 # A decode pass's conv tails moved on by the conv's own launch, as lfm2's (tensorfold.ops.
 # triton_conv.TAIL_IN_PLACE): tail_kernel's launch fewer a KDA layer (1.57 us each at one
-# stream, docs/perf.md session 25's census). Off until its GPU run (session 27).
-TAIL_IN_PLACE = False
+# stream, docs/perf.md session 25's census).
+TAIL_IN_PLACE = True
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
@@ -200,8 +200,8 @@ def gated_norm(o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: f
 # sigmoid of beta, the zeroing of fresh states and a launch of its own outside the dependent
 # chain, this takes b before its sigmoid and the stream's start position.
 # Off: fla-core's fused_recurrent_kda on packed copies (on the CPU kda_launches.TorchKernels'
-# stand-in). Off until its GPU test of bits and its speed have run (docs/perf.md session 27).
-OWN_RECURRENT = False
+# stand-in).
+OWN_RECURRENT = True
 VALUE_BLOCK = 32
 RECURRENT_WARPS = 4
 

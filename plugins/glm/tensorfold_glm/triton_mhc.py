@@ -54,7 +54,7 @@ EXPAND_BLOCK_H = 512  # columns an expand program takes (any: each column is its
 # row's streams, stores it and projects it; the row's last piece to arrive collapses the row.
 # The same arithmetic as expand, then collapse_norm's two launches with the row alone (its
 # collapse on the whole-row tile), so the same bits; two launches fewer a layer.
-FUSED_EXPAND_COLLAPSE = False  # its GPU test of bits and its speed have not run yet
+FUSED_EXPAND_COLLAPSE = True
 FUSED_MAX_ROWS = 8
 
 
