@@ -132,7 +132,7 @@ def test_the_event_stream_says_what_metrics_says(server: ServedDemo) -> None:
     assert (hello, history, message) == ("hello", "history", "message")
     assert h["model"] == MODEL and h["plan"]["lanes"] == LANES and h["plan"]["line"]
     assert h["asked"]["parallel"] == LANES and h["asked"]["kv_share"] == 16
-    for state in ("free", "promised", "live", "store", "total"):
+    for state in ("free", "promised", "live", "shared", "store", "total"):
         assert s["pool"][state] == metrics[f"tensorfold_pool_pages{{state={state}}}"]
     assert s["pool"]["idle"] and s["pool"]["even"] and s["lanes"]["busy"] == 0
     assert s["store"]["max_states"] == 16 and s["counters"]["uneven"] == 0
@@ -155,7 +155,7 @@ def _wait(what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
 
 def _expected(m: dict[str, float]) -> dict[str, float]:
     names = [f"tensorfold_pool_pages{{state={s}}}"
-             for s in ("free", "promised", "live", "store", "total")]
+             for s in ("free", "promised", "live", "shared", "store", "total")]
     names += ["tensorfold_generation_tokens_total", "tensorfold_prompt_tokens_total{source=cached}",
               "tensorfold_prompt_tokens_total{source=computed}", "tensorfold_lanes{state=busy}",
               "tensorfold_requests_waiting", "tensorfold_prompt_store_states",

@@ -75,7 +75,7 @@ function summary(s) {
   points.push(s.point);
   while (points.length && points[0].t < s.t - SPAN_S) points.shift();
   const pool = s.pool, c = s.counters;
-  for (const k of ["free", "promised", "live", "store", "total"]) setMetric(`tensorfold_pool_pages{state=${k}}`, pool[k]);
+  for (const k of ["free", "promised", "live", "shared", "store", "total"]) setMetric(`tensorfold_pool_pages{state=${k}}`, pool[k]);
   $("#host").textContent = pool.host ? `free ${fmt(pool.host.free)} · store ${fmt(pool.host.store)} · total ${fmt(pool.host.total)}` : "none";
   drawBar(pool);
   drawPoolChart();
