@@ -109,11 +109,13 @@ function summary(s) {
   updated.textContent = `updated ${new Date(s.t * 1000).toLocaleTimeString()}`;
 }
 
+// free + live + store == total; promised pages are free pages already promised, so the bar's
+// free part is those not promised.
 function drawBar(pool) {
   const bar = $("#pool-bar");
   bar.replaceChildren(...STATES.map((k) => {
     const part = el("div", {class: k, title: `${k}: ${pool[k]}`});
-    part.style.flexGrow = pool[k];
+    part.style.flexGrow = k === "free" ? Math.max(0, pool.free - pool.promised) : pool[k];
     return part;
   }));
 }
