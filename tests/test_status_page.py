@@ -144,6 +144,10 @@ PAGE_METRICS = """Object.fromEntries([...document.querySelectorAll('[data-metric
     e => [e.dataset.metric, e.dataset.value === undefined ? null : Number(e.dataset.value)]))"""
 
 
+LANES_AND_LIVE = """[Number(document.querySelector('#lanes-pages').dataset.value), Number(
+    document.querySelector('[data-metric="tensorfold_pool_pages{state=live}"]').dataset.value)]"""
+
+
 def _wait(what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
     deadline = time.monotonic() + timeout
     while not (value := check()):
@@ -193,6 +197,8 @@ def test_the_page_in_a_browser_matches_metrics(server: ServedDemo, chromium_exe:
             _wait("two streams decoding", lambda: browser.eval(
                 "document.querySelectorAll('#streams tr[data-phase=decode]').length") == 2)
             assert browser.eval(PAGE_METRICS)["tensorfold_lanes{state=busy}"] == 2
+            held, live = browser.eval(LANES_AND_LIVE)  # read at once: one summary's
+            assert held == live > 0
         finally:
             seen.set()
             for t in load:

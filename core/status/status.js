@@ -95,6 +95,8 @@ function summary(s) {
 
   setMetric("tensorfold_lanes{state=busy}", s.lanes.busy);
   $("#lanes-total").textContent = s.lanes.total;
+  $("#lanes-pages").textContent = fmt(s.lanes.pages);
+  $("#lanes-pages").dataset.value = String(s.lanes.pages);
   drawStreams(s.lanes.streams, s.t);
   setMetric("tensorfold_requests_waiting", s.waiting.count);
   $("#waiting").replaceChildren(...s.waiting.requests.map((r) => el("tr", {},
