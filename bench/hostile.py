@@ -91,8 +91,10 @@ class SteadyStream:
     """A streamed completion on its own connection, restarted when it ends; each chunk's
     arrival (and each request's sending) is recorded."""
 
-    def __init__(self, base: str, model: str, tokens: int, timeout_s: float) -> None:
+    def __init__(self, base: str, model: str, tokens: int, timeout_s: float,
+                 headers: dict[str, str] | None = None) -> None:
         self.base, self.model, self.tokens, self.timeout_s = base, model, tokens, timeout_s
+        self.headers = headers or {}
         self.times: list[float] = []
         self.errors: list[str] = []
         self.stop = asyncio.Event()
@@ -101,7 +103,7 @@ class SteadyStream:
         body = {"model": self.model, "prompt": "The little engine", "max_tokens": self.tokens,
                 "stream": True, "temperature": 0, "ignore_eos": True}
         timeout = aiohttp.ClientTimeout(total=None, sock_read=self.timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as session:
             for _ in range(1000):  # restarts
                 if self.stop.is_set() or time.monotonic() > until:
                     return
@@ -118,14 +120,12 @@ class SteadyStream:
                 self.errors.append(f"HTTP {resp.status}")
                 await _sleep_unless(self.stop, 0.1)
                 return
-            for _ in range(self.tokens + 8):  # chunks, the usage and [DONE]
+            for _ in range(2 * (self.tokens + 8)):  # a data line and a blank one an event
                 line = await resp.content.readline()
                 if not line or self.stop.is_set():
                     return
                 if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
                     self.times.append(time.monotonic())
-                while line.strip():  # the blank line that ends the event
-                    line = await resp.content.readline()
 
     def worst_gap(self, start: float, end: float) -> float | None:
         """The longest wait for the next chunk within [start, end], its edges included."""
@@ -194,6 +194,7 @@ class Target:
     port: int
     model: str
     sizes: Sizes
+    headers: dict[str, str] = field(default_factory=dict)  # the API key's, where there is one
 
 
 async def _post(t: Target, path: str, body: bytes | dict[str, Any]) -> tuple[str, list[str]]:
@@ -201,7 +202,7 @@ async def _post(t: Target, path: str, body: bytes | dict[str, Any]) -> tuple[str
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     timeout = aiohttp.ClientTimeout(total=t.sizes.case_timeout_s)
     try:
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with aiohttp.ClientSession(timeout=timeout, headers=t.headers) as session:
             async with session.post(t.base + path, data=data,
                                     headers={"Content-Type": "application/json"}) as resp:
                 text = (await resp.read()).decode("utf-8", "replace")
@@ -272,7 +273,7 @@ async def idle_connections(t: Target) -> tuple[str, list[str]]:
         await asyncio.sleep(t.sizes.hold_s / 2)
         timeout = aiohttp.ClientTimeout(total=t.sizes.case_timeout_s)
         try:
-            async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with aiohttp.ClientSession(timeout=timeout, headers=t.headers) as session:
                 async with session.get(t.base + "/v1/models") as resp:
                     await resp.read()
                     status = str(resp.status)
@@ -317,7 +318,7 @@ async def special_tokens(t: Target) -> tuple[str, list[str]]:
     timeout = aiohttp.ClientTimeout(total=t.sizes.case_timeout_s)
     counts = []
     try:
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with aiohttp.ClientSession(timeout=timeout, headers=t.headers) as session:
             for content in (SPECIAL, SPECIAL.replace("|", "!")):
                 body = _chat(t, [{"role": "user", "content": content}], max_tokens=1)
                 async with session.post(t.base + "/v1/chat/completions", json=body) as resp:
@@ -383,7 +384,8 @@ async def client_leaves(t: Target) -> tuple[str, list[str]]:
     """The many-message chat, sent by a client that hangs up after leave_after_s."""
     body = _many_messages(t)
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {t.host}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in t.headers.items()) + "\r\n").encode()
     try:
         reader, writer = await asyncio.open_connection(t.host, t.port)
     except OSError as exc:
@@ -441,7 +443,7 @@ async def run_case(t: Target, name: str, fn: CaseFn, steady_tokens: int,
     start to tail_s after its end."""
     sizes = t.sizes
     until = time.monotonic() + sizes.case_timeout_s + sizes.tail_s + 30
-    stream = SteadyStream(t.base, t.model, steady_tokens, sizes.case_timeout_s)
+    stream = SteadyStream(t.base, t.model, steady_tokens, sizes.case_timeout_s, t.headers)
     poller = HealthPoller(t.base, poll_s, sizes.case_timeout_s)
     side = [asyncio.create_task(stream.run(until)), asyncio.create_task(poller.run(until))]
     row = Row(name)
@@ -504,9 +506,9 @@ def is_loopback(host: str) -> bool:
     return bool(addrs) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
 
 
-async def _model(base: str) -> str:
+async def _model(base: str, headers: dict[str, str]) -> str:
     timeout = aiohttp.ClientTimeout(total=30)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
         async with session.get(base + "/v1/models") as resp:
             return (await resp.json())["data"][0]["id"]
 
@@ -516,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--url", default=DEFAULT_URL, help="the server (its /v1 is added)")
     ap.add_argument("--allow-remote", action="store_true",
                     help="send the hostile set to a host that is not loopback")
+    ap.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
     ap.add_argument("--small", action="store_true", help="small sizes (a smoke test)")
     ap.add_argument("--cases", help="comma-separated case names (default: all)")
     ap.add_argument("--out", help="also write the table here, as TSV")
@@ -545,8 +548,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown cases {unknown}; known: {', '.join(table)}", file=sys.stderr)
         return 2
-    model = asyncio.run(_model(base))
-    target = Target(base, host, port, model, base_sizes)
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    model = asyncio.run(_model(base, headers))
+    target = Target(base, host, port, model, base_sizes, headers)
     rows = asyncio.run(run_all(target, names, args.steady_tokens, args.poll_s))
     if args.out:
         with open(args.out, "w") as f:

@@ -15,11 +15,12 @@ from bench import hostile
 from test_server import ServedDemo
 
 ROOT = Path(__file__).resolve().parents[1]
+KEY = "hostile-key"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
-    s = ServedDemo(tmp_path_factory.mktemp("hostile"), "--parallel", "4")
+    s = ServedDemo(tmp_path_factory.mktemp("hostile"), "--parallel", "4", api_key=KEY)
     yield s
     s.stop()
 
@@ -28,15 +29,15 @@ def test_the_small_set_prints_and_writes_one_row_a_case(server: ServedDemo,
                                                         tmp_path: Path) -> None:
     out = tmp_path / "hostile.tsv"
     run = subprocess.run([sys.executable, "-m", "bench.hostile", "--url", server.base, "--small",
-                          "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600)
+                          "--api-key", KEY, "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     lines = out.read_text().splitlines()
     assert tuple(lines[0].split("\t")) == hostile.COLUMNS
     rows = [line.split("\t") for line in lines[1:]]
     assert [r[0] for r in rows] == list(hostile.cases("127.0.0.1"))
     for case, status, gap, health, _notes in rows:
-        assert status, case
+        assert status and status != "401", case  # the key goes with every API request
         assert gap == "-" or gap.isdigit(), (case, gap)
         assert health == "-" or health.isdigit(), (case, health)
     assert all(r[2] != "-" and r[3] != "-" for r in rows)  # both measured beside every case
