@@ -3,7 +3,9 @@
 Invariant (checked by census()): every page is free, held by live streams, or held by the prompt
 store; `promised` pages are free pages already promised to admitted streams, so an admitted
 stream never fails for memory. A page may be held by several holders at once (a stream and the
-store share kept prompt pages); it is free when nothing holds it.
+store share kept prompt pages); it is free when nothing holds it. The census counts a page that
+streams hold as live, whether or not the store keeps it too (`shared`), so that live is what the
+lanes hold; store is the pages the store alone holds.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class Census:
     live: int
     total: int
     host: tuple[int, int, int] | None = None  # the host tier's free, store and total pages
+    shared: int = 0  # live pages the prompt store keeps too
 
     @property
     def idle_even(self) -> bool:
@@ -130,12 +133,17 @@ class KVPool:
                 fn(freed)
 
     def census(self) -> Census:
-        store = sum(1 for p in range(self.num_pages) if self._store_refs[p] > 0)
-        live = sum(
-            1 for p in range(self.num_pages) if self._refs[p] > 0 and self._store_refs[p] == 0
-        )
+        """free + live + store == total: live, the pages streams hold (a holder beyond the
+        store's), `shared` of them kept by the store too; store, those it alone holds."""
+        live = store = shared = 0
+        for refs, store_refs in zip(self._refs, self._store_refs):
+            if refs > store_refs:
+                live += 1
+                shared += store_refs > 0
+            elif refs:
+                store += 1
         host = self.host_census() if self.host_census is not None else None
-        return Census(self.promised, self.free, store, live, self.num_pages, host)
+        return Census(self.promised, self.free, store, live, self.num_pages, host, shared)
 
 
 class Lease:

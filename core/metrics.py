@@ -1,7 +1,8 @@
 """Prometheus metrics for one served model, in a registry of its own (one per app).
 
 Engine state (lanes, pool pages, the UNEVEN count, device memory) is read when scraped; the
-server observes prompt tokens and token timings as requests run.
+server counts generated tokens as they are sampled, and prompt tokens and token timings as
+requests run.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class _EngineCollector(Collector):
         )
         census = engine.lanes.pool.census()
         pages = GaugeMetricFamily("tensorfold_pool_pages", "KV pool pages", labels=["state"])
-        for state in ("free", "promised", "store", "live", "total"):
+        for state in ("free", "promised", "store", "live", "shared", "total"):
             pages.add_metric([state], getattr(census, state))
         yield pages
         if census.host is not None:
@@ -130,13 +131,12 @@ class Metrics:
             buckets=_ITL_BUCKETS, registry=self.registry,
         )
 
-    def finished(
-        self, endpoint: str, reason: str, prompt: int, cached: int, completion: int
-    ) -> None:
+    def finished(self, endpoint: str, reason: str, prompt: int, cached: int) -> None:
+        """A request ended: counted with its prompt's tokens (its generated tokens are counted
+        as they are sampled, by the request's sink)."""
         self.requests.labels(endpoint, reason).inc()
         self.prompt_tokens.labels("cached").inc(cached)
         self.prompt_tokens.labels("computed").inc(prompt - cached)
-        self.generation_tokens.inc(completion)
 
     def totals(self) -> dict[str, float]:
         """The server's counters and timing sums now (for the status page)."""

@@ -175,13 +175,18 @@ async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.S
     mailbox = state.mailbox(asyncio.get_running_loop())
     events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()  # (choice, event)
 
+    sampled = [0] * parsed.n  # each choice's tokens counted so far
+
     def sink(i: int, event: Event) -> None:  # on the engine thread
-        if isinstance(event, Finished):  # counted here: a cancelled handler reads no more
+        # Counted here, as they come: a cancelled handler reads no more.
+        if isinstance(event, TokenOut):
+            sampled[i] += 1
+            state.metrics.generation_tokens.inc()
+        else:  # the rest of the choice's tokens (one its grammar refused is never sent)
+            state.metrics.generation_tokens.inc(max(0, event.completion_tokens - sampled[i]))
             if i == 0:  # the request and its prompt, once
                 state.metrics.finished(parsed.kind, event.reason, event.prompt_tokens,
-                                       event.cached_tokens, event.completion_tokens)
-            else:
-                state.metrics.generation_tokens.inc(event.completion_tokens)
+                                       event.cached_tokens)
         mailbox.put(events, (i, event))
 
     try:

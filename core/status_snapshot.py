@@ -26,7 +26,7 @@ def take_summary(lanes: Lanes, inbox: int = 0) -> dict[str, Any]:
     return {
         "pool": {
             "free": census.free, "promised": census.promised, "live": census.live,
-            "store": census.store, "total": census.total,
+            "shared": census.shared, "store": census.store, "total": census.total,
             "host": None if census.host is None else dict(zip(("free", "store", "total"),
                                                                 census.host)),
             "idle": lanes.idle, "even": census.idle_even, "census": census.line(),
@@ -34,6 +34,7 @@ def take_summary(lanes: Lanes, inbox: int = 0) -> dict[str, Any]:
         "lanes": {
             "total": lanes.num_lanes,
             "busy": lanes.num_lanes - len(lanes.free_slots),
+            "pages": len({p for s in lanes.live for p in s.lease.pages}),  # the pool's live
             "streams": [_stream(s, lanes.pass_rows, now) for s in list(lanes.live)],
         },
         "waiting": {

@@ -132,7 +132,7 @@ def test_the_event_stream_says_what_metrics_says(server: ServedDemo) -> None:
     assert (hello, history, message) == ("hello", "history", "message")
     assert h["model"] == MODEL and h["plan"]["lanes"] == LANES and h["plan"]["line"]
     assert h["asked"]["parallel"] == LANES and h["asked"]["kv_share"] == 16
-    for state in ("free", "promised", "live", "store", "total"):
+    for state in ("free", "promised", "live", "shared", "store", "total"):
         assert s["pool"][state] == metrics[f"tensorfold_pool_pages{{state={state}}}"]
     assert s["pool"]["idle"] and s["pool"]["even"] and s["lanes"]["busy"] == 0
     assert s["store"]["max_states"] == 16 and s["counters"]["uneven"] == 0
@@ -142,6 +142,10 @@ def test_the_event_stream_says_what_metrics_says(server: ServedDemo) -> None:
 
 PAGE_METRICS = """Object.fromEntries([...document.querySelectorAll('[data-metric]')].map(
     e => [e.dataset.metric, e.dataset.value === undefined ? null : Number(e.dataset.value)]))"""
+
+
+LANES_AND_LIVE = """[Number(document.querySelector('#lanes-pages').dataset.value), Number(
+    document.querySelector('[data-metric="tensorfold_pool_pages{state=live}"]').dataset.value)]"""
 
 
 def _wait(what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
@@ -155,7 +159,7 @@ def _wait(what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
 
 def _expected(m: dict[str, float]) -> dict[str, float]:
     names = [f"tensorfold_pool_pages{{state={s}}}"
-             for s in ("free", "promised", "live", "store", "total")]
+             for s in ("free", "promised", "live", "shared", "store", "total")]
     names += ["tensorfold_generation_tokens_total", "tensorfold_prompt_tokens_total{source=cached}",
               "tensorfold_prompt_tokens_total{source=computed}", "tensorfold_lanes{state=busy}",
               "tensorfold_requests_waiting", "tensorfold_prompt_store_states",
@@ -193,6 +197,8 @@ def test_the_page_in_a_browser_matches_metrics(server: ServedDemo, chromium_exe:
             _wait("two streams decoding", lambda: browser.eval(
                 "document.querySelectorAll('#streams tr[data-phase=decode]').length") == 2)
             assert browser.eval(PAGE_METRICS)["tensorfold_lanes{state=busy}"] == 2
+            held, live = browser.eval(LANES_AND_LIVE)  # read at once: one summary's
+            assert held == live > 0
         finally:
             seen.set()
             for t in load:

@@ -75,7 +75,7 @@ function summary(s) {
   points.push(s.point);
   while (points.length && points[0].t < s.t - SPAN_S) points.shift();
   const pool = s.pool, c = s.counters;
-  for (const k of ["free", "promised", "live", "store", "total"]) setMetric(`tensorfold_pool_pages{state=${k}}`, pool[k]);
+  for (const k of ["free", "promised", "live", "shared", "store", "total"]) setMetric(`tensorfold_pool_pages{state=${k}}`, pool[k]);
   $("#host").textContent = pool.host ? `free ${fmt(pool.host.free)} · store ${fmt(pool.host.store)} · total ${fmt(pool.host.total)}` : "none";
   drawBar(pool);
   drawPoolChart();
@@ -95,6 +95,8 @@ function summary(s) {
 
   setMetric("tensorfold_lanes{state=busy}", s.lanes.busy);
   $("#lanes-total").textContent = s.lanes.total;
+  $("#lanes-pages").textContent = fmt(s.lanes.pages);
+  $("#lanes-pages").dataset.value = String(s.lanes.pages);
   drawStreams(s.lanes.streams, s.t);
   setMetric("tensorfold_requests_waiting", s.waiting.count);
   $("#waiting").replaceChildren(...s.waiting.requests.map((r) => el("tr", {},
@@ -109,11 +111,13 @@ function summary(s) {
   updated.textContent = `updated ${new Date(s.t * 1000).toLocaleTimeString()}`;
 }
 
+// free + live + store == total; promised pages are free pages already promised, so the bar's
+// free part is those not promised.
 function drawBar(pool) {
   const bar = $("#pool-bar");
   bar.replaceChildren(...STATES.map((k) => {
     const part = el("div", {class: k, title: `${k}: ${pool[k]}`});
-    part.style.flexGrow = pool[k];
+    part.style.flexGrow = k === "free" ? Math.max(0, pool.free - pool.promised) : pool[k];
     return part;
   }));
 }
