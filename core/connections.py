@@ -1,0 +1,260 @@
+"""Who may hold a connection to `serve`.
+
+- At most `total` connections at once (TF_MAX_CONNECTIONS), and `per_client` from one client
+  address (TF_MAX_CLIENT_CONNECTIONS). At a cap, the connection idle longest between two
+  requests (of that address, at its own cap) is closed to make room, as nginx does; when none
+  is idle, the new connection is refused with 503 and Retry-After, unless its request is
+  GET /health or GET /metrics, which is answered as usual on that one connection.
+- A new connection that sends no byte within `first_byte_s` (TF_FIRST_BYTE_TIMEOUT_S) is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from aiohttp import web
+
+from .openai_api import error_body
+from .openai_replies import dumps
+from .request_limits import Limits
+
+MAX_LINE_BYTES = 8190  # a request line or one header field (aiohttp's default)
+MAX_HEADERS = 128  # header fields in one request (aiohttp's default)
+REFUSAL_WAIT_S = 1.0  # how long a refused connection may take to send its request's head
+_HEAD_END = b"\r\n\r\n"
+_PROBES = (b"/health", b"/metrics")
+
+
+@dataclass(frozen=True)
+class ConnectionCaps:
+    """How many connections `serve` holds, in all and from one client address, and how soon a
+    new one must start its request."""
+
+    total: int = 1024  # TF_MAX_CONNECTIONS
+    per_client: int = 256  # TF_MAX_CLIENT_CONNECTIONS
+    first_byte_s: float = 5.0  # TF_FIRST_BYTE_TIMEOUT_S
+
+
+def handler_args(limits: Limits) -> dict[str, Any]:
+    """The arguments of every connection's aiohttp protocol: the runner's and `serve_on`'s."""
+    return {"access_log": None, "max_line_size": MAX_LINE_BYTES, "max_field_size": MAX_LINE_BYTES,
+            "max_headers": MAX_HEADERS, **limits.handler_args()}
+
+
+def refusal_bytes(message: str) -> bytes:
+    """A whole 503 reply in OpenAI's error shape, closing the connection."""
+    body = dumps(error_body(503, message))
+    head = ("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
+    return head.encode() + body
+
+
+class _Handler(web.RequestHandler):
+    """aiohttp's protocol for one connection, as the gate admitted it (counted against the caps)
+    or handed it over past them (not counted: it serves one request, then closes)."""
+
+    def __init__(self, gate: _Gate, client: str, counted: bool) -> None:
+        super().__init__(gate.server, loop=gate.loop, **gate.handler_args)
+        self.gate = gate
+        self.client = client
+        self.counted = counted
+        self.spoke = False  # a byte has come
+        self.idle_since: float | None = None  # a reply's end, when no byte has come since
+        self.first_byte: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self.counted:
+            self.first_byte = self.gate.loop.call_later(self.gate.caps.first_byte_s, self._mute)
+
+    def _mute(self) -> None:
+        self.first_byte = None
+        self.force_close()
+
+    def data_received(self, data: bytes) -> None:
+        if not self.spoke and data:
+            self.spoke = True
+            if self.first_byte is not None:
+                self.first_byte.cancel()
+                self.first_byte = None
+        self.idle_since = None
+        super().data_received(data)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.first_byte is not None:
+            self.first_byte.cancel()
+            self.first_byte = None
+        self.gate.forget(self)
+        super().connection_lost(exc)
+
+    async def finish_response(self, request: web.BaseRequest, resp: web.StreamResponse,
+                              start_time: float | None) -> tuple[web.StreamResponse, bool]:
+        if not self.counted:
+            resp.force_close()
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            self.idle_since = self.gate.loop.time()
+
+    @property
+    def idle(self) -> bool:
+        """Between two requests with no byte of the next one come: waiting as aiohttp's own
+        keep-alive close requires (RequestHandler._process_keepalive)."""
+        waiter = self._waiter
+        return self.idle_since is not None and waiter is not None and not waiter.done()
+
+
+class _Refusal(asyncio.Protocol):
+    """A connection past a cap, kept out of the application: once its request's head has come
+    (or after REFUSAL_WAIT_S), GET /health or GET /metrics is handed to a handler that answers
+    it and closes; anything else is answered 503 and closed once the client has read it."""
+
+    def __init__(self, gate: _Gate, client: str, reply: bytes) -> None:
+        self.gate = gate
+        self.client = client
+        self.reply = reply
+        self.head = b""
+        self.answered = False
+        self.transport: asyncio.Transport | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.timer = self.gate.loop.call_later(REFUSAL_WAIT_S, self._answer)
+
+    def data_received(self, data: bytes) -> None:
+        if self.answered:  # the rest of a refused request: dropped
+            return
+        self.head += data
+        if _HEAD_END in self.head or len(self.head) > MAX_LINE_BYTES * 2:
+            self._answer()
+
+    def eof_received(self) -> None:
+        self._answer()  # the transport closes once the reply is written
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.transport = None
+
+    def _answer(self) -> None:
+        transport = self.transport
+        if self.answered or transport is None or transport.is_closing():
+            return
+        self.answered = True
+        if self.timer is not None:
+            self.timer.cancel()
+        if _is_probe(self.head):
+            self.transport = None
+            self.gate.hand_over(transport, self.client, self.head)
+            return
+        transport.write(self.reply)
+        self.gate.refused()
+        if transport.can_write_eof():  # half-closed, so that the client reads the reply
+            transport.write_eof()       # before its unread request resets the connection
+            self.timer = self.gate.loop.call_later(REFUSAL_WAIT_S, transport.close)
+        else:
+            transport.close()
+
+
+def _is_probe(head: bytes) -> bool:
+    """Whether the head is complete and asks GET /health or GET /metrics."""
+    if _HEAD_END not in head:
+        return False
+    method, _, rest = head.split(b"\r\n", 1)[0].partition(b" ")
+    target = rest.partition(b" ")[0].partition(b"?")[0]
+    return method == b"GET" and target in _PROBES
+
+
+class _Door(asyncio.Protocol):
+    """A new connection's first protocol: the gate seats it at once, as a handler or a
+    refusal."""
+
+    def __init__(self, gate: _Gate) -> None:
+        self.gate = gate
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.gate.seat(transport)  # type: ignore[arg-type]
+
+
+class _Gate:
+    """The caps over the connections open: who holds them, from which address."""
+
+    def __init__(self, server: web.Server, caps: ConnectionCaps, args: dict[str, Any],
+                 refused: Callable[[], None]) -> None:
+        self.server = server
+        self.caps = caps
+        self.handler_args = args
+        self.refused = refused
+        self.loop = asyncio.get_running_loop()
+        self.open: dict[_Handler, None] = {}  # the counted handlers, oldest first
+        self.clients: Counter[str] = Counter()
+
+    def seat(self, transport: asyncio.Transport) -> None:
+        client = _client(transport)
+        if self.clients[client] >= self.caps.per_client and not self._make_room(client):
+            self._refuse(transport, client, (
+                f"this client address already has {self.caps.per_client} connections open, "
+                "its limit (TF_MAX_CLIENT_CONNECTIONS); reuse them or retry later"))
+        elif len(self.open) >= self.caps.total and not self._make_room(None):
+            self._refuse(transport, client, (
+                f"the server already has {self.caps.total} connections open, its limit "
+                "(TF_MAX_CONNECTIONS); retry later"))
+        else:
+            handler = _Handler(self, client, counted=True)
+            self.open[handler] = None
+            self.clients[client] += 1
+            transport.set_protocol(handler)
+            handler.connection_made(transport)
+
+    def hand_over(self, transport: asyncio.Transport, client: str, head: bytes) -> None:
+        """Serve a refused connection's one request (its head already read) past the caps."""
+        handler = _Handler(self, client, counted=False)
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        handler.data_received(head)
+
+    def forget(self, handler: _Handler) -> None:
+        if handler in self.open:
+            del self.open[handler]
+            self.clients[handler.client] -= 1
+            if not self.clients[handler.client]:
+                del self.clients[handler.client]
+
+    def _make_room(self, client: str | None) -> bool:
+        """Close the connection idle longest (of `client` when given); False when none is
+        idle. A connection holding part of a pipelined request counts as idle here."""
+        idle = [h for h in self.open if h.idle and (client is None or h.client == client)]
+        if not idle:
+            return False
+        longest = min(idle, key=lambda h: h.idle_since or 0.0)
+        self.forget(longest)
+        longest.force_close()
+        return True
+
+    def _refuse(self, transport: asyncio.Transport, client: str, message: str) -> None:
+        refusal = _Refusal(self, client, refusal_bytes(message))
+        transport.set_protocol(refusal)
+        refusal.connection_made(transport)
+
+
+def _client(transport: asyncio.BaseTransport) -> str:
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
+
+
+async def serve_on(runner: web.BaseRunner, sock: socket.socket, caps: ConnectionCaps,
+                   args: dict[str, Any], refused: Callable[[], None] = lambda: None
+                   ) -> asyncio.Server:
+    """Serve the runner's server on the listening socket `sock` (bound before the weights
+    loaded) under `caps`, each connection's protocol made with `args` (handler_args);
+    `refused` is called for each connection answered 503. The caller closes the returned
+    server before runner.cleanup()."""
+    server = runner.server
+    assert server is not None, "runner.setup() first"
+    gate = _Gate(server, caps, args, refused)
+    return await asyncio.get_running_loop().create_server(lambda: _Door(gate), sock=sock)
