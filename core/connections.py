@@ -1,4 +1,4 @@
-"""Who may hold a connection to `serve`.
+"""Who may hold a connection to `serve`, and what a connection that breaks HTTP is answered.
 
 - At most `total` connections at once (TF_MAX_CONNECTIONS), and `per_client` from one client
   address (TF_MAX_CLIENT_CONNECTIONS). At a cap, the connection idle longest between two
@@ -6,6 +6,8 @@
   is idle, the new connection is refused with 503 and Retry-After, unless its request is
   GET /health or GET /metrics, which is answered as usual on that one connection.
 - A new connection that sends no byte within `first_byte_s` (TF_FIRST_BYTE_TIMEOUT_S) is closed.
+- A request that breaks HTTP/1.1 (a head too large, a malformed one, TLS sent to this plain-HTTP
+  port) is answered in OpenAI's error shape with Connection: close, and logged in one line.
 """
 
 from __future__ import annotations
@@ -17,10 +19,14 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 
+from .logs import get_logger
 from .openai_api import error_body
 from .openai_replies import dumps
 from .request_limits import Limits
+
+log = get_logger("tensorfold.connections")
 
 MAX_LINE_BYTES = 8190  # a request line or one header field (aiohttp's default)
 MAX_HEADERS = 128  # header fields in one request (aiohttp's default)
@@ -53,6 +59,20 @@ def refusal_bytes(message: str) -> bytes:
     return head.encode() + body
 
 
+def protocol_error(exc: HttpProcessingError, tls: bool) -> tuple[int, str]:
+    """The status and message for a request that aiohttp's parser refused."""
+    if tls:
+        return 400, ("this port speaks plain HTTP and the client sent TLS: use an http:// URL, "
+                     "or put a TLS-terminating proxy in front of the server")
+    if isinstance(exc, LineTooLong):
+        return 431, (f"the request line or a header field is over {MAX_LINE_BYTES} bytes, "
+                     "the limit; send long values in the body")
+    reason = exc.message.splitlines()[0].rstrip(":") if exc.message else type(exc).__name__
+    if reason == "Too many headers received":
+        return 431, f"the request has more than {MAX_HEADERS} header fields, the limit"
+    return 400, f"the request is not valid HTTP/1.1: {reason[:200]}"
+
+
 class _Handler(web.RequestHandler):
     """aiohttp's protocol for one connection, as the gate admitted it (counted against the caps)
     or handed it over past them (not counted: it serves one request, then closes)."""
@@ -63,6 +83,7 @@ class _Handler(web.RequestHandler):
         self.client = client
         self.counted = counted
         self.spoke = False  # a byte has come
+        self.tls = False  # the first byte began a TLS record
         self.idle_since: float | None = None  # a reply's end, when no byte has come since
         self.first_byte: asyncio.TimerHandle | None = None
 
@@ -78,6 +99,7 @@ class _Handler(web.RequestHandler):
     def data_received(self, data: bytes) -> None:
         if not self.spoke and data:
             self.spoke = True
+            self.tls = data[:1] == b"\x16"
             if self.first_byte is not None:
                 self.first_byte.cancel()
                 self.first_byte = None
@@ -106,6 +128,23 @@ class _Handler(web.RequestHandler):
         keep-alive close requires (RequestHandler._process_keepalive)."""
         waiter = self._waiter
         return self.idle_since is not None and waiter is not None and not waiter.done()
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500,
+                     exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if request.writer.output_size > 0:  # as aiohttp's: too late for another reply
+            raise ConnectionError("the reply had begun; no error reply can follow it")
+        if isinstance(exc, HttpProcessingError):  # the client's bytes were not HTTP
+            status, text = protocol_error(exc, self.tls)
+            log.warning("protocol error", client=self.client, status=status, error=text)
+        else:  # the server's own fault: aiohttp's log line, with its traceback
+            self.log_exception("Error handling request from %s", request.remote, exc_info=exc)
+            text = ("the request's handler timed out" if status == 504
+                    else "the server failed on this request")
+        resp = web.Response(status=status, body=dumps(error_body(status, text)),
+                            content_type="application/json", headers={"Connection": "close"})
+        resp.force_close()
+        return resp
 
 
 class _Refusal(asyncio.Protocol):

@@ -1,8 +1,8 @@
-"""Fair connections, against a real `tensorfold serve` with small caps: one client address at
-its cap does not stop another, idle keep-alive connections give way at a cap, /health and
-/metrics answer while the connection budget is full, and a silent new connection is closed after
-the first-byte timeout. Client sockets bind source addresses in 127.0.0.0/8 to act as several
-clients."""
+"""Fair connections and protocol errors, against a real `tensorfold serve` with small caps: one
+client address at its cap does not stop another, idle keep-alive connections give way at a cap,
+/health and /metrics answer while the connection budget is full, a silent new connection is
+closed after the first-byte timeout, and each protocol error gets OpenAI's error shape and one
+log line. Client sockets bind source addresses in 127.0.0.0/8 to act as several clients."""
 
 from __future__ import annotations
 
@@ -163,3 +163,38 @@ def test_a_silent_connection_is_closed_after_the_first_byte_timeout(server: Serv
     finally:
         silent.close()
         started.close()
+
+
+TLS_HELLO = bytes.fromhex("160301020001000200" "0303") + bytes(64)
+PROTOCOL_ERRORS = {
+    "header_over_8_kb": (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000
+                         + b"\r\n\r\n", 431, "8190 bytes"),
+    "1000_headers": (b"GET /health HTTP/1.1\r\nHost: x\r\n"
+                     + b"".join(b"X-%d: a\r\n" % i for i in range(1000)) + b"\r\n",
+                     431, "128 header fields"),
+    "length_and_chunked": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                           b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "Content-Length"),
+    "tls_to_plain_http": (TLS_HELLO, 400, "http://"),
+    "not_http": (b"HELLO\r\n\r\n", 400, "not valid HTTP/1.1"),
+}
+
+
+@pytest.mark.parametrize("case", PROTOCOL_ERRORS)
+def test_a_protocol_error_is_a_json_error_and_one_log_line(
+    server: ServedDemo, case: str
+) -> None:
+    request, status, says = PROTOCOL_ERRORS[case]
+    logged = server.logs()
+    sock = connect(server)
+    sock.sendall(request)
+    reply = read_reply(sock)
+    sock.close()
+    head, body = reply.split(b"\r\n\r\n", 1)
+    assert head.split(b" ")[1] == str(status).encode(), reply[:300]
+    assert b"\r\nConnection: close" in head and b"application/json" in head
+    error = json.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and says in error["message"], error
+    new = server.logs()[len(logged):].splitlines()
+    assert len(new) == 1 and "protocol error" in new[0] and str(status) in new[0], new
+    good(server)
