@@ -1,10 +1,11 @@
 """Who may hold a connection to `serve`, and what a connection that breaks HTTP is answered.
 
 - At most `total` connections at once (TF_MAX_CONNECTIONS), and `per_client` from one client
-  address (TF_MAX_CLIENT_CONNECTIONS). At a cap, the connection idle longest between two
-  requests (of that address, at its own cap) is closed to make room, as nginx does; when none
-  is idle, the new connection is refused with 503 and Retry-After, unless its request is
-  GET /health or GET /metrics, which is answered as usual on that one connection.
+  address (TF_MAX_CLIENT_CONNECTIONS). At a cap, the connection idle longest (silent since it
+  opened, or since its last reply) is closed to make room, of that address at its own cap, as
+  nginx does with keep-alive connections; when none is idle, the new connection is refused
+  with 503 and Retry-After, unless its request is GET /health or GET /metrics, which is
+  answered as usual on that one connection.
 - A new connection that sends no byte within `first_byte_s` (TF_FIRST_BYTE_TIMEOUT_S) is closed.
 - A request that breaks HTTP/1.1 (a head too large, a malformed one, TLS sent to this plain-HTTP
   port) is answered in OpenAI's error shape with Connection: close, and logged in one line.
@@ -84,12 +85,13 @@ class _Handler(web.RequestHandler):
         self.counted = counted
         self.spoke = False  # a byte has come
         self.tls = False  # the first byte began a TLS record
-        self.idle_since: float | None = None  # a reply's end, when no byte has come since
+        self.idle_since: float | None = None  # its opening or a reply's end, silent since
         self.first_byte: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         if self.counted:
+            self.idle_since = self.gate.loop.time()
             self.first_byte = self.gate.loop.call_later(self.gate.caps.first_byte_s, self._mute)
 
     def _mute(self) -> None:
@@ -124,10 +126,12 @@ class _Handler(web.RequestHandler):
 
     @property
     def idle(self) -> bool:
-        """Between two requests with no byte of the next one come: waiting as aiohttp's own
-        keep-alive close requires (RequestHandler._process_keepalive)."""
+        """Silent since the opening, or between two requests with no byte of the next one
+        come: waiting as aiohttp's own keep-alive close requires (_process_keepalive)."""
+        if self.idle_since is None:
+            return False
         waiter = self._waiter
-        return self.idle_since is not None and waiter is not None and not waiter.done()
+        return not self.spoke or (waiter is not None and not waiter.done())
 
     def handle_error(self, request: web.BaseRequest, status: int = 500,
                      exc: BaseException | None = None,

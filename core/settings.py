@@ -189,8 +189,9 @@ class Settings(BaseSettings):
     max_connections: PositiveInt = Field(
         default=1024,
         description="Connections `serve` keeps open at once. At the cap, the connection idle "
-        "longest between two requests is closed to make room; when none is idle, one more is "
-        "answered 503 and closed (GET /health and GET /metrics are still answered).",
+        "longest (silent since it opened or since its last reply) is closed to make room; when "
+        "none is idle, one more is answered 503 and closed (GET /health and GET /metrics are "
+        "still answered).",
     )
     max_client_connections: PositiveInt = Field(
         default=256,

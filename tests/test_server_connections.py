@@ -1,5 +1,5 @@
 """Fair connections and protocol errors, against a real `tensorfold serve` with small caps: one
-client address at its cap does not stop another, idle keep-alive connections give way at a cap,
+client address at its cap does not stop another, idle and silent connections give way at a cap,
 /health and /metrics answer while the connection budget is full, a silent new connection is
 closed after the first-byte timeout, and each protocol error gets OpenAI's error shape and one
 log line. Client sockets bind source addresses in 127.0.0.0/8 to act as several clients."""
@@ -13,13 +13,12 @@ from collections.abc import Iterator
 import pytest
 
 from test_server import ServedDemo
-from test_server_limits import address, good, read_reply
+from test_server_limits import HELD_BODY, address, good, hold, read_reply
 
 MAX_CONNECTIONS = 6
 MAX_CLIENT_CONNECTIONS = 3
 FIRST_BYTE_TIMEOUT_S = 1
 READ_TIMEOUT_S = 20  # long beside the first-byte timeout: held connections outlive each test
-HALF_HEAD = b"GET /health HTTP/1.1\r\nHost: x\r\n"  # a request whose head has not ended
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +89,8 @@ def close_all(socks: list[socket.socket]) -> None:
 def test_one_address_at_its_cap_does_not_stop_another(server: ServedDemo) -> None:
     busy = [connect(server, "127.0.0.2") for _ in range(MAX_CLIENT_CONNECTIONS)]
     try:
-        for sock in busy:  # each inside a request: none idle, none to close for room
-            sock.sendall(HALF_HEAD)
+        for sock in busy:  # each inside a request: none idle, none closed for room
+            hold(sock)
         extra = connect(server, "127.0.0.2")
         extra.sendall(get("/v1/models"))
         reply = read_reply(extra)
@@ -102,7 +101,7 @@ def test_one_address_at_its_cap_does_not_stop_another(server: ServedDemo) -> Non
         other.close()
         good(server)
         for sock in busy:  # the address's own connections go on
-            assert exchange(sock, b"\r\n")[0] == b"HTTP/1.1 200 OK"
+            assert exchange(sock, HELD_BODY)[0] == b"HTTP/1.1 200 OK"
     finally:
         close_all(busy)
 
@@ -128,11 +127,23 @@ def test_idle_connections_give_way_at_the_cap(server: ServedDemo) -> None:
     good(server)
 
 
+def test_silent_connections_give_way_at_the_cap(server: ServedDemo) -> None:
+    silent = [connect(server, f"127.0.0.{2 + i % 2}") for i in range(MAX_CONNECTIONS)]
+    try:
+        newcomer = connect(server, "127.0.0.1")
+        assert exchange(newcomer, get("/v1/models"))[0] == b"HTTP/1.1 200 OK"
+        newcomer.close()
+        assert is_closed(silent[0])  # silent longest: closed to make room
+    finally:
+        close_all(silent)
+    good(server)
+
+
 def test_health_and_metrics_answer_while_the_budget_is_full(server: ServedDemo) -> None:
     busy = [connect(server, f"127.0.0.{2 + i % 2}") for i in range(MAX_CONNECTIONS)]
     try:
         for sock in busy:
-            sock.sendall(HALF_HEAD)
+            hold(sock)
         refused = connect(server)
         refused.sendall(get("/v1/models"))
         refusal(read_reply(refused), "TF_MAX_CONNECTIONS")
@@ -146,7 +157,7 @@ def test_health_and_metrics_answer_while_the_budget_is_full(server: ServedDemo) 
             probe.close()
         assert b"tensorfold_http_errors_total" in body
         for sock in busy:
-            assert exchange(sock, b"\r\n")[0] == b"HTTP/1.1 200 OK"
+            assert exchange(sock, HELD_BODY)[0] == b"HTTP/1.1 200 OK"
     finally:
         close_all(busy)
     good(server)
