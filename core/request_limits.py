@@ -8,7 +8,6 @@ Settings: TF_MAX_BODY_MIB (--max-body-mib), TF_READ_TIMEOUT_S, TF_MAX_CONNECTION
 from __future__ import annotations
 
 import asyncio
-import socket
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -16,8 +15,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from .openai_api import ApiError, error_body
-from .openai_replies import dumps
+from .openai_api import ApiError
 
 MIB = 1024 * 1024
 
@@ -74,57 +72,3 @@ async def in_workers(request: web.Request, work: Callable[..., Any], *args: Any)
     """Run CPU work for a request on the bounded pool, so the loop keeps serving."""
     pool = request.app[LIMITS].workers
     return await asyncio.get_running_loop().run_in_executor(pool, work, *args)
-
-
-class _Refusal(asyncio.Protocol):
-    """A connection past the cap: answered 503 once its request starts (or after a second),
-    then closed, without reaching the application."""
-
-    def __init__(self, reply: bytes, refused: Callable[[], None]) -> None:
-        self.reply = reply
-        self.refused = refused
-        self.transport: asyncio.Transport | None = None
-        self.timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.timer = asyncio.get_running_loop().call_later(1.0, self._refuse)
-
-    def data_received(self, data: bytes) -> None:
-        self._refuse()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        self.transport = None
-
-    def _refuse(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(self.reply)
-            self.transport.close()
-            self.refused()
-
-
-def refusal_bytes(cap: int) -> bytes:
-    body = dumps(error_body(503, f"the server already has {cap} connections open, its limit "
-                            "(TF_MAX_CONNECTIONS); retry later"))
-    head = ("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
-    return head.encode() + body
-
-
-async def serve_on(runner: web.BaseRunner, sock: socket.socket, cap: int,
-                   refused: Callable[[], None] = lambda: None) -> asyncio.Server:
-    """Serve the runner's server on the listening socket `sock` (bound before the weights
-    loaded), with at most `cap` connections open at once (`refused` is called for each one
-    turned away); the caller closes the returned server before runner.cleanup()."""
-    server = runner.server
-    assert server is not None, "runner.setup() first"
-    reply = refusal_bytes(cap)
-
-    def protocol() -> asyncio.Protocol:
-        if len(server.connections) >= cap:
-            return _Refusal(reply, refused)
-        return server()
-
-    return await asyncio.get_running_loop().create_server(protocol, sock=sock)

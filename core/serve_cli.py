@@ -122,8 +122,9 @@ async def _serve(served: Served, args: argparse.Namespace, settings: Settings,
     from aiohttp import web
 
     from tensorfold.api_key import exposure_warning
+    from tensorfold.connections import ConnectionCaps, handler_args, serve_on
     from tensorfold.logs import get_logger
-    from tensorfold.request_limits import MIB, Limits, serve_on
+    from tensorfold.request_limits import MIB, Limits
     from tensorfold.server import STATE, create_app
     from tensorfold.shutdown import RUNNER_GRACE_S, drain
 
@@ -131,14 +132,18 @@ async def _serve(served: Served, args: argparse.Namespace, settings: Settings,
     limits = Limits(max_body=int(settings.max_body_mib * MIB),
                     read_timeout_s=settings.read_timeout_s,
                     max_connections=settings.max_connections)
+    caps = ConnectionCaps(total=settings.max_connections,
+                          per_client=settings.max_client_connections,
+                          first_byte_s=settings.first_byte_timeout_s)
     app = create_app(served, device=device, api_key=api_key, limits=limits,
                      allowed_origins=args.origins)
     state = app[STATE]
     # Draining is drain()'s, bounded by --shutdown-timeout; the runner then waits only briefly.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=RUNNER_GRACE_S, **limits.handler_args())
+    connection_args = handler_args(limits)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=RUNNER_GRACE_S,
+                           **connection_args)
     await runner.setup()
-    listening = await serve_on(runner, sock, limits.max_connections,
+    listening = await serve_on(runner, sock, caps, connection_args,
                                state.metrics.errors.labels("503").inc)
     host, port = listening.sockets[0].getsockname()[:2]
     # The start lines, once, on stdout (not as log lines too).

@@ -188,7 +188,22 @@ class Settings(BaseSettings):
     )
     max_connections: PositiveInt = Field(
         default=1024,
-        description="Connections `serve` keeps open at once; one more is answered 503 and closed.",
+        description="Connections `serve` keeps open at once. At the cap, the connection idle "
+        "longest (silent since it opened or since its last reply) is closed to make room; when "
+        "none is idle, one more is answered 503 and closed (GET /health and GET /metrics are "
+        "still answered).",
+    )
+    max_client_connections: PositiveInt = Field(
+        default=256,
+        description="Connections `serve` keeps open at once from one client address, as "
+        "TF_MAX_CONNECTIONS does for all (behind a proxy every client has its address: raise "
+        "it to TF_MAX_CONNECTIONS there).",
+    )
+    first_byte_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds a new connection may stay silent: one that sends no byte of a "
+        "request within it is closed.",
     )
     demo_cache: Path = Field(
         default=Path("~/.cache/tensorfold/demo"),

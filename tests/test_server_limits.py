@@ -20,6 +20,7 @@ READ_TIMEOUT_S = 2
 MAX_CONNECTIONS = 6
 BOUND_S = 2.0  # a generous bound for a /health answer on a loaded machine (about 1 ms unloaded)
 COMPLETION = {"prompt": "The little", "max_tokens": 3}
+HELD_BODY = json.dumps({"model": "lfm2_moe-demo", **COMPLETION}).encode()
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +60,11 @@ def read_reply(sock: socket.socket, timeout: float = 30) -> bytes:
     return data
 
 
-def health_on(sock: socket.socket) -> bytes:
-    """GET /health on an open connection, keeping it open; the reply's status line."""
-    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+def health_on(sock: socket.socket, send: bytes = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+              ) -> bytes:
+    """Send `send` (GET /health) on an open connection and read one reply, keeping the
+    connection open; the reply's status line."""
+    sock.sendall(send)
     sock.settimeout(30)
     data = b""
     while b"\r\n\r\n" not in data:
@@ -72,6 +75,20 @@ def health_on(sock: socket.socket) -> bytes:
     while len(body) < length:
         body += sock.recv(65536)
     return head.split(b"\r\n")[0]
+
+
+def hold(sock: socket.socket) -> None:
+    """Start a request on `sock` and leave it waiting for its body (HELD_BODY): once the server
+    has answered 100 Continue, it holds the connection busy, not idle."""
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(HELD_BODY))
+    sock.settimeout(30)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed after {data!r}"
+        data += chunk
+    assert data == b"HTTP/1.1 100 Continue\r\n\r\n", data
 
 
 def test_a_10_mb_body_is_refused_while_health_answers(server: ServedDemo) -> None:
@@ -138,15 +155,16 @@ def test_connections_past_the_cap_get_503_and_others_go_on(server: ServedDemo) -
     refused = server.metrics().get("tensorfold_http_errors_total{status=503}", 0)
     held = [socket.create_connection(address(server)) for _ in range(MAX_CONNECTIONS)]
     try:
-        for sock in held:  # each answered: the server holds them all
-            assert health_on(sock) == b"HTTP/1.1 200 OK"
+        for sock in held:  # each inside a request: none idle, none closed for room
+            hold(sock)
         extra = socket.create_connection(address(server))
-        extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        extra.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
         reply = read_reply(extra)
         extra.close()
         assert reply.startswith(b"HTTP/1.1 503"), reply[:300]
         assert b"Retry-After: 1" in reply and b"TF_MAX_CONNECTIONS" in reply
-        assert health_on(held[0]) == b"HTTP/1.1 200 OK"  # the connections held still work
+        for sock in held:  # the connections held still work
+            assert health_on(sock, HELD_BODY) == b"HTTP/1.1 200 OK"
     finally:
         for sock in held:
             sock.close()
