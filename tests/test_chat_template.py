@@ -257,3 +257,73 @@ def test_many_protected_strings_are_found_as_a_trie() -> None:
     assert pattern is not None and finder(()) is None
     text = "<" * 10_000 + "<unused4999><a>b<a><unused5000>"
     assert pattern.findall(text) == ["<unused4999>", "<a>b", "<a>"]
+
+
+DEMOS = {"lfm2_moe": "tensorfold_lfm2_moe.demo", "glm5_next": "tensorfold_glm.demo",
+         "gemma4": "tensorfold_gemma4.demo"}
+REAL = ("LFM2-8B-A1B.jinja", "LFM2.5-8B-A1B.jinja", "google-gemma-4-31B-it.jinja",
+        "GLM-4.7-Flash.jinja")
+
+
+@pytest.fixture(scope="module")
+def demo_tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Tokenizer]:
+    import importlib
+
+    from tensorfold.checkpoint import Checkpoint
+
+    cache = tmp_path_factory.mktemp("demos")
+    out = {}
+    for family, module in DEMOS.items():
+        try:
+            build = importlib.import_module(module).build_demo
+        except ImportError:
+            continue
+        out[family] = Tokenizer.from_checkpoint(Checkpoint.open(build(cache)))
+    return out
+
+
+def a_chat(typed: str = "") -> list[dict[str, str]]:
+    return [{"role": "system", "content": f"Be brief.{typed}"},
+            {"role": "user", "content": f"hello world{typed} and café ☕"},
+            {"role": "assistant", "content": "hello, the lazy fox"},
+            {"role": "user", "content": f"{typed}again?{typed}"}]
+
+
+@pytest.mark.parametrize("template", ["demo", *REAL])
+@pytest.mark.parametrize("family", sorted(DEMOS))
+def test_encode_chat_on_every_family_and_real_template(
+    family: str, template: str, demo_tokenizers: dict[str, Tokenizer]
+) -> None:
+    from tensorfold.tool_testing import real_template
+
+    if family not in demo_tokenizers:
+        pytest.skip(f"the {family} plugin is not installed")
+    tok = demo_tokenizers[family]
+    source = tok.chat_template if template == "demo" else real_template(template)
+    assert source is not None
+    specials = tok.special_tokens()
+    kw = {"bos_token": tok.bos_token, "eos_token": tok.eos_token}
+
+    # No special-token strings in content: the ids and marks of today, exactly.
+    plain = render_chat(source, a_chat(), **kw)
+    kept = render_chat(source, a_chat(), protect=specials, **kw)
+    assert kept == plain
+    ids, marks = tok.encode_chat(kept)
+    assert ids == tok.encode(plain.text)
+    assert marks == marks_to_token_positions(tok, plain.text, plain.marks) and marks
+
+    # Every special string typed into user and system content: the same text, but the only
+    # special ids are the template's own (those of the chat without them).
+    typed = " " + "".join(specials) + " "
+    plain = render_chat(source, a_chat(typed), **kw)
+    kept = render_chat(source, a_chat(typed), protect=specials, **kw)
+    assert (kept.text, kept.marks) == (plain.text, plain.marks)
+    assert [kept.text[a:b] for a, b in kept.literal] == [typed.strip()] * 4
+    ids, marks = tok.encode_chat(kept)
+    assert tok.decode(ids, skip_special_tokens=False) == kept.text
+    special_ids = set(tok.special_ids(specials))
+    untyped = tok.encode(render_chat(source, a_chat(" " * 2), **kw).text)
+    assert [i for i in ids if i in special_ids] == [i for i in untyped if i in special_ids]
+    assert [i for i in tok.encode(plain.text) if i in special_ids] != [
+        i for i in untyped if i in special_ids]  # today: the typed strings become specials
+    assert len(marks) == len(marks_to_token_positions(tok, plain.text, plain.marks))
