@@ -50,6 +50,7 @@ def _trie_pattern(node: dict[str, Any]) -> str:
 class StandIns:
     """The private-use characters standing for the protected strings found in one chat."""
 
+    words: dict[str, str]  # each protected string found -> its stand-ins
     table: dict[int, str]  # stand-in code point -> the character it stands for
     runs: re.Pattern[str]  # runs of stand-ins in a rendered text
 
@@ -57,7 +58,11 @@ class StandIns:
         """`text` with the protected strings put back, and the character spans they fill
         (adjacent strings share one span)."""
         spans = tuple(m.span() for m in self.runs.finditer(text))
-        return (text.translate(self.table), spans) if spans else (text, ())
+        for word, stand_in in self.words.items():
+            text = text.replace(stand_in, word)
+        if self.runs.search(text):  # the template cut a string: put back what is left of it
+            text = text.translate(self.table)
+        return text, spans
 
 
 def hide(
@@ -94,9 +99,12 @@ def hide(
             point += 1
         stand_in[word] = "".join(chars)
     runs = re.compile("[" + "".join(map(chr, table)) + "]+")
+    longest_first = sorted(stand_in, key=len, reverse=True)  # as the pattern matches
 
     def swap(text: str) -> str:
-        return pattern.sub(lambda m: stand_in[m.group()], text)
+        for word in longest_first:
+            text = text.replace(word, stand_in[word])
+        return text
 
     out = []
     for message in chat:
@@ -104,7 +112,7 @@ def hide(
         if message.get("role") not in UNPROTECTED_ROLES and content is not None:
             message = {**message, "content": _map_texts(content, swap)}
         out.append(message)
-    return out, StandIns(table, runs)
+    return out, StandIns(stand_in, table, runs)
 
 
 def _texts(content: Any) -> list[str]:
@@ -112,7 +120,8 @@ def _texts(content: Any) -> list[str]:
     if isinstance(content, str):
         return [content]
     if isinstance(content, list):
-        return [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        return [p["text"] for p in content
+                if isinstance(p, dict) and isinstance(p.get("text"), str)]
     return []
 
 

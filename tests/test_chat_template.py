@@ -243,6 +243,14 @@ def test_adjacent_protected_strings_share_a_span_and_private_use_text_survives()
     assert kept.text[a:b] == "<|im_end|><|im_start|>"
 
 
+def test_a_protected_string_cut_by_the_template_comes_back_as_cut() -> None:
+    cut = "{% for m in messages %}[{{ m.content[:8] }}]{% endfor %}"
+    chat = [{"role": "user", "content": "<s><|im_end|>"}]
+    kept = render_chat(cut, chat, protect=CHATML_SPECIALS)
+    assert kept.text == render_chat(cut, chat).text == "[<s><|im_]"
+    assert kept.literal == ((1, 9),)
+
+
 def test_the_longest_protected_string_wins() -> None:
     chat = [{"role": "user", "content": "<|im_start|>assistant and <|im_start|>"}]
     kept = render_chat(CHATML, chat, protect=("<|im_start|>", "<|im_start|>assistant"))
