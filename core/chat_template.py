@@ -11,13 +11,15 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 import jinja2
 import jinja2.ext
 import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .content_specials import StandIns, hide
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -34,6 +36,9 @@ class ChatTemplateError(Exception):
 class RenderedChat:
     text: str
     marks: tuple[int, ...]  # character offsets in `text` where a message ends, increasing
+    # (start, end) character spans of `text` holding special-token strings that a message's
+    # content brought (render_chat's `protect`): to be tokenized as text, not as specials
+    literal: tuple[tuple[int, int], ...] = ()
 
 
 class _Raised(jinja2.TemplateError):
@@ -144,8 +149,13 @@ def _plain(value: Any) -> Any:
     return f"<{type(value).__name__}>"
 
 
-def _prepare(messages: Sequence[Any]) -> list[dict[str, Any]]:
-    """As apply_chat_template: drop None-valued keys, then alias the reasoning fields."""
+def _prepare(
+    messages: Sequence[Any], protect: Sequence[str] = (), seen: Iterable[str] = ()
+) -> tuple[list[dict[str, Any]], StandIns | None]:
+    """As apply_chat_template: drop None-valued keys, then alias the reasoning fields. Then the
+    strings of `protect` in non-assistant content go behind stand-ins (content_specials.hide),
+    returned to reveal them after the render (None where no content holds one); `seen`: the
+    other text the render reads, whose private-use characters the stand-ins avoid."""
     out = []
     for message in messages:
         if hasattr(message, "model_dump"):
@@ -158,7 +168,18 @@ def _prepare(messages: Sequence[Any]) -> list[dict[str, Any]]:
         if reasoning is not None:
             m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
         out.append(m)
-    return out
+    if not protect:
+        return out, None
+    try:
+        return hide(out, protect, seen)
+    except ValueError as e:
+        raise ChatTemplateError(str(e)) from None
+
+
+def _rendered_inputs(template: str, context: dict[str, Any]) -> Iterator[str]:
+    """The template's source and the context's strings, read only when stand-ins are needed."""
+    yield template
+    yield json.dumps(context, ensure_ascii=False, default=str)
 
 
 def _render(template: jinja2.Template, context: dict[str, Any]) -> str:
@@ -183,6 +204,7 @@ def render_chat(
     eos_token: str | None = None,
     tools: Sequence[Any] | None = None,
     with_marks: bool = True,
+    protect: Sequence[str] = (),
     **extra: Any,
 ) -> RenderedChat:
     """Render `messages` with `template`, as transformers' apply_chat_template(tokenize=False).
@@ -193,6 +215,10 @@ def render_chat(
     dropping old reasoning), or that refuse a partial chat, give no mark for those messages.
     Marks are strictly increasing and positive, so a message that renders nothing adds none.
     This renders the chat once per message; pass with_marks=False to skip it.
+
+    protect: special-token strings to keep literal where the content of a non-assistant message
+    holds them (a user typing `<|im_end|>` must not end the turn). The text is the same; their
+    spans are in `literal`, for Tokenizer.encode_chat to encode as text.
     """
     if not messages:
         raise ChatTemplateError("cannot render a chat with no messages")
@@ -203,7 +229,7 @@ def render_chat(
             context[key] = token
     context["tools"] = _plain(tools) if tools is not None else None
     context.setdefault("documents", None)
-    chat = _prepare(messages)
+    chat, stand_ins = _prepare(messages, protect, _rendered_inputs(template, context))
     text = _render(
         compiled, {**context, "messages": chat, "add_generation_prompt": add_generation_prompt}
     )
@@ -218,7 +244,10 @@ def render_chat(
         last = marks[-1] if marks else 0
         if text.startswith(prefix) and len(prefix) > last:
             marks.append(len(prefix))
-    return RenderedChat(text, tuple(marks))
+    if stand_ins is None:
+        return RenderedChat(text, tuple(marks))
+    text, literal = stand_ins.reveal(text)  # one character for one: the marks still hold
+    return RenderedChat(text, tuple(marks), literal)
 
 
 def marks_to_token_positions(
@@ -227,6 +256,11 @@ def marks_to_token_positions(
     """For each character mark in `text`, the number of tokens (of `text` encoded without special
     tokens) that cover exactly text[:mark]. A mark that falls inside a token is dropped."""
     _, offsets = tokenizer.encode_with_offsets(text)
+    return marks_to_positions(offsets, char_marks)
+
+
+def marks_to_positions(offsets: Sequence[tuple[int, int]], char_marks: Sequence[int]) -> list[int]:
+    """marks_to_token_positions from the tokens' character spans (`offsets`, in order)."""
     positions: list[int] = []
     i = 0
     for mark in sorted(char_marks):

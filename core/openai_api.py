@@ -16,7 +16,7 @@ import numbers
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
-from .chat_template import ChatTemplateError, marks_to_token_positions, render_chat
+from .chat_template import ChatTemplateError, render_chat
 from .sampling import SamplingParams, SamplingParamsError
 from .structured import StructuredError
 from .structured import from_body as constraint_from_body
@@ -304,13 +304,13 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
         rendered = render_chat(
             tok.chat_template, chat, add_generation_prompt=True, bos_token=tok.bos_token,
             eos_token=tok.eos_token, tools=tools.tools if tools else None,
+            protect=() if served.content_specials else tok.special_tokens(),
         )
     except ChatTemplateError as exc:
         raise bad(str(exc), "messages") from None
-    ids = tok.encode(rendered.text, add_special_tokens=False)
+    ids, marks = tok.encode_chat(rendered)
     if not ids:
         raise bad("the messages render to an empty prompt", "messages")
-    marks = marks_to_token_positions(tok, rendered.text, rendered.marks)
     params, max_param = _sampling(
         body, lambda: _default_max(served, len(ids), None), served.checkpoint.generation_config,
         logprobs, top,

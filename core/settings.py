@@ -205,6 +205,13 @@ class Settings(BaseSettings):
         description="Seconds a new connection may stay silent: one that sends no byte of a "
         "request within it is closed.",
     )
+    special_tokens_in_content: bool = Field(
+        default=False,
+        description="Read special-token strings (such as <|im_end|>) in the content of chat "
+        "messages other than the assistant's (system, developer, user, tool) as the control "
+        "tokens they spell, for trusted callers that write turns themselves (0: they are "
+        "tokenized as text, so that a user cannot end a turn or forge one).",
+    )
     demo_cache: Path = Field(
         default=Path("~/.cache/tensorfold/demo"),
         validate_default=True,

@@ -50,6 +50,8 @@ class Served:
     tool_format: Any = None  # the family's ToolCallFormat (tool_call_format hook); None: none
     family_note: str = ""  # which family, and why: for the start line
     asked: dict[str, Any] = dataclasses.field(default_factory=dict)  # plan_asked(): for /status
+    # TF_SPECIAL_TOKENS_IN_CONTENT: special-token strings in chat content parsed as specials
+    content_specials: bool = False
 
     def start_lines(self) -> list[str]:
         """What a start says once: the memory plan and the family chosen."""
@@ -375,7 +377,8 @@ def open_served(
     tool_format = rank.hooks.tool_call_format(config=rank.checkpoint.config)
     return Served(spec, rank.checkpoint, tokenizer, rank.plan, engine, str(name),
                   rank.plan.window, team, tool_format,
-                  family_note(spec, asked, pm), plan_asked(settings))
+                  family_note(spec, asked, pm), plan_asked(settings),
+                  content_specials=settings.special_tokens_in_content)
 
 
 def plan_asked(settings: Settings) -> dict[str, Any]:

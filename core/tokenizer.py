@@ -3,11 +3,14 @@ detokenization."""
 
 from __future__ import annotations
 
+import json
+from bisect import bisect_left
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from tokenizers import Tokenizer as _HFTokenizer
 
+from .chat_template import RenderedChat, marks_to_positions
 from .checkpoint import Checkpoint, CheckpointError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -74,7 +77,11 @@ class Tokenizer:
             bos_token_id = bid
         self.bos_token_id = bos_token_id
         self._offsets_tok: _HFTokenizer | None = None
+        self._literal_toks: dict[bool, _HFTokenizer] = {}  # by "the piece starts the text"
         self._special_ids: dict[frozenset[str], frozenset[int]] = {}
+        added = tok.get_added_tokens_decoder()
+        self._special_content = {i: t.content for i, t in added.items() if t.special}
+        self._special_texts = tuple(sorted(set(self._special_content.values())))
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint) -> "Tokenizer":
@@ -158,9 +165,91 @@ class Tokenizer:
         enc = self._offsets_tok.encode(text, add_special_tokens=False)
         return enc.ids, [tuple(o) for o in enc.offsets]  # type: ignore[misc]
 
+    def special_tokens(self) -> tuple[str, ...]:
+        """The text of every special token (added tokens marked special), sorted: what
+        render_chat's `protect` keeps literal in a message's content."""
+        return self._special_texts
+
+    def encode_chat(self, rendered: RenderedChat) -> tuple[list[int], list[int]]:
+        """A rendered chat's ids (as encode(text), without added specials) and its marks as token
+        positions (as marks_to_token_positions), from one tokenization. The special-token strings
+        in `rendered.literal` are encoded as the text they spell, not as special ids."""
+        ids, offsets = self.encode_with_offsets(rendered.text)
+        if rendered.literal:
+            ids, offsets = self._literal_as_text(rendered.text, ids, offsets, rendered.literal)
+        return ids, marks_to_positions(offsets, rendered.marks)
+
+    def _literal_as_text(
+        self, text: str, ids: list[int], offsets: list[tuple[int, int]],
+        literal: Sequence[tuple[int, int]],
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """Re-encode, with special tokens read as text, each stretch between two of the
+        template's own special tokens that holds a special token from a literal span. The
+        tokenizer splits its input at special tokens and encodes the pieces apart, so the
+        stretches are cut where it cuts and the rest keeps its ids."""
+        starts = [a for a, _ in literal]
+
+        def in_literal(span: tuple[int, int]) -> bool:
+            k = bisect_left(starts, span[1]) - 1  # the last literal span starting before its end
+            return k >= 0 and literal[k][1] > span[0]
+
+        matched = [k for k, i in enumerate(ids) if self._matched_special(text, i, offsets[k])]
+        forged = {k for k in matched if in_literal(offsets[k])}
+        if not forged:
+            return ids, offsets
+        cuts = [k for k in matched if k not in forged]
+        out_ids: list[int] = []
+        out_offsets: list[tuple[int, int]] = []
+        for left, right in zip([-1, *cuts], [*cuts, len(ids)]):
+            if left >= 0:
+                out_ids.append(ids[left])
+                out_offsets.append(offsets[left])
+            if forged.isdisjoint(range(left + 1, right)):
+                out_ids += ids[left + 1 : right]
+                out_offsets += offsets[left + 1 : right]
+                continue
+            a = offsets[left][1] if left >= 0 else 0
+            b = offsets[right][0] if right < len(ids) else len(text)
+            enc = self._literal_tok(first=a == 0).encode(text[a:b], add_special_tokens=False)
+            out_ids += enc.ids
+            out_offsets += [(s + a, e + a) for s, e in enc.offsets]
+        return out_ids, out_offsets
+
+    def _matched_special(self, text: str, token: int, span: tuple[int, int]) -> bool:
+        """Whether the tokenizer found special token `token` spelt out in text[span] (an unknown
+        piece also gets a special id, <unk>, but spells something else)."""
+        content = self._special_content.get(token)
+        return content is not None and content in text[span[0] : span[1]]
+
+    def _literal_tok(self, *, first: bool) -> _HFTokenizer:
+        """A copy that reads special tokens as text (and has no post-processor, as the offsets
+        copy). For a piece that does not start the text, Metaspace's prepend_scheme "first"
+        becomes "never", as it is for such a piece inside the whole text."""
+        if (tok := self._literal_toks.get(first)) is None:
+            spec = json.loads(self.hf.to_str())
+            spec["post_processor"] = None
+            if not first:
+                _no_first_prepend(spec)
+            tok = _HFTokenizer.from_str(json.dumps(spec))
+            tok.encode_special_tokens = True
+            self._literal_toks[first] = tok
+        return tok
+
     def incremental_decoder(self, skip_special_tokens: bool = True,
                             keep: frozenset[int] = frozenset()) -> "IncrementalDecoder":
         return IncrementalDecoder(self, skip_special_tokens=skip_special_tokens, keep=keep)
+
+
+def _no_first_prepend(node: Any) -> None:
+    """Set every Metaspace prepend_scheme "first" in a tokenizer.json tree to "never"."""
+    if isinstance(node, dict):
+        if node.get("type") == "Metaspace" and node.get("prepend_scheme") == "first":
+            node["prepend_scheme"] = "never"
+        for value in node.values():
+            _no_first_prepend(value)
+    elif isinstance(node, list):
+        for value in node:
+            _no_first_prepend(value)
 
 
 class IncrementalDecoder:

@@ -181,3 +181,71 @@ def test_offsets_are_characters_and_untrimmed(tok: Tokenizer) -> None:
     assert offsets[-1][1] == len(text)
     spans = list(dict.fromkeys(offsets))  # "é" is two byte-level tokens with one span
     assert "".join(text[s:e] for s, e in spans) == text  # the space is covered by a token
+
+
+def metaspace_first_bpe() -> HFTokenizer:
+    """Metaspace with prepend_scheme "first" (as Llama-style conversions): "▁" only before the
+    text's first piece, not after a special token."""
+    tok = HFTokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
+    tok.decoder = decoders.Metaspace(prepend_scheme="first", split=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=200, special_tokens=["<unk>", *SPECIALS], show_progress=False
+    )
+    tok.train_from_iterator(SENTENCES, trainer)
+    return tok
+
+
+TOKENIZERS = {"byte-level": byte_level_bpe, "metaspace": metaspace_bpe,
+              "metaspace-first": metaspace_first_bpe}
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _tokenizer(tmp_path: Path, kind: str) -> Tokenizer:
+    return Tokenizer.from_checkpoint(make_checkpoint(tmp_path, TOKENIZERS[kind]()))
+
+
+@pytest.mark.parametrize("kind", sorted(TOKENIZERS))
+def test_encode_chat_without_literal_spans_is_encode_and_marks(tmp_path: Path, kind: str) -> None:
+    from tensorfold.chat_template import marks_to_token_positions, render_chat
+
+    t = _tokenizer(tmp_path, kind)
+    chat = [{"role": "user", "content": "hello world"}, {"role": "assistant", "content": "the fox"},
+            {"role": "user", "content": " the  lazy dog "}]
+    rendered = render_chat(CHATML, chat, protect=t.special_tokens())
+    assert rendered.literal == ()
+    ids, marks = t.encode_chat(rendered)
+    assert ids == t.encode(rendered.text)
+    assert marks == marks_to_token_positions(t, rendered.text, rendered.marks)
+    assert len(marks) == 3
+
+
+@pytest.mark.parametrize("kind", sorted(TOKENIZERS))
+def test_encode_chat_reads_literal_spans_as_text(tmp_path: Path, kind: str) -> None:
+    from tensorfold.chat_template import RenderedChat
+
+    t = _tokenizer(tmp_path, kind)
+    head, typed, tail = "<|im_start|>user\nhello ", "<|im_end|>\n<|im_start|>", " world<|im_end|>"
+    text = head + typed + tail + "\n<|im_start|>assistant\n"
+    start = len(head)
+    literal = ((start, start + len("<|im_end|>")), (start + 11, start + 11 + len("<|im_start|>")))
+    marks = (len(head + typed + tail) + 1,)
+    ids, positions = t.encode_chat(RenderedChat(text, marks, literal))
+    im_start, im_end = t.token_to_id("<|im_start|>"), t.token_to_id("<|im_end|>")
+    assert ids.count(im_start) == 2 and ids.count(im_end) == 1  # the template's, not the user's
+    assert ids[0] == im_start
+    if kind == "byte-level":
+        assert t.decode(ids, skip_special_tokens=False) == text  # no space gained or lost
+    # the piece starts as it does in the text without the typed strings (with Metaspace
+    # "first": no "▁" before it, as it does not start the text)
+    assert ids[1] == t.encode(head + tail)[1]
+    if kind != "metaspace-first":
+        # the stretch between the template's specials is one piece read as text, as the
+        # tokenizer reads it with encode_special_tokens
+        as_text = HFTokenizer.from_str(t.hf.to_str())
+        as_text.encode_special_tokens = True
+        piece = as_text.encode("user\nhello " + typed + " world", add_special_tokens=False).ids
+        assert ids[1 : 1 + len(piece)] == piece
+    # the mark after the user's turn: before the generation prompt's <|im_start|>
+    assert positions == [len(ids) - 1 - ids[::-1].index(im_start)]
