@@ -167,7 +167,7 @@ class Reply:
             choice["message"] = {"role": "assistant", "content": text}
             if (tools := self.parsed.tools) is not None:
                 content, calls = parse_tool_calls(tools.format, text, tools.tools,
-                                                  parallel=tools.parallel)
+                                                  parallel=tools.parallel, cut=self._cut)
                 choice["message"] = {"role": "assistant",
                                      "content": content if content or not calls else None}
                 if calls:
@@ -193,6 +193,12 @@ class Reply:
         if self.parsed.include_usage:
             body["usage"] = None
         return body
+
+    @property
+    def _cut(self) -> bool:
+        """The reply ended at max_tokens: a tool call section it left open gives the calls it
+        completed, and no markup."""
+        return self.done is not None and self.done.reason == "length"
 
     def _tool_finish(self, calls: list[Any]) -> str | None:
         """finish_reason "tool_calls" when the model stopped after calling."""
@@ -238,7 +244,7 @@ class Reply:
         if self.done.reason == "error":
             return sse(_error_event(self.done.error or "error"))
         if self.tool_stream is not None:
-            out = self._tool_chunks(self.tool_stream.finish(), [])
+            out = self._tool_chunks(self.tool_stream.finish(self._cut), [])
             return out + sse(self.chunk("", [], 0, self._tool_finish(self.tool_stream.calls)))
         return sse(self.chunk("", [], 0, self.finish_reason))
 
