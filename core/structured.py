@@ -32,6 +32,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
+from .tool_schemas import strict as strict_schema
+from .tool_schemas import strict_tool
+
 if TYPE_CHECKING:
     from .settings import Settings
     from .tokenizer import Tokenizer
@@ -266,7 +269,8 @@ def json_schema_grammar(schema: Mapping[str, Any], param: str) -> str:
     try:
         return llg.LLMatcher.grammar_from_json_schema(dict(schema), defaults=JSON_OPTIONS)
     except (ValueError, TypeError) as exc:
-        raise StructuredError(f"{param}: the JSON schema is malformed: {exc}", param) from None
+        raise StructuredError(f"{param}: the JSON schema is malformed: {llg_message(str(exc))}",
+                              param) from None
 
 
 def json_schema(schema: Any, tok: Tokenizer, param: str = "response_format",
@@ -333,7 +337,8 @@ def response_format(value: Any, tok: Tokenizer) -> Constraint | None:
         raise StructuredError("response_format.json_schema.strict must be a boolean", param)
     if "schema" not in spec:  # OpenAI's default: any JSON object
         return json_object(tok)
-    return json_schema(spec["schema"], tok)
+    schema = _schema_text(spec["schema"], param)
+    return json_schema(strict_schema(schema) if strict else schema, tok)
 
 
 def _structured_outputs(value: Any, tok: Tokenizer) -> Constraint | None:
@@ -401,11 +406,26 @@ def tool_calls(tools: ToolRequest, tok: Tokenizer) -> Constraint:
     build = tools.format.grammar
     assert build is not None
     parallel = tools.parallel and tools.choice != "named"
+    offered = [strict_tool(tool) for tool in tools.tools]
     try:
-        lark = build(tools.tools, parallel, lambda text: _literal(tok, text))
+        lark = build(offered, parallel, lambda text: _literal(tok, text))
     except ValueError as exc:  # a schema the family's markup cannot be held to
         raise StructuredError(f"tools: {exc}", "tools") from None
     return _validated("tool_calls", _llg().LLMatcher.grammar_from_lark(lark), tok, "tools")
+
+
+def check_tool_parameters(tool: Mapping[str, Any], i: int,
+                          budget: GrammarBudget | None = None) -> None:
+    """tools[i]'s parameters compiled as the schema of its arguments (strict mode applied when
+    the tool asks for it), whatever the family and tool_choice: a schema that does not compile
+    is a StructuredError naming tools[i].function.parameters."""
+    param = f"tools[{i}].function.parameters"
+    parameters = strict_tool(tool)["function"].get("parameters")
+    grammar = json_schema_grammar(arguments_schema(parameters), param)
+    error = _llg().LLMatcher.validate_grammar(grammar, limits=(budget or default_budget()).limits())
+    if error:
+        raise StructuredError(f"{param}: the JSON schema does not compile: {llg_message(error)}",
+                              param)
 
 
 def arguments_schema(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
