@@ -421,11 +421,25 @@ def check_tool_parameters(tool: Mapping[str, Any], i: int,
     is a StructuredError naming tools[i].function.parameters."""
     param = f"tools[{i}].function.parameters"
     parameters = strict_tool(tool)["function"].get("parameters")
-    grammar = json_schema_grammar(arguments_schema(parameters), param)
-    error = _llg().LLMatcher.validate_grammar(grammar, limits=(budget or default_budget()).limits())
+    try:
+        text = json.dumps(arguments_schema(parameters), sort_keys=True)
+    except (TypeError, ValueError) as exc:  # not JSON (NaN) or not a tree: cannot be a schema
+        raise StructuredError(f"{param}: the JSON schema is malformed: {exc}", param) from None
+    error = _schema_error(text, budget or default_budget())
     if error:
-        raise StructuredError(f"{param}: the JSON schema does not compile: {llg_message(error)}",
-                              param)
+        raise StructuredError(f"{param}: {error}", param)
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_error(text: str, budget: GrammarBudget) -> str:
+    """Why the schema (JSON text) does not compile, or "": cached, as a client sends the same
+    tools with every turn of a conversation."""
+    try:
+        grammar = json_schema_grammar(json.loads(text), "parameters")
+    except StructuredError as exc:
+        return str(exc).removeprefix("parameters: ")
+    error = _llg().LLMatcher.validate_grammar(grammar, limits=budget.limits())
+    return f"the JSON schema does not compile: {llg_message(error)}" if error else ""
 
 
 def arguments_schema(parameters: Mapping[str, Any] | None) -> dict[str, Any]:
