@@ -17,8 +17,8 @@ fresh hold with constraints on; each of n choices has its own matcher. The mask 
 text (EOS) through only where the grammar accepts, and only EOS once the grammar is complete.
 
 Everything a request can get wrong is a StructuredError naming the field and the problem; it is
-raised while the request is parsed, before any pass. llguidance's messages are cut to their first
-line (never its parser state). A grammar that still fails mid-generation (a step past its
+raised while the request is parsed, before any pass. llguidance's messages go without its
+parser state (llg_message). A grammar that still fails mid-generation (a step past its
 budget) ends its row with a STOPPED message naming the field (lanes.py; a 400-type error).
 """
 
@@ -236,7 +236,7 @@ def _validated(kind: str, grammar: str, tok: Tokenizer, param: str,
     warmed = llg.LLMatcher(lltok, grammar, log_level=0, limits=limits)
     probe, eos = warmed, frozenset(tok.eos_token_ids)
     for step in range(PROBE_TOKENS + 1):
-        token = None if probe.is_error() else _first_allowed(probe, eos)
+        token = _first_allowed(probe, eos)  # the mask: where the lexer's work is done
         if probe.is_error():
             raise StructuredError(
                 f"{param}: the {what} is beyond the grammar engine's budget "
