@@ -338,7 +338,10 @@ def response_format(value: Any, tok: Tokenizer) -> Constraint | None:
     if "schema" not in spec:  # OpenAI's default: any JSON object
         return json_object(tok)
     schema = _schema_text(spec["schema"], param)
-    return json_schema(strict_schema(schema) if strict else schema, tok)
+    try:
+        return json_schema(strict_schema(schema) if strict else schema, tok)
+    except RecursionError:
+        raise StructuredError(f"{param}: the JSON schema is nested too deeply", param) from None
 
 
 def _structured_outputs(value: Any, tok: Tokenizer) -> Constraint | None:
@@ -406,10 +409,10 @@ def tool_calls(tools: ToolRequest, tok: Tokenizer) -> Constraint:
     build = tools.format.grammar
     assert build is not None
     parallel = tools.parallel and tools.choice != "named"
-    offered = [strict_tool(tool) for tool in tools.tools]
     try:
+        offered = [strict_tool(tool) for tool in tools.tools]
         lark = build(offered, parallel, lambda text: _literal(tok, text))
-    except ValueError as exc:  # a schema the family's markup cannot be held to
+    except (ValueError, RecursionError) as exc:  # a schema the markup cannot be held to
         raise StructuredError(f"tools: {exc}", "tools") from None
     return _validated("tool_calls", _llg().LLMatcher.grammar_from_lark(lark), tok, "tools")
 
@@ -420,9 +423,11 @@ def check_tool_parameters(tool: Mapping[str, Any], i: int,
     the tool asks for it), whatever the family and tool_choice: a schema that does not compile
     is a StructuredError naming tools[i].function.parameters."""
     param = f"tools[{i}].function.parameters"
-    parameters = strict_tool(tool)["function"].get("parameters")
     try:
+        parameters = strict_tool(tool)["function"].get("parameters")
         text = json.dumps(arguments_schema(parameters), sort_keys=True)
+    except RecursionError:
+        raise StructuredError(f"{param}: the JSON schema is nested too deeply", param) from None
     except (TypeError, ValueError) as exc:  # not JSON (NaN) or not a tree: cannot be a schema
         raise StructuredError(f"{param}: the JSON schema is malformed: {exc}", param) from None
     error = _schema_error(text, budget or default_budget())

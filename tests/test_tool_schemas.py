@@ -154,3 +154,17 @@ def test_strict_response_format_refuses_other_properties(tmp_path_factory: Any) 
         assert taken[False] == len(ids) and taken[True] < len(ids)
     finally:
         close_even(llm)
+
+
+@pytest.mark.parametrize("depth", [450, 2000])
+@pytest.mark.parametrize("strictly", [False, True])
+def test_a_schema_nested_too_deeply_is_refused_not_a_crash(depth: int, strictly: bool) -> None:
+    """450 objects deep still arrives in a JSON body (llguidance's own limit refuses it); 2000
+    does not, but an offline caller may pass it (Python's recursion limit refuses it)."""
+    schema: dict[str, Any] = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    body = {"tools": [tool("f", schema, strict=strictly)], "tool_choice": "required"}
+    with pytest.raises(ToolRequestError) as caught:
+        parse_tool_request(body, "lfm2_moe", LFM2)
+    assert caught.value.param == "tools[0].function.parameters"
