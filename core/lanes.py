@@ -368,9 +368,12 @@ class Lanes:
         s.generated.append(result.token)
         self.tokens_out += 1
         s.history.append(result.token)
-        if refused:
-            log.error("the grammar refused a token its mask allowed", error=refused)
-            self._release(s, "error", f"structured output: {refused}")
+        if refused:  # the grammar failed (a step past its budget): the row stops, others go on
+            constraint = s.req.params.constraint
+            assert constraint is not None
+            message = constraint.stopped(refused, len(s.generated) - 1)
+            log.warning("a grammar failed mid-generation", request=s.req.id, error=message)
+            self._release(s, "error", message)
             return
         piece = s.decoder.step([result.token]) if s.decoder else ""
         step = s.stops.feed(result.token, piece)

@@ -164,7 +164,8 @@ class LLM:
             c.content = c.text
             if request is not None:
                 content, c.tool_calls = parse_tool_calls(
-                    request.format, c.text, request.tools, parallel=request.parallel)
+                    request.format, c.text, request.tools, parallel=request.parallel,
+                    cut=c.finish_reason == "length")
                 c.content = content if content or not c.tool_calls else None
                 if c.tool_calls and c.finish_reason == "stop":
                     c.finish_reason = "tool_calls"

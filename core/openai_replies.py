@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .openai_api import Parsed, error_body
 from .requests import Event, Finished, TokenOut
+from .structured import STOPPED
 from .tool_calls import Piece, ToolCallStream, parse_tool_calls
 
 if TYPE_CHECKING:
@@ -74,6 +75,19 @@ def _token_id(token_id: int) -> tuple[str, list[int]]:
 
 def _finite(x: float) -> float:
     return x if math.isfinite(x) else -9999.0
+
+
+def error_status(error: str) -> int:
+    """The status of a choice that ended with `error`: 400 for a grammar that failed
+    mid-generation (the request asked for more than its budget), 500 for the rest."""
+    return 400 if error.startswith(STOPPED) else 500
+
+
+def _error_event(error: str) -> dict[str, Any]:
+    status = error_status(error)
+    if status == 400:
+        return error_body(400, error, code="grammar_budget_exceeded")
+    return error_body(500, f"generation failed: {error}")
 
 
 class Reply:
@@ -153,7 +167,7 @@ class Reply:
             choice["message"] = {"role": "assistant", "content": text}
             if (tools := self.parsed.tools) is not None:
                 content, calls = parse_tool_calls(tools.format, text, tools.tools,
-                                                  parallel=tools.parallel)
+                                                  parallel=tools.parallel, cut=self._cut)
                 choice["message"] = {"role": "assistant",
                                      "content": content if content or not calls else None}
                 if calls:
@@ -179,6 +193,12 @@ class Reply:
         if self.parsed.include_usage:
             body["usage"] = None
         return body
+
+    @property
+    def _cut(self) -> bool:
+        """The reply ended at max_tokens: a tool call section it left open gives the calls it
+        completed, and no markup."""
+        return self.done is not None and self.done.reason == "length"
 
     def _tool_finish(self, calls: list[Any]) -> str | None:
         """finish_reason "tool_calls" when the model stopped after calling."""
@@ -222,9 +242,9 @@ class Reply:
         error."""
         assert self.done is not None
         if self.done.reason == "error":
-            return sse(error_body(500, f"generation failed: {self.done.error}"))
+            return sse(_error_event(self.done.error or "error"))
         if self.tool_stream is not None:
-            out = self._tool_chunks(self.tool_stream.finish(), [])
+            out = self._tool_chunks(self.tool_stream.finish(self._cut), [])
             return out + sse(self.chunk("", [], 0, self._tool_finish(self.tool_stream.calls)))
         return sse(self.chunk("", [], 0, self.finish_reason))
 
@@ -255,6 +275,11 @@ class Choices:
         """The first choice's error that ended with one, or None."""
         return next((r.done.error or "error" for r in self.replies
                      if r.done is not None and r.done.reason == "error"), None)
+
+    def error_response(self) -> tuple[int, dict[str, Any]]:
+        """The status and body of a reply that ended with an error (`error` not None)."""
+        error = self.error or "error"
+        return error_status(error), _error_event(error)
 
     def usage(self) -> dict[str, Any] | None:
         if not self.done:

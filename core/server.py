@@ -213,8 +213,9 @@ async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.S
             if i == 0 and isinstance(event, TokenOut):
                 timing.token()
             reply[i].add(event)
-        if reply.error is not None:
-            raise ApiError(500, f"generation failed: {reply.error}")
+        if reply.error is not None:  # a grammar past its budget is the request's fault: 400
+            status, body = reply.error_response()
+            raise ApiError(status, body["error"]["message"], code=body["error"]["code"])
         return json_response(reply.response())
     finally:
         if not reply.done:

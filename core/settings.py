@@ -153,6 +153,28 @@ class Settings(BaseSettings):
         "NCCL all_gather. Both sum in rank order in fp32: the same bits. Gloo on the CPU "
         "ignores it.",
     )
+    grammar_lexer_fuel: PositiveInt = Field(
+        default=1_000_000,
+        description="Structured output: the work a grammar's lexer may take to build (llguidance's "
+        "initial_lexer_fuel, about 50 a microsecond), spent while the request is parsed; a "
+        "grammar past it is a 400 naming its field.",
+    )
+    grammar_step_fuel: PositiveInt = Field(
+        default=200_000,
+        description="Structured output: the lexer work one token's mask may take (llguidance's "
+        "step_lexer_fuel); a grammar past it is a 400 when parsed, or ends its stream with an "
+        "error naming its field mid-generation.",
+    )
+    grammar_step_items: PositiveInt = Field(
+        default=50_000,
+        description="Structured output: the parser items one token's mask may take "
+        "(llguidance's step_max_items); past it, as TF_GRAMMAR_STEP_FUEL.",
+    )
+    grammar_max_size: PositiveInt = Field(
+        default=500_000,
+        description="Structured output: the largest grammar, in symbols (llguidance's "
+        "max_grammar_size); a schema, regex or grammar past it is a 400 naming its field.",
+    )
     log_format: Literal["console", "json"] = Field(
         default="console",
         description="Log lines: readable console lines, or one JSON object a line.",

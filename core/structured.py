@@ -3,8 +3,13 @@ calls that `tool_choice` "required" / named demands) compiled into a grammar for
 the per-row matcher that masks the lanes' logits.
 
 The grammar engine is llguidance (see docs/serving.md, "Structured output", for why): it builds
-its tokenizer from our `tokenizers` JSON, compiles JSON schemas, regexes and Lark grammars
-lazily (no compile pass before the first token), and computes a token mask per step.
+its tokenizer from our `tokenizers` JSON, compiles JSON schemas, regexes and Lark grammars, and
+computes a token mask per step. Its lexer is built lazily, so a grammar's expensive work would
+land at its first masks, on the engine's thread; instead each constraint is compiled eagerly while
+the request is parsed (a request worker, the GIL let go): its first mask computed and a few
+tokens walked, within a GrammarBudget (llguidance's fuel and size limits, TF_GRAMMAR_*). A
+grammar that fails or runs out of budget there is a 400 naming its field; every row's matcher is
+a copy of that warmed one, so the engine's thread starts where the parse left off.
 
 Exactness: a row's mask depends only on the row's own generated tokens, and the mask is applied
 to the row's own logits before its seeded draw (lanes.py), so concurrent == solo and resumed ==
@@ -12,11 +17,14 @@ fresh hold with constraints on; each of n choices has its own matcher. The mask 
 text (EOS) through only where the grammar accepts, and only EOS once the grammar is complete.
 
 Everything a request can get wrong is a StructuredError naming the field and the problem; it is
-raised while the request is parsed, before any pass.
+raised while the request is parsed, before any pass. llguidance's messages go without its
+parser state (llg_message). A grammar that still fails mid-generation (a step past its
+budget) ends its row with a STOPPED message naming the field (lanes.py; a 400-type error).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import weakref
 from dataclasses import dataclass, field
@@ -24,7 +32,11 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
+from .tool_schemas import strict as strict_schema
+from .tool_schemas import strict_tool
+
 if TYPE_CHECKING:
+    from .settings import Settings
     from .tokenizer import Tokenizer
     from .tool_request import ToolRequest
 
@@ -36,6 +48,8 @@ FIELDS = ("response_format", "guided_json", "guided_regex", "guided_grammar", "g
 _FORMAT_SHAPE = ('{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
                  '"json_schema": {"name": ..., "schema": {...}, "strict": true}}')
 _OUTPUTS_KEYS = ("json", "json_object", "regex", "grammar", "choice")
+PROBE_TOKENS = 4  # tokens walked at compile time, past the first mask
+STOPPED = "structured output stopped"  # how a row's grammar failure mid-generation begins
 
 
 class StructuredError(ValueError):
@@ -48,6 +62,47 @@ def _llg() -> Any:
     import llguidance
 
     return llguidance
+
+
+@dataclass(frozen=True)
+class GrammarBudget:
+    """What one grammar may cost, as llguidance's LLParserLimits: `lexer_fuel` bounds building
+    the lexer (the work of the first masks), `step_fuel` and `step_items` one token's mask,
+    `max_size` the grammar itself. Within them a mask is milliseconds; past them the grammar
+    fails, at compile time a 400, mid-generation its row's stop."""
+
+    lexer_fuel: int = 1_000_000
+    step_fuel: int = 200_000
+    step_items: int = 50_000
+    max_size: int = 500_000
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> GrammarBudget:
+        return cls(settings.grammar_lexer_fuel, settings.grammar_step_fuel,
+                   settings.grammar_step_items, settings.grammar_max_size)
+
+    def limits(self) -> Any:
+        return _llg().LLParserLimits(
+            initial_lexer_fuel=self.lexer_fuel, step_lexer_fuel=self.step_fuel,
+            step_max_items=self.step_items, max_grammar_size=self.max_size,
+            verbose_errors=False)
+
+
+@functools.cache
+def default_budget() -> GrammarBudget:
+    """The budget the TF_GRAMMAR_* settings give (read once)."""
+    from .settings import Settings
+
+    return GrammarBudget.from_settings(Settings())
+
+
+def llg_message(error: str) -> str:
+    """llguidance's error without its internals (its parser state, from `<state>` or
+    `<non-verbose/>` on, cut), on one line, at most 400 characters."""
+    for marker in ("<state>", "<non-verbose/>"):
+        error = error.split(marker, 1)[0]
+    line = " ".join(error.split()) or "the grammar failed"
+    return line if len(line) <= 400 else line[:397] + "..."
 
 
 _TOKENIZERS: "weakref.WeakKeyDictionary[Tokenizer, Any]" = weakref.WeakKeyDictionary()
@@ -67,23 +122,34 @@ def ll_tokenizer(tok: Tokenizer) -> Any:
 @dataclass(frozen=True)
 class Constraint:
     """A compiled constraint: `kind` says what asked for it, `grammar` is llguidance's grammar
-    text. Immutable and shared by every choice of a request; `start()` gives a row its own
-    matcher."""
+    text, `param` the request field it came from. Shared by every choice of a request and never
+    advanced itself: `start()` gives a row its own matcher, a copy of the warmed `matcher` (its
+    first mask already computed, so the lexer's first work is not redone)."""
 
     kind: str  # "json_object", "json_schema", "regex", "grammar", "choice", "tool_calls"
     grammar: str
     tokenizer: Any = field(compare=False, repr=False)
+    param: str = field(default="", compare=False)
+    matcher: Any = field(default=None, compare=False, repr=False)
 
     def start(self) -> RowMatcher:
-        return RowMatcher(self.tokenizer, self.grammar)
+        return RowMatcher(self.tokenizer, self.grammar, self.matcher)
+
+    def stopped(self, error: str, generated: int) -> str:
+        """The message a row ends with when this grammar fails mid-generation."""
+        return (f"{STOPPED}: {self.param or self.kind}: the grammar failed after {generated} "
+                f"tokens ({llg_message(error)}); simplify it (less nesting or recursion) or "
+                "raise its budget (TF_GRAMMAR_STEP_FUEL, TF_GRAMMAR_STEP_ITEMS)")
 
 
 class RowMatcher:
     """One row's grammar state (masks: mask_rows; the sampled tokens: accept_rows or `accept`).
     Dropped (and its memory freed) when the row's stream ends."""
 
-    def __init__(self, tokenizer: Any, grammar: str) -> None:
-        self.matcher = _llg().LLMatcher(tokenizer, grammar, log_level=0)
+    def __init__(self, tokenizer: Any, grammar: str, warmed: Any = None) -> None:
+        self.matcher = (warmed.deep_copy() if warmed is not None
+                        else _llg().LLMatcher(tokenizer, grammar, log_level=0,
+                                              limits=default_budget().limits()))
         self.vocab = tokenizer.vocab_size
 
     def accept(self, token: int) -> str | None:
@@ -145,13 +211,43 @@ def mask_rows(logits: torch.Tensor, rows: list[tuple[int, RowMatcher]]) -> None:
     logits[at] = logits[at].masked_fill(~allowed, float("-inf"))
 
 
-def _validated(kind: str, grammar: str, tok: Tokenizer, param: str) -> Constraint:
+def _first_allowed(matcher: Any, skip: frozenset[int]) -> int | None:
+    """The lowest token id the matcher allows next, other than `skip` (the EOS tokens)."""
+    bias = matcher.compute_logit_bias()
+    at = bias.find(200)
+    while at >= 0 and at in skip:
+        at = bias.find(200, at + 1)
+    return None if at < 0 else at
+
+
+def _validated(kind: str, grammar: str, tok: Tokenizer, param: str,
+               budget: GrammarBudget | None = None) -> Constraint:
+    """The grammar compiled now, within the budget: checked, its first mask computed and
+    PROBE_TOKENS tokens walked on a copy (where llguidance builds the lexer, the expensive part
+    of a hostile regex); any failure a StructuredError naming `param`."""
+    llg = _llg()
     lltok = ll_tokenizer(tok)
-    error = _llg().LLMatcher.validate_grammar(grammar, lltok)
+    limits = (budget or default_budget()).limits()
+    what = kind.replace("_", " ")
+    error = llg.LLMatcher.validate_grammar(grammar, lltok, limits=limits)
     if error:
-        raise StructuredError(f"{param}: the {kind.replace('_', ' ')} does not compile: "
-                              f"{error.strip()}", param)
-    return Constraint(kind, grammar, lltok)
+        raise StructuredError(f"{param}: the {what} does not compile: {llg_message(error)}",
+                              param)
+    warmed = llg.LLMatcher(lltok, grammar, log_level=0, limits=limits)
+    probe, eos = warmed, frozenset(tok.eos_token_ids)
+    for step in range(PROBE_TOKENS + 1):
+        token = _first_allowed(probe, eos)  # the mask: where the lexer's work is done
+        if probe.is_error():
+            raise StructuredError(
+                f"{param}: the {what} is beyond the grammar engine's budget "
+                f"({llg_message(probe.get_error())}); simplify it (TF_GRAMMAR_* set the budget)",
+                param)
+        if token is None or step == PROBE_TOKENS:
+            break
+        if probe is warmed:
+            probe = warmed.deep_copy()
+        probe.consume_token(token)
+    return Constraint(kind, grammar, lltok, param, warmed)
 
 
 def _schema_text(schema: Any, param: str) -> dict[str, Any]:
@@ -173,22 +269,25 @@ def json_schema_grammar(schema: Mapping[str, Any], param: str) -> str:
     try:
         return llg.LLMatcher.grammar_from_json_schema(dict(schema), defaults=JSON_OPTIONS)
     except (ValueError, TypeError) as exc:
-        raise StructuredError(f"{param}: the JSON schema is malformed: {exc}", param) from None
+        raise StructuredError(f"{param}: the JSON schema is malformed: {llg_message(str(exc))}",
+                              param) from None
 
 
-def json_schema(schema: Any, tok: Tokenizer, param: str = "response_format") -> Constraint:
+def json_schema(schema: Any, tok: Tokenizer, param: str = "response_format",
+                *, budget: GrammarBudget | None = None) -> Constraint:
     return _validated("json_schema",
-                      json_schema_grammar(_schema_text(schema, param), param), tok, param)
+                      json_schema_grammar(_schema_text(schema, param), param), tok, param, budget)
 
 
 def json_object(tok: Tokenizer, param: str = "response_format") -> Constraint:
     return _validated("json_object", json_schema_grammar({"type": "object"}, param), tok, param)
 
 
-def regex(pattern: Any, tok: Tokenizer, param: str = "guided_regex") -> Constraint:
+def regex(pattern: Any, tok: Tokenizer, param: str = "guided_regex",
+          *, budget: GrammarBudget | None = None) -> Constraint:
     if not isinstance(pattern, str) or not pattern:
         raise StructuredError(f"{param} must be a non-empty regular expression string", param)
-    return _validated("regex", _llg().LLMatcher.grammar_from_regex(pattern), tok, param)
+    return _validated("regex", _llg().LLMatcher.grammar_from_regex(pattern), tok, param, budget)
 
 
 def grammar(text: Any, tok: Tokenizer, param: str = "guided_grammar") -> Constraint:
@@ -238,7 +337,11 @@ def response_format(value: Any, tok: Tokenizer) -> Constraint | None:
         raise StructuredError("response_format.json_schema.strict must be a boolean", param)
     if "schema" not in spec:  # OpenAI's default: any JSON object
         return json_object(tok)
-    return json_schema(spec["schema"], tok)
+    schema = _schema_text(spec["schema"], param)
+    try:
+        return json_schema(strict_schema(schema) if strict else schema, tok)
+    except RecursionError:
+        raise StructuredError(f"{param}: the JSON schema is nested too deeply", param) from None
 
 
 def _structured_outputs(value: Any, tok: Tokenizer) -> Constraint | None:
@@ -307,10 +410,41 @@ def tool_calls(tools: ToolRequest, tok: Tokenizer) -> Constraint:
     assert build is not None
     parallel = tools.parallel and tools.choice != "named"
     try:
-        lark = build(tools.tools, parallel, lambda text: _literal(tok, text))
-    except ValueError as exc:  # a schema the family's markup cannot be held to
+        offered = [strict_tool(tool) for tool in tools.tools]
+        lark = build(offered, parallel, lambda text: _literal(tok, text))
+    except (ValueError, RecursionError) as exc:  # a schema the markup cannot be held to
         raise StructuredError(f"tools: {exc}", "tools") from None
     return _validated("tool_calls", _llg().LLMatcher.grammar_from_lark(lark), tok, "tools")
+
+
+def check_tool_parameters(tool: Mapping[str, Any], i: int,
+                          budget: GrammarBudget | None = None) -> None:
+    """tools[i]'s parameters compiled as the schema of its arguments (strict mode applied when
+    the tool asks for it), whatever the family and tool_choice: a schema that does not compile
+    is a StructuredError naming tools[i].function.parameters."""
+    param = f"tools[{i}].function.parameters"
+    try:
+        parameters = strict_tool(tool)["function"].get("parameters")
+        text = json.dumps(arguments_schema(parameters), sort_keys=True)
+    except RecursionError:
+        raise StructuredError(f"{param}: the JSON schema is nested too deeply", param) from None
+    except (TypeError, ValueError) as exc:  # not JSON (NaN) or not a tree: cannot be a schema
+        raise StructuredError(f"{param}: the JSON schema is malformed: {exc}", param) from None
+    error = _schema_error(text, budget or default_budget())
+    if error:
+        raise StructuredError(f"{param}: {error}", param)
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_error(text: str, budget: GrammarBudget) -> str:
+    """Why the schema (JSON text) does not compile, or "": cached, as a client sends the same
+    tools with every turn of a conversation."""
+    try:
+        grammar = json_schema_grammar(json.loads(text), "parameters")
+    except StructuredError as exc:
+        return str(exc).removeprefix("parameters: ")
+    error = _llg().LLMatcher.validate_grammar(grammar, limits=budget.limits())
+    return f"the JSON schema does not compile: {llg_message(error)}" if error else ""
 
 
 def arguments_schema(parameters: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -11,6 +11,8 @@ every family:
   name, then one with its arguments (a JSON object, as a string). A section that does not parse,
   or that never closes, is left in the content exactly as the model wrote it;
 - whitespace between the text and a call, between calls, and after the last call is dropped.
+- a reply cut by max_tokens (`finish(cut=True)`) inside a section gives the calls that section
+  completed (a format whose section holds a list says which, `partial`) and no markup.
 Fed the whole text at once it gives the same content and calls as fed piece by piece, so the
 whole reply and the stream agree.
 """
@@ -49,6 +51,9 @@ class ToolCallFormat:
         is only calls to `tools` (OpenAI tool entries), several when `parallel`; `literal(text)`
         gives a marker's Lark term (a special token's id, or quoted text). None: tool_choice
         "required" / named cannot be constrained in this format (tensorfold.structured).
+    partial(body, schemas): the calls complete in the body of a section cut short (max_tokens
+        reached), for formats whose section holds several calls; None: a section is one call,
+        so a cut one holds none.
     """
 
     name: str
@@ -58,6 +63,7 @@ class ToolCallFormat:
     after: tuple[str, ...] = ()
     inner: tuple[str, ...] = ()
     grammar: Callable[[Sequence[Mapping[str, Any]], bool, Callable[[str], str]], str] | None = None
+    partial: Callable[[str, Schemas], list[tuple[str, dict[str, Any]]]] | None = None
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -164,10 +170,14 @@ class ToolCallStream:
             self._buf = self._buf[cut:]
             return out
 
-    def finish(self) -> Piece:
-        """The end of the text: an open section, or a held marker start, is content after all."""
+    def finish(self, cut: bool = False) -> Piece:
+        """The end of the text: an open section, or a held marker start, is content after all;
+        unless the text was `cut` (max_tokens), where an open section gives the calls it
+        completed and its markup goes."""
         out = Piece()
-        if self._in_section:
+        if self._in_section and cut:
+            out.extend(self._calls(self._partial(self._buf)))
+        elif self._in_section:
             out.content += self._text(self._ws_before_section + self.fmt.start + self._buf)
         elif not (self._after_call and self._buf.strip() == ""):
             out.content += self._text(self._buf)
@@ -198,6 +208,16 @@ class ToolCallStream:
             self._after_call = False
         return body
 
+    def _partial(self, body: str) -> list[tuple[str, dict[str, Any]]]:
+        if self.fmt.partial is None:
+            return []
+        try:
+            return self.fmt.partial(body, self.schemas)
+        except Exception as exc:  # a cut section's calls are a courtesy: none, if it breaks
+            log.warning("a tool-call parser failed on a cut section", format=self.fmt.name,
+                        error=f"{type(exc).__name__}: {exc}")
+            return []
+
     def _section(self, body: str) -> Piece:
         try:
             found = self.fmt.parse(body, self.schemas)
@@ -207,6 +227,9 @@ class ToolCallStream:
                             error=f"{type(exc).__name__}: {exc}")
             self._ws = self._ws_before_section
             return Piece(self._text(self.fmt.start + body + self.fmt.end))
+        return self._calls(found)
+
+    def _calls(self, found: list[tuple[str, dict[str, Any]]]) -> Piece:
         out = Piece()
         for name, arguments in found:
             if not self.parallel and self.calls:
@@ -222,10 +245,10 @@ class ToolCallStream:
 
 
 def parse_tool_calls(fmt: ToolCallFormat, text: str, tools: Sequence[Mapping[str, Any]] = (),
-                     *, parallel: bool = True) -> tuple[str, list[ToolCall]]:
+                     *, parallel: bool = True, cut: bool = False) -> tuple[str, list[ToolCall]]:
     """The whole text at once: its content (markup and the whitespace around calls removed)
-    and its calls."""
+    and its calls; `cut`: the text ended at max_tokens (ToolCallStream.finish)."""
     stream = ToolCallStream(fmt, tools, parallel=parallel)
     piece = stream.feed(text)
-    piece.extend(stream.finish())
+    piece.extend(stream.finish(cut))
     return piece.content, stream.calls

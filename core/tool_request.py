@@ -10,6 +10,9 @@ checked, and a chat history's assistant `tool_calls` made ready for a chat templ
   (tensorfold.structured); elsewhere nothing forces a call, and a reply with no call comes back
   as content with finish_reason "stop".
 - parallel_tool_calls=false: the first call is returned, later ones are dropped.
+- Each tool's `parameters` is compiled as a JSON schema (llguidance, strict mode applied where
+  the tool asks for it) whatever tool_choice and the family: a schema that does not compile is
+  refused naming tools[i].function.parameters, in every family alike.
 
 Every refusal is a ToolRequestError naming the field and what would be accepted.
 """
@@ -20,6 +23,8 @@ import json
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from .structured import StructuredError, check_tool_parameters
 
 if TYPE_CHECKING:
     from .tool_calls import ToolCallFormat
@@ -81,6 +86,11 @@ def parse_tool_request(body: Mapping[str, Any], family: str,
         raise ToolRequestError(f"tools must be an array of {_TOOL_SHAPE}", "tools")
     tools = tools or []
     names = [_check_tool(tool, i) for i, tool in enumerate(tools)]
+    for i, tool in enumerate(tools):  # the same answer whatever the family and tool_choice
+        try:
+            check_tool_parameters(tool, i)
+        except StructuredError as exc:
+            raise ToolRequestError(str(exc), exc.param) from None
     doubled = sorted({n for n in names if names.count(n) > 1})
     if doubled:
         raise ToolRequestError(f"tools name {', '.join(doubled)} more than once", "tools")

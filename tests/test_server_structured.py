@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,9 @@ from test_server_bad_input import Http, check_error
 from test_structured import ASK, SCHEMAS, TIME, WEATHER, schema_format
 
 MODEL = "lfm2_moe-demo"
+HOSTILE_REGEX = "((a{100}){100}){100}"  # a million a's: past llguidance's lexer budget
+BAD_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}
+INTERNALS = ("<state>", "Tokens:", "grm_prefix", "non-verbose")
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +109,10 @@ def test_required_and_named_tool_calls_validate(server: ServedDemo, stream: bool
     ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos"),
     ({"response_format": {"type": "json_object"}, "tool_choice": "required",
       "tools": [WEATHER]}, "tool_choice"),
+    ({"guided_regex": HOSTILE_REGEX}, "guided_regex"),
+    *[({"tools": [WEATHER, BAD_TOOL], **choice}, "tools[1].function.parameters")
+      for choice in ({}, {"tool_choice": "auto"}, {"tool_choice": "required"},
+                     {"tool_choice": "none"})],
 ])
 def test_malformed_constraints_are_400s_and_serving_goes_on(
         server: ServedDemo, fields: dict[str, Any], param: str) -> None:
@@ -112,6 +120,65 @@ def test_malformed_constraints_are_400s_and_serving_goes_on(
     body = {"model": MODEL, "messages": ASK, "max_tokens": 4, **fields}
     error = check_error(api.post("/v1/chat/completions", json=body), 400, param)
     assert len(error["message"]) > 20
+    assert not any(word in error["message"] for word in INTERNALS), error["message"]
     with pytest.raises(openai.BadRequestError):
         chat(server, extra_body=fields)
     assert chat(server, max_tokens=2).choices[0].finish_reason == "length"
+
+
+def test_an_expensive_grammar_is_a_400_while_another_stream_streams(server: ServedDemo) -> None:
+    """The hostile regex is compiled while its request is parsed (a request worker, llguidance
+    letting the GIL go), not at the engine's first mask: a stream already running kept
+    streaming while it was refused, and the refusal is a 400 naming the field."""
+    arrived: list[int] = []
+    first = threading.Event()
+    answered = threading.Event()
+
+    def stream() -> None:
+        for chunk in chat(server, stream=True, max_tokens=3000, extra_body={"ignore_eos": True}):
+            arrived.append(len(chunk.choices))
+            first.set()
+            if answered.is_set():
+                break
+
+    runner = threading.Thread(target=stream)
+    runner.start()
+    try:
+        assert first.wait(120)
+        before = len(arrived)
+        body = {"model": MODEL, "messages": ASK, "max_tokens": 8, "guided_regex": HOSTILE_REGEX}
+        error = check_error(Http(server.base).post("/v1/chat/completions", json=body), 400,
+                            "guided_regex")
+        during = len(arrived) - before
+    finally:
+        answered.set()
+        runner.join(120)
+    assert "budget" in error["message"]
+    assert during > 0, "the other stream stopped while the grammar compiled"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_tool_calls_cut_by_max_tokens_keep_their_complete_calls(
+        server: ServedDemo, stream: bool) -> None:
+    """tool_choice required, parallel calls, max_tokens too small for the list: finish_reason
+    "length", the calls completed before the cut in tool_calls (each valid), no markup in
+    content; streamed as whole."""
+    kw = {"tools": [TIME], "tool_choice": "required", "max_tokens": 100, "seed": 7}
+    if stream:
+        text, deltas, finish = streamed(server, **kw)
+        by_index: dict[int, list[str]] = {}
+        for d in deltas:
+            call = by_index.setdefault(d["index"], ["", ""])
+            call[0] += d["function"]["name"] or ""
+            call[1] += d["function"]["arguments"] or ""
+        calls = [tuple(by_index[i]) for i in sorted(by_index)]
+    else:
+        choice = chat(server, **kw).choices[0]
+        text, finish = choice.message.content or "", choice.finish_reason
+        calls = [(c.function.name, c.function.arguments)
+                 for c in choice.message.tool_calls or []]
+    assert finish == "length" and text == "", text
+    assert calls, "no complete call before the cut"
+    for name, arguments in calls:
+        assert name == "get_time"
+        jsonschema.validate(json.loads(arguments), TIME["function"]["parameters"])

@@ -219,14 +219,52 @@ def test_parallel_tool_calls_false_keeps_the_first() -> None:
     assert calls_from_deltas(calls) == WANT[:1]
 
 
-def test_a_reply_cut_by_length_keeps_its_reason_and_the_open_call_as_content() -> None:
-    cut = PIECES[:5]
-    reply = _reply([TOOL])
-    for event in _events(cut, "length"):
+@pytest.mark.parametrize("upto, calls", [(5, []), (7, WANT[:1])], ids=["in-first", "in-second"])
+def test_a_reply_cut_by_length_keeps_its_complete_calls_and_no_markup(
+        upto: int, calls: list[Any]) -> None:
+    """max_tokens reached inside a call section: finish_reason "length", the calls complete
+    before it in tool_calls, no markup in content; whole and streamed alike."""
+    cut = _events(PIECES[:upto], "length")
+    reply = _reply([TOOL, TIME])
+    for event in cut:
         reply.add(event)
     choice = reply.response()["choices"][0]
-    assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"]
-    assert choice["message"]["content"] == "".join(cut)
+    assert choice["finish_reason"] == "length"
+    assert choice["message"]["content"] == "Let me check."
+    got = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+           for c in choice["message"].get("tool_calls", [])]
+    assert got == calls
+    chunks = _stream(_reply([TOOL, TIME]), cut)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("content") or "" for d in deltas) == "Let me check."
+    assert calls_from_deltas([tc for d in deltas for tc in d.get("tool_calls", [])]) == calls
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def _list_parse(body: str, schemas: Any) -> list[tuple[str, dict[str, Any]]]:
+    items = json.loads(body)
+    return [(item["name"], item["arguments"]) for item in items]
+
+
+def _list_partial(body: str, schemas: Any) -> list[tuple[str, dict[str, Any]]]:
+    head = body[:body.rfind("}}") + 2]
+    return _list_parse(head + "]", schemas) if "}}" in head else []
+
+
+LIST = ToolCallFormat("list", "<calls>", "</calls>", _list_parse, partial=_list_partial)
+
+
+def test_a_list_section_cut_short_gives_the_calls_it_completed() -> None:
+    text = ('<calls>[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+            '{"name": "get_time", "argu')
+    stream = ToolCallStream(LIST)
+    piece = stream.feed(text)
+    piece.extend(stream.finish(cut=True))
+    assert piece.content == "" and [c.name for c in stream.calls] == ["get_weather"]
+    stream = ToolCallStream(LIST)  # not cut (the model stopped): the open section is content
+    piece = stream.feed(text)
+    piece.extend(stream.finish())
+    assert piece.content == text and not stream.calls
 
 
 def test_without_tools_the_reply_is_untouched() -> None:

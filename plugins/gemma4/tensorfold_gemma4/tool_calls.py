@@ -15,6 +15,7 @@ import re
 from typing import Any, Callable, Mapping, Sequence
 
 from tensorfold.tool_calls import MalformedToolCall, Schemas, ToolCallFormat
+from tensorfold.tool_schemas import resolve
 
 START, END, RESPONSE = "<|tool_call>", "<tool_call|>", "<|tool_response>"
 QUOTE = '<|"|>'
@@ -121,27 +122,49 @@ def parse(body: str, schemas: Schemas) -> list[tuple[str, dict[str, Any]]]:
 
 class _Grammar:
     """Lark rules for Gemma's value syntax, typed by a JSON schema: strings quoted with <|"|>
-    (bare text without '<'; enum, minLength and maxLength held to), numbers, integers, booleans
-    and null as JSON writes them (with their bounds), arrays of such values, and objects with
-    bare keys, their required members always and the others optionally. Not enforced: a
-    string's pattern or format, an array's length bounds and uniqueItems, object keywords other
-    than properties and required, and $ref / anyOf across types (such a value is refused at
-    compile time rather than loosely constrained)."""
+    (bare text without '<'; enum, const, minLength and maxLength held to), numbers, integers,
+    booleans and null as JSON writes them (with their bounds), arrays of such values, objects
+    with bare keys (their required members always, the others optionally), anyOf / oneOf and
+    type lists as alternatives, and `$ref`s to the schema's `$defs` as rules of their own (so a
+    recursive schema is a recursive grammar). Not enforced: a string's pattern or format, an
+    array's length bounds and uniqueItems, object keywords other than properties and required;
+    a schema with keywords beyond these (allOf, not, ...) takes any Gemma value."""
 
     def __init__(self, literal: Callable[[str], str]) -> None:
         self.quote = literal(QUOTE)
         self.rules: list[str] = []
+        self.refs: dict[str, str] = {}
+        self.root: Mapping[str, Any] = {}
+        self.any: str | None = None
 
     def rule(self, body: str) -> str:
         name = f"v{len(self.rules)}"
         self.rules.append(f"{name}: {body}")
         return name
 
-    def value(self, schema: Mapping[str, Any]) -> str:
+    def later(self) -> int:
+        """A rule's place, taken now and filled in once its body is built (recursion)."""
+        self.rules.append("")
+        return len(self.rules) - 1
+
+    def value(self, schema: Any) -> str:
         from tensorfold.structured import JSON_OPTIONS
 
+        schema = schema if isinstance(schema, dict) else {}
+        ref = schema.get("$ref")
+        if isinstance(ref, str):
+            return self.ref(ref)
         kind = schema.get("type")
         enum = schema.get("enum")
+        if "const" in schema:
+            enum = [schema["const"]]
+        alternatives = schema.get("anyOf") or schema.get("oneOf")
+        if isinstance(alternatives, list) and alternatives:
+            rest = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")}
+            return self.rule(" | ".join(self.value({**rest, **a}) if isinstance(a, dict)
+                                        else self.value(rest) for a in alternatives))
+        if isinstance(kind, list) and kind:
+            return self.rule(" | ".join(self.value({**schema, "type": k}) for k in kind))
         if isinstance(enum, list) and enum and all(isinstance(e, str) for e in enum):
             return self.rule(" | ".join(f"{self.quote} {json.dumps(e)} {self.quote}"
                                         for e in enum))
@@ -152,15 +175,35 @@ class _Grammar:
             high = high if isinstance(high, int) and high >= low else ""
             return self.rule(f"{self.quote} /[^<]{{{low},{high}}}/ {self.quote}")
         if kind == "array":
-            items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
-            item = self.value(items)
+            item = self.value(schema.get("items"))
             return self.rule(f'"[" ({item} ("," {item})*)? "]"')
         if kind == "object" or (kind is None and "properties" in schema):
             return self.obj(schema)
         if kind in ("integer", "number", "boolean", "null") or isinstance(enum, list):
             return self.rule("%json" + json.dumps({**schema, "x-guidance": JSON_OPTIONS}))
-        raise ValueError(f"gemma4 tool calls cannot be constrained to the schema "
-                         f"{json.dumps(schema)[:80]}: give each parameter a single type")
+        return self.any_value()
+
+    def ref(self, ref: str) -> str:
+        """A `$ref` (its sibling keywords aside): one rule per target, made before its body
+        so that it may recur."""
+        if ref not in self.refs:
+            at = self.later()
+            self.refs[ref] = f"v{at}"
+            self.rules[at] = f"v{at}: {self.value(resolve({'$ref': ref}, self.root))}"
+        return self.refs[ref]
+
+    def any_value(self) -> str:
+        """Any Gemma value: for a schema whose keywords this grammar does not follow."""
+        if self.any is None:
+            at = self.later()
+            self.any = f"v{at}"
+            member = self.rule(f'/[A-Za-z_][A-Za-z0-9_]*/ ":" {self.any}')
+            scalar = "%json" + json.dumps({"type": ["number", "boolean", "null"]})
+            self.rules[at] = (
+                f'{self.any}: {self.quote} /[^<]*/ {self.quote} | {scalar} '
+                f'| "[" ({self.any} ("," {self.any})*)? "]" '
+                f'| "{{" ({member} ("," {member})*)? "}}"')
+        return self.any
 
     def obj(self, schema: Mapping[str, Any]) -> str:
         """'{' members '}': required members first, then optional ones, commas between."""
@@ -189,9 +232,11 @@ def grammar(tools: Sequence[Mapping[str, Any]], parallel: bool,
     calls = []
     for tool in tools:
         function = tool["function"]
-        parameters = dict(function.get("parameters") or {})
+        g.root = function.get("parameters") or {}
+        parameters = dict(resolve(g.root, g.root))
         parameters.setdefault("type", "object")
         arguments = g.obj(parameters)
+        g.refs = {}  # each tool's $defs are its own
         calls.append(g.rule(f'{literal(START)} "call:" {json.dumps(function["name"])} '
                             f"{arguments} {literal(END)}"))
     call = g.rule(" | ".join(calls))

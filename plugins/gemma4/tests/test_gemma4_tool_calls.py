@@ -108,15 +108,15 @@ CONSTRAINED = [
 def test_constrained_calls_from_the_random_demo_validate(
         tmp_path_factory: pytest.TempPathFactory) -> None:
     """tool_choice required / named on the gemma4 demo (random weights): the grammar alone
-    makes the reply one call in Gemma's markup whose arguments validate against the schema; a
-    schema the markup cannot be held to is refused naming tools."""
+    makes the reply one call in Gemma's markup whose arguments validate against the schema; an
+    invalid schema is refused naming it, with tool_choice auto too."""
     import json
 
     import jsonschema
 
     from tensorfold.sampling import SamplingParams
-    from tensorfold.structured import StructuredError
     from tensorfold.testing import close_even, open_llm
+    from tensorfold.tool_request import ToolRequestError
 
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in CONSTRAINED}
     llm = open_llm("gemma4", None, parallel=2,
@@ -135,9 +135,9 @@ def test_constrained_calls_from_the_random_demo_validate(
             if choice is named:
                 assert call.name == "get_weather"
             jsonschema.validate(json.loads(call.arguments), schemas[call.name])
-        loose = [{"type": "function", "function": {"name": "f", "parameters": {
-            "type": "object", "properties": {"x": {"anyOf": [{"type": "string"}, {}]}}}}}]
-        with pytest.raises(StructuredError, match="single type"):
-            llm.chat(ask, SamplingParams(max_tokens=4), tools=loose, tool_choice="required")
+        bad = [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"x": {"type": "strin"}}}}}]
+        with pytest.raises(ToolRequestError, match=r"tools\[0\]\.function\.parameters"):
+            llm.chat(ask, SamplingParams(max_tokens=4), tools=bad, tool_choice="auto")
     finally:
         close_even(llm)

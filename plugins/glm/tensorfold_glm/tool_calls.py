@@ -13,8 +13,10 @@ Constrained calls (tool_choice "required" or named, `grammar`): each section nam
 tool and writes its parameters in the schema's order, the required ones always, the others
 optionally; a "string" parameter's value is bare text without "<" (its enum, or its
 minLength / maxLength, held to), any other is compact JSON valid against the parameter's
-schema. Schema keywords about the arguments object as a whole (patternProperties, dependencies,
-minProperties) and a string parameter's `pattern` or `format` are not enforced.
+schema. `$ref`s (to the parameters' `$defs`, as Pydantic writes nested models) are followed, and
+a parameter's own schema is compiled with the `$defs` it may refer to. Schema keywords about the
+arguments object as a whole (patternProperties, dependencies, minProperties) and a string
+parameter's `pattern` or `format` are not enforced.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import re
 from typing import Any, Callable, Mapping, Sequence
 
 from tensorfold.tool_calls import MalformedToolCall, Schemas, ToolCallFormat
+from tensorfold.tool_schemas import resolve, with_defs
 
 START, END = "<tool_call>", "</tool_call>"
 _PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
@@ -51,7 +54,8 @@ def parse(body: str, schemas: Schemas) -> list[tuple[str, dict[str, Any]]]:
     if not _NAME.fullmatch(name):
         raise MalformedToolCall(f"no function name before the arguments: {head[:40]!r}")
     rest = body[len(head):]
-    properties = (schemas.get(name) or {}).get("properties") or {}
+    root = schemas.get(name) or {}
+    properties = resolve(root, root).get("properties") or {}
     arguments: dict[str, Any] = {}
     pos = 0
     while pos < len(rest):
@@ -62,7 +66,7 @@ def parse(body: str, schemas: Schemas) -> list[tuple[str, dict[str, Any]]]:
                                         f"{rest[pos:pos + 40]!r}")
             break
         key = found.group(1).strip()
-        arguments[key] = _value(found.group(2), properties.get(key))
+        arguments[key] = _value(found.group(2), resolve(properties.get(key), root))
         pos = found.end()
     return [(name, arguments)]
 
@@ -90,18 +94,20 @@ def grammar(tools: Sequence[Mapping[str, Any]], parallel: bool,
     rules = []
     for i, tool in enumerate(tools):
         function = tool["function"]
-        parameters = function.get("parameters") or {}
+        root = function.get("parameters") or {}
+        parameters = resolve(root, root)
         properties = parameters.get("properties") or {}
         required = set(parameters.get("required") or [])
         for key in required - set(properties):
             properties = {**properties, key: {}}
         terms = []
         for j, (key, schema) in enumerate(properties.items()):
-            schema = schema if isinstance(schema, dict) else {}
+            schema = resolve(schema, root)
             if _is_string(schema):
                 value = _string_value(schema)
             else:
-                value = "%json" + json.dumps({**schema, "x-guidance": JSON_OPTIONS})
+                whole = with_defs(schema, root)
+                value = "%json" + json.dumps({**whole, "x-guidance": JSON_OPTIONS})
             rules.append(f"arg_{i}_{j}: {key_open} {json.dumps(key)} {key_close} {value_open} "
                          f"{value} {value_close}")
             terms.append(f"arg_{i}_{j}" + ("" if key in required else "?"))

@@ -11,6 +11,9 @@ Parsed with `ast.parse`, never evaluated.
 
 Constrained calls (tool_choice "required" or named) are written in the JSON form, which the
 grammar can hold to each tool's parameter schema: `[{"name": "f", "arguments": {...}}]`.
+
+A list cut short by max_tokens (`partial`) gives the calls it completed: the list read up to the
+last call closed at its top level.
 """
 
 from __future__ import annotations
@@ -86,6 +89,43 @@ def parse(body: str, schemas: Schemas) -> list[tuple[str, dict[str, Any]]]:
     return [_call(item) for item in items]
 
 
+def _item_ends(body: str) -> list[int]:
+    """Where each item of the list `body` opens closes (just past its last bracket): brackets
+    counted outside quoted strings."""
+    ends, depth, quote, i = [], 0, "", 0
+    while i < len(body):
+        c = body[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+            if depth == 1:
+                ends.append(i + 1)
+            elif depth < 1:
+                break
+        i += 1
+    return ends
+
+
+def partial(body: str, schemas: Schemas) -> list[tuple[str, dict[str, Any]]]:
+    """The calls complete in a call list cut short: the longest run of whole items."""
+    if not body.lstrip().startswith("["):
+        return []
+    for end in reversed(_item_ends(body)):
+        try:
+            return parse(body[:end] + "]", schemas)
+        except MalformedToolCall:
+            continue
+    return []
+
+
 def grammar(tools: Sequence[Mapping[str, Any]], parallel: bool,
             literal: Callable[[str], str]) -> str:
     """The JSON form, one call (or several when `parallel`), each a tool's name and arguments
@@ -103,4 +143,4 @@ def grammar(tools: Sequence[Mapping[str, Any]], parallel: bool,
                       "call: " + " | ".join(f"call_{i}" for i in range(len(tools))), *rules])
 
 
-FORMAT = ToolCallFormat("lfm2", START, END, parse, grammar=grammar)
+FORMAT = ToolCallFormat("lfm2", START, END, parse, grammar=grammar, partial=partial)

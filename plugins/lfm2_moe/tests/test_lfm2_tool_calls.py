@@ -4,6 +4,7 @@ chat offers tools and parses what a model (here forced token by token) writes.""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,6 +74,25 @@ def test_malformed_markup_is_left_as_content(body: str) -> None:
 def test_an_unclosed_section_is_content() -> None:
     text = f"Sure. {S}[get_weather(city='Pa"
     assert parse_everywhere(FORMAT, text) == (text, [])
+
+
+@pytest.mark.parametrize("cut, calls", [
+    ("[get_weather(city='Pa)r", []),
+    ("[get_weather(city='Pa)ris', days=3), get_ti", [("get_weather", {"city": "Pa)ris",
+                                                                       "days": 3})]),
+    ('[{"name": "get_time", "arguments": {"zone": "}"}}, {"name": "get_weather", "argu',
+     [("get_time", {"zone": "}"})]),
+], ids=["first", "python", "json"])
+def test_a_list_cut_by_max_tokens_gives_its_complete_calls(
+        cut: str, calls: list[Any]) -> None:
+    text = f"Checking. {S}{cut}"
+    for size in (1, 3, len(text)):
+        stream = ToolCallStream(FORMAT)
+        content = "".join(stream.feed(text[i:i + size]).content
+                          for i in range(0, len(text), size))
+        content += stream.finish(cut=True).content
+        assert content == "Checking." and [(c.name, json.loads(c.arguments))
+                                           for c in stream.calls] == calls
 
 
 def test_a_partial_marker_is_held_back_then_released() -> None:
