@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from tensorfold.settings import Settings
 
 if TYPE_CHECKING:
+    from tensorfold.request_limits import Limits
     from tensorfold.start import Served
 
 
@@ -119,18 +120,33 @@ def _url(host: str, port: int) -> str:
 
 async def _serve(served: Served, args: argparse.Namespace, settings: Settings,
                  api_key: str | None, device: str, sock: socket.socket) -> None:
+    from tensorfold.prompt_workers import PromptWorkers
+    from tensorfold.request_limits import MIB, Limits
+
+    prompts = PromptWorkers(served.tokenizer, settings.prepare_workers)
+    prompts.start()
+    try:
+        limits = Limits(max_body=int(settings.max_body_mib * MIB),
+                        read_timeout_s=settings.read_timeout_s,
+                        max_connections=settings.max_connections,
+                        max_messages=settings.max_messages,
+                        prepare_timeout_s=settings.prepare_timeout_s, prompts=prompts)
+        await _serve_app(served, args, api_key, device, sock, limits)
+    finally:
+        prompts.close()  # kills them: a stop never waits on a prompt's work
+
+
+async def _serve_app(served: Served, args: argparse.Namespace, api_key: str | None,
+                     device: str, sock: socket.socket, limits: "Limits") -> None:
     from aiohttp import web
 
     from tensorfold.api_key import exposure_warning
     from tensorfold.logs import get_logger
-    from tensorfold.request_limits import MIB, Limits, serve_on
+    from tensorfold.request_limits import serve_on
     from tensorfold.server import STATE, create_app
     from tensorfold.shutdown import RUNNER_GRACE_S, drain
 
     log = get_logger("tensorfold.serve")
-    limits = Limits(max_body=int(settings.max_body_mib * MIB),
-                    read_timeout_s=settings.read_timeout_s,
-                    max_connections=settings.max_connections)
     app = create_app(served, device=device, api_key=api_key, limits=limits,
                      allowed_origins=args.origins)
     state = app[STATE]
