@@ -44,6 +44,7 @@ def _serve(conn: Connection, tokenizer_file: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is the server's to handle
     with open(tokenizer_file, "rb") as f:
         tok: Tokenizer = pickle.load(f)
+    conn.send(("ready", None))  # from here it reads a job as soon as it is sent
     while True:
         try:
             job = conn.recv()
@@ -75,6 +76,7 @@ class _Worker:
                                              name="tf-prompt-worker", daemon=True)
         self.proc.start()
         child.close()
+        self.ready = False  # until its first message: a job sent before would fill the pipe
 
     def kill(self) -> None:
         self.conn.close()
@@ -121,6 +123,9 @@ class PromptWorkers:
         done = False
         try:
             async with asyncio.timeout_at(deadline):
+                if not worker.ready:
+                    await self._reply(worker)
+                    worker.ready = True
                 _send(worker, job)
                 kind, value = await self._reply(worker)
             done = True
