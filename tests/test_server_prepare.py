@@ -155,7 +155,7 @@ def test_others_go_on_while_a_request_is_prepared_then_its_deadline_ends_it(
 
 def test_clients_that_leave_mid_prepare_free_their_workers(server: ServedDemo,
                                                            api: Http) -> None:
-    before = workers_settle(server, WORKERS)
+    before = prompt_workers(server.proc.pid)
     socks = [leave_mid_prepare(server, SPINNING) for _ in range(2 * WORKERS)]
     time.sleep(1.0)  # the workers have two of them, the others wait
     for sock in socks:
@@ -169,16 +169,16 @@ def test_clients_that_leave_mid_prepare_free_their_workers(server: ServedDemo,
 def test_sigterm_during_a_prepare_stops_the_server(tmp_path: Path) -> None:
     server = serve(tmp_path, TF_PREPARE_TIMEOUT_S="600")
     try:
-        workers = workers_settle(server, WORKERS)
+        workers = prompt_workers(server.proc.pid)  # started before the address was printed
         sock = leave_mid_prepare(server, SPINNING)
         time.sleep(1.0)
         rc, out = server.stop(timeout=EXIT_BOUND_S)
         sock.close()
         assert rc == 0, server.logs()[-3000:]
         assert out.strip().splitlines()[-1].startswith("kv pool idle: promised 0"), out
-        assert not prompt_workers(server.proc.pid) and all(
-            not Path(f"/proc/{pid}/cmdline").exists() or
-            not Path(f"/proc/{pid}/cmdline").read_bytes() for pid in workers)
+        assert len(workers) == WORKERS and not any(  # killed (gone, or a zombie: no cmdline)
+            Path(f"/proc/{pid}/cmdline").exists() and Path(f"/proc/{pid}/cmdline").read_bytes()
+            for pid in workers)
     finally:
         if server.proc.poll() is None:
             server.proc.kill()
