@@ -295,22 +295,21 @@ def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
         raise bad("echo is not supported", "echo")
     if _get(body, "suffix", "str"):
         raise bad("suffix is not supported", "suffix")
-    ids = _prompt_ids(body, served)
-    job = ids if isinstance(ids, PromptJob) else None
+    prompt = _prompt_ids(body, served)
+    ids, job = ([], prompt) if isinstance(prompt, PromptJob) else (prompt, None)
     logprobs = _get(body, "logprobs", "int")
     if logprobs is not None and not 0 <= logprobs <= 20:
         raise bad(f"logprobs must be in 0..20, got {logprobs}", "logprobs")
     stream, usage = _stream_flags(body)
     params, max_param = _sampling(
-        body, lambda: _PENDING_MAX if job is not None else _default_max(
-            served, len(ids), COMPLETION_DEFAULT_MAX_TOKENS),
+        body, lambda: _default_max(served, len(ids), COMPLETION_DEFAULT_MAX_TOKENS) if job is None
+        else _PENDING_MAX,
         served.checkpoint.generation_config, logprobs is not None, logprobs or 0,
     )
     params = _constrained(body, served, params)
     token_ids = bool(_get(body, "return_tokens_as_token_ids", "bool"))
-    return Parsed("completion", [] if job is not None else list(ids), params, (), stream, usage,
-                  max_param, token_ids, _choices(body), job=job,
-                  max_tokens_set=body.get(max_param) is not None)
+    return Parsed("completion", ids, params, (), stream, usage, max_param, token_ids,
+                  _choices(body), job=job, max_tokens_set=body.get(max_param) is not None)
 
 
 def _message_text(content: Any, i: int) -> str | None:
