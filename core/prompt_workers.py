@@ -62,13 +62,6 @@ def _serve(conn: Connection, tokenizer_file: str) -> None:
             return
 
 
-def _send(worker: _Worker, job: PromptJob) -> None:
-    try:
-        worker.conn.send(job)  # the worker waits in recv: it reads as this writes
-    except OSError:  # BrokenPipeError: it died while idle
-        raise WorkerLost(f"the prompt worker (pid {worker.proc.pid}) died") from None
-
-
 class _Worker:
     def __init__(self, ctx: Any, tokenizer_file: str) -> None:
         self.conn, child = ctx.Pipe()
@@ -82,6 +75,13 @@ class _Worker:
         self.conn.close()
         if self.proc.exitcode is None:
             self.proc.kill()
+
+
+def _send(worker: _Worker, job: PromptJob) -> None:
+    try:
+        worker.conn.send(job)  # the worker waits in recv: it reads as this writes
+    except OSError:  # BrokenPipeError: it died while idle
+        raise WorkerLost(f"the prompt worker (pid {worker.proc.pid}) died") from None
 
 
 class PromptWorkers:
@@ -162,8 +162,10 @@ class PromptWorkers:
         return worker
 
     def _replace(self, worker: _Worker) -> None:
+        log.debug("prompt worker stopped mid-job; a fresh one starts", pid=worker.proc.pid)
         worker.kill()
-        self._all.remove(worker)
+        if worker in self._all:  # not when close() came first
+            self._all.remove(worker)
         self._dying = [p for p in (*self._dying, worker.proc) if p.exitcode is None]  # reaps
         if self._file is not None:
             self._idle.put_nowait(self._start_one())
