@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from .tokenizer import Tokenizer
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+# Messages at the end of a chat whose ends are marked: each mark costs a render of the chat up
+# to it, so marking every message of a long chat would cost renders quadratic in its length.
+MARKED_TAIL = 8
 
 
 class ChatTemplateError(Exception):
@@ -214,7 +217,8 @@ def render_chat(
     message. Templates that render earlier turns differently once later ones follow (e.g. by
     dropping old reasoning), or that refuse a partial chat, give no mark for those messages.
     Marks are strictly increasing and positive, so a message that renders nothing adds none.
-    This renders the chat once per message; pass with_marks=False to skip it.
+    Only the last MARKED_TAIL messages get marks (the turns a next request resumes from), so a
+    long chat costs MARKED_TAIL + 1 renders, not one per message; with_marks=False skips them.
 
     protect: special-token strings to keep literal where the content of a non-assistant message
     holds them (a user typing `<|im_end|>` must not end the turn). The text is the same; their
@@ -234,7 +238,8 @@ def render_chat(
         compiled, {**context, "messages": chat, "add_generation_prompt": add_generation_prompt}
     )
     marks: list[int] = []
-    for n in range(1, len(chat) + 1 if with_marks else 1):
+    first = max(1, len(chat) - MARKED_TAIL + 1)
+    for n in range(first, len(chat) + 1 if with_marks else first):
         try:
             prefix = _render(
                 compiled, {**context, "messages": chat[:n], "add_generation_prompt": False}

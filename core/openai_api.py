@@ -16,7 +16,8 @@ import numbers
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
-from .chat_template import ChatTemplateError, render_chat
+from .chat_template import ChatTemplateError
+from .prompt_work import Prompt, PromptJob, PromptTooLong, max_prompt_bytes, utf8_bytes
 from .sampling import SamplingParams, SamplingParamsError
 from .structured import StructuredError
 from .structured import from_body as constraint_from_body
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from .start import Served
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
+_PENDING_MAX = 1  # max_tokens until the prompt's length gives the default (with_prompt)
 _ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
     405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
@@ -83,6 +85,8 @@ class Parsed:
     token_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs say "token_id:N"
     n: int = 1  # choices of the prompt (tensorfold.choices); bounded by the lanes at submit
     tools: ToolRequest | None = None  # the reply is parsed for tool calls
+    job: PromptJob | None = None  # the prompt still to make (prompt_ids empty until then)
+    max_tokens_set: bool = True  # False: max_tokens is the default, set by with_prompt
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -224,7 +228,48 @@ def _default_max(served: Served, prompt_len: int, default: int | None) -> int:
     return room if default is None else min(default, room)
 
 
-def _prompt_ids(body: dict[str, Any], served: Served) -> list[int]:
+def too_long(size: int, limit: int, served: Served, param: str) -> ApiError:
+    """A prompt of more bytes than the window's worst case (max_prompt_bytes): it cannot fit."""
+    verb = "hold" if param == "messages" else "holds"
+    return bad(f"the {param} {verb} {size} bytes of text, more than the {served.window}-token "
+               f"window can hold ({limit} bytes at most); send a shorter prompt", param,
+               "context_length_exceeded")
+
+
+def _byte_limit(texts: list[str], served: Served, param: str) -> int:
+    """The prompt's bytes limit (max_prompt_bytes); texts that the prompt will hold and that
+    pass it are refused at once, before any render or tokenizer work."""
+    limit = max_prompt_bytes(served.tokenizer, served.window)
+    if (size := sum(map(utf8_bytes, texts))) > limit:
+        raise too_long(size, limit, served, param)
+    return limit
+
+
+def with_prompt(parsed: Parsed, prompt: Prompt, served: Served) -> Parsed:
+    """`parsed` with the prompt its job made: the ids, the marks, the default max_tokens."""
+    param = "messages" if parsed.kind == "chat" else "prompt"
+    if prompt.tokens == 0:
+        raise bad("the messages render to an empty prompt" if param == "messages" else
+                  "the prompt encodes to no tokens", param)
+    default = None if parsed.kind == "chat" else COMPLETION_DEFAULT_MAX_TOKENS
+    most = _default_max(served, prompt.tokens, default)  # refuses a prompt that fills the window
+    params = parsed.params if parsed.max_tokens_set else replace(parsed.params, max_tokens=most)
+    return replace(parsed, prompt_ids=prompt.ids, marks=prompt.marks, params=params, job=None,
+                   max_tokens_set=True)
+
+
+def prompt_refusal(exc: Exception, parsed: Parsed, served: Served) -> ApiError | None:
+    """The 400 for what a prompt job raised (a template's refusal, a prompt too long), or None
+    for a failure of the server's own."""
+    param = "messages" if parsed.kind == "chat" else "prompt"
+    if isinstance(exc, ChatTemplateError):
+        return bad(str(exc), "messages")
+    if isinstance(exc, PromptTooLong):
+        return too_long(exc.size, exc.limit, served, param)
+    return None
+
+
+def _prompt_ids(body: dict[str, Any], served: Served) -> list[int] | PromptJob:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -233,7 +278,8 @@ def _prompt_ids(body: dict[str, Any], served: Served) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise bad("prompt must not be empty", "prompt")
-        return served.tokenizer.encode(prompt, add_special_tokens=True)
+        limit = _byte_limit([prompt], served, "prompt")
+        return PromptJob(served.window, limit, text=prompt)  # tokenized by a prompt worker
     if not isinstance(prompt, list) or not prompt:
         raise bad("prompt must be a non-empty string or array of token ids", "prompt")
     vocab = served.tokenizer.vocab_size
@@ -249,19 +295,21 @@ def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
         raise bad("echo is not supported", "echo")
     if _get(body, "suffix", "str"):
         raise bad("suffix is not supported", "suffix")
-    ids = _prompt_ids(body, served)
+    prompt = _prompt_ids(body, served)
+    ids, job = ([], prompt) if isinstance(prompt, PromptJob) else (prompt, None)
     logprobs = _get(body, "logprobs", "int")
     if logprobs is not None and not 0 <= logprobs <= 20:
         raise bad(f"logprobs must be in 0..20, got {logprobs}", "logprobs")
     stream, usage = _stream_flags(body)
     params, max_param = _sampling(
-        body, lambda: _default_max(served, len(ids), COMPLETION_DEFAULT_MAX_TOKENS),
+        body, lambda: _default_max(served, len(ids), COMPLETION_DEFAULT_MAX_TOKENS) if job is None
+        else _PENDING_MAX,
         served.checkpoint.generation_config, logprobs is not None, logprobs or 0,
     )
     params = _constrained(body, served, params)
     token_ids = bool(_get(body, "return_tokens_as_token_ids", "bool"))
     return Parsed("completion", ids, params, (), stream, usage, max_param, token_ids,
-                  _choices(body))
+                  _choices(body), job=job, max_tokens_set=body.get(max_param) is not None)
 
 
 def _message_text(content: Any, i: int) -> str | None:
@@ -285,10 +333,12 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
     if not messages:
         raise bad("messages must be a non-empty array", "messages")
     chat = []
+    texts = []  # the contents: the rendered prompt holds them (and the template's own text)
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad(f"messages[{i}] must be an object with a string role", "messages")
         chat.append({**m, "content": _message_text(m.get("content"), i)})
+        texts.append(chat[-1]["content"] or "")
     try:
         tools = parse_tool_request(body, served.spec.name, served.tool_format)
         chat = tool_history(chat)
@@ -300,25 +350,17 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
     tok = served.tokenizer
     if tok.chat_template is None:
         raise bad("the model has no chat template; use /v1/completions", "messages")
-    try:
-        rendered = render_chat(
-            tok.chat_template, chat, add_generation_prompt=True, bos_token=tok.bos_token,
-            eos_token=tok.eos_token, tools=tools.tools if tools else None,
-            protect=() if served.content_specials else tok.special_tokens(),
-        )
-    except ChatTemplateError as exc:
-        raise bad(str(exc), "messages") from None
-    ids, marks = tok.encode_chat(rendered)
-    if not ids:
-        raise bad("the messages render to an empty prompt", "messages")
+    # rendered and tokenized by a prompt worker (prompt_work.make_prompt)
+    job = PromptJob(served.window, _byte_limit(texts, served, "messages"), chat,
+                    tools.tools if tools else None,
+                    protect=() if served.content_specials else tok.special_tokens())
     params, max_param = _sampling(
-        body, lambda: _default_max(served, len(ids), None), served.checkpoint.generation_config,
-        logprobs, top,
+        body, lambda: _PENDING_MAX, served.checkpoint.generation_config, logprobs, top,
     )
     token_ids = bool(_get(body, "return_tokens_as_token_ids", "bool"))
     if tools is not None:  # markers that are special tokens must reach the parser
         keep = tok.special_ids(tools.format.markers)
         params = replace(params, keep_special_ids=tuple(sorted(keep)))
     params = _constrained(body, served, params, tools)
-    return Parsed("chat", ids, params, tuple(marks), stream, usage, max_param, token_ids,
-                  _choices(body), tools)
+    return Parsed("chat", [], params, (), stream, usage, max_param, token_ids, _choices(body),
+                  tools, job, max_tokens_set=body.get(max_param) is not None)

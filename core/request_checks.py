@@ -1,5 +1,6 @@
 """Checks of a request body that the field parsers in openai_api.py do not make: text that is
-not valid Unicode, chat roles, logit_bias ids past the vocabulary.
+not valid Unicode, the number of chat messages (TF_MAX_MESSAGES), chat roles, logit_bias ids
+past the vocabulary.
 
 Each refusal is a 400 naming the field (`param` is the top-level field; the message gives the
 path inside it) and what would be accepted.
@@ -73,6 +74,14 @@ def check_roles(body: dict[str, Any]) -> None:
                       f"{', '.join(ROLES)}", "messages")
 
 
+def check_messages(body: dict[str, Any], cap: int) -> None:
+    """A chat has at most `cap` messages (each costs the template's work)."""
+    messages = body.get("messages")
+    if isinstance(messages, list) and len(messages) > cap:
+        raise bad(f"messages holds {len(messages)} messages; the limit is {cap} "
+                  "(TF_MAX_MESSAGES): send fewer, or merge old turns", "messages")
+
+
 def check_logit_bias(parsed: Parsed, vocab: int) -> None:
     """logit_bias keys are token ids of the model's vocabulary."""
     for token, _ in parsed.params.logit_bias:
@@ -82,10 +91,13 @@ def check_logit_bias(parsed: Parsed, vocab: int) -> None:
 
 
 def parse_request(raw: bytes, parse: Callable[[dict[str, Any], Served], Parsed],
-                  served: Served) -> Parsed:
+                  served: Served, max_messages: int = 4096) -> Parsed:
     """The body's bytes -> a validated request: JSON, Unicode, roles, the fields, logit_bias.
-    CPU work (JSON, the chat template, the tokenizer): the server runs it off the event loop."""
+    CPU work (JSON, the fields): the server runs it off the event loop; the prompt itself
+    (parsed.job: the chat template, the tokenizer) is made after, by a prompt worker."""
     body = parse_json(raw)
+    if parse is parse_chat:
+        check_messages(body, max_messages)
     check_text(body)
     if parse is parse_chat:
         check_roles(body)

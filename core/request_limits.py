@@ -1,28 +1,60 @@
 """What one client may cost the server: the body's size, how long its headers and body may take
-to arrive, how many connections may be open, and the bounded pool of threads that turns bodies
-into requests (JSON, the chat template, the tokenizer) off the event loop.
+to arrive, how many connections may be open, how many messages a chat may have and how long a
+request's preparation may take, and the bounded pools that turn bodies into requests off the
+event loop: daemon threads for the JSON and the fields, worker processes (prompt_workers.py) for
+the chat template and the tokenizer.
 
-Settings: TF_MAX_BODY_MIB (--max-body-mib), TF_READ_TIMEOUT_S, TF_MAX_CONNECTIONS.
+Settings: TF_MAX_BODY_MIB (--max-body-mib), TF_READ_TIMEOUT_S, TF_MAX_CONNECTIONS,
+TF_MAX_MESSAGES, TF_PREPARE_TIMEOUT_S, TF_PREPARE_WORKERS.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
 import os
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from aiohttp import web
 
 from .openai_api import ApiError
+from .prompt_workers import PromptWorkers
 
 MIB = 1024 * 1024
 
 
-def _workers() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1),
-                              thread_name_prefix="tf-request")
+class DaemonThreads(Executor):
+    """A fixed pool of daemon threads: unlike ThreadPoolExecutor's, the process does not wait
+    for them at exit, so a stop never waits on a request's work."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = (
+            queue.SimpleQueue())
+        for i in range(size):
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True).start()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        assert not kwargs, "positional arguments only"
+        future: Future[Any] = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            future, fn, args = self._jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to the awaiting request
+                future.set_exception(exc)
+
+
+def _workers() -> Executor:
+    return DaemonThreads(min(4, os.cpu_count() or 1), "tf-request")
 
 
 @dataclass
@@ -30,7 +62,10 @@ class Limits:
     max_body: int = 8 * MIB  # bytes
     read_timeout_s: float = 30.0  # headers, then the body, each; also an idle connection's life
     max_connections: int = 1024
-    workers: ThreadPoolExecutor = field(default_factory=_workers)
+    max_messages: int = 4096  # a chat's messages
+    prepare_timeout_s: float = 30.0  # parse + render + tokenize, once the body is read
+    workers: Executor = field(default_factory=_workers)
+    prompts: PromptWorkers | None = None  # None: the prompt is made on `workers` (no processes)
 
     def handler_args(self) -> dict[str, Any]:
         """aiohttp's per-connection arguments: a connection that sends no complete request

@@ -2,8 +2,8 @@
 
 Prints the memory plan and the address, serves until SIGINT or SIGTERM, then stops admitting
 (new requests get 503), lets in-flight requests end for up to --shutdown-timeout and aborts the
-rest (shutdown.py), stops the engine and prints the pool's census. Exit status 0, or 1 when the
-census is UNEVEN.
+rest (shutdown.py), kills the prompt workers (prompt_workers.py, whatever they are doing), stops
+the engine and prints the pool's census. Exit status 0, or 1 when the census is UNEVEN.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from tensorfold.settings import Settings
 
 if TYPE_CHECKING:
+    from tensorfold.prompt_workers import PromptWorkers
     from tensorfold.start import Served
 
 
@@ -59,6 +60,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if not args.shutdown_timeout >= 0:
         raise CommandError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     from tensorfold.api_key import resolve_api_key
+    from tensorfold.prompt_workers import PromptWorkers
     from tensorfold.start import open_served, parallel_launch, pick_device
 
     api_key = resolve_api_key(args.api_key, args.api_key_file, settings.api_key)
@@ -76,7 +78,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             served.model_name = args.served_model_name
         served.engine.max_waiting = args.max_waiting
         args.origins = settings.origins
-        asyncio.run(_serve(served, args, settings, api_key, pick_device(settings), sock))
+        prompts = PromptWorkers(served.tokenizer, settings.prepare_workers)
+        prompts.start()
+        try:
+            asyncio.run(_serve(served, args, settings, api_key, pick_device(settings), sock,
+                               prompts))
+        finally:
+            prompts.close()  # kills them: a stop never waits on a prompt's work
         for sig in (signal.SIGINT, signal.SIGTERM):  # repeats while the engine winds down
             signal.signal(sig, signal.SIG_IGN)
     finally:
@@ -118,7 +126,8 @@ def _url(host: str, port: int) -> str:
 
 
 async def _serve(served: Served, args: argparse.Namespace, settings: Settings,
-                 api_key: str | None, device: str, sock: socket.socket) -> None:
+                 api_key: str | None, device: str, sock: socket.socket,
+                 prompts: PromptWorkers) -> None:
     from aiohttp import web
 
     from tensorfold.api_key import exposure_warning
@@ -131,7 +140,9 @@ async def _serve(served: Served, args: argparse.Namespace, settings: Settings,
     log = get_logger("tensorfold.serve")
     limits = Limits(max_body=int(settings.max_body_mib * MIB),
                     read_timeout_s=settings.read_timeout_s,
-                    max_connections=settings.max_connections)
+                    max_connections=settings.max_connections,
+                    max_messages=settings.max_messages,
+                    prepare_timeout_s=settings.prepare_timeout_s, prompts=prompts)
     caps = ConnectionCaps(total=settings.max_connections,
                           per_client=settings.max_client_connections,
                           first_byte_s=settings.first_byte_timeout_s)

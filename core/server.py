@@ -24,8 +24,8 @@ from .logs import get_logger
 from .metrics import CONTENT_TYPE, Metrics
 from .openai_api import ApiError, Parsed, error_body, parse_chat, parse_completion
 from .openai_replies import Choices, TokenTexts, dumps, sse
-from .request_checks import parse_request
-from .request_limits import LIMITS, Limits, in_workers, read_body
+from .request_limits import LIMITS, Limits, read_body
+from .request_prepare import prepare
 from .requests import Event, Finished, Request, RequestRefused, TokenOut
 
 if TYPE_CHECKING:
@@ -168,8 +168,7 @@ async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.S
     state = request.app[STATE]
     timing = _Timing(state.metrics)
     # Off the loop: a big body's JSON, a long prompt's template and tokenizer would stall it.
-    parsed = await in_workers(request, parse_request, await read_body(request), parse,
-                              state.served)
+    parsed = await prepare(request, await read_body(request), parse, state.served)
     if state.draining:  # the signal came while the body was parsed
         raise ApiError(503, "the server is shutting down", headers={"Retry-After": RETRY_AFTER_S})
     mailbox = state.mailbox(asyncio.get_running_loop())

@@ -234,6 +234,23 @@ class Settings(BaseSettings):
         "tokens they spell, for trusted callers that write turns themselves (0: they are "
         "tokenized as text, so that a user cannot end a turn or forge one).",
     )
+    max_messages: PositiveInt = Field(
+        default=4096,
+        description="The most messages a chat request may hold; more get 400 before the chat "
+        "template runs.",
+    )
+    prepare_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds `serve` may spend preparing a request once its body has arrived "
+        "(its JSON, the chat template, the tokenizer); a longer one gets 400 and its work is "
+        "stopped.",
+    )
+    prepare_workers: PositiveInt = Field(
+        default=2,
+        description="Worker processes `serve` runs the chat template and the tokenizer in, off "
+        "the event loop and the engine; a request waits for a free one.",
+    )
     demo_cache: Path = Field(
         default=Path("~/.cache/tensorfold/demo"),
         validate_default=True,

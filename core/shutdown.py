@@ -7,6 +7,10 @@ finish_reason "abort" (and its usage chunk when asked) and `data: [DONE]`; a req
 not streamed gets its partial completion with finish_reason "abort". The handlers have
 ABORT_WAIT_S to write that; the aiohttp runner then gets RUNNER_GRACE_S more (it once got
 --shutdown-timeout again, twice over, which made a stop hang).
+
+A request still being prepared is not in flight: the runner's cleanup cancels it with its
+connection, and serve_cli kills the prompt workers (prompt_workers.py) whatever they are doing;
+the request threads are daemons (request_limits.DaemonThreads), so the exit never waits on one.
 """
 
 from __future__ import annotations
