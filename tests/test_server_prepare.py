@@ -136,15 +136,18 @@ def test_others_go_on_while_a_request_is_prepared_then_its_deadline_ends_it(
     spinning: list[Reply] = []
     thread = in_background(api, SPINNING, spinning)
     time.sleep(0.5)  # a worker is rendering it
-    tokens = 0
-    with api.stream("/v1/chat/completions", {**HELLO, "max_tokens": 24, "ignore_eos": True,
-                                             "stream": True}) as (status, lines):
+    chunks, usage = 0, {}
+    with api.stream("/v1/chat/completions", {
+            **HELLO, "max_tokens": 24, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}) as (status, lines):
         assert status == 200
         for line in lines:
             if line.startswith("data: {"):
-                tokens += bool(json.loads(line[6:])["choices"])
+                event = json.loads(line[6:])
+                chunks += bool(event["choices"])
+                usage = event.get("usage") or usage
             assert api.get("/health", timeout=30).status_code == 200
-    assert tokens >= 24
+    assert chunks >= 3 and usage["completion_tokens"] == 24
     assert thread.is_alive() and not spinning  # all of that while the spin was prepared
     thread.join(PREPARE_TIMEOUT_S * 4)
     error = check_error(spinning[0], 400, "messages")
