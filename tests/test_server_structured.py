@@ -31,7 +31,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
     s = ServedDemo(tmp_path_factory.mktemp("structured"), "--parallel", "2",
                    "--load-format", "dummy")
     yield s
-    s.stop()
+    rc, out = s.stop()
+    assert rc == 0 and "kv pool idle: promised 0" in out, s.logs()[-3000:]
 
 
 def chat(server: ServedDemo, **kw: Any) -> Any:
@@ -135,11 +136,13 @@ def test_an_expensive_grammar_is_a_400_while_another_stream_streams(server: Serv
     answered = threading.Event()
 
     def stream() -> None:
-        for chunk in chat(server, stream=True, max_tokens=3000, extra_body={"ignore_eos": True}):
-            arrived.append(len(chunk.choices))
-            first.set()
-            if answered.is_set():
-                break
+        # closed on leaving: the server then cancels it, and its stop does not wait for it
+        with chat(server, stream=True, max_tokens=3000, extra_body={"ignore_eos": True}) as s:
+            for chunk in s:
+                arrived.append(len(chunk.choices))
+                first.set()
+                if answered.is_set():
+                    break
 
     runner = threading.Thread(target=stream)
     runner.start()
