@@ -31,6 +31,7 @@ log = get_logger("tensorfold.connections")
 
 MAX_LINE_BYTES = 8190  # a request line or one header field (aiohttp's default)
 MAX_HEADERS = 128  # header fields in one request (aiohttp's default)
+LISTEN_BACKLOG = 1024  # connections the kernel queues before serve accepts them
 REFUSAL_WAIT_S = 1.0  # how long a refused connection may take to send its request's head
 _HEAD_END = b"\r\n\r\n"
 _PROBES = (b"/health", b"/metrics")
@@ -300,4 +301,8 @@ async def serve_on(runner: web.BaseRunner, sock: socket.socket, caps: Connection
     server = runner.server
     assert server is not None, "runner.setup() first"
     gate = _Gate(server, caps, args, refused)
-    return await asyncio.get_running_loop().create_server(lambda: _Door(gate), sock=sock)
+    # asyncio listens again with its own backlog (100 unless told): a burst of connections
+    # past it has its SYNs dropped, and a client's retry comes a second later
+    backlog = max(LISTEN_BACKLOG, caps.total)
+    return await asyncio.get_running_loop().create_server(lambda: _Door(gate), sock=sock,
+                                                          backlog=backlog)
