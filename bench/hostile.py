@@ -56,14 +56,16 @@ class Sizes:
     idle_connections: int = 1024
     hold_s: float = 5.0  # how long the idle connections are held
     regex_repeat: int = 100  # ((a{R}){R}){R}
-    leave_after_s: float = 0.5  # the leaving client's time before it hangs up
+    leave_messages: int = 4000  # the leaving client's chat: under the cap, slow to prepare
+    leave_after_s: float = 0.2  # the leaving client's time before it hangs up
     tail_s: float = 1.0  # measured on after each case ends: work that outlives its client
     case_timeout_s: float = 120.0
 
     @classmethod
     def small(cls) -> Sizes:
         return cls(messages=200, english_bytes=200_000, a_bytes=256 * 2**10,
-                   idle_connections=64, hold_s=1.0, regex_repeat=8, leave_after_s=0.2,
+                   idle_connections=64, hold_s=1.0, regex_repeat=8, leave_messages=150,
+                   leave_after_s=0.2,
                    tail_s=0.3, case_timeout_s=30.0)
 
 
@@ -227,9 +229,10 @@ def _chat(t: Target, messages: list[dict[str, Any]], **extra: Any) -> dict[str, 
     return {"model": t.model, "messages": messages, "max_tokens": 4, **extra}
 
 
-def _many_messages(t: Target) -> bytes:
+def _many_messages(t: Target, count: int | None = None) -> bytes:
     roles = ("user", "assistant")
-    msgs = [{"role": roles[i % 2], "content": "x"} for i in range(t.sizes.messages - 1)]
+    count = t.sizes.messages if count is None else count
+    msgs = [{"role": roles[i % 2], "content": "x"} for i in range(count - 1)]
     msgs.append({"role": "user", "content": "x"})
     return json.dumps(_chat(t, msgs)).encode()
 
@@ -381,8 +384,10 @@ def _raw_requests(host: str) -> dict[str, bytes]:
 
 
 async def client_leaves(t: Target) -> tuple[str, list[str]]:
-    """The many-message chat, sent by a client that hangs up after leave_after_s."""
-    body = _many_messages(t)
+    """A chat of leave_messages one-character messages (under the default TF_MAX_MESSAGES, so
+    the server renders and tokenizes it), sent by a client that hangs up after leave_after_s,
+    while the server is still at work on it."""
+    body = _many_messages(t, t.sizes.leave_messages)
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {t.host}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
             + "".join(f"{k}: {v}\r\n" for k, v in t.headers.items()) + "\r\n").encode()
