@@ -1,18 +1,18 @@
-"""What one client may cost the server: the body's size, how long its headers and body may take
-to arrive, how many connections may be open, how many messages a chat may have and how long a
-request's preparation may take, and the bounded pools that turn bodies into requests off the
-event loop: daemon threads for the JSON and the fields, worker processes (prompt_workers.py) for
-the chat template and the tokenizer.
+"""What one request may cost the server: the body's size, how long its headers and body may
+take to arrive, how many messages a chat may have and how long a request's preparation may
+take, and the bounded pools that turn bodies into requests off the event loop: daemon threads
+for the JSON and the fields, worker processes (prompt_workers.py) for the chat template and the
+tokenizer. How many connections may be open is connections.py's.
 
-Settings: TF_MAX_BODY_MIB (--max-body-mib), TF_READ_TIMEOUT_S, TF_MAX_CONNECTIONS,
-TF_MAX_MESSAGES, TF_PREPARE_TIMEOUT_S, TF_PREPARE_WORKERS.
+Settings: TF_MAX_BODY_MIB (--max-body-mib), TF_READ_TIMEOUT_S, TF_MAX_MESSAGES,
+TF_PREPARE_TIMEOUT_S, TF_PREPARE_WORKERS.
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
 import os
+import queue
 import threading
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
@@ -61,7 +61,6 @@ def _workers() -> Executor:
 class Limits:
     max_body: int = 8 * MIB  # bytes
     read_timeout_s: float = 30.0  # headers, then the body, each; also an idle connection's life
-    max_connections: int = 1024
     max_messages: int = 4096  # a chat's messages
     prepare_timeout_s: float = 30.0  # parse + render + tokenize, once the body is read
     workers: Executor = field(default_factory=_workers)
@@ -101,9 +100,3 @@ def too_large(length: int | None, limit: int) -> ApiError:
     return ApiError(413, f"the request body is {size}; the limit is {limit} bytes "
                     f"({limit / MIB:g} MiB: --max-body-mib or TF_MAX_BODY_MIB)",
                     headers={"Connection": "close"})  # the unread rest is drained, then closed
-
-
-async def in_workers(request: web.Request, work: Callable[..., Any], *args: Any) -> Any:
-    """Run CPU work for a request on the bounded pool, so the loop keeps serving."""
-    pool = request.app[LIMITS].workers
-    return await asyncio.get_running_loop().run_in_executor(pool, work, *args)

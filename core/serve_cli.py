@@ -140,7 +140,6 @@ async def _serve(served: Served, args: argparse.Namespace, settings: Settings,
     log = get_logger("tensorfold.serve")
     limits = Limits(max_body=int(settings.max_body_mib * MIB),
                     read_timeout_s=settings.read_timeout_s,
-                    max_connections=settings.max_connections,
                     max_messages=settings.max_messages,
                     prepare_timeout_s=settings.prepare_timeout_s, prompts=prompts)
     caps = ConnectionCaps(total=settings.max_connections,
