@@ -41,6 +41,17 @@ def chat(server: ServedDemo, **kw: Any) -> Any:
     return server.client().chat.completions.create(**kw)
 
 
+def merged_calls(deltas: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(name, arguments) of each streamed call, its delta pieces joined by index as a client
+    joins them."""
+    by_index: dict[int, list[str]] = {}
+    for d in deltas:
+        call = by_index.setdefault(d["index"], ["", ""])
+        call[0] += d["function"]["name"] or ""
+        call[1] += d["function"]["arguments"] or ""
+    return [(by_index[i][0], by_index[i][1]) for i in sorted(by_index)]
+
+
 def streamed(server: ServedDemo, **kw: Any) -> tuple[str, list[dict[str, Any]], str | None]:
     text, calls, finish = "", [], None
     for chunk in chat(server, stream=True, **kw):
@@ -82,12 +93,7 @@ def test_required_and_named_tool_calls_validate(server: ServedDemo, stream: bool
         if stream:
             text, deltas, finish = streamed(server, **kw)
             assert text == "" and finish == "tool_calls"
-            by_index: dict[int, list[str]] = {}
-            for d in deltas:
-                call = by_index.setdefault(d["index"], ["", ""])
-                call[0] += d["function"]["name"] or ""
-                call[1] += d["function"]["arguments"] or ""
-            calls = [tuple(by_index[i]) for i in sorted(by_index)]
+            calls = merged_calls(deltas)
         else:
             message = chat(server, **kw).choices[0]
             assert message.finish_reason == "tool_calls" and not message.message.content
@@ -169,12 +175,7 @@ def test_tool_calls_cut_by_max_tokens_keep_their_complete_calls(
     kw = {"tools": [TIME], "tool_choice": "required", "max_tokens": 100, "seed": 7}
     if stream:
         text, deltas, finish = streamed(server, **kw)
-        by_index: dict[int, list[str]] = {}
-        for d in deltas:
-            call = by_index.setdefault(d["index"], ["", ""])
-            call[0] += d["function"]["name"] or ""
-            call[1] += d["function"]["arguments"] or ""
-        calls = [tuple(by_index[i]) for i in sorted(by_index)]
+        calls = merged_calls(deltas)
     else:
         choice = chat(server, **kw).choices[0]
         text, finish = choice.message.content or "", choice.finish_reason
