@@ -1,6 +1,6 @@
 """Test helpers for tool-call formats (the core's tests and each family's): feed a format's
 stream in pieces of many sizes, rebuild the calls from the OpenAI deltas as a client does, and
-find the real chat templates kept outside the project (../shared/templates)."""
+find the real chat templates kept as test data in the repository (tests/data/chat_templates)."""
 
 from __future__ import annotations
 
@@ -11,18 +11,19 @@ from typing import Any, Mapping, Sequence
 from .tool_calls import ToolCallFormat, ToolCallStream, parse_tool_calls
 
 REPO = Path(__file__).resolve().parents[1]
-TEMPLATES = REPO.parent / "shared" / "templates"
+TEMPLATES = REPO / "tests" / "data" / "chat_templates"
 SIZES = (1, 2, 3, 5, 8, 13, 10_000)
 
 
 def real_template(name: str) -> str:
-    """A real chat template from ../shared/templates; skips the test, saying why, without it."""
+    """A real chat template from the repository's test data (TEMPLATES); skips the test, saying
+    where the file is expected, when it is absent (an installed package without the tests)."""
     import pytest
 
     path = TEMPLATES / name
     if not path.is_file():
-        pytest.skip(f"{path} is absent: the real chat templates are test data kept outside the "
-                    "project, in ../shared/templates next to the repository")
+        pytest.skip(f"{path} is absent: the real chat templates are test data of a source "
+                    "checkout (tests/data/chat_templates); run the tests from one")
     return path.read_text(encoding="utf-8")
 
 

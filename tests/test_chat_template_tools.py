@@ -1,6 +1,5 @@
-"""Every real chat template in ../shared/templates renders tools, assistant tool calls and tool
-messages exactly as transformers 5.23.0's apply_chat_template does (skipped, saying why, where
-that folder is absent)."""
+"""Every real chat template in tests/data/chat_templates renders tools, assistant tool calls and
+tool messages exactly as transformers 5.23.0's apply_chat_template does."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from tokenizers import models
 
 from tensorfold.chat_template import ChatTemplateError, render_chat
 from tensorfold.tool_request import tool_history
-from tensorfold.tool_testing import TEMPLATES, real_template
+from tensorfold.tool_testing import REPO, TEMPLATES, real_template
 
 NAMES = ("LFM2-8B-A1B.jinja", "LFM2.5-8B-A1B.jinja", "google-gemma-4-31B-it.jinja",
          "GLM-4.7-Flash.jinja")
@@ -70,11 +69,14 @@ def hf_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return transformers.PreTrainedTokenizerFast(tokenizer_file=str(path), **SPECIALS)
 
 
-def test_the_templates_are_there_or_the_tests_say_why_not() -> None:
-    if not TEMPLATES.is_dir():
-        pytest.skip(f"{TEMPLATES} is absent: the real chat templates are test data outside the "
-                    "project")
+def test_the_templates_are_test_data_of_the_repository() -> None:
+    """The real templates live inside the repository, each one named in the README beside
+    them with its source and licence; nothing reads a folder outside the repository."""
+    assert TEMPLATES.is_dir() and TEMPLATES.is_relative_to(REPO), TEMPLATES
     assert sorted(p.name for p in TEMPLATES.glob("*.jinja")) == sorted(NAMES)
+    readme = (TEMPLATES / "README.md").read_text(encoding="utf-8")
+    for name in NAMES:
+        assert f"`{name}`" in readme, name
 
 
 @pytest.mark.parametrize("gen", [True, False])
