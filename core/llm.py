@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any, Sequence, Union
 
 from .choices import choice_params
+from .logs import get_logger
 from .requests import Event, Finished, TokenOut
 from .sampling import SamplingParams
-from .logs import get_logger
 from .settings import Settings
-from .tool_calls import ToolCall, parse_tool_calls
 from .start import Served, open_served
 from .structured import FIELDS
+from .tool_calls import ToolCall, parse_tool_calls
 
 log = get_logger("tensorfold.llm")
 

@@ -16,7 +16,11 @@ from .kv_plan import MIN_STATES_A_LANE, GiB, Plan, PlanRefused, fmt_bytes, memor
 from .lanes import Lanes
 from .logs import get_logger
 from .plugins import (
-    FamilyError, choose_family, families, family_plugin_manager, get_plugin_manager,
+    FamilyError,
+    choose_family,
+    families,
+    family_plugin_manager,
+    get_plugin_manager,
 )
 from .profiles import collect_rows
 from .settings import Settings, SettingsError, check_environment, torchrun_env

@@ -647,12 +647,11 @@ def assert_signal_drains_tp_2(proc: Any, url: str, log_path: Path, sig: int,
     exits 0 within `wait_s`, the stream ends with "abort" and [DONE], the follower rank has
     exited, and the shutdown census (all pages back) is its last line. Returns the seconds from
     the signal to the exit."""
+    import json
     import os
     import re
     import threading
     import time
-
-    import json
     import urllib.request
 
     # stdlib HTTP, not the openai client: the GPU machine's image has no openai package

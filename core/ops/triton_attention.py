@@ -32,9 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .pass_meta import QUERY_ROWS, PassMeta
-from .gpu import launch_options
 from . import triton_key_split as key_split
+from .gpu import launch_options
+from .pass_meta import QUERY_ROWS, PassMeta
 from .triton_util import after_prior, cdiv, interpreting, mma, next_power_of_2
 
 KEY_TILE = 64

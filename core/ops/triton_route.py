@@ -32,11 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_splitk
 from .gpu import launch_options
 from .triton_align import Aligned, align_pairs, max_blocks_for
 from .triton_moe import TINY_BLOCK_M, TINY_ROWS
 from .triton_norms import NORM_WARPS, norm_rows, rows_per_program
-from . import triton_splitk
 from .triton_util import after_prior, cdiv, interpreting, mma, next_power_of_2, publish_writes
 
 ROUTE_ROWS = 16
