@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Sequence, Union, cast
 
 from .choices import choice_params
 from .logs import get_logger
@@ -106,10 +106,11 @@ class LLM:
         each completion's `.seed` is its own). The list holds prompt 0's n choices, then
         prompt 1's, and so on."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        params = sampling if isinstance(sampling, Sequence) else [sampling or SamplingParams()] * len(prompts)
+            prompts = [cast(Prompt, prompts)]
+        batch = cast("Sequence[Prompt]", prompts)
+        params = sampling if isinstance(sampling, Sequence) else [sampling or SamplingParams()] * len(batch)
         params = self._constrained(params, response_format)
-        return self._run([(self.encode(prompt), ()) for prompt in prompts], params, n)
+        return self._run([(self.encode(prompt), ()) for prompt in batch], params, n)
 
     def chat(
         self,

@@ -342,7 +342,7 @@ def open_served(
         team = Team.start(settings, spec, folder, launch)
     try:
         rank = open_rank(settings, spec, folder, team.joined if team else None)
-        runner = rank.runner if team is None else team.lead(rank)
+        runner: Any = rank.runner if team is None else team.lead(rank)  # a Leader stands in
         layout = rank.runner.layout  # as stored: fp8 state and its scales under --kv-dtype fp8
         sharing = None
         if rank.arena is not None:

@@ -217,6 +217,7 @@ def paged_attention(
     qb, dc, bdv = tiles(d, dv, group, scaled)
     nsub = QUERY_ROWS // qb
     ks, vs = (k_scales, v_scales) if scaled else (k_rows, v_rows)  # unread unless scaled
+    assert ks is not None and vs is not None  # both scales or neither
     dvb = dv // bdv
     span = meta.table.shape[1] * page_rows
     if window is not None:

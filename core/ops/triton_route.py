@@ -487,6 +487,7 @@ def _route(
             select["ROWS"] = 1
         select["PAIRWISE"] = PAIRWISE_ALIGN and t["eb"] > next_power_of_2(top_k)
         part = torch.empty(t["splits"], 1, eb, dtype=torch.float32, device=x.device)
+        assert aligned is not None  # one row (fuses_one_row) aligns in the route
         _router_route_kernel[(1, t["splits"], cdiv(e, t["eblk"]))](
             x, gate, part, triton_splitk.counters(x.device, 1),
             bias if bias is not None else part, scale if scale is not None else part, lt,
@@ -518,7 +519,7 @@ def _route(
             **align, **select, **launch_options(part),
         )
     if aligned is not None:
-        experts.tf_aligned = aligned
+        experts.tf_aligned = aligned  # type: ignore[attr-defined]  # rides on the tensor
     return weights, experts
 
 
