@@ -108,7 +108,8 @@ class LLM:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [cast(Prompt, prompts)]
         batch = cast("Sequence[Prompt]", prompts)
-        params = sampling if isinstance(sampling, Sequence) else [sampling or SamplingParams()] * len(batch)
+        params = (sampling if isinstance(sampling, Sequence)
+                  else [sampling or SamplingParams()] * len(batch))
         params = self._constrained(params, response_format)
         return self._run([(self.encode(prompt), ()) for prompt in batch], params, n)
 
