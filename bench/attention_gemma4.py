@@ -19,8 +19,8 @@ from typing import Any, Callable
 import torch
 
 from tensorfold.forward_pass import ForwardPass, StreamRows
-from tensorfold.ops import gpu
 from tensorfold.ops import attention as paged_ops
+from tensorfold.ops import gpu
 from tensorfold.ops import window_attention as ring_ops
 from tensorfold.ops.pass_meta import PassMeta, pass_meta
 

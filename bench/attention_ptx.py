@@ -21,8 +21,9 @@ import tempfile
 from pathlib import Path
 
 import triton
-from tensorfold.ops import triton_attention
 from triton.backends.compiler import GPUTarget
+
+from tensorfold.ops import triton_attention
 
 ALIGNED = {"page_rows", "stride_qn", "stride_qh", "stride_kr", "stride_kh", "stride_vr",
            "stride_vh", "stride_on", "stride_oh"}

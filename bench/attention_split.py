@@ -26,8 +26,8 @@ import torch
 from tensorfold.forward_pass import ForwardPass, StreamRows
 from tensorfold.ops import triton_attention, triton_window
 from tensorfold.ops.kv_quant import quantize_rows
-from tensorfold.ops.window_attention import RingScales
 from tensorfold.ops.pass_meta import build_meta
+from tensorfold.ops.window_attention import RingScales
 
 SHAPES = {"lfm2 (32/8 x 64)": (32, 8, 64), "gemma4 global (16/2 x 512)": (16, 2, 512)}
 SMOKE = "--smoke" in sys.argv

@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import decode_kernels as dk  # noqa: E402
-from tensorfold.ops import triton_linear, triton_moe, triton_splitk  # noqa: E402
+from tensorfold.ops import triton_linear, triton_moe  # noqa: E402
 
 
 def linear_bits() -> dict:

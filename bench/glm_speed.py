@@ -35,9 +35,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import engine_runs  # noqa: E402
+from bench.engine_sections import PAGE_ROWS, EngineSections  # noqa: E402
 from bench.model_bytes import kv_bytes  # noqa: E402
 from bench.report import compare, short, summary  # noqa: E402
-from bench.engine_sections import PAGE_ROWS, EngineSections  # noqa: E402
 from bench.sections import sync  # noqa: E402
 from tensorfold.ops import gpu  # noqa: E402
 from tensorfold.runner import ModelRunner  # noqa: E402
@@ -371,8 +371,8 @@ class Bench(EngineSections):
 
     def dummy_folder(self) -> Path:
         """config.json at the bench's shape, with the demo checkpoint's tokenizer files."""
-        from tensorfold_glm.demo import build_demo
         from bench.glm_hf import text_config
+        from tensorfold_glm.demo import build_demo
 
         demo = build_demo(Path(tempfile.mkdtemp()))
         folder = Path(tempfile.mkdtemp())

@@ -27,6 +27,7 @@ MAX_STREAMS = 4096
 
 def _gemma4(device: str) -> Any:
     import torch
+
     from tensorfold_gemma4.dummy import SHAPES, build_dummy
 
     return build_dummy(SHAPES["Gemma-4-26B-A4B"], device, torch.bfloat16, seed=0)
@@ -34,6 +35,7 @@ def _gemma4(device: str) -> Any:
 
 def _lfm2(device: str) -> Any:
     import torch
+
     from tensorfold_lfm2_moe.dummy import build_dummy
 
     return build_dummy("LFM2-24B-A2B", device, torch.bfloat16, seed=0)

@@ -27,9 +27,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import engine_runs  # noqa: E402
+from bench.engine_sections import PAGE_ROWS, EngineSections  # noqa: E402
 from bench.model_bytes import active_params, step_bytes  # noqa: E402
 from bench.report import compare, summary  # noqa: E402
-from bench.engine_sections import PAGE_ROWS, EngineSections  # noqa: E402
 from tensorfold.ops import gpu  # noqa: E402
 from tensorfold.ops.conv import gated_conv  # noqa: E402
 from tensorfold.ops.linear import linear  # noqa: E402

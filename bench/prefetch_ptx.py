@@ -16,9 +16,10 @@ import tempfile
 from pathlib import Path
 
 import triton
+from triton.backends.compiler import GPUTarget
+
 from tensorfold.ops.triton_linear import _linear_kernel
 from tensorfold.ops.triton_moe import _down_kernel, _swiglu_kernel
-from triton.backends.compiler import GPUTarget
 
 PREFETCH = "cp.async.bulk.prefetch.L2.global"
 WAIT = "griddepcontrol.wait"

@@ -267,7 +267,7 @@ class Chains:
             us = self.time_us(lambda: [self.launch(b, tile) for b in bufs]) / copies
             if best is None or us < best[1]:
                 best = (tile, us)
-        del bufs
+        assert best is not None  # TILES is not empty
         return best
 
     def empty_us(self, count: int = 256) -> float:
@@ -294,8 +294,22 @@ def round_chain(ch: Chains, plan: Plan, launches: int | None, tiles: dict[int, R
     for s in set(sizes):
         if s not in tiles:
             tiles[s] = ch.best_tile(s, _copies(s))[0]
-    bufs = ch.buffers(sizes)
     res: dict[str, Any] = {"products": len(sizes), "product_bytes": plan.product_bytes}
+    res.update(_chain_us(ch, sizes, launches, tiles))
+    res["one_launch_us"] = _one_launch_us(ch, plan.product_bytes)
+    for k in ("products_us", "chain_us", "one_launch_us"):
+        if k in res:
+            res[k.replace("_us", "_tok_s")] = round(1e6 / res[k], 1)
+    res["one_launch_tb_per_s"] = round(plan.product_bytes / res["one_launch_us"] / 1e6, 3)
+    return res
+
+
+def _chain_us(ch: Chains, sizes: list[int], launches: int | None,
+              tiles: dict[int, ReadTile]) -> dict[str, Any]:
+    """µs of the products back to back and, given the round's launch count, of the whole chain
+    with the empty launches between them; the buffers live until this returns."""
+    bufs = ch.buffers(sizes)
+    res: dict[str, Any] = {}
 
     def products():
         for b, s in zip(bufs, sizes):
@@ -315,16 +329,14 @@ def round_chain(ch: Chains, plan: Plan, launches: int | None, tiles: dict[int, R
 
         res["launches"], res["empty_launches"] = launches, small
         res["chain_us"] = round(ch.time_us(whole), 1)
-    del bufs
-    one = ch.buffers([plan.product_bytes])[0]
-    tile = ch.best_tile(min(plan.product_bytes, 512 * MB), 2)[0]
-    res["one_launch_us"] = round(ch.time_us(lambda: ch.launch(one, tile), reps=10), 1)
-    del one
-    for k in ("products_us", "chain_us", "one_launch_us"):
-        if k in res:
-            res[k.replace("_us", "_tok_s")] = round(1e6 / res[k], 1)
-    res["one_launch_tb_per_s"] = round(plan.product_bytes / res["one_launch_us"] / 1e6, 3)
     return res
+
+
+def _one_launch_us(ch: Chains, nbytes: int) -> float:
+    """µs of one launch reading all nbytes (the limit at the copy rate)."""
+    one = ch.buffers([nbytes])[0]
+    tile = ch.best_tile(min(nbytes, 512 * MB), 2)[0]
+    return round(ch.time_us(lambda: ch.launch(one, tile), reps=10), 1)
 
 
 PHASE_TILES = [ReadTile(4096, 8, 2), ReadTile(4096, 4, 4), ReadTile(2048, 8, 4),
@@ -380,7 +392,6 @@ def persistent(ch: Chains, plan: Plan, small: int) -> dict[str, Any]:
                 res[f"{name}_tok_s"] = round(1e6 / best["us"], 1)
     if "barriers_us" in res:
         res["barrier_us_each"] = round(res["barriers_us"] / len(ph.offset), 2)
-    del buf
     return res
 
 

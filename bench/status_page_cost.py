@@ -20,7 +20,6 @@ import tempfile
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 LAUNCH = "import sys; from tensorfold.cli import main; sys.exit(main())"
 BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

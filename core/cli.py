@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from tensorfold import __version__
 from tensorfold.checkpoint import CheckpointError
@@ -31,6 +32,7 @@ from tensorfold.profiles import ProfileError, collect_rows, render_markdown, ren
 from tensorfold.settings import Settings, SettingsError, check_environment
 
 AddArguments = Callable[[argparse.ArgumentParser], None]
+F = TypeVar("F", bound=Callable[..., object])
 Run = Callable[[argparse.Namespace, Settings], int]
 
 
@@ -204,7 +206,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _function(ref: Callable[..., object] | str) -> Callable[..., object]:
+def _function(ref: F | str) -> F:
     return resolve(ref) if isinstance(ref, str) else ref
 
 
@@ -239,7 +241,7 @@ def _no_arguments(parser: argparse.ArgumentParser) -> None:
     pass
 
 
-def _print_columns(rows: list[tuple[str, ...]]) -> None:
+def _print_columns(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])

@@ -147,6 +147,7 @@ class GraphRunner(ModelRunner):
         rows = self.pool.page_rows
         b = len(streams)
         h = g.np
+        assert h is not None  # made with the graph
         h[:4, :b] = [
             [s.tokens[0] for s in streams],
             [s.start for s in streams],

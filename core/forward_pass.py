@@ -9,7 +9,7 @@ of a paged buffer viewed as [num_pages * page_rows, ...].
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 
@@ -56,7 +56,11 @@ class ForwardPass:
         self.streams = list(streams)
         self.page_rows = page_rows
         self.device = torch.device(device)
-        spans, tokens, positions, writes, logit_rows = [], [], [], [], []
+        spans: list[tuple[int, int]] = []
+        tokens: list[int] = []
+        positions: list[int] = []
+        writes: list[int] = []
+        logit_rows: list[int] = []
         row = 0
         for s in self.streams:
             if not s.tokens:
@@ -79,8 +83,8 @@ class ForwardPass:
                 logit_rows.append(row + n - 1)
             row += n
         self.num_rows = row
-        self.spans: list[tuple[int, int]] = spans
-        as_long = dict(dtype=torch.long, device=self.device)
+        self.spans = spans
+        as_long: dict[str, Any] = dict(dtype=torch.long, device=self.device)
         self.tokens = torch.tensor(tokens, **as_long)  # [N]
         self.positions = torch.tensor(positions, **as_long)  # [N]
         self.write_index = torch.tensor(writes, **as_long)  # [N] flat rows in the paged buffers

@@ -10,7 +10,7 @@ from tensorfold.settings import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tensorfold.cli import add_family_arguments, add_engine_arguments
+    from tensorfold.cli import add_engine_arguments, add_family_arguments
 
     add_family_arguments(parser)
     add_engine_arguments(parser)
@@ -36,10 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from tensorfold.chat_template import render_chat
+    from tensorfold.cli import CommandError
     from tensorfold.llm import LLM
     from tensorfold.requests import RequestRefused
     from tensorfold.sampling import SamplingParams, SamplingParamsError
-    from tensorfold.cli import CommandError
     if args.n < 1:
         raise CommandError(f"--n must be >= 1, got {args.n}")
     try:

@@ -51,7 +51,8 @@ def kv_layout(layout: StateLayout, kv_dtype: str, family: str = "the family") ->
         raise KVDtypeRefused(f"--kv-dtype {kv_dtype}: accepted values are {', '.join(KV_DTYPES)}")
     if kv_dtype == "auto":
         return layout
-    if not any(spec.fp8 for spec in (*layout.paged, *layout.fixed)):
+    specs: tuple[RowSpec | StateSpec, ...] = (*layout.paged, *layout.fixed)
+    if not any(spec.fp8 for spec in specs):
         raise KVDtypeRefused(f"--kv-dtype fp8: {family} stores none of its KV rows in fp8; "
                              "drop --kv-dtype (or TF_KV_DTYPE)")
     paged: list[RowSpec] = []

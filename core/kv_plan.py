@@ -198,20 +198,22 @@ def plan(*, room: int, page_rows: int, page_bytes: int, fixed_bytes: int, window
         raise _refuse(mode, label, n, room, page_rows, page_bytes, F, window)
     fund = min(cache_budget, room - need) if store else 0
     if states == "auto":  # whole snapshots, within the fund
-        states = auto_states(fund, fixed_bytes=F, page_bytes=page_bytes, lanes=n)
-        snapshot_bytes = states * F
-        if states == 0:  # nothing left to fund it (or a budget of 0): off, and said so
+        kept = auto_states(fund, fixed_bytes=F, page_bytes=page_bytes, lanes=n)
+        snapshot_bytes = kept * F
+        if kept == 0:  # nothing left to fund it (or a budget of 0): off, and said so
             store, fund = False, 0
+    else:
+        kept = states
     snap = min(snapshot_bytes, fund)
-    if F and states:
-        states = min(states, snap // F)  # what the arena holds
+    if F and kept:
+        kept = min(kept, snap // F)  # what the arena holds
     pages = held
     if mode == "pages":
         pages = min(held + (room - need - fund) // page_bytes, n * wp)
     left = room - pages * page_bytes - n * F - fund
     return Plan(mode=mode, lanes=n, pages=pages, page_rows=page_rows, page_bytes=page_bytes,
                 fixed_bytes=F, window=window, cache_bytes=fund - snap, left_bytes=left,
-                windows_held=pages // wp, snapshot_bytes=snap, states=states if store else 0,
+                windows_held=pages // wp, snapshot_bytes=snap, states=kept if store else 0,
                 store_on=store)
 
 

@@ -356,7 +356,7 @@ class Lanes:
         return runs, owners
 
     def _keep_taps(self, i: int, s: Live, run: StreamRows) -> None:
-        assert self.sharing is not None
+        assert self.sharing is not None and self.runner.last_pass is not None
         tapped = self.runner.last_pass.tapped
         for p in run.taps:
             if (i, p) not in tapped and p < run.end and self.runner.slots.buffers:

@@ -6,16 +6,16 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Sequence, Union, cast
 
 from .choices import choice_params
+from .logs import get_logger
 from .requests import Event, Finished, TokenOut
 from .sampling import SamplingParams
-from .logs import get_logger
 from .settings import Settings
-from .tool_calls import ToolCall, parse_tool_calls
 from .start import Served, open_served
 from .structured import FIELDS
+from .tool_calls import ToolCall, parse_tool_calls
 
 log = get_logger("tensorfold.llm")
 
@@ -106,10 +106,12 @@ class LLM:
         each completion's `.seed` is its own). The list holds prompt 0's n choices, then
         prompt 1's, and so on."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        params = sampling if isinstance(sampling, Sequence) else [sampling or SamplingParams()] * len(prompts)
+            prompts = [cast(Prompt, prompts)]
+        batch = cast("Sequence[Prompt]", prompts)
+        params = (sampling if isinstance(sampling, Sequence)
+                  else [sampling or SamplingParams()] * len(batch))
         params = self._constrained(params, response_format)
-        return self._run([(self.encode(prompt), ()) for prompt in prompts], params, n)
+        return self._run([(self.encode(prompt), ()) for prompt in batch], params, n)
 
     def chat(
         self,

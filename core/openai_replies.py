@@ -286,7 +286,10 @@ class Choices:
             return None
         first = self.replies[0].usage()
         assert first is not None
-        completion = sum(r.done.completion_tokens for r in self.replies)  # type: ignore[union-attr]
+        completion = 0
+        for r in self.replies:
+            assert r.done is not None  # self.done: every reply has finished
+            completion += r.done.completion_tokens
         return {**first, "completion_tokens": completion,
                 "total_tokens": first["prompt_tokens"] + completion}
 

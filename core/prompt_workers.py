@@ -144,7 +144,7 @@ class PromptWorkers:
         loop = asyncio.get_running_loop()
         readable = loop.create_future()
         fd = worker.conn.fileno()
-        loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+        loop.add_reader(fd, lambda: None if readable.done() else readable.set_result(None))
         try:
             await readable
         finally:

@@ -318,7 +318,11 @@ def _draw_rows(x: torch.Tensor, order: torch.Tensor, rows: Sequence[tuple[Sampli
     weight = torch.where(keep, weight, 0)
     cdf = torch.cumsum(weight, 1)
     total = cdf[:, -1:]  # >= 2**WEIGHT_BITS: the top token is always kept
-    u = torch.tensor([uniform(p.seed, t) for p, t in rows], dtype=torch.float64, device=dev)
+    draws = []
+    for params, t in rows:
+        assert params.seed is not None  # the caller refuses a draw without one
+        draws.append(uniform(params.seed, t))
+    u = torch.tensor(draws, dtype=torch.float64, device=dev)
     target = torch.minimum(torch.floor(u[:, None] * total.to(torch.float64)).to(torch.int64),
                            total - 1)
     i = torch.searchsorted(cdf, target, right=True)  # the first id whose cdf passes the target
@@ -387,6 +391,7 @@ def launch_rows(
                 raise ValueError(
                     "sampling with temperature > 0 needs a seed: use params.with_seed()")
         at = torch.tensor(drawn, device=x.device)
+        assert order is not None  # sorted above for the draws
         picked = _draw_rows(x[at], order[at], [rows[i][:2] for i in drawn])
         tokens = tokens.index_copy(0, at, picked)
     parts = [tokens[:, None].to(torch.float64),

@@ -73,6 +73,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         if sock is not None:
             sock.close()
         raise
+    assert sock is not None  # ranks past 0 follow rank 0 in open_served and exit there
     try:
         if args.served_model_name:
             served.model_name = args.served_model_name

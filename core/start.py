@@ -16,7 +16,11 @@ from .kv_plan import MIN_STATES_A_LANE, GiB, Plan, PlanRefused, fmt_bytes, memor
 from .lanes import Lanes
 from .logs import get_logger
 from .plugins import (
-    FamilyError, choose_family, families, family_plugin_manager, get_plugin_manager,
+    FamilyError,
+    choose_family,
+    families,
+    family_plugin_manager,
+    get_plugin_manager,
 )
 from .profiles import collect_rows
 from .settings import Settings, SettingsError, check_environment, torchrun_env
@@ -338,7 +342,7 @@ def open_served(
         team = Team.start(settings, spec, folder, launch)
     try:
         rank = open_rank(settings, spec, folder, team.joined if team else None)
-        runner = rank.runner if team is None else team.lead(rank)
+        runner: Any = rank.runner if team is None else team.lead(rank)  # a Leader stands in
         layout = rank.runner.layout  # as stored: fp8 state and its scales under --kv-dtype fp8
         sharing = None
         if rank.arena is not None:

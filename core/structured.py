@@ -28,7 +28,7 @@ import functools
 import json
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
@@ -363,7 +363,9 @@ def _structured_outputs(value: Any, tok: Tokenizer) -> Constraint | None:
         return json_schema(item, tok, param)
     if key == "json_object":
         return json_object(tok, param)
-    return {"regex": regex, "grammar": grammar, "choice": choice}[key](item, tok, param)
+    makers: dict[str, Callable[[Any, Tokenizer, str], Constraint]] = {
+        "regex": regex, "grammar": grammar, "choice": choice}
+    return makers[key](item, tok, param)
 
 
 def from_body(body: Mapping[str, Any], tok: Tokenizer,

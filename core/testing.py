@@ -25,7 +25,7 @@ CPU_DEFAULTS: dict[str, Any] = {
 }
 
 
-def open_llm(family: str, model: Path, **flags: Any) -> LLM:
+def open_llm(family: str, model: Path | None, **flags: Any) -> LLM:
     """An engine on the CPU in fp32, with a small memory budget; flags override."""
     return LLM(family=family, model=model, **{**CPU_DEFAULTS, **flags})
 
@@ -127,6 +127,7 @@ def assert_host_tier_served(llm: LLM, cached: Sequence[Sequence[int]]) -> None:
     """After chats on an engine with a small device store and a host tier: the store evicted to
     the host and resumed from it, and the census line counts the host pages."""
     sharing = llm.served.engine.lanes.sharing
+    assert sharing is not None
     assert sharing.evictions > 0 and sharing.host_hits > 0, cached
     assert "; host free " in llm.served.engine.lanes.pool.census().line()
 
@@ -213,8 +214,8 @@ def assert_shuffled_pages_change_nothing(
     model: Any, tokens: list[int], cuts: Sequence[int], *, pool: int = 64, rows: int = 32
 ) -> None:
     contiguous = run_on_pages(model, tokens, list(range(-(-len(tokens) // 512))), 512, cuts)
-    table = torch.randperm(pool, generator=torch.Generator().manual_seed(5))
-    table = table[: -(-len(tokens) // rows)].tolist()
+    perm = torch.randperm(pool, generator=torch.Generator().manual_seed(5))
+    table = perm[: -(-len(tokens) // rows)].tolist()
     assert table != sorted(table)
     assert torch.equal(run_on_pages(model, tokens, table, rows, cuts), contiguous)
 
@@ -275,6 +276,7 @@ def assert_a_mark_inside_a_pass_resumes_there(
         llm = open_engine(parallel=1, kv_share=share)
         try:
             tok = llm.tokenizer
+            assert tok.chat_template is not None
             chat = render_chat(tok.chat_template, second, bos_token=tok.bos_token,
                                eos_token=tok.eos_token)
             turn_ends = marks_to_token_positions(tok, chat.text, chat.marks)
@@ -338,9 +340,9 @@ def assert_engine_gates_at_tp(
 
 
 def assert_engine_gates(
-    family: str, model: Path, prompts: Sequence[list[int]], chats: Sequence[Sequence[str]],
-    greedy: SamplingParams, sampled: SamplingParams, *, min_cached: int = 100,
-    opened: Callable[[LLM], None] | None = None, **flags: Any,
+    family: str, model: Path | None, prompts: Sequence[list[int]],
+    chats: Sequence[Sequence[str]], greedy: SamplingParams, sampled: SamplingParams, *,
+    min_cached: int = 100, opened: Callable[[LLM], None] | None = None, **flags: Any,
 ) -> list[list[int]]:
     """The gates on engines opened with `flags` (tp=2, kv_dtype="fp8", ...): concurrent ==
     solo (greedy and sampled); then windows, poisoned pages and the prompt store at once:
@@ -647,12 +649,11 @@ def assert_signal_drains_tp_2(proc: Any, url: str, log_path: Path, sig: int,
     exits 0 within `wait_s`, the stream ends with "abort" and [DONE], the follower rank has
     exited, and the shutdown census (all pages back) is its last line. Returns the seconds from
     the signal to the exit."""
+    import json
     import os
     import re
     import threading
     import time
-
-    import json
     import urllib.request
 
     # stdlib HTTP, not the openai client: the GPU machine's image has no openai package

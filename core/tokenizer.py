@@ -93,7 +93,8 @@ class Tokenizer:
             )
         tok = cls._read(path)
         tc, gc, cfg = ckpt.tokenizer_config, ckpt.generation_config, ckpt.config
-        text_cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+        text = cfg.get("text_config")
+        text_cfg = text if isinstance(text, dict) else {}
         eos_ids = (
             _ids(gc.get("eos_token_id")) + _ids(cfg.get("eos_token_id"))
             + _ids(text_cfg.get("eos_token_id"))

@@ -107,10 +107,10 @@ def parse_tool_request(body: Mapping[str, Any], family: str,
         if choice.get("type") != "function" or not isinstance(name, str):
             raise ToolRequestError(f"tool_choice must be {_CHOICE_SHAPE}", "tool_choice")
         if name not in names:
-            offered = ", ".join(names) or "none"
+            listed = ", ".join(names) or "none"
             raise ToolRequestError(
                 f"tool_choice names the function {name!r}, which tools does not offer "
-                f"(offered: {offered})", "tool_choice")
+                f"(offered: {listed})", "tool_choice")
         choice = "named"
     elif choice not in CHOICES:
         raise ToolRequestError(f"tool_choice must be {_CHOICE_SHAPE}, got "

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .logs import get_logger
-from .requests import Event, Request
+from .requests import Event, Finished, Request
 from .sampling import SamplingParams
 
 log = get_logger(__name__)
@@ -55,7 +55,7 @@ def warm_up(lanes: Any, vocab: int) -> float:
             lanes.add(Request(prompt, params, events.append, id=f"warm-up-{group}-{i}"))
         while lanes.step():
             pass
-    errors = [e.error for e in events if getattr(e, "error", None)]
+    errors = [e.error for e in events if isinstance(e, Finished) and e.error]
     if errors:
         raise RuntimeError(f"the warm-up's passes failed: {errors[0]}")
     if lanes.sharing is not None:  # it kept states at the prompts' marks

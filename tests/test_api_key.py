@@ -10,10 +10,10 @@ from pathlib import Path
 
 import openai
 import pytest
+from test_server import FAMILY, LAUNCH, ServedDemo
 
 from tensorfold.api_key import exposure_warning, resolve_api_key
 from tensorfold.settings import SettingsError
-from test_server import FAMILY, LAUNCH, ServedDemo
 
 
 def test_the_flag_then_the_file_then_the_setting(tmp_path: Path) -> None:

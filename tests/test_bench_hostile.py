@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_server import ServedDemo
 
 from bench import hostile
-from test_server import ServedDemo
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "hostile-key"

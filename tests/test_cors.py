@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from test_server import LAUNCH, ServedDemo
 from test_server_bad_input import Http, check_error
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_tensor_parallel import CountModel
 
 from tensorfold.forward_pass import StreamRows
 from tensorfold.runner import ModelRunner
-from test_tensor_parallel import CountModel
 
 
 class ThreadsSeen(CountModel):

@@ -7,7 +7,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tensorfold.kv_plan import (
-    GiB, MAX_AUTO_LANES, MiB, PASS_ROWS, Plan, PlanRefused, fmt_bytes, memory_budget, plan,
+    MAX_AUTO_LANES,
+    PASS_ROWS,
+    GiB,
+    MiB,
+    Plan,
+    PlanRefused,
+    fmt_bytes,
+    memory_budget,
+    plan,
 )
 
 ROWS = 512

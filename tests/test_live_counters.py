@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from tensorfold.kv_pool import KVPool
 from test_server import ServedDemo
 from test_server_bad_input import Http
+
+from tensorfold.kv_pool import KVPool
 
 MODEL = "lfm2_moe-demo"
 LANES = 4

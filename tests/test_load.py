@@ -10,7 +10,6 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-
 from test_server import ServedDemo, rss_bytes
 
 CLIENTS = 64

@@ -11,12 +11,12 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from test_server import ServedDemo
+from test_server_bad_input import Http, check_error
 
 from tensorfold.choices import choice_params, choice_seed
 from tensorfold.requests import RequestRefused
 from tensorfold.sampling import SamplingParams
-from test_server import ServedDemo
-from test_server_bad_input import Http, check_error
 
 MODEL = "lfm2_moe-demo"
 LANES = 4
@@ -143,9 +143,10 @@ def test_tensorfold_generate_n(tmp_path_factory: pytest.TempPathFactory) -> None
 
 def count_lanes(pass_rows: int = 32) -> Any:
     """Two lanes over a 16-page pool of 16-row pages (test_tensor_parallel's count model)."""
+    from test_tensor_parallel import _rank
+
     from tensorfold.adapters.snapshots import SnapshotArena
     from tensorfold.lanes import Lanes
-    from test_tensor_parallel import _rank
 
     return Lanes(_rank(SnapshotArena, True).runner, lanes=2, window=256, pass_rows=pass_rows)
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fake_family
 import pytest
+from fake_family import DefaultHooks, FamiliesPlugin
 from structlog.testing import capture_logs
 
-import fake_family
-from fake_family import DefaultHooks, FamiliesPlugin
 import tensorfold
 from tensorfold import cli, plugins, start
 from tensorfold.family import FamilySpec

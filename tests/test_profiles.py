@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from fake_family import FamiliesPlugin
+
 from tensorfold import cli
 from tensorfold.plugins import PluginManager, get_plugin_manager, reset_plugin_manager
 from tensorfold.profiles import (

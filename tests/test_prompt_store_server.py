@@ -11,7 +11,6 @@ from pathlib import Path
 
 import openai
 import pytest
-
 from test_bench import tensorfold
 from test_server import ServedDemo
 

@@ -14,8 +14,14 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from tensorfold import chat_template
 from tensorfold.chat_template import MARKED_TAIL, render_chat
-from tensorfold.prompt_work import (Prompt, PromptJob, PromptTooLong, longest_token_bytes,
-                                    make_prompt, max_prompt_bytes)
+from tensorfold.prompt_work import (
+    Prompt,
+    PromptJob,
+    PromptTooLong,
+    longest_token_bytes,
+    make_prompt,
+    max_prompt_bytes,
+)
 from tensorfold.prompt_workers import JobTimedOut, PromptWorkers, WorkersBusy
 from tensorfold.request_limits import DaemonThreads
 from tensorfold.tokenizer import Tokenizer

@@ -3,7 +3,6 @@ status, the next good request succeeds, and the pool's census is even at the end
 
 from __future__ import annotations
 
-from http.client import HTTPConnection
 import json
 import re
 import socket
@@ -11,6 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from http.client import HTTPConnection
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -18,7 +18,6 @@ import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from test_server import ServedDemo
 
 KEY = "sekrit-key"

@@ -11,7 +11,6 @@ import socket
 from collections.abc import Iterator
 
 import pytest
-
 from test_server import ServedDemo
 from test_server_limits import HELD_BODY, address, good, hold, read_reply
 

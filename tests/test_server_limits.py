@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
-
 from test_server import ServedDemo
 
 READ_TIMEOUT_S = 2

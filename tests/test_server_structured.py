@@ -14,7 +14,6 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-
 from test_server import ServedDemo
 from test_server_bad_input import Http, check_error
 from test_structured import ASK, SCHEMAS, TIME, WEATHER, schema_format

@@ -12,12 +12,12 @@ from typing import Any
 
 import openai
 import pytest
+from test_server import ServedDemo
 
 from tensorfold.chat_template import render_chat
 from tensorfold.checkpoint import Checkpoint
 from tensorfold.tokenizer import Tokenizer
 from tensorfold.tool_request import tool_history
-from test_server import ServedDemo
 
 MODEL = "lfm2_moe-demo"
 WEATHER = {"type": "function", "function": {

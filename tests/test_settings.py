@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fake_family import FamiliesPlugin
 from structlog.testing import capture_logs
 
 from tensorfold import cli
@@ -13,8 +14,6 @@ from tensorfold.logs import configure_logging, get_logger
 from tensorfold.plugins import PluginManager
 from tensorfold.profiles import ProfileRow
 from tensorfold.settings import Settings, SettingsError, check_environment
-
-from fake_family import FamiliesPlugin
 
 RETIRED = ProfileRow(
     "TF_GLM_KV_SHARE", "an integer", "0", ("glm5_next",), "Old prompt store switch.",

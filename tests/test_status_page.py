@@ -15,12 +15,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
 from chromium import Browser
-from tensorfold import status_feed, status_snapshot
-from tensorfold.status_feed import StatusFeed
 from test_server import ServedDemo
 from test_server_bad_input import Http
+
+from tensorfold import status_feed, status_snapshot
+from tensorfold.status_feed import StatusFeed
 
 KEY = "status-key"
 MODEL = "lfm2_moe-demo"

@@ -13,15 +13,23 @@ from pathlib import Path
 import pytest
 import torch
 
+from tensorfold import lanes as lanes_module
 from tensorfold.adapters.snapshots import SnapshotArena
 from tensorfold.checkpoint import Checkpoint, CheckpointError
 from tensorfold.family import (
-    ROW, ModelShape, RowSpec, Shard, ShardPlan, ShardRefused, Split, StateLayout,
-    StateSpec, block,
+    ROW,
+    ModelShape,
+    RowSpec,
+    Shard,
+    ShardPlan,
+    ShardRefused,
+    Split,
+    StateLayout,
+    StateSpec,
+    block,
 )
 from tensorfold.forward_pass import ForwardPass
 from tensorfold.kv_plan import PlanRefused
-from tensorfold import lanes as lanes_module
 from tensorfold.lanes import Lanes
 from tensorfold.model import FamilyModel
 from tensorfold.ops import parallel

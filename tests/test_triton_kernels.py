@@ -35,7 +35,6 @@ from tensorfold.ops.kv_quant import dequantize_rows, quantize_rows  # noqa: E402
 from tensorfold.ops.pass_meta import build_meta  # noqa: E402
 
 
-
 @pytest.fixture(autouse=True, scope="module")
 def _round_to_nearest_even(request: pytest.FixtureRequest):
     """The interpreter truncates fp32 -> bf16 (the GPU rounds to nearest even, as torch does):

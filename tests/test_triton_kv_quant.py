@@ -19,7 +19,12 @@ from tensorfold.family import RowSpec  # noqa: E402
 from tensorfold.kv_dtype import FP8, scale_spec  # noqa: E402
 from tensorfold.ops import gpu, kv_quant, triton_kv_quant  # noqa: E402
 from tensorfold.ops.kv_quant import (  # noqa: E402
-    FP8_DTYPE, FP8_MAX, index_copy_rows, quantize, quantize_rows, write_quantized,
+    FP8_DTYPE,
+    FP8_MAX,
+    index_copy_rows,
+    quantize,
+    quantize_rows,
+    write_quantized,
 )
 
 

@@ -21,9 +21,12 @@ gemma_layers = pytest.importorskip("tensorfold_gemma4.layers")
 glm_moe = pytest.importorskip("tensorfold_glm.moe")
 
 from tensorfold import testing  # noqa: E402
-from tensorfold.ops import gpu  # noqa: E402
+from tensorfold.ops import (  # noqa: E402
+    gpu,  # noqa: E402
+    triton_moe,
+    triton_route,
+)
 from tensorfold.ops import moe as ref_moe  # noqa: E402
-from tensorfold.ops import triton_moe, triton_route  # noqa: E402
 from tensorfold_gemma4.weights import MlpWeights  # noqa: E402
 from tensorfold_gemma4.weights import MoeWeights as GemmaMoe  # noqa: E402
 from tensorfold_glm import triton_ffn  # noqa: E402

@@ -54,6 +54,7 @@ def paged_attention(
         values = v_rows.index_select(0, idx).float()
         scales = None
         if k_scales is not None:
+            assert v_scales is not None  # both scales or neither
             scales = k_scales.index_select(0, idx)[..., 0], v_scales.index_select(0, idx)[..., 0]
         out[a:b] = _stream_attention(q[a:b].float(), keys, values, fp.positions[a:b], scale,
                                      window, scales)

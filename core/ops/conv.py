@@ -89,4 +89,5 @@ def gated_conv(
 
         return triton_gated_conv(bcx, state, pass_meta(fp), weight, bias,
                                  one_row_each=all(hi - lo == 1 for lo, hi in fp.spans))
+    assert z is not None  # made on the CPU path
     return c * z

@@ -23,7 +23,6 @@ import torch
 from .gpu import use_triton
 from .linear import linear
 
-
 SLOTS_SUMMED_BY_NORM = True  # families pass sum_slots=not this (False: the slot sum's own launch)
 
 

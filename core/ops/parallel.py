@@ -132,7 +132,9 @@ def local_moe(
 
         ids = torch.where(mine, local, torch.zeros_like(local))
         masked = torch.where(mine, weights, torch.zeros_like(weights))
-        return moe(x, masked, ids, w1, w3, w2, **ffn).float()
+        summed = moe(x, masked, ids, w1, w3, w2, **ffn)
+        assert isinstance(summed, torch.Tensor)  # sum_slots: the slots summed
+        return summed.float()
     from .moe import gated_ffn
 
     fp32_slots = ffn.pop("fp32_slots", False)

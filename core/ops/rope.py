@@ -63,7 +63,9 @@ def norm_rope(
 
         return triton_norm_rope(x, weight, eps, cos, sin, fp32_weight)
     if norm is None:
-        from .norms import rms_norm as norm
+        from .norms import rms_norm
+
+        norm = rms_norm
     return apply_rope(norm(x, weight, eps), cos, sin)
 
 

@@ -32,9 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .pass_meta import QUERY_ROWS, PassMeta
-from .gpu import launch_options
 from . import triton_key_split as key_split
+from .gpu import launch_options
+from .pass_meta import QUERY_ROWS, PassMeta
 from .triton_util import after_prior, cdiv, interpreting, mma, next_power_of_2
 
 KEY_TILE = 64
@@ -217,6 +217,7 @@ def paged_attention(
     qb, dc, bdv = tiles(d, dv, group, scaled)
     nsub = QUERY_ROWS // qb
     ks, vs = (k_scales, v_scales) if scaled else (k_rows, v_rows)  # unread unless scaled
+    assert ks is not None and vs is not None  # both scales or neither
     dvb = dv // bdv
     span = meta.table.shape[1] * page_rows
     if window is not None:

@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 from .gpu import launch_options
-from .triton_util import after_prior, cdiv, next_power_of_2
 from .pass_meta import PassMeta
+from .triton_util import after_prior, cdiv, next_power_of_2
 
 ROWS = 16
 CHANNELS = 128

@@ -59,6 +59,7 @@ class Split:
                bdv: int) -> None:
         """After the attention kernel: out from the partials, when they were shared."""
         if self.ws is not None:
+            assert self.ml is not None  # set with ws
             combine(self.ws, self.ml, out, positions, window, bdv)
 
 

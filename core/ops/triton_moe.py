@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 
 from . import triton_splitk as splitk
-from .triton_align import Aligned, align
 from .gpu import launch_options, prefetch_k
+from .triton_align import Aligned, align
 from .triton_util import after_prior, cdiv, interpreting, mma, prefetch_rows
 
 BLOCK_M = 128  # prompt passes (more than SMALL_ROWS rows)
@@ -273,7 +273,8 @@ def _down_walk(g_ptr, w2_ptr, rows, valid, e64, rn, nmask, k_end, CHUNK, K, stri
 
 @triton.jit(do_not_specialize=["P"])  # one binary for any row count
 def _swiglu_kernel(
-    x_ptr, w1_ptr, w3_ptr, g_ptr, ex_ptr, sorted_ptr, block_ptr, P, E, I, K, limit,
+    # I: the intermediate size, the letter of the shapes in this module's docstrings
+    x_ptr, w1_ptr, w3_ptr, g_ptr, ex_ptr, sorted_ptr, block_ptr, P, E, I, K, limit,  # noqa: E741
     stride_xm, stride_1e, stride_1n, stride_3e, stride_3n,
     TOPK: tl.constexpr, ACT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,

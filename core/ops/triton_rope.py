@@ -14,7 +14,6 @@ import triton.language as tl
 from .gpu import launch_options
 from .triton_util import after_prior, next_power_of_2
 
-
 NORM_NONE, NORM_ROUNDED, NORM_FP32 = 0, 1, 2  # _rope_kernel's NORM
 
 

@@ -32,11 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_splitk
 from .gpu import launch_options
 from .triton_align import Aligned, align_pairs, max_blocks_for
 from .triton_moe import TINY_BLOCK_M, TINY_ROWS
 from .triton_norms import NORM_WARPS, norm_rows, rows_per_program
-from . import triton_splitk
 from .triton_util import after_prior, cdiv, interpreting, mma, next_power_of_2, publish_writes
 
 ROUTE_ROWS = 16
@@ -487,6 +487,7 @@ def _route(
             select["ROWS"] = 1
         select["PAIRWISE"] = PAIRWISE_ALIGN and t["eb"] > next_power_of_2(top_k)
         part = torch.empty(t["splits"], 1, eb, dtype=torch.float32, device=x.device)
+        assert aligned is not None  # one row (fuses_one_row) aligns in the route
         _router_route_kernel[(1, t["splits"], cdiv(e, t["eblk"]))](
             x, gate, part, triton_splitk.counters(x.device, 1),
             bias if bias is not None else part, scale if scale is not None else part, lt,
@@ -518,7 +519,7 @@ def _route(
             **align, **select, **launch_options(part),
         )
     if aligned is not None:
-        experts.tf_aligned = aligned
+        experts.tf_aligned = aligned  # type: ignore[attr-defined]  # rides on the tensor
     return weights, experts
 
 

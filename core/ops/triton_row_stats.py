@@ -126,7 +126,9 @@ def row_stats_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     tops, firsts, totals = [], [], []
     for lo in range(0, v, CHUNK):
         t, f, s = _chunk_reference(xf[:, lo : lo + CHUNK], lo)
-        tops.append(t), firsts.append(f), totals.append(s)
+        tops.append(t)
+        firsts.append(f)
+        totals.append(s)
     top, first = tops[0], firsts[0]
     for t, f in zip(tops[1:], firsts[1:]):
         first = torch.where(t > top, f, first)

@@ -20,10 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_key_split as key_split
+from .gpu import launch_options
 from .pass_meta import QUERY_ROWS, PassMeta
 from .triton_attention import KEY_TILE, attend_tile, row_tile, scaled_q, tiles, warps
-from .gpu import launch_options
-from . import triton_key_split as key_split
 from .triton_util import after_prior, cdiv, interpreting, next_power_of_2
 
 

@@ -23,8 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .demo_template import CHAT_TEMPLATE
 from tensorfold.demo_text import plain_text
+
+from .demo_template import CHAT_TEMPLATE
 
 if TYPE_CHECKING:
     import torch

@@ -28,7 +28,12 @@ from . import shards
 from .config import DEFAULT_ROPE, FULL, SLIDING, Gemma4Config
 from .model import Gemma4Model
 from .weights import (
-    AttentionWeights, LayerWeights, MlpWeights, ModelWeights, MoeWeights, PleWeights,
+    AttentionWeights,
+    LayerWeights,
+    MlpWeights,
+    ModelWeights,
+    MoeWeights,
+    PleWeights,
 )
 
 # Gemma-4-26B-A4B's text model, as its config.json's text_config (a third-party loader's

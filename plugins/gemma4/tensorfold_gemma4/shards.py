@@ -22,7 +22,14 @@ from typing import Any, Mapping
 
 from tensorfold import hookimpl
 from tensorfold.family import (
-    COLUMN, ROW, RowSpec, ShardPlan, ShardRefused, Split, StateLayout, StateSpec,
+    COLUMN,
+    ROW,
+    RowSpec,
+    ShardPlan,
+    ShardRefused,
+    Split,
+    StateLayout,
+    StateSpec,
 )
 
 from .config import FULL, Gemma4Config, Layer

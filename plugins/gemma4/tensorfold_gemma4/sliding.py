@@ -26,7 +26,11 @@ from tensorfold.forward_pass import ForwardPass
 from tensorfold.kv_dtype import SCALE
 from tensorfold.ops.kv_quant import quantize
 from tensorfold.ops.window_attention import (
-    RingScales, advance_many, gather_window, ring_after, ring_attention,
+    RingScales,
+    advance_many,
+    gather_window,
+    ring_after,
+    ring_attention,
 )
 
 from .config import Layer

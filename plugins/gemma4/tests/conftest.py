@@ -68,8 +68,12 @@ MIN_ROUTER_GAP = 1e-5  # between the k-th and (k+1)-th router probability, every
 
 
 def build_reference(shape: str) -> Any:
-    from transformers import (Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration,
-                              Gemma4TextConfig)
+    from transformers import (
+        Gemma4Config,
+        Gemma4ForCausalLM,
+        Gemma4ForConditionalGeneration,
+        Gemma4TextConfig,
+    )
 
     torch.manual_seed(FIXTURE_SEEDS[shape])
     text = {**COMMON, **SHAPES[shape]}

@@ -11,8 +11,8 @@ import torch
 
 from tensorfold import testing
 from tensorfold.llm import LLM
-from tensorfold.testing import close_even, tokens
 from tensorfold.sampling import SamplingParams
+from tensorfold.testing import close_even, tokens
 from tensorfold_gemma4.demo import build_demo
 
 CONTEXT = 2048

@@ -10,8 +10,8 @@ import pytest
 
 from tensorfold import testing
 from tensorfold.llm import LLM
-from tensorfold.testing import close_even
 from tensorfold.sampling import SamplingParams
+from tensorfold.testing import close_even
 from tensorfold_gemma4.demo import build_demo
 
 WORDS = (

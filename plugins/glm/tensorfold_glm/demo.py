@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from tensorfold.demo_build import build_atomically, train_byte_bpe, write_json
 
-from .demo_weights import build_weights as random_weights
 from .demo_text import CHAT_TEMPLATE, CORPUS
+from .demo_weights import build_weights as random_weights
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -29,7 +29,13 @@ from . import shards
 from .config import DENSE, KDA, GlmConfig
 from .model import GlmModel
 from .weights import (
-    DenseWeights, HcWeights, IndexerWeights, KdaWeights, LayerWeights, MlaWeights, ModelWeights,
+    DenseWeights,
+    HcWeights,
+    IndexerWeights,
+    KdaWeights,
+    LayerWeights,
+    MlaWeights,
+    ModelWeights,
     MoeWeights,
 )
 

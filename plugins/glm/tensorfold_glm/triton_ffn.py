@@ -14,7 +14,6 @@ expert); moe.py sums the ranks' shares.
 
 from __future__ import annotations
 
-
 import torch
 
 from tensorfold.ops import triton_moe, triton_route

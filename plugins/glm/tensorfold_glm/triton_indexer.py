@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tensorfold.ops.pass_meta import QUERY_ROWS, PassMeta
 from tensorfold.ops.gpu import launch_options
+from tensorfold.ops.pass_meta import QUERY_ROWS, PassMeta
 from tensorfold.ops.triton_util import after_prior, cdiv, interpreting, mma, next_power_of_2
 
 POOL_TILE = 32  # pools scored per program

@@ -14,9 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
+from tensorfold.ops.gpu import launch_options
 from tensorfold.ops.pass_meta import PassMeta
 from tensorfold.ops.triton_conv import tail_kernel
-from tensorfold.ops.gpu import launch_options
 from tensorfold.ops.triton_util import after_prior, cdiv, next_power_of_2
 
 ROWS = 16

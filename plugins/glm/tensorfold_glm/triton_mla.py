@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tensorfold.ops.pass_meta import PassMeta
 from tensorfold.ops.gpu import launch_options
+from tensorfold.ops.pass_meta import PassMeta
 from tensorfold.ops.triton_util import after_prior, cdiv, interpreting, mma, next_power_of_2
 
 HEADS_BLOCK = 16

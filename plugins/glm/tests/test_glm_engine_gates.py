@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tensorfold.kv_plan import GiB
 from tensorfold import testing
+from tensorfold.kv_plan import GiB
 from tensorfold.llm import LLM
-from tensorfold.testing import close_even, tokens
 from tensorfold.sampling import SamplingParams
+from tensorfold.testing import close_even, tokens
 from tensorfold_glm.demo import build_demo
 
 CONTEXT = 4096

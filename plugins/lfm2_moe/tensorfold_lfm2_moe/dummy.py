@@ -19,7 +19,12 @@ from . import shards
 from .config import ATTENTION, CONV, Lfm2MoeConfig
 from .model import Lfm2MoeModel
 from .weights import (
-    AttentionWeights, ConvWeights, DenseWeights, LayerWeights, ModelWeights, MoeWeights,
+    AttentionWeights,
+    ConvWeights,
+    DenseWeights,
+    LayerWeights,
+    ModelWeights,
+    MoeWeights,
 )
 
 

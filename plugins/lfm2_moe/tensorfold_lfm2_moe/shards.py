@@ -18,7 +18,14 @@ from typing import Any, Mapping
 
 from tensorfold import hookimpl
 from tensorfold.family import (
-    COLUMN, ROW, RowSpec, ShardPlan, ShardRefused, Split, StateLayout, StateSpec,
+    COLUMN,
+    ROW,
+    RowSpec,
+    ShardPlan,
+    ShardRefused,
+    Split,
+    StateLayout,
+    StateSpec,
 )
 
 from .config import Lfm2MoeConfig

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tensorfold.kv_plan import GiB, KiB
 from tensorfold import testing
+from tensorfold.kv_plan import GiB, KiB
 from tensorfold.llm import LLM
-from tensorfold.testing import close_even, tokens
 from tensorfold.requests import Finished, RequestRefused, TokenOut
 from tensorfold.sampling import SamplingParams
+from tensorfold.testing import close_even, tokens
 from tensorfold_lfm2_moe.demo import build_demo
 
 CONTEXT = 4096

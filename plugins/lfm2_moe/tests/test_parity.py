@@ -184,8 +184,9 @@ def test_lm_head_on_disk_wins_over_tying(tiny_paths: dict[str, Path], tmp_path: 
 
 
 def test_demo_checkpoint_matches_reference(tmp_path: Path) -> None:
-    from tensorfold_lfm2_moe.demo import build_demo
     from transformers import AutoModelForCausalLM
+
+    from tensorfold_lfm2_moe.demo import build_demo
 
     folder = build_demo(tmp_path / "cache")
     ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

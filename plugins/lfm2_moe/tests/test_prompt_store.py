@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tensorfold.kv_plan import GiB, KiB
 from tensorfold import testing
+from tensorfold.kv_plan import GiB, KiB
 from tensorfold.llm import LLM
-from tensorfold.testing import close_even
 from tensorfold.sampling import SamplingParams
+from tensorfold.testing import close_even
 from tensorfold_lfm2_moe.demo import build_demo
 
 WORDS = (
