@@ -13,11 +13,11 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 from pathlib import Path
 
 import pytest
-import tomllib
 from guide_blocks import check_blocks, file_blocks, write_blocks
 
 GUIDE = Path(__file__).parents[1] / "docs" / "plugins.md"
