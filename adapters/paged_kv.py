@@ -34,7 +34,9 @@ TORCH_DTYPES = {
 class PagedRows:
     """The storage behind the pool's pages for one family: one flat tensor per RowSpec."""
 
-    def __init__(self, specs: Sequence[RowSpec], num_pages: int, page_rows: int, device: str = "cpu"):
+    def __init__(
+        self, specs: Sequence[RowSpec], num_pages: int, page_rows: int, device: str = "cpu"
+    ):
         self.specs = {s.name: s for s in specs}
         self.num_pages = num_pages
         self.page_rows = page_rows

@@ -47,13 +47,19 @@ def timed(fn: Callable[[], Any], device: str) -> float:
     return (time.perf_counter() - t) * 1e3
 
 
-def _pass(streams: int, start: int, rows: int, pages_each: int, page_rows: int,
-          device: str) -> ForwardPass:
+def _pass(
+    streams: int, start: int, rows: int, pages_each: int, page_rows: int, device: str
+) -> ForwardPass:
     """`streams` streams of `rows` rows from `start`, stream i on pages [i*pages_each, ...)."""
     return ForwardPass(
-        [StreamRows(i, start, [0] * rows, list(range(i * pages_each, (i + 1) * pages_each)),
-                    "last") for i in range(streams)],
-        page_rows, device,
+        [
+            StreamRows(
+                i, start, [0] * rows, list(range(i * pages_each, (i + 1) * pages_each)), "last"
+            )
+            for i in range(streams)
+        ],
+        page_rows,
+        device,
     )
 
 
@@ -97,8 +103,10 @@ def ring_case(streams: int, context: int, rows: int, sizes: dict, device: str) -
     ring_v = _randn(streams, window - 1, hkv, d, device=device)
     k, v = (_randn(fp.num_rows, hkv, d, device=device) for _ in "kv")
     q = _randn(fp.num_rows, SLIDING["hq"], d, device=device)
-    ms = timed(lambda: ring_ops.ring_attention(q, k, v, ring_k, ring_v, fp, scale=1.0,
-                                               window=window), device)
+    ms = timed(
+        lambda: ring_ops.ring_attention(q, k, v, ring_k, ring_v, fp, scale=1.0, window=window),
+        device,
+    )
     advance_ms = timed(lambda: ring_ops.advance_rings(ring_k, k, fp), device)
     seen = min(window - 1, context - rows) + rows
     kv_bytes = streams * seen * hkv * d * 2 * 2
@@ -120,8 +128,9 @@ def errors_and_invariance(sizes: dict, device: str) -> dict:
     got = paged_ops.paged_attention(q, k, v, batch, scale=1.0)
     want = _reference(lambda: paged_ops.paged_attention(q, k, v, batch, scale=1.0))
     out["paged_rel_err"] = rel(got, want)
-    out["paged_alone_equal"] = bool(torch.equal(
-        paged_ops.paged_attention(q[:1].clone(), k, v, alone, scale=1.0), got[:1]))
+    out["paged_alone_equal"] = bool(
+        torch.equal(paged_ops.paged_attention(q[:1].clone(), k, v, alone, scale=1.0), got[:1])
+    )
 
     hkv, d = SLIDING["hkv"], SLIDING["d"]
     ring_k = _randn(8, window - 1, hkv, d, device=device)
@@ -130,8 +139,16 @@ def errors_and_invariance(sizes: dict, device: str) -> dict:
     qs = _randn(8, SLIDING["hq"], d, device=device)
 
     def ring(f: ForwardPass, n: int) -> torch.Tensor:
-        return ring_ops.ring_attention(qs[:n].clone(), nk[:n].clone(), nv[:n].clone(), ring_k,
-                                       ring_v, f, scale=1.0, window=window)
+        return ring_ops.ring_attention(
+            qs[:n].clone(),
+            nk[:n].clone(),
+            nv[:n].clone(),
+            ring_k,
+            ring_v,
+            f,
+            scale=1.0,
+            window=window,
+        )
 
     got = ring(batch, 8)
     out["ring_rel_err"] = rel(got, _reference(lambda: ring(batch, 8)))
@@ -140,8 +157,11 @@ def errors_and_invariance(sizes: dict, device: str) -> dict:
     pk, pv = (_randn(prompt.num_rows, hkv, d, device=device) for _ in "kv")
     pq = _randn(prompt.num_rows, SLIDING["hq"], d, device=device)
     got = ring_ops.ring_attention(pq, pk, pv, ring_k, ring_v, prompt, scale=1.0, window=window)
-    want = _reference(lambda: ring_ops.ring_attention(pq, pk, pv, ring_k, ring_v, prompt,
-                                                      scale=1.0, window=window))
+    want = _reference(
+        lambda: ring_ops.ring_attention(
+            pq, pk, pv, ring_k, ring_v, prompt, scale=1.0, window=window
+        )
+    )
     out["ring_prompt_rel_err"] = rel(got, want)
     advanced = ring_k.clone()
     ring_ops.advance_rings(advanced, pk, prompt)
@@ -163,14 +183,24 @@ def graph_replay(sizes: dict) -> dict:
     ones = torch.ones(8, dtype=torch.int64, device="cuda")
     fp.positions = static[0]
     fp.device_meta = PassMeta(  # type: ignore[attr-defined]
-        8, 8, 8, ar, ar, ones, static[0], static[1], torch.zeros(8, 1, dtype=torch.int64,
-                                                                 device="cuda"), ar, ar, ones)
+        8,
+        8,
+        8,
+        ar,
+        ar,
+        ones,
+        static[0],
+        static[1],
+        torch.zeros(8, 1, dtype=torch.int64, device="cuda"),
+        ar,
+        ar,
+        ones,
+    )
     ring_k = _randn(8, window - 1, hkv, d, device="cuda")
     k = _randn(8, hkv, d, device="cuda")
     q = _randn(8, SLIDING["hq"], d, device="cuda")
     eager_ring = ring_k.clone()
-    eager = ring_ops.ring_attention(q, k, k, eager_ring, eager_ring, fp, scale=1.0,
-                                    window=window)
+    eager = ring_ops.ring_attention(q, k, k, eager_ring, eager_ring, fp, scale=1.0, window=window)
     ring_ops.advance_rings(eager_ring, k, fp)
     ring = ring_k.clone()
     for _ in range(2):  # compile before the capture
@@ -182,8 +212,10 @@ def graph_replay(sizes: dict) -> dict:
     ring.copy_(ring_k)
     graph.replay()
     torch.cuda.synchronize()
-    return {"graph_equal": bool(torch.equal(o, eager) and torch.equal(ring, eager_ring)),
-            "pass_meta_used": pass_meta(fp) is fp.device_meta}
+    return {
+        "graph_equal": bool(torch.equal(o, eager) and torch.equal(ring, eager_ring)),
+        "pass_meta_used": pass_meta(fp) is fp.device_meta,
+    }
 
 
 def run(device: str = "cuda", smoke: bool = False) -> dict:
@@ -204,8 +236,9 @@ def run(device: str = "cuda", smoke: bool = False) -> dict:
             p = sizes["prompt"]
             out[f"paged_prompt_{p}"] = paged_case(1, p, p, sizes, device)
             out[f"ring_prompt_{p}"] = ring_case(1, p, p, sizes, device)
-            out[f"ring_prompt_{p}_resumed"] = ring_case(1, sizes["contexts"][0] + p, p, sizes,
-                                                        device)
+            out[f"ring_prompt_{p}_resumed"] = ring_case(
+                1, sizes["contexts"][0] + p, p, sizes, device
+            )
         if device == "cuda":
             out["checks"].update(graph_replay(sizes))
     finally:

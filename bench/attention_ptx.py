@@ -25,8 +25,17 @@ from triton.backends.compiler import GPUTarget
 
 from tensorfold.ops import triton_attention
 
-ALIGNED = {"page_rows", "stride_qn", "stride_qh", "stride_kr", "stride_kh", "stride_vr",
-           "stride_vh", "stride_on", "stride_oh"}
+ALIGNED = {
+    "page_rows",
+    "stride_qn",
+    "stride_qh",
+    "stride_kr",
+    "stride_kh",
+    "stride_vr",
+    "stride_vh",
+    "stride_on",
+    "stride_oh",
+}
 SHAPES = {"lfm2 (32/8 x 64)": (4, 64), "gemma4 global (16/2 x 512)": (8, 512)}  # (group, d)
 
 
@@ -34,28 +43,59 @@ def compile_one(group: int, d: int, fp8: bool, split: bool, warps: int, stages: 
     fn = triton_attention._attention_kernel
     qb, dc, bdv = triton_attention.tiles(d, d, group, fp8)
     kv = "*fp8e4nv" if fp8 else "*bf16"
-    types = {"q_ptr": "*bf16", "k_ptr": kv, "v_ptr": kv, "ks_ptr": "*fp32" if fp8 else kv,
-             "vs_ptr": "*fp32" if fp8 else kv, "o_ptr": "*bf16", "scale": "fp32",
-             "ws_ptr": "*fp32", "ml_ptr": "*fp32"}
-    for a in ("pos_ptr", "block_stream", "block_row0", "block_len", "stream_start",
-              "stream_len", "table_ptr"):
+    types = {
+        "q_ptr": "*bf16",
+        "k_ptr": kv,
+        "v_ptr": kv,
+        "ks_ptr": "*fp32" if fp8 else kv,
+        "vs_ptr": "*fp32" if fp8 else kv,
+        "o_ptr": "*bf16",
+        "scale": "fp32",
+        "ws_ptr": "*fp32",
+        "ml_ptr": "*fp32",
+    }
+    for a in (
+        "pos_ptr",
+        "block_stream",
+        "block_row0",
+        "block_len",
+        "stream_start",
+        "stream_len",
+        "table_ptr",
+    ):
         types[a] = "*i32"
-    constexprs = dict(G=group, GP=triton.next_power_of_2(group), QB=qb, NSUB=16 // qb, D=d,
-                      DC=dc, BDV=bdv, KT=triton_attention.KEY_TILE, HAS_WINDOW=False,
-                      SCALED=fp8, IEEE=False, INTERP=False, DVB=d // bdv, SEG=256, SPLIT=split,
-                      PDL=True)
+    constexprs = dict(
+        G=group,
+        GP=triton.next_power_of_2(group),
+        QB=qb,
+        NSUB=16 // qb,
+        D=d,
+        DC=dc,
+        BDV=bdv,
+        KT=triton_attention.KEY_TILE,
+        HAS_WINDOW=False,
+        SCALED=fp8,
+        IEEE=False,
+        INTERP=False,
+        DVB=d // bdv,
+        SEG=256,
+        SPLIT=split,
+        PDL=True,
+    )
     if split:
         constexprs |= {"HQ": group * 8, "NSEG": 64}
     else:
         constexprs |= {"ws_ptr": None, "ml_ptr": None}
-    signature = {a: "constexpr" if a in constexprs else types.get(a, "i32")
-                 for a in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
-             if a not in constexprs and (a in ALIGNED or signature[a].startswith("*"))}
-    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs,
-                                    attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": warps, "num_stages": stages})
+    signature = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, a in enumerate(fn.arg_names)
+        if a not in constexprs and (a in ALIGNED or signature[a].startswith("*"))
+    }
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
+    )
 
 
 def ptxas_usage(ptx: str) -> str:
@@ -63,8 +103,11 @@ def ptxas_usage(ptx: str) -> str:
     with tempfile.NamedTemporaryFile(suffix=".ptx", mode="w") as f:
         f.write(ptx)
         f.flush()
-        r = subprocess.run([str(tool), "-v", "--gpu-name", "sm_90a", f.name, "-o", "/dev/null"],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [str(tool), "-v", "--gpu-name", "sm_90a", f.name, "-o", "/dev/null"],
+            capture_output=True,
+            text=True,
+        )
     regs = re.search(r"Used (\d+) registers", r.stderr)
     spill = re.search(r"(\d+) bytes spill stores", r.stderr)
     return f"regs {regs.group(1) if regs else '?'} spill {spill.group(1) if spill else '?'}"
@@ -84,12 +127,17 @@ def main() -> None:
                         k = compile_one(group, d, fp8, split, warps, stages)
                         ttgir, ptx = k.asm["ttgir"], k.asm["ptx"]
                         loads = collections.Counter(re.findall(r"ld\.global[.a-z0-9]*", ptx))
-                        tag = (f"{name} {'fp8' if fp8 else 'bf16'} "
-                               f"{'split' if split else 'walk'} w{warps} s{stages}")
-                        print(f"{tag:<46} async copies "
-                              f"{ttgir.count('async_copy_global_to_local'):>2}  "
-                              f"{ptxas_usage(ptx)}  smem {k.metadata.shared}  "
-                              f"loops {ttgir.count('scf.for')}  {dict(loads)}", flush=True)
+                        tag = (
+                            f"{name} {'fp8' if fp8 else 'bf16'} "
+                            f"{'split' if split else 'walk'} w{warps} s{stages}"
+                        )
+                        print(
+                            f"{tag:<46} async copies "
+                            f"{ttgir.count('async_copy_global_to_local'):>2}  "
+                            f"{ptxas_usage(ptx)}  smem {k.metadata.shared}  "
+                            f"loops {ttgir.count('scf.for')}  {dict(loads)}",
+                            flush=True,
+                        )
                         if args.dump:
                             args.dump.mkdir(parents=True, exist_ok=True)
                             stem = re.sub(r"[^a-z0-9]+", "_", tag.lower())

@@ -81,8 +81,12 @@ def main() -> None:
     if "--tiles=small" in sys.argv:  # the new kernels only; the old keep theirs
         triton_attention.tiles = triton_window.tiles = small_tiles
         print("-- every shape on 16-row tiles (old: the shipped tiles)", flush=True)
-    wide = [tuple(int(x) for x in c.split(":")) for a in sys.argv if a.startswith("--wide=")
-            for c in a[7:].split(",")]
+    wide = [
+        tuple(int(x) for x in c.split(":"))
+        for a in sys.argv
+        if a.startswith("--wide=")
+        for c in a[7:].split(",")
+    ]
     if wide:
         for i, (bdv, w) in enumerate(wide):
             triton_attention.WIDE_BDV, triton_attention.WIDE_WARPS = bdv, w
@@ -108,37 +112,46 @@ def ring() -> None:
     old = optional("_old_window")
     hq, hkv, d, window = (4, 2, 16, 40) if SMOKE else (16, 8, 256, 1024)
     for streams in STREAMS:
-        runs = [StreamRows(s, POS, [0], [0] * (POS // PAGE_ROWS + 1), "all")
-                for s in range(streams)]
+        runs = [
+            StreamRows(s, POS, [0], [0] * (POS // PAGE_ROWS + 1), "all") for s in range(streams)
+        ]
         fp = ForwardPass(runs, PAGE_ROWS, DEV)
         meta = build_meta(fp)
         q = torch.randn(streams, hq, d, device=DEV, dtype=torch.bfloat16)
-        nk, nv = (torch.randn(streams, hkv, d, device=DEV, dtype=torch.bfloat16)
-                  for _ in range(2))
-        rk, rv = (torch.randn(streams, window - 1, hkv, d, device=DEV, dtype=torch.bfloat16)
-                  for _ in range(2))
+        nk, nv = (torch.randn(streams, hkv, d, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+        rk, rv = (
+            torch.randn(streams, window - 1, hkv, d, device=DEV, dtype=torch.bfloat16)
+            for _ in range(2)
+        )
         for kv in ("bf16", "fp8"):
             args, sc = (nk, nv, rk, rv), None
             if kv == "fp8":
                 (a, sa), (b, sb), (c, scc), (e, se) = (quantize_rows(x) for x in args)
                 args, sc = (a, b, c, e), RingScales(sa, sb, scc, se)
             outs, row = [], []
-            for label, mod, parts in (("walk", triton_window, 1), ("auto", triton_window, None),
-                                      *((f"p{f}", triton_window, f) for f in FORCED),
-                                      ("old", old, "old")):
+            for label, mod, parts in (
+                ("walk", triton_window, 1),
+                ("auto", triton_window, None),
+                *((f"p{f}", triton_window, f) for f in FORCED),
+                ("old", old, "old"),
+            ):
                 if mod is None:
                     continue
                 kw = {} if parts == "old" else {"parts": parts}
 
                 def call(mod=mod, kw=kw):
-                    return mod.ring_attention(q, *args, fp.positions, meta, scale=d**-0.5,
-                                              window=window, scales=sc, **kw)
+                    return mod.ring_attention(
+                        q, *args, fp.positions, meta, scale=d**-0.5, window=window, scales=sc, **kw
+                    )
 
                 outs.append(call())
                 row.append(f"{label} {timed(call):8.1f}")
             same = "=" if all(torch.equal(o, outs[0]) for o in outs) else "≠"
-            print(f"{f'ring ({hq}/{hkv} x {d})':<27} win {window:>6} streams {streams:>2} {kv:<4} "
-                  f"µs: " + "  ".join(row) + f"  bits {same}", flush=True)
+            print(
+                f"{f'ring ({hq}/{hkv} x {d})':<27} win {window:>6} streams {streams:>2} {kv:<4} "
+                f"µs: " + "  ".join(row) + f"  bits {same}",
+                flush=True,
+            )
 
 
 def shapes_for(wide_only: bool) -> dict[str, tuple[int, int, int]]:
@@ -154,8 +167,9 @@ def prefill(wide_only: bool = False) -> None:
     for name, (hq, hkv, d) in shapes.items():
         for rows in (40,) if SMOKE else (2048, 8192):
             per = -(-rows // PAGE_ROWS)
-            fp = ForwardPass([StreamRows(0, 0, [0] * rows, list(range(per)), "last")],
-                             PAGE_ROWS, DEV)
+            fp = ForwardPass(
+                [StreamRows(0, 0, [0] * rows, list(range(per)), "last")], PAGE_ROWS, DEV
+            )
             meta = build_meta(fp)
             k = torch.randn(per * PAGE_ROWS, hkv, d, device=DEV, dtype=torch.bfloat16)
             v = torch.randn_like(k)
@@ -171,14 +185,19 @@ def prefill(wide_only: bool = False) -> None:
                         continue
 
                     def call(mod=mod, kk=kk, vv=vv, sc=sc):
-                        return mod.paged_attention(q, kk, vv, fp.positions, meta, PAGE_ROWS,
-                                                   scale=d**-0.5, **sc)
+                        return mod.paged_attention(
+                            q, kk, vv, fp.positions, meta, PAGE_ROWS, scale=d**-0.5, **sc
+                        )
 
                     outs.append(call())
                     row.append(f"{label} {timed(call, 3):8.1f}")
                 same = "=" if all(torch.equal(o, outs[0]) for o in outs) else "≠"
-                print(f"{name:<27} prompt {rows:>5} rows, one pass, {kv:<4} µs: " + "  ".join(row)
-                      + f"  bits {same}", flush=True)
+                print(
+                    f"{name:<27} prompt {rows:>5} rows, one pass, {kv:<4} µs: "
+                    + "  ".join(row)
+                    + f"  bits {same}",
+                    flush=True,
+                )
 
 
 def paged(wide_only: bool = False) -> None:
@@ -191,8 +210,10 @@ def paged(wide_only: bool = False) -> None:
                 pages = streams * per
                 if pages * PAGE_ROWS * hkv * d * 2 * 2 > 40e9:
                     continue
-                runs = [StreamRows(s, context, [0], list(range(s * per, (s + 1) * per)), "all")
-                        for s in range(streams)]
+                runs = [
+                    StreamRows(s, context, [0], list(range(s * per, (s + 1) * per)), "all")
+                    for s in range(streams)
+                ]
                 fp = ForwardPass(runs, PAGE_ROWS, DEV)
                 meta = build_meta(fp)
                 k = torch.randn(pages * PAGE_ROWS, hkv, d, device=DEV, dtype=torch.bfloat16)
@@ -205,23 +226,30 @@ def paged(wide_only: bool = False) -> None:
                         (kk, ks), (vv, vs) = quantize_rows(k), quantize_rows(v)
                         sc = {"k_scales": ks, "v_scales": vs}
                     outs, row = [], []
-                    for label, mod, parts in (("walk", triton_attention, 1),
-                                              ("auto", triton_attention, None),
-                                              *((f"p{f}", triton_attention, f) for f in FORCED),
-                                              ("old", old, "old")):
+                    for label, mod, parts in (
+                        ("walk", triton_attention, 1),
+                        ("auto", triton_attention, None),
+                        *((f"p{f}", triton_attention, f) for f in FORCED),
+                        ("old", old, "old"),
+                    ):
                         if mod is None:
                             continue
                         kw = {} if parts == "old" else {"parts": parts}
 
                         def call(mod=mod, kw=kw, kk=kk, vv=vv, sc=sc):
-                            return mod.paged_attention(q, kk, vv, fp.positions, meta, PAGE_ROWS,
-                                                       scale=d**-0.5, **sc, **kw)
+                            return mod.paged_attention(
+                                q, kk, vv, fp.positions, meta, PAGE_ROWS, scale=d**-0.5, **sc, **kw
+                            )
 
                         outs.append(call())
                         row.append(f"{label} {timed(call):8.1f}")
                     same = "=" if all(torch.equal(o, outs[0]) for o in outs) else "≠"
-                    print(f"{name:<27} ctx {context:>6} streams {streams:>2} {kv:<4} µs: "
-                          + "  ".join(row) + f"  bits {same}", flush=True)
+                    print(
+                        f"{name:<27} ctx {context:>6} streams {streams:>2} {kv:<4} µs: "
+                        + "  ".join(row)
+                        + f"  bits {same}",
+                        flush=True,
+                    )
                 del k, v, kk, vv
 
 

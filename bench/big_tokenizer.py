@@ -34,8 +34,11 @@ DOC_BYTES = 40_000_000  # the /usr/share/doc supplement, at most
 def _texts(root: Path, suffixes: tuple[str, ...], skip: tuple[str, ...] = ()) -> list[str]:
     if not root.is_dir():
         return []
-    files = sorted(p for p in root.rglob("*")
-                   if p.suffix in suffixes and p.is_file() and not set(skip) & set(p.parts))
+    files = sorted(
+        p
+        for p in root.rglob("*")
+        if p.suffix in suffixes and p.is_file() and not set(skip) & set(p.parts)
+    )
     return [p.read_text(encoding="utf-8", errors="replace") for p in files]
 
 
@@ -63,8 +66,10 @@ def build_tokenizer(vocab: int = VOCAB):
     if tok.get_vocab_size() < vocab:
         tok = train_byte_bpe(corpus(with_docs=True), vocab, SPECIAL_TOKENS)
     if tok.get_vocab_size() < vocab:
-        print(f"big_tokenizer: the corpus gave {tok.get_vocab_size()} tokens, not {vocab}",
-              file=sys.stderr)
+        print(
+            f"big_tokenizer: the corpus gave {tok.get_vocab_size()} tokens, not {vocab}",
+            file=sys.stderr,
+        )
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
     )
@@ -82,8 +87,11 @@ def main(out: Path, vocab: int = VOCAB) -> int:
     for name in ("tokenizer_config.json", "generation_config.json"):
         shutil.copy(demo / name, out / name)
     size = tok.get_vocab_size()
-    print(f"big_tokenizer: {size} tokens in {out / 'tokenizer.json'}, "
-          f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
+    print(
+        f"big_tokenizer: {size} tokens in {out / 'tokenizer.json'}, "
+        f"{time.perf_counter() - start:.1f} s",
+        file=sys.stderr,
+    )
     return size
 
 

@@ -25,8 +25,11 @@ from tensorfold.ops import triton_linear, triton_moe  # noqa: E402
 
 def linear_bits() -> dict:
     res = {}
-    for name, (n, k) in {"(2048, 2048)": (2048, 2048), "(6144, 2048)": (6144, 2048),
-                         "(512, 2048)": (512, 2048)}.items():
+    for name, (n, k) in {
+        "(2048, 2048)": (2048, 2048),
+        "(6144, 2048)": (6144, 2048),
+        "(512, 2048)": (512, 2048),
+    }.items():
         if dk.DEVICE == "cpu":
             n, k = n // 16, k // 8
         w = (torch.randn(n, k, device=dk.DEVICE) * 0.02).to(dk.BF16)
@@ -37,8 +40,9 @@ def linear_bits() -> dict:
         saved = dict(triton_linear.TUNED)
         row = {"shipped": f"bk{shipped.block_k} splits {splits}"}
         for bk in (64, 128, 256):
-            triton_linear.TUNED[(n, k)] = triton_linear.Tiles(shipped.block_n, bk, 4, 4,
-                                                             shipped.wave)
+            triton_linear.TUNED[(n, k)] = triton_linear.Tiles(
+                shipped.block_n, bk, 4, 4, shipped.wave
+            )
             if triton_linear.splits_of(n, k) != splits:  # force the shipped split
                 row[f"bk{bk}"] = "other split"
                 continue
@@ -57,8 +61,11 @@ def linear_bits() -> dict:
 
 def moe_bits_and_times(grid) -> dict:
     res = {}
-    saved = (triton_moe.TINY_SWIGLU_TILES, triton_moe.TINY_DOWN_TILES,
-             triton_moe.TINY_LONG_DOWN_TILES)
+    saved = (
+        triton_moe.TINY_SWIGLU_TILES,
+        triton_moe.TINY_DOWN_TILES,
+        triton_moe.TINY_LONG_DOWN_TILES,
+    )
     for name, shape in [("lfm2 8B moe", dk.MOE["lfm2 8B moe"])]:
         if dk.DEVICE == "cpu":
             shape = (4, 64, 128, 2)
@@ -66,20 +73,27 @@ def moe_bits_and_times(grid) -> dict:
         x1 = x[5:6].contiguous()
         base = layer(x1, sets[0])
         big = layer(x, sets[0])
-        row = {"shipped_us": dk.graph_us([lambda s=s: layer(x1, s) for s in sets]),
-               "shipped_equal_2048": bool(torch.equal(base, big[5:6]))}
+        row = {
+            "shipped_us": dk.graph_us([lambda s=s: layer(x1, s) for s in sets]),
+            "shipped_equal_2048": bool(torch.equal(base, big[5:6])),
+        }
         for bn, bk, warps, st in grid:
             t = triton_moe.Tiles(bn, bk, warps, st)
             triton_moe.TINY_SWIGLU_TILES = triton_moe.TINY_DOWN_TILES = t
             triton_moe.TINY_LONG_DOWN_TILES = t
             label = f"bn{bn} bk{bk} w{warps} s{st}"
             try:
-                row[label] = {"equal": bool(torch.equal(layer(x1, sets[0]), base)),
-                              "us": dk.graph_us([lambda s=s: layer(x1, s) for s in sets])}
+                row[label] = {
+                    "equal": bool(torch.equal(layer(x1, sets[0]), base)),
+                    "us": dk.graph_us([lambda s=s: layer(x1, s) for s in sets]),
+                }
             except Exception as exc:  # a tile Triton cannot build
                 row[label] = {"error": str(exc)[:120]}
-        (triton_moe.TINY_SWIGLU_TILES, triton_moe.TINY_DOWN_TILES,
-         triton_moe.TINY_LONG_DOWN_TILES) = saved
+        (
+            triton_moe.TINY_SWIGLU_TILES,
+            triton_moe.TINY_DOWN_TILES,
+            triton_moe.TINY_LONG_DOWN_TILES,
+        ) = saved
         res[name] = row
         if dk.DEVICE == "cpu":
             break

@@ -40,8 +40,11 @@ def glm_folder(context: int) -> Path:
     config = json.loads((demo / "config.json").read_text())
     # the text config's defaults are GLM-5.3-Flash's (tensorfold_glm.dummy.SHAPES): the demo's
     # small widths dropped, 8 layers kept
-    config["text_config"] = {"model_type": config["text_config"]["model_type"],
-                             "num_hidden_layers": 8, "max_position_embeddings": context}
+    config["text_config"] = {
+        "model_type": config["text_config"]["model_type"],
+        "num_hidden_layers": 8,
+        "max_position_embeddings": context,
+    }
     config["dtype"] = "bfloat16"
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     return folder
@@ -68,14 +71,22 @@ def child(args: argparse.Namespace) -> None:
     try:
         vocab = llm.served.engine.lanes.runner.model.vocab_size
         params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-        ttft = [first_token(llm, p, params)[0]
-                for p in random_prompts(3, args.prompt, vocab, seed=5)]
+        ttft = [
+            first_token(llm, p, params)[0] for p in random_prompts(3, args.prompt, vocab, seed=5)
+        ]
     finally:
         llm.close()
-    print(json.dumps({"warm_up": args.warm_up == "1", "open_s": round(opened, 2),
-                      "ttft_s": [round(t, 3) for t in ttft],
-                      "first_minus_warm_s": round(ttft[0] - min(ttft[1:]), 3),
-                      "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}))
+    print(
+        json.dumps(
+            {
+                "warm_up": args.warm_up == "1",
+                "open_s": round(opened, 2),
+                "ttft_s": [round(t, 3) for t in ttft],
+                "first_minus_warm_s": round(ttft[0] - min(ttft[1:]), 3),
+                "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -101,8 +112,19 @@ def main() -> None:
     results = []
     for warm in args.runs.split(","):
         env = {**os.environ, "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="tf-cold-triton-")}
-        cmd = [sys.executable, __file__, "--child", "--family", args.family, "--warm-up", warm,
-               "--prompt", str(args.prompt), "--context", str(args.context)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            "--family",
+            args.family,
+            "--warm-up",
+            warm,
+            "--prompt",
+            str(args.prompt),
+            "--context",
+            str(args.context),
+        ]
         cmd += ["--smoke"] if args.smoke else ["--folder", str(folder)]
         started = time.perf_counter()
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)

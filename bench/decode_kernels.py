@@ -32,14 +32,20 @@ BF16 = torch.bfloat16
 L2_BYTES = 60 << 20
 
 LINEAR = {  # name: (N, K)
-    "lfm2 conv.in_proj": (6144, 2048), "lfm2 conv.out_proj/q/o": (2048, 2048),
-    "lfm2 k/v": (512, 2048), "lfm2 q+k+v": (3072, 2048), "lfm2 lm_head": (65536, 2048),
-    "gemma4 q (sliding)": (4096, 2816), "gemma4 k/v (sliding)": (2048, 2816),
-    "gemma4 o (sliding)": (2816, 4096), "gemma4 dense gate/up": (2112, 2816),
+    "lfm2 conv.in_proj": (6144, 2048),
+    "lfm2 conv.out_proj/q/o": (2048, 2048),
+    "lfm2 k/v": (512, 2048),
+    "lfm2 q+k+v": (3072, 2048),
+    "lfm2 lm_head": (65536, 2048),
+    "gemma4 q (sliding)": (4096, 2816),
+    "gemma4 k/v (sliding)": (2048, 2816),
+    "gemma4 o (sliding)": (2816, 4096),
+    "gemma4 dense gate/up": (2112, 2816),
     "gemma4 dense down": (2816, 2112),
 }
 MOE = {  # name: (experts, width, hidden, top_k)
-    "lfm2 8B moe": (32, 1792, 2048, 4), "gemma4 26B moe": (128, 704, 2816, 8),
+    "lfm2 8B moe": (32, 1792, 2048, 4),
+    "gemma4 26B moe": (128, 704, 2816, 8),
     "lfm2 8B dense": (1, 7168, 2048, 1),
 }
 
@@ -102,7 +108,9 @@ def apply(v: dict[str, Any]) -> None:
 def linear_rows() -> dict[str, Any]:
     res: dict[str, Any] = {}
     for name, (n, k) in LINEAR.items():
-        ws = [(torch.randn(n, k, device=DEVICE) * 0.02).to(BF16) for _ in range(copies_for(n * k * 2))]
+        ws = [
+            (torch.randn(n, k, device=DEVICE) * 0.02).to(BF16) for _ in range(copies_for(n * k * 2))
+        ]
         x = torch.randn(2048, k, device=DEVICE).to(BF16)
         ref = x[:1].float() @ ws[0].float().t()
         row: dict[str, Any] = {"weight_mb": n * k * 2 / 1e6}
@@ -114,7 +122,8 @@ def linear_rows() -> dict[str, Any]:
             one = triton_linear.linear(x1, ws[0])
             us = graph_us([lambda w=w: triton_linear.linear(x1, w) for w in ws])
             row[label] = {
-                "us": us, "tb_per_s": n * k * 2 / us / 1e6,
+                "us": us,
+                "tb_per_s": n * k * 2 / us / 1e6,
                 "splits": triton_linear.splits_of(n, k),
                 "row_alone_equal": bool(torch.equal(one, big[:1])),
                 "rel_err": rel(one, ref),
@@ -131,8 +140,9 @@ def moe_layer(e: int, i: int, h: int, k: int) -> tuple[list[Any], torch.Tensor, 
     for _ in range(max(2, min(6, 3 * L2_BYTES // (3 * min(e, k) * i * h * 2) + 1))):
         gate_up = (torch.randn(e, 2 * i, h, device=DEVICE) * 0.02).to(BF16)
         down = (torch.randn(e, h, i, device=DEVICE) * 0.02).to(BF16)
-        sets.append((list(gate_up[:, :i].unbind(0)), list(gate_up[:, i:].unbind(0)),
-                     list(down.unbind(0))))
+        sets.append(
+            (list(gate_up[:, :i].unbind(0)), list(gate_up[:, i:].unbind(0)), list(down.unbind(0)))
+        )
     gate = (torch.randn(e, h, device=DEVICE) * 0.02).to(BF16)
     x = torch.randn(2048, h, device=DEVICE).to(BF16)
 
@@ -160,7 +170,8 @@ def moe_rows() -> dict[str, Any]:
             one = layer(x1, sets[0])
             us = graph_us([lambda s=s: layer(x1, s) for s in sets])
             row[label] = {
-                "us": us, "tb_per_s": 3 * k * i * h * 2 / us / 1e6,
+                "us": us,
+                "tb_per_s": 3 * k * i * h * 2 / us / 1e6,
                 "row_alone_equal": bool(torch.equal(one, big[5:6])),
                 "m8_us": graph_us([lambda s=s: layer(x[:8], s) for s in sets]),
             }
@@ -179,11 +190,15 @@ def moe_tiles() -> dict[str, Any]:
     (and 8 rows theirs); the prompt tiles keep BLOCK_K 64, so a BLOCK_K other than 64 that
     stays equal shows BLOCK_K leaves the k order alone."""
     res: dict[str, Any] = {}
-    saved = (triton_moe.TINY_SWIGLU_TILES, triton_moe.TINY_DOWN_TILES,
-             triton_moe.TINY_LONG_DOWN_TILES)
+    saved = (
+        triton_moe.TINY_SWIGLU_TILES,
+        triton_moe.TINY_DOWN_TILES,
+        triton_moe.TINY_LONG_DOWN_TILES,
+    )
     bns, warps, stages, bks = MOE_GRID
-    tiles = [triton_moe.Tiles(bn, bk, w, st) for bn in bns for w in warps for st in stages
-             for bk in bks]
+    tiles = [
+        triton_moe.Tiles(bn, bk, w, st) for bn in bns for w in warps for st in stages for bk in bks
+    ]
     for name, (e, i, h, k) in MOE.items():
         sets, x, layer = moe_layer(e, i, h, k)
 
@@ -197,14 +212,18 @@ def moe_tiles() -> dict[str, Any]:
             label = f"bn{t.block_n} bk{t.block_k} w{t.warps} s{t.stages}"
             try:
                 equal = bool(torch.equal(layer(x1, sets[0]), big[5:6])) and bool(
-                    torch.equal(layer(x[:8].clone(), sets[0]), big[:8]))
-                row[label] = {"us": graph_us([lambda s=s: layer(x1, s) for s in sets]),
-                              "equal": equal}
+                    torch.equal(layer(x[:8].clone(), sets[0]), big[:8])
+                )
+                row[label] = {
+                    "us": graph_us([lambda s=s: layer(x1, s) for s in sets]),
+                    "equal": equal,
+                }
             except Exception as exc:  # a tile Triton cannot build
                 row[label] = {"error": str(exc)[:120]}
         res[name] = row
-    (triton_moe.TINY_SWIGLU_TILES, triton_moe.TINY_DOWN_TILES,
-     triton_moe.TINY_LONG_DOWN_TILES) = saved
+    (triton_moe.TINY_SWIGLU_TILES, triton_moe.TINY_DOWN_TILES, triton_moe.TINY_LONG_DOWN_TILES) = (
+        saved
+    )
     return res
 
 
@@ -226,10 +245,16 @@ def moe_blocks() -> dict[str, Any]:
     the shipped choice ("shipped"), each MoE shape's layer at BLOCK_ROWS rows, timed in a graph,
     and whether those rows equal the same rows of a 2048-row pass."""
     res: dict[str, Any] = {}
-    saved = (triton_moe.SMALL_BLOCK_M, triton_moe.SMALL_SWIGLU_TILES, triton_moe.SMALL_DOWN_TILES,
-             triton_moe.FEW_PER_EXPERT)
-    variants = [(label, bm, triton_moe.Tiles(*sw), triton_moe.Tiles(*dn), 0)
-                for label, bm, sw, dn in BLOCK_VARIANTS] + [("shipped", *saved)]
+    saved = (
+        triton_moe.SMALL_BLOCK_M,
+        triton_moe.SMALL_SWIGLU_TILES,
+        triton_moe.SMALL_DOWN_TILES,
+        triton_moe.FEW_PER_EXPERT,
+    )
+    variants = [
+        (label, bm, triton_moe.Tiles(*sw), triton_moe.Tiles(*dn), 0)
+        for label, bm, sw, dn in BLOCK_VARIANTS
+    ] + [("shipped", *saved)]
     for name, (e, i, h, k) in MOE.items():
         sets, x, layer = moe_layer(e, i, h, k)
         big = layer(x, sets[0])
@@ -248,8 +273,12 @@ def moe_blocks() -> dict[str, Any]:
                 cell["error"] = str(exc)[:160]
             row[label] = cell
         res[name] = row
-    (triton_moe.SMALL_BLOCK_M, triton_moe.SMALL_SWIGLU_TILES, triton_moe.SMALL_DOWN_TILES,
-     triton_moe.FEW_PER_EXPERT) = saved
+    (
+        triton_moe.SMALL_BLOCK_M,
+        triton_moe.SMALL_SWIGLU_TILES,
+        triton_moe.SMALL_DOWN_TILES,
+        triton_moe.FEW_PER_EXPERT,
+    ) = saved
     return res
 
 
@@ -257,12 +286,30 @@ DENSE = {"gemma4 26B dense": (2112, 2816), "lfm2 8B dense": (7168, 2048)}  # nam
 DENSE_ROWS = {"tiny": (1, 8), "small": (64, 32)}  # the row class: its row counts, timed first
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) a class's candidates for each kernel
 DENSE_CANDIDATES = {
-    "tiny": [(16, bn, bk, w, st) for bn, bk, w, st in (
-        (32, 64, 2, 5), (32, 128, 4, 8), (16, 64, 2, 5), (16, 64, 4, 8), (16, 128, 2, 8),
-        (16, 128, 4, 8), (16, 128, 4, 4))],
-    "small": [(64, 64, 64, 4, 4), (64, 32, 64, 4, 4), (64, 32, 128, 4, 4), (64, 16, 64, 4, 4),
-              (64, 16, 128, 4, 4), (64, 16, 128, 4, 6), (32, 16, 128, 4, 6), (32, 32, 64, 4, 4),
-              (16, 16, 128, 4, 8), (16, 32, 64, 2, 5)],
+    "tiny": [
+        (16, bn, bk, w, st)
+        for bn, bk, w, st in (
+            (32, 64, 2, 5),
+            (32, 128, 4, 8),
+            (16, 64, 2, 5),
+            (16, 64, 4, 8),
+            (16, 128, 2, 8),
+            (16, 128, 4, 8),
+            (16, 128, 4, 4),
+        )
+    ],
+    "small": [
+        (64, 64, 64, 4, 4),
+        (64, 32, 64, 4, 4),
+        (64, 32, 128, 4, 4),
+        (64, 16, 64, 4, 4),
+        (64, 16, 128, 4, 4),
+        (64, 16, 128, 4, 6),
+        (32, 16, 128, 4, 6),
+        (32, 32, 64, 4, 4),
+        (16, 16, 128, 4, 8),
+        (16, 32, 64, 2, 5),
+    ],
 }
 
 
@@ -291,7 +338,9 @@ def dense_tiles() -> dict[str, Any]:
                 try:
                     for r in counts:
                         xr = x[:r].contiguous()
-                        cell[f"{r}_us"] = round(graph_us([lambda s=s: layer(xr, s) for s in sets]), 2)
+                        cell[f"{r}_us"] = round(
+                            graph_us([lambda s=s: layer(xr, s) for s in sets]), 2
+                        )
                         cell[f"{r}_equal"] = bool(torch.equal(layer(xr, sets[0]), big[:r]))
                 except Exception as exc:  # a tile Triton cannot build
                     cell["error"] = str(exc)[:160]
@@ -302,7 +351,10 @@ def dense_tiles() -> dict[str, Any]:
 
             cells: dict[str, Any] = {"shipped": {"tiles": str(shipped), **timed(shipped)}}
             if (i, h, cls) in saved:
-                cells["DENSE_TILES"] = {"tiles": str(saved[(i, h, cls)]), **timed(saved[(i, h, cls)])}
+                cells["DENSE_TILES"] = {
+                    "tiles": str(saved[(i, h, cls)]),
+                    **timed(saved[(i, h, cls)]),
+                }
             best: dict[str, tuple[float, Any]] = {}
             for kernel in ("swiglu", "down"):
                 for bm, bn, bk, w, st in DENSE_CANDIDATES[cls]:
@@ -314,23 +366,36 @@ def dense_tiles() -> dict[str, Any]:
                     cell = timed(entry)
                     cells[f"{kernel} {label(bm, t)}"] = cell
                     us = cell.get(f"{counts[0]}_us")
-                    if us is not None and all(cell.get(f"{r}_equal") for r in counts) and (
-                            bm == shipped[0]) and (kernel not in best or us < best[kernel][0]):
+                    if (
+                        us is not None
+                        and all(cell.get(f"{r}_equal") for r in counts)
+                        and (bm == shipped[0])
+                        and (kernel not in best or us < best[kernel][0])
+                    ):
                         best[kernel] = (us, t)
             if best:
-                entry = (shipped[0], best.get("swiglu", (0, shipped[1]))[1],
-                         best.get("down", (0, shipped[2]))[1])
+                entry = (
+                    shipped[0],
+                    best.get("swiglu", (0, shipped[1]))[1],
+                    best.get("down", (0, shipped[2]))[1],
+                )
                 cell = timed(entry)
                 cells["best"] = {"tiles": str(entry), **cell}
                 if all(cell.get(f"{r}_equal") for r in counts) and cell.get(
-                        f"{counts[0]}_us", 1e9) < cells["shipped"].get(f"{counts[0]}_us", 0):
+                    f"{counts[0]}_us", 1e9
+                ) < cells["shipped"].get(f"{counts[0]}_us", 0):
                     table[(i, h, cls)] = entry
             row[cls] = cells
         res[name] = row
     triton_moe.DENSE_TILES = saved
-    res["table"] = "{" + ", ".join(
-        f"{k!r}: ({v[0]}, Tiles{tuple(vars(v[1]).values())}, Tiles{tuple(vars(v[2]).values())})"
-        for k, v in table.items()) + "}"
+    res["table"] = (
+        "{"
+        + ", ".join(
+            f"{k!r}: ({v[0]}, Tiles{tuple(vars(v[1]).values())}, Tiles{tuple(vars(v[2]).values())})"
+            for k, v in table.items()
+        )
+        + "}"
+    )
     return res
 
 
@@ -346,7 +411,9 @@ def dense_split() -> dict[str, Any]:
         for split, wave in ((False, 256), (True, 128), (True, 256), (True, 512)):
             triton_moe.DENSE_SPLIT, triton_moe.DENSE_WAVE = split, wave
             big = layer(x, sets[0])
-            cell: dict[str, Any] = {"splits": (triton_moe.dense_splits(i, h), triton_moe.dense_splits(h, i))}
+            cell: dict[str, Any] = {
+                "splits": (triton_moe.dense_splits(i, h), triton_moe.dense_splits(h, i))
+            }
             for r in (1, 8, 64):
                 xr = x[:r].contiguous()
                 cell[f"{r}_us"] = round(graph_us([lambda s=s: layer(xr, s) for s in sets]), 2)
@@ -359,9 +426,16 @@ def dense_split() -> dict[str, Any]:
 
 WALK_ROWS = 2048  # a prompt pass
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): the walk class's candidates for each kernel
-WALK_CANDIDATES = [(128, 64, 64, 8, 3), (128, 64, 64, 4, 3), (128, 64, 64, 4, 4),
-                   (128, 64, 128, 8, 3), (128, 32, 64, 4, 4), (64, 128, 64, 4, 3),
-                   (64, 128, 64, 8, 4), (64, 64, 64, 4, 4)]
+WALK_CANDIDATES = [
+    (128, 64, 64, 8, 3),
+    (128, 64, 64, 4, 3),
+    (128, 64, 64, 4, 4),
+    (128, 64, 128, 8, 3),
+    (128, 32, 64, 4, 4),
+    (64, 128, 64, 4, 3),
+    (64, 128, 64, 8, 4),
+    (64, 64, 64, 4, 4),
+]
 
 
 def dense_walk() -> dict[str, Any]:
@@ -395,7 +469,10 @@ def dense_walk() -> dict[str, Any]:
             try:
                 us = round(graph_us([lambda s=s: layer(x, s) for s in sets], 10), 2)
                 big = layer(x, sets[0])
-                return {"us": us, "equal": all(bool(torch.equal(big[:r], a)) for r, a in alone.items())}
+                return {
+                    "us": us,
+                    "equal": all(bool(torch.equal(big[:r], a)) for r, a in alone.items()),
+                }
             except Exception as exc:  # a tile Triton cannot build
                 return {"error": str(exc)[:160]}
 
@@ -410,14 +487,23 @@ def dense_walk() -> dict[str, Any]:
                     entry = (bm, t, shipped[2]) if kernel == "swiglu" else (bm, shipped[1], t)
                 cell = timed(entry)
                 row[f"{kernel} bm{bm} bn{bn} bk{bk} w{w} s{st}"] = cell
-                if cell.get("equal") and bm == shipped[0] and (
-                        kernel not in best or cell["us"] < best[kernel][0]):
+                if (
+                    cell.get("equal")
+                    and bm == shipped[0]
+                    and (kernel not in best or cell["us"] < best[kernel][0])
+                ):
                     best[kernel] = (cell["us"], t)
-                if cell.get("equal") and bm != shipped[0] and (
-                        "other" not in best or cell["us"] < best["other"][0]):
+                if (
+                    cell.get("equal")
+                    and bm != shipped[0]
+                    and ("other" not in best or cell["us"] < best["other"][0])
+                ):
                     best["other"] = (cell["us"], entry)
-        combined = (shipped[0], best.get("swiglu", (0, shipped[1]))[1],
-                    best.get("down", (0, shipped[2]))[1])
+        combined = (
+            shipped[0],
+            best.get("swiglu", (0, shipped[1]))[1],
+            best.get("down", (0, shipped[2]))[1],
+        )
         row["best"] = {"tiles": str(combined), **timed(combined)}
         fastest = [best["other"]] if "other" in best else []  # the fastest equal cell
         if row["best"].get("equal"):
@@ -431,14 +517,22 @@ def dense_walk() -> dict[str, Any]:
             entries[key] = entry
         res[name] = row
     triton_moe.DENSE_TILES, triton_moe.DENSE_SPLIT = saved
-    res["table"] = "{" + ", ".join(
-        f"{k!r}: ({v[0]}, Tiles{tuple(vars(v[1]).values())}, Tiles{tuple(vars(v[2]).values())})"
-        for k, v in entries.items()) + "}"
+    res["table"] = (
+        "{"
+        + ", ".join(
+            f"{k!r}: ({v[0]}, Tiles{tuple(vars(v[1]).values())}, Tiles{tuple(vars(v[2]).values())})"
+            for k, v in entries.items()
+        )
+        + "}"
+    )
     return res
 
 
-ALIGN_CASES = {"gemma4 8 rows": (8, 128, 8), "gemma4 64 rows": (64, 128, 8),
-               "lfm2 64 rows": (64, 32, 4)}  # name: (rows, experts, top k)
+ALIGN_CASES = {
+    "gemma4 8 rows": (8, 128, 8),
+    "gemma4 64 rows": (64, 128, 8),
+    "lfm2 64 rows": (64, 32, 4),
+}  # name: (rows, experts, top k)
 
 
 def align_route() -> dict[str, Any]:
@@ -455,9 +549,14 @@ def align_route() -> dict[str, Any]:
         x = torch.randn(n, 2816 if e == 128 else 2048, device=DEVICE).to(BF16)
         gate = (torch.randn(e, x.shape[1], device=DEVICE) * 0.02).to(BF16)
         scale = torch.ones(e, device=DEVICE)
-        row: dict[str, Any] = {"align": {
-            "us": round(graph_us([lambda: triton_align.align(experts, e, triton_moe.TINY_BLOCK_M)]), 2),
-            "equal": True}}
+        row: dict[str, Any] = {
+            "align": {
+                "us": round(
+                    graph_us([lambda: triton_align.align(experts, e, triton_moe.TINY_BLOCK_M)]), 2
+                ),
+                "equal": True,
+            }
+        }
 
         def routed() -> Any:
             if e == 128:
@@ -471,7 +570,8 @@ def align_route() -> dict[str, Any]:
             first = first or (w.clone(), ex.clone())
             row[f"route one_row_programs={one}"] = {
                 "us": round(graph_us([routed]), 2),
-                "equal": bool(torch.equal(w, first[0]) and torch.equal(ex, first[1]))}
+                "equal": bool(torch.equal(w, first[0]) and torch.equal(ex, first[1])),
+            }
         triton_route.ONE_ROW_PROGRAMS = saved
         res[name] = row
     return res
@@ -486,7 +586,9 @@ def invariance() -> dict[str, Any]:
         w = (torch.randn(n, k, device=DEVICE) * 0.02).to(BF16)
         x = torch.randn(2048, k, device=DEVICE).to(BF16)
         big = triton_linear.linear(x, w)
-        res[name] = [m for m in sizes if not torch.equal(triton_linear.linear(x[:m].clone(), w), big[:m])]
+        res[name] = [
+            m for m in sizes if not torch.equal(triton_linear.linear(x[:m].clone(), w), big[:m])
+        ]
     for name, (e, i, h, k) in MOE.items():
         sets, x, layer_of = moe_layer(e, i, h, k)
 
@@ -494,27 +596,47 @@ def invariance() -> dict[str, Any]:
             return layer_of(xx, sets[0])
 
         big = layer(x)
-        res[name] = [m for m in sizes for _ in range(3) if not torch.equal(layer(x[:m].clone()), big[:m])]
+        res[name] = [
+            m for m in sizes for _ in range(3) if not torch.equal(layer(x[:m].clone()), big[:m])
+        ]
     return res
 
 
 SWEEP_SHAPES = {  # name: (N, K)
-    "lfm2 conv.in_proj": (6144, 2048), "lfm2 out_proj/q/o": (2048, 2048), "lfm2 k/v": (512, 2048),
+    "lfm2 conv.in_proj": (6144, 2048),
+    "lfm2 out_proj/q/o": (2048, 2048),
+    "lfm2 k/v": (512, 2048),
     "lfm2 q+k+v": (3072, 2048),
-    "gemma4 q": (4096, 2816), "gemma4 o": (2816, 4096), "gemma4 k/v": (2048, 2816),
-    "gemma4 q+k+v": (8192, 2816), "gemma4 q+k (full)": (9216, 2816),
-    "lfm2 lm_head": (65536, 2048), "gemma4 lm_head": (262144, 2816),
+    "gemma4 q": (4096, 2816),
+    "gemma4 o": (2816, 4096),
+    "gemma4 k/v": (2048, 2816),
+    "gemma4 q+k+v": (8192, 2816),
+    "gemma4 q+k (full)": (9216, 2816),
+    "lfm2 lm_head": (65536, 2048),
+    "gemma4 lm_head": (262144, 2816),
     # glm5_next at GLM-5.3-Flash's widths (session 25's census: the o maps at 23 us, x's narrow
     # maps at 5.5, f_b / g_b at 4.5, q_a at 7.4 and kv_a at 5.7, each well above a bare read)
-    "glm kda qkv": (24576, 4096), "glm kda o": (4096, 8192), "glm mla o": (4096, 16384),
-    "glm kda x_maps": (320, 4096), "glm indexer x_maps": (288, 4096), "glm f_b/g_b": (8192, 128),
+    "glm kda qkv": (24576, 4096),
+    "glm kda o": (4096, 8192),
+    "glm mla o": (4096, 16384),
+    "glm kda x_maps": (320, 4096),
+    "glm indexer x_maps": (288, 4096),
+    "glm f_b/g_b": (8192, 128),
     "glm f_b+g_b": (16384, 128),  # linear_groups' joint weight (its tiles are this shape's)
-    "glm mla q_a": (1536, 4096), "glm mla kv_a": (512, 4096), "glm mla q_b": (16384, 1536),
+    "glm mla q_a": (1536, 4096),
+    "glm mla kv_a": (512, 4096),
+    "glm mla q_b": (16384, 1536),
     "glm indexer wq_b": (4096, 1536),
 }
 
 
-SWEEP_GRID = ((32, 64, 128), (64, 128), (4,), (128, 256), (4,))  # BLOCK_N, BLOCK_K, stages, wave, warps
+SWEEP_GRID = (
+    (32, 64, 128),
+    (64, 128),
+    (4,),
+    (128, 256),
+    (4,),
+)  # BLOCK_N, BLOCK_K, stages, wave, warps
 
 
 def tile_sweep() -> dict[str, Any]:
@@ -526,13 +648,17 @@ def tile_sweep() -> dict[str, Any]:
     res: dict[str, Any] = {}
     saved_tuned, saved_wave = dict(triton_linear.TUNED), triton_splitk.WAVE
     for name, (n, k) in SWEEP_SHAPES.items():
-        ws = [(torch.randn(n, k, device=DEVICE) * 0.02).to(BF16) for _ in range(copies_for(n * k * 2))]
+        ws = [
+            (torch.randn(n, k, device=DEVICE) * 0.02).to(BF16) for _ in range(copies_for(n * k * 2))
+        ]
         x = torch.randn(2048 if DEVICE != "cpu" else 300, k, device=DEVICE).to(BF16)
         x1, x8, x64 = x[:1].contiguous(), x[:8].contiguous(), x[:64].contiguous()
         rows = {"shipped": triton_linear.tiles_for(n, k)}
         for bn, bk, st, wave, warps in itertools.product(*SWEEP_GRID):
             rows[f"bn{bn} bk{bk} st{st} wave{wave} w{warps}"] = (
-                triton_linear.Tiles(bn, bk, warps, st), wave)
+                triton_linear.Tiles(bn, bk, warps, st),
+                wave,
+            )
         out: dict[str, Any] = {}
         for label, cfg in rows.items():
             triton_linear.TUNED.clear()
@@ -542,14 +668,17 @@ def tile_sweep() -> dict[str, Any]:
                 triton_linear.TUNED[(n, k)], triton_splitk.WAVE = cfg
             try:
                 big = triton_linear.linear(x, ws[0])
-                eq = bool(torch.equal(triton_linear.linear(x1, ws[0]), big[:1])) and bool(
-                    torch.equal(triton_linear.linear(x8, ws[0]), big[:8])) and bool(
-                    torch.equal(triton_linear.linear(x64, ws[0]), big[:64]))
+                eq = (
+                    bool(torch.equal(triton_linear.linear(x1, ws[0]), big[:1]))
+                    and bool(torch.equal(triton_linear.linear(x8, ws[0]), big[:8]))
+                    and bool(torch.equal(triton_linear.linear(x64, ws[0]), big[:64]))
+                )
                 out[label] = {
                     "us": graph_us([lambda w=w: triton_linear.linear(x1, w) for w in ws]),
                     "m8_us": graph_us([lambda w=w: triton_linear.linear(x8, w) for w in ws]),
                     "m64_us": graph_us([lambda w=w: triton_linear.linear(x64, w) for w in ws]),
-                    "equal": eq, "splits": triton_linear.splits_of(n, k),
+                    "equal": eq,
+                    "splits": triton_linear.splits_of(n, k),
                 }
             except Exception as e:  # a tile that does not fit
                 out[label] = {"error": str(e)[:120]}
@@ -559,13 +688,19 @@ def tile_sweep() -> dict[str, Any]:
         ok = {lb: r for lb, r in out.items() if "us" in r and r["equal"]}
         best = sorted(ok, key=lambda lb: ok[lb]["us"])[:5]
         res[name] = {"all": out, "best": best}
-        print(f"{name} ({n}, {k}): shipped {out['shipped'].get('us', 0):.2f} / "
-              f"{out['shipped'].get('m8_us', 0):.2f} / {out['shipped'].get('m64_us', 0):.2f} us"
-              f" (1 / 8 / 64 rows)", flush=True)
+        print(
+            f"{name} ({n}, {k}): shipped {out['shipped'].get('us', 0):.2f} / "
+            f"{out['shipped'].get('m8_us', 0):.2f} / {out['shipped'].get('m64_us', 0):.2f} us"
+            f" (1 / 8 / 64 rows)",
+            flush=True,
+        )
         for lb in best:
             r = ok[lb]
-            print(f"    {lb}: {r['us']:.2f} / {r['m8_us']:.2f} / {r['m64_us']:.2f} us, "
-                  f"{r['splits']} splits", flush=True)
+            print(
+                f"    {lb}: {r['us']:.2f} / {r['m8_us']:.2f} / {r['m64_us']:.2f} us, "
+                f"{r['splits']} splits",
+                flush=True,
+            )
         bad = [lb for lb, r in out.items() if "us" in r and not r["equal"]]
         if bad:
             print(f"    rows unequal: {bad}", flush=True)
@@ -584,7 +719,9 @@ def table(res: dict[str, Any]) -> str:
                     continue
                 r = row[label]
                 eq = "" if r["row_alone_equal"] else "!NEQ"
-                cells.append(f"{label.split(',')[0]}: {r['us']:6.1f}us {r['tb_per_s']:4.2f}TB/s{eq}")
+                cells.append(
+                    f"{label.split(',')[0]}: {r['us']:6.1f}us {r['tb_per_s']:4.2f}TB/s{eq}"
+                )
             lines.append(" | ".join(cells))
     return "\n".join(lines)
 
@@ -602,24 +739,51 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, interpreted")
     ap.add_argument("--check", action="store_true", help="only the row-invariance check")
     ap.add_argument("--tiles", action="store_true", help="only the one-row GEMVs' tile sweep")
-    ap.add_argument("--moe-tiles", action="store_true", help="only the expert kernels' few-row tiles")
-    ap.add_argument("--moe-blocks", action="store_true",
-                    help="only the expert kernels' row blocks and tiles for decode-sized passes")
-    ap.add_argument("--dense-tiles", action="store_true",
-                    help="only the dense FFN's tiles (triton_moe.DENSE_TILES)")
-    ap.add_argument("--dense-walk", action="store_true",
-                    help="only the dense FFN's prompt pass with its K split, over its tiles")
-    ap.add_argument("--dense-split", action="store_true",
-                    help="only the dense FFN with its K split (triton_moe.DENSE_SPLIT) and without")
-    ap.add_argument("--align", action="store_true",
-                    help="only a decode pass's routing: align and route variants")
-    ap.add_argument("--grid", help="--tiles' grid: BLOCK_Ns;BLOCK_Ks;stages;waves;warps, each "
-                    "comma-separated (wave 1: no K split), e.g. '16,32;128,256;4,8;1,256;2,4'")
+    ap.add_argument(
+        "--moe-tiles", action="store_true", help="only the expert kernels' few-row tiles"
+    )
+    ap.add_argument(
+        "--moe-blocks",
+        action="store_true",
+        help="only the expert kernels' row blocks and tiles for decode-sized passes",
+    )
+    ap.add_argument(
+        "--dense-tiles",
+        action="store_true",
+        help="only the dense FFN's tiles (triton_moe.DENSE_TILES)",
+    )
+    ap.add_argument(
+        "--dense-walk",
+        action="store_true",
+        help="only the dense FFN's prompt pass with its K split, over its tiles",
+    )
+    ap.add_argument(
+        "--dense-split",
+        action="store_true",
+        help="only the dense FFN with its K split (triton_moe.DENSE_SPLIT) and without",
+    )
+    ap.add_argument(
+        "--align",
+        action="store_true",
+        help="only a decode pass's routing: align and route variants",
+    )
+    ap.add_argument(
+        "--grid",
+        help="--tiles' grid: BLOCK_Ns;BLOCK_Ks;stages;waves;warps, each "
+        "comma-separated (wave 1: no K split), e.g. '16,32;128,256;4,8;1,256;2,4'",
+    )
     ap.add_argument("--shapes", help="--tiles' shapes: names of SWEEP_SHAPES, comma-separated")
-    ap.add_argument("--moe-grid", help="--moe-tiles' grid: BLOCK_Ns;warps;stages[;BLOCK_Ks], "
-                    "each comma-separated, e.g. '32,64;2,4;5,8;64,128'")
-    ap.add_argument("--moe-kernel", choices=("both", "swiglu", "down"), default="both",
-                    help="--moe-tiles: whose tiles vary (the other keeps the shipped tile)")
+    ap.add_argument(
+        "--moe-grid",
+        help="--moe-tiles' grid: BLOCK_Ns;warps;stages[;BLOCK_Ks], "
+        "each comma-separated, e.g. '32,64;2,4;5,8;64,128'",
+    )
+    ap.add_argument(
+        "--moe-kernel",
+        choices=("both", "swiglu", "down"),
+        default="both",
+        help="--moe-tiles: whose tiles vary (the other keeps the shipped tile)",
+    )
     args = ap.parse_args()
     global SWEEP_GRID, MOE_GRID, MOE_KERNEL
     MOE_KERNEL = args.moe_kernel
@@ -659,8 +823,10 @@ def main() -> None:
     from tensorfold.ops import gpu
     from tensorfold.settings import Settings
 
-    launch = {"dependent_launch": Settings().dependent_launch,  # TF_DEPENDENT_LAUNCH
-              "prefetch_weights": Settings().prefetch_weights}  # TF_PREFETCH_WEIGHTS
+    launch = {
+        "dependent_launch": Settings().dependent_launch,  # TF_DEPENDENT_LAUNCH
+        "prefetch_weights": Settings().prefetch_weights,
+    }  # TF_PREFETCH_WEIGHTS
     gpu.set_dependent_launch(launch["dependent_launch"])
     gpu.set_prefetch_weights(launch["prefetch_weights"])
     print(json.dumps(launch))
@@ -674,15 +840,22 @@ def main() -> None:
     if args.moe_tiles:
         res = save(args.out, "moe_tiles.json", moe_tiles())
         for name, row in res.items():
-            print(name, " | ".join(f"{k}: {v.get('us', float('nan')):.1f}{'' if v.get('equal') else ' NEQ'}"
-                                   for k, v in row.items()))
+            print(
+                name,
+                " | ".join(
+                    f"{k}: {v.get('us', float('nan')):.1f}{'' if v.get('equal') else ' NEQ'}"
+                    for k, v in row.items()
+                ),
+            )
         return
     if args.dense_split:
         res = save(args.out, "dense_split.json", dense_split())
         for name, row in res.items():
             for label, v in row.items():
-                cells = " | ".join(f"{r} rows {v[f'{r}_us']:6.2f} us{'' if v[f'{r}_equal'] else ' NEQ'}"
-                                   for r in (1, 8, 64))
+                cells = " | ".join(
+                    f"{r} rows {v[f'{r}_us']:6.2f} us{'' if v[f'{r}_equal'] else ' NEQ'}"
+                    for r in (1, 8, 64)
+                )
                 print(f"{name:16s} {label:22s} splits {v['splits']} {cells}")
         return
     if args.dense_walk:
@@ -692,7 +865,9 @@ def main() -> None:
                 continue
             for label, v in row.items():
                 flag = "" if v.get("equal", True) else " NEQ"
-                print(f"{name:16s} {label:34s} {v.get('us', float('nan')):9.2f} us{flag} {v.get('error', '')}")
+                print(
+                    f"{name:16s} {label:34s} {v.get('us', float('nan')):9.2f} us{flag} {v.get('error', '')}"
+                )
         print("walk entries:", res["table"])
         return
     if args.align:
@@ -707,10 +882,17 @@ def main() -> None:
             if name == "table":
                 continue
             for cls, cells in row.items():
-                for label, v in sorted(cells.items(), key=lambda kv: min(
-                        (u for k, u in kv[1].items() if k.endswith("_us")), default=1e9)):
-                    times = " | ".join(f"{k[:-3]} rows {u:7.2f} us{'' if v.get(k[:-3] + '_equal') else ' NEQ'}"
-                                       for k, u in v.items() if k.endswith("_us"))
+                for label, v in sorted(
+                    cells.items(),
+                    key=lambda kv: min(
+                        (u for k, u in kv[1].items() if k.endswith("_us")), default=1e9
+                    ),
+                ):
+                    times = " | ".join(
+                        f"{k[:-3]} rows {u:7.2f} us{'' if v.get(k[:-3] + '_equal') else ' NEQ'}"
+                        for k, u in v.items()
+                        if k.endswith("_us")
+                    )
                     print(f"{name:16s} {cls:5s} {label:40s} {times} {v.get('error', '')}")
         print("DENSE_TILES =", res["table"])
         return
@@ -718,13 +900,17 @@ def main() -> None:
         res = save(args.out, "moe_blocks.json", moe_blocks())
         for name, row in res.items():
             for label, v in row.items():
-                cells = [f"{r} rows {v[f'{r}_us']:7.2f} us{'' if v[f'{r}_equal'] else ' NEQ'}"
-                         for r in BLOCK_ROWS if f"{r}_us" in v]
+                cells = [
+                    f"{r} rows {v[f'{r}_us']:7.2f} us{'' if v[f'{r}_equal'] else ' NEQ'}"
+                    for r in BLOCK_ROWS
+                    if f"{r}_us" in v
+                ]
                 print(f"{name:16s} {label:38s}", " | ".join(cells), v.get("error", ""))
         return
     saved = dict(MAX_SPLITS=triton_splitk.MAX_SPLITS, TINY_BLOCK_M=triton_linear.TINY_BLOCK_M)
-    res = save(args.out, "decode_kernels.json",
-               {**launch, "linear": linear_rows(), "moe": moe_rows()})
+    res = save(
+        args.out, "decode_kernels.json", {**launch, "linear": linear_rows(), "moe": moe_rows()}
+    )
     apply(saved)
     print(table(res))
 

@@ -31,13 +31,18 @@ def main(out: Path, shape: str = "LFM2-8B-A1B", tokenizer: Path | None = None) -
     else:
         cfg = SHAPES[shape]
         config.update(
-            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
             intermediate_size=cfg.intermediate_size,
             moe_intermediate_size=cfg.moe_intermediate_size,
-            num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
-            num_key_value_heads=cfg.num_key_value_heads, layer_types=list(cfg.layer_types),
-            num_dense_layers=cfg.num_dense_layers, num_experts=cfg.num_experts,
-            num_experts_per_tok=cfg.num_experts_per_tok, max_position_embeddings=32768,
+            num_hidden_layers=cfg.num_hidden_layers,
+            num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=cfg.num_key_value_heads,
+            layer_types=list(cfg.layer_types),
+            num_dense_layers=cfg.num_dense_layers,
+            num_experts=cfg.num_experts,
+            num_experts_per_tok=cfg.num_experts_per_tok,
+            max_position_embeddings=32768,
             routed_scaling_factor=cfg.routed_scaling_factor,
             dtype="bfloat16",
         )

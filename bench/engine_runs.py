@@ -67,8 +67,10 @@ def run_requests(
         ln.add(Request(list(p), params, o.sink))
     run = Run(outcomes)
     while True:
-        decoding = bool(ln.live) and not ln.waiting and all(
-            not s.prefilling and s.next_token is not None for s in ln.live
+        decoding = (
+            bool(ln.live)
+            and not ln.waiting
+            and all(not s.prefilling and s.next_token is not None for s in ln.live)
         )
         n = len(ln.live)
         decoding = decoding and (not full or n == len(prompts))

@@ -29,24 +29,45 @@ def gpu_busy_us(prof) -> float:
 
 
 class EngineSections(Sections):
-    SMOKE: dict[str, Any] = dict(new=8, prompt=64, streams=(1, 4), prefill=(100, 300),
-                                 gate_top=150, gate_new=4, levels=(1, 2, 4))
+    SMOKE: dict[str, Any] = dict(
+        new=8,
+        prompt=64,
+        streams=(1, 4),
+        prefill=(100, 300),
+        gate_top=150,
+        gate_new=4,
+        levels=(1, 2, 4),
+    )
 
     def __init__(self, args: argparse.Namespace):
         super().__init__(args)
         self.model: Any = None
         self.window = 33 * 1024 if not args.smoke else 2048
 
-    def runner(self, streams: int, *, graphs: bool = True, pages: int | None = None,
-               poison: bool = False, window: int | None = None) -> ModelRunner:
+    def runner(
+        self,
+        streams: int,
+        *,
+        graphs: bool = True,
+        pages: int | None = None,
+        poison: bool = False,
+        window: int | None = None,
+    ) -> ModelRunner:
         per = -(-(window or self.window) // PAGE_ROWS)
         pages = pages or streams * per
         if graphs:
-            return GraphRunner(self.model, num_pages=pages, num_slots=streams,
-                               page_rows=PAGE_ROWS, poison=poison, max_pages=per,
-                               capture=not self.args.smoke and not self.args.no_graphs)
-        return ModelRunner(self.model, num_pages=pages, num_slots=streams, page_rows=PAGE_ROWS,
-                           poison=poison)
+            return GraphRunner(
+                self.model,
+                num_pages=pages,
+                num_slots=streams,
+                page_rows=PAGE_ROWS,
+                poison=poison,
+                max_pages=per,
+                capture=not self.args.smoke and not self.args.no_graphs,
+            )
+        return ModelRunner(
+            self.model, num_pages=pages, num_slots=streams, page_rows=PAGE_ROWS, poison=poison
+        )
 
     def decode(self) -> dict[str, Any]:
         """64-row prompts, then 128 new tokens a stream; a round counts when every stream
@@ -63,7 +84,8 @@ class EngineSections(Sections):
             engine_runs.run_requests(runner, prompts, 4, lanes=n, window=win)  # capture
             run = engine_runs.run_requests(runner, prompts, new, lanes=n, window=win)
             res[f"streams{n}"] = {
-                "tokens_per_s": run.decode_tokens_per_s, "rounds": run.decode_rounds,
+                "tokens_per_s": run.decode_tokens_per_s,
+                "rounds": run.decode_rounds,
                 "ms_per_round": 1e3 * run.decode_s / max(run.decode_rounds, 1),
                 "graph_replays": getattr(runner, "replays", 0),
                 "capture_error": getattr(runner, "capture_error", None),
@@ -110,8 +132,9 @@ class EngineSections(Sections):
             engine_runs.run_requests(runner, prompts, 1, lanes=1, window=self.window)  # warm
             ttfts = []
             for _ in range(1 if smoke else 3):  # a single shot after an idle GPU varies ±30%
-                o = engine_runs.run_requests(runner, prompts, 1, lanes=1,
-                                             window=self.window).outcomes[0]
+                o = engine_runs.run_requests(
+                    runner, prompts, 1, lanes=1, window=self.window
+                ).outcomes[0]
                 ttfts.append(o.first - o.submitted)
             ttft = sorted(ttfts)[len(ttfts) // 2]
             res[f"prompt{n}"] = {"ttft_s": ttft, "tokens_per_s": n / ttft, "ttfts_s": ttfts}
@@ -134,8 +157,9 @@ class EngineSections(Sections):
             engine_runs.run_requests(runner, prompts, 1, lanes=1, window=self.window)  # warm
             ttfts = []
             for _ in range(3):
-                o = engine_runs.run_requests(runner, prompts, 1, lanes=1,
-                                             window=self.window).outcomes[0]
+                o = engine_runs.run_requests(
+                    runner, prompts, 1, lanes=1, window=self.window
+                ).outcomes[0]
                 ttfts.append(o.first - o.submitted)
             pages = list(range(-(-n // PAGE_ROWS)))
             passes, returns = [], []
@@ -146,8 +170,12 @@ class EngineSections(Sections):
                 returns.append(time.perf_counter() - a)  # the host's launches (no sync in run)
                 sync(self.device)
                 passes.append(time.perf_counter() - a)
-            res[f"prompt{n}"] = {"ttft_s": ttfts, "pass_s": passes[1:], "host_s": returns[1:],
-                                 "tokens_per_s_best": n / min(ttfts)}
+            res[f"prompt{n}"] = {
+                "ttft_s": ttfts,
+                "pass_s": passes[1:],
+                "host_s": returns[1:],
+                "tokens_per_s_best": n / min(ttfts),
+            }
             if n == 2048 and not smoke:
                 with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
                     a = time.perf_counter()
@@ -155,12 +183,14 @@ class EngineSections(Sections):
                     wall = time.perf_counter() - a
                 kern = kernel_table(prof, 1, self.out / f"kernels_prefill_ttft{n}.tsv")
                 (self.out / f"profile_prefill_ttft{n}.txt").write_text(
-                    prof.key_averages().table(sort_by="cpu_time_total", row_limit=30))
+                    prof.key_averages().table(sort_by="cpu_time_total", row_limit=30)
+                )
                 res[f"prompt{n}"]["profiled"] = {
                     "wall_s": wall,
                     "gpu_us": gpu_busy_us(prof),
                     "kernels": sum(k[2] for k in kern if not k[0].startswith("cuda")),
-                    "top": [(k[0][:60], round(k[1], 1), round(k[2], 1)) for k in kern[:10]]}
+                    "top": [(k[0][:60], round(k[1], 1), round(k[2], 1)) for k in kern[:10]],
+                }
         return res
 
     def rounds(self) -> dict[str, Any]:
@@ -200,24 +230,31 @@ class EngineSections(Sections):
         res: dict[str, Any] = {"prompts": count, "lengths": [min(lengths), max(lengths)]}
         win = top + new + PAGE_ROWS
         solo = self.runner(1, window=win)
-        alone = [engine_runs.run_requests(solo, [p], new, lanes=1, window=win).outcomes[0].tokens
-                 for p in prompts]
+        alone = [
+            engine_runs.run_requests(solo, [p], new, lanes=1, window=win).outcomes[0].tokens
+            for p in prompts
+        ]
         del solo
         levels = self.SMOKE["levels"] if smoke else (1, 8, 64)
         wide = self.runner(levels[-1], window=win)
         for level in levels:
             got = []
             for i in range(0, count, level):
-                run = engine_runs.run_requests(wide, prompts[i : i + level], new, lanes=level,
-                                               window=win)
+                run = engine_runs.run_requests(
+                    wide, prompts[i : i + level], new, lanes=level, window=win
+                )
                 got += [o.tokens for o in run.outcomes]
             res[f"concurrent_equals_solo_at_{level}"] = got == alone
         res["graph_replays"] = getattr(wide, "replays", 0)
         del wide
         per = -(-(max(lengths) + new) // PAGE_ROWS)
         tight = self.runner(levels[-1], pages=per * 4, poison=True, window=win)
-        got = [o.tokens for o in engine_runs.run_requests(
-            tight, prompts, new, lanes=levels[-1], window=win).outcomes]
+        got = [
+            o.tokens
+            for o in engine_runs.run_requests(
+                tight, prompts, new, lanes=levels[-1], window=win
+            ).outcomes
+        ]
         res["pages_equal_windows_poisoned"] = got == alone
         res["distinct_tokens"] = len({t for toks in alone for t in toks})
         return res

@@ -45,11 +45,21 @@ from tensorfold_gemma4.model import Gemma4Model  # noqa: E402
 # The 26B's layout at toy widths: five sliding layers to one full, k_eq_v, the MoE beside the
 # dense MLP, a window short enough that the smoke's prompts cross it.
 SMOKE: dict[str, Any] = {
-    **CONFIGS["Gemma-4-26B-A4B"], "vocab_size": 512, "hidden_size": 128,
-    "intermediate_size": 96, "num_hidden_layers": 6, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 32, "global_head_dim": 64,
-    "num_global_key_value_heads": 1, "layer_types": [SLIDING] * 5 + [FULL], "sliding_window": 16,
-    "num_experts": 8, "top_k_experts": 2, "moe_intermediate_size": 32,
+    **CONFIGS["Gemma-4-26B-A4B"],
+    "vocab_size": 512,
+    "hidden_size": 128,
+    "intermediate_size": 96,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "global_head_dim": 64,
+    "num_global_key_value_heads": 1,
+    "layer_types": [SLIDING] * 5 + [FULL],
+    "sliding_window": 16,
+    "num_experts": 8,
+    "top_k_experts": 2,
+    "moe_intermediate_size": 32,
 }
 
 
@@ -59,8 +69,12 @@ class Gemma4Bench(Bench):
     def env(self) -> dict[str, Any]:
         import triton
 
-        info: dict[str, Any] = {"torch": torch.__version__, "triton": triton.__version__,
-                                "commit": self.args.commit, "family": "gemma4"}
+        info: dict[str, Any] = {
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "commit": self.args.commit,
+            "family": "gemma4",
+        }
         if self.device == "cuda":
             p = torch.cuda.get_device_properties(0)
             info.update(gpu=p.name, sms=p.multi_processor_count, mem_gib=p.total_memory / 2**30)
@@ -77,10 +91,15 @@ class Gemma4Bench(Bench):
         sync(self.device)
         built = time.perf_counter() - a
         sb = step_bytes(self.model)
-        return {"shape": "smoke" if self.args.smoke else self.args.shape, "build_s": built, **sb,
-                "active_params": active_params(self.model),
-                "kv_bytes_per_stream": {str(c): kv_bytes(self.model, c)
-                                        for c in (128, 1024, 2048, 8192, 32768)}}
+        return {
+            "shape": "smoke" if self.args.smoke else self.args.shape,
+            "build_s": built,
+            **sb,
+            "active_params": active_params(self.model),
+            "kv_bytes_per_stream": {
+                str(c): kv_bytes(self.model, c) for c in (128, 1024, 2048, 8192, 32768)
+            },
+        }
 
     def decode(self) -> dict[str, Any]:
         """lfm2_speed's decode (64-row prompts, 128 new tokens), with each stream's cache reads
@@ -105,9 +124,12 @@ class Gemma4Bench(Bench):
             prompts = engine_runs.random_prompts(n, prompt, self.model.vocab_size, seed=20 + n)
             engine_runs.run_requests(runner, prompts, 4, lanes=n, window=win)  # capture
             run = engine_runs.run_requests(runner, prompts, new, lanes=n, window=win)
-            d: dict[str, Any] = {"tokens_per_s": run.decode_tokens_per_s, "context": prompt,
-                                 "kv_bytes_per_stream": kv,
-                                 "graph_replays": getattr(runner, "replays", 0)}
+            d: dict[str, Any] = {
+                "tokens_per_s": run.decode_tokens_per_s,
+                "context": prompt,
+                "kv_bytes_per_stream": kv,
+                "graph_replays": getattr(runner, "replays", 0),
+            }
             if bw:
                 weights = sb["one_stream"] if n == 1 else sb["expected_bytes"]["8"]
                 d["limit_tokens_per_s"] = bw * 1e12 / (weights + n * kv) * n
@@ -126,22 +148,30 @@ class Gemma4Bench(Bench):
             torch.cuda.empty_cache()
         hf = hf_baseline.build_hf(self.model)
         vocab = self.model.vocab_size
-        res: dict[str, Any] = {"attn_implementation": getattr(hf.config, "_attn_implementation",
-                                                              None)}
+        res: dict[str, Any] = {
+            "attn_implementation": getattr(hf.config, "_attn_implementation", None)
+        }
         short, long = (4, 12) if self.args.smoke else (8, 40)
         for b in (1, 16) if not self.args.smoke else (1, 2):
-            prompts = torch.tensor(engine_runs.random_prompts(b, 64, vocab, seed=b),
-                                   device=self.device)
+            prompts = torch.tensor(
+                engine_runs.random_prompts(b, 64, vocab, seed=b), device=self.device
+            )
             res[f"streams{b}"] = hf_baseline.decode_rate(hf, prompts, short, long)
         # the same weights, ours against transformers, both bf16 (random weights give flat
         # logits, so bf16 rounding flips close argmaxes: this is a sanity figure, not the gate)
         prompt = engine_runs.random_prompts(1, 64, vocab, seed=99)[0]
         theirs, _ = hf_baseline.generate(hf, torch.tensor([prompt], device=self.device), 32)
-        ours = engine_runs.run_requests(self.runner(1, window=1024), [prompt], 32, lanes=1,
-                                        window=1024).outcomes[0].tokens
+        ours = (
+            engine_runs.run_requests(
+                self.runner(1, window=1024), [prompt], 32, lanes=1, window=1024
+            )
+            .outcomes[0]
+            .tokens
+        )
         theirs_list = theirs[0].tolist()
         res["greedy_tokens_agree_for"] = next(
-            (i for i, (a, b) in enumerate(zip(ours, theirs_list)) if a != b), len(ours))
+            (i for i, (a, b) in enumerate(zip(ours, theirs_list)) if a != b), len(ours)
+        )
         seq = prompt + ours
         ours16 = self.logits(self.model, seq)
         with torch.inference_mode():
@@ -177,8 +207,9 @@ def _cast(obj: Any, dtype: torch.dtype) -> Any:
         if isinstance(o, list):
             return [c(x) for x in o]
         if hasattr(o, "__dataclass_fields__"):  # fields made at construction (qkv) made again
-            return type(o)(**{f.name: c(getattr(o, f.name))
-                              for f in o.__dataclass_fields__.values() if f.init})
+            return type(o)(
+                **{f.name: c(getattr(o, f.name)) for f in o.__dataclass_fields__.values() if f.init}
+            )
         return o
 
     return c(obj)
@@ -189,8 +220,12 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench_out")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--shape", default="Gemma-4-26B-A4B", choices=sorted(SHAPES))
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="skip sections once this is spent (default 540; --smoke: no limit)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="skip sections once this is spent (default 540; --smoke: no limit)",
+    )
     ap.add_argument("--sections", default="all")
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--smoke", action="store_true")
@@ -204,10 +239,17 @@ def main() -> None:
     want = set(args.sections.split(",")) if args.sections != "all" else None
     # transformers last: it shares our weights, and it runs once ours is timed
     plan: list[tuple[str, Callable[[], Any], float]] = [
-        ("env", b.env, 0), ("limits", b.limits, 30), ("build", b.build, 20),
-        ("decode", b.decode, 60), ("decode_long", b.decode_long, 40),
-        ("prefill", b.prefill, 40), ("gates", b.gates, 90), ("profile", b.profile, 30),
-        ("census", b.census, 30), ("round_path", b.round_path, 30), ("rounds", b.rounds, 30),
+        ("env", b.env, 0),
+        ("limits", b.limits, 30),
+        ("build", b.build, 20),
+        ("decode", b.decode, 60),
+        ("decode_long", b.decode_long, 40),
+        ("prefill", b.prefill, 40),
+        ("gates", b.gates, 90),
+        ("profile", b.profile, 30),
+        ("census", b.census, 30),
+        ("round_path", b.round_path, 30),
+        ("rounds", b.rounds, 30),
         ("transformers", b.transformers, 60),
     ]
     for name, fn, need in plan:

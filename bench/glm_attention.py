@@ -43,9 +43,17 @@ from tensorfold_glm.weights import IndexerWeights, MlaWeights  # noqa: E402
 BF16 = torch.bfloat16
 REAL = GlmConfig()  # GLM-5.3-Flash (the class defaults)
 TINY = GlmConfig(
-    hidden_size=32, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24,
-    qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=32, index_head_dim=16, index_n_heads=16,
-    index_kpool=4, index_topk=8,
+    hidden_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    q_lora_rank=24,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    kv_lora_rank=32,
+    index_head_dim=16,
+    index_n_heads=16,
+    index_kpool=4,
+    index_topk=8,
 )
 SIZES = {  # (contexts, decode batches, prompt rows, page rows)
     "real": ((8192, 32768), (1, 8, 64), 2048, 512),
@@ -71,18 +79,39 @@ class Layer:
             return (base + torch.randn(*shape, device=device, generator=g) * scale).to(BF16)
 
         c, h, heads = cfg, cfg.hidden_size, cfg.num_attention_heads
-        qr, r, dn, di, ni = c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.index_head_dim, c.index_n_heads
+        qr, r, dn, di, ni = (
+            c.q_lora_rank,
+            c.kv_lora_rank,
+            c.qk_nope_head_dim,
+            c.index_head_dim,
+            c.index_n_heads,
+        )
         self.w = MlaWeights(
-            q_a=w(qr, h), q_a_bias=None, q_a_norm=w(qr, base=1.0), q_b=w(heads * dn, qr),
-            kv_a=w(r, h), kv_a_bias=None, kv_a_norm=w(r, base=1.0), w_uk=w(heads, r, dn),
-            w_uv=w(heads, c.v_head_dim, r), o=w(h, heads * c.v_head_dim), o_bias=None,
+            q_a=w(qr, h),
+            q_a_bias=None,
+            q_a_norm=w(qr, base=1.0),
+            q_b=w(heads * dn, qr),
+            kv_a=w(r, h),
+            kv_a_bias=None,
+            kv_a_norm=w(r, base=1.0),
+            w_uk=w(heads, r, dn),
+            w_uv=w(heads, c.v_head_dim, r),
+            o=w(h, heads * c.v_head_dim),
+            o_bias=None,
             indexer=IndexerWeights(
-                wq_b=w(ni * di, qr), wk=w(di, h), k_norm=w(di, base=1.0), k_bias=w(di, base=0.0),
-                weights_proj=w(ni, h), ape=w(c.index_kpool, di), gate=w(di, h),
+                wq_b=w(ni * di, qr),
+                wk=w(di, h),
+                k_norm=w(di, base=1.0),
+                k_bias=w(di, base=0.0),
+                weights_proj=w(ni, h),
+                ape=w(c.index_kpool, di),
+                gate=w(di, h),
             ),
         )
-        specs = [RowSpec(f"L0.{n}", (width,), "bfloat16") for n, width in
-                 [("latent", r), ("index_k", di), ("index_gate", di), ("pool_key", di)]]
+        specs = [
+            RowSpec(f"L0.{n}", (width,), "bfloat16")
+            for n, width in [("latent", r), ("index_k", di), ("index_gate", di), ("pool_key", di)]
+        ]
         self.rows = PagedRows(specs, streams * pages_each, page_rows, device)
         for buf in self.rows.buffers.values():
             buf.copy_(torch.randn(buf.shape, device=device, generator=g).to(BF16))
@@ -95,13 +124,22 @@ class Layer:
         fp = self.pass_(list(range(streams)), 0, self.pages_each * self.page_rows)
         rows = self.rows
         triton_indexer.write_pool_keys(
-            rows.flat("L0.index_k"), rows.flat("L0.index_gate"), self.w.indexer.ape,
-            rows.flat("L0.pool_key"), fp.positions, fp.write_index, pass_meta(fp), self.page_rows)
+            rows.flat("L0.index_k"),
+            rows.flat("L0.index_gate"),
+            self.w.indexer.ape,
+            rows.flat("L0.pool_key"),
+            fp.positions,
+            fp.write_index,
+            pass_meta(fp),
+            self.page_rows,
+        )
 
     def pass_(self, streams: list[int], start: int, rows: int) -> ForwardPass:
         pe = self.pages_each
-        specs = [StreamRows(i, start, [1] * rows, list(range(i * pe, (i + 1) * pe)), "last")
-                 for i in streams]
+        specs = [
+            StreamRows(i, start, [1] * rows, list(range(i * pe, (i + 1) * pe)), "last")
+            for i in streams
+        ]
         return ForwardPass(specs, self.page_rows, self.device)
 
     def call(self, fp: ForwardPass) -> tuple[torch.Tensor, Any]:
@@ -149,23 +187,43 @@ def parts(layer: Layer, fp: ForwardPass, clock: Clock) -> dict[str, float]:
     g = torch.Generator(device=layer.device).manual_seed(1)
     q = torch.randn(n, ni, di, device=layer.device, generator=g).to(BF16)
     wts = torch.randn(n, ni, device=layer.device, generator=g)
-    q_lat = torch.randn(n, cfg.num_attention_heads, cfg.kv_lora_rank, device=layer.device,
-                        generator=g).to(BF16)
+    q_lat = torch.randn(
+        n, cfg.num_attention_heads, cfg.kv_lora_rank, device=layer.device, generator=g
+    ).to(BF16)
     meta, pools = pass_meta(fp), indexer.pool_columns(fp, kp)
     args = (q, wts, rows.flat("L0.pool_key"), kp, fp.positions, meta, fp.page_rows, pools)
     keys = triton_indexer.pool_key_scores(*args, di**-0.5)
     sel = triton_indexer.top_pools(keys, cfg.select_pools)
-    qk = torch.randn(n, cfg.num_attention_heads, cfg.qk_nope_head_dim, device=layer.device,
-                     generator=g).to(BF16)
+    qk = torch.randn(
+        n, cfg.num_attention_heads, cfg.qk_nope_head_dim, device=layer.device, generator=g
+    ).to(BF16)
     return {
-        "pool_key_ms": clock(lambda: triton_indexer.write_pool_keys(
-            rows.flat("L0.index_k"), rows.flat("L0.index_gate"), layer.w.indexer.ape,
-            rows.flat("L0.pool_key"), fp.positions, fp.write_index, meta, fp.page_rows)),
+        "pool_key_ms": clock(
+            lambda: triton_indexer.write_pool_keys(
+                rows.flat("L0.index_k"),
+                rows.flat("L0.index_gate"),
+                layer.w.indexer.ape,
+                rows.flat("L0.pool_key"),
+                fp.positions,
+                fp.write_index,
+                meta,
+                fp.page_rows,
+            )
+        ),
         "score_ms": clock(lambda: triton_indexer.pool_key_scores(*args, di**-0.5)),
         "topk_ms": clock(lambda: triton_indexer.top_pools(keys, cfg.select_pools)),
-        "attend_ms": clock(lambda: triton_mla.sparse_mla(
-            q_lat, rows.flat("L0.latent"), sel, fp.positions, meta, fp.page_rows, kp,
-            cfg.qk_nope_head_dim**-0.5)),
+        "attend_ms": clock(
+            lambda: triton_mla.sparse_mla(
+                q_lat,
+                rows.flat("L0.latent"),
+                sel,
+                fp.positions,
+                meta,
+                fp.page_rows,
+                kp,
+                cfg.qk_nope_head_dim**-0.5,
+            )
+        ),
         "head_linears_ms": clock(lambda: head_linear(head_linear(qk, layer.w.w_uk), layer.w.w_uv)),
     }
 

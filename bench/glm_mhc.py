@@ -58,15 +58,26 @@ def main() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     r = lambda *s, scale=1.0: torch.randn(*s, device="cuda", generator=g) * scale  # noqa: E731
     width = (2 + hc) * hc
-    w = HcWeights(fn=r(width, hc * h, scale=0.5 / (hc * h) ** 0.5), base=r(width, scale=0.5),
-                  scale=r(3, scale=0.2) + 1)
+    w = HcWeights(
+        fn=r(width, hc * h, scale=0.5 / (hc * h) ** 0.5),
+        base=r(width, scale=0.5),
+        scale=r(3, scale=0.2) + 1,
+    )
     norm_w = (r(h, scale=0.2) + 1).to(torch.bfloat16)
     streams = r(max(ROWS), hc, h).to(torch.bfloat16)
 
     def call(x: torch.Tensor):
         return kernels.collapse_norm(
-            x, w.fn, w.base, w.scale, norm_w, iters=cfg.hc_sinkhorn_iters,
-            rms_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps)
+            x,
+            w.fn,
+            w.base,
+            w.scale,
+            norm_w,
+            iters=cfg.hc_sinkhorn_iters,
+            rms_eps=cfg.rms_norm_eps,
+            hc_eps=cfg.hc_eps,
+            norm_eps=cfg.rms_norm_eps,
+        )
 
     out: dict[str, Any] = {"module": args.module, "gpu": torch.cuda.get_device_name()}
     for n in ROWS:

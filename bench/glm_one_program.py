@@ -39,8 +39,10 @@ REPS = 20
 ROUTE_WAYS = {  # (the gate's layout, triton_route's switches); "tiled": sessions 23 - 24
     "tiled_64": ("rows", dict(FP32_EXPERT_BLOCK=64)),
     # the FMA chain, its 64 chunks added by the route kernel (session 25's census: 6.5 + 14.7 us)
-    "chain_64x64_route_sums": ("columns", dict(FP32_CHAIN_SPLIT=64, FP32_CHAIN_EXPERTS=64,
-                                               FP32_CHAIN_SUMS=False)),
+    "chain_64x64_route_sums": (
+        "columns",
+        dict(FP32_CHAIN_SPLIT=64, FP32_CHAIN_EXPERTS=64, FP32_CHAIN_SUMS=False),
+    ),
     # ... by the chain's last program of each expert block instead (the route adds one)
     "chain_64x64": ("columns", dict(FP32_CHAIN_SPLIT=64, FP32_CHAIN_EXPERTS=64)),
     "chain_64x32": ("columns", dict(FP32_CHAIN_SPLIT=64, FP32_CHAIN_EXPERTS=32)),
@@ -49,8 +51,10 @@ ROUTE_WAYS = {  # (the gate's layout, triton_route's switches); "tiled": session
     "chain_128x64": ("columns", dict(FP32_CHAIN_SPLIT=128, FP32_CHAIN_EXPERTS=64)),
     "chain_128x32": ("columns", dict(FP32_CHAIN_SPLIT=128, FP32_CHAIN_EXPERTS=32)),
     "chain_256x16": ("columns", dict(FP32_CHAIN_SPLIT=256, FP32_CHAIN_EXPERTS=16)),
-    "chain_64x64_one_row_groups": ("columns", dict(FP32_CHAIN_SPLIT=64, FP32_CHAIN_EXPERTS=64,
-                                                   ONE_ROW_GROUPS=True)),
+    "chain_64x64_one_row_groups": (
+        "columns",
+        dict(FP32_CHAIN_SPLIT=64, FP32_CHAIN_EXPERTS=64, ONE_ROW_GROUPS=True),
+    ),
 }
 TOP_POOL_WIDTHS = (64, 256, 1024, 2048)  # pools a row: top_pools in one launch against torch's
 COLLAPSE_WAYS = {  # session 23's first; then the collapse's warps, the projection's pieces
@@ -60,8 +64,12 @@ COLLAPSE_WAYS = {  # session 23's first; then the collapse's warps, the projecti
     "pieces_128": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=4, MAX_SPLIT=128, PIECE=128),
     "pieces_32": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=4, MAX_SPLIT=32, PIECE=512),
 }
-EXPAND_WAYS = {"block_512": dict(EXPAND_BLOCK_H=512), "block_256": dict(EXPAND_BLOCK_H=256),
-               "block_128": dict(EXPAND_BLOCK_H=128), "block_64": dict(EXPAND_BLOCK_H=64)}
+EXPAND_WAYS = {
+    "block_512": dict(EXPAND_BLOCK_H=512),
+    "block_256": dict(EXPAND_BLOCK_H=256),
+    "block_128": dict(EXPAND_BLOCK_H=128),
+    "block_64": dict(EXPAND_BLOCK_H=64),
+}
 RECURRENT_WAYS = {  # triton_kda.recurrent's tile: V columns a program, its warps
     "v32_4warps": dict(VALUE_BLOCK=32, RECURRENT_WARPS=4),
     "v16_4warps": dict(VALUE_BLOCK=16, RECURRENT_WARPS=4),
@@ -111,11 +119,22 @@ def us_a_call(fn: Callable[[], Any], device: str) -> float | None:
     return sorted(times)[len(times) // 2]
 
 
-def route_outputs(cfg: Any, x: torch.Tensor, gate: torch.Tensor,
-                  bias: torch.Tensor) -> dict[str, torch.Tensor]:
-    w, e = triton_route.route(x, gate, bias, cfg.num_experts_per_tok, norm_topk_prob=True,
-                              scaling=cfg.routed_scaling_factor, fp32=True, norm_eps=1e-20,
-                              groups=cfg.n_group, keep_groups=cfg.topk_group, by_expert=True)
+def route_outputs(
+    cfg: Any, x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    w, e = triton_route.route(
+        x,
+        gate,
+        bias,
+        cfg.num_experts_per_tok,
+        norm_topk_prob=True,
+        scaling=cfg.routed_scaling_factor,
+        fp32=True,
+        norm_eps=1e-20,
+        groups=cfg.n_group,
+        keep_groups=cfg.topk_group,
+        by_expert=True,
+    )
     out = {"weights": w, "experts": e}
     aligned = getattr(e, "tf_aligned", None)
     if aligned is not None:  # the written part: blocks of an expert, their pairs
@@ -126,9 +145,19 @@ def route_outputs(cfg: Any, x: torch.Tensor, gate: torch.Tensor,
 
 
 def bare_route(cfg: Any, x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor) -> Any:
-    return triton_route.route(x, gate, bias, cfg.num_experts_per_tok, norm_topk_prob=True,
-                              scaling=cfg.routed_scaling_factor, fp32=True, norm_eps=1e-20,
-                              groups=cfg.n_group, keep_groups=cfg.topk_group, by_expert=True)
+    return triton_route.route(
+        x,
+        gate,
+        bias,
+        cfg.num_experts_per_tok,
+        norm_topk_prob=True,
+        scaling=cfg.routed_scaling_factor,
+        fp32=True,
+        norm_eps=1e-20,
+        groups=cfg.n_group,
+        keep_groups=cfg.topk_group,
+        by_expert=True,
+    )
 
 
 def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
@@ -156,10 +185,12 @@ def route_section(cfg: Any, device: str) -> dict[str, Any]:
                 got = route_outputs(cfg, x[:n], gate, bias)
                 first.setdefault(n, got)
                 row[f"experts_of_first_way_{n}"] = float(
-                    (got["experts"] == first[n]["experts"]).all(-1).float().mean())
+                    (got["experts"] == first[n]["experts"]).all(-1).float().mean()
+                )
                 row[f"row0_equals_alone_{n}"] = bool(
                     torch.equal(got["weights"][0], alone["weights"][0])
-                    and torch.equal(got["experts"][0], alone["experts"][0]))
+                    and torch.equal(got["experts"][0], alone["experts"][0])
+                )
                 row[f"us_{n}"] = us_a_call(lambda n=n: bare_route(cfg, x[:n], gate, bias), device)
             out[name] = row
     return out
@@ -173,7 +204,7 @@ def top_pools_section(cfg: Any, device: str) -> dict[str, Any]:
     for width in TOP_POOL_WIDTHS if device == "cuda" else (40,):
         keys = torch.randint(-(2**62), 2**62, (8, width), device=device, generator=g)
         keys = keys // 2**32 * 2**32 + (triton_indexer.LOW - torch.arange(width, device=device))
-        keys[:, width - width // 4:] = triton_indexer.NO_POOL  # the last quarter not yet complete
+        keys[:, width - width // 4 :] = triton_indexer.NO_POOL  # the last quarter not yet complete
         row: dict[str, Any] = {}
         got = {}
         for way, most in (("one_launch", 1 << 30), ("torch_topk", 0)):
@@ -181,7 +212,8 @@ def top_pools_section(cfg: Any, device: str) -> dict[str, Any]:
                 got[way] = triton_indexer.top_pools(keys, cfg.select_pools)
                 for n in (1, 8):
                     row[f"{way}_us_{n}"] = us_a_call(
-                        lambda n=n: triton_indexer.top_pools(keys[:n], cfg.select_pools), device)
+                        lambda n=n: triton_indexer.top_pools(keys[:n], cfg.select_pools), device
+                    )
         row["same_pools"] = bool(torch.equal(got["one_launch"], got["torch_topk"]))
         out[f"pools_{width}"] = row
     return out
@@ -208,8 +240,16 @@ def collapse_section(cfg: Any, device: str) -> dict[str, Any]:
 
     def call(n: int) -> tuple[torch.Tensor, ...]:
         return triton_mhc.collapse_norm(
-            streams[:n], fn, base, scale, norm_w, iters=cfg.hc_sinkhorn_iters,
-            rms_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps)
+            streams[:n],
+            fn,
+            base,
+            scale,
+            norm_w,
+            iters=cfg.hc_sinkhorn_iters,
+            rms_eps=cfg.rms_norm_eps,
+            hc_eps=cfg.hc_eps,
+            norm_eps=cfg.rms_norm_eps,
+        )
 
     out: dict[str, Any] = {}
     first = None
@@ -219,8 +259,9 @@ def collapse_section(cfg: Any, device: str) -> dict[str, Any]:
             first = first or batch
             row: dict[str, Any] = {
                 "row0_equals_alone": all(torch.equal(a[0], b[0]) for a, b in zip(alone, batch)),
-                "max_abs_diff_vs_first_way": [float((a.float() - b.float()).abs().max())
-                                              for a, b in zip(batch, first)],
+                "max_abs_diff_vs_first_way": [
+                    float((a.float() - b.float()).abs().max()) for a, b in zip(batch, first)
+                ],
             }
             for n in rows:
                 row[f"us_{n}"] = us_a_call(lambda n=n: call(n), device)
@@ -248,7 +289,8 @@ def expand_section(cfg: Any, device: str) -> dict[str, Any]:
             row: dict[str, Any] = {"equals_first_way": bool(torch.equal(got, first))}
             for m in rows:
                 row[f"us_{m}"] = us_a_call(
-                    lambda m=m: triton_mhc.expand(post[:m], comb[:m], y[:m], res[:m]), device)
+                    lambda m=m: triton_mhc.expand(post[:m], comb[:m], y[:m], res[:m]), device
+                )
             out[name] = row
     return out
 
@@ -269,16 +311,29 @@ def expand_collapse_section(cfg: Any, device: str) -> dict[str, Any]:
 
     def call(m: int) -> tuple[torch.Tensor, ...]:
         return triton_mhc.expand_collapse_norm(
-            post[:m], comb[:m], y[:m], res[:m], fn, base, scale, norm_w,
-            iters=cfg.hc_sinkhorn_iters, rms_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps,
-            norm_eps=cfg.rms_norm_eps)
+            post[:m],
+            comb[:m],
+            y[:m],
+            res[:m],
+            fn,
+            base,
+            scale,
+            norm_w,
+            iters=cfg.hc_sinkhorn_iters,
+            rms_eps=cfg.rms_norm_eps,
+            hc_eps=cfg.hc_eps,
+            norm_eps=cfg.rms_norm_eps,
+        )
 
     two_steps = call(n)
     out: dict[str, Any] = {}
     for name, on in (("two_steps", False), ("one_launch", True)):
         with switched(triton_mhc, dict(FUSED_EXPAND_COLLAPSE=on)):
-            row: dict[str, Any] = {"rows_equal_the_two_steps_of_all": all(
-                torch.equal(a, b[:m]) for m in rows for a, b in zip(call(m), two_steps))}
+            row: dict[str, Any] = {
+                "rows_equal_the_two_steps_of_all": all(
+                    torch.equal(a, b[:m]) for m in rows for a, b in zip(call(m), two_steps)
+                )
+            }
             for m in rows:
                 row[f"us_{m}"] = us_a_call(lambda m=m: call(m), device)
             out[name] = row
@@ -296,8 +351,9 @@ def recurrent_section(cfg: Any, device: str) -> dict[str, Any]:
     heads, dk = cfg.linear_num_heads, cfg.linear_head_dim
     n = 64 if device == "cuda" else 4
     rows = (1, 8, 64) if device == "cuda" else (1, 4)
-    q, k, v, pre = (torch.randn(n, heads * dk, device=device, generator=g).to(torch.bfloat16)
-                    for _ in range(4))
+    q, k, v, pre = (
+        torch.randn(n, heads * dk, device=device, generator=g).to(torch.bfloat16) for _ in range(4)
+    )
     b = torch.randn(n, heads, device=device, generator=g).to(torch.bfloat16)
     a_log = torch.rand(heads, device=device, generator=g) * 2.7
     dt_bias = torch.randn(heads * dk, device=device, generator=g) * 0.5
@@ -307,9 +363,22 @@ def recurrent_section(cfg: Any, device: str) -> dict[str, Any]:
     states, out = start.clone(), torch.zeros(n, heads, dk, dtype=torch.bfloat16, device=device)
 
     def call(m: int, first: int = 0) -> None:
-        triton_kda.recurrent(q, k, v, pre, b, a_log, dt_bias, cfg.linear_lower_bound, states,
-                             ids[first : first + m], torch.ones_like(ids[:m]),
-                             pos[first : first + m], ids[first : first + m], out)
+        triton_kda.recurrent(
+            q,
+            k,
+            v,
+            pre,
+            b,
+            a_log,
+            dt_bias,
+            cfg.linear_lower_bound,
+            states,
+            ids[first : first + m],
+            torch.ones_like(ids[:m]),
+            pos[first : first + m],
+            ids[first : first + m],
+            out,
+        )
 
     def fresh_run(m: int, first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         states.copy_(start)
@@ -328,12 +397,22 @@ def recurrent_section(cfg: Any, device: str) -> dict[str, Any]:
 
         def fla(m: int) -> None:
             fused_recurrent_kda_fwd(
-                q=q[:m].view(m, 1, heads, dk), k=k[:m].view(m, 1, heads, dk),
-                v=v[:m].view(m, 1, heads, dk), g=pre[:m].view(m, 1, heads, dk),
-                beta=beta[:m].view(m, 1, heads), initial_state=fla_states,
-                inplace_final_state=True, ssm_state_indices=ids[:m], out=o[:m], A_log=a_log,
-                dt_bias=dt_bias, scale=dk**-0.5, use_qk_l2norm_in_kernel=True,
-                use_gate_in_kernel=True, lower_bound=cfg.linear_lower_bound)
+                q=q[:m].view(m, 1, heads, dk),
+                k=k[:m].view(m, 1, heads, dk),
+                v=v[:m].view(m, 1, heads, dk),
+                g=pre[:m].view(m, 1, heads, dk),
+                beta=beta[:m].view(m, 1, heads),
+                initial_state=fla_states,
+                inplace_final_state=True,
+                ssm_state_indices=ids[:m],
+                out=o[:m],
+                A_log=a_log,
+                dt_bias=dt_bias,
+                scale=dk**-0.5,
+                use_qk_l2norm_in_kernel=True,
+                use_gate_in_kernel=True,
+                lower_bound=cfg.linear_lower_bound,
+            )
 
         fla(n)
         fla_out = o.view(n, heads, dk).float()
@@ -345,13 +424,14 @@ def recurrent_section(cfg: Any, device: str) -> dict[str, Any]:
             first_way = first_way or many
             row: dict[str, Any] = {
                 "row_alone_equals_batch": all(
-                    torch.equal(fresh_run(1, r)[0][r], many[0][r]) for r in (0, n - 1)),
-                "equals_first_way": bool(torch.equal(many[0], first_way[0])
-                                         and torch.equal(many[1], first_way[1])),
+                    torch.equal(fresh_run(1, r)[0][r], many[0][r]) for r in (0, n - 1)
+                ),
+                "equals_first_way": bool(
+                    torch.equal(many[0], first_way[0]) and torch.equal(many[1], first_way[1])
+                ),
             }
             if fla_out is not None:
-                row["rel_err_vs_fla"] = float((many[0].float() - fla_out).norm()
-                                              / fla_out.norm())
+                row["rel_err_vs_fla"] = float((many[0].float() - fla_out).norm() / fla_out.norm())
             for m in rows:
                 row[f"us_{m}"] = us_a_call(lambda m=m: call(m), device)
             res[name] = row
@@ -364,13 +444,23 @@ def pool_key_section(cfg: Any, device: str) -> dict[str, Any]:
     kp = cfg.index_kpool
     layer = Layer(cfg, device, 1, ctx // page_rows + 1, page_rows)
     rows = layer.rows
-    cases = {"pool_end": layer.pass_([0], 3 * kp - 1, 1), "mid_pool": layer.pass_([0], 3 * kp, 1),
-             "prompt": layer.pass_([0], 0, ctx)}
+    cases = {
+        "pool_end": layer.pass_([0], 3 * kp - 1, 1),
+        "mid_pool": layer.pass_([0], 3 * kp, 1),
+        "prompt": layer.pass_([0], 0, ctx),
+    }
 
     def call(fp: Any) -> None:
         triton_indexer.write_pool_keys(
-            rows.flat("L0.index_k"), rows.flat("L0.index_gate"), layer.w.indexer.ape,
-            rows.flat("L0.pool_key"), fp.positions, fp.write_index, pass_meta(fp), page_rows)
+            rows.flat("L0.index_k"),
+            rows.flat("L0.index_gate"),
+            layer.w.indexer.ape,
+            rows.flat("L0.pool_key"),
+            fp.positions,
+            fp.write_index,
+            pass_meta(fp),
+            page_rows,
+        )
 
     keys = rows.buffers["L0.pool_key"]
     out: dict[str, Any] = {}
@@ -383,23 +473,33 @@ def pool_key_section(cfg: Any, device: str) -> dict[str, Any]:
                 call(fp)
                 got = keys.clone()
                 first.setdefault(case, got)
-                row[f"equals_first_way_{case}"] = bool(torch.equal(got.nan_to_num(7.0),
-                                                                   first[case].nan_to_num(7.0)))
+                row[f"equals_first_way_{case}"] = bool(
+                    torch.equal(got.nan_to_num(7.0), first[case].nan_to_num(7.0))
+                )
                 row[f"us_{case}"] = us_a_call(lambda fp=fp: call(fp), device)
             out[name] = row
     return out
 
 
-SECTIONS = {"route": route_section, "collapse": collapse_section, "expand": expand_section,
-            "expand_collapse": expand_collapse_section, "pool_keys": pool_key_section,
-            "top_pools": top_pools_section, "recurrent": recurrent_section}
+SECTIONS = {
+    "route": route_section,
+    "collapse": collapse_section,
+    "expand": expand_section,
+    "expand_collapse": expand_collapse_section,
+    "pool_keys": pool_key_section,
+    "top_pools": top_pools_section,
+    "recurrent": recurrent_section,
+}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny, on the CPU, Triton interpreted")
-    ap.add_argument("--sections", default=",".join(SECTIONS),
-                    help=f"comma-separated, of {', '.join(SECTIONS)} (default: all)")
+    ap.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated, of {', '.join(SECTIONS)} (default: all)",
+    )
     args = ap.parse_args()
     names = [n for n in args.sections.split(",") if n]
     unknown = [n for n in names if n not in SECTIONS]

@@ -46,13 +46,27 @@ from tensorfold_glm.dummy import SHAPES, build_dummy  # noqa: E402
 from tensorfold_glm.weights import MoeWeights  # noqa: E402
 
 SMOKE_CONFIG = dict(  # 4 layers: KDA x3 then MLA; 3 dense then MoE
-    vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32,
-    kv_lora_rank=16, qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=8,
-    num_experts_per_tok=2, index_head_dim=16, index_n_heads=16, index_topk=16, index_kpool=4,
-    linear_num_heads=2, linear_head_dim=16, max_position_embeddings=8192,
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    q_lora_rank=32,
+    kv_lora_rank=16,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    index_head_dim=16,
+    index_n_heads=16,
+    index_topk=16,
+    index_kpool=4,
+    linear_num_heads=2,
+    linear_head_dim=16,
+    max_position_embeddings=8192,
 )
-
 
 
 def _tensors(obj, found: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
@@ -87,16 +101,19 @@ def step_bytes(model) -> dict[str, Any]:
     return {
         "one_stream": common + moe_layers * k * expert,
         "all_experts": common + moe_layers * e * expert,
-        "expected_bytes": {str(n): int(common + moe_layers * e * (1 - (1 - k / e) ** n) * expert)
-                           for n in (1, 8, 64)},
+        "expected_bytes": {
+            str(n): int(common + moe_layers * e * (1 - (1 - k / e) ** n) * expert)
+            for n in (1, 8, 64)
+        },
         "weights_total": size(_tensors(w, {}).values()),
     }
 
 
 class Bench(EngineSections):
     # the interpreter runs every kernel of this model slowly: smaller CPU runs
-    SMOKE = dict(new=3, prompt=16, streams=(1, 2), prefill=(40, 100), gate_top=40, gate_new=3,
-                 levels=(1, 4))
+    SMOKE = dict(
+        new=3, prompt=16, streams=(1, 2), prefill=(40, 100), gate_top=40, gate_new=3, levels=(1, 4)
+    )
 
     def __init__(self, args: argparse.Namespace):
         super().__init__(args)
@@ -112,8 +129,11 @@ class Bench(EngineSections):
     def env(self) -> dict[str, Any]:
         import triton
 
-        info: dict[str, Any] = {"torch": torch.__version__, "triton": triton.__version__,
-                                "commit": self.args.commit}
+        info: dict[str, Any] = {
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "commit": self.args.commit,
+        }
         for pkg in ("fla", "transformers"):
             if importlib.util.find_spec(pkg) is not None:
                 from importlib.metadata import PackageNotFoundError, version
@@ -136,9 +156,12 @@ class Bench(EngineSections):
         a = time.perf_counter()
         self.model = build_dummy(self.config(), self.device, torch.bfloat16, seed=0)
         sync(self.device)
-        return {"shape": "smoke" if self.smoke else self.args.shape,
-                "build_s": time.perf_counter() - a, **step_bytes(self.model),
-                "fixed_state_bytes_per_stream": self.model.layout.fixed_bytes}
+        return {
+            "shape": "smoke" if self.smoke else self.args.shape,
+            "build_s": time.perf_counter() - a,
+            **step_bytes(self.model),
+            "fixed_state_bytes_per_stream": self.model.layout.fixed_bytes,
+        }
 
     def decode(self) -> dict[str, Any]:
         """The shared decode, with a stream's bytes a step beside the weights: its cache rows at
@@ -155,8 +178,10 @@ class Bench(EngineSections):
         """fla-core on one KDA layer's shape: chunk_kda against fused_recurrent_kda (what the
         serving path runs for every row), and chunk_kda's bits packed and split."""
         if self.device != "cuda" or importlib.util.find_spec("fla") is None:
-            return {"skipped": "fla-core needs the GPU (and is not installed here): the KDA rows "
-                               "ran the torch recurrence"}
+            return {
+                "skipped": "fla-core needs the GPU (and is not installed here): the KDA rows "
+                "ran the torch recurrence"
+            }
         from fla.ops.kda import chunk_kda
         from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
@@ -167,22 +192,35 @@ class Bench(EngineSections):
         def inputs(t: int):
             r = lambda *s, std=1.0: torch.randn(*s, device="cuda", generator=gen) * std  # noqa
             bf = torch.bfloat16
-            return dict(q=r(1, t, h, d).to(bf), k=r(1, t, h, d).to(bf), v=r(1, t, h, d).to(bf),
-                        g=r(1, t, h, d).to(bf), beta=torch.sigmoid(r(1, t, h)).to(bf))
+            return dict(
+                q=r(1, t, h, d).to(bf),
+                k=r(1, t, h, d).to(bf),
+                v=r(1, t, h, d).to(bf),
+                g=r(1, t, h, d).to(bf),
+                beta=torch.sigmoid(r(1, t, h)).to(bf),
+            )
 
         a_log = torch.log(torch.linspace(1, 16, h, device="cuda"))
         dt = torch.randn(h * d, device="cuda", generator=gen) * 0.5
-        gate = dict(A_log=a_log, dt_bias=dt, use_gate_in_kernel=True, lower_bound=-5.0,
-                    use_qk_l2norm_in_kernel=True, scale=d**-0.5)
+        gate = dict(
+            A_log=a_log,
+            dt_bias=dt,
+            use_gate_in_kernel=True,
+            lower_bound=-5.0,
+            use_qk_l2norm_in_kernel=True,
+            scale=d**-0.5,
+        )
 
         def chunk(x, state=None, cu=None):
-            o, final = chunk_kda(**x, initial_state=state, output_final_state=True,
-                                 cu_seqlens=cu, **gate)
+            o, final = chunk_kda(
+                **x, initial_state=state, output_final_state=True, cu_seqlens=cu, **gate
+            )
             return o, final
 
         def recurrent(x, state):
-            return fused_recurrent_kda_fwd(**x, initial_state=state, output_final_state=True,
-                                           inplace_final_state=False, **gate)
+            return fused_recurrent_kda_fwd(
+                **x, initial_state=state, output_final_state=True, inplace_final_state=False, **gate
+            )
 
         def timed(fn) -> float:
             fn()
@@ -202,28 +240,34 @@ class Bench(EngineSections):
         both = {k: torch.cat((x[k], y[k]), 1) for k in x}
         cu = torch.tensor([0, 3000, 4000], device="cuda", dtype=torch.long)
         o_packed, s_packed = chunk(both, zero2, cu)
-        res["chunk_packed_equals_alone"] = bool(torch.equal(o_packed[:, :3000], o_alone)
-                                                and torch.equal(s_packed[0], s_alone[0]))
+        res["chunk_packed_equals_alone"] = bool(
+            torch.equal(o_packed[:, :3000], o_alone) and torch.equal(s_packed[0], s_alone[0])
+        )
         cut = 1024
         first = {k: v[:, :cut].contiguous() for k, v in x.items()}
         rest = {k: v[:, cut:].contiguous() for k, v in x.items()}
         o1, s1 = chunk(first, zero2[:1])
         o2, s2 = chunk(rest, s1)
         res["chunk_split_at_1024_equals_whole"] = bool(
-            torch.equal(torch.cat((o1, o2), 1), o_alone) and torch.equal(s2, s_alone))
+            torch.equal(torch.cat((o1, o2), 1), o_alone) and torch.equal(s2, s_alone)
+        )
         res["chunk_vs_recurrent_rel"] = float(
-            (o_alone.float() - recurrent(x, zero2[:1])[0].float()).norm() / o_alone.float().norm())
+            (o_alone.float() - recurrent(x, zero2[:1])[0].float()).norm() / o_alone.float().norm()
+        )
         r1 = recurrent(first, zero2[:1])
         r2 = recurrent(rest, r1[1])
         rw = recurrent(x, zero2[:1])
         res["recurrent_split_equals_whole"] = bool(
-            torch.equal(torch.cat((r1[0], r2[0]), 1), rw[0]) and torch.equal(r2[1], rw[1]))
+            torch.equal(torch.cat((r1[0], r2[0]), 1), rw[0]) and torch.equal(r2[1], rw[1])
+        )
         self.save()
         for t in (2048, 8192, 32768):
             x = inputs(t)
             zero = torch.zeros(1, h, d, d, device="cuda")
-            res[f"rows{t}"] = {"chunk_kda_ms": timed(lambda: chunk(x, zero)),
-                               "fused_recurrent_kda_ms": timed(lambda: recurrent(x, zero))}
+            res[f"rows{t}"] = {
+                "chunk_kda_ms": timed(lambda: chunk(x, zero)),
+                "fused_recurrent_kda_ms": timed(lambda: recurrent(x, zero)),
+            }
             self.save()
         return res
 
@@ -246,7 +290,7 @@ class Bench(EngineSections):
             out = hf.generate(ids, max_new_tokens=steps, do_sample=False, min_new_tokens=steps)
             sync(dev)
             res["streams1_generate_tokens_per_s"] = steps / (time.perf_counter() - a)
-            theirs = out[0, len(prompt):].tolist()
+            theirs = out[0, len(prompt) :].tolist()
             for n in (2048,) if not self.smoke else (40,):
                 p = torch.tensor(engine_runs.random_prompts(1, n, vocab, seed=n), device=dev)
                 sync(dev)
@@ -262,12 +306,20 @@ class Bench(EngineSections):
                     sync(dev)
                 names = {e.key for e in prof.key_averages()}
                 res["kda_kernels_seen"] = sorted(
-                    k[:80] for k in names if "kda" in k.lower() or "delta" in k.lower()
-                    or "conv1d" in k.lower())[:20]
-        ours = engine_runs.run_requests(self.runner(1, window=1024), [prompt], steps, lanes=1,
-                                        window=1024).outcomes[0].tokens
+                    k[:80]
+                    for k in names
+                    if "kda" in k.lower() or "delta" in k.lower() or "conv1d" in k.lower()
+                )[:20]
+        ours = (
+            engine_runs.run_requests(
+                self.runner(1, window=1024), [prompt], steps, lanes=1, window=1024
+            )
+            .outcomes[0]
+            .tokens
+        )
         res["greedy_tokens_agree_for"] = next(
-            (i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+            (i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours)
+        )
         seq = prompt + ours
         from tensorfold.forward_pass import StreamRows
 
@@ -287,13 +339,19 @@ class Bench(EngineSections):
         from bench import glm_hf
         from tensorfold.forward_pass import StreamRows
 
-        cfg = self.config() if self.smoke else GlmConfig.from_dict(
-            {"num_hidden_layers": 4}, "GLM-5.3-Flash-4L")
+        cfg = (
+            self.config()
+            if self.smoke
+            else GlmConfig.from_dict({"num_hidden_layers": 4}, "GLM-5.3-Flash-4L")
+        )
         model = build_dummy(cfg, self.device, torch.float32, seed=0)
-        res: dict[str, Any] = {"layer_types": list(cfg.layer_types),
-                               "mlp_layer_types": list(cfg.mlp_layer_types)}
-        prompt = engine_runs.random_prompts(1, 64 if self.smoke else 2100, cfg.vocab_size,
-                                            seed=99)[0]
+        res: dict[str, Any] = {
+            "layer_types": list(cfg.layer_types),
+            "mlp_layer_types": list(cfg.mlp_layer_types),
+        }
+        prompt = engine_runs.random_prompts(1, 64 if self.smoke else 2100, cfg.vocab_size, seed=99)[
+            0
+        ]
         pages = -(-len(prompt) // PAGE_ROWS)
         runner = ModelRunner(model, num_pages=pages, num_slots=1, page_rows=PAGE_ROWS)
         (ours,) = runner.run([StreamRows(0, 0, prompt, list(range(pages)), "all")])
@@ -330,17 +388,33 @@ class Bench(EngineSections):
         g = torch.Generator().manual_seed(5)
         n_first = 3000 if not self.smoke else 150
         first = torch.randint(20, vocab, (n_first,), generator=g).tolist()
-        tail = lambda s: torch.randint(20, vocab, (5,), generator=torch.Generator().manual_seed(s)).tolist()  # noqa
+
+        def tail(s: int) -> list[int]:
+            return torch.randint(
+                20, vocab, (5,), generator=torch.Generator().manual_seed(s)
+            ).tolist()
+
         marks = [48, 50, 64, 208] + ([2048, 2100] if not self.smoke else [])
-        follow = {"past 208": first[:230] + tail(1), "past 64": first[:70] + tail(2),
-                  "at 49": first[:49] + tail(3), "whole": first + tail(4)}
+        follow = {
+            "past 208": first[:230] + tail(1),
+            "past 64": first[:70] + tail(2),
+            "at 49": first[:49] + tail(3),
+            "whole": first + tail(4),
+        }
         if not self.smoke:
             follow["past 2048"] = first[:2600] + tail(5)
         params = SamplingParams(temperature=0, max_tokens=8)
         submit = lambda llm, ids, marks: testing.submit_with_marks(  # noqa: E731
-            llm, ids, marks, params, timeout_s=600)
-        flags = dict(device=self.device, dtype="bfloat16", load_format="dummy", parallel=2,
-                     context=4096, prompt_cache_gib=8 if not self.smoke else 0.05)
+            llm, ids, marks, params, timeout_s=600
+        )
+        flags = dict(
+            device=self.device,
+            dtype="bfloat16",
+            load_format="dummy",
+            parallel=2,
+            context=4096,
+            prompt_cache_gib=8 if not self.smoke else 0.05,
+        )
         if self.smoke:
             flags.update(memory_limit_gib=0.5)
         out: dict[int, dict[str, Any]] = {}
@@ -404,15 +478,24 @@ def main() -> None:
     b = Bench(args)
     want = set(args.sections.split(",")) if args.sections != "all" else None
     plan: list[tuple[str, Callable[[], Any], float]] = [
-        ("env", b.env, 0), ("limits", b.limits, 30), ("build", b.build, 30),
-        ("decode", b.decode, 60), ("gates", b.gates, 90), ("prefill", b.prefill, 60),
-        ("kda_cost", b.kda_cost, 30), ("transformers", b.transformers, 60),
-        ("resumed", b.resumed, 90), ("fp32_parity", b.fp32_parity, 60),
-        ("profile", b.profile, 30), ("census", b.census, 30), ("round_path", b.round_path, 30),
+        ("env", b.env, 0),
+        ("limits", b.limits, 30),
+        ("build", b.build, 30),
+        ("decode", b.decode, 60),
+        ("gates", b.gates, 90),
+        ("prefill", b.prefill, 60),
+        ("kda_cost", b.kda_cost, 30),
+        ("transformers", b.transformers, 60),
+        ("resumed", b.resumed, 90),
+        ("fp32_parity", b.fp32_parity, 60),
+        ("profile", b.profile, 30),
+        ("census", b.census, 30),
+        ("round_path", b.round_path, 30),
     ]
     # resumed and kda_cost build their own: the bench model's 78 GB would only be in the way
     uses_model = want is None or bool(
-        want & {"decode", "gates", "prefill", "transformers", "profile", "census", "round_path"})
+        want & {"decode", "gates", "prefill", "transformers", "profile", "census", "round_path"}
+    )
     for name, fn, need in plan:
         if name == "build" and not uses_model:
             continue
@@ -421,10 +504,12 @@ def main() -> None:
                 continue
             b.section(name, fn, need)
     text = summary(b.results)
-    extra = [f"kda_cost: {short(b.results.get('kda_cost', {}))}",
-             f"resumed: {short(b.results.get('resumed', {}))}",
-             f"fp32_parity: {short(b.results.get('fp32_parity', {}))}",
-             f"gates: {short(b.results.get('gates', {}))}"]
+    extra = [
+        f"kda_cost: {short(b.results.get('kda_cost', {}))}",
+        f"resumed: {short(b.results.get('resumed', {}))}",
+        f"fp32_parity: {short(b.results.get('fp32_parity', {}))}",
+        f"gates: {short(b.results.get('gates', {}))}",
+    ]
     text += "\n" + "\n".join(extra)
     (b.out / "summary.txt").write_text(text + "\n")
     print(text)

@@ -53,9 +53,16 @@ def main() -> None:
     from tensorfold_lfm2_moe.dummy import SHAPES, build_dummy
 
     gpu.set_triton(True, on_cpu=True)
-    cfg = replace(SHAPES["LFM2-8B-A1B"], vocab_size=512, hidden_size=256, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=64, intermediate_size=512,
-                  moe_intermediate_size=128)
+    cfg = replace(
+        SHAPES["LFM2-8B-A1B"],
+        vocab_size=512,
+        hidden_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=512,
+        moe_intermediate_size=128,
+    )
     model = build_dummy(cfg, "cpu", torch.bfloat16, seed=0)
     pages = -(-args.rows // 512)
     runner = ModelRunner(model, num_pages=pages, num_slots=1, page_rows=512)
@@ -78,9 +85,11 @@ def main() -> None:
     one_pass()
     prof.disable()
     stats = pstats.Stats(prof, stream=io.StringIO())
-    print(f"{args.rows}-row pass: host {times[len(times) // 2] * 1e3:.2f} ms (median of "
-          f"{args.passes}; min {times[0] * 1e3:.2f}), {per_pass} launches, "
-          f"{stats.total_calls} Python calls")
+    print(
+        f"{args.rows}-row pass: host {times[len(times) // 2] * 1e3:.2f} ms (median of "
+        f"{args.passes}; min {times[0] * 1e3:.2f}), {per_pass} launches, "
+        f"{stats.total_calls} Python calls"
+    )
     if args.profile:
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(20)

@@ -41,6 +41,7 @@ PROMPT = [11, 12, 13, 14, 15, 16, 17, 18]
 
 # -- the served model with a stub forward -----------------------------------------------------
 
+
 def open_stub_served(lanes: int, window: int) -> Any:
     """The demo lfm2_moe served on the CPU, its runner swapped for a GraphRunner (no capture)
     whose forward is a stub: decode rounds take the graph path as they would on a GPU."""
@@ -54,8 +55,13 @@ def open_stub_served(lanes: int, window: int) -> Any:
     engine.stop()  # swap the runner while no thread runs
     ln = engine.lanes
     old = ln.runner
-    runner = cuda_graphs.GraphRunner(old.model, num_pages=old.pool.num_pages, num_slots=lanes,
-                                     page_rows=old.pool.page_rows, capture=False)
+    runner = cuda_graphs.GraphRunner(
+        old.model,
+        num_pages=old.pool.num_pages,
+        num_slots=lanes,
+        page_rows=old.pool.page_rows,
+        capture=False,
+    )
     cuda_graphs.use_triton = lambda t: True  # the graph path on the CPU (no capture: eager)
     stub = StubForward(old.model.vocab_size)
     runner.forward = stub  # type: ignore[method-assign]
@@ -93,14 +99,16 @@ class StubForward:
 
 # -- lanes and engine ---------------------------------------------------------------------------
 
+
 def params(tokens: int) -> Any:
     from tensorfold.sampling import SamplingParams
 
     return SamplingParams(temperature=0, ignore_eos=True, max_tokens=tokens, seed=1)
 
 
-def lanes_rounds(served: Any, streams: int, tokens: int, profile: bool,
-                 timed: bool = False) -> dict[str, Any]:
+def lanes_rounds(
+    served: Any, streams: int, tokens: int, profile: bool, timed: bool = False
+) -> dict[str, Any]:
     """Lanes.step() on this thread (the engine thread stopped): µs a decode round, less the
     stub; timed: with manual timers on the round's parts (which cost a little themselves)."""
     from tensorfold.requests import Request
@@ -126,9 +134,12 @@ def lanes_rounds(served: Any, streams: int, tokens: int, profile: bool,
         prof.disable()
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     host = wall - stub.seconds
-    res = {"rounds": rounds, "us_per_round": round(1e6 * host / rounds, 1),
-           "cpu_us_per_round": round(1e6 * (cpu - stub.seconds) / rounds, 1),
-           "stub_us_per_round": round(1e6 * stub.seconds / rounds, 1)}
+    res = {
+        "rounds": rounds,
+        "us_per_round": round(1e6 * host / rounds, 1),
+        "cpu_us_per_round": round(1e6 * (cpu - stub.seconds) / rounds, 1),
+        "stub_us_per_round": round(1e6 * stub.seconds / rounds, 1),
+    }
     if timers is not None:
         timers.remove()
         res["parts_us_per_round"] = timers.per_round(rounds)
@@ -216,11 +227,18 @@ def engine_rounds(served: Any, streams: int, tokens: int) -> dict[str, Any]:
 
 # -- the server -------------------------------------------------------------------------------
 
+
 async def _client(url: str, streams: int, tokens: int) -> dict[str, Any]:
     import aiohttp
 
-    body = {"model": "lfm2_moe-demo", "max_tokens": tokens, "temperature": 0, "seed": 1,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "model": "lfm2_moe-demo",
+        "max_tokens": tokens,
+        "temperature": 0,
+        "seed": 1,
+        "ignore_eos": True,
+        "stream": True,
+    }
 
     async def one(i: int, session: aiohttp.ClientSession) -> tuple[float, float, int]:
         """Counts token chunks as they arrive without parsing them (a JSON parse a chunk
@@ -232,7 +250,7 @@ async def _client(url: str, streams: int, tokens: int) -> dict[str, Any]:
             async for blob in resp.content.iter_any():
                 blob = carry + blob
                 got = blob.count(mark)
-                carry = blob[-(len(mark) - 1):]
+                carry = blob[-(len(mark) - 1) :]
                 if got:
                     n += got
                     last = time.perf_counter()
@@ -251,8 +269,9 @@ def client_main(url: str, streams: int, tokens: int) -> None:
     print(json.dumps(asyncio.run(_client(url, streams, tokens))), flush=True)
 
 
-async def _serve_and_measure(served: Any, streams: int, tokens: int,
-                             profile: bool) -> dict[str, Any]:
+async def _serve_and_measure(
+    served: Any, streams: int, tokens: int, profile: bool
+) -> dict[str, Any]:
     from aiohttp import web
 
     from tensorfold.server import create_app
@@ -269,9 +288,18 @@ async def _serve_and_measure(served: Any, streams: int, tokens: int,
     if prof:
         prof.enable()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bench.host_round", "--client", url, "--streams", str(streams),
-        "--tokens", str(tokens), stdout=subprocess.PIPE,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        sys.executable,
+        "-m",
+        "bench.host_round",
+        "--client",
+        url,
+        "--streams",
+        str(streams),
+        "--tokens",
+        str(tokens),
+        stdout=subprocess.PIPE,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     out, _ = await proc.communicate()
     if prof:
         prof.disable()
@@ -279,8 +307,10 @@ async def _serve_and_measure(served: Any, streams: int, tokens: int,
     got = json.loads(out.decode().strip().splitlines()[-1])
     rounds = tokens - 1
     stub_s = stub.seconds / max(stub.calls, 1) * rounds  # about: the stub costs a few µs
-    res = {"us_per_round": round(1e6 * (got["wall_s"] - stub_s) / rounds, 1),
-           "chunks": got["chunks"]}
+    res = {
+        "us_per_round": round(1e6 * (got["wall_s"] - stub_s) / rounds, 1),
+        "chunks": got["chunks"],
+    }
     if prof:
         res["profile_loop_thread"] = top(prof, 25)
     return res
@@ -317,28 +347,38 @@ def main() -> None:
     try:
         for n in args.streams:
             best: dict[str, Any] = {}
-            for kind, fn in (("lanes", lambda: lanes_rounds(served, n, args.tokens, False)),
-                             ("engine", lambda: engine_rounds(served, n, args.tokens)),
-                             ("server", lambda: server_rounds(served, n, args.tokens, False))):
+            for kind, fn in (
+                ("lanes", lambda: lanes_rounds(served, n, args.tokens, False)),
+                ("engine", lambda: engine_rounds(served, n, args.tokens)),
+                ("server", lambda: server_rounds(served, n, args.tokens, False)),
+            ):
                 runs = [fn() for _ in range(args.repeats)]
                 best[kind] = min(runs, key=lambda r: r["us_per_round"])
             best["lanes_parts"] = lanes_rounds(served, n, args.tokens, False, timed=True)
             if args.profile:
                 best["lanes_profile"] = lanes_rounds(served, n, args.tokens, True)["profile"]
-                best["server_profile"] = server_rounds(served, n, args.tokens,
-                                                       True)["profile_loop_thread"]
+                best["server_profile"] = server_rounds(served, n, args.tokens, True)[
+                    "profile_loop_thread"
+                ]
             results[f"streams_{n}"] = best
             lr, er, sr = (best[k]["us_per_round"] for k in ("lanes", "engine", "server"))
-            print(f"{n} stream(s): lanes {lr:.1f} µs/round (thread CPU "
-                  f"{best['lanes']['cpu_us_per_round']:.1f}), engine {er:.1f}, server {sr:.1f} "
-                  f"(server adds {sr - lr:.1f} µs over the lanes)", flush=True)
+            print(
+                f"{n} stream(s): lanes {lr:.1f} µs/round (thread CPU "
+                f"{best['lanes']['cpu_us_per_round']:.1f}), engine {er:.1f}, server {sr:.1f} "
+                f"(server adds {sr - lr:.1f} µs over the lanes)",
+                flush=True,
+            )
             parts = best["lanes_parts"]
-            print(f"  lanes, timed in parts: {parts['us_per_round']:.1f} µs/round, of which",
-                  flush=True)
+            print(
+                f"  lanes, timed in parts: {parts['us_per_round']:.1f} µs/round, of which",
+                flush=True,
+            )
             for part, us in parts["parts_us_per_round"].items():
                 print(f"    {part:36s} {us:8.1f} µs/round", flush=True)
-            print(f"    {'(stub forward, taken out)':36s} "
-                  f"{parts['stub_us_per_round']:8.1f} µs/round", flush=True)
+            print(
+                f"    {'(stub forward, taken out)':36s} {parts['stub_us_per_round']:8.1f} µs/round",
+                flush=True,
+            )
             if args.profile:
                 print(best["lanes_profile"])
                 print("server event loop thread:")

@@ -37,8 +37,12 @@ def _randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
 
 
 LINEAR_SHAPES = {  # (N, K): where
-    "conv.in_proj": (6144, 2048), "conv.out_proj/q/o": (2048, 2048), "k/v": (512, 2048),
-    "dense w1/w3": (7168, 2048), "dense w2": (2048, 7168), "lm_head": (65536, 2048),
+    "conv.in_proj": (6144, 2048),
+    "conv.out_proj/q/o": (2048, 2048),
+    "k/v": (512, 2048),
+    "dense w1/w3": (7168, 2048),
+    "dense w2": (2048, 7168),
+    "lm_head": (65536, 2048),
     "router": (32, 2048),
 }
 
@@ -49,8 +53,10 @@ def check_linear() -> dict[str, Any]:
         w = _randn(n, k, scale=0.02)
         x = _randn(2048, k)
         got = linear.linear(x, w)
-        row = {"rel_err": rel(got, reference(lambda: linear.linear(x, w))),
-               "row_alone_equal": bool(torch.equal(linear.linear(x[7:8].clone(), w), got[7:8]))}
+        row = {
+            "rel_err": rel(got, reference(lambda: linear.linear(x, w))),
+            "row_alone_equal": bool(torch.equal(linear.linear(x[7:8].clone(), w), got[7:8])),
+        }
         for m in (1, 64, 2048):
             xm = x[:m].contiguous()
             t = timed(lambda: linear.linear(xm, w))
@@ -66,12 +72,21 @@ def check_linear() -> dict[str, Any]:
 def sweep_linear() -> dict[str, Any]:
     """Tile shapes per weight shape, at 1, 64 and 2048 rows (the table is keyed by (N, K) only)."""
     T = triton_linear.Tiles
-    configs = [(64, T(64, 64, 4, 4)), (64, T(128, 64, 4, 4)), (64, T(32, 128, 4, 4)),
-               (64, T(64, 128, 4, 3)), (128, T(128, 64, 8, 3)), (128, T(256, 64, 8, 3)),
-               (128, T(64, 64, 4, 4))]
+    configs = [
+        (64, T(64, 64, 4, 4)),
+        (64, T(128, 64, 4, 4)),
+        (64, T(32, 128, 4, 4)),
+        (64, T(64, 128, 4, 3)),
+        (128, T(128, 64, 8, 3)),
+        (128, T(256, 64, 8, 3)),
+        (128, T(64, 64, 4, 4)),
+    ]
     out: dict[str, Any] = {}
     saved = dict(triton_linear.TUNED)
-    small_rows, triton_linear.SMALL_ROWS = triton_linear.SMALL_ROWS, 1 << 62  # one config at every m
+    small_rows, triton_linear.SMALL_ROWS = (
+        triton_linear.SMALL_ROWS,
+        1 << 62,
+    )  # one config at every m
     for name, (n, k) in LINEAR_SHAPES.items():
         w = _randn(n, k, scale=0.02)
         x = _randn(2048, k)
@@ -102,7 +117,11 @@ def sweep_linear() -> dict[str, Any]:
 def check_moe(e: int = 32, i: int = 1792, h: int = 2048, k: int = 4) -> dict[str, Any]:
     gate_up = _randn(e, 2 * i, h, scale=0.02)
     down = _randn(e, h, i, scale=0.02)
-    w1, w3, w2 = list(gate_up[:, :i].unbind(0)), list(gate_up[:, i:].unbind(0)), list(down.unbind(0))
+    w1, w3, w2 = (
+        list(gate_up[:, :i].unbind(0)),
+        list(gate_up[:, i:].unbind(0)),
+        list(down.unbind(0)),
+    )
     gate = _randn(e, h, scale=0.02)
     bias = torch.randn(e, device="cuda") * 0.01
     x = _randn(2048, h)
@@ -150,12 +169,25 @@ def sweep_moe(e: int = 32, i: int = 1792, h: int = 2048, k: int = 4) -> dict[str
     }
     gate_up = _randn(e, 2 * i, h, scale=0.02)
     down = _randn(e, h, i, scale=0.02)
-    w1, w3, w2 = list(gate_up[:, :i].unbind(0)), list(gate_up[:, i:].unbind(0)), list(down.unbind(0))
+    w1, w3, w2 = (
+        list(gate_up[:, :i].unbind(0)),
+        list(gate_up[:, i:].unbind(0)),
+        list(down.unbind(0)),
+    )
     gate = _randn(e, h, scale=0.02)
     bias = torch.randn(e, device="cuda") * 0.01
     x = _randn(2048, h)
-    dw1, dw3, dw2 = _randn(7168, h, scale=0.02), _randn(7168, h, scale=0.02), _randn(h, 7168, scale=0.02)
-    saved = (triton_moe.BLOCK_M, triton_moe.SWIGLU_TILES, triton_moe.DOWN_TILES, triton_moe.SMALL_ROWS)
+    dw1, dw3, dw2 = (
+        _randn(7168, h, scale=0.02),
+        _randn(7168, h, scale=0.02),
+        _randn(h, 7168, scale=0.02),
+    )
+    saved = (
+        triton_moe.BLOCK_M,
+        triton_moe.SWIGLU_TILES,
+        triton_moe.DOWN_TILES,
+        triton_moe.SMALL_ROWS,
+    )
     triton_moe.SMALL_ROWS = -1  # one config at every row count
 
     def layer(xx):
@@ -178,7 +210,9 @@ def sweep_moe(e: int = 32, i: int = 1792, h: int = 2048, k: int = 4) -> dict[str
         except Exception as exc:
             r = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         out[name] = r
-    triton_moe.BLOCK_M, triton_moe.SWIGLU_TILES, triton_moe.DOWN_TILES, triton_moe.SMALL_ROWS = saved
+    triton_moe.BLOCK_M, triton_moe.SWIGLU_TILES, triton_moe.DOWN_TILES, triton_moe.SMALL_ROWS = (
+        saved
+    )
     triton_moe._IDENTITY.clear()
     return out
 
@@ -203,13 +237,17 @@ def check_attention(ctx: int = 8192, hq: int = 32, hkv: int = 8, d: int = 64) ->
     flops = 4 * hq * d * sum(range(ctx - 2048 + 1, ctx + 1))
     out["prefill_tflops"] = flops / out["prefill_ms"] / 1e9
     # decode: 64 streams, one row each at position ctx - 1, beside the same rows alone
-    dec = ForwardPass([StreamRows(s, ctx - 1, [0], tables[s]) for s in range(streams)],
-                      page_rows, "cuda")
+    dec = ForwardPass(
+        [StreamRows(s, ctx - 1, [0], tables[s]) for s in range(streams)], page_rows, "cuda"
+    )
     qd = _randn(streams, hq, d)
     got_d = attention.paged_attention(qd, kbuf, vbuf, dec, scale=d**-0.5)
     one = ForwardPass([StreamRows(3, ctx - 1, [0], tables[3])], page_rows, "cuda")
-    out["decode_row_alone_equal"] = bool(torch.equal(
-        attention.paged_attention(qd[3:4].clone(), kbuf, vbuf, one, scale=d**-0.5), got_d[3:4]))
+    out["decode_row_alone_equal"] = bool(
+        torch.equal(
+            attention.paged_attention(qd[3:4].clone(), kbuf, vbuf, one, scale=d**-0.5), got_d[3:4]
+        )
+    )
     out["decode_ms"] = timed(lambda: attention.paged_attention(qd, kbuf, vbuf, dec, scale=d**-0.5))
     out["decode_kv_tb_per_s"] = streams * ctx * hkv * d * 2 * 2 / out["decode_ms"] / 1e9
     return out
@@ -229,8 +267,12 @@ def check_norm() -> dict[str, Any]:
 
 def run_all(sweep: bool = True) -> dict[str, Any]:
     res: dict[str, Any] = {}
-    for name, fn in (("linear", check_linear), ("moe", check_moe),
-                     ("attention", check_attention), ("rms_norm", check_norm)):
+    for name, fn in (
+        ("linear", check_linear),
+        ("moe", check_moe),
+        ("attention", check_attention),
+        ("rms_norm", check_norm),
+    ):
         try:
             res[name] = fn()
         except Exception:

@@ -75,8 +75,13 @@ def weight_bytes(weights: Any) -> int:
 def room(memory: int, weights: int, stored: StateLayout) -> int:
     """The plan's room on a device of `memory` bytes holding `weights`, as start._room counts it."""
     scratch = stored.page_bytes(PAGE_ROWS) + stored.fixed_bytes
-    return memory_budget(device_free=memory, weights=weights + scratch, reserve=CUDA_RESERVE,
-                         activations=ACTIVATION_ROWS * 64 * 1024, limit_gib=None)
+    return memory_budget(
+        device_free=memory,
+        weights=weights + scratch,
+        reserve=CUDA_RESERVE,
+        activations=ACTIVATION_ROWS * 64 * 1024,
+        limit_gib=None,
+    )
 
 
 def streams_that_fit(stored: StateLayout, room_bytes: int, window: int) -> int:
@@ -85,9 +90,17 @@ def streams_that_fit(stored: StateLayout, room_bytes: int, window: int) -> int:
 
     def fits(n: int) -> bool:
         try:
-            p = plan(room=room_bytes, page_rows=PAGE_ROWS, page_bytes=stored.page_bytes(PAGE_ROWS),
-                     fixed_bytes=stored.fixed_bytes, window=window, lanes=n, cache_budget=0,
-                     paging="on", store=False)
+            p = plan(
+                room=room_bytes,
+                page_rows=PAGE_ROWS,
+                page_bytes=stored.page_bytes(PAGE_ROWS),
+                fixed_bytes=stored.fixed_bytes,
+                window=window,
+                lanes=n,
+                cache_budget=0,
+                paging="on",
+                store=False,
+            )
         except PlanRefused:
             return False
         return p.windows_held >= n
@@ -102,15 +115,20 @@ def streams_that_fit(stored: StateLayout, room_bytes: int, window: int) -> int:
 def capacity(layout: StateLayout, weights: int, memory: int, window: int) -> dict[str, Any]:
     """Per KV dtype: bytes a token, a stream at `window` (pages and fixed state) and how many
     streams fit."""
-    out: dict[str, Any] = {"weights_gib": weights / GiB, "memory_gib": memory / GiB,
-                           "window": window}
+    out: dict[str, Any] = {
+        "weights_gib": weights / GiB,
+        "memory_gib": memory / GiB,
+        "window": window,
+    }
     for kv in ("auto", "fp8"):
         stored = kv_layout(layout, kv)
         r = room(memory, weights, stored)
         per_stream = -(-window // PAGE_ROWS) * stored.page_bytes(PAGE_ROWS) + stored.fixed_bytes
         out["bf16" if kv == "auto" else kv] = {
-            "stored_as": kv_label(stored), "bytes_per_token": stored.row_bytes,
-            "stream_gib": per_stream / GiB, "room_gib": r / GiB,
+            "stored_as": kv_label(stored),
+            "bytes_per_token": stored.row_bytes,
+            "stream_gib": per_stream / GiB,
+            "room_gib": r / GiB,
             "streams": streams_that_fit(stored, r, window),
         }
     out["ratio"] = out["fp8"]["streams"] / max(out["bf16"]["streams"], 1)
@@ -121,8 +139,7 @@ def shape_capacity(shape: str, memory: int, window: int) -> dict[str, Any]:
     """capacity() at a named shape, its weights counted on the meta device."""
     family, build = SHAPES[shape]
     model = build("meta")
-    return {"family": family, **capacity(model.layout, weight_bytes(model.weights), memory,
-                                         window)}
+    return {"family": family, **capacity(model.layout, weight_bytes(model.weights), memory, window)}
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
@@ -130,10 +147,14 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     for shape, r in results.items():
         for kv in ("bf16", "fp8"):
             c = r[kv]
-            lines.append(f"{shape:<17} {kv:<5} {c['bytes_per_token']:>8} "
-                         f"{c['stream_gib']:>10.2f} {c['streams']:>8}")
-        lines.append(f"{'':<17} fp8/bf16 streams {r['ratio']:.2f}x at a {r['window']}-token window"
-                     f" ({r['weights_gib']:.1f} GiB of weights in {r['memory_gib']:.1f} GiB)")
+            lines.append(
+                f"{shape:<17} {kv:<5} {c['bytes_per_token']:>8} "
+                f"{c['stream_gib']:>10.2f} {c['streams']:>8}"
+            )
+        lines.append(
+            f"{'':<17} fp8/bf16 streams {r['ratio']:.2f}x at a {r['window']}-token window"
+            f" ({r['weights_gib']:.1f} GiB of weights in {r['memory_gib']:.1f} GiB)"
+        )
     return "\n".join(lines)
 
 

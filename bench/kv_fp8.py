@@ -59,10 +59,20 @@ def smoke_model(family: str) -> Any:
         return build_dummy(Gemma4Config.from_dict(CONFIG, "kv_fp8"), "cpu", torch.bfloat16, seed=0)
     from tensorfold_lfm2_moe.dummy import SHAPES, build_dummy
 
-    cfg = replace(SHAPES["LFM2-24B-A2B"], num_hidden_layers=4, vocab_size=512, hidden_size=128,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                  intermediate_size=256, moe_intermediate_size=64, num_experts=8,
-                  layer_types=("conv", "conv", "full_attention", "conv"), num_dense_layers=2)
+    cfg = replace(
+        SHAPES["LFM2-24B-A2B"],
+        num_hidden_layers=4,
+        vocab_size=512,
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_experts=8,
+        layer_types=("conv", "conv", "full_attention", "conv"),
+        num_dense_layers=2,
+    )
     return build_dummy(cfg, "cpu", torch.bfloat16, seed=0)
 
 
@@ -103,7 +113,8 @@ def dummy_folder(family: str, model: Any, context: int, smoke: bool) -> Path:
 
     demo_module = {"gemma4": "tensorfold_gemma4.demo", "lfm2_moe": "tensorfold_lfm2_moe.demo"}
     demo = __import__(demo_module[family], fromlist=["build_demo"]).build_demo(
-        Path(tempfile.mkdtemp()))
+        Path(tempfile.mkdtemp())
+    )
     folder = Path(tempfile.mkdtemp())
     for f in demo.iterdir():
         if f.suffix != ".safetensors":
@@ -114,13 +125,21 @@ def dummy_folder(family: str, model: Any, context: int, smoke: bool) -> Path:
         from tensorfold_gemma4.dummy import CONFIGS
 
         raw = SMOKE_CONFIG if smoke else CONFIGS["Gemma-4-26B-A4B"]
-        config["text_config"] = {**raw, "model_type": config["text_config"]["model_type"],
-                                 "max_position_embeddings": max(context, 4096)}
+        config["text_config"] = {
+            **raw,
+            "model_type": config["text_config"]["model_type"],
+            "max_position_embeddings": max(context, 4096),
+        }
     else:
         cfg = {f.name: getattr(model.cfg, f.name) for f in dataclasses.fields(model.cfg)}
-        config.update({k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()
-                       if k in config or k in ("layer_types", "num_dense_layers")},
-                      max_position_embeddings=context)
+        config.update(
+            {
+                k: list(v) if isinstance(v, tuple) else v
+                for k, v in cfg.items()
+                if k in config or k in ("layer_types", "num_dense_layers")
+            },
+            max_position_embeddings=context,
+        )
     config["dtype"] = "bfloat16"
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     shutil.rmtree(demo, ignore_errors=True)
@@ -152,15 +171,27 @@ class KVBench(Sections):
         sync(self.device)
         return {"family": family, "build_s": time.perf_counter() - a}
 
-    def runner(self, streams: int, kv: str, window: int, *, pages: int | None = None,
-               poison: bool = False) -> GraphRunner:
+    def runner(
+        self, streams: int, kv: str, window: int, *, pages: int | None = None, poison: bool = False
+    ) -> GraphRunner:
         per = -(-window // PAGE_ROWS)
-        return GraphRunner(self.model, num_pages=pages or streams * per, num_slots=streams,
-                           page_rows=PAGE_ROWS, poison=poison, kv_dtype=KV[kv], max_pages=per,
-                           capture=self.device == "cuda")
+        return GraphRunner(
+            self.model,
+            num_pages=pages or streams * per,
+            num_slots=streams,
+            page_rows=PAGE_ROWS,
+            poison=poison,
+            kv_dtype=KV[kv],
+            max_pages=per,
+            capture=self.device == "cuda",
+        )
 
-    def decode(self, prompt: int | None = None, streams: tuple[int, ...] | None = None,
-               new: int | None = None) -> dict[str, Any]:
+    def decode(
+        self,
+        prompt: int | None = None,
+        streams: tuple[int, ...] | None = None,
+        new: int | None = None,
+    ) -> dict[str, Any]:
         """Each stream a `prompt`-row prompt, then `new` tokens (n more at n streams); a round
         counts when every stream decodes. Prompts are prefilled one a pass (2048 rows), so the
         first stream has decoded n-1 tokens when the last starts: n more tokens make `new`
@@ -177,21 +208,23 @@ class KVBench(Sections):
                 # capture and compile: a few rounds of all n streams too, so the timed run
                 # meets no kernel variant or graph size for the first time (the 64-stream bf16
                 # figure, first of its size in the process, paid Triton's compiles before)
-                engine_runs.run_requests(runner, prompts, steps - new + 4, lanes=n,
-                                         window=window)
+                engine_runs.run_requests(runner, prompts, steps - new + 4, lanes=n, window=window)
                 retries = self.alloc_retries()
-                run = engine_runs.run_requests(runner, prompts, steps, lanes=n, window=window,
-                                               full=True)
+                run = engine_runs.run_requests(
+                    runner, prompts, steps, lanes=n, window=window, full=True
+                )
                 res[f"{kv}_streams{n}"] = {
                     "tokens_per_s": run.decode_tokens_per_s,
                     "ms_per_round": 1e3 * run.decode_s / max(run.decode_rounds, 1),
                     "tokens_per_round": run.decode_tokens / max(run.decode_rounds, 1),
-                    "graph_replays": runner.replays, "capture_error": runner.capture_error,
+                    "graph_replays": runner.replays,
+                    "capture_error": runner.capture_error,
                     # the 64-stream bf16 figure varies 6x between runs of one tree: the
                     # allocator's retries (cudaFree and again) during the timed run, if any
                     "alloc_retries": self.alloc_retries() - retries,
-                    "reserved_gib": (torch.cuda.memory_reserved() / 2**30
-                                     if self.device == "cuda" else 0.0),
+                    "reserved_gib": (
+                        torch.cuda.memory_reserved() / 2**30 if self.device == "cuda" else 0.0
+                    ),
                 }
                 del runner
         return res
@@ -216,11 +249,19 @@ class KVBench(Sections):
             window = context + PAGE_ROWS
             per = -(-window // PAGE_ROWS)
             for kv in KV:
-                runner = GraphRunner(self.model, num_pages=n * per, num_slots=n,
-                                     page_rows=PAGE_ROWS, kv_dtype=KV[kv], max_pages=per,
-                                     capture=False)
-                rows = [StreamRows(s, context, [11], list(range(s * per, (s + 1) * per)))
-                        for s in range(n)]
+                runner = GraphRunner(
+                    self.model,
+                    num_pages=n * per,
+                    num_slots=n,
+                    page_rows=PAGE_ROWS,
+                    kv_dtype=KV[kv],
+                    max_pages=per,
+                    capture=False,
+                )
+                rows = [
+                    StreamRows(s, context, [11], list(range(s * per, (s + 1) * per)))
+                    for s in range(n)
+                ]
                 runner.run(rows)
                 sync(self.device)
                 with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
@@ -230,9 +271,11 @@ class KVBench(Sections):
                 name = f"{self.shape}_{kv}_{context}" + (f"_{n}" if n > 1 else "")
                 kern = kernel_table(prof, 3, self.out / f"kernels_{name}.tsv")
                 res[f"{kv}_{context}"] = {
-                    "gpu_us_per_round": round(sum(k[1] for k in kern
-                                                  if not k[0].startswith("cuda")), 1),
-                    "top": [(k[0][:50], round(k[1], 1), round(k[2], 1)) for k in kern[:8]]}
+                    "gpu_us_per_round": round(
+                        sum(k[1] for k in kern if not k[0].startswith("cuda")), 1
+                    ),
+                    "top": [(k[0][:50], round(k[1], 1), round(k[2], 1)) for k in kern[:8]],
+                }
                 del runner
         return res
 
@@ -250,8 +293,10 @@ class KVBench(Sections):
         prompts = engine_runs.random_prompts(count, lengths, self.model.vocab_size, seed=11)
         window = z["gate_top"] + new + PAGE_ROWS
         solo = self.runner(1, "fp8", window)
-        alone = [engine_runs.run_requests(solo, [p], new, lanes=1, window=window).outcomes[0].tokens
-                 for p in prompts]
+        alone = [
+            engine_runs.run_requests(solo, [p], new, lanes=1, window=window).outcomes[0].tokens
+            for p in prompts
+        ]
         del solo
         wide = self.runner(count, "fp8", window)
         together = engine_runs.run_requests(wide, prompts, new, lanes=count, window=window)
@@ -259,10 +304,13 @@ class KVBench(Sections):
         per = -(-(max(lengths) + new) // PAGE_ROWS)
         tight = self.runner(count, "fp8", window, pages=per * 2, poison=True)
         pressed = engine_runs.run_requests(tight, prompts, new, lanes=count, window=window)
-        return {"prompts": count, "lengths": [min(lengths), max(lengths)],
-                "concurrent_equals_solo": [o.tokens for o in together.outcomes] == alone,
-                "pages_equal_windows_poisoned": [o.tokens for o in pressed.outcomes] == alone,
-                "distinct_tokens": len({t for toks in alone for t in toks})}
+        return {
+            "prompts": count,
+            "lengths": [min(lengths), max(lengths)],
+            "concurrent_equals_solo": [o.tokens for o in together.outcomes] == alone,
+            "pages_equal_windows_poisoned": [o.tokens for o in pressed.outcomes] == alone,
+            "distinct_tokens": len({t for toks in alone for t in toks}),
+        }
 
     # -- a long chat's next turn, through the engine ----------------------------------------------
 
@@ -292,8 +340,9 @@ class KVBench(Sections):
             shutil.rmtree(folder, ignore_errors=True)
         return res
 
-    def _turns(self, family: str, folder: Path, kv: str, vocab: int,
-               context: int) -> dict[str, Any]:
+    def _turns(
+        self, family: str, folder: Path, kv: str, vocab: int, context: int
+    ) -> dict[str, Any]:
         from tensorfold import testing
         from tensorfold.llm import LLM
         from tensorfold.sampling import SamplingParams
@@ -303,9 +352,15 @@ class KVBench(Sections):
         follow = engine_runs.random_prompts(2, 32, vocab, seed=22)
         params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
         states = len(range(2048, n + 1, 2048)) + 1  # the keeps of one chat: its grid, its end
-        flags = dict(device=self.device, dtype="bfloat16", load_format="dummy", parallel=2,
-                     context=context, kv_dtype=kv, prompt_cache_gib=4 if not self.args.smoke
-                     else 0.05)
+        flags = dict(
+            device=self.device,
+            dtype="bfloat16",
+            load_format="dummy",
+            parallel=2,
+            context=context,
+            kv_dtype=kv,
+            prompt_cache_gib=4 if not self.args.smoke else 0.05,
+        )
         if self.args.smoke:
             flags.update(memory_limit_gib=0.5)
 
@@ -322,8 +377,13 @@ class KVBench(Sections):
             return {**r, "trace": w.result()}
 
         out: dict[str, Any] = {}
-        llm = LLM(family=family, model=folder, kv_share=states, kv_host_gib=8 if not
-                  self.args.smoke else 0.05, **flags)
+        llm = LLM(
+            family=family,
+            model=folder,
+            kv_share=states,
+            kv_host_gib=8 if not self.args.smoke else 0.05,
+            **flags,
+        )
         try:
             sharing = llm.served.engine.lanes.sharing
             # a short chat and its next turn first, apart from the figures: the first resume
@@ -359,8 +419,10 @@ class KVBench(Sections):
             testing.close_even(fresh)
             del fresh
             self._free()
-        out["resumed_equals_fresh"] = (out["gpu_store"]["tokens"] == out["fresh"]["tokens"]
-                                       and out["host_tier"]["tokens"] == out["fresh_b"]["tokens"])
+        out["resumed_equals_fresh"] = (
+            out["gpu_store"]["tokens"] == out["fresh"]["tokens"]
+            and out["host_tier"]["tokens"] == out["fresh_b"]["tokens"]
+        )
         for v in out.values():
             if isinstance(v, dict):
                 v.pop("tokens", None)
@@ -379,10 +441,16 @@ def table(r: dict[str, Any], streams: int) -> str:
     def num(x: Any, fmt: str) -> str:
         return format(x, fmt) if isinstance(x, (int, float)) else "-"
 
-    lines = [kv_capacity.table(r["capacity"]) if "streams" in str(r.get("capacity")) else
-             f"capacity: {r.get('capacity')}", ""]
-    lines.append(f"{'shape':<17} {'KV':<5} {'tok/s 1':>9} {f'tok/s {streams}':>9} "
-                 f"{'1 long':>9} {'fresh s':>8} {'gpu s':>7} {'host s':>7}  gates")
+    lines = [
+        kv_capacity.table(r["capacity"])
+        if "streams" in str(r.get("capacity"))
+        else f"capacity: {r.get('capacity')}",
+        "",
+    ]
+    lines.append(
+        f"{'shape':<17} {'KV':<5} {'tok/s 1':>9} {f'tok/s {streams}':>9} "
+        f"{'1 long':>9} {'fresh s':>8} {'gpu s':>7} {'host s':>7}  gates"
+    )
     for shape in kv_capacity.SHAPES:
         s = r.get(shape, {})
         dec, turns, gates = s.get("decode", {}), s.get("next_turn", {}), s.get("gates", {})
@@ -390,19 +458,27 @@ def table(r: dict[str, Any], streams: int) -> str:
         n = streams
         for kv in KV:
             t = turns.get(kv, {}) if isinstance(turns, dict) else {}
-            line = (f"{shape:<17} {kv:<5} "
-                    f"{num(dec.get(f'{kv}_streams1', {}).get('tokens_per_s'), '9.1f')} "
-                    f"{num(dec.get(f'{kv}_streams{n}', {}).get('tokens_per_s'), '9.1f')} "
-                    f"{num(long.get(f'{kv}_streams1', {}).get('tokens_per_s'), '9.1f')} "
-                    f"{num(t.get('fresh', {}).get('ttft_s'), '8.2f')} "
-                    f"{num(t.get('gpu_store', {}).get('ttft_s'), '7.2f')} "
-                    f"{num(t.get('host_tier', {}).get('ttft_s'), '7.2f')}")
+            line = (
+                f"{shape:<17} {kv:<5} "
+                f"{num(dec.get(f'{kv}_streams1', {}).get('tokens_per_s'), '9.1f')} "
+                f"{num(dec.get(f'{kv}_streams{n}', {}).get('tokens_per_s'), '9.1f')} "
+                f"{num(long.get(f'{kv}_streams1', {}).get('tokens_per_s'), '9.1f')} "
+                f"{num(t.get('fresh', {}).get('ttft_s'), '8.2f')} "
+                f"{num(t.get('gpu_store', {}).get('ttft_s'), '7.2f')} "
+                f"{num(t.get('host_tier', {}).get('ttft_s'), '7.2f')}"
+            )
             if kv == "fp8":
-                flags = [gates.get("concurrent_equals_solo"),
-                         gates.get("pages_equal_windows_poisoned"),
-                         t.get("resumed_equals_fresh"), t.get("host_tier", {}).get("host_hit")]
-                line += ("  concurrent==solo {} pages==windows {} resumed==fresh {} host hit {}"
-                         .format(*flags))
+                flags = [
+                    gates.get("concurrent_equals_solo"),
+                    gates.get("pages_equal_windows_poisoned"),
+                    t.get("resumed_equals_fresh"),
+                    t.get("host_tier", {}).get("host_hit"),
+                ]
+                line += (
+                    "  concurrent==solo {} pages==windows {} resumed==fresh {} host hit {}".format(
+                        *flags
+                    )
+                )
             lines.append(line)
     return "\n".join(lines)
 
@@ -412,31 +488,48 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench_out")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--budget-s", type=float, default=240.0)
-    ap.add_argument("--memory-gib", type=float, default=kv_capacity.H200_GIB,
-                    help="the device memory the capacity section plans for on the CPU")
+    ap.add_argument(
+        "--memory-gib",
+        type=float,
+        default=kv_capacity.H200_GIB,
+        help="the device memory the capacity section plans for on the CPU",
+    )
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--shapes", default=",".join(kv_capacity.SHAPES))
     ap.add_argument("--profile-streams", type=int, default=1)
-    ap.add_argument("--walk", action="store_true",
-                    help="attention's key segments always walked by one program (no split)")
-    ap.add_argument("--sections", default="build,decode,decode_long,gates,next_turn",
-                    help="of each shape, in this order (capacity always runs)")
+    ap.add_argument(
+        "--walk",
+        action="store_true",
+        help="attention's key segments always walked by one program (no split)",
+    )
+    ap.add_argument(
+        "--sections",
+        default="build,decode,decode_long,gates,next_turn",
+        help="of each shape, in this order (capacity always runs)",
+    )
     args = ap.parse_args()
     if args.walk:
         from tensorfold.ops import triton_key_split
 
         triton_key_split.TARGET_PROGRAMS = 0
     b = KVBench(args)
-    b.results["env"] = {"torch": torch.__version__, "commit": args.commit,
-                        "gpu": torch.cuda.get_device_name(0) if b.device == "cuda" else None}
+    b.results["env"] = {
+        "torch": torch.__version__,
+        "commit": args.commit,
+        "gpu": torch.cuda.get_device_name(0) if b.device == "cuda" else None,
+    }
     b.section("capacity", b.capacity)
     for shape in args.shapes.split(","):
         b.shape = shape
         shape_results: dict[str, Any] = {}
-        for name, fn, need in (("build", lambda: b.build(shape), 10), ("decode", b.decode, 30),
-                               ("gates", b.gates, 20), ("profile", b.profile, 20),
-                               ("decode_long", b.decode_long, 30),
-                               ("next_turn", lambda: b.next_turn(shape), 40)):
+        for name, fn, need in (
+            ("build", lambda: b.build(shape), 10),
+            ("decode", b.decode, 30),
+            ("gates", b.gates, 20),
+            ("profile", b.profile, 20),
+            ("decode_long", b.decode_long, 30),
+            ("next_turn", lambda: b.next_turn(shape), 40),
+        ):
             if name not in args.sections.split(","):
                 continue
             b.section(f"{shape}.{name}", fn, need)

@@ -63,8 +63,12 @@ class Bench(EngineSections):
     def env(self) -> dict[str, Any]:
         import triton
 
-        info = {"torch": torch.__version__, "triton": triton.__version__,
-                "commit": self.args.commit, "pass_level_conv_shim": use_pass_level_conv()}
+        info = {
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "commit": self.args.commit,
+            "pass_level_conv_shim": use_pass_level_conv(),
+        }
         if self.device == "cuda":
             p = torch.cuda.get_device_properties(0)
             info.update(gpu=p.name, sms=p.multi_processor_count, mem_gib=p.total_memory / 2**30)
@@ -83,17 +87,30 @@ class Bench(EngineSections):
     def build(self) -> dict[str, Any]:
         cfg = SHAPES[self.args.shape]
         if self.args.smoke:
-            cfg = replace(cfg, num_hidden_layers=4, vocab_size=512, hidden_size=128,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                          intermediate_size=256, moe_intermediate_size=64, num_experts=8,
-                          layer_types=("conv", "conv", "full_attention", "conv"))
+            cfg = replace(
+                cfg,
+                num_hidden_layers=4,
+                vocab_size=512,
+                hidden_size=128,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=32,
+                intermediate_size=256,
+                moe_intermediate_size=64,
+                num_experts=8,
+                layer_types=("conv", "conv", "full_attention", "conv"),
+            )
         a = time.perf_counter()
         self.model = build_dummy(cfg, self.device, torch.bfloat16, seed=0)
         if self.device == "cuda":
             torch.cuda.synchronize()
         sb = step_bytes(self.model)
-        return {"shape": self.args.shape, "build_s": time.perf_counter() - a, **sb,
-                "active_params": active_params(self.model)}
+        return {
+            "shape": self.args.shape,
+            "build_s": time.perf_counter() - a,
+            **sb,
+            "active_params": active_params(self.model),
+        }
 
     def transformers(self) -> dict[str, Any]:
         from bench import hf_baseline
@@ -103,15 +120,21 @@ class Bench(EngineSections):
         res: dict[str, Any] = {}
         short, long = (4, 12) if self.args.smoke else (8, 40)
         for b in (1, 16) if not self.args.smoke else (1, 2):
-            prompts = torch.tensor(engine_runs.random_prompts(b, 64, vocab, seed=b),
-                                   device=self.device)
+            prompts = torch.tensor(
+                engine_runs.random_prompts(b, 64, vocab, seed=b), device=self.device
+            )
             res[f"streams{b}"] = hf_baseline.decode_rate(hf, prompts, short, long)
         # the same weights, ours against transformers, both bf16 (the fp32 parity tests are the
         # gate; random weights give flat logits, so bf16 rounding flips close argmaxes)
         prompt = engine_runs.random_prompts(1, 64, vocab, seed=99)[0]
         theirs, _ = hf_baseline.generate(hf, torch.tensor([prompt], device=self.device), 32)
-        ours = engine_runs.run_requests(self.runner(1, window=1024), [prompt], 32, lanes=1,
-                                        window=1024).outcomes[0].tokens
+        ours = (
+            engine_runs.run_requests(
+                self.runner(1, window=1024), [prompt], 32, lanes=1, window=1024
+            )
+            .outcomes[0]
+            .tokens
+        )
         theirs = theirs[0].tolist()
         same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
         res["greedy_tokens_agree_for"] = same
@@ -159,18 +182,22 @@ class Bench(EngineSections):
             engine_runs.run_requests(runner, prompts, 4, lanes=n, window=1024)
             run = engine_runs.run_requests(runner, prompts, 64, lanes=n, window=1024)
             fwd = self.forward_ms(runner, prompts)
-            res[f"decode_streams{n}"] = {"tokens_per_s": run.decode_tokens_per_s,
-                                         "forward_ms": fwd, "forward_tokens_per_s": 1e3 * n / fwd}
+            res[f"decode_streams{n}"] = {
+                "tokens_per_s": run.decode_tokens_per_s,
+                "forward_ms": fwd,
+                "forward_tokens_per_s": 1e3 * n / fwd,
+            }
             del runner
         runner = self.runner(1)
         p = engine_runs.random_prompts(1, 8192, self.model.vocab_size, seed=8)
         engine_runs.run_requests(runner, p, 1, lanes=1, window=self.window)  # warm
         run = engine_runs.run_requests(runner, p, 1, lanes=1, window=self.window)
         o = run.outcomes[0]
-        res["prefill8192"] = {"ttft_s": o.first - o.submitted,
-                              "tokens_per_s": 8192 / (o.first - o.submitted)}
+        res["prefill8192"] = {
+            "ttft_s": o.first - o.submitted,
+            "tokens_per_s": 8192 / (o.first - o.submitted),
+        }
         return res
-
 
 
 def main() -> None:
@@ -197,17 +224,31 @@ def main() -> None:
     b = Bench(args)
     want = set(args.sections.split(",")) if args.sections != "all" else None
     plan: list[tuple[str, Callable[[], Any], float]] = [
-        ("env", b.env, 0), ("limits", b.limits, 30), ("build", b.build, 20),
-        ("decode", b.decode, 40), ("prefill", b.prefill, 30),
-        ("prefill_probe", b.prefill_probe, 40), ("gates", b.gates, 60),
-        ("transformers", b.transformers, 60), ("kernels", b.kernels, 40),
-        ("profile", b.profile, 20), ("census", b.census, 30), ("round_path", b.round_path, 30),
-        ("rounds", b.rounds, 30), ("other_shape", b.other_shape, 90),
+        ("env", b.env, 0),
+        ("limits", b.limits, 30),
+        ("build", b.build, 20),
+        ("decode", b.decode, 40),
+        ("prefill", b.prefill, 30),
+        ("prefill_probe", b.prefill_probe, 40),
+        ("gates", b.gates, 60),
+        ("transformers", b.transformers, 60),
+        ("kernels", b.kernels, 40),
+        ("profile", b.profile, 20),
+        ("census", b.census, 30),
+        ("round_path", b.round_path, 30),
+        ("rounds", b.rounds, 30),
+        ("other_shape", b.other_shape, 90),
     ]
     for name, fn, need in plan:
         if name in ("env", "build") or want is None or name in want:
-            if args.smoke and name in ("limits", "kernels", "profile", "census", "round_path",
-                                       "other_shape"):
+            if args.smoke and name in (
+                "limits",
+                "kernels",
+                "profile",
+                "census",
+                "round_path",
+                "other_shape",
+            ):
                 continue
             b.section(name, fn, need)
     text = summary(b.results)

@@ -32,8 +32,13 @@ def copy_bandwidth(gib: float = 4.0) -> dict[str, float]:
 
 
 def matmul_rate(n: int = 8192) -> dict[str, float]:
-    sets = [(torch.randn(n, n, device="cuda", dtype=torch.bfloat16),
-             torch.randn(n, n, device="cuda", dtype=torch.bfloat16)) for _ in range(3)]
+    sets = [
+        (
+            torch.randn(n, n, device="cuda", dtype=torch.bfloat16),
+            torch.randn(n, n, device="cuda", dtype=torch.bfloat16),
+        )
+        for _ in range(3)
+    ]
     out = torch.empty(n, n, device="cuda", dtype=torch.bfloat16)
     i = [0]
 

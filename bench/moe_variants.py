@@ -86,9 +86,11 @@ def gemma4_block(s: dict[str, int], device: str):
 
     h, e, i, d = s["h"], s["experts"], s["width"], s["dense"]
     cfg = SimpleNamespace(rms_norm_eps=1e-6, hidden_size=h, top_k_experts=s["top_k"])
-    dense = MlpWeights(_randn(d, h, device=device, scale=h**-0.5),
-                       _randn(d, h, device=device, scale=h**-0.5),
-                       _randn(h, d, device=device, scale=d**-0.5))
+    dense = MlpWeights(
+        _randn(d, h, device=device, scale=h**-0.5),
+        _randn(d, h, device=device, scale=h**-0.5),
+        _randn(h, d, device=device, scale=d**-0.5),
+    )
     moe = MoeWeights(
         router=_randn(e, h, device=device, scale=h**-0.5 * 4),
         router_scale=(1 + _randn(h, device=device, scale=0.1, dtype=torch.float32)).to(BF16),
@@ -96,7 +98,8 @@ def gemma4_block(s: dict[str, int], device: str):
         gate_up=_randn(e, 2 * i, h, device=device, scale=h**-0.5),
         down=_randn(e, h, i, device=device, scale=i**-0.5),
         pre_norm=1 + _randn(h, device=device, scale=0.1, dtype=torch.float32),
-        post_norm_mlp=torch.ones(h, device=device), post_norm_experts=torch.ones(h, device=device),
+        post_norm_mlp=torch.ones(h, device=device),
+        post_norm_experts=torch.ones(h, device=device),
     )
 
     def router(x: torch.Tensor):
@@ -119,8 +122,13 @@ def glm_block(s: dict[str, int], device: str):
 
     h, e, i = s["h"], s["experts"], s["width"]
     cfg = SimpleNamespace(
-        n_routed_experts=e, num_experts_per_tok=s["top_k"], n_group=s["groups"],
-        topk_group=s["keep"], norm_topk_prob=True, routed_scaling_factor=2.5, swiglu_limit=10.0,
+        n_routed_experts=e,
+        num_experts_per_tok=s["top_k"],
+        n_group=s["groups"],
+        topk_group=s["keep"],
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        swiglu_limit=10.0,
     )
     gate_up = _randn(e, 2 * i, h, device=device, scale=h**-0.5 * 3)  # some past the clamp
     down = _randn(e, h, i, device=device, scale=i**-0.5)
@@ -128,11 +136,15 @@ def glm_block(s: dict[str, int], device: str):
         router=_randn(e, h, device=device, scale=h**-0.5 * 4, dtype=torch.float32),
         bias=_randn(e, device=device, scale=0.1, dtype=torch.float32),
         experts=[DenseWeights(gate_up[j], down[j]) for j in range(e)],  # views of one stack
-        shared=DenseWeights(_randn(2 * s["shared"], h, device=device, scale=h**-0.5 * 3),
-                            _randn(h, s["shared"], device=device, scale=s["shared"]**-0.5)),
+        shared=DenseWeights(
+            _randn(2 * s["shared"], h, device=device, scale=h**-0.5 * 3),
+            _randn(h, s["shared"], device=device, scale=s["shared"] ** -0.5),
+        ),
     )
-    dense = DenseWeights(_randn(2 * s["dense"], h, device=device, scale=h**-0.5 * 3),
-                         _randn(h, s["dense"], device=device, scale=s["dense"]**-0.5))
+    dense = DenseWeights(
+        _randn(2 * s["dense"], h, device=device, scale=h**-0.5 * 3),
+        _randn(h, s["dense"], device=device, scale=s["dense"] ** -0.5),
+    )
     return {
         "dense": lambda x: glm_moe.swiglu(x, dense, 10.0),
         "moe": lambda x: glm_moe.moe(cfg, x, moe),
@@ -186,8 +198,11 @@ def run(device: str = "cuda", smoke: bool = False) -> dict[str, Any]:
     torch.manual_seed(0)
     rows = SMOKE_ROWS if smoke else ROWS
     g, m = (SMOKE_GEMMA4, SMOKE_GLM) if smoke else (GEMMA4, GLM)
-    result: dict[str, Any] = {"device": torch.cuda.get_device_name() if device != "cpu" else "cpu",
-                              "gemma4_shape": g, "glm5_next_shape": m}
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if device != "cpu" else "cpu",
+        "gemma4_shape": g,
+        "glm5_next_shape": m,
+    }
     result["gemma4"] = measure(gemma4_block(g, device), g["h"], rows, device)
     if device != "cpu":
         torch.cuda.empty_cache()
@@ -208,11 +223,20 @@ def main() -> None:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(text)
-    bad = [f"{fam}.{k}" for fam in ("gemma4", "glm5_next")
-           for k, v in result[fam]["checks"].items() if v is False]
-    bad += [f"{fam}.{r}.{k}" for fam in ("gemma4", "glm5_next")
-            for r, row in result[fam].items() if r.startswith("rows_")
-            for k in row if k.endswith("_error")]
+    bad = [
+        f"{fam}.{k}"
+        for fam in ("gemma4", "glm5_next")
+        for k, v in result[fam]["checks"].items()
+        if v is False
+    ]
+    bad += [
+        f"{fam}.{r}.{k}"
+        for fam in ("gemma4", "glm5_next")
+        for r, row in result[fam].items()
+        if r.startswith("rows_")
+        for k in row
+        if k.endswith("_error")
+    ]
     if bad:
         print("FAILED: " + ", ".join(bad))
         sys.exit(1)

@@ -29,24 +29,71 @@ def signature(fn, types: dict[str, str], constexprs: dict[str, object]) -> dict[
     return {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
 
 
-BF16 = {"x_ptr", "w_ptr", "b_ptr", "o_ptr", "w1_ptr", "w3_ptr", "g_ptr", "w2_ptr", "rw_ptr",
-        "out_ptr"}
-PTRS = {a: "*bf16" for a in BF16} | {"ex_ptr": "*i64", "sorted_ptr": "*i32",
-                                      "block_ptr": "*i32", "limit": "fp32"}
-EXPERTS = {"IEEE": False, "INTERP": False, "BM": 16, "BN": 32, "BK": 64, "PDL": True,
-           "PREFETCH_K": 512}
+BF16 = {
+    "x_ptr",
+    "w_ptr",
+    "b_ptr",
+    "o_ptr",
+    "w1_ptr",
+    "w3_ptr",
+    "g_ptr",
+    "w2_ptr",
+    "rw_ptr",
+    "out_ptr",
+}
+PTRS = {a: "*bf16" for a in BF16} | {
+    "ex_ptr": "*i64",
+    "sorted_ptr": "*i32",
+    "block_ptr": "*i32",
+    "limit": "fp32",
+}
+EXPERTS = {
+    "IEEE": False,
+    "INTERP": False,
+    "BM": 16,
+    "BN": 32,
+    "BK": 64,
+    "PDL": True,
+    "PREFETCH_K": 512,
+}
 TINY = {"num_warps": 2, "num_stages": 5}  # triton_moe.TINY_*_TILES
 CASES = {  # name: (kernel, argument types but i32, constexprs, options)
     # a decode GEMV of 2048x2048 bf16 weights, K split across programs
-    "linear_split": (_linear_kernel, PTRS | {"ws_ptr": "*fp32", "cnt_ptr": "*i32"},
-                     {"HAS_BIAS": False, "IEEE": False, "INTERP": False, "SPLITS": 4,
-                      "SPLIT_GRID": True, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128,
-                      "PDL": True, "PREFETCH_K": 512}, {"num_warps": 4, "num_stages": 3}),
+    "linear_split": (
+        _linear_kernel,
+        PTRS | {"ws_ptr": "*fp32", "cnt_ptr": "*i32"},
+        {
+            "HAS_BIAS": False,
+            "IEEE": False,
+            "INTERP": False,
+            "SPLITS": 4,
+            "SPLIT_GRID": True,
+            "BLOCK_M": 16,
+            "BLOCK_N": 64,
+            "BLOCK_K": 128,
+            "PDL": True,
+            "PREFETCH_K": 512,
+        },
+        {"num_warps": 4, "num_stages": 3},
+    ),
     # the lm_head's shape class: one chunk, a line (64 elements) a row
-    "linear_whole": (_linear_kernel, PTRS | {"ws_ptr": "*bf16", "cnt_ptr": "*bf16"},
-                     {"HAS_BIAS": False, "IEEE": False, "INTERP": False, "SPLITS": 1,
-                      "SPLIT_GRID": False, "BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64,
-                      "PDL": True, "PREFETCH_K": 64}, {"num_warps": 4, "num_stages": 4}),
+    "linear_whole": (
+        _linear_kernel,
+        PTRS | {"ws_ptr": "*bf16", "cnt_ptr": "*bf16"},
+        {
+            "HAS_BIAS": False,
+            "IEEE": False,
+            "INTERP": False,
+            "SPLITS": 1,
+            "SPLIT_GRID": False,
+            "BLOCK_M": 16,
+            "BLOCK_N": 128,
+            "BLOCK_K": 64,
+            "PDL": True,
+            "PREFETCH_K": 64,
+        },
+        {"num_warps": 4, "num_stages": 4},
+    ),
     "swiglu": (_swiglu_kernel, PTRS, {"TOPK": 4, "ACT": 0} | EXPERTS, TINY),
     "down": (_down_kernel, PTRS, {"HAS_WEIGHT": True} | EXPERTS, TINY),
 }
@@ -54,8 +101,9 @@ CASES = {  # name: (kernel, argument types but i32, constexprs, options)
 
 def check(name: str, dump: Path | None) -> bool:
     fn, types, constexprs, options = CASES[name]
-    src = triton.compiler.ASTSource(fn=fn, signature=signature(fn, types, constexprs),
-                                    constexprs=constexprs)
+    src = triton.compiler.ASTSource(
+        fn=fn, signature=signature(fn, types, constexprs), constexprs=constexprs
+    )
     target = GPUTarget("cuda", 90, 32)
     asm = triton.compile(src, target=target, options={**options, "launch_pdl": True}).asm
     ptx = asm["ptx"]
@@ -66,9 +114,11 @@ def check(name: str, dump: Path | None) -> bool:
     pre = [i for i, s in enumerate(lines) if PREFETCH in s]
     wait = [i for i, s in enumerate(lines) if WAIT in s]
     ok = bool(pre) and bool(wait) and max(pre) < min(wait)
-    print(f"{name}: compiled to cubin; {len(pre)} prefetch instruction(s) at PTX lines "
-          f"{pre[:4]}{'...' if len(pre) > 4 else ''}, {WAIT} at {wait}: "
-          f"{'prefetch before the wait' if ok else 'FAIL'}")
+    print(
+        f"{name}: compiled to cubin; {len(pre)} prefetch instruction(s) at PTX lines "
+        f"{pre[:4]}{'...' if len(pre) > 4 else ''}, {WAIT} at {wait}: "
+        f"{'prefetch before the wait' if ok else 'FAIL'}"
+    )
     if ok:
         print("    " + lines[pre[0]].strip())
     sass = disassemble(asm["cubin"])

@@ -66,7 +66,10 @@ def lfm2_plan(shape: str, cfg: Any, el: int = 2) -> Plan:
             p.products += [("dense_gate_up", 2 * n * h * el), ("dense_down", h * n * el)]
         else:
             n, k = cfg.moe_intermediate_size, cfg.num_experts_per_tok
-            p.products += [("experts_gate_up", k * 2 * n * h * el), ("experts_down", k * h * n * el)]
+            p.products += [
+                ("experts_gate_up", k * 2 * n * h * el),
+                ("experts_down", k * h * n * el),
+            ]
     p.products.append(("lm_head", cfg.vocab_size * h * el))
     return p
 
@@ -78,13 +81,18 @@ def gemma4_plan(shape: str, cfg: Any, el: int = 2) -> Plan:
         q = cfg.num_attention_heads * d
         kv = layer.kv_heads * d if own else 0
         v = kv if own and not layer.k_eq_v else 0
-        p.products += [("qkv", (q + kv + v) * h * el), ("o_proj", h * q * el),
-                       ("dense_gate_up", 2 * layer.mlp_size * h * el),
-                       ("dense_down", h * layer.mlp_size * el)]
+        p.products += [
+            ("qkv", (q + kv + v) * h * el),
+            ("o_proj", h * q * el),
+            ("dense_gate_up", 2 * layer.mlp_size * h * el),
+            ("dense_down", h * layer.mlp_size * el),
+        ]
         if cfg.enable_moe_block:
             n, k = cfg.moe_intermediate_size, cfg.top_k_experts
-            p.products += [("experts_gate_up", k * 2 * n * h * el),
-                           ("experts_down", k * h * n * el)]
+            p.products += [
+                ("experts_gate_up", k * 2 * n * h * el),
+                ("experts_down", k * h * n * el),
+            ]
     p.products.append(("lm_head", cfg.vocab_size * h * el))
     return p
 
@@ -162,9 +170,22 @@ def _empty_kernel(out_ptr, PDL: tl.constexpr):
 
 
 @triton.jit
-def _phases_kernel(x_ptr, off_ptr, len_ptr, pf_off_ptr, pf_len_ptr, cnt_ptr, out_ptr, spin_ptr,
-                   phases, BLOCK: tl.constexpr, MAX_SPIN: tl.constexpr, PREFETCH: tl.constexpr,
-                   PF_LANES: tl.constexpr, PF_BYTES: tl.constexpr = 0):
+def _phases_kernel(
+    x_ptr,
+    off_ptr,
+    len_ptr,
+    pf_off_ptr,
+    pf_len_ptr,
+    cnt_ptr,
+    out_ptr,
+    spin_ptr,
+    phases,
+    BLOCK: tl.constexpr,
+    MAX_SPIN: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PF_LANES: tl.constexpr,
+    PF_BYTES: tl.constexpr = 0,
+):
     # One persistent grid: phase i reads len[i] bf16 values at off[i] (0 for a small launch's
     # place), stores its sums, then a grid-wide barrier (every program counts in and waits for
     # cnt to reach (i + 1) * programs), as a kernel whose phase i + 1 needs phase i's output.
@@ -225,8 +246,9 @@ class Chains:
     def launch(self, buf, tile: ReadTile) -> None:
         n = buf.numel()
         grid = max(1, min(self.sms * tile.per_sm, -(-n // tile.block)))
-        self.read[(grid,)](buf, self.scratch, n, BLOCK=tile.block, num_warps=tile.warps,
-                           **self._opts())
+        self.read[(grid,)](
+            buf, self.scratch, n, BLOCK=tile.block, num_warps=tile.warps, **self._opts()
+        )
 
     def launch_empty(self) -> None:
         self.empty[(1,)](self.scratch, num_warps=1, **self._opts())
@@ -284,8 +306,14 @@ def by_size(ch: Chains, sizes_mb: list[float]) -> list[dict[str, Any]]:
     for mb in sizes_mb:
         nbytes = int(mb * MB)
         tile, us = ch.best_tile(nbytes, _copies(nbytes))
-        rows.append({"mb": mb, "us": round(us, 2), "tb_per_s": round(nbytes / us / 1e6, 3),
-                     "tile": vars(tile)})
+        rows.append(
+            {
+                "mb": mb,
+                "us": round(us, 2),
+                "tb_per_s": round(nbytes / us / 1e6, 3),
+                "tile": vars(tile),
+            }
+        )
     return rows
 
 
@@ -304,8 +332,9 @@ def round_chain(ch: Chains, plan: Plan, launches: int | None, tiles: dict[int, R
     return res
 
 
-def _chain_us(ch: Chains, sizes: list[int], launches: int | None,
-              tiles: dict[int, ReadTile]) -> dict[str, Any]:
+def _chain_us(
+    ch: Chains, sizes: list[int], launches: int | None, tiles: dict[int, ReadTile]
+) -> dict[str, Any]:
     """µs of the products back to back and, given the round's launch count, of the whole chain
     with the empty launches between them; the buffers live until this returns."""
     bufs = ch.buffers(sizes)
@@ -339,8 +368,13 @@ def _one_launch_us(ch: Chains, nbytes: int) -> float:
     return round(ch.time_us(lambda: ch.launch(one, tile), reps=10), 1)
 
 
-PHASE_TILES = [ReadTile(4096, 8, 2), ReadTile(4096, 4, 4), ReadTile(2048, 8, 4),
-               ReadTile(2048, 4, 8), ReadTile(1024, 4, 8)]
+PHASE_TILES = [
+    ReadTile(4096, 8, 2),
+    ReadTile(4096, 4, 4),
+    ReadTile(2048, 8, 4),
+    ReadTile(2048, 4, 8),
+    ReadTile(1024, 4, 8),
+]
 PF_MB = (4, 16, 0)  # next-phase prefetch budgets (0: the whole next product)
 MAX_SPIN = 1 << 18  # polls of a barrier, all phases together: ~0.1 s, far past any phase
 
@@ -361,28 +395,67 @@ def persistent(ch: Chains, plan: Plan, small: int) -> dict[str, Any]:
     one = torch.zeros(1, device="cuda", dtype=torch.int32)
     res: dict[str, Any] = {"phases": len(ph.offset), "rows": []}
     for tile in PHASE_TILES:
-        regs = max(_phases_kernel[(1,)](buf, off, zero, pf_off, zero, cnt, ch.scratch, one,
-                                        len(ph.offset),
-                                        BLOCK=tile.block, MAX_SPIN=MAX_SPIN, PREFETCH=pf,
-                                        PF_LANES=128, PF_BYTES=MB if pf else 0,
-                                        num_warps=tile.warps).n_regs
-                   for pf in (False, True))
+        regs = max(
+            _phases_kernel[(1,)](
+                buf,
+                off,
+                zero,
+                pf_off,
+                zero,
+                cnt,
+                ch.scratch,
+                one,
+                len(ph.offset),
+                BLOCK=tile.block,
+                MAX_SPIN=MAX_SPIN,
+                PREFETCH=pf,
+                PF_LANES=128,
+                PF_BYTES=MB if pf else 0,
+                num_warps=tile.warps,
+            ).n_regs
+            for pf in (False, True)
+        )
         fits = min(64 // tile.warps, 65536 // (-(-regs * 32 // 256) * 256 * tile.warps), 32)
         grid = ch.sms * max(1, min(tile.per_sm, fits))
         out = torch.zeros(len(ph.offset) * grid, device="cuda", dtype=torch.float32)
         spins = torch.zeros(grid, device="cuda", dtype=torch.int32)
-        for name, lengths, pf in (("barriers", zero, None), ("reads", ln, None),
-                                  *((f"reads_prefetched_{mb}mb", ln, mb) for mb in PF_MB)):
+        for name, lengths, pf in (
+            ("barriers", zero, None),
+            ("reads", ln, None),
+            *((f"reads_prefetched_{mb}mb", ln, mb) for mb in PF_MB),
+        ):
+
             def step():
                 cnt.zero_()
-                _phases_kernel[(grid,)](buf, off, lengths, pf_off, pf_len, cnt, out, spins,
-                                        len(ph.offset), BLOCK=tile.block, MAX_SPIN=MAX_SPIN,
-                                        PREFETCH=pf is not None, PF_LANES=128,
-                                        PF_BYTES=(pf or 0) * MB, num_warps=tile.warps)
+                _phases_kernel[(grid,)](
+                    buf,
+                    off,
+                    lengths,
+                    pf_off,
+                    pf_len,
+                    cnt,
+                    out,
+                    spins,
+                    len(ph.offset),
+                    BLOCK=tile.block,
+                    MAX_SPIN=MAX_SPIN,
+                    PREFETCH=pf is not None,
+                    PF_LANES=128,
+                    PF_BYTES=(pf or 0) * MB,
+                    num_warps=tile.warps,
+                )
+
             us = ch.time_us(step, reps=10)
-            res["rows"].append({"tile": vars(tile), "grid": grid, "regs": regs, "what": name,
-                                "us": round(us, 1),
-                                "barrier_timeouts": int((spins >= MAX_SPIN).sum().item())})
+            res["rows"].append(
+                {
+                    "tile": vars(tile),
+                    "grid": grid,
+                    "regs": regs,
+                    "what": name,
+                    "us": round(us, 1),
+                    "barrier_timeouts": int((spins >= MAX_SPIN).sum().item()),
+                }
+            )
     for name in ("reads", *(f"reads_prefetched_{mb}mb" for mb in PF_MB), "barriers"):
         ok = [r for r in res["rows"] if r["what"] == name and not r["barrier_timeouts"]]
         if ok:
@@ -398,12 +471,18 @@ def persistent(ch: Chains, plan: Plan, small: int) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench_out")
-    ap.add_argument("--launches", default="",
-                    help="shape=kernels of its one-stream round (the census), comma-separated; "
-                         "lfm2 and gemma4 name LFM2-8B-A1B and Gemma-4-26B-A4B")
+    ap.add_argument(
+        "--launches",
+        default="",
+        help="shape=kernels of its one-stream round (the census), comma-separated; "
+        "lfm2 and gemma4 name LFM2-8B-A1B and Gemma-4-26B-A4B",
+    )
     ap.add_argument("--shapes", default="LFM2-8B-A1B,LFM2-24B-A2B,Gemma-4-26B-A4B")
-    ap.add_argument("--persistent", action="store_true",
-                    help="also the round as one persistent kernel, a grid-wide barrier a phase")
+    ap.add_argument(
+        "--persistent",
+        action="store_true",
+        help="also the round as one persistent kernel, a grid-wide barrier a phase",
+    )
     args = ap.parse_args()
     alias = {"lfm2": "LFM2-8B-A1B", "lfm2_24b": "LFM2-24B-A2B", "gemma4": "Gemma-4-26B-A4B"}
     launches = {}

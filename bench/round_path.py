@@ -24,9 +24,16 @@ class Launch:
 
 def launches(trace: dict[str, Any]) -> list[Launch]:
     """The kernel events of a chrome trace (torch.profiler's export), in start order."""
-    out = [Launch(e["name"][:60], "x".join(str(v) for v in e.get("args", {}).get("grid", [])),
-                  float(e["ts"]), float(e["dur"]))
-           for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"]
+    out = [
+        Launch(
+            e["name"][:60],
+            "x".join(str(v) for v in e.get("args", {}).get("grid", [])),
+            float(e["ts"]),
+            float(e["dur"]),
+        )
+        for e in trace.get("traceEvents", [])
+        if e.get("cat") == "kernel"
+    ]
     return sorted(out, key=lambda k: k.ts)
 
 
@@ -59,9 +66,12 @@ def table(kernels: list[Launch], top: int = 40) -> dict[str, Any]:
     ordered = sorted(groups.items(), key=lambda kv: -kv[1][2])
     wall = (max(k.ts + k.dur for k in kernels) - kernels[0].ts) if kernels else 0.0
     return {
-        "kernels": len(kernels), "wall_us": round(wall, 1),
+        "kernels": len(kernels),
+        "wall_us": round(wall, 1),
         "summed_us": round(sum(k.dur for k in kernels), 1),
         "idle_us": round(sum(idle for _, _, idle in rows), 1),
-        "groups": [(name[:40], grid, int(c), round(d / c, 2), round(s, 1), round(i, 1))
-                   for (name, grid), (c, d, s, i) in ordered[:top]],
+        "groups": [
+            (name[:40], grid, int(c), round(d / c, 2), round(s, 1), round(i, 1))
+            for (name, grid), (c, d, s, i) in ordered[:top]
+        ],
     }

@@ -24,8 +24,14 @@ def sync(device: str) -> None:
 def kernel_table(prof: Any, rounds: int, path: Path) -> list[tuple[str, float, float]]:
     """A torch profile's kernels over `rounds` rounds: (name, µs a round, calls a round), the
     longest first, also written to path as tab-separated µs, calls, name."""
-    kern = sorted(((e.key, e.device_time_total / rounds, e.count / rounds)
-                   for e in prof.key_averages() if e.device_time_total > 0), key=lambda t: -t[1])
+    kern = sorted(
+        (
+            (e.key, e.device_time_total / rounds, e.count / rounds)
+            for e in prof.key_averages()
+            if e.device_time_total > 0
+        ),
+        key=lambda t: -t[1],
+    )
     path.write_text("".join(f"{k[1]:.1f}\t{k[2]:.1f}\t{k[0]}\n" for k in kern))
     return kern
 
@@ -84,15 +90,25 @@ class Sections:
         from tensorfold.forward_pass import StreamRows
 
         res: dict[str, Any] = {}
-        runs = (("decode1", 1, 1, False), ("decode1_graph", 1, 1, True), ("decode8", 8, 1, False),
-                ("decode64", 64, 1, False),
-                ("prefill2048", 1, 2048, False))
+        runs = (
+            ("decode1", 1, 1, False),
+            ("decode1_graph", 1, 1, True),
+            ("decode8", 8, 1, False),
+            ("decode64", 64, 1, False),
+            ("prefill2048", 1, 2048, False),
+        )
         for name, n, rows, graphs in runs:
             runner = self.runner(n, graphs=graphs, window=4096)
             g = torch.Generator().manual_seed(7)
-            streams = [StreamRows(s, 0 if rows > 1 else 100,
-                                  torch.randint(10, self.model.vocab_size, (rows,), generator=g).tolist(),
-                                  list(range(s * 8, s * 8 + 8))) for s in range(n)]
+            streams = [
+                StreamRows(
+                    s,
+                    0 if rows > 1 else 100,
+                    torch.randint(10, self.model.vocab_size, (rows,), generator=g).tolist(),
+                    list(range(s * 8, s * 8 + 8)),
+                )
+                for s in range(n)
+            ]
             for _ in range(3 if graphs else 1):  # a graph runner captures on its second round
                 runner.run(streams)
             sync(self.device)
@@ -120,9 +136,15 @@ class Sections:
         from tensorfold.forward_pass import StreamRows
 
         g = torch.Generator().manual_seed(7)
-        streams = [StreamRows(s, 100, torch.randint(10, self.model.vocab_size, (1,),
-                                                    generator=g).tolist(),
-                              list(range(s * 8, s * 8 + 8))) for s in range(n)]
+        streams = [
+            StreamRows(
+                s,
+                100,
+                torch.randint(10, self.model.vocab_size, (1,), generator=g).tolist(),
+                list(range(s * 8, s * 8 + 8)),
+            )
+            for s in range(n)
+        ]
         for _ in range(warm):
             runner.run(streams)
         sync(self.device)
@@ -148,9 +170,12 @@ class Sections:
             # a graph runner captures on its second round
             kernels = round_path.launches(self.traced_decode_round(runner, n, warm=3))
             t0 = kernels[0].ts if kernels else 0.0
-            (self.out / f"path_{n}.tsv").write_text("".join(
-                f"{k.ts - t0:.2f}\t{k.dur:.2f}\t{s:.2f}\t{i:.2f}\t{k.grid}\t{k.name}\n"
-                for k, s, i in round_path.shares(kernels)))
+            (self.out / f"path_{n}.tsv").write_text(
+                "".join(
+                    f"{k.ts - t0:.2f}\t{k.dur:.2f}\t{s:.2f}\t{i:.2f}\t{k.grid}\t{k.name}\n"
+                    for k, s, i in round_path.shares(kernels)
+                )
+            )
             res[f"streams{n}"] = round_path.table(kernels)
             res[f"streams{n}"]["replays"] = getattr(runner, "replays", None)
             del runner
@@ -170,8 +195,10 @@ class Sections:
             for n in (1, 8, 64):
                 runner = self.runner(n, graphs=False, window=4096)
                 trace = self.traced_decode_round(runner, n, warm=2)
-                kern = sorted((e for e in trace.get("traceEvents", [])
-                               if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+                kern = sorted(
+                    (e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"),
+                    key=lambda e: e["ts"],
+                )
                 lines, groups = [], {}
                 for e in kern:
                     grid = "x".join(str(v) for v in e.get("args", {}).get("grid", []))
@@ -182,9 +209,13 @@ class Sections:
                 (self.out / f"census_{n}.tsv").write_text("".join(lines))
                 rows = sorted(groups.items(), key=lambda kv: -kv[1][1])
                 res[f"streams{n}"] = {
-                    "kernels": len(kern), "us": round(sum(e["dur"] for e in kern), 1),
-                    "groups": [(k[0][:40], k[1], c, round(t / c, 2), round(t, 1))
-                               for k, (c, t) in rows[:40]]}
+                    "kernels": len(kern),
+                    "us": round(sum(e["dur"] for e in kern), 1),
+                    "groups": [
+                        (k[0][:40], k[1], c, round(t / c, 2), round(t, 1))
+                        for k, (c, t) in rows[:40]
+                    ],
+                }
                 del runner
         finally:
             gpu.set_dependent_launch(self.results["dependent_launch"])

@@ -22,14 +22,26 @@ import time
 import urllib.request
 
 LAUNCH = "import sys; from tensorfold.cli import main; sys.exit(main())"
-BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--remote-debugging-port=0")
+BROWSER_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--remote-debugging-port=0",
+)
 
 
 def serve(flags: list[str]) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-c", LAUNCH, "serve", "--port", "0", *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH, "serve", "--port", "0", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("serving "):
@@ -38,10 +50,26 @@ def serve(flags: list[str]) -> tuple[subprocess.Popen[str], str]:
 
 
 def bench(url: str, max_tokens: int) -> float:
-    out = subprocess.run([sys.executable, "-c", LAUNCH, "bench", "openai", "--url", url,
-                          "--max-tokens", str(max_tokens), "--repeats", "3", "--json"],
-                         capture_output=True, text=True, check=True).stdout
-    rows = json.loads(out[out.index('{"rows"'):])["rows"]
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            LAUNCH,
+            "bench",
+            "openai",
+            "--url",
+            url,
+            "--max-tokens",
+            str(max_tokens),
+            "--repeats",
+            "3",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = json.loads(out[out.index('{"rows"') :])["rows"]
     return statistics.median(r["decode_tok_s"] for r in rows)
 
 
@@ -50,8 +78,9 @@ class Readers:
 
     def __init__(self, base: str, n: int) -> None:
         self.streams = [urllib.request.urlopen(base + "/status/events") for _ in range(n)]
-        self.threads = [threading.Thread(target=self._read, args=(s,), daemon=True)
-                        for s in self.streams]
+        self.threads = [
+            threading.Thread(target=self._read, args=(s,), daemon=True) for s in self.streams
+        ]
         for t in self.threads:
             t.start()
 
@@ -73,7 +102,9 @@ class Page:
         self.dir = tempfile.TemporaryDirectory(ignore_cleanup_errors=True)
         self.proc = subprocess.Popen(
             ["chromium", *BROWSER_FLAGS, f"--user-data-dir={self.dir.name}", base + "/status"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(2.0)  # loaded, and its EventSource connected
 
     def close(self) -> None:
@@ -103,8 +134,11 @@ def summary_cost(calls: int = 300) -> dict[str, float]:
         t = time.perf_counter()
         llm.generate(["One stream"], SamplingParams(max_tokens=256, ignore_eos=True))
         round_s = (time.perf_counter() - t) / 256
-        return {"states": len(lanes.sharing.store), "summary_ms": statistics.median(times) * 1e3,
-                "round_ms": round_s * 1e3}
+        return {
+            "states": len(lanes.sharing.store),
+            "summary_ms": statistics.median(times) * 1e3,
+            "round_ms": round_s * 1e3,
+        }
     finally:
         llm.close()
 
@@ -129,8 +163,13 @@ def main() -> None:
         bench(url, 16)  # warm up
         for r in range(args.rounds):
             for mode in modes:
-                watcher = (Readers(base, args.watchers) if mode == "events"
-                           else Page(base) if mode == "browser" else None)
+                watcher = (
+                    Readers(base, args.watchers)
+                    if mode == "events"
+                    else Page(base)
+                    if mode == "browser"
+                    else None
+                )
                 try:
                     runs[mode].append(bench(url, args.max_tokens))
                 finally:
@@ -141,9 +180,18 @@ def main() -> None:
         proc.terminate()
         proc.wait()
     # On a shared machine other processes only ever slow a run: the best run is the steadiest
-    print(json.dumps({m: {"best_tok_s": round(max(v), 1),
-                          "median_tok_s": round(statistics.median(v), 1),
-                          "runs": [round(x, 1) for x in v]} for m, v in runs.items()}))
+    print(
+        json.dumps(
+            {
+                m: {
+                    "best_tok_s": round(max(v), 1),
+                    "median_tok_s": round(statistics.median(v), 1),
+                    "runs": [round(x, 1) for x in v],
+                }
+                for m, v in runs.items()
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,9 @@ ROUNDS = 32
 REPEATS = 3
 
 
-def _round_ms(llm, prompts, named: dict[str, SamplingParams], rounds: int, repeats: int,
-              sync) -> tuple[dict[str, float], dict[str, int]]:
+def _round_ms(
+    llm, prompts, named: dict[str, SamplingParams], rounds: int, repeats: int, sync
+) -> tuple[dict[str, float], dict[str, int]]:
     """Each setting's decode round in ms; the settings take turns (other load on the machine
     falls on each alike), after one warm-up run each. Also each setting's rows that stopped
     before 1 + rounds tokens (in the timed runs)."""
@@ -88,23 +89,31 @@ def _open(args: argparse.Namespace):
         return open_llm("lfm2_moe", folder, memory_limit_gib=1.0, **flags)
     # open_llm's CPU defaults with the device's own: its 0.25 GiB cap would not hold the KV
     # pages of 64 streams at LFM2-8B's shape; 8 GiB does, many times over
-    return open_llm("lfm2_moe", folder, device=args.device, dtype="bfloat16",
-                    memory_limit_gib=8.0, **flags)
+    return open_llm(
+        "lfm2_moe", folder, device=args.device, dtype="bfloat16", memory_limit_gib=8.0, **flags
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--folder", help="a dummy-weight lfm2_moe folder (made if it has no config)")
-    ap.add_argument("--shape", default="LFM2-8B-A1B",
-                    help="the folder's shape when it is made (LFM2-8B-A1B, LFM2-24B-A2B, demo)")
+    ap.add_argument(
+        "--shape",
+        default="LFM2-8B-A1B",
+        help="the folder's shape when it is made (LFM2-8B-A1B, LFM2-24B-A2B, demo)",
+    )
     ap.add_argument("--vocab", type=int, default=65536, help="the made tokenizer's vocabulary")
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--repeats", type=int, default=REPEATS)
     ap.add_argument("--context", type=int, default=512)
-    ap.add_argument("--length", type=int, default=2000,
-                    help="the constrained text's length (regex and schema): past what ROUNDS "
-                    "tokens can write, so no constrained row ends early")
+    ap.add_argument(
+        "--length",
+        type=int,
+        default=2000,
+        help="the constrained text's length (regex and schema): past what ROUNDS "
+        "tokens can write, so no constrained row ends early",
+    )
     ap.add_argument("--out", help="also write the JSON dict to OUT/structured_mask.json")
     args = ap.parse_args()
 
@@ -115,29 +124,44 @@ def main() -> None:
     opened_s = time.perf_counter() - t0
     try:
         tok = llm.tokenizer
-        vocab = (json.loads((Path(args.folder) / "config.json").read_text())["vocab_size"]
-                 if args.folder is not None else tok.vocab_size)
+        vocab = (
+            json.loads((Path(args.folder) / "config.json").read_text())["vocab_size"]
+            if args.folder is not None
+            else tok.vocab_size
+        )
         prompts = [f"Story {i}: the little engine" for i in range(STREAMS)]
         free = SamplingParams(temperature=1.0, seed=1, ignore_eos=True)
         n = args.length
         constraints = {
             "regex": regex(f"[a-z ]{{{n}}}", tok),
-            "json_schema": json_schema({"type": "object", "properties": {"text": {
-                "type": "string", "minLength": n}}, "required": ["text"]}, tok),
+            "json_schema": json_schema(
+                {
+                    "type": "object",
+                    "properties": {"text": {"type": "string", "minLength": n}},
+                    "required": ["text"],
+                },
+                tok,
+            ),
         }
-        out: dict[str, object] = {"streams": STREAMS, "vocab": tok.vocab_size,
-                                  "device": args.device, "threads": torch.get_num_threads()}
+        out: dict[str, object] = {
+            "streams": STREAMS,
+            "vocab": tok.vocab_size,
+            "device": args.device,
+            "threads": torch.get_num_threads(),
+        }
         if args.folder is not None:
             out["folder"] = args.folder
             out["rounds"] = args.rounds
             out["open_s"] = round(opened_s, 1)
         if cuda:
             out["gpu"] = torch.cuda.get_device_name()
-        named = {name: replace(free, ignore_eos=False, constraint=c)
-                 for name, c in constraints.items()}
+        named = {
+            name: replace(free, ignore_eos=False, constraint=c) for name, c in constraints.items()
+        }
         t1 = time.perf_counter()
-        rounds, short = _round_ms(llm, prompts, {"free": free, **named}, args.rounds,
-                                  args.repeats, sync)
+        rounds, short = _round_ms(
+            llm, prompts, {"free": free, **named}, args.rounds, args.repeats, sync
+        )
         base = rounds["free"]
         out["free_round_ms"] = round(base, 3)
         for name, constraint in constraints.items():

@@ -79,8 +79,7 @@ def rank_main(rank: int, port: int, out: str) -> None:
     from tensorfold.ops.symmetric_reduce import open_symmetric
 
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     reduce = open_symmetric(dist.group.WORLD, rank, 2, torch.device("cuda", rank), 60.0)
     parallel.set_group(parallel.Group(rank, 2, None, reduce))
     table = []
@@ -100,14 +99,17 @@ def rank_main(rank: int, port: int, out: str) -> None:
                             torch.cuda.synchronize()
                 table.append(row)
     if rank == 0:
-        lines = [f"{'rows':>4} {'H':>5} {'partial':>9} | {'nccl eager':>10} {'symm eager':>10} | "
-                 f"{'nccl graph':>10} {'symm graph':>10} {'x':>5}"]
+        lines = [
+            f"{'rows':>4} {'H':>5} {'partial':>9} | {'nccl eager':>10} {'symm eager':>10} | "
+            f"{'nccl graph':>10} {'symm graph':>10} {'x':>5}"
+        ]
         for r in table:
             lines.append(
                 f"{r['rows']:>4} {r['H']:>5} {r['partial']:>9} | {r['nccl_eager_us']:>10.1f} "
                 f"{r['symmetric_eager_us']:>10.1f} | {r['nccl_graph_us']:>10.1f} "
                 f"{r['symmetric_graph_us']:>10.1f} "
-                f"{r['nccl_graph_us'] / r['symmetric_graph_us']:>5.1f}")
+                f"{r['nccl_graph_us'] / r['symmetric_graph_us']:>5.1f}"
+            )
         text = "per-call microseconds, two ranks (x: nccl graph / symmetric graph)\n"
         text += "\n".join(lines)
         print(text)
@@ -130,9 +132,12 @@ def main() -> None:
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     port = str(testing.free_port())
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), port, args.out],
-                              env=testing.clean_env())
-             for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(r), port, args.out], env=testing.clean_env()
+        )
+        for r in range(2)
+    ]
     codes = [p.wait(timeout=540) for p in procs]
     if codes != [0, 0]:
         sys.exit(f"tp_reduce: ranks exited {codes}")

@@ -26,8 +26,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 FAMILIES = {"LFM2-8B-A1B": "lfm2_moe", "LFM2-24B-A2B": "lfm2_moe", "Gemma-4-26B-A4B": "gemma4"}
-CONFIGS = ("LFM2-8B-A1B:1,LFM2-8B-A1B:2,Gemma-4-26B-A4B:1,Gemma-4-26B-A4B:2,LFM2-24B-A2B:1,"
-           "LFM2-24B-A2B:2,LFM2-8B-A1B:2:nccl")
+CONFIGS = (
+    "LFM2-8B-A1B:1,LFM2-8B-A1B:2,Gemma-4-26B-A4B:1,Gemma-4-26B-A4B:2,LFM2-24B-A2B:1,"
+    "LFM2-24B-A2B:2,LFM2-8B-A1B:2:nccl"
+)
 STREAMS = {1: (16, 144), 64: (8, 72)}  # streams: (T1, T2)
 PROMPT = 64
 CONFIG_TIMEOUT_S = 240
@@ -65,11 +67,28 @@ def one(shape: str, tp: int, reduce: str) -> dict:
 
     folder = dummy_folder(shape, Path(tempfile.mkdtemp()) / shape)
     started = time.perf_counter()
-    llm = LLM(family=FAMILIES[shape], model=folder, load_format="dummy", tp=tp, tp_reduce=reduce,
-              device="cuda", dtype="bfloat16", context=1024, parallel=max(STREAMS),
-              memory_limit_gib=24, prompt_cache_gib=0, kv_share=0, tp_timeout_s=60)
-    res: dict = {"shape": shape, "tp": tp, "reduce": reduce, "open_s": 0.0,
-                 "symmetric": parallel.current().reduce is not None}
+    llm = LLM(
+        family=FAMILIES[shape],
+        model=folder,
+        load_format="dummy",
+        tp=tp,
+        tp_reduce=reduce,
+        device="cuda",
+        dtype="bfloat16",
+        context=1024,
+        parallel=max(STREAMS),
+        memory_limit_gib=24,
+        prompt_cache_gib=0,
+        kv_share=0,
+        tp_timeout_s=60,
+    )
+    res: dict = {
+        "shape": shape,
+        "tp": tp,
+        "reduce": reduce,
+        "open_s": 0.0,
+        "symmetric": parallel.current().reduce is not None,
+    }
     res["open_s"] = time.perf_counter() - started
     try:
         vocab = llm.served.engine.lanes.runner.model.vocab_size
@@ -96,10 +115,15 @@ def one(shape: str, tp: int, reduce: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="")
-    parser.add_argument("--configs", default=CONFIGS,
-                        help="SHAPE:TP[:REDUCE],... (REDUCE symmetric by default)")
-    parser.add_argument("--budget-s", type=float, default=3600.0,
-                        help="skip the configurations that would start past this many seconds")
+    parser.add_argument(
+        "--configs", default=CONFIGS, help="SHAPE:TP[:REDUCE],... (REDUCE symmetric by default)"
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=3600.0,
+        help="skip the configurations that would start past this many seconds",
+    )
     parser.add_argument("--one", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:  # a configuration the parent started: one JSON line
@@ -118,8 +142,13 @@ def main() -> None:
         else:
             cmd = [sys.executable, __file__, "--one", f"{shape}:{tp}:{reduce}"]
             # a session of its own: a timeout ends rank 0 and the follower it started
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
             try:
                 stdout, stderr = proc.communicate(timeout=left)
                 found = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
@@ -143,9 +172,11 @@ def main() -> None:
 def table(rows: list[dict]) -> str:
     """Decode tokens/s and, at --tp 2, the ratio to the same shape's --tp 1."""
     one_rank = {r["shape"]: r for r in rows if r["tp"] == 1 and "error" not in r}
-    lines = ["decode tokens/s (dummy bf16 weights, 64-token prompts, CUDA graphs)",
-             f"{'shape':<16} {'tp':>2} {'reduce':<9} {'1 stream':>9} {'x tp1':>6} "
-             f"{'64 streams':>10} {'x tp1':>6}"]
+    lines = [
+        "decode tokens/s (dummy bf16 weights, 64-token prompts, CUDA graphs)",
+        f"{'shape':<16} {'tp':>2} {'reduce':<9} {'1 stream':>9} {'x tp1':>6} "
+        f"{'64 streams':>10} {'x tp1':>6}",
+    ]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['shape']:<16} {r['tp']:>2} {r['reduce']:<9} {r['error'][:60]}")
@@ -156,8 +187,11 @@ def table(rows: list[dict]) -> str:
             v = r[f"streams{n}_tokens_per_s"]
             x = v / base[f"streams{n}_tokens_per_s"] if base and r["tp"] > 1 else None
             cells.append(f"{v:>9.0f} {(f'{x:.2f}' if x else ''):>6}")
-        reduce = r["reduce"] if r["tp"] > 1 and r["symmetric"] == (r["reduce"] == "symmetric") \
+        reduce = (
+            r["reduce"]
+            if r["tp"] > 1 and r["symmetric"] == (r["reduce"] == "symmetric")
             else ("-" if r["tp"] == 1 else "nccl(fb)")
+        )
         lines.append(f"{r['shape']:<16} {r['tp']:>2} {reduce:<9} {cells[0]} {cells[1]:>17}")
     return "\n".join(lines)
 

@@ -43,10 +43,12 @@ class Window:
         self.first: dict[str, float] = {}  # each step's first call
 
     def result(self) -> dict[str, Any]:
-        return {"compiled": self.compiled,
-                "seconds": {k: round(v, 4) for k, v in sorted(self.seconds.items())},
-                "calls": dict(sorted(self.calls.items())),
-                "first": {k: round(v, 4) for k, v in sorted(self.first.items())}}
+        return {
+            "compiled": self.compiled,
+            "seconds": {k: round(v, 4) for k, v in sorted(self.seconds.items())},
+            "calls": dict(sorted(self.calls.items())),
+            "first": {k: round(v, 4) for k, v in sorted(self.first.items())},
+        }
 
 
 class TurnTrace:
@@ -79,8 +81,10 @@ class TurnTrace:
                     w = trace.open
                     jf = getattr(kw.get("fn"), "jit_function", None)
                     why = spec_diff(jf, kw.get("key")) if jf is not None else ""
-                    w.compiled.append(f"{repr.split('[', 1)[0]} +{time.perf_counter() - w.t0:.2f}s"
-                                      + (f" ({why})" if why else ""))
+                    w.compiled.append(
+                        f"{repr.split('[', 1)[0]} +{time.perf_counter() - w.t0:.2f}s"
+                        + (f" ({why})" if why else "")
+                    )
             return before(repr=repr, **kw) if before else None
 
         knobs.runtime.jit_cache_hook = hook
@@ -128,8 +132,11 @@ def spec_diff(jf: Any, key: Any) -> str:
     for k, v in pairs:
         if v == key:
             continue
-        d = [f"{names[i] if i < len(names) else i}: {a} -> {b}"
-             for i, (a, b) in enumerate(zip(k[0], new[0])) if a != b]
+        d = [
+            f"{names[i] if i < len(names) else i}: {a} -> {b}"
+            for i, (a, b) in enumerate(zip(k[0], new[0]))
+            if a != b
+        ]
         if k[1] != new[1]:
             d.append("options")
         if best is None or len(d) < len(best):

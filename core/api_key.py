@@ -22,8 +22,9 @@ def resolve_api_key(flag: str | None, file: str | None, setting: str | None) -> 
         raise SettingsError("--api-key and --api-key-file are both given; use one")
     if flag is not None:
         if not flag.strip():
-            raise SettingsError('--api-key "" is empty; give a key, or leave the flag out to '
-                                "serve without one")
+            raise SettingsError(
+                '--api-key "" is empty; give a key, or leave the flag out to serve without one'
+            )
         return flag.strip()
     if file is not None:
         try:
@@ -38,8 +39,9 @@ def resolve_api_key(flag: str | None, file: str | None, setting: str | None) -> 
     if setting is None:  # unset or empty
         return None
     if not setting.strip():
-        raise SettingsError("TF_API_KEY holds only spaces; give a key, or leave it empty to "
-                            "serve without one")
+        raise SettingsError(
+            "TF_API_KEY holds only spaces; give a key, or leave it empty to serve without one"
+        )
     return setting.strip()
 
 
@@ -67,5 +69,7 @@ def exposure_warning(host: str, key: str | None) -> str | None:
     """The start-up warning for a server others can reach that needs no key, or None."""
     if key is not None or is_loopback(host):
         return None
-    return (f"listening on {host} with no API key: anyone who can reach this address can use "
-            "the model; set --api-key-file, --api-key or TF_API_KEY")
+    return (
+        f"listening on {host} with no API key: anyone who can reach this address can use "
+        "the model; set --api-key-file, --api-key or TF_API_KEY"
+    )

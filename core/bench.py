@@ -53,7 +53,10 @@ class Reply:
 
     def same(self, other: Reply) -> bool:
         return (self.token_ids, self.text, self.finish_reason) == (
-            other.token_ids, other.text, other.finish_reason)
+            other.token_ids,
+            other.text,
+            other.finish_reason,
+        )
 
 
 def cases(max_tokens: int, seed: int = 1234) -> list[Case]:
@@ -61,14 +64,29 @@ def cases(max_tokens: int, seed: int = 1234) -> list[Case]:
     out = []
     for i, prompt in enumerate(PROMPTS):
         base = {"max_tokens": max_tokens, "logprobs": 0}
-        out.append(Case(f"p{i}-greedy", "/completions", {**base, "prompt": prompt,
-                                                         "temperature": 0}))
-        out.append(Case(f"p{i}-seeded", "/completions", {**base, "prompt": prompt,
-                                                         "temperature": 0.8, "top_p": 0.95,
-                                                         "seed": seed + i}))
-        out.append(Case(f"p{i}-chat", "/chat/completions", {
-            "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0.8, "seed": seed + i, "logprobs": True}))
+        out.append(
+            Case(f"p{i}-greedy", "/completions", {**base, "prompt": prompt, "temperature": 0})
+        )
+        out.append(
+            Case(
+                f"p{i}-seeded",
+                "/completions",
+                {**base, "prompt": prompt, "temperature": 0.8, "top_p": 0.95, "seed": seed + i},
+            )
+        )
+        out.append(
+            Case(
+                f"p{i}-chat",
+                "/chat/completions",
+                {
+                    "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": max_tokens,
+                    "temperature": 0.8,
+                    "seed": seed + i,
+                    "logprobs": True,
+                },
+            )
+        )
     return out
 
 
@@ -87,8 +105,10 @@ class Client:
         self.url = url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.session = aiohttp.ClientSession(
-            headers=headers, timeout=aiohttp.ClientTimeout(total=timeout),
-            connector=aiohttp.TCPConnector(limit=0))
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+            connector=aiohttp.TCPConnector(limit=0),
+        )
         self.model: str | None = None
         self.progress: Progress | None = None  # counts replies while a bench runs
 
@@ -123,8 +143,13 @@ class Client:
         return reply
 
     async def _run(self, case: Case) -> Reply:
-        payload = {"model": self.model, **case.payload, "stream": True,
-                   "stream_options": {"include_usage": True}, "return_tokens_as_token_ids": True}
+        payload = {
+            "model": self.model,
+            **case.payload,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_tokens_as_token_ids": True,
+        }
         reply = Reply()
         start = time.perf_counter()
         first = last = start
@@ -176,19 +201,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--url", default=DEFAULT_URL, help="the server's /v1")
         p.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
         p.add_argument("--json", action="store_true", help="also print the results as JSON")
-    openai.add_argument("--prompts", nargs="+", default=list(PROMPTS[:2]), metavar="TEXT",
-                        help="prompts to time, each sent --repeats times")
+    openai.add_argument(
+        "--prompts",
+        nargs="+",
+        default=list(PROMPTS[:2]),
+        metavar="TEXT",
+        help="prompts to time, each sent --repeats times",
+    )
     openai.add_argument("--max-tokens", type=int, default=256, help="tokens each reply generates")
-    openai.add_argument("--repeats", type=int, default=3,
-                        help="times each prompt is sent; the median is reported")
+    openai.add_argument(
+        "--repeats", type=int, default=3, help="times each prompt is sent; the median is reported"
+    )
     openai.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
     concurrent.add_argument("--levels", default="1,2,4,8", help="requests at once, e.g. 1,2,4,8")
-    concurrent.add_argument("--alone", action="store_true",
-                            help="compare with each case sent alone (else the first level)")
-    concurrent.add_argument("--serial", action="store_true",
-                            help="also send every case once more, one after another")
-    concurrent.add_argument("--max-tokens", type=int, default=32,
-                            help="tokens each reply generates")
+    concurrent.add_argument(
+        "--alone",
+        action="store_true",
+        help="compare with each case sent alone (else the first level)",
+    )
+    concurrent.add_argument(
+        "--serial", action="store_true", help="also send every case once more, one after another"
+    )
+    concurrent.add_argument(
+        "--max-tokens", type=int, default=32, help="tokens each reply generates"
+    )
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -214,21 +250,39 @@ async def bench_openai(args: argparse.Namespace) -> int:
     async with Client(args.url, args.api_key) as client:
         client.expect("bench openai", len(args.prompts) * args.repeats)
         for i, prompt in enumerate(args.prompts):
-            case = Case(f"prompt{i}", "/completions", {
-                "prompt": prompt, "max_tokens": args.max_tokens, "logprobs": 0,
-                "temperature": args.temperature, "seed": 0, "ignore_eos": True})
+            case = Case(
+                f"prompt{i}",
+                "/completions",
+                {
+                    "prompt": prompt,
+                    "max_tokens": args.max_tokens,
+                    "logprobs": 0,
+                    "temperature": args.temperature,
+                    "seed": 0,
+                    "ignore_eos": True,
+                },
+            )
             replies = [await client.run(case) for _ in range(args.repeats)]
             good = [r for r in replies if r.error is None and r.ttft is not None]
             failed += len(replies) - len(good)
             rates = [(len(r.token_ids) - 1) / r.decode_s for r in good if r.decode_s > 0]
-            rows.append({"prompt": prompt[:40], "ttft_s": _median([r.ttft for r in good]),
-                         "decode_tok_s": _median(rates), "tokens": args.max_tokens})
+            rows.append(
+                {
+                    "prompt": prompt[:40],
+                    "ttft_s": _median([r.ttft for r in good]),
+                    "decode_tok_s": _median(rates),
+                    "tokens": args.max_tokens,
+                }
+            )
     print(f"{'prompt':42} {'ttft s':>8} {'decode tok/s':>13}")
     for row in rows:
-        print(f"{row['prompt']!r:42} {_fmt(row['ttft_s'], 4):>8} "
-              f"{_fmt(row['decode_tok_s'], 2):>13}")
-    print(f"median over {args.repeats} repeats, {args.max_tokens} tokens, temperature "
-          f"{args.temperature}; failed {failed}")
+        print(
+            f"{row['prompt']!r:42} {_fmt(row['ttft_s'], 4):>8} {_fmt(row['decode_tok_s'], 2):>13}"
+        )
+    print(
+        f"median over {args.repeats} repeats, {args.max_tokens} tokens, temperature "
+        f"{args.temperature}; failed {failed}"
+    )
     if args.json:
         print(json.dumps({"rows": rows, "failed": failed}))
     return 1 if failed else 0
@@ -290,10 +344,14 @@ def report(runs: dict[str, list[tuple[Case, Reply]]]) -> dict[str, dict[str, int
                 ok += 1
             else:
                 bad += 1
-                at = next((i for i, (a, b) in enumerate(zip(reply.token_ids, ref.token_ids))
-                           if a != b), min(len(reply.token_ids), len(ref.token_ids)))
-                print(f"{name}: {case.name} UNEQUAL from token {at}: {reply.text[:60]!r} vs "
-                      f"{ref.text[:60]!r}")
+                at = next(
+                    (i for i, (a, b) in enumerate(zip(reply.token_ids, ref.token_ids)) if a != b),
+                    min(len(reply.token_ids), len(ref.token_ids)),
+                )
+                print(
+                    f"{name}: {case.name} UNEQUAL from token {at}: {reply.text[:60]!r} vs "
+                    f"{ref.text[:60]!r}"
+                )
         if name == names[0]:
             summary[name] = {"equal": 0, "unequal": 0, "failed": lost}
             print(f"{name}: {len(runs[name]) - lost} replies, the reference")

@@ -21,18 +21,30 @@ def add_arguments(cache: argparse.ArgumentParser) -> None:
     cache.add_argument("--words", type=int, default=6000, help="prompt length in words")
     cache.add_argument("--seed", type=int, default=0, help="which prompt (a fixed text per seed)")
     cache.add_argument("--max-tokens", type=int, default=8, help="tokens each reply generates")
-    cache.add_argument("--warm-runs", type=int, default=2,
-                       help="times the same prompt is sent again, warm")
-    cache.add_argument("--require-cold", action="store_true",
-                       help="fail if the first run already hit the prompt store")
+    cache.add_argument(
+        "--warm-runs", type=int, default=2, help="times the same prompt is sent again, warm"
+    )
+    cache.add_argument(
+        "--require-cold",
+        action="store_true",
+        help="fail if the first run already hit the prompt store",
+    )
 
 
 async def bench_cache(args: argparse.Namespace) -> int:
     from tensorfold.bench import Case, Client
 
-    case = Case("cache", "/completions", {
-        "prompt": long_prompt(args.words, args.seed), "max_tokens": args.max_tokens,
-        "temperature": 0, "logprobs": 0, "ignore_eos": True})
+    case = Case(
+        "cache",
+        "/completions",
+        {
+            "prompt": long_prompt(args.words, args.seed),
+            "max_tokens": args.max_tokens,
+            "temperature": 0,
+            "logprobs": 0,
+            "ignore_eos": True,
+        },
+    )
     async with Client(args.url, args.api_key) as client:
         client.expect("bench cache", 1 + args.warm_runs)
         replies = [await client.run(case) for _ in range(1 + args.warm_runs)]
@@ -44,12 +56,20 @@ async def bench_cache(args: argparse.Namespace) -> int:
     for i, r in enumerate(replies):
         usage = r.usage or {}
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-        rows.append({"run": "cold" if i == 0 else f"warm{i}", "ttft_s": r.ttft,
-                     "prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": cached})
+        rows.append(
+            {
+                "run": "cold" if i == 0 else f"warm{i}",
+                "ttft_s": r.ttft,
+                "prompt_tokens": usage.get("prompt_tokens"),
+                "cached_tokens": cached,
+            }
+        )
     same = all(r.token_ids == replies[0].token_ids for r in replies)
     for row in rows:
-        print(f"{row['run']:6} ttft {row['ttft_s']:.4f} s  prompt {row['prompt_tokens']} "
-              f"cached {row['cached_tokens']}")
+        print(
+            f"{row['run']:6} ttft {row['ttft_s']:.4f} s  prompt {row['prompt_tokens']} "
+            f"cached {row['cached_tokens']}"
+        )
     print(f"replies equal: {same}")
     if args.json:
         print(json.dumps({"rows": rows, "equal": same}))

@@ -229,8 +229,7 @@ class Checkpoint:
             return split.dim, split.pieces(size, self.shard.rank, self.shard.world)
         except ShardRefused as e:
             raise ShardRefused(
-                f"tensor {name!r} {list(info.shape)} cannot be cut for --tp "
-                f"{self.shard.world}: {e}"
+                f"tensor {name!r} {list(info.shape)} cannot be cut for --tp {self.shard.world}: {e}"
             ) from None
 
     def local_shape(self, name: str) -> tuple[int, ...] | None:
@@ -279,8 +278,11 @@ class Checkpoint:
             raise CheckpointError(f"tensor {name!r} belongs to another rank's experts")
         try:
             handle = self._handle(info.file, device)
-            tensor = handle.get_tensor(name) if pieces is None else _read_slices(
-                handle.get_slice(name), len(info.shape), *pieces)
+            tensor = (
+                handle.get_tensor(name)
+                if pieces is None
+                else _read_slices(handle.get_slice(name), len(info.shape), *pieces)
+            )
         except Exception as e:  # safetensors raises its own error type for bad data
             raise CheckpointError(f"cannot load tensor {name!r} from {info.file}: {e}") from None
         read = info.nbytes

@@ -42,7 +42,12 @@ class CommandError(Exception):
 
 # Errors that are the user's to fix: one line on stderr, exit status 2, no traceback.
 USER_ERRORS: tuple[type[Exception], ...] = (
-    CommandError, FamilyError, ProfileError, SettingsError, CheckpointError, PlanRefused,
+    CommandError,
+    FamilyError,
+    ProfileError,
+    SettingsError,
+    CheckpointError,
+    PlanRefused,
     ShardRefused,
 )
 
@@ -70,12 +75,14 @@ def register_command(
 def add_family_arguments(parser: argparse.ArgumentParser) -> None:
     """--family and --model, shared by the subcommands that load a model."""
     parser.add_argument(
-        "--family", metavar="NAME",
+        "--family",
+        metavar="NAME",
         help="model family (default: TF_FAMILY, else the only installed one, else of several "
         "the default one: lfm2_moe when installed; `tensorfold families` lists them)",
     )
     parser.add_argument(
-        "--model", metavar="DIR",
+        "--model",
+        metavar="DIR",
         help="checkpoint folder, e.g. a Hugging Face snapshot with config.json, *.safetensors "
         "and tokenizer.json (default: the family's demo checkpoint, built in TF_DEMO_CACHE)",
     )
@@ -93,29 +100,39 @@ def _setting_help(text: str, name: str) -> str:
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """The memory plan's flags (each overrides its TF_* setting)."""
     parser.add_argument(
-        "--parallel", metavar="N|auto",
+        "--parallel",
+        metavar="N|auto",
         help=_setting_help("lanes: streams decoded together", "parallel"),
     )
     parser.add_argument(
-        "--context", type=int, metavar="TOKENS",
+        "--context",
+        type=int,
+        metavar="TOKENS",
         help=_setting_help("the window a stream may reach; unset: the model's maximum", "context"),
     )
     parser.add_argument(
-        "--prompt-cache-gib", type=float, metavar="GIB",
+        "--prompt-cache-gib",
+        type=float,
+        metavar="GIB",
         help=_setting_help("the prompt store's budget", "prompt_cache_gib"),
     )
     parser.add_argument(
-        "--kv-dtype", metavar="auto|fp8",
+        "--kv-dtype",
+        metavar="auto|fp8",
         help=_setting_help("the dtype paged KV rows are stored in", "kv_dtype"),
     )
     parser.add_argument(
-        "--tp", type=int, metavar="N",
+        "--tp",
+        type=int,
+        metavar="N",
         help=_setting_help("tensor-parallel ranks on this host, one a device", "tp"),
     )
     parser.add_argument(
-        "--load-format", choices=["auto", "dummy"],
-        help=_setting_help("dummy: random weights at the checkpoint's config, for benchmarks",
-                           "load_format"),
+        "--load-format",
+        choices=["auto", "dummy"],
+        help=_setting_help(
+            "dummy: random weights at the checkpoint's config, for benchmarks", "load_format"
+        ),
     )
 
 
@@ -126,8 +143,12 @@ class HelpFormatter(argparse.HelpFormatter):
         text = action.help or ""
         default = action.default
         if (
-            action.option_strings and "default" not in text and "%(default)" not in text
-            and default is not None and default is not False and default is not argparse.SUPPRESS
+            action.option_strings
+            and "default" not in text
+            and "%(default)" not in text
+            and default is not None
+            and default is not False
+            and default is not argparse.SUPPRESS
         ):
             text += " (default: %(default)s)"
         return text
@@ -153,15 +174,21 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: absent unless given, so the option works before or after the subcommand.
     common.add_argument(
-        "--log-format", choices=["console", "json"], default=argparse.SUPPRESS,
+        "--log-format",
+        choices=["console", "json"],
+        default=argparse.SUPPRESS,
         help="readable lines or JSON lines (default: TF_LOG_FORMAT, else console)",
     )
     common.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error", "critical"],
-        default=argparse.SUPPRESS, help="lowest level logged (default: TF_LOG_LEVEL, else info)",
+        "--log-level",
+        choices=["debug", "info", "warning", "error", "critical"],
+        default=argparse.SUPPRESS,
+        help="lowest level logged (default: TF_LOG_LEVEL, else info)",
     )
     parser = argparse.ArgumentParser(
-        prog="tensorfold", parents=[common], description="Serve large language models.",
+        prog="tensorfold",
+        parents=[common],
+        description="Serve large language models.",
         formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"tensorfold {__version__}")
@@ -169,7 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
     children = {}
     for command in COMMANDS.values():
         child = sub.add_parser(
-            command.name, parents=[common], help=command.help, description=command.help,
+            command.name,
+            parents=[common],
+            help=command.help,
+            description=command.help,
             formatter_class=HelpFormatter,
         )
         _function(command.add_arguments)(child)
@@ -288,12 +318,26 @@ register_command(
 )
 register_command("plugins", "list the loaded plugins and their hooks", _no_arguments, _run_plugins)
 register_command(
-    "generate", "complete prompts offline, through the lanes",
-    "tensorfold.generate_cli:add_arguments", "tensorfold.generate_cli:run",
+    "generate",
+    "complete prompts offline, through the lanes",
+    "tensorfold.generate_cli:add_arguments",
+    "tensorfold.generate_cli:run",
 )
-register_command("serve", "serve a model over HTTP (OpenAI API)", "tensorfold.serve_cli:add_arguments", "tensorfold.serve_cli:run")  # noqa: E501
-register_command("bench", "benchmark a running server", "tensorfold.bench:add_arguments", "tensorfold.bench:run")  # noqa: E501
-register_command("exact", "record and compare token hashes", "tensorfold.exact:add_arguments", "tensorfold.exact:run")  # noqa: E501
+register_command(
+    "serve",
+    "serve a model over HTTP (OpenAI API)",
+    "tensorfold.serve_cli:add_arguments",
+    "tensorfold.serve_cli:run",
+)  # noqa: E501
+register_command(
+    "bench", "benchmark a running server", "tensorfold.bench:add_arguments", "tensorfold.bench:run"
+)  # noqa: E501
+register_command(
+    "exact",
+    "record and compare token hashes",
+    "tensorfold.exact:add_arguments",
+    "tensorfold.exact:run",
+)  # noqa: E501
 
 
 if __name__ == "__main__":

@@ -49,26 +49,37 @@ class ConnectionCaps:
 
 def handler_args(limits: Limits) -> dict[str, Any]:
     """The arguments of every connection's aiohttp protocol: the runner's and `serve_on`'s."""
-    return {"access_log": None, "max_line_size": MAX_LINE_BYTES, "max_field_size": MAX_LINE_BYTES,
-            "max_headers": MAX_HEADERS, **limits.handler_args()}
+    return {
+        "access_log": None,
+        "max_line_size": MAX_LINE_BYTES,
+        "max_field_size": MAX_LINE_BYTES,
+        "max_headers": MAX_HEADERS,
+        **limits.handler_args(),
+    }
 
 
 def refusal_bytes(message: str) -> bytes:
     """A whole 503 reply in OpenAI's error shape, closing the connection."""
     body = dumps(error_body(503, message))
-    head = ("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+    )
     return head.encode() + body
 
 
 def protocol_error(exc: HttpProcessingError, tls: bool) -> tuple[int, str]:
     """The status and message for a request that aiohttp's parser refused."""
     if tls:
-        return 400, ("this port speaks plain HTTP and the client sent TLS: use an http:// URL, "
-                     "or put a TLS-terminating proxy in front of the server")
+        return 400, (
+            "this port speaks plain HTTP and the client sent TLS: use an http:// URL, "
+            "or put a TLS-terminating proxy in front of the server"
+        )
     if isinstance(exc, LineTooLong):
-        return 431, (f"the request line or a header field is over {MAX_LINE_BYTES} bytes, "
-                     "the limit; send long values in the body")
+        return 431, (
+            f"the request line or a header field is over {MAX_LINE_BYTES} bytes, "
+            "the limit; send long values in the body"
+        )
     reason = exc.message.splitlines()[0].rstrip(":") if exc.message else type(exc).__name__
     if reason == "Too many headers received":
         return 431, f"the request has more than {MAX_HEADERS} header fields, the limit"
@@ -116,8 +127,9 @@ class _Handler(web.RequestHandler):
         self.gate.forget(self)
         super().connection_lost(exc)
 
-    async def finish_response(self, request: web.BaseRequest, resp: web.StreamResponse,
-                              start_time: float | None) -> tuple[web.StreamResponse, bool]:
+    async def finish_response(
+        self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
         if not self.counted:
             resp.force_close()
         try:
@@ -134,9 +146,13 @@ class _Handler(web.RequestHandler):
         waiter = self._waiter
         return not self.spoke or (waiter is not None and not waiter.done())
 
-    def handle_error(self, request: web.BaseRequest, status: int = 500,
-                     exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
         if request.writer.output_size > 0:  # as aiohttp's: too late for another reply
             raise ConnectionError("the reply had begun; no error reply can follow it")
         if isinstance(exc, HttpProcessingError):  # the client's bytes were not HTTP
@@ -144,10 +160,17 @@ class _Handler(web.RequestHandler):
             log.warning("protocol error", client=self.client, status=status, error=text)
         else:  # the server's own fault: aiohttp's log line, with its traceback
             self.log_exception("Error handling request from %s", request.remote, exc_info=exc)
-            text = ("the request's handler timed out" if status == 504
-                    else "the server failed on this request")
-        resp = web.Response(status=status, body=dumps(error_body(status, text)),
-                            content_type="application/json", headers={"Connection": "close"})
+            text = (
+                "the request's handler timed out"
+                if status == 504
+                else "the server failed on this request"
+            )
+        resp = web.Response(
+            status=status,
+            body=dumps(error_body(status, text)),
+            content_type="application/json",
+            headers={"Connection": "close"},
+        )
         resp.force_close()
         return resp
 
@@ -199,7 +222,7 @@ class _Refusal(asyncio.Protocol):
         transport.write(self.reply)
         self.gate.refused()
         if transport.can_write_eof():  # half-closed, so that the client reads the reply
-            transport.write_eof()       # before its unread request resets the connection
+            transport.write_eof()  # before its unread request resets the connection
             self.timer = self.gate.loop.call_later(REFUSAL_WAIT_S, transport.close)
         else:
             transport.close()
@@ -228,8 +251,13 @@ class _Door(asyncio.Protocol):
 class _Gate:
     """The caps over the connections open: who holds them, from which address."""
 
-    def __init__(self, server: web.Server, caps: ConnectionCaps, args: dict[str, Any],
-                 refused: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        server: web.Server,
+        caps: ConnectionCaps,
+        args: dict[str, Any],
+        refused: Callable[[], None],
+    ) -> None:
         self.server = server
         self.caps = caps
         self.handler_args = args
@@ -241,13 +269,23 @@ class _Gate:
     def seat(self, transport: asyncio.Transport) -> None:
         client = _client(transport)
         if self.clients[client] >= self.caps.per_client and not self._make_room(client):
-            self._refuse(transport, client, (
-                f"this client address already has {self.caps.per_client} connections open, "
-                "its limit (TF_MAX_CLIENT_CONNECTIONS); reuse them or retry later"))
+            self._refuse(
+                transport,
+                client,
+                (
+                    f"this client address already has {self.caps.per_client} connections open, "
+                    "its limit (TF_MAX_CLIENT_CONNECTIONS); reuse them or retry later"
+                ),
+            )
         elif len(self.open) >= self.caps.total and not self._make_room(None):
-            self._refuse(transport, client, (
-                f"the server already has {self.caps.total} connections open, its limit "
-                "(TF_MAX_CONNECTIONS); retry later"))
+            self._refuse(
+                transport,
+                client,
+                (
+                    f"the server already has {self.caps.total} connections open, its limit "
+                    "(TF_MAX_CONNECTIONS); retry later"
+                ),
+            )
         else:
             handler = _Handler(self, client, counted=True)
             self.open[handler] = None
@@ -291,9 +329,13 @@ def _client(transport: asyncio.BaseTransport) -> str:
     return str(peer[0]) if isinstance(peer, tuple) and peer else ""
 
 
-async def serve_on(runner: web.BaseRunner, sock: socket.socket, caps: ConnectionCaps,
-                   args: dict[str, Any], refused: Callable[[], None] = lambda: None
-                   ) -> asyncio.Server:
+async def serve_on(
+    runner: web.BaseRunner,
+    sock: socket.socket,
+    caps: ConnectionCaps,
+    args: dict[str, Any],
+    refused: Callable[[], None] = lambda: None,
+) -> asyncio.Server:
     """Serve the runner's server on the listening socket `sock` (bound before the weights
     loaded) under `caps`, each connection's protocol made with `args` (handler_args);
     `refused` is called for each connection answered 503. The caller closes the returned
@@ -304,5 +346,6 @@ async def serve_on(runner: web.BaseRunner, sock: socket.socket, caps: Connection
     # asyncio listens again with its own backlog (100 unless told): a burst of connections
     # past it has its SYNs dropped, and a client's retry comes a second later
     backlog = max(LISTEN_BACKLOG, caps.total)
-    return await asyncio.get_running_loop().create_server(lambda: _Door(gate), sock=sock,
-                                                          backlog=backlog)
+    return await asyncio.get_running_loop().create_server(
+        lambda: _Door(gate), sock=sock, backlog=backlog
+    )

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 UNPROTECTED_ROLES = frozenset({"assistant"})
 # Planes 15 and 16, the supplementary private-use areas: the stand-ins come from here.
 _FIRST_STAND_IN, _LAST_STAND_IN = 0xF0000, 0x10FFFD
-_PRIVATE = re.compile("[\U000F0000-\U0010FFFF]")
+_PRIVATE = re.compile("[\U000f0000-\U0010ffff]")
 
 
 @lru_cache(maxsize=16)
@@ -82,8 +82,11 @@ def hide(
                 found.update(dict.fromkeys(pattern.findall(text)))
     if not found:
         return chat, None
-    taken = {ord(c) for blob in (*seen, json.dumps(chat, ensure_ascii=False, default=str))
-             for c in _PRIVATE.findall(blob)}
+    taken = {
+        ord(c)
+        for blob in (*seen, json.dumps(chat, ensure_ascii=False, default=str))
+        for c in _PRIVATE.findall(blob)
+    }
     stand_in: dict[str, str] = {}
     table: dict[int, str] = {}
     point = _FIRST_STAND_IN
@@ -120,8 +123,9 @@ def _texts(content: Any) -> list[str]:
     if isinstance(content, str):
         return [content]
     if isinstance(content, list):
-        return [p["text"] for p in content
-                if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        return [
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        ]
     return []
 
 
@@ -129,7 +133,10 @@ def _map_texts(content: Any, swap: Callable[[str], str]) -> Any:
     if isinstance(content, str):
         return swap(content)
     if isinstance(content, list):
-        return [{**p, "text": swap(p["text"])}
-                if isinstance(p, dict) and isinstance(p.get("text"), str) else p
-                for p in content]
+        return [
+            {**p, "text": swap(p["text"])}
+            if isinstance(p, dict) and isinstance(p.get("text"), str)
+            else p
+            for p in content
+        ]
     return content

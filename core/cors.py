@@ -38,16 +38,20 @@ class Cors:
     async def preflight(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Outermost: answers a preflight before any other middleware (the key check) runs."""
         origin = request.headers.get(hdrs.ORIGIN)
-        if (request.method != hdrs.METH_OPTIONS or origin is None
-                or hdrs.ACCESS_CONTROL_REQUEST_METHOD not in request.headers):
+        if (
+            request.method != hdrs.METH_OPTIONS
+            or origin is None
+            or hdrs.ACCESS_CONTROL_REQUEST_METHOD not in request.headers
+        ):
             return await handler(request)
         refused = request.match_info.http_exception
         if isinstance(refused, web.HTTPNotFound):
             return await handler(request)  # no such route: answered as any request to it
         if not self.allows(origin):
             message = f"the origin {origin!r} is not among the server's --allowed-origins"
-            return web.json_response(error_body(403, message, code="origin_not_allowed"),
-                                     status=403)
+            return web.json_response(
+                error_body(403, message, code="origin_not_allowed"), status=403
+            )
         resp = web.Response(status=204)
         asked = request.headers.get(hdrs.ACCESS_CONTROL_REQUEST_HEADERS)
         if asked:  # the openai clients send their own x-stainless-* headers too

@@ -67,8 +67,13 @@ class GraphRunner(ModelRunner):
     ):
         # One more page and slot than asked for: the scratch rows that padding writes.
         super().__init__(
-            model, num_pages=num_pages + 1, num_slots=num_slots + 1, page_rows=page_rows,
-            poison=poison, plugin_manager=plugin_manager, kv_dtype=kv_dtype,
+            model,
+            num_pages=num_pages + 1,
+            num_slots=num_slots + 1,
+            page_rows=page_rows,
+            poison=poison,
+            plugin_manager=plugin_manager,
+            kv_dtype=kv_dtype,
         )
         self.pool = KVPool(num_pages, page_rows, poison=poison)
         if poison:
@@ -106,8 +111,9 @@ class GraphRunner(ModelRunner):
             return super().run_fed(streams, tokens)
         return self._replay(bucket, streams, tokens)
 
-    def _replay(self, bucket: int, streams: Sequence[StreamRows],
-                tokens: torch.Tensor | None) -> list[torch.Tensor]:
+    def _replay(
+        self, bucket: int, streams: Sequence[StreamRows], tokens: torch.Tensor | None
+    ) -> list[torch.Tensor]:
         """A decode round through `bucket`'s graph; tokens: the rows' tokens on the device
         (copied into the graph's input after the host's columns), or None: the streams' own."""
         g = self.graphs.get(bucket) or self._build(bucket)
@@ -164,7 +170,8 @@ class GraphRunner(ModelRunner):
             self._pad(h, b, g.bucket)
             g.width = b
         dev, host = g.copies.get(need) or g.copies.setdefault(
-            need, (g.dev[: 4 + need], g.host[: 4 + need]))
+            need, (g.dev[: 4 + need], g.host[: 4 + need])
+        )
         dev.copy_(host, non_blocking=True)
         if g.dev.is_cuda:
             if self._copied is None:
@@ -198,8 +205,11 @@ class GraphRunner(ModelRunner):
                 g.logits, g.graph = self._capture(fp)
             except Exception as exc:  # run this bucket eagerly, and say why
                 self.capture_error = f"{type(exc).__name__}: {exc}"
-                log.error("CUDA graph capture failed; decode runs eagerly", bucket=bucket,
-                          error=self.capture_error)
+                log.error(
+                    "CUDA graph capture failed; decode runs eagerly",
+                    bucket=bucket,
+                    error=self.capture_error,
+                )
                 torch.cuda.synchronize()
         self.graphs[bucket] = g
         return g
@@ -229,8 +239,17 @@ class GraphRunner(ModelRunner):
         ones = torch.ones(bucket, dtype=torch.int64, device=dev.device)
         fp.logit_rows = ar
         fp.device_meta = PassMeta(  # type: ignore[attr-defined]
-            num_rows=bucket, num_streams=bucket, num_blocks=bucket, row_stream=ar,
-            stream_row0=ar, stream_len=ones, stream_start=dev[1], stream_slot=dev[3],
-            table=dev[4:].t(), block_stream=ar, block_row0=ar, block_len=ones,
+            num_rows=bucket,
+            num_streams=bucket,
+            num_blocks=bucket,
+            row_stream=ar,
+            stream_row0=ar,
+            stream_len=ones,
+            stream_start=dev[1],
+            stream_slot=dev[3],
+            table=dev[4:].t(),
+            block_stream=ar,
+            block_row0=ar,
+            block_len=ones,
         )
         return fp

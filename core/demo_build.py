@@ -59,8 +59,11 @@ def train_byte_bpe(corpus: str, vocab_size: int, special_tokens: Sequence[str]) 
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=1, show_progress=False,
-        special_tokens=list(special_tokens), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=vocab_size,
+        min_frequency=1,
+        show_progress=False,
+        special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(corpus.splitlines(keepends=True), trainer=trainer)
     return tok
@@ -81,12 +84,20 @@ def tokenizer_digest(tok: "Tokenizer") -> str:
 def save_trained(weights: dict[str, Any], path: Path, tok: "Tokenizer", trained_by: str) -> None:
     from safetensors.torch import save_file
 
-    save_file(weights, str(path), metadata={
-        "format": "pt", "tokenizer_sha256": tokenizer_digest(tok), "trained_by": trained_by})
+    save_file(
+        weights,
+        str(path),
+        metadata={
+            "format": "pt",
+            "tokenizer_sha256": tokenizer_digest(tok),
+            "trained_by": trained_by,
+        },
+    )
 
 
-def load_trained(path: Path, shapes: dict[str, tuple[int, ...]], tok: "Tokenizer",
-                 retrain: str) -> dict[str, Any]:
+def load_trained(
+    path: Path, shapes: dict[str, tuple[int, ...]], tok: "Tokenizer", retrain: str
+) -> dict[str, Any]:
     """The shipped weights at `path` in float32, checked against the names and shapes the demo's
     config gives and the tokenizer they were trained with; `retrain` says how to make new ones."""
     from safetensors import safe_open

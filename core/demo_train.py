@@ -57,8 +57,9 @@ def train(
     for step in range(steps):
         pick = torch.randperm(len(token_ids), generator=gen)[:batch]
         cut = int(mask[pick].sum(1).max())
-        out = model(input_ids=x[pick, :cut], attention_mask=mask[pick, :cut],
-                    labels=labels[pick, :cut])
+        out = model(
+            input_ids=x[pick, :cut], attention_mask=mask[pick, :cut], labels=labels[pick, :cut]
+        )
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -84,10 +85,15 @@ def main(
     from tensorfold.demo_build import save_trained
 
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--steps", type=int, default=default_steps,
-                        help=f"optimizer steps (default {default_steps})")
-    parser.add_argument("--out", type=Path, default=out,
-                        help="where the weights go (default: the shipped file)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=default_steps,
+        help=f"optimizer steps (default {default_steps})",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=out, help="where the weights go (default: the shipped file)"
+    )
     args = parser.parse_args(argv)
     weights, tok = run(args.steps)
     save_trained(weights, args.out, tok, f"{parser.prog} --steps {args.steps}")

@@ -23,8 +23,9 @@ class Draws:
         meta = self.device.type == "meta"
         self.gen = None if meta else torch.Generator(device=self.device).manual_seed(seed)
 
-    def normal(self, *shape: int, std: float | None = None,
-               dtype: torch.dtype | None = None) -> torch.Tensor:
+    def normal(
+        self, *shape: int, std: float | None = None, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
         t = torch.empty(*shape, device=self.device, dtype=dtype or self.dtype)
         return t.normal_(0.0, self.std if std is None else std, generator=self.gen)
 

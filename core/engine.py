@@ -72,8 +72,10 @@ class Engine:
             raise ValueError(f"{len(params)} params for {len(sinks)} sinks")
         if len({p.max_tokens for p in params}) > 1:
             raise ValueError("the choices of one prompt share their max_tokens")
-        reqs = [Request(list(prompt), p.with_seed(), sink, marks=tuple(marks))
-                for p, sink in zip(params, sinks)]
+        reqs = [
+            Request(list(prompt), p.with_seed(), sink, marks=tuple(marks))
+            for p, sink in zip(params, sinks)
+        ]
         req = reqs[0]
         req.forks = reqs[1:]
         self.lanes.check(req)
@@ -154,8 +156,7 @@ class Engine:
         lanes = self.lanes
         while True:
             with self._wake:
-                while (not self._inbox and lanes.idle and not self._stopping
-                       and not self._asks):
+                while not self._inbox and lanes.idle and not self._stopping and not self._asks:
                     self._wake.wait()
                 if self.fatal is not None:
                     break

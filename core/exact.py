@@ -27,8 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     record = sub.add_parser("record", help="record token hashes from a server")
     record.add_argument("--url", default=DEFAULT_URL, help="the server's /v1")
     record.add_argument("--api-key", metavar="KEY", help="sent as Authorization: Bearer KEY")
-    record.add_argument("--out", required=True, type=Path, metavar="FILE",
-                        help="where the recording is written (JSON)")
+    record.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help="where the recording is written (JSON)",
+    )
     record.add_argument("--max-tokens", type=int, default=32, help="tokens each reply generates")
     compare = sub.add_parser("compare", help="compare two recordings")
     compare.add_argument("a", type=Path, metavar="A", help="a recording")
@@ -55,8 +60,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandError(f"cannot use {args.url}: {exc}") from None
     args.out.write_text(json.dumps(recording, indent=1) + "\n")
     failed = [name for name, c in recording["cases"].items() if c.get("error")]
-    print(f"recorded {len(recording['cases'])} cases from {recording['model']} to {args.out}"
-          + (f"; {len(failed)} failed: {', '.join(failed)}" if failed else ""))
+    print(
+        f"recorded {len(recording['cases'])} cases from {recording['model']} to {args.out}"
+        + (f"; {len(failed)} failed: {', '.join(failed)}" if failed else "")
+    )
     return 1 if failed else 0
 
 
@@ -64,12 +71,32 @@ def exact_cases(max_tokens: int) -> list[Any]:
     from tensorfold.bench import PROMPTS, Case, cases
 
     extra = [
-        Case("penalties", "/completions", {
-            "prompt": PROMPTS[3], "max_tokens": max_tokens, "logprobs": 0, "temperature": 0,
-            "repetition_penalty": 1.3, "presence_penalty": 0.5, "frequency_penalty": 0.5}),
-        Case("top-k", "/completions", {
-            "prompt": PROMPTS[0], "max_tokens": max_tokens, "logprobs": 0, "temperature": 1.2,
-            "top_k": 5, "min_p": 0.05, "seed": 7}),
+        Case(
+            "penalties",
+            "/completions",
+            {
+                "prompt": PROMPTS[3],
+                "max_tokens": max_tokens,
+                "logprobs": 0,
+                "temperature": 0,
+                "repetition_penalty": 1.3,
+                "presence_penalty": 0.5,
+                "frequency_penalty": 0.5,
+            },
+        ),
+        Case(
+            "top-k",
+            "/completions",
+            {
+                "prompt": PROMPTS[0],
+                "max_tokens": max_tokens,
+                "logprobs": 0,
+                "temperature": 1.2,
+                "top_k": 5,
+                "min_p": 0.05,
+                "seed": 7,
+            },
+        ),
     ]
     return cases(max_tokens) + extra
 
@@ -86,9 +113,12 @@ async def record(url: str, api_key: str | None, max_tokens: int) -> dict[str, An
         for case in exact_cases(max_tokens):
             reply = await client.run(case)
             out[case.name] = {
-                "request": case.payload, "sha256": digest(reply.token_ids),
-                "token_ids": reply.token_ids, "finish_reason": reply.finish_reason,
-                "text": reply.text, "error": reply.error,
+                "request": case.payload,
+                "sha256": digest(reply.token_ids),
+                "token_ids": reply.token_ids,
+                "finish_reason": reply.finish_reason,
+                "text": reply.text,
+                "error": reply.error,
             }
     return {"format": FORMAT, "url": url, "model": client.model, "cases": out}
 
@@ -120,6 +150,8 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> tuple[list[str], int]:
         elif ca["sha256"] != cb["sha256"] or ca["finish_reason"] != cb["finish_reason"]:
             ta, tb = ca["token_ids"], cb["token_ids"]
             at = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
-            problems.append(f"{name}: tokens differ from position {at} ({len(ta)} vs {len(tb)} "
-                            f"tokens, {ca['finish_reason']} vs {cb['finish_reason']})")
+            problems.append(
+                f"{name}: tokens differ from position {at} ({len(ta)} vs {len(tb)} "
+                f"tokens, {ca['finish_reason']} vs {cb['finish_reason']})"
+            )
     return problems, len(names)

@@ -11,8 +11,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8, "int32": 4, "int64": 8,
-               "float8_e4m3fn": 1}
+DTYPE_BYTES = {
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float64": 8,
+    "int32": 4,
+    "int64": 8,
+    "float8_e4m3fn": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -183,8 +190,10 @@ class Split:
             raise ShardRefused(f"{section} rows are not {parts} equal units")
         unit = section // parts
         mine = block(parts, rank, world)
-        return [(g * section + mine.start * unit, g * section + mine.stop * unit)
-                for g in range(self.groups)]
+        return [
+            (g * section + mine.start * unit, g * section + mine.stop * unit)
+            for g in range(self.groups)
+        ]
 
 
 REPLICATED = Split()

@@ -50,7 +50,9 @@ class StreamRows:
 class ForwardPass:
     """The index tensors a family's forward needs for one pass (built once, on `device`)."""
 
-    def __init__(self, streams: Sequence[StreamRows], page_rows: int, device: str | torch.device = "cpu"):
+    def __init__(
+        self, streams: Sequence[StreamRows], page_rows: int, device: str | torch.device = "cpu"
+    ):
         if not streams:
             raise ValueError("a pass needs at least one stream")
         self.streams = list(streams)

@@ -58,8 +58,15 @@ class HostTier:
     `arena`'s pages. `poison`: released host pages and slots are filled with NaN (TF_KV_POISON),
     so a copy back of a stale page changes tokens."""
 
-    def __init__(self, rows: Any, arena: Any, num_pages: int, num_slots: int, device: str,
-                 poison: bool = False):
+    def __init__(
+        self,
+        rows: Any,
+        arena: Any,
+        num_pages: int,
+        num_slots: int,
+        device: str,
+        poison: bool = False,
+    ):
         pin = device.startswith("cuda") and torch.cuda.is_available()
         self.device = device
         self.page_rows = rows.page_rows
@@ -67,8 +74,9 @@ class HostTier:
         self.num_slots = num_slots if arena.buffers else 0
         self.poison = poison
         self.pages = {
-            name: torch.empty(num_pages, rows.page_rows, *buf.shape[1:], dtype=buf.dtype,
-                              pin_memory=pin)
+            name: torch.empty(
+                num_pages, rows.page_rows, *buf.shape[1:], dtype=buf.dtype, pin_memory=pin
+            )
             for name, buf in rows.buffers.items()
         }
         self.slots = {
@@ -83,8 +91,9 @@ class HostTier:
 
     @property
     def bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.pages.values(),
-                                                          *self.slots.values()))
+        return sum(
+            t.numel() * t.element_size() for t in (*self.pages.values(), *self.slots.values())
+        )
 
     @property
     def free_pages(self) -> int:
@@ -119,8 +128,9 @@ class HostTier:
         self.pages_out += len(pages)
         return HostCopy(host, slot)
 
-    def page_in(self, copy: HostCopy, rows: Any, arena: Any, pages: Sequence[int],
-                snapshot: Any) -> None:
+    def page_in(
+        self, copy: HostCopy, rows: Any, arena: Any, pages: Sequence[int], snapshot: Any
+    ) -> None:
         """Copy a host copy back into pool pages `pages` (and the snapshot's arena page); the
         next round on the compute stream is ordered after it."""
         assert len(pages) == len(copy.pages)
@@ -129,8 +139,11 @@ class HostTier:
             for name, buf in rows.buffers.items():
                 dst = torch.tensor(list(pages), dtype=torch.long, device=buf.device)
                 view = buf.view(rows.num_pages, rows.page_rows, *buf.shape[1:])
-                index_copy_rows(view, dst, self.pages[name].index_select(0, src).to(
-                    buf.device, non_blocking=True))
+                index_copy_rows(
+                    view,
+                    dst,
+                    self.pages[name].index_select(0, src).to(buf.device, non_blocking=True),
+                )
             if copy.slot is not None:
                 for name, buf in arena.buffers.items():
                     buf[snapshot.page].copy_(self.slots[name][copy.slot], non_blocking=True)

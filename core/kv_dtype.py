@@ -53,8 +53,10 @@ def kv_layout(layout: StateLayout, kv_dtype: str, family: str = "the family") ->
         return layout
     specs: tuple[RowSpec | StateSpec, ...] = (*layout.paged, *layout.fixed)
     if not any(spec.fp8 for spec in specs):
-        raise KVDtypeRefused(f"--kv-dtype fp8: {family} stores none of its KV rows in fp8; "
-                             "drop --kv-dtype (or TF_KV_DTYPE)")
+        raise KVDtypeRefused(
+            f"--kv-dtype fp8: {family} stores none of its KV rows in fp8; "
+            "drop --kv-dtype (or TF_KV_DTYPE)"
+        )
     paged: list[RowSpec] = []
     for spec in layout.paged:
         if spec.fp8 and spec.dtype != FP8:

@@ -95,30 +95,43 @@ class Plan:
 
     @property
     def total_bytes(self) -> int:
-        return (self.pages_bytes + self.lanes * self.fixed_bytes + self.cache_bytes
-                + self.snapshot_bytes)
+        return (
+            self.pages_bytes
+            + self.lanes * self.fixed_bytes
+            + self.cache_bytes
+            + self.snapshot_bytes
+        )
 
     def startup_line(self) -> str:
         label = f"kv plan per rank (tp {self.ranks})" if self.ranks > 1 else "kv plan"
         rows = f" rows in {self.kv_label}" if self.kv_label else " rows"
         if self.mode == "pages":
-            head = (f"{label}: {self.lanes} streams taking {self.pages} pages of {self.page_rows}"
-                    f"{rows} ({fmt_bytes(self.pages_bytes)}, {self.total_rows:,} rows) as they need"
-                    f" them (enough for {self.windows_held} at a {self.window}-token window)")
+            head = (
+                f"{label}: {self.lanes} streams taking {self.pages} pages of {self.page_rows}"
+                f"{rows} ({fmt_bytes(self.pages_bytes)}, {self.total_rows:,} rows) as they need"
+                f" them (enough for {self.windows_held} at a {self.window}-token window)"
+            )
         else:
             each = self.pages_bytes // max(self.lanes, 1)
-            head = (f"{label}: {self.lanes} streams at once, {fmt_bytes(each)} each at a"
-                    f" {self.window}-token window: {self.total_rows:,}{rows}")
+            head = (
+                f"{label}: {self.lanes} streams at once, {fmt_bytes(each)} each at a"
+                f" {self.window}-token window: {self.total_rows:,}{rows}"
+            )
         snaps = ""
         if self.snapshot_bytes:
             snaps = f" with {fmt_bytes(self.snapshot_bytes)} of snapshots"
         if self.states:
             snaps += f" for {self.states} kept states"
-        store = (f"prompt cache {fmt_bytes(self.cache_bytes)}{snaps}" if self.store_on
-                 else "prompt store off")
-        return (f"{head}, {fmt_bytes(self.fixed_bytes)} fixed each, {store},"
-                f" {fmt_bytes(self.left_bytes)} left, prompts in passes of up to"
-                f" {self.pass_rows} rows")
+        store = (
+            f"prompt cache {fmt_bytes(self.cache_bytes)}{snaps}"
+            if self.store_on
+            else "prompt store off"
+        )
+        return (
+            f"{head}, {fmt_bytes(self.fixed_bytes)} fixed each, {store},"
+            f" {fmt_bytes(self.left_bytes)} left, prompts in passes of up to"
+            f" {self.pass_rows} rows"
+        )
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -131,8 +144,16 @@ def _need(mode: str, lanes: int, wpages: int, page_bytes: int, fixed: int) -> in
     return pages * page_bytes + lanes * fixed
 
 
-def _refuse(mode: str, label: str, lanes: int, room: int, page_rows: int, page_bytes: int,
-            fixed: int, window: int) -> PlanRefused:
+def _refuse(
+    mode: str,
+    label: str,
+    lanes: int,
+    room: int,
+    page_rows: int,
+    page_bytes: int,
+    fixed: int,
+    window: int,
+) -> PlanRefused:
     wp = _ceil_div(window, page_rows)
     need = _need(mode, lanes, wp, page_bytes, fixed)
 
@@ -154,14 +175,27 @@ def _refuse(mode: str, label: str, lanes: int, room: int, page_rows: int, page_b
         tail = f"{', or '.join(said)}{',' if len(said) > 1 else ''} would fit"
     else:
         tail = f"not even --parallel 1 at a {page_rows}-token context would fit"
-    msg = (f"--parallel {label} needs {fmt_bytes(need)} for its streams at a {window}-token"
-           f" window, and the memory budget leaves {fmt_bytes(room)}; {tail}")
+    msg = (
+        f"--parallel {label} needs {fmt_bytes(need)} for its streams at a {window}-token"
+        f" window, and the memory budget leaves {fmt_bytes(room)}; {tail}"
+    )
     return PlanRefused(msg, need=need, have=room)
 
 
-def plan(*, room: int, page_rows: int, page_bytes: int, fixed_bytes: int, window: int,
-         lanes: Lanes, cache_budget: int, paging: str, snapshot_bytes: int = 0,
-         states: int | Literal["auto"] = 0, store: bool = True) -> Plan:
+def plan(
+    *,
+    room: int,
+    page_rows: int,
+    page_bytes: int,
+    fixed_bytes: int,
+    window: int,
+    lanes: Lanes,
+    cache_budget: int,
+    paging: str,
+    snapshot_bytes: int = 0,
+    states: int | Literal["auto"] = 0,
+    store: bool = True,
+) -> Plan:
     """Plan the room (see the module docstring). `lanes="auto"` takes as many lanes as whole
     windows fit (at least 1, at most MAX_AUTO_LANES), in either mode. Raises PlanRefused when
     the streams do not fit, ValueError on a bad argument. The snapshot arena comes first out of
@@ -180,7 +214,8 @@ def plan(*, room: int, page_rows: int, page_bytes: int, fixed_bytes: int, window
     if lanes != "auto" and (not isinstance(lanes, int) or lanes < 1):
         raise ValueError(f"--parallel must be a positive number or auto, got {lanes!r}")
     mode: Literal["windows", "pages"] = (
-        "pages" if paging in ("auto", "on") and page_bytes > 0 else "windows")
+        "pages" if paging in ("auto", "on") and page_bytes > 0 else "windows"
+    )
     wp = _ceil_div(window, page_rows)
     W, F = wp * page_bytes, fixed_bytes
     if lanes == "auto":
@@ -211,10 +246,21 @@ def plan(*, room: int, page_rows: int, page_bytes: int, fixed_bytes: int, window
     if mode == "pages":
         pages = min(held + (room - need - fund) // page_bytes, n * wp)
     left = room - pages * page_bytes - n * F - fund
-    return Plan(mode=mode, lanes=n, pages=pages, page_rows=page_rows, page_bytes=page_bytes,
-                fixed_bytes=F, window=window, cache_bytes=fund - snap, left_bytes=left,
-                windows_held=pages // wp, snapshot_bytes=snap, states=kept if store else 0,
-                store_on=store)
+    return Plan(
+        mode=mode,
+        lanes=n,
+        pages=pages,
+        page_rows=page_rows,
+        page_bytes=page_bytes,
+        fixed_bytes=F,
+        window=window,
+        cache_bytes=fund - snap,
+        left_bytes=left,
+        windows_held=pages // wp,
+        snapshot_bytes=snap,
+        states=kept if store else 0,
+        store_on=store,
+    )
 
 
 def auto_states(fund: int, *, fixed_bytes: int, page_bytes: int, lanes: int) -> int:
@@ -232,8 +278,14 @@ def auto_states(fund: int, *, fixed_bytes: int, page_bytes: int, lanes: int) -> 
     return min(MAX_AUTO_STATES, max(floor, fit))
 
 
-def memory_budget(*, device_free: int | None, weights: int, reserve: int, activations: int,
-                  limit_gib: float | None) -> int:
+def memory_budget(
+    *,
+    device_free: int | None,
+    weights: int,
+    reserve: int,
+    activations: int,
+    limit_gib: float | None,
+) -> int:
     """The room for the plan, in bytes (never negative: an empty room is refused by plan).
 
     device_free: free CUDA memory now (torch.cuda.mem_get_info), None on the CPU. Weights
@@ -247,8 +299,10 @@ def memory_budget(*, device_free: int | None, weights: int, reserve: int, activa
         raise ValueError(f"TF_MEMORY_LIMIT_GIB must be >= 0, got {limit_gib}")
     if device_free is None:
         if limit_gib is None:
-            raise ValueError("on the CPU the memory budget comes from TF_MEMORY_LIMIT_GIB: set it"
-                             " to the GiB the engine may use (weights included)")
+            raise ValueError(
+                "on the CPU the memory budget comes from TF_MEMORY_LIMIT_GIB: set it"
+                " to the GiB the engine may use (weights included)"
+            )
         free = int(limit_gib * GiB)
     else:
         free = device_free if limit_gib is None else min(device_free, int(limit_gib * GiB))

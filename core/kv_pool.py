@@ -31,8 +31,12 @@ class Census:
     @property
     def idle_even(self) -> bool:
         host_even = self.host is None or self.host[0] + self.host[1] == self.host[2]
-        return (self.promised == 0 and self.live == 0 and self.free + self.store == self.total
-                and host_even)
+        return (
+            self.promised == 0
+            and self.live == 0
+            and self.free + self.store == self.total
+            and host_even
+        )
 
     def line(self) -> str:
         line = (

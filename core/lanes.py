@@ -102,8 +102,9 @@ class Lanes:
         self.pass_rows = pass_rows
         self.cut_rows = runner.model.layout.mark_rows
         if pass_rows % self.cut_rows:
-            raise ValueError(f"pass_rows {pass_rows} is not a multiple of the family's "
-                             f"mark_rows {self.cut_rows}")
+            raise ValueError(
+                f"pass_rows {pass_rows} is not a multiple of the family's mark_rows {self.cut_rows}"
+            )
         self.lookahead = lookahead
         self.num_lanes = lanes
         # the family's share_attach hook (a forked choice's page table); the core's by default
@@ -148,7 +149,9 @@ class Lanes:
         if req.params.logit_bias and req.params.logit_bias[-1][0] >= vocab:
             raise RequestRefused(
                 f"logit_bias key {req.params.logit_bias[-1][0]} is not a token id: ids are "
-                f"0..{vocab - 1}", "logit_bias")
+                f"0..{vocab - 1}",
+                "logit_bias",
+            )
         pages = self.pool.pages_for(n + m + self.lookahead)
         if req.forks:
             self._check_choices(req, pages)
@@ -164,14 +167,18 @@ class Lanes:
         if choices > lanes:
             raise RequestRefused(
                 f"n={choices} choices decode on {choices} lanes at once and this server has "
-                f"{lanes} (--parallel {lanes}); ask for n <= {lanes}", "n")
+                f"{lanes} (--parallel {lanes}); ask for n <= {lanes}",
+                "n",
+            )
         shared = len(req.prompt) // self.pool.page_rows
         total = pages + len(req.forks) * (pages - shared)
         if total > self.pool.num_pages:
             raise RequestRefused(
                 f"n={choices} choices of the prompt's {len(req.prompt)} tokens plus max_tokens "
                 f"{req.params.max_tokens} need {total} pages; the pool has "
-                f"{self.pool.num_pages}; ask for a smaller n or max_tokens", "n")
+                f"{self.pool.num_pages}; ask for a smaller n or max_tokens",
+                "n",
+            )
 
     def add(self, req: Request) -> None:
         self.check(req)
@@ -189,8 +196,9 @@ class Lanes:
         flight, self._flight = self._flight, None
         if flight is not None:  # sent last round: its rows are computed, the draws are left
             alive = {id(s) for s in self.live}
-            wanting = [(s, out[-1]) for s, out in zip(flight.owners, flight.logits)
-                       if id(s) in alive]
+            wanting = [
+                (s, out[-1]) for s, out in zip(flight.owners, flight.logits) if id(s) in alive
+            ]
             if wanting:
                 self._draw(wanting)
                 if self.idle:
@@ -230,13 +238,13 @@ class Lanes:
         bound = [i for i, (s, _) in enumerate(wanting) if s.matcher]
         mask_rows(x, [(i, wanting[i][0].matcher) for i in bound])
         ts = [len(s.generated) for s, _ in wanting]
-        pending = launch_rows(x, [(s.req.params, t, s.history)
-                                  for (s, _), t in zip(wanting, ts)])
+        pending = launch_rows(x, [(s.req.params, t, s.history) for (s, _), t in zip(wanting, ts)])
         self._send_ahead([s for s, _ in wanting], pending.tokens)
         results = read_rows(pending)
         refused: list[str | None] = [None] * len(wanting)
-        for i, error in zip(bound, accept_rows(
-                [(wanting[i][0].matcher, results[i].token) for i in bound])):
+        for i, error in zip(
+            bound, accept_rows([(wanting[i][0].matcher, results[i].token) for i in bound])
+        ):
             refused[i] = error
         for (stream, _), t, result, error in zip(wanting, ts, results, refused):
             self._take(stream, t, result, error)
@@ -293,9 +301,9 @@ class Lanes:
             lease=self.pool.lease(rows, attached),
             stops=StopChecker.for_params(req.params, self.eos_token_ids),
             history=RowHistory(req.prompt),
-            decoder=IncrementalDecoder(
-                self.tokenizer, keep=frozenset(req.params.keep_special_ids)
-            ) if self.tokenizer else None,
+            decoder=IncrementalDecoder(self.tokenizer, keep=frozenset(req.params.keep_special_ids))
+            if self.tokenizer
+            else None,
             matcher=req.params.constraint.start() if req.params.constraint else None,
         )
 
@@ -348,9 +356,7 @@ class Lanes:
             last = end == len(s.req.prompt)
             pages = s.lease.cover(end)
             taps = [m for m in s.marks if s.pos < m <= end]
-            runs.append(
-                StreamRows(s.slot, s.pos, tokens, pages, "last" if last else "none", taps)
-            )
+            runs.append(StreamRows(s.slot, s.pos, tokens, pages, "last" if last else "none", taps))
             owners.append(s)
             budget -= len(tokens)
         return runs, owners
@@ -452,4 +458,3 @@ class Lanes:
         self.uneven += 1
         log.error("UNEVEN " + census.line(), live=census.live)
         return False
-

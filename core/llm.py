@@ -108,8 +108,11 @@ class LLM:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [cast(Prompt, prompts)]
         batch = cast("Sequence[Prompt]", prompts)
-        params = (sampling if isinstance(sampling, Sequence)
-                  else [sampling or SamplingParams()] * len(batch))
+        params = (
+            sampling
+            if isinstance(sampling, Sequence)
+            else [sampling or SamplingParams()] * len(batch)
+        )
         params = self._constrained(params, response_format)
         return self._run([(self.encode(prompt), ()) for prompt in batch], params, n)
 
@@ -144,11 +147,19 @@ class LLM:
         if template is None:
             raise ValueError("the checkpoint has no chat template")
         request = parse_tool_request(
-            {"tools": tools, "tool_choice": tool_choice,
-             "parallel_tool_calls": parallel_tool_calls},
-            self.served.spec.name, self.served.tool_format,
+            {
+                "tools": tools,
+                "tool_choice": tool_choice,
+                "parallel_tool_calls": parallel_tool_calls,
+            },
+            self.served.spec.name,
+            self.served.tool_format,
         )
-        params = sampling if isinstance(sampling, Sequence) else [sampling or SamplingParams()] * len(conversations)
+        params = (
+            sampling
+            if isinstance(sampling, Sequence)
+            else [sampling or SamplingParams()] * len(conversations)
+        )
         if request is not None:
             keep = tuple(sorted(self.tokenizer.special_ids(request.format.markers)))
             params = [replace(p, keep_special_ids=keep) for p in params]
@@ -156,8 +167,11 @@ class LLM:
         runs = []
         for messages in conversations:
             chat = render_chat(
-                template, tool_history(list(messages)), bos_token=self.tokenizer.bos_token,
-                eos_token=self.tokenizer.eos_token, tools=request.tools if request else None,
+                template,
+                tool_history(list(messages)),
+                bos_token=self.tokenizer.bos_token,
+                eos_token=self.tokenizer.eos_token,
+                tools=request.tools if request else None,
             )
             ids = self.tokenizer.encode(chat.text)
             runs.append((ids, marks_to_token_positions(self.tokenizer, chat.text, chat.marks)))
@@ -166,8 +180,12 @@ class LLM:
             c.content = c.text
             if request is not None:
                 content, c.tool_calls = parse_tool_calls(
-                    request.format, c.text, request.tools, parallel=request.parallel,
-                    cut=c.finish_reason == "length")
+                    request.format,
+                    c.text,
+                    request.tools,
+                    parallel=request.parallel,
+                    cut=c.finish_reason == "length",
+                )
                 c.content = content if content or not c.tool_calls else None
                 if c.tool_calls and c.finish_reason == "stop":
                     c.finish_reason = "tool_calls"
@@ -190,8 +208,9 @@ class LLM:
         waits = []
         for (ids, marks), p in zip(runs, params):
             choices = [(Completion(ids, index=i), threading.Event()) for i in range(n)]
-            self.served.engine.submit_n(ids, choice_params(p, n),
-                                        [_Collector(c, done) for c, done in choices], marks)
+            self.served.engine.submit_n(
+                ids, choice_params(p, n), [_Collector(c, done) for c, done in choices], marks
+            )
             waits += choices
         for _, done in waits:
             done.wait()

@@ -57,7 +57,8 @@ class _EngineCollector(Collector):
         lanes.add_metric(["free"], self.lanes - busy)
         yield lanes
         yield GaugeMetricFamily(
-            "tensorfold_requests_waiting", "Requests submitted and not yet on a lane",
+            "tensorfold_requests_waiting",
+            "Requests submitted and not yet on a lane",
             value=engine.waiting(),
         )
         census = engine.lanes.pool.census()
@@ -66,28 +67,33 @@ class _EngineCollector(Collector):
             pages.add_metric([state], getattr(census, state))
         yield pages
         if census.host is not None:
-            host = GaugeMetricFamily("tensorfold_pool_host_pages",
-                                     "The prompt store's host-tier pages", labels=["state"])
+            host = GaugeMetricFamily(
+                "tensorfold_pool_host_pages", "The prompt store's host-tier pages", labels=["state"]
+            )
             for state, n in zip(("free", "store", "total"), census.host):
                 host.add_metric([state], n)
             yield host
         yield CounterMetricFamily(
-            "tensorfold_uneven", "Idle censuses that did not add up (a bug)",
+            "tensorfold_uneven",
+            "Idle censuses that did not add up (a bug)",
             value=engine.lanes.uneven,
         )
         sharing = engine.lanes.sharing
         if sharing is not None:
             yield GaugeMetricFamily(
-                "tensorfold_prompt_store_states", "States the prompt store keeps",
+                "tensorfold_prompt_store_states",
+                "States the prompt store keeps",
                 value=len(sharing.store),
             )
             yield CounterMetricFamily(
-                "tensorfold_prompt_store_evictions", "Kept states evicted (LRU)",
+                "tensorfold_prompt_store_evictions",
+                "Kept states evicted (LRU)",
                 value=sharing.evictions,
             )
             if sharing.host is not None:
                 yield GaugeMetricFamily(
-                    "tensorfold_prompt_store_host_states", "Kept states in the host tier",
+                    "tensorfold_prompt_store_host_states",
+                    "Kept states in the host tier",
                     value=sharing.on_host,
                 )
                 yield CounterMetricFamily(
@@ -108,27 +114,37 @@ class Metrics:
         self.registry.register(_EngineCollector(engine, device, lanes))
         ProcessCollector(registry=self.registry)
         self.prompt_tokens = Counter(
-            "tensorfold_prompt_tokens", "Prompt tokens, cached (from the prompt store) or computed",
-            ["source"], registry=self.registry,
+            "tensorfold_prompt_tokens",
+            "Prompt tokens, cached (from the prompt store) or computed",
+            ["source"],
+            registry=self.registry,
         )
         self.generation_tokens = Counter(
             "tensorfold_generation_tokens", "Tokens generated", registry=self.registry
         )
         self.requests = Counter(
-            "tensorfold_requests", "Finished requests by endpoint and finish reason",
-            ["endpoint", "reason"], registry=self.registry,
+            "tensorfold_requests",
+            "Finished requests by endpoint and finish reason",
+            ["endpoint", "reason"],
+            registry=self.registry,
         )
         self.errors = Counter(
-            "tensorfold_http_errors", "Error responses by status", ["status"],
+            "tensorfold_http_errors",
+            "Error responses by status",
+            ["status"],
             registry=self.registry,
         )
         self.ttft = Histogram(
-            "tensorfold_time_to_first_token_seconds", "From the request's arrival to its first "
-            "token", buckets=_TTFT_BUCKETS, registry=self.registry,
+            "tensorfold_time_to_first_token_seconds",
+            "From the request's arrival to its first token",
+            buckets=_TTFT_BUCKETS,
+            registry=self.registry,
         )
         self.itl = Histogram(
-            "tensorfold_time_between_tokens_seconds", "Between a stream's consecutive tokens",
-            buckets=_ITL_BUCKETS, registry=self.registry,
+            "tensorfold_time_between_tokens_seconds",
+            "Between a stream's consecutive tokens",
+            buckets=_ITL_BUCKETS,
+            registry=self.registry,
         )
 
     def finished(self, endpoint: str, reason: str, prompt: int, cached: int) -> None:
@@ -146,8 +162,10 @@ class Metrics:
             "prompt_cached": _sum(self.prompt_tokens, source="cached"),
             "prompt_computed": _sum(self.prompt_tokens, source="computed"),
             "errors": _sum(self.errors),
-            "ttft_sum": _sum(self.ttft, "_sum"), "ttft_count": _sum(self.ttft, "_count"),
-            "itl_sum": _sum(self.itl, "_sum"), "itl_count": _sum(self.itl, "_count"),
+            "ttft_sum": _sum(self.ttft, "_sum"),
+            "ttft_count": _sum(self.ttft, "_count"),
+            "itl_sum": _sum(self.itl, "_sum"),
+            "itl_count": _sum(self.itl, "_count"),
         }
 
     def render(self) -> bytes:
@@ -156,5 +174,9 @@ class Metrics:
 
 def _sum(metric: Counter | Histogram, suffix: str = "_total", **labels: str) -> float:
     """A metric's samples named *suffix (those with `labels`), added up over its labels."""
-    return sum(s.value for family in metric.collect() for s in family.samples
-               if s.name.endswith(suffix) and labels.items() <= s.labels.items())
+    return sum(
+        s.value
+        for family in metric.collect()
+        for s in family.samples
+        if s.name.endswith(suffix) and labels.items() <= s.labels.items()
+    )

@@ -32,5 +32,4 @@ class FamilyModel(ABC):
     dtype: torch.dtype
 
     @abstractmethod
-    def forward(self, fp: ForwardPass, rows: "PagedRows", slots: "StreamSlots") -> torch.Tensor:
-        ...
+    def forward(self, fp: ForwardPass, rows: "PagedRows", slots: "StreamSlots") -> torch.Tensor: ...

@@ -29,12 +29,21 @@ if TYPE_CHECKING:
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 _PENDING_MAX = 1  # max_tokens until the prompt's length gives the default (with_prompt)
 _ERROR_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-    405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    500: "server_error",
     503: "service_unavailable_error",
 }
 _REAL_FIELDS = (
-    "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
 )
 _GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
@@ -126,14 +135,19 @@ def check_model(body: dict[str, Any], served_name: str) -> None:
     model = _get(body, "model", "str")
     if model is not None and model != served_name:
         raise ApiError(
-            404, f"the model {model!r} does not exist; this server serves {served_name!r}",
-            param="model", code="model_not_found",
+            404,
+            f"the model {model!r} does not exist; this server serves {served_name!r}",
+            param="model",
+            code="model_not_found",
         )
 
 
 def _sampling(
-    body: dict[str, Any], default_max: Callable[[], int], generation: dict[str, Any],
-    logprobs: bool, top_logprobs: int,
+    body: dict[str, Any],
+    default_max: Callable[[], int],
+    generation: dict[str, Any],
+    logprobs: bool,
+    top_logprobs: int,
 ) -> tuple[SamplingParams, str]:
     best_of = _get(body, "best_of", "int")
     if best_of is not None and best_of != 1:
@@ -141,8 +155,8 @@ def _sampling(
     _get(body, "user", "str")
     if "draft" in body:  # refused until drafting exists, rather than silently ignored
         raise bad("drafting is not implemented; remove the draft field", "draft")
-    max_param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else (
-        "max_tokens"
+    max_param = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else ("max_tokens")
     )
     max_tokens = _get(body, max_param, "int")
     kwargs: dict[str, Any] = {
@@ -184,8 +198,9 @@ def _sampling(
     return params, max_param
 
 
-def _constrained(body: dict[str, Any], served: Served, params: SamplingParams,
-                 tools: ToolRequest | None = None) -> SamplingParams:
+def _constrained(
+    body: dict[str, Any], served: Served, params: SamplingParams, tools: ToolRequest | None = None
+) -> SamplingParams:
     """params with the request's structured-output constraint, compiled and checked now, before
     any pass (a malformed schema, regex or grammar is a 400 naming it)."""
     try:
@@ -222,7 +237,8 @@ def _default_max(served: Served, prompt_len: int, default: int | None) -> int:
     if room < 1:
         raise bad(
             f"the prompt's {prompt_len} tokens fill the {served.window}-token window, leaving "
-            "no room for a completion", "messages" if default is None else "prompt",
+            "no room for a completion",
+            "messages" if default is None else "prompt",
             "context_length_exceeded",
         )
     return room if default is None else min(default, room)
@@ -231,9 +247,12 @@ def _default_max(served: Served, prompt_len: int, default: int | None) -> int:
 def too_long(size: int, limit: int, served: Served, param: str) -> ApiError:
     """A prompt of more bytes than the window's worst case (max_prompt_bytes): it cannot fit."""
     verb = "hold" if param == "messages" else "holds"
-    return bad(f"the {param} {verb} {size} bytes of text, more than the {served.window}-token "
-               f"window can hold ({limit} bytes at most); send a shorter prompt", param,
-               "context_length_exceeded")
+    return bad(
+        f"the {param} {verb} {size} bytes of text, more than the {served.window}-token "
+        f"window can hold ({limit} bytes at most); send a shorter prompt",
+        param,
+        "context_length_exceeded",
+    )
 
 
 def _byte_limit(texts: list[str], served: Served, param: str) -> int:
@@ -249,13 +268,23 @@ def with_prompt(parsed: Parsed, prompt: Prompt, served: Served) -> Parsed:
     """`parsed` with the prompt its job made: the ids, the marks, the default max_tokens."""
     param = "messages" if parsed.kind == "chat" else "prompt"
     if prompt.tokens == 0:
-        raise bad("the messages render to an empty prompt" if param == "messages" else
-                  "the prompt encodes to no tokens", param)
+        raise bad(
+            "the messages render to an empty prompt"
+            if param == "messages"
+            else "the prompt encodes to no tokens",
+            param,
+        )
     default = None if parsed.kind == "chat" else COMPLETION_DEFAULT_MAX_TOKENS
     most = _default_max(served, prompt.tokens, default)  # refuses a prompt that fills the window
     params = parsed.params if parsed.max_tokens_set else replace(parsed.params, max_tokens=most)
-    return replace(parsed, prompt_ids=prompt.ids, marks=prompt.marks, params=params, job=None,
-                   max_tokens_set=True)
+    return replace(
+        parsed,
+        prompt_ids=prompt.ids,
+        marks=prompt.marks,
+        params=params,
+        job=None,
+        max_tokens_set=True,
+    )
 
 
 def prompt_refusal(exc: Exception, parsed: Parsed, served: Served) -> ApiError | None:
@@ -302,14 +331,31 @@ def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
         raise bad(f"logprobs must be in 0..20, got {logprobs}", "logprobs")
     stream, usage = _stream_flags(body)
     params, max_param = _sampling(
-        body, lambda: _default_max(served, len(ids), COMPLETION_DEFAULT_MAX_TOKENS) if job is None
-        else _PENDING_MAX,
-        served.checkpoint.generation_config, logprobs is not None, logprobs or 0,
+        body,
+        lambda: (
+            _default_max(served, len(ids), COMPLETION_DEFAULT_MAX_TOKENS)
+            if job is None
+            else _PENDING_MAX
+        ),
+        served.checkpoint.generation_config,
+        logprobs is not None,
+        logprobs or 0,
     )
     params = _constrained(body, served, params)
     token_ids = bool(_get(body, "return_tokens_as_token_ids", "bool"))
-    return Parsed("completion", ids, params, (), stream, usage, max_param, token_ids,
-                  _choices(body), job=job, max_tokens_set=body.get(max_param) is not None)
+    return Parsed(
+        "completion",
+        ids,
+        params,
+        (),
+        stream,
+        usage,
+        max_param,
+        token_ids,
+        _choices(body),
+        job=job,
+        max_tokens_set=body.get(max_param) is not None,
+    )
 
 
 def _message_text(content: Any, i: int) -> str | None:
@@ -318,8 +364,10 @@ def _message_text(content: Any, i: int) -> str | None:
     if isinstance(content, list):
         texts = []
         for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
-                part.get("text"), str
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
             ):
                 raise bad(f"messages[{i}].content: only text parts are supported", "messages")
             texts.append(part["text"])
@@ -351,16 +399,36 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
     if tok.chat_template is None:
         raise bad("the model has no chat template; use /v1/completions", "messages")
     # rendered and tokenized by a prompt worker (prompt_work.make_prompt)
-    job = PromptJob(served.window, _byte_limit(texts, served, "messages"), chat,
-                    tools.tools if tools else None,
-                    protect=() if served.content_specials else tok.special_tokens())
+    job = PromptJob(
+        served.window,
+        _byte_limit(texts, served, "messages"),
+        chat,
+        tools.tools if tools else None,
+        protect=() if served.content_specials else tok.special_tokens(),
+    )
     params, max_param = _sampling(
-        body, lambda: _PENDING_MAX, served.checkpoint.generation_config, logprobs, top,
+        body,
+        lambda: _PENDING_MAX,
+        served.checkpoint.generation_config,
+        logprobs,
+        top,
     )
     token_ids = bool(_get(body, "return_tokens_as_token_ids", "bool"))
     if tools is not None:  # markers that are special tokens must reach the parser
         keep = tok.special_ids(tools.format.markers)
         params = replace(params, keep_special_ids=tuple(sorted(keep)))
     params = _constrained(body, served, params, tools)
-    return Parsed("chat", [], params, (), stream, usage, max_param, token_ids, _choices(body),
-                  tools, job, max_tokens_set=body.get(max_param) is not None)
+    return Parsed(
+        "chat",
+        [],
+        params,
+        (),
+        stream,
+        usage,
+        max_param,
+        token_ids,
+        _choices(body),
+        tools,
+        job,
+        max_tokens_set=body.get(max_param) is not None,
+    )

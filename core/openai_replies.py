@@ -34,8 +34,11 @@ def sse(value: Any) -> bytes:
 
 def _byte_level_alphabet() -> dict[str, int]:
     """GPT-2's byte-level alphabet, inverted: the character a byte-level token uses -> its byte."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
+    keep = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars, n = list(keep), 0
     for b in range(256):
         if b not in keep:
@@ -94,8 +97,15 @@ class Reply:
     """One choice's answer as it grows, in OpenAI's response, chunk and usage shapes (`Choices`
     holds the n choices of one request)."""
 
-    def __init__(self, parsed: Parsed, model: str, seed: int | None, texts: TokenTexts,
-                 index: int = 0, id: str | None = None) -> None:
+    def __init__(
+        self,
+        parsed: Parsed,
+        model: str,
+        seed: int | None,
+        texts: TokenTexts,
+        index: int = 0,
+        id: str | None = None,
+    ) -> None:
         self.parsed = parsed
         self.model = model
         self.seed = seed
@@ -108,8 +118,11 @@ class Reply:
         self.entries: list[TokenOut] = []
         self.done: Finished | None = None
         tools = parsed.tools
-        self.tool_stream = None if tools is None else ToolCallStream(
-            tools.format, tools.tools, parallel=tools.parallel)
+        self.tool_stream = (
+            None
+            if tools is None
+            else ToolCallStream(tools.format, tools.tools, parallel=tools.parallel)
+        )
         self._text_frame: tuple[bytes, bytes] | None = None  # built at the first text chunk
 
     def add(self, event: Event) -> None:
@@ -128,12 +141,20 @@ class Reply:
             return None
         token = self.token
         if self.chat:
-            return {"content": [
-                {"token": token(e.token)[0], "logprob": _finite(e.logprob),
-                 "bytes": token(e.token)[1],
-                 "top_logprobs": [{"token": token(i)[0], "logprob": _finite(lp),
-                                   "bytes": token(i)[1]} for i, lp in e.top_logprobs]}
-                for e in events]}
+            return {
+                "content": [
+                    {
+                        "token": token(e.token)[0],
+                        "logprob": _finite(e.logprob),
+                        "bytes": token(e.token)[1],
+                        "top_logprobs": [
+                            {"token": token(i)[0], "logprob": _finite(lp), "bytes": token(i)[1]}
+                            for i, lp in e.top_logprobs
+                        ],
+                    }
+                    for e in events
+                ]
+            }
         offsets = []
         for e in events:
             offsets.append(offset)
@@ -141,35 +162,50 @@ class Reply:
         return {
             "tokens": [token(e.token)[0] for e in events],
             "token_logprobs": [_finite(e.logprob) for e in events],
-            "top_logprobs": [{token(i)[0]: _finite(lp) for i, lp in e.top_logprobs}
-                             for e in events],
+            "top_logprobs": [
+                {token(i)[0]: _finite(lp) for i, lp in e.top_logprobs} for e in events
+            ],
             "text_offset": offsets,
         }
 
     def usage(self) -> dict[str, Any] | None:
         if (d := self.done) is None:
             return None
-        return {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
-                "total_tokens": d.prompt_tokens + d.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": d.cached_tokens}}
+        return {
+            "prompt_tokens": d.prompt_tokens,
+            "completion_tokens": d.completion_tokens,
+            "total_tokens": d.prompt_tokens + d.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": d.cached_tokens},
+        }
 
     def envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
         kind = "chat.completion" if self.chat else "text_completion"
-        return {"id": self.id, "object": kind + (".chunk" if chunk and self.chat else ""),
-                "created": self.created, "model": self.model, "choices": choices,
-                "seed": self.seed}
+        return {
+            "id": self.id,
+            "object": kind + (".chunk" if chunk and self.chat else ""),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "seed": self.seed,
+        }
 
     def choice(self) -> dict[str, Any]:
         text = "".join(self.text)
-        choice: dict[str, Any] = {"index": self.index, "finish_reason": self.finish_reason,
-                                  "logprobs": self._logprobs(self.entries, 0)}
+        choice: dict[str, Any] = {
+            "index": self.index,
+            "finish_reason": self.finish_reason,
+            "logprobs": self._logprobs(self.entries, 0),
+        }
         if self.chat:
             choice["message"] = {"role": "assistant", "content": text}
             if (tools := self.parsed.tools) is not None:
-                content, calls = parse_tool_calls(tools.format, text, tools.tools,
-                                                  parallel=tools.parallel, cut=self._cut)
-                choice["message"] = {"role": "assistant",
-                                     "content": content if content or not calls else None}
+                content, calls = parse_tool_calls(
+                    tools.format, text, tools.tools, parallel=tools.parallel, cut=self._cut
+                )
+                choice["message"] = {
+                    "role": "assistant",
+                    "content": content if content or not calls else None,
+                }
                 if calls:
                     choice["message"]["tool_calls"] = [call.message() for call in calls]
                     choice["finish_reason"] = self._tool_finish(calls)
@@ -180,13 +216,25 @@ class Reply:
     def response(self) -> dict[str, Any]:
         return {**self.envelope([self.choice()], False), "usage": self.usage()}
 
-    def chunk(self, text: str, events: list[TokenOut], offset: int,
-              finish: str | None = None, first: bool = False) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": self.index, "logprobs": self._logprobs(events, offset),
-                                  "finish_reason": finish}
+    def chunk(
+        self,
+        text: str,
+        events: list[TokenOut],
+        offset: int,
+        finish: str | None = None,
+        first: bool = False,
+    ) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": self.index,
+            "logprobs": self._logprobs(events, offset),
+            "finish_reason": finish,
+        }
         if self.chat:
-            choice["delta"] = {"role": "assistant", "content": text} if first else (
-                {"content": text} if text or events else {})
+            choice["delta"] = (
+                {"role": "assistant", "content": text}
+                if first
+                else ({"content": text} if text or events else {})
+            )
         else:
             choice["text"] = text
         body = self.envelope([choice], True)
@@ -253,11 +301,13 @@ class Choices:
     """The n choices of one request (n = 1 for most): one id, one envelope, the choices in
     index order, and usage that counts the prompt once."""
 
-    def __init__(self, parsed: Parsed, model: str, seed: int | None, texts: TokenTexts,
-                 n: int = 1) -> None:
+    def __init__(
+        self, parsed: Parsed, model: str, seed: int | None, texts: TokenTexts, n: int = 1
+    ) -> None:
         first = Reply(parsed, model, seed, texts)
-        self.replies = [first] + [Reply(parsed, model, seed, texts, i, first.id)
-                                  for i in range(1, n)]
+        self.replies = [first] + [
+            Reply(parsed, model, seed, texts, i, first.id) for i in range(1, n)
+        ]
         for r in self.replies:
             r.created = first.created
         self.parsed = parsed
@@ -273,8 +323,14 @@ class Choices:
     @property
     def error(self) -> str | None:
         """The first choice's error that ended with one, or None."""
-        return next((r.done.error or "error" for r in self.replies
-                     if r.done is not None and r.done.reason == "error"), None)
+        return next(
+            (
+                r.done.error or "error"
+                for r in self.replies
+                if r.done is not None and r.done.reason == "error"
+            ),
+            None,
+        )
 
     def error_response(self) -> tuple[int, dict[str, Any]]:
         """The status and body of a reply that ended with an error (`error` not None)."""
@@ -290,13 +346,15 @@ class Choices:
         for r in self.replies:
             assert r.done is not None  # self.done: every reply has finished
             completion += r.done.completion_tokens
-        return {**first, "completion_tokens": completion,
-                "total_tokens": first["prompt_tokens"] + completion}
+        return {
+            **first,
+            "completion_tokens": completion,
+            "total_tokens": first["prompt_tokens"] + completion,
+        }
 
     def response(self) -> dict[str, Any]:
         first = self.replies[0]
-        return {**first.envelope([r.choice() for r in self.replies], False),
-                "usage": self.usage()}
+        return {**first.envelope([r.choice() for r in self.replies], False), "usage": self.usage()}
 
     def ending(self) -> bytes:
         """The stream's last events once every choice has finished: usage, [DONE]."""

@@ -22,8 +22,15 @@ class Progress:
     note(text): a short status beside the bar, and in the log lines (e.g. "3/40 tensors").
     """
 
-    def __init__(self, what: str, total: int, unit: str = "", show: bool | None = None,
-                 file: Any = None, interval: float = 5.0) -> None:
+    def __init__(
+        self,
+        what: str,
+        total: int,
+        unit: str = "",
+        show: bool | None = None,
+        file: Any = None,
+        interval: float = 5.0,
+    ) -> None:
         self.what, self.total, self.unit, self.interval = what, total, unit, interval
         self._said = time.monotonic()
         self.done = 0
@@ -37,8 +44,14 @@ class Progress:
             from tqdm import tqdm
 
             self._bar = tqdm(
-                total=total, desc=what, unit=unit or "it", unit_scale=unit == "B",
-                unit_divisor=1024, file=out, dynamic_ncols=True, leave=True,
+                total=total,
+                desc=what,
+                unit=unit or "it",
+                unit_scale=unit == "B",
+                unit_divisor=1024,
+                file=out,
+                dynamic_ncols=True,
+                leave=True,
             )
         else:
             log.info(self._line())

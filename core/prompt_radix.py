@@ -90,7 +90,9 @@ class RadixStore:
             return node.kept
         return None
 
-    def insert(self, tokens: Sequence[int], pages: list[int], snapshot: Any, key: Any = None) -> Kept:
+    def insert(
+        self, tokens: Sequence[int], pages: list[int], snapshot: Any, key: Any = None
+    ) -> Kept:
         """Keep a state at len(tokens); the store now owns `pages` and `snapshot`."""
         node = self._make_path(tuple(tokens), key)
         if node.kept is not None:

@@ -138,8 +138,11 @@ class PromptSharing:
     # -- eviction and the host tier -----------------------------------------------------------
 
     def _lru_on_device(self, keep: Kept | None = None) -> Kept | None:
-        return min((k for k in self.store.kept() if k.host is None and k is not keep),
-                   key=lambda k: k.last_used, default=None)
+        return min(
+            (k for k in self.store.kept() if k.host is None and k is not keep),
+            key=lambda k: k.last_used,
+            default=None,
+        )
 
     def _evict(self, kept: Kept) -> None:
         """The device store gives a state up: to the host tier where it has one and the state
@@ -160,8 +163,11 @@ class PromptSharing:
             return False
         spare = (keep, self._paging_in)
         while not self.host.can_take(pages):
-            victim = min((k for k in self.store.kept() if k.host is not None and k not in spare),
-                         key=lambda k: k.last_used, default=None)
+            victim = min(
+                (k for k in self.store.kept() if k.host is not None and k not in spare),
+                key=lambda k: k.last_used,
+                default=None,
+            )
             if victim is None:
                 return False
             self.store.drop(victim)
@@ -174,9 +180,12 @@ class PromptSharing:
         n = len(kept.host.pages)
         self._paging_in = kept
         try:
-            while (self.device_states >= self.max_states or self.arena.free == 0
-                   or self.pool.store_pages + n > self.cache_pages
-                   or not self.pool.can_promise(n)):
+            while (
+                self.device_states >= self.max_states
+                or self.arena.free == 0
+                or self.pool.store_pages + n > self.cache_pages
+                or not self.pool.can_promise(n)
+            ):
                 victim = self._lru_on_device(kept)
                 if victim is None:
                     return False

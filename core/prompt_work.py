@@ -68,9 +68,15 @@ def make_prompt(tok: Tokenizer, job: PromptJob) -> Prompt:
         _check_size(job.text, job.max_bytes)
         return _bounded(tok.encode(job.text, add_special_tokens=True), (), job.window)
     assert tok.chat_template is not None and job.chat is not None
-    rendered = render_chat(tok.chat_template, job.chat, add_generation_prompt=True,
-                           bos_token=tok.bos_token, eos_token=tok.eos_token, tools=job.tools,
-                           protect=job.protect)
+    rendered = render_chat(
+        tok.chat_template,
+        job.chat,
+        add_generation_prompt=True,
+        bos_token=tok.bos_token,
+        eos_token=tok.eos_token,
+        tools=job.tools,
+        protect=job.protect,
+    )
     _check_size(rendered.text, job.max_bytes)
     ids, marks = tok.encode_chat(rendered)
     return _bounded(ids, tuple(marks), job.window)

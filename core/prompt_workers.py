@@ -65,8 +65,9 @@ def _serve(conn: Connection, tokenizer_file: str) -> None:
 class _Worker:
     def __init__(self, ctx: Any, tokenizer_file: str) -> None:
         self.conn, child = ctx.Pipe()
-        self.proc: BaseProcess = ctx.Process(target=_serve, args=(child, tokenizer_file),
-                                             name="tf-prompt-worker", daemon=True)
+        self.proc: BaseProcess = ctx.Process(
+            target=_serve, args=(child, tokenizer_file), name="tf-prompt-worker", daemon=True
+        )
         self.proc.start()
         child.close()
         self.ready = False  # until its first message: a job sent before would fill the pipe

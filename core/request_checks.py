@@ -51,15 +51,20 @@ def check_text(body: dict[str, Any]) -> None:
     """Refuse a body holding a lone surrogate anywhere, naming the field and the place."""
     for name, value in body.items():
         if (at := _lone_surrogate(name)) is not None:
-            raise bad(f"the field name {name!r} holds a lone surrogate at character {at}; "
-                      "text must be valid Unicode (surrogates only in pairs)")
+            raise bad(
+                f"the field name {name!r} holds a lone surrogate at character {at}; "
+                "text must be valid Unicode (surrogates only in pairs)"
+            )
         found = _walk(value, name)
         if found is not None:
             path, index = found
             path = path if len(path) <= 80 else path[:77] + "..."
-            raise bad(f"{path} holds a lone surrogate (an unpaired \\ud800-\\udfff escape) at "
-                      f"character {index}; text must be valid Unicode (surrogates only in "
-                      "high-low pairs)", name)
+            raise bad(
+                f"{path} holds a lone surrogate (an unpaired \\ud800-\\udfff escape) at "
+                f"character {index}; text must be valid Unicode (surrogates only in "
+                "high-low pairs)",
+                name,
+            )
 
 
 def check_roles(body: dict[str, Any]) -> None:
@@ -70,28 +75,38 @@ def check_roles(body: dict[str, Any]) -> None:
     for i, m in enumerate(messages):
         role = m.get("role") if isinstance(m, dict) else None
         if isinstance(role, str) and role not in ROLES:
-            raise bad(f"messages[{i}].role {role[:40]!r} is not a role; accepted: "
-                      f"{', '.join(ROLES)}", "messages")
+            raise bad(
+                f"messages[{i}].role {role[:40]!r} is not a role; accepted: {', '.join(ROLES)}",
+                "messages",
+            )
 
 
 def check_messages(body: dict[str, Any], cap: int) -> None:
     """A chat has at most `cap` messages (each costs the template's work)."""
     messages = body.get("messages")
     if isinstance(messages, list) and len(messages) > cap:
-        raise bad(f"messages holds {len(messages)} messages; the limit is {cap} "
-                  "(TF_MAX_MESSAGES): send fewer, or merge old turns", "messages")
+        raise bad(
+            f"messages holds {len(messages)} messages; the limit is {cap} "
+            "(TF_MAX_MESSAGES): send fewer, or merge old turns",
+            "messages",
+        )
 
 
 def check_logit_bias(parsed: Parsed, vocab: int) -> None:
     """logit_bias keys are token ids of the model's vocabulary."""
     for token, _ in parsed.params.logit_bias:
         if token >= vocab:
-            raise bad(f"logit_bias key {token} is not a token id: ids are 0..{vocab - 1}",
-                      "logit_bias")
+            raise bad(
+                f"logit_bias key {token} is not a token id: ids are 0..{vocab - 1}", "logit_bias"
+            )
 
 
-def parse_request(raw: bytes, parse: Callable[[dict[str, Any], Served], Parsed],
-                  served: Served, max_messages: int = 4096) -> Parsed:
+def parse_request(
+    raw: bytes,
+    parse: Callable[[dict[str, Any], Served], Parsed],
+    served: Served,
+    max_messages: int = 4096,
+) -> Parsed:
     """The body's bytes -> a validated request: JSON, Unicode, roles, the fields, logit_bias.
     CPU work (JSON, the fields): the server runs it off the event loop; the prompt itself
     (parsed.job: the chat template, the tokenizer) is made after, by a prompt worker."""

@@ -32,7 +32,8 @@ class DaemonThreads(Executor):
 
     def __init__(self, size: int, name: str) -> None:
         self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = (
-            queue.SimpleQueue())
+            queue.SimpleQueue()
+        )
         for i in range(size):
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True).start()
 
@@ -70,8 +71,10 @@ class Limits:
         """aiohttp's per-connection arguments: a connection that sends no complete request
         (headers included) within read_timeout_s of opening, or of its last reply, is closed;
         the unread rest of a refused body is drained for at most as long."""
-        return {"keepalive_timeout": self.read_timeout_s,
-                "lingering_time": min(self.read_timeout_s, 10.0)}
+        return {
+            "keepalive_timeout": self.read_timeout_s,
+            "lingering_time": min(self.read_timeout_s, 10.0),
+        }
 
 
 LIMITS: web.AppKey[Limits] = web.AppKey("limits", Limits)
@@ -88,15 +91,21 @@ async def read_body(request: web.Request) -> bytes:
         async with asyncio.timeout(limits.read_timeout_s):
             return await request.read()
     except TimeoutError:
-        raise ApiError(408, f"the request body did not arrive within {limits.read_timeout_s:g} s "
-                       "(TF_READ_TIMEOUT_S); send the whole body its Content-Length promises",
-                       headers={"Connection": "close"}) from None
+        raise ApiError(
+            408,
+            f"the request body did not arrive within {limits.read_timeout_s:g} s "
+            "(TF_READ_TIMEOUT_S); send the whole body its Content-Length promises",
+            headers={"Connection": "close"},
+        ) from None
     except web.HTTPRequestEntityTooLarge:  # chunked, or a Content-Length that lied
         raise too_large(None, limits.max_body) from None
 
 
 def too_large(length: int | None, limit: int) -> ApiError:
     size = f"{length} bytes" if length is not None else "more bytes than that"
-    return ApiError(413, f"the request body is {size}; the limit is {limit} bytes "
-                    f"({limit / MIB:g} MiB: --max-body-mib or TF_MAX_BODY_MIB)",
-                    headers={"Connection": "close"})  # the unread rest is drained, then closed
+    return ApiError(
+        413,
+        f"the request body is {size}; the limit is {limit} bytes "
+        f"({limit / MIB:g} MiB: --max-body-mib or TF_MAX_BODY_MIB)",
+        headers={"Connection": "close"},
+    )  # the unread rest is drained, then closed

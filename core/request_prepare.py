@@ -27,8 +27,12 @@ if TYPE_CHECKING:
 RETRY_AFTER_S = "1"
 
 
-async def prepare(request: web.Request, raw: bytes,
-                  parse: Callable[[dict[str, Any], Served], Parsed], served: Served) -> Parsed:
+async def prepare(
+    request: web.Request,
+    raw: bytes,
+    parse: Callable[[dict[str, Any], Served], Parsed],
+    served: Served,
+) -> Parsed:
     """The request `raw` holds, parsed and with its prompt made; a 400 naming the field (or
     the setting) when it cannot be."""
     limits = request.app[LIMITS]
@@ -37,8 +41,9 @@ async def prepare(request: web.Request, raw: bytes,
     param = "messages" if parse is parse_chat else "prompt"
     try:
         async with asyncio.timeout_at(deadline):
-            parsed = await loop.run_in_executor(limits.workers, parse_request, raw, parse,
-                                                served, limits.max_messages)
+            parsed = await loop.run_in_executor(
+                limits.workers, parse_request, raw, parse, served, limits.max_messages
+            )
     except TimeoutError:
         raise _late(limits, param) from None
     if parsed.job is None:  # a prompt of token ids
@@ -47,9 +52,13 @@ async def prepare(request: web.Request, raw: bytes,
         prompt = await _make_prompt(limits, parsed.job, deadline, served)
     except WorkersBusy:
         size = limits.prompts.size if limits.prompts is not None else 0
-        raise ApiError(503, f"the server's {size} prompt workers (TF_PREPARE_WORKERS) stayed "
-                       f"busy for {limits.prepare_timeout_s:g} s (TF_PREPARE_TIMEOUT_S); retry "
-                       "later", headers={"Retry-After": RETRY_AFTER_S}) from None
+        raise ApiError(
+            503,
+            f"the server's {size} prompt workers (TF_PREPARE_WORKERS) stayed "
+            f"busy for {limits.prepare_timeout_s:g} s (TF_PREPARE_TIMEOUT_S); retry "
+            "later",
+            headers={"Retry-After": RETRY_AFTER_S},
+        ) from None
     except JobTimedOut:
         raise _late(limits, param) from None
     except WorkerLost as exc:
@@ -61,8 +70,7 @@ async def prepare(request: web.Request, raw: bytes,
     return with_prompt(parsed, prompt, served)
 
 
-async def _make_prompt(limits: Limits, job: PromptJob, deadline: float,
-                       served: Served) -> Prompt:
+async def _make_prompt(limits: Limits, job: PromptJob, deadline: float, served: Served) -> Prompt:
     if limits.prompts is not None:
         return await limits.prompts.run(job, deadline)
     loop = asyncio.get_running_loop()  # no worker processes: on the request threads
@@ -74,7 +82,10 @@ async def _make_prompt(limits: Limits, job: PromptJob, deadline: float,
 
 
 def _late(limits: Limits, param: str) -> ApiError:
-    return ApiError(400, f"preparing the request (its JSON, chat template and tokenizer) took "
-                    f"more than {limits.prepare_timeout_s:g} s, the limit (TF_PREPARE_TIMEOUT_S); "
-                    f"send {'a shorter chat' if param == 'messages' else 'a shorter prompt'}",
-                    param=param)
+    return ApiError(
+        400,
+        f"preparing the request (its JSON, chat template and tokenizer) took "
+        f"more than {limits.prepare_timeout_s:g} s, the limit (TF_PREPARE_TIMEOUT_S); "
+        f"send {'a shorter chat' if param == 'messages' else 'a shorter prompt'}",
+        param=param,
+    )

@@ -43,8 +43,9 @@ class ModelRunner:
         self.pool = KVPool(num_pages, page_rows, poison=poison)
         device = str(model.device)
         # the layout as stored: under kv_dtype "fp8" the family's fp8 rows and their scales
-        self.layout = stored = kv_layout(model.layout, kv_dtype,
-                                         getattr(model, "name", "the family"))
+        self.layout = stored = kv_layout(
+            model.layout, kv_dtype, getattr(model, "name", "the family")
+        )
         rows = None
         if plugin_manager is not None:
             rows = plugin_manager.hook.share_pool(
@@ -99,9 +100,7 @@ class ModelRunner:
             lease=lease, rows=self.rows, kept_pages=kept_pages, kept_rows=kept_rows
         )
 
-    def keep_state(
-        self, hooks: Any, arena: Any, slot: int, tap: tuple[int, int] | None
-    ) -> Any:
+    def keep_state(self, hooks: Any, arena: Any, slot: int, tap: tuple[int, int] | None) -> Any:
         """Keep a slot's fixed state in the arena (the snap_keep hook): as the last pass tapped it
         at `tap` = (stream index in the pass, position), or as it stands when that pass tapped
         nothing there (or tap is None). Returns the snapshot, or None."""

@@ -117,7 +117,8 @@ def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
         items = value
     else:
         raise SamplingParamsError(
-            "logit_bias", f"must be an object of token id: bias, got {value!r}")
+            "logit_bias", f"must be an object of token id: bias, got {value!r}"
+        )
     out: dict[int, float] = {}
     for item in items:
         if not isinstance(item, (tuple, list)) or len(item) != 2:
@@ -127,12 +128,18 @@ def _logit_bias(value: object) -> tuple[tuple[int, float], ...]:
             key = int(key)
         if isinstance(key, bool) or not isinstance(key, numbers.Integral) or key < 0:
             raise SamplingParamsError(
-                "logit_bias", f"keys must be token ids (integers >= 0), got {key!r}")
-        if (isinstance(bias, bool) or not isinstance(bias, numbers.Real)
-                or not math.isfinite(float(bias))):
+                "logit_bias", f"keys must be token ids (integers >= 0), got {key!r}"
+            )
+        if (
+            isinstance(bias, bool)
+            or not isinstance(bias, numbers.Real)
+            or not math.isfinite(float(bias))
+        ):
             raise SamplingParamsError(
-                "logit_bias", f"values must be finite numbers (clamped to -100..100), got "
-                f"{bias!r} for token {key}")
+                "logit_bias",
+                f"values must be finite numbers (clamped to -100..100), got "
+                f"{bias!r} for token {key}",
+            )
         out[int(key)] = min(max(float(bias), -LOGIT_BIAS_LIMIT), LOGIT_BIAS_LIMIT)
     return tuple(sorted(out.items()))
 
@@ -182,8 +189,10 @@ class SamplingParams:
         ids = tuple(_int("stop_token_ids", i, lambda v: v >= 0, "ids >= 0") for i in ids)
         put("stop_token_ids", ids)
         keep = self.keep_special_ids if isinstance(self.keep_special_ids, Iterable) else [None]
-        put("keep_special_ids",
-            tuple(_int("keep_special_ids", i, lambda v: v >= 0, "ids >= 0") for i in keep))
+        put(
+            "keep_special_ids",
+            tuple(_int("keep_special_ids", i, lambda v: v >= 0, "ids >= 0") for i in keep),
+        )
         for name in ("ignore_eos", "logprobs"):
             put(name, _bool(name, getattr(self, name)))
         top_n = _int("top_logprobs", self.top_logprobs, lambda v: 0 <= v <= 20, "in 0..20")
@@ -193,12 +202,16 @@ class SamplingParams:
         put("logit_bias", _logit_bias(self.logit_bias))
         if self.constraint is not None and not callable(getattr(self.constraint, "start", None)):
             raise SamplingParamsError(
-                "constraint", "must be a tensorfold.structured.Constraint (see "
-                f"tensorfold.structured.response_format), got {self.constraint!r}")
+                "constraint",
+                "must be a tensorfold.structured.Constraint (see "
+                f"tensorfold.structured.response_format), got {self.constraint!r}",
+            )
         if self.constraint is not None and self.ignore_eos:
             raise SamplingParamsError(
-                "ignore_eos", "cannot be combined with structured output: the grammar ends the "
-                "reply with the end of text once it is complete")
+                "ignore_eos",
+                "cannot be combined with structured output: the grammar ends the "
+                "reply with the end of text once it is complete",
+            )
 
     @property
     def is_greedy(self) -> bool:
@@ -206,9 +219,7 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return bool(
-            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
-        )
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
 
     def with_seed(self) -> SamplingParams:
         """This, or a copy with a seed from OS randomness if none was given (to be reported)."""
@@ -278,7 +289,8 @@ def apply_logit_bias(x: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     ids, biases = zip(*params.logit_bias)
     if ids[-1] >= x.numel():
         raise ValueError(
-            f"logit_bias token id {ids[-1]} is outside the {x.numel()}-token vocabulary")
+            f"logit_bias token id {ids[-1]} is outside the {x.numel()}-token vocabulary"
+        )
     x = x.clone()
     index = torch.tensor(ids, dtype=torch.long, device=x.device)
     x[index] += torch.tensor(biases, dtype=torch.float32, device=x.device)
@@ -288,8 +300,11 @@ def apply_logit_bias(x: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 WEIGHT_BITS = 36  # the draw's weights: integers in units of 2**-36 of the top token's weight
 
 
-def _draw_rows(x: torch.Tensor, order: torch.Tensor, rows: Sequence[tuple[SamplingParams, int]],
-               ) -> torch.Tensor:
+def _draw_rows(
+    x: torch.Tensor,
+    order: torch.Tensor,
+    rows: Sequence[tuple[SamplingParams, int]],
+) -> torch.Tensor:
     """x: [B, V] penalised logits, order: [B, V] ids by x descending (ties to lower id); rows:
     (params, t) of rows that sample (temperature > 0). Returns the drawn ids [B].
 
@@ -323,8 +338,9 @@ def _draw_rows(x: torch.Tensor, order: torch.Tensor, rows: Sequence[tuple[Sampli
         assert params.seed is not None  # the caller refuses a draw without one
         draws.append(uniform(params.seed, t))
     u = torch.tensor(draws, dtype=torch.float64, device=dev)
-    target = torch.minimum(torch.floor(u[:, None] * total.to(torch.float64)).to(torch.int64),
-                           total - 1)
+    target = torch.minimum(
+        torch.floor(u[:, None] * total.to(torch.float64)).to(torch.int64), total - 1
+    )
     i = torch.searchsorted(cdf, target, right=True)  # the first id whose cdf passes the target
     return order.gather(1, i)[:, 0]
 
@@ -382,6 +398,7 @@ def launch_rows(
 
         def logprobs_at(ids: torch.Tensor) -> torch.Tensor:
             return logprobs.gather(1, ids)
+
     order = None
     if drawn or top_n:
         order = torch.sort(x, dim=1, descending=True, stable=True).indices
@@ -389,13 +406,13 @@ def launch_rows(
         for i in drawn:
             if rows[i][0].seed is None:
                 raise ValueError(
-                    "sampling with temperature > 0 needs a seed: use params.with_seed()")
+                    "sampling with temperature > 0 needs a seed: use params.with_seed()"
+                )
         at = torch.tensor(drawn, device=x.device)
         assert order is not None  # sorted above for the draws
         picked = _draw_rows(x[at], order[at], [rows[i][:2] for i in drawn])
         tokens = tokens.index_copy(0, at, picked)
-    parts = [tokens[:, None].to(torch.float64),
-             logprobs_at(tokens[:, None]).to(torch.float64)]
+    parts = [tokens[:, None].to(torch.float64), logprobs_at(tokens[:, None]).to(torch.float64)]
     if top_n:
         assert order is not None
         ids = order[:, :top_n]
@@ -403,8 +420,12 @@ def launch_rows(
     return _pending(tokens, torch.cat(parts, 1), rows, top_n)
 
 
-def _pending(tokens: torch.Tensor, both: torch.Tensor,
-             rows: Sequence[tuple[SamplingParams, int, RowHistory]], top_n: int) -> PendingRows:
+def _pending(
+    tokens: torch.Tensor,
+    both: torch.Tensor,
+    rows: Sequence[tuple[SamplingParams, int, RowHistory]],
+    top_n: int,
+) -> PendingRows:
     """both [B, 2 + 2 * top_n] float64 on the logits' device, queued for the host."""
     done = None
     if both.is_cuda:  # into pinned memory, not waited for here
@@ -414,8 +435,7 @@ def _pending(tokens: torch.Tensor, both: torch.Tensor,
         done.record()
     else:
         host = both
-    return PendingRows(tokens, host, done, [min(p.top_logprobs, top_n) for p, _, _ in rows],
-                       top_n)
+    return PendingRows(tokens, host, done, [min(p.top_logprobs, top_n) for p, _, _ in rows], top_n)
 
 
 def read_rows(pending: PendingRows) -> list[SampleResult]:

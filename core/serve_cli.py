@@ -31,23 +31,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
-    parser.add_argument("--api-key", metavar="KEY",
-                        help="require Authorization: Bearer KEY on /v1/ routes (TF_API_KEY)")
-    parser.add_argument("--api-key-file", metavar="PATH",
-                        help="as --api-key, the key being the file's first line")
-    parser.add_argument("--allowed-origins", metavar="ORIGINS",
-                        help="origins whose web pages may call the server (CORS): a comma "
-                        "list such as https://app.example.com, or * (TF_ALLOWED_ORIGINS; "
-                        "default: none)")
-    parser.add_argument("--served-model-name", metavar="NAME",
-                        help="the model's name in the API (default: --model, or FAMILY-demo)")
-    parser.add_argument("--max-waiting", type=int, default=1024, metavar="N",
-                        help="requests that may wait for a lane before new ones get 503")
-    parser.add_argument("--max-body-mib", type=float, metavar="MIB",
-                        help="largest request body accepted, larger ones get 413 "
-                        "(TF_MAX_BODY_MIB, default 8)")
-    parser.add_argument("--shutdown-timeout", type=float, default=60.0, metavar="SECONDS",
-                        help="how long in-flight requests may run on after SIGINT/SIGTERM")
+    parser.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="require Authorization: Bearer KEY on /v1/ routes (TF_API_KEY)",
+    )
+    parser.add_argument(
+        "--api-key-file", metavar="PATH", help="as --api-key, the key being the file's first line"
+    )
+    parser.add_argument(
+        "--allowed-origins",
+        metavar="ORIGINS",
+        help="origins whose web pages may call the server (CORS): a comma "
+        "list such as https://app.example.com, or * (TF_ALLOWED_ORIGINS; "
+        "default: none)",
+    )
+    parser.add_argument(
+        "--served-model-name",
+        metavar="NAME",
+        help="the model's name in the API (default: --model, or FAMILY-demo)",
+    )
+    parser.add_argument(
+        "--max-waiting",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="requests that may wait for a lane before new ones get 503",
+    )
+    parser.add_argument(
+        "--max-body-mib",
+        type=float,
+        metavar="MIB",
+        help="largest request body accepted, larger ones get 413 (TF_MAX_BODY_MIB, default 8)",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long in-flight requests may run on after SIGINT/SIGTERM",
+    )
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -82,8 +105,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         prompts = PromptWorkers(served.tokenizer, settings.prepare_workers)
         prompts.start()
         try:
-            asyncio.run(_serve(served, args, settings, api_key, pick_device(settings), sock,
-                               prompts))
+            asyncio.run(
+                _serve(served, args, settings, api_key, pick_device(settings), sock, prompts)
+            )
         finally:
             prompts.close()  # kills them: a stop never waits on a prompt's work
         for sig in (signal.SIGINT, signal.SIGTERM):  # repeats while the engine winds down
@@ -91,8 +115,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         served.close()
     if served.engine.fatal is not None:  # a tensor-parallel rank was lost: the server stopped
-        print(f"tensorfold: error: {served.engine.fatal}; the server stopped", file=sys.stderr,
-              flush=True)
+        print(
+            f"tensorfold: error: {served.engine.fatal}; the server stopped",
+            file=sys.stderr,
+            flush=True,
+        )
         if served.engine.alive:  # stuck in a collective with the lost rank (NCCL): leave now
             sys.stdout.flush()
             os._exit(1)
@@ -111,14 +138,21 @@ def listen(host: str, port: int) -> socket.socket:
 
     try:
         family, _, _, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
         return socket.create_server(address, family=family, backlog=1024)
     except OSError as exc:
         # create_server's own message repeats the address; a name lookup's errno is its own
-        why = (exc.strerror if isinstance(exc, socket.gaierror) or not exc.errno
-               else os.strerror(exc.errno)) or str(exc)
-        hint = "; is another server there? choose another with --port" if (
-            exc.errno == errno.EADDRINUSE) else ""
+        why = (
+            exc.strerror
+            if isinstance(exc, socket.gaierror) or not exc.errno
+            else os.strerror(exc.errno)
+        ) or str(exc)
+        hint = (
+            "; is another server there? choose another with --port"
+            if (exc.errno == errno.EADDRINUSE)
+            else ""
+        )
         raise CommandError(f"cannot listen on {host}:{port}: {why}{hint}") from None
 
 
@@ -126,9 +160,15 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/v1" if ":" in host else f"http://{host}:{port}/v1"
 
 
-async def _serve(served: Served, args: argparse.Namespace, settings: Settings,
-                 api_key: str | None, device: str, sock: socket.socket,
-                 prompts: PromptWorkers) -> None:
+async def _serve(
+    served: Served,
+    args: argparse.Namespace,
+    settings: Settings,
+    api_key: str | None,
+    device: str,
+    sock: socket.socket,
+    prompts: PromptWorkers,
+) -> None:
     from aiohttp import web
 
     from tensorfold.api_key import exposure_warning
@@ -139,28 +179,35 @@ async def _serve(served: Served, args: argparse.Namespace, settings: Settings,
     from tensorfold.shutdown import RUNNER_GRACE_S, drain
 
     log = get_logger("tensorfold.serve")
-    limits = Limits(max_body=int(settings.max_body_mib * MIB),
-                    read_timeout_s=settings.read_timeout_s,
-                    max_messages=settings.max_messages,
-                    prepare_timeout_s=settings.prepare_timeout_s, prompts=prompts)
-    caps = ConnectionCaps(total=settings.max_connections,
-                          per_client=settings.max_client_connections,
-                          first_byte_s=settings.first_byte_timeout_s)
-    app = create_app(served, device=device, api_key=api_key, limits=limits,
-                     allowed_origins=args.origins)
+    limits = Limits(
+        max_body=int(settings.max_body_mib * MIB),
+        read_timeout_s=settings.read_timeout_s,
+        max_messages=settings.max_messages,
+        prepare_timeout_s=settings.prepare_timeout_s,
+        prompts=prompts,
+    )
+    caps = ConnectionCaps(
+        total=settings.max_connections,
+        per_client=settings.max_client_connections,
+        first_byte_s=settings.first_byte_timeout_s,
+    )
+    app = create_app(
+        served, device=device, api_key=api_key, limits=limits, allowed_origins=args.origins
+    )
     state = app[STATE]
     # Draining is drain()'s, bounded by --shutdown-timeout; the runner then waits only briefly.
     connection_args = handler_args(limits)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=RUNNER_GRACE_S,
-                           **connection_args)
+    runner = web.AppRunner(
+        app, handler_cancellation=True, shutdown_timeout=RUNNER_GRACE_S, **connection_args
+    )
     await runner.setup()
-    listening = await serve_on(runner, sock, caps, connection_args,
-                               state.metrics.errors.labels("503").inc)
+    listening = await serve_on(
+        runner, sock, caps, connection_args, state.metrics.errors.labels("503").inc
+    )
     host, port = listening.sockets[0].getsockname()[:2]
     # The start lines, once, on stdout (not as log lines too).
     print(served.plan.startup_line(), flush=True)
-    print(f"serving {served.model_name} ({served.family_note}) at {_url(host, port)}",
-          flush=True)
+    print(f"serving {served.model_name} ({served.family_note}) at {_url(host, port)}", flush=True)
     if (warning := exposure_warning(args.host, api_key)) is not None:
         log.warning(warning)
     signals = asyncio.Queue[int]()

@@ -40,8 +40,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def json_response(
     body: Any, status: int = 200, headers: dict[str, str] | None = None
 ) -> web.Response:
-    return web.Response(body=dumps(body), status=status, headers=headers,
-                        content_type="application/json")
+    return web.Response(
+        body=dumps(body), status=status, headers=headers, content_type="application/json"
+    )
 
 
 class Mailbox:
@@ -107,8 +108,13 @@ class State:
 STATE: web.AppKey[State] = web.AppKey("state", State)
 
 
-def _error(status: int, message: str, param: str | None = None, code: str | None = None,
-           headers: dict[str, str] | None = None) -> web.Response:
+def _error(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
     return json_response(error_body(status, message, param, code), status, headers)
 
 
@@ -125,8 +131,11 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             raise
         state.metrics.errors.labels(str(exc.status)).inc()
         headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
-        message = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else (
-            f"{exc.reason}: {request.method} {request.path}")
+        message = (
+            exc.text
+            if exc.text and not exc.text.startswith(f"{exc.status}:")
+            else (f"{exc.reason}: {request.method} {request.path}")
+        )
         return _error(exc.status, message, headers=headers)
     except asyncio.CancelledError:
         raise
@@ -142,11 +151,16 @@ async def gate_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if request.path.startswith("/v1/"):
         if state.api_key is not None:
             if not bearer_matches(request.headers.get("Authorization", ""), state.api_key):
-                raise ApiError(401, "a valid API key is needed: Authorization: Bearer KEY",
-                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                raise ApiError(
+                    401,
+                    "a valid API key is needed: Authorization: Bearer KEY",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
         if state.draining and request.method == "POST":
-            raise ApiError(503, "the server is shutting down",
-                           headers={"Retry-After": RETRY_AFTER_S})
+            raise ApiError(
+                503, "the server is shutting down", headers={"Retry-After": RETRY_AFTER_S}
+            )
     return await handler(request)
 
 
@@ -184,21 +198,26 @@ async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.S
         else:  # the rest of the choice's tokens (one its grammar refused is never sent)
             state.metrics.generation_tokens.inc(max(0, event.completion_tokens - sampled[i]))
             if i == 0:  # the request and its prompt, once
-                state.metrics.finished(parsed.kind, event.reason, event.prompt_tokens,
-                                       event.cached_tokens)
+                state.metrics.finished(
+                    parsed.kind, event.reason, event.prompt_tokens, event.cached_tokens
+                )
         mailbox.put(events, (i, event))
 
     try:
         reqs = state.engine.submit_n(
-            parsed.prompt_ids, choice_params(parsed.params, parsed.n),
-            [functools.partial(sink, i) for i in range(parsed.n)], marks=parsed.marks)
+            parsed.prompt_ids,
+            choice_params(parsed.params, parsed.n),
+            [functools.partial(sink, i) for i in range(parsed.n)],
+            marks=parsed.marks,
+        )
     except RequestRefused as exc:
         param = parsed.max_tokens_param if exc.param == "max_tokens" else exc.param
         code = "context_length_exceeded" if exc.param == "max_tokens" else None
         raise ApiError(400, str(exc), param=param, code=code) from None
     except QueueFull as exc:
-        raise ApiError(503, f"the server is busy: {exc}",
-                       headers={"Retry-After": RETRY_AFTER_S}) from None
+        raise ApiError(
+            503, f"the server is busy: {exc}", headers={"Retry-After": RETRY_AFTER_S}
+        ) from None
     reply = Choices(parsed, state.served.model_name, reqs[0].params.seed, state.texts, parsed.n)
     state.inflight += 1
     for req in reqs:
@@ -227,10 +246,12 @@ async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.S
             state.idle.set()
 
 
-async def _stream(request: web.Request, reply: Choices,
-                  events: asyncio.Queue[tuple[int, Event]], timing: _Timing) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                       "Cache-Control": "no-cache"})
+async def _stream(
+    request: web.Request, reply: Choices, events: asyncio.Queue[tuple[int, Event]], timing: _Timing
+) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
     await resp.prepare(request)
     try:
         await _events_to_stream(resp, reply, events, timing)
@@ -246,8 +267,12 @@ async def _stream(request: web.Request, reply: Choices,
     return resp
 
 
-async def _events_to_stream(resp: web.StreamResponse, replies: Choices,
-                            events: asyncio.Queue[tuple[int, Event]], timing: _Timing) -> None:
+async def _events_to_stream(
+    resp: web.StreamResponse,
+    replies: Choices,
+    events: asyncio.Queue[tuple[int, Event]],
+    timing: _Timing,
+) -> None:
     if replies.chat:
         await resp.write(b"".join(sse(r.chunk("", [], 0, first=True)) for r in replies.replies))
     sent = [0] * len(replies.replies)  # characters already sent, for completions' text_offset
@@ -287,8 +312,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 def _model_card(state: State) -> dict[str, Any]:
-    return {"id": state.served.model_name, "object": "model", "created": 0,
-            "owned_by": "tensorfold", "max_model_len": state.served.window}
+    return {
+        "id": state.served.model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "tensorfold",
+        "max_model_len": state.served.window,
+    }
 
 
 async def models(request: web.Request) -> web.Response:
@@ -298,8 +328,12 @@ async def models(request: web.Request) -> web.Response:
 async def model(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if request.match_info["name"] != state.served.model_name:
-        raise ApiError(404, f"the model {request.match_info['name']!r} does not exist",
-                       param="model", code="model_not_found")
+        raise ApiError(
+            404,
+            f"the model {request.match_info['name']!r} does not exist",
+            param="model",
+            code="model_not_found",
+        )
     return json_response(_model_card(state))
 
 
@@ -318,12 +352,17 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def create_app(
-    served: Served, *, device: str = "cpu", api_key: str | None = None,
-    limits: Limits | None = None, allowed_origins: Sequence[str] = (),
+    served: Served,
+    *,
+    device: str = "cpu",
+    api_key: str | None = None,
+    limits: Limits | None = None,
+    allowed_origins: Sequence[str] = (),
 ) -> web.Application:
     limits = limits or Limits()
-    app = web.Application(middlewares=[errors_middleware, gate_middleware],
-                          client_max_size=limits.max_body)
+    app = web.Application(
+        middlewares=[errors_middleware, gate_middleware], client_max_size=limits.max_body
+    )
     cors.install(app, allowed_origins)  # its preflight answers before the key check
     app[STATE] = State(served, device, api_key)
     app[LIMITS] = limits

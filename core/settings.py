@@ -430,9 +430,21 @@ def _explain(exc: ValidationError, flags: Iterable[str] = ()) -> str:
 
 # Other tools' TF_* variables (Terraform's, TensorFlow's): not ours, so not worth a warning.
 FOREIGN_PREFIXES = (
-    "TF_CLI_", "TF_VAR_", "TF_LOG", "TF_DATA_DIR", "TF_IN_AUTOMATION", "TF_INPUT",
-    "TF_WORKSPACE", "TF_PLUGIN_CACHE_DIR", "TF_REGISTRY_", "TF_CPP_", "TF_ENABLE_", "TF_FORCE_",
-    "TF_GPU_", "TF_XLA_", "TF_NUM_",
+    "TF_CLI_",
+    "TF_VAR_",
+    "TF_LOG",
+    "TF_DATA_DIR",
+    "TF_IN_AUTOMATION",
+    "TF_INPUT",
+    "TF_WORKSPACE",
+    "TF_PLUGIN_CACHE_DIR",
+    "TF_REGISTRY_",
+    "TF_CPP_",
+    "TF_ENABLE_",
+    "TF_FORCE_",
+    "TF_GPU_",
+    "TF_XLA_",
+    "TF_NUM_",
 )
 
 

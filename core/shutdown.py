@@ -30,8 +30,11 @@ log = get_logger("tensorfold.serve")
 
 async def drain(state: State, signals: asyncio.Queue[int], timeout: float) -> None:
     """Called once the first signal came and state.draining is set."""
-    log.info("shutting down: no new requests; waiting for those in flight (a second signal "
-             "aborts them)", inflight=state.inflight, timeout_s=timeout)
+    log.info(
+        "shutting down: no new requests; waiting for those in flight (a second signal aborts them)",
+        inflight=state.inflight,
+        timeout_s=timeout,
+    )
     idle = asyncio.ensure_future(state.idle.wait())
     again = asyncio.ensure_future(signals.get())
     try:

@@ -128,8 +128,9 @@ def plan_memory(
     try:
         the_plan = _plan(settings, shape, rooms[short])
     except PlanRefused as e:
-        raise PlanRefused(f"rank {short} of --tp {group.world} is short: {e}", need=e.need,
-                          have=e.have) from None
+        raise PlanRefused(
+            f"rank {short} of --tp {group.world} is short: {e}", need=e.need, have=e.have
+        ) from None
     return dataclasses.replace(the_plan, ranks=group.world)
 
 
@@ -159,9 +160,7 @@ def _room(settings: Settings, shape: ModelShape, device: str, weights: int) -> i
         )
     else:
         limit = settings.memory_limit_gib or CPU_ROOM_GIB
-        room = memory_budget(
-            device_free=None, weights=0, reserve=0, activations=0, limit_gib=limit
-        )
+        room = memory_budget(device_free=None, weights=0, reserve=0, activations=0, limit_gib=limit)
     return room
 
 
@@ -193,8 +192,11 @@ def open_arena(settings: Settings, the_plan: Plan, layout, device: str, arena_cl
     n = the_plan.states
     wanted = MIN_STATES_A_LANE * the_plan.lanes
     if n < wanted:
-        said = (f"TF_KV_SHARE={settings.kv_share}" if settings.kv_share is not None else
-                f"the prompt cache ({fmt_bytes(the_plan.cache_bytes + the_plan.snapshot_bytes)})")
+        said = (
+            f"TF_KV_SHARE={settings.kv_share}"
+            if settings.kv_share is not None
+            else f"the prompt cache ({fmt_bytes(the_plan.cache_bytes + the_plan.snapshot_bytes)})"
+        )
         log.warning(
             f"{said} keeps {n} states, fewer than {MIN_STATES_A_LANE} a lane; TF_KV_SHARE="
             f"{wanted} (with a --prompt-cache-gib that funds it) would give {MIN_STATES_A_LANE}"
@@ -214,8 +216,15 @@ def open_sharing(the_plan: Plan, runner, hooks, arena, capacity: int, layout, ho
         f"snapshots), {cache_pages} pages of prompts"
     )
     return PromptSharing(
-        pool=runner.pool, runner=runner, arena=arena, hooks=hooks, max_states=capacity,
-        cache_pages=cache_pages, mark_rows=layout.mark_rows, grid=the_plan.pass_rows, host=host,
+        pool=runner.pool,
+        runner=runner,
+        arena=arena,
+        hooks=hooks,
+        max_states=capacity,
+        cache_pages=cache_pages,
+        mark_rows=layout.mark_rows,
+        grid=the_plan.pass_rows,
+        host=host,
     )
 
 
@@ -232,13 +241,18 @@ def open_host_tier(settings: Settings, the_plan: Plan, runner, arena, layout):
     slots = auto_states(budget, fixed_bytes=fixed, page_bytes=page_bytes, lanes=the_plan.lanes)
     pages = (budget - slots * fixed) // page_bytes if page_bytes else 0
     if budget <= 0 or pages < 1 or (fixed and slots < 1):
-        log.info("prompt store host tier off" + (f" ({fmt_bytes(budget)} funds no state)"
-                                                 if budget > 0 else ""))
+        log.info(
+            "prompt store host tier off"
+            + (f" ({fmt_bytes(budget)} funds no state)" if budget > 0 else "")
+        )
         return None
-    tier = HostTier(runner.rows, arena, pages, slots, str(runner.model.device),
-                    poison=settings.kv_poison)
-    log.info(f"prompt store host tier: {fmt_bytes(tier.bytes)} of host memory, {pages} pages "
-             f"and {tier.num_slots} snapshot slots")
+    tier = HostTier(
+        runner.rows, arena, pages, slots, str(runner.model.device), poison=settings.kv_poison
+    )
+    log.info(
+        f"prompt store host tier: {fmt_bytes(tier.bytes)} of host memory, {pages} pages "
+        f"and {tier.num_slots} snapshot slots"
+    )
     return tier
 
 
@@ -263,8 +277,10 @@ def open_rank(
     if group is not None:
         shards = hooks.hook.shard_plan(config=ckpt.config, dtype=dtype, world=group.world)
         if shards is None:
-            raise FamilyError(f"family {spec.name!r} ({spec.distribution}) declares no tensor "
-                              f"parallel (no shard_plan hook answers); drop --tp")
+            raise FamilyError(
+                f"family {spec.name!r} ({spec.distribution}) declares no tensor "
+                f"parallel (no shard_plan hook answers); drop --tp"
+            )
         ckpt.set_shard(Shard(group.rank, group.world, shards))
         layout = shards.layout
 
@@ -282,11 +298,14 @@ def open_rank(
         model_obj = load()
     else:
         model_obj = load()
-        the_plan = plan_memory(settings, ModelShape(model_obj.layout, model_obj.max_positions),
-                               device, 0, group)
+        the_plan = plan_memory(
+            settings, ModelShape(model_obj.layout, model_obj.max_positions), device, 0, group
+        )
     if layout is not None and model_obj.layout != layout:
-        raise FamilyError(f"family {spec.name!r}: the loaded shard's state layout differs from "
-                          "the one its shard_plan declared")
+        raise FamilyError(
+            f"family {spec.name!r}: the loaded shard's state layout differs from "
+            "the one its shard_plan declared"
+        )
     cache_pages = the_plan.cache_bytes // the_plan.page_bytes if the_plan.page_bytes else 0
     # On CUDA, decode rounds replay a CUDA graph per lane-count bucket (its scratch page and
     # slot are counted in the plan by plan_memory).
@@ -313,8 +332,9 @@ def open_rank(
     )
     arena, capacity = None, 0
     if the_plan.store_on:
-        arena, capacity = open_arena(settings, the_plan, runner.layout,
-                                     str(model_obj.device), arena_cls)
+        arena, capacity = open_arena(
+            settings, the_plan, runner.layout, str(model_obj.device), arena_cls
+        )
     return Rank(ckpt, the_plan, runner, hooks.hook, arena, capacity)
 
 
@@ -348,10 +368,14 @@ def open_served(
         if rank.arena is not None:
             # Under tensor parallel each rank's state is its shard: the host tier, which copies
             # one runner's pages, is for one rank only.
-            host = None if team is not None else open_host_tier(
-                settings, rank.plan, rank.runner, rank.arena, layout)
-            sharing = open_sharing(rank.plan, runner, rank.hooks, rank.arena, rank.capacity,
-                                   layout, host)
+            host = (
+                None
+                if team is not None
+                else open_host_tier(settings, rank.plan, rank.runner, rank.arena, layout)
+            )
+            sharing = open_sharing(
+                rank.plan, runner, rank.hooks, rank.arena, rank.capacity, layout, host
+            )
         tokenizer = Tokenizer.from_checkpoint(rank.checkpoint)
         lanes = Lanes(
             runner,
@@ -379,17 +403,32 @@ def open_served(
         raise
     name = model if model is not None else f"{spec.name}-demo"
     tool_format = rank.hooks.tool_call_format(config=rank.checkpoint.config)
-    return Served(spec, rank.checkpoint, tokenizer, rank.plan, engine, str(name),
-                  rank.plan.window, team, tool_format,
-                  family_note(spec, asked, pm), plan_asked(settings),
-                  content_specials=settings.special_tokens_in_content)
+    return Served(
+        spec,
+        rank.checkpoint,
+        tokenizer,
+        rank.plan,
+        engine,
+        str(name),
+        rank.plan.window,
+        team,
+        tool_format,
+        family_note(spec, asked, pm),
+        plan_asked(settings),
+        content_specials=settings.special_tokens_in_content,
+    )
 
 
 def plan_asked(settings: Settings) -> dict[str, Any]:
     """What the memory plan was asked for (None: the default), to show beside what it gave."""
-    return {"parallel": settings.parallel, "context": settings.context,
-            "prompt_cache_gib": settings.prompt_cache_gib, "kv_pages": settings.paging,
-            "kv_share": settings.kv_share, "memory_limit_gib": settings.memory_limit_gib}
+    return {
+        "parallel": settings.parallel,
+        "context": settings.context,
+        "prompt_cache_gib": settings.prompt_cache_gib,
+        "kv_pages": settings.paging,
+        "kv_share": settings.kv_share,
+        "memory_limit_gib": settings.memory_limit_gib,
+    }
 
 
 def family_note(spec: FamilySpec, asked: str | None, pm: Any) -> str:
@@ -400,8 +439,10 @@ def family_note(spec: FamilySpec, asked: str | None, pm: Any) -> str:
     others = [name for name in families(pm) if name != spec.name]
     if not others:
         return f"family {spec.name}"
-    return (f"family {spec.name}, the default (also installed: {', '.join(others)}; "
-            "--family or TF_FAMILY picks one)")
+    return (
+        f"family {spec.name}, the default (also installed: {', '.join(others)}; "
+        "--family or TF_FAMILY picks one)"
+    )
 
 
 def parallel_launch(settings: Settings):
@@ -410,12 +451,15 @@ def parallel_launch(settings: Settings):
     env = torchrun_env()
     if env is not None and env.world > 1:
         if settings.tp not in (1, env.world):
-            raise SettingsError(f"--tp {settings.tp} disagrees with torchrun's WORLD_SIZE="
-                                f"{env.world}; drop --tp under torchrun")
+            raise SettingsError(
+                f"--tp {settings.tp} disagrees with torchrun's WORLD_SIZE="
+                f"{env.world}; drop --tp under torchrun"
+            )
         from .tensor_parallel import Launch
 
-        return Launch(env.rank, env.world, env.local_rank, env.master_addr, env.master_port,
-                      spawned=False)
+        return Launch(
+            env.rank, env.world, env.local_rank, env.master_addr, env.master_port, spawned=False
+        )
     if settings.tp == 1:
         return None
     from .tensor_parallel import Launch

@@ -87,14 +87,16 @@ class StatusFeed:
         self.seq += 1
         counters = state.metrics.totals()
         counters.update(summary.pop("engine"))
-        point = {"t": now, "pool": {k: summary["pool"][k]
-                                    for k in ("free", "promised", "live", "store")},
-                 "host": summary["pool"]["host"], "counters": counters}
+        point = {
+            "t": now,
+            "pool": {k: summary["pool"][k] for k in ("free", "promised", "live", "store")},
+            "host": summary["pool"]["host"],
+            "counters": counters,
+        }
         self.history.append(point)
         while self.history and self.history[0]["t"] < now - HISTORY_S:
             self.history.popleft()
-        summary.update(seq=self.seq, t=now, point=point, counters=counters,
-                       inflight=state.inflight)
+        summary.update(seq=self.seq, t=now, point=point, counters=counters, inflight=state.inflight)
         return json.dumps(summary).encode()
 
 

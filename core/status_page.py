@@ -41,11 +41,16 @@ def install(app: web.Application, state: State) -> None:
         if by_query:  # keep the key in a cookie, not in the address bar and the history
             rest = {k: v for k, v in request.query.items() if k != "key"}
             resp = web.HTTPSeeOther(request.rel_url.with_query(rest))
-            resp.set_cookie(COOKIE, request.query["key"], path="/status", httponly=True,
-                            samesite="Strict")
+            resp.set_cookie(
+                COOKIE, request.query["key"], path="/status", httponly=True, samesite="Strict"
+            )
             raise resp
-        return web.Response(body=page, content_type="text/html", charset="utf-8",
-                            headers={"Cache-Control": "no-store"})
+        return web.Response(
+            body=page,
+            content_type="text/html",
+            charset="utf-8",
+            headers={"Cache-Control": "no-store"},
+        )
 
     async def static(request: web.Request) -> web.StreamResponse:
         _allowed(request)
@@ -63,13 +68,16 @@ async def events(request: web.Request) -> web.StreamResponse:
     INTERVAL_S while the page is open."""
     _allowed(request)
     feed = request.app[FEED]
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                       "Cache-Control": "no-cache"})
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
     await resp.prepare(request)
     queue = feed.subscribe()
     try:
-        await resp.write(_sse(json.dumps(_hello(feed.state)).encode(), "hello")
-                         + _sse(feed.history_message(), "history"))
+        await resp.write(
+            _sse(json.dumps(_hello(feed.state)).encode(), "hello")
+            + _sse(feed.history_message(), "history")
+        )
         while (message := await queue.get()) is not None:
             await resp.write(_sse(message))
     except ConnectionResetError:  # the page was closed
@@ -87,21 +95,27 @@ def _allowed(request: web.Request) -> bool:
         return False
     if key_matches(request.query.get("key"), key):
         return True
-    if (bearer_matches(request.headers.get("Authorization", ""), key)
-            or key_matches(request.cookies.get(COOKIE), key)):
+    if bearer_matches(request.headers.get("Authorization", ""), key) or key_matches(
+        request.cookies.get(COOKIE), key
+    ):
         return False
-    raise ApiError(401, "a valid API key is needed: open /status?key=KEY, or send "
-                   "Authorization: Bearer KEY", code="invalid_api_key",
-                   headers={"WWW-Authenticate": "Bearer"})
+    raise ApiError(
+        401,
+        "a valid API key is needed: open /status?key=KEY, or send Authorization: Bearer KEY",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 def _hello(state: State) -> dict[str, Any]:
     served = state.served
     return {
-        "model": served.model_name, "family": served.family_note,
+        "model": served.model_name,
+        "family": served.family_note,
         "plan": {**dataclasses.asdict(served.plan), "line": served.plan.startup_line()},
         "asked": served.asked,
-        "window": served.window, "interval_s": INTERVAL_S,
+        "window": served.window,
+        "interval_s": INTERVAL_S,
     }
 
 

@@ -25,11 +25,18 @@ def take_summary(lanes: Lanes, inbox: int = 0) -> dict[str, Any]:
     runner = lanes.runner
     return {
         "pool": {
-            "free": census.free, "promised": census.promised, "live": census.live,
-            "shared": census.shared, "store": census.store, "total": census.total,
-            "host": None if census.host is None else dict(zip(("free", "store", "total"),
-                                                                census.host)),
-            "idle": lanes.idle, "even": census.idle_even, "census": census.line(),
+            "free": census.free,
+            "promised": census.promised,
+            "live": census.live,
+            "shared": census.shared,
+            "store": census.store,
+            "total": census.total,
+            "host": None
+            if census.host is None
+            else dict(zip(("free", "store", "total"), census.host)),
+            "idle": lanes.idle,
+            "even": census.idle_even,
+            "census": census.line(),
         },
         "lanes": {
             "total": lanes.num_lanes,
@@ -43,8 +50,10 @@ def take_summary(lanes: Lanes, inbox: int = 0) -> dict[str, Any]:
         },
         "store": _store(lanes, now),
         "engine": {
-            "passes": lanes.passes, "rows_cached": lanes.rows_cached,
-            "rows_computed": lanes.rows_computed, "tokens_out": lanes.tokens_out,
+            "passes": lanes.passes,
+            "rows_cached": lanes.rows_cached,
+            "rows_computed": lanes.rows_computed,
+            "tokens_out": lanes.tokens_out,
             "uneven": lanes.uneven,
             "graph_replays": getattr(runner, "replays", 0),
         },
@@ -54,10 +63,17 @@ def take_summary(lanes: Lanes, inbox: int = 0) -> dict[str, Any]:
 def _stream(s: Live, pass_rows: int, now: float) -> dict[str, Any]:
     prompt = len(s.req.prompt)
     out: dict[str, Any] = {
-        "id": s.req.id, "slot": s.slot, "prompt": prompt, "cached": s.cached, "pos": s.pos,
-        "generated": len(s.generated), "max_tokens": s.req.params.max_tokens,
-        "pages": len(s.lease.pages), "promised": s.lease.promised,
-        "age_s": round(now - s.req.arrival, 3), "choices": 1 + len(s.forks),
+        "id": s.req.id,
+        "slot": s.slot,
+        "prompt": prompt,
+        "cached": s.cached,
+        "pos": s.pos,
+        "generated": len(s.generated),
+        "max_tokens": s.req.params.max_tokens,
+        "pages": len(s.lease.pages),
+        "promised": s.lease.promised,
+        "age_s": round(now - s.req.arrival, 3),
+        "choices": 1 + len(s.forks),
     }
     if s.prefilling:
         first = s.cached // pass_rows  # passes are cut on the absolute grid
@@ -70,8 +86,13 @@ def _stream(s: Live, pass_rows: int, now: float) -> dict[str, Any]:
 
 
 def _waiting(r: Request, now: float) -> dict[str, Any]:
-    return {"id": r.id, "prompt": len(r.prompt), "max_tokens": r.params.max_tokens,
-            "age_s": round(now - r.arrival, 3), "choices": 1 + len(r.forks)}
+    return {
+        "id": r.id,
+        "prompt": len(r.prompt),
+        "max_tokens": r.params.max_tokens,
+        "age_s": round(now - r.arrival, 3),
+        "choices": 1 + len(r.forks),
+    }
 
 
 def _store(lanes: Lanes, now: float) -> dict[str, Any] | None:
@@ -81,11 +102,15 @@ def _store(lanes: Lanes, now: float) -> dict[str, Any] | None:
     budget = {"left": MAX_NODES, "left_out": 0}
     trees = [_node(root, now, budget) for root in sharing.store.roots()]
     return {
-        "states": len(sharing.store), "on_device": sharing.device_states,
+        "states": len(sharing.store),
+        "on_device": sharing.device_states,
         "max_states": sharing.max_states,
-        "pages": lanes.pool.store_pages, "max_pages": sharing.cache_pages,
-        "evictions": sharing.evictions, "on_host": sharing.on_host,
-        "host_hits": sharing.host_hits, "host_evictions": sharing.host_evictions,
+        "pages": lanes.pool.store_pages,
+        "max_pages": sharing.cache_pages,
+        "evictions": sharing.evictions,
+        "on_host": sharing.on_host,
+        "host_hits": sharing.host_hits,
+        "host_evictions": sharing.host_evictions,
         "tree": [t for t in trees if t is not None],
         "nodes_left_out": budget["left_out"],
     }
@@ -104,7 +129,8 @@ def _node(node: Node, now: float, budget: dict[str, int]) -> dict[str, Any] | No
         out["kept"] = {
             "pages": len(kept.pages) if kept.host is None else len(kept.host.pages),
             "snapshot": kept.snapshot is not None or kept.host is not None,
-            "hits": kept.hits, "host": kept.host is not None,
+            "hits": kept.hits,
+            "host": kept.host is not None,
             "idle_s": round(now - kept.used_at, 3),
         }
     children = [_node(c, now, budget) for c in list(node.children.values())]

@@ -41,12 +41,19 @@ if TYPE_CHECKING:
     from .tool_request import ToolRequest
 
 # compact JSON: a model cannot wander off into whitespace; escapes that JSON and Python read alike
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False,
-                                "json_allowed_escapes": 'nrbtf\\"u'}
-FIELDS = ("response_format", "guided_json", "guided_regex", "guided_grammar", "guided_choice",
-          "structured_outputs")
-_FORMAT_SHAPE = ('{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
-                 '"json_schema": {"name": ..., "schema": {...}, "strict": true}}')
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "json_allowed_escapes": 'nrbtf\\"u'}
+FIELDS = (
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_grammar",
+    "guided_choice",
+    "structured_outputs",
+)
+_FORMAT_SHAPE = (
+    '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+    '"json_schema": {"name": ..., "schema": {...}, "strict": true}}'
+)
 _OUTPUTS_KEYS = ("json", "json_object", "regex", "grammar", "choice")
 PROBE_TOKENS = 4  # tokens walked at compile time, past the first mask
 STOPPED = "structured output stopped"  # how a row's grammar failure mid-generation begins
@@ -78,14 +85,21 @@ class GrammarBudget:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GrammarBudget:
-        return cls(settings.grammar_lexer_fuel, settings.grammar_step_fuel,
-                   settings.grammar_step_items, settings.grammar_max_size)
+        return cls(
+            settings.grammar_lexer_fuel,
+            settings.grammar_step_fuel,
+            settings.grammar_step_items,
+            settings.grammar_max_size,
+        )
 
     def limits(self) -> Any:
         return _llg().LLParserLimits(
-            initial_lexer_fuel=self.lexer_fuel, step_lexer_fuel=self.step_fuel,
-            step_max_items=self.step_items, max_grammar_size=self.max_size,
-            verbose_errors=False)
+            initial_lexer_fuel=self.lexer_fuel,
+            step_lexer_fuel=self.step_fuel,
+            step_max_items=self.step_items,
+            max_grammar_size=self.max_size,
+            verbose_errors=False,
+        )
 
 
 @functools.cache
@@ -113,8 +127,7 @@ def ll_tokenizer(tok: Tokenizer) -> Any:
     its EOS tokens the ones that end a stream."""
     if (found := _TOKENIZERS.get(tok)) is None:
         eos = sorted(tok.eos_token_ids)
-        found = _llg().LLTokenizer(tok.hf.to_str(), n_vocab=tok.vocab_size,
-                                   eos_token=eos or None)
+        found = _llg().LLTokenizer(tok.hf.to_str(), n_vocab=tok.vocab_size, eos_token=eos or None)
         _TOKENIZERS[tok] = found
     return found
 
@@ -137,9 +150,11 @@ class Constraint:
 
     def stopped(self, error: str, generated: int) -> str:
         """The message a row ends with when this grammar fails mid-generation."""
-        return (f"{STOPPED}: {self.param or self.kind}: the grammar failed after {generated} "
-                f"tokens ({llg_message(error)}); simplify it (less nesting or recursion) or "
-                "raise its budget (TF_GRAMMAR_STEP_FUEL, TF_GRAMMAR_STEP_ITEMS)")
+        return (
+            f"{STOPPED}: {self.param or self.kind}: the grammar failed after {generated} "
+            f"tokens ({llg_message(error)}); simplify it (less nesting or recursion) or "
+            "raise its budget (TF_GRAMMAR_STEP_FUEL, TF_GRAMMAR_STEP_ITEMS)"
+        )
 
 
 class RowMatcher:
@@ -147,9 +162,11 @@ class RowMatcher:
     Dropped (and its memory freed) when the row's stream ends."""
 
     def __init__(self, tokenizer: Any, grammar: str, warmed: Any = None) -> None:
-        self.matcher = (warmed.deep_copy() if warmed is not None
-                        else _llg().LLMatcher(tokenizer, grammar, log_level=0,
-                                              limits=default_budget().limits()))
+        self.matcher = (
+            warmed.deep_copy()
+            if warmed is not None
+            else _llg().LLMatcher(tokenizer, grammar, log_level=0, limits=default_budget().limits())
+        )
         self.vocab = tokenizer.vocab_size
 
     def accept(self, token: int) -> str | None:
@@ -186,8 +203,10 @@ def accept_rows(rows: list[tuple[RowMatcher, int]]) -> list[str | None]:
     if not rows:
         return []
     ok = _executor().consume_token_par([(m.matcher, token) for m, token in rows])
-    return [None if fine else (m.matcher.get_error() or f"token {token} refused")
-            for (m, token), fine in zip(rows, ok)]
+    return [
+        None if fine else (m.matcher.get_error() or f"token {token} refused")
+        for (m, token), fine in zip(rows, ok)
+    ]
 
 
 def mask_rows(logits: torch.Tensor, rows: list[tuple[int, RowMatcher]]) -> None:
@@ -201,8 +220,12 @@ def mask_rows(logits: torch.Tensor, rows: list[tuple[int, RowMatcher]]) -> None:
     words_per_row = (known + 31) // 32
     cuda = logits.device.type == "cuda"
     words = torch.empty(len(rows), words_per_row, dtype=torch.int32, pin_memory=cuda)
-    _executor().unsafe_compute_mask_ptr([(m.matcher, j) for j, (_, m) in enumerate(rows)],
-                                      words.data_ptr(), words_per_row * 4, len(rows))
+    _executor().unsafe_compute_mask_ptr(
+        [(m.matcher, j) for j, (_, m) in enumerate(rows)],
+        words.data_ptr(),
+        words_per_row * 4,
+        len(rows),
+    )
     allowed = _unpack(words.to(logits.device, non_blocking=True), logits.shape[1], known)
     if len(rows) == logits.shape[0] and all(i == j for j, (i, _) in enumerate(rows)):
         logits.masked_fill_(~allowed, float("-inf"))  # every row constrained: one fill
@@ -220,8 +243,9 @@ def _first_allowed(matcher: Any, skip: frozenset[int]) -> int | None:
     return None if at < 0 else at
 
 
-def _validated(kind: str, grammar: str, tok: Tokenizer, param: str,
-               budget: GrammarBudget | None = None) -> Constraint:
+def _validated(
+    kind: str, grammar: str, tok: Tokenizer, param: str, budget: GrammarBudget | None = None
+) -> Constraint:
     """The grammar compiled now, within the budget: checked, its first mask computed and
     PROBE_TOKENS tokens walked on a copy (where llguidance builds the lexer, the expensive part
     of a hostile regex); any failure a StructuredError naming `param`."""
@@ -231,8 +255,7 @@ def _validated(kind: str, grammar: str, tok: Tokenizer, param: str,
     what = kind.replace("_", " ")
     error = llg.LLMatcher.validate_grammar(grammar, lltok, limits=limits)
     if error:
-        raise StructuredError(f"{param}: the {what} does not compile: {llg_message(error)}",
-                              param)
+        raise StructuredError(f"{param}: the {what} does not compile: {llg_message(error)}", param)
     warmed = llg.LLMatcher(lltok, grammar, log_level=0, limits=limits)
     probe, eos = warmed, frozenset(tok.eos_token_ids)
     for step in range(PROBE_TOKENS + 1):
@@ -241,7 +264,8 @@ def _validated(kind: str, grammar: str, tok: Tokenizer, param: str,
             raise StructuredError(
                 f"{param}: the {what} is beyond the grammar engine's budget "
                 f"({llg_message(probe.get_error())}); simplify it (TF_GRAMMAR_* set the budget)",
-                param)
+                param,
+            )
         if token is None or step == PROBE_TOKENS:
             break
         if probe is warmed:
@@ -259,8 +283,9 @@ def _schema_text(schema: Any, param: str) -> dict[str, Any]:
     if isinstance(schema, bool):
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):
-        raise StructuredError(f"{param} must be a JSON schema (an object), got "
-                              f"{json.dumps(schema)[:80]}", param)
+        raise StructuredError(
+            f"{param} must be a JSON schema (an object), got {json.dumps(schema)[:80]}", param
+        )
     return schema
 
 
@@ -269,22 +294,34 @@ def json_schema_grammar(schema: Mapping[str, Any], param: str) -> str:
     try:
         return llg.LLMatcher.grammar_from_json_schema(dict(schema), defaults=JSON_OPTIONS)
     except (ValueError, TypeError) as exc:
-        raise StructuredError(f"{param}: the JSON schema is malformed: {llg_message(str(exc))}",
-                              param) from None
+        raise StructuredError(
+            f"{param}: the JSON schema is malformed: {llg_message(str(exc))}", param
+        ) from None
 
 
-def json_schema(schema: Any, tok: Tokenizer, param: str = "response_format",
-                *, budget: GrammarBudget | None = None) -> Constraint:
-    return _validated("json_schema",
-                      json_schema_grammar(_schema_text(schema, param), param), tok, param, budget)
+def json_schema(
+    schema: Any,
+    tok: Tokenizer,
+    param: str = "response_format",
+    *,
+    budget: GrammarBudget | None = None,
+) -> Constraint:
+    return _validated(
+        "json_schema", json_schema_grammar(_schema_text(schema, param), param), tok, param, budget
+    )
 
 
 def json_object(tok: Tokenizer, param: str = "response_format") -> Constraint:
     return _validated("json_object", json_schema_grammar({"type": "object"}, param), tok, param)
 
 
-def regex(pattern: Any, tok: Tokenizer, param: str = "guided_regex",
-          *, budget: GrammarBudget | None = None) -> Constraint:
+def regex(
+    pattern: Any,
+    tok: Tokenizer,
+    param: str = "guided_regex",
+    *,
+    budget: GrammarBudget | None = None,
+) -> Constraint:
     if not isinstance(pattern, str) or not pattern:
         raise StructuredError(f"{param} must be a non-empty regular expression string", param)
     return _validated("regex", _llg().LLMatcher.grammar_from_regex(pattern), tok, param, budget)
@@ -305,8 +342,11 @@ def grammar(text: Any, tok: Tokenizer, param: str = "guided_grammar") -> Constra
 
 
 def choice(options: Any, tok: Tokenizer, param: str = "guided_choice") -> Constraint:
-    if (not isinstance(options, list) or not options
-            or not all(isinstance(o, str) and o for o in options)):
+    if (
+        not isinstance(options, list)
+        or not options
+        or not all(isinstance(o, str) and o for o in options)
+    ):
         raise StructuredError(f"{param} must be a non-empty array of non-empty strings", param)
     lark = "start: " + " | ".join(json.dumps(o) for o in options)
     return _validated("choice", _llg().LLMatcher.grammar_from_lark(lark), tok, param)
@@ -323,12 +363,18 @@ def response_format(value: Any, tok: Tokenizer) -> Constraint | None:
     if kind == "json_object":
         return json_object(tok)
     if kind != "json_schema":
-        raise StructuredError(f"response_format.type must be \"text\", \"json_object\" or "
-                              f"\"json_schema\", got {json.dumps(kind)[:60]}", param)
+        raise StructuredError(
+            f'response_format.type must be "text", "json_object" or '
+            f'"json_schema", got {json.dumps(kind)[:60]}',
+            param,
+        )
     spec = value.get("json_schema")
     if not isinstance(spec, dict):
-        raise StructuredError(f"response_format.json_schema must be an object; "
-                              f"response_format must be {_FORMAT_SHAPE}", param)
+        raise StructuredError(
+            f"response_format.json_schema must be an object; "
+            f"response_format must be {_FORMAT_SHAPE}",
+            param,
+        )
     name = spec.get("name")
     if name is not None and not isinstance(name, str):
         raise StructuredError("response_format.json_schema.name must be a string", param)
@@ -348,28 +394,37 @@ def _structured_outputs(value: Any, tok: Tokenizer) -> Constraint | None:
     """vLLM's structured_outputs: {"json" | "json_object" | "regex" | "grammar" | "choice"}."""
     param = "structured_outputs"
     if not isinstance(value, dict):
-        raise StructuredError(f"{param} must be an object with one of "
-                              f"{', '.join(_OUTPUTS_KEYS)}", param)
+        raise StructuredError(
+            f"{param} must be an object with one of {', '.join(_OUTPUTS_KEYS)}", param
+        )
     given = [k for k in _OUTPUTS_KEYS if value.get(k) not in (None, False)]
     unknown = sorted(set(value) - set(_OUTPUTS_KEYS))
     if unknown:
-        raise StructuredError(f"{param} does not take {', '.join(unknown)}; it takes one of "
-                              f"{', '.join(_OUTPUTS_KEYS)}", param)
+        raise StructuredError(
+            f"{param} does not take {', '.join(unknown)}; it takes one of "
+            f"{', '.join(_OUTPUTS_KEYS)}",
+            param,
+        )
     if len(given) != 1:
-        raise StructuredError(f"{param} needs exactly one of {', '.join(_OUTPUTS_KEYS)}, got "
-                              f"{len(given)}", param)
+        raise StructuredError(
+            f"{param} needs exactly one of {', '.join(_OUTPUTS_KEYS)}, got {len(given)}", param
+        )
     key, item = given[0], value[given[0]]
     if key == "json":
         return json_schema(item, tok, param)
     if key == "json_object":
         return json_object(tok, param)
     makers: dict[str, Callable[[Any, Tokenizer, str], Constraint]] = {
-        "regex": regex, "grammar": grammar, "choice": choice}
+        "regex": regex,
+        "grammar": grammar,
+        "choice": choice,
+    }
     return makers[key](item, tok, param)
 
 
-def from_body(body: Mapping[str, Any], tok: Tokenizer,
-              tools: ToolRequest | None = None) -> Constraint | None:
+def from_body(
+    body: Mapping[str, Any], tok: Tokenizer, tools: ToolRequest | None = None
+) -> Constraint | None:
     """The request's constraint, from whichever one field asks for it; None when none does.
     tool_choice "required" or named, where the family's format can be constrained, is one too."""
     asked = [name for name in FIELDS if body.get(name) is not None]
@@ -419,8 +474,9 @@ def tool_calls(tools: ToolRequest, tok: Tokenizer) -> Constraint:
     return _validated("tool_calls", _llg().LLMatcher.grammar_from_lark(lark), tok, "tools")
 
 
-def check_tool_parameters(tool: Mapping[str, Any], i: int,
-                          budget: GrammarBudget | None = None) -> None:
+def check_tool_parameters(
+    tool: Mapping[str, Any], i: int, budget: GrammarBudget | None = None
+) -> None:
     """tools[i]'s parameters compiled as the schema of its arguments (strict mode applied when
     the tool asks for it), whatever the family and tool_choice: a schema that does not compile
     is a StructuredError naming tools[i].function.parameters."""

@@ -89,15 +89,22 @@ class Joined:
         if not cuda:  # the host's cores shared out: ranks spinning on each other's cores crawl
             torch.set_num_threads(max(1, self.threads // self.world))
         if store is not None:
-            dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world,
-                                    timeout=timeout)
+            dist.init_process_group(
+                backend, store=store, rank=self.rank, world_size=self.world, timeout=timeout
+            )
         else:
-            dist.init_process_group(backend, init_method="env://", rank=self.rank,
-                                    world_size=self.world, timeout=timeout)
+            dist.init_process_group(
+                backend,
+                init_method="env://",
+                rank=self.rank,
+                world_size=self.world,
+                timeout=timeout,
+            )
         # The operations' own group: start-up waits on it while ranks load their weights (up
         # to START_TIMEOUT_S); once serving, rank 0's beats keep an idle follower inside it.
         self.control = dist.new_group(
-            backend="gloo", timeout=timedelta(seconds=max(self.timeout_s, START_TIMEOUT_S)))
+            backend="gloo", timeout=timedelta(seconds=max(self.timeout_s, START_TIMEOUT_S))
+        )
         reduce = self._small_reduce(settings) if cuda else None
         parallel.set_group(parallel.Group(self.rank, self.world, None, reduce))
         self.lock = threading.Lock()  # one operation at a time: its broadcast and its work
@@ -111,24 +118,34 @@ class Joined:
 
         if settings.tp_reduce == "nccl":
             if self.rank == 0:
-                log.info("tensor parallel: partial sums through NCCL's all_gather "
-                         "(TF_TP_REDUCE=nccl)")
+                log.info(
+                    "tensor parallel: partial sums through NCCL's all_gather (TF_TP_REDUCE=nccl)"
+                )
             return None
         reduce, why = None, None
         try:
-            reduce = open_symmetric(dist.group.WORLD, self.rank, self.world,
-                                    torch.device("cuda", self.local_rank), self.timeout_s)
+            reduce = open_symmetric(
+                dist.group.WORLD,
+                self.rank,
+                self.world,
+                torch.device("cuda", self.local_rank),
+                self.timeout_s,
+            )
         except Exception as exc:  # this torch, driver or machine cannot: NCCL serves
             why = f"{type(exc).__name__}: {exc}"
         failed = [f"rank {r}: {w}" for r, w in enumerate(self.gather(why)) if w]
         if failed:  # every rank takes the same path
             if self.rank == 0:
-                log.warning("tensor parallel: partial sums through NCCL's all_gather; symmetric "
-                            "memory could not be set up (" + "; ".join(failed) + ")")
+                log.warning(
+                    "tensor parallel: partial sums through NCCL's all_gather; symmetric "
+                    "memory could not be set up (" + "; ".join(failed) + ")"
+                )
             return None
         if self.rank == 0:
-            log.info(f"tensor parallel: partial sums up to {SLOT_BYTES >> 20} MiB through "
-                     "symmetric memory (one kernel, rank order in fp32), larger through NCCL")
+            log.info(
+                f"tensor parallel: partial sums up to {SLOT_BYTES >> 20} MiB through "
+                "symmetric memory (one kernel, rank order in fp32), larger through NCCL"
+            )
         return reduce
 
     def device(self, picked: str) -> str:
@@ -174,8 +191,10 @@ class Joined:
         threading.Thread(target=destroy, name="tp-leave", daemon=True).start()
         if not done.wait(wait_s):
             self.broken = self.broken or "NCCL teardown did not finish"
-            log.warning(f"tensor parallel: rank {self.rank}'s NCCL teardown did not finish in "
-                        f"{wait_s:g} s; leaving it to the process's exit")
+            log.warning(
+                f"tensor parallel: rank {self.rank}'s NCCL teardown did not finish in "
+                f"{wait_s:g} s; leaving it to the process's exit"
+            )
 
 
 # -- rank 0 -------------------------------------------------------------------------------------
@@ -197,16 +216,28 @@ class Team:
         TF_TP_TIMEOUT_S) until each has joined, naming one that exits before."""
         if not launch.spawned:
             return cls._started(Joined(launch, settings), {})
-        store = dist.TCPStore("127.0.0.1", 0, launch.world, is_master=True,
-                              timeout=timedelta(seconds=settings.tp_timeout_s),
-                              wait_for_workers=False)
+        store = dist.TCPStore(
+            "127.0.0.1",
+            0,
+            launch.world,
+            is_master=True,
+            timeout=timedelta(seconds=settings.tp_timeout_s),
+            wait_for_workers=False,
+        )
         procs = {}
         try:
             for r in range(1, launch.world):
-                args = {"rank": r, "world": launch.world, "port": store.port, "family": spec.name,
-                        "model": str(folder), "settings": settings.model_dump(mode="json")}
+                args = {
+                    "rank": r,
+                    "world": launch.world,
+                    "port": store.port,
+                    "family": spec.name,
+                    "model": str(folder),
+                    "settings": settings.model_dump(mode="json"),
+                }
                 procs[r] = subprocess.Popen(
-                    [sys.executable, "-m", "tensorfold.tensor_parallel", json.dumps(args)])
+                    [sys.executable, "-m", "tensorfold.tensor_parallel", json.dumps(args)]
+                )
                 log.info(f"tensor parallel: started follower rank {r} (pid {procs[r].pid})")
             _wait_joined(store, procs, settings.tp_timeout_s)
             joined = Joined(launch, settings, store)
@@ -233,7 +264,8 @@ class Team:
         exited, when one did."""
         why = self._lost(grace_s=1.0) or (
             f"tensor parallel: a rank did not answer within TF_TP_TIMEOUT_S="
-            f"{self.joined.timeout_s:g} s or its connection closed ({type(exc).__name__}: {exc})")
+            f"{self.joined.timeout_s:g} s or its connection closed ({type(exc).__name__}: {exc})"
+        )
         self.joined.broken = why
         return TensorParallelError(why)
 
@@ -243,8 +275,10 @@ class Team:
             for r, proc in self.procs.items():
                 code = proc.poll()
                 if code is not None:
-                    return (f"tensor parallel: follower rank {r} (pid {proc.pid}) exited with "
-                            f"status {code}")
+                    return (
+                        f"tensor parallel: follower rank {r} (pid {proc.pid}) exited with "
+                        f"status {code}"
+                    )
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.05)
@@ -307,11 +341,13 @@ def _wait_joined(store: Any, procs: dict[int, subprocess.Popen], timeout_s: floa
             if code is not None:
                 raise TensorParallelError(
                     f"tensor parallel: follower rank {r} (pid {proc.pid}) exited with status "
-                    f"{code} before it joined")
+                    f"{code} before it joined"
+                )
             if time.monotonic() > deadline:
                 raise TensorParallelError(
                     f"tensor parallel: follower rank {r} did not join within TF_TP_TIMEOUT_S="
-                    f"{timeout_s:g} s")
+                    f"{timeout_s:g} s"
+                )
             time.sleep(0.02)
 
 
@@ -468,8 +504,9 @@ class Follower:
         pass
 
 
-def follow(settings: Settings, spec: FamilySpec, folder: Path, launch: Launch,
-           store: Any = None) -> int:
+def follow(
+    settings: Settings, spec: FamilySpec, folder: Path, launch: Launch, store: Any = None
+) -> int:
     """A follower's whole life: join, open its shard (the same plan as rank 0), repeat rank 0's
     operations until it stops. Returns the exit status: 0, 2 when the start was refused (rank
     0 says why), 1 when rank 0 was lost."""
@@ -486,8 +523,10 @@ def follow(settings: Settings, spec: FamilySpec, folder: Path, launch: Launch,
     try:
         Follower(rank, joined).loop()
     except Exception as exc:
-        log.error(f"tensor parallel: follower rank {launch.rank} lost rank 0 or failed: "
-                  f"{type(exc).__name__}: {exc}")
+        log.error(
+            f"tensor parallel: follower rank {launch.rank} lost rank 0 or failed: "
+            f"{type(exc).__name__}: {exc}"
+        )
         return 1
     release_graphs(rank.runner)
     joined.leave()
@@ -503,8 +542,13 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(**args["settings"])
     configure_logging(settings.log_format, settings.log_level)
     launch = Launch(args["rank"], args["world"], args["rank"], "127.0.0.1", args["port"], True)
-    store = dist.TCPStore("127.0.0.1", args["port"], launch.world, is_master=False,
-                          timeout=timedelta(seconds=settings.tp_timeout_s))
+    store = dist.TCPStore(
+        "127.0.0.1",
+        args["port"],
+        launch.world,
+        is_master=False,
+        timeout=timedelta(seconds=settings.tp_timeout_s),
+    )
     store.set(JOINED_KEY.format(launch.rank), "1")
     spec = choose_family(args["family"], get_plugin_manager(settings))
     return follow(settings, spec, Path(args["model"]), launch, store)

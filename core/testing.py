@@ -20,8 +20,12 @@ from .sampling import SamplingParams
 # The prompt store is on by default when serving; tests turn it on where they mean to (with a
 # budget of their own), so that a run without it is the fresh run the gates compare against.
 CPU_DEFAULTS: dict[str, Any] = {
-    "device": "cpu", "dtype": "float32", "memory_limit_gib": 0.25, "prompt_cache_gib": 0,
-    "kv_share": 0, "kv_host_gib": 0,
+    "device": "cpu",
+    "dtype": "float32",
+    "memory_limit_gib": 0.25,
+    "prompt_cache_gib": 0,
+    "kv_share": 0,
+    "kv_host_gib": 0,
 }
 
 
@@ -51,7 +55,10 @@ def tokens_alone(
 
 
 def assert_concurrent_equals_solo(
-    llm: LLM, prompts: Sequence[Any], params: SamplingParams, alone: list[list[int]],
+    llm: LLM,
+    prompts: Sequence[Any],
+    params: SamplingParams,
+    alone: list[list[int]],
     levels: Sequence[int],
 ) -> None:
     """The prompts submitted `level` at a time give the tokens each gave alone."""
@@ -63,7 +70,10 @@ def assert_concurrent_equals_solo(
 
 
 def submit_with_marks(
-    llm: LLM, ids: Sequence[int], marks: Sequence[int], params: SamplingParams,
+    llm: LLM,
+    ids: Sequence[int],
+    marks: Sequence[int],
+    params: SamplingParams,
     timeout_s: float = 120,
 ) -> tuple[list[int], int]:
     """One request straight to the engine with explicit prompt-store marks: its tokens and how
@@ -94,15 +104,17 @@ def submit_with_marks(
 CHAT_WORDS = "river stone light garden window paper cloud music winter morning bread".split()
 
 
-def chat_turns(chat: int, turns: int, first: int, later: int,
-               words: Sequence[str] = CHAT_WORDS) -> list[str]:
+def chat_turns(
+    chat: int, turns: int, first: int, later: int, words: Sequence[str] = CHAT_WORDS
+) -> list[str]:
     """Chat `chat`'s user turns, drawn from a generator seeded by it: the first turn `first`
     random words long, the later ones `later` (for run_chats)."""
     import random
 
     rng = random.Random(chat)
-    return [" ".join(rng.choice(words) for _ in range(first if t == 0 else later))
-            for t in range(turns)]
+    return [
+        " ".join(rng.choice(words) for _ in range(first if t == 0 else later)) for t in range(turns)
+    ]
 
 
 def run_chats(
@@ -132,8 +144,9 @@ def assert_host_tier_served(llm: LLM, cached: Sequence[Sequence[int]]) -> None:
     assert "; host free " in llm.served.engine.lanes.pool.census().line()
 
 
-def assert_host_tier_resumes_as_fresh(family: str, model: Path, chats: Sequence[Any],
-                                      params: SamplingParams, **flags: Any) -> None:
+def assert_host_tier_resumes_as_fresh(
+    family: str, model: Path, chats: Sequence[Any], params: SamplingParams, **flags: Any
+) -> None:
     """Chats turn by turn on an engine opened with `flags` (e.g. kv_dtype="fp8"), fresh (no
     store), then on one whose small device store evicts to a host tier, with freed pages
     poisoned: the same replies, and the host tier served (assert_host_tier_served)."""
@@ -142,8 +155,16 @@ def assert_host_tier_resumes_as_fresh(family: str, model: Path, chats: Sequence[
         fresh, _ = run_chats(llm, chats, params)
     finally:
         close_even(llm)
-    llm = open_llm(family, model, parallel=3, kv_share=2, prompt_cache_gib=0.05,
-                   kv_host_gib=0.1, kv_poison=True, **flags)
+    llm = open_llm(
+        family,
+        model,
+        parallel=3,
+        kv_share=2,
+        prompt_cache_gib=0.05,
+        kv_host_gib=0.1,
+        kv_poison=True,
+        **flags,
+    )
     try:
         replies, cached = run_chats(llm, chats, params)
         assert replies == fresh
@@ -152,8 +173,9 @@ def assert_host_tier_resumes_as_fresh(family: str, model: Path, chats: Sequence[
         close_even(llm)
 
 
-def assert_demo_agrees_in_kv_dtype(family: str, demo: Path, kv_dtype: str, max_logit_error: float,
-                                   min_agreed: float = 0.75) -> KVAgreement:
+def assert_demo_agrees_in_kv_dtype(
+    family: str, demo: Path, kv_dtype: str, max_logit_error: float, min_agreed: float = 0.75
+) -> KVAgreement:
     """A trained demo with its pages in `kv_dtype`: it still writes words
     (assert_demo_writes_words), and greedy decoding of the demo's prompts agrees with pages in
     the model's dtype (kv_agreement): every first token, at least `min_agreed` of the tokens,
@@ -176,8 +198,13 @@ def assert_demo_agrees_in_kv_dtype(family: str, demo: Path, kv_dtype: str, max_l
 
 
 def assert_streams_together_equal_alone(
-    make_runner: Callable[..., ModelRunner], model: Any, prompts: Sequence[list[int]],
-    together: Sequence[int], *, num_pages: int, max_rows: int,
+    make_runner: Callable[..., ModelRunner],
+    model: Any,
+    prompts: Sequence[list[int]],
+    together: Sequence[int],
+    *,
+    num_pages: int,
+    max_rows: int,
 ) -> None:
     """Three streams: 0 prefilled (next: a decode row), 1 part-way (next: a chunk), 2 fresh (next:
     a whole prompt). Those in `together` share one pass and must give the bits they give alone."""
@@ -204,10 +231,12 @@ def run_on_pages(
 ) -> torch.Tensor:
     """One stream's logits for every row, fed in the runs cuts[k]:cuts[k+1] over `pages`."""
     runner = ModelRunner(model, num_pages=max(pages) + 1, num_slots=1, page_rows=page_rows)
-    return torch.cat([
-        runner.run([StreamRows(0, a, tokens[a:b], pages, "all")])[0]
-        for a, b in zip(cuts, cuts[1:])
-    ])
+    return torch.cat(
+        [
+            runner.run([StreamRows(0, a, tokens[a:b], pages, "all")])[0]
+            for a, b in zip(cuts, cuts[1:])
+        ]
+    )
 
 
 def assert_shuffled_pages_change_nothing(
@@ -258,7 +287,11 @@ def assert_poisoned_pages_change_nothing(
 
 
 def assert_a_mark_inside_a_pass_resumes_there(
-    open_engine: Callable[..., LLM], user: str, reply: str, params: SamplingParams, *,
+    open_engine: Callable[..., LLM],
+    user: str,
+    reply: str,
+    params: SamplingParams,
+    *,
     past: int = 0,
 ) -> None:
     """A chat (user, assistant `reply`, a short user turn), then the same chat with another last
@@ -268,8 +301,11 @@ def assert_a_mark_inside_a_pass_resumes_there(
     there: the same replies and the same number of passes as without it."""
     from .chat_template import marks_to_token_positions, render_chat
 
-    first = [{"role": "user", "content": user}, {"role": "assistant", "content": reply},
-             {"role": "user", "content": "river stone"}]
+    first = [
+        {"role": "user", "content": user},
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "river stone"},
+    ]
     second = first[:2] + [{"role": "user", "content": "winter morning light"}]
     passes, replies = {}, {}
     for share in (0, 16):
@@ -277,8 +313,9 @@ def assert_a_mark_inside_a_pass_resumes_there(
         try:
             tok = llm.tokenizer
             assert tok.chat_template is not None
-            chat = render_chat(tok.chat_template, second, bos_token=tok.bos_token,
-                               eos_token=tok.eos_token)
+            chat = render_chat(
+                tok.chat_template, second, bos_token=tok.bos_token, eos_token=tok.eos_token
+            )
             turn_ends = marks_to_token_positions(tok, chat.text, chat.marks)
             done = [llm.chat([first], params)[0], llm.chat([second], params)[0]]
             replies[share] = [c.token_ids for c in done]
@@ -307,7 +344,8 @@ def assert_choices_equal_single_twins(
     before = lanes.rows_computed + lanes.rows_cached
     got = llm.generate(list(prompts), params, n=n)
     assert lanes.rows_computed + lanes.rows_cached - before == sum(
-        len(c.prompt_token_ids) for c in got[::n])
+        len(c.prompt_token_ids) for c in got[::n]
+    )
     for k, prompt in enumerate(prompts):
         for i in range(n):
             twin = tokens(llm, [prompt], replace(params, seed=choice_seed(params.seed, i)))[0]
@@ -315,9 +353,17 @@ def assert_choices_equal_single_twins(
 
 
 def assert_engine_gates_at_tp(
-    family: str, model: Path, prompts: Sequence[list[int]], chats: Sequence[Sequence[str]],
-    greedy: SamplingParams, sampled: SamplingParams, *, tp: int = 2, min_cached: int = 100,
-    match_one_rank: bool = True, **flags: Any,
+    family: str,
+    model: Path,
+    prompts: Sequence[list[int]],
+    chats: Sequence[Sequence[str]],
+    greedy: SamplingParams,
+    sampled: SamplingParams,
+    *,
+    tp: int = 2,
+    min_cached: int = 100,
+    match_one_rank: bool = True,
+    **flags: Any,
 ) -> None:
     """An engine at `tp` ranks (rank 0 here, the followers it starts) against one at one rank:
     greedy tokens equal when match_one_rank (they may differ between TP sizes in general, as
@@ -333,16 +379,33 @@ def assert_engine_gates_at_tp(
     def at_tp(llm: LLM) -> None:
         assert llm.served.plan.ranks == tp
 
-    alone = assert_engine_gates(family, model, prompts, chats, greedy, sampled,
-                                min_cached=min_cached, opened=at_tp, tp=tp, **flags)
+    alone = assert_engine_gates(
+        family,
+        model,
+        prompts,
+        chats,
+        greedy,
+        sampled,
+        min_cached=min_cached,
+        opened=at_tp,
+        tp=tp,
+        **flags,
+    )
     if match_one_rank:
         assert alone == one_rank
 
 
 def assert_engine_gates(
-    family: str, model: Path | None, prompts: Sequence[list[int]],
-    chats: Sequence[Sequence[str]], greedy: SamplingParams, sampled: SamplingParams, *,
-    min_cached: int = 100, opened: Callable[[LLM], None] | None = None, **flags: Any,
+    family: str,
+    model: Path | None,
+    prompts: Sequence[list[int]],
+    chats: Sequence[Sequence[str]],
+    greedy: SamplingParams,
+    sampled: SamplingParams,
+    *,
+    min_cached: int = 100,
+    opened: Callable[[LLM], None] | None = None,
+    **flags: Any,
 ) -> list[list[int]]:
     """The gates on engines opened with `flags` (tp=2, kv_dtype="fp8", ...): concurrent ==
     solo (greedy and sampled); then windows, poisoned pages and the prompt store at once:
@@ -367,8 +430,11 @@ def assert_engine_gates(
         fresh, _ = run_chats(llm, chats, greedy)
     finally:
         close_even(llm)
-    stored = open_llm(family, model, **{"kv_pages": "off", "kv_poison": True, "kv_share": 16,
-                                        "prompt_cache_gib": 0.05, **flags})
+    stored = open_llm(
+        family,
+        model,
+        **{"kv_pages": "off", "kv_poison": True, "kv_share": 16, "prompt_cache_gib": 0.05, **flags},
+    )
     try:
         check(stored)
         assert stored.served.plan.mode == "windows"
@@ -383,8 +449,13 @@ def assert_engine_gates(
 
 
 def assert_gates_sent_ahead_equal_plain(
-    family: str, model: Path | None, prompts: Sequence[list[int]], chats: Sequence[Sequence[str]],
-    greedy: SamplingParams, sampled: SamplingParams, **flags: Any,
+    family: str,
+    model: Path | None,
+    prompts: Sequence[list[int]],
+    chats: Sequence[Sequence[str]],
+    greedy: SamplingParams,
+    sampled: SamplingParams,
+    **flags: Any,
 ) -> None:
     """`assert_engine_gates` with decode rounds sent ahead (lanes.DECODE_AHEAD, on the CPU
     too), then without: the gates hold in both, the tokens are the same, and the lanes sent
@@ -397,10 +468,12 @@ def assert_gates_sent_ahead_equal_plain(
         for ahead in (True, False):
             lanes_module.DECODE_AHEAD = ahead
             opened: list[LLM] = []
-            got[ahead] = assert_engine_gates(family, model, prompts, chats, greedy, sampled,
-                                             opened=opened.append, **flags)
-            used[ahead] = [(ln.sent_ahead, ln.passes) for ln in
-                           (llm.served.engine.lanes for llm in opened)]
+            got[ahead] = assert_engine_gates(
+                family, model, prompts, chats, greedy, sampled, opened=opened.append, **flags
+            )
+            used[ahead] = [
+                (ln.sent_ahead, ln.passes) for ln in (llm.served.engine.lanes for llm in opened)
+            ]
     finally:
         lanes_module.DECODE_AHEAD = was
     assert got[True] == got[False]
@@ -418,8 +491,9 @@ class KVAgreement:
     logit_error: float  # max |logit difference| over every prompt row, over max |logit|
 
 
-def kv_agreement(model: Any, prompts: Sequence[list[int]], steps: int,
-                 kv_dtype: str = "fp8") -> KVAgreement:
+def kv_agreement(
+    model: Any, prompts: Sequence[list[int]], steps: int, kv_dtype: str = "fp8"
+) -> KVAgreement:
     """Each prompt (with `steps`, at most 2048 rows) decoded greedily by `model` on a runner
     whose pages keep the model's dtype and on one whose pages are `kv_dtype` (see greedy)."""
     runs = {}
@@ -430,8 +504,7 @@ def kv_agreement(model: Any, prompts: Sequence[list[int]], steps: int,
     for (want_logits, want), (got_logits, got) in zip(runs["auto"], runs[kv_dtype]):
         agreed += next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), len(want))
         first += want[0] == got[0]
-        error = max(error, float((got_logits - want_logits).abs().max()
-                                 / want_logits.abs().max()))
+        error = max(error, float((got_logits - want_logits).abs().max() / want_logits.abs().max()))
     return KVAgreement(steps * len(prompts), agreed, first / len(prompts), error)
 
 
@@ -453,17 +526,28 @@ def clean_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def run_ranks(script: str, *args: str, world: int = 2, timeout_s: float = 120,
-              env: dict[str, str] | None = None) -> None:
+def run_ranks(
+    script: str,
+    *args: str,
+    world: int = 2,
+    timeout_s: float = 120,
+    env: dict[str, str] | None = None,
+) -> None:
     """`python script RANK PORT *args` for each rank of `world`, on a free port, with `env`
     added to a clean environment; each must exit 0 (their stderr is shown when one does not)."""
     import subprocess
     import sys
 
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, script, str(r), port, *args],
-                              env=clean_env(**(env or {})), stderr=subprocess.PIPE, text=True)
-             for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, str(r), port, *args],
+            env=clean_env(**(env or {})),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world)
+    ]
     errors = [p.communicate(timeout=timeout_s)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * world, errors
 
@@ -476,8 +560,9 @@ def join_gloo(rank: int, port: int, world: int = 2) -> None:
     from .ops import parallel
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
     parallel.set_group(parallel.Group(rank, world))
 
 
@@ -504,7 +589,11 @@ def interpreter_rounds_like_the_gpu() -> Iterator[None]:
     original = interpreter._convert_float
 
     def convert(data, src, dst, rounding_mode):
-        if src.primitive_bitwidth == 32 and dst.primitive_bitwidth == 16 and dst.fp_mantissa_width == 7:
+        if (
+            src.primitive_bitwidth == 32
+            and dst.primitive_bitwidth == 16
+            and dst.fp_mantissa_width == 7
+        ):
             bits = np.frombuffer(data.tobytes(), dtype=np.uint32).astype(np.uint64)
             rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
             nan = (bits & 0x7FFFFFFF) > 0x7F800000
@@ -522,7 +611,9 @@ def interpreter_rounds_like_the_gpu() -> Iterator[None]:
 # -- parity with transformers: tiny checkpoints it saved, and our model on them --------------------
 
 
-def save_references(root: Path, names: Sequence[str], build: Callable[[str], Any]) -> dict[str, Path]:
+def save_references(
+    root: Path, names: Sequence[str], build: Callable[[str], Any]
+) -> dict[str, Path]:
     """For each name, the transformers model build(name) saved under root/name -> {name: folder}."""
     paths = {}
     for name in names:
@@ -544,8 +635,17 @@ class ReferenceCase:
     _cache: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, name: str, path: Path, ref_class: Any, load: Callable[..., Any], *,
-             vocab: int, prompt_len: int, seed: int = 1234) -> "ReferenceCase":
+    def open(
+        cls,
+        name: str,
+        path: Path,
+        ref_class: Any,
+        load: Callable[..., Any],
+        *,
+        vocab: int,
+        prompt_len: int,
+        seed: int = 1234,
+    ) -> "ReferenceCase":
         """ref_class.from_pretrained(path) and load(Checkpoint, "cpu", "float32"), with a prompt
         of prompt_len ids in [3, vocab) from `seed`."""
         ref = ref_class.from_pretrained(path, dtype=torch.float32).eval()
@@ -553,10 +653,22 @@ class ReferenceCase:
         prompt = torch.randint(3, vocab, (prompt_len,), generator=gen).tolist()
         return cls(name, path, ref, load(Checkpoint.open(path), "cpu", "float32"), prompt)
 
-    def runner(self, *, num_pages: int = 8, num_slots: int = 4, page_rows: int = 512,
-               model: Any = None, poison: bool = False) -> ModelRunner:
-        return ModelRunner(model or self.model, num_pages=num_pages, num_slots=num_slots,
-                           page_rows=page_rows, poison=poison)
+    def runner(
+        self,
+        *,
+        num_pages: int = 8,
+        num_slots: int = 4,
+        page_rows: int = 512,
+        model: Any = None,
+        poison: bool = False,
+    ) -> ModelRunner:
+        return ModelRunner(
+            model or self.model,
+            num_pages=num_pages,
+            num_slots=num_slots,
+            page_rows=page_rows,
+            poison=poison,
+        )
 
     def ref_logits(self) -> torch.Tensor:
         """The reference's logits for every row of the prompt, [len(prompt), V] fp32."""
@@ -572,10 +684,13 @@ class ReferenceCase:
         if key not in self._cache:
             self.ref.generation_config.eos_token_id = None  # run all steps
             out = self.ref.generate(
-                torch.tensor([self.prompt]), max_new_tokens=steps, do_sample=False,
-                output_logits=True, return_dict_in_generate=True,
+                torch.tensor([self.prompt]),
+                max_new_tokens=steps,
+                do_sample=False,
+                output_logits=True,
+                return_dict_in_generate=True,
             )
-            tokens = out.sequences[0, len(self.prompt):].tolist()
+            tokens = out.sequences[0, len(self.prompt) :].tolist()
             self._cache[key] = tokens, torch.cat([s.float() for s in out.logits])
         return self._cache[key]
 
@@ -594,8 +709,10 @@ def assert_demo_writes_words(llm: LLM) -> None:
 
     from .demo_text import known_share
 
-    replies = llm.chat([[{"role": "user", "content": p}] for p in DEMO_CHATS],
-                       SamplingParams(temperature=0.0, max_tokens=40))
+    replies = llm.chat(
+        [[{"role": "user", "content": p}] for p in DEMO_CHATS],
+        SamplingParams(temperature=0.0, max_tokens=40),
+    )
     for prompt, reply in zip(DEMO_CHATS, replies):
         text = reply.text
         assert reply.finish_reason == "stop", (prompt, text)  # it ends its turn
@@ -603,8 +720,9 @@ def assert_demo_writes_words(llm: LLM) -> None:
         assert known_share(text) >= 0.8, (prompt, text)
         assert not re.search(r"[\ufffd\x00-\x08\x0b-\x1f]", text), (prompt, text)
     assert "Paris" in replies[0].text, replies[0].text
-    completions = llm.generate(list(DEMO_COMPLETIONS), SamplingParams(temperature=0.0,
-                                                                      max_tokens=24))
+    completions = llm.generate(
+        list(DEMO_COMPLETIONS), SamplingParams(temperature=0.0, max_tokens=24)
+    )
     for prompt, reply in zip(DEMO_COMPLETIONS, completions):
         assert len(re.findall(r"[A-Za-z]+", reply.text)) >= 8, (prompt, reply.text)
         assert known_share(reply.text) >= 0.8, (prompt, reply.text)
@@ -615,8 +733,9 @@ def assert_demo_writes_words(llm: LLM) -> None:
 SERVE_LAUNCH = "import sys; from tensorfold.cli import main; sys.exit(main())"
 
 
-def start_serve_tp_2(model: Path, log: Any, *flags: str, device: str = "cpu",
-                     wait_s: float = 120, **env: str) -> tuple[Any, str]:
+def start_serve_tp_2(
+    model: Path, log: Any, *flags: str, device: str = "cpu", wait_s: float = 120, **env: str
+) -> tuple[Any, str]:
     """`tensorfold serve --family lfm2_moe --tp 2` of `model` (gloo on the CPU, NCCL on CUDA),
     its log to the open file `log`: the process and its API's URL once it says it is serving.
     `env`: extra TF_* settings (the CPU defaults to a 0.25 GiB cap)."""
@@ -628,10 +747,32 @@ def start_serve_tp_2(model: Path, log: Any, *flags: str, device: str = "cpu",
     if device == "cpu":
         base["TF_MEMORY_LIMIT_GIB"] = "0.25"
     proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE_LAUNCH, "serve", "--family", "lfm2_moe", "--model",
-         str(model), "--port", "0", "--context", "4096", "--parallel", "2", "--tp", "2",
-         "--served-model-name", "demo", *flags],
-        stdout=subprocess.PIPE, stderr=log, text=True, env=clean_env(**{**base, **env}))
+        [
+            sys.executable,
+            "-c",
+            SERVE_LAUNCH,
+            "serve",
+            "--family",
+            "lfm2_moe",
+            "--model",
+            str(model),
+            "--port",
+            "0",
+            "--context",
+            "4096",
+            "--parallel",
+            "2",
+            "--tp",
+            "2",
+            "--served-model-name",
+            "demo",
+            *flags,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        env=clean_env(**{**base, **env}),
+    )
     printed: list[str] = []
     assert proc.stdout is not None
     deadline = time.monotonic() + wait_s
@@ -643,8 +784,9 @@ def start_serve_tp_2(model: Path, log: Any, *flags: str, device: str = "cpu",
     return proc, printed[-1].split(" at ")[-1]
 
 
-def assert_signal_drains_tp_2(proc: Any, url: str, log_path: Path, sig: int,
-                              wait_s: float = 60) -> float:
+def assert_signal_drains_tp_2(
+    proc: Any, url: str, log_path: Path, sig: int, wait_s: float = 60
+) -> float:
     """With a stream open on `url`, send `sig` to a `--tp 2` server (start_serve_tp_2): it
     exits 0 within `wait_s`, the stream ends with "abort" and [DONE], the follower rank has
     exited, and the shutdown census (all pages back) is its last line. Returns the seconds from
@@ -657,10 +799,18 @@ def assert_signal_drains_tp_2(proc: Any, url: str, log_path: Path, sig: int,
     import urllib.request
 
     # stdlib HTTP, not the openai client: the GPU machine's image has no openai package
-    body = json.dumps({"model": "demo", "prompt": "Once upon a time", "max_tokens": 3000,
-                       "stream": True, "ignore_eos": True}).encode()
-    request = urllib.request.Request(f"{url}/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "model": "demo",
+            "prompt": "Once upon a time",
+            "max_tokens": 3000,
+            "stream": True,
+            "ignore_eos": True,
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"{url}/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     reasons: list[str | None] = []
     events: list[str] = []
     first = threading.Event()

@@ -96,7 +96,8 @@ class Tokenizer:
         text = cfg.get("text_config")
         text_cfg = text if isinstance(text, dict) else {}
         eos_ids = (
-            _ids(gc.get("eos_token_id")) + _ids(cfg.get("eos_token_id"))
+            _ids(gc.get("eos_token_id"))
+            + _ids(cfg.get("eos_token_id"))
             + _ids(text_cfg.get("eos_token_id"))
         )
         bos_ids = _ids(gc.get("bos_token_id")) or _ids(cfg.get("bos_token_id"))
@@ -130,8 +131,12 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True,
-               keep: frozenset[int] = frozenset()) -> str:
+    def decode(
+        self,
+        ids: Sequence[int],
+        skip_special_tokens: bool = True,
+        keep: frozenset[int] = frozenset(),
+    ) -> str:
         """The text of `ids`; `keep`: special tokens written out even when skipping the others
         (a family's tool-call markers)."""
         if not (skip_special_tokens and keep and not keep.isdisjoint(ids)):
@@ -181,7 +186,10 @@ class Tokenizer:
         return ids, marks_to_positions(offsets, rendered.marks)
 
     def _literal_as_text(
-        self, text: str, ids: list[int], offsets: list[tuple[int, int]],
+        self,
+        text: str,
+        ids: list[int],
+        offsets: list[tuple[int, int]],
         literal: Sequence[tuple[int, int]],
     ) -> tuple[list[int], list[tuple[int, int]]]:
         """Re-encode, with special tokens read as text, each stretch between two of the
@@ -236,8 +244,9 @@ class Tokenizer:
             self._literal_toks[first] = tok
         return tok
 
-    def incremental_decoder(self, skip_special_tokens: bool = True,
-                            keep: frozenset[int] = frozenset()) -> "IncrementalDecoder":
+    def incremental_decoder(
+        self, skip_special_tokens: bool = True, keep: frozenset[int] = frozenset()
+    ) -> "IncrementalDecoder":
         return IncrementalDecoder(self, skip_special_tokens=skip_special_tokens, keep=keep)
 
 
@@ -262,8 +271,13 @@ class IncrementalDecoder:
     back until more ids complete it; `flush()` gives out whatever is still held.
     """
 
-    def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = True,
-                 keep: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        skip_special_tokens: bool = True,
+        keep: frozenset[int] = frozenset(),
+    ) -> None:
         self._tok = tokenizer
         self._skip = skip_special_tokens
         self._keep = keep

@@ -79,8 +79,11 @@ class ToolCall:
 
     def message(self) -> dict[str, Any]:
         """As OpenAI's `message.tool_calls[i]`."""
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": self.arguments}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
 
 @dataclass
@@ -126,8 +129,9 @@ class ToolCallStream:
     are dropped, not turned into content.
     """
 
-    def __init__(self, fmt: ToolCallFormat, tools: Sequence[Mapping[str, Any]] = (),
-                 *, parallel: bool = True) -> None:
+    def __init__(
+        self, fmt: ToolCallFormat, tools: Sequence[Mapping[str, Any]] = (), *, parallel: bool = True
+    ) -> None:
         self.fmt = fmt
         self.schemas = schemas_of(tools)
         self.parallel = parallel
@@ -148,7 +152,7 @@ class ToolCallStream:
                 if end < 0:  # next time, search only where the end marker may still be
                     self._scanned = max(0, len(self._buf) - len(self.fmt.end) + 1)
                     return out
-                body, self._buf = self._buf[:end], self._buf[end + len(self.fmt.end):]
+                body, self._buf = self._buf[:end], self._buf[end + len(self.fmt.end) :]
                 self._in_section = False
                 out.extend(self._section(body))
                 continue
@@ -158,7 +162,7 @@ class ToolCallStream:
             if start >= 0:
                 out.content += self._text(self._buf[:start])
                 self._ws_before_section, self._ws = self._ws, ""
-                self._buf = self._buf[start + len(self.fmt.start):]
+                self._buf = self._buf[start + len(self.fmt.start) :]
                 self._in_section, self._scanned = True, 0
                 continue
             markers = [self.fmt.start, *(self.fmt.after if self._after_call else ())]
@@ -192,7 +196,7 @@ class ToolCallStream:
         stripped = self._buf.lstrip()
         for marker in self.fmt.after:
             if stripped.startswith(marker):
-                self._buf = stripped[len(marker):]
+                self._buf = stripped[len(marker) :]
                 return True
         return False
 
@@ -203,7 +207,7 @@ class ToolCallStream:
             return ""
         text = self._ws + text
         body = text.rstrip()
-        self._ws = text[len(body):]
+        self._ws = text[len(body) :]
         if body:
             self._after_call = False
         return body
@@ -214,8 +218,11 @@ class ToolCallStream:
         try:
             return self.fmt.partial(body, self.schemas)
         except Exception as exc:  # a cut section's calls are a courtesy: none, if it breaks
-            log.warning("a tool-call parser failed on a cut section", format=self.fmt.name,
-                        error=f"{type(exc).__name__}: {exc}")
+            log.warning(
+                "a tool-call parser failed on a cut section",
+                format=self.fmt.name,
+                error=f"{type(exc).__name__}: {exc}",
+            )
             return []
 
     def _section(self, body: str) -> Piece:
@@ -223,8 +230,11 @@ class ToolCallStream:
             found = self.fmt.parse(body, self.schemas)
         except Exception as exc:  # a section that does not parse stays content, as written
             if not isinstance(exc, (MalformedToolCall, RecursionError)):
-                log.warning("a tool-call parser failed", format=self.fmt.name,
-                            error=f"{type(exc).__name__}: {exc}")
+                log.warning(
+                    "a tool-call parser failed",
+                    format=self.fmt.name,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
             self._ws = self._ws_before_section
             return Piece(self._text(self.fmt.start + body + self.fmt.end))
         return self._calls(found)
@@ -237,15 +247,27 @@ class ToolCallStream:
             call = ToolCall(new_call_id(), name, json.dumps(arguments, ensure_ascii=False))
             index = len(self.calls)
             self.calls.append(call)
-            out.deltas.append({"index": index, "id": call.id, "type": "function",
-                               "function": {"name": call.name, "arguments": ""}})
+            out.deltas.append(
+                {
+                    "index": index,
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": ""},
+                }
+            )
             out.deltas.append({"index": index, "function": {"arguments": call.arguments}})
         self._after_call = True
         return out
 
 
-def parse_tool_calls(fmt: ToolCallFormat, text: str, tools: Sequence[Mapping[str, Any]] = (),
-                     *, parallel: bool = True, cut: bool = False) -> tuple[str, list[ToolCall]]:
+def parse_tool_calls(
+    fmt: ToolCallFormat,
+    text: str,
+    tools: Sequence[Mapping[str, Any]] = (),
+    *,
+    parallel: bool = True,
+    cut: bool = False,
+) -> tuple[str, list[ToolCall]]:
     """The whole text at once: its content (markup and the whitespace around calls removed)
     and its calls; `cut`: the text ended at max_tokens (ToolCallStream.finish)."""
     stream = ToolCallStream(fmt, tools, parallel=parallel)

@@ -60,7 +60,9 @@ def _check_tool(tool: Any, i: int) -> str:
     if tool.get("type") != "function":
         raise ToolRequestError(
             f'{where}.type must be "function" (the only tool type served), got '
-            f"{json.dumps(tool.get('type'))}", "tools")
+            f"{json.dumps(tool.get('type'))}",
+            "tools",
+        )
     function = tool.get("function")
     if not isinstance(function, dict):
         raise ToolRequestError(f"{where}.function must be an object {_TOOL_SHAPE}", "tools")
@@ -68,17 +70,23 @@ def _check_tool(tool: Any, i: int) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ToolRequestError(
             f"{where}.function.name must be 1 to 64 letters, digits, '_', '.' or '-', got "
-            f"{json.dumps(name)[:80]}", "tools")
-    for key, kind, words in (("description", str, "a string"), ("parameters", dict, "an object"),
-                             ("strict", bool, "a boolean")):
+            f"{json.dumps(name)[:80]}",
+            "tools",
+        )
+    for key, kind, words in (
+        ("description", str, "a string"),
+        ("parameters", dict, "an object"),
+        ("strict", bool, "a boolean"),
+    ):
         value = function.get(key)
         if value is not None and not isinstance(value, kind):
             raise ToolRequestError(f"{where}.function.{key} must be {words}", "tools")
     return name
 
 
-def parse_tool_request(body: Mapping[str, Any], family: str,
-                       fmt: ToolCallFormat | None) -> ToolRequest | None:
+def parse_tool_request(
+    body: Mapping[str, Any], family: str, fmt: ToolCallFormat | None
+) -> ToolRequest | None:
     """The request's tool fields, checked; None when no tools are offered to the model (none
     given, or tool_choice "none")."""
     tools = body.get("tools")
@@ -110,11 +118,14 @@ def parse_tool_request(body: Mapping[str, Any], family: str,
             listed = ", ".join(names) or "none"
             raise ToolRequestError(
                 f"tool_choice names the function {name!r}, which tools does not offer "
-                f"(offered: {listed})", "tool_choice")
+                f"(offered: {listed})",
+                "tool_choice",
+            )
         choice = "named"
     elif choice not in CHOICES:
-        raise ToolRequestError(f"tool_choice must be {_CHOICE_SHAPE}, got "
-                               f"{json.dumps(choice)[:80]}", "tool_choice")
+        raise ToolRequestError(
+            f"tool_choice must be {_CHOICE_SHAPE}, got {json.dumps(choice)[:80]}", "tool_choice"
+        )
     if choice == "required" and not tools:
         raise ToolRequestError('tool_choice "required" needs tools to choose from', "tool_choice")
     if choice == "none" or not tools:
@@ -122,7 +133,9 @@ def parse_tool_request(body: Mapping[str, Any], family: str,
     if fmt is None:
         raise ToolRequestError(
             f"the {family} family declares no tool-call format, so tools cannot be served; "
-            'leave tools out or send tool_choice "none"', "tools")
+            'leave tools out or send tool_choice "none"',
+            "tools",
+        )
     offered = [t for t in tools if name is None or t["function"]["name"] == name]
     return ToolRequest(fmt, offered, choice, name, parallel is not False)
 
@@ -153,7 +166,8 @@ def tool_history(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         if message.get("role") != "assistant" or not isinstance(calls, list):
             raise ToolRequestError(
-                f"messages[{i}].tool_calls must be an array, on an assistant message", "messages")
+                f"messages[{i}].tool_calls must be an array, on an assistant message", "messages"
+            )
         fixed = []
         for j, call in enumerate(calls):
             where = f"messages[{i}].tool_calls[{j}]"
@@ -161,11 +175,14 @@ def tool_history(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
                 raise ToolRequestError(
                     f'{where} must be {{"id": ..., "type": "function", "function": {{"name": '
-                    '..., "arguments": "{...}"}}', "messages")
+                    '..., "arguments": "{...}"}}',
+                    "messages",
+                )
             if call.get("type", "function") != "function":
                 raise ToolRequestError(f'{where}.type must be "function"', "messages")
             arguments = _arguments(function.get("arguments", {}), f"{where}.function.arguments")
-            fixed.append({**call, "type": "function",
-                          "function": {**function, "arguments": arguments}})
+            fixed.append(
+                {**call, "type": "function", "function": {**function, "arguments": arguments}}
+            )
         out.append({**message, "tool_calls": fixed})
     return out

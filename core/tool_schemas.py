@@ -16,8 +16,19 @@ REF_ROOTS = ("$defs", "definitions")
 _MAX_HOPS = 64  # a $ref chain longer than this is a cycle of bare refs
 
 # keywords whose value is a schema, a list of schemas, or a map of names to schemas
-_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
-        "propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems")
+_ONE = (
+    "items",
+    "additionalProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "additionalItems",
+)
 _MANY = ("anyOf", "oneOf", "allOf", "prefixItems")
 _NAMED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
@@ -68,8 +79,11 @@ def with_defs(schema: Mapping[str, Any], root: Mapping[str, Any]) -> dict[str, A
 
 def _is_object(schema: Mapping[str, Any]) -> bool:
     kind = schema.get("type")
-    return kind == "object" or (isinstance(kind, list) and "object" in kind) or (
-        kind is None and "properties" in schema)
+    return (
+        kind == "object"
+        or (isinstance(kind, list) and "object" in kind)
+        or (kind is None and "properties" in schema)
+    )
 
 
 def strict(schema: Any) -> Any:

@@ -22,8 +22,10 @@ def real_template(name: str) -> str:
 
     path = TEMPLATES / name
     if not path.is_file():
-        pytest.skip(f"{path} is absent: the real chat templates are test data of a source "
-                    "checkout (tests/data/chat_templates); run the tests from one")
+        pytest.skip(
+            f"{path} is absent: the real chat templates are test data of a source "
+            "checkout (tests/data/chat_templates); run the tests from one"
+        )
     return path.read_text(encoding="utf-8")
 
 
@@ -44,22 +46,27 @@ def calls_from_deltas(deltas: Sequence[Mapping[str, Any]]) -> list[tuple[str, di
     return [(c["name"], json.loads(c["arguments"])) for c in calls.values()]
 
 
-def stream_in_pieces(fmt: ToolCallFormat, text: str, size: int,
-                     tools: Sequence[Mapping[str, Any]] = (),
-                     parallel: bool = True) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+def stream_in_pieces(
+    fmt: ToolCallFormat,
+    text: str,
+    size: int,
+    tools: Sequence[Mapping[str, Any]] = (),
+    parallel: bool = True,
+) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
     """Feed `text` `size` characters at a time; the content and calls a client would see."""
     stream = ToolCallStream(fmt, tools, parallel=parallel)
     content, deltas = "", []
     for at in range(0, len(text), size):
-        piece = stream.feed(text[at:at + size])
+        piece = stream.feed(text[at : at + size])
         content += piece.content
         deltas += piece.deltas
     piece = stream.finish()
     return content + piece.content, calls_from_deltas(deltas + piece.deltas)
 
 
-def parse_everywhere(fmt: ToolCallFormat, text: str, tools: Sequence[Mapping[str, Any]] = (),
-                     parallel: bool = True) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+def parse_everywhere(
+    fmt: ToolCallFormat, text: str, tools: Sequence[Mapping[str, Any]] = (), parallel: bool = True
+) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
     """The text parsed whole, checked equal to the text streamed in pieces of every size in
     SIZES (one character at a time included); returns (content, [(name, arguments)])."""
     content, calls = parse_tool_calls(fmt, text, tools, parallel=parallel)

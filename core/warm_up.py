@@ -50,8 +50,9 @@ def warm_up(lanes: Any, vocab: int) -> float:
         for i, n in enumerate(lengths):
             n = max(1, min(n, lanes.window - REPLY[0] - 2))
             prompt = torch.randint(1, top, (n,), generator=g).tolist()
-            params = SamplingParams(temperature=0, max_tokens=REPLY[i % len(REPLY)],
-                                    ignore_eos=True)
+            params = SamplingParams(
+                temperature=0, max_tokens=REPLY[i % len(REPLY)], ignore_eos=True
+            )
             lanes.add(Request(prompt, params, events.append, id=f"warm-up-{group}-{i}"))
         while lanes.step():
             pass

@@ -21,9 +21,18 @@ import aiohttp
 import pytest
 
 NAMES = ("chromium", "chromium-browser")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--hide-scrollbars", "--remote-debugging-port=0")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--remote-debugging-port=0",
+)
 INSTALL_TIMEOUT_S = 900
 START_TIMEOUT_S = 30
 
@@ -37,15 +46,18 @@ def find_or_install() -> str:
     if (path := _found()) is not None:
         return path
     if shutil.which("apt-get") is None or os.geteuid() != 0:
-        pytest.fail("the browser tests need Chromium and this machine has none; install it "
-                    "(Debian: `sudo apt-get install chromium`) and run them again")
+        pytest.fail(
+            "the browser tests need Chromium and this machine has none; install it "
+            "(Debian: `sudo apt-get install chromium`) and run them again"
+        )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for args in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium"]):
-        r = subprocess.run(args, capture_output=True, text=True, env=env,
-                           timeout=INSTALL_TIMEOUT_S)
+        r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=INSTALL_TIMEOUT_S)
         if r.returncode:
-            pytest.fail(f"`{' '.join(args)}` failed ({r.returncode}); the browser tests need "
-                        f"Chromium:\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}")
+            pytest.fail(
+                f"`{' '.join(args)}` failed ({r.returncode}); the browser tests need "
+                f"Chromium:\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}"
+            )
     if (path := _found()) is None:
         pytest.fail("apt-get installed chromium, yet no chromium executable is on PATH")
     return path
@@ -59,8 +71,16 @@ class Browser:
         (profile / "DevToolsActivePort").unlink(missing_ok=True)  # a run before this one's
         self.log = open(profile.parent / "chromium.log", "w")
         self.proc = subprocess.Popen(
-            [exe, *FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}",
-             "about:blank"], stdout=self.log, stderr=subprocess.STDOUT)
+            [
+                exe,
+                *FLAGS,
+                f"--user-data-dir={profile}",
+                f"--window-size={width},{height}",
+                "about:blank",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         self.loop = asyncio.new_event_loop()
         self._ids = 0
         self.errors: list[str] = []  # the pages' uncaught exceptions
@@ -80,15 +100,13 @@ class Browser:
                 return int(lines[0])
             self.loop.run_until_complete(asyncio.sleep(0.05))
         self.log.flush()
-        raise AssertionError("chromium did not start: "
-                             + Path(self.log.name).read_text()[-2000:])
+        raise AssertionError("chromium did not start: " + Path(self.log.name).read_text()[-2000:])
 
     async def _connect(self, port: int) -> tuple[aiohttp.ClientSession, Any]:
         session = aiohttp.ClientSession()
         async with session.get(f"http://127.0.0.1:{port}/json/list") as r:
             pages = [t for t in await r.json() if t["type"] == "page"]
-        return session, await session.ws_connect(pages[0]["webSocketDebuggerUrl"],
-                                                 max_msg_size=0)
+        return session, await session.ws_connect(pages[0]["webSocketDebuggerUrl"], max_msg_size=0)
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         """One DevTools command; its result. Of the events that come meanwhile, uncaught
@@ -102,8 +120,9 @@ class Browser:
             reply = json.loads(await asyncio.wait_for(self.ws.receive_str(), 60))
             if reply.get("method") == "Runtime.exceptionThrown":
                 details = reply["params"]["exceptionDetails"]
-                self.errors.append(details.get("exception", {}).get("description")
-                                   or details.get("text", ""))
+                self.errors.append(
+                    details.get("exception", {}).get("description") or details.get("text", "")
+                )
             if reply.get("id") == self._ids:
                 if "error" in reply:
                     raise AssertionError(f"{method}: {reply['error']}")
@@ -128,11 +147,13 @@ class Browser:
 
     def screenshot(self, path: Path, scale: float = 1.0) -> None:
         """The whole page as a PNG, its size times `scale`."""
-        width, height = self.eval("[document.documentElement.scrollWidth, "
-                                  "document.documentElement.scrollHeight]")
+        width, height = self.eval(
+            "[document.documentElement.scrollWidth, document.documentElement.scrollHeight]"
+        )
         clip = {"x": 0, "y": 0, "width": width, "height": height, "scale": scale}
-        shot = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
-                         clip=clip)
+        shot = self.call(
+            "Page.captureScreenshot", format="png", captureBeyondViewport=True, clip=clip
+        )
         path.write_bytes(base64.b64decode(shot["data"]))
 
     def close(self) -> None:

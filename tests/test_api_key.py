@@ -25,15 +25,19 @@ def test_the_flag_then_the_file_then_the_setting(tmp_path: Path) -> None:
     assert resolve_api_key(None, None, None) is None
 
 
-@pytest.mark.parametrize("flag,file_text,says", [
-    ("", None, '--api-key "" is empty'),
-    ("  ", None, '--api-key "" is empty'),
-    (None, "", "holds no key"),
-    (None, "\n\nkey-on-line-3\n", "holds no key"),
-    ("k", "k2", "both given"),
-])
-def test_empty_or_double_keys_are_refused(tmp_path: Path, flag: str | None,
-                                          file_text: str | None, says: str) -> None:
+@pytest.mark.parametrize(
+    "flag,file_text,says",
+    [
+        ("", None, '--api-key "" is empty'),
+        ("  ", None, '--api-key "" is empty'),
+        (None, "", "holds no key"),
+        (None, "\n\nkey-on-line-3\n", "holds no key"),
+        ("k", "k2", "both given"),
+    ],
+)
+def test_empty_or_double_keys_are_refused(
+    tmp_path: Path, flag: str | None, file_text: str | None, says: str
+) -> None:
     file = None
     if file_text is not None:
         (tmp_path / "key").write_text(file_text)
@@ -53,29 +57,46 @@ def test_an_unreadable_key_file_is_refused(tmp_path: Path) -> None:
         resolve_api_key(None, str(tmp_path / "missing"), None)
 
 
-@pytest.mark.parametrize("host,key,warns", [
-    ("127.0.0.1", None, False), ("127.0.0.2", None, False), ("::1", None, False),
-    ("localhost", None, False), ("0.0.0.0", None, True), ("::", None, True),
-    ("192.0.2.7", None, True), ("my-host.example", None, True), ("0.0.0.0", "k", False),
-])
-def test_a_reachable_server_without_a_key_warns(host: str, key: str | None,
-                                                warns: bool) -> None:
+@pytest.mark.parametrize(
+    "host,key,warns",
+    [
+        ("127.0.0.1", None, False),
+        ("127.0.0.2", None, False),
+        ("::1", None, False),
+        ("localhost", None, False),
+        ("0.0.0.0", None, True),
+        ("::", None, True),
+        ("192.0.2.7", None, True),
+        ("my-host.example", None, True),
+        ("0.0.0.0", "k", False),
+    ],
+)
+def test_a_reachable_server_without_a_key_warns(host: str, key: str | None, warns: bool) -> None:
     warning = exposure_warning(host, key)
     assert (warning is not None) == warns
     if warning:
         assert host in warning and "--api-key-file" in warning and "TF_API_KEY" in warning
 
 
-@pytest.mark.parametrize("flags,says", [
-    (["--api-key", ""], '--api-key "" is empty'),
-    (["--api-key-file", "/nonexistent/key"], "--api-key-file /nonexistent/key"),
-])
-def test_serve_refuses_an_empty_key_before_the_weights(tmp_path: Path, flags: list[str],
-                                                        says: str) -> None:
+@pytest.mark.parametrize(
+    "flags,says",
+    [
+        (["--api-key", ""], '--api-key "" is empty'),
+        (["--api-key-file", "/nonexistent/key"], "--api-key-file /nonexistent/key"),
+    ],
+)
+def test_serve_refuses_an_empty_key_before_the_weights(
+    tmp_path: Path, flags: list[str], says: str
+) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
     env.update(TF_DEMO_CACHE=str(tmp_path / "demo"), TF_MEMORY_LIMIT_GIB="1")
-    r = subprocess.run([sys.executable, "-c", LAUNCH, "serve", "--family", FAMILY, *flags],
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", LAUNCH, "serve", "--family", FAMILY, *flags],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     errors = [line for line in r.stderr.splitlines() if line.startswith("tensorfold: error:")]
     assert r.returncode == 2 and len(errors) == 1 and says in errors[0], r.stderr
     assert "serving" not in r.stdout

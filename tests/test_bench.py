@@ -24,13 +24,25 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
 
 def tensorfold(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
-    return subprocess.run([sys.executable, "-c", LAUNCH, *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", LAUNCH, *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_bench_concurrent_reports_zero_unequal(server: ServedDemo) -> None:
-    r = tensorfold("bench", "concurrent", "--url", server.url, "--levels", "1,2,4", "--alone",
-                   "--serial", "--max-tokens", "12", "--json")
+    r = tensorfold(
+        "bench",
+        "concurrent",
+        "--url",
+        server.url,
+        "--levels",
+        "1,2,4",
+        "--alone",
+        "--serial",
+        "--max-tokens",
+        "12",
+        "--json",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "equal 48, unequal 0, failed 0" in r.stdout, r.stdout
     summary = json.loads(r.stdout.strip().splitlines()[-1])
@@ -41,8 +53,20 @@ def test_bench_concurrent_reports_zero_unequal(server: ServedDemo) -> None:
 
 
 def test_bench_openai_reports_speed(server: ServedDemo) -> None:
-    r = tensorfold("bench", "openai", "--url", server.url, "--prompts", "Hello there", "One",
-                   "--max-tokens", "16", "--repeats", "2", "--json")
+    r = tensorfold(
+        "bench",
+        "openai",
+        "--url",
+        server.url,
+        "--prompts",
+        "Hello there",
+        "One",
+        "--max-tokens",
+        "16",
+        "--repeats",
+        "2",
+        "--json",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     rows = json.loads(r.stdout.strip().splitlines()[-1])["rows"]
     assert "bench openai: 4/4 requests" in r.stderr and "it/s" not in r.stderr, r.stderr
@@ -52,8 +76,9 @@ def test_bench_openai_reports_speed(server: ServedDemo) -> None:
 def test_exact_record_and_compare(server: ServedDemo, tmp_path: Path) -> None:
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     for out in (a, b):
-        r = tensorfold("exact", "record", "--url", server.url, "--out", str(out),
-                       "--max-tokens", "8")
+        r = tensorfold(
+            "exact", "record", "--url", server.url, "--out", str(out), "--max-tokens", "8"
+        )
         assert r.returncode == 0, r.stdout + r.stderr
     r = tensorfold("exact", "compare", str(a), str(b))
     assert r.returncode == 0 and "IDENTICAL (0 problem(s), 14 cases)" in r.stdout, r.stdout

@@ -25,12 +25,26 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
     s.stop()
 
 
-def test_the_small_set_prints_and_writes_one_row_a_case(server: ServedDemo,
-                                                        tmp_path: Path) -> None:
+def test_the_small_set_prints_and_writes_one_row_a_case(server: ServedDemo, tmp_path: Path) -> None:
     out = tmp_path / "hostile.tsv"
-    run = subprocess.run([sys.executable, "-m", "bench.hostile", "--url", server.base, "--small",
-                          "--api-key", KEY, "--out", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.hostile",
+            "--url",
+            server.base,
+            "--small",
+            "--api-key",
+            KEY,
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     lines = out.read_text().splitlines()
     assert tuple(lines[0].split("\t")) == hostile.COLUMNS

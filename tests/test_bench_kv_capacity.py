@@ -9,8 +9,12 @@ from tensorfold.kv_dtype import kv_layout
 from tensorfold.kv_plan import GiB
 from tensorfold.start import PAGE_ROWS
 
-LAYOUT = StateLayout(paged=tuple(RowSpec(f"L{i}.{n}", (8, 64), "bfloat16", fp8=True)
-                                 for i in range(4) for n in "kv"), fixed=(StateSpec("c", (1024,)),))
+LAYOUT = StateLayout(
+    paged=tuple(
+        RowSpec(f"L{i}.{n}", (8, 64), "bfloat16", fp8=True) for i in range(4) for n in "kv"
+    ),
+    fixed=(StateSpec("c", (1024,)),),
+)
 
 
 def test_the_room_holds_exactly_the_streams_it_was_sized_for() -> None:
@@ -46,8 +50,12 @@ def test_the_device_bench_runs_every_section_on_the_cpu(tmp_path) -> None:
     from pathlib import Path
 
     script = Path(__file__).parents[1] / "bench" / "kv_fp8.py"
-    done = subprocess.run([sys.executable, str(script), "--smoke", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     for shape in kv_capacity.SHAPES:

@@ -26,39 +26,76 @@ def nbytes(*tensors: torch.Tensor) -> int:
 
 
 def test_lfm2_plan_reads_the_built_models_product_weights() -> None:
-    cfg = replace(LFM2["LFM2-8B-A1B"], num_hidden_layers=5, vocab_size=96, hidden_size=64,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                  intermediate_size=80, moe_intermediate_size=24, num_experts=6,
-                  num_experts_per_tok=2, layer_types=("conv", "conv", "full_attention", "conv",
-                                                      "full_attention"))
+    cfg = replace(
+        LFM2["LFM2-8B-A1B"],
+        num_hidden_layers=5,
+        vocab_size=96,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=80,
+        moe_intermediate_size=24,
+        num_experts=6,
+        num_experts_per_tok=2,
+        layer_types=("conv", "conv", "full_attention", "conv", "full_attention"),
+    )
     model = build_lfm2(cfg, "cpu", torch.bfloat16)
     want, k = [], cfg.num_experts_per_tok
     for layer in model.weights.layers:
         m, f = layer.mixer, layer.ffn
-        want += ([nbytes(m.q, m.k, m.v), nbytes(m.out)] if hasattr(m, "q")
-                 else [nbytes(m.in_proj), nbytes(m.out_proj)])
-        want += ([nbytes(f.w1, f.w3), nbytes(f.w2)] if hasattr(f, "w1") and not hasattr(f, "gate")
-                 else [nbytes(*f.w1[:k], *f.w3[:k]), nbytes(*f.w2[:k])])
+        want += (
+            [nbytes(m.q, m.k, m.v), nbytes(m.out)]
+            if hasattr(m, "q")
+            else [nbytes(m.in_proj), nbytes(m.out_proj)]
+        )
+        want += (
+            [nbytes(f.w1, f.w3), nbytes(f.w2)]
+            if hasattr(f, "w1") and not hasattr(f, "gate")
+            else [nbytes(*f.w1[:k], *f.w3[:k]), nbytes(*f.w2[:k])]
+        )
     want.append(nbytes(model.weights.lm_head))
     plan = read_chain.lfm2_plan("tiny", cfg)
     assert [b for _, b in plan.products] == want
-    assert [n for n, _ in plan.products][:4] == ["in_proj", "out_proj", "dense_gate_up", "dense_down"]
+    assert [n for n, _ in plan.products][:4] == [
+        "in_proj",
+        "out_proj",
+        "dense_gate_up",
+        "dense_down",
+    ]
 
 
 def test_gemma4_plan_reads_the_built_models_product_weights() -> None:
-    raw = {**CONFIGS["Gemma-4-26B-A4B"], "vocab_size": 128, "hidden_size": 64,
-           "intermediate_size": 40, "num_hidden_layers": 6, "num_attention_heads": 2,
-           "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32,
-           "num_global_key_value_heads": 1, "num_experts": 4, "top_k_experts": 2,
-           "moe_intermediate_size": 8, "sliding_window": 8,
-           "layer_types": [SLIDING, SLIDING, FULL, SLIDING, SLIDING, FULL]}
+    raw = {
+        **CONFIGS["Gemma-4-26B-A4B"],
+        "vocab_size": 128,
+        "hidden_size": 64,
+        "intermediate_size": 40,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "global_head_dim": 32,
+        "num_global_key_value_heads": 1,
+        "num_experts": 4,
+        "top_k_experts": 2,
+        "moe_intermediate_size": 8,
+        "sliding_window": 8,
+        "layer_types": [SLIDING, SLIDING, FULL, SLIDING, SLIDING, FULL],
+    }
     cfg = Gemma4Config.from_dict(raw, "test")
     model = build_gemma4(cfg, "cpu", torch.bfloat16)
     want, k = [], cfg.top_k_experts
     for layer in model.weights.layers:
         a, m, e = layer.attention, layer.mlp, layer.moe
-        want += [nbytes(*(t for t in (a.q, a.k, a.v) if t is not None)), nbytes(a.o),
-                 nbytes(m.gate, m.up), nbytes(m.down), nbytes(e.gate_up[:k]), nbytes(e.down[:k])]
+        want += [
+            nbytes(*(t for t in (a.q, a.k, a.v) if t is not None)),
+            nbytes(a.o),
+            nbytes(m.gate, m.up),
+            nbytes(m.down),
+            nbytes(e.gate_up[:k]),
+            nbytes(e.down[:k]),
+        ]
     want.append(nbytes(model.weights.lm_head))
     assert [b for _, b in read_chain.gemma4_plan("tiny", cfg).products] == want
 
@@ -90,7 +127,7 @@ def test_the_persistent_phases_read_each_product_once_and_prefetch_the_next() ->
     assert reads == [(0, 150), (256, 256), (512, 1)]  # each at a 128-element boundary
     assert len(ph.offset) == 5 and ph.elements == 640
     for i, (o, n) in enumerate(zip(ph.offset, ph.length)):
-        later = [(a, b) for a, b in zip(ph.offset[i + 1:], ph.length[i + 1:]) if b]
+        later = [(a, b) for a, b in zip(ph.offset[i + 1 :], ph.length[i + 1 :]) if b]
         assert (ph.pf_offset[i], ph.pf_length[i]) == (later[0] if later else (0, 0))
 
 
@@ -104,8 +141,20 @@ def test_the_persistent_kernel_sums_each_phase_and_passes_its_barriers() -> None
     spins = torch.zeros(1, dtype=torch.int32)
     cnt = torch.zeros(1, dtype=torch.int32)
     read_chain._phases_kernel[(1,)](
-        x, t(ph.offset), t(ph.length), t(ph.pf_offset), t(ph.pf_length), cnt, out, spins,
-        len(ph.offset), BLOCK=256, MAX_SPIN=4, PREFETCH=False, PF_LANES=128)
-    want = [x[o:o + n].float().sum().item() for o, n in zip(ph.offset, ph.length)]
+        x,
+        t(ph.offset),
+        t(ph.length),
+        t(ph.pf_offset),
+        t(ph.pf_length),
+        cnt,
+        out,
+        spins,
+        len(ph.offset),
+        BLOCK=256,
+        MAX_SPIN=4,
+        PREFETCH=False,
+        PF_LANES=128,
+    )
+    want = [x[o : o + n].float().sum().item() for o, n in zip(ph.offset, ph.length)]
     assert out.tolist() == want
     assert cnt.item() == len(ph.offset) and spins.item() == 0  # one program: no wait

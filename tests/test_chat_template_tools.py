@@ -13,23 +13,45 @@ from tensorfold.chat_template import ChatTemplateError, render_chat
 from tensorfold.tool_request import tool_history
 from tensorfold.tool_testing import REPO, TEMPLATES, real_template
 
-NAMES = ("LFM2-8B-A1B.jinja", "LFM2.5-8B-A1B.jinja", "google-gemma-4-31B-it.jinja",
-         "GLM-4.7-Flash.jinja")
+NAMES = (
+    "LFM2-8B-A1B.jinja",
+    "LFM2.5-8B-A1B.jinja",
+    "google-gemma-4-31B-it.jinja",
+    "GLM-4.7-Flash.jinja",
+)
 SPECIALS = {"bos_token": "<s>", "eos_token": "</s>"}
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "The weather in a city, for some days.",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string", "description": "The city's name"},
-            "units": {"type": "string", "enum": ["C", "F"]},
-            "days": {"type": "integer"},
-            "where": {"type": "object", "properties": {"lat": {"type": "number"}},
-                      "required": ["lat"]},
-            "tags": {"type": "array", "items": {"type": "string"}}},
-            "required": ["city"]}}},
-    {"type": "function", "function": {"name": "get_time", "description": "The time now.",
-                                      "parameters": {"type": "object", "properties": {}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city, for some days.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "description": "The city's name"},
+                    "units": {"type": "string", "enum": ["C", "F"]},
+                    "days": {"type": "integer"},
+                    "where": {
+                        "type": "object",
+                        "properties": {"lat": {"type": "number"}},
+                        "required": ["lat"],
+                    },
+                    "tags": {"type": "array", "items": {"type": "string"}},
+                },
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The time now.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    },
 ]
 CALL_ARGS = '{"city": "Paris", "days": 3, "where": {"lat": 48.85}, "tags": ["a", "b"]}'
 
@@ -37,10 +59,14 @@ CALL_ARGS = '{"city": "Paris", "days": 3, "where": {"lat": 48.85}, "tags": ["a",
 def history() -> list[dict[str, Any]]:
     """A chat as an OpenAI client sends it: arguments as JSON text, two parallel calls, the two
     tool answers (one as text parts), then the model's answer and a new question."""
-    calls = [{"id": "call_1", "type": "function",
-              "function": {"name": "get_weather", "arguments": CALL_ARGS}},
-             {"id": "call_2", "type": "function",
-              "function": {"name": "get_time", "arguments": "{}"}}]
+    calls = [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": CALL_ARGS},
+        },
+        {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+    ]
     return [
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "What is the weather in Paris, and the time?"},
@@ -65,7 +91,8 @@ def hf_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     transformers = pytest.importorskip("transformers")
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     HFTokenizer(models.WordLevel({"<s>": 0, "</s>": 1, "[UNK]": 2}, unk_token="[UNK]")).save(
-        str(path))
+        str(path)
+    )
     return transformers.PreTrainedTokenizerFast(tokenizer_file=str(path), **SPECIALS)
 
 
@@ -88,7 +115,8 @@ def test_renders_as_transformers(name: str, case: str, gen: bool, hf_tokenizer: 
     hf_tokenizer.chat_template = template
     try:
         theirs = hf_tokenizer.apply_chat_template(
-            messages, tools=TOOLS, tokenize=False, add_generation_prompt=gen)
+            messages, tools=TOOLS, tokenize=False, add_generation_prompt=gen
+        )
     except Exception as exc:  # a template that refuses these messages must refuse them here too
         with pytest.raises(ChatTemplateError):
             render_chat(template, messages, tools=TOOLS, add_generation_prompt=gen, **SPECIALS)
@@ -102,16 +130,21 @@ def test_renders_as_transformers(name: str, case: str, gen: bool, hf_tokenizer: 
 def test_the_markup_of_each_template_appears() -> None:
     """The rendered history carries each format's markup: a check that the tools and calls reached
     the template at all, not just that both renderers agree."""
-    marks = {"LFM2-8B-A1B.jinja": ("<|tool_list_start|>", "<|tool_response_start|>10:42"),
-             "LFM2.5-8B-A1B.jinja": ("<|tool_call_start|>[get_weather(city='Paris', days=3",),
-             "google-gemma-4-31B-it.jinja": ("<|tool>declaration:get_weather",
-                                             "<|tool_call>call:get_time{}<tool_call|>"),
-             "GLM-4.7-Flash.jinja": ("<tool_call>get_weather<arg_key>city</arg_key>"
-                                     "<arg_value>Paris</arg_value>",
-                                     "<tool_response>10:42</tool_response>")}
+    marks = {
+        "LFM2-8B-A1B.jinja": ("<|tool_list_start|>", "<|tool_response_start|>10:42"),
+        "LFM2.5-8B-A1B.jinja": ("<|tool_call_start|>[get_weather(city='Paris', days=3",),
+        "google-gemma-4-31B-it.jinja": (
+            "<|tool>declaration:get_weather",
+            "<|tool_call>call:get_time{}<tool_call|>",
+        ),
+        "GLM-4.7-Flash.jinja": (
+            "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>",
+            "<tool_response>10:42</tool_response>",
+        ),
+    }
     for name, wanted in marks.items():
-        text = render_chat(real_template(name), tool_history(history()), tools=TOOLS,
-                           **SPECIALS).text
+        text = render_chat(
+            real_template(name), tool_history(history()), tools=TOOLS, **SPECIALS
+        ).text
         for piece in wanted:
             assert piece in text, (name, piece)
-

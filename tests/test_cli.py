@@ -48,18 +48,25 @@ def test_generate_sampling_flags_are_documented(capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         cli.parse_args(["generate", "--help"])
     out = " ".join(capsys.readouterr().out.split("options:")[1].split())
-    for flag, default in [("--max-tokens N", "32"), ("--temperature T", "0.0"),
-                          ("--top-p P", "1.0"), ("--top-k K", "0")]:
+    for flag, default in [
+        ("--max-tokens N", "32"),
+        ("--temperature T", "0.0"),
+        ("--top-p P", "1.0"),
+        ("--top-k K", "0"),
+    ]:
         at = out.index(flag)
-        assert f"(default: {default})" in out[at:out.index("--", at + len(flag))], flag
+        assert f"(default: {default})" in out[at : out.index("--", at + len(flag))], flag
     assert "--seed N seed of the sampling draws" in out
 
 
-@pytest.mark.parametrize("argv, usage", [
-    (["serve", "--bogus"], "usage: tensorfold serve "),
-    (["generate", "hi", "--bogus"], "usage: tensorfold generate "),
-    (["bench", "openai", "--bogus"], "usage: tensorfold bench openai "),
-])
+@pytest.mark.parametrize(
+    "argv, usage",
+    [
+        (["serve", "--bogus"], "usage: tensorfold serve "),
+        (["generate", "hi", "--bogus"], "usage: tensorfold generate "),
+        (["bench", "openai", "--bogus"], "usage: tensorfold bench openai "),
+    ],
+)
 def test_an_unknown_flag_shows_the_subcommands_usage(
     argv: list[str], usage: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -106,7 +113,9 @@ def test_idle_census_is_debug_and_an_uneven_one_an_error() -> None:
     finally:
         tf_logs.configure_logging(*before)
     assert [(e["log_level"], e["event"][:12]) for e in logs] == [
-        ("debug", "kv pool idle"), ("error", "UNEVEN kv po")]
+        ("debug", "kv pool idle"),
+        ("error", "UNEVEN kv po"),
+    ]
     assert lanes.uneven == 1
 
 
@@ -122,8 +131,10 @@ def test_generate_with_no_family_named_runs_the_default_demo(
     tf_env.setenv("TF_DEMO_CACHE", str(tmp_path))
     reset_plugin_manager()
     with capture_logs() as logs:
-        assert cli.main(["generate", "Once upon a time", "--max-tokens", "16",
-                         "--context", "1024"]) == 0
+        assert (
+            cli.main(["generate", "Once upon a time", "--max-tokens", "16", "--context", "1024"])
+            == 0
+        )
     out = capsys.readouterr().out
     assert out.startswith("'Once upon a time' -> ") and known_share(out) >= 0.8, out
     said = [e["event"] for e in logs if e["event"].startswith("lfm2_moe-demo: family lfm2_moe")]

@@ -19,16 +19,28 @@ KEY = "cors-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 ALLOWED = "http://a.example"
 OTHER = "https://evil.example"
-CHAT = {"model": "lfm2_moe-demo", "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 3, "temperature": 0}
-PREFLIGHT = {"Access-Control-Request-Method": "POST",
-             "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os"}
+CHAT = {
+    "model": "lfm2_moe-demo",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 3,
+    "temperature": 0,
+}
+PREFLIGHT = {
+    "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "authorization, content-type, x-stainless-os",
+}
 
 
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
-    s = ServedDemo(tmp_path_factory.mktemp("cors-key"), "--parallel", "2",
-                   "--allowed-origins", f"{ALLOWED}, https://B.example:8443/", api_key=KEY)
+    s = ServedDemo(
+        tmp_path_factory.mktemp("cors-key"),
+        "--parallel",
+        "2",
+        "--allowed-origins",
+        f"{ALLOWED}, https://B.example:8443/",
+        api_key=KEY,
+    )
     yield s
     rc, out = s.stop()
     assert rc == 0 and "kv pool idle: promised 0" in out, s.logs()[-3000:]
@@ -60,20 +72,21 @@ def allowed_headers(headers: dict[str, str], origin: str) -> None:
 def test_preflight_is_answered_before_the_key_check(keyed: ServedDemo) -> None:
     http = Http(keyed.base)  # no key: a browser sends none on a preflight
     for origin in (ALLOWED, "https://b.example:8443"):
-        r = http.request("OPTIONS", "/v1/chat/completions", headers={"Origin": origin,
-                                                                      **PREFLIGHT})
+        r = http.request("OPTIONS", "/v1/chat/completions", headers={"Origin": origin, **PREFLIGHT})
         assert r.status_code == 204, r.text
         allowed_headers(r.headers, origin)
         assert r.headers["access-control-allow-methods"] == "OPTIONS, POST"
-        assert r.headers["access-control-allow-headers"] == PREFLIGHT[
-            "Access-Control-Request-Headers"]
+        assert (
+            r.headers["access-control-allow-headers"] == PREFLIGHT["Access-Control-Request-Headers"]
+        )
     r = http.request("OPTIONS", "/v1/models", headers={"Origin": ALLOWED, **PREFLIGHT})
     assert r.status_code == 204 and "GET" in r.headers["access-control-allow-methods"]
 
 
 def test_preflight_from_another_origin_is_refused_by_name(keyed: ServedDemo) -> None:
-    r = Http(keyed.base).request("OPTIONS", "/v1/completions",
-                                 headers={"Origin": OTHER, **PREFLIGHT})
+    r = Http(keyed.base).request(
+        "OPTIONS", "/v1/completions", headers={"Origin": OTHER, **PREFLIGHT}
+    )
     error = check_error(r, 403)
     assert OTHER in error["message"] and "--allowed-origins" in error["message"]
     assert "access-control-allow-origin" not in r.headers and "Origin" in r.headers["vary"]
@@ -101,9 +114,12 @@ def test_every_response_to_an_allowed_origin_carries_the_headers(keyed: ServedDe
     allowed_headers(denied.headers, ALLOWED)
     conn = http.connect()  # an event stream: its headers go out before any token
     try:
-        conn.request("POST", "/v1/completions", body=json.dumps(
-            {"prompt": "The little", "max_tokens": 3, "stream": True}).encode(),
-            headers={"Content-Type": "application/json", "Origin": ALLOWED, **AUTH})
+        conn.request(
+            "POST",
+            "/v1/completions",
+            body=json.dumps({"prompt": "The little", "max_tokens": 3, "stream": True}).encode(),
+            headers={"Content-Type": "application/json", "Origin": ALLOWED, **AUTH},
+        )
         streamed = conn.getresponse()
         assert streamed.status == 200
         assert streamed.read().decode().rstrip().endswith("data: [DONE]")
@@ -148,8 +164,13 @@ def test_unset_changes_nothing(unset: ServedDemo) -> None:
 def test_a_malformed_origin_is_refused_before_the_weights(tmp_path: Path, value: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
     env.update(TF_DEMO_CACHE=str(tmp_path / "demo"))
-    r = subprocess.run([sys.executable, "-c", LAUNCH, "serve", "--allowed-origins", value],
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", LAUNCH, "serve", "--allowed-origins", value],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     errors = [line for line in r.stderr.splitlines() if line.startswith("tensorfold: error:")]
     assert r.returncode == 2 and len(errors) == 1, r.stderr
     assert "--allowed-origins" in errors[0] and "scheme://host[:port]" in errors[0]

@@ -34,7 +34,8 @@ FAMILIES = {"lfm2_moe": (5, 700), "gemma4": (13, 700), "glm5_next": (20, 800)}
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gates_hold_with_rounds_sent_ahead_and_equal_them_without(
-        family: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    family: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """Concurrent == solo, pages == windows with poisoned pages, resumed == fresh (a stream's
     end kept with a round in flight: its rows and fixed state as fed), with and without."""
     lo, hi = FAMILIES[family]
@@ -42,8 +43,17 @@ def test_gates_hold_with_rounds_sent_ahead_and_equal_them_without(
     prompts = [torch.randint(lo, hi, (n,), generator=g).tolist() for n in (9, 130, 300)]
     chats = [testing.chat_turns(c, turns=2, first=150, later=20) for c in range(3)]
     testing.assert_gates_sent_ahead_equal_plain(
-        family, None, prompts, chats, GREEDY, SAMPLED, min_cached=100, context=4096,
-        parallel=4, demo_cache=tmp_path_factory.mktemp(family))
+        family,
+        None,
+        prompts,
+        chats,
+        GREEDY,
+        SAMPLED,
+        min_cached=100,
+        context=4096,
+        parallel=4,
+        demo_cache=tmp_path_factory.mktemp(family),
+    )
 
 
 class _CancelAt:
@@ -68,7 +78,8 @@ class _CancelAt:
 
 
 def test_cancelled_streams_choices_and_grammars_with_rounds_sent_ahead(
-        demo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    demo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Among streams sent ahead: one cancelled mid-reply, n choices of a prompt, a JSON-schema
     reply; each gives what it gives with rounds sent ahead off, and the census is even."""
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -85,14 +96,22 @@ def test_cancelled_streams_choices_and_grammars_with_rounds_sent_ahead(
             sink.req = llm.served.engine.submit([5, 6, 7, 8], long, sink)
             sink.ready.set()
             free = llm.generate([[9, 10, 11]], SAMPLED)
-            shaped = llm.generate(["Tell me"], SamplingParams(temperature=0.7, seed=3,
-                                                              max_tokens=24),
-                                  response_format=json_format)
+            shaped = llm.generate(
+                ["Tell me"],
+                SamplingParams(temperature=0.7, seed=3, max_tokens=24),
+                response_format=json_format,
+            )
             assert sink.done.wait(60)
-            n = llm.generate(["Seven purple violins"],
-                             SamplingParams(temperature=0.9, seed=11, max_tokens=8), n=3)
-            runs[ahead] = (sink.tokens, sink.finished.reason,
-                           [c.token_ids for c in free + shaped + n])
+            n = llm.generate(
+                ["Seven purple violins"],
+                SamplingParams(temperature=0.9, seed=11, max_tokens=8),
+                n=3,
+            )
+            runs[ahead] = (
+                sink.tokens,
+                sink.finished.reason,
+                [c.token_ids for c in free + shaped + n],
+            )
             sent = lanes.sent_ahead
         finally:
             testing.close_even(llm)
@@ -102,12 +121,14 @@ def test_cancelled_streams_choices_and_grammars_with_rounds_sent_ahead(
 
 
 def test_states_kept_with_a_round_in_flight_resume_from_the_host_tier_as_fresh(
-        demo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    demo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Chats whose turns end with a round in flight (kept as fed, one row past the last
     token), evicted to the host tier and resumed from it: the replies of fresh runs, in fp8
     rows as in the model's dtype."""
     monkeypatch.setattr(lanes_module, "DECODE_AHEAD", True)
     chats = [testing.chat_turns(c, turns=3, first=60, later=20) for c in range(6)]
     for kv_dtype in ("auto", "fp8"):
-        testing.assert_host_tier_resumes_as_fresh("lfm2_moe", demo, chats, SAMPLED,
-                                                  kv_dtype=kv_dtype, context=4096)
+        testing.assert_host_tier_resumes_as_fresh(
+            "lfm2_moe", demo, chats, SAMPLED, kv_dtype=kv_dtype, context=4096
+        )

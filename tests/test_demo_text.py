@@ -5,7 +5,10 @@ from tensorfold.demo_text import QA, known_share, paragraphs, plain_text, words
 
 def test_noise_is_not_words() -> None:
     # What the demo wrote with random weights (issue 22): a check at 80% refuses it.
-    assert known_share("\ufffd Fr con\ufffd\u001c\ufffdPar light3 se\ufffd 5 fromcacheU\u001e al6") < 0.8
+    assert (
+        known_share("\ufffd Fr con\ufffd\u001c\ufffdPar light3 se\ufffd 5 fromcacheU\u001e al6")
+        < 0.8
+    )
     assert known_share("Paris is the capital of France.") == 1.0
     assert known_share("") == 0.0
 

@@ -18,8 +18,12 @@ def module_map() -> str:
 
 def test_the_module_map_names_every_module() -> None:
     named = set(re.findall(r"\b(\w+)\.py\b", module_map()))
-    modules = {p.stem for d in ("core", "core/ops", "adapters") for p in (ROOT / d).glob("*.py")
-               if p.stem != "__init__"}
+    modules = {
+        p.stem
+        for d in ("core", "core/ops", "adapters")
+        for p in (ROOT / d).glob("*.py")
+        if p.stem != "__init__"
+    }
     ops = {m for m in modules if (ROOT / "core" / "ops" / f"{m}.py").exists()}
     missing = modules - ops - named  # the ops are listed in docs/reference.md
     assert not missing, f"docs/architecture.md's module map does not name {sorted(missing)}"

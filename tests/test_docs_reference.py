@@ -15,14 +15,28 @@ import tensorfold.ops
 
 REFERENCE_MD = Path(__file__).parents[1] / "docs" / "reference.md"
 MODULES = [
-    "tensorfold.family", "tensorfold.model", "tensorfold.forward_pass",
-    "tensorfold.adapters.paged_kv", "tensorfold.adapters.stream_state",
-    "tensorfold.adapters.snapshots", "tensorfold.checkpoint", "tensorfold.tokenizer",
-    "tensorfold.demo_build", "tensorfold.ops.linear", "tensorfold.ops.norms",
-    "tensorfold.ops.rope", "tensorfold.ops.attention", "tensorfold.ops.window_attention",
-    "tensorfold.ops.moe", "tensorfold.ops.conv", "tensorfold.ops.parallel",
-    "tensorfold.ops.symmetric_reduce", "tensorfold.ops.gpu",
-    "tensorfold.ops.pass_meta", "tensorfold.ops.kv_quant", "tensorfold.testing",
+    "tensorfold.family",
+    "tensorfold.model",
+    "tensorfold.forward_pass",
+    "tensorfold.adapters.paged_kv",
+    "tensorfold.adapters.stream_state",
+    "tensorfold.adapters.snapshots",
+    "tensorfold.checkpoint",
+    "tensorfold.tokenizer",
+    "tensorfold.demo_build",
+    "tensorfold.ops.linear",
+    "tensorfold.ops.norms",
+    "tensorfold.ops.rope",
+    "tensorfold.ops.attention",
+    "tensorfold.ops.window_attention",
+    "tensorfold.ops.moe",
+    "tensorfold.ops.conv",
+    "tensorfold.ops.parallel",
+    "tensorfold.ops.symmetric_reduce",
+    "tensorfold.ops.gpu",
+    "tensorfold.ops.pass_meta",
+    "tensorfold.ops.kv_quant",
+    "tensorfold.testing",
 ]
 
 
@@ -56,9 +70,14 @@ def public_names(module: str) -> list[str]:
                 for sub in ast.walk(item):
                     if isinstance(sub, (ast.Assign, ast.AnnAssign)):
                         targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
-                        names += [f"{node.name}.{t.attr}" for t in targets
-                                  if isinstance(t, ast.Attribute) and _public(t.attr)
-                                  and isinstance(t.value, ast.Name) and t.value.id == "self"]
+                        names += [
+                            f"{node.name}.{t.attr}"
+                            for t in targets
+                            if isinstance(t, ast.Attribute)
+                            and _public(t.attr)
+                            and isinstance(t.value, ast.Name)
+                            and t.value.id == "self"
+                        ]
     return list(dict.fromkeys(names))
 
 
@@ -69,7 +88,7 @@ def sections() -> dict[str, str]:
     out = {}
     for i, m in enumerate(found):
         end = found[i + 1].start() if i + 1 < len(found) else len(text)
-        out[m.group(2)] = text[m.end():end]
+        out[m.group(2)] = text[m.end() : end]
     return out
 
 
@@ -83,8 +102,11 @@ def mentioned(name: str, text: str) -> bool:
 def test_every_public_name_is_listed_in_its_section(module: str) -> None:
     section = sections().get(module)
     assert section is not None, f"docs/reference.md has no '## `{module}`' section"
-    missing = [n for n in public_names(module)
-               if not (mentioned(n, section) or mentioned(n.split(".")[-1], section))]
+    missing = [
+        n
+        for n in public_names(module)
+        if not (mentioned(n, section) or mentioned(n.split(".")[-1], section))
+    ]
     assert not missing, f"docs/reference.md's {module} section does not list {missing}"
 
 

@@ -28,15 +28,25 @@ from tensorfold.testing import close_even, run_chats, tokens
 
 pytestmark = pytest.mark.gpu
 
-FAMILIES = {"lfm2_moe": "tensorfold_lfm2_moe", "gemma4": "tensorfold_gemma4",
-            "glm5_next": "tensorfold_glm"}
+FAMILIES = {
+    "lfm2_moe": "tensorfold_lfm2_moe",
+    "gemma4": "tensorfold_gemma4",
+    "glm5_next": "tensorfold_glm",
+}
 CONTEXT = 4096
 LENGTHS = [5, 17, 64, 200, 700, 1500, 2100, 2500]  # two longer than a 2048-row pass
 MAX_TOKENS = 8
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 SAMPLED = SamplingParams(temperature=0.8, seed=1234, max_tokens=MAX_TOKENS, ignore_eos=True)
-GPU_FLAGS = {"device": "cuda", "dtype": "bfloat16", "memory_limit_gib": 4, "context": CONTEXT,
-             "prompt_cache_gib": 0, "kv_share": 0, "kv_host_gib": 0}
+GPU_FLAGS = {
+    "device": "cuda",
+    "dtype": "bfloat16",
+    "memory_limit_gib": 4,
+    "context": CONTEXT,
+    "prompt_cache_gib": 0,
+    "kv_share": 0,
+    "kv_host_gib": 0,
+}
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -77,8 +87,9 @@ def test_concurrent_equals_solo_at_1_and_8(family, runs, params_name):
     params = {"greedy": GREEDY, "sampled": SAMPLED}[params_name]
     llm = open_llm(family, parallel=8)
     try:
-        testing.assert_concurrent_equals_solo(llm, prompts, params, alone[params_name],
-                                              levels=(1, 8))
+        testing.assert_concurrent_equals_solo(
+            llm, prompts, params, alone[params_name], levels=(1, 8)
+        )
     finally:
         close_even(llm)
 
@@ -134,8 +145,9 @@ def test_gates_within_fp8_kv(family, runs):
     prompts, _, _, _ = runs
     chats = [testing.chat_turns(c, 2, 300, 12) for c in range(3)]
     flags = {k: v for k, v in GPU_FLAGS.items() if k not in ("prompt_cache_gib", "kv_share")}
-    testing.assert_engine_gates(name, folder, prompts[:6], chats, GREEDY, SAMPLED,
-                                kv_dtype="fp8", parallel=4, **flags)
+    testing.assert_engine_gates(
+        name, folder, prompts[:6], chats, GREEDY, SAMPLED, kv_dtype="fp8", parallel=4, **flags
+    )
 
 
 def test_fp8_kv_agreement_with_bf16_kv(family, record_property):
@@ -163,5 +175,6 @@ def test_gates_at_tp_2(family):
     prompts = draw_prompts(vocab, LENGTHS, 7)  # runs' prompts, without its one-GPU runs
     chats = [testing.chat_turns(c, 2, 300, 12) for c in range(3)]
     flags = {k: v for k, v in GPU_FLAGS.items() if k not in ("prompt_cache_gib", "kv_share")}
-    testing.assert_engine_gates_at_tp(name, folder, prompts[:6], chats, GREEDY, SAMPLED,
-                                      tp=2, match_one_rank=False, **flags)
+    testing.assert_engine_gates_at_tp(
+        name, folder, prompts[:6], chats, GREEDY, SAMPLED, tp=2, match_one_rank=False, **flags
+    )

@@ -26,8 +26,11 @@ pytestmark = pytest.mark.gpu
 DEV = "cuda"
 BF16 = torch.bfloat16
 ROWS = [1, 2, 3, 7, 16, 33, 255, 256, 257, 700]  # both sides of the small-tile limit (256)
-FAMILIES = {"lfm2_moe": "tensorfold_lfm2_moe", "gemma4": "tensorfold_gemma4",
-            "glm5_next": "tensorfold_glm"}
+FAMILIES = {
+    "lfm2_moe": "tensorfold_lfm2_moe",
+    "gemma4": "tensorfold_gemma4",
+    "glm5_next": "tensorfold_glm",
+}
 
 
 def randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
@@ -41,7 +44,9 @@ def assert_rows_invariant(fn, x: torch.Tensor, *row_args: torch.Tensor) -> None:
     full = full if isinstance(full, tuple) else (full,)
     for m in ROWS:
         for start in {0, x.shape[0] - m}:
-            part = fn(x[start : start + m].clone(), *[a[start : start + m].clone() for a in row_args])
+            part = fn(
+                x[start : start + m].clone(), *[a[start : start + m].clone() for a in row_args]
+            )
             part = part if isinstance(part, tuple) else (part,)
             for p, f in zip(part, full):
                 assert torch.equal(p, f[start : start + m]), f"rows {start}:{start + m}"
@@ -68,8 +73,9 @@ def test_linear_groups_rows_alone_equal_batches():
     assert_rows_invariant(run, maps)
     got = run(maps)
     for g in range(2):
-        want = triton_linear.linear(maps[:, g * 128 : (g + 1) * 128].contiguous(),
-                                    w[g * 8192 : (g + 1) * 8192])
+        want = triton_linear.linear(
+            maps[:, g * 128 : (g + 1) * 128].contiguous(), w[g * 8192 : (g + 1) * 8192]
+        )
         assert (got[:, g].float() - want.float()).abs().max() < 0.02 * want.float().abs().max()
 
 
@@ -87,20 +93,29 @@ def test_moe_gated_ffn_and_router_rows_alone_equal_batches(h, i, e, k):
         assert triton_moe.pick(33, i, 33 * k, e)[0] == triton_moe.TINY_BLOCK_M
         assert triton_moe.pick(255, i, 255 * k, e)[0] == triton_moe.SMALL_BLOCK_M
     wide = i >= triton_moe.LONG_K
-    assert triton_moe.pick(1, i)[2] == (triton_moe.TINY_LONG_DOWN_TILES if wide else triton_moe.TINY_DOWN_TILES)
+    assert triton_moe.pick(1, i)[2] == (
+        triton_moe.TINY_LONG_DOWN_TILES if wide else triton_moe.TINY_DOWN_TILES
+    )
     w1 = list(randn(e, i, h, seed=4, scale=0.05).unbind(0))
     w3 = list(randn(e, i, h, seed=5, scale=0.05).unbind(0))
     w2 = list(randn(e, h, i, seed=6, scale=0.05).unbind(0))
     gate = randn(e, h, seed=7, scale=0.05)
     x = randn(700, h, seed=8)
     weights, experts = ref_moe.route(x, gate, None, k, norm_topk_prob=True)
-    assert_rows_invariant(lambda x, wt, ex: triton_moe.moe(x, wt, ex, w1, w3, w2), x, weights, experts)
+    assert_rows_invariant(
+        lambda x, wt, ex: triton_moe.moe(x, wt, ex, w1, w3, w2), x, weights, experts
+    )
     d = 2 * i
-    d1, d3, d2 = randn(d, h, seed=9, scale=0.05), randn(d, h, seed=10, scale=0.05), randn(h, d, seed=11, scale=0.05)
+    d1, d3, d2 = (
+        randn(d, h, seed=9, scale=0.05),
+        randn(d, h, seed=10, scale=0.05),
+        randn(h, d, seed=11, scale=0.05),
+    )
     assert_rows_invariant(lambda x: triton_moe.gated_ffn(x, d1, d3, d2), x)
     eb = randn(e, seed=12, scale=0.1).float()
     assert_rows_invariant(
-        lambda x: triton_route.route(x, gate, eb, k, norm_topk_prob=True, scaling=2.5), x)
+        lambda x: triton_route.route(x, gate, eb, k, norm_topk_prob=True, scaling=2.5), x
+    )
 
     def routed_moe(x):  # a few rows: the router's program sorts the pairs (no align launch)
         wt, ex = triton_route.route(x, gate, eb, k, norm_topk_prob=True, scaling=2.5)
@@ -136,8 +151,10 @@ def test_route_a_program_a_row_gives_the_rows_tiles_bits(monkeypatch):
     scale = (1 + randn(128, seed=46, scale=0.1)).float()
     few, eb = randn(32, 2816, seed=47, scale=0.02), randn(32, seed=48, scale=0.1).float()
     x = randn(700, 2816, seed=49)
-    runs = (lambda x: triton_route.softmax_route(x, gate, 8, scale),
-            lambda x: triton_route.route(x, few, eb, 4, norm_topk_prob=True, scaling=2.5))
+    runs = (
+        lambda x: triton_route.softmax_route(x, gate, 8, scale),
+        lambda x: triton_route.route(x, few, eb, 4, norm_topk_prob=True, scaling=2.5),
+    )
     for run in runs:
         monkeypatch.setattr(triton_route, "ONE_ROW_PROGRAMS", False)
         want = run(x)
@@ -158,9 +175,12 @@ def test_norm_in_the_routers_launch_gives_the_norms_bits(h, monkeypatch: pytest.
     nw = (1 + randn(h, seed=17, scale=0.1).float() * 0.1).to(BF16)
     gate, eb = randn(32, h, seed=18, scale=0.05), randn(32, seed=19, scale=0.1).float()
     assert_rows_invariant(
-        lambda y, r: triton_route.norm_route(y, r, nw, 1e-5, gate, eb, 4, norm_topk_prob=True,
-                                             scaling=2.5),
-        randn(700, h, seed=20), randn(700, h, seed=21))
+        lambda y, r: triton_route.norm_route(
+            y, r, nw, 1e-5, gate, eb, 4, norm_topk_prob=True, scaling=2.5
+        ),
+        randn(700, h, seed=20),
+        randn(700, h, seed=21),
+    )
 
 
 def test_route_of_one_row_on_its_own_tile_gives_the_rows_tiles_bits(monkeypatch):
@@ -177,11 +197,13 @@ def test_route_of_one_row_on_its_own_tile_gives_the_rows_tiles_bits(monkeypatch)
     assert not triton_route.fuses_one_row(1, 128)
     assert_rows_invariant(lambda x: triton_route.softmax_route(x, gate, 8, scale), x)
     assert_rows_invariant(
-        lambda x: triton_route.route(x, gate, None, 8, norm_topk_prob=True, scaling=2.5), x)
+        lambda x: triton_route.route(x, gate, None, 8, norm_topk_prob=True, scaling=2.5), x
+    )
     few, eb = randn(32, 2816, seed=43, scale=0.02), randn(32, seed=44, scale=0.1).float()
     assert triton_route.fuses_one_row(1, 32)  # the one-launch router, sigmoid, on [1, 32]
     assert_rows_invariant(
-        lambda x: triton_route.route(x, few, eb, 4, norm_topk_prob=True, scaling=2.5), x)
+        lambda x: triton_route.route(x, few, eb, 4, norm_topk_prob=True, scaling=2.5), x
+    )
 
 
 def test_fp32_router_on_a_columns_major_gate_rows_alone_equal_batches():
@@ -196,8 +218,19 @@ def test_fp32_router_on_a_columns_major_gate_rows_alone_equal_batches():
     x = randn(700, 4096, seed=47)
 
     def run(x, g=cols):
-        return triton_route.route(x, g, eb, 8, norm_topk_prob=True, scaling=2.5, fp32=True,
-                                  norm_eps=1e-20, groups=8, keep_groups=4, by_expert=True)
+        return triton_route.route(
+            x,
+            g,
+            eb,
+            8,
+            norm_topk_prob=True,
+            scaling=2.5,
+            fp32=True,
+            norm_eps=1e-20,
+            groups=8,
+            keep_groups=4,
+            by_expert=True,
+        )
 
     assert_rows_invariant(run, x)
     same = (run(x)[1] == run(x, gate)[1]).all(-1)
@@ -218,8 +251,19 @@ def test_grouped_route_of_one_row_on_its_own_tile_gives_the_rows_tiles_bits(colu
     x = randn(64, 4096, seed=50)
 
     def run(x):
-        return triton_route.route(x, gate, eb, 8, norm_topk_prob=True, scaling=2.5, fp32=True,
-                                  norm_eps=1e-20, groups=8, keep_groups=4, by_expert=True)
+        return triton_route.route(
+            x,
+            gate,
+            eb,
+            8,
+            norm_topk_prob=True,
+            scaling=2.5,
+            fp32=True,
+            norm_eps=1e-20,
+            groups=8,
+            keep_groups=4,
+            by_expert=True,
+        )
 
     many = run(x)
     monkeypatch.setattr(triton_route, "ONE_ROW_GROUPS", True)
@@ -245,8 +289,9 @@ def test_expand_and_collapse_in_one_launch_give_the_two_steps_bits(monkeypatch):
     kw = dict(iters=20, rms_eps=1e-6, hc_eps=1e-6, norm_eps=1e-6)
 
     def fused(rows):
-        return triton_mhc.expand_collapse_norm(post[rows], comb[rows], y[rows], res[rows], fn,
-                                               base, scale, norm_w, **kw)
+        return triton_mhc.expand_collapse_norm(
+            post[rows], comb[rows], y[rows], res[rows], fn, base, scale, norm_w, **kw
+        )
 
     streams = triton_mhc.expand(post, comb, y, res)
     two_steps = (streams, *triton_mhc.collapse_norm(streams, fn, base, scale, norm_w, **kw))
@@ -265,8 +310,9 @@ def test_kda_decode_tails_moved_on_in_the_convs_launch_equal_the_tail_kernels(mo
     from tensorfold_glm import triton_kda
 
     n, d, k = 64, 8192, 4
-    fp = ForwardPass([StreamRows(s, 0 if s in (3, 40) else 100 + s, [1], [0], "all")
-                      for s in range(n)], 512, DEV)
+    fp = ForwardPass(
+        [StreamRows(s, 0 if s in (3, 40) else 100 + s, [1], [0], "all") for s in range(n)], 512, DEV
+    )
     meta = build_meta(fp)
     qkv, tails = randn(n, 3 * d, seed=70), randn(n + 1, 3 * d, k - 1, seed=71)
     w = randn(3 * d, k, seed=72, scale=0.5).float()
@@ -301,8 +347,22 @@ def test_kda_recurrent_rows_alone_equal_batches_and_fla_cores():
 
     def run(rows, lens=None):
         states, out = start.clone(), torch.zeros(n, heads, dk, dtype=BF16, device=DEV)
-        triton_kda.recurrent(q, k, v, pre, b, a_log, dt_bias, -5.0, states, i32(rows),
-                             i32(lens or [1] * len(rows)), pos.to(DEV)[rows], i32(rows), out)
+        triton_kda.recurrent(
+            q,
+            k,
+            v,
+            pre,
+            b,
+            a_log,
+            dt_bias,
+            -5.0,
+            states,
+            i32(rows),
+            i32(lens or [1] * len(rows)),
+            pos.to(DEV)[rows],
+            i32(rows),
+            out,
+        )
         return out, states
 
     together = run(list(range(n)))
@@ -310,12 +370,40 @@ def test_kda_recurrent_rows_alone_equal_batches_and_fla_cores():
         out, states = run([r])
         assert torch.equal(out[r], together[0][r]) and torch.equal(states[r], together[1][r])
     whole = start.clone(), torch.zeros(n, heads, dk, dtype=BF16, device=DEV)
-    triton_kda.recurrent(q, k, v, pre, b, a_log, dt_bias, -5.0, whole[0], i32([10]), i32([5]),
-                         i32([100]), i32([64]), whole[1])
+    triton_kda.recurrent(
+        q,
+        k,
+        v,
+        pre,
+        b,
+        a_log,
+        dt_bias,
+        -5.0,
+        whole[0],
+        i32([10]),
+        i32([5]),
+        i32([100]),
+        i32([64]),
+        whole[1],
+    )
     steps = start.clone(), torch.zeros(n, heads, dk, dtype=BF16, device=DEV)
     for r in range(10, 15):
-        triton_kda.recurrent(q, k, v, pre, b, a_log, dt_bias, -5.0, steps[0], i32([r]), i32([1]),
-                             i32([90 + r]), i32([64]), steps[1])
+        triton_kda.recurrent(
+            q,
+            k,
+            v,
+            pre,
+            b,
+            a_log,
+            dt_bias,
+            -5.0,
+            steps[0],
+            i32([r]),
+            i32([1]),
+            i32([90 + r]),
+            i32([64]),
+            steps[1],
+        )
     assert torch.equal(whole[0][64], steps[0][64]) and torch.equal(whole[1], steps[1])
 
     states = start.clone()
@@ -323,11 +411,22 @@ def test_kda_recurrent_rows_alone_equal_batches_and_fla_cores():
     states[40].zero_()
     out = torch.empty(n, 1, heads, dk, dtype=BF16, device=DEV)
     fused_recurrent_kda_fwd(
-        q=q.view(n, 1, heads, dk), k=k.view(n, 1, heads, dk), v=v.view(n, 1, heads, dk),
-        g=pre.view(n, 1, heads, dk), beta=torch.sigmoid(b.float()).to(BF16).view(n, 1, heads),
-        initial_state=states, inplace_final_state=True, ssm_state_indices=i32(list(range(n))),
-        out=out, A_log=a_log, dt_bias=dt_bias, scale=dk**-0.5, use_qk_l2norm_in_kernel=True,
-        use_gate_in_kernel=True, lower_bound=-5.0)
+        q=q.view(n, 1, heads, dk),
+        k=k.view(n, 1, heads, dk),
+        v=v.view(n, 1, heads, dk),
+        g=pre.view(n, 1, heads, dk),
+        beta=torch.sigmoid(b.float()).to(BF16).view(n, 1, heads),
+        initial_state=states,
+        inplace_final_state=True,
+        ssm_state_indices=i32(list(range(n))),
+        out=out,
+        A_log=a_log,
+        dt_bias=dt_bias,
+        scale=dk**-0.5,
+        use_qk_l2norm_in_kernel=True,
+        use_gate_in_kernel=True,
+        lower_bound=-5.0,
+    )
     err = (out.view(n, heads, dk).float() - together[0].float()).norm() / out.float().norm()
     assert err < 2e-2, err
     assert ((states[:n] - together[1][:n]).norm() / states[:n].norm()) < 1e-3
@@ -364,14 +463,18 @@ def test_qkv_norm_rope_write_rows_alone_equal_batches_and_the_launches_it_replac
     def fused(qkv, cos, sin, index):
         k_rows = torch.zeros(2 * n, hkv, d, dtype=BF16, device=DEV)
         v_rows = torch.zeros_like(k_rows)
-        q = triton_rope.qkv_norm_rope_write(qkv, q_norm, k_norm, 1e-5, cos, sin, k_rows, v_rows,
-                                            index)
+        q = triton_rope.qkv_norm_rope_write(
+            qkv, q_norm, k_norm, 1e-5, cos, sin, k_rows, v_rows, index
+        )
         return q, k_rows[index], v_rows[index]
 
     assert_rows_invariant(fused, qkv, cos, sin, index)
     q, k, v = qkv.split((hq, hkv, hkv), dim=1)
-    want = (triton_rope.norm_rope(q, q_norm, 1e-5, cos, sin, False),
-            triton_rope.norm_rope(k, k_norm, 1e-5, cos, sin, False), v)
+    want = (
+        triton_rope.norm_rope(q, q_norm, 1e-5, cos, sin, False),
+        triton_rope.norm_rope(k, k_norm, 1e-5, cos, sin, False),
+        v,
+    )
     for got, w in zip(fused(qkv, cos, sin, index), want):
         assert torch.equal(got, w)
 
@@ -397,12 +500,12 @@ def test_qkv_heads_rows_alone_equal_batches_and_the_launches_they_replace(hq, hk
     assert_rows_invariant(fused, heads, cos, sin)
     q, k, v = fused(heads, cos, sin)
     assert torch.equal(q, triton_rope.norm_rope(heads[:, :hq], q_norm, 1e-6, cos, sin, True))
-    k_alone = triton_rope.norm_rope(heads[:, hq:hq + hkv], k_norm, 1e-6, cos, sin, True)
+    k_alone = triton_rope.norm_rope(heads[:, hq : hq + hkv], k_norm, 1e-6, cos, sin, True)
     if triton_rope._warps(hkv, d, 2) == triton_rope._warps(hq, d, 2):
         assert torch.equal(k, k_alone)
     else:
         assert (k.float() - k_alone.float()).abs().max() <= 0.02 * k_alone.float().abs().max()
-    vf = heads[:, v_first:v_first + hkv].float()
+    vf = heads[:, v_first : v_first + hkv].float()
     v_want = vf * torch.rsqrt(vf.pow(2).mean(-1, keepdim=True) + 1e-6)
     assert (v.float() - v_want).abs().max() <= 0.01 * v_want.abs().max()
 
@@ -415,8 +518,9 @@ def test_gemma4_residual_with_the_router_inputs_rows_alone_equal_batches():
     n, d = 700, 2816
     h, a = randn(n, d, seed=24, scale=2.0), randn(n, d, seed=25, scale=2.0)
     wa, wn, pre = (1 + randn(d, seed=s, scale=0.1).float() for s in (26, 27, 28))
-    kw = dict(wa=wa, wnext=wn, router_scale=1 + randn(d, seed=29, scale=0.1), const=d**-0.5,
-              pre_norm=pre)
+    kw = dict(
+        wa=wa, wnext=wn, router_scale=1 + randn(d, seed=29, scale=0.1), const=d**-0.5, pre_norm=pre
+    )
     assert_rows_invariant(lambda h, a: triton_ops.residual_router(h, a, 1e-6, **kw), h, a)
     got = triton_ops.residual_router(h, a, 1e-6, **kw)
     plain = triton_ops.residual(h, a, 1e-6, wa=wa, wnext=wn)
@@ -442,7 +546,7 @@ def test_fp8_row_writes_give_the_cpu_references_bits():
     ties = torch.cat([torch.full((ties.shape[0], 1, 1), 448.0), ties], dim=-1)
     v = torch.zeros(300, 2, 256)
     v[: ties.shape[0]] = torch.cat([ties, ties * 0.5], dim=1)
-    v[ties.shape[0]:] = torch.randn(300 - ties.shape[0], 2, 256, generator=g)
+    v[ties.shape[0] :] = torch.randn(300 - ties.shape[0], 2, 256, generator=g)
     for dtype in (torch.float32, BF16):
         index = torch.randperm(1200, generator=g)[:600:2]
         want, got = [], []
@@ -453,16 +557,23 @@ def test_fp8_row_writes_give_the_cpu_references_bits():
             index_copy_rows(dst, index, q)
             sc.index_copy_(0, index, s)
             want.append((dst, sc))
-            got.append((x.to(DEV), torch.zeros(dst.shape, dtype=torch.uint8, device=DEV).view(
-                FP8_DTYPE), torch.zeros_like(sc, device=DEV)))
+            got.append(
+                (
+                    x.to(DEV),
+                    torch.zeros(dst.shape, dtype=torch.uint8, device=DEV).view(FP8_DTYPE),
+                    torch.zeros_like(sc, device=DEV),
+                )
+            )
         quantize_scatter(index.to(DEV), got)
         for (wq, ws), (_, gq, gs) in zip(want, got):
             assert torch.equal(gq.cpu().view(torch.uint8), wq.view(torch.uint8))
             assert torch.equal(gs.cpu().view(torch.int32), ws.view(torch.int32))
 
 
-@pytest.mark.parametrize("hq, hkv, d, fp8", [(16, 2, 512, False), (16, 2, 512, True),
-                                             (32, 8, 64, False), (32, 8, 64, True)])
+@pytest.mark.parametrize(
+    "hq, hkv, d, fp8",
+    [(16, 2, 512, False), (16, 2, 512, True), (32, 8, 64, False), (32, 8, 64, True)],
+)
 def test_attention_key_segments_walked_or_shared_give_the_same_bits(hq, hkv, d, fp8):
     """Paged attention over long contexts (gemma4's wide global heads, lfm2's GQA), with and
     without a window: one program walking each row's key segments, programs sharing them, and
@@ -491,8 +602,17 @@ def test_attention_key_segments_walked_or_shared_give_the_same_bits(hq, hkv, d, 
 
     def run(fp, q, window, parts):
         return triton_attention.paged_attention(
-            q, k, v, fp.positions, build_meta(fp), page_rows, scale=d**-0.5, window=window,
-            parts=parts, **scales)
+            q,
+            k,
+            v,
+            fp.positions,
+            build_meta(fp),
+            page_rows,
+            scale=d**-0.5,
+            window=window,
+            parts=parts,
+            **scales,
+        )
 
     for window in (None, 1024):
         walked = run(fp, q, window, 1)
@@ -503,9 +623,15 @@ def test_attention_key_segments_walked_or_shared_give_the_same_bits(hq, hkv, d, 
             alone = run(ForwardPass([st], page_rows, DEV), q[a:z].clone(), window, None)
             assert torch.equal(alone, walked[a:z]), (window, i)
         cpu = {n: t.cpu() for n, t in scales.items()}
-        want = ref_attention.paged_attention(q.cpu(), k.cpu(), v.cpu(),
-                                             ForwardPass(streams, page_rows), scale=d**-0.5,
-                                             window=window, **cpu)
+        want = ref_attention.paged_attention(
+            q.cpu(),
+            k.cpu(),
+            v.cpu(),
+            ForwardPass(streams, page_rows),
+            scale=d**-0.5,
+            window=window,
+            **cpu,
+        )
         err = (walked.float().cpu() - want.float()).abs().max() / want.float().abs().max()
         assert err < 2e-2, (window, float(err))
 
@@ -533,16 +659,18 @@ def test_split_attention_compiles_once_for_any_table_width_and_rows():
     knobs.runtime.jit_cache_hook = hook
     try:
         # 11 .. 194 pages, and row counts that put pass_meta's sections at other offsets
-        for i, (start, n) in enumerate(((700, 3), (3000, 3), (5100, 33), (9001, 7),
-                                        (12345, 20))):
-            fp = ForwardPass([StreamRows(0, start, [0] * n, list(range(-(-(start + n)
-                                                                         // page_rows))))],
-                             page_rows, DEV)
+        for i, (start, n) in enumerate(((700, 3), (3000, 3), (5100, 33), (9001, 7), (12345, 20))):
+            fp = ForwardPass(
+                [StreamRows(0, start, [0] * n, list(range(-(-(start + n) // page_rows))))],
+                page_rows,
+                DEV,
+            )
             q = randn(fp.num_rows, hq, d, seed=4)
             if i == 1:
                 compiled.clear()  # the first width compiled what any width needs
-            triton_attention.paged_attention(q, k, v, fp.positions, build_meta(fp), page_rows,
-                                             scale=d**-0.5, parts=4)
+            triton_attention.paged_attention(
+                q, k, v, fp.positions, build_meta(fp), page_rows, scale=d**-0.5, parts=4
+            )
         torch.cuda.synchronize()
     finally:
         knobs.runtime.jit_cache_hook = before
@@ -556,7 +684,8 @@ def test_split_attention_compiles_once_for_any_table_width_and_rows():
 def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     package = FAMILIES[request.param]
     folder: Path = importlib.import_module(f"{package}.demo").build_demo(
-        tmp_path_factory.mktemp(request.param))
+        tmp_path_factory.mktemp(request.param)
+    )
     load = importlib.import_module(f"{package}.model").load
     return load(Checkpoint.open(folder), DEV, "bfloat16")
 
@@ -566,10 +695,12 @@ def prompts(vocab: int) -> list[list[int]]:
     return [torch.randint(5, min(vocab, 700), (n,), generator=g).tolist() for n in (300, 2200, 900)]
 
 
-def make_runner(model, *, num_pages: int = 16, num_slots: int = 3, page_rows: int = 512,
-                poison: bool = False) -> ModelRunner:
-    return ModelRunner(model, num_pages=num_pages, num_slots=num_slots, page_rows=page_rows,
-                       poison=poison)
+def make_runner(
+    model, *, num_pages: int = 16, num_slots: int = 3, page_rows: int = 512, poison: bool = False
+) -> ModelRunner:
+    return ModelRunner(
+        model, num_pages=num_pages, num_slots=num_slots, page_rows=page_rows, poison=poison
+    )
 
 
 def bound(model):
@@ -579,7 +710,8 @@ def bound(model):
 @pytest.mark.parametrize("together", [(0, 1), (0, 2), (1, 2), (0, 1, 2)])
 def test_streams_in_one_pass_equal_streams_alone(model, together):
     testing.assert_streams_together_equal_alone(
-        bound(model), model, prompts(model.vocab_size), together, num_pages=24, max_rows=3000)
+        bound(model), model, prompts(model.vocab_size), together, num_pages=24, max_rows=3000
+    )
 
 
 def test_shuffled_pages_and_poisoned_free_pages_change_nothing(model):
@@ -594,8 +726,12 @@ def test_graph_runner_decode_rounds_equal_plain_passes(model):
 
     def rounds(runner) -> list[torch.Tensor]:
         streams = [open_stream(runner, i, 512) for i in range(3)]
-        out = runner.run([s.rows(p[:100 + 60 * i]) for i, (s, p) in
-                          enumerate(zip(streams, prompts(model.vocab_size)))])
+        out = runner.run(
+            [
+                s.rows(p[: 100 + 60 * i])
+                for i, (s, p) in enumerate(zip(streams, prompts(model.vocab_size)))
+            ]
+        )
         logits = [torch.cat(out)]
         for _ in range(4):
             out = runner.run([s.rows([int(o[-1].argmax())]) for s, o in zip(streams, out)])

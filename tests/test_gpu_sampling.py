@@ -19,11 +19,17 @@ V = 65536
 
 def _params(rng: random.Random) -> SamplingParams:
     return SamplingParams(
-        temperature=rng.choice([0.0, 0.2, 0.7, 1.0, 1.5]), top_k=rng.choice([0, 1, 40, 1000]),
-        top_p=rng.choice([1.0, 0.95, 0.5]), min_p=rng.choice([0.0, 0.02]),
-        presence_penalty=rng.choice([0.0, 0.5]), repetition_penalty=rng.choice([1.0, 1.2]),
-        logit_bias=rng.choice([{}, {7: 3.0}]), seed=rng.randrange(2**63),
-        logprobs=True, top_logprobs=rng.choice([0, 3]))
+        temperature=rng.choice([0.0, 0.2, 0.7, 1.0, 1.5]),
+        top_k=rng.choice([0, 1, 40, 1000]),
+        top_p=rng.choice([1.0, 0.95, 0.5]),
+        min_p=rng.choice([0.0, 0.02]),
+        presence_penalty=rng.choice([0.0, 0.5]),
+        repetition_penalty=rng.choice([1.0, 1.2]),
+        logit_bias=rng.choice([{}, {7: 3.0}]),
+        seed=rng.randrange(2**63),
+        logprobs=True,
+        top_logprobs=rng.choice([0, 3]),
+    )
 
 
 def test_a_row_samples_alike_alone_and_in_a_batch_of_64() -> None:
@@ -31,9 +37,16 @@ def test_a_row_samples_alike_alone_and_in_a_batch_of_64() -> None:
     g = torch.Generator().manual_seed(0)
     for trial in range(4):
         x = (torch.randn(64, V, generator=g) * rng.choice([1.0, 4.0])).to("cuda", torch.bfloat16)
-        rows = [(_params(rng), rng.randrange(500), RowHistory([rng.randrange(V) for _ in range(9)],
-                                                             [rng.randrange(V) for _ in range(5)]))
-                for _ in range(64)]
+        rows = [
+            (
+                _params(rng),
+                rng.randrange(500),
+                RowHistory(
+                    [rng.randrange(V) for _ in range(9)], [rng.randrange(V) for _ in range(5)]
+                ),
+            )
+            for _ in range(64)
+        ]
         together = sample_rows(x, rows)
         for i in range(64):
             alone = sample_rows(x[i : i + 1], rows[i : i + 1])[0]

@@ -32,8 +32,12 @@ pytestmark = [
 H = 2816
 ROWS = (1, 7, 64, 300)
 TEST_SLOT_BYTES = 1 << 20  # 64 rows of fp32 at H fit, 300 rows do not
-CASES = [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16),
-         (torch.float32, torch.float32), (torch.bfloat16, torch.float32)]
+CASES = [
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float32, torch.bfloat16),
+    (torch.float32, torch.float32),
+    (torch.bfloat16, torch.float32),
+]
 SHUTDOWN_S = 5.0
 TEARDOWN_S = 20.0  # after the drain: engine stop, graphs dropped, NCCL left, follower reaped
 
@@ -49,11 +53,11 @@ def join(rank: int, port: int):
     from tensorfold.ops.symmetric_reduce import open_symmetric
 
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     device = torch.device("cuda", rank)
-    reduce = open_symmetric(dist.group.WORLD, rank, 2, device, timeout_s=60,
-                            slot_bytes=TEST_SLOT_BYTES)
+    reduce = open_symmetric(
+        dist.group.WORLD, rank, 2, device, timeout_s=60, slot_bytes=TEST_SLOT_BYTES
+    )
     parallel.set_group(parallel.Group(rank, 2, None, reduce))
     return reduce
 
@@ -103,8 +107,11 @@ def check_eager(rank: int) -> None:
 def check_graph(rank: int) -> None:
     from tensorfold.ops import parallel
 
-    static = [partial(rank, 0, 64, torch.bfloat16), partial(rank, 1, 8, torch.float32),
-              partial(rank, 2, 1, torch.bfloat16)]
+    static = [
+        partial(rank, 0, 64, torch.bfloat16),
+        partial(rank, 1, 8, torch.float32),
+        partial(rank, 2, 1, torch.bfloat16),
+    ]
     outs = [torch.bfloat16, torch.bfloat16, torch.float32]
 
     def forward() -> list[torch.Tensor]:
@@ -197,9 +204,19 @@ def test_engine_tokens_equal_with_either_reduce(tmp_path: Path):
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     got = {}
     for reduce in ("nccl", "symmetric"):
-        llm = LLM(family="lfm2_moe", model=demo, tp=2, tp_reduce=reduce, device="cuda",
-                  dtype="bfloat16", context=2048, parallel=4, memory_limit_gib=4,
-                  prompt_cache_gib=0, kv_share=0)
+        llm = LLM(
+            family="lfm2_moe",
+            model=demo,
+            tp=2,
+            tp_reduce=reduce,
+            device="cuda",
+            dtype="bfloat16",
+            context=2048,
+            parallel=4,
+            memory_limit_gib=4,
+            prompt_cache_gib=0,
+            kv_share=0,
+        )
         try:
             assert (parallel.current().reduce is not None) == (reduce == "symmetric")
             got[reduce] = tokens(llm, prompts, params)
@@ -217,13 +234,22 @@ def test_serve_tp_2_on_gpus_stops_on_sigint_within_the_drain_timeout(tmp_path: P
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log:
         proc, url = testing.start_serve_tp_2(
-            demo, log, "--shutdown-timeout", str(SHUTDOWN_S), device="cuda",
-            TF_DTYPE="bfloat16", TF_MEMORY_LIMIT_GIB="4")
+            demo,
+            log,
+            "--shutdown-timeout",
+            str(SHUTDOWN_S),
+            device="cuda",
+            TF_DTYPE="bfloat16",
+            TF_MEMORY_LIMIT_GIB="4",
+        )
         try:
-            took = testing.assert_signal_drains_tp_2(proc, url, log_path, signal.SIGINT,
-                                                     wait_s=SHUTDOWN_S + TEARDOWN_S)
-            print(f"sigint stop: --tp 2 on GPUs exited in {took:.1f} s "
-                  f"(--shutdown-timeout {SHUTDOWN_S:g})")
+            took = testing.assert_signal_drains_tp_2(
+                proc, url, log_path, signal.SIGINT, wait_s=SHUTDOWN_S + TEARDOWN_S
+            )
+            print(
+                f"sigint stop: --tp 2 on GPUs exited in {took:.1f} s "
+                f"(--shutdown-timeout {SHUTDOWN_S:g})"
+            )
         finally:
             if proc.poll() is None:
                 proc.kill()

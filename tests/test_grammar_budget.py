@@ -24,8 +24,13 @@ SMALL = GrammarBudget(lexer_fuel=100_000)
 def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from tensorfold.testing import close_even, open_llm
 
-    engine = open_llm("lfm2_moe", None, parallel=2, load_format="dummy",
-                      demo_cache=tmp_path_factory.mktemp("grammar-demo"))
+    engine = open_llm(
+        "lfm2_moe",
+        None,
+        parallel=2,
+        load_format="dummy",
+        demo_cache=tmp_path_factory.mktemp("grammar-demo"),
+    )
     yield engine
     close_even(engine)
 
@@ -45,8 +50,9 @@ def test_a_regex_past_the_lexer_budget_is_refused_when_parsed(llm: Any, budget: 
 def test_a_grammar_past_its_size_is_refused_naming_the_field(llm: Any) -> None:
     schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(50)}}
     with pytest.raises(StructuredError) as caught:
-        structured.json_schema(schema, llm.tokenizer, "response_format",
-                               budget=GrammarBudget(max_size=50))
+        structured.json_schema(
+            schema, llm.tokenizer, "response_format", budget=GrammarBudget(max_size=50)
+        )
     assert caught.value.param == "response_format" and clean(str(caught.value))
 
 
@@ -77,8 +83,7 @@ def test_a_grammar_failing_mid_generation_stops_its_row_alone(llm: Any) -> None:
     unwalked = llg.LLMatcher(lltok, grammar, log_level=0, limits=SMALL.limits())
     failing = Constraint("regex", grammar, lltok, "guided_regex", unwalked)
     plain = SamplingParams(temperature=0, max_tokens=12)
-    bad, good = llm.generate(["Tell me", "Once upon"],
-                             [replace(plain, constraint=failing), plain])
+    bad, good = llm.generate(["Tell me", "Once upon"], [replace(plain, constraint=failing), plain])
     assert bad.finish_reason == "error" and bad.error is not None
     assert bad.error.startswith(structured.STOPPED) and "guided_regex" in bad.error
     assert clean(bad.error), bad.error

@@ -53,8 +53,17 @@ def sharing(host_pages: int, host_slots: int = 8) -> tuple[Runner, PromptSharing
     runner = Runner(12)
     arena = SnapshotArena([StateSpec("s", (5,))], 2)
     host = HostTier(runner.rows, arena, host_pages, host_slots, "cpu", poison=True)
-    share = PromptSharing(pool=runner.pool, runner=runner, arena=arena, hooks=None,
-                          max_states=2, cache_pages=4, mark_rows=2, grid=2048, host=host)
+    share = PromptSharing(
+        pool=runner.pool,
+        runner=runner,
+        arena=arena,
+        hooks=None,
+        max_states=2,
+        cache_pages=4,
+        mark_rows=2,
+        grid=2048,
+        host=host,
+    )
     return runner, share
 
 
@@ -99,8 +108,9 @@ def test_evicted_states_move_to_the_host_and_come_back() -> None:
     lease = runner.pool.lease(8, attached=1)
     share.resume(kept, lease, 0)
     table = lease.cover(6)
-    got = [runner.rows.buffers["k"][table[t // ROWS] * ROWS + t % ROWS, 0, 0].item()
-           for t in range(6)]
+    got = [
+        runner.rows.buffers["k"][table[t // ROWS] * ROWS + t % ROWS, 0, 0].item() for t in range(6)
+    ]
     assert got == chats[0] and runner.slot[0].item() == sum(chats[0])
     lease.release()
     census = runner.pool.census()

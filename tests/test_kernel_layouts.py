@@ -21,8 +21,9 @@ SKIP = 77  # a check's exit status when this Triton cannot compile for sm_90
 def _in_fresh_process(check: str) -> None:
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, __file__, check], env=env, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, __file__, check], env=env, capture_output=True, text=True, timeout=600
+    )
     if done.returncode == SKIP:
         pytest.skip(done.stdout.strip()[-200:])
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
@@ -69,17 +70,23 @@ def test_dense_walk_tiles_keep_a_split_prompt_pass_in_registers():
     _in_fresh_process("dense_walk_tiles")
 
 
-def _compile(fn, constexprs: dict, types: dict, divisible: set[str], num_warps: int = 4,
-             num_stages: int = 3):
+def _compile(
+    fn, constexprs: dict, types: dict, divisible: set[str], num_warps: int = 4, num_stages: int = 3
+):
     """fn for sm_90 as a launch specialises it: pointers and the named ints 16-divisible."""
     sig = {a: "constexpr" if a in constexprs else types.get(a, "i32") for a in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
-             if a not in constexprs and (sig[a].startswith("*") or a in divisible)}
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, a in enumerate(fn.arg_names)
+        if a not in constexprs and (sig[a].startswith("*") or a in divisible)
+    }
     src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     try:
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": num_warps, "num_stages": num_stages,
-                                       "launch_pdl": True})
+        return triton.compile(
+            src,
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": True},
+        )
     except Exception as exc:  # no CUDA backend in this Triton build
         print(f"cannot compile for sm_90 here: {exc!s:.80}")
         sys.exit(SKIP)
@@ -96,8 +103,12 @@ def _spill_stores(kernel) -> int:
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(kernel.asm["ptx"])
         f.flush()
-        done = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     return sum(int(b) for b in re.findall(r"(\d+) bytes spill stores", done.stderr))
 
 
@@ -105,27 +116,76 @@ def _row_sum_layouts(kernel, shape: str) -> list[str]:
     """The blocked layouts of every reduce of an fp32 `shape` tile to its rows."""
     ir = kernel.asm["ttgir"]
     layouts = dict(re.findall(r"^(#blocked\d*) = (#ttg\.blocked<[^>]*>)", ir, re.M))
-    return [layouts[m] for m in re.findall(
-        rf"\(tensor<{shape}xf32, (#blocked\d*)>\) -> tensor<\d+xf32", ir)]
+    return [
+        layouts[m]
+        for m in re.findall(rf"\(tensor<{shape}xf32, (#blocked\d*)>\) -> tensor<\d+xf32", ir)
+    ]
 
 
 def check_norm_in_router() -> None:
     from tensorfold.ops import triton_norms, triton_route
 
     rows, block_d = triton_norms.rows_per_program(2048)
-    bf16 = {a: "*bf16" for a in ("x_ptr", "g_ptr", "lt_ptr", "w_ptr", "y_ptr", "r_ptr",
-                                 "nw_ptr", "h_ptr", "o_ptr")}
-    route = _compile(triton_route._router_route_kernel, dict(
-        F32=False, IEEE=False, INTERP=False, PBM=64, EBLK=32, KS=triton_route.ROUTER_SPLIT,
-        BK=128, TOPK=4, KB=4, EB=32, SOFTMAX=False, HAS_BIAS=True, HAS_SCALE=False, NORM=True,
-        GROUPS=1, EPG=32, KEEP_GROUPS=1, GB=2, BY_EXPERT=False, ROWS=16, BM=16, NORM_IN=True,
-        NROWS=rows, BLOCK_D=block_d, PDL=True,
-    ), {**bf16, "part_ptr": "*fp32", "cnt_ptr": "*i32", "bias_ptr": "*fp32",
-        "scale_ptr": "*fp32", "e_ptr": "*i64", "scaling": "fp32", "norm_eps": "fp32",
-        "sorted_ptr": "*i32", "block_ptr": "*i32", "in_eps": "fp32"}, {"K", "stride_xm"})
-    norm = _compile(triton_norms._rms_norm_kernel, dict(
-        HAS_RES=True, ROWS=rows, BLOCK_D=block_d, SLOTS=1, PDL=True,
-    ), {**bf16, "eps": "fp32"}, {"D"})
+    bf16 = {
+        a: "*bf16"
+        for a in ("x_ptr", "g_ptr", "lt_ptr", "w_ptr", "y_ptr", "r_ptr", "nw_ptr", "h_ptr", "o_ptr")
+    }
+    route = _compile(
+        triton_route._router_route_kernel,
+        dict(
+            F32=False,
+            IEEE=False,
+            INTERP=False,
+            PBM=64,
+            EBLK=32,
+            KS=triton_route.ROUTER_SPLIT,
+            BK=128,
+            TOPK=4,
+            KB=4,
+            EB=32,
+            SOFTMAX=False,
+            HAS_BIAS=True,
+            HAS_SCALE=False,
+            NORM=True,
+            GROUPS=1,
+            EPG=32,
+            KEEP_GROUPS=1,
+            GB=2,
+            BY_EXPERT=False,
+            ROWS=16,
+            BM=16,
+            NORM_IN=True,
+            NROWS=rows,
+            BLOCK_D=block_d,
+            PDL=True,
+        ),
+        {
+            **bf16,
+            "part_ptr": "*fp32",
+            "cnt_ptr": "*i32",
+            "bias_ptr": "*fp32",
+            "scale_ptr": "*fp32",
+            "e_ptr": "*i64",
+            "scaling": "fp32",
+            "norm_eps": "fp32",
+            "sorted_ptr": "*i32",
+            "block_ptr": "*i32",
+            "in_eps": "fp32",
+        },
+        {"K", "stride_xm"},
+    )
+    norm = _compile(
+        triton_norms._rms_norm_kernel,
+        dict(
+            HAS_RES=True,
+            ROWS=rows,
+            BLOCK_D=block_d,
+            SLOTS=1,
+            PDL=True,
+        ),
+        {**bf16, "eps": "fp32"},
+        {"D"},
+    )
     want = _row_sum_layouts(norm, f"{rows}x{block_d}")
     assert len(want) == 1
     assert _row_sum_layouts(route, f"{rows}x{block_d}") == want
@@ -141,13 +201,42 @@ def check_route_one_row() -> None:
     from tensorfold.ops import triton_route
 
     def route(rows: int, warps: int) -> list[str]:
-        kernel = _compile(triton_route._route_kernel, dict(
-            TOPK=8, KB=8, EB=128, SOFTMAX=True, HAS_BIAS=False, HAS_SCALE=True, NORM=True,
-            GROUPS=1, EPG=128, KEEP_GROUPS=1, GB=2, BY_EXPERT=False, ROWS=rows, ALIGN=True,
-            BM=16, PB=8, PDL=True,
-        ), {"part_ptr": "*fp32", "bias_ptr": "*fp32", "scale_ptr": "*fp32", "lt_ptr": "*bf16",
-            "w_ptr": "*fp32", "e_ptr": "*i64", "scaling": "fp32", "norm_eps": "fp32",
-            "sorted_ptr": "*i32", "block_ptr": "*i32"}, set(), num_warps=warps)
+        kernel = _compile(
+            triton_route._route_kernel,
+            dict(
+                TOPK=8,
+                KB=8,
+                EB=128,
+                SOFTMAX=True,
+                HAS_BIAS=False,
+                HAS_SCALE=True,
+                NORM=True,
+                GROUPS=1,
+                EPG=128,
+                KEEP_GROUPS=1,
+                GB=2,
+                BY_EXPERT=False,
+                ROWS=rows,
+                ALIGN=True,
+                BM=16,
+                PB=8,
+                PDL=True,
+            ),
+            {
+                "part_ptr": "*fp32",
+                "bias_ptr": "*fp32",
+                "scale_ptr": "*fp32",
+                "lt_ptr": "*bf16",
+                "w_ptr": "*fp32",
+                "e_ptr": "*i64",
+                "scaling": "fp32",
+                "norm_eps": "fp32",
+                "sorted_ptr": "*i32",
+                "block_ptr": "*i32",
+            },
+            set(),
+            num_warps=warps,
+        )
         return _row_sum_layouts(kernel, f"{rows}x128")
 
     many, one = route(triton_route.ROUTE_ROWS, 4), route(1, 1)
@@ -159,13 +248,41 @@ def check_route_few_rows() -> None:
     from tensorfold.ops import triton_route
 
     def route(align: bool) -> list[str]:
-        kernel = _compile(triton_route._route_kernel, dict(
-            TOPK=4, KB=4, EB=32, SOFTMAX=False, HAS_BIAS=True, HAS_SCALE=False, NORM=True,
-            GROUPS=1, EPG=32, KEEP_GROUPS=1, GB=2, BY_EXPERT=False, ROWS=16, ALIGN=align,
-            BM=16, PB=32, PDL=True,
-        ), {"part_ptr": "*fp32", "bias_ptr": "*fp32", "scale_ptr": "*fp32", "lt_ptr": "*bf16",
-            "w_ptr": "*bf16", "e_ptr": "*i64", "scaling": "fp32", "norm_eps": "fp32",
-            "sorted_ptr": "*i32", "block_ptr": "*i32"}, set())
+        kernel = _compile(
+            triton_route._route_kernel,
+            dict(
+                TOPK=4,
+                KB=4,
+                EB=32,
+                SOFTMAX=False,
+                HAS_BIAS=True,
+                HAS_SCALE=False,
+                NORM=True,
+                GROUPS=1,
+                EPG=32,
+                KEEP_GROUPS=1,
+                GB=2,
+                BY_EXPERT=False,
+                ROWS=16,
+                ALIGN=align,
+                BM=16,
+                PB=32,
+                PDL=True,
+            ),
+            {
+                "part_ptr": "*fp32",
+                "bias_ptr": "*fp32",
+                "scale_ptr": "*fp32",
+                "lt_ptr": "*bf16",
+                "w_ptr": "*bf16",
+                "e_ptr": "*i64",
+                "scaling": "fp32",
+                "norm_eps": "fp32",
+                "sorted_ptr": "*i32",
+                "block_ptr": "*i32",
+            },
+            set(),
+        )
         return _row_sum_layouts(kernel, "16x32")
 
     plain = route(False)
@@ -177,18 +294,36 @@ def check_qkv_norm_rope_write() -> None:
 
     hq, hkv, half, norm = 32, 8, 32, triton_rope.NORM_ROUNDED
     strides = {"stride_xn", "stride_xh", "stride_cn"}
-    fused = _compile(triton_rope._qkv_kernel, dict(
-        HALF=half, Q_HEADS=hq, KV_HEADS=hkv, NORM=norm, PDL=True,
-    ), {a: "*bf16" for a in ("x_ptr", "wq_ptr", "wk_ptr", "c_ptr", "s_ptr", "q_ptr", "k_ptr",
-                             "v_ptr")} | {"index_ptr": "*i64", "eps": "fp32"},
+    fused = _compile(
+        triton_rope._qkv_kernel,
+        dict(
+            HALF=half,
+            Q_HEADS=hq,
+            KV_HEADS=hkv,
+            NORM=norm,
+            PDL=True,
+        ),
+        {
+            a: "*bf16"
+            for a in ("x_ptr", "wq_ptr", "wk_ptr", "c_ptr", "s_ptr", "q_ptr", "k_ptr", "v_ptr")
+        }
+        | {"index_ptr": "*i64", "eps": "fp32"},
         strides | {"q_heads", "stride_kn", "stride_kh", "stride_vn", "stride_vh"},
-        num_warps=triton_rope._warps(max(hq, hkv), 2 * half, norm))
+        num_warps=triton_rope._warps(max(hq, hkv), 2 * half, norm),
+    )
     for heads in (hq, hkv):
-        alone = _compile(triton_rope._rope_kernel, dict(
-            HALF=half, HEADS=heads, NORM=norm, PDL=True,
-        ), {a: "*bf16" for a in ("x_ptr", "w_ptr", "c_ptr", "s_ptr", "o_ptr")} | {"eps": "fp32"},
+        alone = _compile(
+            triton_rope._rope_kernel,
+            dict(
+                HALF=half,
+                HEADS=heads,
+                NORM=norm,
+                PDL=True,
+            ),
+            {a: "*bf16" for a in ("x_ptr", "w_ptr", "c_ptr", "s_ptr", "o_ptr")} | {"eps": "fp32"},
             strides | ({"heads"} if heads % 16 == 0 else set()),
-            num_warps=triton_rope._warps(heads, 2 * half, norm))
+            num_warps=triton_rope._warps(heads, 2 * half, norm),
+        )
         want = _row_sum_layouts(alone, f"{heads}x{half}")
         assert len(want) == 2  # a head's two halves
         assert _row_sum_layouts(fused, f"{heads}x{half}") == want
@@ -200,17 +335,35 @@ def check_qkv_heads() -> None:
     hq, hkv, half, norm = 16, 8, 128, triton_rope.NORM_FP32
     warps = triton_rope._warps(max(hq, hkv), 2 * half, norm)
     strides = {"stride_xn", "stride_xh", "stride_cn"}
-    fused = _compile(triton_rope._heads_kernel, dict(
-        HALF=half, Q_HEADS=hq, KV_HEADS=hkv, NORM=norm, PDL=True,
-    ), {a: "*bf16" for a in ("x_ptr", "c_ptr", "s_ptr", "q_ptr", "k_ptr", "v_ptr")}
+    fused = _compile(
+        triton_rope._heads_kernel,
+        dict(
+            HALF=half,
+            Q_HEADS=hq,
+            KV_HEADS=hkv,
+            NORM=norm,
+            PDL=True,
+        ),
+        {a: "*bf16" for a in ("x_ptr", "c_ptr", "s_ptr", "q_ptr", "k_ptr", "v_ptr")}
         | {"wq_ptr": "*fp32", "wk_ptr": "*fp32", "eps": "fp32"},
-        strides | {"q_heads", "kv_heads", "v_first"}, num_warps=warps)
+        strides | {"q_heads", "kv_heads", "v_first"},
+        num_warps=warps,
+    )
     for heads in (hq, hkv):
         assert triton_rope._warps(heads, 2 * half, norm) == warps
-        alone = _compile(triton_rope._rope_kernel, dict(
-            HALF=half, HEADS=heads, NORM=norm, PDL=True,
-        ), {a: "*bf16" for a in ("x_ptr", "c_ptr", "s_ptr", "o_ptr")}
-            | {"w_ptr": "*fp32", "eps": "fp32"}, strides | {"heads"}, num_warps=warps)
+        alone = _compile(
+            triton_rope._rope_kernel,
+            dict(
+                HALF=half,
+                HEADS=heads,
+                NORM=norm,
+                PDL=True,
+            ),
+            {a: "*bf16" for a in ("x_ptr", "c_ptr", "s_ptr", "o_ptr")}
+            | {"w_ptr": "*fp32", "eps": "fp32"},
+            strides | {"heads"},
+            num_warps=warps,
+        )
         want = _row_sum_layouts(alone, f"{heads}x{half}")
         assert len(want) == 2  # a head's two halves
         got = _row_sum_layouts(fused, f"{heads}x{half}")
@@ -221,22 +374,53 @@ def check_qkv_heads() -> None:
 def check_dense_walk_tiles() -> None:
     from tensorfold.ops import triton_moe
 
-    ptrs = {a: "*bf16" for a in ("x_ptr", "w1_ptr", "w3_ptr", "g_ptr", "w2_ptr", "rw_ptr",
-                                 "out_ptr")}
+    ptrs = {
+        a: "*bf16" for a in ("x_ptr", "w1_ptr", "w3_ptr", "g_ptr", "w2_ptr", "rw_ptr", "out_ptr")
+    }
     ptrs.update({a: "*i32" for a in ("ex_ptr", "sorted_ptr", "block_ptr")}, limit="fp32")
-    divisible = {"K", "I", "H", "CHUNK", "stride_xm", "stride_1e", "stride_1n", "stride_3e",
-                 "stride_3n", "stride_2e", "stride_2n", "stride_om"}
+    divisible = {
+        "K",
+        "I",
+        "H",
+        "CHUNK",
+        "stride_xm",
+        "stride_1e",
+        "stride_1n",
+        "stride_3e",
+        "stride_3n",
+        "stride_2e",
+        "stride_2n",
+        "stride_om",
+    }
     walks = {key: v for key, v in triton_moe.DENSE_TILES.items() if key[2] == "walk"}
     assert walks
     for (i, h, _), (bm, sw, dn) in walks.items():
         splits = (triton_moe.dense_splits(i, h), triton_moe.dense_splits(h, i))
         assert min(splits) > 1, (i, h, splits)
-        common = dict(IEEE=False, INTERP=False, BM=bm, PDL=True, PREFETCH_K=0, WALK=True,
-                      SPLIT_GRID=False, ws_ptr=None, cnt_ptr=None, ws_rows=0)
-        for fn, t, extra in ((triton_moe._swiglu_kernel, sw, dict(TOPK=1, ACT=2, SPLITS=splits[0])),
-                             (triton_moe._down_kernel, dn, dict(HAS_WEIGHT=False, SPLITS=splits[1]))):
-            kernel = _compile(fn, dict(common, BN=t.block_n, BK=t.block_k, **extra), ptrs,
-                              divisible, t.warps, t.stages)
+        common = dict(
+            IEEE=False,
+            INTERP=False,
+            BM=bm,
+            PDL=True,
+            PREFETCH_K=0,
+            WALK=True,
+            SPLIT_GRID=False,
+            ws_ptr=None,
+            cnt_ptr=None,
+            ws_rows=0,
+        )
+        for fn, t, extra in (
+            (triton_moe._swiglu_kernel, sw, dict(TOPK=1, ACT=2, SPLITS=splits[0])),
+            (triton_moe._down_kernel, dn, dict(HAS_WEIGHT=False, SPLITS=splits[1])),
+        ):
+            kernel = _compile(
+                fn,
+                dict(common, BN=t.block_n, BK=t.block_k, **extra),
+                ptrs,
+                divisible,
+                t.warps,
+                t.stages,
+            )
             spills = _spill_stores(kernel)
             print(fn.__name__, (i, h), t, "spill stores", spills)
             assert spills == 0, (fn.__name__, (i, h), t, spills)
@@ -246,7 +430,11 @@ if __name__ == "__main__":
     import triton  # noqa: F401
     from triton.backends.compiler import GPUTarget
 
-    {"norm_in_router": check_norm_in_router, "route_one_row": check_route_one_row,
-     "qkv_norm_rope_write": check_qkv_norm_rope_write, "qkv_heads": check_qkv_heads,
-     "route_few_rows": check_route_few_rows, "dense_walk_tiles": check_dense_walk_tiles,
-     }[sys.argv[1]]()
+    {
+        "norm_in_router": check_norm_in_router,
+        "route_one_row": check_route_one_row,
+        "qkv_norm_rope_write": check_qkv_norm_rope_write,
+        "qkv_heads": check_qkv_heads,
+        "route_few_rows": check_route_few_rows,
+        "dense_walk_tiles": check_dense_walk_tiles,
+    }[sys.argv[1]]()

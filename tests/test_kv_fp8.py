@@ -17,8 +17,11 @@ from tensorfold.ops.kv_quant import FP8_DTYPE, FP8_MAX, dequantize_rows, quantiz
 from tensorfold.settings import Settings, SettingsError
 
 # LFM2-24B-A2B's attention rows: 10 layers of K and V [8 heads, 64] in bf16, 20 KiB a token
-LFM2_24B = StateLayout(paged=tuple(
-    RowSpec(f"L{i}.{n}", (8, 64), "bfloat16", fp8=True) for i in range(10) for n in "kv"))
+LFM2_24B = StateLayout(
+    paged=tuple(
+        RowSpec(f"L{i}.{n}", (8, 64), "bfloat16", fp8=True) for i in range(10) for n in "kv"
+    )
+)
 
 
 def rows(seed: int, n: int = 40, scale: float = 1.0) -> torch.Tensor:
@@ -55,8 +58,9 @@ def test_quantized_rows_come_back_within_e4m3s_precision() -> None:
 
 
 def test_paged_rows_store_fp8_with_scales_poison_and_copy_them() -> None:
-    layout = kv_layout(StateLayout(paged=(RowSpec("k", (4, 16), fp8=True),
-                                          RowSpec("g", (16,)))), "fp8")
+    layout = kv_layout(
+        StateLayout(paged=(RowSpec("k", (4, 16), fp8=True), RowSpec("g", (16,)))), "fp8"
+    )
     paged = PagedRows(layout.paged, num_pages=4, page_rows=8)
     assert paged.flat("k").dtype == FP8_DTYPE and paged.scales("g") is None
     assert paged.scales("k").shape == (32, 4, 1)
@@ -67,8 +71,10 @@ def test_paged_rows_store_fp8_with_scales_poison_and_copy_them() -> None:
     assert torch.equal(paged.flat("k")[index].view(torch.uint8), q.view(torch.uint8))
     assert torch.equal(paged.scales("k")[index], s)
     paged.copy_rows(1, 2, 4)  # rows 8..11 -> 16..19, scales with them
-    assert torch.equal(dequantize_rows(paged.flat("k")[16:20], paged.scales("k")[16:20]),
-                       dequantize_rows(q[:4], s[:4]))
+    assert torch.equal(
+        dequantize_rows(paged.flat("k")[16:20], paged.scales("k")[16:20]),
+        dequantize_rows(q[:4], s[:4]),
+    )
     paged.poison([3])
     assert paged.flat("k")[24:].float().isnan().all() and paged.scales("k")[24:].isnan().all()
 
@@ -95,35 +101,57 @@ def test_fp8_pages_are_about_half_the_bytes_and_the_plan_fits_twice_the_tokens()
     assert LFM2_24B.row_bytes / fp8.row_bytes > 1.88
 
     def streams(layout: StateLayout) -> int:
-        return plan(room=40 * GiB, page_rows=512, page_bytes=layout.page_bytes(512),
-                    fixed_bytes=240 * 1024, window=131072, lanes="auto", cache_budget=0,
-                    paging="on").lanes
+        return plan(
+            room=40 * GiB,
+            page_rows=512,
+            page_bytes=layout.page_bytes(512),
+            fixed_bytes=240 * 1024,
+            window=131072,
+            lanes="auto",
+            cache_budget=0,
+            paging="on",
+        ).lanes
 
     assert streams(LFM2_24B) == 15 and streams(fp8) == 30
 
 
 def test_the_plan_line_says_how_rows_are_stored() -> None:
-    mixed = StateLayout(paged=(RowSpec("lat", (16,), "bfloat16", fp8=True),
-                               RowSpec("idx", (8,), "bfloat16")))
+    mixed = StateLayout(
+        paged=(RowSpec("lat", (16,), "bfloat16", fp8=True), RowSpec("idx", (8,), "bfloat16"))
+    )
     assert kv_label(mixed) == "bfloat16"
     assert kv_label(kv_layout(LFM2_24B, "fp8")) == "fp8 e4m3 + scales"
     assert kv_label(kv_layout(mixed, "fp8")) == "fp8 e4m3 + scales, 1 of 2 buffers bfloat16"
     from dataclasses import replace
 
-    p = plan(room=GiB, page_rows=512, page_bytes=kv_layout(LFM2_24B, "fp8").page_bytes(512),
-             fixed_bytes=0, window=4096, lanes=2, cache_budget=0, paging="on")
+    p = plan(
+        room=GiB,
+        page_rows=512,
+        page_bytes=kv_layout(LFM2_24B, "fp8").page_bytes(512),
+        fixed_bytes=0,
+        window=4096,
+        lanes=2,
+        cache_budget=0,
+        paging="on",
+    )
     line = replace(p, kv_label="fp8 e4m3 + scales").startup_line()
     assert line.startswith("kv plan: 2 streams taking") and "rows in fp8 e4m3 + scales" in line
 
 
 def test_fp8_fixed_state_gets_its_scales_and_the_rest_is_left_alone() -> None:
-    layout = StateLayout(paged=(RowSpec("k", (2, 8), fp8=True),),
-                         fixed=(StateSpec("ring", (7, 2, 8), "bfloat16", fp8=True),
-                                StateSpec("conv", (16, 2), "bfloat16")))
+    layout = StateLayout(
+        paged=(RowSpec("k", (2, 8), fp8=True),),
+        fixed=(
+            StateSpec("ring", (7, 2, 8), "bfloat16", fp8=True),
+            StateSpec("conv", (16, 2), "bfloat16"),
+        ),
+    )
     stored = kv_layout(layout, "fp8")
     assert [(s.name, s.shape, s.dtype) for s in stored.fixed] == [
-        ("ring", (7, 2, 8), "float8_e4m3fn"), ("ring.scale", (7, 2, 1), "float32"),
-        ("conv", (16, 2), "bfloat16")]
+        ("ring", (7, 2, 8), "float8_e4m3fn"),
+        ("ring.scale", (7, 2, 1), "float32"),
+        ("conv", (16, 2), "bfloat16"),
+    ]
     assert stored.fixed_bytes == 7 * 2 * (8 + 4) + 16 * 2 * 2
     assert kv_layout(StateLayout(fixed=layout.fixed), "fp8").fixed == stored.fixed
 
@@ -136,12 +164,16 @@ def test_a_family_with_no_fp8_rows_is_refused_by_name() -> None:
 
 
 def test_a_bad_kv_dtype_names_what_is_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(SettingsError, match=r"--kv-dtype=int3 is not valid; accepted values: "
-                                            r"auto, fp8"):
+    with pytest.raises(
+        SettingsError,
+        match=r"--kv-dtype=int3 is not valid; accepted values: "
+        r"auto, fp8",
+    ):
         Settings().with_overrides(kv_dtype="int3")
     monkeypatch.setenv("TF_KV_DTYPE", "e5m2")
-    with pytest.raises(SettingsError, match="TF_KV_DTYPE=e5m2 is not valid; accepted values: "
-                                            "auto, fp8"):
+    with pytest.raises(
+        SettingsError, match="TF_KV_DTYPE=e5m2 is not valid; accepted values: auto, fp8"
+    ):
         Settings()
     with pytest.raises(KVDtypeRefused, match="accepted values are auto, fp8"):
         kv_layout(LFM2_24B, "int3")

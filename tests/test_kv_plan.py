@@ -29,10 +29,25 @@ WP_128K = K128 // ROWS
 W_128K = WP_128K * PAGE
 
 
-def mk(room: int, lanes: int | str, paging: str, window: int = M1, cache: int = 16 * GiB,
-       snapshot: int = 0) -> Plan:
-    return plan(room=room, page_rows=ROWS, page_bytes=PAGE, fixed_bytes=FIXED, window=window,
-                lanes=lanes, cache_budget=cache, paging=paging, snapshot_bytes=snapshot)
+def mk(
+    room: int,
+    lanes: int | str,
+    paging: str,
+    window: int = M1,
+    cache: int = 16 * GiB,
+    snapshot: int = 0,
+) -> Plan:
+    return plan(
+        room=room,
+        page_rows=ROWS,
+        page_bytes=PAGE,
+        fixed_bytes=FIXED,
+        window=window,
+        lanes=lanes,
+        cache_budget=cache,
+        paging=paging,
+        snapshot_bytes=snapshot,
+    )
 
 
 # A room of one 1M window, a page for each other lane and fixed state for 8, plus 1 GiB:
@@ -49,7 +64,8 @@ def test_1m_window_at_parallel_8_windows_refused() -> None:
         mk(ROOM_1M, 8, "off")
     assert str(e.value) == (
         "--parallel 8 needs 89.41 GiB for its streams at a 1048576-token window, and the memory"
-        " budget leaves 13.44 GiB; --parallel 1, or --context 131072 at --parallel 8, would fit")
+        " budget leaves 13.44 GiB; --parallel 1, or --context 131072 at --parallel 8, would fit"
+    )
     assert e.value.need == 8 * (W_1M + FIXED) and e.value.have == ROOM_1M
 
 
@@ -101,8 +117,11 @@ def test_parallel_auto() -> None:
     # Not one 2M window (4096 pages, 22 GiB + 180 MiB = 22.18 GiB): auto is refused, naming the
     # context one lane fits at: 13.44 GiB - 180 MiB = 13.27 GiB / 5.5 MiB = 2470 pages, so
     # 512 * 2**j = 1048576 (2048 pages).
-    with pytest.raises(PlanRefused, match=r"^--parallel auto needs 22\.18 GiB .* 13\.44 GiB; "
-                       r"--context 1048576 at --parallel 1 would fit$"):
+    with pytest.raises(
+        PlanRefused,
+        match=r"^--parallel auto needs 22\.18 GiB .* 13\.44 GiB; "
+        r"--context 1048576 at --parallel 1 would fit$",
+    ):
         mk(ROOM_1M, "auto", "off", window=1 << 21)
 
 
@@ -113,8 +132,17 @@ def test_paging_modes() -> None:
     assert mk(room, 4, "on", window=K128).mode == "pages"
     assert mk(room, 4, "auto", window=K128).mode == "pages"
     # No paged rows (a purely recurrent family): nothing to page, windows of fixed state.
-    flat = plan(room=GiB, page_rows=ROWS, page_bytes=0, fixed_bytes=FIXED, window=K128, lanes=4,
-                cache_budget=0, paging="auto", snapshot_bytes=0)
+    flat = plan(
+        room=GiB,
+        page_rows=ROWS,
+        page_bytes=0,
+        fixed_bytes=FIXED,
+        window=K128,
+        lanes=4,
+        cache_budget=0,
+        paging="auto",
+        snapshot_bytes=0,
+    )
     assert flat.mode == "windows" and flat.left_bytes == GiB - 4 * FIXED
     with pytest.raises(ValueError, match="auto, on, off, 0"):
         mk(room, 4, "yes", window=K128)
@@ -152,50 +180,107 @@ def test_startup_line() -> None:
     assert p.startup_line() == (
         "kv plan: 8 streams taking 2055 pages of 512 rows (11.04 GiB, 1,052,160 rows) as they need"
         " them (enough for 1 at a 1048576-token window), 180 MiB fixed each, prompt cache 1.00 GiB,"
-        f" 0 B left, prompts in passes of up to {PASS_ROWS} rows")
+        f" 0 B left, prompts in passes of up to {PASS_ROWS} rows"
+    )
     room = 4 * (W_128K + FIXED) + 3 * GiB
     w = mk(room, 4, "off", window=K128, cache=2 * GiB, snapshot=64 * MiB)
     assert w.startup_line() == (
         "kv plan: 4 streams at once, 1.38 GiB each at a 131072-token window: 524,288 rows,"
         " 180 MiB fixed each, prompt cache 1.94 GiB with 64.0 MiB of snapshots, 1.00 GiB left,"
-        " prompts in passes of up to 2048 rows")
+        " prompts in passes of up to 2048 rows"
+    )
 
 
 def test_the_store_sized_by_the_plan() -> None:
     # The room's last GiB funds the store: each automatic state is its 180 MiB snapshot and two
     # 5.5 MiB pages (191 MiB), so 1 GiB holds 5, fewer than 4 a lane at --parallel 8: the plan
     # asks 32, and the arena takes what the GiB funds, 5 snapshots (900 MiB).
-    p = plan(room=ROOM_1M, page_rows=ROWS, page_bytes=PAGE, fixed_bytes=FIXED, window=M1,
-             lanes=8, cache_budget=16 * GiB, paging="on", states="auto")
+    p = plan(
+        room=ROOM_1M,
+        page_rows=ROWS,
+        page_bytes=PAGE,
+        fixed_bytes=FIXED,
+        window=M1,
+        lanes=8,
+        cache_budget=16 * GiB,
+        paging="on",
+        states="auto",
+    )
     assert p.states == 5 and p.snapshot_bytes == 5 * FIXED
     assert p.cache_bytes == GiB - 5 * FIXED and p.total_bytes == ROOM_1M
     assert "prompt cache 124 MiB with 900 MiB of snapshots for 5 kept states" in p.startup_line()
     # 20 GiB more room: a second window's pages (11 GiB), and the store funded the rest
     # (10.00 GiB), 53 states of 191 MiB, more than 4 a lane.
-    big = plan(room=ROOM_1M + 20 * GiB, page_rows=ROWS, page_bytes=PAGE, fixed_bytes=FIXED,
-               window=M1, lanes=8, cache_budget=16 * GiB, paging="on", states="auto")
+    big = plan(
+        room=ROOM_1M + 20 * GiB,
+        page_rows=ROWS,
+        page_bytes=PAGE,
+        fixed_bytes=FIXED,
+        window=M1,
+        lanes=8,
+        cache_budget=16 * GiB,
+        paging="on",
+        states="auto",
+    )
     fund = ROOM_1M + 20 * GiB - 2 * W_1M - 8 * FIXED
     assert big.windows_held == 2 and big.cache_bytes + big.snapshot_bytes == fund
     assert big.states == fund // (FIXED + 2 * PAGE) == 53 and big.snapshot_bytes == 53 * FIXED
     # No fixed state: states cost only their pages.
-    flat = plan(room=ROOM_1M + 20 * GiB, page_rows=ROWS, page_bytes=PAGE, fixed_bytes=0,
-                window=M1, lanes=8, cache_budget=GiB, paging="on", states="auto")
+    flat = plan(
+        room=ROOM_1M + 20 * GiB,
+        page_rows=ROWS,
+        page_bytes=PAGE,
+        fixed_bytes=0,
+        window=M1,
+        lanes=8,
+        cache_budget=GiB,
+        paging="on",
+        states="auto",
+    )
     assert flat.states == flat.cache_bytes // (2 * PAGE) == 41 and flat.snapshot_bytes == 0
     # At least 4 a lane when the fund allows it.
-    few = plan(room=ROOM_1M + 20 * GiB, page_rows=ROWS, page_bytes=PAGE, fixed_bytes=MiB,
-               window=M1, lanes=8, cache_budget=100 * MiB, paging="on", states="auto")
+    few = plan(
+        room=ROOM_1M + 20 * GiB,
+        page_rows=ROWS,
+        page_bytes=PAGE,
+        fixed_bytes=MiB,
+        window=M1,
+        lanes=8,
+        cache_budget=100 * MiB,
+        paging="on",
+        states="auto",
+    )
     assert few.states == 32 and few.snapshot_bytes == 32 * MiB
 
 
 def test_the_store_off_says_so() -> None:
-    p = plan(room=ROOM_1M, page_rows=ROWS, page_bytes=PAGE, fixed_bytes=FIXED, window=M1,
-             lanes=8, cache_budget=16 * GiB, paging="on", states=0, store=False)
+    p = plan(
+        room=ROOM_1M,
+        page_rows=ROWS,
+        page_bytes=PAGE,
+        fixed_bytes=FIXED,
+        window=M1,
+        lanes=8,
+        cache_budget=16 * GiB,
+        paging="on",
+        states=0,
+        store=False,
+    )
     assert p.cache_bytes == p.snapshot_bytes == p.states == 0 and p.pages == 2055 + GiB // PAGE
     assert ", 180 MiB fixed each, prompt store off, 1.00 MiB left," in p.startup_line()
     # On by default, but a budget of 0 (or no room past the streams) funds no state: off too.
     for room, cache in ((ROOM_1M, 0), (ROOM_1M - GiB, 16 * GiB)):
-        unfunded = plan(room=room, page_rows=ROWS, page_bytes=PAGE, fixed_bytes=FIXED,
-                        window=M1, lanes=8, cache_budget=cache, paging="on", states="auto")
+        unfunded = plan(
+            room=room,
+            page_rows=ROWS,
+            page_bytes=PAGE,
+            fixed_bytes=FIXED,
+            window=M1,
+            lanes=8,
+            cache_budget=cache,
+            paging="on",
+            states="auto",
+        )
         assert not unfunded.store_on and unfunded.states == 0
         assert "prompt store off" in unfunded.startup_line()
 
@@ -210,19 +295,35 @@ def test_fmt_bytes() -> None:
 
 def test_memory_budget() -> None:
     # CPU: TF_MEMORY_LIMIT_GIB is the memory; 32 GiB less 10 weights, 2 reserve, 1 activations.
-    assert memory_budget(device_free=None, weights=10 * GiB, reserve=2 * GiB, activations=GiB,
-                         limit_gib=32) == 19 * GiB
+    assert (
+        memory_budget(
+            device_free=None, weights=10 * GiB, reserve=2 * GiB, activations=GiB, limit_gib=32
+        )
+        == 19 * GiB
+    )
     with pytest.raises(ValueError, match="TF_MEMORY_LIMIT_GIB"):
         memory_budget(device_free=None, weights=0, reserve=0, activations=0, limit_gib=None)
     # CUDA: free memory less what is still to load; a lower limit caps the free memory.
-    assert memory_budget(device_free=80 * GiB, weights=40 * GiB, reserve=2 * GiB,
-                         activations=GiB, limit_gib=None) == 37 * GiB
-    assert memory_budget(device_free=80 * GiB, weights=0, reserve=2 * GiB, activations=GiB,
-                         limit_gib=20) == 17 * GiB
-    assert memory_budget(device_free=80 * GiB, weights=0, reserve=0, activations=0,
-                         limit_gib=100) == 80 * GiB
-    assert memory_budget(device_free=GiB, weights=2 * GiB, reserve=0, activations=0,
-                         limit_gib=None) == 0
+    assert (
+        memory_budget(
+            device_free=80 * GiB, weights=40 * GiB, reserve=2 * GiB, activations=GiB, limit_gib=None
+        )
+        == 37 * GiB
+    )
+    assert (
+        memory_budget(
+            device_free=80 * GiB, weights=0, reserve=2 * GiB, activations=GiB, limit_gib=20
+        )
+        == 17 * GiB
+    )
+    assert (
+        memory_budget(device_free=80 * GiB, weights=0, reserve=0, activations=0, limit_gib=100)
+        == 80 * GiB
+    )
+    assert (
+        memory_budget(device_free=GiB, weights=2 * GiB, reserve=0, activations=0, limit_gib=None)
+        == 0
+    )
 
 
 @st.composite
@@ -232,23 +333,44 @@ def rooms(draw: st.DrawFn) -> tuple[int, int, int, int, int, int | str, int, int
     page_bytes, fixed = draw(st.integers(1, 64 * MiB)), draw(st.integers(0, GiB))
     window, lanes = draw(st.integers(1, 1 << 21)), draw(st.integers(1, 32) | st.just("auto"))
     per = -(-window // page_rows) * page_bytes + fixed
-    room = draw(st.integers(0, 200 * GiB) | st.integers(0, 33).map(lambda n: n * per)
-                .flatmap(lambda r: st.integers(max(0, r - page_bytes), r + page_bytes)))
-    return (room, page_rows, page_bytes, fixed, window, lanes, draw(st.integers(0, 32 * GiB)),
-            draw(st.integers(0, 4 * GiB)))
+    room = draw(
+        st.integers(0, 200 * GiB)
+        | st.integers(0, 33)
+        .map(lambda n: n * per)
+        .flatmap(lambda r: st.integers(max(0, r - page_bytes), r + page_bytes))
+    )
+    return (
+        room,
+        page_rows,
+        page_bytes,
+        fixed,
+        window,
+        lanes,
+        draw(st.integers(0, 32 * GiB)),
+        draw(st.integers(0, 4 * GiB)),
+    )
 
 
 @settings(max_examples=500, deadline=None)
 @given(rooms())
 def test_pages_never_worse_than_windows(
-        args: tuple[int, int, int, int, int, int | str, int, int]) -> None:
+    args: tuple[int, int, int, int, int, int | str, int, int],
+) -> None:
     room, page_rows, page_bytes, fixed, window, lanes, cache, snapshot = args
 
     def go(paging: str) -> Plan | None:
         try:
-            p = plan(room=room, page_rows=page_rows, page_bytes=page_bytes, fixed_bytes=fixed,
-                     window=window, lanes=lanes, cache_budget=cache, paging=paging,
-                     snapshot_bytes=snapshot)
+            p = plan(
+                room=room,
+                page_rows=page_rows,
+                page_bytes=page_bytes,
+                fixed_bytes=fixed,
+                window=window,
+                lanes=lanes,
+                cache_budget=cache,
+                paging=paging,
+                snapshot_bytes=snapshot,
+            )
         except PlanRefused:
             return None
         # Never more bytes than the room, and the cache within its budget.

@@ -30,8 +30,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
 
 def _long_chat(server: ServedDemo, i: int, n: int = 1) -> Any:
     return server.client().chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": f"Tell me about engine {i}."}],
-        max_tokens=LONG, temperature=0.8, n=n, stream=True, extra_body={"ignore_eos": True})
+        model=MODEL,
+        messages=[{"role": "user", "content": f"Tell me about engine {i}."}],
+        max_tokens=LONG,
+        temperature=0.8,
+        n=n,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
 
 
 @pytest.mark.parametrize("n", [1, 2])
@@ -57,7 +63,8 @@ def test_generated_tokens_are_counted_while_a_stream_runs(server: ServedDemo, n:
 def test_a_finished_request_counts_each_token_once(server: ServedDemo, n: int) -> None:
     before = server.wait_even()[TOKENS]
     reply = server.client().completions.create(
-        model=MODEL, prompt="The little", max_tokens=7, n=n, extra_body={"ignore_eos": True})
+        model=MODEL, prompt="The little", max_tokens=7, n=n, extra_body={"ignore_eos": True}
+    )
     assert reply.usage is not None and reply.usage.completion_tokens == 7 * n
     assert server.wait_even()[TOKENS] - before == 7 * n
 
@@ -101,8 +108,12 @@ def test_the_pool_counts_what_the_lanes_hold(server: ServedDemo) -> None:
         t.start()
     try:
         decoding.wait(60)
-        summary = next(s for s in _summaries(server) if s["lanes"]["busy"] == LANES
-                       and all(x["phase"] == "decode" for x in s["lanes"]["streams"]))
+        summary = next(
+            s
+            for s in _summaries(server)
+            if s["lanes"]["busy"] == LANES
+            and all(x["phase"] == "decode" for x in s["lanes"]["streams"])
+        )
     finally:
         done.set()
         for t in load:

@@ -16,8 +16,12 @@ CLIENTS = 64
 ROUNDS = 3  # requests each client sends, one after the other
 RSS_SLACK = 96 * 1024 * 1024
 MODEL = "lfm2_moe-demo"
-PROMPTS = ("The little engine", "What is the capital of France?", "Numbers: one, two,",
-           "She opened the window and looked at the garden.")
+PROMPTS = (
+    "The little engine",
+    "What is the capital of France?",
+    "Numbers: one, two,",
+    "She opened the window and looked at the garden.",
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +35,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
 async def one(client: openai.AsyncOpenAI, i: int, n: int) -> int:
     """One streaming request; returns its completion tokens, checked against max_tokens."""
     max_tokens = 4 + (i * 7 + n) % 29
-    kw = dict(model=MODEL, max_tokens=max_tokens, temperature=0.7, seed=i,
-              stream=True, stream_options={"include_usage": True},
-              extra_body={"ignore_eos": True})
+    kw = dict(
+        model=MODEL,
+        max_tokens=max_tokens,
+        temperature=0.7,
+        seed=i,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     if i % 2:
         stream = await client.chat.completions.create(
-            messages=[{"role": "user", "content": PROMPTS[i % 4]}], logprobs=i % 4 == 1,
-            **kw)  # type: ignore[call-overload]
+            messages=[{"role": "user", "content": PROMPTS[i % 4]}], logprobs=i % 4 == 1, **kw
+        )  # type: ignore[call-overload]
     else:
         stream = await client.completions.create(prompt=PROMPTS[i % 4], **kw)  # type: ignore
     finish, usage = None, None
@@ -86,5 +96,7 @@ def test_64_streaming_clients(server: ServedDemo) -> None:
     assert m["tensorfold_requests_total{endpoint=chat,reason=length}"] >= requests // 2
     rss_after = rss_bytes(server.proc.pid)
     assert rss_after - rss_before < RSS_SLACK, (rss_before, rss_after)
-    print(f"{requests} requests, {tokens} tokens in {took:.1f} s; server RSS "
-          f"{rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB")
+    print(
+        f"{requests} requests, {tokens} tokens in {took:.1f} s; server RSS "
+        f"{rss_before / 2**20:.0f} -> {rss_after / 2**20:.0f} MiB"
+    )

@@ -50,12 +50,17 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 # a prompt the trained demo was not taught: its sampled choices differ
 @pytest.mark.parametrize("prompt", ["Seven purple violins", LONG], ids=["short", "long"])
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0.9, seed=11, max_tokens=8, repetition_penalty=1.2),
-    SamplingParams(temperature=0.7, top_k=20, max_tokens=8, logprobs=True, top_logprobs=2),
-], ids=["seeded", "drawn"])
-def test_offline_choices_equal_their_single_twins(llm: Any, prompt: str,
-                                                  params: SamplingParams) -> None:
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.9, seed=11, max_tokens=8, repetition_penalty=1.2),
+        SamplingParams(temperature=0.7, top_k=20, max_tokens=8, logprobs=True, top_logprobs=2),
+    ],
+    ids=["seeded", "drawn"],
+)
+def test_offline_choices_equal_their_single_twins(
+    llm: Any, prompt: str, params: SamplingParams
+) -> None:
     lanes = llm.served.engine.lanes
     before = lanes.rows_computed + lanes.rows_cached
     choices = llm.generate([prompt], params, n=3)
@@ -63,21 +68,29 @@ def test_offline_choices_equal_their_single_twins(llm: Any, prompt: str,
     assert lanes.rows_computed + lanes.rows_cached - before == len(ids)  # the prompt once
     assert [c.index for c in choices] == [0, 1, 2]
     seed = choices[0].seed
-    assert seed is not None and [c.seed for c in choices] == [choice_seed(seed, i)
-                                                              for i in range(3)]
+    assert seed is not None and [c.seed for c in choices] == [
+        choice_seed(seed, i) for i in range(3)
+    ]
     assert len({tuple(c.token_ids) for c in choices}) > 1  # sampled apart
     for i, c in enumerate(choices):
         twin = llm.generate([prompt], replace(params, seed=choice_seed(seed, i)))[0]
         assert (c.token_ids, c.text, c.logprobs, c.top_logprobs, c.finish_reason) == (
-            twin.token_ids, twin.text, twin.logprobs, twin.top_logprobs, twin.finish_reason)
+            twin.token_ids,
+            twin.text,
+            twin.logprobs,
+            twin.top_logprobs,
+            twin.finish_reason,
+        )
 
 
 def test_offline_choices_among_other_prompts_and_chats(llm: Any) -> None:
     params = SamplingParams(temperature=1.0, seed=3, max_tokens=6)
     prompts = ["One, two,", LONG, "Once upon a time"]
     together = llm.generate(prompts, params, n=2)
-    assert [(c.prompt_token_ids == together[2 * (k // 2)].prompt_token_ids, c.index)
-            for k, c in enumerate(together)] == [(True, k % 2) for k in range(6)]
+    assert [
+        (c.prompt_token_ids == together[2 * (k // 2)].prompt_token_ids, c.index)
+        for k, c in enumerate(together)
+    ] == [(True, k % 2) for k in range(6)]
     for k, c in enumerate(together):
         twin = llm.generate([prompts[k // 2]], replace(params, seed=3 + k % 2))[0]
         assert c.token_ids == twin.token_ids
@@ -90,12 +103,20 @@ def test_offline_choices_among_other_prompts_and_chats(llm: Any) -> None:
 
 
 def test_offline_choices_on_windows_with_the_prompt_store(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     """Every lane owning a window, and the first choice resuming its prompt from the store."""
     from tensorfold.testing import assert_choices_equal_single_twins, close_even, open_llm
 
-    engine = open_llm("lfm2_moe", None, parallel=3, kv_pages="off", kv_share=16,
-                      prompt_cache_gib=0.05, demo_cache=tmp_path_factory.mktemp("n-win"))
+    engine = open_llm(
+        "lfm2_moe",
+        None,
+        parallel=3,
+        kv_pages="off",
+        kv_share=16,
+        prompt_cache_gib=0.05,
+        demo_cache=tmp_path_factory.mktemp("n-win"),
+    )
     try:
         assert engine.served.plan.mode == "windows"
         params = SamplingParams(temperature=0.8, seed=9, max_tokens=6)
@@ -122,19 +143,48 @@ def test_tensorfold_generate_n(tmp_path_factory: pytest.TempPathFactory) -> None
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
     env.update(TF_DEMO_CACHE=str(tmp_path_factory.mktemp("n-cli")), TF_MEMORY_LIMIT_GIB="1")
-    base = [sys.executable, "-c", LAUNCH, "generate", "--family", "lfm2_moe", "--context",
-            "1024", "--parallel", "2", "--max-tokens", "4", "--temperature", "0.9"]
-    done = subprocess.run([*base, "--seed", "8", "--n", "2", "--json", "One", "Two"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    base = [
+        sys.executable,
+        "-c",
+        LAUNCH,
+        "generate",
+        "--family",
+        "lfm2_moe",
+        "--context",
+        "1024",
+        "--parallel",
+        "2",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0.9",
+    ]
+    done = subprocess.run(
+        [*base, "--seed", "8", "--n", "2", "--json", "One", "Two"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert [(r["prompt"], r["index"], r["seed"]) for r in rows] == [
-        ("One", 0, 8), ("One", 1, 9), ("Two", 0, 8), ("Two", 1, 9)]
-    twin = subprocess.run([*base, "--seed", "9", "--json", "Two"], env=env,
-                          capture_output=True, text=True, timeout=120)
+        ("One", 0, 8),
+        ("One", 1, 9),
+        ("Two", 0, 8),
+        ("Two", 1, 9),
+    ]
+    twin = subprocess.run(
+        [*base, "--seed", "9", "--json", "Two"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert json.loads(twin.stdout)["token_ids"] == rows[3]["token_ids"]
-    refused = subprocess.run([*base, "--n", "3", "One"], env=env, capture_output=True,
-                             text=True, timeout=120)
+    refused = subprocess.run(
+        [*base, "--n", "3", "One"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert refused.returncode == 2 and "n <= 2" in refused.stderr, refused.stderr
 
 
@@ -154,8 +204,9 @@ def count_lanes(pass_rows: int = 32) -> Any:
 def group(done: list, prompt: list[int], max_tokens: int = 4) -> Any:
     from tensorfold.requests import Request
 
-    params = choice_params(SamplingParams(temperature=0.9, seed=1, max_tokens=max_tokens,
-                                          ignore_eos=True), 2)
+    params = choice_params(
+        SamplingParams(temperature=0.9, seed=1, max_tokens=max_tokens, ignore_eos=True), 2
+    )
     req = Request(prompt, params[0], done.append)
     req.forks = [Request(prompt, params[1], done.append)]
     return req
@@ -184,7 +235,8 @@ def test_choices_end_with_their_prompts_stream(when: str) -> None:
     req.cancelled = True
     run_idle(lanes)
     assert [(e.request_id, e.reason, e.completion_tokens) for e in done] == [
-        (r.id, "cancelled", 0) for r in (*req.forks, req)]
+        (r.id, "cancelled", 0) for r in (*req.forks, req)
+    ]
     assert all(isinstance(e, Finished) for e in done)
 
 
@@ -208,8 +260,9 @@ def test_choices_wait_for_their_lanes_and_pages() -> None:
     from tensorfold.requests import Finished, Request
 
     lanes, done = count_lanes(), []
-    lanes.add(Request([1, 2, 3], SamplingParams(max_tokens=6, ignore_eos=True).with_seed(),
-                      done.append))
+    lanes.add(
+        Request([1, 2, 3], SamplingParams(max_tokens=6, ignore_eos=True).with_seed(), done.append)
+    )
     lanes.step()
     pair = group(done, [5, 6, 7] * 7)
     lanes.add(pair)
@@ -232,8 +285,9 @@ def test_choices_wait_for_their_lanes_and_pages() -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
-    s = ServedDemo(tmp_path_factory.mktemp("n-serve"), "--parallel", str(LANES),
-                   env={"TF_KV_SHARE": "16"})
+    s = ServedDemo(
+        tmp_path_factory.mktemp("n-serve"), "--parallel", str(LANES), env={"TF_KV_SHARE": "16"}
+    )
     yield s
     rc, out = s.stop()
     assert rc == 0 and "kv pool idle: promised 0" in out, s.logs()[-3000:]
@@ -244,8 +298,13 @@ def token_ids(choice: Any) -> list[int]:
 
 
 def completion(http: Http, **fields: Any) -> dict[str, Any]:
-    body = {"model": MODEL, "max_tokens": 8, "logprobs": 0, "return_tokens_as_token_ids": True,
-            **fields}
+    body = {
+        "model": MODEL,
+        "max_tokens": 8,
+        "logprobs": 0,
+        "return_tokens_as_token_ids": True,
+        **fields,
+    }
     r = http.post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
     return r.json()
@@ -293,12 +352,12 @@ def stream_lines(http: Http, path: str, body: dict[str, Any]) -> list[dict[str, 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_streamed_choices_carry_their_index(server: ServedDemo, path: str) -> None:
     http = Http(server.base)
-    body: dict[str, Any] = {"model": MODEL, "max_tokens": 12, "temperature": 0.8, "seed": 5,
-                            "n": 3}
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 12, "temperature": 0.8, "seed": 5, "n": 3}
     body.update({"messages": MESSAGES} if "chat" in path else {"prompt": LONG})
     whole = http.post(path, json=body).json()
-    chunks = stream_lines(http, path, {**body, "stream": True,
-                                       "stream_options": {"include_usage": True}})
+    chunks = stream_lines(
+        http, path, {**body, "stream": True, "stream_options": {"include_usage": True}}
+    )
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
     texts, finishes = {0: "", 1: "", 2: ""}, {}
     for ch in chunks[:-1]:
@@ -313,8 +372,11 @@ def test_streamed_choices_carry_their_index(server: ServedDemo, path: str) -> No
         content = choice["message"]["content"] if "chat" in path else choice["text"]
         assert (texts[i], finishes[i]) == (content, choice["finish_reason"])
     if "chat" in path:
-        roles = [ch["choices"][0]["index"] for ch in chunks[:3]
-                 if ch["choices"][0]["delta"].get("role") == "assistant"]
+        roles = [
+            ch["choices"][0]["index"]
+            for ch in chunks[:3]
+            if ch["choices"][0]["delta"].get("role") == "assistant"
+        ]
         assert roles == [0, 1, 2]
     server.wait_even()
 
@@ -324,14 +386,18 @@ def test_concurrent_groups_equal_their_twins(server: ServedDemo) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     http = Http(server.base)
-    asks = [dict(prompt=LONG, n=3, seed=100), dict(prompt="Once upon a time", n=3, seed=200),
-            dict(prompt="One, two,", seed=300)]
+    asks = [
+        dict(prompt=LONG, n=3, seed=100),
+        dict(prompt="Once upon a time", n=3, seed=200),
+        dict(prompt="One, two,", seed=300),
+    ]
     with ThreadPoolExecutor(len(asks)) as pool:
         got = list(pool.map(lambda a: completion(http, temperature=1.0, **a), asks))
     for ask, reply in zip(asks, got):
         for choice in reply["choices"]:
-            twin = completion(http, temperature=1.0, prompt=ask["prompt"],
-                              seed=ask["seed"] + choice["index"])
+            twin = completion(
+                http, temperature=1.0, prompt=ask["prompt"], seed=ask["seed"] + choice["index"]
+            )
             assert token_ids(choice) == token_ids(twin["choices"][0])
     server.wait_even()
 
@@ -339,9 +405,16 @@ def test_concurrent_groups_equal_their_twins(server: ServedDemo) -> None:
 def test_a_disconnect_cancels_every_choice(server: ServedDemo) -> None:
     http = Http(server.base)
     before = server.metrics().get(
-        "tensorfold_requests_total{endpoint=completion,reason=cancelled}", 0)
-    body = {"model": MODEL, "prompt": "The little", "max_tokens": 4000, "n": 3,
-            "stream": True, "ignore_eos": True}
+        "tensorfold_requests_total{endpoint=completion,reason=cancelled}", 0
+    )
+    body = {
+        "model": MODEL,
+        "prompt": "The little",
+        "max_tokens": 4000,
+        "n": 3,
+        "stream": True,
+        "ignore_eos": True,
+    }
     with http.stream("/v1/completions", body) as (status, lines):
         assert status == 200
         next(lines)
@@ -352,8 +425,10 @@ def test_a_disconnect_cancels_every_choice(server: ServedDemo) -> None:
 @pytest.mark.parametrize("n,says", [(LANES + 1, f"n <= {LANES}"), (0, ">= 1"), ("2", "integer")])
 def test_bad_n_is_a_400_naming_the_bound(server: ServedDemo, n: Any, says: str) -> None:
     http = Http(server.base)
-    for body in ({"model": MODEL, "prompt": "x", "max_tokens": 2, "n": n},
-                 {"model": MODEL, "messages": MESSAGES, "max_tokens": 2, "n": n}):
+    for body in (
+        {"model": MODEL, "prompt": "x", "max_tokens": 2, "n": n},
+        {"model": MODEL, "messages": MESSAGES, "max_tokens": 2, "n": n},
+    ):
         path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
         error = check_error(http.post(path, json=body), 400, "n")
         assert says in error["message"], error

@@ -91,8 +91,13 @@ def test_cos_sin_are_cast_to_the_model_dtype_and_row_invariant() -> None:
 def conv_formula(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """Depthwise causal conv over a whole sequence from zeros: u [n, C], weight [C, K]."""
     c, k = weight.shape
-    out = F.conv1d(u.double().t()[None], weight.double()[:, None, :],
-                   None if bias is None else bias.double(), padding=k - 1, groups=c)
+    out = F.conv1d(
+        u.double().t()[None],
+        weight.double()[:, None, :],
+        None if bias is None else bias.double(),
+        padding=k - 1,
+        groups=c,
+    )
     return out[0, :, : u.shape[0]].t()
 
 
@@ -104,7 +109,7 @@ def test_causal_conv_matches_conv1d(k: int, with_bias: bool) -> None:
     b = torch.randn(24, generator=gen(9)) if with_bias else None
     out, tail = conv.causal_conv(u, torch.zeros(24, k - 1), w, b)
     assert close(out, conv_formula(u, w, b), 1e-6)
-    assert torch.equal(tail, u[-(k - 1):].t())
+    assert torch.equal(tail, u[-(k - 1) :].t())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -153,9 +158,11 @@ def test_activations_match_torch_and_are_position_invariant(fn, ref) -> None:
 
 def experts_weights(e: int, h: int, i: int, seed: int) -> tuple[list, list, list]:
     g = gen(seed)
-    return ([torch.randn(i, h, generator=g) * 0.2 for _ in range(e)],
-            [torch.randn(i, h, generator=g) * 0.2 for _ in range(e)],
-            [torch.randn(h, i, generator=g) * 0.2 for _ in range(e)])
+    return (
+        [torch.randn(i, h, generator=g) * 0.2 for _ in range(e)],
+        [torch.randn(i, h, generator=g) * 0.2 for _ in range(e)],
+        [torch.randn(h, i, generator=g) * 0.2 for _ in range(e)],
+    )
 
 
 def route_formula(x, gate, bias, k, norm, scaling):
@@ -210,11 +217,10 @@ def test_moe_matches_per_row_formula() -> None:
 def test_moe_row_never_depends_on_other_rows(dtype: torch.dtype) -> None:
     n, h, i, e, k = 133, 48, 40, 5, 2
     x = torch.randn(n, h, generator=gen(25)).to(dtype)
-    w1, w3, w2 = (
-        [t.to(dtype) for t in ts] for ts in experts_weights(e, h, i, 26)
+    w1, w3, w2 = ([t.to(dtype) for t in ts] for ts in experts_weights(e, h, i, 26))
+    weights, idx = moe.route(
+        x, torch.randn(e, h, generator=gen(27)).to(dtype), None, k, norm_topk_prob=True
     )
-    weights, idx = moe.route(x, torch.randn(e, h, generator=gen(27)).to(dtype), None, k,
-                             norm_topk_prob=True)
     full = moe.moe(x, weights, idx, w1, w3, w2)
     for a, b in [(0, 1), (7, 8), (3, 40), (40, 133)]:
         part = moe.moe(x[a:b].clone(), weights[a:b].clone(), idx[a:b].clone(), w1, w3, w2)

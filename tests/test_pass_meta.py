@@ -9,16 +9,28 @@ import pytest
 from tensorfold.forward_pass import ForwardPass, StreamRows
 from tensorfold.ops.pass_meta import QUERY_ROWS, build_meta
 
-TENSORS = ("row_stream", "stream_row0", "stream_len", "stream_start", "stream_slot", "table",
-           "block_stream", "block_row0", "block_len")
+TENSORS = (
+    "row_stream",
+    "stream_row0",
+    "stream_len",
+    "stream_start",
+    "stream_slot",
+    "table",
+    "block_stream",
+    "block_row0",
+    "block_len",
+)
 
 
-@pytest.mark.parametrize("specs", [
-    [(0, 2115, 33)],  # a chat's next turn: 33 rows after a 2115-row prefix
-    [(1, 0, 40), (2, 0, 7)],  # two packed prompts
-    [(0, 900, 1), (3, 17, 1), (4, 5000, 1)],  # decode rows
-    [(2, 0, 300)],
-])
+@pytest.mark.parametrize(
+    "specs",
+    [
+        [(0, 2115, 33)],  # a chat's next turn: 33 rows after a 2115-row prefix
+        [(1, 0, 40), (2, 0, 7)],  # two packed prompts
+        [(0, 900, 1), (3, 17, 1), (4, 5000, 1)],  # decode rows
+        [(2, 0, 300)],
+    ],
+)
 def test_every_view_is_aligned_and_holds_the_pass(specs):
     page_rows = 64
     streams, used = [], 0
@@ -38,8 +50,11 @@ def test_every_view_is_aligned_and_holds_the_pass(specs):
     assert meta.stream_slot.tolist() == [s.slot for s in streams]
     width = max(len(s.pages) for s in streams)
     assert meta.table.tolist() == [list(s.pages) + [0] * (width - len(s.pages)) for s in streams]
-    blocks = [(i, r, min(QUERY_ROWS, b - r)) for i, (a, b) in enumerate(spans)
-              for r in range(a, b, QUERY_ROWS)]
+    blocks = [
+        (i, r, min(QUERY_ROWS, b - r))
+        for i, (a, b) in enumerate(spans)
+        for r in range(a, b, QUERY_ROWS)
+    ]
     assert meta.num_blocks == len(blocks)
     assert meta.block_stream.tolist() == [b[0] for b in blocks]
     assert meta.block_row0.tolist() == [b[1] for b in blocks]

@@ -32,9 +32,12 @@ def install_in_place(project: Path, site: Path) -> str:
     dist = site / f"{meta['name'].replace('-', '_')}-{meta['version']}.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: {meta['name']}\nVersion: {meta['version']}\n")
-    lines = [f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items())
-             for group, eps in meta.get("entry-points", {}).items()]
+        f"Metadata-Version: 2.1\nName: {meta['name']}\nVersion: {meta['version']}\n"
+    )
+    lines = [
+        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items())
+        for group, eps in meta.get("entry-points", {}).items()
+    ]
     (dist / "entry_points.txt").write_text("\n".join(lines))
     return meta["name"]
 
@@ -57,10 +60,16 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 
 def test_the_guide_names_its_files() -> None:
     files = set(file_blocks(GUIDE.read_text()))
-    assert {"tiny_dense/pyproject.toml", "tiny_dense/tensorfold_tiny_dense/plugin.py",
-            "tiny_dense/tensorfold_tiny_dense/model.py", "tiny_dense/tensorfold_tiny_dense/demo.py",
-            "tiny_dense/tests/test_parity.py", "tiny_dense/tests/test_engine.py",
-            "tiny_dense/tensorfold_tiny_dense/shards.py", "tiny_dense/tests/test_tp.py"} <= files
+    assert {
+        "tiny_dense/pyproject.toml",
+        "tiny_dense/tensorfold_tiny_dense/plugin.py",
+        "tiny_dense/tensorfold_tiny_dense/model.py",
+        "tiny_dense/tensorfold_tiny_dense/demo.py",
+        "tiny_dense/tests/test_parity.py",
+        "tiny_dense/tests/test_engine.py",
+        "tiny_dense/tensorfold_tiny_dense/shards.py",
+        "tiny_dense/tests/test_tp.py",
+    } <= files
 
 
 def test_the_profile_rows_snippet_runs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,15 +90,22 @@ def test_the_profile_rows_snippet_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_installed_family_is_listed(installed) -> None:
     project, env = installed
-    families = subprocess.run([sys.executable, "-c", LAUNCH, "families"], env=env,
-                              cwd=project, capture_output=True, text=True, timeout=120)
+    families = subprocess.run(
+        [sys.executable, "-c", LAUNCH, "families"],
+        env=env,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert families.returncode == 0, families.stderr
     assert "tiny_dense" in families.stdout and "tensorfold-tiny-dense" in families.stdout
 
 
 def _post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=60) as r:
         return json.loads(r.read())
 
@@ -97,9 +113,24 @@ def _post(url: str, body: dict) -> dict:
 def test_serve_answers_a_chat_with_the_demo(installed) -> None:
     project, env = installed
     proc = subprocess.Popen(
-        [sys.executable, "-c", LAUNCH, "serve", "--family", "tiny_dense", "--port", "0",
-         "--parallel", "2"], env={**env, "TF_MEMORY_LIMIT_GIB": "0.5"}, cwd=project,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            LAUNCH,
+            "serve",
+            "--family",
+            "tiny_dense",
+            "--port",
+            "0",
+            "--parallel",
+            "2",
+        ],
+        env={**env, "TF_MEMORY_LIMIT_GIB": "0.5"},
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline, url = time.monotonic() + 120, None
         while url is None and time.monotonic() < deadline:
@@ -115,8 +146,13 @@ def test_serve_answers_a_chat_with_the_demo(installed) -> None:
                     break
             except OSError:
                 time.sleep(0.05)
-        ask = {"model": "tiny_dense-demo", "max_tokens": 6, "temperature": 0, "seed": 1,
-               "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+        ask = {
+            "model": "tiny_dense-demo",
+            "max_tokens": 6,
+            "temperature": 0,
+            "seed": 1,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        }
         first = _post(url + "/chat/completions", ask)
         assert first["choices"][0]["finish_reason"] in ("length", "stop")
         assert first["usage"]["completion_tokens"] >= 1
@@ -136,6 +172,11 @@ def test_the_guides_plugin_passes_its_own_tests(installed) -> None:
     project, env = installed
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-        env=env, cwd=project, capture_output=True, text=True, timeout=540)
+        env=env,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     assert " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-2000:]

@@ -100,7 +100,10 @@ def test_an_entry_point_name_shipped_twice_loads_the_first_and_warns(pm: PluginM
         plugins.load_entry_points(pm, None, [*entry_points(), again])
     assert sorted(plugins.families(pm)) == ["a", "b"]
     [warning] = logs
-    assert (warning["loaded"], warning["ignored"]) == ("tensorfold-alpha 1.0", "tensorfold-alpha-fork 0.1")
+    assert (warning["loaded"], warning["ignored"]) == (
+        "tensorfold-alpha 1.0",
+        "tensorfold-alpha-fork 0.1",
+    )
 
 
 def test_cached_plugin_manager_honours_tf_plugins(no_installed_plugins: pytest.MonkeyPatch) -> None:
@@ -157,33 +160,43 @@ class RankedPlugin:
 def test_the_default_of_several_is_the_lowest_demo_rank_with_a_demo(
     tf_env: pytest.MonkeyPatch, pm: PluginManager
 ) -> None:
-    pm.add_plugin(RankedPlugin(
-        FamilySpec(name="a", load="x:y", build_demo=""),  # no demo: never the default
-        FamilySpec(name="c", load="x:y", build_demo="x:y", demo_rank=0),
-    ), "ranked")
+    pm.add_plugin(
+        RankedPlugin(
+            FamilySpec(name="a", load="x:y", build_demo=""),  # no demo: never the default
+            FamilySpec(name="c", load="x:y", build_demo="x:y", demo_rank=0),
+        ),
+        "ranked",
+    )
     pm.add_plugin(FamiliesPlugin("b"), "fake_b")
     assert plugins.choose_family(None, pm).name == "c"
     assert start.family_note(plugins.choose_family(None, pm), None, pm) == (
-        "family c, the default (also installed: a, b; --family or TF_FAMILY picks one)")
+        "family c, the default (also installed: a, b; --family or TF_FAMILY picks one)"
+    )
     assert start.family_note(plugins.choose_family("b", pm), "b", pm) == "family b"
 
 
 def test_several_families_without_a_demo_ask_for_one(pm: PluginManager) -> None:
-    pm.add_plugin(RankedPlugin(FamilySpec(name="a", load="x:y", build_demo=""),
-                               FamilySpec(name="b", load="x:y", build_demo="")), "ranked")
+    pm.add_plugin(
+        RankedPlugin(
+            FamilySpec(name="a", load="x:y", build_demo=""),
+            FamilySpec(name="b", load="x:y", build_demo=""),
+        ),
+        "ranked",
+    )
     with pytest.raises(FamilyError, match=r"several families are installed \(a, b\) and none"):
         plugins.choose_family(None, pm)
 
 
-def test_tf_family_names_the_family_to_open(
-    tf_env: pytest.MonkeyPatch, pm: PluginManager
-) -> None:
+def test_tf_family_names_the_family_to_open(tf_env: pytest.MonkeyPatch, pm: PluginManager) -> None:
     """TF_FAMILY is read into the settings and asked for as --family is (before any load)."""
     pm.add_plugin(FamiliesPlugin("a", "b"), "fake")
     tf_env.setenv("TF_FAMILY", "b")
     tf_env.setattr(start, "get_plugin_manager", lambda settings=None: pm)
-    tf_env.setattr(start, "model_folder", lambda spec, *a: (_ for _ in ()).throw(
-        FamilyError(f"chose {spec.name}")))
+    tf_env.setattr(
+        start,
+        "model_folder",
+        lambda spec, *a: (_ for _ in ()).throw(FamilyError(f"chose {spec.name}")),
+    )
     with pytest.raises(FamilyError, match="^chose b$"):
         start.open_served(Settings())
     with pytest.raises(FamilyError, match="^chose a$"):  # the flag wins over TF_FAMILY
@@ -216,8 +229,12 @@ def test_per_family_hooks_reach_only_the_chosen_family(
 
 def test_family_hooks_that_do_not_import_name_the_family() -> None:
     spec = FamilySpec(
-        name="z", load="x:y", build_demo="x:y", hooks="no_such_module_here:hooks",
-        distribution="tensorfold-z", version="9",
+        name="z",
+        load="x:y",
+        build_demo="x:y",
+        hooks="no_such_module_here:hooks",
+        distribution="tensorfold-z",
+        version="9",
     )
     with pytest.raises(FamilyError, match="family 'z' \\(tensorfold-z 9\\): cannot import"):
         plugins.family_plugin_manager(spec, [])

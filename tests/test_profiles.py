@@ -112,7 +112,9 @@ def test_docs_profiles_md_is_current(tf_env: pytest.MonkeyPatch) -> None:
     documented = DOCS.read_text()
     # the rows of the plugins that loaded are checked first, then a plugin that did not load fails
     missing = [line for line in expected.splitlines() if line not in documented.splitlines()]
-    assert not missing, f"docs/profiles.md lacks or misstates: {missing}; regenerate it with: {COMMAND}"
+    assert not missing, (
+        f"docs/profiles.md lacks or misstates: {missing}; regenerate it with: {COMMAND}"
+    )
     assert not pm.failures, f"plugins failed to load, so their rows are unchecked: {pm.failures}"
     assert documented == expected, (
         f"docs/profiles.md is stale; regenerate it with: {COMMAND} > docs/profiles.md"

@@ -27,14 +27,17 @@ def test_a_terminal_gets_a_bar_and_no_log_lines() -> None:
 
 def test_elsewhere_a_line_at_the_start_each_tenth_and_the_end() -> None:
     out = io.StringIO()  # not a terminal
-    with capture_logs() as logs, Progress("bench openai", 40, "requests", file=out,
-                                          interval=0) as p:
+    with (
+        capture_logs() as logs,
+        Progress("bench openai", 40, "requests", file=out, interval=0) as p,
+    ):
         for _ in range(40):
             p.update()
     assert out.getvalue() == ""
     lines = [e["event"] for e in logs]
-    assert lines == [f"bench openai: {n}/40 requests" for n in [0, 4, 8, 12, 16, 20, 24, 28,
-                                                                32, 36, 40]]
+    assert lines == [
+        f"bench openai: {n}/40 requests" for n in [0, 4, 8, 12, 16, 20, 24, 28, 32, 36, 40]
+    ]
 
 
 def test_a_stop_before_the_end_is_said() -> None:

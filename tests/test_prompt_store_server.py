@@ -40,16 +40,21 @@ def chat(url: str, seeded: bool, chats: int = 8, turns: int = 4):
 
     def one(c: int):
         r = client.chat.completions.create(
-            model=model, messages=histories[c], max_tokens=10,
-            temperature=0.8 if seeded else 0, seed=100 + c if seeded else None)
+            model=model,
+            messages=histories[c],
+            max_tokens=10,
+            temperature=0.8 if seeded else 0,
+            seed=100 + c if seeded else None,
+        )
         return r.choices[0].message.content, r.usage.prompt_tokens_details.cached_tokens
 
     with ThreadPoolExecutor(chats) as pool:
         for t in range(turns):
             for c in range(chats):
                 rng = random.Random(c * 10 + t)
-                histories[c].append({"role": "user",
-                                     "content": " ".join(rng.choice(WORDS) for _ in range(40))})
+                histories[c].append(
+                    {"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(40))}
+                )
             done = list(pool.map(one, range(chats)))
             replies.append([text for text, _ in done])
             cached.append([n for _, n in done])

@@ -33,8 +33,10 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 # Renders forever (the sandbox allows ranges of 100,000) when the last message says "spin".
-SPIN = ("{% if messages[-1]['content'] == 'spin' %}{% for i in range(100000) %}"
-        "{% for j in range(100000) %}{% endfor %}{% endfor %}{% endif %}" + CHATML)
+SPIN = (
+    "{% if messages[-1]['content'] == 'spin' %}{% for i in range(100000) %}"
+    "{% for j in range(100000) %}{% endfor %}{% endfor %}{% endif %}" + CHATML
+)
 WINDOW = 1 << 20
 
 
@@ -43,13 +45,18 @@ def tok(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
     hf = HFTokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     hf.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     hf.train_from_iterator(["hello world, the lazy fox", "user assistant system"] * 8, trainer)
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     hf.save(str(path))
-    return Tokenizer(HFTokenizer.from_file(str(path)), bos_token="<s>", eos_token="</s>",
-                     chat_templates={"default": SPIN})
+    return Tokenizer(
+        HFTokenizer.from_file(str(path)),
+        bos_token="<s>",
+        eos_token="</s>",
+        chat_templates={"default": SPIN},
+    )
 
 
 def chat(n: int) -> list[dict[str, str]]:
@@ -77,8 +84,9 @@ def test_marks_cost_a_fixed_number_of_renders(monkeypatch: pytest.MonkeyPatch) -
     assert renders == MARKED_TAIL + 1 and len(short.marks) == MARKED_TAIL
 
 
-def test_a_prompt_past_the_window_is_not_tokenized(tok: Tokenizer,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_prompt_past_the_window_is_not_tokenized(
+    tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     limit = max_prompt_bytes(tok, 8)
     assert limit == 8 * longest_token_bytes(tok)
     for token in tok.hf.get_vocab():  # no token covers more bytes of text than the bound
@@ -120,7 +128,8 @@ def test_the_loop_runs_while_a_worker_tokenizes(tok: Tokenizer) -> None:
         await workers.run(PromptJob(WINDOW, 10**9, text="warm"), loop.time() + 120)
         ticks = 0
         job = asyncio.ensure_future(
-            workers.run(PromptJob(1000, 10**9, text=text), loop.time() + 120))
+            workers.run(PromptJob(1000, 10**9, text=text), loop.time() + 120)
+        )
         while not job.done() and ticks < 100_000:
             await asyncio.sleep(0.001)
             ticks += 1
@@ -207,4 +216,3 @@ def test_request_threads_do_not_hold_up_exit() -> None:
     assert pool.submit(sum, [1, 2]).result(timeout=10) == 3
     mine = [t for t in threading.enumerate() if t.name.startswith("tf-test")]
     assert len(mine) == 2 and all(t.daemon for t in mine)
-

@@ -75,8 +75,9 @@ params_st = st.builds(
     seed=st.integers(0, 2**64 - 1),
     logprobs=st.just(True),
     top_logprobs=st.integers(0, 5),
-    logit_bias=st.dictionaries(st.integers(0, 1), st.sampled_from([-100.0, -2.5, 0.0, 3.0, 100.0]),
-                               max_size=2),
+    logit_bias=st.dictionaries(
+        st.integers(0, 1), st.sampled_from([-100.0, -2.5, 0.0, 3.0, 100.0]), max_size=2
+    ),
 )
 
 
@@ -354,9 +355,11 @@ def test_batched_greedy_rows_equal_sample_row_alone():
     x = torch.randn(6, 500, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16).float()
     x[2, 40] = x[2, 7] = x[2].max() + 1  # a tie: the lowest id wins
     plain = SamplingParams(temperature=0)
-    params = [plain] * 3 + [SamplingParams(temperature=0.8, seed=5, top_p=0.9),
-                            SamplingParams(temperature=0, logprobs=True, top_logprobs=2),
-                            SamplingParams(temperature=0, repetition_penalty=1.3)]
+    params = [plain] * 3 + [
+        SamplingParams(temperature=0.8, seed=5, top_p=0.9),
+        SamplingParams(temperature=0, logprobs=True, top_logprobs=2),
+        SamplingParams(temperature=0, repetition_penalty=1.3),
+    ]
     rows = [(p, 3, RowHistory([1, 2])) for p in params]
     got = sample_rows(x, rows)
     for i, (p, t, h) in enumerate(rows):
@@ -400,8 +403,7 @@ def test_logit_bias_moves_the_draw_of_its_row_only() -> None:
     rows = [(plain, 0, RowHistory()), (biased, 0, RowHistory()), (plain, 0, RowHistory())]
     together = sample_rows(x, rows)
     assert [r.token for r in together] == [
-        sample_row(x[i], p, 0, h).token for i, (p, _, h) in enumerate(rows)]
+        sample_row(x[i], p, 0, h).token for i, (p, _, h) in enumerate(rows)
+    ]
     with pytest.raises(ValueError, match="outside the 64-token vocabulary"):
         sample_row(x[0], SamplingParams(temperature=0, logit_bias={64: 1}), 0, RowHistory())
-
-

@@ -29,8 +29,9 @@ FAMILY = "lfm2_moe"
 class ServedDemo:
     """A `tensorfold serve` subprocess serving the demo checkpoint."""
 
-    def __init__(self, tmp: Path, *flags: str, api_key: str | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, tmp: Path, *flags: str, api_key: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.tmp = tmp
         self.api_key = api_key
         environ = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
@@ -40,8 +41,11 @@ class ServedDemo:
             args += ["--api-key", api_key]
         self.log = open(tmp / "serve.log", "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", LAUNCH, *args], stdout=subprocess.PIPE, stderr=self.log,
-            text=True, env=environ,
+            [sys.executable, "-c", LAUNCH, *args],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=environ,
         )
         self.printed: list[str] = []
         self.url = self._read_address()
@@ -77,8 +81,9 @@ class ServedDemo:
         return (self.tmp / "serve.log").read_text()
 
     def client(self, **kw: object) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url, api_key=self.api_key or "none", max_retries=0,
-                             timeout=60, **kw)  # type: ignore[arg-type]
+        return openai.OpenAI(
+            base_url=self.url, api_key=self.api_key or "none", max_retries=0, timeout=60, **kw
+        )  # type: ignore[arg-type]
 
     def metrics(self) -> dict[str, float]:
         """Samples by name and labels, e.g. 'tensorfold_pool_pages{state=free}'."""
@@ -96,12 +101,18 @@ class ServedDemo:
         deadline = time.monotonic() + timeout
         while True:
             m = self.metrics()
-            page = {k.split("=")[1].rstrip("}"): v for k, v in m.items()
-                    if k.startswith("tensorfold_pool_pages{")}
-            even = (page["promised"] == 0 and page["live"] == 0
-                    and page["free"] + page["store"] == page["total"]
-                    and m["tensorfold_lanes{state=busy}"] == 0
-                    and m["tensorfold_requests_waiting"] == 0)
+            page = {
+                k.split("=")[1].rstrip("}"): v
+                for k, v in m.items()
+                if k.startswith("tensorfold_pool_pages{")
+            }
+            even = (
+                page["promised"] == 0
+                and page["live"] == 0
+                and page["free"] + page["store"] == page["total"]
+                and m["tensorfold_lanes{state=busy}"] == 0
+                and m["tensorfold_requests_waiting"] == 0
+            )
             if even:
                 assert m["tensorfold_uneven_total"] == 0, self.logs()[-3000:]
                 return m
@@ -163,8 +174,9 @@ def test_chat_stream_equals_whole(server: ServedDemo) -> None:
     c = server.client()
     kw = dict(model="lfm2_moe-demo", messages=MESSAGES, max_completion_tokens=16, temperature=0)
     whole = c.chat.completions.create(**kw)  # type: ignore[call-overload]
-    chunks = list(c.chat.completions.create(
-        **kw, stream=True, stream_options={"include_usage": True}))  # type: ignore[call-overload]
+    chunks = list(
+        c.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    )  # type: ignore[call-overload]
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == whole.choices[0].message.content
@@ -180,31 +192,37 @@ def test_completions_text_ids_and_stream(server: ServedDemo) -> None:
 
     c = server.client()
     prompt = "The little engine woke before dawn and"
-    text = c.completions.create(model="lfm2_moe-demo", prompt=prompt, max_tokens=10,
-                                temperature=0)
+    text = c.completions.create(model="lfm2_moe-demo", prompt=prompt, max_tokens=10, temperature=0)
     from tensorfold_lfm2_moe.demo import DEMO_NAME
 
     tok = Tokenizer.from_checkpoint(Checkpoint.open(server.tmp / "demo" / DEMO_NAME))
     ids = tok.encode(prompt, add_special_tokens=True)
-    by_ids = c.completions.create(model="lfm2_moe-demo", prompt=ids, max_tokens=10,
-                                  temperature=0)
+    by_ids = c.completions.create(model="lfm2_moe-demo", prompt=ids, max_tokens=10, temperature=0)
     assert by_ids.choices[0].text == text.choices[0].text
     assert text.usage is not None and text.usage.prompt_tokens == len(ids)
-    stream = c.completions.create(model="lfm2_moe-demo", prompt=[prompt], max_tokens=10,
-                                  temperature=0, stream=True)
+    stream = c.completions.create(
+        model="lfm2_moe-demo", prompt=[prompt], max_tokens=10, temperature=0, stream=True
+    )
     assert "".join(ch.choices[0].text for ch in stream) == text.choices[0].text
 
 
 def test_default_max_tokens_of_completions_is_16(server: ServedDemo) -> None:
     r = server.client().completions.create(
-        model="lfm2_moe-demo", prompt="One", temperature=0, extra_body={"ignore_eos": True})
+        model="lfm2_moe-demo", prompt="One", temperature=0, extra_body={"ignore_eos": True}
+    )
     assert r.usage is not None and r.usage.completion_tokens == 16
 
 
 def test_logprobs(server: ServedDemo) -> None:
     c = server.client()
-    r = c.chat.completions.create(model="lfm2_moe-demo", messages=MESSAGES, max_tokens=6,
-                                  temperature=0, logprobs=True, top_logprobs=3)
+    r = c.chat.completions.create(
+        model="lfm2_moe-demo",
+        messages=MESSAGES,
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
     assert r.choices[0].logprobs is not None and r.usage is not None
     content = r.choices[0].logprobs.content or []
     assert len(content) == r.usage.completion_tokens
@@ -213,8 +231,9 @@ def test_logprobs(server: ServedDemo) -> None:
         tops = [t.logprob for t in entry.top_logprobs]
         assert tops == sorted(tops, reverse=True) and entry.logprob <= tops[0] + 1e-6
         assert entry.top_logprobs[0].token == entry.token  # greedy takes the most likely
-    cr = c.completions.create(model="lfm2_moe-demo", prompt="Numbers: one, two,",
-                              max_tokens=5, temperature=0, logprobs=2)
+    cr = c.completions.create(
+        model="lfm2_moe-demo", prompt="Numbers: one, two,", max_tokens=5, temperature=0, logprobs=2
+    )
     lp = cr.choices[0].logprobs
     assert lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
@@ -227,8 +246,9 @@ def test_seed_reproduces_sampling(server: ServedDemo) -> None:
     def run(seed: int | None) -> tuple[str, int]:
         # A question the demo was not taught: its answers spread over several it knows.
         unknown = [{"role": "user", "content": "Describe the moon."}]
-        r = c.chat.completions.create(model="lfm2_moe-demo", messages=unknown, max_tokens=24,
-                                      temperature=0.8, seed=seed)
+        r = c.chat.completions.create(
+            model="lfm2_moe-demo", messages=unknown, max_tokens=24, temperature=0.8, seed=seed
+        )
         assert r.model_extra is not None
         return r.choices[0].message.content or "", r.model_extra["seed"]
 
@@ -242,13 +262,24 @@ def test_seed_reproduces_sampling(server: ServedDemo) -> None:
 
 def test_stop_string_and_extras(server: ServedDemo) -> None:
     c = server.client()
-    base = c.completions.create(model="lfm2_moe-demo", prompt="The little", max_tokens=12,
-                                temperature=0).choices[0].text
+    base = (
+        c.completions.create(
+            model="lfm2_moe-demo", prompt="The little", max_tokens=12, temperature=0
+        )
+        .choices[0]
+        .text
+    )
     assert len(base) > 3
     stop = base[2:4]
-    r = c.completions.create(model="lfm2_moe-demo", prompt="The little", max_tokens=12,
-                             temperature=0, stop=[stop], user="u1",
-                             extra_body={"some_future_field": {"x": 1}})
+    r = c.completions.create(
+        model="lfm2_moe-demo",
+        prompt="The little",
+        max_tokens=12,
+        temperature=0,
+        stop=[stop],
+        user="u1",
+        extra_body={"some_future_field": {"x": 1}},
+    )
     assert r.choices[0].finish_reason == "stop" and r.choices[0].text == base[: base.index(stop)]
 
 
@@ -258,8 +289,9 @@ def test_logit_bias_changes_tokens_and_stays_exact_among_others(server: ServedDe
     from concurrent.futures import ThreadPoolExecutor
 
     c = server.client()
-    kw = dict(model="lfm2_moe-demo", prompt="The little engine", max_tokens=12, temperature=0.9,
-              seed=77)
+    kw = dict(
+        model="lfm2_moe-demo", prompt="The little engine", max_tokens=12, temperature=0.9, seed=77
+    )
     plain = c.completions.create(**kw).choices[0].text  # type: ignore[call-overload]
     bias = {str(t): 8 for t in range(200, 260)} | {"264": -100}
     biased = dict(kw, logit_bias=bias)
@@ -298,8 +330,14 @@ def test_start_lines_once_and_no_idle_census_at_info(server: ServedDemo) -> None
 def test_shutdown_lets_inflight_requests_end(server: ServedDemo) -> None:
     """Last in this module: SIGTERM mid-stream; the stream ends whole; exit 0 with the census."""
     stream = server.client().completions.create(
-        model="lfm2_moe-demo", prompt="The little", max_tokens=200, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        model="lfm2_moe-demo",
+        prompt="The little",
+        max_tokens=200,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     it = iter(stream)
     next(it)
     server.proc.send_signal(signal.SIGTERM)
@@ -321,20 +359,27 @@ def test_a_chats_next_turn_resumes(tmp_path: Path) -> None:
     try:
         c = s.client()
         turn = [{"role": "user", "content": "Tell me a story about the little engine. " * 40}]
-        first = c.chat.completions.create(model="lfm2_moe-demo", messages=turn,
-                                          max_tokens=8, temperature=0)
-        turn += [{"role": "assistant", "content": first.choices[0].message.content or ""},
-                 {"role": "user", "content": "And then?"}]
-        second = c.chat.completions.create(model="lfm2_moe-demo", messages=turn,
-                                           max_tokens=8, temperature=0)
+        first = c.chat.completions.create(
+            model="lfm2_moe-demo", messages=turn, max_tokens=8, temperature=0
+        )
+        turn += [
+            {"role": "assistant", "content": first.choices[0].message.content or ""},
+            {"role": "user", "content": "And then?"},
+        ]
+        second = c.chat.completions.create(
+            model="lfm2_moe-demo", messages=turn, max_tokens=8, temperature=0
+        )
         assert second.usage is not None and second.usage.prompt_tokens_details is not None
         assert second.usage.prompt_tokens_details.cached_tokens > 0
         m = s.wait_even()
         assert m["tensorfold_prompt_tokens_total{source=cached}"] > 0
         host = {k: v for k, v in m.items() if k.startswith("tensorfold_pool_host_pages{")}
         assert host["tensorfold_pool_host_pages{state=total}"] > 0  # the host tier is on too
-        assert host["tensorfold_pool_host_pages{state=free}"] + host[
-            "tensorfold_pool_host_pages{state=store}"] == host["tensorfold_pool_host_pages{state=total}"]
+        assert (
+            host["tensorfold_pool_host_pages{state=free}"]
+            + host["tensorfold_pool_host_pages{state=store}"]
+            == host["tensorfold_pool_host_pages{state=total}"]
+        )
         plan_line = next(line for line in s.printed if line.startswith("kv plan:"))  # stdout, once
         states = int(re.search(r"for (\d+) kept states", plan_line).group(1))
         assert states >= 4 * 2, plan_line
@@ -343,19 +388,26 @@ def test_a_chats_next_turn_resumes(tmp_path: Path) -> None:
     assert rc == 0
 
 
-@pytest.mark.parametrize("flags,says", [
-    (["--family", "nope"], "nope"),
-    (["--family", FAMILY, "--parallel", "4096"], "--parallel"),
-    (["--family", FAMILY, "--port", "70000"], "--port"),
-])
+@pytest.mark.parametrize(
+    "flags,says",
+    [
+        (["--family", "nope"], "nope"),
+        (["--family", FAMILY, "--parallel", "4096"], "--parallel"),
+        (["--family", FAMILY, "--port", "70000"], "--port"),
+    ],
+)
 def test_refusals_are_one_line_before_the_weights(
     tmp_path: Path, flags: list[str], says: str
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
     env.update(TF_DEMO_CACHE=str(tmp_path / "demo"), TF_MEMORY_LIMIT_GIB="1")
-    r = subprocess.run([sys.executable, "-c", LAUNCH, "serve", "--port", "0", "--context", "4096",
-                        *flags],
-                       capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", LAUNCH, "serve", "--port", "0", "--context", "4096", *flags],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     errors = [line for line in r.stderr.splitlines() if line.startswith("tensorfold: error:")]
     assert r.returncode == 2 and len(errors) == 1 and says in errors[0], r.stderr
     assert "serving" not in r.stdout

@@ -29,8 +29,16 @@ COMPLETION = {"model": MODEL, "prompt": "The little", "max_tokens": 4}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
-    s = ServedDemo(tmp_path_factory.mktemp("bad"), "--parallel", "1", "--max-waiting", "1",
-                   "--max-body-mib", "1", api_key=KEY)
+    s = ServedDemo(
+        tmp_path_factory.mktemp("bad"),
+        "--parallel",
+        "1",
+        "--max-waiting",
+        "1",
+        "--max-body-mib",
+        "1",
+        api_key=KEY,
+    )
     yield s
     rc, out = s.stop()
     assert rc == 0 and "kv pool idle: promised 0" in out, s.logs()[-3000:]
@@ -57,23 +65,35 @@ class Http:
     def connect(self, timeout: float = 60) -> HTTPConnection:
         return HTTPConnection(self.host, self.port, timeout=timeout)
 
-    def request(self, method: str, path: str, content: bytes | None = None,
-                json_body: Any = None, headers: dict[str, str] | None = None,
-                timeout: float = 60) -> Reply:
+    def request(
+        self,
+        method: str,
+        path: str,
+        content: bytes | None = None,
+        json_body: Any = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 60,
+    ) -> Reply:
         if json_body is not None:
             content = json.dumps(json_body).encode()
         conn = self.connect(timeout)
         try:
-            conn.request(method, path, body=content, headers={
-                "Content-Type": "application/json", **self.headers, **(headers or {})})
+            conn.request(
+                method,
+                path,
+                body=content,
+                headers={"Content-Type": "application/json", **self.headers, **(headers or {})},
+            )
             r = conn.getresponse()
-            return Reply(r.status, {k.lower(): v for k, v in r.getheaders()},
-                         r.read().decode("utf-8", "replace"))
+            return Reply(
+                r.status,
+                {k.lower(): v for k, v in r.getheaders()},
+                r.read().decode("utf-8", "replace"),
+            )
         finally:
             conn.close()
 
-    def post(self, path: str, content: bytes | None = None, json: Any = None,
-             **kw: Any) -> Reply:
+    def post(self, path: str, content: bytes | None = None, json: Any = None, **kw: Any) -> Reply:
         return self.request("POST", path, content, json, **kw)
 
     def get(self, path: str, **kw: Any) -> Reply:
@@ -84,8 +104,12 @@ class Http:
         """POST and yield (status, the response's lines); leaving closes the connection."""
         conn = self.connect()
         try:
-            conn.request("POST", path, body=json.dumps(payload).encode(),
-                         headers={"Content-Type": "application/json", **self.headers})
+            conn.request(
+                "POST",
+                path,
+                body=json.dumps(payload).encode(),
+                headers={"Content-Type": "application/json", **self.headers},
+            )
             r = conn.getresponse()
             yield r.status, (line.decode().rstrip("\n") for line in iter(r.readline, b""))
         finally:
@@ -139,8 +163,12 @@ CASES: list[tuple[str, Any, int, str | None]] = [
     ("/v1/completions", body(repetition_penalty=0), 400, "repetition_penalty"),
     ("/v1/completions", body(seed=2**70), 400, "seed"),
     ("/v1/completions", body(max_tokens=0), 400, "max_tokens"),
-    ("/v1/completions", body(max_tokens=..., max_completion_tokens=-1), 400,
-     "max_completion_tokens"),
+    (
+        "/v1/completions",
+        body(max_tokens=..., max_completion_tokens=-1),
+        400,
+        "max_completion_tokens",
+    ),
     ("/v1/completions", body(logprobs=99), 400, "logprobs"),
     ("/v1/completions", body(n=2), 400, "n"),
     ("/v1/completions", body(prompt=["one", "two"]), 400, "prompt"),
@@ -152,28 +180,54 @@ CASES: list[tuple[str, Any, int, str | None]] = [
     ("/v1/chat/completions", {**CHAT, "messages": "hi"}, 400, "messages"),
     ("/v1/chat/completions", {**CHAT, "messages": []}, 400, "messages"),
     ("/v1/chat/completions", {**CHAT, "messages": [{"content": "no role"}]}, 400, "messages"),
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "api://x"}}]}]}, 400, "messages"),
-    ("/v1/chat/completions", {**CHAT, "top_logprobs": 50, "logprobs": True}, 400,
-     "top_logprobs"),
+    (
+        "/v1/chat/completions",
+        {
+            **CHAT,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": "api://x"}}],
+                }
+            ],
+        },
+        400,
+        "messages",
+    ),
+    ("/v1/chat/completions", {**CHAT, "top_logprobs": 50, "logprobs": True}, 400, "top_logprobs"),
     ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
     ("/v1/chat/completions", {**CHAT, "logprobs": 1.5}, 400, "logprobs"),
     ("/v1/chat/completions", {**CHAT, "model": "gpt-4o"}, 404, "model"),
     # lone surrogates: json.dumps writes them as \ud800 escapes, which json.loads accepts
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "a\ud800"}]},
-     400, "messages"),
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "\udfff"}]}]}, 400, "messages"),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"role": "user", "content": "a\ud800"}]},
+        400,
+        "messages",
+    ),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]},
+        400,
+        "messages",
+    ),
     ("/v1/completions", body(prompt="The \ud83d little"), 400, "prompt"),
     ("/v1/completions", body(prompt=["\ud800"]), 400, "prompt"),
     ("/v1/completions", body(stop=["ok", "\udc00"]), 400, "stop"),
     ("/v1/completions", body(stop="\ud800"), 400, "stop"),
     ("/v1/chat/completions", {**CHAT, "tools": [{"name": "\ud800"}]}, 400, "tools"),
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "hi"}]}, 400,
-     "messages"),
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "hi"},
-                                                    {"role": "", "content": "x"}]}, 400,
-     "messages"),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"role": "wizard", "content": "hi"}]},
+        400,
+        "messages",
+    ),
+    (
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"role": "user", "content": "hi"}, {"role": "", "content": "x"}]},
+        400,
+        "messages",
+    ),
     ("/v1/completions", body(logit_bias={"abc": 1}), 400, "logit_bias"),
     ("/v1/completions", body(logit_bias={"-3": 1}), 400, "logit_bias"),
     ("/v1/completions", body(logit_bias={"100000": 1}), 400, "logit_bias"),  # past the vocabulary
@@ -185,10 +239,12 @@ CASES: list[tuple[str, Any, int, str | None]] = [
 ]
 
 
-@pytest.mark.parametrize("path,payload,status,param", CASES,
-                         ids=[f"{i}-{c[3] or c[2]}" for i, c in enumerate(CASES)])
-def test_bad_request_then_good(api: Http, path: str, payload: Any, status: int,
-                               param: str | None) -> None:
+@pytest.mark.parametrize(
+    "path,payload,status,param", CASES, ids=[f"{i}-{c[3] or c[2]}" for i, c in enumerate(CASES)]
+)
+def test_bad_request_then_good(
+    api: Http, path: str, payload: Any, status: int, param: str | None
+) -> None:
     raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     r = api.post(path, content=raw, headers={"Content-Type": "application/json"})
     check_error(r, status, param)
@@ -196,8 +252,13 @@ def test_bad_request_then_good(api: Http, path: str, payload: Any, status: int,
 
 
 def test_refusals_say_what_is_accepted(api: Http) -> None:
-    chat = {**CHAT, "messages": [{"role": "user", "content": "ok"},
-                                 {"role": "user", "content": ["x", "\ud800"]}]}
+    chat = {
+        **CHAT,
+        "messages": [
+            {"role": "user", "content": "ok"},
+            {"role": "user", "content": ["x", "\ud800"]},
+        ],
+    }
     error = check_error(api.post("/v1/chat/completions", json=chat), 400, "messages")
     assert "messages[1].content" in error["message"] and "surrogate" in error["message"]
     chat = {**CHAT, "messages": [{"role": "wizard", "content": "hi"}]}
@@ -211,9 +272,17 @@ def test_refusals_say_what_is_accepted(api: Http) -> None:
 
 def test_logit_bias_is_clamped_and_applied(api: Http) -> None:
     """Out-of-range biases are clamped, not refused; a +100 bias makes greedy pick the token."""
-    r = api.post("/v1/completions", json=body(
-        temperature=0, max_tokens=4, logprobs=0, return_tokens_as_token_ids=True,
-        logit_bias={"264": 1e6}, ignore_eos=True))
+    r = api.post(
+        "/v1/completions",
+        json=body(
+            temperature=0,
+            max_tokens=4,
+            logprobs=0,
+            return_tokens_as_token_ids=True,
+            logit_bias={"264": 1e6},
+            ignore_eos=True,
+        ),
+    )
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["logprobs"]["tokens"] == ["token_id:264"] * 4
 
@@ -230,9 +299,13 @@ def test_over_the_window_names_both_numbers(api: Http) -> None:
     good(api)
 
 
-@pytest.mark.parametrize("path,payload", [
-    ("/v1/completions", body(draft=False)), ("/v1/chat/completions", {**CHAT, "draft": True}),
-])
+@pytest.mark.parametrize(
+    "path,payload",
+    [
+        ("/v1/completions", body(draft=False)),
+        ("/v1/chat/completions", {**CHAT, "draft": True}),
+    ],
+)
 def test_draft_is_refused_until_drafts_exist(api: Http, path: str, payload: Any) -> None:
     error = check_error(api.post(path, json=payload), 400, "draft")
     assert error["message"] == "drafting is not implemented; remove the draft field"
@@ -278,13 +351,12 @@ def test_wrong_method(api: Http) -> None:
 
 
 def long_stream(api: Http, **extra: Any) -> Any:
-    return api.stream("/v1/completions", body(
-        max_tokens=3000, stream=True, ignore_eos=True, **extra))
+    return api.stream(
+        "/v1/completions", body(max_tokens=3000, stream=True, ignore_eos=True, **extra)
+    )
 
 
-def test_queue_full_is_503_and_disconnects_free_everything(
-    server: ServedDemo, api: Http
-) -> None:
+def test_queue_full_is_503_and_disconnects_free_everything(server: ServedDemo, api: Http) -> None:
     """One lane, one waiting place: a third request is refused with Retry-After. Then both
     clients go away mid-stream, and their lane and pages come back."""
     with long_stream(api) as (status, lines):
@@ -325,32 +397,50 @@ def test_census_even_at_the_end(server: ServedDemo) -> None:
 
 
 _plain_text = st.text(max_size=6)
-text_st = st.one_of(_plain_text, _plain_text, _plain_text,
-                    st.sampled_from(["\ud800", "a\udfff", "", "</s>", "<|im_end|>"]))
+text_st = st.one_of(
+    _plain_text,
+    _plain_text,
+    _plain_text,
+    st.sampled_from(["\ud800", "a\udfff", "", "</s>", "<|im_end|>"]),
+)
 json_st = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-3, 10**20), st.floats(allow_nan=False),
-              text_st),
-    lambda inner: st.one_of(st.lists(inner, max_size=3),
-                            st.dictionaries(st.one_of(_plain_text, text_st), inner, max_size=3)),
+    st.one_of(
+        st.none(), st.booleans(), st.integers(-3, 10**20), st.floats(allow_nan=False), text_st
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.one_of(_plain_text, text_st), inner, max_size=3),
+    ),
     max_leaves=8,
 )
-message_st = st.fixed_dictionaries({"role": st.one_of(
-    st.sampled_from(["user", "system", "assistant", "tool", "developer"]), text_st),
-    "content": st.one_of(text_st, text_st, json_st)})
+message_st = st.fixed_dictionaries(
+    {
+        "role": st.one_of(
+            st.sampled_from(["user", "system", "assistant", "tool", "developer"]), text_st
+        ),
+        "content": st.one_of(text_st, text_st, json_st),
+    }
+)
 PLAUSIBLE = {  # values near the accepted ones, so that the checks past the first are reached
     "model": st.sampled_from([MODEL, "gpt-4o"]),
     "prompt": st.one_of(text_st, st.lists(st.integers(-1, 800), max_size=5)),
     "messages": st.lists(message_st, min_size=1, max_size=3),
     "stop": st.one_of(text_st, st.lists(text_st, max_size=3)),
-    "temperature": st.floats(-0.5, 3), "top_p": st.floats(0, 1.5), "top_k": st.integers(-2, 50),
+    "temperature": st.floats(-0.5, 3),
+    "top_p": st.floats(0, 1.5),
+    "top_k": st.integers(-2, 50),
     "seed": st.integers(-(2**64), 2**65),
-    "logit_bias": st.dictionaries(st.integers(-2, 800).map(str), st.floats(-1e4, 1e4),
-                                  max_size=4),
-    "logprobs": st.one_of(st.booleans(), st.integers(-1, 25)), "top_logprobs": st.integers(-1, 25),
-    "stream": st.booleans(), "n": st.integers(0, 2), "ignore_eos": st.booleans(),
+    "logit_bias": st.dictionaries(st.integers(-2, 800).map(str), st.floats(-1e4, 1e4), max_size=4),
+    "logprobs": st.one_of(st.booleans(), st.integers(-1, 25)),
+    "top_logprobs": st.integers(-1, 25),
+    "stream": st.booleans(),
+    "n": st.integers(0, 2),
+    "ignore_eos": st.booleans(),
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
     "stop_token_ids": st.lists(st.integers(-1, 800), max_size=3),
-    "max_completion_tokens": st.integers(-1, 3), "echo": st.booleans(), "user": text_st,
+    "max_completion_tokens": st.integers(-1, 3),
+    "echo": st.booleans(),
+    "user": text_st,
 }
 FIELDS = sorted(PLAUSIBLE) + ["tools", "frequency_penalty", "response_format"]
 
@@ -384,11 +474,11 @@ def request_st(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     return path, payload
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck),
-          derandomize=True)
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(request=request_st())
-def test_fuzzed_bodies_never_get_a_5xx(server: ServedDemo, api: Http,
-                                      request: tuple[str, dict[str, Any]]) -> None:
+def test_fuzzed_bodies_never_get_a_5xx(
+    server: ServedDemo, api: Http, request: tuple[str, dict[str, Any]]
+) -> None:
     path, payload = request
     r = api.post(path, content=json.dumps(payload).encode())
     assert r.status_code < 500, (payload, r.text)

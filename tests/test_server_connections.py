@@ -22,11 +22,17 @@ READ_TIMEOUT_S = 20  # long beside the first-byte timeout: held connections outl
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
-    s = ServedDemo(tmp_path_factory.mktemp("connections"), "--parallel", "1", env={
-        "TF_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
-        "TF_MAX_CLIENT_CONNECTIONS": str(MAX_CLIENT_CONNECTIONS),
-        "TF_FIRST_BYTE_TIMEOUT_S": str(FIRST_BYTE_TIMEOUT_S),
-        "TF_READ_TIMEOUT_S": str(READ_TIMEOUT_S)})
+    s = ServedDemo(
+        tmp_path_factory.mktemp("connections"),
+        "--parallel",
+        "1",
+        env={
+            "TF_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
+            "TF_MAX_CLIENT_CONNECTIONS": str(MAX_CLIENT_CONNECTIONS),
+            "TF_FIRST_BYTE_TIMEOUT_S": str(FIRST_BYTE_TIMEOUT_S),
+            "TF_READ_TIMEOUT_S": str(READ_TIMEOUT_S),
+        },
+    )
     yield s
     rc, out = s.stop()
     assert rc == 0 and "kv pool idle: promised 0" in out, s.logs()[-3000:]
@@ -50,8 +56,13 @@ def exchange(sock: socket.socket, request: bytes = b"") -> tuple[bytes, bytes, b
         assert chunk, f"the connection closed after {data!r}"
         data += chunk
     head, body = data.split(b"\r\n\r\n", 1)
-    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length:")))
+    length = int(
+        next(
+            line.split(b":")[1]
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+    )
     while len(body) < length:
         chunk = sock.recv(65536)
         assert chunk, "the connection closed mid-body"
@@ -169,30 +180,40 @@ def test_a_silent_connection_is_closed_after_the_first_byte_timeout(server: Serv
     try:
         assert is_closed(silent)
         assert exchange(started, b"ET /health HTTP/1.1\r\nHost: x\r\n\r\n")[0] == (
-            b"HTTP/1.1 200 OK")
+            b"HTTP/1.1 200 OK"
+        )
     finally:
         silent.close()
         started.close()
 
 
-TLS_HELLO = bytes.fromhex("160301020001000200" "0303") + bytes(64)
+TLS_HELLO = bytes.fromhex("1603010200010002000303") + bytes(64)
 PROTOCOL_ERRORS = {
-    "header_over_8_kb": (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000
-                         + b"\r\n\r\n", 431, "8190 bytes"),
-    "1000_headers": (b"GET /health HTTP/1.1\r\nHost: x\r\n"
-                     + b"".join(b"X-%d: a\r\n" % i for i in range(1000)) + b"\r\n",
-                     431, "128 header fields"),
-    "length_and_chunked": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
-                           b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400, "Content-Length"),
+    "header_over_8_kb": (
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+        431,
+        "8190 bytes",
+    ),
+    "1000_headers": (
+        b"GET /health HTTP/1.1\r\nHost: x\r\n"
+        + b"".join(b"X-%d: a\r\n" % i for i in range(1000))
+        + b"\r\n",
+        431,
+        "128 header fields",
+    ),
+    "length_and_chunked": (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        400,
+        "Content-Length",
+    ),
     "tls_to_plain_http": (TLS_HELLO, 400, "http://"),
     "not_http": (b"HELLO\r\n\r\n", 400, "not valid HTTP/1.1"),
 }
 
 
 @pytest.mark.parametrize("case", PROTOCOL_ERRORS)
-def test_a_protocol_error_is_a_json_error_and_one_log_line(
-    server: ServedDemo, case: str
-) -> None:
+def test_a_protocol_error_is_a_json_error_and_one_log_line(server: ServedDemo, case: str) -> None:
     request, status, says = PROTOCOL_ERRORS[case]
     logged = server.logs()
     sock = connect(server)
@@ -205,6 +226,6 @@ def test_a_protocol_error_is_a_json_error_and_one_log_line(
     error = json.loads(body)["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == "invalid_request_error" and says in error["message"], error
-    new = server.logs()[len(logged):].splitlines()
+    new = server.logs()[len(logged) :].splitlines()
     assert len(new) == 1 and "protocol error" in new[0] and str(status) in new[0], new
     good(server)

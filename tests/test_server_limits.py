@@ -24,8 +24,12 @@ HELD_BODY = json.dumps({"model": "lfm2_moe-demo", **COMPLETION}).encode()
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
-    s = ServedDemo(tmp_path_factory.mktemp("limits"), "--parallel", "1", env={
-        "TF_READ_TIMEOUT_S": str(READ_TIMEOUT_S), "TF_MAX_CONNECTIONS": str(MAX_CONNECTIONS)})
+    s = ServedDemo(
+        tmp_path_factory.mktemp("limits"),
+        "--parallel",
+        "1",
+        env={"TF_READ_TIMEOUT_S": str(READ_TIMEOUT_S), "TF_MAX_CONNECTIONS": str(MAX_CONNECTIONS)},
+    )
     yield s
     rc, out = s.stop()
     assert rc == 0 and "kv pool idle: promised 0" in out, s.logs()[-3000:]
@@ -59,8 +63,9 @@ def read_reply(sock: socket.socket, timeout: float = 30) -> bytes:
     return data
 
 
-def health_on(sock: socket.socket, send: bytes = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
-              ) -> bytes:
+def health_on(
+    sock: socket.socket, send: bytes = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+) -> bytes:
     """Send `send` (GET /health) on an open connection and read one reply, keeping the
     connection open; the reply's status line."""
     sock.sendall(send)
@@ -69,8 +74,13 @@ def health_on(sock: socket.socket, send: bytes = b"GET /health HTTP/1.1\r\nHost:
     while b"\r\n\r\n" not in data:
         data += sock.recv(65536)
     head, body = data.split(b"\r\n\r\n", 1)
-    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length:")))
+    length = int(
+        next(
+            line.split(b":")[1]
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+    )
     while len(body) < length:
         body += sock.recv(65536)
     return head.split(b"\r\n")[0]
@@ -79,8 +89,10 @@ def health_on(sock: socket.socket, send: bytes = b"GET /health HTTP/1.1\r\nHost:
 def hold(sock: socket.socket) -> None:
     """Start a request on `sock` and leave it waiting for its body (HELD_BODY): once the server
     has answered 100 Continue, it holds the connection busy, not idle."""
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                 b"\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(HELD_BODY))
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+        b"\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(HELD_BODY)
+    )
     sock.settimeout(30)
     data = b""
     while b"\r\n\r\n" not in data:
@@ -93,8 +105,10 @@ def hold(sock: socket.socket) -> None:
 def test_a_10_mb_body_is_refused_while_health_answers(server: ServedDemo) -> None:
     size = 10 * 1000 * 1000  # over the default 8 MiB
     sock = socket.create_connection(address(server))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                 b"\r\nContent-Length: %d\r\n\r\n" % size)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+        b"\r\nContent-Length: %d\r\n\r\n" % size
+    )
     sent = threading.Event()
 
     def send() -> None:
@@ -124,11 +138,13 @@ def test_a_10_mb_body_is_refused_while_health_answers(server: ServedDemo) -> Non
 
 
 def test_a_body_shorter_than_its_length_gets_408_and_the_connection_closes(
-    server: ServedDemo
+    server: ServedDemo,
 ) -> None:
     sock = socket.create_connection(address(server))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                 b"\r\nContent-Length: 100\r\n\r\n{\"prompt\": ")
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+        b'\r\nContent-Length: 100\r\n\r\n{"prompt": '
+    )
     start = time.monotonic()
     reply = read_reply(sock)  # returns once the server has closed the connection
     took = time.monotonic() - start

@@ -23,8 +23,10 @@ import pytest
 from test_server import ServedDemo
 from test_server_bad_input import Http, Reply, check_error
 
-SPIN = ("{% if messages[-1]['content'] == 'spin' %}{% for i in range(100000) %}"
-        "{% for j in range(100000) %}{% endfor %}{% endfor %}{% endif %}")
+SPIN = (
+    "{% if messages[-1]['content'] == 'spin' %}{% for i in range(100000) %}"
+    "{% for j in range(100000) %}{% endfor %}{% endfor %}{% endif %}"
+)
 SPINNING = {"messages": [{"role": "user", "content": "spin"}], "max_tokens": 4}
 HELLO = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 MAX_MESSAGES = 64
@@ -48,9 +50,19 @@ def spinning_demo(folder: Path) -> Path:
 
 
 def serve(tmp: Path, **env: str) -> ServedDemo:
-    return ServedDemo(tmp, "--model", str(spinning_demo(tmp)), "--parallel", "2", env={
-        "TF_MAX_MESSAGES": str(MAX_MESSAGES), "TF_PREPARE_TIMEOUT_S": str(PREPARE_TIMEOUT_S),
-        "TF_PREPARE_WORKERS": str(WORKERS), **env})
+    return ServedDemo(
+        tmp,
+        "--model",
+        str(spinning_demo(tmp)),
+        "--parallel",
+        "2",
+        env={
+            "TF_MAX_MESSAGES": str(MAX_MESSAGES),
+            "TF_PREPARE_TIMEOUT_S": str(PREPARE_TIMEOUT_S),
+            "TF_PREPARE_WORKERS": str(WORKERS),
+            **env,
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +105,8 @@ def workers_settle(server: ServedDemo, count: int) -> set[int]:
 
 def in_background(api: Http, body: dict[str, Any], out: list[Reply]) -> threading.Thread:
     thread = threading.Thread(
-        target=lambda: out.append(api.post("/v1/chat/completions", json=body, timeout=120)))
+        target=lambda: out.append(api.post("/v1/chat/completions", json=body, timeout=120))
+    )
     thread.start()
     return thread
 
@@ -103,17 +116,21 @@ def leave_mid_prepare(server: ServedDemo, body: dict[str, Any]) -> socket.socket
     host, port = server.base.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)), timeout=30)
     raw = json.dumps(body).encode()
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                 b"Content-Type: application/json\r\n"
-                 + f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\n" + f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw
+    )
     return sock
 
 
 def test_a_chat_of_too_many_messages_is_refused(api: Http) -> None:
-    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": "a"}
-                for i in range(MAX_MESSAGES + 1)]
-    error = check_error(api.post("/v1/chat/completions", json={"messages": messages}), 400,
-                        "messages")
+    messages = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": "a"}
+        for i in range(MAX_MESSAGES + 1)
+    ]
+    error = check_error(
+        api.post("/v1/chat/completions", json={"messages": messages}), 400, "messages"
+    )
     assert "TF_MAX_MESSAGES" in error["message"] and str(MAX_MESSAGES) in error["message"]
     ok = api.post("/v1/chat/completions", json={"messages": messages[:-1], "max_tokens": 2})
     assert ok.status_code == 200, ok.text
@@ -122,9 +139,9 @@ def test_a_chat_of_too_many_messages_is_refused(api: Http) -> None:
 def test_a_prompt_too_big_for_the_window_is_refused_before_tokenizing(api: Http) -> None:
     big = "hello world " * 200_000  # 2.4 MB: more bytes than 4,096 tokens can hold
     for path, body, param in (
-            ("/v1/completions", {"prompt": big, "max_tokens": 2}, "prompt"),
-            ("/v1/chat/completions", {"messages": [{"role": "user", "content": big}]},
-             "messages")):
+        ("/v1/completions", {"prompt": big, "max_tokens": 2}, "prompt"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": big}]}, "messages"),
+    ):
         error = check_error(api.post(path, json=body), 400, param)
         assert error["code"] == "context_length_exceeded"
         assert f"{len(big)} bytes" in error["message"], error  # counted, not tokenized
@@ -132,14 +149,22 @@ def test_a_prompt_too_big_for_the_window_is_refused_before_tokenizing(api: Http)
 
 
 def test_others_go_on_while_a_request_is_prepared_then_its_deadline_ends_it(
-        server: ServedDemo, api: Http) -> None:
+    server: ServedDemo, api: Http
+) -> None:
     spinning: list[Reply] = []
     thread = in_background(api, SPINNING, spinning)
     time.sleep(0.5)  # a worker is rendering it
     chunks, usage = 0, {}
-    with api.stream("/v1/chat/completions", {
-            **HELLO, "max_tokens": 24, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}) as (status, lines):
+    with api.stream(
+        "/v1/chat/completions",
+        {
+            **HELLO,
+            "max_tokens": 24,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ) as (status, lines):
         assert status == 200
         for line in lines:
             if line.startswith("data: {"):
@@ -156,8 +181,7 @@ def test_others_go_on_while_a_request_is_prepared_then_its_deadline_ends_it(
     workers_settle(server, WORKERS)
 
 
-def test_clients_that_leave_mid_prepare_free_their_workers(server: ServedDemo,
-                                                           api: Http) -> None:
+def test_clients_that_leave_mid_prepare_free_their_workers(server: ServedDemo, api: Http) -> None:
     before = prompt_workers(server.proc.pid)
     socks = [leave_mid_prepare(server, SPINNING) for _ in range(2 * WORKERS)]
     time.sleep(1.0)  # the workers have two of them, the others wait
@@ -181,7 +205,8 @@ def test_sigterm_during_a_prepare_stops_the_server(tmp_path: Path) -> None:
         assert out.strip().splitlines()[-1].startswith("kv pool idle: promised 0"), out
         assert len(workers) == WORKERS and not any(  # killed (gone, or a zombie: no cmdline)
             Path(f"/proc/{pid}/cmdline").exists() and Path(f"/proc/{pid}/cmdline").read_bytes()
-            for pid in workers)
+            for pid in workers
+        )
     finally:
         if server.proc.poll() is None:
             server.proc.kill()

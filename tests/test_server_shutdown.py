@@ -16,8 +16,13 @@ from typing import Any
 from test_server import ServedDemo
 from test_server_bad_input import Http
 
-LONG = {"model": "lfm2_moe-demo", "prompt": "The little", "max_tokens": 3000,
-        "ignore_eos": True, "temperature": 0}
+LONG = {
+    "model": "lfm2_moe-demo",
+    "prompt": "The little",
+    "max_tokens": 3000,
+    "ignore_eos": True,
+    "temperature": 0,
+}
 EXIT_BOUND_S = 20.0  # generous: the exit takes about a second unloaded
 
 
@@ -70,8 +75,7 @@ def test_the_timeout_aborts_what_is_still_open(tmp_path: Path) -> None:
     opened: list[Any] = []
     whole: list[Any] = []
     stream = start_stream(api, opened, stream_options={"include_usage": True})
-    plain = threading.Thread(target=lambda: whole.append(api.post("/v1/completions",
-                                                                  json=LONG)))
+    plain = threading.Thread(target=lambda: whole.append(api.post("/v1/completions", json=LONG)))
     plain.start()
     deadline = time.monotonic() + 30
     while s.metrics()["tensorfold_lanes{state=busy}"] < 2:

@@ -27,16 +27,16 @@ INTERNALS = ("<state>", "Tokens:", "grm_prefix", "non-verbose")
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
     # random weights drawn in place: the grammar, not the model, must make the output valid
-    s = ServedDemo(tmp_path_factory.mktemp("structured"), "--parallel", "2",
-                   "--load-format", "dummy")
+    s = ServedDemo(
+        tmp_path_factory.mktemp("structured"), "--parallel", "2", "--load-format", "dummy"
+    )
     yield s
     rc, out = s.stop()
     assert rc == 0 and "kv pool idle: promised 0" in out, s.logs()[-3000:]
 
 
 def chat(server: ServedDemo, **kw: Any) -> Any:
-    kw = {"model": MODEL, "messages": ASK, "max_tokens": 160, "temperature": 1.0, "seed": 4,
-          **kw}
+    kw = {"model": MODEL, "messages": ASK, "max_tokens": 160, "temperature": 1.0, "seed": 4, **kw}
     return server.client().chat.completions.create(**kw)
 
 
@@ -72,15 +72,24 @@ def test_json_schema_whole_and_streamed(server: ServedDemo, name: str) -> None:
 
 
 def test_json_object_regex_and_structured_outputs(server: ServedDemo) -> None:
-    out = chat(server, response_format={"type": "json_object"}, temperature=0,
-               messages=[{"role": "user", "content": "Tell me"}]).choices[0]
+    out = chat(
+        server,
+        response_format={"type": "json_object"},
+        temperature=0,
+        messages=[{"role": "user", "content": "Tell me"}],
+    ).choices[0]
     assert out.finish_reason == "stop" and isinstance(json.loads(out.message.content), dict)
     pattern = r"[A-Z][a-z]{2,5} [0-9]{1,2}"
     out = chat(server, extra_body={"guided_regex": pattern}).choices[0]
     assert re.fullmatch(pattern, out.message.content), out.message.content
     done = server.client().completions.create(
-        model=MODEL, prompt="Answer:", max_tokens=20, temperature=1.0, seed=2,
-        extra_body={"structured_outputs": {"choice": ["left", "right"]}})
+        model=MODEL,
+        prompt="Answer:",
+        max_tokens=20,
+        temperature=1.0,
+        seed=2,
+        extra_body={"structured_outputs": {"choice": ["left", "right"]}},
+    )
     assert done.choices[0].text in ("left", "right")
 
 
@@ -104,24 +113,46 @@ def test_required_and_named_tool_calls_validate(server: ServedDemo, stream: bool
             jsonschema.validate(json.loads(arguments), schemas[name])
 
 
-@pytest.mark.parametrize("fields, param", [
-    ({"response_format": {"type": "json_schema",
-                          "json_schema": {"name": "x", "schema": {"type": "objekt"}}}},
-     "response_format"),
-    ({"response_format": {"type": "yaml"}}, "response_format"),
-    ({"guided_regex": "(unclosed"}, "guided_regex"),
-    ({"guided_grammar": "start: missing_rule"}, "guided_grammar"),
-    ({"structured_outputs": {"json": {"type": 3}}}, "structured_outputs"),
-    ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos"),
-    ({"response_format": {"type": "json_object"}, "tool_choice": "required",
-      "tools": [WEATHER]}, "tool_choice"),
-    ({"guided_regex": HOSTILE_REGEX}, "guided_regex"),
-    *[({"tools": [WEATHER, BAD_TOOL], **choice}, "tools[1].function.parameters")
-      for choice in ({}, {"tool_choice": "auto"}, {"tool_choice": "required"},
-                     {"tool_choice": "none"})],
-])
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "objekt"}},
+                }
+            },
+            "response_format",
+        ),
+        ({"response_format": {"type": "yaml"}}, "response_format"),
+        ({"guided_regex": "(unclosed"}, "guided_regex"),
+        ({"guided_grammar": "start: missing_rule"}, "guided_grammar"),
+        ({"structured_outputs": {"json": {"type": 3}}}, "structured_outputs"),
+        ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos"),
+        (
+            {
+                "response_format": {"type": "json_object"},
+                "tool_choice": "required",
+                "tools": [WEATHER],
+            },
+            "tool_choice",
+        ),
+        ({"guided_regex": HOSTILE_REGEX}, "guided_regex"),
+        *[
+            ({"tools": [WEATHER, BAD_TOOL], **choice}, "tools[1].function.parameters")
+            for choice in (
+                {},
+                {"tool_choice": "auto"},
+                {"tool_choice": "required"},
+                {"tool_choice": "none"},
+            )
+        ],
+    ],
+)
 def test_malformed_constraints_are_400s_and_serving_goes_on(
-        server: ServedDemo, fields: dict[str, Any], param: str) -> None:
+    server: ServedDemo, fields: dict[str, Any], param: str
+) -> None:
     api = Http(server.base)
     body = {"model": MODEL, "messages": ASK, "max_tokens": 4, **fields}
     error = check_error(api.post("/v1/chat/completions", json=body), 400, param)
@@ -155,8 +186,9 @@ def test_an_expensive_grammar_is_a_400_while_another_stream_streams(server: Serv
         assert first.wait(120)
         before = len(arrived)
         body = {"model": MODEL, "messages": ASK, "max_tokens": 8, "guided_regex": HOSTILE_REGEX}
-        error = check_error(Http(server.base).post("/v1/chat/completions", json=body), 400,
-                            "guided_regex")
+        error = check_error(
+            Http(server.base).post("/v1/chat/completions", json=body), 400, "guided_regex"
+        )
         during = len(arrived) - before
     finally:
         answered.set()
@@ -167,7 +199,8 @@ def test_an_expensive_grammar_is_a_400_while_another_stream_streams(server: Serv
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_tool_calls_cut_by_max_tokens_keep_their_complete_calls(
-        server: ServedDemo, stream: bool) -> None:
+    server: ServedDemo, stream: bool
+) -> None:
     """tool_choice required, parallel calls, max_tokens too small for the list: finish_reason
     "length", the calls completed before the cut in tool_calls (each valid), no markup in
     content; streamed as whole."""
@@ -178,8 +211,7 @@ def test_tool_calls_cut_by_max_tokens_keep_their_complete_calls(
     else:
         choice = chat(server, **kw).choices[0]
         text, finish = choice.message.content or "", choice.finish_reason
-        calls = [(c.function.name, c.function.arguments)
-                 for c in choice.message.tool_calls or []]
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
     assert finish == "length" and text == "", text
     assert calls, "no complete call before the cut"
     for name, arguments in calls:

@@ -20,17 +20,33 @@ from tensorfold.tokenizer import Tokenizer
 from tensorfold.tool_request import tool_history
 
 MODEL = "lfm2_moe-demo"
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 HISTORY = [
     *ASK,
-    {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_7", "type": "function",
-         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_7",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
     {"role": "tool", "tool_call_id": "call_7", "content": "sunny, 21C"},
 ]
 
@@ -49,11 +65,17 @@ def tok(server: ServedDemo) -> Tokenizer:
     return Tokenizer.from_checkpoint(Checkpoint.open(server.tmp / "demo" / DEMO_NAME))
 
 
-def prompt_tokens(tok: Tokenizer, messages: list[dict[str, Any]],
-                  tools: list[dict[str, Any]] | None) -> tuple[int, str]:
+def prompt_tokens(
+    tok: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> tuple[int, str]:
     assert tok.chat_template is not None
-    text = render_chat(tok.chat_template, tool_history(messages), bos_token=tok.bos_token,
-                       eos_token=tok.eos_token, tools=tools).text
+    text = render_chat(
+        tok.chat_template,
+        tool_history(messages),
+        bos_token=tok.bos_token,
+        eos_token=tok.eos_token,
+        tools=tools,
+    ).text
     return len(tok.encode(text)), text
 
 
@@ -62,13 +84,19 @@ def ask(server: ServedDemo, **kw: Any) -> Any:
     return server.client().chat.completions.create(**kw)
 
 
-@pytest.mark.parametrize("choice, offered", [
-    ("auto", [WEATHER, TIME]), (None, [WEATHER, TIME]), ("none", None),
-    ("required", [WEATHER, TIME]),
-    ({"type": "function", "function": {"name": "get_time"}}, [TIME]),
-])
+@pytest.mark.parametrize(
+    "choice, offered",
+    [
+        ("auto", [WEATHER, TIME]),
+        (None, [WEATHER, TIME]),
+        ("none", None),
+        ("required", [WEATHER, TIME]),
+        ({"type": "function", "function": {"name": "get_time"}}, [TIME]),
+    ],
+)
 def test_tool_choice_decides_what_the_template_is_given(
-        server: ServedDemo, tok: Tokenizer, choice: Any, offered: Any) -> None:
+    server: ServedDemo, tok: Tokenizer, choice: Any, offered: Any
+) -> None:
     extra = {} if choice is None else {"tool_choice": choice}
     r = ask(server, tools=[WEATHER, TIME], parallel_tool_calls=False, **extra)
     assert r.usage is not None
@@ -86,8 +114,10 @@ def test_history_with_tool_calls_and_answers_renders(server: ServedDemo, tok: To
     r = ask(server, messages=HISTORY, tools=[WEATHER])
     want, text = prompt_tokens(tok, HISTORY, [WEATHER])
     assert r.usage is not None and r.usage.prompt_tokens == want
-    assert ('<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>' in text
-            and "<|tool_response_start|>sunny, 21C<|tool_response_end|>" in text)
+    assert (
+        '<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>' in text
+        and "<|tool_response_start|>sunny, 21C<|tool_response_end|>" in text
+    )
 
 
 def test_stream_with_tools_equals_whole(server: ServedDemo) -> None:
@@ -99,20 +129,54 @@ def test_stream_with_tools_equals_whole(server: ServedDemo) -> None:
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
 
 
-@pytest.mark.parametrize("kw, param, words", [
-    ({"tools": [{"type": "retrieval"}]}, "tools", 'tools[0].type must be "function"'),
-    ({"tools": [WEATHER, WEATHER]}, "tools", "more than once"),
-    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", '"none", "auto", "required"'),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
-     "tool_choice", "offered: get_weather"),
-    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
-    ({"tools": [WEATHER], "parallel_tool_calls": 1}, "parallel_tool_calls", "must be a boolean"),
-    ({"messages": [*ASK, {"role": "assistant", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{bad"}}]}]},
-     "messages", "messages[1].tool_calls[0].function.arguments is not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "kw, param, words",
+    [
+        ({"tools": [{"type": "retrieval"}]}, "tools", 'tools[0].type must be "function"'),
+        ({"tools": [WEATHER, WEATHER]}, "tools", "more than once"),
+        (
+            {"tools": [WEATHER], "tool_choice": "sometimes"},
+            "tool_choice",
+            '"none", "auto", "required"',
+        ),
+        (
+            {
+                "tools": [WEATHER],
+                "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+            },
+            "tool_choice",
+            "offered: get_weather",
+        ),
+        ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+        (
+            {"tools": [WEATHER], "parallel_tool_calls": 1},
+            "parallel_tool_calls",
+            "must be a boolean",
+        ),
+        (
+            {
+                "messages": [
+                    *ASK,
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {
+                                "id": "c",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": "{bad"},
+                            }
+                        ],
+                    },
+                ]
+            },
+            "messages",
+            "messages[1].tool_calls[0].function.arguments is not valid JSON",
+        ),
+    ],
+)
 def test_bad_tool_fields_are_400_then_the_server_serves(
-        server: ServedDemo, kw: dict[str, Any], param: str, words: str) -> None:
+    server: ServedDemo, kw: dict[str, Any], param: str, words: str
+) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         ask(server, **kw)
     error = caught.value.body

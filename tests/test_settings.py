@@ -16,7 +16,11 @@ from tensorfold.profiles import ProfileRow
 from tensorfold.settings import Settings, SettingsError, check_environment
 
 RETIRED = ProfileRow(
-    "TF_GLM_KV_SHARE", "an integer", "0", ("glm5_next",), "Old prompt store switch.",
+    "TF_GLM_KV_SHARE",
+    "an integer",
+    "0",
+    ("glm5_next",),
+    "Old prompt store switch.",
     replaced_by="TF_KV_SHARE",
 )
 GLM_ROW = ProfileRow("TF_GLM_INDEXER", "on, off", "on", ("glm5_next",), "Sparse indexer.")
@@ -32,8 +36,13 @@ def test_defaults(tf_env: pytest.MonkeyPatch) -> None:
 
 def test_values_from_the_environment(tf_env: pytest.MonkeyPatch) -> None:
     for name, value in {
-        "TF_KV_PAGES": "0", "TF_KV_POISON": "1", "TF_KV_SHARE": "16", "TF_PARALLEL": "auto",
-        "TF_CONTEXT": "131072", "TF_MEMORY_LIMIT_GIB": "40.5", "TF_DEVICE": "cpu",
+        "TF_KV_PAGES": "0",
+        "TF_KV_POISON": "1",
+        "TF_KV_SHARE": "16",
+        "TF_PARALLEL": "auto",
+        "TF_CONTEXT": "131072",
+        "TF_MEMORY_LIMIT_GIB": "40.5",
+        "TF_DEVICE": "cpu",
     }.items():
         tf_env.setenv(name, value)
     s = Settings()

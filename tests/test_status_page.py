@@ -82,16 +82,26 @@ def test_the_engine_is_asked_only_while_a_page_watches(monkeypatch: pytest.Monke
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
-    s = ServedDemo(tmp_path_factory.mktemp("status"), "--parallel", str(LANES), api_key=KEY,
-                   env={"TF_KV_SHARE": "16"})
+    s = ServedDemo(
+        tmp_path_factory.mktemp("status"),
+        "--parallel",
+        str(LANES),
+        api_key=KEY,
+        env={"TF_KV_SHARE": "16"},
+    )
     yield s
     s.stop()
 
 
 def test_the_page_needs_the_key(server: ServedDemo) -> None:
     http = Http(server.base)
-    for path in ("/status", "/status/events", "/status/status.js", "/status/status.css",
-                 f"/status?key={KEY}x"):
+    for path in (
+        "/status",
+        "/status/events",
+        "/status/status.js",
+        "/status/status.css",
+        f"/status?key={KEY}x",
+    ):
         r = http.get(path)
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", path
         assert "/status?key=KEY" in r.text
@@ -124,8 +134,7 @@ def test_the_event_stream_says_what_metrics_says(server: ServedDemo) -> None:
             while (line := r.readline().decode().rstrip("\n")) != "":
                 lines.append(line)
             name = next((x[7:] for x in lines if x.startswith("event: ")), "message")
-            events.append((name, json.loads(next(x[6:] for x in lines
-                                                 if x.startswith("data: ")))))
+            events.append((name, json.loads(next(x[6:] for x in lines if x.startswith("data: ")))))
     finally:
         conn.close()
     (hello, h), (history, _), (message, s) = events
@@ -158,15 +167,24 @@ def _wait(what: str, check: Callable[[], Any], timeout: float = 30) -> Any:
 
 
 def _expected(m: dict[str, float]) -> dict[str, float]:
-    names = [f"tensorfold_pool_pages{{state={s}}}"
-             for s in ("free", "promised", "live", "shared", "store", "total")]
-    names += ["tensorfold_generation_tokens_total", "tensorfold_prompt_tokens_total{source=cached}",
-              "tensorfold_prompt_tokens_total{source=computed}", "tensorfold_lanes{state=busy}",
-              "tensorfold_requests_waiting", "tensorfold_prompt_store_states",
-              "tensorfold_prompt_store_evictions_total", "tensorfold_uneven_total"]
+    names = [
+        f"tensorfold_pool_pages{{state={s}}}"
+        for s in ("free", "promised", "live", "shared", "store", "total")
+    ]
+    names += [
+        "tensorfold_generation_tokens_total",
+        "tensorfold_prompt_tokens_total{source=cached}",
+        "tensorfold_prompt_tokens_total{source=computed}",
+        "tensorfold_lanes{state=busy}",
+        "tensorfold_requests_waiting",
+        "tensorfold_prompt_store_states",
+        "tensorfold_prompt_store_evictions_total",
+        "tensorfold_uneven_total",
+    ]
     out = {name: m[name] for name in names}
-    out["tensorfold_requests_total"] = sum(v for k, v in m.items()
-                                           if k.startswith("tensorfold_requests_total{"))
+    out["tensorfold_requests_total"] = sum(
+        v for k, v in m.items() if k.startswith("tensorfold_requests_total{")
+    )
     return out
 
 
@@ -174,28 +192,43 @@ def _chat(server: ServedDemo, i: int, seen: threading.Event) -> None:
     """A long streamed chat, read until the page has seen it decode; then it is cut (the
     server cancels it), so the test takes as long on a fast machine as on a slow one."""
     stream = server.client().chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": f"Tell me about engine {i}."}],
-        max_tokens=3000, temperature=0.8, stream=True, extra_body={"ignore_eos": True})
+        model=MODEL,
+        messages=[{"role": "user", "content": f"Tell me about engine {i}."}],
+        max_tokens=3000,
+        temperature=0.8,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     for _ in stream:
         if seen.is_set():
             break
     stream.close()
 
 
-def test_the_page_in_a_browser_matches_metrics(server: ServedDemo, chromium_exe: str,
-                                               tmp_path: Path) -> None:
+def test_the_page_in_a_browser_matches_metrics(
+    server: ServedDemo, chromium_exe: str, tmp_path: Path
+) -> None:
     browser = Browser(chromium_exe, tmp_path / "profile")
     try:
         browser.open(f"{server.base}/status?key={KEY}")  # the cookie feeds its EventSource
-        _wait("a live stream", lambda: browser.eval(
-            "document.querySelector('#link').dataset.state") == "live")
+        _wait(
+            "a live stream",
+            lambda: browser.eval("document.querySelector('#link').dataset.state") == "live",
+        )
         seen = threading.Event()
         load = [threading.Thread(target=_chat, args=(server, i, seen)) for i in range(2)]
         for t in load:
             t.start()
         try:
-            _wait("two streams decoding", lambda: browser.eval(
-                "document.querySelectorAll('#streams tr[data-phase=decode]').length") == 2)
+            _wait(
+                "two streams decoding",
+                lambda: (
+                    browser.eval(
+                        "document.querySelectorAll('#streams tr[data-phase=decode]').length"
+                    )
+                    == 2
+                ),
+            )
             assert browser.eval(PAGE_METRICS)["tensorfold_lanes{state=busy}"] == 2
             held, live = browser.eval(LANES_AND_LIVE)  # read at once: one summary's
             assert held == live > 0
@@ -206,8 +239,11 @@ def test_the_page_in_a_browser_matches_metrics(server: ServedDemo, chromium_exe:
         expected = _expected(server.wait_even())
         assert expected["tensorfold_generation_tokens_total"] > 0
         assert expected["tensorfold_prompt_store_states"] > 0
-        _wait(f"what /metrics shows: {expected}",
-              lambda: browser.eval(PAGE_METRICS) == expected, timeout=10)
+        _wait(
+            f"what /metrics shows: {expected}",
+            lambda: browser.eval(PAGE_METRICS) == expected,
+            timeout=10,
+        )
         kept = browser.eval("document.querySelectorAll('#tree .kept').length")
         assert kept == expected["tensorfold_prompt_store_states"]
         assert "UNEVEN" not in browser.eval("document.querySelector('#census').textContent")
@@ -221,21 +257,40 @@ def test_the_page_in_a_browser_matches_metrics(server: ServedDemo, chromium_exe:
 
 
 def _live(prompt: int, cached: int, pos: int, generated: int = 0) -> Any:
-    req = SimpleNamespace(id="req-1", prompt=[0] * prompt, arrival=time.monotonic() - 2,
-                          params=SimpleNamespace(max_tokens=9), forks=[])
-    return SimpleNamespace(req=req, slot=0, cached=cached, pos=pos, generated=[1] * generated,
-                           lease=SimpleNamespace(pages=[0, 1], promised=3), forks=[],
-                           prefilling=pos < prompt)
+    req = SimpleNamespace(
+        id="req-1",
+        prompt=[0] * prompt,
+        arrival=time.monotonic() - 2,
+        params=SimpleNamespace(max_tokens=9),
+        forks=[],
+    )
+    return SimpleNamespace(
+        req=req,
+        slot=0,
+        cached=cached,
+        pos=pos,
+        generated=[1] * generated,
+        lease=SimpleNamespace(pages=[0, 1], promised=3),
+        forks=[],
+        prefilling=pos < prompt,
+    )
 
 
-@pytest.mark.parametrize("prompt,cached,pos,phase", [
-    (5000, 0, 0, ("prefill", 1, 3)), (5000, 0, 2048, ("prefill", 2, 3)),
-    (5000, 0, 4096, ("prefill", 3, 3)), (5000, 2048, 2048, ("prefill", 1, 2)),
-    (5000, 3000, 3000, ("prefill", 1, 2)), (100, 0, 0, ("prefill", 1, 1)),
-    (100, 0, 100, ("decode",)),
-])
-def test_a_streams_phase_counts_passes_on_the_grid(prompt: int, cached: int, pos: int,
-                                                   phase: tuple[Any, ...]) -> None:
+@pytest.mark.parametrize(
+    "prompt,cached,pos,phase",
+    [
+        (5000, 0, 0, ("prefill", 1, 3)),
+        (5000, 0, 2048, ("prefill", 2, 3)),
+        (5000, 0, 4096, ("prefill", 3, 3)),
+        (5000, 2048, 2048, ("prefill", 1, 2)),
+        (5000, 3000, 3000, ("prefill", 1, 2)),
+        (100, 0, 0, ("prefill", 1, 1)),
+        (100, 0, 100, ("decode",)),
+    ],
+)
+def test_a_streams_phase_counts_passes_on_the_grid(
+    prompt: int, cached: int, pos: int, phase: tuple[Any, ...]
+) -> None:
     s = status_snapshot._stream(_live(prompt, cached, pos, 4), 2048, time.monotonic())
     assert (s["phase"], s.get("pass"), s.get("passes"))[: len(phase)] == phase
     assert (s["generated"], s["max_tokens"], s["pages"], s["promised"]) == (4, 9, 2, 3)
@@ -246,8 +301,9 @@ def test_the_store_tree_is_cut_at_its_node_budget(monkeypatch: pytest.MonkeyPatc
     def chain(n: int) -> Any:  # a root, then n nodes each under the last
         root = node = SimpleNamespace(edge=(), depth=0, kept=None, children={})
         for i in range(n):
-            kept = SimpleNamespace(pages=[i], snapshot=None, hits=i, host=None,
-                                   used_at=time.monotonic())
+            kept = SimpleNamespace(
+                pages=[i], snapshot=None, hits=i, host=None, used_at=time.monotonic()
+            )
             child = SimpleNamespace(edge=(i,), depth=i + 1, kept=kept, children={})
             node.children[i] = child
             node = child

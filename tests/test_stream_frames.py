@@ -18,15 +18,21 @@ from tensorfold.openai_replies import Choices, TokenTexts, sse
 from tensorfold.sampling import SamplingParams
 from tensorfold.server import Mailbox
 
-TEXTS = ["a", " word", "é\n\"\\\x00\u2028 😀", "</s>", "\x00tensorfold text\x00"]
+TEXTS = ["a", " word", 'é\n"\\\x00\u2028 😀', "</s>", "\x00tensorfold text\x00"]
 
 
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 @pytest.mark.parametrize("usage", [False, True])
 @pytest.mark.parametrize("n", [1, 2])
 def test_text_frames_equal_whole_chunks(kind: str, usage: bool, n: int) -> None:
-    parsed = Parsed(kind, [1, 2, 3], SamplingParams(max_tokens=8), stream=True,  # type: ignore[arg-type]
-                    include_usage=usage, n=n)
+    parsed = Parsed(
+        kind,
+        [1, 2, 3],
+        SamplingParams(max_tokens=8),
+        stream=True,  # type: ignore[arg-type]
+        include_usage=usage,
+        n=n,
+    )
     texts = TokenTexts(SimpleNamespace(hf=SimpleNamespace(decoder=None)))  # type: ignore[arg-type]
     replies = Choices(parsed, "demo-model", 7, texts, n)
     for reply in replies.replies:
@@ -70,8 +76,13 @@ def test_mailbox_keeps_order_and_wakes_the_loop_once_a_burst() -> None:
 
 def test_host_round_bench_runs() -> None:
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-m", "bench.host_round", "--smoke", "--streams", "1",
-                          "2"], cwd=root, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.host_round", "--smoke", "--streams", "1", "2"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "1 stream(s): lanes" in out.stdout and "2 stream(s): lanes" in out.stdout
 
@@ -112,7 +123,13 @@ def test_graph_inputs_filled_in_place_equal_the_columns_written_whole() -> None:
         want = torch.empty(4 + need, bucket, dtype=torch.int64)
         runner._pad(want.numpy(), 0, bucket)
         for i, s in enumerate(streams):
-            col = [s.tokens[0], s.start, s.pages[s.start // 4] * 4 + s.start % 4, s.slot,
-                   *s.pages, *[40] * (need - len(s.pages))]
+            col = [
+                s.tokens[0],
+                s.start,
+                s.pages[s.start // 4] * 4 + s.start % 4,
+                s.slot,
+                *s.pages,
+                *[40] * (need - len(s.pages)),
+            ]
             want[:, i] = torch.tensor(col)
         assert torch.equal(g.dev[: 4 + need], want)

@@ -26,36 +26,87 @@ GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
 SAMPLED = SamplingParams(temperature=1.0, seed=21, max_tokens=MAX_TOKENS)
 NAME = {"type": "string", "maxLength": 12}
 SCHEMAS: dict[str, dict[str, Any]] = {
-    "flat": {"type": "object", "properties": {"name": NAME, "age": {
-        "type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "age"],
-        "additionalProperties": False},
-    "nested": {"type": "object", "properties": {
-        "user": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1,
-                                                          "maximum": 9999}, "name": NAME},
-                 "required": ["id"], "additionalProperties": False},
-        "active": {"type": "boolean"}}, "required": ["user", "active"],
-        "additionalProperties": False},
-    "array_enum": {"type": "object", "properties": {
-        "colour": {"enum": ["red", "green", "blue"]},
-        "tags": {"type": "array", "items": NAME, "minItems": 1, "maxItems": 3}},
-        "required": ["colour", "tags"], "additionalProperties": False},
-    "numbers_optional": {"type": "object", "properties": {
-        "x": {"type": "number", "minimum": -10, "maximum": 10},
-        "unit": {"type": "string", "enum": ["m", "km"]}, "note": NAME},
-        "required": ["x"], "additionalProperties": False},
-    "array_of_objects": {"type": "array", "minItems": 1, "maxItems": 2, "items": {
-        "type": "object", "properties": {"k": {"type": "string", "maxLength": 4},
-                                         "v": {"type": ["integer", "null"], "minimum": 0,
-                                               "maximum": 50}},
-        "required": ["k", "v"], "additionalProperties": False}},
+    "flat": {
+        "type": "object",
+        "properties": {"name": NAME, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    },
+    "nested": {
+        "type": "object",
+        "properties": {
+            "user": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer", "minimum": 1, "maximum": 9999},
+                    "name": NAME,
+                },
+                "required": ["id"],
+                "additionalProperties": False,
+            },
+            "active": {"type": "boolean"},
+        },
+        "required": ["user", "active"],
+        "additionalProperties": False,
+    },
+    "array_enum": {
+        "type": "object",
+        "properties": {
+            "colour": {"enum": ["red", "green", "blue"]},
+            "tags": {"type": "array", "items": NAME, "minItems": 1, "maxItems": 3},
+        },
+        "required": ["colour", "tags"],
+        "additionalProperties": False,
+    },
+    "numbers_optional": {
+        "type": "object",
+        "properties": {
+            "x": {"type": "number", "minimum": -10, "maximum": 10},
+            "unit": {"type": "string", "enum": ["m", "km"]},
+            "note": NAME,
+        },
+        "required": ["x"],
+        "additionalProperties": False,
+    },
+    "array_of_objects": {
+        "type": "array",
+        "minItems": 1,
+        "maxItems": 2,
+        "items": {
+            "type": "object",
+            "properties": {
+                "k": {"type": "string", "maxLength": 4},
+                "v": {"type": ["integer", "null"], "minimum": 0, "maximum": 50},
+            },
+            "required": ["k", "v"],
+            "additionalProperties": False,
+        },
+    },
 }
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": NAME, "days": {"type": "integer", "minimum": 1,
-                                                             "maximum": 7}},
-    "required": ["city"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"zone": {"enum": ["CET", "UTC"]}}, "required": ["zone"],
-    "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": NAME, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["CET", "UTC"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -69,19 +120,25 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     # random weights drawn in place (the demo's trained ones write its stories): the grammar,
     # not the model, must make the output valid
-    engine = open_llm("lfm2_moe", None, parallel=4, kv_poison=True, load_format="dummy",
-                      demo_cache=tmp_path_factory.mktemp("structured-demo"))
+    engine = open_llm(
+        "lfm2_moe",
+        None,
+        parallel=4,
+        kv_poison=True,
+        load_format="dummy",
+        demo_cache=tmp_path_factory.mktemp("structured-demo"),
+    )
     yield engine
     close_even(engine)
 
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
-def test_replies_validate_against_each_schema(llm: Any, name: str,
-                                              params: SamplingParams) -> None:
+def test_replies_validate_against_each_schema(llm: Any, name: str, params: SamplingParams) -> None:
     schema = SCHEMAS[name]
-    out = llm.generate(["Tell me about the little engine."], params,
-                       response_format=schema_format(schema))[0]
+    out = llm.generate(
+        ["Tell me about the little engine."], params, response_format=schema_format(schema)
+    )[0]
     assert out.finish_reason == "stop", out.text
     jsonschema.validate(json.loads(out.text), schema)
 
@@ -105,8 +162,7 @@ def test_json_object_regex_and_choice(llm: Any, params: SamplingParams) -> None:
             assert isinstance(json.loads(c.text), dict), c.text
         else:
             matcher = any_object.start()
-            assert c.text.startswith("{") and all(matcher.accept(t) is None
-                                                  for t in c.token_ids)
+            assert c.text.startswith("{") and all(matcher.accept(t) is None for t in c.token_ids)
     pattern = r"[a-z]{3}-[0-9]{2,4}"
     for c in llm.generate(prompts, params, response_format={"guided_regex": pattern}):
         assert c.finish_reason == "stop" and re.fullmatch(pattern, c.text), c.text
@@ -121,9 +177,11 @@ def test_json_object_regex_and_choice(llm: Any, params: SamplingParams) -> None:
         assert re.fullmatch(r"x[0-9][0-9]?", c.text), c.text
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function",
-                                                 "function": {"name": "get_time"}}],
-                         ids=["required", "named"])
+@pytest.mark.parametrize(
+    "choice",
+    ["required", {"type": "function", "function": {"name": "get_time"}}],
+    ids=["required", "named"],
+)
 def test_constrained_tool_calls_parse_and_validate(llm: Any, choice: Any) -> None:
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
     for params in (GREEDY, SAMPLED, replace(SAMPLED, seed=5)):
@@ -134,8 +192,9 @@ def test_constrained_tool_calls_parse_and_validate(llm: Any, choice: Any) -> Non
             if isinstance(choice, dict):
                 assert call.name == "get_time"
             jsonschema.validate(json.loads(call.arguments), schemas[call.name])
-    one = llm.chat([ASK], SAMPLED, tools=[WEATHER, TIME], tool_choice="required",
-                   parallel_tool_calls=False)[0]
+    one = llm.chat(
+        [ASK], SAMPLED, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False
+    )[0]
     assert len(one.tool_calls) == 1
 
 
@@ -143,12 +202,11 @@ def test_a_constrained_row_alone_equals_it_among_others(llm: Any) -> None:
     fmt = schema_format(SCHEMAS["nested"])
     for params in (GREEDY, SAMPLED):
         alone = llm.generate(["Once upon a time"], params, response_format=fmt)[0]
-        constrained = replace(params, constraint=structured.json_schema(SCHEMAS["nested"],
-                                                                        llm.tokenizer))
-        others = [replace(params, seed=7), constrained, GREEDY,
-                  replace(constrained, seed=99)]
-        got = llm.generate(["One, two,", "Once upon a time", "Tell me", "Once upon a time"],
-                           others)
+        constrained = replace(
+            params, constraint=structured.json_schema(SCHEMAS["nested"], llm.tokenizer)
+        )
+        others = [replace(params, seed=7), constrained, GREEDY, replace(constrained, seed=99)]
+        got = llm.generate(["One, two,", "Once upon a time", "Tell me", "Once upon a time"], others)
         assert got[1].token_ids == alone.token_ids and got[1].text == alone.text
         assert got[3].finish_reason == "stop"
         jsonschema.validate(json.loads(got[3].text), SCHEMAS["nested"])
@@ -159,8 +217,9 @@ def test_constrained_choices_equal_their_single_twins(llm: Any) -> None:
     choices = llm.generate(["The little engine"], SAMPLED, n=3, response_format=fmt)
     assert len({c.text for c in choices}) > 1  # sampled apart
     for i, c in enumerate(choices):
-        twin = llm.generate(["The little engine"], replace(SAMPLED, seed=choice_seed(21, i)),
-                            response_format=fmt)[0]
+        twin = llm.generate(
+            ["The little engine"], replace(SAMPLED, seed=choice_seed(21, i)), response_format=fmt
+        )[0]
         assert (c.token_ids, c.text, c.logprobs) == (twin.token_ids, twin.text, twin.logprobs)
         jsonschema.validate(json.loads(c.text), SCHEMAS["array_enum"])
 
@@ -176,8 +235,9 @@ def test_resumed_equals_fresh_with_constraints(tmp_path_factory: pytest.TempPath
         fresh = fresh_llm.chat([chat], SAMPLED, response_format=fmt)[0]
     finally:
         close_even(fresh_llm)
-    kept = open_llm("lfm2_moe", None, parallel=2, demo_cache=demo, kv_share=8,
-                    prompt_cache_gib=0.05)
+    kept = open_llm(
+        "lfm2_moe", None, parallel=2, demo_cache=demo, kv_share=8, prompt_cache_gib=0.05
+    )
     try:
         kept.chat([chat], GREEDY, response_format=fmt)  # keeps the prompt's state
         resumed = kept.chat([chat], SAMPLED, response_format=fmt)[0]
@@ -187,23 +247,41 @@ def test_resumed_equals_fresh_with_constraints(tmp_path_factory: pytest.TempPath
     assert (resumed.token_ids, resumed.text) == (fresh.token_ids, fresh.text)
 
 
-@pytest.mark.parametrize("fields, param, words", [
-    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "objekt"}}}},
-     "response_format", "objekt"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"schema": "{nope"}}},
-     "response_format", "not valid JSON"),
-    ({"response_format": {"type": "xml"}}, "response_format", "json_schema"),
-    ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema must be"),
-    ({"guided_regex": "a(b"}, "guided_regex", "unclosed group"),
-    ({"guided_grammar": "start: foo"}, "guided_grammar", "foo"),
-    ({"guided_choice": []}, "guided_choice", "non-empty"),
-    ({"structured_outputs": {"regex": "a", "json": {}}}, "structured_outputs", "exactly one"),
-    ({"structured_outputs": {"xml": 1}}, "structured_outputs", "xml"),
-    ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex",
-     "send one"),
-])
+@pytest.mark.parametrize(
+    "fields, param, words",
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"schema": {"type": "objekt"}},
+                }
+            },
+            "response_format",
+            "objekt",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": "{nope"}}},
+            "response_format",
+            "not valid JSON",
+        ),
+        ({"response_format": {"type": "xml"}}, "response_format", "json_schema"),
+        ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema must be"),
+        ({"guided_regex": "a(b"}, "guided_regex", "unclosed group"),
+        ({"guided_grammar": "start: foo"}, "guided_grammar", "foo"),
+        ({"guided_choice": []}, "guided_choice", "non-empty"),
+        ({"structured_outputs": {"regex": "a", "json": {}}}, "structured_outputs", "exactly one"),
+        ({"structured_outputs": {"xml": 1}}, "structured_outputs", "xml"),
+        (
+            {"guided_regex": "a", "response_format": {"type": "json_object"}},
+            "guided_regex",
+            "send one",
+        ),
+    ],
+)
 def test_malformed_constraints_are_refused_naming_the_problem(
-        llm: Any, fields: dict[str, Any], param: str, words: str) -> None:
+    llm: Any, fields: dict[str, Any], param: str, words: str
+) -> None:
     with pytest.raises(StructuredError) as caught:
         structured.from_body(fields, llm.tokenizer)
     assert caught.value.param == param and words in str(caught.value), str(caught.value)
@@ -253,8 +331,9 @@ def test_a_cancelled_stream_drops_its_matcher_and_the_lane_serves_on(llm: Any) -
         elif isinstance(event, Finished):
             ended.set()
 
-    params = replace(SAMPLED, max_tokens=400, constraint=structured.regex(
-        "[a-z ]{2000}", llm.tokenizer))
+    params = replace(
+        SAMPLED, max_tokens=400, constraint=structured.regex("[a-z ]{2000}", llm.tokenizer)
+    )
     req = engine.submit(llm.encode("Tell me"), params, sink)
     assert first.wait(60)
     assert live and live[0].matcher is not None
@@ -274,8 +353,9 @@ def test_masks_of_a_batch_are_each_rows_own_bitmask(llm: Any) -> None:
     import torch
 
     tok = llm.tokenizer
-    constraint = structured.json_schema({"type": "object", "properties": {
-        "a": {"type": "integer"}}, "required": ["a"]}, tok)
+    constraint = structured.json_schema(
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, tok
+    )
     matchers = [constraint.start() for _ in range(3)]
     for token in tok.encode('{"a":1')[:3]:
         matchers[1].accept(token)
@@ -285,8 +365,9 @@ def test_masks_of_a_batch_are_each_rows_own_bitmask(llm: Any) -> None:
     structured.mask_rows(out, [(0, matchers[0]), (1, matchers[1]), (3, matchers[2])])
     assert torch.equal(out[2], x[2])
     for row, m in ((0, matchers[0]), (1, matchers[1]), (3, matchers[2])):
-        bits = np.unpackbits(np.frombuffer(m.matcher.compute_bitmask(), dtype=np.uint8),
-                             bitorder="little")[: tok.vocab_size].astype(bool)
+        bits = np.unpackbits(
+            np.frombuffer(m.matcher.compute_bitmask(), dtype=np.uint8), bitorder="little"
+        )[: tok.vocab_size].astype(bool)
         allowed = torch.zeros(vocab, dtype=torch.bool)
         allowed[: tok.vocab_size] = torch.from_numpy(bits)
         assert torch.equal(out[row], x[row].masked_fill(~allowed, float("-inf")))

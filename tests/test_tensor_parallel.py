@@ -72,23 +72,30 @@ def shards(tmp_path: Path) -> Path:
     from safetensors.torch import save_file
 
     g = torch.Generator().manual_seed(0)
-    save_file({
-        "q.weight": torch.randn(8, 6, generator=g),
-        "o.weight": torch.randn(6, 8, generator=g),
-        "in_proj.weight": torch.randn(12, 6, generator=g),
-        "norm.weight": torch.randn(6, generator=g),
-        "experts.0.w": torch.randn(3, 6, generator=g),
-        "experts.1.w": torch.randn(3, 6, generator=g),
-    }, str(tmp_path / "model.safetensors"))
+    save_file(
+        {
+            "q.weight": torch.randn(8, 6, generator=g),
+            "o.weight": torch.randn(6, 8, generator=g),
+            "in_proj.weight": torch.randn(12, 6, generator=g),
+            "norm.weight": torch.randn(6, generator=g),
+            "experts.0.w": torch.randn(3, 6, generator=g),
+            "experts.1.w": torch.randn(3, 6, generator=g),
+        },
+        str(tmp_path / "model.safetensors"),
+    )
     (tmp_path / "config.json").write_text("{}")
     return tmp_path
 
 
-PLAN = ShardPlan((
-    (r"q\.weight", Split(dim=0, parts=4)), (r"o\.weight", ROW),
-    (r"in_proj\.weight", Split(dim=0, groups=3)),
-    (r"experts\.(?P<expert>\d+)\.w", Split(experts=2)),
-), StateLayout())
+PLAN = ShardPlan(
+    (
+        (r"q\.weight", Split(dim=0, parts=4)),
+        (r"o\.weight", ROW),
+        (r"in_proj\.weight", Split(dim=0, groups=3)),
+        (r"experts\.(?P<expert>\d+)\.w", Split(experts=2)),
+    ),
+    StateLayout(),
+)
 
 
 def test_each_rank_reads_its_slice(shards: Path):
@@ -135,8 +142,9 @@ class _Rooms:
         return [int(g * (1 << 30)) for g in self.limits]
 
 
-SHAPE = ModelShape(StateLayout(paged=(RowSpec("k", (2, 64)),), fixed=(StateSpec("s", (64,)),)),
-                   1 << 20)
+SHAPE = ModelShape(
+    StateLayout(paged=(RowSpec("k", (2, 64)),), fixed=(StateSpec("s", (64,)),)), 1 << 20
+)
 
 
 def test_the_plan_is_per_rank_and_a_refusal_names_the_short_rank():
@@ -177,8 +185,7 @@ def test_collectives_are_the_identity_at_one_rank():
 def _collectives(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     parallel.set_group(parallel.Group(rank, 2))
     g = torch.Generator().manual_seed(3)
     x = torch.randn(7, 16, generator=g)
@@ -190,10 +197,12 @@ def _collectives(rank: int, port: int, out: str) -> None:
     got = {
         "sum": parallel.sum_partials(torch.full((3, 4), 0.1 * (rank + 1))),
         "cols": parallel.gather_columns(linear(x, lm[5 * rank : 5 * rank + 5])),
-        "row": parallel.row_linear(x[:, 8 * rank : 8 * rank + 8], lm[:, 8 * rank : 8 * rank + 8],
-                                   torch.ones(10)),
-        "moe": parallel.expert_parallel_moe(x, weights, experts, w1[mine], w3[mine], w2[mine],
-                                            2 * rank),
+        "row": parallel.row_linear(
+            x[:, 8 * rank : 8 * rank + 8], lm[:, 8 * rank : 8 * rank + 8], torch.ones(10)
+        ),
+        "moe": parallel.expert_parallel_moe(
+            x, weights, experts, w1[mine], w3[mine], w2[mine], 2 * rank
+        ),
         "alone": moe(x, weights, experts, w1, w3, w2),
         "logits": linear(x, lm),
         # each rank's slice computed here: a gather moves bits, so it must equal these side by side
@@ -279,8 +288,9 @@ def _rank(arena_cls, poison: bool):
     from tensorfold.start import Rank
 
     hooks = family_plugin_manager(FamilySpec("count", "x:y", "x:y"), [paged_kv, snapshots])
-    runner = ModelRunner(CountModel(), num_pages=16, num_slots=2, page_rows=16, poison=poison,
-                         plugin_manager=hooks)
+    runner = ModelRunner(
+        CountModel(), num_pages=16, num_slots=2, page_rows=16, poison=poison, plugin_manager=hooks
+    )
     arena = arena_cls(CountModel.layout.fixed, 6)
     for buf in [*runner.rows.buffers.values(), *arena.buffers.values()]:
         buf.zero_()  # allocated empty: rows never written must not differ by chance
@@ -294,9 +304,14 @@ def test_a_follower_repeats_rank_0s_operations_on_its_storage(monkeypatch):
     wire = Wire()
     lead, follow = _rank(SnapshotArena, True), _rank(MirrorArena, True)
     runner = Leader(lead.runner, Team(wire))
-    sharing = open_sharing(type("P", (), {"cache_bytes": 8 * 32, "page_bytes": 32,
-                                          "pass_rows": 32})(),
-                           runner, lead.hooks, lead.arena, 6, CountModel.layout)
+    sharing = open_sharing(
+        type("P", (), {"cache_bytes": 8 * 32, "page_bytes": 32, "pass_rows": 32})(),
+        runner,
+        lead.hooks,
+        lead.arena,
+        6,
+        CountModel.layout,
+    )
     monkeypatch.setattr(lanes_module, "DECODE_AHEAD", True)
     lanes = Lanes(runner, lanes=2, window=256, pass_rows=32, sharing=sharing)
     assert not lanes.ahead  # rounds are not sent ahead: the followers could not read the draws
@@ -313,22 +328,24 @@ def test_a_follower_repeats_rank_0s_operations_on_its_storage(monkeypatch):
     # n = 2 choices of one prompt: the second forks from the first (attach, copy_slot)
     sampled = SamplingParams(temperature=0.9, seed=5, max_tokens=4, ignore_eos=True)
     forked = Request(base[1] + [7] * 3, sampled, done.append)
-    forked.forks = [Request(forked.prompt, SamplingParams(**{**vars(sampled), "seed": 6}),
-                            done.append)]
+    forked.forks = [
+        Request(forked.prompt, SamplingParams(**{**vars(sampled), "seed": 6}), done.append)
+    ]
     lanes.add(forked)
     while lanes.step():
         pass
     assert sum(isinstance(e, Finished) and e.cached_tokens > 0 for e in done) >= 2
     kinds = {op[0] for op in wire.ops}
-    assert {"run", "keep", "restore", "attach", "poison_pages", "poison_slot",
-            "copy_slot"} <= kinds
+    assert {"run", "keep", "restore", "attach", "poison_pages", "poison_slot", "copy_slot"} <= kinds
     Follower(follow, wire).loop()
     for name, buf in lead.runner.rows.buffers.items():
-        torch.testing.assert_close(follow.runner.rows.buffers[name], buf, equal_nan=True,
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(
+            follow.runner.rows.buffers[name], buf, equal_nan=True, rtol=0, atol=0
+        )
     for name, buf in lead.runner.slots.buffers.items():
-        torch.testing.assert_close(follow.runner.slots.buffers[name], buf, equal_nan=True,
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(
+            follow.runner.slots.buffers[name], buf, equal_nan=True, rtol=0, atol=0
+        )
     for kept in sharing.store.kept():
         page = kept.snapshot.page
         assert torch.equal(follow.arena.buffers["s"][page], lead.arena.buffers["s"][page])

@@ -24,8 +24,10 @@ def byte_level_bpe() -> HFTokenizer:
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=True)
     trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=SPECIALS, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=400,
+        special_tokens=SPECIALS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(SENTENCES, trainer)
     return tok
@@ -196,10 +198,15 @@ def metaspace_first_bpe() -> HFTokenizer:
     return tok
 
 
-TOKENIZERS = {"byte-level": byte_level_bpe, "metaspace": metaspace_bpe,
-              "metaspace-first": metaspace_first_bpe}
-CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TOKENIZERS = {
+    "byte-level": byte_level_bpe,
+    "metaspace": metaspace_bpe,
+    "metaspace-first": metaspace_first_bpe,
+}
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def _tokenizer(tmp_path: Path, kind: str) -> Tokenizer:
@@ -211,8 +218,11 @@ def test_encode_chat_without_literal_spans_is_encode_and_marks(tmp_path: Path, k
     from tensorfold.chat_template import marks_to_token_positions, render_chat
 
     t = _tokenizer(tmp_path, kind)
-    chat = [{"role": "user", "content": "hello world"}, {"role": "assistant", "content": "the fox"},
-            {"role": "user", "content": " the  lazy dog "}]
+    chat = [
+        {"role": "user", "content": "hello world"},
+        {"role": "assistant", "content": "the fox"},
+        {"role": "user", "content": " the  lazy dog "},
+    ]
     rendered = render_chat(CHATML, chat, protect=t.special_tokens())
     assert rendered.literal == ()
     ids, marks = t.encode_chat(rendered)

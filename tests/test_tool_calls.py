@@ -47,37 +47,72 @@ def test_tool_choice_defaults_and_what_the_template_is_given() -> None:
     assert parse_tool_request({"tools": [TOOL], "tool_choice": "none"}, "fam", FMT) is None
     auto = parse_tool_request({"tools": [TOOL, TIME]}, "fam", FMT)
     assert auto is not None and (auto.choice, auto.tools, auto.parallel) == (
-        "auto", [TOOL, TIME], True)
-    named = parse_tool_request({"tools": [TOOL, TIME], "parallel_tool_calls": False,
-                                "tool_choice": {"type": "function",
-                                                "function": {"name": "get_time"}}}, "fam", FMT)
+        "auto",
+        [TOOL, TIME],
+        True,
+    )
+    named = parse_tool_request(
+        {
+            "tools": [TOOL, TIME],
+            "parallel_tool_calls": False,
+            "tool_choice": {"type": "function", "function": {"name": "get_time"}},
+        },
+        "fam",
+        FMT,
+    )
     assert named is not None and (named.choice, named.name, named.tools, named.parallel) == (
-        "named", "get_time", [TIME], False)
+        "named",
+        "get_time",
+        [TIME],
+        False,
+    )
     required = parse_tool_request({"tools": [TOOL], "tool_choice": "required"}, "fam", FMT)
     assert required is not None and required.choice == "required"
     # tool_choice "none" is served by a family with no format: nothing is offered
     assert parse_tool_request({"tools": [TOOL], "tool_choice": "none"}, "fam", None) is None
 
 
-@pytest.mark.parametrize("body, param, words", [
-    ({"tools": {"a": 1}}, "tools", "tools must be an array"),
-    ({"tools": ["get_weather"]}, "tools", "tools[0] must be an object"),
-    ({"tools": [{"type": "code_interpreter"}]}, "tools", 'tools[0].type must be "function"'),
-    ({"tools": [{"type": "function"}]}, "tools", "tools[0].function must be an object"),
-    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools",
-     "tools[0].function.name must be 1 to 64"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]}, "tools",
-     "tools[0].function.parameters must be an object"),
-    ({"tools": [TOOL, TOOL]}, "tools", "tools name get_weather more than once"),
-    ({"tools": [TOOL], "tool_choice": "always"}, "tool_choice",
-     'tool_choice must be "none", "auto", "required" or {"type": "function"'),
-    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-     "tool_choice", "names the function 'nope', which tools does not offer (offered: get_weather)"),
-    ({"tools": [TOOL], "tool_choice": {"type": "function"}}, "tool_choice", "tool_choice must be"),
-    ({"tool_choice": "required"}, "tool_choice", 'tool_choice "required" needs tools'),
-    ({"tools": [TOOL], "parallel_tool_calls": "yes"}, "parallel_tool_calls",
-     "parallel_tool_calls must be a boolean"),
-])
+@pytest.mark.parametrize(
+    "body, param, words",
+    [
+        ({"tools": {"a": 1}}, "tools", "tools must be an array"),
+        ({"tools": ["get_weather"]}, "tools", "tools[0] must be an object"),
+        ({"tools": [{"type": "code_interpreter"}]}, "tools", 'tools[0].type must be "function"'),
+        ({"tools": [{"type": "function"}]}, "tools", "tools[0].function must be an object"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "a b"}}]},
+            "tools",
+            "tools[0].function.name must be 1 to 64",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]},
+            "tools",
+            "tools[0].function.parameters must be an object",
+        ),
+        ({"tools": [TOOL, TOOL]}, "tools", "tools name get_weather more than once"),
+        (
+            {"tools": [TOOL], "tool_choice": "always"},
+            "tool_choice",
+            'tool_choice must be "none", "auto", "required" or {"type": "function"',
+        ),
+        (
+            {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+            "names the function 'nope', which tools does not offer (offered: get_weather)",
+        ),
+        (
+            {"tools": [TOOL], "tool_choice": {"type": "function"}},
+            "tool_choice",
+            "tool_choice must be",
+        ),
+        ({"tool_choice": "required"}, "tool_choice", 'tool_choice "required" needs tools'),
+        (
+            {"tools": [TOOL], "parallel_tool_calls": "yes"},
+            "parallel_tool_calls",
+            "parallel_tool_calls must be a boolean",
+        ),
+    ],
+)
 def test_bad_tool_fields_are_named(body: dict[str, Any], param: str, words: str) -> None:
     with pytest.raises(ToolRequestError) as caught:
         parse_tool_request(body, "fam", FMT)
@@ -90,31 +125,53 @@ def test_a_family_without_a_format_refuses_tools_naming_itself() -> None:
 
 
 def test_history_arguments_become_objects() -> None:
-    call = {"id": "call_1", "type": "function",
-            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-    messages = [{"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
+    messages = [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
     fixed = tool_history(messages)
     assert fixed[0]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
     assert fixed[1] == messages[1]
     assert tool_history([{"role": "assistant", "content": "hi", "tool_calls": []}]) == [
-        {"role": "assistant", "content": "hi"}]
+        {"role": "assistant", "content": "hi"}
+    ]
     assert messages[0]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
 
 
-@pytest.mark.parametrize("message, words", [
-    ({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]},
-     "messages[0].tool_calls[0].function.arguments is not valid JSON"),
-    ({"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]},
-     "messages[0].tool_calls[0].function.arguments must be a JSON object"),
-    ({"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]},
-     "messages[0].tool_calls[0] must be"),
-    ({"role": "assistant", "tool_calls": {"function": {}}},
-     "messages[0].tool_calls must be an array"),
-    ({"role": "user", "tool_calls": [{}]}, "on an assistant message"),
-    ({"role": "tool", "tool_call_id": 7, "content": "x"},
-     "messages[0].tool_call_id must be a string"),
-])
+@pytest.mark.parametrize(
+    "message, words",
+    [
+        (
+            {
+                "role": "assistant",
+                "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}],
+            },
+            "messages[0].tool_calls[0].function.arguments is not valid JSON",
+        ),
+        (
+            {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]},
+            "messages[0].tool_calls[0].function.arguments must be a JSON object",
+        ),
+        (
+            {"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]},
+            "messages[0].tool_calls[0] must be",
+        ),
+        (
+            {"role": "assistant", "tool_calls": {"function": {}}},
+            "messages[0].tool_calls must be an array",
+        ),
+        ({"role": "user", "tool_calls": [{}]}, "on an assistant message"),
+        (
+            {"role": "tool", "tool_call_id": 7, "content": "x"},
+            "messages[0].tool_call_id must be a string",
+        ),
+    ],
+)
 def test_bad_history_is_named(message: dict[str, Any], words: str) -> None:
     with pytest.raises(ToolRequestError, match="messages") as caught:
         tool_history([message])
@@ -127,19 +184,25 @@ def test_bad_history_is_named(message: dict[str, Any], words: str) -> None:
 def test_whitespace_around_calls_and_the_after_marker() -> None:
     text = 'Hi.\n\n<call>get_weather {"city": "Paris"}</call>\n<call>get_time</call>\n<done>'
     assert parse_everywhere(FMT, text) == (
-        "Hi.", [("get_weather", {"city": "Paris"}), ("get_time", {})])
+        "Hi.",
+        [("get_weather", {"city": "Paris"}), ("get_time", {})],
+    )
     # text after the calls stays content; a plain answer keeps its trailing whitespace
     assert parse_everywhere(FMT, "<call>get_time</call>\nDone.") == ("\nDone.", [("get_time", {})])
     assert parse_everywhere(FMT, "Just text.\n") == ("Just text.\n", [])
     assert parse_everywhere(FMT, "a <cal") == ("a <cal", [])
     assert parse_everywhere(FMT, "<done> is text without calls") == (
-        "<done> is text without calls", [])
+        "<done> is text without calls",
+        [],
+    )
 
 
 def test_a_malformed_call_between_good_ones_is_content_and_the_others_are_calls() -> None:
     text = "<call>get_time</call> <call>bad name</call><call>get_time {}</call>"
     assert parse_everywhere(FMT, text) == (
-        " <call>bad name</call>", [("get_time", {}), ("get_time", {})])
+        " <call>bad name</call>",
+        [("get_time", {}), ("get_time", {})],
+    )
 
 
 def test_a_parser_that_breaks_leaves_the_section_as_content() -> None:
@@ -164,8 +227,16 @@ def _events(pieces: list[str], reason: str = "stop") -> list[Any]:
     return out + [Finished("r", reason, "", 3, len(pieces), 0, 7)]  # type: ignore[arg-type]
 
 
-PIECES = ["Let", " me check.", "\n<ca", "ll>get_weather ", '{"city": "Pa', 'ris"}</call>',
-          "<call>get_time", "</call>"]
+PIECES = [
+    "Let",
+    " me check.",
+    "\n<ca",
+    "ll>get_weather ",
+    '{"city": "Pa',
+    'ris"}</call>',
+    "<call>get_time",
+    "</call>",
+]
 WANT = [("get_weather", {"city": "Paris"}), ("get_time", {})]
 
 
@@ -179,10 +250,13 @@ def test_whole_reply_has_tool_calls_and_finish_reason() -> None:
     assert choice["finish_reason"] == "tool_calls"
     message = choice["message"]
     assert message["content"] == "Let me check."
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-            for c in message["tool_calls"]] == WANT
-    assert all(c["id"].startswith("call_") and c["type"] == "function"
-               for c in message["tool_calls"])
+    assert [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in message["tool_calls"]
+    ] == WANT
+    assert all(
+        c["id"].startswith("call_") and c["type"] == "function" for c in message["tool_calls"]
+    )
     assert len({c["id"] for c in message["tool_calls"]}) == 2
 
 
@@ -221,7 +295,8 @@ def test_parallel_tool_calls_false_keeps_the_first() -> None:
 
 @pytest.mark.parametrize("upto, calls", [(5, []), (7, WANT[:1])], ids=["in-first", "in-second"])
 def test_a_reply_cut_by_length_keeps_its_complete_calls_and_no_markup(
-        upto: int, calls: list[Any]) -> None:
+    upto: int, calls: list[Any]
+) -> None:
     """max_tokens reached inside a call section: finish_reason "length", the calls complete
     before it in tool_calls, no markup in content; whole and streamed alike."""
     cut = _events(PIECES[:upto], "length")
@@ -231,8 +306,10 @@ def test_a_reply_cut_by_length_keeps_its_complete_calls_and_no_markup(
     choice = reply.response()["choices"][0]
     assert choice["finish_reason"] == "length"
     assert choice["message"]["content"] == "Let me check."
-    got = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-           for c in choice["message"].get("tool_calls", [])]
+    got = [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in choice["message"].get("tool_calls", [])
+    ]
     assert got == calls
     chunks = _stream(_reply([TOOL, TIME]), cut)
     deltas = [c["choices"][0]["delta"] for c in chunks]
@@ -247,7 +324,7 @@ def _list_parse(body: str, schemas: Any) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _list_partial(body: str, schemas: Any) -> list[tuple[str, dict[str, Any]]]:
-    head = body[:body.rfind("}}") + 2]
+    head = body[: body.rfind("}}") + 2]
     return _list_parse(head + "]", schemas) if "}}" in head else []
 
 
@@ -255,8 +332,10 @@ LIST = ToolCallFormat("list", "<calls>", "</calls>", _list_parse, partial=_list_
 
 
 def test_a_list_section_cut_short_gives_the_calls_it_completed() -> None:
-    text = ('<calls>[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
-            '{"name": "get_time", "argu')
+    text = (
+        '<calls>[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+        '{"name": "get_time", "argu'
+    )
     stream = ToolCallStream(LIST)
     piece = stream.feed(text)
     piece.extend(stream.finish(cut=True))
@@ -293,7 +372,6 @@ def test_kept_special_tokens_are_decoded_the_others_skipped() -> None:
     assert "".join(decoder.step([i]) for i in ids) + decoder.flush() == "ab <call>cd ef"
     with pytest.raises(Exception, match="keep_special_ids"):
         SamplingParams(keep_special_ids=(-1,))
-
 
 
 def test_an_end_marker_split_after_a_long_section_is_found() -> None:

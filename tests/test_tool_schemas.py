@@ -48,8 +48,7 @@ ASK = [[{"role": "user", "content": "Who is there?"}]]
 
 
 def tool(name: str, parameters: Any, **function: Any) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "parameters": parameters,
-                                             **function}}
+    return {"type": "function", "function": {"name": name, "parameters": parameters, **function}}
 
 
 def test_pydantic_writes_refs_and_any_of() -> None:
@@ -75,8 +74,17 @@ def test_strict_closes_every_object_and_leaves_the_schema_as_it_was() -> None:
     assert json.dumps(PERSON, sort_keys=True) == before
     assert closed["additionalProperties"] is False
     assert closed["$defs"]["Address"]["additionalProperties"] is False
-    nested = strict({"type": "array", "items": {"anyOf": [
-        {"type": "object", "properties": {"a": {"type": "object"}}}, {"type": "null"}]}})
+    nested = strict(
+        {
+            "type": "array",
+            "items": {
+                "anyOf": [
+                    {"type": "object", "properties": {"a": {"type": "object"}}},
+                    {"type": "null"},
+                ]
+            },
+        }
+    )
     branch = nested["items"]["anyOf"][0]
     assert branch["additionalProperties"] is False
     assert branch["properties"]["a"]["additionalProperties"] is False
@@ -85,18 +93,23 @@ def test_strict_closes_every_object_and_leaves_the_schema_as_it_was() -> None:
 
 @pytest.mark.parametrize("family", sorted(FORMATS))
 @pytest.mark.parametrize("choice", [None, "auto", "required", "none", "named"])
-@pytest.mark.parametrize("parameters, words", [
-    ({"type": "objekt"}, "objekt"),
-    ({"type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}}, "missing"),
-    ({"type": "object", "required": "x"}, "required"),
-    ({"type": "object", "properties": {"x": {"type": "string", "pattern": "("}}}, "regex"),
-])
+@pytest.mark.parametrize(
+    "parameters, words",
+    [
+        ({"type": "objekt"}, "objekt"),
+        ({"type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}}, "missing"),
+        ({"type": "object", "required": "x"}, "required"),
+        ({"type": "object", "properties": {"x": {"type": "string", "pattern": "("}}}, "regex"),
+    ],
+)
 def test_an_invalid_schema_is_refused_in_every_family_and_tool_choice(
-        family: str, choice: Any, parameters: dict[str, Any], words: str) -> None:
+    family: str, choice: Any, parameters: dict[str, Any], words: str
+) -> None:
     body: dict[str, Any] = {"tools": [tool("ok", {"type": "object"}), tool("f", parameters)]}
     if choice is not None:
-        body["tool_choice"] = ({"type": "function", "function": {"name": "f"}}
-                               if choice == "named" else choice)
+        body["tool_choice"] = (
+            {"type": "function", "function": {"name": "f"}} if choice == "named" else choice
+        )
     with pytest.raises(ToolRequestError) as caught:
         parse_tool_request(body, family, FORMATS[family])
     assert caught.value.param == "tools[1].function.parameters"
@@ -107,8 +120,9 @@ def test_an_invalid_schema_is_refused_in_every_family_and_tool_choice(
 @pytest.mark.parametrize("schema", [PERSON, NODE], ids=["person", "node"])
 def test_each_family_compiles_the_ref_schemas(family: str, schema: dict[str, Any]) -> None:
     tools = [tool("f", schema), tool("g", schema, strict=True)]
-    request = parse_tool_request({"tools": tools, "tool_choice": "required"}, family,
-                                 FORMATS[family])
+    request = parse_tool_request(
+        {"tools": tools, "tool_choice": "required"}, family, FORMATS[family]
+    )
     assert request is not None
     offered = [structured.strict_tool(t) for t in request.tools]
     lark = FORMATS[family].grammar(offered, True, json.dumps)
@@ -118,19 +132,30 @@ def test_each_family_compiles_the_ref_schemas(family: str, schema: dict[str, Any
 
 @pytest.mark.parametrize("family", sorted(FORMATS))
 def test_each_family_holds_a_call_to_the_pydantic_schema(
-        family: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    family: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """tool_choice required on the family's demo, random weights: the one call's arguments
     validate against the $ref / anyOf schema, closed by hand or by `strict` (an open object
     lets a random model add properties until max_tokens)."""
     from tensorfold.testing import close_even, open_llm
 
-    llm = open_llm(family, None, parallel=2, load_format="dummy",
-                   demo_cache=tmp_path_factory.mktemp(f"schemas-{family}"))
+    llm = open_llm(
+        family,
+        None,
+        parallel=2,
+        load_format="dummy",
+        demo_cache=tmp_path_factory.mktemp(f"schemas-{family}"),
+    )
     try:
         for strictly, seed in ((False, 3), (True, 5)):
             tools = [tool("register", PERSON if strictly else strict(PERSON), strict=strictly)]
-            out = llm.chat(ASK, SamplingParams(temperature=1.0, seed=seed, max_tokens=300),
-                           tools=tools, tool_choice="required", parallel_tool_calls=False)[0]
+            out = llm.chat(
+                ASK,
+                SamplingParams(temperature=1.0, seed=seed, max_tokens=300),
+                tools=tools,
+                tool_choice="required",
+                parallel_tool_calls=False,
+            )[0]
             assert out.finish_reason == "tool_calls", out.text
             (call,) = out.tool_calls
             jsonschema.validate(json.loads(call.arguments), strict(PERSON))
@@ -141,15 +166,25 @@ def test_each_family_holds_a_call_to_the_pydantic_schema(
 def test_strict_response_format_refuses_other_properties(tmp_path_factory: Any) -> None:
     from tensorfold.testing import close_even, open_llm
 
-    llm = open_llm("lfm2_moe", None, parallel=1, load_format="dummy",
-                   demo_cache=tmp_path_factory.mktemp("schemas-strict"))
+    llm = open_llm(
+        "lfm2_moe",
+        None,
+        parallel=1,
+        load_format="dummy",
+        demo_cache=tmp_path_factory.mktemp("schemas-strict"),
+    )
     try:
         schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
         ids = llm.tokenizer.encode('{"a":1,"b":2}')
         taken = {}
         for strictly in (False, True):
-            constraint = structured.response_format({"type": "json_schema", "json_schema": {
-                "name": "t", "schema": schema, "strict": strictly}}, llm.tokenizer)
+            constraint = structured.response_format(
+                {
+                    "type": "json_schema",
+                    "json_schema": {"name": "t", "schema": schema, "strict": strictly},
+                },
+                llm.tokenizer,
+            )
             taken[strictly] = constraint.start().matcher.try_consume_tokens(ids)
         assert taken[False] == len(ids) and taken[True] < len(ids)
     finally:

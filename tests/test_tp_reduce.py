@@ -27,8 +27,12 @@ from tensorfold.settings import Settings, SettingsError
 
 # -- the kernel -------------------------------------------------------------------------------
 
-CASES = [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16),
-         (torch.float32, torch.float32), (torch.bfloat16, torch.float32)]
+CASES = [
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float32, torch.bfloat16),
+    (torch.float32, torch.float32),
+    (torch.bfloat16, torch.float32),
+]
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 8])
@@ -40,15 +44,18 @@ def test_rank_sum_kernel_equals_the_rank_order_sum_bit_for_bit(world, dtypes):
     dtype, out_dtype = dtypes
     g = torch.Generator().manual_seed(world)
     # magnitudes far apart, so that the order of the adds shows in the rounding
-    parts = (torch.randn(world, 3, 700, generator=g)
-             * torch.logspace(-3, 3, world)[:, None, None]).to(dtype)
+    parts = (
+        torch.randn(world, 3, 700, generator=g) * torch.logspace(-3, 3, world)[:, None, None]
+    ).to(dtype)
     want = parallel.rank_order_sum(parts, out_dtype)
     flat = [p.reshape(-1) for p in parts]
     with testing.interpreter_rounds_like_the_gpu():
         got = rank_sum(flat, torch.empty(3, 700, dtype=out_dtype))
         row = rank_sum([f[700:1400] for f in flat], torch.empty(700, dtype=out_dtype))
-    assert torch.equal(got.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32),
-                       want.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32))
+    assert torch.equal(
+        got.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32),
+        want.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32),
+    )
     assert torch.equal(row, want[1])  # a row alone: the same bits as among the others
     if world > 2 and dtypes == (torch.float32, torch.float32):  # (two adds commute exactly)
         reversed_order = parallel.rank_order_sum(parts.flip(0), out_dtype)
@@ -124,8 +131,9 @@ def races(stream: list[tuple]) -> list[str]:
         elif op[0] == "write":
             s = op[1]
             if last_read.get(s, -1) > last_barrier:
-                found.append(f"op {i}: slot {s} written while a peer may read it "
-                             f"(op {last_read[s]})")
+                found.append(
+                    f"op {i}: slot {s} written while a peer may read it (op {last_read[s]})"
+                )
             last_write[s] = (i, op[2])
         else:
             s = op[1]
@@ -228,15 +236,26 @@ def test_each_rank_reads_every_ranks_slot_in_rank_order(offset):
     from tensorfold.ops.symmetric_reduce import SymmetricReduce
 
     world, slot_bytes = 3, 4096
-    bases = [torch.zeros(offset + SLOTS * slot_bytes + 512, dtype=torch.uint8)
-             for _ in range(world)]
+    bases = [
+        torch.zeros(offset + SLOTS * slot_bytes + 512, dtype=torch.uint8) for _ in range(world)
+    ]
     handle = FakeHandle(bases)
-    ranks = [SymmetricReduce(handle, bases[r][offset : offset + SLOTS * slot_bytes], r, world,
-                             slot_bytes, timeout_ms=1) for r in range(world)]
+    ranks = [
+        SymmetricReduce(
+            handle,
+            bases[r][offset : offset + SLOTS * slot_bytes],
+            r,
+            world,
+            slot_bytes,
+            timeout_ms=1,
+        )
+        for r in range(world)
+    ]
     g = torch.Generator().manual_seed(3)
     written = []
-    for slot, (dtype, out_dtype, rows) in enumerate([(torch.bfloat16, torch.bfloat16, 7),
-                                                     (torch.float32, torch.bfloat16, 4)]):
+    for slot, (dtype, out_dtype, rows) in enumerate(
+        [(torch.bfloat16, torch.bfloat16, 7), (torch.float32, torch.bfloat16, 4)]
+    ):
         parts = (torch.randn(world, rows, 64, generator=g) * 100).to(dtype)
         written.append(parts)
         for r in range(world):
@@ -247,8 +266,9 @@ def test_each_rank_reads_every_ranks_slot_in_rank_order(offset):
                 assert torch.equal(ranks[r]._read_sum(slot, parts[r], out_dtype), want)
     # slot 1's writes left slot 0's values where they were, and rank 0 sees each rank's own
     for r in range(world):
-        assert torch.equal(ranks[0].views(0, torch.bfloat16)[r][: 7 * 64].view(7, 64),
-                           written[0][r])
+        assert torch.equal(
+            ranks[0].views(0, torch.bfloat16)[r][: 7 * 64].view(7, 64), written[0][r]
+        )
     assert all(b[:offset].eq(0).all() for b in bases)  # nothing written before the buffers
 
 
@@ -278,8 +298,12 @@ class JoinedStub:
         self.failing = failing
 
     def gather(self, why):
-        return [why if r == self.rank else ("RuntimeError: no peer access" if r in self.failing
-                                            else None) for r in range(self.world)]
+        return [
+            why
+            if r == self.rank
+            else ("RuntimeError: no peer access" if r in self.failing else None)
+            for r in range(self.world)
+        ]
 
 
 @pytest.mark.parametrize("failing", [(), (1,), (0, 1)])
@@ -309,5 +333,6 @@ def test_tp_reduce_setting(tf_env):
     tf_env.setenv("TF_TP_REDUCE", "allreduce")
     with pytest.raises(SettingsError) as err:
         Settings()
-    assert str(err.value) == ("TF_TP_REDUCE=allreduce is not valid; accepted values: "
-                              "symmetric, nccl")
+    assert str(err.value) == (
+        "TF_TP_REDUCE=allreduce is not valid; accepted values: symmetric, nccl"
+    )

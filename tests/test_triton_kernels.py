@@ -70,7 +70,9 @@ def test_linear_matches_reference_and_is_row_invariant(dtype, tol, bias):
     b = randn(80, seed=2, dtype=dtype) if bias else None
     got = triton_linear.linear(x, w, b)
     assert got.dtype == dtype and got.shape == (70, 80)
-    assert rel(got, ref_linear.linear(x.double(), w.double(), None if b is None else b.double())) < tol
+    assert (
+        rel(got, ref_linear.linear(x.double(), w.double(), None if b is None else b.double())) < tol
+    )
     for a, z in [(0, 1), (3, 4), (5, 22), (40, 70), (69, 70)]:
         assert torch.equal(triton_linear.linear(x[a:z].clone(), w, b), got[a:z])
 
@@ -93,7 +95,8 @@ def test_linear_stored_as_fp32_is_the_rounded_product_widened(bias, rows):
 @pytest.mark.parametrize("n, k, rows", [(256, 128, 70), (512, 64, 300)])
 @pytest.mark.parametrize("dtype, tol", DTYPES)
 def test_linear_groups_in_one_launch_match_each_groups_product_and_are_row_invariant(
-        n, k, rows, dtype, tol):
+    n, k, rows, dtype, tol
+):
     """Two products of adjacent column groups of one pass (x a column slice of a wider pass)
     in one launch, stacked: each the reference's product of its group; a row alone == in the
     pass on every tile (the split grid's, a prompt's, a long prompt's 128-wide)."""
@@ -212,13 +215,15 @@ def test_qkv_norm_rope_write_in_one_launch_matches_the_launches_it_replaces(dtyp
     q_want = triton_rope.norm_rope(q, q_norm, 1e-6, cos, sin, False)
     k_want.index_copy_(0, index, triton_rope.norm_rope(k, k_norm, 1e-6, cos, sin, False))
     v_want.index_copy_(0, index, v)
-    got = triton_rope.qkv_norm_rope_write(qkv, q_norm, k_norm, 1e-6, cos, sin, k_rows, v_rows,
-                                          index)
+    got = triton_rope.qkv_norm_rope_write(
+        qkv, q_norm, k_norm, 1e-6, cos, sin, k_rows, v_rows, index
+    )
     assert torch.equal(got, q_want)
     assert torch.equal(k_rows, k_want) and torch.equal(v_rows, v_want)
     k_alone, v_alone = torch.zeros_like(k_rows), torch.zeros_like(v_rows)
-    alone = triton_rope.qkv_norm_rope_write(qkv[2:3].clone(), q_norm, k_norm, 1e-6, cos[2:3],
-                                            sin[2:3], k_alone, v_alone, index[2:3])
+    alone = triton_rope.qkv_norm_rope_write(
+        qkv[2:3].clone(), q_norm, k_norm, 1e-6, cos[2:3], sin[2:3], k_alone, v_alone, index[2:3]
+    )
     assert torch.equal(alone, got[2:3])
     assert torch.equal(k_alone[index[2]], k_rows[index[2]])
     assert torch.equal(v_alone[index[2]], v_rows[index[2]])
@@ -239,14 +244,16 @@ def test_qkv_heads_in_one_launch_match_the_launches_they_replace(dtype, hq, hkv,
     v_first = hq if k_eq_v else hq + hkv
     q, k, v = triton_rope.qkv_heads(heads, hq, hkv, v_first, q_norm, k_norm, 1e-6, cos, sin)
     assert torch.equal(q, triton_rope.norm_rope(heads[:, :hq], q_norm, 1e-6, cos, sin, True))
-    assert torch.equal(k, triton_rope.norm_rope(heads[:, hq:hq + hkv], k_norm, 1e-6, cos, sin,
-                                                True))
-    vf = heads[:, v_first:v_first + hkv].float()
+    assert torch.equal(
+        k, triton_rope.norm_rope(heads[:, hq : hq + hkv], k_norm, 1e-6, cos, sin, True)
+    )
+    vf = heads[:, v_first : v_first + hkv].float()
     v_want = (vf * torch.rsqrt(vf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
     tol = 1e-6 if dtype == torch.float32 else 1e-2
     assert v.dtype == dtype and v.shape == (n, hkv, d) and rel(v, v_want) < tol
-    alone = triton_rope.qkv_heads(heads[2:3].clone(), hq, hkv, v_first, q_norm, k_norm, 1e-6,
-                                  cos[2:3], sin[2:3])
+    alone = triton_rope.qkv_heads(
+        heads[2:3].clone(), hq, hkv, v_first, q_norm, k_norm, 1e-6, cos[2:3], sin[2:3]
+    )
     assert all(torch.equal(a, b[2:3]) for a, b in zip(alone, (q, k, v)))
 
 
@@ -352,15 +359,22 @@ def _poison_unwritten(fp: ForwardPass, page_rows: int, *rows: torch.Tensor) -> N
         t[(~written).nonzero().flatten()] = float("nan")  # no boolean masks for e4m3
 
 
-def _assert_streams_alone_equal(fp: ForwardPass, page_rows: int, q: torch.Tensor,
-                                k: torch.Tensor, v: torch.Tensor, got: torch.Tensor,
-                                **kw) -> None:
+def _assert_streams_alone_equal(
+    fp: ForwardPass,
+    page_rows: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    got: torch.Tensor,
+    **kw,
+) -> None:
     """Each stream of `fp` alone through the Triton kernel gives its rows of `got`, bit for bit."""
     for i in range(len(fp.streams)):
         alone = ForwardPass([fp.streams[i]], page_rows)
         a, z = fp.spans[i]
         out = triton_attention.paged_attention(
-            q[a:z].clone(), k, v, alone.positions, build_meta(alone), page_rows, scale=0.25, **kw)
+            q[a:z].clone(), k, v, alone.positions, build_meta(alone), page_rows, scale=0.25, **kw
+        )
         assert torch.equal(out, got[a:z]), f"stream {i}"
 
 
@@ -377,8 +391,9 @@ def test_paged_attention_over_fp8_rows_matches_reference_and_a_stream_alone(dtyp
     scales = {"k_scales": ks, "v_scales": vs}
     want = ref_attention.paged_attention(q, k, v, fp, scale=0.25, window=window, **scales)
     # the reference over the same rows dequantized up front: the scales are folded in right
-    plain = ref_attention.paged_attention(q, dequantize_rows(k, ks), dequantize_rows(v, vs), fp,
-                                          scale=0.25, window=window)
+    plain = ref_attention.paged_attention(
+        q, dequantize_rows(k, ks), dequantize_rows(v, vs), fp, scale=0.25, window=window
+    )
     assert rel(want, plain) < (1e-6 if dtype == torch.float32 else 1e-2)
     got = triton_attention.paged_attention(
         q, k, v, fp.positions, build_meta(fp), page_rows, scale=0.25, window=window, **scales
@@ -398,10 +413,12 @@ def test_bf16_queries_meet_fp8_rows_as_fp16_clamped_to_its_range():
     q = randn(fp.num_rows, hkv * group, d, seed=28, dtype=torch.bfloat16) * 1e-3
     q[0, 0, :4] = torch.tensor([1e6, -1e6, 7e4, 3.0])  # past fp16's 65504, and one inside
     scales = {"k_scales": ks, "v_scales": vs}
-    got = triton_attention.paged_attention(q, k, v, fp.positions, build_meta(fp), page_rows,
-                                           scale=0.25, **scales)
-    want = ref_attention.paged_attention(q.float().clamp(-65504, 65504), k, v, fp, scale=0.25,
-                                         **scales)
+    got = triton_attention.paged_attention(
+        q, k, v, fp.positions, build_meta(fp), page_rows, scale=0.25, **scales
+    )
+    want = ref_attention.paged_attention(
+        q.float().clamp(-65504, 65504), k, v, fp, scale=0.25, **scales
+    )
     assert got.isfinite().all()
     assert rel(got, want) < 2e-2
 
@@ -433,7 +450,7 @@ def test_route_matches_reference(dtype, norm, bias):
     # The logits are summed in another order (and exp may differ by an ulp): where two experts'
     # keys are within rounding of each other, either may be chosen. Elsewhere, the same.
     key = ref_moe.sigmoid(ref_linear.linear(x, gate)).float() + (0 if eb is None else eb)
-    assert (key.gather(1, got_e) - key.gather(1, want_e)).abs().max() <= 2 ** -7
+    assert (key.gather(1, got_e) - key.gather(1, want_e)).abs().max() <= 2**-7
     same = (got_e == want_e).all(-1)
     assert same.float().mean() > 0.8
     tol = 1e-6 if dtype == torch.float32 else 4e-3
@@ -445,7 +462,8 @@ def test_route_matches_reference(dtype, norm, bias):
 
 @pytest.mark.parametrize("sums", [True, False])
 def test_fp32_router_on_a_columns_major_gate_chains_its_fmas_a_row_alone_as_in_a_batch(
-        sums, monkeypatch):
+    sums, monkeypatch
+):
     """An fp32 router with expert groups (glm5_next's kind), its gate stored transposed
     (columns_major), so each logit is one FMA chain a chunk of H (_router_chain_kernel; a pass
     of up to FP32_CHAIN_SPLIT_ROWS rows a program a chunk, the chunks added by the last to
@@ -462,8 +480,19 @@ def test_fp32_router_on_a_columns_major_gate_chains_its_fmas_a_row_alone_as_in_a
     assert triton_route.columns_major(cols) is cols
 
     def run(rows, g):
-        return triton_route.route(rows, g, bias, 6, norm_topk_prob=True, scaling=2.5, fp32=True,
-                                  norm_eps=1e-20, groups=8, keep_groups=4, by_expert=True)
+        return triton_route.route(
+            rows,
+            g,
+            bias,
+            6,
+            norm_topk_prob=True,
+            scaling=2.5,
+            fp32=True,
+            norm_eps=1e-20,
+            groups=8,
+            keep_groups=4,
+            by_expert=True,
+        )
 
     logits = x.float() @ gate.t()
     for rows in (x[:1], x[:16], x):  # one row, a split pass, a walked one
@@ -539,8 +568,10 @@ def test_host_cdiv_and_next_power_of_2_equal_tritons():
             assert triton_util.cdiv(a, b) == triton.cdiv(a, b), (a, b)
 
 
-@pytest.mark.parametrize("e, k, softmax, by_expert", [
-    (6, 3, False, False), (32, 4, False, False), (128, 8, True, False), (288, 8, False, True)])
+@pytest.mark.parametrize(
+    "e, k, softmax, by_expert",
+    [(6, 3, False, False), (32, 4, False, False), (128, 8, True, False), (288, 8, False, True)],
+)
 def test_router_of_a_few_rows_sorts_their_pairs_as_align_does(e, k, softmax, by_expert):
     """A pass of one row or a few (a decode round of a few streams): the router's program also
     aligns the pairs (one launch fewer a MoE layer), in the order and block map triton_align
@@ -552,8 +583,9 @@ def test_router_of_a_few_rows_sorts_their_pairs_as_align_does(e, k, softmax, by_
         if softmax:
             w, experts = triton_route.softmax_route(x[:n].clone(), gate, k, None)
         else:
-            w, experts = triton_route.route(x[:n].clone(), gate, None, k, norm_topk_prob=True,
-                                            scaling=1.0, by_expert=by_expert)
+            w, experts = triton_route.route(
+                x[:n].clone(), gate, None, k, norm_topk_prob=True, scaling=1.0, by_expert=by_expert
+            )
         got = triton_moe.prealigned(experts, e, triton_moe.TINY_BLOCK_M)
         if not triton_route.aligns_in_route(n, k, e, rows):
             assert got is None and n > 1
@@ -603,9 +635,19 @@ def test_router_of_one_row_in_one_launch_equals_its_two(kind, monkeypatch: pytes
         if kind == "softmax":
             return triton_route.softmax_route(x, gate, 8, scale.to(torch.bfloat16))
         if kind == "fp32_groups":
-            return triton_route.route(x, gate, bias, 6, norm_topk_prob=True, scaling=2.5,
-                                      fp32=True, norm_eps=1e-20, groups=8, keep_groups=4,
-                                      by_expert=True)
+            return triton_route.route(
+                x,
+                gate,
+                bias,
+                6,
+                norm_topk_prob=True,
+                scaling=2.5,
+                fp32=True,
+                norm_eps=1e-20,
+                groups=8,
+                keep_groups=4,
+                by_expert=True,
+            )
         return triton_route.route(x, gate, bias, 4, norm_topk_prob=True, scaling=2.5)
 
     assert gate.shape[0] <= triton_route.FUSE_MAX_EXPERTS
@@ -624,14 +666,18 @@ def test_norm_and_router_of_one_row_in_one_launch_equal_their_own(monkeypatch):
     """A one-row pass's add + RMSNorm runs in its router's launch (norm_route): h, x, the
     weights, experts and sorted pairs as add_rms_norm's launch then the router's; a pass of
     more rows launches them as they are."""
-    y, r = randn(1, 600, seed=56, dtype=torch.bfloat16), randn(1, 600, seed=57, dtype=torch.bfloat16)
+    y, r = (
+        randn(1, 600, seed=56, dtype=torch.bfloat16),
+        randn(1, 600, seed=57, dtype=torch.bfloat16),
+    )
     nw = (1 + randn(600, seed=58, scale=0.1)).to(torch.bfloat16)
     gate = randn(32, 600, seed=59, scale=0.05).to(torch.bfloat16)
     bias = randn(32, seed=60, scale=0.1)
 
     def run(y, r):
-        return triton_route.norm_route(y, r, nw, 1e-5, gate, bias, 4, norm_topk_prob=True,
-                                       scaling=2.5)
+        return triton_route.norm_route(
+            y, r, nw, 1e-5, gate, bias, 4, norm_topk_prob=True, scaling=2.5
+        )
 
     monkeypatch.setattr(triton_route, "NORM_IN_ROUTER", True)
     got = [run(y, r) for _ in range(2)]  # the arrival counter is left at zero for the next launch
@@ -646,7 +692,10 @@ def test_norm_and_router_of_one_row_in_one_launch_equal_their_own(monkeypatch):
         used = (b.block_expert < 32).repeat_interleave(triton_moe.TINY_BLOCK_M)
         assert torch.equal(a.sorted_pairs[used], b.sorted_pairs[used])
     monkeypatch.setattr(triton_route, "NORM_IN_ROUTER", True)
-    ys, rs = randn(3, 600, seed=61, dtype=torch.bfloat16), randn(3, 600, seed=62, dtype=torch.bfloat16)
+    ys, rs = (
+        randn(3, 600, seed=61, dtype=torch.bfloat16),
+        randn(3, 600, seed=62, dtype=torch.bfloat16),
+    )
     three = run(ys, rs)
     assert torch.equal(three[0][1:2], run(ys[1:2].clone(), rs[1:2].clone())[0])
 
@@ -665,7 +714,9 @@ def test_moe_matches_reference_and_is_row_invariant(dtype, tol):
     assert triton_moe.stacked(w1).data_ptr() == w1[0].data_ptr()  # views, not a copy
     gate = randn(e, h, seed=26, dtype=dtype)
     weights, experts = ref_moe.route(x, gate, None, k, norm_topk_prob=True)
-    want = ref_moe.moe(x.double(), weights.double(), experts, *[[t.double() for t in ws] for ws in (w1, w3, w2)])
+    want = ref_moe.moe(
+        x.double(), weights.double(), experts, *[[t.double() for t in ws] for ws in (w1, w3, w2)]
+    )
     got = triton_moe.moe(x, weights, experts, w1, w3, w2)
     assert rel(got, want) < tol
     for a, z in [(0, 1), (9, 10), (3, 40)]:
@@ -684,12 +735,18 @@ def test_decode_passes_of_few_pairs_an_expert_take_the_few_rows_blocks_and_keep_
     assert triton_moe.pick(n, i)[0] == triton_moe.SMALL_BLOCK_M  # the dense FFN
     x = randn(300, h, seed=81, dtype=dtype)
     w1, w3, w2 = _experts(e, i, h, dtype, 82)
-    weights, experts = ref_moe.route(x, randn(e, h, seed=84, dtype=dtype), None, k, norm_topk_prob=True)
+    weights, experts = ref_moe.route(
+        x, randn(e, h, seed=84, dtype=dtype), None, k, norm_topk_prob=True
+    )
     whole = triton_moe.moe(x, weights, experts, w1, w3, w2)  # 300 rows: the prompt tiles
-    want = ref_moe.moe(x.double(), weights.double(), experts, *[[t.double() for t in ws] for ws in (w1, w3, w2)])
+    want = ref_moe.moe(
+        x.double(), weights.double(), experts, *[[t.double() for t in ws] for ws in (w1, w3, w2)]
+    )
     assert rel(whole, want) < 2e-2
-    assert torch.equal(triton_moe.moe(x[:n].clone(), weights[:n].clone(), experts[:n].clone(), w1, w3, w2),
-                       whole[:n])
+    assert torch.equal(
+        triton_moe.moe(x[:n].clone(), weights[:n].clone(), experts[:n].clone(), w1, w3, w2),
+        whole[:n],
+    )
 
 
 def test_dense_ffn_on_its_own_tiles_keeps_the_bits(monkeypatch):
@@ -700,13 +757,20 @@ def test_dense_ffn_on_its_own_tiles_keeps_the_bits(monkeypatch):
     the right rows; tests/test_gpu_kernels.py checks the bits on the GPU."""
     dtype = torch.bfloat16
     h, i = 64, 48
-    tiles = (triton_moe.SMALL_BLOCK_M, triton_moe.Tiles(16, 128, 4, 4), triton_moe.Tiles(32, 128, 4, 4))
+    tiles = (
+        triton_moe.SMALL_BLOCK_M,
+        triton_moe.Tiles(16, 128, 4, 4),
+        triton_moe.Tiles(32, 128, 4, 4),
+    )
     monkeypatch.setattr(triton_moe, "DENSE_TILES", {(i, h, "small"): tiles})
     assert triton_moe.pick(40, i, hidden=h)[1].block_n == 16
     assert triton_moe.pick(40, i, hidden=h + 1)[1] == triton_moe.SMALL_SWIGLU_TILES
     assert triton_moe.pick(8, i, hidden=h)[1] == triton_moe.TINY_SWIGLU_TILES  # another class
     x = randn(300, h, seed=86, dtype=dtype)
-    w1, w3 = randn(i, h, seed=87, dtype=dtype, scale=0.2), randn(i, h, seed=88, dtype=dtype, scale=0.2)
+    w1, w3 = (
+        randn(i, h, seed=87, dtype=dtype, scale=0.2),
+        randn(i, h, seed=88, dtype=dtype, scale=0.2),
+    )
     w2 = randn(h, i, seed=89, dtype=dtype, scale=0.2)
     whole = triton_moe.gated_ffn(x, w1, w3, w2)  # 300 rows: the prompt tiles
     assert torch.equal(triton_moe.gated_ffn(x[:40].clone(), w1, w3, w2), whole[:40])
@@ -726,7 +790,10 @@ def test_dense_ffn_split_over_k_keeps_rows_alone_equal_to_a_prompt_pass(dtype, t
     h, i = 320, 300
     assert triton_moe.dense_splits(i, h) == 2 and triton_moe.dense_splits(h, i) == 2
     x = randn(300, h, seed=90, dtype=dtype)
-    w1, w3 = randn(i, h, seed=91, dtype=dtype, scale=0.2), randn(i, h, seed=92, dtype=dtype, scale=0.2)
+    w1, w3 = (
+        randn(i, h, seed=91, dtype=dtype, scale=0.2),
+        randn(i, h, seed=92, dtype=dtype, scale=0.2),
+    )
     w2 = randn(h, i, seed=93, dtype=dtype, scale=0.2)
     whole = triton_moe.gated_ffn(x, w1, w3, w2)  # 300 rows: the chunks walked in one program
     assert rel(whole, ref_moe.gated_ffn(x.double(), w1.double(), w3.double(), w2.double())) < tol
@@ -766,7 +833,10 @@ def test_dense_ffn_split_leaves_no_chunk_empty():
 @pytest.mark.parametrize("dtype, tol", DTYPES)
 def test_gated_ffn_matches_reference(dtype, tol):
     x = randn(70, 32, seed=27, dtype=dtype)
-    w1, w3 = randn(40, 32, seed=28, dtype=dtype, scale=0.2), randn(40, 32, seed=29, dtype=dtype, scale=0.2)
+    w1, w3 = (
+        randn(40, 32, seed=28, dtype=dtype, scale=0.2),
+        randn(40, 32, seed=29, dtype=dtype, scale=0.2),
+    )
     w2 = randn(32, 40, seed=30, dtype=dtype, scale=0.2)
     got = triton_moe.gated_ffn(x, w1, w3, w2)
     assert rel(got, ref_moe.gated_ffn(x.double(), w1.double(), w3.double(), w2.double())) < tol
@@ -781,12 +851,20 @@ def test_tile_choice_by_row_count_changes_no_bits(dtype, monkeypatch: pytest.Mon
     w = randn(1100, 160, seed=32, dtype=dtype, scale=0.1)  # n >= 1024: the prompt tile is 128 wide
     b = randn(1100, seed=33, dtype=dtype)
     assert triton_linear.pick(1, 1100, 160) != triton_linear.pick(1000, 1100, 160)
-    assert triton_linear.pick(1, 1100, 160)[1].block_k == triton_linear.pick(1000, 1100, 160)[1].block_k
+    assert (
+        triton_linear.pick(1, 1100, 160)[1].block_k
+        == triton_linear.pick(1000, 1100, 160)[1].block_k
+    )
     n, h, i, e, k = 60, 32, 48, 6, 3
     xm = randn(n, h, seed=34, dtype=dtype)
     w1, w3, w2 = _experts(e, i, h, dtype, 35)
-    weights, experts = ref_moe.route(xm, randn(e, h, seed=36, dtype=dtype), None, k, norm_topk_prob=True)
-    dw1, dw3 = randn(40, h, seed=37, dtype=dtype, scale=0.2), randn(40, h, seed=38, dtype=dtype, scale=0.2)
+    weights, experts = ref_moe.route(
+        xm, randn(e, h, seed=36, dtype=dtype), None, k, norm_topk_prob=True
+    )
+    dw1, dw3 = (
+        randn(40, h, seed=37, dtype=dtype, scale=0.2),
+        randn(40, h, seed=38, dtype=dtype, scale=0.2),
+    )
     dw2 = randn(h, 40, seed=39, dtype=dtype, scale=0.2)
     got = {}
     for small, rows in (("small", 1 << 30), ("prompt", -1)):
@@ -810,8 +888,13 @@ def test_weight_prefetch_changes_no_bits(monkeypatch: pytest.MonkeyPatch):
     n, h, i, e, k = 4, 32, 48, 6, 3
     xm = randn(n, h, seed=43, dtype=dtype)
     w1, w3, w2 = _experts(e, i, h, dtype, 44)
-    weights, experts = ref_moe.route(xm, randn(e, h, seed=45, dtype=dtype), None, k, norm_topk_prob=True)
-    dw1, dw3 = randn(40, h, seed=46, dtype=dtype, scale=0.2), randn(40, h, seed=47, dtype=dtype, scale=0.2)
+    weights, experts = ref_moe.route(
+        xm, randn(e, h, seed=45, dtype=dtype), None, k, norm_topk_prob=True
+    )
+    dw1, dw3 = (
+        randn(40, h, seed=46, dtype=dtype, scale=0.2),
+        randn(40, h, seed=47, dtype=dtype, scale=0.2),
+    )
     dw2 = randn(h, 40, seed=48, dtype=dtype, scale=0.2)
     got = {}
     for pk in (0, 64):
@@ -870,10 +953,18 @@ def _tiny(dtype: torch.dtype):
 
     dummy = pytest.importorskip("tensorfold_lfm2_moe.dummy")
     cfg = replace(
-        dummy.SHAPES["LFM2-8B-A1B"], num_hidden_layers=3,
-        layer_types=("conv", "full_attention", "conv"), vocab_size=128, hidden_size=64,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
-        moe_intermediate_size=32, num_experts=6, num_dense_layers=1,
+        dummy.SHAPES["LFM2-8B-A1B"],
+        num_hidden_layers=3,
+        layer_types=("conv", "full_attention", "conv"),
+        vocab_size=128,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_experts=6,
+        num_dense_layers=1,
     )
     return dummy.build_dummy(cfg, "cpu", dtype, seed=0, std=0.1)
 
@@ -936,8 +1027,9 @@ def test_decode_rounds_fed_on_the_device_equal_rounds_fed_by_the_host(kernels_on
     plain = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), prompts, 3)
     runner = GraphRunner(model, num_pages=16, num_slots=4, page_rows=16, max_pages=4)
     graphed = _passes(runner, prompts, 3, fed=True)
-    eager = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), prompts, 3,
-                    fed=True)
+    eager = _passes(
+        ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), prompts, 3, fed=True
+    )
     assert runner.replays == 3
     for g, e, p in zip(graphed, eager, plain):
         assert torch.equal(g, p) and torch.equal(e, p)

@@ -43,15 +43,31 @@ def one_tile_segments(monkeypatch):
 
 
 def _paged(q, k, v, fp, window, parts, **scales):
-    return triton_attention.paged_attention(q, k, v, fp.positions, build_meta(fp), PAGE_ROWS,
-                                            scale=0.25, window=window, parts=parts, **scales)
+    return triton_attention.paged_attention(
+        q,
+        k,
+        v,
+        fp.positions,
+        build_meta(fp),
+        PAGE_ROWS,
+        scale=0.25,
+        window=window,
+        parts=parts,
+        **scales,
+    )
 
 
-@pytest.mark.parametrize("dtype, tol, fp8, window", [(torch.float32, 1e-5, False, None),
-                                                     (torch.bfloat16, 2e-2, False, 100),
-                                                     (torch.bfloat16, 2e-2, True, 100)])
-def test_paged_segments_walked_or_shared_give_the_same_bits(one_tile_segments, dtype, tol, fp8,
-                                                           window):
+@pytest.mark.parametrize(
+    "dtype, tol, fp8, window",
+    [
+        (torch.float32, 1e-5, False, None),
+        (torch.bfloat16, 2e-2, False, 100),
+        (torch.bfloat16, 2e-2, True, 100),
+    ],
+)
+def test_paged_segments_walked_or_shared_give_the_same_bits(
+    one_tile_segments, dtype, tol, fp8, window
+):
     fp = _pass(LONG, PAGE_ROWS)
     hkv, group, d = 2, 3, 16
     k = randn(35 * PAGE_ROWS, hkv, d, seed=1, dtype=dtype)
@@ -90,12 +106,14 @@ def test_ring_segments_walked_or_shared_give_the_same_bits(one_tile_segments):
     meta = build_meta(fp)
 
     def ring(parts, fp=fp, q=q, k=k, v=v, meta=meta):
-        return triton_window.ring_attention(q, k, v, ring_k, ring_v, fp.positions, meta,
-                                            scale=0.3, window=W, parts=parts)
+        return triton_window.ring_attention(
+            q, k, v, ring_k, ring_v, fp.positions, meta, scale=0.3, window=W, parts=parts
+        )
 
     walked = ring(1)
     want = ref_window.window_attention(
-        q, ref_window.gather_window(ring_k, ring_v, k, v, fp, W), fp, scale=0.3, window=W)
+        q, ref_window.gather_window(ring_k, ring_v, k, v, fp, W), fp, scale=0.3, window=W
+    )
     assert torch.isfinite(walked).all()
     assert rel(walked, want) < 2e-2
     for parts in (2, 3, None):
@@ -103,6 +121,5 @@ def test_ring_segments_walked_or_shared_give_the_same_bits(one_tile_segments):
     for i, run in enumerate(RUNS):
         alone = _ring_pass([run])
         a, z = fp.spans[i]
-        out = ring(None, alone, q[a:z].clone(), k[a:z].clone(), v[a:z].clone(),
-                   build_meta(alone))
+        out = ring(None, alone, q[a:z].clone(), k[a:z].clone(), v[a:z].clone(), build_meta(alone))
         assert torch.equal(out, walked[a:z]), f"stream {i}"

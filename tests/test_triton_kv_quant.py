@@ -93,8 +93,9 @@ def test_k_and_v_in_one_launch_match_the_reference(dtype, monkeypatch):
     reference(index, want)
     launches = []
     real = triton_kv_quant.quantize_scatter
-    monkeypatch.setattr(triton_kv_quant, "quantize_scatter",
-                        lambda *a: (launches.append(1), real(*a)))
+    monkeypatch.setattr(
+        triton_kv_quant, "quantize_scatter", lambda *a: (launches.append(1), real(*a))
+    )
     kernel(index, got)
     assert len(launches) == 1
     for (_, wq, ws), (_, gq, gs) in zip(want, got):
@@ -155,8 +156,10 @@ def test_paged_rows_write_k_and_v_through_the_kernel_as_through_torch(monkeypatc
         specs += [spec, scale_spec(spec)]
     specs.append(RowSpec("L0.other", (4,), "float32"))
     index = torch.tensor([5, 2, 9, 11, 0])
-    k, v = rows(5, 2, 16, seed=7, dtype=torch.bfloat16), rows(5, 2, 16, seed=8,
-                                                              dtype=torch.bfloat16)
+    k, v = (
+        rows(5, 2, 16, seed=7, dtype=torch.bfloat16),
+        rows(5, 2, 16, seed=8, dtype=torch.bfloat16),
+    )
     other = torch.randn(5, 4)
     out = []
     for on in (False, True):
@@ -164,8 +167,9 @@ def test_paged_rows_write_k_and_v_through_the_kernel_as_through_torch(monkeypatc
         for buf in paged.buffers.values():
             buf.view(torch.uint8).fill_(0x7F)
         calls = []
-        monkeypatch.setattr(kv_quant, "quantize_rows",
-                            lambda x, real=quantize_rows: (calls.append(1), real(x))[1])
+        monkeypatch.setattr(
+            kv_quant, "quantize_rows", lambda x, real=quantize_rows: (calls.append(1), real(x))[1]
+        )
         gpu.set_triton(on, on_cpu=on)
         paged.write_many(index, [("L0.k", k), ("L0.v", v), ("L0.other", other)])
         gpu.set_triton(True)

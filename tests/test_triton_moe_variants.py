@@ -84,16 +84,19 @@ def test_gated_ffn_activation_matches_reference(dtype, tol, act):
     assert got.dtype == dtype and rel(got, want) < tol
     if act == "silu_clamp":
         assert (ref_moe.linear(x, w3).abs() > 1.5).float().mean() > 0.1  # the clamp matters
-    rows_alone_equal(lambda a, z: triton_moe.gated_ffn(x[a:z].clone(), w1, w3, w2, act=act,
-                                                       limit=1.5), 40, got)
+    rows_alone_equal(
+        lambda a, z: triton_moe.gated_ffn(x[a:z].clone(), w1, w3, w2, act=act, limit=1.5), 40, got
+    )
 
 
 @pytest.mark.parametrize("dtype, tol", DTYPES)
 def test_gemma4_mlp_matches_the_cpu_path(dtype, tol, on_kernels):
     x = randn(20, 32, seed=4, dtype=dtype)
-    w = MlpWeights(randn(40, 32, seed=5, dtype=dtype, scale=0.3),
-                   randn(40, 32, seed=6, dtype=dtype, scale=0.3),
-                   randn(32, 40, seed=7, dtype=dtype, scale=0.3))
+    w = MlpWeights(
+        randn(40, 32, seed=5, dtype=dtype, scale=0.3),
+        randn(40, 32, seed=6, dtype=dtype, scale=0.3),
+        randn(32, 40, seed=7, dtype=dtype, scale=0.3),
+    )
     got = gemma_layers.mlp(w, x)
     on_kernels(False)
     assert rel(got, gemma_layers.mlp(w, x)) < tol
@@ -102,8 +105,10 @@ def test_gemma4_mlp_matches_the_cpu_path(dtype, tol, on_kernels):
 @pytest.mark.parametrize("dtype, tol", DTYPES)
 def test_glm_swiglu_matches_the_cpu_path(dtype, tol, on_kernels):
     x = randn(20, 32, seed=8, dtype=dtype, scale=4.0)  # products past the ±10 clamp
-    w = DenseWeights(randn(80, 32, seed=9, dtype=dtype, scale=0.5),
-                     randn(32, 40, seed=10, dtype=dtype, scale=0.3))
+    w = DenseWeights(
+        randn(80, 32, seed=9, dtype=dtype, scale=0.5),
+        randn(32, 40, seed=10, dtype=dtype, scale=0.3),
+    )
     got = glm_moe.swiglu(x, w, 10.0)
     on_kernels(False)
     assert rel(got, glm_moe.swiglu(x, w, 10.0)) < tol
@@ -122,7 +127,8 @@ def gemma_moe(dtype: torch.dtype, e: int = 6, i: int = 24, h: int = 32) -> Gemma
         gate_up=randn(e, 2 * i, h, seed=14, dtype=dtype, scale=0.3),
         down=randn(e, h, i, seed=15, dtype=dtype, scale=0.3),
         pre_norm=1 + randn(h, seed=16, scale=0.2),
-        post_norm_mlp=torch.ones(h), post_norm_experts=torch.ones(h),
+        post_norm_mlp=torch.ones(h),
+        post_norm_experts=torch.ones(h),
     )
 
 
@@ -131,8 +137,9 @@ def test_gemma4_experts_ffn_matches_the_cpu_path(dtype, tol, on_kernels):
     n, k = 50, 3  # 150 pairs
     w = gemma_moe(dtype)
     x = randn(n, 32, seed=17, dtype=dtype)
-    experts = torch.stack([torch.randperm(6, generator=torch.Generator().manual_seed(r))[:k]
-                           for r in range(n)])
+    experts = torch.stack(
+        [torch.randperm(6, generator=torch.Generator().manual_seed(r))[:k] for r in range(n)]
+    )
     weights = randn(n, k, seed=18).abs() + 0.1  # fp32, as the router gives them
     got = gemma_layers.experts_ffn(x, weights, experts, w.gate_up, w.down)
     assert got.dtype == dtype
@@ -141,8 +148,14 @@ def test_gemma4_experts_ffn_matches_the_cpu_path(dtype, tol, on_kernels):
     assert rel(got, want) < tol
     if dtype == torch.float32:  # the fp32 products (not rounded per slot) reach the sum
         rounded = ref_moe.moe(
-            x, weights, experts, list(w.gate_up[:, :24]), list(w.gate_up[:, 24:]), list(w.down),
-            act="gelu_tanh", fp32_slots=True,
+            x,
+            weights,
+            experts,
+            list(w.gate_up[:, :24]),
+            list(w.gate_up[:, 24:]),
+            list(w.down),
+            act="gelu_tanh",
+            fp32_slots=True,
         )
         assert rel(got, rounded) < tol
 
@@ -180,8 +193,13 @@ def test_gemma4_moe_matches_the_cpu_path_and_is_row_invariant(dtype, tol, on_ker
 
 def glm_cfg(groups: int, keep: int, norm: bool = True) -> SimpleNamespace:
     return SimpleNamespace(
-        n_routed_experts=8, num_experts_per_tok=3, n_group=groups, topk_group=keep,
-        norm_topk_prob=norm, routed_scaling_factor=2.5, swiglu_limit=10.0,
+        n_routed_experts=8,
+        num_experts_per_tok=3,
+        n_group=groups,
+        topk_group=keep,
+        norm_topk_prob=norm,
+        routed_scaling_factor=2.5,
+        swiglu_limit=10.0,
     )
 
 
@@ -190,10 +208,13 @@ def glm_weights(dtype: torch.dtype, e: int = 8, i: int = 24, h: int = 32) -> Glm
     down = randn(e, h, i, seed=21, dtype=dtype, scale=0.3)
     experts = [DenseWeights(gate_up[j].clone(), down[j].clone()) for j in range(e)]  # apart
     return GlmMoe(
-        router=randn(e, h, seed=22, scale=0.5), bias=randn(e, seed=23, scale=0.3),
+        router=randn(e, h, seed=22, scale=0.5),
+        bias=randn(e, seed=23, scale=0.3),
         experts=experts,
-        shared=DenseWeights(randn(2 * i, h, seed=24, dtype=dtype, scale=0.6),
-                            randn(h, i, seed=25, dtype=dtype, scale=0.3)),
+        shared=DenseWeights(
+            randn(2 * i, h, seed=24, dtype=dtype, scale=0.6),
+            randn(h, i, seed=25, dtype=dtype, scale=0.3),
+        ),
     )
 
 
@@ -249,15 +270,17 @@ def test_glm_moe_sums_slots_rounded_in_expert_order():
     slots = randn(n * k, h, seed=28, dtype=dtype)
     plus = randn(n, h, seed=29, dtype=dtype)
     out = torch.empty(n, h, dtype=dtype)
-    triton_moe._slot_sum_kernel[(n, 1)](slots, plus, out, h, TOPK=k, CH=64, ROUND_EACH=True,
-                                        HAS_PLUS=True)
+    triton_moe._slot_sum_kernel[(n, 1)](
+        slots, plus, out, h, TOPK=k, CH=64, ROUND_EACH=True, HAS_PLUS=True
+    )
     per = slots.view(n, k, h)
     want = per[:, 0]
     for j in range(1, k):
         want = want + per[:, j]
     assert torch.equal(out, want + plus)
-    triton_moe._slot_sum_kernel[(n, 1)](slots, plus, out, h, TOPK=k, CH=64, ROUND_EACH=False,
-                                        HAS_PLUS=False)
+    triton_moe._slot_sum_kernel[(n, 1)](
+        slots, plus, out, h, TOPK=k, CH=64, ROUND_EACH=False, HAS_PLUS=False
+    )
     acc = per[:, 0].float()
     for j in range(1, k):
         acc = acc + per[:, j].float()
@@ -271,14 +294,26 @@ def test_tile_choice_by_row_count_changes_no_bits(act, monkeypatch: pytest.Monke
     x = randn(30, 32, seed=30, dtype=dtype)
     gate_up = randn(6, 48, 32, seed=31, dtype=dtype, scale=0.5)
     down = randn(6, 32, 24, seed=32, dtype=dtype, scale=0.3)
-    experts = torch.stack([torch.randperm(6, generator=torch.Generator().manual_seed(r))[:2]
-                           for r in range(30)])
+    experts = torch.stack(
+        [torch.randperm(6, generator=torch.Generator().manual_seed(r))[:2] for r in range(30)]
+    )
     weights = randn(30, 2, seed=33).abs()
     got = []
     for rows in (1 << 30, -1):
         monkeypatch.setattr(triton_moe, "SMALL_ROWS", rows)
-        got.append(triton_moe.moe(x, weights, experts, gate_up[:, :24], gate_up[:, 24:], down,
-                                  act=act, limit=1.0, slot_dtype=torch.float32))
+        got.append(
+            triton_moe.moe(
+                x,
+                weights,
+                experts,
+                gate_up[:, :24],
+                gate_up[:, 24:],
+                down,
+                act=act,
+                limit=1.0,
+                slot_dtype=torch.float32,
+            )
+        )
     assert torch.equal(got[0], got[1])
 
 
@@ -293,7 +328,11 @@ def test_the_kernels_keep_no_reference_to_a_models_experts():
     gate_up = randn(e, 2 * i, h, seed=41, scale=0.2)
     down = randn(e, h, i, seed=42, scale=0.2)
     alive = weakref.ref(gate_up)
-    w1, w3, w2 = list(gate_up[:, :i].unbind(0)), list(gate_up[:, i:].unbind(0)), list(down.unbind(0))
+    w1, w3, w2 = (
+        list(gate_up[:, :i].unbind(0)),
+        list(gate_up[:, i:].unbind(0)),
+        list(down.unbind(0)),
+    )
     x = randn(n, h, seed=43)
     experts = torch.tensor([[0, 1]] * 3 + [[2, 3]] * 3)
     weights = torch.full((n, 2), 0.5)

@@ -110,14 +110,18 @@ def test_mixed_rounds_give_each_row_what_it_gets_alone(triton_on_cpu) -> None:
     for a, b in zip(batch, plain):
         assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
         assert [t for t, _ in a.top_logprobs] == [t for t, _ in b.top_logprobs]
-        assert [lp for _, lp in a.top_logprobs] == pytest.approx([lp for _, lp in b.top_logprobs], abs=1e-5)
+        assert [lp for _, lp in a.top_logprobs] == pytest.approx(
+            [lp for _, lp in b.top_logprobs], abs=1e-5
+        )
 
 
 def test_the_kernel_path_takes_rows_of_any_stride(triton_on_cpu) -> None:
     """Logits whose ids are not unit-stride (a transposed view) sample as their copy does."""
     x = logits(3 * BLOCK + 1, 4, seed=9, dtype=torch.bfloat16).t()  # [4, V], stride (1, 4)
-    for params in ([SamplingParams(temperature=0)] * 4,
-                   [SamplingParams(temperature=0, repetition_penalty=1.2)] * 4):
+    for params in (
+        [SamplingParams(temperature=0)] * 4,
+        [SamplingParams(temperature=0, repetition_penalty=1.2)] * 4,
+    ):
         strided = sampling.read_rows(sampling.launch_rows(x, _rows(params)))
         copied = sampling.read_rows(sampling.launch_rows(x.contiguous(), _rows(params)))
         assert strided == copied

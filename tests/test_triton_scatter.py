@@ -20,27 +20,34 @@ from tensorfold.ops.kv_quant import FP8_DTYPE, copy_rows_many, index_copy_rows  
 
 def _buffers(seed: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(24, 3, 40, generator=g).to(torch.bfloat16),  # a [heads, D] row
-            torch.randn(24, 1100, generator=g),  # wider than a block: two column steps
-            torch.randn(24, 7, generator=g).to(torch.float16),
-            torch.randn(24, 5, generator=g).to(FP8_DTYPE),  # e4m3: index_copy_rows' byte copy
-            torch.randn(24, generator=g)]  # a scalar row
+    return [
+        torch.randn(24, 3, 40, generator=g).to(torch.bfloat16),  # a [heads, D] row
+        torch.randn(24, 1100, generator=g),  # wider than a block: two column steps
+        torch.randn(24, 7, generator=g).to(torch.float16),
+        torch.randn(24, 5, generator=g).to(FP8_DTYPE),  # e4m3: index_copy_rows' byte copy
+        torch.randn(24, generator=g),
+    ]  # a scalar row
 
 
 def test_rows_in_one_launch_equal_index_copy_a_buffer_at_a_time(monkeypatch):
     g = torch.Generator().manual_seed(1)
     index = torch.tensor([7, 0, 23, 12, 3])
     wide = torch.randn(5, 1200, generator=g)  # a column slice: strided rows
-    src = [torch.randn(5, 3, 40, generator=g).to(torch.bfloat16), wide[:, 50:1150],
-           torch.randn(5, 7, generator=g).to(torch.float16),
-           torch.randn(5, 5, generator=g).to(FP8_DTYPE), torch.randn(5, generator=g)]
+    src = [
+        torch.randn(5, 3, 40, generator=g).to(torch.bfloat16),
+        wide[:, 50:1150],
+        torch.randn(5, 7, generator=g).to(torch.float16),
+        torch.randn(5, 5, generator=g).to(FP8_DTYPE),
+        torch.randn(5, generator=g),
+    ]
     want = _buffers(2)
     for d, s in zip(want, src):
         index_copy_rows(d, index, s)
     launches = []
     real = triton_scatter.scatter_rows
-    monkeypatch.setattr(triton_scatter, "scatter_rows",
-                        lambda i, p: (launches.append(len(p)), real(i, p))[1])
+    monkeypatch.setattr(
+        triton_scatter, "scatter_rows", lambda i, p: (launches.append(len(p)), real(i, p))[1]
+    )
     monkeypatch.setattr(triton_scatter, "MAX_PAIRS", 3)  # four plain pairs: two launches
     got = _buffers(2)
     gpu.set_triton(True, on_cpu=True)
@@ -56,17 +63,24 @@ def test_rows_in_one_launch_equal_index_copy_a_buffer_at_a_time(monkeypatch):
 
 
 def test_paged_rows_write_many_takes_one_launch_for_its_plain_buffers(monkeypatch):
-    specs = [RowSpec("L0.latent", (40,), "bfloat16"), RowSpec("L0.index_k", (16,), "bfloat16"),
-             RowSpec("L0.index_gate", (16,), "float32")]
+    specs = [
+        RowSpec("L0.latent", (40,), "bfloat16"),
+        RowSpec("L0.index_k", (16,), "bfloat16"),
+        RowSpec("L0.index_gate", (16,), "float32"),
+    ]
     index = torch.tensor([5, 2, 9])
     g = torch.Generator().manual_seed(3)
-    values = [torch.randn(3, 40, generator=g).to(torch.bfloat16),
-              torch.randn(3, 16, generator=g).to(torch.bfloat16), torch.randn(3, 16, generator=g)]
+    values = [
+        torch.randn(3, 40, generator=g).to(torch.bfloat16),
+        torch.randn(3, 16, generator=g).to(torch.bfloat16),
+        torch.randn(3, 16, generator=g),
+    ]
     items = [(s.name, v) for s, v in zip(specs, values)]
     calls = []
     real = kv_quant.index_copy_rows
-    monkeypatch.setattr(kv_quant, "index_copy_rows",
-                        lambda d, i, s: (calls.append(1), real(d, i, s))[1])
+    monkeypatch.setattr(
+        kv_quant, "index_copy_rows", lambda d, i, s: (calls.append(1), real(d, i, s))[1]
+    )
     out = []
     for on in (False, True):
         paged = PagedRows(specs, num_pages=3, page_rows=4)

@@ -48,8 +48,9 @@ def _history(runs, hkv, d, dv, dtype, seed):
     """Every stream's rows [0, end) [S][end, Hkv, D*], and rings holding each stream's rows
     [max(0, start-W+1), start) with NaN in every other ring row (stale, poisoned)."""
     keys = [randn(s + n, hkv, d, seed=seed + i, dtype=dtype) for i, (_, s, n) in enumerate(runs)]
-    values = [randn(s + n, hkv, dv, seed=seed + 50 + i, dtype=dtype)
-              for i, (_, s, n) in enumerate(runs)]
+    values = [
+        randn(s + n, hkv, dv, seed=seed + 50 + i, dtype=dtype) for i, (_, s, n) in enumerate(runs)
+    ]
     ring_k = torch.full((SLOTS, W - 1, hkv, d), float("nan"), dtype=dtype)
     ring_v = torch.full((SLOTS, W - 1, hkv, dv), float("nan"), dtype=dtype)
     for (slot, start, _), k, v in zip(runs, keys, values):
@@ -70,15 +71,17 @@ def _case(runs, hq, hkv, d, dv, dtype, seed=0):
 
 
 def _ring_kernel(q, k, v, ring_k, ring_v, fp, window=W):
-    return triton_window.ring_attention(q, k, v, ring_k, ring_v, fp.positions, build_meta(fp),
-                                        scale=0.3, window=window)
+    return triton_window.ring_attention(
+        q, k, v, ring_k, ring_v, fp.positions, build_meta(fp), scale=0.3, window=window
+    )
 
 
 @pytest.mark.parametrize("dtype, tol", DTYPES)
 def test_ring_attention_matches_the_torch_rings_and_a_stream_alone(dtype, tol):
     fp, q, k, v, ring_k, ring_v, _, _ = _case(RUNS, 6, 2, 16, 16, dtype)
     want = ref_window.window_attention(
-        q, ref_window.gather_window(ring_k, ring_v, k, v, fp, W), fp, scale=0.3, window=W)
+        q, ref_window.gather_window(ring_k, ring_v, k, v, fp, W), fp, scale=0.3, window=W
+    )
     got = _ring_kernel(q, k, v, ring_k, ring_v, fp)
     assert torch.isfinite(got).all()
     assert rel(got, want) < tol
@@ -106,24 +109,32 @@ def test_ring_attention_gives_the_paged_kernels_bits_with_the_same_window(window
         for p in range(max(0, start - window + 1), start):
             ring_k[slot, p % (window - 1)], ring_v[slot, p % (window - 1)] = kk[p], vv[p]
     q = randn(fp.num_rows, 6, 16, seed=7, dtype=torch.bfloat16)
-    paged = triton_attention.paged_attention(q, flat_k, flat_v, fp.positions, build_meta(fp), 16,
-                                             scale=0.3, window=window)
-    ring = _ring_kernel(q, _new_rows(runs, keys), _new_rows(runs, values), ring_k, ring_v, fp,
-                        window)
+    paged = triton_attention.paged_attention(
+        q, flat_k, flat_v, fp.positions, build_meta(fp), 16, scale=0.3, window=window
+    )
+    ring = _ring_kernel(
+        q, _new_rows(runs, keys), _new_rows(runs, values), ring_k, ring_v, fp, window
+    )
     assert torch.isfinite(ring).all()
     assert torch.equal(ring, paged)
 
 
-@pytest.mark.parametrize("d, group, dtype, tol", [
-    (256, 2, torch.float32, 1e-5), (256, 8, torch.bfloat16, 2e-2), (512, 8, torch.bfloat16, 2e-2),
-])
+@pytest.mark.parametrize(
+    "d, group, dtype, tol",
+    [
+        (256, 2, torch.float32, 1e-5),
+        (256, 8, torch.bfloat16, 2e-2),
+        (512, 8, torch.bfloat16, 2e-2),
+    ],
+)
 def test_wide_heads_in_both_kernels(d, group, dtype, tol):
     """Head dims 256 and 512 (chunked scores, output blocks), GQA up to 8: the paged kernel and
     the ring kernel against their torch references, and a decode row alone."""
     runs = [(0, 0, 21), (1, 40, 1), (2, 30, 3)]
     fp, q, k, v, ring_k, ring_v, keys, values = _case(runs, 2 * group, 2, d, d, dtype, seed=5)
     want = ref_window.window_attention(
-        q, ref_window.gather_window(ring_k, ring_v, k, v, fp, W), fp, scale=0.3, window=W)
+        q, ref_window.gather_window(ring_k, ring_v, k, v, fp, W), fp, scale=0.3, window=W
+    )
     got = _ring_kernel(q, k, v, ring_k, ring_v, fp)
     assert rel(got, want) < tol
     flat_k = torch.full((256 * SLOTS, 2, d), float("nan"), dtype=dtype)
@@ -131,13 +142,15 @@ def test_wide_heads_in_both_kernels(d, group, dtype, tol):
     for (slot, _, _), kk, vv in zip(runs, keys, values):
         at = slice(256 * slot, 256 * slot + len(kk))  # the slot's 16 pages of 16 rows
         flat_k[at], flat_v[at] = kk, vv
-    paged = triton_attention.paged_attention(q, flat_k, flat_v, fp.positions, build_meta(fp), 16,
-                                             scale=0.3)
+    paged = triton_attention.paged_attention(
+        q, flat_k, flat_v, fp.positions, build_meta(fp), 16, scale=0.3
+    )
     assert rel(paged, ref_attention.paged_attention(q, flat_k, flat_v, fp, scale=0.3)) < tol
     alone = _pass(runs[1:2])
     a, z = fp.spans[1]
-    out = triton_attention.paged_attention(q[a:z].clone(), flat_k, flat_v, alone.positions,
-                                           build_meta(alone), 16, scale=0.3)
+    out = triton_attention.paged_attention(
+        q[a:z].clone(), flat_k, flat_v, alone.positions, build_meta(alone), 16, scale=0.3
+    )
     assert torch.equal(out, paged[a:z])
 
 
@@ -164,24 +177,45 @@ def test_ring_attention_over_fp8_rows_matches_the_torch_rings_and_a_stream_alone
     (k, ks), (v, vs) = quantize_rows(k), quantize_rows(v)
     (ring_k, rks), (ring_v, rvs) = quantize_rows(ring_k), quantize_rows(ring_v)
     scales = ref_window.RingScales(ks, vs, rks, rvs)
-    want = ref_window.ring_attention(q, k, v, ring_k, ring_v, fp, scale=0.3, window=W,
-                                     scales=scales)
+    want = ref_window.ring_attention(
+        q, k, v, ring_k, ring_v, fp, scale=0.3, window=W, scales=scales
+    )
     # the reference over the same rows dequantized up front
-    plain = ref_window.window_attention(q, ref_window.gather_window(
-        dequantize_rows(ring_k, rks), dequantize_rows(ring_v, rvs), dequantize_rows(k, ks),
-        dequantize_rows(v, vs), fp, W), fp, scale=0.3, window=W)
+    plain = ref_window.window_attention(
+        q,
+        ref_window.gather_window(
+            dequantize_rows(ring_k, rks),
+            dequantize_rows(ring_v, rvs),
+            dequantize_rows(k, ks),
+            dequantize_rows(v, vs),
+            fp,
+            W,
+        ),
+        fp,
+        scale=0.3,
+        window=W,
+    )
     assert torch.equal(want, plain)
-    got = triton_window.ring_attention(q, k, v, ring_k, ring_v, fp.positions, build_meta(fp),
-                                       scale=0.3, window=W, scales=scales)
+    got = triton_window.ring_attention(
+        q, k, v, ring_k, ring_v, fp.positions, build_meta(fp), scale=0.3, window=W, scales=scales
+    )
     assert torch.isfinite(got).all()
     assert rel(got, want) < tol
     for i, run in enumerate(RUNS):
         alone = _pass([run])
         a, z = fp.spans[i]
         out = triton_window.ring_attention(
-            q[a:z].clone(), k[a:z].clone(), v[a:z].clone(), ring_k, ring_v, alone.positions,
-            build_meta(alone), scale=0.3, window=W,
-            scales=ref_window.RingScales(ks[a:z].clone(), vs[a:z].clone(), rks, rvs))
+            q[a:z].clone(),
+            k[a:z].clone(),
+            v[a:z].clone(),
+            ring_k,
+            ring_v,
+            alone.positions,
+            build_meta(alone),
+            scale=0.3,
+            window=W,
+            scales=ref_window.RingScales(ks[a:z].clone(), vs[a:z].clone(), rks, rvs),
+        )
         assert torch.equal(out, got[a:z]), f"stream {i}"
 
 
@@ -240,8 +274,9 @@ def _rounds(runner, prompts, decode_rounds, cut=None):
     return logits
 
 
-def test_gemma4_through_the_kernels_matches_the_torch_path(demo_model, monkeypatch,
-                                                           attention_kernels_on_cpu):
+def test_gemma4_through_the_kernels_matches_the_torch_path(
+    demo_model, monkeypatch, attention_kernels_on_cpu
+):
     """Prompts past the 128-row window, cut mid-window, then decode rounds: the sliding layers on
     the ring kernels (the KV-sharing layers reading their store layer's rings before it moves
     on) against the torch path; then the graph runner's decode rounds (its static pass's streams
@@ -252,8 +287,9 @@ def test_gemma4_through_the_kernels_matches_the_torch_path(demo_model, monkeypat
     from tensorfold.runner import ModelRunner
 
     gen = torch.Generator().manual_seed(4)
-    prompts = [torch.randint(3, demo_model.vocab_size, (n,), generator=gen).tolist()
-               for n in (135, 20)]
+    prompts = [
+        torch.randint(3, demo_model.vocab_size, (n,), generator=gen).tolist() for n in (135, 20)
+    ]
     plain = _rounds(ModelRunner(demo_model, num_pages=4, num_slots=2), prompts, 2, cut=10)
     runner = GraphRunner(demo_model, num_pages=4, num_slots=2, max_pages=1)
     graphed = _rounds(runner, prompts, 2, cut=10)
@@ -274,17 +310,21 @@ def test_k_v_rings_and_their_scales_advance_in_one_launch_as_the_torch_advance(m
 
     runs = RUNS + [(5, 200, 3)]
     fp = _pass(runs)
-    (k, ks), (v, vs) = quantize_rows(randn(fp.num_rows, 2, 16, seed=13)), quantize_rows(
-        randn(fp.num_rows, 3, 8, seed=14))
+    (k, ks), (v, vs) = (
+        quantize_rows(randn(fp.num_rows, 2, 16, seed=13)),
+        quantize_rows(randn(fp.num_rows, 3, 8, seed=14)),
+    )
     news = [k, v, ks, vs]
     rings = [torch.full((SLOTS + 1, W - 1, *t.shape[1:]), float("nan")).to(t.dtype) for t in news]
     want = [r.clone() for r in rings]
     ref_window.advance_many(want, news, fp)
     launches = []
     real = triton_window._advance_kernel
-    monkeypatch.setattr(triton_window, "_advance_kernel",
-                        type("K", (), {"__getitem__": lambda self, g: (launches.append(g),
-                                                                       real[g])[1]})())
+    monkeypatch.setattr(
+        triton_window,
+        "_advance_kernel",
+        type("K", (), {"__getitem__": lambda self, g: (launches.append(g), real[g])[1]})(),
+    )
     gpu.set_triton(True, on_cpu=True)
     try:
         ref_window.advance_many(rings, news, fp)

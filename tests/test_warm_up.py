@@ -19,8 +19,10 @@ from tensorfold.ops import triton_key_split as key_split  # noqa: E402
 from tensorfold.ops.pass_meta import QUERY_ROWS  # noqa: E402
 from tensorfold.sampling import SamplingParams  # noqa: E402
 
-PARAMS = {"greedy": SamplingParams(temperature=0, max_tokens=12),
-          "sampled": SamplingParams(temperature=0.9, seed=3, max_tokens=12)}
+PARAMS = {
+    "greedy": SamplingParams(temperature=0, max_tokens=12),
+    "sampled": SamplingParams(temperature=0.9, seed=3, max_tokens=12),
+}
 PROMPTS = ["Once upon a time", "The little engine that could", "Hello"]
 
 
@@ -29,8 +31,15 @@ def test_a_warmed_engine_answers_as_a_cold_one_and_keeps_nothing(family: str, tm
     replies = {}
     for warm in (False, True):
         # a store that can keep what the warm-up's prompts leave at their marks
-        llm = testing.open_llm(family, None, demo_cache=tmp_path, warm_up=warm, parallel=2,
-                               kv_share=8, prompt_cache_gib=0.05)
+        llm = testing.open_llm(
+            family,
+            None,
+            demo_cache=tmp_path,
+            warm_up=warm,
+            parallel=2,
+            kv_share=8,
+            prompt_cache_gib=0.05,
+        )
         try:
             lanes = llm.served.engine.lanes
             assert lanes.tokens_out == lanes.passes == lanes.rows_computed == 0
@@ -39,8 +48,9 @@ def test_a_warmed_engine_answers_as_a_cold_one_and_keeps_nothing(family: str, tm
             assert not list(sharing.store.kept())
             assert sharing.evictions == sharing.host_hits == 0
             assert lanes.pool.census().idle_even and lanes.uneven == 0
-            replies[warm] = {name: [c.token_ids for c in llm.generate(PROMPTS, p)]
-                             for name, p in PARAMS.items()}
+            replies[warm] = {
+                name: [c.token_ids for c in llm.generate(PROMPTS, p)] for name, p in PARAMS.items()
+            }
         finally:
             testing.close_even(llm)
     assert replies[True] == replies[False]
@@ -62,8 +72,9 @@ def test_the_warm_up_is_on_for_cuda_only_unless_asked(tmp_path: Path, monkeypatc
 # (query heads, KV heads, head dim): LFM2's attention, gemma4's global and sliding layers
 @pytest.mark.parametrize("hq, hkv, d", [(32, 8, 64), (16, 2, 512), (16, 8, 256)])
 @pytest.mark.parametrize("fp8", [False, True])
-def test_the_lone_warm_up_prompt_shares_its_attention_keys(hq: int, hkv: int, d: int,
-                                                           fp8: bool) -> None:
+def test_the_lone_warm_up_prompt_shares_its_attention_keys(
+    hq: int, hkv: int, d: int, fp8: bool
+) -> None:
     """The warm-up's short prompt alone is a pass whose attention programs share its keys'
     segments (the split kernel and its combine), as a chat's next turn after a long kept prefix
     does: so that kernel is compiled before the server listens, in bf16 and fp8 rows."""

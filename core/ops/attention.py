@@ -44,8 +44,16 @@ def paged_attention(
         from .triton_attention import paged_attention as triton_attention
 
         return triton_attention(
-            q, k_rows, v_rows, fp.positions, pass_meta(fp), fp.page_rows, scale=scale,
-            window=window, k_scales=k_scales, v_scales=v_scales,
+            q,
+            k_rows,
+            v_rows,
+            fp.positions,
+            pass_meta(fp),
+            fp.page_rows,
+            scale=scale,
+            window=window,
+            k_scales=k_scales,
+            v_scales=v_scales,
         )
     out = q.new_empty(q.shape[0], q.shape[1], v_rows.shape[-1])
     for i, (a, b) in enumerate(fp.spans):
@@ -56,8 +64,9 @@ def paged_attention(
         if k_scales is not None:
             assert v_scales is not None  # both scales or neither
             scales = k_scales.index_select(0, idx)[..., 0], v_scales.index_select(0, idx)[..., 0]
-        out[a:b] = _stream_attention(q[a:b].float(), keys, values, fp.positions[a:b], scale,
-                                     window, scales)
+        out[a:b] = _stream_attention(
+            q[a:b].float(), keys, values, fp.positions[a:b], scale, window, scales
+        )
     return out
 
 

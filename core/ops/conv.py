@@ -87,7 +87,13 @@ def gated_conv(
         from .pass_meta import pass_meta
         from .triton_conv import gated_conv as triton_gated_conv
 
-        return triton_gated_conv(bcx, state, pass_meta(fp), weight, bias,
-                                 one_row_each=all(hi - lo == 1 for lo, hi in fp.spans))
+        return triton_gated_conv(
+            bcx,
+            state,
+            pass_meta(fp),
+            weight,
+            bias,
+            one_row_each=all(hi - lo == 1 for lo, hi in fp.spans),
+        )
     assert z is not None  # made on the CPU path
     return c * z

@@ -84,9 +84,13 @@ def quantize(*values: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if values and use_triton(values[0]):
         from .triton_kv_quant import quantize_scatter
 
-        out = [(torch.empty(v.shape, dtype=FP8_DTYPE, device=v.device),
-                torch.empty(*v.shape[:-1], 1, dtype=torch.float32, device=v.device))
-               for v in values]
+        out = [
+            (
+                torch.empty(v.shape, dtype=FP8_DTYPE, device=v.device),
+                torch.empty(*v.shape[:-1], 1, dtype=torch.float32, device=v.device),
+            )
+            for v in values
+        ]
         for i in range(0, len(values), 2):
             quantize_scatter(None, [(v, *o) for v, o in zip(values[i : i + 2], out[i : i + 2])])
         return out

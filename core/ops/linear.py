@@ -17,7 +17,9 @@ ROW_BLOCK = 16
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """x [..., K] @ weight[N, K]ᵀ (+ bias) -> [..., N], each row independent of the others; in
@@ -53,13 +55,19 @@ def linear_groups(x: torch.Tensor, weight: torch.Tensor, groups: int) -> torch.T
     m, gk = x.shape
     n, k = weight.shape
     if gk != groups * k or n % groups:
-        raise ValueError(f"linear_groups: x {tuple(x.shape)} and weight {tuple(weight.shape)} do "
-                         f"not make {groups} groups (x [M, {groups}·K], weight [{groups}·n, K])")
+        raise ValueError(
+            f"linear_groups: x {tuple(x.shape)} and weight {tuple(weight.shape)} do "
+            f"not make {groups} groups (x [M, {groups}·K], weight [{groups}·n, K])"
+        )
     if use_triton(x) and x.dtype == weight.dtype:
         from . import triton_linear
 
         if triton_linear.groups_fit(n, k, groups):
             return triton_linear.linear_groups(x, weight, groups)
     step = n // groups
-    return torch.stack([linear(x[:, g * k : (g + 1) * k], weight[g * step : (g + 1) * step])
-                        for g in range(groups)])
+    return torch.stack(
+        [
+            linear(x[:, g * k : (g + 1) * k], weight[g * step : (g + 1) * step])
+            for g in range(groups)
+        ]
+    )

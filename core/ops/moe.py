@@ -85,8 +85,13 @@ def glu(h1: torch.Tensor, h3: torch.Tensor, act: str, limit: float) -> torch.Ten
 
 
 def gated_ffn(
-    x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, *,
-    act: str = "silu", limit: float = 0.0,
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w3: torch.Tensor,
+    w2: torch.Tensor,
+    *,
+    act: str = "silu",
+    limit: float = 0.0,
 ) -> torch.Tensor:
     """w2(act(w1 x) · w3 x). x [n, H]; w1, w3 [I, H]; w2 [H, I] -> [n, H]."""
     if use_triton(x):
@@ -150,13 +155,25 @@ def norm_route(
     if use_triton(y):
         from . import triton_route
 
-        return triton_route.norm_route(y, residual, norm_weight, eps, gate, expert_bias, top_k,
-                                       norm_topk_prob=norm_topk_prob, scaling=scaling)
+        return triton_route.norm_route(
+            y,
+            residual,
+            norm_weight,
+            eps,
+            gate,
+            expert_bias,
+            top_k,
+            norm_topk_prob=norm_topk_prob,
+            scaling=scaling,
+        )
     from .norms import add_rms_norm
 
     x, h = add_rms_norm(y, residual, norm_weight, eps)
-    return (x, h, *route(x, gate, expert_bias, top_k, norm_topk_prob=norm_topk_prob,
-                         scaling=scaling))
+    return (
+        x,
+        h,
+        *route(x, gate, expert_bias, top_k, norm_topk_prob=norm_topk_prob, scaling=scaling),
+    )
 
 
 def moe(
@@ -182,10 +199,20 @@ def moe(
         from . import triton_moe
 
         if not sum_slots and not fp32_slots:
-            return SlotSum(triton_moe.moe(x, weights, experts, w1, w3, w2, act=act, limit=limit,
-                                          sum_slots=False))
+            return SlotSum(
+                triton_moe.moe(
+                    x, weights, experts, w1, w3, w2, act=act, limit=limit, sum_slots=False
+                )
+            )
         return triton_moe.moe(
-            x, weights, experts, w1, w3, w2, act=act, limit=limit,
+            x,
+            weights,
+            experts,
+            w1,
+            w3,
+            w2,
+            act=act,
+            limit=limit,
             slot_dtype=torch.float32 if fp32_slots else None,
         )
     n, k = experts.shape

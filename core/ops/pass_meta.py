@@ -50,9 +50,15 @@ def build_meta(fp: ForwardPass) -> PassMeta:
         row_stream.extend([i] * (b - a))
         blocks.extend((i, r, min(QUERY_ROWS, b - r)) for r in range(a, b, QUERY_ROWS))
     table = [p for st in streams for p in [*st.pages, *[0] * (max_pages - len(st.pages))]]
-    sections = [row_stream, [a for a, _ in spans], [b - a for a, b in spans],
-                [st.start for st in streams], [st.slot for st in streams],
-                *([blk[kind] for blk in blocks] for kind in range(3)), table]
+    sections = [
+        row_stream,
+        [a for a, _ in spans],
+        [b - a for a, b in spans],
+        [st.start for st in streams],
+        [st.slot for st in streams],
+        *([blk[kind] for blk in blocks] for kind in range(3)),
+        table,
+    ]
     # Each section starts at a multiple of 16 bytes: Triton specialises a pointer on 16-byte
     # alignment, so views at the sections' raw offsets (which follow the pass's row, stream and
     # block counts) made a pass of a new shape compile its kernels again (~1 s, mid-serving)
@@ -67,6 +73,16 @@ def build_meta(fp: ForwardPass) -> PassMeta:
     n, nb = fp.num_rows, len(blocks)
     parts = torch.split(dev, sizes)[::2]
     return PassMeta(
-        n, s, nb, parts[0], parts[1], parts[2], parts[3], parts[4],
-        parts[8].view(s, max_pages), parts[5], parts[6], parts[7],
+        n,
+        s,
+        nb,
+        parts[0],
+        parts[1],
+        parts[2],
+        parts[3],
+        parts[4],
+        parts[8].view(s, max_pages),
+        parts[5],
+        parts[6],
+        parts[7],
     )

@@ -49,15 +49,24 @@ NORM_ROPE_FUSED = True  # norm_rope in one launch on the GPU (False: the norm's 
 
 
 def norm_rope(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, *,
-    fp32_weight: bool = False, norm: "Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None" = None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    fp32_weight: bool = False,
+    norm: "Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None" = None,
 ) -> torch.Tensor:
     """apply_rope(norm(x, weight, eps), cos, sin): each head of x [N, H, D] RMS-normalised, then
     rotated; weight [D]; cos, sin [N, D]. norm: the family's RMSNorm (default ops.norms.rms_norm:
     w · round(x̂)); fp32_weight says which the GPU's one launch computes: x̂·w in fp32 rounded
     once (Gemma4RMSNorm, an fp32 weight), or w · round(x̂). x̂ = x·rsqrt(mean(x²) + eps) in fp32."""
-    if use_triton(x) and x.dtype == cos.dtype and NORM_ROPE_FUSED and (
-        not fp32_weight or weight.dtype == torch.float32
+    if (
+        use_triton(x)
+        and x.dtype == cos.dtype
+        and NORM_ROPE_FUSED
+        and (not fp32_weight or weight.dtype == torch.float32)
     ):
         from .triton_rope import norm_rope as triton_norm_rope
 
@@ -73,8 +82,16 @@ QKV_HEADS_FUSED = True  # qkv_heads in one launch on the GPU (with NORM_ROPE_FUS
 
 
 def qkv_heads(
-    heads: torch.Tensor, q_heads: int, kv_heads: int, v_first: int, q_norm: torch.Tensor,
-    k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, *,
+    heads: torch.Tensor,
+    q_heads: int,
+    kv_heads: int,
+    v_first: int,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
     norm: "Callable[[torch.Tensor, torch.Tensor | None, float], torch.Tensor]",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """An attention layer's q, k and v heads from one product's heads [N, *, D], each head
@@ -82,23 +99,36 @@ def qkv_heads(
     q = norm_rope(heads[:, :q_heads], q_norm), k = norm_rope(the next kv_heads, k_norm), and
     v = norm(the kv_heads from v_first, None) (v_first = q_heads: V from the raw k heads).
     One launch on the GPU (gemma4's q/k/v norms; three launches before)."""
-    if (use_triton(heads) and heads.dtype == cos.dtype and NORM_ROPE_FUSED and QKV_HEADS_FUSED
-            and q_norm.dtype == k_norm.dtype == torch.float32):
+    if (
+        use_triton(heads)
+        and heads.dtype == cos.dtype
+        and NORM_ROPE_FUSED
+        and QKV_HEADS_FUSED
+        and q_norm.dtype == k_norm.dtype == torch.float32
+    ):
         from .triton_rope import qkv_heads as triton_qkv_heads
 
         return triton_qkv_heads(heads, q_heads, kv_heads, v_first, q_norm, k_norm, eps, cos, sin)
-    k = heads[:, q_heads:q_heads + kv_heads]
-    return (norm_rope(heads[:, :q_heads], q_norm, eps, cos, sin, fp32_weight=True, norm=norm),
-            norm_rope(k, k_norm, eps, cos, sin, fp32_weight=True, norm=norm),
-            norm(heads[:, v_first:v_first + kv_heads], None, eps))
+    k = heads[:, q_heads : q_heads + kv_heads]
+    return (
+        norm_rope(heads[:, :q_heads], q_norm, eps, cos, sin, fp32_weight=True, norm=norm),
+        norm_rope(k, k_norm, eps, cos, sin, fp32_weight=True, norm=norm),
+        norm(heads[:, v_first : v_first + kv_heads], None, eps),
+    )
 
 
 QKV_WRITE_FUSED = True  # qkv_norm_rope_write in one launch on the GPU (with NORM_ROPE_FUSED)
 
 
 def qkv_norm_rope_write(
-    qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
-    cos: torch.Tensor, sin: torch.Tensor, k_dst: torch.Tensor, v_dst: torch.Tensor,
+    qkv: torch.Tensor,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_dst: torch.Tensor,
+    v_dst: torch.Tensor,
     index: torch.Tensor,
 ) -> torch.Tensor:
     """An attention layer's q heads for attention and its new K/V rows stored: qkv [N, Hq +

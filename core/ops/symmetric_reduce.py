@@ -84,8 +84,15 @@ class OneShot:
 class SymmetricReduce(OneShot):
     """OneShot over torch's symmetric memory (CUDA backend; no multicast)."""
 
-    def __init__(self, handle: Any, buffer: torch.Tensor, rank: int, world: int,
-                 slot_bytes: int, timeout_ms: int):
+    def __init__(
+        self,
+        handle: Any,
+        buffer: torch.Tensor,
+        rank: int,
+        world: int,
+        slot_bytes: int,
+        timeout_ms: int,
+    ):
         super().__init__(rank, world, slot_bytes)
         self.handle = handle
         self.buffer = buffer  # [SLOTS * slot_bytes] uint8: this rank's; keeps the memory alive
@@ -95,11 +102,13 @@ class SymmetricReduce(OneShot):
         offset = buffer.data_ptr() - int(handle.buffer_ptrs[rank])
         if offset < 0:
             raise RuntimeError("the symmetric buffer lies before its allocation's start")
-        peers = [handle.get_buffer(r, (SLOTS * slot_bytes,), torch.uint8, offset)
-                 for r in range(world)]
+        peers = [
+            handle.get_buffer(r, (SLOTS * slot_bytes,), torch.uint8, offset) for r in range(world)
+        ]
         if peers[rank].data_ptr() != buffer.data_ptr():
-            raise RuntimeError("the symmetric memory handle's view of this rank's buffer is not "
-                               "the buffer")
+            raise RuntimeError(
+                "the symmetric memory handle's view of this rank's buffer is not the buffer"
+            )
         self.peers = peers
         self._views: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
 
@@ -133,8 +142,14 @@ def multicast_on(handle: Any) -> bool:
     return isinstance(ptr, int) and ptr != 0
 
 
-def open_symmetric(group: Any, rank: int, world: int, device: torch.device, timeout_s: float,
-                   slot_bytes: int = SLOT_BYTES) -> SymmetricReduce:
+def open_symmetric(
+    group: Any,
+    rank: int,
+    world: int,
+    device: torch.device,
+    timeout_s: float,
+    slot_bytes: int = SLOT_BYTES,
+) -> SymmetricReduce:
     """Allocate and exchange the buffers (a collective: every rank of `group` calls it), then
     check them with one sum. Raises when this torch or machine cannot (the caller falls back)."""
     import torch.distributed._symmetric_memory as symm_mem
@@ -161,10 +176,13 @@ def open_symmetric(group: Any, rank: int, world: int, device: torch.device, time
         raise RuntimeError("symmetric memory rendezvous returned nothing")
     if multicast_on(handle):
         # torch's barrier then signals through NVLink multicast: say so where it must stay off
-        _log.warning("symmetric memory has NVLink multicast on; TORCH_SYMM_MEM_DISABLE_MULTICAST=1 "
-                     "turns it off where it must stay off")
-    reduce = SymmetricReduce(handle, buffer, rank, world, slot_bytes,
-                             timeout_ms=max(1, int(timeout_s * 1000)))
+        _log.warning(
+            "symmetric memory has NVLink multicast on; TORCH_SYMM_MEM_DISABLE_MULTICAST=1 "
+            "turns it off where it must stay off"
+        )
+    reduce = SymmetricReduce(
+        handle, buffer, rank, world, slot_bytes, timeout_ms=max(1, int(timeout_s * 1000))
+    )
     reduce.begin_pass()
     probe = torch.full((16,), float(rank + 1), device=device)
     got = reduce.sum(probe, torch.float32)

@@ -31,8 +31,20 @@ def _layout(counts, BM: tl.constexpr):
 
 
 @triton.jit
-def _pad_and_map(sorted_ptr, block_ptr, counts, padded, ends, starts, total, P, E, max_blocks,
-                 BM: tl.constexpr, BB: tl.constexpr):
+def _pad_and_map(
+    sorted_ptr,
+    block_ptr,
+    counts,
+    padded,
+    ends,
+    starts,
+    total,
+    P,
+    E,
+    max_blocks,
+    BM: tl.constexpr,
+    BB: tl.constexpr,
+):
     """Each run's padding (pair P) and every block's expert (E past the last run)."""
     j = tl.arange(0, BM)
     pad_at = (starts + counts)[:, None] + j[None, :]
@@ -46,8 +58,18 @@ def _pad_and_map(sorted_ptr, block_ptr, counts, padded, ends, starts, total, P, 
 
 
 @triton.jit
-def _align_pairwise(ids, p, sorted_ptr, block_ptr, P, E, max_blocks, BM: tl.constexpr,
-                    EB: tl.constexpr, BB: tl.constexpr):
+def _align_pairwise(
+    ids,
+    p,
+    sorted_ptr,
+    block_ptr,
+    P,
+    E,
+    max_blocks,
+    BM: tl.constexpr,
+    EB: tl.constexpr,
+    BB: tl.constexpr,
+):
     """align_pairs by comparing the pairs with each other ([PB, PB] tiles), not with every
     expert: each expert's run found from its first pair. The same writes as the one-hot."""
     ok = ids < EB
@@ -67,16 +89,30 @@ def _align_pairwise(ids, p, sorted_ptr, block_ptr, P, E, max_blocks, BM: tl.cons
     for b0 in range(0, max_blocks, BB):
         b = b0 + tl.arange(0, BB)
         row = b * BM
-        inside = (first[None, :] & (start[None, :] <= row[:, None])
-                  & (row[:, None] < (start + padded)[None, :]))  # [BB, PB]
+        inside = (
+            first[None, :]
+            & (start[None, :] <= row[:, None])
+            & (row[:, None] < (start + padded)[None, :])
+        )  # [BB, PB]
         owner = tl.sum(tl.where(inside, ids[None, :], 0), axis=1)
         owner = tl.where(row < total, owner, E)
         tl.store(block_ptr + b, owner, mask=b < max_blocks)
 
 
 @triton.jit
-def align_pairs(ids, p, sorted_ptr, block_ptr, P, E, max_blocks, BM: tl.constexpr,
-                EB: tl.constexpr, BB: tl.constexpr, PAIRWISE: tl.constexpr = False):
+def align_pairs(
+    ids,
+    p,
+    sorted_ptr,
+    block_ptr,
+    P,
+    E,
+    max_blocks,
+    BM: tl.constexpr,
+    EB: tl.constexpr,
+    BB: tl.constexpr,
+    PAIRWISE: tl.constexpr = False,
+):
     """All of a pass's pairs at once, from a program that holds them (the router's, in a
     decode round): ids [PB] their experts (EB where no pair), p [PB] their indices, ascending
     where ids < EB. Writes what _align_kernel writes (PAIRWISE: _align_pairwise's way)."""
@@ -90,14 +126,23 @@ def align_pairs(ids, p, sorted_ptr, block_ptr, P, E, max_blocks, BM: tl.constexp
         rank = tl.cumsum(hot, axis=0) - hot
         dest = tl.sum(hot * starts[None, :] + hot * rank, axis=1)
         tl.store(sorted_ptr + dest, p, mask=ids < EB)
-        _pad_and_map(sorted_ptr, block_ptr, counts, padded, ends, starts, total, P, E,
-                     max_blocks, BM, BB)
+        _pad_and_map(
+            sorted_ptr, block_ptr, counts, padded, ends, starts, total, P, E, max_blocks, BM, BB
+        )
 
 
 @triton.jit(do_not_specialize=["P", "max_blocks"])  # one binary for any row count
 def _align_kernel(
-    expert_ptr, sorted_ptr, block_ptr, P, E, max_blocks,
-    BM: tl.constexpr, EB: tl.constexpr, CHUNK: tl.constexpr, BB: tl.constexpr,
+    expert_ptr,
+    sorted_ptr,
+    block_ptr,
+    P,
+    E,
+    max_blocks,
+    BM: tl.constexpr,
+    EB: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BB: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
@@ -117,12 +162,15 @@ def _align_kernel(
         dest = tl.sum(hot * (starts + run)[None, :] + hot * rank, axis=1)
         tl.store(sorted_ptr + dest, p, mask=p < P)
         run += tl.sum(hot, axis=0)
-    _pad_and_map(sorted_ptr, block_ptr, counts, padded, ends, starts, total, P, E, max_blocks,
-                 BM, BB)
+    _pad_and_map(
+        sorted_ptr, block_ptr, counts, padded, ends, starts, total, P, E, max_blocks, BM, BB
+    )
 
 
 @triton.jit
-def _chunk_hist_kernel(expert_ptr, hist_ptr, P, EB: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+def _chunk_hist_kernel(
+    expert_ptr, hist_ptr, P, EB: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False
+):
     after_prior(PDL)
     c = tl.program_id(0)
     ex = tl.arange(0, EB)
@@ -133,8 +181,19 @@ def _chunk_hist_kernel(expert_ptr, hist_ptr, P, EB: tl.constexpr, CHUNK: tl.cons
 
 @triton.jit
 def _chunk_scatter_kernel(
-    expert_ptr, hist_ptr, sorted_ptr, block_ptr, P, E, n_chunks, max_blocks,
-    BM: tl.constexpr, EB: tl.constexpr, CHUNK: tl.constexpr, CB: tl.constexpr, BB: tl.constexpr,
+    expert_ptr,
+    hist_ptr,
+    sorted_ptr,
+    block_ptr,
+    P,
+    E,
+    n_chunks,
+    max_blocks,
+    BM: tl.constexpr,
+    EB: tl.constexpr,
+    CHUNK: tl.constexpr,
+    CB: tl.constexpr,
+    BB: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     """Chunk c's pairs to their sorted places, from every chunk's histogram; chunk 0 also
@@ -146,8 +205,9 @@ def _chunk_scatter_kernel(
     before = tl.zeros((EB,), dtype=tl.int32)
     for c0 in range(0, n_chunks, CB):
         rows = c0 + tl.arange(0, CB)
-        h = tl.load(hist_ptr + rows[:, None] * EB + ex[None, :], mask=rows[:, None] < n_chunks,
-                    other=0)
+        h = tl.load(
+            hist_ptr + rows[:, None] * EB + ex[None, :], mask=rows[:, None] < n_chunks, other=0
+        )
         counts += tl.sum(h, axis=0)
         before += tl.sum(tl.where(rows[:, None] < c, h, 0), axis=0)
     padded, ends, starts, total = _layout(counts, BM)
@@ -158,8 +218,9 @@ def _chunk_scatter_kernel(
     dest = tl.sum(hot * (starts + before)[None, :] + hot * rank, axis=1)
     tl.store(sorted_ptr + dest, p, mask=p < P)
     if c == 0:
-        _pad_and_map(sorted_ptr, block_ptr, counts, padded, ends, starts, total, P, E,
-                     max_blocks, BM, BB)
+        _pad_and_map(
+            sorted_ptr, block_ptr, counts, padded, ends, starts, total, P, E, max_blocks, BM, BB
+        )
 
 
 @dataclass
@@ -192,15 +253,40 @@ def align(experts: torch.Tensor, num_experts: int, block_m: int) -> Aligned:
     chunk = max(16, min(ALIGN_CHUNK, 16384 // eb))  # a [chunk, EB] one-hot stays small
     if p <= ALIGN_CHUNK:  # one program (decode rounds)
         _align_kernel[(1,)](
-            flat, sorted_pairs, block_expert, p, num_experts, max_blocks,
-            BM=block_m, EB=eb, CHUNK=chunk, BB=64, num_warps=8, **launch_options(flat),
+            flat,
+            sorted_pairs,
+            block_expert,
+            p,
+            num_experts,
+            max_blocks,
+            BM=block_m,
+            EB=eb,
+            CHUNK=chunk,
+            BB=64,
+            num_warps=8,
+            **launch_options(flat),
         )
     else:  # a program a chunk: histograms, then each chunk's scatter
         chunks = cdiv(p, chunk)
         hist = torch.empty(chunks, eb, dtype=torch.int32, device=flat.device)
-        _chunk_hist_kernel[(chunks,)](flat, hist, p, EB=eb, CHUNK=chunk, num_warps=4, **launch_options(flat))
+        _chunk_hist_kernel[(chunks,)](
+            flat, hist, p, EB=eb, CHUNK=chunk, num_warps=4, **launch_options(flat)
+        )
         _chunk_scatter_kernel[(chunks,)](
-            flat, hist, sorted_pairs, block_expert, p, num_experts, chunks, max_blocks,
-            BM=block_m, EB=eb, CHUNK=chunk, CB=16, BB=64, num_warps=8, **launch_options(flat),
+            flat,
+            hist,
+            sorted_pairs,
+            block_expert,
+            p,
+            num_experts,
+            chunks,
+            max_blocks,
+            BM=block_m,
+            EB=eb,
+            CHUNK=chunk,
+            CB=16,
+            BB=64,
+            num_warps=8,
+            **launch_options(flat),
         )
     return Aligned(sorted_pairs, block_expert, max_blocks, flat, block_m, num_experts)

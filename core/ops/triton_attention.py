@@ -63,8 +63,17 @@ def warps(d: int, dv: int) -> int:
 
 
 @triton.jit
-def row_tile(pos_ptr, block_row0, block_len, pid, kvh,
-             G: tl.constexpr, GP: tl.constexpr, QB: tl.constexpr, NSUB: tl.constexpr):
+def row_tile(
+    pos_ptr,
+    block_row0,
+    block_len,
+    pid,
+    kvh,
+    G: tl.constexpr,
+    GP: tl.constexpr,
+    QB: tl.constexpr,
+    NSUB: tl.constexpr,
+):
     """The [QB*GP] row tile of program `pid` (query block pid // NSUB, part pid % NSUB):
     its pass rows, query heads, validity, positions, and the positions of its first and last
     rows (hi = last + 1; 0 when the part is empty, so no key tile is visited)."""
@@ -93,9 +102,29 @@ def scaled_q(q, SCALED: tl.constexpr, IEEE: tl.constexpr):
 
 @triton.jit
 def attend_tile(
-    q_ptr, q_off, q0, valid, k_row, v_row, ks_row, vs_row, kmask, visible, m_i, l_i, acc, scale,
-    M: tl.constexpr, KT: tl.constexpr, D: tl.constexpr, DC: tl.constexpr, BDV: tl.constexpr,
-    dv0, SCALED: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
+    q_ptr,
+    q_off,
+    q0,
+    valid,
+    k_row,
+    v_row,
+    ks_row,
+    vs_row,
+    kmask,
+    visible,
+    m_i,
+    l_i,
+    acc,
+    scale,
+    M: tl.constexpr,
+    KT: tl.constexpr,
+    D: tl.constexpr,
+    DC: tl.constexpr,
+    BDV: tl.constexpr,
+    dv0,
+    SCALED: tl.constexpr,
+    IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     """One key tile's online-softmax step. q_off [M]: query row offsets (q0 [M, DC]: their first
     head-dim chunk, held); k_row, v_row [KT]: pointers to the tile's key/value rows (at the KV
@@ -133,15 +162,56 @@ def attend_tile(
 
 @triton.jit(do_not_specialize=["stride_ts", "stride_tp", "window", "parts", "nseg"])  # any width
 def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, pos_ptr, block_stream, block_row0, block_len,
-    stream_start, stream_len, table_ptr, stride_ts, stride_tp, page_rows, scale, window,
-    stride_qn, stride_qh, stride_kr, stride_kh, stride_vr, stride_vh, stride_ksr, stride_ksh,
-    stride_vsr, stride_vsh, stride_on, stride_oh,
-    G: tl.constexpr, GP: tl.constexpr, QB: tl.constexpr, NSUB: tl.constexpr, D: tl.constexpr,
-    DC: tl.constexpr, BDV: tl.constexpr, KT: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, SCALED: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
-    ws_ptr=None, ml_ptr=None, parts=1, HQ: tl.constexpr = 1, nseg=1,
-    DVB: tl.constexpr = 1, SEG: tl.constexpr = 256, SPLIT: tl.constexpr = False,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    o_ptr,
+    pos_ptr,
+    block_stream,
+    block_row0,
+    block_len,
+    stream_start,
+    stream_len,
+    table_ptr,
+    stride_ts,
+    stride_tp,
+    page_rows,
+    scale,
+    window,
+    stride_qn,
+    stride_qh,
+    stride_kr,
+    stride_kh,
+    stride_vr,
+    stride_vh,
+    stride_ksr,
+    stride_ksh,
+    stride_vsr,
+    stride_vsh,
+    stride_on,
+    stride_oh,
+    G: tl.constexpr,
+    GP: tl.constexpr,
+    QB: tl.constexpr,
+    NSUB: tl.constexpr,
+    D: tl.constexpr,
+    DC: tl.constexpr,
+    BDV: tl.constexpr,
+    KT: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    SCALED: tl.constexpr,
+    IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
+    ws_ptr=None,
+    ml_ptr=None,
+    parts=1,
+    HQ: tl.constexpr = 1,
+    nseg=1,
+    DVB: tl.constexpr = 1,
+    SEG: tl.constexpr = 256,
+    SPLIT: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
@@ -149,12 +219,16 @@ def _attention_kernel(
     dv0 = (tl.program_id(2) % DVB) * BDV
     part = tl.program_id(2) // DVB
     blk, qrow, head, valid, qpos, first, hi = row_tile(
-        pos_ptr, block_row0, block_len, tl.program_id(0), kvh, G, GP, QB, NSUB)
+        pos_ptr, block_row0, block_len, tl.program_id(0), kvh, G, GP, QB, NSUB
+    )
     s = tl.load(block_stream + blk)
     end = tl.load(stream_start + s) + tl.load(stream_len + s)  # keys [0, end) are written
     q_off = qrow * stride_qn + head * stride_qh
-    q0 = scaled_q(tl.load(q_ptr + q_off[:, None] + tl.arange(0, DC)[None, :],
-                          mask=valid[:, None], other=0.0), SCALED, IEEE)
+    q0 = scaled_q(
+        tl.load(q_ptr + q_off[:, None] + tl.arange(0, DC)[None, :], mask=valid[:, None], other=0.0),
+        SCALED,
+        IEEE,
+    )
     lo = 0
     if HAS_WINDOW:
         lo = (tl.maximum(first - window + 1, 0) // KT) * KT
@@ -166,24 +240,61 @@ def _attention_kernel(
         for t0 in range(tl.maximum(lo, seg * SEG), tl.minimum(hi, seg * SEG + SEG), KT):
             j = t0 + kt
             written = j < end
-            page = tl.load(table_ptr + s * stride_ts + (j // page_rows) * stride_tp,
-                           mask=written, other=0)
+            page = tl.load(
+                table_ptr + s * stride_ts + (j // page_rows) * stride_tp, mask=written, other=0
+            )
             krow = page.to(tl.int64) * page_rows + j % page_rows
             visible = j[None, :] <= qpos[:, None]
             if HAS_WINDOW:
                 visible = visible & (j[None, :] > qpos[:, None] - window)
             m_i, l_i, acc = attend_tile(
-                q_ptr, q_off, q0, valid, k_ptr + krow * stride_kr + kvh * stride_kh,
-                v_ptr + krow * stride_vr + kvh * stride_vh, ks_ptr + krow * stride_ksr +
-                kvh * stride_ksh, vs_ptr + krow * stride_vsr + kvh * stride_vsh, written,
-                visible, m_i, l_i, acc, scale, QB * GP, KT, D, DC, BDV, dv0, SCALED, IEEE,
+                q_ptr,
+                q_off,
+                q0,
+                valid,
+                k_ptr + krow * stride_kr + kvh * stride_kh,
+                v_ptr + krow * stride_vr + kvh * stride_vh,
+                ks_ptr + krow * stride_ksr + kvh * stride_ksh,
+                vs_ptr + krow * stride_vsr + kvh * stride_vsh,
+                written,
+                visible,
+                m_i,
+                l_i,
+                acc,
+                scale,
+                QB * GP,
+                KT,
+                D,
+                DC,
+                BDV,
+                dv0,
+                SCALED,
+                IEEE,
                 INTERP,
             )
-        m_t, l_t, acc_t = key_split.end_segment(m_t, l_t, acc_t, m_i, l_i, acc, ws_ptr, ml_ptr,
-                                                qrow, head, valid, seg, dv0, nseg, HQ,
-                                                DVB * BDV, BDV, SPLIT)
-    key_split.store_total(o_ptr, qrow, head, valid, l_t, acc_t, dv0, stride_on, stride_oh, BDV,
-                          SPLIT)
+        m_t, l_t, acc_t = key_split.end_segment(
+            m_t,
+            l_t,
+            acc_t,
+            m_i,
+            l_i,
+            acc,
+            ws_ptr,
+            ml_ptr,
+            qrow,
+            head,
+            valid,
+            seg,
+            dv0,
+            nseg,
+            HQ,
+            DVB * BDV,
+            BDV,
+            SPLIT,
+        )
+    key_split.store_total(
+        o_ptr, qrow, head, valid, l_t, acc_t, dv0, stride_on, stride_oh, BDV, SPLIT
+    )
 
 
 def paged_attention(
@@ -223,20 +334,58 @@ def paged_attention(
     if window is not None:
         span = min(span, window + KEY_TILE + QUERY_ROWS)
     nseg = cdiv(span, key_split.SEGMENT) + (window is not None)
-    split = key_split.plan(q, out, key_split.live_tiles(meta.num_blocks, nsub, n, qb), hkv, dvb,
-                           nseg, parts)
+    split = key_split.plan(
+        q, out, key_split.live_tiles(meta.num_blocks, nsub, n, qb), hkv, dvb, nseg, parts
+    )
     _attention_kernel[(meta.num_blocks * nsub, hkv, dvb * split.parts)](
-        q, k_rows, v_rows, ks, vs, out, positions, meta.block_stream, meta.block_row0,
-        meta.block_len, meta.stream_start, meta.stream_len, meta.table, meta.table.stride(0),
-        meta.table.stride(1), page_rows, scale, window or 0,
-        q.stride(0), q.stride(1), k_rows.stride(0), k_rows.stride(1), v_rows.stride(0),
-        v_rows.stride(1), ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1),
-        out.stride(0), out.stride(1),
-        G=group, GP=next_power_of_2(group), QB=qb, NSUB=nsub, D=d, DC=dc, BDV=bdv,
-        KT=KEY_TILE, HAS_WINDOW=window is not None, SCALED=scaled, IEEE=q.dtype == torch.float32,
-        INTERP=interpreting(), DVB=dvb, SEG=key_split.SEGMENT, num_warps=warps(d, dv),
+        q,
+        k_rows,
+        v_rows,
+        ks,
+        vs,
+        out,
+        positions,
+        meta.block_stream,
+        meta.block_row0,
+        meta.block_len,
+        meta.stream_start,
+        meta.stream_len,
+        meta.table,
+        meta.table.stride(0),
+        meta.table.stride(1),
+        page_rows,
+        scale,
+        window or 0,
+        q.stride(0),
+        q.stride(1),
+        k_rows.stride(0),
+        k_rows.stride(1),
+        v_rows.stride(0),
+        v_rows.stride(1),
+        ks.stride(0),
+        ks.stride(1),
+        vs.stride(0),
+        vs.stride(1),
+        out.stride(0),
+        out.stride(1),
+        G=group,
+        GP=next_power_of_2(group),
+        QB=qb,
+        NSUB=nsub,
+        D=d,
+        DC=dc,
+        BDV=bdv,
+        KT=KEY_TILE,
+        HAS_WINDOW=window is not None,
+        SCALED=scaled,
+        IEEE=q.dtype == torch.float32,
+        INTERP=interpreting(),
+        DVB=dvb,
+        SEG=key_split.SEGMENT,
+        num_warps=warps(d, dv),
         num_stages=2,
-        **split.kernel, **launch_options(q),
+        **split.kernel,
+        **launch_options(q),
     )
     split.finish(out, positions, window, bdv)
     return out

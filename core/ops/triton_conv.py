@@ -25,10 +25,25 @@ TAIL_IN_PLACE = True  # a decode round's tails moved on by the conv's own launch
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
 def _gated_conv_kernel(
-    bcx_ptr, state_ptr, w_ptr, bias_ptr, y_ptr, row_stream, stream_row0, stream_start,
-    stream_slot, n_rows, H, stride_bcx, stride_ss,
-    K: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, CH: tl.constexpr,
-    ONE_ROW_EACH: tl.constexpr = False, PDL: tl.constexpr = False,
+    bcx_ptr,
+    state_ptr,
+    w_ptr,
+    bias_ptr,
+    y_ptr,
+    row_stream,
+    stream_row0,
+    stream_start,
+    stream_slot,
+    n_rows,
+    H,
+    stride_bcx,
+    stride_ss,
+    K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ROWS: tl.constexpr,
+    CH: tl.constexpr,
+    ONE_ROW_EACH: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -46,8 +61,14 @@ def _gated_conv_kernel(
         from_u = e >= K - 1
         src = rows + j - (K - 1)
         m_u = (rmask & from_u)[:, None] & cmask[None, :]
-        ub = tl.load(bcx_ptr + src.to(tl.int64)[:, None] * stride_bcx + ch[None, :], mask=m_u, other=0.0)
-        ux = tl.load(bcx_ptr + src.to(tl.int64)[:, None] * stride_bcx + 2 * H + ch[None, :], mask=m_u, other=0.0)
+        ub = tl.load(
+            bcx_ptr + src.to(tl.int64)[:, None] * stride_bcx + ch[None, :], mask=m_u, other=0.0
+        )
+        ux = tl.load(
+            bcx_ptr + src.to(tl.int64)[:, None] * stride_bcx + 2 * H + ch[None, :],
+            mask=m_u,
+            other=0.0,
+        )
         u = (ub.to(tl.float32) * ux.to(tl.float32)).to(dt).to(tl.float32)
         m_t = (rmask & ~from_u & ~fresh)[:, None] & cmask[None, :]
         t_ptrs = state_ptr + slot[:, None] * stride_ss + ch[None, :] * (K - 1) + e[:, None]
@@ -62,21 +83,37 @@ def _gated_conv_kernel(
                 # stored where tap j-1 was read (read by every thread before the barrier); the
                 # state's dtype is the model's, so the tap is the value tail_kernel would store
                 tl.debug_barrier()
-                tl.store(t_ptrs - 1, tap.to(state_ptr.dtype.element_ty),
-                         mask=rmask[:, None] & cmask[None, :])
+                tl.store(
+                    t_ptrs - 1,
+                    tap.to(state_ptr.dtype.element_ty),
+                    mask=rmask[:, None] & cmask[None, :],
+                )
     if HAS_BIAS:
         acc = acc + tl.load(bias_ptr + ch, mask=cmask, other=0.0).to(tl.float32)[None, :]
     z = acc.to(dt).to(tl.float32)
     m = rmask[:, None] & cmask[None, :]
-    c = tl.load(bcx_ptr + rows.to(tl.int64)[:, None] * stride_bcx + H + ch[None, :], mask=m, other=0.0)
+    c = tl.load(
+        bcx_ptr + rows.to(tl.int64)[:, None] * stride_bcx + H + ch[None, :], mask=m, other=0.0
+    )
     y = (c.to(tl.float32) * z).to(dt)
     tl.store(y_ptr + rows.to(tl.int64)[:, None] * H + ch[None, :], y, mask=m)
 
 
 @triton.jit
 def tail_kernel(
-    bcx_ptr, state_ptr, stream_row0, stream_len, stream_start, stream_slot, H, stride_bcx,
-    stride_ss, K: tl.constexpr, KP: tl.constexpr, CH: tl.constexpr, GATED: tl.constexpr = True,
+    bcx_ptr,
+    state_ptr,
+    stream_row0,
+    stream_len,
+    stream_start,
+    stream_slot,
+    H,
+    stride_bcx,
+    stride_ss,
+    K: tl.constexpr,
+    KP: tl.constexpr,
+    CH: tl.constexpr,
+    GATED: tl.constexpr = True,
     PDL: tl.constexpr = False,
 ):
     """Each stream's conv tail [H, K-1] in its slot moved on past its run: the last K-1 inputs,
@@ -100,8 +137,7 @@ def tail_kernel(
     dt = state_ptr.dtype.element_ty
     ub = tl.load(bcx_ptr + src[None, :] * stride_bcx + ch[:, None], mask=m_u, other=0.0)
     if GATED:
-        ux = tl.load(bcx_ptr + src[None, :] * stride_bcx + 2 * H + ch[:, None], mask=m_u,
-                     other=0.0)
+        ux = tl.load(bcx_ptr + src[None, :] * stride_bcx + 2 * H + ch[:, None], mask=m_u, other=0.0)
         u = (ub.to(tl.float32) * ux.to(tl.float32)).to(dt)
     else:
         u = ub.to(dt)
@@ -133,16 +169,43 @@ def gated_conv(
     grid = (cdiv(n, ROWS), cdiv(h, CHANNELS))
     in_place = one_row_each and TAIL_IN_PLACE and k >= 2 and state.dtype == bcx.dtype
     _gated_conv_kernel[grid](
-        bcx, state, weight, bias if bias is not None else weight, y, meta.row_stream,
-        meta.stream_row0, meta.stream_start, meta.stream_slot, n, h, bcx.stride(0),
-        state.stride(0), K=k, HAS_BIAS=bias is not None, ROWS=ROWS, CH=CHANNELS,
-        ONE_ROW_EACH=in_place, num_warps=4, **launch_options(bcx),
+        bcx,
+        state,
+        weight,
+        bias if bias is not None else weight,
+        y,
+        meta.row_stream,
+        meta.stream_row0,
+        meta.stream_start,
+        meta.stream_slot,
+        n,
+        h,
+        bcx.stride(0),
+        state.stride(0),
+        K=k,
+        HAS_BIAS=bias is not None,
+        ROWS=ROWS,
+        CH=CHANNELS,
+        ONE_ROW_EACH=in_place,
+        num_warps=4,
+        **launch_options(bcx),
     )
     if in_place:
         return y
     tail_kernel[(meta.num_streams, cdiv(h, CHANNELS))](
-        bcx, state, meta.stream_row0, meta.stream_len, meta.stream_start, meta.stream_slot, h,
-        bcx.stride(0), state.stride(0), K=k, KP=next_power_of_2(max(k - 1, 1)),
-        CH=CHANNELS, num_warps=4, **launch_options(bcx),
+        bcx,
+        state,
+        meta.stream_row0,
+        meta.stream_len,
+        meta.stream_start,
+        meta.stream_slot,
+        h,
+        bcx.stride(0),
+        state.stride(0),
+        K=k,
+        KP=next_power_of_2(max(k - 1, 1)),
+        CH=CHANNELS,
+        num_warps=4,
+        **launch_options(bcx),
     )
     return y

@@ -19,7 +19,9 @@ _installed = False
 def fixed_order_matmul(a: np.ndarray, b: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """a [..., M, K] @ b [..., K, N] in dtype: each product rounded to dtype, then summed over K
     from k = 0 upward (np.add.accumulate is sequential by definition, unlike a BLAS or np.sum)."""
-    products = a.astype(dtype, copy=False)[..., :, :, None] * b.astype(dtype, copy=False)[..., None, :, :]
+    products = (
+        a.astype(dtype, copy=False)[..., :, :, None] * b.astype(dtype, copy=False)[..., None, :, :]
+    )
     if products.shape[-2] == 0:
         return np.zeros(products.shape[:-2] + products.shape[-1:], dtype=dtype)
     return np.add.accumulate(products, axis=-2, dtype=dtype)[..., -1, :]

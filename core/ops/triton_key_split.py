@@ -55,16 +55,24 @@ class Split:
     ws: torch.Tensor | None = None
     ml: torch.Tensor | None = None
 
-    def finish(self, out: torch.Tensor, positions: torch.Tensor, window: int | None,
-               bdv: int) -> None:
+    def finish(
+        self, out: torch.Tensor, positions: torch.Tensor, window: int | None, bdv: int
+    ) -> None:
         """After the attention kernel: out from the partials, when they were shared."""
         if self.ws is not None:
             assert self.ml is not None  # set with ws
             combine(self.ws, self.ml, out, positions, window, bdv)
 
 
-def plan(q: torch.Tensor, out: torch.Tensor, tiles: int, kv_heads: int, out_blocks: int,
-         segments: int, parts: int | None = None) -> Split:
+def plan(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    tiles: int,
+    kv_heads: int,
+    out_blocks: int,
+    segments: int,
+    parts: int | None = None,
+) -> Split:
     """The split of a launch over `tiles` live row tiles (live_tiles) x kv_heads x out_blocks
     programs, into `segments` segment slots a row; parts: forced (tests, benchmarks)."""
     if parts is None:
@@ -74,14 +82,18 @@ def plan(q: torch.Tensor, out: torch.Tensor, tiles: int, kv_heads: int, out_bloc
     n, hq, dv = out.shape
     ws = torch.empty(n, hq, segments, dv, dtype=torch.float32, device=q.device)
     ml = torch.empty(n, hq, segments, 2, dtype=torch.float32, device=q.device)
-    return Split(parts, dict(ws_ptr=ws, ml_ptr=ml, parts=parts, HQ=hq, nseg=segments,
-                             SPLIT=True), ws, ml)
+    return Split(
+        parts, dict(ws_ptr=ws, ml_ptr=ml, parts=parts, HQ=hq, nseg=segments, SPLIT=True), ws, ml
+    )
 
 
 @triton.jit
 def fresh(M: tl.constexpr, BDV: tl.constexpr):
-    return (tl.full((M,), float("-inf"), dtype=tl.float32), tl.zeros((M,), dtype=tl.float32),
-            tl.zeros((M, BDV), dtype=tl.float32))
+    return (
+        tl.full((M,), float("-inf"), dtype=tl.float32),
+        tl.zeros((M,), dtype=tl.float32),
+        tl.zeros((M, BDV), dtype=tl.float32),
+    )
 
 
 @triton.jit
@@ -103,8 +115,22 @@ def finish(l_t, acc_t):
 
 
 @triton.jit
-def store_partial(ws_ptr, ml_ptr, qrow, head, valid, slot, m_s, l_s, acc_s, dv0, nseg,
-                  HQ: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr):
+def store_partial(
+    ws_ptr,
+    ml_ptr,
+    qrow,
+    head,
+    valid,
+    slot,
+    m_s,
+    l_s,
+    acc_s,
+    dv0,
+    nseg,
+    HQ: tl.constexpr,
+    DV: tl.constexpr,
+    BDV: tl.constexpr,
+):
     """Segment slot `slot`'s partial of the tile's valid rows (qrow, head) to the workspace."""
     at = (qrow * HQ + head) * nseg + slot  # [M] (row, head, slot)
     dv = dv0 + tl.arange(0, BDV)
@@ -114,36 +140,78 @@ def store_partial(ws_ptr, ml_ptr, qrow, head, valid, slot, m_s, l_s, acc_s, dv0,
 
 
 @triton.jit
-def end_segment(m_t, l_t, acc_t, m_s, l_s, acc_s, ws_ptr, ml_ptr, qrow, head, valid, seg, dv0,
-                nseg, HQ: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
-                SPLIT: tl.constexpr):
+def end_segment(
+    m_t,
+    l_t,
+    acc_t,
+    m_s,
+    l_s,
+    acc_s,
+    ws_ptr,
+    ml_ptr,
+    qrow,
+    head,
+    valid,
+    seg,
+    dv0,
+    nseg,
+    HQ: tl.constexpr,
+    DV: tl.constexpr,
+    BDV: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
     """A segment's partial done: to the workspace (SPLIT: `combine` folds it later), else
     folded into the row's total now. Returns the total."""
     if SPLIT:
-        store_partial(ws_ptr, ml_ptr, qrow, head, valid, seg % nseg, m_s, l_s, acc_s, dv0,
-                      nseg, HQ, DV, BDV)
+        store_partial(
+            ws_ptr, ml_ptr, qrow, head, valid, seg % nseg, m_s, l_s, acc_s, dv0, nseg, HQ, DV, BDV
+        )
     else:
         m_t, l_t, acc_t = merge(m_t, l_t, acc_t, m_s, l_s, acc_s)
     return m_t, l_t, acc_t
 
 
 @triton.jit
-def store_total(o_ptr, qrow, head, valid, l_t, acc_t, dv0, stride_on, stride_oh,
-                BDV: tl.constexpr, SPLIT: tl.constexpr):
+def store_total(
+    o_ptr,
+    qrow,
+    head,
+    valid,
+    l_t,
+    acc_t,
+    dv0,
+    stride_on,
+    stride_oh,
+    BDV: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
     """The tile's rows out, when its program walked all their segments (not SPLIT)."""
     if not SPLIT:
         dv = dv0 + tl.arange(0, BDV)
-        tl.store(o_ptr + qrow[:, None] * stride_on + head[:, None] * stride_oh + dv[None, :],
-                 finish(l_t, acc_t).to(o_ptr.dtype.element_ty), mask=valid[:, None])
+        tl.store(
+            o_ptr + qrow[:, None] * stride_on + head[:, None] * stride_oh + dv[None, :],
+            finish(l_t, acc_t).to(o_ptr.dtype.element_ty),
+            mask=valid[:, None],
+        )
 
 
 # nseg (a row's segment slots) follows the pass's table width: a constexpr would compile anew for
 # each width a split pass meets (a first resume after a long prefix waited ~1 s for it)
 @triton.jit(do_not_specialize=["window", "nseg"])
 def _combine_kernel(
-    ws_ptr, ml_ptr, o_ptr, pos_ptr, window, nseg, stride_on, stride_oh,
-    HQ: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr,
-    SEG: tl.constexpr, PDL: tl.constexpr = False,
+    ws_ptr,
+    ml_ptr,
+    o_ptr,
+    pos_ptr,
+    window,
+    nseg,
+    stride_on,
+    stride_oh,
+    HQ: tl.constexpr,
+    DV: tl.constexpr,
+    BDV: tl.constexpr,
+    SEG: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Program (row, head, output block): the row's segments, in order, merged; written out."""
     after_prior(PDL)
@@ -165,15 +233,35 @@ def _combine_kernel(
         acc_s = tl.load(ws_ptr + at[:, None] * DV + dv[None, :])
         m_t, l_t, acc_t = merge(m_t, l_t, acc_t, m_s, l_s, acc_s)
     out = finish(l_t, acc_t)
-    tl.store(o_ptr + row * stride_on + head * stride_oh + dv[None, :] + one[:, None] * 0,
-             out.to(o_ptr.dtype.element_ty))
+    tl.store(
+        o_ptr + row * stride_on + head * stride_oh + dv[None, :] + one[:, None] * 0,
+        out.to(o_ptr.dtype.element_ty),
+    )
 
 
-def combine(ws: torch.Tensor, ml: torch.Tensor, out: torch.Tensor, positions: torch.Tensor,
-            window: int | None, bdv: int) -> None:
+def combine(
+    ws: torch.Tensor,
+    ml: torch.Tensor,
+    out: torch.Tensor,
+    positions: torch.Tensor,
+    window: int | None,
+    bdv: int,
+) -> None:
     """out [N, Hq, Dv] from the partials a split pass left in (ws, ml) (`workspace`)."""
     n, hq, nseg, dv = ws.shape
     _combine_kernel[(n, hq, dv // bdv)](
-        ws, ml, out, positions, window or 0, nseg, out.stride(0), out.stride(1),
-        HQ=hq, DV=dv, BDV=bdv, SEG=SEGMENT, num_warps=4, **launch_options(out),
+        ws,
+        ml,
+        out,
+        positions,
+        window or 0,
+        nseg,
+        out.stride(0),
+        out.stride(1),
+        HQ=hq,
+        DV=dv,
+        BDV=bdv,
+        SEG=SEGMENT,
+        num_warps=4,
+        **launch_options(out),
     )

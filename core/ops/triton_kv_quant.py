@@ -43,8 +43,9 @@ def _e4m3_bits(y):
 
 
 @triton.jit
-def _quantize_head(src, dst, scl, r, row, h, s_n, s_h, d_n, d_h, c_n, c_h,
-                   D: tl.constexpr, BD: tl.constexpr):
+def _quantize_head(
+    src, dst, scl, r, row, h, s_n, s_h, d_n, d_h, c_n, c_h, D: tl.constexpr, BD: tl.constexpr
+):
     """Row r, head h of src [N, H, D] -> e4m3 bits at dst[row, h] (uint8), scale at scl[row, h]."""
     i = tl.arange(0, BD)
     m = i < D
@@ -63,11 +64,33 @@ def _quantize_head(src, dst, scl, r, row, h, s_n, s_h, d_n, d_h, c_n, c_h,
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
 def _quant_kernel(
-    index, s_i, n_rows,
-    a_src, a_dst, a_scl, a_sn, a_sh, a_dn, a_dh, a_cn, a_ch,
-    b_src, b_dst, b_scl, b_sn, b_sh, b_dn, b_dh, b_cn, b_ch,
-    HA: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BD: tl.constexpr,
-    HAS_INDEX: tl.constexpr, PDL: tl.constexpr = False,
+    index,
+    s_i,
+    n_rows,
+    a_src,
+    a_dst,
+    a_scl,
+    a_sn,
+    a_sh,
+    a_dn,
+    a_dh,
+    a_cn,
+    a_ch,
+    b_src,
+    b_dst,
+    b_scl,
+    b_sn,
+    b_sh,
+    b_dn,
+    b_dh,
+    b_cn,
+    b_ch,
+    HA: tl.constexpr,
+    DA: tl.constexpr,
+    DB: tl.constexpr,
+    BD: tl.constexpr,
+    HAS_INDEX: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
     r = tl.program_id(0)
@@ -77,11 +100,11 @@ def _quant_kernel(
     else:
         row = r.to(tl.int64)
     if j < HA:
-        _quantize_head(a_src, a_dst, a_scl, r, row, j, a_sn, a_sh, a_dn, a_dh, a_cn, a_ch,
-                       DA, BD)
+        _quantize_head(a_src, a_dst, a_scl, r, row, j, a_sn, a_sh, a_dn, a_dh, a_cn, a_ch, DA, BD)
     else:
-        _quantize_head(b_src, b_dst, b_scl, r, row, j - HA, b_sn, b_sh, b_dn, b_dh, b_cn, b_ch,
-                       DB, BD)
+        _quantize_head(
+            b_src, b_dst, b_scl, r, row, j - HA, b_sn, b_sh, b_dn, b_dh, b_cn, b_ch, DB, BD
+        )
 
 
 def _heads(values: torch.Tensor, dst: torch.Tensor, scales: torch.Tensor):
@@ -98,8 +121,9 @@ def _heads(values: torch.Tensor, dst: torch.Tensor, scales: torch.Tensor):
     return v, q, s
 
 
-def quantize_scatter(index: torch.Tensor | None,
-                     writes: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+def quantize_scatter(
+    index: torch.Tensor | None, writes: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+) -> None:
     """writes: one or two (values [N, *S, D], dst [R, *S, D] e4m3, scales [R, *S, 1] float32);
     each row i of values is quantized into dst[index[i]] with its scales at scales[index[i]]
     (index None: at row i), all in one launch."""
@@ -116,11 +140,28 @@ def quantize_scatter(index: torch.Tensor | None,
     idx = index if index is not None else a[0]
     args = []
     for v, q, s in (a, b):
-        args += [v, q, s, v.stride(0), v.stride(1), q.stride(0), q.stride(1), s.stride(0),
-                 s.stride(1)]
+        args += [
+            v,
+            q,
+            s,
+            v.stride(0),
+            v.stride(1),
+            q.stride(0),
+            q.stride(1),
+            s.stride(0),
+            s.stride(1),
+        ]
     bd = next_power_of_2(max(da, db))
     _quant_kernel[(n, ha + hb)](
-        idx, index.stride(0) if index is not None else 0, n, *args, HA=ha, DA=da, DB=db, BD=bd,
-        HAS_INDEX=index is not None, num_warps=4 if bd >= 512 else (2 if bd >= 128 else 1),
+        idx,
+        index.stride(0) if index is not None else 0,
+        n,
+        *args,
+        HA=ha,
+        DA=da,
+        DB=db,
+        BD=bd,
+        HAS_INDEX=index is not None,
+        num_warps=4 if bd >= 512 else (2 if bd >= 128 else 1),
         **launch_options(a[0]),
     )

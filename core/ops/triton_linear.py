@@ -61,8 +61,12 @@ TUNED: dict[tuple[int, int], Tiles] = {
     (512, 2048): Tiles(32, 128, 4, 4),
     (32, 2048): Tiles(32, 128, 4, 4),
     (64, 2048): Tiles(32, 128, 4, 4),
-    (4096, 2816): Tiles(64, 64, 4, 4, wave=256),  # gemma4 q: 9.57 / 9.85 / 44.78 -> 9.22 / 9.44 / 16.33
-    (2816, 4096): Tiles(32, 64, 4, 4, wave=256),  # gemma4 o: 10.10 / 10.29 / 21.25 -> 9.81 / 10.02 / 19.18
+    (4096, 2816): Tiles(
+        64, 64, 4, 4, wave=256
+    ),  # gemma4 q: 9.57 / 9.85 / 44.78 -> 9.22 / 9.44 / 16.33
+    (2816, 4096): Tiles(
+        32, 64, 4, 4, wave=256
+    ),  # gemma4 o: 10.10 / 10.29 / 21.25 -> 9.81 / 10.02 / 19.18
     # gemma4's q+k+v (sliding layers) and q+k (full layers, k_eq_v) as one weight: in_proj's
     # unsplit tile; session 14's sweep found none faster (13.25 / 13.40 / 14.71 and 15.25 /
     # 15.31 / 23.73 µs)
@@ -102,8 +106,20 @@ def pick(m: int, n: int, k: int) -> tuple[int, Tiles]:
 
 @triton.jit
 def _chunk_product(
-    x_ptr, w_ptr, rm, rn, M, N, k_lo, k_hi, stride_xm, stride_wn,
-    IEEE: tl.constexpr, INTERP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    rm,
+    rn,
+    M,
+    N,
+    k_lo,
+    k_hi,
+    stride_xm,
+    stride_wn,
+    IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     """Σ over k in [k_lo, k_hi) of x[rm, k] · w[rn, k], in BLOCK_K steps from k_lo upward, fp32."""
@@ -123,11 +139,31 @@ def _chunk_product(
 
 @triton.jit(do_not_specialize=["M"])  # one binary for any row count
 def _linear_kernel(
-    x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, cnt_ptr, M, N, K, CHUNK, ws_rows,
-    stride_xm, stride_wn, stride_om,
-    HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, SPLITS: tl.constexpr,
-    SPLIT_GRID: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0, GROUPS: tl.constexpr = 1,
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    o_ptr,
+    ws_ptr,
+    cnt_ptr,
+    M,
+    N,
+    K,
+    CHUNK,
+    ws_rows,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    HAS_BIAS: tl.constexpr,
+    IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
+    SPLITS: tl.constexpr,
+    SPLIT_GRID: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = False,
+    PREFETCH_K: tl.constexpr = 0,
+    GROUPS: tl.constexpr = 1,
 ):
     """GROUPS > 1 (linear_groups): w's rows in GROUPS groups of N // GROUPS, group g reading x's
     columns [g·K, (g+1)·K) and stored as [M, N // GROUPS] at o + g·M·(N // GROUPS); a tile
@@ -147,8 +183,9 @@ def _linear_kernel(
             if SPLIT_GRID:
                 k_lo = tl.program_id(2) * CHUNK
                 k_end = tl.minimum(K, k_lo + CHUNK)
-            prefetch_rows(w_ptr, rn, stride_wn, N, k_lo, tl.minimum(k_end, k_lo + PREFETCH_K),
-                          INTERP)
+            prefetch_rows(
+                w_ptr, rn, stride_wn, N, k_lo, tl.minimum(k_end, k_lo + PREFETCH_K), INTERP
+            )
     after_prior(PDL)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     finish = True
@@ -156,8 +193,21 @@ def _linear_kernel(
     if SPLIT_GRID:  # this program's chunk to the workspace; the tile's last arrival adds them
         s = tl.program_id(2)
         part = _chunk_product(
-            x_ptr, w_ptr, rm, rn, M, N, s * CHUNK, tl.minimum(K, (s + 1) * CHUNK),
-            stride_xm, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
+            x_ptr,
+            w_ptr,
+            rm,
+            rn,
+            M,
+            N,
+            s * CHUNK,
+            tl.minimum(K, (s + 1) * CHUNK),
+            stride_xm,
+            stride_wn,
+            IEEE,
+            INTERP,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
         )
         ws = ws_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
         live = (rm[:, None] < M) & (rn[None, :] < N)  # a one-row pass's 15 others: not written
@@ -170,8 +220,21 @@ def _linear_kernel(
     else:
         for t in tl.static_range(SPLITS):
             total += _chunk_product(
-                x_ptr, w_ptr, rm, rn, M, N, t * CHUNK, tl.minimum(K, (t + 1) * CHUNK),
-                stride_xm, stride_wn, IEEE, INTERP, BLOCK_M, BLOCK_N, BLOCK_K,
+                x_ptr,
+                w_ptr,
+                rm,
+                rn,
+                M,
+                N,
+                t * CHUNK,
+                tl.minimum(K, (t + 1) * CHUNK),
+                stride_xm,
+                stride_wn,
+                IEEE,
+                INTERP,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
             )
     if finish:  # rounded to x's dtype, then stored in out's (the same, or a wider float)
         out = total.to(x_ptr.dtype.element_ty)
@@ -183,7 +246,9 @@ def _linear_kernel(
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """x [..., K] @ weight[N, K]ᵀ (+ bias [N]) -> [..., N] in x's dtype, stored in out_dtype
@@ -201,8 +266,14 @@ def linear(
     return out.reshape(*lead, n)
 
 
-def _launch(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-            out: torch.Tensor, stride_om: int, groups: int) -> None:
+def _launch(
+    rows: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    stride_om: int,
+    groups: int,
+) -> None:
     """rows [M, K] (unit column stride, any row stride) @ weight [N, K]ᵀ into out (row stride
     stride_om; with groups > 1, [groups, M, N // groups]): the tiles and K split of (N, K)."""
     m, k = rows.shape[0], weight.shape[1]
@@ -220,14 +291,33 @@ def _launch(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     else:
         ws = cnt = out
     _linear_kernel[grid](
-        rows, weight, bias if bias is not None else weight, out, ws, cnt, m, n, k,
-        splitk.chunk(k, t.block_k, splits), grid_m * bm,
-        rows.stride(0), weight.stride(0), stride_om,
-        HAS_BIAS=bias is not None, IEEE=rows.dtype == torch.float32, INTERP=interpreting(),
-        SPLITS=splits, SPLIT_GRID=split_grid,
-        BLOCK_M=bm, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-        num_warps=t.warps, num_stages=t.stages, **launch_options(rows),
-        PREFETCH_K=prefetch_k(weight, n * splits), GROUPS=groups,
+        rows,
+        weight,
+        bias if bias is not None else weight,
+        out,
+        ws,
+        cnt,
+        m,
+        n,
+        k,
+        splitk.chunk(k, t.block_k, splits),
+        grid_m * bm,
+        rows.stride(0),
+        weight.stride(0),
+        stride_om,
+        HAS_BIAS=bias is not None,
+        IEEE=rows.dtype == torch.float32,
+        INTERP=interpreting(),
+        SPLITS=splits,
+        SPLIT_GRID=split_grid,
+        BLOCK_M=bm,
+        BLOCK_N=t.block_n,
+        BLOCK_K=t.block_k,
+        num_warps=t.warps,
+        num_stages=t.stages,
+        **launch_options(rows),
+        PREFETCH_K=prefetch_k(weight, n * splits),
+        GROUPS=groups,
     )
 
 
@@ -245,9 +335,11 @@ def linear_groups(x: torch.Tensor, weight: torch.Tensor, groups: int) -> torch.T
     m = x.shape[0]
     n, k = weight.shape
     if not groups_fit(n, k, groups) or x.shape[1] != groups * k:
-        raise ValueError(f"linear_groups: x {tuple(x.shape)} and weight {tuple(weight.shape)} "
-                         f"in {groups} groups; needs x [M, {groups}·K] and rows a group a "
-                         "multiple of 128 and of the tile")
+        raise ValueError(
+            f"linear_groups: x {tuple(x.shape)} and weight {tuple(weight.shape)} "
+            f"in {groups} groups; needs x [M, {groups}·K] and rows a group a "
+            "multiple of 128 and of the tile"
+        )
     if x.stride(-1) != 1:
         x = x.contiguous()
     weight = weight.contiguous()

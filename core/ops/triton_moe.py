@@ -122,8 +122,14 @@ def _dense_class(rows: int, split: bool) -> str | None:
     return "walk" if split else None
 
 
-def pick(rows: int, width: int = 0, pairs: int = 0, experts: int = 1,
-         hidden: int = 0, split: bool = False) -> tuple[int, Tiles, Tiles]:
+def pick(
+    rows: int,
+    width: int = 0,
+    pairs: int = 0,
+    experts: int = 1,
+    hidden: int = 0,
+    split: bool = False,
+) -> tuple[int, Tiles, Tiles]:
     """(BLOCK_M, swiglu tiles, down tiles) for a pass of `rows` rows through experts `width`
     wide (the down kernel's K) over `hidden` (the gate/up kernel's K; 0: not known); `pairs` (0:
     every row one pair, the dense FFN, its K split when `split`) over `experts`. From the pass's
@@ -163,10 +169,28 @@ def _gate(h1, h3, limit, dt: tl.constexpr, ACT: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_chunk(x_ptr, w1_ptr, w3_ptr, src, valid, e64, rn, nmask, k_lo, k_hi,
-                   stride_xm, stride_1e, stride_1n, stride_3e, stride_3n,
-                   IEEE: tl.constexpr, INTERP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   BK: tl.constexpr):
+def _gate_up_chunk(
+    x_ptr,
+    w1_ptr,
+    w3_ptr,
+    src,
+    valid,
+    e64,
+    rn,
+    nmask,
+    k_lo,
+    k_hi,
+    stride_xm,
+    stride_1e,
+    stride_1n,
+    stride_3e,
+    stride_3n,
+    IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
     """Σ over k in [k_lo, k_hi) of x[src, k] · w1[e, rn, k] and of · w3[e, rn, k], in BK
     steps from k_lo upward, each in one fp32 accumulator."""
     rk = tl.arange(0, BK)
@@ -189,9 +213,25 @@ def _gate_up_chunk(x_ptr, w1_ptr, w3_ptr, src, valid, e64, rn, nmask, k_lo, k_hi
 
 
 @triton.jit
-def _down_chunk(g_ptr, w2_ptr, rows, valid, e64, rn, nmask, k_lo, k_hi, K, stride_2e, stride_2n,
-                IEEE: tl.constexpr, INTERP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                BK: tl.constexpr):
+def _down_chunk(
+    g_ptr,
+    w2_ptr,
+    rows,
+    valid,
+    e64,
+    rn,
+    nmask,
+    k_lo,
+    k_hi,
+    K,
+    stride_2e,
+    stride_2n,
+    IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
     """Σ over k in [k_lo, k_hi) of g[rows, k] · w2[e, rn, k] (g's rows K long), in BK steps
     from k_lo upward, in one fp32 accumulator."""
     rk = tl.arange(0, BK)
@@ -215,10 +255,28 @@ def _chunk_end(k0, k_end, CHUNK, BK: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_walk(x_ptr, w1_ptr, w3_ptr, src, valid, e64, rn, nmask, k_end, CHUNK,
-                  stride_xm, stride_1e, stride_1n, stride_3e, stride_3n,
-                  IEEE: tl.constexpr, INTERP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                  BK: tl.constexpr):
+def _gate_up_walk(
+    x_ptr,
+    w1_ptr,
+    w3_ptr,
+    src,
+    valid,
+    e64,
+    rn,
+    nmask,
+    k_end,
+    CHUNK,
+    stride_xm,
+    stride_1e,
+    stride_1n,
+    stride_3e,
+    stride_3n,
+    IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
     """_gate_up_chunk over each chunk of CHUNK in [0, k_end), the chunks' sums added from +0 in
     chunk order: the same operations as a loop a chunk, in one loop (one pipeline): a chunk's
     accumulators restart from zero at its end. No chunk may be empty (_split_args)."""
@@ -249,9 +307,25 @@ def _gate_up_walk(x_ptr, w1_ptr, w3_ptr, src, valid, e64, rn, nmask, k_end, CHUN
 
 
 @triton.jit
-def _down_walk(g_ptr, w2_ptr, rows, valid, e64, rn, nmask, k_end, CHUNK, K, stride_2e, stride_2n,
-               IEEE: tl.constexpr, INTERP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr):
+def _down_walk(
+    g_ptr,
+    w2_ptr,
+    rows,
+    valid,
+    e64,
+    rn,
+    nmask,
+    k_end,
+    CHUNK,
+    K,
+    stride_2e,
+    stride_2n,
+    IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+):
     """_down_chunk over each chunk of CHUNK in [0, k_end), summed as _gate_up_walk sums."""
     rk = tl.arange(0, BK)
     g_ptrs = g_ptr + rows[:, None] * K + rk[None, :]
@@ -274,13 +348,39 @@ def _down_walk(g_ptr, w2_ptr, rows, valid, e64, rn, nmask, k_end, CHUNK, K, stri
 @triton.jit(do_not_specialize=["P"])  # one binary for any row count
 def _swiglu_kernel(
     # I: the intermediate size, the letter of the shapes in this module's docstrings
-    x_ptr, w1_ptr, w3_ptr, g_ptr, ex_ptr, sorted_ptr, block_ptr, P, E, I, K, limit,  # noqa: E741
-    stride_xm, stride_1e, stride_1n, stride_3e, stride_3n,
-    TOPK: tl.constexpr, ACT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,
-    ws_ptr=None, cnt_ptr=None, CHUNK=0, ws_rows=0,
-    SPLITS: tl.constexpr = 1, SPLIT_GRID: tl.constexpr = False, WALK: tl.constexpr = False,
+    x_ptr,
+    w1_ptr,
+    w3_ptr,
+    g_ptr,
+    ex_ptr,
+    sorted_ptr,
+    block_ptr,
+    P,
+    E,
+    I,  # noqa: E741
+    K,
+    limit,
+    stride_xm,
+    stride_1e,
+    stride_1n,
+    stride_3e,
+    stride_3n,
+    TOPK: tl.constexpr,
+    ACT: tl.constexpr,
+    IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    PDL: tl.constexpr = False,
+    PREFETCH_K: tl.constexpr = 0,
+    ws_ptr=None,
+    cnt_ptr=None,
+    CHUNK=0,
+    ws_rows=0,
+    SPLITS: tl.constexpr = 1,
+    SPLIT_GRID: tl.constexpr = False,
+    WALK: tl.constexpr = False,
 ):
     """SPLITS > 1 (the dense FFN, DENSE_SPLIT): K in SPLITS chunks of CHUNK, each product's
     chunks summed in chunk order: by one program (a prompt pass), or (SPLIT_GRID) a program
@@ -307,14 +407,52 @@ def _swiglu_kernel(
     rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
     finish = True
     if SPLITS == 1:
-        acc1, acc3 = _gate_up_chunk(x_ptr, w1_ptr, w3_ptr, src, valid, e64, rn, nmask, 0, k_end,
-                                    stride_xm, stride_1e, stride_1n, stride_3e, stride_3n,
-                                    IEEE, INTERP, BM, BN, BK)
+        acc1, acc3 = _gate_up_chunk(
+            x_ptr,
+            w1_ptr,
+            w3_ptr,
+            src,
+            valid,
+            e64,
+            rn,
+            nmask,
+            0,
+            k_end,
+            stride_xm,
+            stride_1e,
+            stride_1n,
+            stride_3e,
+            stride_3n,
+            IEEE,
+            INTERP,
+            BM,
+            BN,
+            BK,
+        )
     elif SPLIT_GRID:
         sp = tl.program_id(2)
-        p1, p3 = _gate_up_chunk(x_ptr, w1_ptr, w3_ptr, src, valid, e64, rn, nmask, sp * CHUNK,
-                                tl.minimum(k_end, (sp + 1) * CHUNK), stride_xm, stride_1e,
-                                stride_1n, stride_3e, stride_3n, IEEE, INTERP, BM, BN, BK)
+        p1, p3 = _gate_up_chunk(
+            x_ptr,
+            w1_ptr,
+            w3_ptr,
+            src,
+            valid,
+            e64,
+            rn,
+            nmask,
+            sp * CHUNK,
+            tl.minimum(k_end, (sp + 1) * CHUNK),
+            stride_xm,
+            stride_1e,
+            stride_1n,
+            stride_3e,
+            stride_3n,
+            IEEE,
+            INTERP,
+            BM,
+            BN,
+            BK,
+        )
         live_ws = valid[:, None] & nmask
         ws = ws_ptr + rows[:, None] * I + rn[None, :]
         half = ws_rows * I
@@ -329,16 +467,54 @@ def _swiglu_kernel(
             acc3 = splitk.chunk_sum(acc3, ws + half, 2 * half, live_ws, SPLITS)
             splitk.depart(cnt_ptr, tile)
     elif WALK:
-        acc1, acc3 = _gate_up_walk(x_ptr, w1_ptr, w3_ptr, src, valid, e64, rn, nmask, k_end,
-                                   CHUNK, stride_xm, stride_1e, stride_1n, stride_3e, stride_3n,
-                                   IEEE, INTERP, BM, BN, BK)
+        acc1, acc3 = _gate_up_walk(
+            x_ptr,
+            w1_ptr,
+            w3_ptr,
+            src,
+            valid,
+            e64,
+            rn,
+            nmask,
+            k_end,
+            CHUNK,
+            stride_xm,
+            stride_1e,
+            stride_1n,
+            stride_3e,
+            stride_3n,
+            IEEE,
+            INTERP,
+            BM,
+            BN,
+            BK,
+        )
     else:
         acc1 = tl.zeros((BM, BN), dtype=tl.float32)
         acc3 = tl.zeros((BM, BN), dtype=tl.float32)
         for t in tl.static_range(SPLITS):
-            p1, p3 = _gate_up_chunk(x_ptr, w1_ptr, w3_ptr, src, valid, e64, rn, nmask, t * CHUNK,
-                                    tl.minimum(k_end, (t + 1) * CHUNK), stride_xm, stride_1e,
-                                    stride_1n, stride_3e, stride_3n, IEEE, INTERP, BM, BN, BK)
+            p1, p3 = _gate_up_chunk(
+                x_ptr,
+                w1_ptr,
+                w3_ptr,
+                src,
+                valid,
+                e64,
+                rn,
+                nmask,
+                t * CHUNK,
+                tl.minimum(k_end, (t + 1) * CHUNK),
+                stride_xm,
+                stride_1e,
+                stride_1n,
+                stride_3e,
+                stride_3n,
+                IEEE,
+                INTERP,
+                BM,
+                BN,
+                BK,
+            )
             acc1 += p1
             acc3 += p3
     if finish:
@@ -349,13 +525,34 @@ def _swiglu_kernel(
 
 @triton.jit(do_not_specialize=["P"])  # one binary for any row count
 def _down_kernel(
-    g_ptr, w2_ptr, rw_ptr, out_ptr, sorted_ptr, block_ptr, P, E, H, K,
-    stride_2e, stride_2n, stride_om,
-    HAS_WEIGHT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    PDL: tl.constexpr = False, PREFETCH_K: tl.constexpr = 0,
-    ws_ptr=None, cnt_ptr=None, CHUNK=0, ws_rows=0,
-    SPLITS: tl.constexpr = 1, SPLIT_GRID: tl.constexpr = False, WALK: tl.constexpr = False,
+    g_ptr,
+    w2_ptr,
+    rw_ptr,
+    out_ptr,
+    sorted_ptr,
+    block_ptr,
+    P,
+    E,
+    H,
+    K,
+    stride_2e,
+    stride_2n,
+    stride_om,
+    HAS_WEIGHT: tl.constexpr,
+    IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    PDL: tl.constexpr = False,
+    PREFETCH_K: tl.constexpr = 0,
+    ws_ptr=None,
+    cnt_ptr=None,
+    CHUNK=0,
+    ws_rows=0,
+    SPLITS: tl.constexpr = 1,
+    SPLIT_GRID: tl.constexpr = False,
+    WALK: tl.constexpr = False,
 ):
     """SPLITS > 1: as _swiglu_kernel's, with ws [SPLITS, ws_rows, H] fp32."""
     pid_n = tl.program_id(0)
@@ -364,8 +561,15 @@ def _down_kernel(
     if PREFETCH_K > 0:  # align wrote the block map two kernels back (swiglu between)
         ep = tl.load(block_ptr + pid_m)
         if ep < E:
-            prefetch_rows(w2_ptr + tl.maximum(ep, 0).to(tl.int64) * stride_2e, rn, stride_2n, H,
-                          0, tl.minimum(K, PREFETCH_K), INTERP)
+            prefetch_rows(
+                w2_ptr + tl.maximum(ep, 0).to(tl.int64) * stride_2e,
+                rn,
+                stride_2n,
+                H,
+                0,
+                tl.minimum(K, PREFETCH_K),
+                INTERP,
+            )
     after_prior(PDL)
     e = tl.load(block_ptr + pid_m)
     live = e < E
@@ -377,13 +581,46 @@ def _down_kernel(
     nmask = rn[None, :] < H
     finish = True
     if SPLITS == 1:
-        acc = _down_chunk(g_ptr, w2_ptr, rows, valid, e64, rn, nmask, 0, k_end, K, stride_2e,
-                          stride_2n, IEEE, INTERP, BM, BN, BK)
+        acc = _down_chunk(
+            g_ptr,
+            w2_ptr,
+            rows,
+            valid,
+            e64,
+            rn,
+            nmask,
+            0,
+            k_end,
+            K,
+            stride_2e,
+            stride_2n,
+            IEEE,
+            INTERP,
+            BM,
+            BN,
+            BK,
+        )
     elif SPLIT_GRID:
         sp = tl.program_id(2)
-        part = _down_chunk(g_ptr, w2_ptr, rows, valid, e64, rn, nmask, sp * CHUNK,
-                           tl.minimum(k_end, (sp + 1) * CHUNK), K, stride_2e, stride_2n, IEEE,
-                           INTERP, BM, BN, BK)
+        part = _down_chunk(
+            g_ptr,
+            w2_ptr,
+            rows,
+            valid,
+            e64,
+            rn,
+            nmask,
+            sp * CHUNK,
+            tl.minimum(k_end, (sp + 1) * CHUNK),
+            K,
+            stride_2e,
+            stride_2n,
+            IEEE,
+            INTERP,
+            BM,
+            BN,
+            BK,
+        )
         live_ws = valid[:, None] & nmask
         ws = ws_ptr + rows[:, None] * H + rn[None, :]
         tl.store(ws + sp.to(tl.int64) * ws_rows * H, part, mask=live_ws)
@@ -394,14 +631,47 @@ def _down_kernel(
             acc = splitk.chunk_sum(acc, ws, ws_rows * H, live_ws, SPLITS)
             splitk.depart(cnt_ptr, tile)
     elif WALK:
-        acc = _down_walk(g_ptr, w2_ptr, rows, valid, e64, rn, nmask, k_end, CHUNK, K, stride_2e,
-                         stride_2n, IEEE, INTERP, BM, BN, BK)
+        acc = _down_walk(
+            g_ptr,
+            w2_ptr,
+            rows,
+            valid,
+            e64,
+            rn,
+            nmask,
+            k_end,
+            CHUNK,
+            K,
+            stride_2e,
+            stride_2n,
+            IEEE,
+            INTERP,
+            BM,
+            BN,
+            BK,
+        )
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for t in tl.static_range(SPLITS):
-            acc += _down_chunk(g_ptr, w2_ptr, rows, valid, e64, rn, nmask, t * CHUNK,
-                               tl.minimum(k_end, (t + 1) * CHUNK), K, stride_2e, stride_2n,
-                               IEEE, INTERP, BM, BN, BK)
+            acc += _down_chunk(
+                g_ptr,
+                w2_ptr,
+                rows,
+                valid,
+                e64,
+                rn,
+                nmask,
+                t * CHUNK,
+                tl.minimum(k_end, (t + 1) * CHUNK),
+                K,
+                stride_2e,
+                stride_2n,
+                IEEE,
+                INTERP,
+                BM,
+                BN,
+                BK,
+            )
     if finish:
         y = acc.to(g_ptr.dtype.element_ty)  # the expert's output in the model dtype
         if HAS_WEIGHT:
@@ -414,7 +684,13 @@ def _down_kernel(
 
 @triton.jit
 def _slot_sum_kernel(
-    s_ptr, p_ptr, o_ptr, H, TOPK: tl.constexpr, CH: tl.constexpr, ROUND_EACH: tl.constexpr,
+    s_ptr,
+    p_ptr,
+    o_ptr,
+    H,
+    TOPK: tl.constexpr,
+    CH: tl.constexpr,
+    ROUND_EACH: tl.constexpr,
     HAS_PLUS: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
@@ -447,14 +723,14 @@ def stack(ws: Sequence[torch.Tensor]) -> torch.Tensor:
     step = ws[1].storage_offset() - first.storage_offset() if len(ws) > 1 else 0
     even = all(
         w.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-        and w.stride() == first.stride() and w.shape == first.shape
+        and w.stride() == first.stride()
+        and w.shape == first.shape
         and w.storage_offset() == first.storage_offset() + i * step
         for i, w in enumerate(ws)
     )
     if even and first.stride(-1) == 1:
         return first.as_strided((len(ws), *first.shape), (step, *first.stride()))
     return torch.stack(list(ws))
-
 
 
 # The dense FFN's products with K cut into chunks summed in chunk order, as triton_linear's (the
@@ -495,8 +771,17 @@ def dense_splits(n: int, k: int) -> int:
     return splits
 
 
-def _split_args(splits: int, pairs: int, tiles: int, rows: int, width: int, k: int, t: Tiles,
-                halves: int, device: torch.device) -> tuple[dict, int]:
+def _split_args(
+    splits: int,
+    pairs: int,
+    tiles: int,
+    rows: int,
+    width: int,
+    k: int,
+    t: Tiles,
+    halves: int,
+    device: torch.device,
+) -> tuple[dict, int]:
     """The split's kernel arguments and grid axis 2 for a product over k: none when unsplit."""
     if splits == 1:
         return {}, 1
@@ -506,14 +791,32 @@ def _split_args(splits: int, pairs: int, tiles: int, rows: int, width: int, k: i
     if pairs > DENSE_SPLIT_ROWS:  # one program walks a tile's chunks: no workspace
         return dict(CHUNK=chunk, SPLITS=splits, WALK=DENSE_WALK), 1
     ws = torch.empty(splits * halves * rows * width, dtype=torch.float32, device=device)
-    return dict(ws_ptr=ws, cnt_ptr=splitk.counters(device, tiles), CHUNK=chunk, ws_rows=rows,
-                SPLITS=splits, SPLIT_GRID=True), splits
+    return dict(
+        ws_ptr=ws,
+        cnt_ptr=splitk.counters(device, tiles),
+        CHUNK=chunk,
+        ws_rows=rows,
+        SPLITS=splits,
+        SPLIT_GRID=True,
+    ), splits
 
 
 def _experts(
-    x: torch.Tensor, al: Aligned, pairs: int, top_k: int, w1: torch.Tensor, w3: torch.Tensor,
-    w2: torch.Tensor, route_weights: torch.Tensor | None, out: torch.Tensor,
-    block_m: int, sw: Tiles, dn: Tiles, act: str, limit: float, splits: tuple[int, int] = (1, 1),
+    x: torch.Tensor,
+    al: Aligned,
+    pairs: int,
+    top_k: int,
+    w1: torch.Tensor,
+    w3: torch.Tensor,
+    w2: torch.Tensor,
+    route_weights: torch.Tensor | None,
+    out: torch.Tensor,
+    block_m: int,
+    sw: Tiles,
+    dn: Tiles,
+    act: str,
+    limit: float,
+    splits: tuple[int, int] = (1, 1),
 ) -> None:
     """x [N, H]; w1, w3 [E, I, H]; w2 [E, H, I] (each row contiguous; any strides between rows
     and experts); out [pairs, H] gets each pair's output, in out's dtype. splits: the gate/up
@@ -533,31 +836,82 @@ def _experts(
     tiles = (cdiv(i, t.block_n), al.max_blocks)
     split, axis = _split_args(splits[0], pairs, tiles[0] * tiles[1], rows, i, h, t, 2, x.device)
     _swiglu_kernel[(*tiles, axis)](
-        x, w1, w3, g, al.pair_expert, al.sorted_pairs, al.block_expert, pairs, e, i, h,
-        float(limit), x.stride(0), w1.stride(0), w1.stride(1), w3.stride(0), w3.stride(1),
-        TOPK=top_k, ACT=ACTS[act], IEEE=ieee, INTERP=interpreting(), BM=block_m,
-        BN=t.block_n, BK=t.block_k, num_warps=t.warps, num_stages=t.stages, **launch_options(x),
-        PREFETCH_K=pre_sw, **split,
+        x,
+        w1,
+        w3,
+        g,
+        al.pair_expert,
+        al.sorted_pairs,
+        al.block_expert,
+        pairs,
+        e,
+        i,
+        h,
+        float(limit),
+        x.stride(0),
+        w1.stride(0),
+        w1.stride(1),
+        w3.stride(0),
+        w3.stride(1),
+        TOPK=top_k,
+        ACT=ACTS[act],
+        IEEE=ieee,
+        INTERP=interpreting(),
+        BM=block_m,
+        BN=t.block_n,
+        BK=t.block_k,
+        num_warps=t.warps,
+        num_stages=t.stages,
+        **launch_options(x),
+        PREFETCH_K=pre_sw,
+        **split,
     )
     t = dn
     rw = route_weights.reshape(-1) if route_weights is not None else g
     tiles = (cdiv(h, t.block_n), al.max_blocks)
     split, axis = _split_args(splits[1], pairs, tiles[0] * tiles[1], rows, h, i, t, 1, x.device)
     _down_kernel[(*tiles, axis)](
-        g, w2, rw, out, al.sorted_pairs, al.block_expert, pairs, e, h, i,
-        w2.stride(0), w2.stride(1), out.stride(0),
-        HAS_WEIGHT=route_weights is not None, IEEE=ieee, INTERP=interpreting(), BM=block_m, BN=t.block_n,
-        BK=t.block_k, num_warps=t.warps, num_stages=t.stages, **launch_options(g),
-        PREFETCH_K=prefetch_k(w2, h * ex) if ex else 0, **split,
+        g,
+        w2,
+        rw,
+        out,
+        al.sorted_pairs,
+        al.block_expert,
+        pairs,
+        e,
+        h,
+        i,
+        w2.stride(0),
+        w2.stride(1),
+        out.stride(0),
+        HAS_WEIGHT=route_weights is not None,
+        IEEE=ieee,
+        INTERP=interpreting(),
+        BM=block_m,
+        BN=t.block_n,
+        BK=t.block_k,
+        num_warps=t.warps,
+        num_stages=t.stages,
+        **launch_options(g),
+        PREFETCH_K=prefetch_k(w2, h * ex) if ex else 0,
+        **split,
     )
 
 
 def moe(
-    x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
-    w1: Sequence[torch.Tensor] | torch.Tensor, w3: Sequence[torch.Tensor] | torch.Tensor,
-    w2: Sequence[torch.Tensor] | torch.Tensor, *, act: str = "silu", limit: float = 0.0,
-    slot_dtype: torch.dtype | None = None, round_sum: bool = False,
-    plus: torch.Tensor | None = None, sum_slots: bool = True,
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    experts: torch.Tensor,
+    w1: Sequence[torch.Tensor] | torch.Tensor,
+    w3: Sequence[torch.Tensor] | torch.Tensor,
+    w2: Sequence[torch.Tensor] | torch.Tensor,
+    *,
+    act: str = "silu",
+    limit: float = 0.0,
+    slot_dtype: torch.dtype | None = None,
+    round_sum: bool = False,
+    plus: torch.Tensor | None = None,
+    sum_slots: bool = True,
 ) -> torch.Tensor:
     """x [N, H]; weights [N, k] (any float dtype); experts [N, k]; w1, w3 E x [I, H] or
     [E, I, H]; w2 E x [H, I] or [E, H, I] -> Σ_j weights[:, j] · expert_j(x) [N, H], in slot
@@ -579,7 +933,9 @@ def moe(
 
 
 def slot_sum(
-    slots: torch.Tensor, dtype: torch.dtype | None = None, round_each: bool = False,
+    slots: torch.Tensor,
+    dtype: torch.dtype | None = None,
+    round_each: bool = False,
     plus: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """slots [N, k, H] -> Σ_j slots[:, j] in slot order in fp32 (round_each: each add rounded to
@@ -591,8 +947,16 @@ def slot_sum(
         p = plus.contiguous() if plus is not None else out
         assert p.shape == out.shape
         _slot_sum_kernel[(n, cdiv(h, 1024))](
-            slots, p, out, h, TOPK=k, CH=1024, ROUND_EACH=round_each, HAS_PLUS=plus is not None,
-            num_warps=4, **launch_options(slots),
+            slots,
+            p,
+            out,
+            h,
+            TOPK=k,
+            CH=1024,
+            ROUND_EACH=round_each,
+            HAS_PLUS=plus is not None,
+            num_warps=4,
+            **launch_options(slots),
         )
     return out
 
@@ -607,8 +971,13 @@ def prealigned(experts: torch.Tensor, num_experts: int, block_m: int) -> Aligned
 
 
 def gated_ffn(
-    x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, *,
-    act: str = "silu", limit: float = 0.0,
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w3: torch.Tensor,
+    w2: torch.Tensor,
+    *,
+    act: str = "silu",
+    limit: float = 0.0,
 ) -> torch.Tensor:
     """The dense gated FFN through the same kernels, every row one pair of one expert.
     x [N, H]; w1, w3 [I, H] (views of a fused [2I, H] are fine); w2 [H, I] -> [N, H]."""
@@ -619,8 +988,23 @@ def gated_ffn(
     i = w1.shape[0]
     splits = (dense_splits(i, h), dense_splits(h, i))
     bm, sw, dn = pick(n, i, hidden=h, split=max(splits) > 1)
-    _experts(x, _identity(n, x.device, bm), n, 1, w1[None], w3[None], w2[None], None, out, bm, sw,
-             dn, act, limit, splits)
+    _experts(
+        x,
+        _identity(n, x.device, bm),
+        n,
+        1,
+        w1[None],
+        w3[None],
+        w2[None],
+        None,
+        out,
+        bm,
+        sw,
+        dn,
+        act,
+        limit,
+        splits,
+    )
     return out
 
 

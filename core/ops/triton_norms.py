@@ -17,19 +17,53 @@ from .triton_util import after_prior, cdiv, next_power_of_2
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
 def _rms_norm_kernel(
-    x_ptr, r_ptr, w_ptr, o_ptr, h_ptr, n_rows, D, eps,
-    HAS_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-    SLOTS: tl.constexpr = 1, PDL: tl.constexpr = False,
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    o_ptr,
+    h_ptr,
+    n_rows,
+    D,
+    eps,
+    HAS_RES: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SLOTS: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
-    norm_rows(x_ptr, r_ptr, w_ptr, o_ptr, h_ptr, tl.program_id(0) * ROWS, n_rows, D, eps,
-              HAS_RES, ROWS, BLOCK_D, SLOTS)
+    norm_rows(
+        x_ptr,
+        r_ptr,
+        w_ptr,
+        o_ptr,
+        h_ptr,
+        tl.program_id(0) * ROWS,
+        n_rows,
+        D,
+        eps,
+        HAS_RES,
+        ROWS,
+        BLOCK_D,
+        SLOTS,
+    )
 
 
 @triton.jit
 def norm_rows(
-    x_ptr, r_ptr, w_ptr, o_ptr, h_ptr, row0, n_rows, D, eps,
-    HAS_RES: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr, SLOTS: tl.constexpr,
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    o_ptr,
+    h_ptr,
+    row0,
+    n_rows,
+    D,
+    eps,
+    HAS_RES: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SLOTS: tl.constexpr,
 ):
     """Rows row0 .. row0 + ROWS as a [ROWS, BLOCK_D] tile. SLOTS > 1: x is [n_rows, SLOTS, D],
     a MoE's slots, summed in slot order in fp32 and rounded to h's dtype first
@@ -81,8 +115,19 @@ def _launch(x, res, weight, eps, slots=1):
     per, block_d = rows_per_program(d)
     if n:
         _rms_norm_kernel[(cdiv(n, per),)](
-            src, r, weight.contiguous(), out, h, n, d, eps,
-            HAS_RES=res is not None, ROWS=per, BLOCK_D=block_d, SLOTS=slots, num_warps=NORM_WARPS,
+            src,
+            r,
+            weight.contiguous(),
+            out,
+            h,
+            n,
+            d,
+            eps,
+            HAS_RES=res is not None,
+            ROWS=per,
+            BLOCK_D=block_d,
+            SLOTS=slots,
+            num_warps=NORM_WARPS,
             **launch_options(src),
         )
     return out.view(shape), h.view(shape)

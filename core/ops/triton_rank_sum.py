@@ -23,8 +23,18 @@ BLOCK = 1024
 
 @triton.jit(do_not_specialize=["n"])  # one binary for any message size
 def _rank_sum_kernel(
-    p0, p1, p2, p3, p4, p5, p6, p7, out_ptr, n,
-    WORLD: tl.constexpr, BLOCK: tl.constexpr,
+    p0,
+    p1,
+    p2,
+    p3,
+    p4,
+    p5,
+    p6,
+    p7,
+    out_ptr,
+    n,
+    WORLD: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n

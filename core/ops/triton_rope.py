@@ -18,8 +18,9 @@ NORM_NONE, NORM_ROUNDED, NORM_FP32 = 0, 1, 2  # _rope_kernel's NORM
 
 
 @triton.jit
-def _norm_rope_heads(src, dst, live, w_ptr, c_row, s_row, eps,
-                     HALF: tl.constexpr, NORM: tl.constexpr):
+def _norm_rope_heads(
+    src, dst, live, w_ptr, c_row, s_row, eps, HALF: tl.constexpr, NORM: tl.constexpr
+):
     """The heads at src ([HEADS, 1] pointers to each head's first value; live masks the padding
     heads) normalised as NORM says, rotated by the row's cos, sin at c_row, s_row, and stored at
     dst in dst's dtype. NORM RMS-normalises a head over its 2·HALF values: NORM_ROUNDED
@@ -63,8 +64,20 @@ def _norm_heads(src, dst, live, eps, HALF: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
 def _rope_kernel(
-    x_ptr, w_ptr, c_ptr, s_ptr, o_ptr, n_rows, heads, stride_xn, stride_xh, stride_cn, eps,
-    HALF: tl.constexpr, HEADS: tl.constexpr, NORM: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    c_ptr,
+    s_ptr,
+    o_ptr,
+    n_rows,
+    heads,
+    stride_xn,
+    stride_xh,
+    stride_cn,
+    eps,
+    HALF: tl.constexpr,
+    HEADS: tl.constexpr,
+    NORM: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     """Each head of a row rotated; NORM first RMS-normalises it (_norm_rope_heads)."""
@@ -73,15 +86,45 @@ def _rope_kernel(
     h = tl.arange(0, HEADS)[:, None]
     src = x_ptr + row.to(tl.int64) * stride_xn + h * stride_xh
     dst = o_ptr + row.to(tl.int64) * heads * 2 * HALF + h * 2 * HALF
-    _norm_rope_heads(src, dst, h < heads, w_ptr, c_ptr + row * stride_cn,
-                     s_ptr + row * stride_cn, eps, HALF, NORM)
+    _norm_rope_heads(
+        src,
+        dst,
+        h < heads,
+        w_ptr,
+        c_ptr + row * stride_cn,
+        s_ptr + row * stride_cn,
+        eps,
+        HALF,
+        NORM,
+    )
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
 def _qkv_kernel(
-    x_ptr, wq_ptr, wk_ptr, c_ptr, s_ptr, q_ptr, k_ptr, v_ptr, index_ptr, n_rows, q_heads,
-    kv_heads, stride_xn, stride_xh, stride_cn, stride_kn, stride_kh, stride_vn, stride_vh, eps,
-    HALF: tl.constexpr, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, NORM: tl.constexpr,
+    x_ptr,
+    wq_ptr,
+    wk_ptr,
+    c_ptr,
+    s_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    index_ptr,
+    n_rows,
+    q_heads,
+    kv_heads,
+    stride_xn,
+    stride_xh,
+    stride_cn,
+    stride_kn,
+    stride_kh,
+    stride_vn,
+    stride_vh,
+    eps,
+    HALF: tl.constexpr,
+    Q_HEADS: tl.constexpr,
+    KV_HEADS: tl.constexpr,
+    NORM: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     """Row `row` of x [N, Hq + 2·Hkv, D] (its q, k and v heads): the q heads normalised and
@@ -93,12 +136,30 @@ def _qkv_kernel(
     x_row = x_ptr + row.to(tl.int64) * stride_xn
     c_row, s_row = c_ptr + row * stride_cn, s_ptr + row * stride_cn
     hq = tl.arange(0, Q_HEADS)[:, None]
-    _norm_rope_heads(x_row + hq * stride_xh, q_ptr + row.to(tl.int64) * q_heads * 2 * HALF
-                     + hq * 2 * HALF, hq < q_heads, wq_ptr, c_row, s_row, eps, HALF, NORM)
+    _norm_rope_heads(
+        x_row + hq * stride_xh,
+        q_ptr + row.to(tl.int64) * q_heads * 2 * HALF + hq * 2 * HALF,
+        hq < q_heads,
+        wq_ptr,
+        c_row,
+        s_row,
+        eps,
+        HALF,
+        NORM,
+    )
     hk = tl.arange(0, KV_HEADS)[:, None]
     live = hk < kv_heads
-    _norm_rope_heads(x_row + (q_heads + hk) * stride_xh, k_ptr + dest * stride_kn
-                     + hk * stride_kh, live, wk_ptr, c_row, s_row, eps, HALF, NORM)
+    _norm_rope_heads(
+        x_row + (q_heads + hk) * stride_xh,
+        k_ptr + dest * stride_kn + hk * stride_kh,
+        live,
+        wk_ptr,
+        c_row,
+        s_row,
+        eps,
+        HALF,
+        NORM,
+    )
     j = tl.arange(0, 2 * HALF)[None, :]
     v = tl.load(x_row + (q_heads + kv_heads + hk) * stride_xh + j, mask=live)
     tl.store(v_ptr + dest * stride_vn + hk * stride_vh + j, v, mask=live)
@@ -106,9 +167,26 @@ def _qkv_kernel(
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
 def _heads_kernel(
-    x_ptr, wq_ptr, wk_ptr, c_ptr, s_ptr, q_ptr, k_ptr, v_ptr, n_rows, q_heads, kv_heads, v_first,
-    stride_xn, stride_xh, stride_cn, eps,
-    HALF: tl.constexpr, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, NORM: tl.constexpr,
+    x_ptr,
+    wq_ptr,
+    wk_ptr,
+    c_ptr,
+    s_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    n_rows,
+    q_heads,
+    kv_heads,
+    v_first,
+    stride_xn,
+    stride_xh,
+    stride_cn,
+    eps,
+    HALF: tl.constexpr,
+    Q_HEADS: tl.constexpr,
+    KV_HEADS: tl.constexpr,
+    NORM: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     """Row `row` of x's heads [N, *, D]: q heads 0.. and k heads q_heads.. normalised and rotated
@@ -119,13 +197,31 @@ def _heads_kernel(
     x_row = x_ptr + row.to(tl.int64) * stride_xn
     c_row, s_row = c_ptr + row * stride_cn, s_ptr + row * stride_cn
     hq = tl.arange(0, Q_HEADS)[:, None]
-    _norm_rope_heads(x_row + hq * stride_xh, q_ptr + row.to(tl.int64) * q_heads * 2 * HALF
-                     + hq * 2 * HALF, hq < q_heads, wq_ptr, c_row, s_row, eps, HALF, NORM)
+    _norm_rope_heads(
+        x_row + hq * stride_xh,
+        q_ptr + row.to(tl.int64) * q_heads * 2 * HALF + hq * 2 * HALF,
+        hq < q_heads,
+        wq_ptr,
+        c_row,
+        s_row,
+        eps,
+        HALF,
+        NORM,
+    )
     hk = tl.arange(0, KV_HEADS)[:, None]
     live = hk < kv_heads
     kv_row = row.to(tl.int64) * kv_heads * 2 * HALF + hk * 2 * HALF
-    _norm_rope_heads(x_row + (q_heads + hk) * stride_xh, k_ptr + kv_row, live, wk_ptr, c_row,
-                     s_row, eps, HALF, NORM)
+    _norm_rope_heads(
+        x_row + (q_heads + hk) * stride_xh,
+        k_ptr + kv_row,
+        live,
+        wk_ptr,
+        c_row,
+        s_row,
+        eps,
+        HALF,
+        NORM,
+    )
     _norm_heads(x_row + (v_first + hk) * stride_xh, v_ptr + kv_row, live, eps, HALF)
 
 
@@ -135,8 +231,14 @@ def _warps(heads: int, d: int, norm: int) -> int:
     return 4 if norm and heads * d > 4096 else 2
 
 
-def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor | None,
-            eps: float, norm: int) -> torch.Tensor:
+def _launch(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    norm: int,
+) -> torch.Tensor:
     n, heads, d = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -144,10 +246,22 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch
     out = torch.empty(n, heads, d, dtype=x.dtype, device=x.device)
     if n:
         _rope_kernel[(n,)](
-            x, weight.contiguous() if weight is not None else cos, cos, sin, out, n, heads,
-            x.stride(0), x.stride(1), cos.stride(0), float(eps), HALF=d // 2,
-            HEADS=next_power_of_2(heads), NORM=norm,
-            num_warps=_warps(heads, d, norm), **launch_options(x),
+            x,
+            weight.contiguous() if weight is not None else cos,
+            cos,
+            sin,
+            out,
+            n,
+            heads,
+            x.stride(0),
+            x.stride(1),
+            cos.stride(0),
+            float(eps),
+            HALF=d // 2,
+            HEADS=next_power_of_2(heads),
+            NORM=norm,
+            num_warps=_warps(heads, d, norm),
+            **launch_options(x),
         )
     return out
 
@@ -158,7 +272,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def norm_rope(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
     fp32_weight: bool,
 ) -> torch.Tensor:
     """x [N, H, D]; weight [D]; cos, sin [N, D] (x's dtype) -> [N, H, D]: each head normalised
@@ -167,8 +285,14 @@ def norm_rope(
 
 
 def qkv_norm_rope_write(
-    qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
-    cos: torch.Tensor, sin: torch.Tensor, k_dst: torch.Tensor, v_dst: torch.Tensor,
+    qkv: torch.Tensor,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_dst: torch.Tensor,
+    v_dst: torch.Tensor,
     index: torch.Tensor,
 ) -> torch.Tensor:
     """qkv [N, Hq + 2·Hkv, D] (q, k, v heads); q_norm, k_norm [D]; cos, sin [N, D]; k_dst, v_dst
@@ -187,19 +311,46 @@ def qkv_norm_rope_write(
     q = torch.empty(n, q_heads, d, dtype=qkv.dtype, device=qkv.device)
     if n:
         _qkv_kernel[(n,)](
-            qkv, q_norm.contiguous(), k_norm.contiguous(), cos, sin, q, k_dst, v_dst, index, n,
-            q_heads, kv_heads, qkv.stride(0), qkv.stride(1), cos.stride(0), k_dst.stride(0),
-            k_dst.stride(1), v_dst.stride(0), v_dst.stride(1), float(eps), HALF=d // 2,
-            Q_HEADS=next_power_of_2(q_heads), KV_HEADS=next_power_of_2(kv_heads),
-            NORM=NORM_ROUNDED, num_warps=_warps(max(q_heads, kv_heads), d, NORM_ROUNDED),
+            qkv,
+            q_norm.contiguous(),
+            k_norm.contiguous(),
+            cos,
+            sin,
+            q,
+            k_dst,
+            v_dst,
+            index,
+            n,
+            q_heads,
+            kv_heads,
+            qkv.stride(0),
+            qkv.stride(1),
+            cos.stride(0),
+            k_dst.stride(0),
+            k_dst.stride(1),
+            v_dst.stride(0),
+            v_dst.stride(1),
+            float(eps),
+            HALF=d // 2,
+            Q_HEADS=next_power_of_2(q_heads),
+            KV_HEADS=next_power_of_2(kv_heads),
+            NORM=NORM_ROUNDED,
+            num_warps=_warps(max(q_heads, kv_heads), d, NORM_ROUNDED),
             **launch_options(qkv),
         )
     return q
 
 
 def qkv_heads(
-    heads: torch.Tensor, q_heads: int, kv_heads: int, v_first: int, q_norm: torch.Tensor,
-    k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+    heads: torch.Tensor,
+    q_heads: int,
+    kv_heads: int,
+    v_first: int,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """gemma4's attention inputs from one product's heads [N, *, D] in one launch: (q, k, v),
     q = norm_rope(heads[:, :q_heads], q_norm) [N, Hq, D] and k = norm_rope(the next kv_heads,
@@ -218,10 +369,27 @@ def qkv_heads(
     v = torch.empty_like(k)
     if n:
         _heads_kernel[(n,)](
-            heads, q_norm.contiguous(), k_norm.contiguous(), cos, sin, q, k, v, n, q_heads,
-            kv_heads, v_first, heads.stride(0), heads.stride(1), cos.stride(0), float(eps),
-            HALF=d // 2, Q_HEADS=next_power_of_2(q_heads), KV_HEADS=next_power_of_2(kv_heads),
-            NORM=NORM_FP32, num_warps=_warps(max(q_heads, kv_heads), d, NORM_FP32),
+            heads,
+            q_norm.contiguous(),
+            k_norm.contiguous(),
+            cos,
+            sin,
+            q,
+            k,
+            v,
+            n,
+            q_heads,
+            kv_heads,
+            v_first,
+            heads.stride(0),
+            heads.stride(1),
+            cos.stride(0),
+            float(eps),
+            HALF=d // 2,
+            Q_HEADS=next_power_of_2(q_heads),
+            KV_HEADS=next_power_of_2(kv_heads),
+            NORM=NORM_FP32,
+            num_warps=_warps(max(q_heads, kv_heads), d, NORM_FP32),
             **launch_options(heads),
         )
     return q, k, v

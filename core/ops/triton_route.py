@@ -100,21 +100,46 @@ FP32_CHAIN_SUMS = True  # ... the chunks added by the chain's last program (Fals
 
 @triton.jit(do_not_specialize=["M"])  # one binary for any row count
 def _router_partial_kernel(
-    x_ptr, g_ptr, part_ptr, M, E, K, stride_xm,
-    F32: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, BM: tl.constexpr,
-    EB: tl.constexpr, EBLK: tl.constexpr, KS: tl.constexpr, BK: tl.constexpr,
+    x_ptr,
+    g_ptr,
+    part_ptr,
+    M,
+    E,
+    K,
+    stride_xm,
+    F32: tl.constexpr,
+    IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
+    BM: tl.constexpr,
+    EB: tl.constexpr,
+    EBLK: tl.constexpr,
+    KS: tl.constexpr,
+    BK: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
-    _router_partial(x_ptr, g_ptr, part_ptr, M, E, K, stride_xm, F32, IEEE, INTERP, BM, EB, EBLK,
-                    KS, BK)
+    _router_partial(
+        x_ptr, g_ptr, part_ptr, M, E, K, stride_xm, F32, IEEE, INTERP, BM, EB, EBLK, KS, BK
+    )
 
 
 @triton.jit
 def _router_partial(
-    x_ptr, g_ptr, part_ptr, M, E, K, stride_xm,
-    F32: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, BM: tl.constexpr,
-    EB: tl.constexpr, EBLK: tl.constexpr, KS: tl.constexpr, BK: tl.constexpr,
+    x_ptr,
+    g_ptr,
+    part_ptr,
+    M,
+    E,
+    K,
+    stride_xm,
+    F32: tl.constexpr,
+    IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
+    BM: tl.constexpr,
+    EB: tl.constexpr,
+    EBLK: tl.constexpr,
+    KS: tl.constexpr,
+    BK: tl.constexpr,
 ):
     """Split s of the router logits: x[:, s*KS : (s+1)*KS] @ gate[experts of this block, same]ᵀ,
     fp32 (F32: x read as fp32, an fp32 product, as x.float() @ gate.float()ᵀ)."""
@@ -127,10 +152,16 @@ def _router_partial(
     for k0 in tl.static_range(0, KS, BK):
         kk = s * KS + k0 + rk
         kin = kk < K
-        a = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + kk[None, :],
-                    mask=(rm[:, None] < M) & kin[None, :], other=0.0)
-        b = tl.load(g_ptr + re[None, :].to(tl.int64) * K + kk[:, None],
-                    mask=(re[None, :] < E) & kin[:, None], other=0.0)
+        a = tl.load(
+            x_ptr + rm[:, None].to(tl.int64) * stride_xm + kk[None, :],
+            mask=(rm[:, None] < M) & kin[None, :],
+            other=0.0,
+        )
+        b = tl.load(
+            g_ptr + re[None, :].to(tl.int64) * K + kk[:, None],
+            mask=(re[None, :] < E) & kin[:, None],
+            other=0.0,
+        )
         if F32:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
@@ -140,8 +171,19 @@ def _router_partial(
 
 
 @triton.jit
-def _chain_chunk(x_rows, rmask, gt_ptr, re, emask, E, K, k0, BM: tl.constexpr,
-                 EBLK: tl.constexpr, KS: tl.constexpr):
+def _chain_chunk(
+    x_rows,
+    rmask,
+    gt_ptr,
+    re,
+    emask,
+    E,
+    K,
+    k0,
+    BM: tl.constexpr,
+    EBLK: tl.constexpr,
+    KS: tl.constexpr,
+):
     """x[rows, k0 : k0+KS] @ gt[same, re]: each logit one FMA chain over the chunk's columns in
     order, from 0. -> [BM, EBLK] fp32."""
     acc = tl.zeros((BM, EBLK), dtype=tl.float32)
@@ -155,9 +197,24 @@ def _chain_chunk(x_rows, rmask, gt_ptr, re, emask, E, K, k0, BM: tl.constexpr,
 
 @triton.jit(do_not_specialize=["M"])  # one binary for any row count
 def _router_chain_kernel(
-    x_ptr, gt_ptr, out_ptr, ws_ptr, cnt_ptr, M, E, K, stride_xm, ws_rows,
-    EB: tl.constexpr, BM: tl.constexpr, EBLK: tl.constexpr, KS: tl.constexpr,
-    SPLITS: tl.constexpr, SPLIT_GRID: tl.constexpr, SUM: tl.constexpr, INTERP: tl.constexpr,
+    x_ptr,
+    gt_ptr,
+    out_ptr,
+    ws_ptr,
+    cnt_ptr,
+    M,
+    E,
+    K,
+    stride_xm,
+    ws_rows,
+    EB: tl.constexpr,
+    BM: tl.constexpr,
+    EBLK: tl.constexpr,
+    KS: tl.constexpr,
+    SPLITS: tl.constexpr,
+    SPLIT_GRID: tl.constexpr,
+    SUM: tl.constexpr,
+    INTERP: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     """The fp32 router's logits x @ gt in SPLITS chunks of KS columns of K (gt [K, E] fp32
@@ -234,16 +291,41 @@ def _chain_logits(x: torch.Tensor, gate: torch.Tensor, eb: int) -> tuple[torch.T
     else:
         ws = cnt = out
     _router_chain_kernel[grid](
-        x, gate.t(), out, ws, cnt, n, e, h, x.stride(0), ws_rows, EB=eb, BM=rows, EBLK=eblk,
-        KS=FP32_CHAIN_SPLIT, SPLITS=splits, SPLIT_GRID=split_grid, SUM=summed,
-        INTERP=interpreting(), num_warps=max(1, min(4, rows * eblk // 32)), **launch_options(x),
+        x,
+        gate.t(),
+        out,
+        ws,
+        cnt,
+        n,
+        e,
+        h,
+        x.stride(0),
+        ws_rows,
+        EB=eb,
+        BM=rows,
+        EBLK=eblk,
+        KS=FP32_CHAIN_SPLIT,
+        SPLITS=splits,
+        SPLIT_GRID=split_grid,
+        SUM=summed,
+        INTERP=interpreting(),
+        num_warps=max(1, min(4, rows * eblk // 32)),
+        **launch_options(x),
     )
     return out, out.shape[0]
 
 
 @triton.jit
-def _keep_groups(key, ex, ROWS: tl.constexpr, EB: tl.constexpr, EPG: tl.constexpr,
-                 GROUPS: tl.constexpr, KEEP: tl.constexpr, GB: tl.constexpr):
+def _keep_groups(
+    key,
+    ex,
+    ROWS: tl.constexpr,
+    EB: tl.constexpr,
+    EPG: tl.constexpr,
+    GROUPS: tl.constexpr,
+    KEEP: tl.constexpr,
+    GB: tl.constexpr,
+):
     """key [ROWS, EB] (-inf past E) -> key with every expert outside the KEEP best of GROUPS
     groups of EPG experts at -inf. A group scores the sum of its two best keys; ties go to
     the lower group."""
@@ -266,14 +348,39 @@ def _keep_groups(key, ex, ROWS: tl.constexpr, EB: tl.constexpr, EPG: tl.constexp
 
 @triton.jit(do_not_specialize=["n_rows", "max_blocks"])  # one binary for any row count
 def _route_kernel(
-    part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, n_rows, E, S: tl.constexpr, scaling,
-    norm_eps, TOPK: tl.constexpr, KB: tl.constexpr, EB: tl.constexpr, SOFTMAX: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, NORM: tl.constexpr,
-    GROUPS: tl.constexpr, EPG: tl.constexpr, KEEP_GROUPS: tl.constexpr, GB: tl.constexpr,
-    BY_EXPERT: tl.constexpr, ROWS: tl.constexpr,
-    sorted_ptr=None, block_ptr=None, max_blocks=0, ALIGN: tl.constexpr = False,
-    BM: tl.constexpr = 16, PB: tl.constexpr = 1, PDL: tl.constexpr = False,
-    UNROLL: tl.constexpr = False, PAIRWISE: tl.constexpr = False,
+    part_ptr,
+    bias_ptr,
+    scale_ptr,
+    lt_ptr,
+    w_ptr,
+    e_ptr,
+    n_rows,
+    E,
+    S: tl.constexpr,
+    scaling,
+    norm_eps,
+    TOPK: tl.constexpr,
+    KB: tl.constexpr,
+    EB: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    NORM: tl.constexpr,
+    GROUPS: tl.constexpr,
+    EPG: tl.constexpr,
+    KEEP_GROUPS: tl.constexpr,
+    GB: tl.constexpr,
+    BY_EXPERT: tl.constexpr,
+    ROWS: tl.constexpr,
+    sorted_ptr=None,
+    block_ptr=None,
+    max_blocks=0,
+    ALIGN: tl.constexpr = False,
+    BM: tl.constexpr = 16,
+    PB: tl.constexpr = 1,
+    PDL: tl.constexpr = False,
+    UNROLL: tl.constexpr = False,
+    PAIRWISE: tl.constexpr = False,
 ):
     """lt_ptr: only its dtype is read, the logits' (and sigmoid scores') dtype; the weights are
     rounded to w_ptr's. ALIGN (a pass that this one program holds, of at most PB pairs): its
@@ -281,23 +388,79 @@ def _route_kernel(
     and block_ptr."""
     after_prior(PDL)
     _route_rows(
-        tl.program_id(0) * ROWS, part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, n_rows, E,
-        S, scaling, norm_eps, TOPK, KB, EB, SOFTMAX, HAS_BIAS, HAS_SCALE, NORM, GROUPS, EPG,
-        KEEP_GROUPS, GB, BY_EXPERT, ROWS, sorted_ptr, block_ptr, max_blocks, ALIGN, BM, PB,
-        False, UNROLL, PAIRWISE,
+        tl.program_id(0) * ROWS,
+        part_ptr,
+        bias_ptr,
+        scale_ptr,
+        lt_ptr,
+        w_ptr,
+        e_ptr,
+        n_rows,
+        E,
+        S,
+        scaling,
+        norm_eps,
+        TOPK,
+        KB,
+        EB,
+        SOFTMAX,
+        HAS_BIAS,
+        HAS_SCALE,
+        NORM,
+        GROUPS,
+        EPG,
+        KEEP_GROUPS,
+        GB,
+        BY_EXPERT,
+        ROWS,
+        sorted_ptr,
+        block_ptr,
+        max_blocks,
+        ALIGN,
+        BM,
+        PB,
+        False,
+        UNROLL,
+        PAIRWISE,
     )
 
 
 @triton.jit
 def _route_rows(
-    row0, part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, n_rows, E, S: tl.constexpr,
-    scaling, norm_eps,
-    TOPK: tl.constexpr, KB: tl.constexpr, EB: tl.constexpr, SOFTMAX: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, NORM: tl.constexpr,
-    GROUPS: tl.constexpr, EPG: tl.constexpr, KEEP_GROUPS: tl.constexpr, GB: tl.constexpr,
-    BY_EXPERT: tl.constexpr, ROWS: tl.constexpr, sorted_ptr, block_ptr, max_blocks,
-    ALIGN: tl.constexpr, BM: tl.constexpr, PB: tl.constexpr, VOLATILE: tl.constexpr,
-    UNROLL: tl.constexpr, PAIRWISE: tl.constexpr,
+    row0,
+    part_ptr,
+    bias_ptr,
+    scale_ptr,
+    lt_ptr,
+    w_ptr,
+    e_ptr,
+    n_rows,
+    E,
+    S: tl.constexpr,
+    scaling,
+    norm_eps,
+    TOPK: tl.constexpr,
+    KB: tl.constexpr,
+    EB: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    NORM: tl.constexpr,
+    GROUPS: tl.constexpr,
+    EPG: tl.constexpr,
+    KEEP_GROUPS: tl.constexpr,
+    GB: tl.constexpr,
+    BY_EXPERT: tl.constexpr,
+    ROWS: tl.constexpr,
+    sorted_ptr,
+    block_ptr,
+    max_blocks,
+    ALIGN: tl.constexpr,
+    BM: tl.constexpr,
+    PB: tl.constexpr,
+    VOLATILE: tl.constexpr,
+    UNROLL: tl.constexpr,
+    PAIRWISE: tl.constexpr,
 ):
     """Rows row0 .. row0 + ROWS: their partials summed in split order, scored, their top k
     picked and weighted (VOLATILE: the partials read past L1, written by other programs of this
@@ -313,13 +476,15 @@ def _route_rows(
     if UNROLL:
         for s in tl.static_range(S):  # the K splits, always in this order
             offs = (s * n_rows + rows)[:, None].to(tl.int64) * EB + ex[None, :]
-            acc += tl.load(part_ptr + offs, mask=rmask[:, None] & emask[None, :], other=0.0,
-                           volatile=VOLATILE)
+            acc += tl.load(
+                part_ptr + offs, mask=rmask[:, None] & emask[None, :], other=0.0, volatile=VOLATILE
+            )
     else:
         for s in range(0, S):
             offs = (s * n_rows + rows)[:, None].to(tl.int64) * EB + ex[None, :]
-            acc += tl.load(part_ptr + offs, mask=rmask[:, None] & emask[None, :], other=0.0,
-                           volatile=VOLATILE)
+            acc += tl.load(
+                part_ptr + offs, mask=rmask[:, None] & emask[None, :], other=0.0, volatile=VOLATILE
+            )
     lg = acc.to(ldt).to(tl.float32)  # the router's logits, rounded as the reference's
     if SOFTMAX:
         lg = tl.where(emask[None, :], lg, float("-inf"))
@@ -380,17 +545,56 @@ def _route_rows(
 
 @triton.jit
 def _router_route_kernel(
-    x_ptr, g_ptr, part_ptr, cnt_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, K, stride_xm,
-    E, S: tl.constexpr, scaling, norm_eps, sorted_ptr, block_ptr, max_blocks,
-    F32: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, PBM: tl.constexpr,
-    EBLK: tl.constexpr, KS: tl.constexpr, BK: tl.constexpr,
-    TOPK: tl.constexpr, KB: tl.constexpr, EB: tl.constexpr, SOFTMAX: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, NORM: tl.constexpr,
-    GROUPS: tl.constexpr, EPG: tl.constexpr, KEEP_GROUPS: tl.constexpr, GB: tl.constexpr,
-    BY_EXPERT: tl.constexpr, ROWS: tl.constexpr, BM: tl.constexpr,
-    y_ptr=None, r_ptr=None, nw_ptr=None, h_ptr=None, in_eps=0.0, NORM_IN: tl.constexpr = False,
-    NROWS: tl.constexpr = 1, BLOCK_D: tl.constexpr = 16, PDL: tl.constexpr = False,
-    UNROLL: tl.constexpr = False, PAIRWISE: tl.constexpr = False,
+    x_ptr,
+    g_ptr,
+    part_ptr,
+    cnt_ptr,
+    bias_ptr,
+    scale_ptr,
+    lt_ptr,
+    w_ptr,
+    e_ptr,
+    K,
+    stride_xm,
+    E,
+    S: tl.constexpr,
+    scaling,
+    norm_eps,
+    sorted_ptr,
+    block_ptr,
+    max_blocks,
+    F32: tl.constexpr,
+    IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
+    PBM: tl.constexpr,
+    EBLK: tl.constexpr,
+    KS: tl.constexpr,
+    BK: tl.constexpr,
+    TOPK: tl.constexpr,
+    KB: tl.constexpr,
+    EB: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    NORM: tl.constexpr,
+    GROUPS: tl.constexpr,
+    EPG: tl.constexpr,
+    KEEP_GROUPS: tl.constexpr,
+    GB: tl.constexpr,
+    BY_EXPERT: tl.constexpr,
+    ROWS: tl.constexpr,
+    BM: tl.constexpr,
+    y_ptr=None,
+    r_ptr=None,
+    nw_ptr=None,
+    h_ptr=None,
+    in_eps=0.0,
+    NORM_IN: tl.constexpr = False,
+    NROWS: tl.constexpr = 1,
+    BLOCK_D: tl.constexpr = 16,
+    PDL: tl.constexpr = False,
+    UNROLL: tl.constexpr = False,
+    PAIRWISE: tl.constexpr = False,
 ):
     """A pass of one row in one launch: each program writes its split of the logits as
     _router_partial_kernel does, and the last to arrive routes and aligns the row as
@@ -402,15 +606,46 @@ def _router_route_kernel(
     if NORM_IN:
         norm_rows(y_ptr, r_ptr, nw_ptr, x_ptr, h_ptr, 0, 1, K, in_eps, True, NROWS, BLOCK_D, 1)
         tl.debug_barrier()  # the program's stores of x seen by all its threads before it reads x
-    _router_partial(x_ptr, g_ptr, part_ptr, 1, E, K, stride_xm, F32, IEEE, INTERP, PBM, EB, EBLK,
-                    KS, BK)
+    _router_partial(
+        x_ptr, g_ptr, part_ptr, 1, E, K, stride_xm, F32, IEEE, INTERP, PBM, EB, EBLK, KS, BK
+    )
     publish_writes(INTERP)
     programs = tl.num_programs(1) * tl.num_programs(2)
     if tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == programs - 1:
         _route_rows(
-            0, part_ptr, bias_ptr, scale_ptr, lt_ptr, w_ptr, e_ptr, 1, E, S, scaling, norm_eps,
-            TOPK, KB, EB, SOFTMAX, HAS_BIAS, HAS_SCALE, NORM, GROUPS, EPG, KEEP_GROUPS, GB,
-            BY_EXPERT, ROWS, sorted_ptr, block_ptr, max_blocks, True, BM, KB, True, UNROLL,
+            0,
+            part_ptr,
+            bias_ptr,
+            scale_ptr,
+            lt_ptr,
+            w_ptr,
+            e_ptr,
+            1,
+            E,
+            S,
+            scaling,
+            norm_eps,
+            TOPK,
+            KB,
+            EB,
+            SOFTMAX,
+            HAS_BIAS,
+            HAS_SCALE,
+            NORM,
+            GROUPS,
+            EPG,
+            KEEP_GROUPS,
+            GB,
+            BY_EXPERT,
+            ROWS,
+            sorted_ptr,
+            block_ptr,
+            max_blocks,
+            True,
+            BM,
+            KB,
+            True,
+            UNROLL,
             PAIRWISE,
         )
         tl.atomic_xchg(cnt_ptr, 0)
@@ -425,8 +660,14 @@ def _partial_tiles(x: torch.Tensor, gate: torch.Tensor, fp32: bool) -> dict:
     # on the H200; 16 x 32 is not timed yet). Neither tile changes a row's reduction order.
     bm, bk = (16, 32) if fp32 else (64, min(128, ROUTER_SPLIT))
     eblk = min(eb, FP32_EXPERT_BLOCK if fp32 else EXPERT_BLOCK)
-    return dict(eb=eb, eblk=eblk, splits=cdiv(x.shape[1], ROUTER_SPLIT),
-                bm=bm, bk=bk, ieee=fp32 or x.dtype == torch.float32)
+    return dict(
+        eb=eb,
+        eblk=eblk,
+        splits=cdiv(x.shape[1], ROUTER_SPLIT),
+        bm=bm,
+        bk=bk,
+        ieee=fp32 or x.dtype == torch.float32,
+    )
 
 
 def _partials(x: torch.Tensor, gate: torch.Tensor, fp32: bool, t: dict) -> torch.Tensor:
@@ -436,18 +677,45 @@ def _partials(x: torch.Tensor, gate: torch.Tensor, fp32: bool, t: dict) -> torch
     part = torch.empty(t["splits"], n, t["eb"], dtype=torch.float32, device=x.device)
     if n:
         _router_partial_kernel[(cdiv(n, t["bm"]), t["splits"], cdiv(e, t["eblk"]))](
-            x, gate, part, n, e, h, x.stride(0), F32=fp32, IEEE=t["ieee"], INTERP=interpreting(),
-            BM=t["bm"], EB=t["eb"], EBLK=t["eblk"], KS=ROUTER_SPLIT, BK=t["bk"], num_warps=4,
+            x,
+            gate,
+            part,
+            n,
+            e,
+            h,
+            x.stride(0),
+            F32=fp32,
+            IEEE=t["ieee"],
+            INTERP=interpreting(),
+            BM=t["bm"],
+            EB=t["eb"],
+            EBLK=t["eblk"],
+            KS=ROUTER_SPLIT,
+            BK=t["bk"],
+            num_warps=4,
             **launch_options(x),
         )
     return part
 
 
 def _route(
-    x: torch.Tensor, gate: torch.Tensor, fp32: bool, top_k: int, logit_dtype: torch.dtype,
-    weight_dtype: torch.dtype, *, softmax: bool, bias: torch.Tensor | None,
-    scale: torch.Tensor | None, norm: bool, norm_eps: float, scaling: float, groups: int,
-    keep_groups: int, by_expert: bool, norm_in: dict | None = None,
+    x: torch.Tensor,
+    gate: torch.Tensor,
+    fp32: bool,
+    top_k: int,
+    logit_dtype: torch.dtype,
+    weight_dtype: torch.dtype,
+    *,
+    softmax: bool,
+    bias: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    norm: bool,
+    norm_eps: float,
+    scaling: float,
+    groups: int,
+    keep_groups: int,
+    by_expert: bool,
+    norm_in: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The router's logits (x [N, H] @ gate [E, H]ᵀ in fixed splits of H), then each row's top k:
     (weights [N, k] in weight_dtype, experts [N, k] long). A pass of one row or a few (a decode
@@ -470,18 +738,34 @@ def _route(
         return weights, experts
     assert e % groups == 0 and 1 <= keep_groups <= groups
     select = dict(
-        TOPK=top_k, KB=next_power_of_2(top_k), EB=eb, SOFTMAX=softmax,
-        HAS_BIAS=bias is not None, HAS_SCALE=scale is not None, NORM=norm, GROUPS=groups,
-        EPG=e // groups, KEEP_GROUPS=keep_groups, GB=max(2, next_power_of_2(groups)),
-        BY_EXPERT=by_expert, ROWS=route_rows(e), num_warps=4, UNROLL=UNROLL_SPLITS,
+        TOPK=top_k,
+        KB=next_power_of_2(top_k),
+        EB=eb,
+        SOFTMAX=softmax,
+        HAS_BIAS=bias is not None,
+        HAS_SCALE=scale is not None,
+        NORM=norm,
+        GROUPS=groups,
+        EPG=e // groups,
+        KEEP_GROUPS=keep_groups,
+        GB=max(2, next_power_of_2(groups)),
+        BY_EXPERT=by_expert,
+        ROWS=route_rows(e),
+        num_warps=4,
+        UNROLL=UNROLL_SPLITS,
     )
     lt = torch.empty(0, dtype=logit_dtype, device=x.device)
     aligned = None
     if aligns_in_route(n, top_k, e, select["ROWS"]):
         blocks = max_blocks_for(n * top_k, e, TINY_BLOCK_M)
-        aligned = Aligned(torch.empty(blocks * TINY_BLOCK_M, dtype=torch.int32, device=x.device),
-                          torch.empty(blocks, dtype=torch.int32, device=x.device), blocks,
-                          experts.reshape(-1), TINY_BLOCK_M, e)
+        aligned = Aligned(
+            torch.empty(blocks * TINY_BLOCK_M, dtype=torch.int32, device=x.device),
+            torch.empty(blocks, dtype=torch.int32, device=x.device),
+            blocks,
+            experts.reshape(-1),
+            TINY_BLOCK_M,
+            e,
+        )
     if not chain and fuses_one_row(n, e, sigmoid=not softmax and groups == 1):
         if ONE_ROW_TILE and not softmax and groups == 1:  # no sum whose order a layout sets
             select["ROWS"] = 1
@@ -489,18 +773,42 @@ def _route(
         part = torch.empty(t["splits"], 1, eb, dtype=torch.float32, device=x.device)
         assert aligned is not None  # one row (fuses_one_row) aligns in the route
         _router_route_kernel[(1, t["splits"], cdiv(e, t["eblk"]))](
-            x, gate, part, triton_splitk.counters(x.device, 1),
-            bias if bias is not None else part, scale if scale is not None else part, lt,
-            weights, experts, h, x.stride(0), e, t["splits"], float(scaling), float(norm_eps),
-            aligned.sorted_pairs, aligned.block_expert, blocks,
-            F32=fp32, IEEE=t["ieee"], INTERP=interpreting(), PBM=t["bm"], EBLK=t["eblk"],
-            KS=ROUTER_SPLIT, BK=t["bk"], BM=TINY_BLOCK_M, **select, **(norm_in or {}),
+            x,
+            gate,
+            part,
+            triton_splitk.counters(x.device, 1),
+            bias if bias is not None else part,
+            scale if scale is not None else part,
+            lt,
+            weights,
+            experts,
+            h,
+            x.stride(0),
+            e,
+            t["splits"],
+            float(scaling),
+            float(norm_eps),
+            aligned.sorted_pairs,
+            aligned.block_expert,
+            blocks,
+            F32=fp32,
+            IEEE=t["ieee"],
+            INTERP=interpreting(),
+            PBM=t["bm"],
+            EBLK=t["eblk"],
+            KS=ROUTER_SPLIT,
+            BK=t["bk"],
+            BM=TINY_BLOCK_M,
+            **select,
+            **(norm_in or {}),
             **launch_options(x),
         )
     else:
         assert norm_in is None
-        if ONE_ROW_TILE and ((groups == 1 and (n == 1 or (ONE_ROW_PROGRAMS and aligned is None)))
-                             or (ONE_ROW_GROUPS and n == 1)):
+        if ONE_ROW_TILE and (
+            (groups == 1 and (n == 1 or (ONE_ROW_PROGRAMS and aligned is None)))
+            or (ONE_ROW_GROUPS and n == 1)
+        ):
             select.update(ROWS=1, num_warps=1)  # a row's layout kept (see ONE_ROW_TILE)
             if n == 1 and not softmax:
                 select["num_warps"] = SIGMOID_ONE_ROW_WARPS
@@ -509,14 +817,34 @@ def _route(
         else:
             part = _partials(x, gate, fp32, t)
         pb = next_power_of_2(n * top_k)
-        align = {} if aligned is None else dict(
-            sorted_ptr=aligned.sorted_pairs, block_ptr=aligned.block_expert,
-            max_blocks=aligned.max_blocks, ALIGN=True, BM=TINY_BLOCK_M, PB=pb,
-            PAIRWISE=PAIRWISE_ALIGN and eb > pb)
+        align = (
+            {}
+            if aligned is None
+            else dict(
+                sorted_ptr=aligned.sorted_pairs,
+                block_ptr=aligned.block_expert,
+                max_blocks=aligned.max_blocks,
+                ALIGN=True,
+                BM=TINY_BLOCK_M,
+                PB=pb,
+                PAIRWISE=PAIRWISE_ALIGN and eb > pb,
+            )
+        )
         _route_kernel[(cdiv(n, select["ROWS"]),)](
-            part, bias if bias is not None else part, scale if scale is not None else part, lt,
-            weights, experts, n, e, t["splits"], float(scaling), float(norm_eps),
-            **align, **select, **launch_options(part),
+            part,
+            bias if bias is not None else part,
+            scale if scale is not None else part,
+            lt,
+            weights,
+            experts,
+            n,
+            e,
+            t["splits"],
+            float(scaling),
+            float(norm_eps),
+            **align,
+            **select,
+            **launch_options(part),
         )
     if aligned is not None:
         experts.tf_aligned = aligned  # type: ignore[attr-defined]  # rides on the tensor
@@ -533,8 +861,11 @@ def aligns_in_route(n: int, top_k: int, experts: int, rows: int) -> bool:
     the pass, ROWS rows a program), not by triton_align's launch."""
     if n == 1:
         return ALIGN_ONE_ROW
-    return (ALIGN_FEW_ROWS and n <= min(rows, TINY_ROWS)
-            and next_power_of_2(n * top_k) * next_power_of_2(experts) <= FEW_ROWS_ONE_HOT)
+    return (
+        ALIGN_FEW_ROWS
+        and n <= min(rows, TINY_ROWS)
+        and next_power_of_2(n * top_k) * next_power_of_2(experts) <= FEW_ROWS_ONE_HOT
+    )
 
 
 def fuses_one_row(n: int, experts: int, sigmoid: bool = False) -> bool:
@@ -545,40 +876,84 @@ def fuses_one_row(n: int, experts: int, sigmoid: bool = False) -> bool:
 
 
 def norm_route(
-    y: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-    gate: torch.Tensor, expert_bias: torch.Tensor | None, top_k: int, *, norm_topk_prob: bool,
+    y: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    gate: torch.Tensor,
+    expert_bias: torch.Tensor | None,
+    top_k: int,
+    *,
+    norm_topk_prob: bool,
     scaling: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """h = y + residual, x = rms_norm(h) (triton_norms.add_rms_norm), then route(x, ...):
     (x, h, weights, experts). A pass of one row does all of it in the router's one launch (the
     norm's bits as its own kernel's); other passes launch the norm and route as they are."""
     n, d = y.shape
-    if not (NORM_IN_ROUTER and fuses_one_row(n, gate.shape[0], sigmoid=True)
-            and residual.dtype == y.dtype
-            and norm_weight.dtype == y.dtype and y.stride(-1) == 1):
+    if not (
+        NORM_IN_ROUTER
+        and fuses_one_row(n, gate.shape[0], sigmoid=True)
+        and residual.dtype == y.dtype
+        and norm_weight.dtype == y.dtype
+        and y.stride(-1) == 1
+    ):
         from .triton_norms import add_rms_norm
 
         x, h = add_rms_norm(y, residual, norm_weight, eps)
-        return (x, h, *route(x, gate, expert_bias, top_k, norm_topk_prob=norm_topk_prob,
-                             scaling=scaling))
+        return (
+            x,
+            h,
+            *route(x, gate, expert_bias, top_k, norm_topk_prob=norm_topk_prob, scaling=scaling),
+        )
     y, residual = y.contiguous(), residual.contiguous()
     x, h = torch.empty_like(y), torch.empty_like(y)
     rows, block_d = rows_per_program(d)
     assert NORM_WARPS == 4  # the router launch's warps (_route's select)
-    norm_in = dict(y_ptr=y, r_ptr=residual, nw_ptr=norm_weight.contiguous(), h_ptr=h,
-                   in_eps=float(eps), NORM_IN=True, NROWS=rows, BLOCK_D=block_d)
+    norm_in = dict(
+        y_ptr=y,
+        r_ptr=residual,
+        nw_ptr=norm_weight.contiguous(),
+        h_ptr=h,
+        in_eps=float(eps),
+        NORM_IN=True,
+        NROWS=rows,
+        BLOCK_D=block_d,
+    )
     weights, experts = _route(
-        x, gate, False, top_k, x.dtype, x.dtype, softmax=False, bias=expert_bias, scale=None,
-        norm=norm_topk_prob, norm_eps=1e-6, scaling=scaling, groups=1, keep_groups=1,
-        by_expert=False, norm_in=norm_in,
+        x,
+        gate,
+        False,
+        top_k,
+        x.dtype,
+        x.dtype,
+        softmax=False,
+        bias=expert_bias,
+        scale=None,
+        norm=norm_topk_prob,
+        norm_eps=1e-6,
+        scaling=scaling,
+        groups=1,
+        keep_groups=1,
+        by_expert=False,
+        norm_in=norm_in,
     )
     return x, h, weights, experts
 
 
 def route(
-    x: torch.Tensor, gate: torch.Tensor, expert_bias: torch.Tensor | None, top_k: int, *,
-    norm_topk_prob: bool, scaling: float, fp32: bool = False, norm_eps: float = 1e-6,
-    groups: int = 1, keep_groups: int = 1, by_expert: bool = False,
+    x: torch.Tensor,
+    gate: torch.Tensor,
+    expert_bias: torch.Tensor | None,
+    top_k: int,
+    *,
+    norm_topk_prob: bool,
+    scaling: float,
+    fp32: bool = False,
+    norm_eps: float = 1e-6,
+    groups: int = 1,
+    keep_groups: int = 1,
+    by_expert: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid routing. x [N, H]; gate [E, H]; expert_bias [E] fp32 -> (weights [N, k],
     experts [N, k] long), slots in descending order of score + bias (by_expert: ascending
@@ -588,28 +963,64 @@ def route(
     within the keep_groups best of `groups` equal groups, a group scoring its two best keys."""
     dt = torch.float32 if fp32 else x.dtype
     return _route(
-        x, gate, fp32, top_k, dt, dt, softmax=False, bias=expert_bias, scale=None,
-        norm=norm_topk_prob, norm_eps=norm_eps, scaling=scaling, groups=groups,
-        keep_groups=keep_groups, by_expert=by_expert,
+        x,
+        gate,
+        fp32,
+        top_k,
+        dt,
+        dt,
+        softmax=False,
+        bias=expert_bias,
+        scale=None,
+        norm=norm_topk_prob,
+        norm_eps=norm_eps,
+        scaling=scaling,
+        groups=groups,
+        keep_groups=keep_groups,
+        by_expert=by_expert,
     )
 
 
 def softmax_route(
-    x: torch.Tensor, gate: torch.Tensor, top_k: int, expert_scale: torch.Tensor | None,
+    x: torch.Tensor,
+    gate: torch.Tensor,
+    top_k: int,
+    expert_scale: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax routing (gemma4). x [N, H]; gate [E, H]; expert_scale [E] -> (weights [N, k]
     fp32, experts [N, k] long): logits x gateᵀ rounded to x's dtype, softmax in fp32, the top k
     (descending; ties to the lower expert), divided by their sum, times expert_scale."""
     return _route(
-        x, gate, False, top_k, x.dtype, torch.float32, softmax=True, bias=None,
-        scale=expert_scale, norm=True, norm_eps=0.0, scaling=1.0, groups=1, keep_groups=1,
+        x,
+        gate,
+        False,
+        top_k,
+        x.dtype,
+        torch.float32,
+        softmax=True,
+        bias=None,
+        scale=expert_scale,
+        norm=True,
+        norm_eps=0.0,
+        scaling=1.0,
+        groups=1,
+        keep_groups=1,
         by_expert=False,
     )
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
 def _router_input_kernel(
-    r_ptr, s_ptr, w_ptr, z_ptr, xe_ptr, n_rows, D, eps, const, BLOCK_D: tl.constexpr,
+    r_ptr,
+    s_ptr,
+    w_ptr,
+    z_ptr,
+    xe_ptr,
+    n_rows,
+    D,
+    eps,
+    const,
+    BLOCK_D: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
@@ -627,7 +1038,11 @@ def _router_input_kernel(
 
 
 def router_input(
-    r: torch.Tensor, eps: float, scale: torch.Tensor, const: float, pre_norm: torch.Tensor,
+    r: torch.Tensor,
+    eps: float,
+    scale: torch.Tensor,
+    const: float,
+    pre_norm: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """gemma4's router and experts' inputs from the residual r [N, H], with x̂ = r·(mean(r²) +
     eps)^-½ in fp32: z = ((x̂ → r's dtype) · scale → dtype) · const → dtype, and
@@ -637,7 +1052,17 @@ def router_input(
     z, xe = torch.empty_like(r), torch.empty_like(r)
     if n:
         _router_input_kernel[(n,)](
-            r, scale.contiguous(), pre_norm.contiguous(), z, xe, n, d, float(eps), float(const),
-            BLOCK_D=next_power_of_2(d), num_warps=8 if d > 2048 else 4, **launch_options(r),
+            r,
+            scale.contiguous(),
+            pre_norm.contiguous(),
+            z,
+            xe,
+            n,
+            d,
+            float(eps),
+            float(const),
+            BLOCK_D=next_power_of_2(d),
+            num_warps=8 if d > 2048 else 4,
+            **launch_options(r),
         )
     return z, xe

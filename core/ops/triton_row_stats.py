@@ -42,8 +42,7 @@ def _chunk_stats(x_ptr, row, lo, hi, stride_x, BLOCK: tl.constexpr):
         better = x > m  # strict: a lane keeps its first maximum
         new_m = tl.maximum(m, x)
         # the lane's sum rescaled to its new maximum (a lane still at -inf holds 0)
-        s = tl.where(new_m == float("-inf"), 0.0,
-                     s * tl.exp(m - new_m) + tl.exp(x - new_m))
+        s = tl.where(new_m == float("-inf"), 0.0, s * tl.exp(m - new_m) + tl.exp(x - new_m))
         idx = tl.where(better, col, idx)
         m = new_m
     top = tl.max(m, axis=0)
@@ -54,8 +53,21 @@ def _chunk_stats(x_ptr, row, lo, hi, stride_x, BLOCK: tl.constexpr):
 
 @triton.jit(do_not_specialize=["B"])
 def _row_stats_kernel(
-    x_ptr, tok_ptr, both_ptr, max_ptr, lse_ptr, ws_ptr, cnt_ptr, B, V, stride_x, CHUNK,
-    PARTS: tl.constexpr, BLOCK: tl.constexpr, INTERP: tl.constexpr, PDL: tl.constexpr = False,
+    x_ptr,
+    tok_ptr,
+    both_ptr,
+    max_ptr,
+    lse_ptr,
+    ws_ptr,
+    cnt_ptr,
+    B,
+    V,
+    stride_x,
+    CHUNK,
+    PARTS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    INTERP: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -77,8 +89,9 @@ def _row_stats_kernel(
             first = tl.load(base + 1, volatile=True).to(tl.int32)
             for p in tl.static_range(1, PARTS):  # in part order: the lower id wins a tie
                 top_p = tl.load(base + p * 3, volatile=True)
-                first = tl.where(top_p > top, tl.load(base + p * 3 + 1, volatile=True).to(tl.int32),
-                                 first)
+                first = tl.where(
+                    top_p > top, tl.load(base + p * 3 + 1, volatile=True).to(tl.int32), first
+                )
                 top = tl.maximum(top, top_p)
             total = tl.zeros((), dtype=tl.float32)
             for p in tl.static_range(PARTS):
@@ -112,13 +125,30 @@ def row_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     if b:
         ws = torch.empty(b, parts, 3, dtype=torch.float32, device=dev) if parts > 1 else top
         cnt = splitk.counters(dev, b) if parts > 1 else tokens
-        _row_stats_kernel[(b, parts)](x, tokens, both, top, log_sum, ws, cnt, b, v, x.stride(0),
-                                      CHUNK, PARTS=parts, BLOCK=BLOCK, INTERP=interpreting(),
-                                      num_warps=WARPS, **launch_options(x))
+        _row_stats_kernel[(b, parts)](
+            x,
+            tokens,
+            both,
+            top,
+            log_sum,
+            ws,
+            cnt,
+            b,
+            v,
+            x.stride(0),
+            CHUNK,
+            PARTS=parts,
+            BLOCK=BLOCK,
+            INTERP=interpreting(),
+            num_warps=WARPS,
+            **launch_options(x),
+        )
     return tokens, both, top, log_sum
 
 
-def row_stats_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def row_stats_reference(
+    x: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """row_stats in torch: each chunk of CHUNK ids lane by lane as a program walks it, then the
     chunks folded in order as the row's last program folds them (x [B, V])."""
     b, v = x.shape
@@ -151,10 +181,13 @@ def _chunk_reference(xf: torch.Tensor, lo: int) -> tuple[torch.Tensor, torch.Ten
     idx = torch.zeros(b, BLOCK, dtype=torch.int64, device=xf.device)
     lanes = torch.arange(BLOCK, device=xf.device)
     for j in range(steps):
-        xj = pad[:, j * BLOCK:(j + 1) * BLOCK]
+        xj = pad[:, j * BLOCK : (j + 1) * BLOCK]
         new_m = torch.maximum(m, xj)
-        s = torch.where(new_m == float("-inf"), torch.zeros_like(s),
-                        s * torch.exp(m - new_m) + torch.exp(xj - new_m))
+        s = torch.where(
+            new_m == float("-inf"),
+            torch.zeros_like(s),
+            s * torch.exp(m - new_m) + torch.exp(xj - new_m),
+        )
         idx = torch.where(xj > m, lo + j * BLOCK + lanes, idx)
         m = new_m
     top = m.max(1).values

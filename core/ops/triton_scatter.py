@@ -28,8 +28,25 @@ def _copy_row(src, dst, width, BLOCK: tl.constexpr):
 
 @triton.jit
 def _scatter_rows_kernel(
-    index_ptr, s0, d0, ss0, w0, s1, d1, ss1, w1, s2, d2, ss2, w2, s3, d3, ss3, w3,
-    BLOCK: tl.constexpr, PDL: tl.constexpr = False,
+    index_ptr,
+    s0,
+    d0,
+    ss0,
+    w0,
+    s1,
+    d1,
+    ss1,
+    w1,
+    s2,
+    d2,
+    ss2,
+    w2,
+    s3,
+    d3,
+    ss3,
+    w3,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Program (r, p): row r of pair p's rows to its buffer's flat row index[r]. Pair p: rows
     s [N, w] (row stride ss, inner contiguous), buffer d [R, w] contiguous."""
@@ -67,6 +84,9 @@ def scatter_rows(index: torch.Tensor, pairs: Sequence[tuple[torch.Tensor, torch.
         args += args[:4]
     if n:
         _scatter_rows_kernel[(n, len(pairs))](
-            index, *args, BLOCK=min(MAX_BLOCK, next_power_of_2(widest)), num_warps=4,
+            index,
+            *args,
+            BLOCK=min(MAX_BLOCK, next_power_of_2(widest)),
+            num_warps=4,
             **launch_options(index),
         )

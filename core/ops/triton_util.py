@@ -60,7 +60,13 @@ def prefetch_l2(ptrs, nbytes, ON: tl.constexpr):
     if ON:
         tl.inline_asm_elementwise(
             "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; }"
-            " // $0", "=r,l,r", [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+            " // $0",
+            "=r,l,r",
+            [ptrs, nbytes],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
 
 @triton.jit
@@ -68,8 +74,11 @@ def prefetch_rows(w_ptr, rn, stride_n, N, k_lo, k_hi, INTERP: tl.constexpr):
     """prefetch_l2 of w[rn, k_lo:k_hi] (the rows rn < N of a matrix whose rows and k_lo start
     16-byte aligned)."""
     nbytes = tl.maximum(k_hi - k_lo, 0) * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
-    prefetch_l2(w_ptr + rn.to(tl.int64) * stride_n + k_lo, tl.where(rn < N, nbytes // 16 * 16, 0),
-                not INTERP)
+    prefetch_l2(
+        w_ptr + rn.to(tl.int64) * stride_n + k_lo,
+        tl.where(rn < N, nbytes // 16 * 16, 0),
+        not INTERP,
+    )
 
 
 @triton.jit
@@ -77,6 +86,7 @@ def publish_writes(INTERP: tl.constexpr):
     """Every thread's earlier global writes made visible GPU-wide, then a barrier: what a program
     writes before it announces itself (an arrival counter) is then there for whoever reads it."""
     if not INTERP:
-        tl.inline_asm_elementwise("fence.acq_rel.gpu; // $0", "=r", [], dtype=tl.int32,
-                                  is_pure=False, pack=1)
+        tl.inline_asm_elementwise(
+            "fence.acq_rel.gpu; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+        )
     tl.debug_barrier()

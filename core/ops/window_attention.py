@@ -101,14 +101,25 @@ def ring_attention(
         from .triton_window import ring_attention as triton_ring_attention
 
         return triton_ring_attention(
-            q, new_k, new_v, ring_k, ring_v, fp.positions, pass_meta(fp), scale=scale,
-            window=window, scales=scales,
+            q,
+            new_k,
+            new_v,
+            ring_k,
+            ring_v,
+            fp.positions,
+            pass_meta(fp),
+            scale=scale,
+            window=window,
+            scales=scales,
         )
     rows = gather_window(ring_k, ring_v, new_k, new_v, fp, window)
     if scales is not None:  # the gathered rows dequantized, the zero padding staying zero
         s = gather_window(scales.ring_k, scales.ring_v, scales.new_k, scales.new_v, fp, window)
-        rows = WindowRows(rows.bases, [k.float() * ks for k, ks in zip(rows.keys, s.keys)],
-                          [v.float() * vs for v, vs in zip(rows.values, s.values)])
+        rows = WindowRows(
+            rows.bases,
+            [k.float() * ks for k, ks in zip(rows.keys, s.keys)],
+            [v.float() * vs for v, vs in zip(rows.values, s.values)],
+        )
     return window_attention(q, rows, fp, scale=scale, window=window)
 
 

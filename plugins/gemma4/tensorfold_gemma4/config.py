@@ -186,8 +186,10 @@ def _layer_types(value: Any, n_layers: int, source: str) -> tuple[str, ...]:
     bad = sorted({str(k) for k in kinds if k not in LAYER_KINDS})
     if bad:
         accepted = " or ".join(f'"{k}"' for k in LAYER_KINDS)
-        raise ConfigError(f"{source}: 'layer_types' holds {', '.join(map(repr, bad))}; "
-                          f"the accepted values are {accepted}")
+        raise ConfigError(
+            f"{source}: 'layer_types' holds {', '.join(map(repr, bad))}; "
+            f"the accepted values are {accepted}"
+        )
     if kinds:
         kinds[-1] = FULL  # as the reference: "Last layer must use full_attention"
     return tuple(kinds)
@@ -207,12 +209,16 @@ def _per_layer(get: _Fields, kinds: tuple[str, ...]) -> dict[int, dict[str, int]
     out: dict[int, dict[str, int]] = {}
     for key, entry in given.items():
         if not str(key).isdigit() or int(key) >= len(kinds) or not isinstance(entry, dict):
-            raise ConfigError(f"{get.source}: per_layer_config[{key!r}] must be a layer index "
-                              f"below {len(kinds)} holding an object, got {entry!r}")
+            raise ConfigError(
+                f"{get.source}: per_layer_config[{key!r}] must be a layer index "
+                f"below {len(kinds)} holding an object, got {entry!r}"
+            )
         unknown = sorted(set(entry) - set(PER_LAYER_KEYS))
         if unknown:
-            raise ConfigError(f"{get.source}: per_layer_config[{key!r}] overrides {unknown}; "
-                              f"gemma4 supports per-layer {' and '.join(PER_LAYER_KEYS)} only")
+            raise ConfigError(
+                f"{get.source}: per_layer_config[{key!r}] overrides {unknown}; "
+                f"gemma4 supports per-layer {' and '.join(PER_LAYER_KEYS)} only"
+            )
         f = _Fields(entry, f"{get.source} per_layer_config[{key!r}]")
         out[int(key)] = {name: f(name, None, int) for name in entry}
     return out
@@ -226,15 +232,21 @@ def _layers(get: _Fields, kinds: tuple[str, ...]) -> tuple[Layer, ...]:
     k_eq_v = get("attention_k_eq_v", False, bool)
     shared = get("num_kv_shared_layers", 0, int)
     if not 0 <= shared < n:
-        raise ConfigError(f"{get.source}: num_kv_shared_layers={shared} must be between 0 and "
-                          f"num_hidden_layers - 1 = {n - 1}")
+        raise ConfigError(
+            f"{get.source}: num_kv_shared_layers={shared} must be between 0 and "
+            f"num_hidden_layers - 1 = {n - 1}"
+        )
     first_reuse = n - shared
     # kv_sharing_modes: each reuse layer reads the last non-reuse layer of its type ("store").
-    store = {kind: max((i for i in range(first_reuse) if kinds[i] == kind), default=-1)
-             for kind in set(kinds)}
+    store = {
+        kind: max((i for i in range(first_reuse) if kinds[i] == kind), default=-1)
+        for kind in set(kinds)
+    }
     if shared and min(store.values()) < 0:
-        raise ConfigError(f"{get.source}: with num_kv_shared_layers={shared}, every layer type "
-                          "must have a non-shared layer to store the K/V its reuse layers read")
+        raise ConfigError(
+            f"{get.source}: with num_kv_shared_layers={shared}, every layer type "
+            "must have a non-shared layer to store the K/V its reuse layers read"
+        )
     double = get("use_double_wide_mlp", False, bool)
     width = get("intermediate_size", 9216, int)
     per_layer = _per_layer(get, kinds)
@@ -242,21 +254,28 @@ def _layers(get: _Fields, kinds: tuple[str, ...]) -> tuple[Layer, ...]:
     for i, kind in enumerate(kinds):
         own = per_layer.get(i, {})
         reuse = i >= first_reuse
-        layers.append(Layer(
-            index=i, kind=kind, head_dim=int(own.get("head_dim", head_dim)),
-            kv_heads=int(own.get("num_key_value_heads", kv_heads)),
-            window=window if kind == SLIDING else None,
-            k_eq_v=k_eq_v and kind == FULL, kv_source=store[kind] if reuse else i,
-            mlp_size=width * (2 if double and reuse else 1),
-        ))
+        layers.append(
+            Layer(
+                index=i,
+                kind=kind,
+                head_dim=int(own.get("head_dim", head_dim)),
+                kv_heads=int(own.get("num_key_value_heads", kv_heads)),
+                window=window if kind == SLIDING else None,
+                k_eq_v=k_eq_v and kind == FULL,
+                kv_source=store[kind] if reuse else i,
+                mlp_size=width * (2 if double and reuse else 1),
+            )
+        )
     return tuple(layers)
 
 
 def _rope(value: Any, kinds: tuple[str, ...], source: str) -> dict[str, Rope]:
     params = DEFAULT_ROPE if value is None else value
     if not isinstance(params, dict) or "rope_type" in params:
-        raise ConfigError(f"{source}: 'rope_parameters' must map each layer type "
-                          f"({', '.join(LAYER_KINDS)}) to its RoPE parameters, got {value!r}")
+        raise ConfigError(
+            f"{source}: 'rope_parameters' must map each layer type "
+            f"({', '.join(LAYER_KINDS)}) to its RoPE parameters, got {value!r}"
+        )
     out = {}
     for kind in sorted(set(kinds)):
         entry = params.get(kind)
@@ -265,33 +284,48 @@ def _rope(value: Any, kinds: tuple[str, ...], source: str) -> dict[str, Rope]:
         f = _Fields(entry, f"{source} rope_parameters[{kind!r}]")
         rope_type = f("rope_type", "default", str)
         if rope_type not in ROPE_KINDS:
-            raise ConfigError(f"{f.source}: rope_type {rope_type!r} is not supported by gemma4 "
-                              f"(only {' or '.join(map(repr, ROPE_KINDS))})")
+            raise ConfigError(
+                f"{f.source}: rope_type {rope_type!r} is not supported by gemma4 "
+                f"(only {' or '.join(map(repr, ROPE_KINDS))})"
+            )
         theta = f("rope_theta", None, float)
         if theta is None or theta <= 0:
             raise ConfigError(f"{f.source}: 'rope_theta' must be a positive number")
-        out[kind] = Rope(rope_type, theta, f("partial_rotary_factor", 1.0, float),
-                         f("factor", 1.0, float))
+        out[kind] = Rope(
+            rope_type, theta, f("partial_rotary_factor", 1.0, float), f("factor", 1.0, float)
+        )
     return out
 
 
 def _check(cfg: Gemma4Config, source: str) -> None:
-    positive = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads", "max_position_embeddings")
+    positive = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "max_position_embeddings",
+    )
     for name in positive:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{source}: {name!r} must be at least 1, got {getattr(cfg, name)}")
     for layer in cfg.layers:
         where = f"{source}: layer {layer.index} ({layer.kind})"
         if layer.head_dim < 2 or layer.head_dim % 2 or layer.kv_heads < 1:
-            raise ConfigError(f"{where} has head_dim={layer.head_dim} and "
-                              f"{layer.kv_heads} KV heads; head_dim must be even, heads positive")
+            raise ConfigError(
+                f"{where} has head_dim={layer.head_dim} and "
+                f"{layer.kv_heads} KV heads; head_dim must be even, heads positive"
+            )
         if cfg.num_attention_heads % layer.kv_heads:
-            raise ConfigError(f"{where}: num_attention_heads={cfg.num_attention_heads} is not a "
-                              f"multiple of its {layer.kv_heads} KV heads")
+            raise ConfigError(
+                f"{where}: num_attention_heads={cfg.num_attention_heads} is not a "
+                f"multiple of its {layer.kv_heads} KV heads"
+            )
         if layer.head_dim != cfg.head_dim(layer.kind):
-            raise ConfigError(f"{where} has head_dim={layer.head_dim}, another {layer.kind} layer "
-                              f"{cfg.head_dim(layer.kind)}: RoPE needs one head_dim a layer type")
+            raise ConfigError(
+                f"{where} has head_dim={layer.head_dim}, another {layer.kind} layer "
+                f"{cfg.head_dim(layer.kind)}: RoPE needs one head_dim a layer type"
+            )
         if layer.window is not None and layer.window < 1:
             raise ConfigError(f"{source}: sliding_window must be at least 1, got {layer.window}")
     if cfg.enable_moe_block and not (

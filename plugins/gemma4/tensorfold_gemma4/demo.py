@@ -35,16 +35,29 @@ DEMO_NAME = "gemma4-demo-v3"
 WEIGHTS = Path(__file__).with_name("demo_weights.safetensors")
 RETRAIN = "python -m tensorfold_gemma4.demo_train"
 FILES = (
-    "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
     "tokenizer_config.json",
 )
 SEED = 20260401
 
 # Gemma's own ids for the first four (pad 0, eos 1, bos 2, unk 3).
 SPECIAL_TOKENS = (
-    "<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>",
-    "<end_of_image>", "<image_soft_token>", "<video_soft_token>", "<audio_soft_token>",
-    "<start_of_audio>", "<end_of_audio>",
+    "<pad>",
+    "<eos>",
+    "<bos>",
+    "<unk>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<start_of_image>",
+    "<end_of_image>",
+    "<image_soft_token>",
+    "<video_soft_token>",
+    "<audio_soft_token>",
+    "<start_of_audio>",
+    "<end_of_audio>",
 )
 PAD, EOS, BOS, END_OF_TURN = "<pad>", "<eos>", "<bos>", "<end_of_turn>"
 VOCAB_TARGET = 1024
@@ -52,11 +65,23 @@ VOCAB_TARGET = 1024
 SLIDING, FULL = "sliding_attention", "full_attention"
 LAYER_TYPES = [SLIDING, SLIDING, FULL, SLIDING, SLIDING, FULL]
 TEXT: dict[str, Any] = dict(
-    hidden_size=128, intermediate_size=256, num_hidden_layers=len(LAYER_TYPES),
-    num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=128,
-    enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=64,
-    hidden_size_per_layer_input=16, num_kv_shared_layers=2, use_double_wide_mlp=True,
-    attention_k_eq_v=True, final_logit_softcapping=30.0, max_position_embeddings=32768,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=len(LAYER_TYPES),
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    sliding_window=128,
+    enable_moe_block=True,
+    num_experts=8,
+    top_k_experts=2,
+    moe_intermediate_size=64,
+    hidden_size_per_layer_input=16,
+    num_kv_shared_layers=2,
+    use_double_wide_mlp=True,
+    attention_k_eq_v=True,
+    final_logit_softcapping=30.0,
+    max_position_embeddings=32768,
 )
 GLOBAL_HEAD_DIM, GLOBAL_KV_HEADS = 64, 1  # the full layers' per_layer_config
 
@@ -69,30 +94,54 @@ CORPUS = plain_text() + (
 
 def config_dict(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
     """config.json as `Gemma4ForConditionalGeneration.save_pretrained` writes it (5.23.0)."""
-    per_layer = {str(i): {"head_dim": GLOBAL_HEAD_DIM, "num_key_value_heads": GLOBAL_KV_HEADS}
-                 for i, kind in enumerate(LAYER_TYPES) if kind == FULL}
+    per_layer = {
+        str(i): {"head_dim": GLOBAL_HEAD_DIM, "num_key_value_heads": GLOBAL_KV_HEADS}
+        for i, kind in enumerate(LAYER_TYPES)
+        if kind == FULL
+    }
     text = {
-        **TEXT, "attention_bias": False, "attention_dropout": 0.0,
-        "bos_token_id": ids[BOS], "eos_token_id": ids[EOS], "pad_token_id": ids[PAD],
-        "hidden_activation": "gelu_pytorch_tanh", "initializer_range": 0.02,
-        "layer_types": LAYER_TYPES, "model_type": "gemma4_text", "per_layer_config": per_layer,
+        **TEXT,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": ids[BOS],
+        "eos_token_id": ids[EOS],
+        "pad_token_id": ids[PAD],
+        "hidden_activation": "gelu_pytorch_tanh",
+        "initializer_range": 0.02,
+        "layer_types": LAYER_TYPES,
+        "model_type": "gemma4_text",
+        "per_layer_config": per_layer,
         "rms_norm_eps": 1e-06,
         "rope_parameters": {
-            FULL: {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
-                   "rope_type": "proportional"},
+            FULL: {
+                "partial_rotary_factor": 0.25,
+                "rope_theta": 1000000.0,
+                "rope_type": "proportional",
+            },
             SLIDING: {"rope_theta": 10000.0, "rope_type": "default"},
         },
-        "tie_word_embeddings": True, "use_bidirectional_attention": None, "use_cache": True,
-        "vocab_size": vocab_size, "vocab_size_per_layer_input": vocab_size,
+        "tie_word_embeddings": True,
+        "use_bidirectional_attention": None,
+        "use_cache": True,
+        "vocab_size": vocab_size,
+        "vocab_size_per_layer_input": vocab_size,
     }
     return {
-        "architectures": ["Gemma4ForConditionalGeneration"], "audio_config": None,
-        "audio_token_id": ids["<audio_soft_token>"], "boa_token_id": ids["<start_of_audio>"],
-        "boi_token_id": ids["<start_of_image>"], "dtype": "float32",
-        "eoa_token_index": ids["<end_of_audio>"], "eoi_token_id": ids["<end_of_image>"],
-        "image_token_id": ids["<image_soft_token>"], "initializer_range": 0.02,
-        "model_type": "gemma4", "text_config": text, "tie_word_embeddings": True,
-        "transformers_version": "5.23.0", "video_token_id": ids["<video_soft_token>"],
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "audio_config": None,
+        "audio_token_id": ids["<audio_soft_token>"],
+        "boa_token_id": ids["<start_of_audio>"],
+        "boi_token_id": ids["<start_of_image>"],
+        "dtype": "float32",
+        "eoa_token_index": ids["<end_of_audio>"],
+        "eoi_token_id": ids["<end_of_image>"],
+        "image_token_id": ids["<image_soft_token>"],
+        "initializer_range": 0.02,
+        "model_type": "gemma4",
+        "text_config": text,
+        "tie_word_embeddings": True,
+        "transformers_version": "5.23.0",
+        "video_token_id": ids["<video_soft_token>"],
         "vision_config": None,
     }
 
@@ -105,8 +154,11 @@ def build_tokenizer() -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_TARGET, min_frequency=1, show_progress=False,
-        special_tokens=list(SPECIAL_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=VOCAB_TARGET,
+        min_frequency=1,
+        show_progress=False,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(CORPUS.splitlines(keepends=True), trainer=trainer)
     # Like Gemma's own tokenizer: plain encoding starts with <bos>.
@@ -174,10 +226,16 @@ def random_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
         w[f"{pl}.experts.down_proj"] = normal(experts, h, moe)
         w[f"{pl}.per_layer_input_gate.weight"] = normal(ple, h)
         w[f"{pl}.per_layer_projection.weight"] = normal(h, ple)
-        for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                     "post_feedforward_layernorm", "post_feedforward_layernorm_1",
-                     "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2",
-                     "post_per_layer_input_norm"):
+        for norm in (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+            "post_feedforward_layernorm_1",
+            "post_feedforward_layernorm_2",
+            "pre_feedforward_layernorm_2",
+            "post_per_layer_input_norm",
+        ):
             w[f"{pl}.{norm}.weight"] = near_one(h)
         w[f"{pl}.layer_scalar"] = 0.8 + normal(1, std=0.05)
     w[f"{p}.norm.weight"] = near_one(h)
@@ -197,16 +255,30 @@ def write_demo(folder: Path) -> None:
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     cfg = config_dict(tok.get_vocab_size(), ids)
     _dump(folder / "config.json", cfg)
-    _dump(folder / "generation_config.json", {
-        "bos_token_id": ids[BOS], "eos_token_id": [ids[EOS], ids[END_OF_TURN]],
-        "pad_token_id": ids[PAD], "transformers_version": "5.23.0",
-    })
-    _dump(folder / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": "<unk>",
-        "add_bos_token": True, "add_eos_token": False, "clean_up_tokenization_spaces": False,
-        "model_max_length": TEXT["max_position_embeddings"], "chat_template": CHAT_TEMPLATE,
-    })
+    _dump(
+        folder / "generation_config.json",
+        {
+            "bos_token_id": ids[BOS],
+            "eos_token_id": [ids[EOS], ids[END_OF_TURN]],
+            "pad_token_id": ids[PAD],
+            "transformers_version": "5.23.0",
+        },
+    )
+    _dump(
+        folder / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": BOS,
+            "eos_token": EOS,
+            "pad_token": PAD,
+            "unk_token": "<unk>",
+            "add_bos_token": True,
+            "add_eos_token": False,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": TEXT["max_position_embeddings"],
+            "chat_template": CHAT_TEMPLATE,
+        },
+    )
     save_file(build_weights(cfg), str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 

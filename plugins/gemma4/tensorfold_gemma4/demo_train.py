@@ -27,8 +27,10 @@ def texts() -> list[str]:
     bos = demo.BOS
     out = [f"{bos}{p}" for p in paragraphs()]
     out += [f"{bos}{q} {a}" for q, a in QA]
-    out += [f"{bos}<start_of_turn>user\n{q}<end_of_turn>\n<start_of_turn>model\n{a}<end_of_turn>\n"
-            for q, a in QA]
+    out += [
+        f"{bos}<start_of_turn>user\n{q}<end_of_turn>\n<start_of_turn>model\n{a}<end_of_turn>\n"
+        for q, a in QA
+    ]
     return out
 
 
@@ -47,8 +49,9 @@ def run(steps: int) -> tuple[dict[str, Any], Any]:
         save_file(demo.random_weights(cfg), str(folder / "model.safetensors"))
 
     examples = [tok.encode(t, add_special_tokens=False).ids for t in texts()]
-    return train(Gemma4ForConditionalGeneration, write_start, examples, ids[demo.PAD], steps,
-                 demo.SEED), tok
+    return train(
+        Gemma4ForConditionalGeneration, write_start, examples, ids[demo.PAD], steps, demo.SEED
+    ), tok
 
 
 if __name__ == "__main__":

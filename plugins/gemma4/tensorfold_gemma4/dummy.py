@@ -44,24 +44,42 @@ from .weights import (
 # parameters (22.84B in routed experts, 3.82B active a token), 50.5 GB in bf16.
 CONFIGS: dict[str, dict[str, Any]] = {
     "Gemma-4-26B-A4B": dict(
-        model_type="gemma4_text", vocab_size=262_144, hidden_size=2816, intermediate_size=2112,
-        num_hidden_layers=30, num_attention_heads=16, num_key_value_heads=8, head_dim=256,
-        global_head_dim=512, num_global_key_value_heads=2, attention_k_eq_v=True,
+        model_type="gemma4_text",
+        vocab_size=262_144,
+        hidden_size=2816,
+        intermediate_size=2112,
+        num_hidden_layers=30,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=256,
+        global_head_dim=512,
+        num_global_key_value_heads=2,
+        attention_k_eq_v=True,
         layer_types=[FULL if (i + 1) % 6 == 0 else SLIDING for i in range(30)],
-        sliding_window=1024, rope_parameters=DEFAULT_ROPE, rms_norm_eps=1e-6,
-        hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=30.0,
-        enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704,
-        hidden_size_per_layer_input=0, vocab_size_per_layer_input=262_144,
-        num_kv_shared_layers=0, use_double_wide_mlp=False, max_position_embeddings=262_144,
-        use_bidirectional_attention="vision", tie_word_embeddings=True, pad_token_id=0,
-        bos_token_id=2, eos_token_id=1,
+        sliding_window=1024,
+        rope_parameters=DEFAULT_ROPE,
+        rms_norm_eps=1e-6,
+        hidden_activation="gelu_pytorch_tanh",
+        final_logit_softcapping=30.0,
+        enable_moe_block=True,
+        num_experts=128,
+        top_k_experts=8,
+        moe_intermediate_size=704,
+        hidden_size_per_layer_input=0,
+        vocab_size_per_layer_input=262_144,
+        num_kv_shared_layers=0,
+        use_double_wide_mlp=False,
+        max_position_embeddings=262_144,
+        use_bidirectional_attention="vision",
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=1,
     ),
 }
 SHAPES: dict[str, Gemma4Config] = {
     name: Gemma4Config.from_dict(raw, f"dummy.CONFIGS[{name!r}]") for name, raw in CONFIGS.items()
 }
-
-
 
 
 def dummy_weights(
@@ -93,21 +111,33 @@ def dummy_weights(
             e, i = cfg.num_experts, cfg.moe_intermediate_size
             local = Shard(tp.rank, world).experts(e)
             moe = MoeWeights(
-                router=init.normal(e, h, std=1.0), router_scale=init.ones(h),
-                per_expert_scale=init.ones(e), gate_up=part.normal(len(local), 2 * i, h),
-                down=part.normal(len(local), h, i), pre_norm=init.norm(h),
-                post_norm_mlp=init.norm(h), post_norm_experts=init.norm(h),
+                router=init.normal(e, h, std=1.0),
+                router_scale=init.ones(h),
+                per_expert_scale=init.ones(e),
+                gate_up=part.normal(len(local), 2 * i, h),
+                down=part.normal(len(local), h, i),
+                pre_norm=init.norm(h),
+                post_norm_mlp=init.norm(h),
+                post_norm_experts=init.norm(h),
                 first_expert=local.start,
             )
         ple = None
         if cfg.has_ple:
             p = cfg.hidden_size_per_layer_input
             ple = PleWeights(init.normal(p, h), init.normal(h, p), init.norm(h))
-        layers.append(LayerWeights(
-            input_norm=init.norm(h), post_attention_norm=init.norm(h), pre_mlp_norm=init.norm(h),
-            post_mlp_norm=init.norm(h), attention=attention, mlp=mlp, moe=moe, ple=ple,
-            layer_scalar=init.ones(1),
-        ))
+        layers.append(
+            LayerWeights(
+                input_norm=init.norm(h),
+                post_attention_norm=init.norm(h),
+                pre_mlp_norm=init.norm(h),
+                post_mlp_norm=init.norm(h),
+                attention=attention,
+                mlp=mlp,
+                moe=moe,
+                ple=ple,
+                layer_scalar=init.ones(1),
+            )
+        )
     ple_embed = ple_projection = ple_norm = None
     if cfg.has_ple:
         lp = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input

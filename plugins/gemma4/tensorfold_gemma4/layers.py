@@ -55,8 +55,9 @@ def attention(
         heads = linear(x, w.qkv).view(n, -1, d)
         q_heads, kv_heads = len(w.q) // d, len(w.k) // d
         v_first = q_heads if w.v is None else q_heads + kv_heads  # k_eq_v: V from raw k
-        q, k, v = qkv_heads(heads, q_heads, kv_heads, v_first, w.q_norm, w.k_norm, eps, cos,
-                            sin, norm=rms_norm)
+        q, k, v = qkv_heads(
+            heads, q_heads, kv_heads, v_first, w.q_norm, w.k_norm, eps, cos, sin, norm=rms_norm
+        )
         new = (k, v)
     if new is None:
         q = norm_rope(raw_q, w.q_norm, eps, cos, sin, fp32_weight=True, norm=rms_norm)
@@ -66,8 +67,15 @@ def attention(
         src = f"L{layer.kv_source}"
         if new is not None:
             rows.write_many(fp.write_index, [(f"{src}.k", new[0]), (f"{src}.v", new[1])])
-        o = paged_attention(q, rows.flat(f"{src}.k"), rows.flat(f"{src}.v"), fp, scale=1.0,
-                            k_scales=rows.scales(f"{src}.k"), v_scales=rows.scales(f"{src}.v"))
+        o = paged_attention(
+            q,
+            rows.flat(f"{src}.k"),
+            rows.flat(f"{src}.v"),
+            fp,
+            scale=1.0,
+            k_scales=rows.scales(f"{src}.k"),
+            v_scales=rows.scales(f"{src}.v"),
+        )
     return parallel.row_linear(o.reshape(n, -1), w.o)
 
 
@@ -85,7 +93,9 @@ def mlp(w: MlpWeights, x: torch.Tensor) -> torch.Tensor:
 
 
 def moe(
-    cfg: Gemma4Config, w: MoeWeights, r: torch.Tensor,
+    cfg: Gemma4Config,
+    w: MoeWeights,
+    r: torch.Tensor,
     inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The routed experts on the residual r [N, H] -> [N, H] (before post_feedforward_layernorm_2);
@@ -111,8 +121,10 @@ def moe(
         )
         return experts_ffn(xe, weights, experts, w.gate_up, w.down, w.first_expert)
     if inputs is None:
-        inputs = (rms_norm(r, None, eps) * w.router_scale * cfg.hidden_size**-0.5,
-                  rms_norm(r, w.pre_norm, eps))
+        inputs = (
+            rms_norm(r, None, eps) * w.router_scale * cfg.hidden_size**-0.5,
+            rms_norm(r, w.pre_norm, eps),
+        )
     z, xe = inputs
     probs = torch.softmax(linear(z, w.router), dim=-1, dtype=torch.float32)  # [N, E]
     weights, experts = torch.topk(probs, cfg.top_k_experts, dim=-1)  # [N, k]
@@ -144,13 +156,28 @@ def experts_ffn(
 
     i = down.shape[2]
     if parallel.current().world > 1:
-        return parallel.local_moe(x, weights, experts, gate_up[:, :i], gate_up[:, i:], down,
-                                  first, act="gelu_tanh", fp32_slots=True)
+        return parallel.local_moe(
+            x,
+            weights,
+            experts,
+            gate_up[:, :i],
+            gate_up[:, i:],
+            down,
+            first,
+            act="gelu_tanh",
+            fp32_slots=True,
+        )
     if use_triton(x):
         from tensorfold.ops import triton_moe
 
         return triton_moe.moe(
-            x, weights, experts, gate_up[:, :i], gate_up[:, i:], down, act="gelu_tanh",
+            x,
+            weights,
+            experts,
+            gate_up[:, :i],
+            gate_up[:, i:],
+            down,
+            act="gelu_tanh",
             slot_dtype=torch.float32,
         )
     n, k = experts.shape

@@ -44,12 +44,15 @@ def load(checkpoint: "Checkpoint", device: str, dtype: str) -> "Gemma4Model":
     if str(dtype).removeprefix("torch.") not in DTYPES:
         raise ValueError(f"gemma4 runs in {', '.join(DTYPES)}, not {dtype!r}")
     cfg = Gemma4Config.from_dict(checkpoint.config, str(checkpoint.path / "config.json"))
-    towers = sorted({t.split(".")[1] for n in checkpoint.tensor_names() for t in TOWERS
-                     if n.startswith(t)})
+    towers = sorted(
+        {t.split(".")[1] for n in checkpoint.tensor_names() for t in TOWERS if n.startswith(t)}
+    )
     if cfg.has_vision or cfg.has_audio or towers:
         log.warning(
             "gemma4: serving the text model only; images and audio are not served yet",
-            vision=cfg.has_vision, audio=cfg.has_audio, towers_skipped=towers,
+            vision=cfg.has_vision,
+            audio=cfg.has_audio,
+            towers_skipped=towers,
         )
     tdtype = torch_dtype(dtype)
     return Gemma4Model(cfg, load_weights(checkpoint, cfg, device, tdtype), device, tdtype)
@@ -98,8 +101,9 @@ class Gemma4Model(FamilyModel):
         # The scaled embeddings multiply by a scale rounded to the weights' dtype first.
         self.embed_scale = torch.tensor(cfg.hidden_size**0.5).to(self.device, dtype)
         self.ple_scale = torch.tensor(cfg.hidden_size_per_layer_input**0.5).to(self.device, dtype)
-        self.placeholders = torch.tensor(cfg.multimodal_token_ids, dtype=torch.long,
-                                         device=self.device)
+        self.placeholders = torch.tensor(
+            cfg.multimodal_token_ids, dtype=torch.long, device=self.device
+        )
         self.shared_kv = frozenset(layer.kv_source for layer in cfg.layers if layer.reuses_kv)
 
     def forward(self, fp: ForwardPass, rows: "PagedRows", slots: "StreamSlots") -> torch.Tensor:
@@ -111,8 +115,10 @@ class Gemma4Model(FamilyModel):
             ids = torch.where(hit, cfg.pad_token_id, ids)
         h = w.embed.index_select(0, ids) * self.embed_scale  # [N, H]
         ple = self.per_layer_inputs(ids, h) if cfg.has_ple else None  # [N, L, P]
-        rope = {kind: rope_ops.cos_sin(fp.positions, f, self.dtype)  # [N, D] each
-                for kind, f in self.inv_freq.items()}
+        rope = {
+            kind: rope_ops.cos_sin(fp.positions, f, self.dtype)  # [N, D] each
+            for kind, f in self.inv_freq.items()
+        }
         sliding = SlidingRows(fp, slots, self.shared_kv)
         x = rms_norm(h, w.layers[0].input_norm, cfg.rms_norm_eps)
         for i, (layer, lw) in enumerate(zip(cfg.layers, w.layers)):
@@ -167,16 +173,27 @@ def decoder_layer(
         h, x = residual(h, a, eps, wa=w.post_attention_norm, wnext=w.pre_mlp_norm)
         e = layers.moe(cfg, w.moe, h) if w.moe is not None else None
     else:  # the MoE's router and experts' inputs in the residual's launch
-        h, x, z, xe = residual_router(h, a, eps, wa=w.post_attention_norm, wnext=w.pre_mlp_norm,
-                                      router_scale=w.moe.router_scale,
-                                      const=cfg.hidden_size**-0.5, pre_norm=w.moe.pre_norm)
+        h, x, z, xe = residual_router(
+            h,
+            a,
+            eps,
+            wa=w.post_attention_norm,
+            wnext=w.pre_mlp_norm,
+            router_scale=w.moe.router_scale,
+            const=cfg.hidden_size**-0.5,
+            pre_norm=w.moe.pre_norm,
+        )
         e = layers.moe(cfg, w.moe, h, inputs=(z, xe))
     # under tensor parallel both are this rank's parts until ffn_sums adds them up
     m, e = layers.ffn_sums(layers.mlp(w.mlp, x), e)
     ffn: dict[str, torch.Tensor | None] = {"wa": w.post_mlp_norm}
     if w.moe is not None:
-        ffn = {"wa": w.moe.post_norm_mlp, "e": e,
-               "we": w.moe.post_norm_experts, "wpost": w.post_mlp_norm}
+        ffn = {
+            "wa": w.moe.post_norm_mlp,
+            "e": e,
+            "we": w.moe.post_norm_experts,
+            "wpost": w.post_mlp_norm,
+        }
     if w.ple is None:
         return residual(h, m, eps, **ffn, scale=w.layer_scalar, wnext=next_norm)
     assert ple is not None

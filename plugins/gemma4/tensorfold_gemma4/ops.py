@@ -81,8 +81,7 @@ def residual(
     if use_triton(h) and fused and a.dtype == h.dtype and (e is None or e.dtype == h.dtype):
         from .triton_ops import residual as triton_residual
 
-        return triton_residual(h, a, eps, wa=wa, e=e, we=we, wpost=wpost, scale=scale,
-                               wnext=wnext)
+        return triton_residual(h, a, eps, wa=wa, e=e, we=we, wpost=wpost, scale=scale, wnext=wnext)
     t = rms_norm(a, wa, eps) if wa is not None else a
     if e is not None:
         t = t + rms_norm(e, we, eps)
@@ -95,18 +94,30 @@ def residual(
 
 
 def residual_router(
-    h: torch.Tensor, a: torch.Tensor, eps: float, *, wa: torch.Tensor, wnext: torch.Tensor,
-    router_scale: torch.Tensor, const: float, pre_norm: torch.Tensor,
+    h: torch.Tensor,
+    a: torch.Tensor,
+    eps: float,
+    *,
+    wa: torch.Tensor,
+    wnext: torch.Tensor,
+    router_scale: torch.Tensor,
+    const: float,
+    pre_norm: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """residual(h, a, eps, wa=wa, wnext=wnext) with the MoE's inputs from h': (h', x, z, xe),
     z = rms_norm(h', None) · router_scale · const (the router's input, each product rounded)
     and xe = rms_norm(h', pre_norm) (the experts'). One launch on the GPU."""
-    if (use_triton(h) and a.dtype == h.dtype and router_scale.dtype == h.dtype
-            and all(w.dtype == torch.float32 for w in (wa, wnext, pre_norm))):
+    if (
+        use_triton(h)
+        and a.dtype == h.dtype
+        and router_scale.dtype == h.dtype
+        and all(w.dtype == torch.float32 for w in (wa, wnext, pre_norm))
+    ):
         from .triton_ops import residual_router as triton_residual_router
 
-        return triton_residual_router(h, a, eps, wa=wa, wnext=wnext, router_scale=router_scale,
-                                      const=const, pre_norm=pre_norm)
+        return triton_residual_router(
+            h, a, eps, wa=wa, wnext=wnext, router_scale=router_scale, const=const, pre_norm=pre_norm
+        )
     h, x = residual(h, a, eps, wa=wa, wnext=wnext)
     assert x is not None
     return h, x, rms_norm(h, None, eps) * router_scale * const, rms_norm(h, pre_norm, eps)

@@ -48,8 +48,10 @@ def ring_specs(layer: Layer, dtype: str, world: int = 1) -> tuple[StateSpec, Sta
     assert layer.window is not None and not layer.reuses_kv
     shape = (layer.window - 1, kv_local(layer, world), layer.head_dim)
     name = f"L{layer.index}"
-    return (StateSpec(f"{name}.sk", shape, dtype, fp8=True),
-            StateSpec(f"{name}.sv", shape, dtype, fp8=True))
+    return (
+        StateSpec(f"{name}.sk", shape, dtype, fp8=True),
+        StateSpec(f"{name}.sv", shape, dtype, fp8=True),
+    )
 
 
 def state_layout(cfg: Gemma4Config, dtype: str, world: int = 1) -> StateLayout:
@@ -60,12 +62,15 @@ def state_layout(cfg: Gemma4Config, dtype: str, world: int = 1) -> StateLayout:
     (TF_KV_DTYPE)."""
     owners = [layer for layer in cfg.layers if not layer.reuses_kv]
     paged = tuple(
-        RowSpec(f"L{layer.index}.{kv}", (kv_local(layer, world), layer.head_dim), dtype,
-                fp8=True)
-        for layer in owners if layer.window is None for kv in ("k", "v")
+        RowSpec(f"L{layer.index}.{kv}", (kv_local(layer, world), layer.head_dim), dtype, fp8=True)
+        for layer in owners
+        if layer.window is None
+        for kv in ("k", "v")
     )
     fixed: tuple[StateSpec, ...] = tuple(
-        spec for layer in owners if layer.window is not None
+        spec
+        for layer in owners
+        if layer.window is not None
         for spec in ring_specs(layer, dtype, world)
     )
     return StateLayout(paged=paged, fixed=fixed, mark_rows=1)
@@ -87,21 +92,26 @@ def check(cfg: Gemma4Config, world: int) -> None:
     """Refuse a config whose heads, widths or experts do not cut evenly for `world` ranks."""
     heads = cfg.num_attention_heads
     if heads % world:
-        raise ShardRefused(f"gemma4: num_attention_heads={heads} is not a multiple of --tp "
-                           f"{world}")
+        raise ShardRefused(f"gemma4: num_attention_heads={heads} is not a multiple of --tp {world}")
     for layer in cfg.layers:
         kv = layer.kv_heads
         if kv % world and world % kv:
-            raise ShardRefused(f"gemma4: layer {layer.index} ({layer.kind}) has {kv} KV heads "
-                               f"({_kv_field(layer)}) and --tp {world}: neither divides the "
-                               "other")
+            raise ShardRefused(
+                f"gemma4: layer {layer.index} ({layer.kind}) has {kv} KV heads "
+                f"({_kv_field(layer)}) and --tp {world}: neither divides the "
+                "other"
+            )
         if layer.mlp_size % world:
-            raise ShardRefused(f"gemma4: intermediate_size={cfg.intermediate_size} (layer "
-                               f"{layer.index}'s MLP is {layer.mlp_size} wide) is not a "
-                               f"multiple of --tp {world}")
+            raise ShardRefused(
+                f"gemma4: intermediate_size={cfg.intermediate_size} (layer "
+                f"{layer.index}'s MLP is {layer.mlp_size} wide) is not a "
+                f"multiple of --tp {world}"
+            )
     if cfg.enable_moe_block and cfg.num_experts % world:
-        raise ShardRefused(f"gemma4: num_experts={cfg.num_experts} is not a multiple of --tp "
-                           f"{world} (each expert lives on one rank)")
+        raise ShardRefused(
+            f"gemma4: num_experts={cfg.num_experts} is not a multiple of --tp "
+            f"{world} (each expert lives on one rank)"
+        )
 
 
 def plan(cfg: Gemma4Config, dtype: str, world: int) -> ShardPlan:
@@ -116,13 +126,15 @@ def plan(cfg: Gemma4Config, dtype: str, world: int) -> ShardPlan:
         (f"{mlp}\\.down_proj\\.weight", ROW),
     ]
     if cfg.enable_moe_block:  # stacked [E, ...]: whole experts, block(E, rank, world)
-        splits.append((f"{every}\\.experts\\.(gate_up|down)_proj",
-                       Split(dim=0, parts=cfg.num_experts)))
+        splits.append(
+            (f"{every}\\.experts\\.(gate_up|down)_proj", Split(dim=0, parts=cfg.num_experts))
+        )
     for layer in cfg.layers:  # K/V heads differ between sliding and full layers
         if not layer.reuses_kv:
             own = LAYER.format(layer.index)
-            splits.append((f"{own}\\.self_attn\\.[kv]_proj\\.weight",
-                           Split(dim=0, parts=layer.kv_heads)))
+            splits.append(
+                (f"{own}\\.self_attn\\.[kv]_proj\\.weight", Split(dim=0, parts=layer.kv_heads))
+            )
     if vocab_parallel(cfg, world):
         splits.append(("lm_head\\.weight", COLUMN))
     return ShardPlan(tuple(splits), state_layout(cfg, dtype, world))

@@ -79,8 +79,17 @@ class SlidingRows:
         else:
             rows = new
         scales = RingScales(rows[2], rows[3], rings[2], rings[3]) if fp8 else None
-        out = ring_attention(q, rows[0], rows[1], rings[0], rings[1], self.fp, scale=scale,
-                             window=layer.window, scales=scales)
+        out = ring_attention(
+            q,
+            rows[0],
+            rows[1],
+            rings[0],
+            rings[1],
+            self.fp,
+            scale=scale,
+            window=layer.window,
+            scales=scales,
+        )
         if new is not None:
             self._tap(names, rings, rows, layer.window)
             if src in self.shared:
@@ -101,8 +110,13 @@ class SlidingRows:
                     self.last_reader[other.kv_source] = other.index
         return self.last_reader
 
-    def _tap(self, names: list[str], rings: list[torch.Tensor], rows: tuple[torch.Tensor, ...],
-             window: int) -> None:
+    def _tap(
+        self,
+        names: list[str],
+        rings: list[torch.Tensor],
+        rows: tuple[torch.Tensor, ...],
+        window: int,
+    ) -> None:
         """The rings (names[i]: rings[i], advanced by rows[i]) as they stand after row p - 1, at
         each tap p of the pass's runs (taps occur only in eager passes, whose streams are real,
         so a host loop is fine)."""
@@ -110,10 +124,13 @@ class SlidingRows:
         if not any(stream.taps for stream in fp.streams):
             return
         for pair in range(0, len(names), 2):  # (K, V), then (K scales, V scales)
-            got = gather_window(rings[pair], rings[pair + 1], rows[pair], rows[pair + 1], fp,
-                                window)
+            got = gather_window(
+                rings[pair], rings[pair + 1], rows[pair], rows[pair + 1], fp, window
+            )
             for i, stream in enumerate(fp.streams):
                 for p in stream.taps:
-                    for name, gathered in ((names[pair], got.keys[i]),
-                                           (names[pair + 1], got.values[i])):
+                    for name, gathered in (
+                        (names[pair], got.keys[i]),
+                        (names[pair + 1], got.values[i]),
+                    ):
                         fp.tap(i, p, name, ring_after(gathered, got.bases[i], p, window))

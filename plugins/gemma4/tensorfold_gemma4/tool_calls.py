@@ -41,13 +41,13 @@ class _Reader:
 
     def expect(self, what: str) -> None:
         if not self.take(what):
-            raise MalformedToolCall(f"expected {what!r} at {self.text[self.pos:self.pos + 30]!r}")
+            raise MalformedToolCall(f"expected {what!r} at {self.text[self.pos : self.pos + 30]!r}")
 
     def string(self) -> str:
         end = self.text.find(QUOTE, self.pos)
         if end < 0:
             raise MalformedToolCall("a string is not closed")
-        out, self.pos = self.text[self.pos:end], end + len(QUOTE)
+        out, self.pos = self.text[self.pos : end], end + len(QUOTE)
         return out
 
     def key(self) -> str:
@@ -56,7 +56,7 @@ class _Reader:
         self.skip()
         found = _BARE.match(self.text, self.pos)
         if not found:
-            raise MalformedToolCall(f"expected a key at {self.text[self.pos:self.pos + 30]!r}")
+            raise MalformedToolCall(f"expected a key at {self.text[self.pos : self.pos + 30]!r}")
         self.pos = found.end()
         return found.group()
 
@@ -90,7 +90,7 @@ class _Reader:
         self.skip()
         found = _BARE.match(self.text, self.pos)
         if not found:
-            raise MalformedToolCall(f"expected a value at {self.text[self.pos:self.pos + 30]!r}")
+            raise MalformedToolCall(f"expected a value at {self.text[self.pos : self.pos + 30]!r}")
         self.pos = found.end()
         word = found.group()
         if word in _WORDS:
@@ -116,7 +116,7 @@ def parse(body: str, schemas: Schemas) -> list[tuple[str, dict[str, Any]]]:
     arguments = reader.obj()
     reader.skip()
     if reader.pos != len(body):
-        raise MalformedToolCall(f"text after the arguments: {body[reader.pos:reader.pos + 30]!r}")
+        raise MalformedToolCall(f"text after the arguments: {body[reader.pos : reader.pos + 30]!r}")
     return [(found.group(), arguments)]
 
 
@@ -161,13 +161,16 @@ class _Grammar:
         alternatives = schema.get("anyOf") or schema.get("oneOf")
         if isinstance(alternatives, list) and alternatives:
             rest = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")}
-            return self.rule(" | ".join(self.value({**rest, **a}) if isinstance(a, dict)
-                                        else self.value(rest) for a in alternatives))
+            return self.rule(
+                " | ".join(
+                    self.value({**rest, **a}) if isinstance(a, dict) else self.value(rest)
+                    for a in alternatives
+                )
+            )
         if isinstance(kind, list) and kind:
             return self.rule(" | ".join(self.value({**schema, "type": k}) for k in kind))
         if isinstance(enum, list) and enum and all(isinstance(e, str) for e in enum):
-            return self.rule(" | ".join(f"{self.quote} {json.dumps(e)} {self.quote}"
-                                        for e in enum))
+            return self.rule(" | ".join(f"{self.quote} {json.dumps(e)} {self.quote}" for e in enum))
         if kind == "string":
             low = schema.get("minLength", 0)
             high = schema.get("maxLength", "")
@@ -200,9 +203,10 @@ class _Grammar:
             member = self.rule(f'/[A-Za-z_][A-Za-z0-9_]*/ ":" {self.any}')
             scalar = "%json" + json.dumps({"type": ["number", "boolean", "null"]})
             self.rules[at] = (
-                f'{self.any}: {self.quote} /[^<]*/ {self.quote} | {scalar} '
+                f"{self.any}: {self.quote} /[^<]*/ {self.quote} | {scalar} "
                 f'| "[" ({self.any} ("," {self.any})*)? "]" '
-                f'| "{{" ({member} ("," {member})*)? "}}"')
+                f'| "{{" ({member} ("," {member})*)? "}}"'
+            )
         return self.any
 
     def obj(self, schema: Mapping[str, Any]) -> str:
@@ -210,22 +214,24 @@ class _Grammar:
         properties = schema.get("properties") or {}
         required = [k for k in properties if k in set(schema.get("required") or [])]
         optional = [k for k in properties if k not in required]
-        member = {k: self.rule(f'{json.dumps(k)} ":" {self.value(properties[k])}')
-                  for k in properties}
+        member = {
+            k: self.rule(f'{json.dumps(k)} ":" {self.value(properties[k])}') for k in properties
+        }
         if required:
             head = ' "," '.join(member[k] for k in required)
             tail = " ".join(f'("," {member[k]})?' for k in optional)
             return self.rule(f'"{{" {head} {tail} "}}"')
         choices = ['""']
         for i, k in enumerate(optional):  # the first member present is optional[i]
-            tail = " ".join(f'("," {member[o]})?' for o in optional[i + 1:])
+            tail = " ".join(f'("," {member[o]})?' for o in optional[i + 1 :])
             choices.append(f"{member[k]} {tail}")
         inner = self.rule(" | ".join(choices))
         return self.rule(f'"{{" {inner} "}}"')
 
 
-def grammar(tools: Sequence[Mapping[str, Any]], parallel: bool,
-            literal: Callable[[str], str]) -> str:
+def grammar(
+    tools: Sequence[Mapping[str, Any]], parallel: bool, literal: Callable[[str], str]
+) -> str:
     """Sections of calls to `tools` (one, or several when `parallel`), each argument typed by
     its parameter's schema (see _Grammar for what is not enforced)."""
     g = _Grammar(literal)
@@ -237,11 +243,16 @@ def grammar(tools: Sequence[Mapping[str, Any]], parallel: bool,
         parameters.setdefault("type", "object")
         arguments = g.obj(parameters)
         g.refs = {}  # each tool's $defs are its own
-        calls.append(g.rule(f'{literal(START)} "call:" {json.dumps(function["name"])} '
-                            f"{arguments} {literal(END)}"))
+        calls.append(
+            g.rule(
+                f'{literal(START)} "call:" {json.dumps(function["name"])} '
+                f"{arguments} {literal(END)}"
+            )
+        )
     call = g.rule(" | ".join(calls))
     return "\n".join([f"start: {call}+" if parallel else f"start: {call}", *g.rules])
 
 
-FORMAT = ToolCallFormat("gemma4", START, END, parse, after=(RESPONSE,), inner=(QUOTE,),
-                        grammar=grammar)
+FORMAT = ToolCallFormat(
+    "gemma4", START, END, parse, after=(RESPONSE,), inner=(QUOTE,), grammar=grammar
+)

@@ -55,8 +55,17 @@ def _normed(x, w_ptr, cols, cmask, D, eps, HAS_W: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_rows"])
 def _rms_norm_kernel(
-    x_ptr, w_ptr, o_ptr, n_rows, D, eps, heads, stride_n,
-    HAS_W: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    o_ptr,
+    n_rows,
+    D,
+    eps,
+    heads,
+    stride_n,
+    HAS_W: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     """Row r of the output is head r % heads of x's row r // heads (x's rows stride_n apart,
@@ -75,10 +84,32 @@ def _rms_norm_kernel(
 
 @triton.jit(do_not_specialize=["n_rows"])
 def _residual_kernel(
-    h_ptr, a_ptr, e_ptr, wa_ptr, we_ptr, wp_ptr, s_ptr, wn_ptr, ho_ptr, xo_ptr, n_rows, D, eps,
-    NORM_A: tl.constexpr, HAS_E: tl.constexpr, HAS_POST: tl.constexpr,
-    HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-    rs_ptr=None, rw_ptr=None, z_ptr=None, xe_ptr=None, const=1.0, ROUTER: tl.constexpr = False,
+    h_ptr,
+    a_ptr,
+    e_ptr,
+    wa_ptr,
+    we_ptr,
+    wp_ptr,
+    s_ptr,
+    wn_ptr,
+    ho_ptr,
+    xo_ptr,
+    n_rows,
+    D,
+    eps,
+    NORM_A: tl.constexpr,
+    HAS_E: tl.constexpr,
+    HAS_POST: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    HAS_NEXT: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    rs_ptr=None,
+    rw_ptr=None,
+    z_ptr=None,
+    xe_ptr=None,
+    const=1.0,
+    ROUTER: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     """One program a tile of whole rows: the steps of the module docstring. ROUTER: also
@@ -118,8 +149,16 @@ def _residual_kernel(
 
 
 @triton.jit(do_not_specialize=["n"])
-def _gelu_kernel(a_ptr, b_ptr, o_ptr, n, HAS_B: tl.constexpr, C: tl.constexpr,
-                 BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _gelu_kernel(
+    a_ptr,
+    b_ptr,
+    o_ptr,
+    n,
+    HAS_B: tl.constexpr,
+    C: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     after_prior(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
@@ -166,8 +205,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     per, block_d = _tiling(d)
     if n:
         _rms_norm_kernel[(cdiv(n, per),)](
-            src, weight if weight is not None else out, out, n, d, eps, max(heads, 1), stride_n,
-            HAS_W=weight is not None, ROWS=per, BLOCK_D=block_d, num_warps=4, **launch_options(out),
+            src,
+            weight if weight is not None else out,
+            out,
+            n,
+            d,
+            eps,
+            max(heads, 1),
+            stride_n,
+            HAS_W=weight is not None,
+            ROWS=per,
+            BLOCK_D=block_d,
+            num_warps=4,
+            **launch_options(out),
         )
     return out
 
@@ -191,14 +241,22 @@ def residual(
 
 
 def residual_router(
-    h: torch.Tensor, a: torch.Tensor, eps: float, *, wa: torch.Tensor, wnext: torch.Tensor,
-    router_scale: torch.Tensor, const: float, pre_norm: torch.Tensor,
+    h: torch.Tensor,
+    a: torch.Tensor,
+    eps: float,
+    *,
+    wa: torch.Tensor,
+    wnext: torch.Tensor,
+    router_scale: torch.Tensor,
+    const: float,
+    pre_norm: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """residual(h, a, eps, wa=wa, wnext=wnext) and, in the same launch, gemma4's router and
     experts' inputs from h' (triton_route.router_input's formula): (h', x, z, xe), [N, H] each.
     router_scale [H] in h's dtype; pre_norm [H] fp32."""
-    h_out, x_out, inputs = _residual(h, a, eps, wa, None, None, None, None, wnext,
-                                     (router_scale, const, pre_norm))
+    h_out, x_out, inputs = _residual(
+        h, a, eps, wa, None, None, None, None, wnext, (router_scale, const, pre_norm)
+    )
     assert x_out is not None and inputs is not None
     return h_out, x_out, *inputs
 
@@ -216,16 +274,39 @@ def _residual(h, a, eps, wa, e, we, wpost, scale, wnext, router):
     if router is not None:
         rs, const, rw = router
         inputs = (torch.empty_like(hr), torch.empty_like(hr))
-        extra = dict(rs_ptr=rs.contiguous(), rw_ptr=rw.contiguous(), z_ptr=inputs[0],
-                     xe_ptr=inputs[1], const=float(const), ROUTER=True)
+        extra = dict(
+            rs_ptr=rs.contiguous(),
+            rw_ptr=rw.contiguous(),
+            z_ptr=inputs[0],
+            xe_ptr=inputs[1],
+            const=float(const),
+            ROUTER=True,
+        )
     if n:
         _residual_kernel[(cdiv(n, per),)](
-            hr, ar, er, wa if wa is not None else dummy, we if we is not None else dummy,
-            wpost if wpost is not None else dummy, scale if scale is not None else dummy,
-            wnext if wnext is not None else dummy, h_out, x_out, n, d, eps,
-            NORM_A=wa is not None, HAS_E=e is not None, HAS_POST=wpost is not None,
-            HAS_SCALE=scale is not None, HAS_NEXT=wnext is not None, ROWS=per, BLOCK_D=block_d,
-            num_warps=4, **extra, **launch_options(hr),
+            hr,
+            ar,
+            er,
+            wa if wa is not None else dummy,
+            we if we is not None else dummy,
+            wpost if wpost is not None else dummy,
+            scale if scale is not None else dummy,
+            wnext if wnext is not None else dummy,
+            h_out,
+            x_out,
+            n,
+            d,
+            eps,
+            NORM_A=wa is not None,
+            HAS_E=e is not None,
+            HAS_POST=wpost is not None,
+            HAS_SCALE=scale is not None,
+            HAS_NEXT=wnext is not None,
+            ROWS=per,
+            BLOCK_D=block_d,
+            num_warps=4,
+            **extra,
+            **launch_options(hr),
         )
     if inputs is not None:
         inputs = tuple(t.view(h.shape) for t in inputs)
@@ -239,7 +320,15 @@ def _elementwise(a: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     n = ac.numel()
     if n:
         _gelu_kernel[(cdiv(n, ELEMENTS),)](
-            ac, bc, out, n, HAS_B=b is not None, C=_GELU_C, BLOCK=ELEMENTS, num_warps=4, **launch_options(ac),
+            ac,
+            bc,
+            out,
+            n,
+            HAS_B=b is not None,
+            C=_GELU_C,
+            BLOCK=ELEMENTS,
+            num_warps=4,
+            **launch_options(ac),
         )
     return out
 
@@ -260,5 +349,7 @@ def softcap_float(logits: torch.Tensor, cap: float) -> torch.Tensor:
     out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     n = x.numel()
     if n:
-        _softcap_kernel[(cdiv(n, ELEMENTS),)](x, out, n, cap, BLOCK=ELEMENTS, num_warps=4, **launch_options(x))
+        _softcap_kernel[(cdiv(n, ELEMENTS),)](
+            x, out, n, cap, BLOCK=ELEMENTS, num_warps=4, **launch_options(x)
+        )
     return out

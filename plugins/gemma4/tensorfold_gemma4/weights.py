@@ -144,14 +144,16 @@ def load_weights(
     # As lfm2_moe: an lm_head.weight on disk is used even when the config ties; without one, a
     # tied model reuses the embeddings and an untied one is refused (the read names the tensor).
     tied = cfg.tie_word_embeddings and not ckpt.has("lm_head.weight")
-    lm_head = embed if tied else ckpt.load("lm_head.weight", device=device, dtype=dtype,
-                                           shape=(v, h))
+    lm_head = (
+        embed if tied else ckpt.load("lm_head.weight", device=device, dtype=dtype, shape=(v, h))
+    )
     shard = ckpt.shard
     if tied and shards.vocab_parallel(cfg, shard.world):
         mine = block(v, shard.rank, shard.world)
         lm_head = embed[mine.start : mine.stop]  # this rank's vocabulary, a view
-    return ModelWeights(embed, read.norm("norm.weight", h), lm_head, layers, ple_embed,
-                        ple_projection, ple_norm)
+    return ModelWeights(
+        embed, read.norm("norm.weight", h), lm_head, layers, ple_embed, ple_projection, ple_norm
+    )
 
 
 def _layer(read: _Reader, cfg: Gemma4Config, layer: Layer) -> LayerWeights:
@@ -160,20 +162,27 @@ def _layer(read: _Reader, cfg: Gemma4Config, layer: Layer) -> LayerWeights:
     ple = None
     if cfg.has_ple:
         ps = cfg.hidden_size_per_layer_input
-        ple = PleWeights(read(f"{p}.per_layer_input_gate.weight", ps, h),
-                         read(f"{p}.per_layer_projection.weight", h, ps),
-                         read.norm(f"{p}.post_per_layer_input_norm.weight", h))
+        ple = PleWeights(
+            read(f"{p}.per_layer_input_gate.weight", ps, h),
+            read(f"{p}.per_layer_projection.weight", h, ps),
+            read.norm(f"{p}.post_per_layer_input_norm.weight", h),
+        )
     m = f"{p}.mlp"
-    mlp = MlpWeights(read(f"{m}.gate_proj.weight", layer.mlp_size, h),
-                     read(f"{m}.up_proj.weight", layer.mlp_size, h),
-                     read(f"{m}.down_proj.weight", h, layer.mlp_size))
+    mlp = MlpWeights(
+        read(f"{m}.gate_proj.weight", layer.mlp_size, h),
+        read(f"{m}.up_proj.weight", layer.mlp_size, h),
+        read(f"{m}.down_proj.weight", h, layer.mlp_size),
+    )
     return LayerWeights(
         input_norm=read.norm(f"{p}.input_layernorm.weight", h),
         post_attention_norm=read.norm(f"{p}.post_attention_layernorm.weight", h),
         pre_mlp_norm=read.norm(f"{p}.pre_feedforward_layernorm.weight", h),
         post_mlp_norm=read.norm(f"{p}.post_feedforward_layernorm.weight", h),
         attention=_attention(read, cfg, layer, f"{p}.self_attn"),
-        mlp=mlp, moe=moe, ple=ple, layer_scalar=read(f"{p}.layer_scalar", 1),
+        mlp=mlp,
+        moe=moe,
+        ple=ple,
+        layer_scalar=read(f"{p}.layer_scalar", 1),
     )
 
 

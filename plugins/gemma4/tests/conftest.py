@@ -29,37 +29,83 @@ from tensorfold_gemma4.model import load
 PROMPT_LEN = 600  # crosses a 512-row page and every sliding window here
 S, F = "sliding_attention", "full_attention"
 COMMON: dict[str, Any] = dict(
-    vocab_size=256, vocab_size_per_layer_input=256, hidden_size=64, intermediate_size=128,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
-    hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, initializer_range=0.1,
-    max_position_embeddings=4096, pad_token_id=0, bos_token_id=2, eos_token_id=1,
+    vocab_size=256,
+    vocab_size_per_layer_input=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    global_head_dim=32,
+    hidden_activation="gelu_pytorch_tanh",
+    rms_norm_eps=1e-6,
+    initializer_range=0.1,
+    max_position_embeddings=4096,
+    pad_token_id=0,
+    bos_token_id=2,
+    eos_token_id=1,
 )
-PLACEHOLDERS = dict(image_token_id=250, video_token_id=251, audio_token_id=252, boi_token_id=253,
-                    eoi_token_id=254, boa_token_id=255, eoa_token_index=249)
+PLACEHOLDERS = dict(
+    image_token_id=250,
+    video_token_id=251,
+    audio_token_id=252,
+    boi_token_id=253,
+    eoi_token_id=254,
+    boa_token_id=255,
+    eoa_token_index=249,
+)
 SHAPES: dict[str, dict[str, Any]] = {
     "e_style": dict(
-        num_hidden_layers=6, num_global_key_value_heads=1, attention_k_eq_v=True,
-        layer_types=[S, F] * 3, sliding_window=8,
-        rope_parameters={S: {"rope_type": "default", "rope_theta": 10000.0},
-                         F: {"rope_type": "proportional", "partial_rotary_factor": 0.25,
-                             "rope_theta": 1000000.0}},
-        enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32,
-        hidden_size_per_layer_input=16, num_kv_shared_layers=2, use_double_wide_mlp=True,
-        final_logit_softcapping=30.0, tie_word_embeddings=True,
+        num_hidden_layers=6,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        layer_types=[S, F] * 3,
+        sliding_window=8,
+        rope_parameters={
+            S: {"rope_type": "default", "rope_theta": 10000.0},
+            F: {
+                "rope_type": "proportional",
+                "partial_rotary_factor": 0.25,
+                "rope_theta": 1000000.0,
+            },
+        },
+        enable_moe_block=True,
+        num_experts=8,
+        top_k_experts=2,
+        moe_intermediate_size=32,
+        hidden_size_per_layer_input=16,
+        num_kv_shared_layers=2,
+        use_double_wide_mlp=True,
+        final_logit_softcapping=30.0,
+        tie_word_embeddings=True,
     ),
     "a26b_style": dict(
-        num_hidden_layers=6, num_global_key_value_heads=1, attention_k_eq_v=True,
-        layer_types=[S, S, F, S, S, F], sliding_window=100,
-        enable_moe_block=True, num_experts=6, top_k_experts=3, moe_intermediate_size=24,
-        hidden_size_per_layer_input=0, num_kv_shared_layers=0, final_logit_softcapping=30.0,
-        use_bidirectional_attention="vision", tie_word_embeddings=True,
+        num_hidden_layers=6,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        layer_types=[S, S, F, S, S, F],
+        sliding_window=100,
+        enable_moe_block=True,
+        num_experts=6,
+        top_k_experts=3,
+        moe_intermediate_size=24,
+        hidden_size_per_layer_input=0,
+        num_kv_shared_layers=0,
+        final_logit_softcapping=30.0,
+        use_bidirectional_attention="vision",
+        tie_word_embeddings=True,
     ),
     "causal_lm": dict(
-        num_hidden_layers=4, layer_types=[S, F, S, F], sliding_window=16,
-        rope_parameters={S: {"rope_type": "default", "rope_theta": 10000.0},
-                         F: {"rope_type": "proportional", "partial_rotary_factor": 0.5,
-                             "rope_theta": 10000.0}},
-        hidden_size_per_layer_input=8, num_kv_shared_layers=1, tie_word_embeddings=False,
+        num_hidden_layers=4,
+        layer_types=[S, F, S, F],
+        sliding_window=16,
+        rope_parameters={
+            S: {"rope_type": "default", "rope_theta": 10000.0},
+            F: {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 10000.0},
+        },
+        hidden_size_per_layer_input=8,
+        num_kv_shared_layers=1,
+        tie_word_embeddings=False,
     ),
 }
 BATTERY = ("e_style", "a26b_style")  # the shapes every pass and decode test runs on
@@ -80,8 +126,13 @@ def build_reference(shape: str) -> Any:
     if shape == "causal_lm":
         model = Gemma4ForCausalLM(Gemma4TextConfig(**text))
     else:
-        config = Gemma4Config(text_config=text, vision_config=None, audio_config=None,
-                              tie_word_embeddings=True, **PLACEHOLDERS)
+        config = Gemma4Config(
+            text_config=text,
+            vision_config=None,
+            audio_config=None,
+            tie_word_embeddings=True,
+            **PLACEHOLDERS,
+        )
         model = Gemma4ForConditionalGeneration(config)
     gen = torch.Generator().manual_seed(FIXTURE_SEEDS[shape] + 100)
     with torch.no_grad():
@@ -111,8 +162,11 @@ class Tiny(testing.ReferenceCase):
         if "logits" in self._cache:
             return self._cache["logits"]
         probs: list[torch.Tensor] = []
-        hooks = [m.register_forward_hook(lambda mod, i, out: probs.append(out[0]))
-                 for name, m in self.ref.named_modules() if name.endswith("router")]
+        hooks = [
+            m.register_forward_hook(lambda mod, i, out: probs.append(out[0]))
+            for name, m in self.ref.named_modules()
+            if name.endswith("router")
+        ]
         try:
             logits = super().ref_logits()
         finally:
@@ -139,13 +193,18 @@ def one_intra_op_thread():
 @pytest.fixture(scope="session")
 def tiny_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     pytest.importorskip("transformers", reason="transformers 5.23.0 is the parity reference")
-    return testing.save_references(tmp_path_factory.mktemp("gemma4_tiny"), SHAPES,
-                                   build_reference)
+    return testing.save_references(tmp_path_factory.mktemp("gemma4_tiny"), SHAPES, build_reference)
 
 
 def _open(name: str, paths: dict[str, Path]) -> Tiny:
-    return Tiny.open(name, paths[name], reference_class(name), load, vocab=COMMON["vocab_size"],
-                     prompt_len=PROMPT_LEN)
+    return Tiny.open(
+        name,
+        paths[name],
+        reference_class(name),
+        load,
+        vocab=COMMON["vocab_size"],
+        prompt_len=PROMPT_LEN,
+    )
 
 
 @pytest.fixture(scope="session", params=BATTERY)

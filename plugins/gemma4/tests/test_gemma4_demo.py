@@ -124,12 +124,18 @@ def test_tokenizer_loads_round_trips_and_chats(ckpt: Path) -> None:
     for text in ("The lighthouse keeper climbed the stairs.", "  Unseen wörds, 東京 & 🚂!\n"):
         ids = tok(text).input_ids
         assert ids[0] == 2 and tok.decode(ids, skip_special_tokens=True) == text
-    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"},
-            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Bye"},
+    ]
     text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-    assert text == ("<bos><start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n"
-                    "<start_of_turn>model\nHello.<end_of_turn>\n"
-                    "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+    assert text == (
+        "<bos><start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n"
+        "<start_of_turn>model\nHello.<end_of_turn>\n"
+        "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+    )
     ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)["input_ids"]
     assert ids[0] == 2 and ids[1] == tok.convert_tokens_to_ids("<start_of_turn>")
     generation = json.loads((ckpt / "generation_config.json").read_text())

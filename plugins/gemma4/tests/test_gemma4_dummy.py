@@ -51,15 +51,22 @@ def test_dummy_weights_serve_a_folder_without_weights(tmp_path: Path) -> None:
     folder = configs_only(build_demo(tmp_path / "demo"), tmp_path / "configs")
     with pytest.raises(CheckpointError):
         LLM(family="gemma4", model=folder, device="cpu", dtype="float32", memory_limit_gib=0.25)
-    flags = dict(device="cpu", dtype="float32", memory_limit_gib=0.25, load_format="dummy",
-                 context=1024, parallel=2)
+    flags = dict(
+        device="cpu",
+        dtype="float32",
+        memory_limit_gib=0.25,
+        load_format="dummy",
+        context=1024,
+        parallel=2,
+    )
     outputs = []
     for _ in range(2):  # the same seed twice: the same weights, the same tokens
         llm = LLM(family="gemma4", model=folder, **flags)
         try:
             assert llm.served.model_name == str(folder)
-            done = llm.generate([[5, 6, 7, 8], [9] * 200],
-                                SamplingParams(temperature=0, max_tokens=6))
+            done = llm.generate(
+                [[5, 6, 7, 8], [9] * 200], SamplingParams(temperature=0, max_tokens=6)
+            )
             outputs.append([c.token_ids for c in done])
             assert all(len(c.token_ids) == 6 for c in done)
         finally:
@@ -75,7 +82,9 @@ def test_the_26b_shape_matches_its_published_config() -> None:
     assert len(kinds) == 30 and kinds.count(FULL) == 5 and kinds[5::6] == (FULL,) * 5
     sliding = [layer for layer in cfg.layers if layer.kind == SLIDING]
     full = [layer for layer in cfg.layers if layer.kind == FULL]
-    assert {(x.kv_heads, x.head_dim, x.window, x.k_eq_v) for x in sliding} == {(8, 256, 1024, False)}
+    assert {(x.kv_heads, x.head_dim, x.window, x.k_eq_v) for x in sliding} == {
+        (8, 256, 1024, False)
+    }
     assert {(x.kv_heads, x.head_dim, x.window, x.k_eq_v) for x in full} == {(2, 512, None, True)}
     assert (cfg.hidden_size, cfg.num_attention_heads, cfg.vocab_size) == (2816, 16, 262144)
     assert (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size) == (128, 8, 704)
@@ -98,10 +107,17 @@ def test_dummy_activations_stay_finite_in_bf16() -> None:
     from tensorfold.runner import ModelRunner
 
     cfg = SHAPES["Gemma-4-26B-A4B"]
-    small = replace(cfg, vocab_size=512, num_hidden_layers=2, layers=cfg.layers[4:6], num_experts=16,
-                    top_k_experts=8)
-    small = replace(small, layers=tuple(replace(x, index=i, kv_source=i)
-                                        for i, x in enumerate(small.layers)))
+    small = replace(
+        cfg,
+        vocab_size=512,
+        num_hidden_layers=2,
+        layers=cfg.layers[4:6],
+        num_experts=16,
+        top_k_experts=8,
+    )
+    small = replace(
+        small, layers=tuple(replace(x, index=i, kv_source=i) for i, x in enumerate(small.layers))
+    )
     model = build_dummy(small, device="cpu", dtype=torch.bfloat16, seed=1)
     runner = ModelRunner(model, num_pages=2, num_slots=1, page_rows=512)
     g = torch.Generator().manual_seed(0)

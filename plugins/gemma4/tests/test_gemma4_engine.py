@@ -52,8 +52,9 @@ def test_concurrent_equals_solo(demo, prompts, alone, params_name):
     params = {"greedy": GREEDY, "sampled": SAMPLED}[params_name]
     llm = open_llm(demo, parallel=len(prompts))
     try:
-        testing.assert_concurrent_equals_solo(llm, prompts, params, alone[params_name],
-                                              levels=(2, len(prompts)))
+        testing.assert_concurrent_equals_solo(
+            llm, prompts, params, alone[params_name], levels=(2, len(prompts))
+        )
     finally:
         close_even(llm)
 
@@ -87,8 +88,9 @@ def test_the_plan_counts_pages_for_full_layers_and_rings_for_sliding_ones(demo):
         # sliding layers 0, 1 and 3 keep rings of window - 1 = 127 rows (2 KV heads x 32)
         assert [r.name for r in layout.paged] == ["L2.k", "L2.v"]
         assert layout.row_bytes == 2 * 64 * 4
-        assert [s.name for s in layout.fixed] == [f"L{i}.{kv}" for i in (0, 1, 3)
-                                                   for kv in ("sk", "sv")]
+        assert [s.name for s in layout.fixed] == [
+            f"L{i}.{kv}" for i in (0, 1, 3) for kv in ("sk", "sv")
+        ]
         assert {s.shape for s in layout.fixed} == {(127, 2, 32)}
         assert layout.fixed_bytes == 6 * 127 * 2 * 32 * 4
         plan = llm.served.plan

@@ -68,10 +68,12 @@ def _rewrite(src: Path, dst: Path, edit) -> Path:
     return dst
 
 
-def test_global_head_dim_keys_derive_the_same_layers(tiny_paths: dict[str, Path],
-                                                    tmp_path: Path) -> None:
+def test_global_head_dim_keys_derive_the_same_layers(
+    tiny_paths: dict[str, Path], tmp_path: Path
+) -> None:
     """Configs that carry `global_head_dim` / `num_global_key_value_heads` instead of a saved
     `per_layer_config` derive the full layers' shape as Gemma4TextConfig.__post_init__ does."""
+
     def to_global_keys(text: dict) -> None:
         overrides = next(iter(text.pop("per_layer_config").values()))
         text["global_head_dim"] = overrides["head_dim"]
@@ -85,16 +87,22 @@ def test_global_head_dim_keys_derive_the_same_layers(tiny_paths: dict[str, Path]
     assert [layer.head_dim for layer in ours.layers] == [16, 32] * 3
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda t: t.update(layer_types=["sliding_attention", "chunked_attention"] * 3),
-     "'chunked_attention'"),
-    (lambda t: t["rope_parameters"]["full_attention"].update(rope_type="yarn"), "'yarn'"),
-    (lambda t: t.update(use_bidirectional_attention="all"), "causal"),
-    (lambda t: t.update(hidden_activation="silu"), "'silu'"),
-    (lambda t: t.update(num_kv_shared_layers=6), "num_kv_shared_layers=6"),
-])
-def test_bad_configs_are_refused_before_loading(tiny_paths: dict[str, Path], tmp_path: Path,
-                                                edit, message: str) -> None:
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            lambda t: t.update(layer_types=["sliding_attention", "chunked_attention"] * 3),
+            "'chunked_attention'",
+        ),
+        (lambda t: t["rope_parameters"]["full_attention"].update(rope_type="yarn"), "'yarn'"),
+        (lambda t: t.update(use_bidirectional_attention="all"), "causal"),
+        (lambda t: t.update(hidden_activation="silu"), "'silu'"),
+        (lambda t: t.update(num_kv_shared_layers=6), "num_kv_shared_layers=6"),
+    ],
+)
+def test_bad_configs_are_refused_before_loading(
+    tiny_paths: dict[str, Path], tmp_path: Path, edit, message: str
+) -> None:
     folder = _rewrite(tiny_paths["e_style"], tmp_path / "bad", edit)
     with pytest.raises(ConfigError, match=message):
         shape(json.loads((folder / "config.json").read_text()), "float32")
@@ -102,8 +110,9 @@ def test_bad_configs_are_refused_before_loading(tiny_paths: dict[str, Path], tmp
         load(Checkpoint.open(folder), "cpu", "float32")
 
 
-def test_missing_and_misshapen_tensors_are_named(tiny_paths: dict[str, Path],
-                                                 tmp_path: Path) -> None:
+def test_missing_and_misshapen_tensors_are_named(
+    tiny_paths: dict[str, Path], tmp_path: Path
+) -> None:
     from safetensors.torch import load_file, save_file
 
     src = tiny_paths["a26b_style"]
@@ -118,8 +127,10 @@ def test_missing_and_misshapen_tensors_are_named(tiny_paths: dict[str, Path],
     misshapen = "model.language_model.layers.2.self_attn.k_proj.weight"
     folder = tmp_path / "misshapen"
     shutil.copytree(src, folder)
-    save_file({**tensors, misshapen: tensors[misshapen][:-1].contiguous()},
-              str(folder / "model.safetensors"))
+    save_file(
+        {**tensors, misshapen: tensors[misshapen][:-1].contiguous()},
+        str(folder / "model.safetensors"),
+    )
     with pytest.raises(CheckpointError, match=misshapen.replace(".", r"\.") + ".*expected"):
         load(Checkpoint.open(folder), "cpu", "float32")
 
@@ -131,20 +142,52 @@ def test_towers_are_skipped_and_said_so(tmp_path: Path) -> None:
     from transformers import Gemma4Config as HFConfig
     from transformers import Gemma4ForConditionalGeneration
 
-    text = dict(vocab_size=256, vocab_size_per_layer_input=256, hidden_size=64,
-                intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=8,
-                layer_types=["sliding_attention", "full_attention"], initializer_range=0.1,
-                hidden_size_per_layer_input=0)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=2, head_dim=16, position_embedding_size=64)
-    audio = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                 subsampling_conv_channels=[8, 4], output_proj_dims=32)
+    text = dict(
+        vocab_size=256,
+        vocab_size_per_layer_input=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        global_head_dim=32,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        initializer_range=0.1,
+        hidden_size_per_layer_input=0,
+    )
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        position_embedding_size=64,
+    )
+    audio = dict(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        subsampling_conv_channels=[8, 4],
+        output_proj_dims=32,
+    )
     torch.manual_seed(3)
-    ref = Gemma4ForConditionalGeneration(HFConfig(
-        text_config=text, vision_config=vision, audio_config=audio, image_token_id=250,
-        video_token_id=251, audio_token_id=252, boi_token_id=253, eoi_token_id=254,
-        boa_token_id=255, eoa_token_index=249)).eval()
+    ref = Gemma4ForConditionalGeneration(
+        HFConfig(
+            text_config=text,
+            vision_config=vision,
+            audio_config=audio,
+            image_token_id=250,
+            video_token_id=251,
+            audio_token_id=252,
+            boi_token_id=253,
+            eoi_token_id=254,
+            boa_token_id=255,
+            eoa_token_index=249,
+        )
+    ).eval()
     ref.save_pretrained(tmp_path)
     with capture_logs() as logs:
         model = load(Checkpoint.open(tmp_path), "cpu", "float32")

@@ -42,10 +42,12 @@ def test_chunked_prompt_matches_reference_at_every_row(tiny: "Tiny") -> None:
     runner = tiny.runner()
     stream = open_stream(runner, 0, PROMPT_LEN)
     cuts = [0, 1, 7, 107, 338, PROMPT_LEN]  # chunks shorter and longer than the windows
-    chunked = torch.cat([
-        runner.run([stream.rows(tiny.prompt[a:b], logits="all")])[0]
-        for a, b in zip(cuts, cuts[1:])
-    ])
+    chunked = torch.cat(
+        [
+            runner.run([stream.rows(tiny.prompt[a:b], logits="all")])[0]
+            for a, b in zip(cuts, cuts[1:])
+        ]
+    )
     assert rel_err(chunked, tiny.ref_logits()) < TOL
     assert torch.equal(chunked, whole_prompt(tiny))  # where a pass cuts the prompt changes no bit
 
@@ -105,8 +107,10 @@ def test_causal_lm_checkpoint_matches_reference(causal: "Tiny") -> None:
     runner = causal.runner()
     stream = open_stream(runner, 0, PROMPT_LEN)
     cuts = [0, 20, 513, PROMPT_LEN]
-    logits = torch.cat([
-        runner.run([stream.rows(causal.prompt[a:b], logits="all")])[0]
-        for a, b in zip(cuts, cuts[1:])
-    ])
+    logits = torch.cat(
+        [
+            runner.run([stream.rows(causal.prompt[a:b], logits="all")])[0]
+            for a, b in zip(cuts, cuts[1:])
+        ]
+    )
     assert rel_err(logits, causal.ref_logits()) < TOL

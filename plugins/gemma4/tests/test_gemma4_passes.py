@@ -21,7 +21,6 @@ def _prompts(vocab: int) -> list[list[int]]:
     return [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (180, 230, 37)]
 
 
-
 def _model(tiny: "Tiny", dtype: str) -> Gemma4Model:
     return tiny.model if dtype == "float32" else load(Checkpoint.open(tiny.path), "cpu", dtype)
 
@@ -38,7 +37,6 @@ def test_streams_in_one_pass_equal_streams_alone(
     testing.assert_streams_together_equal_alone(
         tiny.runner, model, prompts, together, num_pages=3, max_rows=300
     )
-
 
 
 def test_shuffled_page_table_gives_identical_logits(tiny: "Tiny") -> None:

@@ -46,8 +46,10 @@ def run_chats(llm: LLM, params: SamplingParams):
 def fresh(demo):
     llm = open_llm(demo, parallel=4)
     try:
-        return {name: run_chats(llm, params)[0]
-                for name, params in (("greedy", GREEDY), ("sampled", SAMPLED))}
+        return {
+            name: run_chats(llm, params)[0]
+            for name, params in (("greedy", GREEDY), ("sampled", SAMPLED))
+        }
     finally:
         close_even(llm)
 
@@ -91,5 +93,9 @@ def test_states_resumed_from_the_host_tier_give_the_same_replies(demo, fresh):
 def test_a_mark_inside_a_pass_resumes_there_with_no_extra_pass(demo):
     # the mark lies past the demo's 128-row sliding window: the kept rings carry the resume
     testing.assert_a_mark_inside_a_pass_resumes_there(
-        lambda **flags: open_llm(demo, **flags), " ".join(WORDS * 3),
-        " ".join(reversed(WORDS)), GREEDY, past=128)
+        lambda **flags: open_llm(demo, **flags),
+        " ".join(WORDS * 3),
+        " ".join(reversed(WORDS)),
+        GREEDY,
+        past=128,
+    )

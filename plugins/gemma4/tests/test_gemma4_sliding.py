@@ -49,8 +49,14 @@ def test_window_attention_on_rings_equals_paged_attention_bit_for_bit(window: in
     assert ring_k[0].isnan().all()  # slot 0 was never touched
 
 
-def _passes(runner: ModelRunner, stream: Stream, tokens: list[int], cuts: Sequence[int],
-            beside: Stream | None = None, other: list[int] | None = None) -> torch.Tensor:
+def _passes(
+    runner: ModelRunner,
+    stream: Stream,
+    tokens: list[int],
+    cuts: Sequence[int],
+    beside: Stream | None = None,
+    other: list[int] | None = None,
+) -> torch.Tensor:
     """Every row's logits, the stream run in passes [cuts[j], cuts[j+1]); `beside` runs the same
     number of rows of `other` in each of those passes."""
     out = []
@@ -68,8 +74,10 @@ def test_a_stream_far_longer_than_the_window_gives_the_same_bits_however_cut(tin
     tokens = _tokens(tiny.model.vocab_size, LONG, 3)
     runner = tiny.runner(num_pages=8, num_slots=2)
     whole = _passes(runner, open_stream(runner, 0, LONG), tokens, [0, LONG])
-    cuts = [[0, 1, 7, 8, 9, 99, 100, 101, 227, 513, 640, 1023, 1024, 1300, 1399, LONG],
-            [0, 64, 128, 700, 701, 702, 1100, LONG]]
+    cuts = [
+        [0, 1, 7, 8, 9, 99, 100, 101, 227, 513, 640, 1023, 1024, 1300, 1399, LONG],
+        [0, 64, 128, 700, 701, 702, 1100, LONG],
+    ]
     for k, at in enumerate(cuts):
         runner = tiny.runner(num_pages=8, num_slots=2)
         stream, beside = open_stream(runner, 1 - k, LONG), open_stream(runner, k, LONG)
@@ -78,8 +86,9 @@ def test_a_stream_far_longer_than_the_window_gives_the_same_bits_however_cut(tin
         assert torch.equal(cut, whole), f"cut at {at}"
 
 
-def _resume(runner: ModelRunner, kept_pages: Sequence[int], p: int, slot: int,
-            max_rows: int) -> Stream:
+def _resume(
+    runner: ModelRunner, kept_pages: Sequence[int], p: int, slot: int, max_rows: int
+) -> Stream:
     """A stream at row p: full layers' rows [0, p) copied from kept pages into its own."""
     stream = open_stream(runner, slot, max_rows)
     rows = runner.pool.page_rows
@@ -158,14 +167,28 @@ def test_stale_and_poisoned_ring_rows_never_leak(tiny: "Tiny", reuse: str) -> No
 
 def test_the_plan_counts_the_rings_as_fixed_bytes_at_the_26b_shape() -> None:
     config = {
-        "architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "model_type": "gemma4",
         "text_config": dict(
-            hidden_size=2816, intermediate_size=2112, num_hidden_layers=30,
-            num_attention_heads=16, num_key_value_heads=8, head_dim=256, global_head_dim=512,
-            num_global_key_value_heads=2, attention_k_eq_v=True, sliding_window=1024,
-            enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704,
-            hidden_size_per_layer_input=0, num_kv_shared_layers=0, vocab_size=262144,
-            final_logit_softcapping=30.0, max_position_embeddings=262144,
+            hidden_size=2816,
+            intermediate_size=2112,
+            num_hidden_layers=30,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=256,
+            global_head_dim=512,
+            num_global_key_value_heads=2,
+            attention_k_eq_v=True,
+            sliding_window=1024,
+            enable_moe_block=True,
+            num_experts=128,
+            top_k_experts=8,
+            moe_intermediate_size=704,
+            hidden_size_per_layer_input=0,
+            num_kv_shared_layers=0,
+            vocab_size=262144,
+            final_logit_softcapping=30.0,
+            max_position_embeddings=262144,
             use_bidirectional_attention="vision",
         ),
     }
@@ -177,9 +200,16 @@ def test_the_plan_counts_the_rings_as_fixed_bytes_at_the_26b_shape() -> None:
     assert layout.fixed_bytes == 25 * 1023 * 8 * 1024 <= 200 * MiB
 
     def planned(room: int) -> int:
-        return plan(room=room, page_rows=512, page_bytes=layout.page_bytes(512),
-                    fixed_bytes=layout.fixed_bytes, window=8192, lanes=8, cache_budget=0,
-                    paging="off").fixed_bytes
+        return plan(
+            room=room,
+            page_rows=512,
+            page_bytes=layout.page_bytes(512),
+            fixed_bytes=layout.fixed_bytes,
+            window=8192,
+            lanes=8,
+            cache_budget=0,
+            paging="off",
+        ).fixed_bytes
 
     need = 8 * 16 * layout.page_bytes(512) + 8 * layout.fixed_bytes  # 8 windows of 16 pages
     assert planned(need) == layout.fixed_bytes

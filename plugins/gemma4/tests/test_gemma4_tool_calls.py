@@ -13,8 +13,14 @@ from tensorfold_gemma4.plugin import GEMMA4
 from tensorfold_gemma4.tool_calls import FORMAT
 
 S, E, Q = FORMAT.start, FORMAT.end, '<|"|>'
-ARGS = {"city": "Saint-Étienne, {FR}", "days": 3, "ratio": -0.5, "metric": True,
-        "tags": ["a", "b,c"], "opts": {"deep": [1, {"x": False}]}}
+ARGS = {
+    "city": "Saint-Étienne, {FR}",
+    "days": 3,
+    "ratio": -0.5,
+    "metric": True,
+    "tags": ["a", "b,c"],
+    "opts": {"deep": [1, {"x": False}]},
+}
 CALLS = [("get_weather", ARGS), ("get_time", {})]
 
 
@@ -38,17 +44,22 @@ def test_parallel_calls() -> None:
 def test_text_before_a_call_and_quoted_keys() -> None:
     text = f"Let me check.\n{S}call:get_time{{{Q}zone{Q}:{Q}UTC{Q}, dst : null}}{E}"
     assert parse_everywhere(FORMAT, text) == (
-        "Let me check.", [("get_time", {"zone": "UTC", "dst": None})])
+        "Let me check.",
+        [("get_time", {"zone": "UTC", "dst": None})],
+    )
 
 
-@pytest.mark.parametrize("body", [
-    f"get_weather{{city:{Q}Paris{Q}}}",  # no call:
-    f"call:get_weather{{city:{Q}Paris}}",  # unclosed string
-    "call:get_weather{city:Paris}",  # a bare word is not a value
-    "call:get_weather{city:1,}",  # a dangling comma
-    "call:{}",  # no name
-    "call:f{} trailing",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        f"get_weather{{city:{Q}Paris{Q}}}",  # no call:
+        f"call:get_weather{{city:{Q}Paris}}",  # unclosed string
+        "call:get_weather{city:Paris}",  # a bare word is not a value
+        "call:get_weather{city:1,}",  # a dangling comma
+        "call:{}",  # no name
+        "call:f{} trailing",
+    ],
+)
 def test_malformed_markup_is_left_as_content(body: str) -> None:
     text = f"Sure. {S}{body}{E}"
     assert parse_everywhere(FORMAT, text) == (text, [])
@@ -60,15 +71,19 @@ def test_an_unclosed_section_is_content() -> None:
 
 
 def _history(content: str) -> list[dict]:
-    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
-             for i, (n, a) in enumerate(CALLS)]
-    return [{"role": "user", "content": "Weather?"},
-            {"role": "assistant", "content": content, "tool_calls": calls}]
+    calls = [
+        {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+        for i, (n, a) in enumerate(CALLS)
+    ]
+    return [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": content, "tool_calls": calls},
+    ]
 
 
 def _assistant_part(rendered: str, first: str) -> str:
-    part = rendered[rendered.index(first):]
-    return part[:part.rindex(E) + len(E)]
+    part = rendered[rendered.index(first) :]
+    return part[: part.rindex(E) + len(E)]
 
 
 def test_reads_what_the_real_gemma4_template_writes() -> None:
@@ -84,29 +99,50 @@ def test_reads_what_the_demo_template_writes() -> None:
 
 def test_the_demo_template_names_a_tool_answer_by_its_call() -> None:
     messages = [*_history(""), {"role": "tool", "tool_call_id": "call_1", "content": "10:42"}]
-    text = render_chat(CHAT_TEMPLATE, messages, bos_token="<bos>",
-                       add_generation_prompt=False).text
+    text = render_chat(CHAT_TEMPLATE, messages, bos_token="<bos>", add_generation_prompt=False).text
     assert text.endswith(f"<|tool_response>response:get_time{{value:{Q}10:42{Q}}}<tool_response|>")
 
 
 CONSTRAINED = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {
-            "city": {"type": "string", "maxLength": 12},
-            "units": {"type": "string", "enum": ["C", "F"]},
-            "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            "where": {"type": "object", "properties": {
-                "lat": {"type": "number", "minimum": -90, "maximum": 90},
-                "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}}}}},
-        "required": ["city", "days"], "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {"zone": {"enum": ["CET", "UTC"]},
-                                         "exact": {"type": "boolean"}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 12},
+                    "units": {"type": "string", "enum": ["C", "F"]},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                    "where": {
+                        "type": "object",
+                        "properties": {
+                            "lat": {"type": "number", "minimum": -90, "maximum": 90},
+                            "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}},
+                        },
+                    },
+                },
+                "required": ["city", "days"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {
+                "type": "object",
+                "properties": {"zone": {"enum": ["CET", "UTC"]}, "exact": {"type": "boolean"}},
+            },
+        },
+    },
 ]
 
 
 def test_constrained_calls_from_the_random_demo_validate(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     """tool_choice required / named on the gemma4 demo (random weights): the grammar alone
     makes the reply one call in Gemma's markup whose arguments validate against the schema; an
     invalid schema is refused naming it, with tool_choice auto too."""
@@ -119,24 +155,34 @@ def test_constrained_calls_from_the_random_demo_validate(
     from tensorfold.tool_request import ToolRequestError
 
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in CONSTRAINED}
-    llm = open_llm("gemma4", None, parallel=2,
-                   demo_cache=tmp_path_factory.mktemp("gemma-constrained"))
+    llm = open_llm(
+        "gemma4", None, parallel=2, demo_cache=tmp_path_factory.mktemp("gemma-constrained")
+    )
     try:
         ask = [[{"role": "user", "content": "What is the weather in Paris?"}]]
         named = {"type": "function", "function": {"name": "get_weather"}}
         for choice, params in (
-                ("required", SamplingParams(temperature=0, max_tokens=300)),
-                ("required", SamplingParams(temperature=1.0, seed=4, max_tokens=300)),
-                (named, SamplingParams(temperature=1.0, seed=8, max_tokens=300))):
-            out = llm.chat(ask, params, tools=CONSTRAINED, tool_choice=choice,
-                           parallel_tool_calls=False)[0]
+            ("required", SamplingParams(temperature=0, max_tokens=300)),
+            ("required", SamplingParams(temperature=1.0, seed=4, max_tokens=300)),
+            (named, SamplingParams(temperature=1.0, seed=8, max_tokens=300)),
+        ):
+            out = llm.chat(
+                ask, params, tools=CONSTRAINED, tool_choice=choice, parallel_tool_calls=False
+            )[0]
             assert out.finish_reason == "tool_calls" and out.content is None, out.text
             (call,) = out.tool_calls
             if choice is named:
                 assert call.name == "get_weather"
             jsonschema.validate(json.loads(call.arguments), schemas[call.name])
-        bad = [{"type": "function", "function": {"name": "f", "parameters": {
-            "type": "object", "properties": {"x": {"type": "strin"}}}}}]
+        bad = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "f",
+                    "parameters": {"type": "object", "properties": {"x": {"type": "strin"}}},
+                },
+            }
+        ]
         with pytest.raises(ToolRequestError, match=r"tools\[0\]\.function\.parameters"):
             llm.chat(ask, SamplingParams(max_tokens=4), tools=bad, tool_choice="auto")
     finally:

@@ -70,8 +70,13 @@ def test_the_plan_cuts_heads_experts_and_vocabulary_and_keeps_the_rest_whole(tin
     assert ckpt.local_shape(f"{p}.0.mlp.down_proj.weight") == (64, 64)
     assert ckpt.local_shape(f"{p}.0.experts.gate_up_proj") == (3, 48, 64)
     assert ckpt.local_shape(f"{p}.0.experts.down_proj") == (3, 64, 24)
-    for whole in ("0.router.proj.weight", "0.router.per_expert_scale", "0.self_attn.q_norm.weight",
-                  "0.layer_scalar", "0.post_feedforward_layernorm_2.weight"):
+    for whole in (
+        "0.router.proj.weight",
+        "0.router.per_expert_scale",
+        "0.self_attn.q_norm.weight",
+        "0.layer_scalar",
+        "0.post_feedforward_layernorm_2.weight",
+    ):
         assert ckpt.local_shape(f"{p}.{whole}") == ckpt.shape(f"{p}.{whole}")
     # a rank's state: sliding rings [W-1, 1, 16], full pages [1, 32] (its one KV head)
     assert {s.shape for s in plan.layout.fixed} == {(99, 1, 16)}
@@ -107,11 +112,13 @@ def test_refusals_name_the_config_field(tiny_paths):
         return str(info.value)
 
     assert "num_attention_heads=4" in refused(3)
-    assert "num_key_value_heads" in refused(4, num_attention_heads=12, num_key_value_heads=3,
-                                            num_global_key_value_heads=2)
+    assert "num_key_value_heads" in refused(
+        4, num_attention_heads=12, num_key_value_heads=3, num_global_key_value_heads=2
+    )
     full = {str(i): {"head_dim": 32, "num_key_value_heads": 3} for i in (2, 5)}
     assert "layer 2 (full_attention) has 3 KV heads (per_layer_config" in refused(
-        4, num_attention_heads=12, num_key_value_heads=4, per_layer_config=full)
+        4, num_attention_heads=12, num_key_value_heads=4, per_layer_config=full
+    )
     assert "num_experts=6" in refused(4)
     assert "intermediate_size=129" in refused(2, intermediate_size=129)
 
@@ -139,8 +146,10 @@ def test_the_dummy_draws_a_ranks_shard(tiny_paths):
     assert layer.attention.q.shape == (2 * 16, 64) and layer.attention.k.shape == (16, 64)
     assert a.layers[1].attention.k.shape == (32, 64)  # the full layer's one KV head, replicated
     assert layer.mlp.gate.shape == (64, 64) and a.layers[5].mlp.down.shape == (64, 128)
-    assert layer.moe.gate_up.shape == (4, 64, 64) and (layer.moe.first_expert,
-                                                       b.layers[0].moe.first_expert) == (0, 4)
+    assert layer.moe.gate_up.shape == (4, 64, 64) and (
+        layer.moe.first_expert,
+        b.layers[0].moe.first_expert,
+    ) == (0, 4)
     assert torch.equal(layer.moe.router, b.layers[0].moe.router)
     assert not torch.equal(layer.attention.q, b.layers[0].attention.q)
     assert torch.equal(a.ple_embed, b.ple_embed)  # replicated: alike on every rank
@@ -164,7 +173,6 @@ def gpu_path(model, prompt: list[int]) -> torch.Tensor:
         gpu.set_triton(True, on_cpu=False)
 
 
-
 def passes_worker(rank: int, port: int, out: str, *paths: str) -> None:
     """One rank, for each checkpoint: its shard, the logits and greedy tokens, and (GATED
     shapes) the pass-level gates at --tp 2."""
@@ -179,8 +187,9 @@ def passes_worker(rank: int, port: int, out: str, *paths: str) -> None:
         assert model.layout == plan.layout
 
         def make_runner(model=model, num_pages=8, num_slots=4, page_rows=512, poison=False):
-            return ModelRunner(model, num_pages=num_pages, num_slots=num_slots,
-                               page_rows=page_rows, poison=poison)
+            return ModelRunner(
+                model, num_pages=num_pages, num_slots=num_slots, page_rows=page_rows, poison=poison
+            )
 
         got[path] = testing.greedy(make_runner(), prompt, GREEDY_STEPS)
         if Path(path).name not in GATED:
@@ -190,7 +199,8 @@ def passes_worker(rank: int, port: int, out: str, *paths: str) -> None:
         # the gates at --tp 2: every rank runs the same checks, so their collectives meet
         prompts = [prompt[:300], prompt[:250], prompt[100:400]]
         testing.assert_streams_together_equal_alone(
-            make_runner, model, prompts, (0, 1, 2), num_pages=6, max_rows=512)
+            make_runner, model, prompts, (0, 1, 2), num_pages=6, max_rows=512
+        )
         tokens = prompt[:300]
         one = testing.run_on_pages(model, tokens, [0], 512, [0, len(tokens)])
         resumed = testing.run_on_pages(model, tokens, [0], 512, [0, 7, 150, 299, len(tokens)])
@@ -211,8 +221,9 @@ def test_shards_give_one_ranks_logits_and_tokens_and_keep_the_gates(tiny_paths, 
     prompt = tiny_prompt()
     for path in paths:
         model = load(Checkpoint.open(path), "cpu", "float32")
-        logits, tokens = testing.greedy(ModelRunner(model, num_pages=8, num_slots=4), prompt,
-                                        GREEDY_STEPS)
+        logits, tokens = testing.greedy(
+            ModelRunner(model, num_pages=8, num_slots=4), prompt, GREEDY_STEPS
+        )
         torch.testing.assert_close(got[path][0], logits, rtol=0, atol=TOLERANCE)
         assert got[path][1] == tokens, path
         if Path(path).name == GPU_CHECKED:  # the GPU path, shard-aware alike
@@ -244,8 +255,9 @@ def test_engine_gates_at_tp_2_and_tokens_equal_one_ranks(demo: Path):
     prompts = [torch.randint(13, 700, (n,), generator=g).tolist() for n in (9, 200, 600)]
     chats = [user_turns(c) for c in range(2)]
     # resumed == fresh past the demo's 128-row sliding window: the kept rings carry the resume
-    testing.assert_engine_gates_at_tp("gemma4", demo, prompts, chats, GREEDY, SAMPLED,
-                                      min_cached=150, context=4096, parallel=4)
+    testing.assert_engine_gates_at_tp(
+        "gemma4", demo, prompts, chats, GREEDY, SAMPLED, min_cached=150, context=4096, parallel=4
+    )
 
 
 if __name__ == "__main__":  # a rank of the passes test: python test_gemma4_tp.py RANK PORT ...

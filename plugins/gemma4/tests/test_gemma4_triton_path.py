@@ -25,14 +25,29 @@ from tensorfold_gemma4.dummy import CONFIGS, build_dummy  # noqa: E402
 
 S, F = SLIDING, FULL
 TINY = {  # the 26B's layout at toy widths: k_eq_v, the MoE beside the MLP, window 16
-    **CONFIGS["Gemma-4-26B-A4B"], "vocab_size": 384, "hidden_size": 64, "intermediate_size": 96,
-    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-    "global_head_dim": 32, "num_global_key_value_heads": 1, "layer_types": [S, S, F, S],
-    "sliding_window": 16, "num_experts": 8, "top_k_experts": 2, "moe_intermediate_size": 32,
+    **CONFIGS["Gemma-4-26B-A4B"],
+    "vocab_size": 384,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "global_head_dim": 32,
+    "num_global_key_value_heads": 1,
+    "layer_types": [S, S, F, S],
+    "sliding_window": 16,
+    "num_experts": 8,
+    "top_k_experts": 2,
+    "moe_intermediate_size": 32,
 }
 E_STYLE = {  # per-layer inputs, KV sharing with the double-wide MLP, no MoE
-    **TINY, "layer_types": [S, F, S, F], "enable_moe_block": False, "num_kv_shared_layers": 2,
-    "use_double_wide_mlp": True, "hidden_size_per_layer_input": 8,
+    **TINY,
+    "layer_types": [S, F, S, F],
+    "enable_moe_block": False,
+    "num_kv_shared_layers": 2,
+    "use_double_wide_mlp": True,
+    "hidden_size_per_layer_input": 8,
     "vocab_size_per_layer_input": 384,
 }
 SHAPES = {"a26b_style": TINY, "e_style": E_STYLE}
@@ -66,8 +81,10 @@ def row_invariant(fn, *inputs: torch.Tensor) -> None:
     """Row 3 alone gives the bits it gives among all rows."""
     full = fn(*inputs)
     alone = fn(*(t[3:4] for t in inputs))
-    for f, a in zip(full if isinstance(full, tuple) else (full,),
-                    alone if isinstance(alone, tuple) else (alone,)):
+    for f, a in zip(
+        full if isinstance(full, tuple) else (full,),
+        alone if isinstance(alone, tuple) else (alone,),
+    ):
         if f is not None:
             assert torch.equal(f[3:4], a)
 
@@ -85,8 +102,10 @@ def test_norms_match_reference_and_are_row_invariant(dtype: torch.dtype) -> None
         close(got, want, dtype)
         row_invariant(lambda t, weight=weight: triton_ops.rms_norm(t, weight, 1e-6), x)
         wide = randn(9, 7, 48, seed=3, dtype=dtype, scale=3.0)  # heads 2..4 of wider rows, in place
-        assert torch.equal(triton_ops.rms_norm(wide[:, 2:5], weight, 1e-6),
-                           triton_ops.rms_norm(wide[:, 2:5].contiguous(), weight, 1e-6))
+        assert torch.equal(
+            triton_ops.rms_norm(wide[:, 2:5], weight, 1e-6),
+            triton_ops.rms_norm(wide[:, 2:5].contiguous(), weight, 1e-6),
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -95,8 +114,11 @@ def test_fused_residuals_match_the_layer_steps(dtype: torch.dtype) -> None:
     wa, we, wp, wn = (randn(40, seed=s, dtype=torch.float32) * 0.2 + 1.0 for s in (6, 7, 8, 9))
     scale = torch.tensor([0.75]).to(dtype)
     cases = [  # post-attention; post-FFN with the MoE; without; the per-layer input's add
-        dict(wa=wa, wnext=wn), dict(wa=wa, e=e, we=we, wpost=wp, scale=scale, wnext=wn),
-        dict(wa=wa, scale=scale), dict(scale=scale, wnext=wn), dict(wa=wa, e=e, we=we, wpost=wp),
+        dict(wa=wa, wnext=wn),
+        dict(wa=wa, e=e, we=we, wpost=wp, scale=scale, wnext=wn),
+        dict(wa=wa, scale=scale),
+        dict(scale=scale, wnext=wn),
+        dict(wa=wa, e=e, we=we, wpost=wp),
     ]
     for kw in cases:
         gpu.set_triton(False)
@@ -109,8 +131,9 @@ def test_fused_residuals_match_the_layer_steps(dtype: torch.dtype) -> None:
                 close(g, w_, dtype)
         kw_e = {k: v for k, v in kw.items() if k != "e"}
         if "e" in kw:
-            row_invariant(lambda h_, a_, e_: triton_ops.residual(h_, a_, 1e-6, e=e_, **kw_e),
-                          h, a, e)
+            row_invariant(
+                lambda h_, a_, e_: triton_ops.residual(h_, a_, 1e-6, e=e_, **kw_e), h, a, e
+            )
         else:
             row_invariant(lambda h_, a_: triton_ops.residual(h_, a_, 1e-6, **kw_e), h, a)
 
@@ -174,9 +197,10 @@ def run_path(model, tokens: list[int], steps: list[int], *, triton: bool) -> tor
     return torch.cat(rows)
 
 
-@pytest.mark.parametrize("name, dtype", [("a26b_style", torch.float32),
-                                         ("a26b_style", torch.bfloat16),
-                                         ("e_style", torch.float32)])
+@pytest.mark.parametrize(
+    "name, dtype",
+    [("a26b_style", torch.float32), ("a26b_style", torch.bfloat16), ("e_style", torch.float32)],
+)
 def test_gpu_path_matches_the_cpu_path(name: str, dtype: torch.dtype) -> None:
     """fp32: every row within 1e-4. bf16: the two paths round in different places (fused
     kernels, fp32 accumulators), and a rounding that flips a router's close top-k choice moves
@@ -225,7 +249,9 @@ def test_concurrent_equals_solo_on_the_gpu_path() -> None:
     # a decode row beside a prompt pass (eager, the prompt path's kernels)
     runner = ModelRunner(model, num_pages=3, num_slots=3, page_rows=512)
     runner.run([StreamRows(0, 0, prompts[2], [0], "last")])
-    mixed = runner.run([StreamRows(0, 30, [7], [0], "last"), StreamRows(1, 0, prompts[1], [1], "all")])
+    mixed = runner.run(
+        [StreamRows(0, 30, [7], [0], "last"), StreamRows(1, 0, prompts[1], [1], "all")]
+    )
     solo = ModelRunner(model, num_pages=3, num_slots=3, page_rows=512)
     solo.run([StreamRows(0, 0, prompts[2], [0], "last")])
     (alone_row,) = solo.run([StreamRows(0, 30, [7], [0], "last")])
@@ -233,8 +259,9 @@ def test_concurrent_equals_solo_on_the_gpu_path() -> None:
     assert torch.equal(mixed[0], alone_row) and torch.equal(mixed[1], alone_prompt)
 
 
-@pytest.mark.parametrize("name, dtype", [("a26b_style", torch.bfloat16),
-                                         ("e_style", torch.float32)])
+@pytest.mark.parametrize(
+    "name, dtype", [("a26b_style", torch.bfloat16), ("e_style", torch.float32)]
+)
 def test_fp8_rows_through_the_quantize_kernel_give_the_torch_quantizations_bits(
     name: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -257,8 +284,9 @@ def test_fp8_rows_through_the_quantize_kernel_give_the_torch_quantizations_bits(
     gpu.set_triton(True, on_cpu=True)
     launches = []
     real = triton_kv_quant.quantize_scatter
-    monkeypatch.setattr(triton_kv_quant, "quantize_scatter",
-                        lambda *a: (launches.append(len(a[1])), real(*a)))
+    monkeypatch.setattr(
+        triton_kv_quant, "quantize_scatter", lambda *a: (launches.append(len(a[1])), real(*a))
+    )
     got = run()
     owners = sum(1 for layer in Gemma4Config.from_dict(SHAPES[name]).layers if not layer.reuses_kv)
     assert launches == [2] * owners * (1 + len(steps))  # K and V together, one launch a layer

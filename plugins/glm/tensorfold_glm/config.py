@@ -140,15 +140,37 @@ def _parse(top: Mapping[str, Any], source: str) -> GlmConfig:
 
 
 _SCALARS: dict[str, type | tuple[type, ...]] = {
-    "vocab_size": int, "hidden_size": int, "intermediate_size": int,
-    "moe_intermediate_size": int, "num_attention_heads": int, "num_key_value_heads": int,
-    "n_shared_experts": int, "n_routed_experts": int, "routed_scaling_factor": float,
-    "kv_lora_rank": int, "q_lora_rank": int, "qk_rope_head_dim": int, "v_head_dim": int,
-    "qk_nope_head_dim": int, "n_group": int, "topk_group": int, "num_experts_per_tok": int,
-    "norm_topk_prob": bool, "hidden_act": str, "max_position_embeddings": int,
-    "rms_norm_eps": float, "attention_bias": bool, "index_topk": int, "index_head_dim": int,
-    "index_n_heads": int, "index_kpool": int, "index_kpool_always_select_tail": bool,
-    "swiglu_limit": float, "hc_mult": int, "hc_eps": float, "hc_sinkhorn_iters": int,
+    "vocab_size": int,
+    "hidden_size": int,
+    "intermediate_size": int,
+    "moe_intermediate_size": int,
+    "num_attention_heads": int,
+    "num_key_value_heads": int,
+    "n_shared_experts": int,
+    "n_routed_experts": int,
+    "routed_scaling_factor": float,
+    "kv_lora_rank": int,
+    "q_lora_rank": int,
+    "qk_rope_head_dim": int,
+    "v_head_dim": int,
+    "qk_nope_head_dim": int,
+    "n_group": int,
+    "topk_group": int,
+    "num_experts_per_tok": int,
+    "norm_topk_prob": bool,
+    "hidden_act": str,
+    "max_position_embeddings": int,
+    "rms_norm_eps": float,
+    "attention_bias": bool,
+    "index_topk": int,
+    "index_head_dim": int,
+    "index_n_heads": int,
+    "index_kpool": int,
+    "index_kpool_always_select_tail": bool,
+    "swiglu_limit": float,
+    "hc_mult": int,
+    "hc_eps": float,
+    "hc_sinkhorn_iters": int,
 }
 
 
@@ -160,7 +182,8 @@ def _linear_attn(raw: Mapping[str, Any], d: GlmConfig, source: str) -> dict[str,
         "linear_num_heads": get("linear_num_heads", d.linear_num_heads, int),
         "linear_conv_kernel_dim": get("linear_conv_kernel_dim", d.linear_conv_kernel_dim, int),
         "linear_lower_bound": (
-            get("linear_lower_bound", None, float) if "linear_lower_bound" in raw
+            get("linear_lower_bound", None, float)
+            if "linear_lower_bound" in raw
             else d.linear_lower_bound
         ),
     }
@@ -180,8 +203,14 @@ def _linear_attn(raw: Mapping[str, Any], d: GlmConfig, source: str) -> dict[str,
     return out
 
 
-def _listed(raw: Mapping[str, Any], key: str, layers: int, accepted: tuple[str, ...],
-            source: str, aliases: Mapping[str, str] | None = None) -> tuple[str, ...] | None:
+def _listed(
+    raw: Mapping[str, Any],
+    key: str,
+    layers: int,
+    accepted: tuple[str, ...],
+    source: str,
+    aliases: Mapping[str, str] | None = None,
+) -> tuple[str, ...] | None:
     value = raw.get(key)
     if value is None:
         return None
@@ -219,8 +248,16 @@ def _indexer_types(raw: Mapping[str, Any], layers: int, source: str) -> tuple[st
         table = {"F": FULL, "S": SHARED}
         items = list(pattern) if isinstance(pattern, str) else pattern
         mapped = [table.get(p, p) for p in items]
-        return _listed({"indexer_types": mapped}, "indexer_types", layers, (FULL, SHARED),
-                       f"{source} index_topk_pattern") or ()
+        return (
+            _listed(
+                {"indexer_types": mapped},
+                "indexer_types",
+                layers,
+                (FULL, SHARED),
+                f"{source} index_topk_pattern",
+            )
+            or ()
+        )
     get = _Fields(raw, source)
     freq = max(get("index_topk_freq", 1, int), 1)
     offset = get("index_skip_topk_offset", 2, int)
@@ -228,11 +265,26 @@ def _indexer_types(raw: Mapping[str, Any], layers: int, source: str) -> tuple[st
 
 
 def _check(cfg: GlmConfig, source: str) -> None:
-    positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "v_head_dim", "index_topk",
-                "index_head_dim", "index_n_heads", "index_kpool", "linear_head_dim",
-                "linear_num_heads", "linear_conv_kernel_dim", "hc_mult", "hc_sinkhorn_iters",
-                "max_position_embeddings")
+    positive = (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "kv_lora_rank",
+        "q_lora_rank",
+        "qk_nope_head_dim",
+        "v_head_dim",
+        "index_topk",
+        "index_head_dim",
+        "index_n_heads",
+        "index_kpool",
+        "linear_head_dim",
+        "linear_num_heads",
+        "linear_conv_kernel_dim",
+        "hc_mult",
+        "hc_sinkhorn_iters",
+        "max_position_embeddings",
+    )
     for name in positive:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{source}: {name!r} must be at least 1, got {getattr(cfg, name)}")
@@ -241,23 +293,29 @@ def _check(cfg: GlmConfig, source: str) -> None:
         raise ConfigError(f"{source}: {message}")
 
     if cfg.num_key_value_heads != cfg.num_attention_heads:
-        refuse(f"num_key_value_heads={cfg.num_key_value_heads} must equal "
-               f"num_attention_heads={cfg.num_attention_heads} (as the reference validates)")
+        refuse(
+            f"num_key_value_heads={cfg.num_key_value_heads} must equal "
+            f"num_attention_heads={cfg.num_attention_heads} (as the reference validates)"
+        )
     if cfg.qk_rope_head_dim != 0:
         refuse(f"qk_rope_head_dim={cfg.qk_rope_head_dim}: glm5_next's MLA has no RoPE (must be 0)")
     if cfg.index_topk % cfg.index_kpool:
         refuse(f"index_topk={cfg.index_topk} must be a multiple of index_kpool={cfg.index_kpool}")
     if not cfg.index_kpool_always_select_tail:
-        refuse("index_kpool_always_select_tail=false is not supported: a query before its first "
-               "complete pool would attend to nothing")
+        refuse(
+            "index_kpool_always_select_tail=false is not supported: a query before its first "
+            "complete pool would attend to nothing"
+        )
     if cfg.hidden_act != "silu":
-        refuse(f"hidden_act {cfg.hidden_act!r} is not supported (only \"silu\")")
+        refuse(f'hidden_act {cfg.hidden_act!r} is not supported (only "silu")')
     if cfg.linear_conv_kernel_dim < 2:
         refuse(f"linear_conv_kernel_dim={cfg.linear_conv_kernel_dim} must be at least 2")
     for i in cfg.mla_layers:
         if cfg.indexer_types[i] == SHARED and (i == 0 or not cfg.runs_indexer(i - 1)):
-            refuse(f"layer {i} is a \"shared\" indexer layer, but layer {i - 1} is not an "
-                   "indexed_attention layer with a \"full\" indexer, whose pools it would reuse")
+            refuse(
+                f'layer {i} is a "shared" indexer layer, but layer {i - 1} is not an '
+                'indexed_attention layer with a "full" indexer, whose pools it would reuse'
+            )
     if any(kind == SPARSE for kind in cfg.mlp_layer_types):
         _check_router(cfg, refuse)
 
@@ -272,5 +330,7 @@ def _check_router(cfg: GlmConfig, refuse: Any) -> None:
         refuse(f"topk_group={cfg.topk_group} must be between 1 and n_group={groups}")
     kept = cfg.topk_group * experts // groups
     if not 1 <= cfg.num_experts_per_tok <= kept:
-        refuse(f"num_experts_per_tok={cfg.num_experts_per_tok} must be between 1 and the "
-               f"{kept} experts of the topk_group={cfg.topk_group} kept groups")
+        refuse(
+            f"num_experts_per_tok={cfg.num_experts_per_tok} must be between 1 and the "
+            f"{kept} experts of the topk_group={cfg.topk_group} kept groups"
+        )

@@ -29,37 +29,93 @@ DEMO_NAME = "glm5_next-demo-v3"
 WEIGHTS = Path(__file__).with_name("demo_weights.safetensors")
 RETRAIN = "python -m tensorfold_glm.demo_train"
 FILES = (
-    "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors",
-    "tokenizer.json", "tokenizer_config.json",
+    "chat_template.jinja",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
 )
 VOCAB_TARGET = 1024
 ENDOFTEXT, GMASK, SOP = "<|endoftext|>", "[gMASK]", "<sop>"
 SPECIAL_TOKENS = (
-    ENDOFTEXT, "[MASK]", GMASK, "[sMASK]", SOP, "<eop>", "<|system|>", "<|user|>",
-    "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>",
-    "<|begin_of_video|>", "<|end_of_video|>", "<|image|>", "<|video|>", "<think>", "</think>",
+    ENDOFTEXT,
+    "[MASK]",
+    GMASK,
+    "[sMASK]",
+    SOP,
+    "<eop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<|begin_of_image|>",
+    "<|end_of_image|>",
+    "<|begin_of_video|>",
+    "<|end_of_video|>",
+    "<|image|>",
+    "<|video|>",
+    "<think>",
+    "</think>",
 )
 EOS = (ENDOFTEXT, "<|user|>", "<|observation|>")  # GLM stops at these
 
-LAYER_TYPES = ["linear_attention", "linear_attention", "indexed_attention", "linear_attention",
-               "indexed_attention", "indexed_attention"]
+LAYER_TYPES = [
+    "linear_attention",
+    "linear_attention",
+    "indexed_attention",
+    "linear_attention",
+    "indexed_attention",
+    "indexed_attention",
+]
 TEXT_SHAPE: dict[str, Any] = dict(
-    hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-    num_hidden_layers=len(LAYER_TYPES), num_attention_heads=4, num_key_value_heads=4,
-    q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=0, v_head_dim=32,
-    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
-    routed_scaling_factor=2.5, norm_topk_prob=True,
-    layer_types=LAYER_TYPES, indexer_types=["full", "full", "full", "full", "full", "shared"],
+    hidden_size=128,
+    intermediate_size=256,
+    moe_intermediate_size=64,
+    num_hidden_layers=len(LAYER_TYPES),
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    q_lora_rank=64,
+    kv_lora_rank=32,
+    qk_nope_head_dim=32,
+    qk_rope_head_dim=0,
+    v_head_dim=32,
+    n_routed_experts=8,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    n_group=2,
+    topk_group=1,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    layer_types=LAYER_TYPES,
+    indexer_types=["full", "full", "full", "full", "full", "shared"],
     mlp_layer_types=["dense", "dense", "sparse", "sparse", "sparse", "sparse"],
-    index_topk=64, index_head_dim=32, index_n_heads=16, index_kpool=16,
+    index_topk=64,
+    index_head_dim=32,
+    index_n_heads=16,
+    index_kpool=16,
     index_kpool_always_select_tail=True,
-    linear_num_heads=2, linear_head_dim=32, linear_conv_kernel_dim=4, linear_lower_bound=-5.0,
-    hc_mult=4, hc_eps=1e-6, hc_sinkhorn_iters=20, swiglu_limit=10.0, rms_norm_eps=1e-5,
+    linear_num_heads=2,
+    linear_head_dim=32,
+    linear_conv_kernel_dim=4,
+    linear_lower_bound=-5.0,
+    hc_mult=4,
+    hc_eps=1e-6,
+    hc_sinkhorn_iters=20,
+    swiglu_limit=10.0,
+    rms_norm_eps=1e-5,
     max_position_embeddings=32768,
 )
 VISION_SHAPE: dict[str, Any] = dict(
-    depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=128,
-    projection_intermediate_size=64, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+    depth=1,
+    hidden_size=32,
+    num_heads=2,
+    intermediate_size=64,
+    out_hidden_size=128,
+    projection_intermediate_size=64,
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
     in_channels=3,
 )
 
@@ -68,24 +124,45 @@ def config_dict(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
     """config.json with the keys `Glm5NextConfig(...).save_pretrained` writes (5.23.0)."""
     eos = [ids[t] for t in EOS]
     text = {
-        **TEXT_SHAPE, "model_type": "glm5_next_text", "vocab_size": vocab_size,
-        "attention_bias": False, "attention_dropout": 0.0, "hidden_act": "silu", "head_dim": 0,
-        "initializer_range": 0.02, "output_router_logits": False, "router_aux_loss_coef": 0.001,
-        "qk_head_dim": TEXT_SHAPE["qk_nope_head_dim"], "tie_word_embeddings": False,
-        "use_cache": True, "bos_token_id": None, "eos_token_id": eos,
+        **TEXT_SHAPE,
+        "model_type": "glm5_next_text",
+        "vocab_size": vocab_size,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "hidden_act": "silu",
+        "head_dim": 0,
+        "initializer_range": 0.02,
+        "output_router_logits": False,
+        "router_aux_loss_coef": 0.001,
+        "qk_head_dim": TEXT_SHAPE["qk_nope_head_dim"],
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "bos_token_id": None,
+        "eos_token_id": eos,
         "pad_token_id": ids[ENDOFTEXT],
     }
     vision = {
-        **VISION_SHAPE, "model_type": "glm5_next_vision", "attention_bias": True,
-        "attention_dropout": 0.0, "hidden_act": "silu", "image_size": 336,
-        "initializer_range": 0.02, "rms_norm_eps": 1e-05, "swiglu_limit": 10.0,
+        **VISION_SHAPE,
+        "model_type": "glm5_next_vision",
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "hidden_act": "silu",
+        "image_size": 336,
+        "initializer_range": 0.02,
+        "rms_norm_eps": 1e-05,
+        "swiglu_limit": 10.0,
         "rope_parameters": {"rope_theta": 10000.0, "rope_type": "axial"},
     }
     return {
-        "architectures": ["Glm5NextForConditionalGeneration"], "model_type": "glm5_next",
-        "transformers_version": "5.23.0", "dtype": "float32", "tie_word_embeddings": False,
-        "text_config": text, "vision_config": vision,
-        "image_token_id": ids["<|image|>"], "video_token_id": ids["<|video|>"],
+        "architectures": ["Glm5NextForConditionalGeneration"],
+        "model_type": "glm5_next",
+        "transformers_version": "5.23.0",
+        "dtype": "float32",
+        "tie_word_embeddings": False,
+        "text_config": text,
+        "vision_config": vision,
+        "image_token_id": ids["<|image|>"],
+        "video_token_id": ids["<|video|>"],
         "image_start_token_id": ids["<|begin_of_image|>"],
         "image_end_token_id": ids["<|end_of_image|>"],
         "video_start_token_id": ids["<|begin_of_video|>"],
@@ -100,11 +177,11 @@ def build_tokenizer() -> Tokenizer:
 
     tok = train_byte_bpe(CORPUS, VOCAB_TARGET, SPECIAL_TOKENS)
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{GMASK} {SOP} $A", pair=f"{GMASK} {SOP} $A $B",
+        single=f"{GMASK} {SOP} $A",
+        pair=f"{GMASK} {SOP} $A $B",
         special_tokens=[(GMASK, tok.token_to_id(GMASK)), (SOP, tok.token_to_id(SOP))],
     )
     return tok
-
 
 
 def build_weights(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -125,20 +202,33 @@ def write_demo(folder: Path) -> None:
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     cfg = config_dict(tok.get_vocab_size(), ids)
     write_json(folder / "config.json", cfg)
-    write_json(folder / "generation_config.json", {
-        "_from_model_config": True, "eos_token_id": [ids[t] for t in EOS],
-        "pad_token_id": ids[ENDOFTEXT], "output_attentions": False,
-        "output_hidden_states": False, "transformers_version": "5.23.0", "use_cache": True,
-    })
-    write_json(folder / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": ENDOFTEXT,
-        "pad_token": ENDOFTEXT, "clean_up_tokenization_spaces": False, "do_lower_case": False,
-        "model_max_length": TEXT_SHAPE["max_position_embeddings"], "padding_side": "left",
-        "additional_special_tokens": [t for t in SPECIAL_TOKENS if t != ENDOFTEXT],
-    })
+    write_json(
+        folder / "generation_config.json",
+        {
+            "_from_model_config": True,
+            "eos_token_id": [ids[t] for t in EOS],
+            "pad_token_id": ids[ENDOFTEXT],
+            "output_attentions": False,
+            "output_hidden_states": False,
+            "transformers_version": "5.23.0",
+            "use_cache": True,
+        },
+    )
+    write_json(
+        folder / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": ENDOFTEXT,
+            "pad_token": ENDOFTEXT,
+            "clean_up_tokenization_spaces": False,
+            "do_lower_case": False,
+            "model_max_length": TEXT_SHAPE["max_position_embeddings"],
+            "padding_side": "left",
+            "additional_special_tokens": [t for t in SPECIAL_TOKENS if t != ENDOFTEXT],
+        },
+    )
     (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
     save_file(build_weights(cfg), str(folder / "model.safetensors"), metadata={"format": "pt"})
-
 
 
 def build_demo(cache_dir: Path) -> Path:

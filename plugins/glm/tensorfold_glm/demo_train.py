@@ -50,8 +50,15 @@ def run(steps: int) -> tuple[dict[str, Any], Any]:
         save_file(demo.random_weights(cfg), str(folder / "model.safetensors"))
 
     examples = [tok.encode(t, add_special_tokens=False).ids for t in texts()]
-    return train(Glm5NextForConditionalGeneration, write_start, examples, ids[demo.ENDOFTEXT],
-                 steps, SEED, batch=BATCH), tok
+    return train(
+        Glm5NextForConditionalGeneration,
+        write_start,
+        examples,
+        ids[demo.ENDOFTEXT],
+        steps,
+        SEED,
+        batch=BATCH,
+    ), tok
 
 
 if __name__ == "__main__":

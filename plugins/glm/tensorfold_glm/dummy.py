@@ -51,8 +51,6 @@ SHAPES: dict[str, GlmConfig] = {
 }
 
 
-
-
 def _hc(init: Draws, cfg: GlmConfig) -> HcWeights:
     n = cfg.hc_mult
     width = (2 + n) * n
@@ -60,7 +58,8 @@ def _hc(init: Draws, cfg: GlmConfig) -> HcWeights:
     std_fn = 0.5 / math.sqrt(n * cfg.hidden_size)
     return HcWeights(
         fn=init.normal(width, n * cfg.hidden_size, std=std_fn).float(),
-        base=init.normal(width, std=0.5, dtype=F32), scale=init.uniform(3, low=0.5, high=1.5),
+        base=init.normal(width, std=0.5, dtype=F32),
+        scale=init.uniform(3, low=0.5, high=1.5),
     )
 
 
@@ -70,11 +69,18 @@ def _kda(init: Draws, part: Draws, cfg: GlmConfig, world: int) -> KdaWeights:
     heads, d = cfg.linear_num_heads // world, cfg.kda_dim // world
     a_log = torch.log(part.uniform(heads, low=1.0, high=16.0))
     return KdaWeights(
-        qkv=part.normal(3 * d, h), conv=part.normal(3 * d, cfg.linear_conv_kernel_dim, std=0.3,
-                                                    dtype=F32),
-        f_a=init.normal(dk, h), f_b=part.normal(d, dk), dt_bias=part.normal(d, std=0.5, dtype=F32),
-        decay=torch.exp(a_log), a_log=a_log, b=part.normal(heads, h), g_a=init.normal(dk, h),
-        g_b=part.normal(d, dk), o_norm=init.ones(dk), o=part.normal(h, d),
+        qkv=part.normal(3 * d, h),
+        conv=part.normal(3 * d, cfg.linear_conv_kernel_dim, std=0.3, dtype=F32),
+        f_a=init.normal(dk, h),
+        f_b=part.normal(d, dk),
+        dt_bias=part.normal(d, std=0.5, dtype=F32),
+        decay=torch.exp(a_log),
+        a_log=a_log,
+        b=part.normal(heads, h),
+        g_a=init.normal(dk, h),
+        g_b=part.normal(d, dk),
+        o_norm=init.ones(dk),
+        o=part.normal(h, d),
     )
 
 
@@ -87,16 +93,27 @@ def _mla(init: Draws, part: Draws, cfg: GlmConfig, indexer: bool, world: int) ->
     if indexer:
         n, di = cfg.index_n_heads, cfg.index_head_dim
         idx = IndexerWeights(
-            wq_b=init.normal(n * di, qr), wk=init.normal(di, h), k_norm=init.ones(di),
-            k_bias=init.zeros(di), weights_proj=init.normal(n, h),
-            ape=init.normal(cfg.index_kpool, di, std=0.5), gate=init.normal(di, h),
+            wq_b=init.normal(n * di, qr),
+            wk=init.normal(di, h),
+            k_norm=init.ones(di),
+            k_bias=init.zeros(di),
+            weights_proj=init.normal(n, h),
+            ape=init.normal(cfg.index_kpool, di, std=0.5),
+            gate=init.normal(di, h),
         )
     return MlaWeights(
-        q_a=init.normal(qr, h), q_a_bias=init.zeros(qr) if bias else None,
-        q_a_norm=init.ones(qr), q_b=part.normal(heads * dn, qr),
-        kv_a=init.normal(r, h), kv_a_bias=init.zeros(r) if bias else None,
-        kv_a_norm=init.ones(r), w_uk=part.normal(heads, r, dn), w_uv=part.normal(heads, dv, r),
-        o=part.normal(h, heads * dv), o_bias=init.zeros(h) if bias else None, indexer=idx,
+        q_a=init.normal(qr, h),
+        q_a_bias=init.zeros(qr) if bias else None,
+        q_a_norm=init.ones(qr),
+        q_b=part.normal(heads * dn, qr),
+        kv_a=init.normal(r, h),
+        kv_a_bias=init.zeros(r) if bias else None,
+        kv_a_norm=init.ones(r),
+        w_uk=part.normal(heads, r, dn),
+        w_uv=part.normal(heads, dv, r),
+        o=part.normal(h, heads * dv),
+        o_bias=init.zeros(h) if bias else None,
+        indexer=idx,
     )
 
 
@@ -111,8 +128,10 @@ def _moe(init: Draws, part: Draws, cfg: GlmConfig, local: range, world: int) -> 
     down = part.normal(len(local), h, width)
     experts = [DenseWeights(gu, dn) for gu, dn in zip(gate_up.unbind(0), down.unbind(0))]
     return MoeWeights(
-        router=init.normal(e, h).float(), bias=init.normal(e, std=0.01, dtype=F32),
-        experts=experts, shared=_dense(part, h, width * cfg.n_shared_experts // world),
+        router=init.normal(e, h).float(),
+        bias=init.normal(e, std=0.01, dtype=F32),
+        experts=experts,
+        shared=_dense(part, h, width * cfg.n_shared_experts // world),
         first_expert=local.start,
     )
 
@@ -131,19 +150,32 @@ def dummy_weights(
     embed = init.normal(cfg.vocab_size, h)
     layers = []
     for i, kind in enumerate(cfg.layer_types):
-        mixer = (_kda(init, part, cfg, world) if kind == KDA
-                 else _mla(init, part, cfg, cfg.runs_indexer(i), world))
-        ffn = (_dense(part, h, cfg.intermediate_size // world) if cfg.mlp_layer_types[i] == DENSE
-               else _moe(init, part, cfg, local, world))
-        layers.append(LayerWeights(
-            attn_hc=_hc(init, cfg), ffn_hc=_hc(init, cfg), input_norm=init.ones(h),
-            post_norm=init.ones(h), mixer=mixer, ffn=ffn,
-        ))
+        mixer = (
+            _kda(init, part, cfg, world)
+            if kind == KDA
+            else _mla(init, part, cfg, cfg.runs_indexer(i), world)
+        )
+        ffn = (
+            _dense(part, h, cfg.intermediate_size // world)
+            if cfg.mlp_layer_types[i] == DENSE
+            else _moe(init, part, cfg, local, world)
+        )
+        layers.append(
+            LayerWeights(
+                attn_hc=_hc(init, cfg),
+                ffn_hc=_hc(init, cfg),
+                input_norm=init.ones(h),
+                post_norm=init.ones(h),
+                mixer=mixer,
+                ffn=ffn,
+            )
+        )
     vocab = cfg.vocab_size
     if shards.vocab_parallel(cfg, world):
         mine = block(vocab, tp.rank, world)
-        lm_head = (embed[mine.start : mine.stop] if cfg.tie_word_embeddings
-                   else part.normal(len(mine), h))
+        lm_head = (
+            embed[mine.start : mine.stop] if cfg.tie_word_embeddings else part.normal(len(mine), h)
+        )
     else:
         lm_head = embed if cfg.tie_word_embeddings else init.normal(vocab, h)
     return ModelWeights(embed, init.ones(h), lm_head, layers)
@@ -174,5 +206,7 @@ def expert_stacks(w: MoeWeights) -> tuple[torch.Tensor, torch.Tensor]:
     e = len(w.experts)
     gu, dn = w.experts[0].gate_up, w.experts[0].down
     (n2, h), (_, n) = gu.shape, dn.shape
-    return (gu.as_strided((e, n2, h), (n2 * h, h, 1), gu.storage_offset()),
-            dn.as_strided((e, h, n), (h * n, n, 1), dn.storage_offset()))
+    return (
+        gu.as_strided((e, n2, h), (n2 * h, h, 1), gu.storage_offset()),
+        dn.as_strided((e, h, n), (h * n, n, 1), dn.storage_offset()),
+    )

@@ -46,8 +46,14 @@ Selection = list[torch.Tensor] | torch.Tensor
 
 
 def select(
-    cfg: GlmConfig, name: str, w: IndexerWeights, x: torch.Tensor, q_resid: torch.Tensor,
-    fp: ForwardPass, rows: "PagedRows", also: Sequence[tuple[str, torch.Tensor]] = (),
+    cfg: GlmConfig,
+    name: str,
+    w: IndexerWeights,
+    x: torch.Tensor,
+    q_resid: torch.Tensor,
+    fp: ForwardPass,
+    rows: "PagedRows",
+    also: Sequence[tuple[str, torch.Tensor]] = (),
 ) -> Selection:
     """Write the pass's indexer rows to `{name}.index_k` / `{name}.index_gate` (with `also`,
     the layer's other rows for the same positions: one write, one launch on the GPU) and
@@ -61,8 +67,14 @@ def select(
         k_raw, gate, head_w = linear(x, w.x_maps).split([dim, dim, heads], dim=1)
     else:
         k_raw, gate, head_w = linear(x, w.wk), linear(x, w.gate), linear(x, w.weights_proj)
-    rows.write_many(fp.write_index, [*also, (f"{name}.index_k", layer_norm(
-        k_raw, w.k_norm, w.k_bias, K_NORM_EPS)), (f"{name}.index_gate", gate)])
+    rows.write_many(
+        fp.write_index,
+        [
+            *also,
+            (f"{name}.index_k", layer_norm(k_raw, w.k_norm, w.k_bias, K_NORM_EPS)),
+            (f"{name}.index_gate", gate),
+        ],
+    )
     q = linear(q_resid, w.wq_b).view(n, heads, dim)  # [N, nI, dI]
     if use_triton(x):
         from tensorfold.ops.pass_meta import pass_meta
@@ -70,11 +82,30 @@ def select(
         from .triton_indexer import select_pools, write_pool_keys
 
         meta, key_rows = pass_meta(fp), rows.flat(f"{name}.pool_key")
-        write_pool_keys(rows.flat(f"{name}.index_k"), rows.flat(f"{name}.index_gate"), w.ape,
-                        key_rows, fp.positions, fp.write_index, meta, fp.page_rows)
+        write_pool_keys(
+            rows.flat(f"{name}.index_k"),
+            rows.flat(f"{name}.index_gate"),
+            w.ape,
+            key_rows,
+            fp.positions,
+            fp.write_index,
+            meta,
+            fp.page_rows,
+        )
         # the head weights (a column slice of x_maps) scaled as below, in the scores' launch
-        return select_pools(q, head_w, key_rows, kpool, fp.positions, meta, fp.page_rows,
-                            pool_columns(fp, kpool), cfg.select_pools, dim**-0.5, heads**-0.5)
+        return select_pools(
+            q,
+            head_w,
+            key_rows,
+            kpool,
+            fp.positions,
+            meta,
+            fp.page_rows,
+            pool_columns(fp, kpool),
+            cfg.select_pools,
+            dim**-0.5,
+            heads**-0.5,
+        )
     weights = head_w.float() * heads**-0.5  # [N, nI]
     q = q.float()
     masks = []
@@ -162,9 +193,7 @@ def choose_pools(scores: torch.Tensor, candidate: torch.Tensor, limit: int) -> t
     return chosen & candidate
 
 
-def token_mask(
-    chosen: torch.Tensor, positions: torch.Tensor, end: int, kpool: int
-) -> torch.Tensor:
+def token_mask(chosen: torch.Tensor, positions: torch.Tensor, end: int, kpool: int) -> torch.Tensor:
     """Expand chosen pools [n, P] to their tokens and add each query's tail: [n, end] bool."""
     n, pools = chosen.shape
     mask = torch.zeros(n, end, dtype=torch.bool, device=chosen.device)

@@ -122,7 +122,11 @@ def gated_norm(
 
 
 def kda(
-    cfg: GlmConfig, name: str, w: KdaWeights, x: torch.Tensor, fp: ForwardPass,
+    cfg: GlmConfig,
+    name: str,
+    w: KdaWeights,
+    x: torch.Tensor,
+    fp: ForwardPass,
     slots: "StreamSlots",
 ) -> torch.Tensor:
     """The KDA mixer over a pass. x [N, H] (normed) -> [N, H]. Reads and leaves each stream's
@@ -163,7 +167,11 @@ def kda(
 
 
 def _kda_kernels(
-    cfg: GlmConfig, name: str, w: KdaWeights, x: torch.Tensor, fp: ForwardPass,
+    cfg: GlmConfig,
+    name: str,
+    w: KdaWeights,
+    x: torch.Tensor,
+    fp: ForwardPass,
     slots: "StreamSlots",
 ) -> torch.Tensor:
     """kda() through the kernels: a decode pass's layout from PassMeta alone (a CUDA graph
@@ -177,8 +185,14 @@ def _kda_kernels(
     qkv = linear(x, w.qkv)  # [N, 3D]
     tails, states = slots.get(f"{name}.conv"), slots.get(f"{name}.kda")
     _tap_tails(fp, f"{name}.conv", qkv, tails, w.conv.shape[1])  # before the kernel moves them
-    q, k, v = triton_kda.conv_silu(qkv, tails, meta, w.conv, heads * dk,  # 3 x [N, D]
-                                   one_row_each=meta.num_rows == meta.num_streams)
+    q, k, v = triton_kda.conv_silu(
+        qkv,
+        tails,
+        meta,
+        w.conv,
+        heads * dk,  # 3 x [N, D]
+        one_row_each=meta.num_rows == meta.num_streams,
+    )
     maps = linear(x, w.x_maps)  # [N, 2Dk + heads]: f_a x, g_a x, b x
     rank = w.f_a.shape[0]
     b = maps[:, 2 * rank :]
@@ -195,14 +209,13 @@ def _kda_kernels(
         triton_kda.zero_fresh(states, meta)
         kernels = (FlaKernels if x.is_cuda else TorchKernels)(cfg, w, heads)
         o = delta_rule_pass(kernels, q, k, v, pre, b, beta, states, fp, f"{name}.kda")
-    out = triton_kda.gated_norm(o.view(n, heads, dk), gate.view(n, heads, dk), w.o_norm,
-                                cfg.rms_norm_eps)
+    out = triton_kda.gated_norm(
+        o.view(n, heads, dk), gate.view(n, heads, dk), w.o_norm, cfg.rms_norm_eps
+    )
     return row_linear(out.reshape(n, -1), w.o)
 
 
-def _tap_tails(
-    fp: ForwardPass, name: str, qkv: torch.Tensor, tails: torch.Tensor, k: int
-) -> None:
+def _tap_tails(fp: ForwardPass, name: str, qkv: torch.Tensor, tails: torch.Tensor, k: int) -> None:
     for i, (stream, (lo, hi)) in enumerate(zip(fp.streams, fp.spans)):
         if not stream.taps:
             continue
@@ -213,9 +226,17 @@ def _tap_tails(
 
 
 def _decode_rule(
-    cfg: GlmConfig, name: str, w: KdaWeights, q: torch.Tensor, k: torch.Tensor,
-    v: torch.Tensor, pre: torch.Tensor, b: torch.Tensor, states: torch.Tensor,
-    fp: ForwardPass, meta,
+    cfg: GlmConfig,
+    name: str,
+    w: KdaWeights,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pre: torch.Tensor,
+    b: torch.Tensor,
+    states: torch.Tensor,
+    fp: ForwardPass,
+    meta,
 ) -> torch.Tensor:
     """A decode pass (every stream one row), read from PassMeta alone so a CUDA graph can hold
     it: one recurrent launch updating the slots in place (a fresh stream's state read as zeros).
@@ -225,9 +246,22 @@ def _decode_rule(
     n, heads, dk = q.shape[0], heads_of(w), cfg.linear_head_dim
     out = torch.empty(n, heads, dk, dtype=q.dtype, device=q.device)
     if triton_kda.OWN_RECURRENT:
-        triton_kda.recurrent(q, k, v, pre, b, w.a_log, w.dt_bias, cfg.linear_lower_bound,
-                             states, meta.stream_row0, meta.stream_len, meta.stream_start,
-                             meta.stream_slot, out)
+        triton_kda.recurrent(
+            q,
+            k,
+            v,
+            pre,
+            b,
+            w.a_log,
+            w.dt_bias,
+            cfg.linear_lower_bound,
+            states,
+            meta.stream_row0,
+            meta.stream_len,
+            meta.stream_start,
+            meta.stream_slot,
+            out,
+        )
     else:
         beta = triton_kda.sigmoid(b)
         triton_kda.zero_fresh(states, meta)
@@ -235,16 +269,22 @@ def _decode_rule(
             from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
             fused_recurrent_kda_fwd(
-                q=q.view(n, 1, heads, dk), k=k.view(n, 1, heads, dk),
-                v=v.view(n, 1, heads, dk), g=pre.view(n, 1, heads, dk),
-                beta=beta.view(n, 1, heads), initial_state=states, inplace_final_state=True,
-                ssm_state_indices=meta.stream_slot, out=out.view(n, 1, heads, dk),
+                q=q.view(n, 1, heads, dk),
+                k=k.view(n, 1, heads, dk),
+                v=v.view(n, 1, heads, dk),
+                g=pre.view(n, 1, heads, dk),
+                beta=beta.view(n, 1, heads),
+                initial_state=states,
+                inplace_final_state=True,
+                ssm_state_indices=meta.stream_slot,
+                out=out.view(n, 1, heads, dk),
                 **FlaKernels(cfg, w, heads).common,
             )
         else:
             slots = meta.stream_slot.long()
             o, final = TorchKernels(cfg, w, heads).packed(
-                q, k, v, pre, beta, states.index_select(0, slots), torch.arange(n + 1))
+                q, k, v, pre, beta, states.index_select(0, slots), torch.arange(n + 1)
+            )
             out.copy_(o)
             states.index_copy_(0, slots, final)
     for i, stream in enumerate(fp.streams):  # a one-row run's tap is its end

@@ -66,19 +66,27 @@ class Kernels(Protocol):
     cfg: "GlmConfig"
     w: "KdaWeights"
 
-    def packed(self, q, k, v, pre, beta, states: torch.Tensor, cu: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def packed(
+        self, q, k, v, pre, beta, states: torch.Tensor, cu: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Packed runs (cu: the cumulative lengths [m + 1]), states [m, heads, K, V]: the
         recurrent rows when triton_kda.OWN_RECURRENT is off."""
 
-    def chunked(self, q, k, v, pre, beta, state: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def chunked(self, q, k, v, pre, beta, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One stream's whole chunks, state [1, heads, K, V]."""
 
 
 def delta_rule_pass(
-    kernels: Kernels, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pre: torch.Tensor,
-    b: torch.Tensor, beta: torch.Tensor, states: torch.Tensor, fp: ForwardPass, name: str,
+    kernels: Kernels,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pre: torch.Tensor,
+    b: torch.Tensor,
+    beta: torch.Tensor,
+    states: torch.Tensor,
+    fp: ForwardPass,
+    name: str,
 ) -> torch.Tensor:
     """The delta rule over a pass. b: beta before its sigmoid (the recurrent kernel's), beta
     after it (the chunks'); states [slots, heads, K, V] fp32, fresh streams' already zeroed;
@@ -95,18 +103,36 @@ def delta_rule_pass(
             fp.tap(i, stream.start + end, name, state.clone())
 
     def recurrent(part: str) -> None:
-        runs = [(i, fp.spans[i][0], getattr(p, part)) for i, p in enumerate(plans)
-                if getattr(p, part)[1] > getattr(p, part)[0]]
+        runs = [
+            (i, fp.spans[i][0], getattr(p, part))
+            for i, p in enumerate(plans)
+            if getattr(p, part)[1] > getattr(p, part)[0]
+        ]
         if not runs:
             return
         if triton_kda.OWN_RECURRENT:  # in place, the rows where they are
-            table = torch.tensor([[lo + a for _, lo, (a, _) in runs],
-                                  [e - a for _, _, (a, e) in runs],
-                                  [fp.streams[i].start + a for i, _, (a, _) in runs],
-                                  [fp.streams[i].slot for i, _, _ in runs]],
-                                 dtype=torch.int32).to(q.device)
-            triton_kda.recurrent(q, k, v, pre, b, kernels.w.a_log, kernels.w.dt_bias,
-                                 kernels.cfg.linear_lower_bound, states, *table, out)
+            table = torch.tensor(
+                [
+                    [lo + a for _, lo, (a, _) in runs],
+                    [e - a for _, _, (a, e) in runs],
+                    [fp.streams[i].start + a for i, _, (a, _) in runs],
+                    [fp.streams[i].slot for i, _, _ in runs],
+                ],
+                dtype=torch.int32,
+            ).to(q.device)
+            triton_kda.recurrent(
+                q,
+                k,
+                v,
+                pre,
+                b,
+                kernels.w.a_log,
+                kernels.w.dt_bias,
+                kernels.cfg.linear_lower_bound,
+                states,
+                *table,
+                out,
+            )
             for i, _, (_, e) in runs:
                 tap(i, e, states[fp.streams[i].slot])
             return
@@ -141,30 +167,48 @@ class FlaKernels:
     def __init__(self, cfg: "GlmConfig", w: "KdaWeights", heads: int):
         self.cfg, self.w, self.heads, self.dk = cfg, w, heads, cfg.linear_head_dim
         self.common = dict(
-            A_log=w.a_log, dt_bias=w.dt_bias, scale=self.dk**-0.5, use_qk_l2norm_in_kernel=True,
-            use_gate_in_kernel=True, lower_bound=cfg.linear_lower_bound,
+            A_log=w.a_log,
+            dt_bias=w.dt_bias,
+            scale=self.dk**-0.5,
+            use_qk_l2norm_in_kernel=True,
+            use_gate_in_kernel=True,
+            lower_bound=cfg.linear_lower_bound,
         )
 
     def _rows(self, q, k, v, pre, beta) -> dict[str, torch.Tensor]:
         r, h = q.shape[0], self.heads
-        return dict(q=q.view(1, r, h, -1), k=k.view(1, r, h, -1), v=v.view(1, r, h, -1),
-                    g=pre.view(1, r, h, -1), beta=beta.view(1, r, h))
+        return dict(
+            q=q.view(1, r, h, -1),
+            k=k.view(1, r, h, -1),
+            v=v.view(1, r, h, -1),
+            g=pre.view(1, r, h, -1),
+            beta=beta.view(1, r, h),
+        )
 
     def packed(self, q, k, v, pre, beta, states, cu):
         from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
         out = torch.empty(1, q.shape[0], self.heads, self.dk, dtype=q.dtype, device=q.device)
         _, final = fused_recurrent_kda_fwd(
-            **self._rows(q, k, v, pre, beta), initial_state=states, output_final_state=True,
-            inplace_final_state=False, cu_seqlens=cu.long(), out=out, **self.common,
+            **self._rows(q, k, v, pre, beta),
+            initial_state=states,
+            output_final_state=True,
+            inplace_final_state=False,
+            cu_seqlens=cu.long(),
+            out=out,
+            **self.common,
         )
         return out[0], final
 
     def chunked(self, q, k, v, pre, beta, state):
         from fla.ops.kda import chunk_kda
 
-        o, final = chunk_kda(**self._rows(q, k, v, pre, beta), initial_state=state,
-                             output_final_state=True, **self.common)
+        o, final = chunk_kda(
+            **self._rows(q, k, v, pre, beta),
+            initial_state=state,
+            output_final_state=True,
+            **self.common,
+        )
         return o[0], final
 
 
@@ -180,15 +224,21 @@ class TorchKernels:
         r, h, dk = q.shape[0], self.heads, self.dk
         qs, ks, vs = (t.float().view(r, h, dk) for t in (q, k, v))
         o, final, _ = delta_rule(
-            (l2norm(qs) * dk**-0.5).to(dtype), l2norm(ks).to(dtype), vs.to(dtype),
-            log_decay(self.cfg, self.w, pre).to(dtype), beta.float().to(dtype), state.to(dtype),
+            (l2norm(qs) * dk**-0.5).to(dtype),
+            l2norm(ks).to(dtype),
+            vs.to(dtype),
+            log_decay(self.cfg, self.w, pre).to(dtype),
+            beta.float().to(dtype),
+            state.to(dtype),
         )
         return o.to(q.dtype), final.float()
 
     def packed(self, q, k, v, pre, beta, states, cu):
         bounds = cu.tolist()
-        parts = [self._rule(*(t[a:b] for t in (q, k, v, pre, beta)), states[j], torch.float32)
-                 for j, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+        parts = [
+            self._rule(*(t[a:b] for t in (q, k, v, pre, beta)), states[j], torch.float32)
+            for j, (a, b) in enumerate(zip(bounds, bounds[1:]))
+        ]
         return torch.cat([o for o, _ in parts]), torch.stack([s for _, s in parts])
 
     def chunked(self, q, k, v, pre, beta, state):

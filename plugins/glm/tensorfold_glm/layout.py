@@ -58,4 +58,6 @@ def state_layout(cfg: GlmConfig, dtype: str, world: int = 1) -> StateLayout:
     for i in cfg.kda_layers:
         fixed.append(StateSpec(f"L{i}.kda", (heads, dim, dim), "float32"))
         fixed.append(StateSpec(f"L{i}.conv", tail, name))
-    return StateLayout(paged=tuple(paged), fixed=tuple(fixed), mark_rows=math.lcm(KDA_CHUNK, cfg.index_kpool))
+    return StateLayout(
+        paged=tuple(paged), fixed=tuple(fixed), mark_rows=math.lcm(KDA_CHUNK, cfg.index_kpool)
+    )

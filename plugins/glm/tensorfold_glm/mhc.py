@@ -57,8 +57,15 @@ def collapse_norm(
         from .triton_mhc import collapse_norm as fused
 
         return fused(
-            streams, w.fn, w.base, w.scale, norm_weight, iters=cfg.hc_sinkhorn_iters,
-            rms_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps,
+            streams,
+            w.fn,
+            w.base,
+            w.scale,
+            norm_weight,
+            iters=cfg.hc_sinkhorn_iters,
+            rms_eps=cfg.rms_norm_eps,
+            hc_eps=cfg.hc_eps,
+            norm_eps=cfg.rms_norm_eps,
         )
     post, comb, x = collapse(cfg, w, streams)
     return post, comb, rms_norm(x, norm_weight, cfg.rms_norm_eps)
@@ -82,8 +89,13 @@ def expand(
 
 
 def expand_collapse_norm(
-    cfg: GlmConfig, w: HcWeights, post: torch.Tensor, comb: torch.Tensor, y: torch.Tensor,
-    residual: torch.Tensor, norm_weight: torch.Tensor,
+    cfg: GlmConfig,
+    w: HcWeights,
+    post: torch.Tensor,
+    comb: torch.Tensor,
+    y: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """expand, then the next sublayer's collapse_norm (its weights w, norm_weight) of the
     streams it makes: (streams [N, hc, H], post, comb, normed block input). On the GPU a
@@ -93,8 +105,17 @@ def expand_collapse_norm(
         from .triton_mhc import expand_collapse_norm as fused
 
         return fused(
-            post, comb, y, residual, w.fn, w.base, w.scale, norm_weight,
-            iters=cfg.hc_sinkhorn_iters, rms_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps,
+            post,
+            comb,
+            y,
+            residual,
+            w.fn,
+            w.base,
+            w.scale,
+            norm_weight,
+            iters=cfg.hc_sinkhorn_iters,
+            rms_eps=cfg.rms_norm_eps,
+            hc_eps=cfg.hc_eps,
             norm_eps=cfg.rms_norm_eps,
         )
     streams = expand(post, comb, y, residual)

@@ -45,8 +45,13 @@ QUERY_BLOCK = 32
 
 
 def mla(
-    cfg: GlmConfig, name: str, w: MlaWeights, x: torch.Tensor, fp: ForwardPass,
-    rows: "PagedRows", shared: indexer.Selection | None,
+    cfg: GlmConfig,
+    name: str,
+    w: MlaWeights,
+    x: torch.Tensor,
+    fp: ForwardPass,
+    rows: "PagedRows",
+    shared: indexer.Selection | None,
 ) -> tuple[torch.Tensor, indexer.Selection]:
     """x [N, H] (normed) -> ([N, H], the keys it attended to: indexer.Selection). Writes the
     pass's latent rows to `{name}.latent` (and the indexer's rows) before attending. A "shared"
@@ -56,8 +61,9 @@ def mla(
     q = linear(q_resid, w.q_b).view(n, -1, cfg.qk_nope_head_dim)  # [N, heads, dn]
     latent = rms_norm(linear(x, w.kv_a, w.kv_a_bias), w.kv_a_norm, eps)  # [N, r]
     if w.indexer is not None:  # the latent rows written with the indexer's
-        masks = indexer.select(cfg, name, w.indexer, x, q_resid, fp, rows,
-                               also=[(f"{name}.latent", latent)])
+        masks = indexer.select(
+            cfg, name, w.indexer, x, q_resid, fp, rows, also=[(f"{name}.latent", latent)]
+        )
     elif shared is not None:
         rows.write(f"{name}.latent", fp.write_index, latent)
         masks = shared
@@ -71,8 +77,15 @@ def mla(
 
         assert isinstance(masks, torch.Tensor)
         attended = sparse_mla(
-            head_linear(q, w.w_uk), rows.flat(f"{name}.latent"), masks, fp.positions,
-            pass_meta(fp), fp.page_rows, cfg.index_kpool, scale, rows.scales(f"{name}.latent"),
+            head_linear(q, w.w_uk),
+            rows.flat(f"{name}.latent"),
+            masks,
+            fp.positions,
+            pass_meta(fp),
+            fp.page_rows,
+            cfg.index_kpool,
+            scale,
+            rows.scales(f"{name}.latent"),
         )  # [N, heads, r]
         o = head_linear(attended, w.w_uv)
         return row_linear(o.reshape(n, -1), w.o, w.o_bias), masks
@@ -90,7 +103,10 @@ def mla(
 
 
 def sparse_attention(
-    q: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, scale: float,
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
     key_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One stream's queries against its latent rows. q [n, heads, r] fp32; keys [end, r] fp32
@@ -114,8 +130,13 @@ def sparse_attention(
     return out
 
 
-def _block(q: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor, scale: float,
-           key_scales: torch.Tensor | None) -> torch.Tensor:
+def _block(
+    q: torch.Tensor,
+    mask: torch.Tensor,
+    keys: torch.Tensor,
+    scale: float,
+    key_scales: torch.Tensor | None,
+) -> torch.Tensor:
     """q [B, heads, r]; mask [B, T'] (T' a multiple of KEY_TILE); keys [T', r]; key_scales
     [T'] or None -> [B, heads, r]."""
     b, heads, r = q.shape

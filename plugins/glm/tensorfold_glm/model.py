@@ -56,8 +56,10 @@ def load(checkpoint: "Checkpoint", device: str, dtype: str) -> "GlmModel":
 def _note_unserved(checkpoint: "Checkpoint", cfg: GlmConfig) -> None:
     names = checkpoint.tensor_names()
     if cfg.has_vision or any(n.startswith("model.visual.") for n in names):
-        log.info("glm5_next: the checkpoint's vision tower is not loaded; images are not served "
-                 "yet, only text")
+        log.info(
+            "glm5_next: the checkpoint's vision tower is not loaded; images are not served "
+            "yet, only text"
+        )
     mtp = f"{text_prefix(checkpoint)}layers.{cfg.num_hidden_layers}."
     if any(n.startswith(mtp) for n in names):
         log.info(f"glm5_next: the MTP layer ({mtp}*) is ignored, as transformers ignores it")
@@ -93,12 +95,14 @@ class GlmModel(FamilyModel):
                 y, masks = mla(cfg, f"L{i}", layer.mixer, x, fp, rows, masks)
             # each expand and the collapse after it, one step (one launch at a few rows)
             streams, post, comb, x = mhc.expand_collapse_norm(
-                cfg, layer.ffn_hc, post, comb, y, streams, layer.post_norm)
+                cfg, layer.ffn_hc, post, comb, y, streams, layer.post_norm
+            )
             y = ffn(cfg, x, layer.ffn)
             if i + 1 < len(w.layers):
                 after = w.layers[i + 1]
                 streams, post, comb, x = mhc.expand_collapse_norm(
-                    cfg, after.attn_hc, post, comb, y, streams, after.input_norm)
+                    cfg, after.attn_hc, post, comb, y, streams, after.input_norm
+                )
             else:
                 streams = mhc.expand(post, comb, y, streams)
         h = mhc.head_of_rows(streams, fp.logit_rows)  # [R, H]

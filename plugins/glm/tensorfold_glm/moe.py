@@ -116,8 +116,17 @@ def moe_partial(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     chosen, weights = chosen.gather(1, order), weights.gather(1, order)
     w1 = [e.gate_up[: e.down.shape[1]] for e in w.experts]  # gate rows, then up rows
     w3 = [e.gate_up[e.down.shape[1] :] for e in w.experts]
-    routed = parallel.local_moe(x, weights, chosen, w1, w3, [e.down for e in w.experts],
-                                w.first_expert, act="silu_clamp", limit=cfg.swiglu_limit)
+    routed = parallel.local_moe(
+        x,
+        weights,
+        chosen,
+        w1,
+        w3,
+        [e.down for e in w.experts],
+        w.first_expert,
+        act="silu_clamp",
+        limit=cfg.swiglu_limit,
+    )
     return routed + swiglu(x, w.shared, cfg.swiglu_limit).float()
 
 

@@ -47,8 +47,9 @@ def check(cfg: GlmConfig, world: int) -> None:
 
     def need(field: str, value: int, what: str) -> None:
         if value % world:
-            raise ShardRefused(f"glm5_next: {field}={value} ({what}) is not a multiple of --tp "
-                               f"{world}")
+            raise ShardRefused(
+                f"glm5_next: {field}={value} ({what}) is not a multiple of --tp {world}"
+            )
 
     if cfg.kda_layers:
         need("linear_num_heads", cfg.linear_num_heads, "the KDA heads")
@@ -58,8 +59,11 @@ def check(cfg: GlmConfig, world: int) -> None:
         need("intermediate_size", cfg.intermediate_size, "the dense FFN's width")
     if SPARSE in cfg.mlp_layer_types:
         need("n_routed_experts", cfg.n_routed_experts, "each expert lives on one rank")
-        need("moe_intermediate_size * n_shared_experts",
-             cfg.moe_intermediate_size * cfg.n_shared_experts, "the shared expert's width")
+        need(
+            "moe_intermediate_size * n_shared_experts",
+            cfg.moe_intermediate_size * cfg.n_shared_experts,
+            "the shared expert's width",
+        )
 
 
 def plan(cfg: GlmConfig, dtype: str, world: int) -> ShardPlan:
@@ -89,8 +93,10 @@ def plan(cfg: GlmConfig, dtype: str, world: int) -> ShardPlan:
     if sparse:
         m = _layers(sparse) + r"mlp\."
         splits += [
-            (m + r"experts\.(?P<expert>\d+)\.(?:gate|up|down)_proj\.weight",
-             Split(experts=cfg.n_routed_experts)),
+            (
+                m + r"experts\.(?P<expert>\d+)\.(?:gate|up|down)_proj\.weight",
+                Split(experts=cfg.n_routed_experts),
+            ),
             (m + r"shared_experts\.(?:gate|up)_proj\.weight", COLUMN),
             (m + r"shared_experts\.down_proj\.weight", ROW),
         ]

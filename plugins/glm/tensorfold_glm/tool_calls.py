@@ -36,7 +36,8 @@ _NAME = re.compile(r"[^\s<>]+")
 def _is_string(schema: Mapping[str, Any] | None) -> bool:
     kind = (schema or {}).get("type")
     return kind == "string" or (
-        isinstance(kind, list) and bool(kind) and set(kind) <= {"string", "null"})
+        isinstance(kind, list) and bool(kind) and set(kind) <= {"string", "null"}
+    )
 
 
 def _value(text: str, schema: Mapping[str, Any] | None) -> Any:
@@ -53,7 +54,7 @@ def parse(body: str, schemas: Schemas) -> list[tuple[str, dict[str, Any]]]:
     name = head.strip()
     if not _NAME.fullmatch(name):
         raise MalformedToolCall(f"no function name before the arguments: {head[:40]!r}")
-    rest = body[len(head):]
+    rest = body[len(head) :]
     root = schemas.get(name) or {}
     properties = resolve(root, root).get("properties") or {}
     arguments: dict[str, Any] = {}
@@ -62,8 +63,9 @@ def parse(body: str, schemas: Schemas) -> list[tuple[str, dict[str, Any]]]:
         found = _PAIR.match(rest, pos)
         if found is None:
             if rest[pos:].strip():
-                raise MalformedToolCall(f"expected <arg_key>…</arg_value>: "
-                                        f"{rest[pos:pos + 40]!r}")
+                raise MalformedToolCall(
+                    f"expected <arg_key>…</arg_value>: {rest[pos : pos + 40]!r}"
+                )
             break
         key = found.group(1).strip()
         arguments[key] = _value(found.group(2), resolve(properties.get(key), root))
@@ -74,7 +76,8 @@ def parse(body: str, schemas: Schemas) -> list[tuple[str, dict[str, Any]]]:
 def _string_value(schema: Mapping[str, Any]) -> str:
     """A bare string value as a Lark term: one of its enum, or text without '<'."""
     if isinstance(schema.get("enum"), list) and all(
-            isinstance(e, str) and "<" not in e for e in schema["enum"]):
+        isinstance(e, str) and "<" not in e for e in schema["enum"]
+    ):
         return "(" + " | ".join(json.dumps(e) for e in schema["enum"]) + ")"
     low = schema.get("minLength", 0)
     high = schema.get("maxLength", "")
@@ -83,14 +86,16 @@ def _string_value(schema: Mapping[str, Any]) -> str:
     return f"/[^<]{{{low},{high}}}/"
 
 
-def grammar(tools: Sequence[Mapping[str, Any]], parallel: bool,
-            literal: Callable[[str], str]) -> str:
+def grammar(
+    tools: Sequence[Mapping[str, Any]], parallel: bool, literal: Callable[[str], str]
+) -> str:
     """Sections of calls to `tools` (one, or several when `parallel`), each argument valid
     against its parameter's schema (see the module doc for what is not enforced)."""
     from tensorfold.structured import JSON_OPTIONS
 
     key_open, key_close, value_open, value_close = (
-        literal(m) for m in ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"))
+        literal(m) for m in ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+    )
     rules = []
     for i, tool in enumerate(tools):
         function = tool["function"]
@@ -108,16 +113,26 @@ def grammar(tools: Sequence[Mapping[str, Any]], parallel: bool,
             else:
                 whole = with_defs(schema, root)
                 value = "%json" + json.dumps({**whole, "x-guidance": JSON_OPTIONS})
-            rules.append(f"arg_{i}_{j}: {key_open} {json.dumps(key)} {key_close} {value_open} "
-                         f"{value} {value_close}")
+            rules.append(
+                f"arg_{i}_{j}: {key_open} {json.dumps(key)} {key_close} {value_open} "
+                f"{value} {value_close}"
+            )
             terms.append(f"arg_{i}_{j}" + ("" if key in required else "?"))
-        rules.append(f"call_{i}: {literal(START)} {json.dumps(function['name'])} "
-                     f"{' '.join(terms)} {literal(END)}")
+        rules.append(
+            f"call_{i}: {literal(START)} {json.dumps(function['name'])} "
+            f"{' '.join(terms)} {literal(END)}"
+        )
     calls = "call+" if parallel else "call"
-    return "\n".join([f"start: {calls}",
-                      "call: " + " | ".join(f"call_{i}" for i in range(len(tools))), *rules])
+    return "\n".join(
+        [f"start: {calls}", "call: " + " | ".join(f"call_{i}" for i in range(len(tools))), *rules]
+    )
 
 
-FORMAT = ToolCallFormat("glm47", START, END, parse,
-                        inner=("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
-                        grammar=grammar)
+FORMAT = ToolCallFormat(
+    "glm47",
+    START,
+    END,
+    parse,
+    inner=("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
+    grammar=grammar,
+)

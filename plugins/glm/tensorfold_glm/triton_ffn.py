@@ -34,9 +34,17 @@ def route(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> tuple[torch.Tensor,
     """x [N, H] -> (weights [N, k] fp32, experts [N, k] long), each row's slots in ascending
     expert order."""
     return triton_route.route(
-        x, w.router, w.bias, cfg.num_experts_per_tok, norm_topk_prob=cfg.norm_topk_prob,
-        scaling=cfg.routed_scaling_factor, fp32=True, norm_eps=1e-20, groups=cfg.n_group,
-        keep_groups=cfg.topk_group, by_expert=True,
+        x,
+        w.router,
+        w.bias,
+        cfg.num_experts_per_tok,
+        norm_topk_prob=cfg.norm_topk_prob,
+        scaling=cfg.routed_scaling_factor,
+        fp32=True,
+        norm_eps=1e-20,
+        groups=cfg.n_group,
+        keep_groups=cfg.topk_group,
+        by_expert=True,
     )
 
 
@@ -47,8 +55,16 @@ def moe(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     i = down.shape[2]
     shared = swiglu(x, w.shared, cfg.swiglu_limit)
     return triton_moe.moe(
-        x, weights, chosen, gate_up[:, :i], gate_up[:, i:], down, act="silu_clamp",
-        limit=cfg.swiglu_limit, round_sum=True, plus=shared,
+        x,
+        weights,
+        chosen,
+        gate_up[:, :i],
+        gate_up[:, i:],
+        down,
+        act="silu_clamp",
+        limit=cfg.swiglu_limit,
+        round_sum=True,
+        plus=shared,
     )
 
 
@@ -62,8 +78,15 @@ def moe_partial(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     gate_up, down = experts_stacked(w)
     i = down.shape[2]
     routed = parallel.local_moe(
-        x, weights, chosen, gate_up[:, :i], gate_up[:, i:], down, w.first_expert,
-        act="silu_clamp", limit=cfg.swiglu_limit,
+        x,
+        weights,
+        chosen,
+        gate_up[:, :i],
+        gate_up[:, i:],
+        down,
+        w.first_expert,
+        act="silu_clamp",
+        limit=cfg.swiglu_limit,
     )
     return routed + swiglu(x, w.shared, cfg.swiglu_limit).float()
 

@@ -44,7 +44,15 @@ ONE_LAUNCH_MAX_POOLS = 2048  # top_pools in one launch up to this many pools a r
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
 def _layer_norm_kernel(
-    x_ptr, w_ptr, b_ptr, o_ptr, n_rows, D, stride_x, eps, ROWS: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    o_ptr,
+    n_rows,
+    D,
+    stride_x,
+    eps,
+    ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
@@ -53,8 +61,9 @@ def _layer_norm_kernel(
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < D)
     offs = rows[:, None].to(tl.int64) * D + cols[None, :]
-    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=mask,
-                other=0.0).to(tl.float32)
+    x = tl.load(
+        x_ptr + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=mask, other=0.0
+    ).to(tl.float32)
     mean = tl.sum(x, axis=1) / D
     centred = tl.where(mask, x - mean[:, None], 0.0)
     var = tl.sum(centred * centred, axis=1) / D
@@ -77,8 +86,18 @@ def layer_norm(
     per = max(1, min(64, 4096 // block_d))
     if n:
         _layer_norm_kernel[(cdiv(n, per),)](
-            rows, weight.contiguous(), bias.contiguous(), out, n, d, rows.stride(0), eps,
-            ROWS=per, BLOCK_D=block_d, num_warps=4, **launch_options(rows),
+            rows,
+            weight.contiguous(),
+            bias.contiguous(),
+            out,
+            n,
+            d,
+            rows.stride(0),
+            eps,
+            ROWS=per,
+            BLOCK_D=block_d,
+            num_warps=4,
+            **launch_options(rows),
         )
     return out.view(x.shape)
 
@@ -92,9 +111,25 @@ def _paged_rows(table_ptr, stride_ts, stride_tp, s, j, ok, page_rows):
 
 @triton.jit(do_not_specialize=["n_rows", "stride_ts", "stride_tp"])
 def _pool_key_kernel(
-    k_ptr, g_ptr, ape_ptr, out_ptr, pos_ptr, write_ptr, row_stream, n_rows,
-    table_ptr, stride_ts, stride_tp, page_rows, stride_kn, stride_gn, stride_on,
-    DI: tl.constexpr, DIP: tl.constexpr, KPOOL: tl.constexpr, ROWS: tl.constexpr,
+    k_ptr,
+    g_ptr,
+    ape_ptr,
+    out_ptr,
+    pos_ptr,
+    write_ptr,
+    row_stream,
+    n_rows,
+    table_ptr,
+    stride_ts,
+    stride_tp,
+    page_rows,
+    stride_kn,
+    stride_gn,
+    stride_on,
+    DI: tl.constexpr,
+    DIP: tl.constexpr,
+    KPOOL: tl.constexpr,
+    ROWS: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
@@ -132,13 +167,22 @@ def _pool_key_kernel(
             weight = (e / total).to(k.dtype).to(tl.float32)
             acc += (weight * k.to(tl.float32)).to(k.dtype).to(tl.float32)
         dst = tl.load(write_ptr + r, mask=ends, other=0).to(tl.int64)  # the pool's last row
-        tl.store(out_ptr + dst[:, None] * stride_on + d[None, :],
-                 acc.to(out_ptr.dtype.element_ty), mask=lmask)
+        tl.store(
+            out_ptr + dst[:, None] * stride_on + d[None, :],
+            acc.to(out_ptr.dtype.element_ty),
+            mask=lmask,
+        )
 
 
 def write_pool_keys(
-    k_rows: torch.Tensor, g_rows: torch.Tensor, ape: torch.Tensor, key_rows: torch.Tensor,
-    positions: torch.Tensor, write_index: torch.Tensor, meta: PassMeta, page_rows: int,
+    k_rows: torch.Tensor,
+    g_rows: torch.Tensor,
+    ape: torch.Tensor,
+    key_rows: torch.Tensor,
+    positions: torch.Tensor,
+    write_index: torch.Tensor,
+    meta: PassMeta,
+    page_rows: int,
 ) -> None:
     """For each row of the pass at a position kpool·p + kpool - 1, K_p (indexer.pool_keys'
     arithmetic) into key_rows at that row's own flat row (write_index). k_rows, g_rows,
@@ -152,20 +196,59 @@ def write_pool_keys(
     kpool, dim = ape.shape
     rows = min(16, next_power_of_2(max(n, 2)))  # a row's arithmetic is its own: any tile
     _pool_key_kernel[(cdiv(n, rows),)](
-        k_rows, g_rows, ape.contiguous(), key_rows, positions, write_index, meta.row_stream, n,
-        meta.table, meta.table.stride(0), meta.table.stride(1), page_rows, k_rows.stride(0),
-        g_rows.stride(0), key_rows.stride(0), DI=dim, DIP=next_power_of_2(dim),
-        KPOOL=kpool, ROWS=rows, num_warps=4, **launch_options(k_rows),
+        k_rows,
+        g_rows,
+        ape.contiguous(),
+        key_rows,
+        positions,
+        write_index,
+        meta.row_stream,
+        n,
+        meta.table,
+        meta.table.stride(0),
+        meta.table.stride(1),
+        page_rows,
+        k_rows.stride(0),
+        g_rows.stride(0),
+        key_rows.stride(0),
+        DI=dim,
+        DIP=next_power_of_2(dim),
+        KPOOL=kpool,
+        ROWS=rows,
+        num_warps=4,
+        **launch_options(k_rows),
     )
 
 
 @triton.jit(do_not_specialize=["stride_ts", "stride_tp", "W"])
 def _score_kernel(
-    q_ptr, w_ptr, pk_ptr, key_ptr, pos_ptr, block_stream, block_row0, block_len,
-    table_ptr, stride_ts, stride_tp, page_rows, W, scale, w_scale,
-    stride_qn, stride_qh, stride_wn, stride_pn,
-    NI: tl.constexpr, DI: tl.constexpr, DIP: tl.constexpr, KPOOL: tl.constexpr,
-    QB: tl.constexpr, PT: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
+    q_ptr,
+    w_ptr,
+    pk_ptr,
+    key_ptr,
+    pos_ptr,
+    block_stream,
+    block_row0,
+    block_len,
+    table_ptr,
+    stride_ts,
+    stride_tp,
+    page_rows,
+    W,
+    scale,
+    w_scale,
+    stride_qn,
+    stride_qh,
+    stride_wn,
+    stride_pn,
+    NI: tl.constexpr,
+    DI: tl.constexpr,
+    DIP: tl.constexpr,
+    KPOOL: tl.constexpr,
+    QB: tl.constexpr,
+    PT: tl.constexpr,
+    IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
@@ -189,12 +272,18 @@ def _score_kernel(
         dok = d < DI
         # K_p, cached at the pool's last row by _pool_key_kernel
         rows = _paged_rows(table_ptr, stride_ts, stride_tp, s, pool_end, loaded, page_rows)
-        pooled = tl.load(pk_ptr + rows[:, None] * stride_pn + d[None, :],
-                         mask=loaded[:, None] & dok[None, :], other=0.0)  # [PT, DIP]
+        pooled = tl.load(
+            pk_ptr + rows[:, None] * stride_pn + d[None, :],
+            mask=loaded[:, None] & dok[None, :],
+            other=0.0,
+        )  # [PT, DIP]
         score = tl.zeros((QB, PT), dtype=tl.float32)
         for h in range(NI):
-            qh = tl.load(q_ptr + qrow[:, None] * stride_qn + h * stride_qh + d[None, :],
-                         mask=rvalid[:, None] & dok[None, :], other=0.0)
+            qh = tl.load(
+                q_ptr + qrow[:, None] * stride_qn + h * stride_qh + d[None, :],
+                mask=rvalid[:, None] & dok[None, :],
+                other=0.0,
+            )
             dots = mma(qh, tl.trans(pooled), tl.zeros((QB, PT), dtype=tl.float32), IEEE, INTERP)
             wh = tl.load(w_ptr + qrow * stride_wn + h, mask=rvalid, other=0.0).to(tl.float32)
             wh = wh * w_scale  # the head weights' scale, in fp32 as the CPU path applies it
@@ -204,13 +293,21 @@ def _score_kernel(
         ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # int32 order == float order
         unique = ordered.to(tl.int64) * 4294967296 + (4294967295 - p.to(tl.int64))[None, :]
         keys = tl.where(candidate, unique, keys)
-    tl.store(key_ptr + qrow[:, None] * W + p[None, :], keys,
-             mask=rvalid[:, None] & (p[None, :] < W))
+    tl.store(
+        key_ptr + qrow[:, None] * W + p[None, :], keys, mask=rvalid[:, None] & (p[None, :] < W)
+    )
 
 
 def pool_key_scores(
-    q: torch.Tensor, weights: torch.Tensor, key_rows: torch.Tensor, kpool: int,
-    positions: torch.Tensor, meta: PassMeta, page_rows: int, pools: int, scale: float,
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    key_rows: torch.Tensor,
+    kpool: int,
+    positions: torch.Tensor,
+    meta: PassMeta,
+    page_rows: int,
+    pools: int,
+    scale: float,
     weight_scale: float = 1.0,
 ) -> torch.Tensor:
     """Each query's ranking key for pools [0, pools): [N, pools] int64, NO_POOL where the pool is
@@ -228,33 +325,57 @@ def pool_key_scores(
         weights = weights.contiguous()
     grid = (meta.num_blocks, cdiv(pools, POOL_TILE))
     _score_kernel[grid](
-        q, weights, key_rows, keys, positions, meta.block_stream, meta.block_row0,
-        meta.block_len, meta.table, meta.table.stride(0), meta.table.stride(1), page_rows, pools,
-        scale, weight_scale, q.stride(0), q.stride(1), weights.stride(0), key_rows.stride(0),
-        NI=heads, DI=dim, DIP=next_power_of_2(dim), KPOOL=kpool, QB=QUERY_ROWS,
-        PT=POOL_TILE, IEEE=q.dtype == torch.float32, INTERP=interpreting(), num_warps=4,
+        q,
+        weights,
+        key_rows,
+        keys,
+        positions,
+        meta.block_stream,
+        meta.block_row0,
+        meta.block_len,
+        meta.table,
+        meta.table.stride(0),
+        meta.table.stride(1),
+        page_rows,
+        pools,
+        scale,
+        weight_scale,
+        q.stride(0),
+        q.stride(1),
+        weights.stride(0),
+        key_rows.stride(0),
+        NI=heads,
+        DI=dim,
+        DIP=next_power_of_2(dim),
+        KPOOL=kpool,
+        QB=QUERY_ROWS,
+        PT=POOL_TILE,
+        IEEE=q.dtype == torch.float32,
+        INTERP=interpreting(),
+        num_warps=4,
         **launch_options(q),
     )
     return keys
 
 
 @triton.jit
-def _ascending_pools_kernel(best_ptr, out_ptr, K, W, KB: tl.constexpr,
-                            PDL: tl.constexpr = False):
+def _ascending_pools_kernel(best_ptr, out_ptr, K, W, KB: tl.constexpr, PDL: tl.constexpr = False):
     """A row's k best keys (any order) -> their pools ascending, -1 padded (int32)."""
     after_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, KB)
     best = tl.load(best_ptr + row * K + j, mask=j < K, other=-9223372036854775807 - 1)
-    pool = tl.where(best == -9223372036854775807 - 1, W,
-                    (4294967295 - (best & 4294967295)).to(tl.int32))
+    pool = tl.where(
+        best == -9223372036854775807 - 1, W, (4294967295 - (best & 4294967295)).to(tl.int32)
+    )
     pool = tl.sort(pool)  # no-pools (== W, the padding too) last
     tl.store(out_ptr + row * K + j, tl.where(pool == W, -1, pool), mask=j < K)
 
 
 @triton.jit
-def _top_pools_kernel(key_ptr, out_ptr, K, W, WB: tl.constexpr, KB: tl.constexpr,
-                      PDL: tl.constexpr = False):
+def _top_pools_kernel(
+    key_ptr, out_ptr, K, W, WB: tl.constexpr, KB: tl.constexpr, PDL: tl.constexpr = False
+):
     """A row's W keys -> the pools of its K best, ascending, -1 padded (int32). The candidates'
     keys are unique, so the K best are the candidates at or above the K-th largest key: a set,
     whatever sort finds it; its pools ascending are those columns in order."""
@@ -288,16 +409,30 @@ def top_pools(keys: torch.Tensor, limit: int) -> torch.Tensor:
         out = torch.empty(n, k, dtype=torch.int32, device=keys.device)
         if n:
             keys = keys.contiguous()
-            _top_pools_kernel[(n,)](keys, out, k, width, WB=next_power_of_2(width),
-                                    KB=next_power_of_2(k), num_warps=4, **launch_options(keys))
+            _top_pools_kernel[(n,)](
+                keys,
+                out,
+                k,
+                width,
+                WB=next_power_of_2(width),
+                KB=next_power_of_2(k),
+                num_warps=4,
+                **launch_options(keys),
+            )
         return out
     best = torch.topk(keys, k, dim=1, sorted=False).values
     if ASCENDING_IN_ONE_LAUNCH:
         out = torch.empty(n, k, dtype=torch.int32, device=keys.device)
         if n:
-            _ascending_pools_kernel[(n,)](best.contiguous(), out, k, width,
-                                          KB=next_power_of_2(k), num_warps=4,
-                                          **launch_options(best))
+            _ascending_pools_kernel[(n,)](
+                best.contiguous(),
+                out,
+                k,
+                width,
+                KB=next_power_of_2(k),
+                num_warps=4,
+                **launch_options(best),
+            )
         return out
     pool = LOW - (best & LOW)
     pool = torch.where(best == NO_POOL, torch.full_like(pool, width), pool)
@@ -306,14 +441,23 @@ def top_pools(keys: torch.Tensor, limit: int) -> torch.Tensor:
 
 
 def select_pools(
-    q: torch.Tensor, weights: torch.Tensor, key_rows: torch.Tensor, kpool: int,
-    positions: torch.Tensor, meta: PassMeta, page_rows: int, pools: int, limit: int,
-    scale: float, weight_scale: float = 1.0,
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    key_rows: torch.Tensor,
+    kpool: int,
+    positions: torch.Tensor,
+    meta: PassMeta,
+    page_rows: int,
+    pools: int,
+    limit: int,
+    scale: float,
+    weight_scale: float = 1.0,
 ) -> torch.Tensor:
     """[N, min(limit, pools)] int32: each query's chosen pools (see the module docstring).
     key_rows: the flat paged pool keys (write_pool_keys run on this pass first); pools: an upper
     bound on the complete pools of any stream in the pass; weights, weight_scale as
     pool_key_scores takes them."""
-    keys = pool_key_scores(q, weights, key_rows, kpool, positions, meta, page_rows, pools, scale,
-                           weight_scale)
+    keys = pool_key_scores(
+        q, weights, key_rows, kpool, positions, meta, page_rows, pools, scale, weight_scale
+    )
     return top_pools(keys, limit)

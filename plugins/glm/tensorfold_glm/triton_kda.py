@@ -30,10 +30,24 @@ TAIL_IN_PLACE = True
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
 def _conv_silu_kernel(
-    u_ptr, tail_ptr, w_ptr, out_ptr, row_stream, stream_row0, stream_start, stream_slot,
-    n_rows, C, D, stride_u, stride_ts,
-    K: tl.constexpr, ROWS: tl.constexpr, CH: tl.constexpr,
-    ONE_ROW_EACH: tl.constexpr = False, PDL: tl.constexpr = False,
+    u_ptr,
+    tail_ptr,
+    w_ptr,
+    out_ptr,
+    row_stream,
+    stream_row0,
+    stream_start,
+    stream_slot,
+    n_rows,
+    C,
+    D,
+    stride_u,
+    stride_ts,
+    K: tl.constexpr,
+    ROWS: tl.constexpr,
+    CH: tl.constexpr,
+    ONE_ROW_EACH: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -64,8 +78,11 @@ def _conv_silu_kernel(
                 # j-1, stored where tap j-1 was read (by every thread, before the barrier); the
                 # tail's dtype is qkv's, so the tap is the value tail_kernel would store
                 tl.debug_barrier()
-                tl.store(t_ptrs - 1, tap.to(tail_ptr.dtype.element_ty),
-                         mask=rmask[:, None] & cmask[None, :])
+                tl.store(
+                    t_ptrs - 1,
+                    tap.to(tail_ptr.dtype.element_ty),
+                    mask=rmask[:, None] & cmask[None, :],
+                )
     y = acc / (1.0 + tl.exp(-acc))  # SiLU in fp32, as ops.moe.silu
     which = (ch // D).to(tl.int64)  # q, k or v: out is [3, N, D]
     offs = which[None, :] * n_rows * D + rows.to(tl.int64)[:, None] * D + (ch % D)[None, :]
@@ -73,7 +90,11 @@ def _conv_silu_kernel(
 
 
 def conv_silu(
-    qkv: torch.Tensor, tails: torch.Tensor, meta: PassMeta, weight: torch.Tensor, d: int,
+    qkv: torch.Tensor,
+    tails: torch.Tensor,
+    meta: PassMeta,
+    weight: torch.Tensor,
+    d: int,
     one_row_each: bool = False,
 ) -> torch.Tensor:
     """SiLU(causal conv) of a pass's q|k|v rows, each stream continuing its tail.
@@ -90,23 +111,58 @@ def conv_silu(
         return out
     in_place = one_row_each and TAIL_IN_PLACE and k >= 2 and tails.dtype == qkv.dtype
     _conv_silu_kernel[(cdiv(n, ROWS), cdiv(c, CHANNELS))](
-        qkv, tails, weight.contiguous(), out, meta.row_stream, meta.stream_row0,
-        meta.stream_start, meta.stream_slot, n, c, d, qkv.stride(0), tails.stride(0),
-        K=k, ROWS=ROWS, CH=CHANNELS, ONE_ROW_EACH=in_place, num_warps=4, **launch_options(qkv),
+        qkv,
+        tails,
+        weight.contiguous(),
+        out,
+        meta.row_stream,
+        meta.stream_row0,
+        meta.stream_start,
+        meta.stream_slot,
+        n,
+        c,
+        d,
+        qkv.stride(0),
+        tails.stride(0),
+        K=k,
+        ROWS=ROWS,
+        CH=CHANNELS,
+        ONE_ROW_EACH=in_place,
+        num_warps=4,
+        **launch_options(qkv),
     )
     if in_place:
         return out
     tail_kernel[(meta.num_streams, cdiv(c, CHANNELS))](
-        qkv, tails, meta.stream_row0, meta.stream_len, meta.stream_start, meta.stream_slot, c,
-        qkv.stride(0), tails.stride(0), K=k, KP=next_power_of_2(max(k - 1, 1)),
-        CH=CHANNELS, GATED=False, num_warps=4, **launch_options(qkv),
+        qkv,
+        tails,
+        meta.stream_row0,
+        meta.stream_len,
+        meta.stream_start,
+        meta.stream_slot,
+        c,
+        qkv.stride(0),
+        tails.stride(0),
+        K=k,
+        KP=next_power_of_2(max(k - 1, 1)),
+        CH=CHANNELS,
+        GATED=False,
+        num_warps=4,
+        **launch_options(qkv),
     )
     return out
 
 
 @triton.jit
-def _zero_fresh_kernel(state_ptr, stream_start, stream_slot, size, stride_s, BLOCK: tl.constexpr,
-                       PDL: tl.constexpr = False):
+def _zero_fresh_kernel(
+    state_ptr,
+    stream_start,
+    stream_slot,
+    size,
+    stride_s,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     after_prior(PDL)
     s = tl.program_id(0)
     if tl.load(stream_start + s) == 0:
@@ -122,14 +178,28 @@ def zero_fresh(states: torch.Tensor, meta: PassMeta) -> None:
     contiguous per slot."""
     size = states[0].numel()
     _zero_fresh_kernel[(meta.num_streams, cdiv(size, ZERO_BLOCK))](
-        states, meta.stream_start, meta.stream_slot, size, states.stride(0), BLOCK=ZERO_BLOCK,
-        num_warps=4, **launch_options(states),
+        states,
+        meta.stream_start,
+        meta.stream_slot,
+        size,
+        states.stride(0),
+        BLOCK=ZERO_BLOCK,
+        num_warps=4,
+        **launch_options(states),
     )
 
 
 @triton.jit(do_not_specialize=["n_rows"])
-def _sigmoid_kernel(x_ptr, out_ptr, n_rows, C, stride_x, ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
-                    PDL: tl.constexpr = False):
+def _sigmoid_kernel(
+    x_ptr,
+    out_ptr,
+    n_rows,
+    C,
+    stride_x,
+    ROWS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
     after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_C)
@@ -150,14 +220,23 @@ def sigmoid(x: torch.Tensor) -> torch.Tensor:
     block_c = next_power_of_2(c)
     per = max(1, min(64, 4096 // block_c))
     if n:
-        _sigmoid_kernel[(cdiv(n, per),)](x, out, n, c, x.stride(0), ROWS=per, BLOCK_C=block_c,
-                                         num_warps=4, **launch_options(x))
+        _sigmoid_kernel[(cdiv(n, per),)](
+            x, out, n, c, x.stride(0), ROWS=per, BLOCK_C=block_c, num_warps=4, **launch_options(x)
+        )
     return out
 
 
 @triton.jit(do_not_specialize=["n_groups"])
 def _gated_norm_kernel(
-    o_ptr, gate_ptr, w_ptr, out_ptr, n_groups, V, eps, ROWS: tl.constexpr, BLOCK_V: tl.constexpr,
+    o_ptr,
+    gate_ptr,
+    w_ptr,
+    out_ptr,
+    n_groups,
+    V,
+    eps,
+    ROWS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
@@ -174,7 +253,9 @@ def _gated_norm_kernel(
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def gated_norm(o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_norm(
+    o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     """RMSNormGated per head, all fp32, rounded to o's dtype (kda.gated_norm).
     o, gate [N, heads, V] (any leading shape with V last, contiguous); weight [V] -> o's shape."""
     v = o.shape[-1]
@@ -186,8 +267,17 @@ def gated_norm(o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: f
     per = max(1, min(64, 4096 // block_v))
     if groups:
         _gated_norm_kernel[(cdiv(groups, per),)](
-            o, gate, weight.contiguous(), out, groups, v, eps, ROWS=per, BLOCK_V=block_v,
-            num_warps=4, **launch_options(o),
+            o,
+            gate,
+            weight.contiguous(),
+            out,
+            groups,
+            v,
+            eps,
+            ROWS=per,
+            BLOCK_V=block_v,
+            num_warps=4,
+            **launch_options(o),
         )
     return out
 
@@ -208,10 +298,30 @@ RECURRENT_WARPS = 4
 
 @triton.jit
 def _recurrent_kernel(
-    q_ptr, k_ptr, v_ptr, pre_ptr, b_ptr, a_log_ptr, dt_bias_ptr, state_ptr, out_ptr,
-    run_row0, run_len, run_start, run_slot, lower_bound, scale, stride_pre, stride_b,
-    HEADS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, LOWER: tl.constexpr, PDL: tl.constexpr = False,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    pre_ptr,
+    b_ptr,
+    a_log_ptr,
+    dt_bias_ptr,
+    state_ptr,
+    out_ptr,
+    run_row0,
+    run_len,
+    run_start,
+    run_slot,
+    lower_bound,
+    scale,
+    stride_pre,
+    stride_b,
+    HEADS: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    LOWER: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
     run = tl.program_id(0)
@@ -255,10 +365,20 @@ def _recurrent_kernel(
 
 
 def recurrent(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pre: torch.Tensor, b: torch.Tensor,
-    a_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float | None, states: torch.Tensor,
-    run_row0: torch.Tensor, run_len: torch.Tensor, run_start: torch.Tensor,
-    run_slot: torch.Tensor, out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pre: torch.Tensor,
+    b: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    lower_bound: float | None,
+    states: torch.Tensor,
+    run_row0: torch.Tensor,
+    run_len: torch.Tensor,
+    run_start: torch.Tensor,
+    run_slot: torch.Tensor,
+    out: torch.Tensor,
 ) -> None:
     """The gated delta rule over runs of rows (kda.delta_rule with its inputs made as the
     reference makes them: q, k l2-normed, q scaled by K^-0.5, the forget gate from pre, beta the
@@ -278,8 +398,29 @@ def recurrent(
     if b.stride(1) != 1:
         b = b.contiguous()
     _recurrent_kernel[(m, heads, cdiv(dv, VALUE_BLOCK))](
-        q, k, v, pre, b, a_log, dt_bias, states, out, run_row0, run_len, run_start, run_slot,
-        -1.0 if lower_bound is None else float(lower_bound), dk**-0.5, pre.stride(0),
-        b.stride(0), HEADS=heads, DK=dk, DV=dv, BK=next_power_of_2(dk), BV=VALUE_BLOCK,
-        LOWER=lower_bound is not None, num_warps=RECURRENT_WARPS, **launch_options(states),
+        q,
+        k,
+        v,
+        pre,
+        b,
+        a_log,
+        dt_bias,
+        states,
+        out,
+        run_row0,
+        run_len,
+        run_start,
+        run_slot,
+        -1.0 if lower_bound is None else float(lower_bound),
+        dk**-0.5,
+        pre.stride(0),
+        b.stride(0),
+        HEADS=heads,
+        DK=dk,
+        DV=dv,
+        BK=next_power_of_2(dk),
+        BV=VALUE_BLOCK,
+        LOWER=lower_bound is not None,
+        num_warps=RECURRENT_WARPS,
+        **launch_options(states),
     )

@@ -77,8 +77,20 @@ def _dot_fp32(a, b, acc, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _project_piece(x_ptr, fn_ptr, rows, rmask, k0, width, cols, W: tl.constexpr,
-                   WP: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr, INTERP: tl.constexpr):
+def _project_piece(
+    x_ptr,
+    fn_ptr,
+    rows,
+    rmask,
+    k0,
+    width,
+    cols,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    ROWS: tl.constexpr,
+    BK: tl.constexpr,
+    INTERP: tl.constexpr,
+):
     """The piece [k0, k0 + cols) of rows' flattened streams against fn, in BK steps from k0:
     (f·fnᵀ [ROWS, WP], Σf² [ROWS]), fp32."""
     w_rows = tl.arange(0, WP)
@@ -87,27 +99,43 @@ def _project_piece(x_ptr, fn_ptr, rows, rmask, k0, width, cols, W: tl.constexpr,
     for kb in range(0, cols, BK):
         k = k0 + kb + tl.arange(0, BK)
         kmask = (k < width) & (kb + tl.arange(0, BK) < cols)
-        f = tl.load(x_ptr + rows.to(tl.int64)[:, None] * width + k[None, :],
-                    mask=rmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        f = tl.load(
+            x_ptr + rows.to(tl.int64)[:, None] * width + k[None, :],
+            mask=rmask[:, None] & kmask[None, :],
+            other=0.0,
+        ).to(tl.float32)
         ss += tl.sum(f * f, axis=1)
-        fn = tl.load(fn_ptr + w_rows[:, None] * width + k[None, :],
-                     mask=(w_rows < W)[:, None] & kmask[None, :], other=0.0)
+        fn = tl.load(
+            fn_ptr + w_rows[:, None] * width + k[None, :],
+            mask=(w_rows < W)[:, None] & kmask[None, :],
+            other=0.0,
+        )
         acc = _dot_fp32(f, tl.trans(fn), acc, INTERP)
     return acc, ss
 
 
 @triton.jit(do_not_specialize=["n_rows"])
 def _project_kernel(
-    x_ptr, fn_ptr, z_ptr, ss_ptr, n_rows, width, cols,
-    W: tl.constexpr, WP: tl.constexpr, ROWS: tl.constexpr, BK: tl.constexpr,
+    x_ptr,
+    fn_ptr,
+    z_ptr,
+    ss_ptr,
+    n_rows,
+    width,
+    cols,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    ROWS: tl.constexpr,
+    BK: tl.constexpr,
     INTERP: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     piece = tl.program_id(1)
-    acc, ss = _project_piece(x_ptr, fn_ptr, rows, rows < n_rows, piece * cols, width, cols, W,
-                             WP, ROWS, BK, INTERP)
+    acc, ss = _project_piece(
+        x_ptr, fn_ptr, rows, rows < n_rows, piece * cols, width, cols, W, WP, ROWS, BK, INTERP
+    )
     n_pad = tl.num_programs(0) * ROWS
     base = piece.to(tl.int64) * n_pad + rows.to(tl.int64)
     tl.store(z_ptr + base[:, None] * WP + tl.arange(0, WP)[None, :], acc)
@@ -120,15 +148,27 @@ def _sigmoid(x):
 
 
 @triton.jit
-def _collapse_block(x_ptr, row_base, cols, mask, pre, c, H, HC: tl.constexpr,
-                    ROWS: tl.constexpr, BH: tl.constexpr, VOLATILE: tl.constexpr):
+def _collapse_block(
+    x_ptr,
+    row_base,
+    cols,
+    mask,
+    pre,
+    c,
+    H,
+    HC: tl.constexpr,
+    ROWS: tl.constexpr,
+    BH: tl.constexpr,
+    VOLATILE: tl.constexpr,
+):
     """Σ_m pre_m · X_m over one block of columns, fp32, in stream order. -> [ROWS, BH].
     VOLATILE: X was stored by other programs of this launch (read past L1)."""
     x = tl.zeros((ROWS, BH), dtype=tl.float32)
     for m in tl.static_range(HC):
         pre_m = tl.sum(tl.where(c[None, :] == m, pre, 0.0), axis=1)
-        s = tl.load(x_ptr + row_base + m * H + cols[None, :], mask=mask, other=0.0,
-                    volatile=VOLATILE)
+        s = tl.load(
+            x_ptr + row_base + m * H + cols[None, :], mask=mask, other=0.0, volatile=VOLATILE
+        )
         if m == 0:
             x = pre_m[:, None] * s.to(tl.float32)
         else:
@@ -138,10 +178,30 @@ def _collapse_block(x_ptr, row_base, cols, mask, pre, c, H, HC: tl.constexpr,
 
 @triton.jit
 def _collapse_rows(
-    x_ptr, z_ptr, ss_ptr, base_ptr, scale_ptr, norm_w_ptr, post_ptr, comb_ptr, out_ptr,
-    rows, rmask, n_pad, H, iters, rms_eps, hc_eps, norm_eps,
-    HC: tl.constexpr, WP: tl.constexpr, PIECES: tl.constexpr, ROWS: tl.constexpr,
-    BH: tl.constexpr, WHOLE: tl.constexpr, VOLATILE: tl.constexpr,
+    x_ptr,
+    z_ptr,
+    ss_ptr,
+    base_ptr,
+    scale_ptr,
+    norm_w_ptr,
+    post_ptr,
+    comb_ptr,
+    out_ptr,
+    rows,
+    rmask,
+    n_pad,
+    H,
+    iters,
+    rms_eps,
+    hc_eps,
+    norm_eps,
+    HC: tl.constexpr,
+    WP: tl.constexpr,
+    PIECES: tl.constexpr,
+    ROWS: tl.constexpr,
+    BH: tl.constexpr,
+    WHOLE: tl.constexpr,
+    VOLATILE: tl.constexpr,
 ):
     """The collapse and norm of rows (rmask: live), from the projection's pieces z [PIECES,
     n_pad, WP] and ss [PIECES, n_pad], each in piece order. WHOLE: BH covers H; the pieces' loop
@@ -160,16 +220,18 @@ def _collapse_rows(
             ss += tl.load(ss_ptr + at, volatile=VOLATILE)
             z_pre += tl.load(z_ptr + at[:, None] * WP + c[None, :], volatile=VOLATILE)
             z_post += tl.load(z_ptr + at[:, None] * WP + HC + c[None, :], volatile=VOLATILE)
-            z_comb += tl.load(z_ptr + at[:, None, None] * WP + 2 * HC + m3 * HC + n3,
-                              volatile=VOLATILE)
+            z_comb += tl.load(
+                z_ptr + at[:, None, None] * WP + 2 * HC + m3 * HC + n3, volatile=VOLATILE
+            )
     else:
         for p in range(PIECES):  # the pieces in order
             at = p * n_pad + r64
             ss += tl.load(ss_ptr + at, volatile=VOLATILE)
             z_pre += tl.load(z_ptr + at[:, None] * WP + c[None, :], volatile=VOLATILE)
             z_post += tl.load(z_ptr + at[:, None] * WP + HC + c[None, :], volatile=VOLATILE)
-            z_comb += tl.load(z_ptr + at[:, None, None] * WP + 2 * HC + m3 * HC + n3,
-                              volatile=VOLATILE)
+            z_comb += tl.load(
+                z_ptr + at[:, None, None] * WP + 2 * HC + m3 * HC + n3, volatile=VOLATILE
+            )
     r = tl.math.rsqrt(ss / (HC * H) + rms_eps)
     s0 = tl.load(scale_ptr)
     s1 = tl.load(scale_ptr + 1)
@@ -184,8 +246,9 @@ def _collapse_rows(
         comb = comb / (tl.sum(comb, axis=2)[:, :, None] + hc_eps)
         comb = comb / (tl.sum(comb, axis=1)[:, None, :] + hc_eps)
     tl.store(post_ptr + r64[:, None] * HC + c[None, :], post, mask=rmask[:, None])
-    tl.store(comb_ptr + r64[:, None, None] * HC * HC + m3 * HC + n3, comb,
-             mask=rmask[:, None, None])
+    tl.store(
+        comb_ptr + r64[:, None, None] * HC * HC + m3 * HC + n3, comb, mask=rmask[:, None, None]
+    )
 
     dt = x_ptr.dtype.element_ty
     row_base = r64[:, None] * HC * H
@@ -197,8 +260,9 @@ def _collapse_rows(
         rn = tl.math.rsqrt(tl.sum(xr * xr, axis=1) / H + norm_eps)
         w = tl.load(norm_w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
         y = w[None, :] * (xr * rn[:, None]).to(dt).to(tl.float32)
-        tl.store(out_ptr + r64[:, None] * H + cols[None, :], y.to(out_ptr.dtype.element_ty),
-                 mask=mask)
+        tl.store(
+            out_ptr + r64[:, None] * H + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask
+        )
     else:
         ss2 = tl.zeros((ROWS,), dtype=tl.float32)
         for hb in range(0, H, BH):  # the collapse, rounded, and its Σx²
@@ -215,27 +279,80 @@ def _collapse_rows(
             normed = (x.to(dt).to(tl.float32) * rn[:, None]).to(dt)
             w = tl.load(norm_w_ptr + cols, mask=cols < H, other=0.0).to(tl.float32)
             y = w[None, :] * normed.to(tl.float32)
-            tl.store(out_ptr + r64[:, None] * H + cols[None, :], y.to(out_ptr.dtype.element_ty),
-                     mask=mask)
+            tl.store(
+                out_ptr + r64[:, None] * H + cols[None, :],
+                y.to(out_ptr.dtype.element_ty),
+                mask=mask,
+            )
+
 
 @triton.jit(do_not_specialize=["n_rows", "iters"])
 def _collapse_kernel(
-    x_ptr, z_ptr, ss_ptr, base_ptr, scale_ptr, norm_w_ptr, post_ptr, comb_ptr, out_ptr,
-    n_rows, n_pad, H, iters, rms_eps, hc_eps, norm_eps,
-    HC: tl.constexpr, WP: tl.constexpr, PIECES: tl.constexpr, ROWS: tl.constexpr,
-    BH: tl.constexpr, WHOLE: tl.constexpr = False,
+    x_ptr,
+    z_ptr,
+    ss_ptr,
+    base_ptr,
+    scale_ptr,
+    norm_w_ptr,
+    post_ptr,
+    comb_ptr,
+    out_ptr,
+    n_rows,
+    n_pad,
+    H,
+    iters,
+    rms_eps,
+    hc_eps,
+    norm_eps,
+    HC: tl.constexpr,
+    WP: tl.constexpr,
+    PIECES: tl.constexpr,
+    ROWS: tl.constexpr,
+    BH: tl.constexpr,
+    WHOLE: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    _collapse_rows(x_ptr, z_ptr, ss_ptr, base_ptr, scale_ptr, norm_w_ptr, post_ptr, comb_ptr,
-                   out_ptr, rows, rows < n_rows, n_pad, H, iters, rms_eps, hc_eps, norm_eps,
-                   HC, WP, PIECES, ROWS, BH, WHOLE, False)
+    _collapse_rows(
+        x_ptr,
+        z_ptr,
+        ss_ptr,
+        base_ptr,
+        scale_ptr,
+        norm_w_ptr,
+        post_ptr,
+        comb_ptr,
+        out_ptr,
+        rows,
+        rows < n_rows,
+        n_pad,
+        H,
+        iters,
+        rms_eps,
+        hc_eps,
+        norm_eps,
+        HC,
+        WP,
+        PIECES,
+        ROWS,
+        BH,
+        WHOLE,
+        False,
+    )
 
 
 def collapse_norm(
-    streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
-    norm_weight: torch.Tensor, *, iters: int, rms_eps: float, hc_eps: float, norm_eps: float,
+    streams: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    norm_weight: torch.Tensor,
+    *,
+    iters: int,
+    rms_eps: float,
+    hc_eps: float,
+    norm_eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """streams [N, hc, H]; fn [(2+hc)·hc, hc·H] fp32; base [(2+hc)·hc], scale [3] fp32;
     norm_weight [H]. Returns (post [N, hc] fp32, comb [N, hc, hc] fp32,
@@ -257,24 +374,64 @@ def collapse_norm(
     z = torch.empty(pieces, n_pad, wp, dtype=torch.float32, device=dev)
     ss = torch.empty(pieces, n_pad, dtype=torch.float32, device=dev)
     _project_kernel[(tiles, pieces)](
-        streams, fn.contiguous(), z, ss, n, width, cols, W=w, WP=wp, ROWS=PROJECT_ROWS,
-        BK=BLOCK_K, INTERP=interpreting(), num_warps=4, **launch_options(streams),
+        streams,
+        fn.contiguous(),
+        z,
+        ss,
+        n,
+        width,
+        cols,
+        W=w,
+        WP=wp,
+        ROWS=PROJECT_ROWS,
+        BK=BLOCK_K,
+        INTERP=interpreting(),
+        num_warps=4,
+        **launch_options(streams),
     )
     whole = WHOLE_ROW and h <= WHOLE_ROW_MAX
     rows = 1 if whole else COLLAPSE_ROWS
     _collapse_kernel[(cdiv(n, rows),)](
-        streams, z, ss, base.contiguous(), scale.contiguous(), norm_weight.contiguous(), post,
-        comb, out, n, n_pad, h, iters, rms_eps, hc_eps, norm_eps, HC=hc, WP=wp, PIECES=pieces,
-        ROWS=rows, BH=next_power_of_2(h) if whole else min(BLOCK_H, next_power_of_2(h)),
-        WHOLE=whole, num_warps=WHOLE_ROW_WARPS if whole else 4, **launch_options(streams),
+        streams,
+        z,
+        ss,
+        base.contiguous(),
+        scale.contiguous(),
+        norm_weight.contiguous(),
+        post,
+        comb,
+        out,
+        n,
+        n_pad,
+        h,
+        iters,
+        rms_eps,
+        hc_eps,
+        norm_eps,
+        HC=hc,
+        WP=wp,
+        PIECES=pieces,
+        ROWS=rows,
+        BH=next_power_of_2(h) if whole else min(BLOCK_H, next_power_of_2(h)),
+        WHOLE=whole,
+        num_warps=WHOLE_ROW_WARPS if whole else 4,
+        **launch_options(streams),
     )
     return post, comb, out
 
 
 @triton.jit(do_not_specialize=["n_rows"])
 def _expand_kernel(
-    post_ptr, comb_ptr, y_ptr, res_ptr, out_ptr, n_rows, H,
-    HC: tl.constexpr, ROWS: tl.constexpr, BH: tl.constexpr,
+    post_ptr,
+    comb_ptr,
+    y_ptr,
+    res_ptr,
+    out_ptr,
+    n_rows,
+    H,
+    HC: tl.constexpr,
+    ROWS: tl.constexpr,
+    BH: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
@@ -290,8 +447,9 @@ def _expand_kernel(
         for m in tl.static_range(HC):
             cm = tl.load(comb_ptr + r64 * HC * HC + m * HC + j, mask=rmask, other=0.0)
             cm = cm.to(dt).to(tl.float32)
-            r = tl.load(res_ptr + (r64[:, None] * HC + m) * H + cols[None, :], mask=mask,
-                        other=0.0).to(tl.float32)
+            r = tl.load(
+                res_ptr + (r64[:, None] * HC + m) * H + cols[None, :], mask=mask, other=0.0
+            ).to(tl.float32)
             if m == 0:
                 mixed = cm[:, None] * r
             else:
@@ -312,19 +470,55 @@ def expand(
     if n:
         bh = min(EXPAND_BLOCK_H, next_power_of_2(h))
         _expand_kernel[(cdiv(n, EXPAND_ROWS), cdiv(h, bh))](
-            post.contiguous(), comb.contiguous(), y.contiguous(), residual, out, n, h, HC=hc,
-            ROWS=EXPAND_ROWS, BH=bh, num_warps=4, **launch_options(residual),
+            post.contiguous(),
+            comb.contiguous(),
+            y.contiguous(),
+            residual,
+            out,
+            n,
+            h,
+            HC=hc,
+            ROWS=EXPAND_ROWS,
+            BH=bh,
+            num_warps=4,
+            **launch_options(residual),
         )
     return out
 
 
 @triton.jit(do_not_specialize=["n_rows", "iters"])
 def _expand_collapse_kernel(
-    post_ptr, comb_ptr, y_ptr, res_ptr, streams_ptr,
-    fn_ptr, z_ptr, ss_ptr, cnt_ptr, base_ptr, scale_ptr, norm_w_ptr, post2_ptr, comb2_ptr,
-    out_ptr, n_rows, H, width, cols, iters, rms_eps, hc_eps, norm_eps,
-    HC: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, PIECES: tl.constexpr,
-    ROWS: tl.constexpr, BK: tl.constexpr, BH: tl.constexpr, INTERP: tl.constexpr,
+    post_ptr,
+    comb_ptr,
+    y_ptr,
+    res_ptr,
+    streams_ptr,
+    fn_ptr,
+    z_ptr,
+    ss_ptr,
+    cnt_ptr,
+    base_ptr,
+    scale_ptr,
+    norm_w_ptr,
+    post2_ptr,
+    comb2_ptr,
+    out_ptr,
+    n_rows,
+    H,
+    width,
+    cols,
+    iters,
+    rms_eps,
+    hc_eps,
+    norm_eps,
+    HC: tl.constexpr,
+    W: tl.constexpr,
+    WP: tl.constexpr,
+    PIECES: tl.constexpr,
+    ROWS: tl.constexpr,
+    BK: tl.constexpr,
+    BH: tl.constexpr,
+    INTERP: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     """Program (row, piece): the expand of columns [piece·cols, +cols) of the row's flattened
@@ -357,23 +551,57 @@ def _expand_collapse_kernel(
     tl.debug_barrier()  # the piece's streams stored by the whole program before it reads them
     rows = row + tl.arange(0, ROWS)
     live = tl.arange(0, ROWS) == 0
-    acc, ss = _project_piece(streams_ptr, fn_ptr, rows, live, k0, width, cols, W, WP, ROWS, BK,
-                             INTERP)
+    acc, ss = _project_piece(
+        streams_ptr, fn_ptr, rows, live, k0, width, cols, W, WP, ROWS, BK, INTERP
+    )
     at = piece.to(tl.int64) * n_rows + rows.to(tl.int64)
     tl.store(z_ptr + at[:, None] * WP + tl.arange(0, WP)[None, :], acc, mask=live[:, None])
     tl.store(ss_ptr + at, ss, mask=live)
     if splitk.arrive(cnt_ptr, row, PIECES, INTERP):
         one = row + tl.arange(0, 1)
-        _collapse_rows(streams_ptr, z_ptr, ss_ptr, base_ptr, scale_ptr, norm_w_ptr, post2_ptr,
-                       comb2_ptr, out_ptr, one, one < n_rows, n_rows, H, iters, rms_eps,
-                       hc_eps, norm_eps, HC, WP, PIECES, 1, BH, True, True)
+        _collapse_rows(
+            streams_ptr,
+            z_ptr,
+            ss_ptr,
+            base_ptr,
+            scale_ptr,
+            norm_w_ptr,
+            post2_ptr,
+            comb2_ptr,
+            out_ptr,
+            one,
+            one < n_rows,
+            n_rows,
+            H,
+            iters,
+            rms_eps,
+            hc_eps,
+            norm_eps,
+            HC,
+            WP,
+            PIECES,
+            1,
+            BH,
+            True,
+            True,
+        )
         splitk.depart(cnt_ptr, row)
 
 
 def expand_collapse_norm(
-    post: torch.Tensor, comb: torch.Tensor, y: torch.Tensor, residual: torch.Tensor,
-    fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_weight: torch.Tensor, *,
-    iters: int, rms_eps: float, hc_eps: float, norm_eps: float,
+    post: torch.Tensor,
+    comb: torch.Tensor,
+    y: torch.Tensor,
+    residual: torch.Tensor,
+    fn: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    norm_weight: torch.Tensor,
+    *,
+    iters: int,
+    rms_eps: float,
+    hc_eps: float,
+    norm_eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """expand(post, comb, y, residual), then collapse_norm of the streams it makes with the next
     sublayer's fn, base, scale and norm_weight: (streams [N, hc, H], post' [N, hc] fp32,
@@ -381,37 +609,84 @@ def expand_collapse_norm(
     FUSED_MAX_ROWS rows (FUSED_EXPAND_COLLAPSE), else expand's and collapse_norm's three."""
     n, hc, h = residual.shape
     width = hc * h
-    fits = (FUSED_EXPAND_COLLAPSE and 0 < n <= FUSED_MAX_ROWS and WHOLE_ROW
-            and h <= WHOLE_ROW_MAX and WHOLE_ROW_WARPS == 4)
+    fits = (
+        FUSED_EXPAND_COLLAPSE
+        and 0 < n <= FUSED_MAX_ROWS
+        and WHOLE_ROW
+        and h <= WHOLE_ROW_MAX
+        and WHOLE_ROW_WARPS == 4
+    )
     if not fits:
         streams = expand(post, comb, y, residual)
-        return (streams, *collapse_norm(streams, fn, base, scale, norm_weight, iters=iters,
-                                        rms_eps=rms_eps, hc_eps=hc_eps, norm_eps=norm_eps))
+        return (
+            streams,
+            *collapse_norm(
+                streams,
+                fn,
+                base,
+                scale,
+                norm_weight,
+                iters=iters,
+                rms_eps=rms_eps,
+                hc_eps=hc_eps,
+                norm_eps=norm_eps,
+            ),
+        )
     residual = residual.contiguous()
     dev = residual.device
     w = (2 + hc) * hc
     wp = max(16, next_power_of_2(w))
     pieces, cols = split_for(width)
     streams = torch.empty_like(residual)
-    out = torch.empty(n, h, dtype=torch.promote_types(residual.dtype, norm_weight.dtype),
-                      device=dev)
+    out = torch.empty(
+        n, h, dtype=torch.promote_types(residual.dtype, norm_weight.dtype), device=dev
+    )
     post2 = torch.empty(n, hc, dtype=torch.float32, device=dev)
     comb2 = torch.empty(n, hc, hc, dtype=torch.float32, device=dev)
     z = torch.empty(pieces, n, wp, dtype=torch.float32, device=dev)
     ss = torch.empty(pieces, n, dtype=torch.float32, device=dev)
     _expand_collapse_kernel[(n, pieces)](
-        post.contiguous(), comb.contiguous(), y.contiguous(), residual, streams,
-        fn.contiguous(), z, ss, splitk.counters(dev, n), base.contiguous(), scale.contiguous(),
-        norm_weight.contiguous(), post2, comb2, out, n, h, width, cols, iters, rms_eps, hc_eps,
-        norm_eps, HC=hc, W=w, WP=wp, PIECES=pieces, ROWS=PROJECT_ROWS, BK=BLOCK_K,
-        BH=next_power_of_2(h), INTERP=interpreting(), num_warps=4, **launch_options(residual),
+        post.contiguous(),
+        comb.contiguous(),
+        y.contiguous(),
+        residual,
+        streams,
+        fn.contiguous(),
+        z,
+        ss,
+        splitk.counters(dev, n),
+        base.contiguous(),
+        scale.contiguous(),
+        norm_weight.contiguous(),
+        post2,
+        comb2,
+        out,
+        n,
+        h,
+        width,
+        cols,
+        iters,
+        rms_eps,
+        hc_eps,
+        norm_eps,
+        HC=hc,
+        W=w,
+        WP=wp,
+        PIECES=pieces,
+        ROWS=PROJECT_ROWS,
+        BK=BLOCK_K,
+        BH=next_power_of_2(h),
+        INTERP=interpreting(),
+        num_warps=4,
+        **launch_options(residual),
     )
     return streams, post2, comb2, out
 
 
 @triton.jit(do_not_specialize=["H"])
-def _streams_in_kernel(embed_ptr, token_ptr, out_ptr, H, HC: tl.constexpr, BH: tl.constexpr,
-                       PDL: tl.constexpr = False):
+def _streams_in_kernel(
+    embed_ptr, token_ptr, out_ptr, H, HC: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr = False
+):
     after_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BH + tl.arange(0, BH)
@@ -431,15 +706,22 @@ def streams_in(embed: torch.Tensor, tokens: torch.Tensor, hc: int) -> torch.Tens
     if n:
         bh = min(BLOCK_H, next_power_of_2(h))
         _streams_in_kernel[(n, cdiv(h, bh))](
-            embed.contiguous(), tokens, out, h, HC=hc, BH=bh, num_warps=4,
+            embed.contiguous(),
+            tokens,
+            out,
+            h,
+            HC=hc,
+            BH=bh,
+            num_warps=4,
             **launch_options(embed),
         )
     return out
 
 
 @triton.jit(do_not_specialize=["H"])
-def _head_kernel(x_ptr, rows_ptr, out_ptr, H, HC: tl.constexpr, BH: tl.constexpr,
-                 PDL: tl.constexpr = False):
+def _head_kernel(
+    x_ptr, rows_ptr, out_ptr, H, HC: tl.constexpr, BH: tl.constexpr, PDL: tl.constexpr = False
+):
     after_prior(PDL)
     r = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BH + tl.arange(0, BH)
@@ -447,8 +729,9 @@ def _head_kernel(x_ptr, rows_ptr, out_ptr, H, HC: tl.constexpr, BH: tl.constexpr
     row = tl.load(rows_ptr + r).to(tl.int64)
     total = tl.load(x_ptr + row * HC * H + cols, mask=mask, other=0.0).to(tl.float32)
     for m in tl.static_range(1, HC):
-        total = total + tl.load(x_ptr + (row * HC + m) * H + cols, mask=mask,
-                                other=0.0).to(tl.float32)
+        total = total + tl.load(x_ptr + (row * HC + m) * H + cols, mask=mask, other=0.0).to(
+            tl.float32
+        )
     mean = tl.math.div_rn(total, tl.full((BH,), HC, dtype=tl.float32))
     tl.store(out_ptr + r * H + cols, mean.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -463,6 +746,7 @@ def head(streams: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     out = torch.empty(r, h, dtype=streams.dtype, device=streams.device)
     if r:
         bh = min(BLOCK_H, next_power_of_2(h))
-        _head_kernel[(r, cdiv(h, bh))](streams, rows, out, h, HC=hc, BH=bh, num_warps=4,
-                                       **launch_options(streams))
+        _head_kernel[(r, cdiv(h, bh))](
+            streams, rows, out, h, HC=hc, BH=bh, num_warps=4, **launch_options(streams)
+        )
     return out

@@ -35,9 +35,23 @@ HEAD_BLOCK_K = 64
 
 @triton.jit(do_not_specialize=["M"])  # one binary for any row count
 def _head_linear_kernel(
-    x_ptr, w_ptr, o_ptr, M, N, K, stride_xm, stride_xh, stride_wh, stride_wn, stride_om,
-    stride_oh, IEEE: tl.constexpr, INTERP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    o_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xh,
+    stride_wh,
+    stride_wn,
+    stride_om,
+    stride_oh,
+    IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
@@ -74,18 +88,43 @@ def head_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         block_k = min(HEAD_BLOCK_K, next_power_of_2(k))
         grid = (cdiv(out_n, HEAD_BLOCK_N), cdiv(n, HEAD_BLOCK_M), heads)
         _head_linear_kernel[grid](
-            x, weight, out, n, out_n, k, x.stride(0), x.stride(1), weight.stride(0),
-            weight.stride(1), out.stride(0), out.stride(1),
-            IEEE=x.dtype == torch.float32, INTERP=interpreting(),
-            BLOCK_M=HEAD_BLOCK_M, BLOCK_N=HEAD_BLOCK_N, BLOCK_K=block_k, num_warps=4,
+            x,
+            weight,
+            out,
+            n,
+            out_n,
+            k,
+            x.stride(0),
+            x.stride(1),
+            weight.stride(0),
+            weight.stride(1),
+            out.stride(0),
+            out.stride(1),
+            IEEE=x.dtype == torch.float32,
+            INTERP=interpreting(),
+            BLOCK_M=HEAD_BLOCK_M,
+            BLOCK_N=HEAD_BLOCK_N,
+            BLOCK_K=block_k,
+            num_warps=4,
             **launch_options(x),
         )
     return out
 
 
 @triton.jit
-def _attend(q, c, cs, visible, m_i, l_i, acc, scale, SCALED: tl.constexpr, IEEE: tl.constexpr,
-            INTERP: tl.constexpr):
+def _attend(
+    q,
+    c,
+    cs,
+    visible,
+    m_i,
+    l_i,
+    acc,
+    scale,
+    SCALED: tl.constexpr,
+    IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
+):
     """One online-softmax step: q [HB, R], c [KT, R] (keys = values), cs [KT] their fp8 scales
     (used when SCALED), visible [KT]."""
     if SCALED:
@@ -107,12 +146,36 @@ def _attend(q, c, cs, visible, m_i, l_i, acc, scale, SCALED: tl.constexpr, IEEE:
 
 @triton.jit(do_not_specialize=["stride_ts", "stride_tp", "n_sel"])
 def _sparse_mla_kernel(
-    q_ptr, c_ptr, cs_ptr, o_ptr, sel_ptr, pos_ptr, row_stream, table_ptr, stride_ts, stride_tp,
-    page_rows, n_sel, scale, stride_qn, stride_qh, stride_cn, stride_csn, stride_on, stride_oh,
+    q_ptr,
+    c_ptr,
+    cs_ptr,
+    o_ptr,
+    sel_ptr,
+    pos_ptr,
+    row_stream,
+    table_ptr,
+    stride_ts,
+    stride_tp,
+    page_rows,
+    n_sel,
+    scale,
+    stride_qn,
+    stride_qh,
+    stride_cn,
+    stride_csn,
+    stride_on,
+    stride_oh,
     stride_sn,
-    HEADS: tl.constexpr, HB: tl.constexpr, R: tl.constexpr, RP: tl.constexpr,
-    KPOOL: tl.constexpr, PPS: tl.constexpr, SELP: tl.constexpr,
-    SCALED: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr,
+    HEADS: tl.constexpr,
+    HB: tl.constexpr,
+    R: tl.constexpr,
+    RP: tl.constexpr,
+    KPOOL: tl.constexpr,
+    PPS: tl.constexpr,
+    SELP: tl.constexpr,
+    SCALED: tl.constexpr,
+    IEEE: tl.constexpr,
+    INTERP: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
@@ -123,8 +186,11 @@ def _sparse_mla_kernel(
     t = tl.load(pos_ptr + row).to(tl.int32)
     d = tl.arange(0, RP)
     dok = d < R
-    q = tl.load(q_ptr + row * stride_qn + h[:, None] * stride_qh + d[None, :],
-                mask=hok[:, None] & dok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + row * stride_qn + h[:, None] * stride_qh + d[None, :],
+        mask=hok[:, None] & dok[None, :],
+        other=0.0,
+    )
     e = tl.arange(0, SELP)
     chosen = tl.load(sel_ptr + row * stride_sn + e, mask=e < n_sel, other=-1)
     count = tl.sum((chosen >= 0).to(tl.int32), axis=0)  # chosen pools come first, ascending
@@ -139,8 +205,11 @@ def _sparse_mla_kernel(
         j = pool * KPOOL + u % KPOOL
         page = tl.load(table_ptr + s * stride_ts + (j // page_rows) * stride_tp, mask=ok, other=0)
         crow = page.to(tl.int64) * page_rows + j % page_rows
-        c = tl.load(c_ptr + crow[:, None] * stride_cn + d[None, :],
-                    mask=ok[:, None] & dok[None, :], other=0.0)
+        c = tl.load(
+            c_ptr + crow[:, None] * stride_cn + d[None, :],
+            mask=ok[:, None] & dok[None, :],
+            other=0.0,
+        )
         cs = tl.zeros((PPS * KPOOL,), dtype=tl.float32)
         if SCALED:
             cs = tl.load(cs_ptr + crow * stride_csn, mask=ok, other=0.0)
@@ -151,20 +220,30 @@ def _sparse_mla_kernel(
     ok = j <= t
     page = tl.load(table_ptr + s * stride_ts + (j // page_rows) * stride_tp, mask=ok, other=0)
     crow = page.to(tl.int64) * page_rows + j % page_rows
-    c = tl.load(c_ptr + crow[:, None] * stride_cn + d[None, :], mask=ok[:, None] & dok[None, :],
-                other=0.0)
+    c = tl.load(
+        c_ptr + crow[:, None] * stride_cn + d[None, :], mask=ok[:, None] & dok[None, :], other=0.0
+    )
     cs = tl.zeros((KPOOL,), dtype=tl.float32)
     if SCALED:
         cs = tl.load(cs_ptr + crow * stride_csn, mask=ok, other=0.0)
     m_i, l_i, acc = _attend(q, c, cs, ok, m_i, l_i, acc, scale, SCALED, IEEE, INTERP)
     out = acc / l_i[:, None]
-    tl.store(o_ptr + row * stride_on + h[:, None] * stride_oh + d[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=hok[:, None] & dok[None, :])
+    tl.store(
+        o_ptr + row * stride_on + h[:, None] * stride_oh + d[None, :],
+        out.to(o_ptr.dtype.element_ty),
+        mask=hok[:, None] & dok[None, :],
+    )
 
 
 def sparse_mla(
-    q_lat: torch.Tensor, latent: torch.Tensor, selection: torch.Tensor, positions: torch.Tensor,
-    meta: PassMeta, page_rows: int, kpool: int, scale: float,
+    q_lat: torch.Tensor,
+    latent: torch.Tensor,
+    selection: torch.Tensor,
+    positions: torch.Tensor,
+    meta: PassMeta,
+    page_rows: int,
+    kpool: int,
+    scale: float,
     latent_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q_lat [N, heads, r] (model dtype); latent [P*R, r] (the flat paged buffer, holding this
@@ -182,13 +261,37 @@ def sparse_mla(
     scaled = latent_scales is not None
     cs = latent_scales if scaled else latent  # unread unless scaled
     _sparse_mla_kernel[(n, cdiv(heads, hb))](
-        q_lat, latent, cs, out, selection, positions, meta.row_stream, meta.table,
-        meta.table.stride(0), meta.table.stride(1), page_rows, n_sel, scale,
-        q_lat.stride(0), q_lat.stride(1), latent.stride(0), cs.stride(0), out.stride(0),
-        out.stride(1), selection.stride(0),
-        HEADS=heads, HB=hb, R=r, RP=next_power_of_2(r), KPOOL=kpool, PPS=POOLS_PER_STEP,
-        SELP=next_power_of_2(max(n_sel, 1)), SCALED=scaled,
+        q_lat,
+        latent,
+        cs,
+        out,
+        selection,
+        positions,
+        meta.row_stream,
+        meta.table,
+        meta.table.stride(0),
+        meta.table.stride(1),
+        page_rows,
+        n_sel,
+        scale,
+        q_lat.stride(0),
+        q_lat.stride(1),
+        latent.stride(0),
+        cs.stride(0),
+        out.stride(0),
+        out.stride(1),
+        selection.stride(0),
+        HEADS=heads,
+        HB=hb,
+        R=r,
+        RP=next_power_of_2(r),
+        KPOOL=kpool,
+        PPS=POOLS_PER_STEP,
+        SELP=next_power_of_2(max(n_sel, 1)),
+        SCALED=scaled,
         IEEE=q_lat.dtype == torch.float32,
-        INTERP=interpreting(), num_warps=4, **launch_options(q_lat),
+        INTERP=interpreting(),
+        num_warps=4,
+        **launch_options(q_lat),
     )
     return out

@@ -171,13 +171,21 @@ def load_weights(
     for i, kind in enumerate(cfg.layer_types):
         p = f"{root}layers.{i}"
         mixer = _kda(read, cfg, p) if kind == KDA else _mla(read, cfg, p, cfg.runs_indexer(i))
-        ffn = (_dense(read, f"{p}.mlp", h, cfg.intermediate_size)
-               if cfg.mlp_layer_types[i] == DENSE else _moe(read, cfg, p))
-        layers.append(LayerWeights(
-            attn_hc=_hc(read, cfg, f"{p}.hc_attn"), ffn_hc=_hc(read, cfg, f"{p}.hc_ffn"),
-            input_norm=read(f"{p}.input_layernorm.weight", h),
-            post_norm=read(f"{p}.post_attention_layernorm.weight", h), mixer=mixer, ffn=ffn,
-        ))
+        ffn = (
+            _dense(read, f"{p}.mlp", h, cfg.intermediate_size)
+            if cfg.mlp_layer_types[i] == DENSE
+            else _moe(read, cfg, p)
+        )
+        layers.append(
+            LayerWeights(
+                attn_hc=_hc(read, cfg, f"{p}.hc_attn"),
+                ffn_hc=_hc(read, cfg, f"{p}.hc_ffn"),
+                input_norm=read(f"{p}.input_layernorm.weight", h),
+                post_norm=read(f"{p}.post_attention_layernorm.weight", h),
+                mixer=mixer,
+                ffn=ffn,
+            )
+        )
     tied = cfg.tie_word_embeddings and not ckpt.has("lm_head.weight")
     lm_head = embed if tied else read("lm_head.weight", v, h)
     shard = ckpt.shard
@@ -192,7 +200,8 @@ def _hc(read: _Reader, cfg: GlmConfig, p: str) -> HcWeights:
     width = (2 + n) * n
     return HcWeights(
         fn=read.upcast(f"{p}_fn", width, n * cfg.hidden_size),
-        base=read(f"{p}_base", width, dtype=F32), scale=read(f"{p}_scale", 3, dtype=F32),
+        base=read(f"{p}_base", width, dtype=F32),
+        scale=read(f"{p}_scale", 3, dtype=F32),
     )
 
 
@@ -203,14 +212,19 @@ def _kda(read: _Reader, cfg: GlmConfig, p: str) -> KdaWeights:
     a_log = read(f"{a}.A_log", heads, dtype=F32)
     return KdaWeights(
         qkv=torch.cat([read(f"{a}.{x}_proj.weight", d, h) for x in "qkv"]),
-        conv=torch.cat([read(f"{a}.{x}_conv1d.weight", d, 1, k, dtype=F32) for x in "qkv"])
-        .reshape(-1, k),
-        f_a=read(f"{a}.f_a_proj.weight", dk, h), f_b=read(f"{a}.f_b_proj.weight", d, dk),
+        conv=torch.cat([read(f"{a}.{x}_conv1d.weight", d, 1, k, dtype=F32) for x in "qkv"]).reshape(
+            -1, k
+        ),
+        f_a=read(f"{a}.f_a_proj.weight", dk, h),
+        f_b=read(f"{a}.f_b_proj.weight", d, dk),
         dt_bias=read(f"{a}.dt_bias", d, dtype=F32),
-        decay=torch.exp(a_log), a_log=a_log,
+        decay=torch.exp(a_log),
+        a_log=a_log,
         b=read(f"{a}.b_proj.weight", heads, h),
-        g_a=read(f"{a}.g_a_proj.weight", dk, h), g_b=read(f"{a}.g_b_proj.weight", d, dk),
-        o_norm=read(f"{a}.o_norm.weight", dk), o=read(f"{a}.o_proj.weight", h, d),
+        g_a=read(f"{a}.g_a_proj.weight", dk, h),
+        g_b=read(f"{a}.g_b_proj.weight", d, dk),
+        o_norm=read(f"{a}.o_norm.weight", dk),
+        o=read(f"{a}.o_proj.weight", h, d),
     )
 
 
@@ -220,14 +234,17 @@ def _mla(read: _Reader, cfg: GlmConfig, p: str, indexer: bool) -> MlaWeights:
     a = f"{p}.self_attn"
     kv_b = read(f"{a}.kv_b_proj.weight", heads * (dn + dv), r).view(-1, dn + dv, r)
     return MlaWeights(
-        q_a=read(f"{a}.q_a_proj.weight", qr, h), q_a_bias=read.bias(f"{a}.q_a_proj.bias", qr, bias),
+        q_a=read(f"{a}.q_a_proj.weight", qr, h),
+        q_a_bias=read.bias(f"{a}.q_a_proj.bias", qr, bias),
         q_a_norm=read(f"{a}.q_a_layernorm.weight", qr),
         q_b=read(f"{a}.q_b_proj.weight", heads * dn, qr),
         kv_a=read(f"{a}.kv_a_proj_with_mqa.weight", r, h),
         kv_a_bias=read.bias(f"{a}.kv_a_proj_with_mqa.bias", r, bias),
         kv_a_norm=read(f"{a}.kv_a_layernorm.weight", r),
-        w_uk=kv_b[:, :dn].transpose(1, 2).contiguous(), w_uv=kv_b[:, dn:].contiguous(),
-        o=read(f"{a}.o_proj.weight", h, heads * dv), o_bias=read.bias(f"{a}.o_proj.bias", h, bias),
+        w_uk=kv_b[:, :dn].transpose(1, 2).contiguous(),
+        w_uv=kv_b[:, dn:].contiguous(),
+        o=read(f"{a}.o_proj.weight", h, heads * dv),
+        o_bias=read.bias(f"{a}.o_proj.bias", h, bias),
         indexer=_indexer(read, cfg, f"{a}.indexer") if indexer else None,
     )
 
@@ -235,8 +252,10 @@ def _mla(read: _Reader, cfg: GlmConfig, p: str, indexer: bool) -> MlaWeights:
 def _indexer(read: _Reader, cfg: GlmConfig, p: str) -> IndexerWeights:
     h, n, d = cfg.hidden_size, cfg.index_n_heads, cfg.index_head_dim
     return IndexerWeights(
-        wq_b=read(f"{p}.wq_b.weight", n * d, cfg.q_lora_rank), wk=read(f"{p}.wk.weight", d, h),
-        k_norm=read(f"{p}.k_norm.weight", d), k_bias=read(f"{p}.k_norm.bias", d),
+        wq_b=read(f"{p}.wq_b.weight", n * d, cfg.q_lora_rank),
+        wk=read(f"{p}.wk.weight", d, h),
+        k_norm=read(f"{p}.k_norm.weight", d),
+        k_bias=read(f"{p}.k_norm.bias", d),
         weights_proj=read(f"{p}.weights_proj.weight", n, h),
         ape=read(f"{p}.index_kpool_compress_ape", cfg.index_kpool, d),
         gate=read(f"{p}.index_kpool_compress_gate", d, h),

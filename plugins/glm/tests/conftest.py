@@ -25,43 +25,102 @@ Tiny = testing.ReferenceCase  # the fixtures' type, by the name the tests use
 
 PROMPT_LEN = 600  # crosses a 512-row page; far past the point where the pool selection is sparse
 COMMON: dict[str, Any] = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-    q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=0, qk_nope_head_dim=16, v_head_dim=16,
-    n_routed_experts=8, routed_scaling_factor=2.5, index_head_dim=16, index_n_heads=16,
-    swiglu_limit=10.0, max_position_embeddings=4096, pad_token_id=0, bos_token_id=1,
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=32,
+    q_lora_rank=32,
+    kv_lora_rank=16,
+    qk_rope_head_dim=0,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    n_routed_experts=8,
+    routed_scaling_factor=2.5,
+    index_head_dim=16,
+    index_n_heads=16,
+    swiglu_limit=10.0,
+    max_position_embeddings=4096,
+    pad_token_id=0,
+    bos_token_id=1,
     eos_token_id=2,
 )
 SHAPES: dict[str, dict[str, Any]] = {
     # KDA + dense, MLA (own indexer) + MoE in 2 groups, MLA (shared indexer) + MoE, KDA + MoE
     "glm_tiny": dict(
-        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
-        n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1, norm_topk_prob=True,
-        layer_types=["linear_attention", "indexed_attention", "indexed_attention",
-                     "linear_attention"],
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        norm_topk_prob=True,
+        layer_types=[
+            "linear_attention",
+            "indexed_attention",
+            "indexed_attention",
+            "linear_attention",
+        ],
         indexer_types=["full", "full", "shared", "full"],
         mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
-        index_topk=8, index_kpool=4,
-        linear_num_heads=2, linear_head_dim=16, linear_conv_kernel_dim=4, linear_lower_bound=-5.0,
-        hc_mult=4, hc_sinkhorn_iters=20,
+        index_topk=8,
+        index_kpool=4,
+        linear_num_heads=2,
+        linear_head_dim=16,
+        linear_conv_kernel_dim=4,
+        linear_lower_bound=-5.0,
+        hc_mult=4,
+        hc_sinkhorn_iters=20,
     ),
     "glm_pools16": dict(
-        num_hidden_layers=5, num_attention_heads=2, num_key_value_heads=2, attention_bias=True,
-        n_shared_experts=2, num_experts_per_tok=3, n_group=1, topk_group=1, norm_topk_prob=False,
+        num_hidden_layers=5,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        attention_bias=True,
+        n_shared_experts=2,
+        num_experts_per_tok=3,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=False,
         routed_scaling_factor=1.5,
-        layer_types=["indexed_attention", "indexed_attention", "linear_attention",
-                     "indexed_attention", "linear_attention"],
+        layer_types=[
+            "indexed_attention",
+            "indexed_attention",
+            "linear_attention",
+            "indexed_attention",
+            "linear_attention",
+        ],
         indexer_types=["full", "shared", "full", "full", "full"],
         mlp_layer_types=["dense", "dense", "sparse", "sparse", "sparse"],
-        index_topk=32, index_kpool=16,
-        linear_num_heads=4, linear_head_dim=8, linear_conv_kernel_dim=3, linear_lower_bound=None,
-        hc_mult=2, hc_sinkhorn_iters=7,
+        index_topk=32,
+        index_kpool=16,
+        linear_num_heads=4,
+        linear_head_dim=8,
+        linear_conv_kernel_dim=3,
+        linear_lower_bound=None,
+        hc_mult=2,
+        hc_sinkhorn_iters=7,
     ),
 }
-VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
-              projection_intermediate_size=64, patch_size=14, spatial_merge_size=2,
-              temporal_patch_size=2)
-MM_IDS = dict(image_token_id=250, video_token_id=251, image_start_token_id=252,
-              image_end_token_id=253, video_start_token_id=254, video_end_token_id=255)
+VISION = dict(
+    depth=1,
+    hidden_size=32,
+    num_heads=2,
+    intermediate_size=64,
+    out_hidden_size=64,
+    projection_intermediate_size=64,
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+)
+MM_IDS = dict(
+    image_token_id=250,
+    video_token_id=251,
+    image_start_token_id=252,
+    image_end_token_id=253,
+    video_start_token_id=254,
+    video_end_token_id=255,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -99,8 +158,6 @@ def build_reference(shape: str, seed: int = 0) -> Any:
     return model
 
 
-
-
 @pytest.fixture(scope="session")
 def tiny_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     pytest.importorskip("transformers", reason="transformers 5.23.0 is the parity reference")
@@ -112,8 +169,14 @@ def tiny(request: pytest.FixtureRequest, tiny_paths: dict[str, Path]) -> Tiny:
     from transformers import Glm5NextForConditionalGeneration
 
     name = request.param
-    return Tiny.open(name, tiny_paths[name], Glm5NextForConditionalGeneration, load, vocab=250,
-                     prompt_len=PROMPT_LEN)
+    return Tiny.open(
+        name,
+        tiny_paths[name],
+        Glm5NextForConditionalGeneration,
+        load,
+        vocab=250,
+        prompt_len=PROMPT_LEN,
+    )
 
 
 # -- the kernels path on the CPU (Triton interpreted) ------------------------------------------
@@ -142,15 +205,32 @@ def _kda_model(dtype: torch.dtype, head_dim: int = 16) -> Any:
     from tensorfold_glm.config import GlmConfig
     from tensorfold_glm.dummy import build_dummy
 
-    cfg = GlmConfig.from_dict({
-        "vocab_size": 96, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
-        "layer_types": ["linear_attention"], "mlp_layer_types": ["dense"],
-        "linear_num_heads": 2, "linear_head_dim": head_dim, "num_attention_heads": 2,
-        "num_key_value_heads": 2, "q_lora_rank": 16, "kv_lora_rank": 16,
-        "qk_nope_head_dim": 16, "v_head_dim": 16, "index_head_dim": 16, "index_n_heads": 4,
-        "index_topk": 8, "index_kpool": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
-        "moe_intermediate_size": 16,
-    }, "test")
+    cfg = GlmConfig.from_dict(
+        {
+            "vocab_size": 96,
+            "hidden_size": 32,
+            "intermediate_size": 48,
+            "num_hidden_layers": 1,
+            "layer_types": ["linear_attention"],
+            "mlp_layer_types": ["dense"],
+            "linear_num_heads": 2,
+            "linear_head_dim": head_dim,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "q_lora_rank": 16,
+            "kv_lora_rank": 16,
+            "qk_nope_head_dim": 16,
+            "v_head_dim": 16,
+            "index_head_dim": 16,
+            "index_n_heads": 4,
+            "index_topk": 8,
+            "index_kpool": 4,
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16,
+        },
+        "test",
+    )
     return build_dummy(cfg, "cpu", dtype, seed=0, std=0.2)
 
 

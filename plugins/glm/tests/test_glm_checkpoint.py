@@ -54,12 +54,16 @@ def test_flat_text_only_checkpoint_loads_the_same_model(
     src, want = composite
     folder = copy(src, tmp_path / "flat")
     tensors = load_file(str(folder / "model.safetensors"))
-    flat = {k.replace("model.language_model.", "model."): v for k, v in tensors.items()
-            if not k.startswith("model.visual.")}
+    flat = {
+        k.replace("model.language_model.", "model."): v
+        for k, v in tensors.items()
+        if not k.startswith("model.visual.")
+    }
     save_file(flat, str(folder / "model.safetensors"))
     cfg = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**cfg["text_config"], "architectures": [
-        "Glm5NextForConditionalGeneration"]}))
+    (folder / "config.json").write_text(
+        json.dumps({**cfg["text_config"], "architectures": ["Glm5NextForConditionalGeneration"]})
+    )
     with capture_logs() as logs:
         model = load(Checkpoint.open(folder), "cpu", "float32")
     assert not any("images" in e["event"] for e in logs)
@@ -73,9 +77,11 @@ def test_mtp_layer_past_the_last_is_ignored(
     folder = copy(src, tmp_path / "mtp")
     tensors = load_file(str(folder / "model.safetensors"))
     mtp = "model.language_model.layers.4"  # num_hidden_layers = 4: an MTP block at index 4
-    extra = {f"{mtp}.eh_proj.weight": torch.ones(64, 128),
-             f"{mtp}.shared_head.norm.weight": torch.ones(64),
-             f"{mtp}.input_layernorm.weight": torch.full((64,), float("nan"))}
+    extra = {
+        f"{mtp}.eh_proj.weight": torch.ones(64, 128),
+        f"{mtp}.shared_head.norm.weight": torch.ones(64),
+        f"{mtp}.input_layernorm.weight": torch.full((64,), float("nan")),
+    }
     save_file({**tensors, **extra}, str(folder / "model.safetensors"))
     with capture_logs() as logs:
         model = load(Checkpoint.open(folder), "cpu", "float32")
@@ -88,19 +94,24 @@ def test_missing_and_misshapen_tensors_are_named(
 ) -> None:
     src = tiny_paths["glm_tiny"]
     tensors = load_file(str(src / "model.safetensors"))
-    for missing in ("model.language_model.layers.3.mlp.experts.5.up_proj.weight",
-                    "model.language_model.layers.0.self_attn.k_conv1d.weight",
-                    "model.language_model.layers.1.hc_ffn_base"):
+    for missing in (
+        "model.language_model.layers.3.mlp.experts.5.up_proj.weight",
+        "model.language_model.layers.0.self_attn.k_conv1d.weight",
+        "model.language_model.layers.1.hc_ffn_base",
+    ):
         folder = copy(src, tmp_path / missing)
-        save_file({k: v for k, v in tensors.items() if k != missing},
-                  str(folder / "model.safetensors"))
+        save_file(
+            {k: v for k, v in tensors.items() if k != missing}, str(folder / "model.safetensors")
+        )
         with pytest.raises(CheckpointError, match=missing.replace(".", r"\.")):
             load(Checkpoint.open(folder), "cpu", "float32")
 
     misshapen = "model.language_model.layers.1.self_attn.indexer.wk.weight"
     folder = copy(src, tmp_path / "misshapen")
-    save_file({**tensors, misshapen: tensors[misshapen][:-1].contiguous()},
-              str(folder / "model.safetensors"))
+    save_file(
+        {**tensors, misshapen: tensors[misshapen][:-1].contiguous()},
+        str(folder / "model.safetensors"),
+    )
     with pytest.raises(CheckpointError, match=misshapen.replace(".", r"\.") + ".*expected"):
         load(Checkpoint.open(folder), "cpu", "float32")
 
@@ -113,18 +124,42 @@ def _edited(src: Path, dst: Path, **text: object) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("edit, message", [
-    ({"indexer_types": ["full", "shared", "full", "full"]}, r"layer 1 is a \"shared\".*layer 0"),
-    ({"indexer_types": ["full", "full", "shared", "shared"]}, None),  # layer 3 is KDA: unused
-    ({"layer_types": ["linear_attention", "linear_attention", "indexed_attention",
-                      "linear_attention"], "indexer_types": ["full", "full", "shared", "full"]},
-     r"layer 2 is a \"shared\".*layer 1"),
-    ({"layer_types": ["linear_attention", "sliding_attention", "indexed_attention",
-                      "linear_attention"]}, r"'sliding_attention'"),
-    ({"qk_rope_head_dim": 8}, "no RoPE"),
-    ({"index_topk": 10}, "multiple of index_kpool=4"),
-    ({"num_key_value_heads": 2}, "must equal num_attention_heads=4"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            {"indexer_types": ["full", "shared", "full", "full"]},
+            r"layer 1 is a \"shared\".*layer 0",
+        ),
+        ({"indexer_types": ["full", "full", "shared", "shared"]}, None),  # layer 3 is KDA: unused
+        (
+            {
+                "layer_types": [
+                    "linear_attention",
+                    "linear_attention",
+                    "indexed_attention",
+                    "linear_attention",
+                ],
+                "indexer_types": ["full", "full", "shared", "full"],
+            },
+            r"layer 2 is a \"shared\".*layer 1",
+        ),
+        (
+            {
+                "layer_types": [
+                    "linear_attention",
+                    "sliding_attention",
+                    "indexed_attention",
+                    "linear_attention",
+                ]
+            },
+            r"'sliding_attention'",
+        ),
+        ({"qk_rope_head_dim": 8}, "no RoPE"),
+        ({"index_topk": 10}, "multiple of index_kpool=4"),
+        ({"num_key_value_heads": 2}, "must equal num_attention_heads=4"),
+    ],
+)
 def test_config_refusals_name_the_field(
     tiny_paths: dict[str, Path], tmp_path: Path, edit: dict, message: str | None
 ) -> None:

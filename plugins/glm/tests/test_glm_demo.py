@@ -76,6 +76,7 @@ def test_transformers_loads_every_tensor_and_computes_our_logits(ckpt: Path) -> 
         want = ref.eval()(input_ids=torch.tensor([prompt])).logits[0]
     runner = ModelRunner(model, num_pages=1, num_slots=1, page_rows=512)
     stream = open_stream(runner, 0, len(prompt))
-    got = torch.cat([runner.run([stream.rows(prompt[a:b], logits="all")])[0]
-                     for a, b in ((0, 90), (90, 200))])
+    got = torch.cat(
+        [runner.run([stream.rows(prompt[a:b], logits="all")])[0] for a, b in ((0, 90), (90, 200))]
+    )
     assert ((got - want).abs().max() / want.abs().max()) < 1e-4

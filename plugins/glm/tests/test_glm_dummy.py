@@ -31,16 +31,23 @@ def configs_only(demo: Path, to: Path) -> Path:
 def test_dummy_weights_serve_a_folder_without_weights(tmp_path: Path) -> None:
     folder = configs_only(build_demo(tmp_path / "demo"), tmp_path / "configs")
     with pytest.raises(CheckpointError):
-        LLM(family="glm5_next", model=folder, device="cpu", dtype="float32",
-            memory_limit_gib=0.25)
-    flags = dict(device="cpu", dtype="float32", memory_limit_gib=0.25, load_format="dummy",
-                 context=2048, parallel=2)
+        LLM(family="glm5_next", model=folder, device="cpu", dtype="float32", memory_limit_gib=0.25)
+    flags = dict(
+        device="cpu",
+        dtype="float32",
+        memory_limit_gib=0.25,
+        load_format="dummy",
+        context=2048,
+        parallel=2,
+    )
     outputs = []
     for _ in range(2):  # the same seed twice: the same weights, the same tokens
         llm = LLM(family="glm5_next", model=folder, **flags)
         try:
-            done = llm.generate([[5, 6, 7, 8], [9] * 30],
-                                SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+            done = llm.generate(
+                [[5, 6, 7, 8], [9] * 30],
+                SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+            )
             outputs.append([c.token_ids for c in done])
             assert all(len(c.token_ids) == 6 for c in done)
         finally:
@@ -53,11 +60,24 @@ def test_the_fp32_tensors_stay_fp32_in_a_bf16_model() -> None:
     cfg = SHAPES["GLM-5.3-Flash-8L"]
     from dataclasses import replace
 
-    tiny = replace(cfg, hidden_size=32, vocab_size=64, intermediate_size=32,
-                   moe_intermediate_size=16, n_routed_experts=4, linear_num_heads=2,
-                   linear_head_dim=16, num_attention_heads=2, num_key_value_heads=2,
-                   q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=16, v_head_dim=16,
-                   index_n_heads=4, index_head_dim=16)
+    tiny = replace(
+        cfg,
+        hidden_size=32,
+        vocab_size=64,
+        intermediate_size=32,
+        moe_intermediate_size=16,
+        n_routed_experts=4,
+        linear_num_heads=2,
+        linear_head_dim=16,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        q_lora_rank=16,
+        kv_lora_rank=16,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        index_n_heads=4,
+        index_head_dim=16,
+    )
     w = build_dummy(tiny, "cpu", torch.bfloat16).weights
     kda = w.layers[0].mixer
     moe = w.layers[3].ffn

@@ -53,8 +53,9 @@ def test_concurrent_equals_solo(demo, prompts, alone, params_name):
     params = {"greedy": GREEDY, "sampled": SAMPLED}[params_name]
     llm = open_llm(demo, parallel=5)
     try:
-        testing.assert_concurrent_equals_solo(llm, prompts, params, alone[params_name],
-                                              levels=(2, 5))
+        testing.assert_concurrent_equals_solo(
+            llm, prompts, params, alone[params_name], levels=(2, 5)
+        )
     finally:
         close_even(llm)
 

@@ -24,15 +24,18 @@ from tensorfold_glm.kda_launches import Segments, segments  # noqa: E402
 TOKENS = [(7 * i + 3) % 90 + 3 for i in range(400)]
 
 
-@pytest.mark.parametrize("start, n, taps, want", [
-    (0, 150, [], Segments((0, 0), ((0, 128),), (128, 150))),
-    (0, 150, [64], Segments((0, 0), ((0, 64), (64, 128)), (128, 150))),
-    (0, 128, [128], Segments((0, 0), ((0, 128),), (128, 128))),
-    (3000, 1, [], Segments((0, 1), (), (1, 1))),  # a decode row
-    (64, 1, [], Segments((0, 0), (), (0, 1))),  # a decode row on a boundary
-    (10, 200, [], Segments((0, 54), ((54, 182),), (182, 200))),
-    (0, 40, [], Segments((0, 0), (), (0, 40))),  # a prompt shorter than a chunk
-])
+@pytest.mark.parametrize(
+    "start, n, taps, want",
+    [
+        (0, 150, [], Segments((0, 0), ((0, 128),), (128, 150))),
+        (0, 150, [64], Segments((0, 0), ((0, 64), (64, 128)), (128, 150))),
+        (0, 128, [128], Segments((0, 0), ((0, 128),), (128, 128))),
+        (3000, 1, [], Segments((0, 1), (), (1, 1))),  # a decode row
+        (64, 1, [], Segments((0, 0), (), (0, 1))),  # a decode row on a boundary
+        (10, 200, [], Segments((0, 54), ((54, 182),), (182, 200))),
+        (0, 40, [], Segments((0, 0), (), (0, 40))),  # a prompt shorter than a chunk
+    ],
+)
 def test_segments(start, n, taps, want):
     assert segments(start, n, taps) == want
 
@@ -105,8 +108,13 @@ def test_the_lanes_cut_a_prompt_on_the_chunk_grid(kernels_on_cpu, kda_model):
         out: list[list[int]] = [[] for _ in prompts]
         params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=3).with_seed()
         for i, p in enumerate(prompts):
-            lanes.add(Request(list(p), params, lambda e, got=out[i]: isinstance(e, TokenOut)
-                              and got.append(e.token)))
+            lanes.add(
+                Request(
+                    list(p),
+                    params,
+                    lambda e, got=out[i]: isinstance(e, TokenOut) and got.append(e.token),
+                )
+            )
         while lanes.step():
             pass
         return out

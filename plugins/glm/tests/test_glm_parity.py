@@ -71,8 +71,10 @@ def test_chunked_passes_match_reference_and_the_whole_pass(tiny: "Tiny") -> None
     for cuts in ([0, 1, 38, 338, 600], [0, 16, 64, 65, 511, 512, 600], [0, 299, 300, 301, 600]):
         runner = tiny.runner()
         stream = open_stream(runner, 0, len(tiny.prompt))
-        parts = [runner.run([stream.rows(tiny.prompt[a:b], logits="all")])[0]
-                 for a, b in zip(cuts, cuts[1:])]
+        parts = [
+            runner.run([stream.rows(tiny.prompt[a:b], logits="all")])[0]
+            for a, b in zip(cuts, cuts[1:])
+        ]
         chunked = torch.cat(parts)
         assert rel_err(chunked, tiny.ref_logits()) < TOL
         assert torch.equal(chunked, one_pass), cuts  # where a pass cuts changes no bit

@@ -23,7 +23,6 @@ def _prompts() -> list[list[int]]:
     return [torch.randint(3, 250, (n,), generator=gen).tolist() for n in (200, 250, 37)]
 
 
-
 def _model(tiny: "Tiny", dtype: str) -> GlmModel:
     return tiny.model if dtype == "float32" else load(Checkpoint.open(tiny.path), "cpu", dtype)
 
@@ -38,7 +37,6 @@ def test_streams_in_one_pass_equal_streams_alone(
     testing.assert_streams_together_equal_alone(
         tiny.runner, model, prompts, together, num_pages=6, max_rows=600
     )
-
 
 
 def test_shuffled_page_table_gives_identical_logits(tiny: "Tiny") -> None:

@@ -62,13 +62,17 @@ def test_layout_names_each_layers_rows_and_state(tiny_paths: dict[str, Path]) ->
     cfg = json.loads((tiny_paths["glm_tiny"] / "config.json").read_text())
     layout = shape(cfg, "float32").layout
     assert [(r.name, r.shape) for r in layout.paged] == [
-        ("L1.latent", (16,)), ("L1.index_k", (16,)), ("L1.index_gate", (16,)),
+        ("L1.latent", (16,)),
+        ("L1.index_k", (16,)),
+        ("L1.index_gate", (16,)),
         ("L1.pool_key", (16,)),
         ("L2.latent", (16,)),  # layer 2 shares layer 1's selection: no indexer rows
     ]
     assert [(s.name, s.shape, s.dtype) for s in layout.fixed] == [
-        ("L0.kda", (2, 16, 16), "float32"), ("L0.conv", (96, 3), "float32"),
-        ("L3.kda", (2, 16, 16), "float32"), ("L3.conv", (96, 3), "float32"),
+        ("L0.kda", (2, 16, 16), "float32"),
+        ("L0.conv", (96, 3), "float32"),
+        ("L3.kda", (2, 16, 16), "float32"),
+        ("L3.conv", (96, 3), "float32"),
     ]
     assert layout.mark_rows == 64  # lcm(the KDA chunk 64, index_kpool 4)
 
@@ -82,8 +86,10 @@ def test_retired_setting_through_the_core_check(
     rows = collect_rows(get_plugin_manager(settings))
     assert any(r.setting == "TF_GLM_KV_SHARE" for r in rows)
     if refused:
-        with pytest.raises(SettingsError, match=f"TF_GLM_KV_SHARE is retired; use TF_KV_SHARE.*"
-                                                f"TF_GLM_KV_SHARE={value}"):
+        with pytest.raises(
+            SettingsError,
+            match=f"TF_GLM_KV_SHARE is retired; use TF_KV_SHARE.*TF_GLM_KV_SHARE={value}",
+        ):
             check_environment(settings, rows)
     else:
         assert check_environment(settings, rows) == []  # known, so not even "unknown"
@@ -92,8 +98,19 @@ def test_retired_setting_through_the_core_check(
 def _generate(tmp_path: Path, value: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
     env.update(TF_GLM_KV_SHARE=value, TF_DEMO_CACHE=str(tmp_path / "demo"))
-    command = [sys.executable, "-m", "tensorfold.cli", "generate", "--family", "glm5_next",
-               "--context", "1024", "--max-tokens", "3", "Hello"]
+    command = [
+        sys.executable,
+        "-m",
+        "tensorfold.cli",
+        "generate",
+        "--family",
+        "glm5_next",
+        "--context",
+        "1024",
+        "--max-tokens",
+        "3",
+        "Hello",
+    ]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
 
 

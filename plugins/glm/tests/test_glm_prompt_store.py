@@ -54,8 +54,9 @@ def fresh(demo):
         close_even(llm)
 
 
-@pytest.mark.parametrize("flags", [{"kv_share": 32}, {"kv_share": 32, "kv_poison": True},
-                                   {"kv_share": 2}])
+@pytest.mark.parametrize(
+    "flags", [{"kv_share": 32}, {"kv_share": 32, "kv_poison": True}, {"kv_share": 2}]
+)
 def test_resumed_equals_fresh_over_chats(demo, fresh, flags):
     llm = open_llm(demo, parallel=3, **flags)
     try:

@@ -14,11 +14,31 @@ from tensorfold_glm.plugin import GLM5_NEXT
 from tensorfold_glm.tool_calls import FORMAT
 
 S, E = FORMAT.start, FORMAT.end
-ARGS = {"city": "Saint-Étienne", "zip": "42000", "days": 3, "ratio": -0.5, "metric": True,
-        "tags": ["a", "b"], "opts": {"deep": [1, {"x": False}]}}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "string"},
-                                     "days": {"type": "integer"}}}}}]
+ARGS = {
+    "city": "Saint-Étienne",
+    "zip": "42000",
+    "days": 3,
+    "ratio": -0.5,
+    "metric": True,
+    "tags": ["a", "b"],
+    "opts": {"deep": [1, {"x": False}]},
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "zip": {"type": "string"},
+                    "days": {"type": "integer"},
+                },
+            },
+        },
+    }
+]
 CALLS = [("get_weather", ARGS), ("get_time", {})]
 
 
@@ -37,12 +57,12 @@ def test_one_call_typed_by_the_schema() -> None:
     assert parse_everywhere(FORMAT, text, TOOLS) == ("", want)
     # without a schema a value is JSON when it reads as JSON
     assert parse_everywhere(FORMAT, text)[1] == [
-        ("get_weather", {"city": "Paris", "zip": 42000, "days": 3})]
+        ("get_weather", {"city": "Paris", "zip": 42000, "days": 3})
+    ]
 
 
 def test_parallel_calls_with_glm45_newlines() -> None:
-    text = (f"{S}get_weather\n{pair('city', 'Paris')}\n{E}\n"
-            f"{S}get_time\n{pair('zone', 'CET')}\n{E}")
+    text = f"{S}get_weather\n{pair('city', 'Paris')}\n{E}\n{S}get_time\n{pair('zone', 'CET')}\n{E}"
     want = [("get_weather", {"city": "Paris"}), ("get_time", {"zone": "CET"})]
     assert parse_everywhere(FORMAT, text, TOOLS) == ("", want)
     assert parse_everywhere(FORMAT, text, TOOLS, parallel=False) == ("", want[:1])
@@ -53,12 +73,15 @@ def test_text_before_a_call() -> None:
     assert parse_everywhere(FORMAT, text) == ("Let me check the weather.", [("get_time", {})])
 
 
-@pytest.mark.parametrize("body", [
-    f"{pair('city', 'Paris')}",  # no name
-    f"get weather{pair('city', 'Paris')}",  # not one name
-    "get_weather<arg_key>city</arg_key>",  # a key without a value
-    f"get_weather{pair('city', 'Paris')} stray",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        f"{pair('city', 'Paris')}",  # no name
+        f"get weather{pair('city', 'Paris')}",  # not one name
+        "get_weather<arg_key>city</arg_key>",  # a key without a value
+        f"get_weather{pair('city', 'Paris')} stray",
+    ],
+)
 def test_malformed_markup_is_left_as_content(body: str) -> None:
     text = f"Sure. {S}{body}{E}"
     assert parse_everywhere(FORMAT, text, TOOLS) == (text, [])
@@ -70,47 +93,77 @@ def test_an_unclosed_section_is_content() -> None:
 
 
 def _history(content: str) -> list[dict]:
-    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
-             for i, (n, a) in enumerate(CALLS)]
-    return [{"role": "user", "content": "Weather?"},
-            {"role": "assistant", "content": content, "tool_calls": calls}]
+    calls = [
+        {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+        for i, (n, a) in enumerate(CALLS)
+    ]
+    return [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": content, "tool_calls": calls},
+    ]
 
 
 def _assistant_part(rendered: str, content: str) -> str:
-    part = rendered[rendered.index(content):]
-    return part[:part.rindex(E) + len(E)]
+    part = rendered[rendered.index(content) :]
+    return part[: part.rindex(E) + len(E)]
 
 
 def test_reads_what_the_real_glm47_template_writes() -> None:
     template = real_template("GLM-4.7-Flash.jinja")
     text = render_chat(template, _history("Checking."), tools=TOOLS).text
     assert parse_everywhere(FORMAT, _assistant_part(text, "Checking."), TOOLS) == (
-        "Checking.", CALLS)
+        "Checking.",
+        CALLS,
+    )
 
 
 def test_reads_what_the_demo_template_writes() -> None:
     text = render_chat(CHAT_TEMPLATE, _history("Checking."), tools=TOOLS).text
     assert parse_everywhere(FORMAT, _assistant_part(text, "Checking."), TOOLS) == (
-        "Checking.", CALLS)
+        "Checking.",
+        CALLS,
+    )
 
 
 CONSTRAINED = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {
-            "city": {"type": "string", "maxLength": 12},
-            "units": {"type": "string", "enum": ["C", "F"]},
-            "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            "hours": {"type": "array", "items": {"type": "integer", "minimum": 0,
-                                                 "maximum": 23}, "maxItems": 3}},
-        "required": ["city", "days"], "additionalProperties": False}}},
-    {"type": "function", "function": {"name": "get_time", "parameters": {
-        "type": "object", "properties": {"zone": {"enum": ["CET", "UTC"]}},
-        "required": ["zone"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 12},
+                    "units": {"type": "string", "enum": ["C", "F"]},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                    "hours": {
+                        "type": "array",
+                        "items": {"type": "integer", "minimum": 0, "maximum": 23},
+                        "maxItems": 3,
+                    },
+                },
+                "required": ["city", "days"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {
+                "type": "object",
+                "properties": {"zone": {"enum": ["CET", "UTC"]}},
+                "required": ["zone"],
+            },
+        },
+    },
 ]
 
 
 def test_constrained_calls_from_the_random_demo_validate(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     """tool_choice required / named on the glm5_next demo (random weights): the grammar alone
     makes the reply one call in GLM's markup whose arguments validate against the schema."""
     import json
@@ -121,16 +174,19 @@ def test_constrained_calls_from_the_random_demo_validate(
     from tensorfold.testing import close_even, open_llm
 
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in CONSTRAINED}
-    llm = open_llm("glm5_next", None, parallel=2,
-                   demo_cache=tmp_path_factory.mktemp("glm-constrained"))
+    llm = open_llm(
+        "glm5_next", None, parallel=2, demo_cache=tmp_path_factory.mktemp("glm-constrained")
+    )
     try:
         ask = [[{"role": "user", "content": "What is the weather in Paris?"}]]
         named = {"type": "function", "function": {"name": "get_weather"}}
         for choice, params in (
-                ("required", SamplingParams(temperature=0, max_tokens=400)),
-                (named, SamplingParams(temperature=1.0, seed=8, max_tokens=400))):
-            out = llm.chat(ask, params, tools=CONSTRAINED, tool_choice=choice,
-                           parallel_tool_calls=False)[0]
+            ("required", SamplingParams(temperature=0, max_tokens=400)),
+            (named, SamplingParams(temperature=1.0, seed=8, max_tokens=400)),
+        ):
+            out = llm.chat(
+                ask, params, tools=CONSTRAINED, tool_choice=choice, parallel_tool_calls=False
+            )[0]
             assert out.finish_reason == "tool_calls" and out.content is None, out.text
             (call,) = out.tool_calls
             if choice is named:

@@ -40,10 +40,6 @@ WORKER_TIMEOUT_S = 150
 TOLERANCE = 1e-4  # fp32: the ranks' partial sums round differently from one rank's sums
 
 
-
-
-
-
 def tiny_prompt() -> list[int]:
     gen = torch.Generator().manual_seed(1234)  # the tiny fixture's prompt, cut short
     return torch.randint(3, 250, (PROMPT_LEN,), generator=gen).tolist()
@@ -66,26 +62,55 @@ def test_the_plan_cuts_heads_experts_and_columns_and_keeps_the_rest_whole(tiny_p
     ckpt.set_shard(Shard(1, 2, plan))
     p = "model.language_model.layers"
     whole = {name: ckpt.shape(name) for name in ckpt.tensor_names()}
-    half_rows = [f"{p}.0.self_attn.{x}" for x in (
-        "q_proj.weight", "k_proj.weight", "v_proj.weight", "q_conv1d.weight", "v_conv1d.weight",
-        "f_b_proj.weight", "g_b_proj.weight", "dt_bias", "A_log", "b_proj.weight")]
-    half_rows += [f"{p}.1.self_attn.q_b_proj.weight", f"{p}.2.self_attn.kv_b_proj.weight",
-                  f"{p}.0.mlp.gate_proj.weight", f"{p}.1.mlp.shared_experts.up_proj.weight",
-                  "lm_head.weight"]
+    half_rows = [
+        f"{p}.0.self_attn.{x}"
+        for x in (
+            "q_proj.weight",
+            "k_proj.weight",
+            "v_proj.weight",
+            "q_conv1d.weight",
+            "v_conv1d.weight",
+            "f_b_proj.weight",
+            "g_b_proj.weight",
+            "dt_bias",
+            "A_log",
+            "b_proj.weight",
+        )
+    ]
+    half_rows += [
+        f"{p}.1.self_attn.q_b_proj.weight",
+        f"{p}.2.self_attn.kv_b_proj.weight",
+        f"{p}.0.mlp.gate_proj.weight",
+        f"{p}.1.mlp.shared_experts.up_proj.weight",
+        "lm_head.weight",
+    ]
     for name in half_rows:
         assert ckpt.local_shape(name) == (whole[name][0] // 2, *whole[name][1:]), name
-    for name in (f"{p}.3.self_attn.o_proj.weight", f"{p}.1.self_attn.o_proj.weight",
-                 f"{p}.0.mlp.down_proj.weight", f"{p}.2.mlp.shared_experts.down_proj.weight"):
+    for name in (
+        f"{p}.3.self_attn.o_proj.weight",
+        f"{p}.1.self_attn.o_proj.weight",
+        f"{p}.0.mlp.down_proj.weight",
+        f"{p}.2.mlp.shared_experts.down_proj.weight",
+    ):
         assert ckpt.local_shape(name) == (whole[name][0], whole[name][1] // 2), name
-    for name in (f"{p}.0.self_attn.f_a_proj.weight", f"{p}.0.self_attn.o_norm.weight",
-                 f"{p}.1.self_attn.kv_a_proj_with_mqa.weight", f"{p}.1.self_attn.q_a_proj.weight",
-                 f"{p}.1.self_attn.indexer.wq_b.weight", f"{p}.1.self_attn.indexer.wk.weight",
-                 f"{p}.1.mlp.gate.weight", f"{p}.1.mlp.gate.e_score_correction_bias",
-                 f"{p}.1.hc_attn_fn", "model.language_model.embed_tokens.weight"):
+    for name in (
+        f"{p}.0.self_attn.f_a_proj.weight",
+        f"{p}.0.self_attn.o_norm.weight",
+        f"{p}.1.self_attn.kv_a_proj_with_mqa.weight",
+        f"{p}.1.self_attn.q_a_proj.weight",
+        f"{p}.1.self_attn.indexer.wq_b.weight",
+        f"{p}.1.self_attn.indexer.wk.weight",
+        f"{p}.1.mlp.gate.weight",
+        f"{p}.1.mlp.gate.e_score_correction_bias",
+        f"{p}.1.hc_attn_fn",
+        "model.language_model.embed_tokens.weight",
+    ):
         assert ckpt.local_shape(name) == whole[name], name
     # experts 4..7 are rank 1's, read whole; rank 0's are not read here at all
-    assert ckpt.local_shape(f"{p}.1.mlp.experts.5.down_proj.weight") == \
-        whole[f"{p}.1.mlp.experts.5.down_proj.weight"]
+    assert (
+        ckpt.local_shape(f"{p}.1.mlp.experts.5.down_proj.weight")
+        == whole[f"{p}.1.mlp.experts.5.down_proj.weight"]
+    )
     assert ckpt.local_shape(f"{p}.1.mlp.experts.3.down_proj.weight") is None
     # a rank's state: its KDA heads and conv channels; the latent and indexer rows whole
     fixed = {s.name: s for s in plan.layout.fixed}
@@ -145,9 +170,13 @@ def test_the_dummy_draws_a_ranks_shard(tiny_paths):
     gate_up, _ = expert_stacks(moe_b)  # the rank's experts are views of one stack
     assert torch.equal(gate_up[3], moe_b.experts[3].gate_up)
     # replicated tensors alike on both ranks; the slices are each rank's own
-    for x, y in ((a.embed, b.embed), (mla.indexer.wq_b, b.layers[1].mixer.indexer.wq_b),
-                 (a.layers[2].attn_hc.fn, b.layers[2].attn_hc.fn), (moe_a.router, moe_b.router),
-                 (kda.f_a, b.layers[0].mixer.f_a)):
+    for x, y in (
+        (a.embed, b.embed),
+        (mla.indexer.wq_b, b.layers[1].mixer.indexer.wq_b),
+        (a.layers[2].attn_hc.fn, b.layers[2].attn_hc.fn),
+        (moe_a.router, moe_b.router),
+        (kda.f_a, b.layers[0].mixer.f_a),
+    ):
         assert torch.equal(x, y)
     assert not torch.equal(kda.qkv, b.layers[0].mixer.qkv)
 
@@ -155,20 +184,39 @@ def test_the_dummy_draws_a_ranks_shard(tiny_paths):
 # -- passes on the tiny checkpoints, one subprocess a rank ------------------------------------
 
 
-
-
 # the GPU path interpreted on the CPU is slow: a checkpoint as small as covers every layer kind
 # (KDA, MLA with its indexer, a "shared" MLA layer, dense and MoE), two mHC streams, 3 Sinkhorn
 # rounds, 4-row pools (sparse from row 12)
 KERNEL_TEXT: dict = dict(
-    vocab_size=64, hidden_size=32, intermediate_size=32, moe_intermediate_size=16,
-    num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, q_lora_rank=16,
-    kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=0, v_head_dim=16,
-    n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=32,
+    moe_intermediate_size=16,
+    num_hidden_layers=3,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    q_lora_rank=16,
+    kv_lora_rank=16,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=0,
+    v_head_dim=16,
+    n_routed_experts=4,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    n_group=1,
+    topk_group=1,
     layer_types=["linear_attention", "indexed_attention", "indexed_attention"],
-    indexer_types=["full", "full", "shared"], mlp_layer_types=["dense", "sparse", "sparse"],
-    index_topk=8, index_head_dim=16, index_n_heads=16, index_kpool=4, linear_num_heads=2,
-    linear_head_dim=16, linear_conv_kernel_dim=4, hc_mult=2, hc_sinkhorn_iters=3,
+    indexer_types=["full", "full", "shared"],
+    mlp_layer_types=["dense", "sparse", "sparse"],
+    index_topk=8,
+    index_head_dim=16,
+    index_n_heads=16,
+    index_kpool=4,
+    linear_num_heads=2,
+    linear_head_dim=16,
+    linear_conv_kernel_dim=4,
+    hc_mult=2,
+    hc_sinkhorn_iters=3,
     max_position_embeddings=1024,
 )
 KERNEL_PROMPT = list(range(3, 19))
@@ -223,13 +271,15 @@ def passes_worker(rank: int, port: int, out: str, kernels: str, demo: str, *path
         model = open_shard(path, rank)
 
         def make_runner(model=model, num_pages=8, num_slots=4, page_rows=512, poison=False):
-            return ModelRunner(model, num_pages=num_pages, num_slots=num_slots,
-                               page_rows=page_rows, poison=poison)
+            return ModelRunner(
+                model, num_pages=num_pages, num_slots=num_slots, page_rows=page_rows, poison=poison
+            )
 
         got[path] = testing.greedy(make_runner(), prompt, GREEDY_STEPS)
         prompts = [prompt[:200], prompt[:180], prompt[40:]]
         testing.assert_streams_together_equal_alone(
-            make_runner, model, prompts, (0, 1, 2), num_pages=6, max_rows=512)
+            make_runner, model, prompts, (0, 1, 2), num_pages=6, max_rows=512
+        )
         # resumed == fresh, and pages == windows: cut anywhere, over 64-row pages, the same bits
         one = testing.run_on_pages(model, prompt, [0], 512, [0, n])
         resumed = testing.run_on_pages(model, prompt, [3, 0, 5, 1, 2], 64, [0, 37, 128, 129, n])
@@ -242,8 +292,6 @@ def passes_worker(rank: int, port: int, out: str, kernels: str, demo: str, *path
     dist.destroy_process_group()
 
 
-
-
 def test_shards_give_one_ranks_logits_and_tokens_and_keep_the_gates(tiny_paths, demo, tmp_path):
     """Both tiny shapes: glm_tiny (2 KDA heads, one a rank; 4-token pools, a "shared" indexer
     layer, expert groups) and glm_pools16 (MLA first with biases, 2 MLA heads, 4 KDA heads,
@@ -253,11 +301,20 @@ def test_shards_give_one_ranks_logits_and_tokens_and_keep_the_gates(tiny_paths, 
     out = tmp_path / "out.pt"
     kernels = str(write_kernel_checkpoint(tmp_path / "kernels"))
     paths = [str(p) for p in tiny_paths.values()]
-    testing.run_ranks(__file__, str(out), kernels, str(demo), *paths,
-                      timeout_s=WORKER_TIMEOUT_S, env={"TRITON_INTERPRET": "1"})
+    testing.run_ranks(
+        __file__,
+        str(out),
+        kernels,
+        str(demo),
+        *paths,
+        timeout_s=WORKER_TIMEOUT_S,
+        env={"TRITON_INTERPRET": "1"},
+    )
     got = torch.load(out)
-    for path, prompt, steps in [*((p, tiny_prompt(), GREEDY_STEPS) for p in [*paths, str(demo)]),
-                                (kernels, KERNEL_PROMPT, 2)]:
+    for path, prompt, steps in [
+        *((p, tiny_prompt(), GREEDY_STEPS) for p in [*paths, str(demo)]),
+        (kernels, KERNEL_PROMPT, 2),
+    ]:
         model = load(Checkpoint.open(path), "cpu", "float32")
         logits, tokens = testing.greedy(ModelRunner(model, num_pages=8, num_slots=4), prompt, steps)
         torch.testing.assert_close(got[path][0], logits, rtol=0, atol=TOLERANCE)
@@ -280,8 +337,9 @@ def test_engine_gates_at_tp_2_and_tokens_equal_one_ranks(demo: Path):
     # the demo selects 4 pools of 16: the longer prompts are past the sparse point
     prompts = [torch.randint(20, 800, (n,), generator=g).tolist() for n in (9, 130, 300)]
     chats = [user_turns(c) for c in range(2)]
-    testing.assert_engine_gates_at_tp("glm5_next", demo, prompts, chats, GREEDY, SAMPLED,
-                                      min_cached=100, context=2048, parallel=3)
+    testing.assert_engine_gates_at_tp(
+        "glm5_next", demo, prompts, chats, GREEDY, SAMPLED, min_cached=100, context=2048, parallel=3
+    )
 
 
 if __name__ == "__main__":  # a rank of the tests above: python test_glm_tp.py RANK PORT ...

@@ -161,18 +161,32 @@ def test_the_recurrent_rows_match_the_delta_rule(lower_bound, dtype, tol):
     from tensorfold_glm.kda_launches import TorchKernels
 
     heads, dk, n = 2, 16, 8
-    cfg = GlmConfig.from_dict({"linear_num_heads": heads, "linear_head_dim": dk,
-                               "linear_lower_bound": lower_bound}, "test")
+    cfg = GlmConfig.from_dict(
+        {"linear_num_heads": heads, "linear_head_dim": dk, "linear_lower_bound": lower_bound},
+        "test",
+    )
     w = _Gates(heads, dk, seed=1)
     q, k, v, pre, b = _recurrent_inputs(n, heads, dk, dtype, seed=2)
     states = torch.randn(4, heads, dk, dk, generator=torch.Generator().manual_seed(3))
     before = states.clone()
     out = torch.full((n, heads, dk), float("nan"), dtype=dtype)
-    triton_kda.recurrent(q, k, v, pre, b, w.a_log, w.dt_bias, lower_bound, states,
-                         *_runs((0, 4, 70, 2), (4, 3, 0, 0), (7, 1, 5, 3)), out)
+    triton_kda.recurrent(
+        q,
+        k,
+        v,
+        pre,
+        b,
+        w.a_log,
+        w.dt_bias,
+        lower_bound,
+        states,
+        *_runs((0, 4, 70, 2), (4, 3, 0, 0), (7, 1, 5, 3)),
+        out,
+    )
     init = torch.stack([before[2], torch.zeros_like(before[0]), before[3]])
-    want, final = TorchKernels(cfg, w, heads).packed(q, k, v, pre, sigmoid(b), init,
-                                                     torch.tensor([0, 4, 7, 8]))
+    want, final = TorchKernels(cfg, w, heads).packed(
+        q, k, v, pre, sigmoid(b), init, torch.tensor([0, 4, 7, 8])
+    )
     assert rel(out.float(), want.float()) < tol
     for j, slot in enumerate((2, 0, 3)):
         assert rel(states[slot], final[j]) < tol
@@ -192,8 +206,7 @@ def test_the_recurrent_rows_alone_equal_their_runs_in_one_launch(dtype):
     def run(*runs):
         states, out = start.clone(), torch.zeros(n, heads, dk, dtype=dtype)
         for r in runs:
-            triton_kda.recurrent(q, k, v, pre, b, w.a_log, w.dt_bias, -5.0, states, *_runs(*r),
-                                 out)
+            triton_kda.recurrent(q, k, v, pre, b, w.a_log, w.dt_bias, -5.0, states, *_runs(*r), out)
         return out, states
 
     together = run([(0, 6, 64, 0), (6, 2, 0, 1), (8, 1, 9, 2)])
@@ -204,7 +217,8 @@ def test_the_recurrent_rows_alone_equal_their_runs_in_one_launch(dtype):
 
 
 def test_kda_model_with_the_recurrent_kernel_matches_fla_cores_stand_in(
-        kernels_on_cpu, kda_model, monkeypatch):
+    kernels_on_cpu, kda_model, monkeypatch
+):
     """OWN_RECURRENT in the fp32 model through the kernels: prompts (their rows outside whole
     chunks), then decode rounds, against the same passes with the packed stand-in that takes
     fla-core's place when it is off."""
@@ -223,7 +237,7 @@ def test_the_kda_maps_of_x_are_one_weight_viewed_by_name(kda_model):
     w = kda_model(torch.float32).weights.layers[0].mixer
     assert torch.equal(w.x_maps, torch.cat([w.f_a, w.g_a, w.b]))
     assert w.f_a.data_ptr() == w.x_maps.data_ptr() and w.b.is_contiguous()
-    assert w.b.data_ptr() == w.x_maps[-w.b.shape[0]:].data_ptr()
+    assert w.b.data_ptr() == w.x_maps[-w.b.shape[0] :].data_ptr()
 
 
 # --- mHC: the collapse fused with its norm, and the expand ---
@@ -233,7 +247,8 @@ def hc_weights(hc: int, h: int, seed: int) -> HcWeights:
     width = (2 + hc) * hc
     return HcWeights(
         fn=randn(width, hc * h, seed=seed, scale=0.5 / (hc * h) ** 0.5),
-        base=randn(width, seed=seed + 1, scale=0.5), scale=randn(3, seed=seed + 2) * 0.2 + 1,
+        base=randn(width, seed=seed + 1, scale=0.5),
+        scale=randn(3, seed=seed + 2) * 0.2 + 1,
     )
 
 
@@ -246,8 +261,15 @@ def test_collapse_norm_matches_the_reference_and_is_row_invariant(hc, dtype, tol
     streams = randn(n, hc, h, seed=10, dtype=dtype)
     norm_w = randn(h, seed=11, dtype=dtype, scale=0.2) + 1
     post, comb, x = triton_mhc.collapse_norm(
-        streams, w.fn, w.base, w.scale, norm_w, iters=cfg.hc_sinkhorn_iters,
-        rms_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps,
+        streams,
+        w.fn,
+        w.base,
+        w.scale,
+        norm_w,
+        iters=cfg.hc_sinkhorn_iters,
+        rms_eps=cfg.rms_norm_eps,
+        hc_eps=cfg.hc_eps,
+        norm_eps=cfg.rms_norm_eps,
     )
     want_post, want_comb, want_x = ref_mhc.collapse(cfg, w, streams)
     assert rel(post, want_post) < 1e-5 and rel(comb, want_comb) < 1e-5
@@ -255,8 +277,15 @@ def test_collapse_norm_matches_the_reference_and_is_row_invariant(hc, dtype, tol
     assert torch.allclose(comb.sum(1), torch.ones(n, hc), atol=1e-3)  # columns sum to 1
     picked = [3, 17, 18]
     one = triton_mhc.collapse_norm(
-        streams[picked].clone(), w.fn, w.base, w.scale, norm_w, iters=cfg.hc_sinkhorn_iters,
-        rms_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps,
+        streams[picked].clone(),
+        w.fn,
+        w.base,
+        w.scale,
+        norm_w,
+        iters=cfg.hc_sinkhorn_iters,
+        rms_eps=cfg.rms_norm_eps,
+        hc_eps=cfg.hc_eps,
+        norm_eps=cfg.rms_norm_eps,
     )
     for a, b in zip(one, (post, comb, x)):
         assert torch.equal(a, b[picked])
@@ -293,12 +322,17 @@ def test_expand_then_collapse_in_one_launch_gives_the_two_steps_bits(hc, h, dtyp
     y = randn(n, h, seed=24, dtype=dtype)
     res = randn(n, hc, h, seed=25, dtype=dtype)
     norm_w = randn(h, seed=26, dtype=dtype, scale=0.2) + 1
-    kw = dict(iters=cfg.hc_sinkhorn_iters, rms_eps=cfg.rms_norm_eps, hc_eps=cfg.hc_eps,
-              norm_eps=cfg.rms_norm_eps)
+    kw = dict(
+        iters=cfg.hc_sinkhorn_iters,
+        rms_eps=cfg.rms_norm_eps,
+        hc_eps=cfg.hc_eps,
+        norm_eps=cfg.rms_norm_eps,
+    )
 
     def both(rows: list[int]) -> tuple[torch.Tensor, ...]:
-        return triton_mhc.expand_collapse_norm(post[rows], comb[rows], y[rows], res[rows], w.fn,
-                                               w.base, w.scale, norm_w, **kw)
+        return triton_mhc.expand_collapse_norm(
+            post[rows], comb[rows], y[rows], res[rows], w.fn, w.base, w.scale, norm_w, **kw
+        )
 
     streams = triton_mhc.expand(post, comb, y, res)
     two_steps = (streams, *triton_mhc.collapse_norm(streams, w.fn, w.base, w.scale, norm_w, **kw))
@@ -348,8 +382,9 @@ PROMPTS = [list(range(3, 15)), [7, 9, 11], list(range(40, 49))]
 
 
 @pytest.mark.parametrize("dtype, tol", DTYPES)
-def test_kda_model_through_the_kernels_matches_the_torch_path(dtype, tol, kernels_on_cpu,
-                                                               kda_model):
+def test_kda_model_through_the_kernels_matches_the_torch_path(
+    dtype, tol, kernels_on_cpu, kda_model
+):
     from tensorfold.ops import gpu
     from tensorfold.runner import ModelRunner
 
@@ -374,7 +409,8 @@ class Launches:
 
 
 def test_kda_model_with_its_tails_moved_on_in_the_convs_launch_gives_the_same_bits(
-        kernels_on_cpu, kda_model, monkeypatch):
+    kernels_on_cpu, kda_model, monkeypatch
+):
     """TAIL_IN_PLACE in the model: its decode rounds' logits and the tails they leave, as with
     the tails' own launch."""
     from tensorfold.runner import ModelRunner
@@ -393,7 +429,8 @@ def test_kda_model_with_its_tails_moved_on_in_the_convs_launch_gives_the_same_bi
 
 
 def test_kda_model_with_expand_and_collapse_in_one_launch_gives_the_same_logits(
-        kernels_on_cpu, kda_model, monkeypatch):
+    kernels_on_cpu, kda_model, monkeypatch
+):
     """FUSED_EXPAND_COLLAPSE in the model: its decode rounds (3 rows) take the one launch, its
     prompt pass the two steps; every logit as with the switch off, bit for bit."""
     from tensorfold.runner import ModelRunner
@@ -412,7 +449,8 @@ def test_kda_model_with_expand_and_collapse_in_one_launch_gives_the_same_logits(
 
 
 def test_kda_gates_maps_in_one_launch_match_the_torch_path_and_a_stream_alone(
-        kernels_on_cpu, kda_model, monkeypatch):
+    kernels_on_cpu, kda_model, monkeypatch
+):
     """Heads of 64 (D = 128, as GLM-5.3-Flash's multiple of 128): f_b and g_b take one launch
     (linear_groups); the logits match the torch path's, and each stream's in the pass equal
     its own."""
@@ -422,8 +460,9 @@ def test_kda_gates_maps_in_one_launch_match_the_torch_path_and_a_stream_alone(
     model = kda_model(torch.float32, head_dim=64)
     calls = []
     one_launch = triton_linear.linear_groups
-    monkeypatch.setattr(triton_linear, "linear_groups",
-                        lambda *a: calls.append(a[1].shape) or one_launch(*a))
+    monkeypatch.setattr(
+        triton_linear, "linear_groups", lambda *a: calls.append(a[1].shape) or one_launch(*a)
+    )
     together = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 1)
     assert calls == [(256, 64)] * 2  # the prompt pass, the decode round
     for i, prompt in enumerate(PROMPTS):
@@ -439,15 +478,23 @@ def test_kda_gates_maps_in_one_launch_match_the_torch_path_and_a_stream_alone(
 LONG = [(7 * i + 3) % 90 + 3 for i in range(320)]
 
 
-@pytest.mark.parametrize("firsts, nexts, rows", [
-    ([[5, 6, 7, 8, 9, 10, 11], [20, 21, 22, 23, 24], []],
-     [[12], [25, 26, 27, 28, 29, 30], [40, 41, 42, 43, 44, 45, 46, 47, 48]], 32),
-    # whole 64-row KDA chunks (kda_launches.py): a prompt resumed at 64 crossing the boundary
-    # at 128, and a fresh prompt of 70 rows
-    ([LONG[:70], LONG[100:164], []], [[12], LONG[164:250], LONG[250:320]], 256),
-], ids=["short", "chunks"])
-def test_kda_model_through_the_kernels_together_equals_alone(firsts, nexts, rows, kernels_on_cpu,
-                                                            kda_model, own_recurrent):
+@pytest.mark.parametrize(
+    "firsts, nexts, rows",
+    [
+        (
+            [[5, 6, 7, 8, 9, 10, 11], [20, 21, 22, 23, 24], []],
+            [[12], [25, 26, 27, 28, 29, 30], [40, 41, 42, 43, 44, 45, 46, 47, 48]],
+            32,
+        ),
+        # whole 64-row KDA chunks (kda_launches.py): a prompt resumed at 64 crossing the boundary
+        # at 128, and a fresh prompt of 70 rows
+        ([LONG[:70], LONG[100:164], []], [[12], LONG[164:250], LONG[250:320]], 256),
+    ],
+    ids=["short", "chunks"],
+)
+def test_kda_model_through_the_kernels_together_equals_alone(
+    firsts, nexts, rows, kernels_on_cpu, kda_model, own_recurrent
+):
     """A decode row, a prompt's next rows and a fresh prompt: in one pass as alone."""
     from tensorfold.runner import ModelRunner, open_stream
 

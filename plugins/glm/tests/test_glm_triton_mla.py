@@ -35,14 +35,28 @@ from tensorfold_glm.weights import IndexerWeights, MlaWeights  # noqa: E402
 
 PAGE_ROWS, NUM_PAGES = 16, 18
 CFG = GlmConfig(
-    hidden_size=32, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24,
-    qk_nope_head_dim=16, v_head_dim=16, kv_lora_rank=32, index_head_dim=16, index_n_heads=16,
-    index_kpool=4, index_topk=8, layer_types=("indexed_attention",) * 2,
-    indexer_types=("full", "shared"), mlp_layer_types=("dense",) * 2,
+    hidden_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    q_lora_rank=24,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    kv_lora_rank=32,
+    index_head_dim=16,
+    index_n_heads=16,
+    index_kpool=4,
+    index_topk=8,
+    layer_types=("indexed_attention",) * 2,
+    indexer_types=("full", "shared"),
+    mlp_layer_types=("dense",) * 2,
 )  # a query keeps 2 of up to 13 complete pools
 # slot, start, rows, pages: a fresh prompt, a decode row, a chunk from row 21, a 1-row prompt
-MIXED = [(0, 0, 40, [7, 3, 9]), (1, 53, 1, [1, 5, 0, 4]), (2, 21, 30, [10, 12, 2, 11]),
-         (3, 0, 1, [15])]
+MIXED = [
+    (0, 0, 40, [7, 3, 9]),
+    (1, 53, 1, [1, 5, 0, 4]),
+    (2, 21, 30, [10, 12, 2, 11]),
+    (3, 0, 1, [15]),
+]
 DTYPES = [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]
 
 
@@ -85,22 +99,39 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def weights(dtype: torch.dtype, with_indexer: bool, seed: int) -> MlaWeights:
     c, heads, h = CFG, CFG.num_attention_heads, CFG.hidden_size
-    qr, r, dn, di, ni = c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.index_head_dim, c.index_n_heads
+    qr, r, dn, di, ni = (
+        c.q_lora_rank,
+        c.kv_lora_rank,
+        c.qk_nope_head_dim,
+        c.index_head_dim,
+        c.index_n_heads,
+    )
 
     def w(*shape: int, k: int, scale: float = 0.3, base: float = 0.0) -> torch.Tensor:
         return (base + randn(*shape, seed=seed * 100 + k, scale=scale)).to(dtype)
 
     idx = IndexerWeights(
-        wq_b=w(ni * di, qr, k=1), wk=w(di, h, k=2), k_norm=w(di, k=3, scale=0.1, base=1.0),
-        k_bias=w(di, k=4, scale=0.1), weights_proj=w(ni, h, k=5), ape=w(c.index_kpool, di, k=6),
+        wq_b=w(ni * di, qr, k=1),
+        wk=w(di, h, k=2),
+        k_norm=w(di, k=3, scale=0.1, base=1.0),
+        k_bias=w(di, k=4, scale=0.1),
+        weights_proj=w(ni, h, k=5),
+        ape=w(c.index_kpool, di, k=6),
         gate=w(di, h, k=7),
     )
     return MlaWeights(
-        q_a=w(qr, h, k=8), q_a_bias=None, q_a_norm=w(qr, k=9, scale=0.1, base=1.0),
-        q_b=w(heads * dn, qr, k=10), kv_a=w(r, h, k=11), kv_a_bias=None,
-        kv_a_norm=w(r, k=12, scale=0.1, base=1.0), w_uk=w(heads, r, dn, k=13),
-        w_uv=w(heads, c.v_head_dim, r, k=14), o=w(h, heads * c.v_head_dim, k=15),
-        o_bias=None, indexer=idx if with_indexer else None,
+        q_a=w(qr, h, k=8),
+        q_a_bias=None,
+        q_a_norm=w(qr, k=9, scale=0.1, base=1.0),
+        q_b=w(heads * dn, qr, k=10),
+        kv_a=w(r, h, k=11),
+        kv_a_bias=None,
+        kv_a_norm=w(r, k=12, scale=0.1, base=1.0),
+        w_uk=w(heads, r, dn, k=13),
+        w_uv=w(heads, c.v_head_dim, r, k=14),
+        o=w(h, heads * c.v_head_dim, k=15),
+        o_bias=None,
+        indexer=idx if with_indexer else None,
     )
 
 
@@ -114,11 +145,17 @@ def filled_rows(dtype: torch.dtype, specs, ape: torch.Tensor | None = None) -> P
     ape: the L0 layer's by default). Rows of a pass are written by the layer itself."""
     d = str(dtype).removeprefix("torch.")
     c = CFG
-    rows = PagedRows([RowSpec("L0.latent", (c.kv_lora_rank,), d),
-                      RowSpec("L0.index_k", (c.index_head_dim,), d),
-                      RowSpec("L0.index_gate", (c.index_head_dim,), d),
-                      RowSpec("L0.pool_key", (c.index_head_dim,), d),
-                      RowSpec("L1.latent", (c.kv_lora_rank,), d)], NUM_PAGES, PAGE_ROWS)
+    rows = PagedRows(
+        [
+            RowSpec("L0.latent", (c.kv_lora_rank,), d),
+            RowSpec("L0.index_k", (c.index_head_dim,), d),
+            RowSpec("L0.index_gate", (c.index_head_dim,), d),
+            RowSpec("L0.pool_key", (c.index_head_dim,), d),
+            RowSpec("L1.latent", (c.kv_lora_rank,), d),
+        ],
+        NUM_PAGES,
+        PAGE_ROWS,
+    )
     for buf in rows.buffers.values():
         buf.fill_(float("nan"))
     for slot, start, _, pages in specs:
@@ -133,9 +170,15 @@ def filled_rows(dtype: torch.dtype, specs, ape: torch.Tensor | None = None) -> P
     if history:
         hist = make_pass(history)
         triton_indexer.write_pool_keys(
-            rows.flat("L0.index_k"), rows.flat("L0.index_gate"),
-            weights(dtype, True, 1).indexer.ape if ape is None else ape, rows.flat("L0.pool_key"),
-            hist.positions, hist.write_index, build_meta(hist), PAGE_ROWS)
+            rows.flat("L0.index_k"),
+            rows.flat("L0.index_gate"),
+            weights(dtype, True, 1).indexer.ape if ape is None else ape,
+            rows.flat("L0.pool_key"),
+            hist.positions,
+            hist.write_index,
+            build_meta(hist),
+            PAGE_ROWS,
+        )
     return rows
 
 
@@ -204,8 +247,9 @@ def test_pool_keys_and_scores_kernels_match_the_reference(dtype, tol):
     q = randn(fp.num_rows, ni, di, seed=6, dtype=dtype)
     wts = randn(fp.num_rows, ni, seed=7)
     kb, gb, pk = rows.flat("L0.index_k"), rows.flat("L0.index_gate"), rows.flat("L0.pool_key")
-    keys = triton_indexer.pool_key_scores(q, wts, pk, kp, fp.positions, build_meta(fp),
-                                          PAGE_ROWS, 16, di**-0.5)
+    keys = triton_indexer.pool_key_scores(
+        q, wts, pk, kp, fp.positions, build_meta(fp), PAGE_ROWS, 16, di**-0.5
+    )
     got = _scores_of(keys)
     written = torch.zeros(pk.shape[0], dtype=torch.bool)
     for i, (s, (lo, hi)) in enumerate(zip(fp.streams, fp.spans)):
@@ -225,16 +269,26 @@ def test_pool_keys_and_scores_kernels_match_the_reference(dtype, tol):
     # the keys of the CPU path's `weights.float() * scale`
     head_w = randn(fp.num_rows, ni + 5, seed=9, dtype=torch.bfloat16)[:, 5:]
     args = (pk, kp, fp.positions, build_meta(fp), PAGE_ROWS, 16, di**-0.5)
-    assert torch.equal(triton_indexer.pool_key_scores(q, head_w, *args, ni**-0.5),
-                       triton_indexer.pool_key_scores(q, head_w.float() * ni**-0.5, *args))
+    assert torch.equal(
+        triton_indexer.pool_key_scores(q, head_w, *args, ni**-0.5),
+        triton_indexer.pool_key_scores(q, head_w.float() * ni**-0.5, *args),
+    )
     # a pool's key has the same bits written by any pass: here one row of a pass at a time
     again = clone(rows)
     again.flat("L0.pool_key").fill_(float("nan"))
     for slot, a, n, pages in MIXED:
         for t in range(kp - 1, a + n, kp):
             one = make_pass([(slot, t, 1, pages)])
-            triton_indexer.write_pool_keys(kb, gb, ape, again.flat("L0.pool_key"), one.positions,
-                                           one.write_index, build_meta(one), PAGE_ROWS)
+            triton_indexer.write_pool_keys(
+                kb,
+                gb,
+                ape,
+                again.flat("L0.pool_key"),
+                one.positions,
+                one.write_index,
+                build_meta(one),
+                PAGE_ROWS,
+            )
     assert torch.equal(again.flat("L0.pool_key").nan_to_num(7.0), pk.nan_to_num(7.0))
 
 
@@ -252,8 +306,9 @@ def test_sparse_mla_kernel_matches_the_reference(dtype, tol):
         pools = (t + 1) // CFG.index_kpool
         pick = torch.randperm(pools, generator=g)[:3].sort().values
         sel[row, : len(pick)] = pick.to(torch.int32)
-    got = triton_mla.sparse_mla(q, latent, sel, fp.positions, build_meta(fp), PAGE_ROWS,
-                                CFG.index_kpool, 0.25)
+    got = triton_mla.sparse_mla(
+        q, latent, sel, fp.positions, build_meta(fp), PAGE_ROWS, CFG.index_kpool, 0.25
+    )
     assert not got.isnan().any()
     for i, (lo, hi) in enumerate(fp.spans):
         keys = latent.index_select(0, fp.read_index(i)).float()
@@ -281,16 +336,20 @@ def test_sparse_mla_kernel_over_fp8_latent_rows_matches_the_reference(dtype, tol
     for row, t in enumerate(fp.positions.tolist()):
         pick = torch.randperm((t + 1) // CFG.index_kpool, generator=g)[:3].sort().values
         sel[row, : len(pick)] = pick.to(torch.int32)
-    got = triton_mla.sparse_mla(q, latent, sel, fp.positions, build_meta(fp), PAGE_ROWS,
-                                CFG.index_kpool, 0.25, scales)
+    got = triton_mla.sparse_mla(
+        q, latent, sel, fp.positions, build_meta(fp), PAGE_ROWS, CFG.index_kpool, 0.25, scales
+    )
     assert not got.isnan().any()
     for i, (lo, hi) in enumerate(fp.spans):
         idx = fp.read_index(i)
         keys, key_scales = latent.index_select(0, idx).float(), scales.index_select(0, idx)[:, 0]
-        want = mla.sparse_attention(q[lo:hi].float(), keys, masks_of(sel, fp)[i], 0.25,
-                                    key_scales)
-        plain = mla.sparse_attention(q[lo:hi].float(), dequantize_rows(
-            latent.index_select(0, idx), scales.index_select(0, idx)), masks_of(sel, fp)[i], 0.25)
+        want = mla.sparse_attention(q[lo:hi].float(), keys, masks_of(sel, fp)[i], 0.25, key_scales)
+        plain = mla.sparse_attention(
+            q[lo:hi].float(),
+            dequantize_rows(latent.index_select(0, idx), scales.index_select(0, idx)),
+            masks_of(sel, fp)[i],
+            0.25,
+        )
         assert rel(want, plain) < 1e-6
         assert rel(got[lo:hi], want) < tol
 
@@ -368,9 +427,13 @@ def test_a_decode_pass_laid_out_as_the_graph_runners_equals_the_eager_pass(gpu_p
     want = two_layers(dtype, eager, clone(base), x[:3].clone())
     # GraphRunner's own static pass and input fill, on a stand-in for the runner
     bucket, max_pages, scratch = 4, 5, NUM_PAGES - 1
-    ns = SimpleNamespace(pool=SimpleNamespace(page_rows=PAGE_ROWS), scratch_page=scratch,
-                         scratch_slot=9, model=SimpleNamespace(device=torch.device("cpu")),
-                         _copied=None)
+    ns = SimpleNamespace(
+        pool=SimpleNamespace(page_rows=PAGE_ROWS),
+        scratch_page=scratch,
+        scratch_slot=9,
+        model=SimpleNamespace(device=torch.device("cpu")),
+        _copied=None,
+    )
     ns._pad = lambda host, a, b: GraphRunner._pad(ns, host, a, b)
     host = torch.empty(4 + max_pages, bucket, dtype=torch.int64)
     ns._pad(host, 0, bucket)
@@ -386,10 +449,18 @@ def test_a_decode_pass_laid_out_as_the_graph_runners_equals_the_eager_pass(gpu_p
         assert set(got[2][r].tolist()) - {-1} == set(want[2][r].tolist()) - {-1}
 
 
-@pytest.mark.parametrize("width, limit, one_launch_max", [
-    (40, 16, 0), (9, 16, 0), (300, 128, 0),  # torch's top k, the sort in one launch
-    (40, 16, 2048), (9, 16, 2048), (300, 128, 2048), (128, 128, 2048),  # all in one launch
-])
+@pytest.mark.parametrize(
+    "width, limit, one_launch_max",
+    [
+        (40, 16, 0),
+        (9, 16, 0),
+        (300, 128, 0),  # torch's top k, the sort in one launch
+        (40, 16, 2048),
+        (9, 16, 2048),
+        (300, 128, 2048),
+        (128, 128, 2048),  # all in one launch
+    ],
+)
 def test_top_pools_in_one_launch_equal_torchs_sort(width, limit, one_launch_max, monkeypatch):
     gen = torch.Generator().manual_seed(width)
     keys = torch.randint(-(2**62), 2**62, (5, width), generator=gen, dtype=torch.int64)

@@ -151,7 +151,7 @@ def _rope_theta(raw: Mapping[str, Any], source: str) -> float:
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type != "default":
         raise ConfigError(
-            f"{source}: rope_type {rope_type!r} is not supported by lfm2_moe (only \"default\")"
+            f'{source}: rope_type {rope_type!r} is not supported by lfm2_moe (only "default")'
         )
     theta = params.get("rope_theta", raw.get("rope_theta", DEFAULT_ROPE_THETA))
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
@@ -169,8 +169,16 @@ def _ids(value: Any, source: str) -> tuple[int, ...]:
 
 
 def _check(cfg: Lfm2MoeConfig, source: str) -> None:
-    positive = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads",
-                "head_dim", "num_hidden_layers", "conv_L_cache", "max_position_embeddings")
+    positive = (
+        "vocab_size",
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "num_hidden_layers",
+        "conv_L_cache",
+        "max_position_embeddings",
+    )
     for name in positive:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{source}: {name!r} must be at least 1, got {getattr(cfg, name)}")

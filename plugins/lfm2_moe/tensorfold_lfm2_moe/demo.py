@@ -29,7 +29,10 @@ DEMO_NAME = "lfm2_moe-demo-v3"
 WEIGHTS = Path(__file__).with_name("demo_weights.safetensors")
 RETRAIN = "python -m tensorfold_lfm2_moe.demo_train"
 FILES = (
-    "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
     "tokenizer_config.json",
 )
 SEED = 20250101
@@ -40,9 +43,16 @@ VOCAB_TARGET = 1024
 
 LAYER_TYPES = ["conv", "conv", "full_attention", "conv", "conv", "full_attention"]
 SHAPE: dict[str, Any] = dict(
-    hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-    num_hidden_layers=len(LAYER_TYPES), num_attention_heads=4, num_key_value_heads=2,
-    num_dense_layers=2, num_experts=8, num_experts_per_tok=2, conv_L_cache=3,
+    hidden_size=128,
+    intermediate_size=256,
+    moe_intermediate_size=64,
+    num_hidden_layers=len(LAYER_TYPES),
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_dense_layers=2,
+    num_experts=8,
+    num_experts_per_tok=2,
+    conv_L_cache=3,
     max_position_embeddings=32768,
 )
 
@@ -56,14 +66,26 @@ CORPUS = plain_text() + (
 def config_dict(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
     """config.json with the keys and values `Lfm2MoeConfig(...).save_pretrained` writes (5.23.0)."""
     return {
-        "architectures": ["Lfm2MoeForCausalLM"], "model_type": "lfm2_moe",
+        "architectures": ["Lfm2MoeForCausalLM"],
+        "model_type": "lfm2_moe",
         "transformers_version": "5.23.0",
-        **SHAPE, "vocab_size": vocab_size, "layer_types": LAYER_TYPES,
-        "bos_token_id": ids[BOS], "eos_token_id": ids[EOS], "pad_token_id": ids[PAD],
-        "conv_bias": False, "dtype": "float32", "initializer_range": 0.1, "norm_eps": 1e-05,
-        "norm_topk_prob": True, "output_router_logits": False, "routed_scaling_factor": 1.0,
+        **SHAPE,
+        "vocab_size": vocab_size,
+        "layer_types": LAYER_TYPES,
+        "bos_token_id": ids[BOS],
+        "eos_token_id": ids[EOS],
+        "pad_token_id": ids[PAD],
+        "conv_bias": False,
+        "dtype": "float32",
+        "initializer_range": 0.1,
+        "norm_eps": 1e-05,
+        "norm_topk_prob": True,
+        "output_router_logits": False,
+        "routed_scaling_factor": 1.0,
         "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
-        "tie_word_embeddings": True, "use_cache": True, "use_expert_bias": True,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "use_expert_bias": True,
     }
 
 
@@ -103,8 +125,11 @@ def random_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
         return 1.0 + normal(n, std=0.1)
 
     def ffn(prefix: str, width: int) -> dict[str, torch.Tensor]:
-        return {f"{prefix}.w1.weight": normal(width, h), f"{prefix}.w3.weight": normal(width, h),
-                f"{prefix}.w2.weight": normal(h, width)}
+        return {
+            f"{prefix}.w1.weight": normal(width, h),
+            f"{prefix}.w3.weight": normal(width, h),
+            f"{prefix}.w2.weight": normal(h, width),
+        }
 
     w: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal(cfg["vocab_size"], h)}
     for i, kind in enumerate(cfg["layer_types"]):
@@ -133,7 +158,6 @@ def random_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
     return w
 
 
-
 def write_demo(folder: Path) -> None:
     """Write every file of the demo checkpoint into an existing empty folder."""
     from safetensors.torch import save_file
@@ -143,19 +167,34 @@ def write_demo(folder: Path) -> None:
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     cfg = config_dict(tok.get_vocab_size(), ids)
     write_json(folder / "config.json", cfg)
-    write_json(folder / "generation_config.json", {
-        "_from_model_config": True, "bos_token_id": ids[BOS], "eos_token_id": ids[EOS],
-        "pad_token_id": ids[PAD], "output_attentions": False, "output_hidden_states": False,
-        "transformers_version": "5.23.0", "use_cache": True,
-    })
-    write_json(folder / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": BOS, "eos_token": EOS, "pad_token": PAD,
-        "add_bos_token": True, "add_eos_token": False, "clean_up_tokenization_spaces": False,
-        "model_max_length": SHAPE["max_position_embeddings"], "chat_template": CHAT_TEMPLATE,
-    })
+    write_json(
+        folder / "generation_config.json",
+        {
+            "_from_model_config": True,
+            "bos_token_id": ids[BOS],
+            "eos_token_id": ids[EOS],
+            "pad_token_id": ids[PAD],
+            "output_attentions": False,
+            "output_hidden_states": False,
+            "transformers_version": "5.23.0",
+            "use_cache": True,
+        },
+    )
+    write_json(
+        folder / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": BOS,
+            "eos_token": EOS,
+            "pad_token": PAD,
+            "add_bos_token": True,
+            "add_eos_token": False,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": SHAPE["max_position_embeddings"],
+            "chat_template": CHAT_TEMPLATE,
+        },
+    )
     save_file(build_weights(cfg), str(folder / "model.safetensors"), metadata={"format": "pt"})
-
 
 
 def build_demo(cache_dir: Path) -> Path:

@@ -27,8 +27,10 @@ def texts() -> list[str]:
     bos = demo.BOS
     out = [f"{bos}{p}" for p in paragraphs()]
     out += [f"{bos}{q} {a}" for q, a in QA]
-    out += [f"{bos}<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n"
-            for q, a in QA]
+    out += [
+        f"{bos}<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n"
+        for q, a in QA
+    ]
     return out
 
 
@@ -47,8 +49,7 @@ def run(steps: int) -> tuple[dict[str, Any], Any]:
         save_file(demo.random_weights(cfg), str(folder / "model.safetensors"))
 
     examples = [tok.encode(t, add_special_tokens=False).ids for t in texts()]
-    return train(Lfm2MoeForCausalLM, write_start, examples, ids[demo.PAD], steps,
-                 demo.SEED), tok
+    return train(Lfm2MoeForCausalLM, write_start, examples, ids[demo.PAD], steps, demo.SEED), tok
 
 
 if __name__ == "__main__":

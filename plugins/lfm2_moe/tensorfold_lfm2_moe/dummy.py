@@ -39,19 +39,27 @@ def _layer_types(layers: int, attention: tuple[int, ...]) -> tuple[str, ...]:
 # listing; the 24B's are not published: every fourth layer from 2, as the 8B's spacing.
 SHAPES: dict[str, Lfm2MoeConfig] = {
     "LFM2-8B-A1B": Lfm2MoeConfig(
-        num_hidden_layers=24, layer_types=_layer_types(24, (2, 6, 10, 14, 18, 21)),
-        num_experts=32, num_experts_per_tok=4, moe_intermediate_size=1792,
-        intermediate_size=7168, num_dense_layers=2, eos_token_ids=(7,),
+        num_hidden_layers=24,
+        layer_types=_layer_types(24, (2, 6, 10, 14, 18, 21)),
+        num_experts=32,
+        num_experts_per_tok=4,
+        moe_intermediate_size=1792,
+        intermediate_size=7168,
+        num_dense_layers=2,
+        eos_token_ids=(7,),
     ),
     "LFM2-24B-A2B": Lfm2MoeConfig(
-        num_hidden_layers=40, layer_types=_layer_types(40, tuple(range(2, 40, 4))),
-        num_experts=64, num_experts_per_tok=4, moe_intermediate_size=1536,
-        intermediate_size=7168, num_dense_layers=2, max_position_embeddings=32768,
+        num_hidden_layers=40,
+        layer_types=_layer_types(40, tuple(range(2, 40, 4))),
+        num_experts=64,
+        num_experts_per_tok=4,
+        moe_intermediate_size=1536,
+        intermediate_size=7168,
+        num_dense_layers=2,
+        max_position_embeddings=32768,
         eos_token_ids=(7,),
     ),
 }
-
-
 
 
 def dummy_weights(
@@ -74,15 +82,22 @@ def dummy_weights(
             q = cfg.num_attention_heads // world * d
             kv = max(1, cfg.num_key_value_heads // world) * d
             mixer: AttentionWeights | ConvWeights = AttentionWeights(
-                part.normal(q, h), part.normal(kv, h), part.normal(kv, h), part.normal(h, q),
-                init.ones(d), init.ones(d),
+                part.normal(q, h),
+                part.normal(kv, h),
+                part.normal(kv, h),
+                part.normal(h, q),
+                init.ones(d),
+                init.ones(d),
             )
         else:
             bias = cfg.conv_bias
             mixer = ConvWeights(
-                part.normal(3 * hl, h), part.normal(3 * hl) if bias else None,
-                part.normal(hl, cfg.conv_L_cache, std=0.3), part.normal(hl) if bias else None,
-                part.normal(h, hl), init.normal(h) if bias else None,
+                part.normal(3 * hl, h),
+                part.normal(3 * hl) if bias else None,
+                part.normal(hl, cfg.conv_L_cache, std=0.3),
+                part.normal(hl) if bias else None,
+                part.normal(h, hl),
+                init.normal(h) if bias else None,
             )
         if cfg.is_dense(i):
             n = cfg.intermediate_size // world
@@ -96,7 +111,12 @@ def dummy_weights(
             down = part.normal(len(local), h, n)
             bias_e = init.normal(e, std=0.01, dtype=torch.float32) if cfg.use_expert_bias else None
             ffn = MoeWeights(  # [E, I, H] views of the stacks, as the loader's stacked tensors
-                init.normal(e, h), bias_e, gate_up[:, :n], gate_up[:, n:], down, local.start,
+                init.normal(e, h),
+                bias_e,
+                gate_up[:, :n],
+                gate_up[:, n:],
+                down,
+                local.start,
             )
         layers.append(LayerWeights(init.ones(h), init.ones(h), mixer, ffn))
     lm_head = embed
@@ -150,15 +170,17 @@ def cast(model: Lfm2MoeModel, dtype: torch.dtype) -> Lfm2MoeModel:
                 *(c(t) for t in (m.q, m.k, m.v, m.out, m.q_norm, m.k_norm))  # type: ignore[misc]
             )
         else:
-            mixer = ConvWeights(*(c(t) for t in (m.in_proj, m.in_bias, m.conv, m.conv_bias,
-                                                 m.out_proj, m.out_bias)))  # type: ignore[arg-type]
+            mixer = ConvWeights(
+                *(c(t) for t in (m.in_proj, m.in_bias, m.conv, m.conv_bias, m.out_proj, m.out_bias))
+            )  # type: ignore[arg-type]
         if isinstance(f, DenseWeights):
             ffn: DenseWeights | MoeWeights = DenseWeights(c(f.w1), c(f.w3), c(f.w2))  # type: ignore[arg-type]
         else:
             gate_up, down = (t.to(dtype) for t in expert_stacks(f))
             n = f.w1[0].shape[0]
-            ffn = MoeWeights(c(f.gate), f.expert_bias, gate_up[:, :n], gate_up[:, n:], down,
-                             f.first_expert)
+            ffn = MoeWeights(
+                c(f.gate), f.expert_bias, gate_up[:, :n], gate_up[:, n:], down, f.first_expert
+            )
         layers.append(LayerWeights(c(layer.operator_norm), c(layer.ffn_norm), mixer, ffn))  # type: ignore[arg-type]
     embed = c(w.embed)
     lm_head = embed if w.lm_head is w.embed else c(w.lm_head)

@@ -45,16 +45,24 @@ def attention(
     # heads from the weights: under tensor parallel, this rank's heads
     qkv = linear(x, w.qkv).view(n, -1, d)  # [N, Hq + 2·Hkv, D]
     if k_rows.dtype == v_rows.dtype == x.dtype:  # not fp8 rows: one launch stores them
-        q = qkv_norm_rope_write(qkv, w.q_norm, w.k_norm, cfg.norm_eps, cos, sin, k_rows, v_rows,
-                                fp.write_index)
+        q = qkv_norm_rope_write(
+            qkv, w.q_norm, w.k_norm, cfg.norm_eps, cos, sin, k_rows, v_rows, fp.write_index
+        )
     else:
         kv_heads = k_rows.shape[1]
         q, k, v = qkv.split((qkv.shape[1] - 2 * kv_heads, kv_heads, kv_heads), dim=1)
         q = norm_rope(q, w.q_norm, cfg.norm_eps, cos, sin)
         k = norm_rope(k, w.k_norm, cfg.norm_eps, cos, sin)
         rows.write_many(fp.write_index, [(k_name, k), (v_name, v)])
-    o = paged_attention(q, k_rows, v_rows, fp, scale=d**-0.5,
-                        k_scales=rows.scales(k_name), v_scales=rows.scales(v_name))
+    o = paged_attention(
+        q,
+        k_rows,
+        v_rows,
+        fp,
+        scale=d**-0.5,
+        k_scales=rows.scales(k_name),
+        v_scales=rows.scales(v_name),
+    )
     return parallel.row_linear(o.reshape(n, -1), w.out)
 
 
@@ -70,7 +78,10 @@ def short_conv(
 
 
 def norm_feed_forward(
-    cfg: Lfm2MoeConfig, w: DenseWeights | MoeWeights, norm: torch.Tensor, y: torch.Tensor,
+    cfg: Lfm2MoeConfig,
+    w: DenseWeights | MoeWeights,
+    norm: torch.Tensor,
+    y: torch.Tensor,
     h: torch.Tensor,
 ) -> "tuple[torch.Tensor | moe_ops.SlotSum, torch.Tensor]":
     """h = y + h and the FFN of rms_norm(h) (weight `norm`), [N, H] each: (the dense SwiGLU's
@@ -81,11 +92,20 @@ def norm_feed_forward(
         x, h = add_rms_norm(y, h, norm, cfg.norm_eps)
         return parallel.sum_partials(moe_ops.gated_ffn(x, w.w1, w.w3, w.w2)), h
     x, h, weights, experts = moe_ops.norm_route(
-        y, h, norm, cfg.norm_eps, w.gate, w.expert_bias, cfg.num_experts_per_tok,
-        norm_topk_prob=cfg.norm_topk_prob, scaling=cfg.routed_scaling_factor,
+        y,
+        h,
+        norm,
+        cfg.norm_eps,
+        w.gate,
+        w.expert_bias,
+        cfg.num_experts_per_tok,
+        norm_topk_prob=cfg.norm_topk_prob,
+        scaling=cfg.routed_scaling_factor,
     )
     if parallel.current().world > 1:  # this rank's experts, the ranks' partials summed
-        return parallel.expert_parallel_moe(x, weights, experts, w.w1, w.w3, w.w2,
-                                            w.first_expert), h
-    return moe_ops.moe(x, weights, experts, w.w1, w.w3, w.w2,
-                       sum_slots=not moe_ops.SLOTS_SUMMED_BY_NORM), h
+        return parallel.expert_parallel_moe(
+            x, weights, experts, w.w1, w.w3, w.w2, w.first_expert
+        ), h
+    return moe_ops.moe(
+        x, weights, experts, w.w1, w.w3, w.w2, sum_slots=not moe_ops.SLOTS_SUMMED_BY_NORM
+    ), h

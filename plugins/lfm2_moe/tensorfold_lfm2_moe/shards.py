@@ -40,8 +40,7 @@ def state_layout(cfg: Lfm2MoeConfig, dtype: str, world: int = 1) -> StateLayout:
     kv = max(1, cfg.num_key_value_heads // world)
     row = (kv, cfg.head_dim)
     paged = tuple(
-        RowSpec(f"L{i}.{n}", row, dtype, fp8=True)
-        for i in cfg.attention_layers for n in ("k", "v")
+        RowSpec(f"L{i}.{n}", row, dtype, fp8=True) for i in cfg.attention_layers for n in ("k", "v")
     )
     tail = (cfg.hidden_size // world, cfg.conv_L_cache - 1)
     fixed = tuple(StateSpec(f"L{i}.conv", tail, dtype) for i in cfg.conv_layers)
@@ -56,20 +55,27 @@ def check(cfg: Lfm2MoeConfig, world: int) -> None:
     """Refuse a config whose heads, channels or experts do not cut evenly for `world` ranks."""
     kv, heads = cfg.num_key_value_heads, cfg.num_attention_heads
     if heads % world:
-        raise ShardRefused(f"lfm2_moe: num_attention_heads={heads} is not a multiple of --tp "
-                           f"{world}")
+        raise ShardRefused(
+            f"lfm2_moe: num_attention_heads={heads} is not a multiple of --tp {world}"
+        )
     if kv % world and world % kv:
-        raise ShardRefused(f"lfm2_moe: num_key_value_heads={kv} and --tp {world}: neither "
-                           "divides the other")
+        raise ShardRefused(
+            f"lfm2_moe: num_key_value_heads={kv} and --tp {world}: neither divides the other"
+        )
     if cfg.hidden_size % world:
-        raise ShardRefused(f"lfm2_moe: hidden_size={cfg.hidden_size} (the short conv's "
-                           f"channels) is not a multiple of --tp {world}")
+        raise ShardRefused(
+            f"lfm2_moe: hidden_size={cfg.hidden_size} (the short conv's "
+            f"channels) is not a multiple of --tp {world}"
+        )
     if cfg.num_dense_layers and cfg.intermediate_size % world:
-        raise ShardRefused(f"lfm2_moe: intermediate_size={cfg.intermediate_size} is not a "
-                           f"multiple of --tp {world}")
+        raise ShardRefused(
+            f"lfm2_moe: intermediate_size={cfg.intermediate_size} is not a multiple of --tp {world}"
+        )
     if cfg.num_dense_layers < cfg.num_hidden_layers and cfg.num_experts % world:
-        raise ShardRefused(f"lfm2_moe: num_experts={cfg.num_experts} is not a multiple of --tp "
-                           f"{world} (each expert lives on one rank)")
+        raise ShardRefused(
+            f"lfm2_moe: num_experts={cfg.num_experts} is not a multiple of --tp "
+            f"{world} (each expert lives on one rank)"
+        )
 
 
 def plan(cfg: Lfm2MoeConfig, dtype: str, world: int) -> ShardPlan:
@@ -84,8 +90,7 @@ def plan(cfg: Lfm2MoeConfig, dtype: str, world: int) -> ShardPlan:
         (f"{conv}\\.out_proj\\.weight", ROW),
         (f"{ffn}\\.w[13]\\.weight", COLUMN),
         (f"{ffn}\\.w2\\.weight", ROW),
-        (f"{ffn}\\.experts\\.(?P<expert>\\d+)\\.w[123]\\.weight",
-         Split(experts=cfg.num_experts)),
+        (f"{ffn}\\.experts\\.(?P<expert>\\d+)\\.w[123]\\.weight", Split(experts=cfg.num_experts)),
     ]
     if vocab_parallel(cfg, world):
         splits.append(("lm_head\\.weight", COLUMN))

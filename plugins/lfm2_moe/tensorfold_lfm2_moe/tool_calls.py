@@ -25,13 +25,14 @@ from typing import Any, Callable, Mapping, Sequence
 from tensorfold.tool_calls import MalformedToolCall, Schemas, ToolCallFormat
 
 START, END = "<|tool_call_start|>", "<|tool_call_end|>"
-_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False,
-          "None": None}
+_NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
 
 
 def _value(node: ast.AST) -> Any:
-    if isinstance(node, ast.Constant) and not isinstance(node.value, (bytes, complex)) and (
-        node.value is not Ellipsis
+    if (
+        isinstance(node, ast.Constant)
+        and not isinstance(node.value, (bytes, complex))
+        and (node.value is not Ellipsis)
     ):
         return node.value
     if isinstance(node, ast.Name) and node.id in _NAMES:
@@ -126,8 +127,9 @@ def partial(body: str, schemas: Schemas) -> list[tuple[str, dict[str, Any]]]:
     return []
 
 
-def grammar(tools: Sequence[Mapping[str, Any]], parallel: bool,
-            literal: Callable[[str], str]) -> str:
+def grammar(
+    tools: Sequence[Mapping[str, Any]], parallel: bool, literal: Callable[[str], str]
+) -> str:
     """The JSON form, one call (or several when `parallel`), each a tool's name and arguments
     valid against its parameters."""
     from tensorfold.structured import arguments_schema
@@ -137,10 +139,15 @@ def grammar(tools: Sequence[Mapping[str, Any]], parallel: bool,
         function = tool["function"]
         head = '{"name": ' + json.dumps(function["name"]) + ', "arguments": '
         schema = json.dumps(arguments_schema(function.get("parameters")))
-        rules.append(f"call_{i}: {json.dumps(head)} %json{schema} \"}}\"")
+        rules.append(f'call_{i}: {json.dumps(head)} %json{schema} "}}"')
     calls = 'call ("," call)*' if parallel else "call"
-    return "\n".join([f'start: {literal(START)} "[" {calls} "]" {literal(END)}',
-                      "call: " + " | ".join(f"call_{i}" for i in range(len(tools))), *rules])
+    return "\n".join(
+        [
+            f'start: {literal(START)} "[" {calls} "]" {literal(END)}',
+            "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
+            *rules,
+        ]
+    )
 
 
 FORMAT = ToolCallFormat("lfm2", START, END, parse, grammar=grammar, partial=partial)

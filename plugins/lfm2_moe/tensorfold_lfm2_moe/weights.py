@@ -109,8 +109,9 @@ def load_weights(
         mixer = _attention(read, cfg, p) if kind == ATTENTION else _conv(read, cfg, p)
         ffn = _dense(read, cfg, p) if cfg.is_dense(i) else _moe(read, cfg, p)
         layers.append(
-            LayerWeights(read(f"{p}.operator_norm.weight", h), read(f"{p}.ffn_norm.weight", h),
-                         mixer, ffn)
+            LayerWeights(
+                read(f"{p}.operator_norm.weight", h), read(f"{p}.ffn_norm.weight", h), mixer, ffn
+            )
         )
     # As the reference: an lm_head.weight on disk is used even when the config ties (5.23.0
     # unties then); without one, a tied model reuses the embeddings and an untied one is refused.
@@ -128,9 +129,12 @@ def _attention(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> AttentionWeights:
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
     a = f"{p}.self_attn"
     return AttentionWeights(
-        q=read(f"{a}.q_proj.weight", q, h), k=read(f"{a}.k_proj.weight", kv, h),
-        v=read(f"{a}.v_proj.weight", kv, h), out=read(f"{a}.out_proj.weight", h, q),
-        q_norm=read(f"{a}.q_layernorm.weight", d), k_norm=read(f"{a}.k_layernorm.weight", d),
+        q=read(f"{a}.q_proj.weight", q, h),
+        k=read(f"{a}.k_proj.weight", kv, h),
+        v=read(f"{a}.v_proj.weight", kv, h),
+        out=read(f"{a}.out_proj.weight", h, q),
+        q_norm=read(f"{a}.q_layernorm.weight", d),
+        k_norm=read(f"{a}.k_layernorm.weight", d),
     )
 
 
@@ -150,8 +154,9 @@ def _conv(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> ConvWeights:
 def _dense(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> DenseWeights:
     h, i = cfg.hidden_size, cfg.intermediate_size
     f = f"{p}.feed_forward"
-    return DenseWeights(read(f"{f}.w1.weight", i, h), read(f"{f}.w3.weight", i, h),
-                        read(f"{f}.w2.weight", h, i))
+    return DenseWeights(
+        read(f"{f}.w1.weight", i, h), read(f"{f}.w3.weight", i, h), read(f"{f}.w2.weight", h, i)
+    )
 
 
 def _moe(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> MoeWeights:

@@ -108,9 +108,10 @@ def test_transformers_loads_and_generates(ckpt: Path) -> None:
     assert not info["mismatched_keys"] and not info["error_msgs"]
     assert model.model.layers[2].feed_forward.expert_bias.abs().sum() > 0
     ids = torch.tensor([[1, 3, 40, 50, 60, 70, 80, 4]])
-    out = model.eval().generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
-                                do_sample=False)
-    new = out[0, ids.shape[1]:].tolist()
+    out = model.eval().generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False
+    )
+    new = out[0, ids.shape[1] :].tolist()
     assert len(new) == 16 and len(set(new)) > 3
 
 
@@ -121,9 +122,14 @@ def test_tokenizer_loads_round_trips_and_chats(ckpt: Path) -> None:
     tok = AutoTokenizer.from_pretrained(ckpt)
     assert len(tok) == cfg["vocab_size"]
     assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (
-        cfg["bos_token_id"], cfg["eos_token_id"], cfg["pad_token_id"])
+        cfg["bos_token_id"],
+        cfg["eos_token_id"],
+        cfg["pad_token_id"],
+    )
     assert tok.convert_ids_to_tokens([cfg["bos_token_id"], cfg["eos_token_id"]]) == [
-        "<|startoftext|>", "<|im_end|>"]
+        "<|startoftext|>",
+        "<|im_end|>",
+    ]
 
     for text in ("The little engine woke before dawn.", "  Unseen wörds, 東京 & emoji 🚂!\n"):
         ids = tok(text).input_ids
@@ -132,8 +138,10 @@ def test_tokenizer_loads_round_trips_and_chats(ckpt: Path) -> None:
 
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
     text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-    assert text == ("<|startoftext|><|im_start|>system\nBe brief.<|im_end|>\n"
-                    "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n")
+    assert text == (
+        "<|startoftext|><|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
+    )
     ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)["input_ids"]
     assert ids[0] == cfg["bos_token_id"] and ids[1] != cfg["bos_token_id"]
     closed = tok.apply_chat_template(chat, tokenize=False)

@@ -57,8 +57,9 @@ def test_concurrent_equals_solo_at_levels_1_2_4_8(demo, prompts, alone, params_n
     params = {"greedy": GREEDY, "sampled": SAMPLED}[params_name]
     llm = open_llm(demo, parallel=8)
     try:
-        testing.assert_concurrent_equals_solo(llm, prompts, params, alone[params_name],
-                                              levels=(1, 2, 4, 8))
+        testing.assert_concurrent_equals_solo(
+            llm, prompts, params, alone[params_name], levels=(1, 2, 4, 8)
+        )
     finally:
         close_even(llm)
 
@@ -119,7 +120,9 @@ def test_short_prompts_finish_before_a_long_fill(demo):
 def test_a_request_over_the_window_is_refused_with_both_numbers(demo):
     llm = open_llm(demo, parallel=2)
     try:
-        with pytest.raises(RequestRefused, match=r"4000 tokens plus max_tokens 200 make 4200.*4096"):
+        with pytest.raises(
+            RequestRefused, match=r"4000 tokens plus max_tokens 200 make 4200.*4096"
+        ):
             llm.generate([[5] * 4000], SamplingParams(max_tokens=200))
         top = llm.served.engine.lanes.runner.model.vocab_size - 1
         with pytest.raises(RequestRefused, match=rf"logit_bias key 9999 .* ids are 0\.\.{top}"):
@@ -181,17 +184,31 @@ def test_constrained_rows_concurrent_equal_solo(demo, prompts):
     alone; the replies are JSON of the schema, and the census is even after."""
     from tensorfold.structured import json_schema
 
-    schema = {"type": "object", "properties": {
-        "name": {"type": "string", "maxLength": 8},
-        "n": {"type": "integer", "minimum": 0, "maximum": 999},
-        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
-        "required": ["name", "n"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "n": {"type": "integer", "minimum": 0, "maximum": 999},
+            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+        },
+        "required": ["name", "n"],
+        "additionalProperties": False,
+    }
     llm = open_llm(demo, parallel=8)
     try:
         constraint = json_schema(schema, llm.tokenizer)
-        mixed = [SamplingParams(**{**vars(GREEDY if i % 3 == 0 else SAMPLED), "seed": 50 + i,
-                                   "ignore_eos": False, "max_tokens": 60,
-                                   "constraint": constraint}) for i in range(len(prompts))]
+        mixed = [
+            SamplingParams(
+                **{
+                    **vars(GREEDY if i % 3 == 0 else SAMPLED),
+                    "seed": 50 + i,
+                    "ignore_eos": False,
+                    "max_tokens": 60,
+                    "constraint": constraint,
+                }
+            )
+            for i in range(len(prompts))
+        ]
         alone = [llm.generate([p], params)[0] for p, params in zip(prompts, mixed)]
         together = llm.generate(prompts, mixed)
         assert [c.token_ids for c in together] == [c.token_ids for c in alone]

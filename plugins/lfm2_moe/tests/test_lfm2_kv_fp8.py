@@ -26,15 +26,25 @@ def test_gates_hold_within_fp8_kv(demo: Path) -> None:
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(5, 700, (n,), generator=g).tolist() for n in (9, 130, 600, 2100)]
     chats = [testing.chat_turns(c, turns=2, first=150, later=20) for c in range(3)]
-    testing.assert_engine_gates("lfm2_moe", demo, prompts, chats, GREEDY, SAMPLED,
-                                min_cached=150, kv_dtype="fp8", context=4096,
-                                parallel=4)
+    testing.assert_engine_gates(
+        "lfm2_moe",
+        demo,
+        prompts,
+        chats,
+        GREEDY,
+        SAMPLED,
+        min_cached=150,
+        kv_dtype="fp8",
+        context=4096,
+        parallel=4,
+    )
 
 
 def test_fp8_states_resumed_from_the_host_tier_give_the_fresh_replies(demo: Path) -> None:
     chats = [testing.chat_turns(c, turns=3, first=60, later=20) for c in range(6)]
-    testing.assert_host_tier_resumes_as_fresh("lfm2_moe", demo, chats, SAMPLED, kv_dtype="fp8",
-                                              context=4096)
+    testing.assert_host_tier_resumes_as_fresh(
+        "lfm2_moe", demo, chats, SAMPLED, kv_dtype="fp8", context=4096
+    )
 
 
 def test_fp8_kv_agrees_with_fp32_kv_and_the_demo_still_writes_words(demo: Path) -> None:

@@ -25,8 +25,15 @@ from tensorfold_lfm2_moe.plugin import LFM2_MOE
 from tensorfold_lfm2_moe.tool_calls import FORMAT
 
 S, E = FORMAT.start, FORMAT.end
-ARGS = {"city": "Saint-Étienne", "days": 3, "ratio": -0.5, "metric": True, "note": None,
-        "tags": ["a", "b'c"], "opts": {"deep": [1, {"x": False}]}}
+ARGS = {
+    "city": "Saint-Étienne",
+    "days": 3,
+    "ratio": -0.5,
+    "metric": True,
+    "note": None,
+    "tags": ["a", "b'c"],
+    "opts": {"deep": [1, {"x": False}]},
+}
 CALLS = [("get_weather", ARGS), ("get_time", {})]
 
 
@@ -52,7 +59,9 @@ def test_parallel_calls_in_one_list_and_in_two_sections() -> None:
 def test_text_before_and_after_a_call() -> None:
     text = f"Let me look that up.\n{S}[get_time(zone='UTC')]{E}\nOne moment."
     assert parse_everywhere(FORMAT, text) == (
-        "Let me look that up.\nOne moment.", [("get_time", {"zone": "UTC"})])
+        "Let me look that up.\nOne moment.",
+        [("get_time", {"zone": "UTC"})],
+    )
 
 
 def test_json_form() -> None:
@@ -60,12 +69,17 @@ def test_json_form() -> None:
     assert parse_everywhere(FORMAT, text) == ("", [("get_time", {"zone": "UTC", "dst": True})])
 
 
-@pytest.mark.parametrize("body", [
-    "[get_weather('Paris')]",  # positional
-    "[get_weather(city=]",  # syntax
-    "[get_weather(city=open('x'))]",  # not a literal: never evaluated
-    "[]", "[42]", "[f(**kw)]",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[get_weather('Paris')]",  # positional
+        "[get_weather(city=]",  # syntax
+        "[get_weather(city=open('x'))]",  # not a literal: never evaluated
+        "[]",
+        "[42]",
+        "[f(**kw)]",
+    ],
+)
 def test_malformed_markup_is_left_as_content(body: str) -> None:
     text = f"Sure. {S}{body}{E}"
     assert parse_everywhere(FORMAT, text) == (text, [])
@@ -76,23 +90,33 @@ def test_an_unclosed_section_is_content() -> None:
     assert parse_everywhere(FORMAT, text) == (text, [])
 
 
-@pytest.mark.parametrize("cut, calls", [
-    ("[get_weather(city='Pa)r", []),
-    ("[get_weather(city='Pa)ris', days=3), get_ti", [("get_weather", {"city": "Pa)ris",
-                                                                       "days": 3})]),
-    ('[{"name": "get_time", "arguments": {"zone": "}"}}, {"name": "get_weather", "argu',
-     [("get_time", {"zone": "}"})]),
-], ids=["first", "python", "json"])
-def test_a_list_cut_by_max_tokens_gives_its_complete_calls(
-        cut: str, calls: list[Any]) -> None:
+@pytest.mark.parametrize(
+    "cut, calls",
+    [
+        ("[get_weather(city='Pa)r", []),
+        (
+            "[get_weather(city='Pa)ris', days=3), get_ti",
+            [("get_weather", {"city": "Pa)ris", "days": 3})],
+        ),
+        (
+            '[{"name": "get_time", "arguments": {"zone": "}"}}, {"name": "get_weather", "argu',
+            [("get_time", {"zone": "}"})],
+        ),
+    ],
+    ids=["first", "python", "json"],
+)
+def test_a_list_cut_by_max_tokens_gives_its_complete_calls(cut: str, calls: list[Any]) -> None:
     text = f"Checking. {S}{cut}"
     for size in (1, 3, len(text)):
         stream = ToolCallStream(FORMAT)
-        content = "".join(stream.feed(text[i:i + size]).content
-                          for i in range(0, len(text), size))
+        content = "".join(
+            stream.feed(text[i : i + size]).content for i in range(0, len(text), size)
+        )
         content += stream.finish(cut=True).content
-        assert content == "Checking." and [(c.name, json.loads(c.arguments))
-                                           for c in stream.calls] == calls
+        assert (
+            content == "Checking."
+            and [(c.name, json.loads(c.arguments)) for c in stream.calls] == calls
+        )
 
 
 def test_a_partial_marker_is_held_back_then_released() -> None:
@@ -103,15 +127,19 @@ def test_a_partial_marker_is_held_back_then_released() -> None:
 
 
 def _assistant_part(rendered: str, content: str) -> str:
-    part = rendered[rendered.index(content):]
-    return part[:part.rindex(E) + len(E)]
+    part = rendered[rendered.index(content) :]
+    return part[: part.rindex(E) + len(E)]
 
 
 def _history(content: str) -> list[dict]:
-    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
-             for i, (n, a) in enumerate(CALLS)]
-    return [{"role": "user", "content": "Weather?"},
-            {"role": "assistant", "content": content, "tool_calls": calls}]
+    calls = [
+        {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+        for i, (n, a) in enumerate(CALLS)
+    ]
+    return [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": content, "tool_calls": calls},
+    ]
 
 
 def test_reads_what_the_real_lfm25_template_writes() -> None:
@@ -125,20 +153,43 @@ def test_reads_what_the_demo_template_writes() -> None:
     assert parse_everywhere(FORMAT, _assistant_part(text, "Checking.")) == ("Checking.", CALLS)
 
 
-
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}}}}]
-CHAT = [{"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [{
-            "id": "call_1", "type": "function",
-            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+CHAT = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+]
 
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LLM]:
-    served = LLM(family="lfm2_moe", model=build_demo(tmp_path_factory.mktemp("demo")),
-                 device="cpu", dtype="float32", memory_limit_gib=0.25, context=2048, parallel=2)
+    served = LLM(
+        family="lfm2_moe",
+        model=build_demo(tmp_path_factory.mktemp("demo")),
+        device="cpu",
+        dtype="float32",
+        memory_limit_gib=0.25,
+        context=2048,
+        parallel=2,
+    )
     yield served
     close_even(served)
 
@@ -147,8 +198,15 @@ def test_the_offline_chat_takes_tools(llm: LLM) -> None:
     tok = llm.tokenizer
 
     def prompt(offered: list[dict] | None) -> list[int]:
-        return tok.encode(render_chat(CHAT_TEMPLATE, tool_history(CHAT), tools=offered,
-                                      bos_token=tok.bos_token, eos_token=tok.eos_token).text)
+        return tok.encode(
+            render_chat(
+                CHAT_TEMPLATE,
+                tool_history(CHAT),
+                tools=offered,
+                bos_token=tok.bos_token,
+                eos_token=tok.eos_token,
+            ).text
+        )
 
     greedy = SamplingParams(temperature=0, max_tokens=4)
     auto = llm.chat([CHAT, CHAT], [greedy, greedy], tools=TOOLS)[0]
@@ -163,12 +221,12 @@ def test_the_offline_chat_takes_tools(llm: LLM) -> None:
 
 @pytest.mark.parametrize("parallel", [True, False])
 def test_a_model_forced_to_write_calls_gives_tool_calls(
-        llm: LLM, monkeypatch: pytest.MonkeyPatch, parallel: bool) -> None:
+    llm: LLM, monkeypatch: pytest.MonkeyPatch, parallel: bool
+) -> None:
     """The demo's logits are replaced by a script of tokens (its random weights would not call):
     the lanes decode them token by token, and the chat's reply is parsed into calls."""
     tok = llm.tokenizer
-    text = (f"Let me check.\n{S}[get_weather(city=\"Paris\"), "
-            f"get_weather(city='Lyon')]{E}")
+    text = f"Let me check.\n{S}[get_weather(city=\"Paris\"), get_weather(city='Lyon')]{E}"
     script = iter([*tok.encode(text), min(tok.eos_token_ids)])
     model = llm.served.engine.lanes.runner.model
     real = model.forward
@@ -181,10 +239,14 @@ def test_a_model_forced_to_write_calls_gives_tool_calls(
         return out
 
     monkeypatch.setattr(model, "forward", forced)
-    done = llm.chat([CHAT], SamplingParams(temperature=0, max_tokens=400), tools=TOOLS,
-                    parallel_tool_calls=parallel)[0]
+    done = llm.chat(
+        [CHAT],
+        SamplingParams(temperature=0, max_tokens=400),
+        tools=TOOLS,
+        parallel_tool_calls=parallel,
+    )[0]
     assert done.text == text and done.content == "Let me check."
     assert done.finish_reason == "tool_calls"
     want = [("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Lyon"}')]
-    assert [(c.name, c.arguments) for c in done.tool_calls] == want[:2 if parallel else 1]
+    assert [(c.name, c.arguments) for c in done.tool_calls] == want[: 2 if parallel else 1]
     assert all(c.id.startswith("call_") for c in done.tool_calls)

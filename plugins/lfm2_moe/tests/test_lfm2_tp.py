@@ -40,13 +40,7 @@ WORKER_TIMEOUT_S = 120
 LAUNCH = "import sys; from tensorfold.cli import main; sys.exit(main())"
 
 
-
-
-
-
 # -- passes on the tiny checkpoints, one subprocess a rank ------------------------------------
-
-
 
 
 def passes_worker(rank: int, port: int, prompt_file: str, out: str, *paths: str) -> None:
@@ -67,14 +61,16 @@ def passes_worker(rank: int, port: int, prompt_file: str, out: str, *paths: str)
         assert model.layout == plan.layout
 
         def make_runner(model=model, num_pages=8, num_slots=4, page_rows=512, poison=False):
-            return ModelRunner(model, num_pages=num_pages, num_slots=num_slots,
-                               page_rows=page_rows, poison=poison)
+            return ModelRunner(
+                model, num_pages=num_pages, num_slots=num_slots, page_rows=page_rows, poison=poison
+            )
 
         got[path] = testing.greedy(make_runner(), prompt, GREEDY_STEPS)
         # the gates at --tp 2: every rank runs the same checks, so their collectives meet
         prompts = [prompt[:300], prompt[:250], prompt[100:400]]
         testing.assert_streams_together_equal_alone(
-            make_runner, model, prompts, (0, 1, 2), num_pages=6, max_rows=512)
+            make_runner, model, prompts, (0, 1, 2), num_pages=6, max_rows=512
+        )
         one = testing.run_on_pages(model, prompt, [0, 1], 512, [0, len(prompt)])
         resumed = testing.run_on_pages(model, prompt, [0, 1], 512, [0, 200, 513, len(prompt)])
         assert torch.equal(one, resumed)  # resumed == fresh: cut anywhere, the same bits
@@ -83,8 +79,6 @@ def passes_worker(rank: int, port: int, prompt_file: str, out: str, *paths: str)
     if rank == 0:
         torch.save(got, out)
     dist.destroy_process_group()
-
-
 
 
 def test_shards_give_one_ranks_logits_and_tokens_and_keep_the_gates(tiny_paths, tmp_path):
@@ -99,8 +93,9 @@ def test_shards_give_one_ranks_logits_and_tokens_and_keep_the_gates(tiny_paths, 
     got = torch.load(out)
     for path in paths:
         model = load(Checkpoint.open(path), "cpu", "float32")
-        logits, tokens = testing.greedy(ModelRunner(model, num_pages=8, num_slots=4), prompt,
-                                GREEDY_STEPS)
+        logits, tokens = testing.greedy(
+            ModelRunner(model, num_pages=8, num_slots=4), prompt, GREEDY_STEPS
+        )
         torch.testing.assert_close(got[path][0], logits, rtol=0, atol=1e-4)
         assert got[path][1] == tokens, path
 
@@ -127,8 +122,9 @@ def test_engine_gates_at_tp_2_and_tokens_equal_one_ranks(demo: Path):
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(5, 700, (n,), generator=g).tolist() for n in (9, 130, 600)]
     chats = [user_turns(c) for c in range(2)]
-    testing.assert_engine_gates_at_tp("lfm2_moe", demo, prompts, chats, GREEDY, SAMPLED,
-                                      min_cached=150, context=4096, parallel=4)
+    testing.assert_engine_gates_at_tp(
+        "lfm2_moe", demo, prompts, chats, GREEDY, SAMPLED, min_cached=150, context=4096, parallel=4
+    )
 
 
 # -- tensorfold serve --tp 2 ---------------------------------------------------------------
@@ -146,8 +142,11 @@ def test_serve_tp_2_answers_then_stops_when_a_follower_dies(demo: Path, tmp_path
     try:
         client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
         reply = client.chat.completions.create(
-            model="demo", messages=[{"role": "user", "content": "What is the capital of France?"}],
-            max_tokens=8, temperature=0)
+            model="demo",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=8,
+            temperature=0,
+        )
         assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 8
         log.flush()
         started = (tmp_path / "serve.log").read_text()
@@ -186,13 +185,39 @@ def test_under_torchrun_a_refusal_names_the_short_rank(demo: Path, tmp_path: Pat
     port = str(testing.free_port())
     procs = []
     for rank, gib in ((0, "0.25"), (1, "0.001")):
-        env = testing.clean_env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-                        MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TF_MEMORY_LIMIT_GIB=gib,
-                        TF_DEVICE="cpu", TF_TP_TIMEOUT_S="30")
-        procs.append(subprocess.Popen(
-            [sys.executable, "-c", LAUNCH, "generate", "--family", "lfm2_moe", "--model",
-             str(demo), "--context", "4096", "--parallel", "4", "hello"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+        env = testing.clean_env(
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            TF_MEMORY_LIMIT_GIB=gib,
+            TF_DEVICE="cpu",
+            TF_TP_TIMEOUT_S="30",
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    LAUNCH,
+                    "generate",
+                    "--family",
+                    "lfm2_moe",
+                    "--model",
+                    str(demo),
+                    "--context",
+                    "4096",
+                    "--parallel",
+                    "4",
+                    "hello",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        )
     outs = [p.communicate(timeout=WORKER_TIMEOUT_S) for p in procs]
     assert [p.returncode for p in procs] == [2, 2], outs
     assert "tensorfold: error: rank 1 of --tp 2 is short: --parallel 4 needs" in outs[0][1]
@@ -212,8 +237,9 @@ def test_a_warmed_up_tp_2_engine_answers_as_a_cold_one(demo: Path):
     for warm in (False, True):
         llm = testing.open_llm("lfm2_moe", demo, tp=2, warm_up=warm, parallel=2, context=4096)
         try:
-            replies[warm] = [c.token_ids for c in llm.generate(["Once upon a time", "Hello"],
-                                                               params)]
+            replies[warm] = [
+                c.token_ids for c in llm.generate(["Once upon a time", "Hello"], params)
+            ]
         finally:
             testing.close_even(llm)
     assert replies[True] == replies[False]

@@ -45,8 +45,7 @@ def test_chunked_prompt_matches_reference_at_every_row(tiny: "Tiny") -> None:
     stream = open_stream(runner, 0, PROMPT_LEN)
     cuts = [0, 1, 38, 338, PROMPT_LEN]
     parts = [
-        runner.run([stream.rows(tiny.prompt[a:b], logits="all")])[0]
-        for a, b in zip(cuts, cuts[1:])
+        runner.run([stream.rows(tiny.prompt[a:b], logits="all")])[0] for a, b in zip(cuts, cuts[1:])
     ]
     chunked = torch.cat(parts)
     assert rel_err(chunked, tiny.ref_logits()) < TOL
@@ -137,7 +136,7 @@ def test_bad_layer_type_is_refused(tiny_paths: dict[str, Path], tmp_path: Path) 
     cfg = json.loads((folder / "config.json").read_text())
     cfg["layer_types"][1] = "sliding_attention"
     (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ConfigError, match="'sliding_attention'.*\"conv\" or \"full_attention\""):
+    with pytest.raises(ConfigError, match='\'sliding_attention\'.*"conv" or "full_attention"'):
         load(Checkpoint.open(folder), "cpu", "float32")
 
 
@@ -156,8 +155,10 @@ def test_missing_and_misshapen_tensors_are_named(
 
     misshapen = "model.layers.1.self_attn.k_proj.weight"
     folder = _copy(src, tmp_path / "misshapen")
-    save_file({**tensors, misshapen: tensors[misshapen][:-1].contiguous()},
-              str(folder / "model.safetensors"))
+    save_file(
+        {**tensors, misshapen: tensors[misshapen][:-1].contiguous()},
+        str(folder / "model.safetensors"),
+    )
     with pytest.raises(CheckpointError, match=misshapen.replace(".", r"\.") + ".*expected"):
         load(Checkpoint.open(folder), "cpu", "float32")
 

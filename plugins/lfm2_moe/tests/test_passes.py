@@ -21,7 +21,6 @@ def _prompts(vocab: int) -> list[list[int]]:
     return [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (200, 250, 37)]
 
 
-
 def _model(tiny: "Tiny", dtype: str) -> Lfm2MoeModel:
     return tiny.model if dtype == "float32" else load(Checkpoint.open(tiny.path), "cpu", dtype)
 
@@ -36,7 +35,6 @@ def test_streams_in_one_pass_equal_streams_alone(
     testing.assert_streams_together_equal_alone(
         tiny.runner, model, prompts, together, num_pages=6, max_rows=600
     )
-
 
 
 def test_shuffled_page_table_gives_identical_logits(tiny: "Tiny") -> None:

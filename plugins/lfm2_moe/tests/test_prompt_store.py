@@ -46,7 +46,9 @@ def run_chats(llm: LLM, params: SamplingParams, chats: int = 8, turns: int = 4):
 def fresh(demo):
     llm = open_llm(demo, parallel=4)
     try:
-        return {name: run_chats(llm, p)[0] for name, p in (("greedy", GREEDY), ("sampled", SAMPLED))}
+        return {
+            name: run_chats(llm, p)[0] for name, p in (("greedy", GREEDY), ("sampled", SAMPLED))
+        }
     finally:
         close_even(llm)
 
@@ -87,8 +89,11 @@ def test_pressure_and_eviction_keep_every_reply(demo, fresh):
 
 def test_a_mark_inside_a_pass_resumes_there_with_no_extra_pass(demo):
     testing.assert_a_mark_inside_a_pass_resumes_there(
-        lambda **flags: open_llm(demo, **flags), " ".join(WORDS * 2),
-        " ".join(reversed(WORDS)), GREEDY)
+        lambda **flags: open_llm(demo, **flags),
+        " ".join(WORDS * 2),
+        " ".join(reversed(WORDS)),
+        GREEDY,
+    )
 
 
 def test_states_resumed_from_the_host_tier_give_the_same_replies(demo, fresh):
