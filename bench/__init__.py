@@ -1,1 +1,2 @@
-"""Benchmarks for the GPU machine (not tests): see bench/lfm2_speed.py and docs/perf.md."""
+"""The benchmarks a user runs (not tests): docs/performance.md says what each measures and how to
+run it; bench/experiments/ holds one-question measurements (its README says which)."""

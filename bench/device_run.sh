@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One call on the GPU machine, from the root of a tree made by bench/make_tree.sh: install the
-# wheels the image lacks (not fla-core), tensorfold and the plugins a benchmark needs, then the
-# benchmark.
+# One call on the GPU machine, from the repository root with the wheels of
+# ../shared/device/prepare.sh in .whl/ (carry .whl): install the wheels the image lacks (not
+# fla-core: glm_speed.py needs it, so run that one after bench/gpu_suite.sh's install lines),
+# tensorfold and the plugins a benchmark needs, then the benchmark; its files go to $OUT.
 #   bash bench/device_run.sh --commit abc1234 [lfm2_speed.py arguments]     (LFM2-MoE)
 #   bash bench/device_run.sh SCRIPT PLUGIN_DIR... -- [SCRIPT arguments]
 #   e.g. bash bench/device_run.sh bench/gemma4_speed.py plugins/lfm2_moe plugins/gemma4 -- --commit abc1234

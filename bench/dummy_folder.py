@@ -4,8 +4,10 @@ demo's tokenizer files (ids past its vocabulary decode to nothing; the bench com
 python bench/dummy_folder.py OUT_DIR [SHAPE] [--tokenizer DIR]   (default LFM2-8B-A1B)
 
 SHAPE `demo` keeps the demo's small shape (a CPU smoke test of a benchmark), its vocabulary the
-tokenizer's. --tokenizer DIR takes tokenizer.json from DIR (e.g. bench/big_tokenizer.py's, at
-LFM2's 65536 tokens) instead of the demo's 1024-token one; the chat template stays the demo's."""
+tokenizer's. --tokenizer DIR takes tokenizer.json from DIR (e.g.
+bench/experiments/big_tokenizer.py's, at LFM2's 65536 tokens) instead of the demo's 1024-token
+one; the chat template stays the demo's. bench/serve_dummy.sh and llama.cpp's peer run
+(docs/performance.md) serve from such a folder."""
 
 import json
 import shutil

@@ -1,4 +1,4 @@
-"""Gemma 4 speed on one GPU, in one run (docs/perf.md records the figures).
+"""Gemma 4 speed on one GPU, in one run (docs/performance.md records the figures).
 
 The model at Gemma-4-26B-A4B's text shape with dummy bf16 weights (tensorfold_gemma4.dummy),
 through `tensorfold.lanes.Lanes` and a runner (decode rounds under CUDA graphs), not the server:
@@ -229,11 +229,17 @@ def main() -> None:
     ap.add_argument("--sections", default="all")
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument(
+        "--no-triton",
+        action="store_true",
+        help="the ops' torch references, not Triton's kernels (--smoke: a quick CPU check)",
+    )
     args = ap.parse_args()
-    args.sweep = False
     if args.budget_s is None:
         args.budget_s = float("inf") if args.smoke else 540.0
-    if args.smoke:
+    if args.no_triton:
+        gpu.set_triton(False)
+    elif args.smoke:
         gpu.set_triton(True, on_cpu=True)
     b = Gemma4Bench(args)
     want = set(args.sections.split(",")) if args.sections != "all" else None

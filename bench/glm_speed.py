@@ -1,4 +1,4 @@
-"""glm5_next speed on one GPU, in one run (docs/perf.md records the figures).
+"""glm5_next speed on one GPU, in one run (docs/performance.md records the figures).
 
 The model at GLM-5.3-Flash-8L's shape (GLM-5.3-Flash's widths, 8 layers: 6 KDA, 2 MLA; 3 dense,
 5 MoE; ~76 GB) with dummy bf16 weights (tensorfold_glm.dummy), through `tensorfold.lanes.Lanes`
@@ -470,11 +470,19 @@ def main() -> None:
     ap.add_argument("--sections", default="all")
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument(
+        "--no-triton",
+        action="store_true",
+        help="the ops' torch references, not Triton's kernels (--smoke: a quick CPU check)",
+    )
     args = ap.parse_args()
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        gpu.set_triton(True, on_cpu=True)
         torch.set_num_threads(1)
+    if args.no_triton:
+        gpu.set_triton(False)
+    elif args.smoke:
+        gpu.set_triton(True, on_cpu=True)
     b = Bench(args)
     want = set(args.sections.split(",")) if args.sections != "all" else None
     plan: list[tuple[str, Callable[[], Any], float]] = [

@@ -1,4 +1,4 @@
-"""LFM2-MoE speed on one GPU, in one run (docs/perf.md records the figures).
+"""LFM2-MoE speed on one GPU, in one run (docs/performance.md records the figures).
 
 The model at LFM2-8B-A1B's shape with dummy bf16 weights (tensorfold_lfm2_moe.dummy), through
 `tensorfold.lanes.Lanes` and a runner (decode rounds under CUDA graphs), not the server:
@@ -22,7 +22,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
+if "--smoke" in sys.argv:  # before triton is imported: the kernels run in its interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -78,11 +81,6 @@ class Bench(EngineSections):
         from bench import limits
 
         return {"copy": limits.copy_bandwidth(), "matmul": limits.matmul_rate()}
-
-    def kernels(self) -> dict[str, Any]:
-        from bench import kernels
-
-        return kernels.run_all(sweep=self.args.sweep)
 
     def build(self) -> dict[str, Any]:
         cfg = SHAPES[self.args.shape]
@@ -207,9 +205,13 @@ def main() -> None:
     ap.add_argument("--shape", default="LFM2-8B-A1B", choices=sorted(SHAPES))
     ap.add_argument("--budget-s", type=float, default=430.0)
     ap.add_argument("--sections", default="all")
-    ap.add_argument("--sweep", action="store_true", help="time several linear tile shapes")
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument(
+        "--no-triton",
+        action="store_true",
+        help="the ops' torch references, not Triton's kernels (--smoke: a quick CPU check)",
+    )
     ap.add_argument("--max-splits", type=int, help="override triton_splitk.MAX_SPLITS")
     ap.add_argument("--tiny-block-m", type=int, help="override the 16-row tile of tiny passes")
     args = ap.parse_args()
@@ -219,7 +221,9 @@ def main() -> None:
         triton_splitk.MAX_SPLITS = args.max_splits
     if args.tiny_block_m:
         triton_linear.TINY_BLOCK_M = triton_moe.TINY_BLOCK_M = args.tiny_block_m
-    if args.smoke:
+    if args.no_triton:
+        gpu.set_triton(False)
+    elif args.smoke:
         gpu.set_triton(True, on_cpu=True)
     b = Bench(args)
     want = set(args.sections.split(",")) if args.sections != "all" else None
@@ -232,7 +236,6 @@ def main() -> None:
         ("prefill_probe", b.prefill_probe, 40),
         ("gates", b.gates, 60),
         ("transformers", b.transformers, 60),
-        ("kernels", b.kernels, 40),
         ("profile", b.profile, 20),
         ("census", b.census, 30),
         ("round_path", b.round_path, 30),
@@ -243,7 +246,6 @@ def main() -> None:
         if name in ("env", "build") or want is None or name in want:
             if args.smoke and name in (
                 "limits",
-                "kernels",
                 "profile",
                 "census",
                 "round_path",

@@ -1,4 +1,4 @@
-"""Bytes a decode step must read, and active parameters: the limits of docs/perf.md."""
+"""Bytes a decode step must read, and active parameters: the limits of docs/performance.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The figures docs/perf.md needs, from a results.json: ratios to the limits and to
+"""The figures docs/performance.md needs, from a results.json: ratios to the limits and to
 transformers, and logit comparisons."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def short(obj: Any, limit: int = 600) -> str:
 
 
 def summary(r: dict[str, Any]) -> str:
-    """The figures docs/perf.md needs, as ratios to the limits and to transformers."""
+    """The figures docs/performance.md needs, as ratios to the limits and to transformers."""
     lines = []
     env, lim, model = r.get("env", {}), r.get("limits", {}), r.get("build", {})
     lines.append(

@@ -81,7 +81,7 @@ class Settings(BaseSettings):
         description="With dependent launch, let each GEMV kernel prefetch part of its weights "
         "into L2 while the kernel before it finishes (off: on an H200 it gained nothing in "
         "session 7 and lost in session 15, LFM2-8B-A1B's one-stream forward 1.456 -> 1.556 ms, "
-        "docs/perf.md; the tokens are the same either way).",
+        "docs/performance.md; the tokens are the same either way).",
     )
     warm_up: bool | None = Field(
         default=None,

@@ -42,14 +42,14 @@ def test_gemma4_26b_fits_about_twice_the_streams_in_fp8() -> None:
 
 
 def test_the_device_bench_runs_every_section_on_the_cpu(tmp_path) -> None:
-    """bench/kv_fp8.py --smoke: tiny models on the CPU through the same sections as on the GPU;
-    its gates hold and its host tier served the resumed turn."""
+    """bench/experiments/kv_fp8.py --smoke: tiny models on the CPU through the same sections as
+    on the GPU; its gates hold and its host tier served the resumed turn."""
     import json
     import subprocess
     import sys
     from pathlib import Path
 
-    script = Path(__file__).parents[1] / "bench" / "kv_fp8.py"
+    script = Path(__file__).parents[1] / "bench" / "experiments" / "kv_fp8.py"
     done = subprocess.run(
         [sys.executable, str(script), "--smoke", "--out", str(tmp_path)],
         capture_output=True,

@@ -1,8 +1,8 @@
-"""bench/read_chain.py's plans on the CPU: the products it times, one stream's, are the weight
-bytes a round's products read in a model built from the same config (lfm2_moe and gemma4 at
-small shapes made from the benchmark shapes' configs), and the launch order keeps every product
-with the small launches spread between them; its read kernel (under TRITON_INTERPRET=1) sums
-every value once on any grid."""
+"""bench/experiments/read_chain.py's plans on the CPU: the products it times, one stream's, are
+the weight bytes a round's products read in a model built from the same config (lfm2_moe and
+gemma4 at small shapes made from the benchmark shapes' configs), and the launch order keeps every
+product with the small launches spread between them; its read kernel (under TRITON_INTERPRET=1)
+sums every value once on any grid."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from bench import read_chain
+from bench.experiments import read_chain
 from tensorfold_gemma4.config import FULL, SLIDING, Gemma4Config
 from tensorfold_gemma4.dummy import CONFIGS
 from tensorfold_gemma4.dummy import build_dummy as build_gemma4

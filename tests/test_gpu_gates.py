@@ -153,7 +153,7 @@ def test_gates_within_fp8_kv(family, runs):
 def test_fp8_kv_agreement_with_bf16_kv(family, record_property):
     """fp8 pages against bf16 pages on the GPU (not exact: another cache): each trained demo's
     prompts decoded greedily for 16 steps on both; the figures go to the JUnit report
-    (`kv_agreement` property) for docs/perf.md. Loose bounds only: the first token of most
+    (`kv_agreement` property) for docs/performance.md. Loose bounds only: the first token of most
     prompts agrees and no logit moves by a fifth of the largest."""
     name, folder = family
     llm = open_llm(family, parallel=1)

@@ -640,7 +640,7 @@ def test_split_attention_compiles_once_for_any_table_width_and_rows():
     """A few rows after a long prefix split their keys (triton_key_split); the workspace's
     segment count follows the pass's table width, and the pass's layout views sit at offsets
     that follow its row count: neither may make Triton compile again (a chat's next turn once
-    waited ~1 s for it; docs/perf.md, session 10)."""
+    waited ~1 s for it; docs/journal/sessions.md, session 10)."""
     from triton import knobs
 
     from tensorfold.forward_pass import ForwardPass, StreamRows

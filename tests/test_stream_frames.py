@@ -1,6 +1,7 @@
 """The streaming path's shortcuts give what the plain path gives: a text chunk's pre-encoded frame
 is byte for byte the chunk encoded whole, and the mailbox hands events to the loop in order with
-one wake-up for a burst. Also runs bench/host_round.py briefly (no time is asserted)."""
+one wake-up for a burst. Also runs bench/experiments/host_round.py briefly (no time is
+asserted)."""
 
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def test_mailbox_keeps_order_and_wakes_the_loop_once_a_burst() -> None:
 def test_host_round_bench_runs() -> None:
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run(
-        [sys.executable, "-m", "bench.host_round", "--smoke", "--streams", "1", "2"],
+        [sys.executable, "-m", "bench.experiments.host_round", "--smoke", "--streams", "1", "2"],
         cwd=root,
         capture_output=True,
         text=True,

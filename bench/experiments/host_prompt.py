@@ -1,14 +1,14 @@
 """Host work of a prompt pass, on the CPU: the Python of one 2048-row lfm2 pass through the
 kernels' launch code, every Triton launch replaced by a stub that returns at once.
 
-On the GPU a 2k prompt pass is bound by the host (docs/perf.md, session 13: the host needs about
-19 ms to launch its kernels, the kernels about 13 ms). This measures the part of that host time
+On the GPU a 2k prompt pass is bound by the host (docs/journal/sessions.md, session 13: the host
+needs about 19 ms to launch its kernels, the kernels about 13 ms). This measures the part of that host time
 that is tensorfold's own (argument checks, tile picks, allocations, pass metadata) and not
 Triton's launcher, at LFM2-8B-A1B's layer count with narrow widths (the host work does not
 depend on the widths).
 
-    python bench/host_prompt.py              # median of 30 passes, and the Python call count
-    python bench/host_prompt.py --profile    # and cProfile's top functions of one pass
+    python bench/experiments/host_prompt.py              # median of 30 passes, and the Python call count
+    python bench/experiments/host_prompt.py --profile    # and cProfile's top functions of one pass
 
 Run without TRITON_INTERPRET (the launches are stubbed, nothing is compiled or interpreted).
 A benchmark, not a test: nothing here asserts a time.
@@ -26,7 +26,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 import triton.runtime.jit as triton_jit  # noqa: E402

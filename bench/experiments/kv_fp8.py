@@ -11,12 +11,12 @@ At Gemma-4-26B-A4B's and LFM2-24B-A2B's shapes with dummy bf16 weights:
 - a 32k-token chat's next turn, time to first token: fresh (no store), resumed from the GPU
   store, resumed from the host tier (its state evicted there by another chat), in fp8 (and in
   bf16 while the budget lasts); the resumed replies must equal the fresh ones. Each resumed
-  turn is traced (bench/turn_trace.py: Triton compiles while it ran, seconds in the store's
-  steps), with a short chat's first resume and a second device-store turn beside them.
+  turn is traced (bench/experiments/turn_trace.py: Triton compiles while it ran, seconds in the
+  store's steps), with a short chat's first resume and a second device-store turn beside them.
 Prints a table at the end; writes results.json, log.txt and summary.txt to --out ($OUT).
 
-    python bench/kv_fp8.py --commit $(git rev-parse --short HEAD)
-    python bench/kv_fp8.py --smoke   # every section on the CPU, tiny shapes, torch references
+    python bench/experiments/kv_fp8.py --commit $(git rev-parse --short HEAD)
+    python bench/experiments/kv_fp8.py --smoke   # every section on the CPU, tiny shapes, torch references
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from typing import Any
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import engine_runs, kv_capacity  # noqa: E402
+from bench.experiments.turn_trace import TurnTrace  # noqa: E402
 from bench.sections import Sections, kernel_table, sync  # noqa: E402
-from bench.turn_trace import TurnTrace  # noqa: E402
 from tensorfold.cuda_graphs import GraphRunner  # noqa: E402
 
 PAGE_ROWS = 512

@@ -12,9 +12,9 @@ Three measures, at 1 and 8 streams:
 - server: `tensorfold serve`'s app in this process (aiohttp), streaming /v1/completions to a
   real aiohttp client in another process, µs a round as the client sees it (tokens / streams).
 
-    python -m bench.host_round                 # 1 and 8 streams, 400 tokens each
-    python -m bench.host_round --profile       # and cProfile's top functions (lanes, server loop)
-    python -m bench.host_round --smoke         # a few tokens, to see that it runs
+    python -m bench.experiments.host_round                 # 1 and 8 streams, 400 tokens each
+    python -m bench.experiments.host_round --profile       # and cProfile's top functions (lanes, server loop)
+    python -m bench.experiments.host_round --smoke         # a few tokens, to see that it runs
 
 A benchmark, not a test: nothing here asserts a time.
 """
@@ -290,7 +290,7 @@ async def _serve_and_measure(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "bench.host_round",
+        "bench.experiments.host_round",
         "--client",
         url,
         "--streams",
@@ -298,7 +298,7 @@ async def _serve_and_measure(
         "--tokens",
         str(tokens),
         stdout=subprocess.PIPE,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     )
     out, _ = await proc.communicate()
     if prof:

@@ -3,14 +3,15 @@
 # with the wheels of ../shared/device/prepare.sh in .whl/ (carry .whl):
 #   1. tests/test_gpu_tp_reduce.py: symmetric sum == NCCL path bit for bit (eager, in a replayed
 #      graph, back to back), engine tokens equal with either reduce, SIGINT stop of serve --tp 2;
-#   2. bench/tp_reduce.py: per-call microseconds, NCCL path vs symmetric, eager and in a graph;
-#   3. bench/tp_speed.py: decode tokens/s at 1 and 64 streams, --tp 2 vs --tp 1, at LFM2-8B-A1B,
-#      Gemma-4-26B-A4B and LFM2-24B-A2B shapes (dummy weights), and LFM2-8B at --tp 2 via nccl;
+#   2. bench/experiments/tp_reduce.py: per-call microseconds, NCCL path vs symmetric, eager and
+#      in a graph;
+#   3. bench/experiments/tp_speed.py: decode tokens/s at 1 and 64 streams, --tp 2 vs --tp 1, at
+#      LFM2-8B-A1B, Gemma-4-26B-A4B and LFM2-24B-A2B shapes (dummy weights), and LFM2-8B at --tp 2 via nccl;
 #   4. tests/test_gpu_gates.py -k tp_2: the engine gates at --tp 2 on the three demos, in what is
 #      left (glm's first kernel pass alone took 90 s before: the gates may need a call of their
 #      own, `bash bench/gpu_suite.sh tests/test_gpu_gates.py -k tp_2`).
 # Each step gets at most what is left of the budget; logs and tables go to $OUT; summary last.
-#   bash bench/tp2_run.sh
+#   bash bench/experiments/tp2_run.sh
 set -u
 export PYTHONUNBUFFERED=1
 # NVLink multicast stays off on the shared machines (KINDS.md), also in the ranks we start
@@ -43,8 +44,8 @@ step() {  # NAME SHARE_OF_WHAT_IS_LEFT_IN_SECONDS COMMAND...: the log in $OUT/NA
 }
 
 step reduce_tests 170 python3 -m pytest -m gpu -v -s --durations=10 tests/test_gpu_tp_reduce.py
-step reduce_bench 40 python3 bench/tp_reduce.py --out "$out"
-step tp_speed 190 python3 bench/tp_speed.py --out "$out" --budget-s 175
+step reduce_bench 40 python3 bench/experiments/tp_reduce.py --out "$out"
+step tp_speed 190 python3 bench/experiments/tp_speed.py --out "$out" --budget-s 175
 step tp2_gates 400 python3 -m pytest -m gpu -v --durations=10 tests/test_gpu_gates.py -k tp_2
 
 {
@@ -53,8 +54,8 @@ step tp2_gates 400 python3 -m pytest -m gpu -v --durations=10 tests/test_gpu_gat
   echo "== tests"
   grep -hE " (PASSED|FAILED|ERROR)|[0-9]+ (passed|failed)|sigint stop:" \
     "$out/reduce_tests.log" "$out/tp2_gates.log" 2>/dev/null
-  echo "== per-call sum (bench/tp_reduce.py)"
+  echo "== per-call sum (bench/experiments/tp_reduce.py)"
   cat "$out/tp_reduce.txt" 2>/dev/null || tail -5 "$out/reduce_bench.log"
-  echo "== decode speed (bench/tp_speed.py)"
+  echo "== decode speed (bench/experiments/tp_speed.py)"
   cat "$out/tp_speed.txt" 2>/dev/null || tail -5 "$out/tp_speed.log"
 } | tee "$out/summary.txt"

@@ -6,14 +6,14 @@ the kernels to compare, laid beside them as core/ops/_old_attention.py and _old_
 (its triton_attention import pointed at _old_attention), is timed too ("old"), and the bits
 of both are compared (equal: "=", else "≠").
 
-    python3 bench/attention_split.py
-    python3 bench/attention_split.py --warps=4,8   # the new kernels at each count of warps
-    python3 bench/attention_split.py --parts=2,4   # and with these splits forced
-    python3 bench/attention_split.py --tiles=small # every shape on 16-row tiles (fp8's), bf16 too
-    python3 bench/attention_split.py --prefill     # and one prompt pass of 2k / 8k rows
-    python3 bench/attention_split.py --wide=128:4,512:8  # wide heads (gemma4) at each
+    python3 bench/experiments/attention_split.py
+    python3 bench/experiments/attention_split.py --warps=4,8   # the new kernels at each count of warps
+    python3 bench/experiments/attention_split.py --parts=2,4   # and with these splits forced
+    python3 bench/experiments/attention_split.py --tiles=small # every shape on 16-row tiles (fp8's), bf16 too
+    python3 bench/experiments/attention_split.py --prefill     # and one prompt pass of 2k / 8k rows
+    python3 bench/experiments/attention_split.py --wide=128:4,512:8  # wide heads (gemma4) at each
                                 # (output columns, warps) a program; lfm2 once, at the default
-    TRITON_INTERPRET=1 python3 bench/attention_split.py --smoke   # the CPU, tiny sizes, untimed
+    TRITON_INTERPRET=1 python3 bench/experiments/attention_split.py --smoke   # the CPU, tiny sizes, untimed
 """
 
 from __future__ import annotations

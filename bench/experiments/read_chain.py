@@ -13,7 +13,7 @@ one a small launch, reading nothing), a grid-wide barrier after each, as a kerne
 product waits on the one before; with and without each phase asking L2, as it starts, for the
 next product's first bytes (weights do not wait on activations), and the barriers alone.
 
-    python3 bench/read_chain.py --launches lfm2=194,gemma4=476 [--persistent] [--out DIR]
+    python3 bench/experiments/read_chain.py --launches lfm2=194,gemma4=476 [--persistent] [--out DIR]
 
 The sizes come from the shapes' configs (`lfm2_plan`, `gemma4_plan`); tests/test_bench_read_chain.py
 checks them against the weights of models built from those configs.
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

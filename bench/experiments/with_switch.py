@@ -1,7 +1,7 @@
 """Run a bench script in this process with module attributes set first: one side of an A/B,
 each side in a process of its own, the same tree.
 
-    python3 bench/with_switch.py tensorfold.ops.triton_linear.PRELOAD_WEIGHTS=False \
+    python3 bench/experiments/with_switch.py tensorfold.ops.triton_splitk.WAVE=256 \
         bench/lfm2_speed.py --sections decode
 
 Each MODULE.ATTR=VALUE before the script sets one attribute: VALUE a Python literal, or else an

@@ -8,8 +8,8 @@ Latent and indexer rows are random bf16 rows in a real PagedRows, each stream on
 every complete pool's cached key (`L0.pool_key`) is computed from them by
 triton_indexer.write_pool_keys (on the GPU path), so the scoring reads cached keys as in serving.
 
-    python bench/glm_attention.py                 # on the GPU; prints JSON
-    python bench/glm_attention.py --smoke         # on the CPU, tiny, Triton interpreted
+    python bench/experiments/glm_attention.py                 # on the GPU; prints JSON
+    python bench/experiments/glm_attention.py --smoke         # on the CPU, tiny, Triton interpreted
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ if "--smoke" in sys.argv:
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tensorfold.adapters.paged_kv import PagedRows  # noqa: E402
 from tensorfold.family import RowSpec  # noqa: E402

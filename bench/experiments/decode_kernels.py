@@ -6,8 +6,8 @@ bytes than the L2 holds), and the replay is timed with events. Each variant is a
 row alone gives the same bits as that row in a 2048-row pass (prompt tiles, the chunks summed in
 one program), and the result is within bf16 rounding of the torch product.
 
-    python bench/decode_kernels.py --out $OUT          # a table on stdout, decode_kernels.json
-    python bench/decode_kernels.py --tiles             # the one-row GEMVs under other tiles and waves
+    python bench/experiments/decode_kernels.py --out $OUT          # a table on stdout, decode_kernels.json
+    python bench/experiments/decode_kernels.py --tiles             # the one-row GEMVs under other tiles and waves
 
 TF_DEPENDENT_LAUNCH and TF_PREFETCH_WEIGHTS apply, as in the engine.
 """
@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tensorfold.ops import moe, triton_linear, triton_moe, triton_splitk  # noqa: E402
 

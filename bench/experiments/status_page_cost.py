@@ -4,9 +4,9 @@ one `tensorfold serve`, in rounds that alternate no page open, WATCHERS readers 
 headless Chromium (the browser's own CPU counted too, on the same machine). Prints each run, and
 each mode's best and median decode tok/s as JSON.
 
-    python -m bench.status_page_cost                       # the CPU demo, 4 rounds
-    python -m bench.status_page_cost --browser --rounds 6
-    python -m bench.status_page_cost --summary   # one summary's time on the engine thread
+    python -m bench.experiments.status_page_cost                       # the CPU demo, 4 rounds
+    python -m bench.experiments.status_page_cost --browser --rounds 6
+    python -m bench.experiments.status_page_cost --summary   # one summary's time on the engine thread
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ warm-up at start, TF_WARM_UP, or without), then three prompts of --prompt tokens
 after another and each one's time to its first token is taken. Prints a JSON dict per run and a
 summary; writes cold_start.json to --out.
 
-    python bench/cold_start.py --family glm5_next --out $OUT          # GLM-5.3-Flash, 8 layers
-    python bench/cold_start.py --smoke                                 # the lfm2 demo, CPU
+    python bench/experiments/cold_start.py --family glm5_next --out $OUT          # GLM-5.3-Flash, 8 layers
+    python bench/experiments/cold_start.py --smoke                                 # the lfm2 demo, CPU
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 GLM_SHAPE = "GLM-5.3-Flash-8L"
 
@@ -54,7 +54,7 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     from bench.engine_runs import random_prompts
-    from bench.kv_fp8 import first_token
+    from bench.experiments.kv_fp8 import first_token
     from tensorfold.llm import LLM
     from tensorfold.sampling import SamplingParams
 

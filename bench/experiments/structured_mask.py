@@ -2,17 +2,17 @@
 rows against one of 64 constrained rows (each masked by its own llguidance matcher), and the
 masks alone. Prints a JSON dict.
 
-    python -m bench.structured_mask            # docs/serving.md quotes its figures
+    python -m bench.experiments.structured_mask            # docs/serving.md quotes its figures
 
 by default on the lfm2_moe demo (CPU, fp32, its 1024-token vocabulary). On the GPU, at
-LFM2-8B-A1B's shape with dummy weights in bf16 and a 65536-token tokenizer (bench/big_tokenizer.py,
-built at the start, about 20 s):
+LFM2-8B-A1B's shape with dummy weights in bf16 and a 65536-token tokenizer
+(bench/experiments/big_tokenizer.py, built at the start, about 20 s):
 
-    python bench/structured_mask.py --device cuda --folder /tmp/lfm2-8b-65k [--out DIR]
+    python bench/experiments/structured_mask.py --device cuda --folder /tmp/lfm2-8b-65k [--out DIR]
 
 --folder DIR is used as it is when it holds a config.json; otherwise it is made first
-(bench/big_tokenizer.py, then bench/dummy_folder.py at --shape). A CPU smoke test of the same
-path: --device cpu --folder /tmp/smoke65k --shape demo --rounds 4 --repeats 1.
+(bench/experiments/big_tokenizer.py, then bench/dummy_folder.py at --shape). A CPU smoke test
+of the same path: --device cpu --folder /tmp/smoke65k --shape demo --rounds 4 --repeats 1.
 
 Rounds are timed as (64 streams x (1 + ROUNDS) tokens) less (64 streams x 1 token), so the
 prompt pass is not counted. The masks alone: 64 matchers' masks computed together and applied to a
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tensorfold.sampling import SamplingParams  # noqa: E402
 from tensorfold.structured import json_schema, mask_rows, regex  # noqa: E402
@@ -80,7 +80,8 @@ def _open(args: argparse.Namespace):
         return open_llm("lfm2_moe", None, parallel=STREAMS, context=args.context, demo_cache=demo)
     folder = Path(args.folder)
     if not (folder / "config.json").is_file():
-        from bench import big_tokenizer, dummy_folder
+        from bench import dummy_folder
+        from bench.experiments import big_tokenizer
 
         big_tokenizer.main(folder, args.vocab)
         dummy_folder.main(folder, args.shape, tokenizer=folder)

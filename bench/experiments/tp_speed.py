@@ -7,7 +7,7 @@ Decode tokens/s at n streams: 64-token prompts generated to T1 and to T2 tokens 
 EOS), after one warm-up run; n·(T2 - T1) over the difference of the two runs' times, so the
 prompts' prefill cancels out.
 
-    python bench/tp_speed.py --out DIR [--configs LFM2-8B-A1B:1,LFM2-8B-A1B:2:nccl,...]
+    python bench/experiments/tp_speed.py --out DIR [--configs LFM2-8B-A1B:1,LFM2-8B-A1B:2:nccl,...]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 FAMILIES = {"LFM2-8B-A1B": "lfm2_moe", "LFM2-24B-A2B": "lfm2_moe", "Gemma-4-26B-A4B": "gemma4"}
 CONFIGS = (

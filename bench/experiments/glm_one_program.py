@@ -1,5 +1,5 @@
-"""glm5_next's one-program launches at one row (docs/perf.md session 21's census): the fp32
-router's route (its gate row- or column-major), mHC's collapse, its expand, the expand and the
+"""glm5_next's one-program launches at one row (session 21's census in docs/journal/sessions.md):
+the fp32 router's route (its gate row- or column-major), mHC's collapse, its expand, the expand and the
 next collapse in one launch, the indexer's pooled keys and its top pools, the KDA delta rule's
 decode rows (ours against fla-core's), each timed alone (a
 CUDA graph of REPS calls) with its module's switches set each way. Checks in the same run: each
@@ -7,9 +7,9 @@ way's pool keys against the first way's, bit for bit, and its routes' experts; e
 alone == in a batch; the collapse's error against the first way's; the one-launch expand and
 collapse against the two steps; the top pools one way == the other.
 
-    python bench/glm_one_program.py                 # on the GPU; prints JSON
-    python bench/glm_one_program.py --smoke         # on the CPU, tiny, Triton interpreted
-    python bench/glm_one_program.py --sections collapse,expand   # some of the sections
+    python bench/experiments/glm_one_program.py                 # on the GPU; prints JSON
+    python bench/experiments/glm_one_program.py --smoke         # on the CPU, tiny, Triton interpreted
+    python bench/experiments/glm_one_program.py --sections collapse,expand   # some of the sections
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ if "--smoke" in sys.argv:
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.glm_attention import REAL, TINY, Layer  # noqa: E402
+from bench.experiments.glm_attention import REAL, TINY, Layer  # noqa: E402
 from tensorfold.ops import gpu, triton_route  # noqa: E402
 from tensorfold.ops.pass_meta import pass_meta  # noqa: E402
 from tensorfold_glm import triton_indexer, triton_mhc  # noqa: E402

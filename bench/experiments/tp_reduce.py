@@ -4,7 +4,7 @@ path TF_TP_REDUCE=nccl keeps) against the one-shot sum over symmetric memory (th
 linear) and fp32 partials into bf16 (the experts' sum), eager and replayed in a CUDA graph.
 A decode pass makes two such calls a layer. Rank 0 prints the table and writes it as JSON.
 
-    python bench/tp_reduce.py [--out DIR]        (two GPUs; starts both ranks itself)
+    python bench/experiments/tp_reduce.py [--out DIR]        (two GPUs; starts both ranks itself)
 """
 
 from __future__ import annotations

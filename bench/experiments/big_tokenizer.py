@@ -1,9 +1,9 @@
 """A byte-level BPE tokenizer at LFM2's vocabulary size (65536), learnt here with no download, for
-benchmarks whose cost grows with the vocabulary (bench/structured_mask.py: llguidance's token
-mask). It has the lfm2_moe demo's special tokens (ids 0..4), post-processor, tokenizer_config.json
+benchmarks whose cost grows with the vocabulary (bench/experiments/structured_mask.py:
+llguidance's token mask). It has the lfm2_moe demo's special tokens (ids 0..4), post-processor, tokenizer_config.json
 (chat template) and generation_config.json, so a folder holding it serves like the demo's.
 
-    python bench/big_tokenizer.py OUT_DIR [VOCAB]      (default 65536; about 15 s on 2 cores)
+    python bench/experiments/big_tokenizer.py OUT_DIR [VOCAB]      (default 65536; about 15 s on 2 cores)
 
 The corpus is text every machine has: the running Python's standard library (.py, .txt, .rst,
 .html, .json, .xml, .csv files, sorted by path, about 30 MB), then this repository's .py and .md
@@ -26,7 +26,7 @@ from tensorfold.demo_build import train_byte_bpe
 from tensorfold_lfm2_moe.demo import BOS, SPECIAL_TOKENS, build_demo
 
 VOCAB = 65536
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SUFFIXES = (".py", ".txt", ".rst", ".html", ".json", ".xml", ".csv")
 DOC_BYTES = 40_000_000  # the /usr/share/doc supplement, at most
 

@@ -1,0 +1,93 @@
+"""bench/'s runners on the CPU: the server bench (bench/serve_dummy.sh) in its smoke mode against
+the demo's shape, bench/limits.py's two ceilings and bench/kv_capacity.py's table at small sizes,
+and every shell script of bench/ parses and names only paths that exist (the GPU suite's and the
+device runner's install steps need the GPU machine's wheels, so only that much runs here). No
+time is asserted."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tensorfold.testing import clean_env, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(ROOT.glob("bench/**/*.sh"))
+NAMED = re.compile(r"\b((?:bench|tests|plugins)/[\w/.-]*\w)")
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_shell_script_parses_and_names_paths_that_exist(script: Path) -> None:
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    text = script.read_text()
+    missing = [p for p in NAMED.findall(text) if "*" not in p and not (ROOT / p).exists()]
+    assert not missing, missing
+
+
+def test_the_gpu_suite_and_the_device_runner_are_among_them() -> None:
+    names = {p.relative_to(ROOT).as_posix() for p in SCRIPTS}
+    assert {"bench/gpu_suite.sh", "bench/device_run.sh", "bench/serve_dummy.sh"} <= names
+
+
+def test_the_server_bench_serves_the_demo_shape_and_its_gate_holds(tmp_path: Path) -> None:
+    env = clean_env(
+        SMOKE="1",
+        PORT=str(free_port()),
+        OUT=str(tmp_path),
+        TF_MEMORY_LIMIT_GIB="1",
+        TF_DEMO_CACHE=str(tmp_path / "demo"),
+        PATH=f"{Path(sys.executable).parent}:{clean_env()['PATH']}",  # its python3 is ours
+    )
+    done = subprocess.run(
+        ["bash", "bench/serve_dummy.sh", "demo"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "bench_openai.txt").read_text().splitlines()[-1])
+    assert report["failed"] == 0 and len(report["rows"]) == 2, report
+    assert all(r["tokens"] == 16 and isinstance(r["decode_tok_s"], float) for r in report["rows"])
+    gate = (tmp_path / "bench_concurrent.txt").read_text().splitlines()[-1]
+    assert gate == "equal 24, unequal 0, failed 0", gate
+    assert "serve exit 0" in (tmp_path / "serve_stdout.txt").read_text()
+
+
+def test_the_limits_measure_on_the_cpu_at_small_sizes() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/limits.py", "--device", "cpu", "--gib", "0.001", "--n", "64"],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout)
+    assert got["copy"]["bytes_moved"] == 4 * (int(0.001 * 2**30) // 2)  # read + written, bf16
+    assert isinstance(got["copy"]["tb_per_s"], float) and got["matmul"]["n"] == 64
+    assert isinstance(got["matmul"]["tflops"], float)
+
+
+def test_the_capacity_table_prints_both_shapes_in_both_dtypes() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/kv_capacity.py", "--memory-gib", "64", "--window", "8192"],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines()[1:] if line[:1] != " "]
+    assert [(r[0], r[1]) for r in rows] == [
+        (shape, kv) for shape in ("Gemma-4-26B-A4B", "LFM2-24B-A2B") for kv in ("bf16", "fp8")
+    ]
+    assert all(int(r[-1]) > 0 for r in rows)
