@@ -30,6 +30,7 @@ MODULES = [
     "tensorfold.ops.attention",
     "tensorfold.ops.window_attention",
     "tensorfold.ops.moe",
+    "tensorfold.ops.slot_sum",
     "tensorfold.ops.conv",
     "tensorfold.ops.parallel",
     "tensorfold.ops.symmetric_reduce",
