@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from tensorfold.forward_pass import ForwardPass, StreamRows
+from tensorfold.family.forward_pass import ForwardPass, StreamRows
 from tensorfold.ops import attention as paged_ops
 from tensorfold.ops import gpu
 from tensorfold.ops import window_attention as ring_ops

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 import triton.testing
 
-from tensorfold.forward_pass import ForwardPass, StreamRows
+from tensorfold.family.forward_pass import ForwardPass, StreamRows
 from tensorfold.ops import attention, gpu, linear, moe, norms, triton_linear, triton_moe
 
 BF16 = torch.bfloat16

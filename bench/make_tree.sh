@@ -9,7 +9,7 @@ tree=.bench_tree
 grep -qx "/$tree/" .git/info/exclude 2>/dev/null || echo "/$tree/" >> .git/info/exclude
 rm -rf "$tree" && mkdir "$tree"
 git archive HEAD | tar -x -C "$tree"
-files="core/cuda_graphs.py core/ops/*.py core/lanes.py core/start.py bench/*.py bench/*.sh
+files="core/engine/cuda_graphs.py core/ops/*.py core/engine/lanes.py core/engine/start.py bench/*.py bench/*.sh
   tests/test_triton_kernels.py plugins/*/tensorfold_*/*.py plugins/*/tests/*.py"
 for f in $files; do cp --parents "$f" "$tree/"; done
 cp -r .whl "$tree/.whl"
