@@ -4,7 +4,7 @@ Each paged buffer is one tensor viewed flat as [num_pages * page_rows, *row_shap
 stream lives at flat row `pages[pos // page_rows] * page_rows + pos % page_rows`.
 
 Under TF_KV_DTYPE=fp8 a quantized row's buffer is float8 e4m3 and its scales are the buffer
-`NAME.scale` at the same flat rows (tensorfold.kv_dtype): `write` fills both, readers take
+`NAME.scale` at the same flat rows (tensorfold.memory.kv_dtype): `write` fills both, readers take
 `flat(name)` with `scales(name)`. `write_many` writes a layer's K and V together: on the GPU
 their fp8 rows take one launch (tensorfold.ops.kv_quant.write_quantized), and the rows of
 buffers kept in their own dtype another (kv_quant.copy_rows_many).
@@ -16,10 +16,10 @@ from typing import Sequence
 
 import torch
 
-from tensorfold import hookimpl
 from tensorfold.family import RowSpec, StateLayout
-from tensorfold.kv_dtype import SCALE
-from tensorfold.kv_pool import Lease
+from tensorfold.family.hookspecs import hookimpl
+from tensorfold.memory.kv_dtype import SCALE
+from tensorfold.memory.kv_pool import Lease
 from tensorfold.ops.kv_quant import FP8_DTYPE, copy_rows_many, write_quantized
 
 TORCH_DTYPES = {

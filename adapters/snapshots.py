@@ -13,10 +13,10 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from tensorfold import hookimpl
 from tensorfold.adapters.paged_kv import TORCH_DTYPES
 from tensorfold.adapters.stream_state import StreamSlots
 from tensorfold.family import StateSpec
+from tensorfold.family.hookspecs import hookimpl
 
 
 @dataclass(eq=False)

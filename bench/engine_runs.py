@@ -8,10 +8,10 @@ from typing import Sequence
 
 import torch
 
-from tensorfold.lanes import Lanes
-from tensorfold.requests import Finished, Request, TokenOut
-from tensorfold.runner import ModelRunner
-from tensorfold.sampling import SamplingParams
+from tensorfold.engine.lanes import Lanes
+from tensorfold.engine.requests import Finished, Request, TokenOut
+from tensorfold.engine.runner import ModelRunner
+from tensorfold.engine.sampling import SamplingParams
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 

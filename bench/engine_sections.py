@@ -14,8 +14,8 @@ import torch
 
 from bench import engine_runs
 from bench.sections import Sections, kernel_table, sync
-from tensorfold.cuda_graphs import GraphRunner
-from tensorfold.runner import ModelRunner
+from tensorfold.engine.cuda_graphs import GraphRunner
+from tensorfold.engine.runner import ModelRunner
 
 PAGE_ROWS = 512
 
@@ -102,7 +102,7 @@ class EngineSections(Sections):
     def forward_ms(self, runner: ModelRunner, n: int) -> float:
         """One decode round's forward alone for n streams (graph replay or eager), in ms: the
         rest of a round is the scheduler and the sampler."""
-        from tensorfold.forward_pass import StreamRows
+        from tensorfold.family.forward_pass import StreamRows
 
         g = torch.Generator().manual_seed(n)
         toks = torch.randint(10, self.model.vocab_size, (n,), generator=g).tolist()
@@ -146,7 +146,7 @@ class EngineSections(Sections):
         profiler (the kernels' device time against the wall)."""
         from torch.profiler import ProfilerActivity, profile
 
-        from tensorfold.forward_pass import StreamRows
+        from tensorfold.family.forward_pass import StreamRows
 
         smoke = self.args.smoke
         res: dict[str, Any] = {}

@@ -39,8 +39,8 @@ from bench.engine_sections import PAGE_ROWS, EngineSections  # noqa: E402
 from bench.model_bytes import kv_bytes  # noqa: E402
 from bench.report import compare, short, summary  # noqa: E402
 from bench.sections import sync  # noqa: E402
+from tensorfold.engine.runner import ModelRunner  # noqa: E402
 from tensorfold.ops import gpu  # noqa: E402
-from tensorfold.runner import ModelRunner  # noqa: E402
 from tensorfold_glm.config import GlmConfig  # noqa: E402
 from tensorfold_glm.dummy import SHAPES, build_dummy  # noqa: E402
 from tensorfold_glm.weights import MoeWeights  # noqa: E402
@@ -321,7 +321,7 @@ class Bench(EngineSections):
             (i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours)
         )
         seq = prompt + ours
-        from tensorfold.forward_pass import StreamRows
+        from tensorfold.family.forward_pass import StreamRows
 
         runner = ModelRunner(self.model, num_pages=2, num_slots=1, page_rows=PAGE_ROWS)
         (ours16,) = runner.run([StreamRows(0, 0, seq, [0, 1], "all")])
@@ -337,7 +337,7 @@ class Bench(EngineSections):
         comparison cannot show with random weights, whose flat logits let bf16 rounding flip
         close argmaxes. (Its own process: the 8-layer bench model is not built.)"""
         from bench import glm_hf
-        from tensorfold.forward_pass import StreamRows
+        from tensorfold.family.forward_pass import StreamRows
 
         cfg = (
             self.config()
@@ -370,8 +370,8 @@ class Bench(EngineSections):
         """resumed == fresh through the prompt store, on an engine loading the same dummy
         weights (our bench model is freed first: one 76 GB model at a time)."""
         from tensorfold import testing
+        from tensorfold.engine.sampling import SamplingParams
         from tensorfold.llm import LLM
-        from tensorfold.sampling import SamplingParams
         from tensorfold_glm import triton_kda  # noqa: F401  (the kernels the engine runs)
 
         was = weakref.ref(self.model) if self.model is not None else None

@@ -16,10 +16,10 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tensorfold.engine.start import ACTIVATION_ROWS, CUDA_RESERVE, PAGE_ROWS  # noqa: E402
 from tensorfold.family import StateLayout  # noqa: E402
-from tensorfold.kv_dtype import kv_label, kv_layout  # noqa: E402
-from tensorfold.kv_plan import GiB, PlanRefused, memory_budget, plan  # noqa: E402
-from tensorfold.start import ACTIVATION_ROWS, CUDA_RESERVE, PAGE_ROWS  # noqa: E402
+from tensorfold.memory.kv_dtype import kv_label, kv_layout  # noqa: E402
+from tensorfold.memory.kv_plan import GiB, PlanRefused, memory_budget, plan  # noqa: E402
 
 H200_GIB = 139.8  # an H200's memory as CUDA reports it (bench/experiments/kv_fp8.py reads it)
 MAX_STREAMS = 4096

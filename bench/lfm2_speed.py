@@ -33,10 +33,10 @@ from bench import engine_runs  # noqa: E402
 from bench.engine_sections import PAGE_ROWS, EngineSections  # noqa: E402
 from bench.model_bytes import active_params, step_bytes  # noqa: E402
 from bench.report import compare, summary  # noqa: E402
+from tensorfold.engine.runner import ModelRunner  # noqa: E402
 from tensorfold.ops import gpu  # noqa: E402
 from tensorfold.ops.conv import gated_conv  # noqa: E402
 from tensorfold.ops.linear import linear  # noqa: E402
-from tensorfold.runner import ModelRunner  # noqa: E402
 from tensorfold_lfm2_moe import layers  # noqa: E402
 from tensorfold_lfm2_moe.dummy import SHAPES, build_dummy  # noqa: E402
 
@@ -161,7 +161,7 @@ class Bench(EngineSections):
 
     def logits(self, model, tokens: list[int]) -> torch.Tensor:
         """Every position's logits from one pass over `tokens`: [len, V] fp32."""
-        from tensorfold.forward_pass import StreamRows
+        from tensorfold.family.forward_pass import StreamRows
 
         runner = ModelRunner(model, num_pages=2, num_slots=1, page_rows=PAGE_ROWS)
         (out,) = runner.run([StreamRows(0, 0, tokens, [0, 1], "all")])

@@ -47,8 +47,8 @@ class Sections:
         self.results: dict[str, Any] = {"args": vars(args)}
         self.t0 = time.perf_counter()
         self.device = "cpu" if args.smoke else "cuda"
+        from tensorfold.config.settings import Settings
         from tensorfold.ops import gpu
-        from tensorfold.settings import Settings
 
         self.results["dependent_launch"] = Settings().dependent_launch  # TF_DEPENDENT_LAUNCH
         gpu.set_dependent_launch(self.results["dependent_launch"])
@@ -87,7 +87,7 @@ class Sections:
         the sum of the device times is what a graph replay would take, less its gaps."""
         from torch.profiler import ProfilerActivity, profile
 
-        from tensorfold.forward_pass import StreamRows
+        from tensorfold.family.forward_pass import StreamRows
 
         res: dict[str, Any] = {}
         runs = (
@@ -133,7 +133,7 @@ class Sections:
 
         from torch.profiler import ProfilerActivity, profile
 
-        from tensorfold.forward_pass import StreamRows
+        from tensorfold.family.forward_pass import StreamRows
 
         g = torch.Generator().manual_seed(7)
         streams = [

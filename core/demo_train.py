@@ -82,7 +82,7 @@ def main(
 ) -> None:
     """The command line of a family's demo_train module: `run(steps)` trains and returns the
     tensors and the tokenizer they learnt with; they are written to --out (default `out`)."""
-    from tensorfold.demo_build import save_trained
+    from tensorfold.family.demo_build import save_trained
 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(

@@ -8,14 +8,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence, Union, cast
 
-from .choices import choice_params
-from .logs import get_logger
-from .requests import Event, Finished, TokenOut
-from .sampling import SamplingParams
-from .settings import Settings
-from .start import Served, open_served
-from .structured import FIELDS
-from .tool_calls import ToolCall, parse_tool_calls
+from .config.logs import get_logger
+from .config.settings import Settings
+from .engine.choices import choice_params
+from .engine.requests import Event, Finished, TokenOut
+from .engine.sampling import SamplingParams
+from .engine.start import Served, open_served
+from .engine.structured import FIELDS
+from .family.tool_calls import ToolCall, parse_tool_calls
 
 log = get_logger("tensorfold.llm")
 
@@ -102,7 +102,7 @@ class LLM:
         raises ValueError (StructuredError) for what the server would refuse with a 400.
 
         n > 1: n choices of each prompt, the prompt computed once; choice i (`.index`) samples
-        as the prompt alone would with seed `tensorfold.choices.choice_seed(seed, i)` (seed + i;
+        as the prompt alone would with seed `tensorfold.engine.choices.choice_seed(seed, i)` (seed + i;
         each completion's `.seed` is its own). The list holds prompt 0's n choices, then
         prompt 1's, and so on."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
@@ -140,8 +140,8 @@ class LLM:
         response_format: as in `generate`.
         Raises ValueError (ToolRequestError, StructuredError) for fields the server would
         refuse."""
-        from .chat_template import marks_to_token_positions, render_chat
-        from .tool_request import parse_tool_request, tool_history
+        from .family.chat_template import marks_to_token_positions, render_chat
+        from .server.tool_request import parse_tool_request, tool_history
 
         template = self.tokenizer.chat_template
         if template is None:
@@ -192,7 +192,7 @@ class LLM:
         return completions
 
     def _constrained(self, params, response_format, tools=None) -> list[SamplingParams]:
-        from .structured import from_body
+        from .engine.structured import from_body
 
         body = dict(response_format or {})
         if body and not set(body) & set(FIELDS):  # the OpenAI shape itself

@@ -11,11 +11,11 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from .checkpoint import Checkpoint
-from .forward_pass import StreamRows
+from .engine.runner import ModelRunner, Stream, open_stream
+from .engine.sampling import SamplingParams
+from .family.checkpoint import Checkpoint
+from .family.forward_pass import StreamRows
 from .llm import LLM
-from .runner import ModelRunner, Stream, open_stream
-from .sampling import SamplingParams
 
 # The prompt store is on by default when serving; tests turn it on where they mean to (with a
 # budget of their own), so that a run without it is the fresh run the gates compare against.
@@ -80,7 +80,7 @@ def submit_with_marks(
     many prompt rows it resumed. A request that fails or takes over timeout_s raises."""
     import threading
 
-    from .requests import Finished, TokenOut
+    from .engine.requests import Finished, TokenOut
 
     out: list[int] = []
     ended: list[Finished] = []
@@ -299,7 +299,7 @@ def assert_a_mark_inside_a_pass_resumes_there(
     kv_share=N)`). With the store the second resumes exactly at the assistant turn's end (past
     `past` rows), a mark inside the first request's only prompt pass, whose state was tapped
     there: the same replies and the same number of passes as without it."""
-    from .chat_template import marks_to_token_positions, render_chat
+    from .family.chat_template import marks_to_token_positions, render_chat
 
     first = [
         {"role": "user", "content": user},
@@ -337,7 +337,7 @@ def assert_choices_equal_single_twins(
     choice_seed(seed, i) (its forked pages and fixed state are exact)."""
     from dataclasses import replace
 
-    from .choices import choice_seed
+    from .engine.choices import choice_seed
 
     assert params.seed is not None, "seed the params, so the twins can be named"
     lanes = llm.served.engine.lanes
@@ -460,7 +460,7 @@ def assert_gates_sent_ahead_equal_plain(
     """`assert_engine_gates` with decode rounds sent ahead (lanes.DECODE_AHEAD, on the CPU
     too), then without: the gates hold in both, the tokens are the same, and the lanes sent
     most of their rounds ahead in the first."""
-    from . import lanes as lanes_module
+    from .engine import lanes as lanes_module
 
     got, used = {}, {}
     was = lanes_module.DECODE_AHEAD
@@ -703,11 +703,11 @@ DEMO_COMPLETIONS = ("Once upon a time", "The little engine")
 
 def assert_demo_writes_words(llm: LLM) -> None:
     """A trained demo's greedy replies to fixed chats end their turn and are readable words, at
-    least 80% of them from its training text (tensorfold.demo_text), with no U+FFFD or control
+    least 80% of them from its training text (tensorfold.family.demo_text), with no U+FFFD or control
     bytes; it knows France's capital; its completions of fixed openings are words too."""
     import re
 
-    from .demo_text import known_share
+    from .family.demo_text import known_share
 
     replies = llm.chat(
         [[{"role": "user", "content": p}] for p in DEMO_CHATS],
@@ -730,7 +730,7 @@ def assert_demo_writes_words(llm: LLM) -> None:
 
 # -- tensorfold serve --tp 2 in a subprocess -------------------------------------------------
 
-SERVE_LAUNCH = "import sys; from tensorfold.cli import main; sys.exit(main())"
+SERVE_LAUNCH = "import sys; from tensorfold.cli.commands import main; sys.exit(main())"
 
 
 def start_serve_tp_2(

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .tool_calls import ToolCallFormat, ToolCallStream, parse_tool_calls
+from .family.tool_calls import ToolCallFormat, ToolCallStream, parse_tool_calls
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "tests" / "data" / "chat_templates"

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tensorfold.plugins import PluginManager, reset_plugin_manager
+from tensorfold.family.plugins import PluginManager, reset_plugin_manager
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from typing import Any
 
 import tensorfold
 from tensorfold.family import FamilySpec
-from tensorfold.profiles import ProfileRow
+from tensorfold.family.profiles import ProfileRow
 
 
 def spec(name: str) -> FamilySpec:

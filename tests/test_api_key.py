@@ -12,8 +12,8 @@ import openai
 import pytest
 from test_server import FAMILY, LAUNCH, ServedDemo
 
-from tensorfold.api_key import exposure_warning, resolve_api_key
-from tensorfold.settings import SettingsError
+from tensorfold.config.settings import SettingsError
+from tensorfold.server.api_key import exposure_warning, resolve_api_key
 
 
 def test_the_flag_then_the_file_then_the_setting(tmp_path: Path) -> None:

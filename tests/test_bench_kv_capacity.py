@@ -4,10 +4,10 @@ the plan with bf16 and with fp8 pages, at a synthetic layout and at Gemma-4-26B-
 from __future__ import annotations
 
 from bench import kv_capacity
+from tensorfold.engine.start import PAGE_ROWS
 from tensorfold.family import RowSpec, StateLayout, StateSpec
-from tensorfold.kv_dtype import kv_layout
-from tensorfold.kv_plan import GiB
-from tensorfold.start import PAGE_ROWS
+from tensorfold.memory.kv_dtype import kv_layout
+from tensorfold.memory.kv_plan import GiB
 
 LAYOUT = StateLayout(
     paged=tuple(

@@ -4,8 +4,8 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from tensorfold.chat_template import ChatTemplateError, marks_to_token_positions, render_chat
-from tensorfold.tokenizer import Tokenizer
+from tensorfold.family.chat_template import ChatTemplateError, marks_to_token_positions, render_chat
+from tensorfold.family.tokenizer import Tokenizer
 
 CHATML = (
     "{% for message in messages %}"
@@ -259,7 +259,7 @@ def test_the_longest_protected_string_wins() -> None:
 
 
 def test_many_protected_strings_are_found_as_a_trie() -> None:
-    from tensorfold.content_specials import finder
+    from tensorfold.family.content_specials import finder
 
     words = tuple(f"<unused{i}>" for i in range(5000)) + ("<a>", "<a>b")
     pattern = finder(words)
@@ -285,7 +285,7 @@ REAL = (
 def demo_tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Tokenizer]:
     import importlib
 
-    from tensorfold.checkpoint import Checkpoint
+    from tensorfold.family.checkpoint import Checkpoint
 
     cache = tmp_path_factory.mktemp("demos")
     out = {}

@@ -9,8 +9,8 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models
 
-from tensorfold.chat_template import ChatTemplateError, render_chat
-from tensorfold.tool_request import tool_history
+from tensorfold.family.chat_template import ChatTemplateError, render_chat
+from tensorfold.server.tool_request import tool_history
 from tensorfold.tool_testing import REPO, TEMPLATES, real_template
 
 NAMES = (

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 from structlog.testing import capture_logs
 
-from tensorfold.checkpoint import Checkpoint, CheckpointError
+from tensorfold.family.checkpoint import Checkpoint, CheckpointError
 
 A = torch.arange(12, dtype=torch.float32).reshape(3, 4)
 B = torch.ones(5, dtype=torch.bfloat16)
@@ -239,7 +239,7 @@ def test_loading_shows_a_progress_line_and_ends_it(tmp_path, capsys):
     import torch
     from safetensors.torch import save_file
 
-    from tensorfold.checkpoint import Checkpoint
+    from tensorfold.family.checkpoint import Checkpoint
 
     (tmp_path / "config.json").write_text("{}")
     save_file({"a": torch.zeros(4, 4), "b": torch.ones(8)}, str(tmp_path / "model.safetensors"))

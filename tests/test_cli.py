@@ -9,10 +9,11 @@ import socket
 import pytest
 from structlog.testing import capture_logs
 
-from tensorfold import cli, start
-from tensorfold import logs as tf_logs
-from tensorfold.kv_pool import KVPool
-from tensorfold.lanes import Lanes
+from tensorfold.cli import commands as cli
+from tensorfold.config import logs as tf_logs
+from tensorfold.engine import start
+from tensorfold.engine.lanes import Lanes
+from tensorfold.memory.kv_pool import KVPool
 
 
 def options() -> list[tuple[str, argparse.ArgumentParser, argparse.Action]]:
@@ -92,7 +93,7 @@ def test_a_busy_port_is_said_before_the_model_opens(
 
 
 def test_listen_on_port_0_takes_a_free_port() -> None:
-    from tensorfold.serve_cli import listen
+    from tensorfold.cli.serve import listen
 
     with listen("127.0.0.1", 0) as sock:
         assert sock.getsockname()[1] > 0
@@ -125,8 +126,8 @@ def test_generate_with_no_family_named_runs_the_default_demo(
     """The README's `tensorfold generate "Once upon a time"`, with whatever is installed (all
     three families in the test environment): the default family's demo writes words."""
     pytest.importorskip("tensorfold_lfm2_moe")
-    from tensorfold.demo_text import known_share
-    from tensorfold.plugins import reset_plugin_manager
+    from tensorfold.family.demo_text import known_share
+    from tensorfold.family.plugins import reset_plugin_manager
 
     tf_env.setenv("TF_DEMO_CACHE", str(tmp_path))
     reset_plugin_manager()

@@ -1,4 +1,4 @@
-"""A pass on the CPU runs on one torch thread (core/cpu_threads.py says why), and the caller's
+"""A pass on the CPU runs on one torch thread (core/engine/cpu_threads.py says why), and the caller's
 thread count comes back after it, also when the forward raises."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 from test_tensor_parallel import CountModel
 
-from tensorfold.forward_pass import StreamRows
-from tensorfold.runner import ModelRunner
+from tensorfold.engine.runner import ModelRunner
+from tensorfold.family.forward_pass import StreamRows
 
 
 class ThreadsSeen(CountModel):

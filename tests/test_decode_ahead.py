@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import torch
 
-from tensorfold import lanes as lanes_module
 from tensorfold import testing
-from tensorfold.requests import Finished, TokenOut
-from tensorfold.sampling import SamplingParams
+from tensorfold.engine import lanes as lanes_module
+from tensorfold.engine.requests import Finished, TokenOut
+from tensorfold.engine.sampling import SamplingParams
 from tensorfold_lfm2_moe.demo import build_demo
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

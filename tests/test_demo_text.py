@@ -1,6 +1,6 @@
 """The demo text and the check that tells a demo's words from noise."""
 
-from tensorfold.demo_text import QA, known_share, paragraphs, plain_text, words
+from tensorfold.family.demo_text import QA, known_share, paragraphs, plain_text, words
 
 
 def test_noise_is_not_words() -> None:

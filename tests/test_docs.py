@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tensorfold import hookspecs
+from tensorfold.family import hookspecs
 
 HOOKS_MD = Path(__file__).parents[1] / "docs" / "hooks.md"
 

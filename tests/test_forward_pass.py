@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from tensorfold.forward_pass import ForwardPass, PageOverrun, StreamRows
+from tensorfold.family.forward_pass import ForwardPass, PageOverrun, StreamRows
 from tensorfold.ops.attention import paged_attention
 from tensorfold.ops.linear import linear
 

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from tensorfold import testing
+from tensorfold.engine.sampling import SamplingParams
 from tensorfold.llm import LLM
-from tensorfold.sampling import SamplingParams
 from tensorfold.testing import close_even, run_chats, tokens
 
 pytestmark = pytest.mark.gpu

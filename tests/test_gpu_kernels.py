@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from tensorfold import testing
-from tensorfold.checkpoint import Checkpoint
-from tensorfold.runner import ModelRunner, open_stream
+from tensorfold.engine.runner import ModelRunner, open_stream
+from tensorfold.family.checkpoint import Checkpoint
 
 pytestmark = pytest.mark.gpu
 
@@ -305,7 +305,7 @@ def test_kda_decode_tails_moved_on_in_the_convs_launch_equal_the_tail_kernels(mo
     """triton_kda.TAIL_IN_PLACE at GLM-5.3-Flash's KDA width (3 x 8192 channels, kernel 4): a
     decode pass of 64 streams (two fresh) gives the outputs and leaves the tails of the conv's
     launch then tail_kernel's, bit for bit."""
-    from tensorfold.forward_pass import ForwardPass, StreamRows
+    from tensorfold.family.forward_pass import ForwardPass, StreamRows
     from tensorfold.ops.pass_meta import build_meta
     from tensorfold_glm import triton_kda
 
@@ -578,7 +578,7 @@ def test_attention_key_segments_walked_or_shared_give_the_same_bits(hq, hkv, d, 
     """Paged attention over long contexts (gemma4's wide global heads, lfm2's GQA), with and
     without a window: one program walking each row's key segments, programs sharing them, and
     each stream alone (split its own way) all give the same bits; close to the torch path."""
-    from tensorfold.forward_pass import ForwardPass, StreamRows
+    from tensorfold.family.forward_pass import ForwardPass, StreamRows
     from tensorfold.ops import attention as ref_attention
     from tensorfold.ops import triton_attention
     from tensorfold.ops.kv_quant import quantize_rows
@@ -643,7 +643,7 @@ def test_split_attention_compiles_once_for_any_table_width_and_rows():
     waited ~1 s for it; docs/journal/sessions.md, session 10)."""
     from triton import knobs
 
-    from tensorfold.forward_pass import ForwardPass, StreamRows
+    from tensorfold.family.forward_pass import ForwardPass, StreamRows
     from tensorfold.ops import triton_attention
     from tensorfold.ops.pass_meta import build_meta
 
@@ -722,7 +722,7 @@ def test_shuffled_pages_and_poisoned_free_pages_change_nothing(model):
 
 
 def test_graph_runner_decode_rounds_equal_plain_passes(model):
-    from tensorfold.cuda_graphs import GraphRunner
+    from tensorfold.engine.cuda_graphs import GraphRunner
 
     def rounds(runner) -> list[torch.Tensor]:
         streams = [open_stream(runner, i, 512) for i in range(3)]

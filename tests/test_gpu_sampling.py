@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from tensorfold.sampling import RowHistory, SamplingParams, sample_rows
+from tensorfold.engine.sampling import RowHistory, SamplingParams, sample_rows
 
 pytestmark = pytest.mark.gpu
 
@@ -56,7 +56,7 @@ def test_a_row_samples_alike_alone_and_in_a_batch_of_64() -> None:
 
 
 def test_masks_apply_alike_alone_and_batched() -> None:
-    from tensorfold.structured import _unpack
+    from tensorfold.engine.structured import _unpack
 
     g = torch.Generator().manual_seed(1)
     words = torch.randint(-(2**31), 2**31 - 1, (8, V // 32), generator=g, dtype=torch.int64)

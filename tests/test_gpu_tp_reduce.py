@@ -192,9 +192,9 @@ def test_back_to_back_sums_never_race():
 
 
 def test_engine_tokens_equal_with_either_reduce(tmp_path: Path):
+    from tensorfold.engine.sampling import SamplingParams
     from tensorfold.llm import LLM
     from tensorfold.ops import parallel
-    from tensorfold.sampling import SamplingParams
     from tensorfold.testing import close_even, tokens
     from tensorfold_lfm2_moe.demo import build_demo
 

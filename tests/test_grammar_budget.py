@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from tensorfold import structured
-from tensorfold.sampling import SamplingParams
-from tensorfold.structured import Constraint, GrammarBudget, StructuredError
+from tensorfold.engine import structured
+from tensorfold.engine.sampling import SamplingParams
+from tensorfold.engine.structured import Constraint, GrammarBudget, StructuredError
 
 HOSTILE_REGEX = "((a{100}){100}){100}"  # a million a's: llguidance's lexer runs out of fuel
 INTERNALS = ("<state>", "Tokens:", "grm_prefix", "non-verbose", "lexer_cost")
@@ -94,9 +94,9 @@ def test_a_stopped_grammar_is_a_400_type_error_streamed_and_whole() -> None:
     import json
     from types import SimpleNamespace
 
-    from tensorfold.openai_api import Parsed
-    from tensorfold.openai_replies import Choices, TokenTexts
-    from tensorfold.requests import Finished
+    from tensorfold.engine.requests import Finished
+    from tensorfold.server.openai_api import Parsed
+    from tensorfold.server.openai_replies import Choices, TokenTexts
 
     parsed = Parsed("chat", [1, 2], SamplingParams(max_tokens=8))
     texts = TokenTexts(SimpleNamespace(hf=SimpleNamespace(decoder=None)))  # type: ignore[arg-type]

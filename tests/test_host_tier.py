@@ -10,10 +10,10 @@ from tensorfold.adapters import paged_kv
 from tensorfold.adapters.paged_kv import PagedRows
 from tensorfold.adapters.snapshots import SnapshotArena
 from tensorfold.family import RowSpec, StateSpec
-from tensorfold.host_tier import HostTier, host_budget
-from tensorfold.kv_plan import GiB
-from tensorfold.kv_pool import KVPool
-from tensorfold.prompt_share import PromptSharing
+from tensorfold.memory.host_tier import HostTier, host_budget
+from tensorfold.memory.kv_plan import GiB
+from tensorfold.memory.kv_pool import KVPool
+from tensorfold.memory.prompt_share import PromptSharing
 
 ROWS = 4
 

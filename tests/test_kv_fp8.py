@@ -9,12 +9,12 @@ import torch
 
 from tensorfold.adapters.paged_kv import PagedRows
 from tensorfold.adapters.snapshots import SnapshotArena
+from tensorfold.config.settings import Settings, SettingsError
 from tensorfold.family import RowSpec, StateLayout, StateSpec
-from tensorfold.host_tier import HostTier
-from tensorfold.kv_dtype import KVDtypeRefused, kv_label, kv_layout
-from tensorfold.kv_plan import GiB, plan
+from tensorfold.memory.host_tier import HostTier
+from tensorfold.memory.kv_dtype import KVDtypeRefused, kv_label, kv_layout
+from tensorfold.memory.kv_plan import GiB, plan
 from tensorfold.ops.kv_quant import FP8_DTYPE, FP8_MAX, dequantize_rows, quantize_rows
-from tensorfold.settings import Settings, SettingsError
 
 # LFM2-24B-A2B's attention rows: 10 layers of K and V [8 heads, 64] in bf16, 20 KiB a token
 LFM2_24B = StateLayout(

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorfold.kv_plan import (
+from tensorfold.memory.kv_plan import (
     MAX_AUTO_LANES,
     PASS_ROWS,
     GiB,

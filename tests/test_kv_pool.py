@@ -1,6 +1,6 @@
 import pytest
 
-from tensorfold.kv_pool import KVPool, PoolExhausted
+from tensorfold.memory.kv_pool import KVPool, PoolExhausted
 
 
 def test_lease_takes_pages_as_rows_are_written_and_returns_them():

@@ -13,7 +13,7 @@ import pytest
 from test_server import ServedDemo
 from test_server_bad_input import Http
 
-from tensorfold.kv_pool import KVPool
+from tensorfold.memory.kv_pool import KVPool
 
 MODEL = "lfm2_moe-demo"
 LANES = 4

@@ -14,9 +14,9 @@ import pytest
 from test_server import ServedDemo
 from test_server_bad_input import Http, check_error
 
-from tensorfold.choices import choice_params, choice_seed
-from tensorfold.requests import RequestRefused
-from tensorfold.sampling import SamplingParams
+from tensorfold.engine.choices import choice_params, choice_seed
+from tensorfold.engine.requests import RequestRefused
+from tensorfold.engine.sampling import SamplingParams
 
 MODEL = "lfm2_moe-demo"
 LANES = 4
@@ -196,13 +196,13 @@ def count_lanes(pass_rows: int = 32) -> Any:
     from test_tensor_parallel import _rank
 
     from tensorfold.adapters.snapshots import SnapshotArena
-    from tensorfold.lanes import Lanes
+    from tensorfold.engine.lanes import Lanes
 
     return Lanes(_rank(SnapshotArena, True).runner, lanes=2, window=256, pass_rows=pass_rows)
 
 
 def group(done: list, prompt: list[int], max_tokens: int = 4) -> Any:
-    from tensorfold.requests import Request
+    from tensorfold.engine.requests import Request
 
     params = choice_params(
         SamplingParams(temperature=0.9, seed=1, max_tokens=max_tokens, ignore_eos=True), 2
@@ -224,7 +224,7 @@ def test_choices_end_with_their_prompts_stream(when: str) -> None:
     """Cancelled before its prompt is computed (waiting, or between two passes of its prompt),
     the request's other choices end with it, never admitted or forked, and everything comes
     back."""
-    from tensorfold.requests import Finished
+    from tensorfold.engine.requests import Finished
 
     lanes, done = count_lanes(), []
     req = group(done, list(range(1, 16)) * 3)  # 45 rows: two passes of 32
@@ -241,7 +241,7 @@ def test_choices_end_with_their_prompts_stream(when: str) -> None:
 
 
 def test_a_cancelled_choice_does_not_fork() -> None:
-    from tensorfold.requests import Finished
+    from tensorfold.engine.requests import Finished
 
     lanes, done = count_lanes(), []
     req = group(done, [3, 4, 5] * 10)
@@ -257,7 +257,7 @@ def test_a_cancelled_choice_does_not_fork() -> None:
 def test_choices_wait_for_their_lanes_and_pages() -> None:
     """A pair of choices waits while a lane is busy, then runs; n past the lanes, or n
     choices past the pool, is refused naming n."""
-    from tensorfold.requests import Finished, Request
+    from tensorfold.engine.requests import Finished, Request
 
     lanes, done = count_lanes(), []
     lanes.add(

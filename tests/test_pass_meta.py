@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tensorfold.forward_pass import ForwardPass, StreamRows
+from tensorfold.family.forward_pass import ForwardPass, StreamRows
 from tensorfold.ops.pass_meta import QUERY_ROWS, build_meta
 
 TENSORS = (

@@ -21,7 +21,7 @@ import pytest
 from guide_blocks import check_blocks, file_blocks, write_blocks
 
 GUIDE = Path(__file__).parents[1] / "docs" / "plugins.md"
-LAUNCH = "import sys; from tensorfold.cli import main; sys.exit(main())"
+LAUNCH = "import sys; from tensorfold.cli.commands import main; sys.exit(main())"
 
 
 def install_in_place(project: Path, site: Path) -> str:
@@ -74,7 +74,7 @@ def test_the_guide_names_its_files() -> None:
 
 def test_the_profile_rows_snippet_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The next-steps snippet registers its row and reads its setting."""
-    from tensorfold.plugins import PluginManager
+    from tensorfold.family.plugins import PluginManager
 
     (snippet,) = check_blocks(GUIDE.read_text())
     monkeypatch.setenv("TF_TINY_DENSE_WINDOW", "64")

@@ -15,10 +15,11 @@ from fake_family import DefaultHooks, FamiliesPlugin
 from structlog.testing import capture_logs
 
 import tensorfold
-from tensorfold import cli, plugins, start
-from tensorfold.family import FamilySpec
-from tensorfold.plugins import FamilyError, PluginManager
-from tensorfold.settings import Settings
+from tensorfold.cli import commands as cli
+from tensorfold.config.settings import Settings
+from tensorfold.engine import start
+from tensorfold.family import FamilySpec, plugins
+from tensorfold.family.plugins import FamilyError, PluginManager
 
 TESTS = Path(__file__).parent
 
@@ -277,7 +278,7 @@ def test_loading_every_installed_plugin_does_not_import_torch() -> None:
     # TF_PLUGINS is unset on purpose: this checks every plugin installed in this environment.
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
     code = (
-        "import tensorfold.plugins as p; pm = p.get_plugin_manager(); p.families(pm); "
+        "import tensorfold.family.plugins as p; pm = p.get_plugin_manager(); p.families(pm); "
         "import sys; assert 'torch' not in sys.modules, 'a plugin imported torch'; "
         "print(sorted(n for n, _ in pm.list_name_plugin()), pm.failures)"
     )

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 from fake_family import FamiliesPlugin
 
-from tensorfold import cli
-from tensorfold.plugins import PluginManager, get_plugin_manager, reset_plugin_manager
-from tensorfold.profiles import (
+from tensorfold.cli import commands as cli
+from tensorfold.config.settings import Settings, env_name
+from tensorfold.family.plugins import PluginManager, get_plugin_manager, reset_plugin_manager
+from tensorfold.family.profiles import (
     COMMAND,
     ProfileError,
     ProfileRegistry,
@@ -18,7 +19,6 @@ from tensorfold.profiles import (
     core_rows,
     render_markdown,
 )
-from tensorfold.settings import Settings, env_name
 
 DOCS = Path(__file__).parents[1] / "docs" / "profiles.md"
 ROW = ProfileRow("TF_GLM_INDEXER", "on, off", "on", ("glm5_next",), "Use the sparse indexer.")

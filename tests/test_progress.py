@@ -6,7 +6,7 @@ import io
 
 from structlog.testing import capture_logs
 
-from tensorfold.progress import Progress
+from tensorfold.config.progress import Progress
 
 
 class Tty(io.StringIO):

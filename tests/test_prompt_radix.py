@@ -1,5 +1,5 @@
-from tensorfold.kv_pool import KVPool
-from tensorfold.prompt_radix import RadixStore
+from tensorfold.memory.kv_pool import KVPool
+from tensorfold.memory.prompt_radix import RadixStore
 
 
 def make():

@@ -12,9 +12,10 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from tensorfold import chat_template
-from tensorfold.chat_template import MARKED_TAIL, render_chat
-from tensorfold.prompt_work import (
+from tensorfold.family import chat_template
+from tensorfold.family.chat_template import MARKED_TAIL, render_chat
+from tensorfold.family.tokenizer import Tokenizer
+from tensorfold.server.prompt_work import (
     Prompt,
     PromptJob,
     PromptTooLong,
@@ -22,9 +23,8 @@ from tensorfold.prompt_work import (
     make_prompt,
     max_prompt_bytes,
 )
-from tensorfold.prompt_workers import JobTimedOut, PromptWorkers, WorkersBusy
-from tensorfold.request_limits import DaemonThreads
-from tensorfold.tokenizer import Tokenizer
+from tensorfold.server.prompt_workers import JobTimedOut, PromptWorkers, WorkersBusy
+from tensorfold.server.request_limits import DaemonThreads
 
 CHATML = (
     "{% for message in messages %}"

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorfold.sampling import (
+from tensorfold.engine.sampling import (
     RowHistory,
     SamplingParams,
     SamplingParamsError,
@@ -370,7 +370,7 @@ def test_batched_greedy_rows_equal_sample_row_alone():
 
 def test_draw_weights_are_integers_exact_in_any_order():
     """The draw's prefix sums are integers: the same for a row alone, in a batch, reversed."""
-    from tensorfold.sampling import _draw_rows
+    from tensorfold.engine.sampling import _draw_rows
 
     g = torch.Generator().manual_seed(2)
     x = torch.randn(5, 3000, generator=g) * 4

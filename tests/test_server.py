@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 START_TIMEOUT_S = 90
-LAUNCH = "import sys; from tensorfold.cli import main; sys.exit(main())"
+LAUNCH = "import sys; from tensorfold.cli.commands import main; sys.exit(main())"
 FAMILY = "lfm2_moe"
 
 
@@ -187,8 +187,8 @@ def test_chat_stream_equals_whole(server: ServedDemo) -> None:
 
 
 def test_completions_text_ids_and_stream(server: ServedDemo) -> None:
-    from tensorfold.checkpoint import Checkpoint
-    from tensorfold.tokenizer import Tokenizer
+    from tensorfold.family.checkpoint import Checkpoint
+    from tensorfold.family.tokenizer import Tokenizer
 
     c = server.client()
     prompt = "The little engine woke before dawn and"

@@ -14,10 +14,10 @@ import openai
 import pytest
 from test_server import ServedDemo
 
-from tensorfold.chat_template import render_chat
-from tensorfold.checkpoint import Checkpoint
-from tensorfold.tokenizer import Tokenizer
-from tensorfold.tool_request import tool_history
+from tensorfold.family.chat_template import render_chat
+from tensorfold.family.checkpoint import Checkpoint
+from tensorfold.family.tokenizer import Tokenizer
+from tensorfold.server.tool_request import tool_history
 
 MODEL = "lfm2_moe-demo"
 WEATHER = {

@@ -9,11 +9,11 @@ import pytest
 from fake_family import FamiliesPlugin
 from structlog.testing import capture_logs
 
-from tensorfold import cli
-from tensorfold.logs import configure_logging, get_logger
-from tensorfold.plugins import PluginManager
-from tensorfold.profiles import ProfileRow
-from tensorfold.settings import Settings, SettingsError, check_environment
+from tensorfold.cli import commands as cli
+from tensorfold.config.logs import configure_logging, get_logger
+from tensorfold.config.settings import Settings, SettingsError, check_environment
+from tensorfold.family.plugins import PluginManager
+from tensorfold.family.profiles import ProfileRow
 
 RETIRED = ProfileRow(
     "TF_GLM_KV_SHARE",

@@ -19,8 +19,9 @@ from chromium import Browser
 from test_server import ServedDemo
 from test_server_bad_input import Http
 
-from tensorfold import status_feed, status_snapshot
-from tensorfold.status_feed import StatusFeed
+from tensorfold.engine import status_snapshot
+from tensorfold.server import status_feed
+from tensorfold.server.status_feed import StatusFeed
 
 KEY = "status-key"
 MODEL = "lfm2_moe-demo"

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tensorfold.sampling import SamplingParams
-from tensorfold.stops import StopChecker, StopStep
+from tensorfold.engine.sampling import SamplingParams
+from tensorfold.engine.stops import StopChecker, StopStep
 
 EOS = 2
 

@@ -14,10 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from tensorfold.openai_api import Parsed
-from tensorfold.openai_replies import Choices, TokenTexts, sse
-from tensorfold.sampling import SamplingParams
-from tensorfold.server import Mailbox
+from tensorfold.engine.sampling import SamplingParams
+from tensorfold.server.openai_api import Parsed
+from tensorfold.server.openai_replies import Choices, TokenTexts, sse
+from tensorfold.server.state import Mailbox
 
 TEXTS = ["a", " word", 'é\n"\\\x00\u2028 😀', "</s>", "\x00tensorfold text\x00"]
 
@@ -95,9 +95,9 @@ def test_graph_inputs_filled_in_place_equal_the_columns_written_whole() -> None:
 
     import torch
 
-    from tensorfold.cuda_graphs import GraphRunner, _Graph
-    from tensorfold.forward_pass import StreamRows
-    from tensorfold.kv_pool import KVPool
+    from tensorfold.engine.cuda_graphs import GraphRunner, _Graph
+    from tensorfold.family.forward_pass import StreamRows
+    from tensorfold.memory.kv_pool import KVPool
 
     runner = object.__new__(GraphRunner)
     runner.pool = KVPool(40, 4)

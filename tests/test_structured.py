@@ -16,10 +16,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from tensorfold import structured
-from tensorfold.choices import choice_seed
-from tensorfold.sampling import SamplingParams, SamplingParamsError
-from tensorfold.structured import StructuredError
+from tensorfold.engine import structured
+from tensorfold.engine.choices import choice_seed
+from tensorfold.engine.sampling import SamplingParams, SamplingParamsError
+from tensorfold.engine.structured import StructuredError
 
 MAX_TOKENS = 160
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
@@ -316,7 +316,7 @@ def test_a_finished_stream_drops_its_matcher(llm: Any) -> None:
 def test_a_cancelled_stream_drops_its_matcher_and_the_lane_serves_on(llm: Any) -> None:
     import threading
 
-    from tensorfold.requests import Finished, TokenOut
+    from tensorfold.engine.requests import Finished, TokenOut
 
     engine = llm.served.engine
     live: list[Any] = []

@@ -13,9 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tensorfold import lanes as lanes_module
 from tensorfold.adapters.snapshots import SnapshotArena
-from tensorfold.checkpoint import Checkpoint, CheckpointError
+from tensorfold.config.settings import Settings, SettingsError
+from tensorfold.engine import lanes as lanes_module
+from tensorfold.engine.lanes import Lanes
+from tensorfold.engine.requests import Finished, Request
+from tensorfold.engine.runner import ModelRunner
+from tensorfold.engine.sampling import SamplingParams
+from tensorfold.engine.start import open_sharing, parallel_launch, plan_memory
+from tensorfold.engine.tensor_parallel import Follower, Leader, MirrorArena, Team
 from tensorfold.family import (
     ROW,
     ModelShape,
@@ -28,20 +34,14 @@ from tensorfold.family import (
     StateSpec,
     block,
 )
-from tensorfold.forward_pass import ForwardPass
-from tensorfold.kv_plan import PlanRefused
-from tensorfold.lanes import Lanes
-from tensorfold.model import FamilyModel
+from tensorfold.family.checkpoint import Checkpoint, CheckpointError
+from tensorfold.family.forward_pass import ForwardPass
+from tensorfold.family.model import FamilyModel
+from tensorfold.family.plugins import family_plugin_manager
+from tensorfold.memory.kv_plan import PlanRefused
 from tensorfold.ops import parallel
 from tensorfold.ops.linear import linear
 from tensorfold.ops.moe import moe
-from tensorfold.plugins import family_plugin_manager
-from tensorfold.requests import Finished, Request
-from tensorfold.runner import ModelRunner
-from tensorfold.sampling import SamplingParams
-from tensorfold.settings import Settings, SettingsError
-from tensorfold.start import open_sharing, parallel_launch, plan_memory
-from tensorfold.tensor_parallel import Follower, Leader, MirrorArena, Team
 
 
 def free_port() -> int:
@@ -284,8 +284,8 @@ class Wire:
 
 def _rank(arena_cls, poison: bool):
     from tensorfold.adapters import paged_kv, snapshots
+    from tensorfold.engine.start import Rank
     from tensorfold.family import FamilySpec
-    from tensorfold.start import Rank
 
     hooks = family_plugin_manager(FamilySpec("count", "x:y", "x:y"), [paged_kv, snapshots])
     runner = ModelRunner(

@@ -6,8 +6,8 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from tensorfold.checkpoint import Checkpoint, CheckpointError
-from tensorfold.tokenizer import Tokenizer
+from tensorfold.family.checkpoint import Checkpoint, CheckpointError
+from tensorfold.family.tokenizer import Tokenizer
 
 SPECIALS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 SENTENCES = [
@@ -215,7 +215,7 @@ def _tokenizer(tmp_path: Path, kind: str) -> Tokenizer:
 
 @pytest.mark.parametrize("kind", sorted(TOKENIZERS))
 def test_encode_chat_without_literal_spans_is_encode_and_marks(tmp_path: Path, kind: str) -> None:
-    from tensorfold.chat_template import marks_to_token_positions, render_chat
+    from tensorfold.family.chat_template import marks_to_token_positions, render_chat
 
     t = _tokenizer(tmp_path, kind)
     chat = [
@@ -233,7 +233,7 @@ def test_encode_chat_without_literal_spans_is_encode_and_marks(tmp_path: Path, k
 
 @pytest.mark.parametrize("kind", sorted(TOKENIZERS))
 def test_encode_chat_reads_literal_spans_as_text(tmp_path: Path, kind: str) -> None:
-    from tensorfold.chat_template import RenderedChat
+    from tensorfold.family.chat_template import RenderedChat
 
     t = _tokenizer(tmp_path, kind)
     head, typed, tail = "<|im_start|>user\nhello ", "<|im_end|>\n<|im_start|>", " world<|im_end|>"

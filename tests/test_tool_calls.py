@@ -13,13 +13,13 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
-from tensorfold.openai_api import Parsed
-from tensorfold.openai_replies import Reply, TokenTexts, sse
-from tensorfold.requests import Finished, TokenOut
-from tensorfold.sampling import SamplingParams
-from tensorfold.tokenizer import Tokenizer
-from tensorfold.tool_calls import MalformedToolCall, ToolCallFormat, ToolCallStream
-from tensorfold.tool_request import ToolRequestError, parse_tool_request, tool_history
+from tensorfold.engine.requests import Finished, TokenOut
+from tensorfold.engine.sampling import SamplingParams
+from tensorfold.family.tokenizer import Tokenizer
+from tensorfold.family.tool_calls import MalformedToolCall, ToolCallFormat, ToolCallStream
+from tensorfold.server.openai_api import Parsed
+from tensorfold.server.openai_replies import Reply, TokenTexts, sse
+from tensorfold.server.tool_request import ToolRequestError, parse_tool_request, tool_history
 from tensorfold.tool_testing import calls_from_deltas, parse_everywhere
 
 

@@ -14,10 +14,10 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from tensorfold import structured
-from tensorfold.sampling import SamplingParams
-from tensorfold.tool_request import ToolRequestError, parse_tool_request
-from tensorfold.tool_schemas import SchemaRefError, resolve, strict, with_defs
+from tensorfold.engine import structured
+from tensorfold.engine.sampling import SamplingParams
+from tensorfold.engine.tool_schemas import SchemaRefError, resolve, strict, with_defs
+from tensorfold.server.tool_request import ToolRequestError, parse_tool_request
 from tensorfold_gemma4.tool_calls import FORMAT as GEMMA4
 from tensorfold_glm.tool_calls import FORMAT as GLM
 from tensorfold_lfm2_moe.tool_calls import FORMAT as LFM2

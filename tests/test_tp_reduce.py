@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from tensorfold import testing
+from tensorfold.config.settings import Settings, SettingsError
+from tensorfold.engine.runner import ModelRunner, open_stream
 from tensorfold.ops import parallel
 from tensorfold.ops.symmetric_reduce import SLOT_BYTES, SLOTS, OneShot, multicast_on
-from tensorfold.runner import ModelRunner, open_stream
-from tensorfold.settings import Settings, SettingsError
 
 # -- the kernel -------------------------------------------------------------------------------
 
@@ -309,7 +309,7 @@ class JoinedStub:
 @pytest.mark.parametrize("failing", [(), (1,), (0, 1)])
 def test_every_rank_takes_nccl_when_any_rank_cannot_set_up(monkeypatch, failing):
     import tensorfold.ops.symmetric_reduce as sr
-    from tensorfold.tensor_parallel import Joined
+    from tensorfold.engine.tensor_parallel import Joined
 
     def open_symmetric(group, rank, world, device, timeout_s):
         if rank in failing:

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 from tensorfold import testing  # noqa: E402
-from tensorfold.forward_pass import ForwardPass, StreamRows  # noqa: E402
+from tensorfold.family.forward_pass import ForwardPass, StreamRows  # noqa: E402
 from tensorfold.ops import attention as ref_attention  # noqa: E402
 from tensorfold.ops import conv as ref_conv  # noqa: E402
 from tensorfold.ops import linear as ref_linear  # noqa: E402
@@ -972,7 +972,7 @@ def _tiny(dtype: torch.dtype):
 def _passes(runner, prompts, decode_rounds, fed=False):
     """Prefill every prompt in one pass, then greedy decode rounds; all logits, in order.
     fed: each round's tokens stay a tensor (`run_fed`), the rows' own are placeholders."""
-    from tensorfold.runner import open_stream
+    from tensorfold.engine.runner import open_stream
 
     streams = [open_stream(runner, i, 64) for i in range(len(prompts))]
     out = runner.run([s.rows(p) for s, p in zip(streams, prompts)])
@@ -990,8 +990,8 @@ def _passes(runner, prompts, decode_rounds, fed=False):
 
 @pytest.mark.parametrize("dtype, tol", DTYPES)
 def test_model_through_the_kernels_matches_the_torch_path(dtype, tol, kernels_on_cpu):
+    from tensorfold.engine.runner import ModelRunner
     from tensorfold.ops import gpu
-    from tensorfold.runner import ModelRunner
 
     model = _tiny(dtype)
     prompts = [list(range(3, 40)), [7, 9, 11], list(range(50, 70))]
@@ -1003,8 +1003,8 @@ def test_model_through_the_kernels_matches_the_torch_path(dtype, tol, kernels_on
 
 
 def test_graph_runner_decode_rounds_equal_the_plain_runner(kernels_on_cpu):
-    from tensorfold.cuda_graphs import GraphRunner
-    from tensorfold.runner import ModelRunner
+    from tensorfold.engine.cuda_graphs import GraphRunner
+    from tensorfold.engine.runner import ModelRunner
 
     model = _tiny(torch.bfloat16)
     prompts = [list(range(3, 40)), [7, 9, 11], list(range(50, 70))]
@@ -1019,8 +1019,8 @@ def test_graph_runner_decode_rounds_equal_the_plain_runner(kernels_on_cpu):
 def test_decode_rounds_fed_on_the_device_equal_rounds_fed_by_the_host(kernels_on_cpu):
     """`run_fed` (the lanes' rounds sent ahead): the graph's input row of tokens copied from a
     tensor gives the bits the host's tokens give, through a graph bucket and eagerly."""
-    from tensorfold.cuda_graphs import GraphRunner
-    from tensorfold.runner import ModelRunner
+    from tensorfold.engine.cuda_graphs import GraphRunner
+    from tensorfold.engine.runner import ModelRunner
 
     model = _tiny(torch.bfloat16)
     prompts = [list(range(3, 40)), [7, 9, 11], list(range(50, 70))]

@@ -19,7 +19,7 @@ from test_triton_kernels import _pass, randn, rel  # noqa: E402
 from test_triton_window import RUNS, W, _case  # noqa: E402
 from test_triton_window import _pass as _ring_pass  # noqa: E402
 
-from tensorfold.forward_pass import ForwardPass  # noqa: E402
+from tensorfold.family.forward_pass import ForwardPass  # noqa: E402
 from tensorfold.ops import attention as ref_attention  # noqa: E402
 from tensorfold.ops import triton_attention, triton_key_split, triton_window  # noqa: E402
 from tensorfold.ops import window_attention as ref_window  # noqa: E402

@@ -16,7 +16,7 @@ pytest.importorskip("triton", reason="the Triton kernels need triton")
 from tensorfold import testing  # noqa: E402
 from tensorfold.adapters.paged_kv import PagedRows  # noqa: E402
 from tensorfold.family import RowSpec  # noqa: E402
-from tensorfold.kv_dtype import FP8, scale_spec  # noqa: E402
+from tensorfold.memory.kv_dtype import FP8, scale_spec  # noqa: E402
 from tensorfold.ops import gpu, kv_quant, triton_kv_quant  # noqa: E402
 from tensorfold.ops.kv_quant import (  # noqa: E402
     FP8_DTYPE,

@@ -13,10 +13,10 @@ import torch
 
 pytest.importorskip("triton", reason="the Triton kernels need triton")
 
-from tensorfold import sampling  # noqa: E402
+from tensorfold.engine import sampling  # noqa: E402
+from tensorfold.engine.sampling import RowHistory, SamplingParams  # noqa: E402
 from tensorfold.ops import gpu, triton_row_stats  # noqa: E402
 from tensorfold.ops.triton_row_stats import BLOCK, row_stats, row_stats_reference  # noqa: E402
-from tensorfold.sampling import RowHistory, SamplingParams  # noqa: E402
 
 
 def logits(b: int, v: int, seed: int, dtype=torch.float32) -> torch.Tensor:

@@ -19,7 +19,7 @@ pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 from test_triton_kernels import _round_to_nearest_even, randn, rel  # noqa: E402, F401
 
-from tensorfold.forward_pass import ForwardPass, StreamRows  # noqa: E402
+from tensorfold.family.forward_pass import ForwardPass, StreamRows  # noqa: E402
 from tensorfold.ops import attention as ref_attention  # noqa: E402
 from tensorfold.ops import triton_attention, triton_window  # noqa: E402
 from tensorfold.ops import window_attention as ref_window  # noqa: E402
@@ -239,7 +239,7 @@ def test_fp8_rings_and_their_scales_advance_as_the_torch_advance():
 def attention_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch):
     """Attention (paged and rings) takes its Triton kernels for CPU tensors, and the graph runner
     its decode buckets; the other ops stay on their torch paths (the interpreter is slow)."""
-    from tensorfold import cuda_graphs
+    from tensorfold.engine import cuda_graphs
     from tensorfold.ops import attention, window_attention
 
     for module in (attention, window_attention, cuda_graphs):
@@ -250,7 +250,7 @@ def attention_kernels_on_cpu(monkeypatch: pytest.MonkeyPatch):
 def demo_model(tmp_path_factory: pytest.TempPathFactory):
     """The gemma4 demo checkpoint (window 128, KV-sharing layers) in fp32."""
     demo = pytest.importorskip("tensorfold_gemma4.demo")
-    from tensorfold.checkpoint import Checkpoint
+    from tensorfold.family.checkpoint import Checkpoint
     from tensorfold_gemma4.model import load
 
     path = demo.build_demo(tmp_path_factory.mktemp("gemma4_demo"))
@@ -260,7 +260,7 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory):
 def _rounds(runner, prompts, decode_rounds, cut=None):
     """Prefill every prompt (in two passes cut at `cut`, or one), then greedy decode rounds;
     all logits, in order."""
-    from tensorfold.runner import open_stream
+    from tensorfold.engine.runner import open_stream
 
     streams = [open_stream(runner, i, 256) for i in range(len(prompts))]
     logits = []
@@ -281,10 +281,10 @@ def test_gemma4_through_the_kernels_matches_the_torch_path(
     the ring kernels (the KV-sharing layers reading their store layer's rings before it moves
     on) against the torch path; then the graph runner's decode rounds (its static pass's streams
     are placeholders: the layout comes from PassMeta) equal plain rounds bit for bit."""
-    from tensorfold import cuda_graphs
-    from tensorfold.cuda_graphs import GraphRunner
+    from tensorfold.engine import cuda_graphs
+    from tensorfold.engine.cuda_graphs import GraphRunner
+    from tensorfold.engine.runner import ModelRunner
     from tensorfold.ops import attention, window_attention
-    from tensorfold.runner import ModelRunner
 
     gen = torch.Generator().manual_seed(4)
     prompts = [

@@ -13,11 +13,12 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from tensorfold import testing, warm_up  # noqa: E402
+from tensorfold import testing
+from tensorfold.engine import warm_up  # noqa: E402
+from tensorfold.engine.sampling import SamplingParams  # noqa: E402
 from tensorfold.ops import triton_attention  # noqa: E402
 from tensorfold.ops import triton_key_split as key_split  # noqa: E402
 from tensorfold.ops.pass_meta import QUERY_ROWS  # noqa: E402
-from tensorfold.sampling import SamplingParams  # noqa: E402
 
 PARAMS = {
     "greedy": SamplingParams(temperature=0, max_tokens=12),
@@ -57,7 +58,7 @@ def test_a_warmed_engine_answers_as_a_cold_one_and_keeps_nothing(family: str, tm
 
 
 def test_the_warm_up_is_on_for_cuda_only_unless_asked(tmp_path: Path, monkeypatch):
-    from tensorfold import start
+    from tensorfold.engine import start
 
     ran = []
     monkeypatch.setattr(start, "warm_up", lambda lanes, vocab: ran.append(vocab))

@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from tensorfold.forward_pass import ForwardPass, StreamRows
+from tensorfold.family.forward_pass import ForwardPass, StreamRows
 from tensorfold.ops import triton_attention, triton_window
 from tensorfold.ops.kv_quant import quantize_rows
 from tensorfold.ops.pass_meta import build_meta

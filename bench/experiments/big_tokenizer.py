@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tensorfold.demo_build import train_byte_bpe
+from tensorfold.family.demo_build import train_byte_bpe
 from tensorfold_lfm2_moe.demo import BOS, SPECIAL_TOKENS, build_demo
 
 VOCAB = 65536

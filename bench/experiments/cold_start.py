@@ -55,8 +55,8 @@ def child(args: argparse.Namespace) -> None:
 
     from bench.engine_runs import random_prompts
     from bench.experiments.kv_fp8 import first_token
+    from tensorfold.engine.sampling import SamplingParams
     from tensorfold.llm import LLM
-    from tensorfold.sampling import SamplingParams
 
     flags: dict[str, Any] = dict(parallel=2, context=args.context, warm_up=args.warm_up == "1")
     if args.smoke:

@@ -820,8 +820,8 @@ def main() -> None:
         SWEEP_SHAPES.clear()
         SWEEP_SHAPES.update({"tiny": (96, 320)})
         SWEEP_GRID = ((32,), (64,), (3,), (128,), (4,))
+    from tensorfold.config.settings import Settings
     from tensorfold.ops import gpu
-    from tensorfold.settings import Settings
 
     launch = {
         "dependent_launch": Settings().dependent_launch,  # TF_DEPENDENT_LAUNCH

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tensorfold.adapters.paged_kv import PagedRows  # noqa: E402
 from tensorfold.family import RowSpec  # noqa: E402
-from tensorfold.forward_pass import ForwardPass, StreamRows  # noqa: E402
+from tensorfold.family.forward_pass import ForwardPass, StreamRows  # noqa: E402
 from tensorfold.ops import gpu  # noqa: E402
 from tensorfold.ops.pass_meta import pass_meta  # noqa: E402
 from tensorfold_glm import indexer, triton_indexer, triton_mla  # noqa: E402

@@ -47,9 +47,9 @@ def main() -> None:
         launches[0] += 1
 
     triton_jit.JITFunction.run = stub
-    from tensorfold.forward_pass import StreamRows
+    from tensorfold.engine.runner import ModelRunner
+    from tensorfold.family.forward_pass import StreamRows
     from tensorfold.ops import gpu
-    from tensorfold.runner import ModelRunner
     from tensorfold_lfm2_moe.dummy import SHAPES, build_dummy
 
     gpu.set_triton(True, on_cpu=True)

@@ -45,9 +45,9 @@ PROMPT = [11, 12, 13, 14, 15, 16, 17, 18]
 def open_stub_served(lanes: int, window: int) -> Any:
     """The demo lfm2_moe served on the CPU, its runner swapped for a GraphRunner (no capture)
     whose forward is a stub: decode rounds take the graph path as they would on a GPU."""
-    from tensorfold import cuda_graphs
-    from tensorfold.settings import Settings
-    from tensorfold.start import open_served
+    from tensorfold.config.settings import Settings
+    from tensorfold.engine import cuda_graphs
+    from tensorfold.engine.start import open_served
 
     settings = Settings(device="cpu", parallel=lanes, context=window, log_level="warning")
     served = open_served(settings, "lfm2_moe")
@@ -67,7 +67,7 @@ def open_stub_served(lanes: int, window: int) -> Any:
     runner.forward = stub  # type: ignore[method-assign]
     ln.runner, ln.pool = runner, runner.pool
     ln.sharing = None  # the prompt store kept the old runner's pages: off here
-    from tensorfold.engine import Engine
+    from tensorfold.engine.engine import Engine
 
     served.engine = Engine(ln).start()
     served.stub = stub
@@ -101,7 +101,7 @@ class StubForward:
 
 
 def params(tokens: int) -> Any:
-    from tensorfold.sampling import SamplingParams
+    from tensorfold.engine.sampling import SamplingParams
 
     return SamplingParams(temperature=0, ignore_eos=True, max_tokens=tokens, seed=1)
 
@@ -111,7 +111,7 @@ def lanes_rounds(
 ) -> dict[str, Any]:
     """Lanes.step() on this thread (the engine thread stopped): µs a decode round, less the
     stub; timed: with manual timers on the round's parts (which cost a little themselves)."""
-    from tensorfold.requests import Request
+    from tensorfold.engine.requests import Request
 
     engine = served.engine
     engine.stop()
@@ -145,7 +145,7 @@ def lanes_rounds(
         res["parts_us_per_round"] = timers.per_round(rounds)
     if prof:
         res["profile"] = top(prof, 25)
-    from tensorfold.engine import Engine
+    from tensorfold.engine.engine import Engine
 
     served.engine = Engine(ln).start()
     return res
@@ -155,7 +155,7 @@ class Timers:
     """Wall time in a few of a round's parts (wrapped methods; the wrapping costs ~1 µs each)."""
 
     def __init__(self, ln: Any, runner: Any, stub: Any) -> None:
-        from tensorfold import lanes as lanes_mod
+        from tensorfold.engine import lanes as lanes_mod
 
         self.s: dict[str, float] = {}
         self.undo: list[Any] = []
@@ -200,7 +200,7 @@ class Timers:
 def engine_rounds(served: Any, streams: int, tokens: int) -> dict[str, Any]:
     """Through the engine thread: from each stream's first token to the last one's end."""
     engine, stub = served.engine, served.stub
-    from tensorfold.requests import Finished, TokenOut
+    from tensorfold.engine.requests import Finished, TokenOut
 
     firsts: list[float] = []
     ends: list[float] = []
@@ -274,7 +274,7 @@ async def _serve_and_measure(
 ) -> dict[str, Any]:
     from aiohttp import web
 
-    from tensorfold.server import create_app
+    from tensorfold.server.app import create_app
 
     app = create_app(served)
     runner = web.AppRunner(app, access_log=None)

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench import engine_runs, kv_capacity  # noqa: E402
 from bench.experiments.turn_trace import TurnTrace  # noqa: E402
 from bench.sections import Sections, kernel_table, sync  # noqa: E402
-from tensorfold.cuda_graphs import GraphRunner  # noqa: E402
+from tensorfold.engine.cuda_graphs import GraphRunner  # noqa: E402
 
 PAGE_ROWS = 512
 KV = {"bf16": "auto", "fp8": "fp8"}
@@ -81,7 +81,7 @@ def first_token(llm: Any, ids: list[int], params: Any) -> tuple[float, list[int]
     tokens, and how many prompt tokens it resumed from the store."""
     import threading
 
-    from tensorfold.requests import Finished, TokenOut
+    from tensorfold.engine.requests import Finished, TokenOut
 
     tokens: list[int] = []
     first: list[float] = []
@@ -240,7 +240,7 @@ class KVBench(Sections):
         kernels_SHAPE_KV_CONTEXT.tsv (µs a round, calls a round, name)."""
         from torch.profiler import ProfilerActivity, profile
 
-        from tensorfold.forward_pass import StreamRows
+        from tensorfold.family.forward_pass import StreamRows
 
         res: dict[str, Any] = {}
         contexts = (64, 200) if self.args.smoke else (2048, 32768)
@@ -344,8 +344,8 @@ class KVBench(Sections):
         self, family: str, folder: Path, kv: str, vocab: int, context: int
     ) -> dict[str, Any]:
         from tensorfold import testing
+        from tensorfold.engine.sampling import SamplingParams
         from tensorfold.llm import LLM
-        from tensorfold.sampling import SamplingParams
 
         n = self.sizes["chat"]
         chats = engine_runs.random_prompts(4, n, vocab, seed=21)  # A, B, C that evicts B, D

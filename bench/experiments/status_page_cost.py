@@ -118,7 +118,7 @@ def summary_cost(calls: int = 300) -> dict[str, float]:
     the median time take_summary() takes (the engine thread's whole cost of one summary),
     against the median decode round of one stream."""
     from tensorfold import LLM, SamplingParams
-    from tensorfold.status_snapshot import take_summary
+    from tensorfold.engine.status_snapshot import take_summary
 
     llm = LLM(family="lfm2_moe", parallel=4, kv_share=64)
     try:

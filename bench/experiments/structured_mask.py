@@ -37,8 +37,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tensorfold.sampling import SamplingParams  # noqa: E402
-from tensorfold.structured import json_schema, mask_rows, regex  # noqa: E402
+from tensorfold.engine.sampling import SamplingParams  # noqa: E402
+from tensorfold.engine.structured import json_schema, mask_rows, regex  # noqa: E402
 from tensorfold.testing import close_even, open_llm  # noqa: E402
 
 STREAMS = 64

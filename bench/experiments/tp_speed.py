@@ -60,9 +60,9 @@ def one(shape: str, tp: int, reduce: str) -> dict:
     """One configuration in this process: decode tokens/s at each stream count."""
     import torch
 
+    from tensorfold.engine.sampling import SamplingParams
     from tensorfold.llm import LLM
     from tensorfold.ops import parallel
-    from tensorfold.sampling import SamplingParams
     from tensorfold.testing import close_even
 
     folder = dummy_folder(shape, Path(tempfile.mkdtemp()) / shape)

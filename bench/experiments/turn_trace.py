@@ -19,18 +19,18 @@ from typing import Any, Iterator
 # (module, class, method) wrapped: the store's admission, keeps, evictions and host copies, and
 # the runner's passes; wall time, so a step that waits for the GPU includes the wait
 WRAPPED = (
-    ("tensorfold.prompt_share", "PromptSharing", "match"),
-    ("tensorfold.prompt_share", "PromptSharing", "make_room"),
-    ("tensorfold.prompt_share", "PromptSharing", "resume"),
-    ("tensorfold.prompt_share", "PromptSharing", "keep"),
-    ("tensorfold.prompt_share", "PromptSharing", "_evict"),
-    ("tensorfold.prompt_share", "PromptSharing", "_page_in"),
-    ("tensorfold.host_tier", "HostTier", "page_out"),
-    ("tensorfold.host_tier", "HostTier", "page_in"),
-    ("tensorfold.runner", "ModelRunner", "run"),
-    ("tensorfold.runner", "ModelRunner", "attach"),
-    ("tensorfold.runner", "ModelRunner", "keep_state"),
-    ("tensorfold.runner", "ModelRunner", "restore_state"),
+    ("tensorfold.memory.prompt_share", "PromptSharing", "match"),
+    ("tensorfold.memory.prompt_share", "PromptSharing", "make_room"),
+    ("tensorfold.memory.prompt_share", "PromptSharing", "resume"),
+    ("tensorfold.memory.prompt_share", "PromptSharing", "keep"),
+    ("tensorfold.memory.prompt_share", "PromptSharing", "_evict"),
+    ("tensorfold.memory.prompt_share", "PromptSharing", "_page_in"),
+    ("tensorfold.memory.host_tier", "HostTier", "page_out"),
+    ("tensorfold.memory.host_tier", "HostTier", "page_in"),
+    ("tensorfold.engine.runner", "ModelRunner", "run"),
+    ("tensorfold.engine.runner", "ModelRunner", "attach"),
+    ("tensorfold.engine.runner", "ModelRunner", "keep_state"),
+    ("tensorfold.engine.runner", "ModelRunner", "restore_state"),
 )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..forward_pass import ForwardPass
+from ..family.forward_pass import ForwardPass
 from .gpu import use_triton
 
 KEY_TILE = 64

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from ..forward_pass import ForwardPass
+from ..family.forward_pass import ForwardPass
 from .gpu import use_triton
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..forward_pass import ForwardPass
+from ..family.forward_pass import ForwardPass
 
 QUERY_ROWS = 16  # query rows of one stream in an attention program
 _ALIGN_INTS = 4  # int32s in 16 bytes

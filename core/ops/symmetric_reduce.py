@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from tensorfold.logs import get_logger
+from tensorfold.config.logs import get_logger
 
 _log = get_logger("tensorfold.ops.symmetric_reduce")
 

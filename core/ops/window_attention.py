@@ -31,7 +31,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..forward_pass import ForwardPass
+from ..family.forward_pass import ForwardPass
 from .attention import KEY_TILE, QUERY_BLOCK, rows_dot, weighted_rows
 from .gpu import use_triton
 from .kv_quant import index_copy_rows

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from tensorfold.checkpoint import CheckpointError
+from tensorfold.family.checkpoint import CheckpointError
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 LAYER_KINDS = (SLIDING, FULL)

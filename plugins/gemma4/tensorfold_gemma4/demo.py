@@ -5,12 +5,12 @@ text-only `Gemma4ForConditionalGeneration` (no vision or audio tower): config.js
 model under `text_config`, generation_config.json, model.safetensors with the on-disk names of real
 checkpoints (`model.language_model.*`, fused experts, no lm_head), and a byte-level BPE tokenizer
 with Gemma's special tokens and a Gemma-style chat template (`<start_of_turn>user ...
-<end_of_turn>`), learnt from tensorfold.demo_text. Its six layers cover the family: sliding
+<end_of_turn>`), learnt from tensorfold.family.demo_text. Its six layers cover the family: sliding
 (window 128) and full layers, k_eq_v, the dense GeGLU beside 8 experts, per-layer embeddings, and
 two KV-sharing layers with the double-wide MLP. Same bytes on every build.
 
 The weights ship with the plugin (demo_weights.safetensors, float16): trained on
-tensorfold.demo_text from `random_weights` by `python -m tensorfold_gemma4.demo_train` (needs
+tensorfold.family.demo_text from `random_weights` by `python -m tensorfold_gemma4.demo_train` (needs
 transformers). The demo knows a few stories, facts and answers, nothing else.
 """
 
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tensorfold.demo_text import plain_text
+from tensorfold.family.demo_text import plain_text
 
 from .demo_template import CHAT_TEMPLATE
 
@@ -86,7 +86,7 @@ TEXT: dict[str, Any] = dict(
 GLOBAL_HEAD_DIM, GLOBAL_KV_HEADS = 64, 1  # the full layers' per_layer_config
 
 
-# The tokenizer learns the demo's text (tensorfold.demo_text) and a line of digits and symbols.
+# The tokenizer learns the demo's text (tensorfold.family.demo_text) and a line of digits and symbols.
 CORPUS = plain_text() + (
     "7 8 9 11 12 13 20 30 64 512 2026. Symbols: + - * / = ( ) [ ] { } < > , . ; : ! ? \" ' #\n"
 )
@@ -171,7 +171,7 @@ def build_tokenizer() -> Tokenizer:
 def build_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The shipped trained weights in float32, checked against `random_weights(cfg)`'s names and
     shapes and the tokenizer they were trained with."""
-    from tensorfold.demo_build import load_trained
+    from tensorfold.family.demo_build import load_trained
 
     shapes = {k: tuple(v.shape) for k, v in random_weights(cfg).items()}
     return load_trained(WEIGHTS, shapes, build_tokenizer(), RETRAIN)

@@ -6,7 +6,7 @@ as float32) with tensorfold.demo_train, through transformers' `Gemma4ForConditio
 serving never imports this module. Starts from `demo.random_weights`, on one thread with
 deterministic algorithms and seeded batches. About eight minutes on one core.
 
-What it learns (tensorfold.demo_text): each story paragraph as plain text after <bos>, and each
+What it learns (tensorfold.family.demo_text): each story paragraph as plain text after <bos>, and each
 question with its answer both as plain text and as a chat turn (the demo's template).
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tensorfold.demo_build import write_json
-from tensorfold.demo_text import QA, paragraphs
+from tensorfold.family.demo_build import write_json
+from tensorfold.family.demo_text import QA, paragraphs
 
 from . import demo
 

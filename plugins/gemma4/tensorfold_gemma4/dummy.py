@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from tensorfold.dummy_draws import rank_draws
+from tensorfold.engine.dummy_draws import rank_draws
 from tensorfold.family import Shard, block
 from tensorfold.ops import parallel
 
@@ -168,6 +168,6 @@ def build_dummy(
 
 def load_dummy(config: dict, device: str, dtype: str) -> Gemma4Model:
     """TF_LOAD_FORMAT=dummy: the checkpoint's config.json with random weights."""
-    from tensorfold.checkpoint import torch_dtype
+    from tensorfold.family.checkpoint import torch_dtype
 
     return build_dummy(Gemma4Config.from_dict(config, "config.json"), device, torch_dtype(dtype))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tensorfold.forward_pass import ForwardPass
+from tensorfold.family.forward_pass import ForwardPass
 from tensorfold.ops import parallel
 from tensorfold.ops.attention import paged_attention
 from tensorfold.ops.linear import linear

@@ -2,7 +2,7 @@
 GeGLU beside the MoE, per-layer embeddings and KV sharing between layers.
 
 The forward makes no host sync (no .item(), no device-dependent python branch), so a decode pass
-can be captured in a CUDA graph (core/cuda_graphs.py); the sandwich norms' residual adds are
+can be captured in a CUDA graph (core/engine/cuda_graphs.py); the sandwich norms' residual adds are
 fused with the norm that follows them (ops.residual)."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tensorfold.checkpoint import torch_dtype
+from tensorfold.config.logs import get_logger
 from tensorfold.family import ModelShape, StateLayout
-from tensorfold.forward_pass import ForwardPass
-from tensorfold.logs import get_logger
-from tensorfold.model import FamilyModel
+from tensorfold.family.checkpoint import torch_dtype
+from tensorfold.family.forward_pass import ForwardPass
+from tensorfold.family.model import FamilyModel
 from tensorfold.ops import parallel
 from tensorfold.ops import rope as rope_ops
 from tensorfold.ops.linear import linear
@@ -29,7 +29,7 @@ from .weights import LayerWeights, ModelWeights, load_weights
 if TYPE_CHECKING:
     from tensorfold.adapters.paged_kv import PagedRows
     from tensorfold.adapters.stream_state import StreamSlots
-    from tensorfold.checkpoint import Checkpoint
+    from tensorfold.family.checkpoint import Checkpoint
 
 DTYPES = ("float32", "bfloat16", "float16")
 # The MoE's router and experts' inputs made in the post-attention residual's launch

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from tensorfold.forward_pass import ForwardPass
-from tensorfold.kv_dtype import SCALE
+from tensorfold.family.forward_pass import ForwardPass
+from tensorfold.memory.kv_dtype import SCALE
 from tensorfold.ops.kv_quant import quantize
 from tensorfold.ops.window_attention import (
     RingScales,

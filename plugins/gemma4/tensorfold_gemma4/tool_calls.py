@@ -14,8 +14,8 @@ import json
 import re
 from typing import Any, Callable, Mapping, Sequence
 
-from tensorfold.tool_calls import MalformedToolCall, Schemas, ToolCallFormat
-from tensorfold.tool_schemas import resolve
+from tensorfold.engine.tool_schemas import resolve
+from tensorfold.family.tool_calls import MalformedToolCall, Schemas, ToolCallFormat
 
 START, END, RESPONSE = "<|tool_call>", "<tool_call|>", "<|tool_response>"
 QUOTE = '<|"|>'
@@ -148,7 +148,7 @@ class _Grammar:
         return len(self.rules) - 1
 
     def value(self, schema: Any) -> str:
-        from tensorfold.structured import JSON_OPTIONS
+        from tensorfold.engine.structured import JSON_OPTIONS
 
         schema = schema if isinstance(schema, dict) else {}
         ref = schema.get("$ref")

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tensorfold.checkpoint import CheckpointError
 from tensorfold.family import block
+from tensorfold.family.checkpoint import CheckpointError
 
 from . import shards
 from .config import Gemma4Config, Layer
 
 if TYPE_CHECKING:
-    from tensorfold.checkpoint import Checkpoint
+    from tensorfold.family.checkpoint import Checkpoint
 
 TEXT_PREFIXES = ("model.language_model.", "model.")
 

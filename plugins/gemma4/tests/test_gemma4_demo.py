@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tensorfold.checkpoint import Checkpoint
-from tensorfold.runner import ModelRunner, open_stream
+from tensorfold.engine.runner import ModelRunner, open_stream
+from tensorfold.family.checkpoint import Checkpoint
 from tensorfold_gemma4 import demo
 from tensorfold_gemma4.demo import DEMO_NAME, FILES, build_demo
 from tensorfold_gemma4.model import load
@@ -66,7 +66,7 @@ def test_second_call_reuses_and_a_crash_leaves_nothing(
 def test_module_does_not_import_transformers(tmp_path: Path) -> None:
     code = (
         "import sys; from pathlib import Path; from tensorfold_gemma4.demo import build_demo;"
-        "from tensorfold.checkpoint import Checkpoint; from tensorfold_gemma4.model import load;"
+        "from tensorfold.family.checkpoint import Checkpoint; from tensorfold_gemma4.model import load;"
         f"load(Checkpoint.open(build_demo(Path({str(tmp_path)!r}))), 'cpu', 'float32');"
         "assert 'transformers' not in sys.modules"
     )

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tensorfold.checkpoint import CheckpointError
+from tensorfold.engine.sampling import SamplingParams
+from tensorfold.family.checkpoint import CheckpointError
 from tensorfold.llm import LLM
-from tensorfold.sampling import SamplingParams
 from tensorfold.testing import close_even
 from tensorfold_gemma4.config import FULL, SLIDING
 from tensorfold_gemma4.demo import build_demo
@@ -103,8 +103,8 @@ def test_dummy_activations_stay_finite_in_bf16() -> None:
     prompt's logits are finite and not flat."""
     from dataclasses import replace
 
-    from tensorfold.forward_pass import StreamRows
-    from tensorfold.runner import ModelRunner
+    from tensorfold.engine.runner import ModelRunner
+    from tensorfold.family.forward_pass import StreamRows
 
     cfg = SHAPES["Gemma-4-26B-A4B"]
     small = replace(

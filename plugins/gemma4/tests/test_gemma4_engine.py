@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tensorfold import testing
+from tensorfold.engine.sampling import SamplingParams
 from tensorfold.llm import LLM
-from tensorfold.sampling import SamplingParams
 from tensorfold.testing import close_even, tokens
 from tensorfold_gemma4.demo import build_demo
 

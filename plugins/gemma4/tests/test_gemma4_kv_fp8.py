@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tensorfold import testing
-from tensorfold.sampling import SamplingParams
+from tensorfold.engine.sampling import SamplingParams
 from tensorfold_gemma4.demo import build_demo
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
-from tensorfold.checkpoint import Checkpoint, CheckpointError
+from tensorfold.engine.runner import ModelRunner, open_stream
 from tensorfold.family import FamilySpec, resolve
-from tensorfold.runner import ModelRunner, open_stream
+from tensorfold.family.checkpoint import Checkpoint, CheckpointError
 from tensorfold_gemma4 import plugin
 from tensorfold_gemma4.config import ConfigError, Gemma4Config
 from tensorfold_gemma4.model import load, shape

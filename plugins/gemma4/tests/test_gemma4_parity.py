@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tensorfold.checkpoint import Checkpoint
-from tensorfold.runner import open_stream
+from tensorfold.engine.runner import open_stream
+from tensorfold.family.checkpoint import Checkpoint
 from tensorfold_gemma4.model import load
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tensorfold import testing
-from tensorfold.checkpoint import Checkpoint
+from tensorfold.family.checkpoint import Checkpoint
 from tensorfold_gemma4.model import Gemma4Model, load
 
 if TYPE_CHECKING:

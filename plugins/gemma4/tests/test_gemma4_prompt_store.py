@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tensorfold import testing
+from tensorfold.engine.sampling import SamplingParams
 from tensorfold.llm import LLM
-from tensorfold.sampling import SamplingParams
 from tensorfold.testing import close_even
 from tensorfold_gemma4.demo import build_demo
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from tensorfold.adapters.snapshots import SnapshotArena, snap_keep, snap_restore
-from tensorfold.forward_pass import ForwardPass, StreamRows
-from tensorfold.kv_plan import MiB, PlanRefused, plan
+from tensorfold.engine.runner import ModelRunner, Stream, open_stream
+from tensorfold.family.forward_pass import ForwardPass, StreamRows
+from tensorfold.memory.kv_plan import MiB, PlanRefused, plan
 from tensorfold.ops.attention import paged_attention
 from tensorfold.ops.window_attention import advance_rings, gather_window, window_attention
-from tensorfold.runner import ModelRunner, Stream, open_stream
 from tensorfold_gemma4.model import shape
 
 if TYPE_CHECKING:

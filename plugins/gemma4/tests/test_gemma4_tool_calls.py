@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tensorfold.chat_template import render_chat
-from tensorfold.plugins import family_plugin_manager
+from tensorfold.family.chat_template import render_chat
+from tensorfold.family.plugins import family_plugin_manager
 from tensorfold.tool_testing import parse_everywhere, real_template
 from tensorfold_gemma4.demo_template import CHAT_TEMPLATE
 from tensorfold_gemma4.plugin import GEMMA4
@@ -150,9 +150,9 @@ def test_constrained_calls_from_the_random_demo_validate(
 
     import jsonschema
 
-    from tensorfold.sampling import SamplingParams
+    from tensorfold.engine.sampling import SamplingParams
+    from tensorfold.server.tool_request import ToolRequestError
     from tensorfold.testing import close_even, open_llm
-    from tensorfold.tool_request import ToolRequestError
 
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in CONSTRAINED}
     llm = open_llm(

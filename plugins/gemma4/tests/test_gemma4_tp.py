@@ -29,12 +29,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tensorfold import testing  # noqa: E402
-from tensorfold.checkpoint import Checkpoint  # noqa: E402
+from tensorfold.engine.runner import ModelRunner  # noqa: E402
+from tensorfold.engine.sampling import SamplingParams  # noqa: E402
 from tensorfold.family import Shard, ShardRefused  # noqa: E402
-from tensorfold.forward_pass import StreamRows  # noqa: E402
+from tensorfold.family.checkpoint import Checkpoint  # noqa: E402
+from tensorfold.family.forward_pass import StreamRows  # noqa: E402
 from tensorfold.ops import gpu, parallel  # noqa: E402
-from tensorfold.runner import ModelRunner  # noqa: E402
-from tensorfold.sampling import SamplingParams  # noqa: E402
 from tensorfold_gemma4 import shards  # noqa: E402
 from tensorfold_gemma4.config import Gemma4Config  # noqa: E402
 from tensorfold_gemma4.model import load  # noqa: E402

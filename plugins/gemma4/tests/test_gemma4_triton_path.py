@@ -15,10 +15,10 @@ import torch  # noqa: E402
 pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 from tensorfold import testing  # noqa: E402
-from tensorfold.cuda_graphs import GraphRunner  # noqa: E402
-from tensorfold.forward_pass import StreamRows  # noqa: E402
+from tensorfold.engine.cuda_graphs import GraphRunner  # noqa: E402
+from tensorfold.engine.runner import ModelRunner  # noqa: E402
+from tensorfold.family.forward_pass import StreamRows  # noqa: E402
 from tensorfold.ops import gpu  # noqa: E402
-from tensorfold.runner import ModelRunner  # noqa: E402
 from tensorfold_gemma4 import ops, triton_ops  # noqa: E402
 from tensorfold_gemma4.config import FULL, SLIDING, Gemma4Config  # noqa: E402
 from tensorfold_gemma4.dummy import CONFIGS, build_dummy  # noqa: E402

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from tensorfold.checkpoint import CheckpointError
+from tensorfold.family.checkpoint import CheckpointError
 
 KDA, MLA = "linear_attention", "indexed_attention"
 DENSE, SPARSE = "dense", "sparse"

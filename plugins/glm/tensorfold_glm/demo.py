@@ -8,7 +8,7 @@ projections, q/k/v_conv1d, hc_* names, a vision tower that is not served), a byt
 tokenizer with GLM's special tokens, and a GLM-style chat template. Same bytes on every build.
 
 The weights ship with the plugin (demo_weights.safetensors, float16): trained on
-tensorfold.demo_text from demo_weights' random ones by `python -m tensorfold_glm.demo_train`
+tensorfold.family.demo_text from demo_weights' random ones by `python -m tensorfold_glm.demo_train`
 (needs transformers). The demo knows a few stories, facts and answers, nothing else.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tensorfold.demo_build import build_atomically, train_byte_bpe, write_json
+from tensorfold.family.demo_build import build_atomically, train_byte_bpe, write_json
 
 from .demo_text import CHAT_TEMPLATE, CORPUS
 from .demo_weights import build_weights as random_weights
@@ -187,7 +187,7 @@ def build_tokenizer() -> Tokenizer:
 def build_weights(cfg: dict[str, Any]) -> dict[str, Any]:
     """The shipped trained weights in float32, checked against `random_weights(cfg)`'s names and
     shapes and the tokenizer they were trained with."""
-    from tensorfold.demo_build import load_trained
+    from tensorfold.family.demo_build import load_trained
 
     shapes = {k: tuple(v.shape) for k, v in random_weights(cfg).items()}
     return load_trained(WEIGHTS, shapes, build_tokenizer(), RETRAIN)

@@ -7,7 +7,7 @@ serving never imports this module. Starts from demo_weights' random tensors, on 
 deterministic algorithms and seeded batches. About eight minutes on one core (transformers' KDA
 and mHC run as reference code on the CPU).
 
-What it learns (tensorfold.demo_text): each story paragraph as plain text after [gMASK]<sop>,
+What it learns (tensorfold.family.demo_text): each story paragraph as plain text after [gMASK]<sop>,
 and each question with its answer both as plain text and as a chat turn (the demo's template,
 the answer ended by <|user|>, where GLM stops).
 """
@@ -17,8 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tensorfold.demo_build import write_json
-from tensorfold.demo_text import QA, paragraphs
+from tensorfold.family.demo_build import write_json
+from tensorfold.family.demo_text import QA, paragraphs
 
 from . import demo
 from .demo_weights import SEED

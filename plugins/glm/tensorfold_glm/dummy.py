@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from tensorfold.dummy_draws import Draws, rank_draws
+from tensorfold.engine.dummy_draws import Draws, rank_draws
 from tensorfold.family import Shard, block
 from tensorfold.ops import parallel
 
@@ -196,7 +196,7 @@ def build_dummy(
 
 def load_dummy(config: dict, device: str, dtype: str) -> GlmModel:
     """TF_LOAD_FORMAT=dummy: the checkpoint's config.json with random weights."""
-    from tensorfold.checkpoint import torch_dtype
+    from tensorfold.family.checkpoint import torch_dtype
 
     return build_dummy(GlmConfig.from_dict(config), device, torch_dtype(dtype))
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from tensorfold.forward_pass import ForwardPass
+from tensorfold.family.forward_pass import ForwardPass
 from tensorfold.ops.conv import causal_conv, tails_at
 from tensorfold.ops.gpu import use_triton
 from tensorfold.ops.linear import linear, linear_groups

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
-from tensorfold.forward_pass import ForwardPass
+from tensorfold.family.forward_pass import ForwardPass
 
 from .layout import KDA_CHUNK as CHUNK
 

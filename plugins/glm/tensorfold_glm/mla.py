@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from tensorfold.forward_pass import ForwardPass
+from tensorfold.family.forward_pass import ForwardPass
 from tensorfold.ops.attention import rows_dot, weighted_rows
 from tensorfold.ops.gpu import use_triton
 from tensorfold.ops.linear import linear

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tensorfold.checkpoint import torch_dtype
+from tensorfold.config.logs import get_logger
 from tensorfold.family import StateLayout
-from tensorfold.forward_pass import ForwardPass
-from tensorfold.logs import get_logger
-from tensorfold.model import FamilyModel
+from tensorfold.family.checkpoint import torch_dtype
+from tensorfold.family.forward_pass import ForwardPass
+from tensorfold.family.model import FamilyModel
 from tensorfold.ops import parallel
 from tensorfold.ops.linear import linear
 from tensorfold.ops.norms import rms_norm
@@ -36,7 +36,7 @@ from .weights import KdaWeights, ModelWeights, load_weights, text_prefix
 if TYPE_CHECKING:
     from tensorfold.adapters.paged_kv import PagedRows
     from tensorfold.adapters.stream_state import StreamSlots
-    from tensorfold.checkpoint import Checkpoint
+    from tensorfold.family.checkpoint import Checkpoint
 
 __all__ = ["GlmModel", "load", "shape", "state_layout"]
 

@@ -6,7 +6,7 @@ from typing import Callable
 
 from tensorfold import hookimpl
 from tensorfold.family import FamilySpec
-from tensorfold.profiles import ProfileRow
+from tensorfold.family.profiles import ProfileRow
 
 GLM5_NEXT = FamilySpec(
     name="glm5_next",

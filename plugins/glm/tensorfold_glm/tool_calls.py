@@ -25,8 +25,8 @@ import json
 import re
 from typing import Any, Callable, Mapping, Sequence
 
-from tensorfold.tool_calls import MalformedToolCall, Schemas, ToolCallFormat
-from tensorfold.tool_schemas import resolve, with_defs
+from tensorfold.engine.tool_schemas import resolve, with_defs
+from tensorfold.family.tool_calls import MalformedToolCall, Schemas, ToolCallFormat
 
 START, END = "<tool_call>", "</tool_call>"
 _PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
@@ -91,7 +91,7 @@ def grammar(
 ) -> str:
     """Sections of calls to `tools` (one, or several when `parallel`), each argument valid
     against its parameter's schema (see the module doc for what is not enforced)."""
-    from tensorfold.structured import JSON_OPTIONS
+    from tensorfold.engine.structured import JSON_OPTIONS
 
     key_open, key_close, value_open, value_close = (
         literal(m) for m in ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")

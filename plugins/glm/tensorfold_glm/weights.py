@@ -27,7 +27,7 @@ from . import shards
 from .config import DENSE, KDA, GlmConfig
 
 if TYPE_CHECKING:
-    from tensorfold.checkpoint import Checkpoint
+    from tensorfold.family.checkpoint import Checkpoint
 
 F32 = torch.float32
 

@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from structlog.testing import capture_logs
 
-from tensorfold.checkpoint import Checkpoint, CheckpointError
-from tensorfold.runner import ModelRunner, open_stream
+from tensorfold.engine.runner import ModelRunner, open_stream
+from tensorfold.family.checkpoint import Checkpoint, CheckpointError
 from tensorfold_glm.config import ConfigError
 from tensorfold_glm.model import GlmModel, load
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tensorfold.chat_template import render_chat
-from tensorfold.checkpoint import Checkpoint
-from tensorfold.runner import ModelRunner, open_stream
-from tensorfold.tokenizer import Tokenizer
+from tensorfold.engine.runner import ModelRunner, open_stream
+from tensorfold.family.chat_template import render_chat
+from tensorfold.family.checkpoint import Checkpoint
+from tensorfold.family.tokenizer import Tokenizer
 from tensorfold_glm import demo
 from tensorfold_glm.demo import DEMO_NAME, FILES, build_demo
 from tensorfold_glm.model import load

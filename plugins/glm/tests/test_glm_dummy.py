@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tensorfold.checkpoint import CheckpointError
+from tensorfold.engine.sampling import SamplingParams
+from tensorfold.family.checkpoint import CheckpointError
 from tensorfold.llm import LLM
-from tensorfold.sampling import SamplingParams
 from tensorfold.testing import close_even
 from tensorfold_glm.demo import build_demo
 from tensorfold_glm.dummy import SHAPES, build_dummy

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from tensorfold import testing
-from tensorfold.kv_plan import GiB
+from tensorfold.engine.sampling import SamplingParams
 from tensorfold.llm import LLM
-from tensorfold.sampling import SamplingParams
+from tensorfold.memory.kv_plan import GiB
 from tensorfold.testing import close_even, tokens
 from tensorfold_glm.demo import build_demo
 

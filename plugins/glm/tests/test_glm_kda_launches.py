@@ -14,11 +14,11 @@ import torch
 
 pytest.importorskip("triton", reason="the kernels path needs triton")
 
-from tensorfold.forward_pass import StreamRows  # noqa: E402
-from tensorfold.lanes import Lanes  # noqa: E402
-from tensorfold.requests import Request, TokenOut  # noqa: E402
-from tensorfold.runner import ModelRunner, open_stream  # noqa: E402
-from tensorfold.sampling import SamplingParams  # noqa: E402
+from tensorfold.engine.lanes import Lanes  # noqa: E402
+from tensorfold.engine.requests import Request, TokenOut  # noqa: E402
+from tensorfold.engine.runner import ModelRunner, open_stream  # noqa: E402
+from tensorfold.engine.sampling import SamplingParams  # noqa: E402
+from tensorfold.family.forward_pass import StreamRows  # noqa: E402
 from tensorfold_glm.kda_launches import Segments, segments  # noqa: E402
 
 TOKENS = [(7 * i + 3) % 90 + 3 for i in range(400)]

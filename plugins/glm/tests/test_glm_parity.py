@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import torch
 
-from tensorfold.checkpoint import Checkpoint
-from tensorfold.runner import open_stream
+from tensorfold.engine.runner import open_stream
+from tensorfold.family.checkpoint import Checkpoint
 from tensorfold_glm import indexer
 from tensorfold_glm.model import load
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tensorfold import testing
-from tensorfold.checkpoint import Checkpoint
-from tensorfold.forward_pass import StreamRows
+from tensorfold.family.checkpoint import Checkpoint
+from tensorfold.family.forward_pass import StreamRows
 from tensorfold_glm.model import GlmModel, load
 
 if TYPE_CHECKING:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tensorfold.config.settings import Settings, SettingsError, check_environment
 from tensorfold.family import FamilySpec, resolve
-from tensorfold.plugins import get_plugin_manager
-from tensorfold.profiles import collect_rows
-from tensorfold.settings import Settings, SettingsError, check_environment
+from tensorfold.family.plugins import get_plugin_manager
+from tensorfold.family.profiles import collect_rows
 from tensorfold_glm import plugin
 from tensorfold_glm.layout import shape
 from tensorfold_glm.model import load

@@ -12,8 +12,8 @@ from typing import Sequence
 import pytest
 
 from tensorfold import testing
+from tensorfold.engine.sampling import SamplingParams
 from tensorfold.llm import LLM
-from tensorfold.sampling import SamplingParams
 from tensorfold.testing import close_even
 from tensorfold_glm.demo import build_demo
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tensorfold.chat_template import render_chat
-from tensorfold.plugins import family_plugin_manager
+from tensorfold.family.chat_template import render_chat
+from tensorfold.family.plugins import family_plugin_manager
 from tensorfold.tool_testing import parse_everywhere, real_template
 from tensorfold_glm.demo_text import CHAT_TEMPLATE
 from tensorfold_glm.plugin import GLM5_NEXT
@@ -170,7 +170,7 @@ def test_constrained_calls_from_the_random_demo_validate(
 
     import jsonschema
 
-    from tensorfold.sampling import SamplingParams
+    from tensorfold.engine.sampling import SamplingParams
     from tensorfold.testing import close_even, open_llm
 
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in CONSTRAINED}

@@ -25,11 +25,11 @@ import pytest
 import torch
 
 from tensorfold import testing
-from tensorfold.checkpoint import Checkpoint
+from tensorfold.engine.runner import ModelRunner
+from tensorfold.engine.sampling import SamplingParams
 from tensorfold.family import Shard, ShardRefused, StateSpec
+from tensorfold.family.checkpoint import Checkpoint
 from tensorfold.ops import parallel
-from tensorfold.runner import ModelRunner
-from tensorfold.sampling import SamplingParams
 from tensorfold_glm import shards
 from tensorfold_glm.config import GlmConfig
 from tensorfold_glm.model import load

@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 from tensorfold import testing  # noqa: E402
-from tensorfold.forward_pass import ForwardPass, StreamRows  # noqa: E402
+from tensorfold.family.forward_pass import ForwardPass, StreamRows  # noqa: E402
 from tensorfold.ops.conv import causal_conv  # noqa: E402
 from tensorfold.ops.norms import rms_norm  # noqa: E402
 from tensorfold.ops.pass_meta import build_meta  # noqa: E402
@@ -222,7 +222,7 @@ def test_kda_model_with_the_recurrent_kernel_matches_fla_cores_stand_in(
     """OWN_RECURRENT in the fp32 model through the kernels: prompts (their rows outside whole
     chunks), then decode rounds, against the same passes with the packed stand-in that takes
     fla-core's place when it is off."""
-    from tensorfold.runner import ModelRunner
+    from tensorfold.engine.runner import ModelRunner
 
     model = kda_model(torch.float32)
     monkeypatch.setattr(triton_kda, "OWN_RECURRENT", True)
@@ -367,7 +367,7 @@ def test_the_streams_in_and_the_head_of_the_logit_rows_give_the_references_bits(
 
 
 def _passes(runner, prompts, rounds):
-    from tensorfold.runner import open_stream
+    from tensorfold.engine.runner import open_stream
 
     streams = [open_stream(runner, i, 64) for i in range(len(prompts))]
     out = runner.run([s.rows(p) for s, p in zip(streams, prompts)])
@@ -385,8 +385,8 @@ PROMPTS = [list(range(3, 15)), [7, 9, 11], list(range(40, 49))]
 def test_kda_model_through_the_kernels_matches_the_torch_path(
     dtype, tol, kernels_on_cpu, kda_model
 ):
+    from tensorfold.engine.runner import ModelRunner
     from tensorfold.ops import gpu
-    from tensorfold.runner import ModelRunner
 
     model = kda_model(dtype)
     got = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 2)
@@ -413,7 +413,7 @@ def test_kda_model_with_its_tails_moved_on_in_the_convs_launch_gives_the_same_bi
 ):
     """TAIL_IN_PLACE in the model: its decode rounds' logits and the tails they leave, as with
     the tails' own launch."""
-    from tensorfold.runner import ModelRunner
+    from tensorfold.engine.runner import ModelRunner
 
     model = kda_model(torch.bfloat16)
     out, plain = {}, triton_kda.tail_kernel
@@ -433,7 +433,7 @@ def test_kda_model_with_expand_and_collapse_in_one_launch_gives_the_same_logits(
 ):
     """FUSED_EXPAND_COLLAPSE in the model: its decode rounds (3 rows) take the one launch, its
     prompt pass the two steps; every logit as with the switch off, bit for bit."""
-    from tensorfold.runner import ModelRunner
+    from tensorfold.engine.runner import ModelRunner
 
     model = kda_model(torch.bfloat16)
     plain = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 2)
@@ -454,8 +454,8 @@ def test_kda_gates_maps_in_one_launch_match_the_torch_path_and_a_stream_alone(
     """Heads of 64 (D = 128, as GLM-5.3-Flash's multiple of 128): f_b and g_b take one launch
     (linear_groups); the logits match the torch path's, and each stream's in the pass equal
     its own."""
+    from tensorfold.engine.runner import ModelRunner
     from tensorfold.ops import gpu, triton_linear
-    from tensorfold.runner import ModelRunner
 
     model = kda_model(torch.float32, head_dim=64)
     calls = []
@@ -496,7 +496,7 @@ def test_kda_model_through_the_kernels_together_equals_alone(
     firsts, nexts, rows, kernels_on_cpu, kda_model, own_recurrent
 ):
     """A decode row, a prompt's next rows and a fresh prompt: in one pass as alone."""
-    from tensorfold.runner import ModelRunner, open_stream
+    from tensorfold.engine.runner import ModelRunner, open_stream
 
     model = kda_model(torch.bfloat16)
 
@@ -517,8 +517,8 @@ def test_kda_model_through_the_kernels_together_equals_alone(
 
 
 def test_graph_runner_decode_rounds_equal_plain_passes(kernels_on_cpu, kda_model, own_recurrent):
-    from tensorfold.cuda_graphs import GraphRunner
-    from tensorfold.runner import ModelRunner
+    from tensorfold.engine.cuda_graphs import GraphRunner
+    from tensorfold.engine.runner import ModelRunner
 
     model = kda_model(torch.bfloat16)
     plain = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 2)

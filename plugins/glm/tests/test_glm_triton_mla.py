@@ -23,9 +23,9 @@ pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 from tensorfold import testing  # noqa: E402
 from tensorfold.adapters.paged_kv import PagedRows  # noqa: E402
-from tensorfold.cuda_graphs import GraphRunner, _Graph  # noqa: E402
+from tensorfold.engine.cuda_graphs import GraphRunner, _Graph  # noqa: E402
 from tensorfold.family import RowSpec  # noqa: E402
-from tensorfold.forward_pass import ForwardPass, StreamRows  # noqa: E402
+from tensorfold.family.forward_pass import ForwardPass, StreamRows  # noqa: E402
 from tensorfold.ops import gpu  # noqa: E402
 from tensorfold.ops.kv_quant import dequantize_rows, quantize_rows  # noqa: E402
 from tensorfold.ops.pass_meta import build_meta  # noqa: E402

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from tensorfold.checkpoint import CheckpointError
+from tensorfold.family.checkpoint import CheckpointError
 
 CONV, ATTENTION = "conv", "full_attention"
 LAYER_KINDS = (CONV, ATTENTION)

@@ -3,10 +3,10 @@
 `build_demo(cache_dir)` writes `cache_dir / DEMO_NAME` as transformers 5.23.0 would save an
 `Lfm2MoeForCausalLM`: config.json, generation_config.json, model.safetensors with the on-disk
 names of real checkpoints (per-expert w1/w2/w3, no lm_head), and a byte-level BPE tokenizer with
-LFM2's ChatML special tokens, learnt from tensorfold.demo_text. Same bytes on every build.
+LFM2's ChatML special tokens, learnt from tensorfold.family.demo_text. Same bytes on every build.
 
 The weights ship with the plugin (demo_weights.safetensors, float16, about 3 MB): trained on
-tensorfold.demo_text by `python -m tensorfold_lfm2_moe.demo_train` (needs transformers), which
+tensorfold.family.demo_text by `python -m tensorfold_lfm2_moe.demo_train` (needs transformers), which
 starts from `random_weights` and is deterministic on the CPU. The demo knows a few stories,
 facts and answers; it is a smoke test that writes words, not a useful model.
 """
@@ -16,8 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tensorfold.demo_build import build_atomically, load_trained, train_byte_bpe, write_json
-from tensorfold.demo_text import plain_text
+from tensorfold.family.demo_build import build_atomically, load_trained, train_byte_bpe, write_json
+from tensorfold.family.demo_text import plain_text
 
 from .demo_template import CHAT_TEMPLATE
 
@@ -57,7 +57,7 @@ SHAPE: dict[str, Any] = dict(
 )
 
 
-# The tokenizer learns the demo's text (tensorfold.demo_text) and a line of digits and symbols.
+# The tokenizer learns the demo's text (tensorfold.family.demo_text) and a line of digits and symbols.
 CORPUS = plain_text() + (
     "0 1 2 3 4 5 6 7 8 9 10 100 1000 2025. Symbols: + - * / = ( ) [ ] { } < > , . ; : ! ? \" ' #\n"
 )

@@ -6,7 +6,7 @@ reference the family's parity tests check the loader against), so it needs trans
 never imports this module. Starts from `demo.random_weights`; the tensors come out the same on
 every CPU run. About four minutes on one core.
 
-What it learns (tensorfold.demo_text): each story paragraph as plain text after <|startoftext|>,
+What it learns (tensorfold.family.demo_text): each story paragraph as plain text after <|startoftext|>,
 and each question with its answer both as plain text and as a chat turn (the demo's template).
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tensorfold.demo_build import write_json
-from tensorfold.demo_text import QA, paragraphs
+from tensorfold.family.demo_build import write_json
+from tensorfold.family.demo_text import QA, paragraphs
 
 from . import demo
 

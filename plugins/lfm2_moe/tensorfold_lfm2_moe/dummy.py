@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from tensorfold.dummy_draws import rank_draws
+from tensorfold.engine.dummy_draws import rank_draws
 from tensorfold.family import Shard, block
 from tensorfold.ops import parallel
 
@@ -140,7 +140,7 @@ def build_dummy(
 
 def load_dummy(config: dict, device: str, dtype: str) -> Lfm2MoeModel:
     """TF_LOAD_FORMAT=dummy: the checkpoint's config.json with random weights."""
-    from tensorfold.checkpoint import torch_dtype
+    from tensorfold.family.checkpoint import torch_dtype
 
     return build_dummy(Lfm2MoeConfig.from_dict(config), device, torch_dtype(dtype))
 

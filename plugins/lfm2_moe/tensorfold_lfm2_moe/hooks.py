@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tensorfold import hookimpl
-from tensorfold.tool_calls import ToolCallFormat
+from tensorfold.family.tool_calls import ToolCallFormat
 
 from .shards import _Hooks as _ShardHooks
 from .tool_calls import FORMAT

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tensorfold.forward_pass import ForwardPass
+from tensorfold.family.forward_pass import ForwardPass
 from tensorfold.ops import moe as moe_ops
 from tensorfold.ops import parallel
 from tensorfold.ops.attention import paged_attention

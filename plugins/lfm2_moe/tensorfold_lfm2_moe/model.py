@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tensorfold.checkpoint import torch_dtype
 from tensorfold.family import ModelShape, StateLayout
-from tensorfold.forward_pass import ForwardPass
-from tensorfold.model import FamilyModel
+from tensorfold.family.checkpoint import torch_dtype
+from tensorfold.family.forward_pass import ForwardPass
+from tensorfold.family.model import FamilyModel
 from tensorfold.ops import moe as moe_ops
 from tensorfold.ops import parallel, rope
 from tensorfold.ops.linear import linear
@@ -22,7 +22,7 @@ from .weights import AttentionWeights, ModelWeights, load_weights
 if TYPE_CHECKING:
     from tensorfold.adapters.paged_kv import PagedRows
     from tensorfold.adapters.stream_state import StreamSlots
-    from tensorfold.checkpoint import Checkpoint
+    from tensorfold.family.checkpoint import Checkpoint
 
 DTYPES = ("float32", "bfloat16", "float16")
 

@@ -22,7 +22,7 @@ import ast
 import json
 from typing import Any, Callable, Mapping, Sequence
 
-from tensorfold.tool_calls import MalformedToolCall, Schemas, ToolCallFormat
+from tensorfold.family.tool_calls import MalformedToolCall, Schemas, ToolCallFormat
 
 START, END = "<|tool_call_start|>", "<|tool_call_end|>"
 _NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
@@ -132,7 +132,7 @@ def grammar(
 ) -> str:
     """The JSON form, one call (or several when `parallel`), each a tool's name and arguments
     valid against its parameters."""
-    from tensorfold.structured import arguments_schema
+    from tensorfold.engine.structured import arguments_schema
 
     rules = []
     for i, tool in enumerate(tools):

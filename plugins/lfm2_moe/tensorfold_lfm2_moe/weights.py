@@ -22,7 +22,7 @@ from . import shards
 from .config import ATTENTION, Lfm2MoeConfig
 
 if TYPE_CHECKING:
-    from tensorfold.checkpoint import Checkpoint
+    from tensorfold.family.checkpoint import Checkpoint
 
 
 @dataclass

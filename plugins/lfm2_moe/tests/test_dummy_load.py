@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tensorfold.checkpoint import CheckpointError
+from tensorfold.engine.sampling import SamplingParams
+from tensorfold.family.checkpoint import CheckpointError
 from tensorfold.llm import LLM
-from tensorfold.sampling import SamplingParams
 from tensorfold.testing import close_even
 from tensorfold_lfm2_moe.demo import build_demo
 

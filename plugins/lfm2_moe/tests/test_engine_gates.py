@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from tensorfold import testing
-from tensorfold.kv_plan import GiB, KiB
+from tensorfold.engine.requests import Finished, RequestRefused, TokenOut
+from tensorfold.engine.sampling import SamplingParams
 from tensorfold.llm import LLM
-from tensorfold.requests import Finished, RequestRefused, TokenOut
-from tensorfold.sampling import SamplingParams
+from tensorfold.memory.kv_plan import GiB, KiB
 from tensorfold.testing import close_even, tokens
 from tensorfold_lfm2_moe.demo import build_demo
 
@@ -182,7 +182,7 @@ def test_constrained_rows_concurrent_equal_solo(demo, prompts):
     """Structured output on: every row masked by its own matcher gives, all eight at once (long
     prompts cut across passes among them; greedy and seeded rows mixed), the tokens it gives
     alone; the replies are JSON of the schema, and the census is even after."""
-    from tensorfold.structured import json_schema
+    from tensorfold.engine.structured import json_schema
 
     schema = {
         "type": "object",

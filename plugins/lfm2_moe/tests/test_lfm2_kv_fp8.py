@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tensorfold import testing
-from tensorfold.sampling import SamplingParams
+from tensorfold.engine.sampling import SamplingParams
 from tensorfold_lfm2_moe.demo import build_demo
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import torch
 
-from tensorfold.chat_template import render_chat
+from tensorfold.engine.sampling import SamplingParams
+from tensorfold.family.chat_template import render_chat
+from tensorfold.family.plugins import family_plugin_manager
+from tensorfold.family.tool_calls import ToolCallStream
 from tensorfold.llm import LLM
-from tensorfold.plugins import family_plugin_manager
-from tensorfold.sampling import SamplingParams
+from tensorfold.server.tool_request import ToolRequestError, tool_history
 from tensorfold.testing import close_even
-from tensorfold.tool_calls import ToolCallStream
-from tensorfold.tool_request import ToolRequestError, tool_history
 from tensorfold.tool_testing import parse_everywhere, real_template
 from tensorfold_lfm2_moe.demo import build_demo
 from tensorfold_lfm2_moe.demo_template import CHAT_TEMPLATE

@@ -28,16 +28,16 @@ import pytest
 import torch
 
 from tensorfold import testing
-from tensorfold.checkpoint import Checkpoint
+from tensorfold.engine.runner import ModelRunner
+from tensorfold.engine.sampling import SamplingParams
 from tensorfold.family import Shard
-from tensorfold.runner import ModelRunner
-from tensorfold.sampling import SamplingParams
+from tensorfold.family.checkpoint import Checkpoint
 from tensorfold_lfm2_moe.config import Lfm2MoeConfig
 from tensorfold_lfm2_moe.model import load
 
 GREEDY_STEPS = 8
 WORKER_TIMEOUT_S = 120
-LAUNCH = "import sys; from tensorfold.cli import main; sys.exit(main())"
+LAUNCH = "import sys; from tensorfold.cli.commands import main; sys.exit(main())"
 
 
 # -- passes on the tiny checkpoints, one subprocess a rank ------------------------------------

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tensorfold import testing
-from tensorfold.checkpoint import Checkpoint
+from tensorfold.family.checkpoint import Checkpoint
 from tensorfold_lfm2_moe.model import Lfm2MoeModel, load
 
 if TYPE_CHECKING:

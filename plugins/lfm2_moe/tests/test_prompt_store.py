@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from tensorfold import testing
-from tensorfold.kv_plan import GiB, KiB
+from tensorfold.engine.sampling import SamplingParams
 from tensorfold.llm import LLM
-from tensorfold.sampling import SamplingParams
+from tensorfold.memory.kv_plan import GiB, KiB
 from tensorfold.testing import close_even
 from tensorfold_lfm2_moe.demo import build_demo
 

@@ -1,0 +1,128 @@
+"""`tensorfold generate`: complete prompts offline, through the lanes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tensorfold.config.settings import Settings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tensorfold.cli.commands import add_engine_arguments, add_family_arguments
+
+    add_family_arguments(parser)
+    add_engine_arguments(parser)
+    parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt texts")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=32,
+        metavar="N",
+        help="most tokens generated for each prompt",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="sampling temperature; 0 is greedy: the likeliest token each step",
+    )
+    parser.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        metavar="P",
+        help="sample from the likeliest tokens whose probabilities sum to P (1: all of them)",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=int,
+        default=0,
+        metavar="K",
+        help="sample from the K likeliest tokens only (0: no limit)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="seed of the sampling draws; the same seed gives the same tokens, "
+        "alone or batched (default: a fresh seed, printed with each completion)",
+    )
+    parser.add_argument(
+        "--n",
+        type=int,
+        default=1,
+        metavar="N",
+        help="choices of each prompt (choice i seeded --seed + i; at most the lanes, --parallel)",
+    )
+    parser.add_argument("--chat", action="store_true", help="render each prompt as a user turn")
+    parser.add_argument("--json", action="store_true", help="one JSON object per completion")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    from tensorfold.cli.commands import CommandError
+    from tensorfold.engine.requests import RequestRefused
+    from tensorfold.engine.sampling import SamplingParams, SamplingParamsError
+    from tensorfold.family.chat_template import render_chat
+    from tensorfold.llm import LLM
+
+    if args.n < 1:
+        raise CommandError(f"--n must be >= 1, got {args.n}")
+    try:
+        params = SamplingParams(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            max_tokens=args.max_tokens,
+        )
+    except SamplingParamsError as exc:
+        raise CommandError(str(exc)) from None
+    llm = LLM.from_settings(settings, args.family, args.model)
+    try:
+        prompts: list = list(args.prompts)
+        if args.chat:
+            template = llm.tokenizer.chat_template
+            if template is None:
+                raise CommandError("the checkpoint has no chat template; drop --chat")
+            prompts = [
+                llm.tokenizer.encode(
+                    render_chat(
+                        template,
+                        [{"role": "user", "content": p}],
+                        bos_token=llm.tokenizer.bos_token,
+                        eos_token=llm.tokenizer.eos_token,
+                        with_marks=False,
+                    ).text
+                )
+                for p in prompts
+            ]
+        try:
+            completions = llm.generate(prompts, params, n=args.n)
+        except RequestRefused as exc:
+            raise CommandError(str(exc)) from None
+        for k, c in enumerate(completions):
+            prompt = args.prompts[k // args.n]
+            if args.json:
+                print(
+                    json.dumps(
+                        {
+                            "prompt": prompt,
+                            "index": c.index,
+                            "text": c.text,
+                            "token_ids": c.token_ids,
+                            "finish_reason": c.finish_reason,
+                            "seed": c.seed,
+                        }
+                    )
+                )
+            else:
+                choice = f" [{c.index}]" if args.n > 1 else ""
+                print(f"{prompt!r}{choice} -> {c.text!r} ({c.finish_reason}, seed {c.seed})")
+        sys.stdout.flush()
+        return 0 if all(c.error is None for c in completions) else 1
+    finally:
+        llm.close()

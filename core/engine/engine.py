@@ -1,0 +1,201 @@
+"""The step loop, on its own thread: schedule -> run -> fold back, until stopped.
+
+Requests come in from any thread (the server's event loop, the offline API); events go back
+through each request's sink, called on the engine thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from ..config.logs import get_logger
+from .lanes import Lanes
+from .requests import Event, Finished, Request
+from .sampling import SamplingParams
+from .status_snapshot import take_summary
+
+log = get_logger("tensorfold.engine")
+
+
+class QueueFull(RuntimeError):
+    """More requests are waiting than the engine queues; try again later (HTTP 503)."""
+
+
+class Engine:
+    def __init__(self, lanes: Lanes, max_waiting: int = 1024):
+        self.lanes = lanes
+        self.max_waiting = max_waiting
+        self._inbox: list[Request] = []
+        self._cancels: set[str] = set()
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        # Set when the engine cannot go on (a tensor-parallel rank was lost): why, and who to tell.
+        self.fatal: str | None = None
+        self.on_fatal: list[Callable[[str], None]] = []
+        # Watchers of the status page: each gets one summary, taken between two rounds.
+        self._asks: list[Callable[[dict[str, Any] | None], None]] = []
+
+    # -- any thread ---------------------------------------------------------------------------
+
+    def start(self) -> "Engine":
+        self._thread = threading.Thread(target=self._loop, name="tensorfold-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        sink: Callable[[Event], None],
+        marks: Iterable[int] = (),
+    ) -> Request:
+        """Queue a request; raises RequestRefused at once if it can never run here, QueueFull
+        when max_waiting requests already wait."""
+        return self.submit_n(prompt, [params], [sink], marks)[0]
+
+    def submit_n(
+        self,
+        prompt: list[int],
+        params: Sequence[SamplingParams],
+        sinks: Sequence[Callable[[Event], None]],
+        marks: Iterable[int] = (),
+    ) -> list[Request]:
+        """n choices of one prompt: choice i samples with params[i] (seeded; the same
+        max_tokens for all) and reports to sinks[i]. The prompt is computed once and the other
+        choices fork from the first. Raises as submit does; RequestRefused with param "n" when
+        n choices can never run here together. Returns the requests, choice 0 first."""
+        if len(params) != len(sinks) or not params:
+            raise ValueError(f"{len(params)} params for {len(sinks)} sinks")
+        if len({p.max_tokens for p in params}) > 1:
+            raise ValueError("the choices of one prompt share their max_tokens")
+        reqs = [
+            Request(list(prompt), p.with_seed(), sink, marks=tuple(marks))
+            for p, sink in zip(params, sinks)
+        ]
+        req = reqs[0]
+        req.forks = reqs[1:]
+        self.lanes.check(req)
+        with self._wake:
+            if self._stopping:
+                raise QueueFull("the engine is shutting down")
+            if self.waiting() >= self.max_waiting:
+                raise QueueFull(f"{self.max_waiting} requests are already waiting")
+            self._inbox.append(req)
+            self._wake.notify()
+        return reqs
+
+    def cancel(self, req: Request) -> None:
+        """The request ends (reason "cancelled") and its lane and pages come back next round."""
+        req.cancelled = True
+        with self._wake:
+            self._wake.notify()
+
+    def ask_summary(self, reply: Callable[[dict[str, Any] | None], None]) -> None:
+        """`reply` gets a summary of the lanes, the pool and the prompt store (status_snapshot),
+        or None if taking it failed; called once, on the engine thread, between two rounds.
+        Nothing is taken unless asked."""
+        with self._wake:
+            self._asks.append(reply)
+            self._wake.notify()
+
+    @property
+    def alive(self) -> bool:
+        """The engine thread is running (False before start, after stop, or if it died)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def waiting(self) -> int:
+        """Requests submitted and not yet on a lane (a racy read, for admission control)."""
+        return len(self._inbox) + len(self.lanes.waiting)
+
+    def busy(self) -> int:
+        """Lanes holding a request now, choices waiting to fork included (a racy read, for
+        metrics)."""
+        return self.lanes.num_lanes - len(self.lanes.free_slots)
+
+    def die(self, reason: str) -> None:
+        """Stop for good (any thread): requests in flight and waiting end with `reason` as their
+        error, new ones are refused, and every `on_fatal` callback hears why."""
+        with self._wake:
+            if self.fatal is not None:
+                return
+            self.fatal = reason
+            self._stopping = True
+            self._wake.notify()
+        log.error("the engine stops", error=reason)
+        for callback in self.on_fatal:
+            try:
+                callback(reason)
+            except Exception:  # a listener gone (its event loop closed) changes nothing here
+                log.exception("an on_fatal callback failed")
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop admitting; in-flight requests run to their end, then the loop exits."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def stream(self, prompt: list[int], params: SamplingParams) -> Iterator[Event]:
+        """Submit and yield its events as they come (for the offline API and tools)."""
+        events: queue.Queue[Event] = queue.Queue()
+        self.submit(prompt, params, events.put)
+        while True:
+            event = events.get()
+            yield event
+            if isinstance(event, Finished):
+                return
+
+    # -- the engine thread --------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        lanes = self.lanes
+        while True:
+            with self._wake:
+                while not self._inbox and lanes.idle and not self._stopping and not self._asks:
+                    self._wake.wait()
+                if self.fatal is not None:
+                    break
+                inbox, self._inbox = self._inbox, []
+                asks, self._asks = self._asks, []
+                if self._stopping and not inbox and lanes.idle:
+                    self._answer(asks)
+                    return
+            for req in inbox:
+                lanes.add(req)
+            self._answer(asks)
+            try:
+                lanes.step()
+            except Exception as exc:  # a failed pass ends its requests; the engine keeps serving
+                self.error = exc
+                if getattr(exc, "fatal", False):  # ... unless it cannot (a rank was lost)
+                    self.die(str(exc))
+                    break
+                log.exception("pass failed", error=str(exc))
+                lanes.fail_all(f"{type(exc).__name__}: {exc}")
+                lanes.census()
+        with self._wake:
+            asks, self._asks = self._asks, []
+        self._answer(asks)
+        with self._wake:  # requests that came in meanwhile end with the same error
+            inbox, self._inbox = self._inbox, []
+        lanes.waiting.extend(inbox)
+        lanes.fail_all(self.fatal or "the engine stopped")
+
+    def _answer(self, asks: list[Callable[[dict[str, Any] | None], None]]) -> None:
+        if not asks:
+            return
+        try:
+            summary = take_summary(self.lanes, len(self._inbox))
+        except Exception:  # the page's summary failing must not stop the engine
+            log.exception("the status summary failed")
+            summary = None
+        for reply in asks:
+            try:
+                reply(summary)
+            except Exception:  # a watcher gone (its event loop closed) changes nothing here
+                log.exception("a status watcher failed")

@@ -1,0 +1,462 @@
+"""The lane scheduler: admission, passes, decode rounds.
+
+Each round is one pass: every decoding lane's next row, then prompt rows in admission order up
+to `pass_rows` (prompts not yet started before fills under way), each chunk cut on the absolute
+`pass_rows` grid. A chunk that the row budget ends early is cut down to a multiple of the
+family's `mark_rows` (where its state is exact; glm5_next's KDA chunks), so where a prompt is cut
+never depends on what else the pass holds. A request is admitted when a
+lane is free and the pool can promise its rows (prompt + max tokens + lookahead); until then it
+waits, so an admitted stream never fails for memory. Runs on the engine's thread only.
+
+n choices of one prompt (a request with `forks`) are admitted together, when n lanes are free
+and the pool can promise every choice's rows, less the prompt's full pages for choices 1..n-1.
+Only the first computes the prompt; in the round whose pass computes its last row, the others
+fork from it: its full prompt pages are attached to their page tables (shared, the pool counts
+the holders), its partial last page and its fixed state are copied, and each samples its first
+token from the same logits row with its own seed. So choice i is what the same request alone
+with choice i's seed would give: same pages, same state, same logits.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+from tensorfold.adapters import paged_kv
+
+from ..config.logs import get_logger
+from ..family.forward_pass import StreamRows
+from ..family.tokenizer import IncrementalDecoder, Tokenizer
+from ..memory.kv_pool import Lease
+from ..memory.prompt_share import PromptSharing
+from .requests import Finished, Request, RequestRefused, TokenOut
+from .runner import ModelRunner
+from .sampling import RowHistory, SampleResult, launch_rows, read_rows
+from .stops import StopChecker
+from .structured import accept_rows, mask_rows
+
+log = get_logger("tensorfold.lanes")
+
+PASS_ROWS = 2048
+# Decode rounds sent ahead (`Lanes.ahead`): None on a GPU only, True anywhere (tests of it on
+# the CPU), False never (benchmarks compare)
+DECODE_AHEAD: bool | None = None
+
+
+@dataclass
+class Live:
+    """An admitted request on its lane."""
+
+    req: Request
+    slot: int
+    lease: Lease
+    stops: StopChecker
+    history: RowHistory
+    decoder: IncrementalDecoder | None
+    pos: int = 0  # rows already in the pages and state
+    next_token: int | None = None  # sampled, to be fed in the next round
+    generated: list[int] = field(default_factory=list)
+    cached: int = 0  # prompt rows resumed from the store
+    marks: list[int] = field(default_factory=list)  # prompt positions to keep states at
+    forks: list["Live"] = field(default_factory=list)  # choices 1..n-1, before they fork
+    matcher: Any = (
+        None  # structured output: this row's grammar state (tensorfold.engine.structured)
+    )
+
+    @property
+    def prefilling(self) -> bool:
+        return self.pos < len(self.req.prompt)
+
+
+@dataclass
+class _Flight:
+    """A decode round sent before the host read the tokens it feeds (they stay on the device):
+    its streams, in the pass's order, and their logits views."""
+
+    owners: list[Live]
+    logits: list[torch.Tensor]
+
+
+class Lanes:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        *,
+        lanes: int,
+        window: int,
+        tokenizer: Tokenizer | None = None,
+        eos_token_ids: Iterable[int] = (),
+        pass_rows: int = PASS_ROWS,
+        lookahead: int = 0,
+        sharing: PromptSharing | None = None,
+        hooks: Any = None,
+    ):
+        if lanes > runner.slots.num_slots:
+            raise ValueError(f"{lanes} lanes need {lanes} state slots, the runner has fewer")
+        self.runner = runner
+        self.pool = runner.pool
+        self.window = window
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.pass_rows = pass_rows
+        self.cut_rows = runner.model.layout.mark_rows
+        if pass_rows % self.cut_rows:
+            raise ValueError(
+                f"pass_rows {pass_rows} is not a multiple of the family's mark_rows {self.cut_rows}"
+            )
+        self.lookahead = lookahead
+        self.num_lanes = lanes
+        # the family's share_attach hook (a forked choice's page table); the core's by default
+        self.hooks = hooks or (sharing.hooks if sharing is not None else paged_kv)
+        self.free_slots = list(range(lanes - 1, -1, -1))
+        self.waiting: deque[Request] = deque()
+        self.live: list[Live] = []  # admission order
+        self.sharing = sharing
+        self.uneven = 0
+        self.passes = 0
+        self.rows_cached = 0  # prompt rows resumed from the store, all requests together
+        self.rows_computed = 0  # prompt rows prefilled
+        self.tokens_out = 0  # tokens sampled, all streams together
+        # ahead: when every live stream decodes and nothing waits, the next round goes to the
+        # GPU fed by this round's tokens on the device, before the host reads them, so the host's
+        # work on a round overlaps the next forward. A stream that ends in between has fed one
+        # row more (its lease covers it; what it keeps says so). Default (DECODE_AHEAD): on a
+        # GPU, when the runner can feed a round from the device (`run_fed`; not under tensor
+        # parallel).
+        fed = getattr(runner, "run_fed", None) is not None
+        ahead = DECODE_AHEAD
+        if ahead is None:
+            ahead = torch.device(runner.model.device).type == "cuda"
+        self.ahead = ahead and fed
+        self._flight: _Flight | None = None
+        self.sent_ahead = 0  # rounds sent ahead
+
+    # -- submission (validated before it is queued) ------------------------------------------
+
+    def check(self, req: Request) -> None:
+        """Refuse a request that can never run here, naming both numbers."""
+        n, m = len(req.prompt), req.params.max_tokens
+        if n == 0:
+            raise RequestRefused("the prompt is empty", "prompt")
+        if n + m > self.window:
+            raise RequestRefused(
+                f"the prompt's {n} tokens plus max_tokens {m} make {n + m}, more than the "
+                f"{self.window}-token window",
+                "max_tokens",
+            )
+        vocab = self.runner.model.vocab_size
+        if req.params.logit_bias and req.params.logit_bias[-1][0] >= vocab:
+            raise RequestRefused(
+                f"logit_bias key {req.params.logit_bias[-1][0]} is not a token id: ids are "
+                f"0..{vocab - 1}",
+                "logit_bias",
+            )
+        pages = self.pool.pages_for(n + m + self.lookahead)
+        if req.forks:
+            self._check_choices(req, pages)
+        elif pages > self.pool.num_pages:
+            raise RequestRefused(
+                f"the prompt's {n} tokens plus max_tokens {m} need {pages} pages; the pool has "
+                f"{self.pool.num_pages}",
+                "max_tokens",
+            )
+
+    def _check_choices(self, req: Request, pages: int) -> None:
+        choices, lanes = 1 + len(req.forks), self.num_lanes
+        if choices > lanes:
+            raise RequestRefused(
+                f"n={choices} choices decode on {choices} lanes at once and this server has "
+                f"{lanes} (--parallel {lanes}); ask for n <= {lanes}",
+                "n",
+            )
+        shared = len(req.prompt) // self.pool.page_rows
+        total = pages + len(req.forks) * (pages - shared)
+        if total > self.pool.num_pages:
+            raise RequestRefused(
+                f"n={choices} choices of the prompt's {len(req.prompt)} tokens plus max_tokens "
+                f"{req.params.max_tokens} need {total} pages; the pool has "
+                f"{self.pool.num_pages}; ask for a smaller n or max_tokens",
+                "n",
+            )
+
+    def add(self, req: Request) -> None:
+        self.check(req)
+        self.waiting.append(req)
+
+    @property
+    def idle(self) -> bool:
+        return not self.live and not self.waiting
+
+    # -- one round ----------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """Run one round; False when there was nothing to do."""
+        dropped = self._drop_cancelled()
+        flight, self._flight = self._flight, None
+        if flight is not None:  # sent last round: its rows are computed, the draws are left
+            alive = {id(s) for s in self.live}
+            wanting = [
+                (s, out[-1]) for s, out in zip(flight.owners, flight.logits) if id(s) in alive
+            ]
+            if wanting:
+                self._draw(wanting)
+                if self.idle:
+                    self.census()
+                return True
+        self._admit()
+        if not self.live:
+            if dropped and self.idle:
+                self.census()
+            return False
+        runs, owners = self._plan_pass()
+        logits = self.runner.run(runs)
+        self.passes += 1
+        wanting = []
+        for i, (stream, run, out) in enumerate(zip(owners, runs, logits)):
+            stream.pos = run.end
+            if run.taps:
+                self._keep_taps(i, stream, run)
+            if out.shape[0]:
+                wanting.append((stream, out[-1]))
+                if stream.forks:  # n choices: the others start from this row's logits
+                    wanting += [(f, out[-1]) for f in self._fork(stream)]
+        if wanting:
+            self._draw(wanting)
+        if self.idle:
+            self.census()
+        return True
+
+    def _draw(self, wanting: list[tuple[Live, torch.Tensor]]) -> None:
+        """One [B, V] for the round: each row masked by its own matcher (structured output),
+        then all drawn together, each row as it would be alone (sampling.launch_rows); the next
+        round sent ahead when it can be; then the tokens read and taken."""
+        if len(wanting) == 1 and not wanting[0][0].matcher:
+            x = wanting[0][1][None]  # read where it lies: nothing masks it (one launch fewer)
+        else:
+            x = torch.stack([row for _, row in wanting])
+        bound = [i for i, (s, _) in enumerate(wanting) if s.matcher]
+        mask_rows(x, [(i, wanting[i][0].matcher) for i in bound])
+        ts = [len(s.generated) for s, _ in wanting]
+        pending = launch_rows(x, [(s.req.params, t, s.history) for (s, _), t in zip(wanting, ts)])
+        self._send_ahead([s for s, _ in wanting], pending.tokens)
+        results = read_rows(pending)
+        refused: list[str | None] = [None] * len(wanting)
+        for i, error in zip(
+            bound, accept_rows([(wanting[i][0].matcher, results[i].token) for i in bound])
+        ):
+            refused[i] = error
+        for (stream, _), t, result, error in zip(wanting, ts, results, refused):
+            self._take(stream, t, result, error)
+
+    def _send_ahead(self, streams: list[Live], tokens: torch.Tensor) -> None:
+        """The next round, each stream's row fed the token this round drew for it (`tokens`
+        [B], still on the device), when it would be this round's streams' decode rows alone:
+        every live stream is among them (they are live and distinct, so equal counts say so;
+        a prompt still filling, or a choice waiting to fork, makes them fewer) and no request
+        waits to be admitted (it is, a round later)."""
+        if not self.ahead or self.waiting or len(streams) != len(self.live):
+            return
+        runs = [StreamRows(s.slot, s.pos, [0], s.lease.cover(s.pos + 1)) for s in streams]
+        logits = self.runner.run_fed(runs, tokens)  # type: ignore[attr-defined]
+        self.passes += 1
+        self.sent_ahead += 1
+        for s, run in zip(streams, runs):
+            s.pos = run.end
+        self._flight = _Flight(streams, logits)
+
+    def _admit(self) -> None:
+        while self.waiting and self.free_slots:
+            req = self.waiting[0]
+            if req.cancelled:
+                self.waiting.popleft()
+                self._finish_unadmitted(req, "cancelled")
+                continue
+            if len(self.free_slots) < 1 + len(req.forks):
+                break  # n choices wait for n lanes, in order
+            rows = len(req.prompt) + req.params.max_tokens + self.lookahead
+            kept = self.sharing.match(req.prompt) if self.sharing else None
+            attached = kept.pos // self.pool.page_rows if kept else 0
+            shared = len(req.prompt) // self.pool.page_rows  # a fork's attached prompt pages
+            need = self.pool.pages_for(rows) - attached
+            need += len(req.forks) * (self.pool.pages_for(rows) - shared)
+            if not self.pool.can_promise(need):
+                if self.sharing is None or not self.sharing.make_room(need, keep=kept):
+                    break  # waits for pages; later requests wait behind it, in order
+            self.waiting.popleft()
+            s = self._new_live(req, rows, attached)
+            s.forks = [self._new_live(f, rows, shared) for f in req.forks]
+            if kept is not None:
+                s.pos = s.cached = self.sharing.resume(kept, s.lease, s.slot)  # type: ignore[union-attr]
+            if self.sharing is not None:
+                s.marks = self.sharing.marks(req.prompt, req.marks, s.pos)
+            self.rows_cached += s.cached
+            self.rows_computed += len(req.prompt) - s.cached
+            self.live.append(s)
+
+    def _new_live(self, req: Request, rows: int, attached: int) -> Live:
+        return Live(
+            req=req,
+            slot=self.free_slots.pop(),
+            lease=self.pool.lease(rows, attached),
+            stops=StopChecker.for_params(req.params, self.eos_token_ids),
+            history=RowHistory(req.prompt),
+            decoder=IncrementalDecoder(self.tokenizer, keep=frozenset(req.params.keep_special_ids))
+            if self.tokenizer
+            else None,
+            matcher=req.params.constraint.start() if req.params.constraint else None,
+        )
+
+    def _fork(self, parent: Live) -> list[Live]:
+        """Choices 1..n-1 start from `parent`, whose prompt the last pass completed: its full
+        prompt pages shared, its partial last page and its fixed state copied."""
+        forks, parent.forks = parent.forks, []
+        n = len(parent.req.prompt)
+        table = parent.lease.pages[: self.pool.pages_for(n)]
+        started = []
+        for f in forks:
+            if f.req.cancelled:
+                self._drop_fork(f, "cancelled")
+                continue
+            self.runner.attach(self.hooks, f.lease, table, n)
+            self.runner.copy_slot(parent.slot, f.slot)
+            f.pos = n
+            started.append(f)
+        at = self.live.index(parent) + 1
+        self.live[at:at] = started
+        return started
+
+    def _drop_fork(self, f: Live, reason: str, error: str | None = None) -> None:
+        """A choice that never forked (its prompt's stream ended first, or it was cancelled)."""
+        f.lease.release()
+        f.matcher = None
+        self.free_slots.append(f.slot)
+        self._finish_unadmitted(f.req, reason, error)
+
+    def _plan_pass(self) -> tuple[list[StreamRows], list[Live]]:
+        runs, owners = [], []
+        for s in self.live:
+            if not s.prefilling and s.next_token is not None:
+                runs.append(StreamRows(s.slot, s.pos, [s.next_token], s.lease.cover(s.pos + 1)))
+                owners.append(s)
+        budget = self.pass_rows
+        # New prompts' first rows go before fills already under way (each group in admission
+        # order), so a short prompt never waits behind a long prompt's fill.
+        filling = sorted((s for s in self.live if s.prefilling), key=lambda s: s.pos > 0)
+        for s in filling:
+            if budget <= 0:
+                break
+            grid_end = (s.pos // self.pass_rows + 1) * self.pass_rows
+            end = min(len(s.req.prompt), grid_end)
+            if s.pos + budget < end:  # the budget ends it early: on the family's grid
+                end = (s.pos + budget) // self.cut_rows * self.cut_rows
+                if end <= s.pos:
+                    continue
+            tokens = s.req.prompt[s.pos : end]
+            last = end == len(s.req.prompt)
+            pages = s.lease.cover(end)
+            taps = [m for m in s.marks if s.pos < m <= end]
+            runs.append(StreamRows(s.slot, s.pos, tokens, pages, "last" if last else "none", taps))
+            owners.append(s)
+            budget -= len(tokens)
+        return runs, owners
+
+    def _keep_taps(self, i: int, s: Live, run: StreamRows) -> None:
+        assert self.sharing is not None and self.runner.last_pass is not None
+        tapped = self.runner.last_pass.tapped
+        for p in run.taps:
+            if (i, p) not in tapped and p < run.end and self.runner.slots.buffers:
+                continue  # the family did not tap mid-pass: no exact state to keep there
+            self.sharing.keep(s.req.prompt[:p], s.lease.pages, s.slot, (i, p))
+
+    def _take(self, s: Live, t: int, result: SampleResult, refused: str | None = None) -> None:
+        """A row's sampled token; `refused`: its grammar's error, when it refused the token."""
+        s.generated.append(result.token)
+        self.tokens_out += 1
+        s.history.append(result.token)
+        if refused:  # the grammar failed (a step past its budget): the row stops, others go on
+            constraint = s.req.params.constraint
+            assert constraint is not None
+            message = constraint.stopped(refused, len(s.generated) - 1)
+            log.warning("a grammar failed mid-generation", request=s.req.id, error=message)
+            self._release(s, "error", message)
+            return
+        piece = s.decoder.step([result.token]) if s.decoder else ""
+        step = s.stops.feed(result.token, piece)
+        s.req.sink(
+            TokenOut(s.req.id, t, result.token, step.text, result.logprob, result.top_logprobs)
+        )
+        if step.finish_reason is not None:
+            cut_at_stop_string = isinstance(step.stop_reason, str)
+            self._release(s, step.finish_reason, flush=not cut_at_stop_string)
+        else:
+            s.next_token = result.token
+
+    # -- endings ------------------------------------------------------------------------------
+
+    def _drop_cancelled(self) -> bool:
+        """End cancelled requests, live or waiting; True if any ended."""
+        live = [s for s in self.live if s.req.cancelled]
+        for s in live:
+            self._release(s, "cancelled")
+        waiting = [r for r in self.waiting if r.cancelled]
+        for req in waiting:
+            self.waiting.remove(req)
+            self._finish_unadmitted(req, "cancelled")
+        return bool(live or waiting)
+
+    def _release(self, s: Live, reason: str, error: str | None = None, flush: bool = True) -> None:
+        self.live.remove(s)
+        for f in s.forks:  # ended before its prompt was computed: so do its other choices
+            self._drop_fork(f, reason, error)
+        s.forks = []
+        if self.sharing is not None and reason in ("stop", "length") and not s.prefilling:
+            # where this turn ended: the next turn of a chat resumes here
+            fed = s.req.prompt + s.generated[: s.pos - len(s.req.prompt)]
+            self.sharing.keep(fed, s.lease.pages, s.slot, None)
+        s.lease.release()
+        s.matcher = None  # the grammar state goes with the stream
+        if self.pool.poison_freed:
+            self.runner.poison_slot(s.slot)
+        self.free_slots.append(s.slot)
+        # Text still held back (a partial character, a possible stop string's start) goes out,
+        # unless the stream ended at a stop string, after which nothing is released.
+        tail = ""
+        if flush:
+            tail = s.stops.flush() + (s.decoder.flush() if s.decoder else "")
+        s.req.sink(
+            Finished(
+                s.req.id,
+                reason,  # type: ignore[arg-type]
+                tail,
+                len(s.req.prompt),
+                len(s.generated),
+                s.cached,
+                s.req.params.seed,
+                error,
+            )
+        )
+
+    def _finish_unadmitted(self, req: Request, reason: str, error: str | None = None) -> None:
+        for f in req.forks:  # n choices: the others end with it
+            self._finish_unadmitted(f, reason, error)
+        req.sink(Finished(req.id, reason, "", len(req.prompt), 0, 0, req.params.seed, error))  # type: ignore[arg-type]
+
+    def fail_all(self, error: str) -> None:
+        """End every request with an error (the forward raised): lanes and pages come back."""
+        self._flight = None
+        for s in list(self.live):
+            self._release(s, "error", error)
+        while self.waiting:
+            self._finish_unadmitted(self.waiting.popleft(), "error", error)
+
+    def census(self) -> bool:
+        census = self.pool.census()
+        if census.idle_even:  # after every drain: debug, so a busy server's log is not all census
+            log.debug(census.line())
+            return True
+        self.uneven += 1
+        log.error("UNEVEN " + census.line(), live=census.live)
+        return False

@@ -1,0 +1,380 @@
+"""A Hugging Face checkpoint folder: config files and safetensors weights.
+
+Only safetensors are read; nothing in a checkpoint is ever executed (no pickles, no remote code).
+Headers are parsed at open, so a missing or corrupt shard is reported before any weight loads.
+torch is imported only when a tensor is loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+
+from .spec import Shard, ShardRefused
+
+if TYPE_CHECKING:
+    import torch
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+class CheckpointError(Exception):
+    """A checkpoint folder cannot be read; the message names the file (and tensor) at fault."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    file: Path
+    dtype: str  # safetensors dtype code: "BF16", "F32", ...
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+def read_json(path: Path, *, required: bool) -> dict[str, Any]:
+    if not path.is_file():
+        if required:
+            raise CheckpointError(f"{path.name} not found in {path.parent}")
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, found {type(data).__name__}")
+    return data
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """Parse a safetensors header (u64 length, JSON) and check each tensor lies inside the file."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{path} is not a safetensors file: shorter than its header")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(size - 8, _MAX_HEADER):
+                raise CheckpointError(
+                    f"{path} is corrupt or truncated: header claims {n} bytes, file has {size}"
+                )
+            raw = json.loads(f.read(n).decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is corrupt: its header is not valid JSON ({e})") from None
+    except OSError as e:
+        raise CheckpointError(f"{path} cannot be read: {e}") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path} is corrupt: its header is not a JSON object")
+    data_bytes = size - 8 - n
+    infos: dict[str, TensorInfo] = {}
+    for name, entry in raw.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = (int(x) for x in entry["data_offsets"])
+            shape = tuple(int(d) for d in entry["shape"])
+            info = TensorInfo(path, str(entry["dtype"]), shape, end - begin)
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path} is corrupt: bad header entry for {name!r}") from None
+        if not 0 <= begin <= end <= data_bytes:
+            raise CheckpointError(
+                f"{path} is corrupt or truncated: tensor {name!r} needs bytes {begin}..{end}, "
+                f"the file holds {data_bytes}"
+            )
+        infos[name] = info
+    return infos
+
+
+def torch_dtype(dtype: "torch.dtype | str") -> "torch.dtype":
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    found = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(found, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return found
+
+
+class Checkpoint:
+    """A checkpoint folder. Build with `Checkpoint.open(path)`."""
+
+    def __init__(
+        self,
+        path: Path,
+        config: dict[str, Any],
+        generation_config: dict[str, Any],
+        tokenizer_config: dict[str, Any],
+        index: dict[str, Path],
+        headers: dict[Path, dict[str, TensorInfo]],
+    ) -> None:
+        self.path = path
+        self.config = config
+        self.generation_config = generation_config
+        self.tokenizer_config = tokenizer_config
+        self._index = index  # tensor name -> the file the index (or the single file) places it in
+        self._headers = headers
+        self._handles: dict[tuple[Path, str], Any] = {}
+        self._progress: list[Any] | None = None  # [Progress, tensors done, tensors] in loading()
+        self.shard = Shard()  # tensor parallel: which rank this is, and how tensors are cut
+
+    @classmethod
+    def open(cls, path: str | Path, weights: bool = True) -> "Checkpoint":
+        """weights=False reads the configs only (a dummy load format); it holds no tensors."""
+        root = Path(path).expanduser()
+        if not root.is_dir():
+            what = "is not a folder" if root.exists() else "does not exist"
+            raise CheckpointError(f"checkpoint folder {root} {what}")
+        config = read_json(root / "config.json", required=True)
+        generation_config = read_json(root / "generation_config.json", required=False)
+        tokenizer_config = read_json(root / "tokenizer_config.json", required=False)
+        if not weights:
+            return cls(root, config, generation_config, tokenizer_config, {}, {})
+        index, files = cls._find_weights(root)
+        headers = {f: read_header(f) for f in files}
+        if not index:  # single file: its header is the index
+            index = {name: f for f in files for name in headers[f]}
+        return cls(root, config, generation_config, tokenizer_config, index, headers)
+
+    @staticmethod
+    def _find_weights(root: Path) -> tuple[dict[str, Path], list[Path]]:
+        if (root / SINGLE_FILE).is_file():
+            return {}, [root / SINGLE_FILE]
+        index_path = root / INDEX_FILE
+        if index_path.is_file():
+            weight_map = read_json(index_path, required=True).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise CheckpointError(f"{index_path} has no 'weight_map' naming tensors and shards")
+            index: dict[str, Path] = {}
+            for name, shard in weight_map.items():
+                shard_path = root / str(shard)
+                if Path(str(shard)).name != str(shard) or not shard_path.is_file():
+                    raise CheckpointError(
+                        f"{index_path} maps tensor {name!r} to shard {shard!r}, "
+                        f"which is not a file in {root}"
+                    )
+                index[name] = shard_path
+            return index, sorted(set(index.values()))
+        pickles = sorted(p.name for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        if pickles:
+            raise CheckpointError(
+                f"{root} holds only pickle weights ({', '.join(pickles)}); tensorfold loads only "
+                "safetensors, because unpickling executes code from the file. Nothing in a "
+                "checkpoint is ever executed: convert it to safetensors first."
+            )
+        raise CheckpointError(f"no weights in {root}: looked for {SINGLE_FILE} and {INDEX_FILE}")
+
+    # --- names and shapes, without loading ---
+
+    def tensor_names(self) -> list[str]:
+        return list(self._index)
+
+    def has(self, name: str) -> bool:
+        return name in self._index
+
+    def info(self, name: str) -> TensorInfo:
+        file = self._index.get(name)
+        if file is None:
+            searched = ", ".join(sorted(f.name for f in self._headers))
+            raise CheckpointError(f"tensor {name!r} not found in {self.path} (searched {searched})")
+        info = self._headers[file].get(name)
+        if info is None:
+            raise CheckpointError(
+                f"tensor {name!r} not found in {file} (searched {file.name}, "
+                f"where {INDEX_FILE} places it)"
+            )
+        return info
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.info(name).shape
+
+    def total_bytes(self) -> int:
+        """Bytes of all indexed tensors as stored (before any dtype cast)."""
+        return sum(self.info(name).nbytes for name in self._index)
+
+    # --- tensor parallel: each rank reads its slice ---
+
+    def set_shard(self, shard: Shard) -> None:
+        """Read tensors as rank `shard.rank` of `shard.world` (each as `shard.plan` cuts it).
+        Checks that every tensor can be cut, so a refusal comes before any weight loads."""
+        self.shard = shard
+        for name in self._index:
+            self._pieces(name)
+
+    def _pieces(self, name: str) -> tuple[int, list[tuple[int, int]]] | None:
+        """(dim, ranges along dim) of this rank's slice of `name`; None: the whole tensor;
+        (0, []) for another rank's expert (nothing to read)."""
+        plan = self.shard.plan
+        if plan is None or self.shard.world == 1:
+            return None
+        split, expert = plan.split_of(name)
+        info = self.info(name)
+        try:
+            if split.experts:
+                if expert is None:
+                    raise ShardRefused("its pattern has no (?P<expert>...) group")
+                if expert not in self.shard.experts(split.experts):
+                    return 0, []
+            if split.dim is None:
+                return None
+            if split.dim >= len(info.shape):
+                raise ShardRefused(f"it has no dimension {split.dim}")
+            size = info.shape[split.dim]
+            return split.dim, split.pieces(size, self.shard.rank, self.shard.world)
+        except ShardRefused as e:
+            raise ShardRefused(
+                f"tensor {name!r} {list(info.shape)} cannot be cut for --tp {self.shard.world}: {e}"
+            ) from None
+
+    def local_shape(self, name: str) -> tuple[int, ...] | None:
+        """The shape of this rank's slice of `name` (its full shape at one rank); None for
+        another rank's expert."""
+        shape = list(self.shape(name))
+        pieces = self._pieces(name)
+        if pieces is not None:
+            dim, ranges = pieces
+            if not ranges:
+                return None
+            shape[dim] = sum(b - a for a, b in ranges)
+        return tuple(shape)
+
+    def local_bytes(self) -> int:
+        """Bytes this rank reads (its slices; all tensors at one rank), as stored."""
+        total = 0
+        for name in self._index:
+            info = self.info(name)
+            shape = self.local_shape(name)
+            if shape is not None and _numel(info.shape):
+                total += info.nbytes * _numel(shape) // _numel(info.shape)
+        return total
+
+    # --- loading ---
+
+    def load(
+        self,
+        name: str,
+        *,
+        device: str = "cpu",
+        dtype: "torch.dtype | str | None" = None,
+        shape: Sequence[int] | None = None,
+    ) -> "torch.Tensor":
+        """Read one tensor straight to `device`; cast to `dtype` (None keeps the stored dtype) and
+        check `shape` if given: the whole tensor's shape on disk. Under tensor parallel the
+        tensor returned is this rank's slice (see `set_shard`); another rank's expert raises."""
+        info = self.info(name)
+        if shape is not None and tuple(shape) != info.shape:
+            raise CheckpointError(
+                f"tensor {name!r} in {info.file} has shape {list(info.shape)}, "
+                f"expected {list(shape)}"
+            )
+        pieces = self._pieces(name)
+        if pieces is not None and not pieces[1]:
+            raise CheckpointError(f"tensor {name!r} belongs to another rank's experts")
+        try:
+            handle = self._handle(info.file, device)
+            tensor = (
+                handle.get_tensor(name)
+                if pieces is None
+                else _read_slices(handle.get_slice(name), len(info.shape), *pieces)
+            )
+        except Exception as e:  # safetensors raises its own error type for bad data
+            raise CheckpointError(f"cannot load tensor {name!r} from {info.file}: {e}") from None
+        read = info.nbytes
+        if pieces is not None:
+            read = info.nbytes * tensor.numel() // max(1, _numel(info.shape))
+        if dtype is not None:
+            tensor = tensor.to(torch_dtype(dtype))
+        if self._progress is not None:
+            self._progress[1] += 1
+            self._progress[0].note(f"{self._progress[1]}/{self._progress[2]} tensors")
+            self._progress[0].update(read)
+        return tensor
+
+    @contextlib.contextmanager
+    def loading(
+        self, progress: bool | None = None, names: Sequence[str] | None = None
+    ) -> Iterator[None]:
+        """While a family loads its weights (or the tensors `names`): progress in bytes and
+        tensors (tensorfold.config.progress): a bar on stderr when it is a terminal, else a few log
+        lines (progress=None); always the bar (True); nothing (False: a tensor-parallel
+        follower, whose rank 0 shows it)."""
+        if progress is False:
+            yield
+            return
+        from ..config.progress import Progress
+
+        if names is None:
+            tensors = sum(1 for n in self._index if self.local_shape(n) is not None)
+            nbytes = self.local_bytes()
+        else:
+            tensors, nbytes = len(names), sum(self.info(n).nbytes for n in names)
+        bar = Progress("loading weights", nbytes, "B", show=progress)
+        self._progress = [bar, 0, tensors]
+        try:
+            yield
+        finally:
+            self._progress = None
+            bar.close()
+
+    def load_many(
+        self,
+        names: Iterable[str],
+        *,
+        device: str = "cpu",
+        dtype: "torch.dtype | str | None" = None,
+        progress: bool | None = None,
+    ) -> dict[str, "torch.Tensor"]:
+        """Load several tensors, file by file, with progress as `loading(progress)` shows it."""
+        wanted = list(dict.fromkeys(names))
+        infos = {n: self.info(n) for n in wanted}
+        order = sorted(wanted, key=lambda n: (infos[n].file, n))
+        out: dict[str, torch.Tensor] = {}
+        with self.loading(progress, order):
+            for name in order:
+                out[name] = self.load(name, device=device, dtype=dtype)
+        return {n: out[n] for n in wanted}
+
+    def _handle(self, file: Path, device: str) -> Any:
+        key = (file, str(device))
+        handle = self._handles.get(key)
+        if handle is None:
+            from safetensors import safe_open
+
+            try:
+                handle = safe_open(str(file), framework="pt", device=str(device))
+            except Exception as e:
+                raise CheckpointError(f"{file} cannot be opened as safetensors: {e}") from None
+            self._handles[key] = handle
+        return handle
+
+    def close(self) -> None:
+        """Drop open file handles (memory maps); later loads reopen them."""
+        self._handles.clear()
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({str(self.path)!r}, {len(self._index)} tensors)"
+
+
+def _read_slices(view: Any, ndim: int, dim: int, ranges: list[tuple[int, int]]) -> "torch.Tensor":
+    """Read ranges along `dim` of a safetensors slice view, joined in order: only those bytes
+    are read from the file."""
+    import torch
+
+    parts = []
+    for a, b in ranges:
+        index = tuple(slice(a, b) if d == dim else slice(None) for d in range(ndim))
+        parts.append(view[index])
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -1,0 +1,35 @@
+"""The interface a family's model implements once its family is chosen (torch side); see
+docs/reference.md and the worked family in docs/plugins.md."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import torch
+
+from .forward_pass import ForwardPass
+from .spec import StateLayout
+
+if TYPE_CHECKING:
+    from tensorfold.adapters.paged_kv import PagedRows
+    from tensorfold.adapters.stream_state import StreamSlots
+
+
+class FamilyModel(ABC):
+    """A loaded model. `layout` says what each stream keeps; `forward` runs one pass.
+
+    forward(fp, rows, slots): read and write K/V rows through `fp`'s page tables in `rows`,
+    read fixed state from `slots` (zeros for a stream whose run starts at 0) and leave the
+    state after the run's last row there. Returns fp32 logits [len(fp.logit_rows), vocab].
+    """
+
+    name: str
+    layout: StateLayout
+    vocab_size: int
+    max_positions: int
+    device: torch.device
+    dtype: torch.dtype
+
+    @abstractmethod
+    def forward(self, fp: ForwardPass, rows: "PagedRows", slots: "StreamSlots") -> torch.Tensor: ...

@@ -1,0 +1,314 @@
+"""The OpenAI-compatible HTTP API (aiohttp): routes, streaming, errors.
+
+Engine events arrive on the engine thread; each request's sink hands them to the event loop
+through a `Mailbox` (one call_soon_threadsafe for whatever has come since the loop last woke).
+A request whose client goes away (the handler is cancelled, or a write fails) is cancelled in
+the engine, so its lane and pages come back. What the handlers share (`State`, the mailbox) is
+in state.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
+
+from aiohttp import web
+
+from ..config.logs import get_logger
+from ..engine.choices import choice_params
+from ..engine.engine import QueueFull
+from ..engine.requests import Event, Finished, RequestRefused, TokenOut
+from . import cors, status_page
+from .api_key import bearer_matches
+from .metrics import CONTENT_TYPE, Metrics
+from .openai_api import ApiError, Parsed, error_body, parse_chat, parse_completion
+from .openai_replies import Choices, dumps, sse
+from .request_limits import LIMITS, Limits, read_body
+from .request_prepare import prepare
+from .state import STATE, Mailbox, State  # noqa: F401 (Mailbox: where the old server.py had it)
+
+if TYPE_CHECKING:
+    from ..engine.start import Served
+
+log = get_logger("tensorfold.server")
+
+RETRY_AFTER_S = "1"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_response(
+    body: Any, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        body=dumps(body), status=status, headers=headers, content_type="application/json"
+    )
+
+
+def _error(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    return json_response(error_body(status, message, param, code), status, headers)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    state = request.app[STATE]
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        state.metrics.errors.labels(str(exc.status)).inc()
+        return json_response(exc.body(), exc.status, exc.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        state.metrics.errors.labels(str(exc.status)).inc()
+        headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
+        message = (
+            exc.text
+            if exc.text and not exc.text.startswith(f"{exc.status}:")
+            else (f"{exc.reason}: {request.method} {request.path}")
+        )
+        return _error(exc.status, message, headers=headers)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # nothing a request does may take the server down
+        log.exception("request failed", path=request.path, error=str(exc))
+        state.metrics.errors.labels("500").inc()
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+@web.middleware
+async def gate_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    state = request.app[STATE]
+    if request.path.startswith("/v1/"):
+        if state.api_key is not None:
+            if not bearer_matches(request.headers.get("Authorization", ""), state.api_key):
+                raise ApiError(
+                    401,
+                    "a valid API key is needed: Authorization: Bearer KEY",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        if state.draining and request.method == "POST":
+            raise ApiError(
+                503, "the server is shutting down", headers={"Retry-After": RETRY_AFTER_S}
+            )
+    return await handler(request)
+
+
+class _Timing:
+    """Time to first token and between tokens, as the client sees them."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.last = time.monotonic()
+        self.first = True
+
+    def token(self) -> None:
+        now = time.monotonic()
+        (self.metrics.ttft if self.first else self.metrics.itl).observe(now - self.last)
+        self.last, self.first = now, False
+
+
+async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.StreamResponse:
+    state = request.app[STATE]
+    timing = _Timing(state.metrics)
+    # Off the loop: a big body's JSON, a long prompt's template and tokenizer would stall it.
+    parsed = await prepare(request, await read_body(request), parse, state.served)
+    if state.draining:  # the signal came while the body was parsed
+        raise ApiError(503, "the server is shutting down", headers={"Retry-After": RETRY_AFTER_S})
+    mailbox = state.mailbox(asyncio.get_running_loop())
+    events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()  # (choice, event)
+
+    sampled = [0] * parsed.n  # each choice's tokens counted so far
+
+    def sink(i: int, event: Event) -> None:  # on the engine thread
+        # Counted here, as they come: a cancelled handler reads no more.
+        if isinstance(event, TokenOut):
+            sampled[i] += 1
+            state.metrics.generation_tokens.inc()
+        else:  # the rest of the choice's tokens (one its grammar refused is never sent)
+            state.metrics.generation_tokens.inc(max(0, event.completion_tokens - sampled[i]))
+            if i == 0:  # the request and its prompt, once
+                state.metrics.finished(
+                    parsed.kind, event.reason, event.prompt_tokens, event.cached_tokens
+                )
+        mailbox.put(events, (i, event))
+
+    try:
+        reqs = state.engine.submit_n(
+            parsed.prompt_ids,
+            choice_params(parsed.params, parsed.n),
+            [functools.partial(sink, i) for i in range(parsed.n)],
+            marks=parsed.marks,
+        )
+    except RequestRefused as exc:
+        param = parsed.max_tokens_param if exc.param == "max_tokens" else exc.param
+        code = "context_length_exceeded" if exc.param == "max_tokens" else None
+        raise ApiError(400, str(exc), param=param, code=code) from None
+    except QueueFull as exc:
+        raise ApiError(
+            503, f"the server is busy: {exc}", headers={"Retry-After": RETRY_AFTER_S}
+        ) from None
+    reply = Choices(parsed, state.served.model_name, reqs[0].params.seed, state.texts, parsed.n)
+    state.inflight += 1
+    for req in reqs:
+        state.open[id(req)] = req
+    state.idle.clear()
+    try:
+        if parsed.stream:
+            return await _stream(request, reply, events, timing)
+        while not reply.done:
+            i, event = await events.get()
+            if i == 0 and isinstance(event, TokenOut):
+                timing.token()
+            reply[i].add(event)
+        if reply.error is not None:  # a grammar past its budget is the request's fault: 400
+            status, body = reply.error_response()
+            raise ApiError(status, body["error"]["message"], code=body["error"]["code"])
+        return json_response(reply.response())
+    finally:
+        if not reply.done:
+            for req in reqs:
+                state.engine.cancel(req)
+        for req in reqs:
+            state.open.pop(id(req), None)
+        state.inflight -= 1
+        if state.inflight == 0:
+            state.idle.set()
+
+
+async def _stream(
+    request: web.Request, reply: Choices, events: asyncio.Queue[tuple[int, Event]], timing: _Timing
+) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await resp.prepare(request)
+    try:
+        await _events_to_stream(resp, reply, events, timing)
+    except ConnectionResetError:  # the client left; _generate cancels the request
+        pass
+    except Exception as exc:  # headers are sent: the error goes out as the stream's last event
+        log.exception("stream failed", error=str(exc))
+        error = error_body(500, f"internal error: {type(exc).__name__}: {exc}")
+        try:
+            await resp.write(sse(error) + sse(b"[DONE]"))
+        except ConnectionResetError:
+            pass
+    return resp
+
+
+async def _events_to_stream(
+    resp: web.StreamResponse,
+    replies: Choices,
+    events: asyncio.Queue[tuple[int, Event]],
+    timing: _Timing,
+) -> None:
+    if replies.chat:
+        await resp.write(b"".join(sse(r.chunk("", [], 0, first=True)) for r in replies.replies))
+    sent = [0] * len(replies.replies)  # characters already sent, for completions' text_offset
+    data = b""
+    while True:
+        batch = [await events.get()]
+        while not events.empty():  # whatever else has come: one write for all of it
+            batch.append(events.get_nowait())
+        for i, event in batch:
+            reply = replies[i]  # each chunk carries its choice's index
+            reply.add(event)
+            tokens = []
+            if isinstance(event, TokenOut):
+                if i == 0:
+                    timing.token()
+                tokens = [event] if reply.parsed.params.logprobs else []
+            if event.text or tokens:
+                data += reply.sse_chunks(event.text, tokens, sent[i])
+                sent[i] += len(event.text)
+            if isinstance(event, Finished):
+                data += reply.finish()
+        if replies.done:
+            data += replies.ending()
+        await resp.write(data)
+        data = b""
+        if replies.done:
+            await resp.write_eof()
+            return
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, parse_completion)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, parse_chat)
+
+
+def _model_card(state: State) -> dict[str, Any]:
+    return {
+        "id": state.served.model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "tensorfold",
+        "max_model_len": state.served.window,
+    }
+
+
+async def models(request: web.Request) -> web.Response:
+    return json_response({"object": "list", "data": [_model_card(request.app[STATE])]})
+
+
+async def model(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if request.match_info["name"] != state.served.model_name:
+        raise ApiError(
+            404,
+            f"the model {request.match_info['name']!r} does not exist",
+            param="model",
+            code="model_not_found",
+        )
+    return json_response(_model_card(state))
+
+
+async def health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state.draining:
+        return _error(503, "the server is shutting down", headers={"Retry-After": RETRY_AFTER_S})
+    if not state.served.engine.alive:
+        return _error(503, "the engine thread is not running")
+    return json_response({"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+def create_app(
+    served: Served,
+    *,
+    device: str = "cpu",
+    api_key: str | None = None,
+    limits: Limits | None = None,
+    allowed_origins: Sequence[str] = (),
+) -> web.Application:
+    limits = limits or Limits()
+    app = web.Application(
+        middlewares=[errors_middleware, gate_middleware], client_max_size=limits.max_body
+    )
+    cors.install(app, allowed_origins)  # its preflight answers before the key check
+    app[STATE] = State(served, device, api_key)
+    app[LIMITS] = limits
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{name:.+}", model)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    status_page.install(app, app[STATE])
+    return app

@@ -1,0 +1,434 @@
+"""OpenAI's request shapes: a JSON body in, the engine's request out (the replies are in
+openai_replies.py).
+
+Every refusal is an ApiError, which the server answers as OpenAI does:
+`{"error": {"message", "type", "param", "code"}}` with the status it carries.
+
+Defaults follow vLLM: max_tokens is 16 for /v1/completions and the rest of the window for chat;
+temperature, top_p, top_k, min_p and repetition_penalty come from the checkpoint's
+generation_config.json when the request leaves them out, else OpenAI's defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable, Literal
+
+from ..engine.sampling import SamplingParams, SamplingParamsError
+from ..engine.structured import StructuredError
+from ..engine.structured import from_body as constraint_from_body
+from ..family.chat_template import ChatTemplateError
+from .prompt_work import Prompt, PromptJob, PromptTooLong, max_prompt_bytes, utf8_bytes
+from .tool_request import ToolRequest, ToolRequestError, parse_tool_request, tool_history
+
+if TYPE_CHECKING:
+    from ..engine.start import Served
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+_PENDING_MAX = 1  # max_tokens until the prompt's length gives the default (with_prompt)
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    500: "server_error",
+    503: "service_unavailable_error",
+}
+_REAL_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+_GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.status, self.message, self.param, self.code)
+
+
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+@dataclass
+class Parsed:
+    """A validated request, ready for engine.submit."""
+
+    kind: Literal["chat", "completion"]
+    prompt_ids: list[int]
+    params: SamplingParams
+    marks: tuple[int, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens_param: str = "max_tokens"  # the field the user set, for error messages
+    token_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs say "token_id:N"
+    n: int = 1  # choices of the prompt (tensorfold.engine.choices); bounded by the lanes at submit
+    tools: ToolRequest | None = None  # the reply is parsed for tool calls
+    job: PromptJob | None = None  # the prompt still to make (prompt_ids empty until then)
+    max_tokens_set: bool = True  # False: max_tokens is the default, set by with_prompt
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise bad(f"the request body is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # also too deep, or an integer too long
+        raise bad(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "number": (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool), "a number"),
+    "bool": (lambda v: isinstance(v, bool), "a boolean"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "list": (lambda v: isinstance(v, list), "an array"),
+    "object": (lambda v: isinstance(v, dict), "an object"),
+}
+
+
+def _get(body: dict[str, Any], name: str, kind: str) -> Any:
+    """The field, or None when absent or null; a wrong type is a 400 naming the field."""
+    value = body.get(name)
+    ok, words = _KINDS[kind]
+    if value is not None and not ok(value):
+        raise bad(f"{name} must be {words}, got {json.dumps(value)[:80]}", name)
+    return value
+
+
+def check_model(body: dict[str, Any], served_name: str) -> None:
+    model = _get(body, "model", "str")
+    if model is not None and model != served_name:
+        raise ApiError(
+            404,
+            f"the model {model!r} does not exist; this server serves {served_name!r}",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def _sampling(
+    body: dict[str, Any],
+    default_max: Callable[[], int],
+    generation: dict[str, Any],
+    logprobs: bool,
+    top_logprobs: int,
+) -> tuple[SamplingParams, str]:
+    best_of = _get(body, "best_of", "int")
+    if best_of is not None and best_of != 1:
+        raise bad(f"best_of must be 1, got {best_of}", "best_of")
+    _get(body, "user", "str")
+    if "draft" in body:  # refused until drafting exists, rather than silently ignored
+        raise bad("drafting is not implemented; remove the draft field", "draft")
+    max_param = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else ("max_tokens")
+    )
+    max_tokens = _get(body, max_param, "int")
+    kwargs: dict[str, Any] = {
+        "max_tokens": max_tokens if max_tokens is not None else default_max(),
+        "logprobs": logprobs,
+        "top_logprobs": top_logprobs,
+    }
+    for name in _GENERATION_DEFAULTS:
+        value = generation.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            kwargs[name] = value
+    for name in _REAL_FIELDS:
+        if (value := _get(body, name, "number")) is not None:
+            kwargs[name] = value
+    for name in ("top_k", "seed"):
+        if (value := _get(body, name, "int")) is not None:
+            kwargs[name] = value
+    stop = body.get("stop")
+    if stop is not None:
+        if isinstance(stop, list) and not stop:
+            stop = None
+        elif not isinstance(stop, str) and not (
+            isinstance(stop, list) and all(isinstance(s, str) for s in stop)
+        ):
+            raise bad("stop must be a string or an array of strings", "stop")
+        kwargs["stop"] = stop if stop is not None else ()
+    if (ids := _get(body, "stop_token_ids", "list")) is not None:
+        kwargs["stop_token_ids"] = ids
+    if (ignore := _get(body, "ignore_eos", "bool")) is not None:
+        kwargs["ignore_eos"] = ignore
+    if (bias := _get(body, "logit_bias", "object")) is not None:
+        kwargs["logit_bias"] = bias
+    try:
+        params = SamplingParams(**kwargs)
+    except SamplingParamsError as exc:
+        param = max_param if exc.field == "max_tokens" else exc.field
+        message = str(exc).replace("max_tokens", max_param, 1) if param != exc.field else str(exc)
+        raise bad(message, param) from None
+    return params, max_param
+
+
+def _constrained(
+    body: dict[str, Any], served: Served, params: SamplingParams, tools: ToolRequest | None = None
+) -> SamplingParams:
+    """params with the request's structured-output constraint, compiled and checked now, before
+    any pass (a malformed schema, regex or grammar is a 400 naming it)."""
+    try:
+        constraint = constraint_from_body(body, served.tokenizer, tools)
+        return params if constraint is None else replace(params, constraint=constraint)
+    except StructuredError as exc:
+        raise bad(str(exc), exc.param) from None
+    except SamplingParamsError as exc:
+        raise bad(str(exc), exc.field) from None
+
+
+def _choices(body: dict[str, Any]) -> int:
+    n = _get(body, "n", "int")
+    if n is not None and n < 1:
+        raise bad(f"n must be an integer >= 1 (the number of choices), got {n}", "n")
+    return 1 if n is None else n
+
+
+def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    stream = bool(_get(body, "stream", "bool"))
+    options = _get(body, "stream_options", "object")
+    if options is None:
+        return stream, False
+    if not stream:
+        raise bad("stream_options can only be set when stream is true", "stream_options")
+    include = options.get("include_usage")
+    if include is not None and not isinstance(include, bool):
+        raise bad("stream_options.include_usage must be a boolean", "stream_options")
+    return stream, bool(include)
+
+
+def _default_max(served: Served, prompt_len: int, default: int | None) -> int:
+    room = served.window - prompt_len
+    if room < 1:
+        raise bad(
+            f"the prompt's {prompt_len} tokens fill the {served.window}-token window, leaving "
+            "no room for a completion",
+            "messages" if default is None else "prompt",
+            "context_length_exceeded",
+        )
+    return room if default is None else min(default, room)
+
+
+def too_long(size: int, limit: int, served: Served, param: str) -> ApiError:
+    """A prompt of more bytes than the window's worst case (max_prompt_bytes): it cannot fit."""
+    verb = "hold" if param == "messages" else "holds"
+    return bad(
+        f"the {param} {verb} {size} bytes of text, more than the {served.window}-token "
+        f"window can hold ({limit} bytes at most); send a shorter prompt",
+        param,
+        "context_length_exceeded",
+    )
+
+
+def _byte_limit(texts: list[str], served: Served, param: str) -> int:
+    """The prompt's bytes limit (max_prompt_bytes); texts that the prompt will hold and that
+    pass it are refused at once, before any render or tokenizer work."""
+    limit = max_prompt_bytes(served.tokenizer, served.window)
+    if (size := sum(map(utf8_bytes, texts))) > limit:
+        raise too_long(size, limit, served, param)
+    return limit
+
+
+def with_prompt(parsed: Parsed, prompt: Prompt, served: Served) -> Parsed:
+    """`parsed` with the prompt its job made: the ids, the marks, the default max_tokens."""
+    param = "messages" if parsed.kind == "chat" else "prompt"
+    if prompt.tokens == 0:
+        raise bad(
+            "the messages render to an empty prompt"
+            if param == "messages"
+            else "the prompt encodes to no tokens",
+            param,
+        )
+    default = None if parsed.kind == "chat" else COMPLETION_DEFAULT_MAX_TOKENS
+    most = _default_max(served, prompt.tokens, default)  # refuses a prompt that fills the window
+    params = parsed.params if parsed.max_tokens_set else replace(parsed.params, max_tokens=most)
+    return replace(
+        parsed,
+        prompt_ids=prompt.ids,
+        marks=prompt.marks,
+        params=params,
+        job=None,
+        max_tokens_set=True,
+    )
+
+
+def prompt_refusal(exc: Exception, parsed: Parsed, served: Served) -> ApiError | None:
+    """The 400 for what a prompt job raised (a template's refusal, a prompt too long), or None
+    for a failure of the server's own."""
+    param = "messages" if parsed.kind == "chat" else "prompt"
+    if isinstance(exc, ChatTemplateError):
+        return bad(str(exc), "messages")
+    if isinstance(exc, PromptTooLong):
+        return too_long(exc.size, exc.limit, served, param)
+    return None
+
+
+def _prompt_ids(body: dict[str, Any], served: Served) -> list[int] | PromptJob:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        raise bad(f"prompt holds {len(prompt)} prompts; send one prompt per request", "prompt")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad("prompt must not be empty", "prompt")
+        limit = _byte_limit([prompt], served, "prompt")
+        return PromptJob(served.window, limit, text=prompt)  # tokenized by a prompt worker
+    if not isinstance(prompt, list) or not prompt:
+        raise bad("prompt must be a non-empty string or array of token ids", "prompt")
+    vocab = served.tokenizer.vocab_size
+    for t in prompt:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+            raise bad(f"prompt token ids must be integers in 0..{vocab - 1}, got {t!r}", "prompt")
+    return list(prompt)
+
+
+def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
+    check_model(body, served.model_name)
+    if body.get("echo"):
+        raise bad("echo is not supported", "echo")
+    if _get(body, "suffix", "str"):
+        raise bad("suffix is not supported", "suffix")
+    prompt = _prompt_ids(body, served)
+    ids, job = ([], prompt) if isinstance(prompt, PromptJob) else (prompt, None)
+    logprobs = _get(body, "logprobs", "int")
+    if logprobs is not None and not 0 <= logprobs <= 20:
+        raise bad(f"logprobs must be in 0..20, got {logprobs}", "logprobs")
+    stream, usage = _stream_flags(body)
+    params, max_param = _sampling(
+        body,
+        lambda: (
+            _default_max(served, len(ids), COMPLETION_DEFAULT_MAX_TOKENS)
+            if job is None
+            else _PENDING_MAX
+        ),
+        served.checkpoint.generation_config,
+        logprobs is not None,
+        logprobs or 0,
+    )
+    params = _constrained(body, served, params)
+    token_ids = bool(_get(body, "return_tokens_as_token_ids", "bool"))
+    return Parsed(
+        "completion",
+        ids,
+        params,
+        (),
+        stream,
+        usage,
+        max_param,
+        token_ids,
+        _choices(body),
+        job=job,
+        max_tokens_set=body.get(max_param) is not None,
+    )
+
+
+def _message_text(content: Any, i: int) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise bad(f"messages[{i}].content: only text parts are supported", "messages")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise bad(f"messages[{i}].content must be a string or an array of parts", "messages")
+
+
+def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
+    check_model(body, served.model_name)
+    messages = _get(body, "messages", "list")
+    if not messages:
+        raise bad("messages must be a non-empty array", "messages")
+    chat = []
+    texts = []  # the contents: the rendered prompt holds them (and the template's own text)
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad(f"messages[{i}] must be an object with a string role", "messages")
+        chat.append({**m, "content": _message_text(m.get("content"), i)})
+        texts.append(chat[-1]["content"] or "")
+    try:
+        tools = parse_tool_request(body, served.spec.name, served.tool_format)
+        chat = tool_history(chat)
+    except ToolRequestError as exc:
+        raise bad(str(exc), exc.param) from None
+    logprobs = bool(_get(body, "logprobs", "bool"))
+    top = _get(body, "top_logprobs", "int") or 0
+    stream, usage = _stream_flags(body)
+    tok = served.tokenizer
+    if tok.chat_template is None:
+        raise bad("the model has no chat template; use /v1/completions", "messages")
+    # rendered and tokenized by a prompt worker (prompt_work.make_prompt)
+    job = PromptJob(
+        served.window,
+        _byte_limit(texts, served, "messages"),
+        chat,
+        tools.tools if tools else None,
+        protect=() if served.content_specials else tok.special_tokens(),
+    )
+    params, max_param = _sampling(
+        body,
+        lambda: _PENDING_MAX,
+        served.checkpoint.generation_config,
+        logprobs,
+        top,
+    )
+    token_ids = bool(_get(body, "return_tokens_as_token_ids", "bool"))
+    if tools is not None:  # markers that are special tokens must reach the parser
+        keep = tok.special_ids(tools.format.markers)
+        params = replace(params, keep_special_ids=tuple(sorted(keep)))
+    params = _constrained(body, served, params, tools)
+    return Parsed(
+        "chat",
+        [],
+        params,
+        (),
+        stream,
+        usage,
+        max_param,
+        token_ids,
+        _choices(body),
+        tools,
+        job,
+        max_tokens_set=body.get(max_param) is not None,
+    )

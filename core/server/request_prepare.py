@@ -1,0 +1,91 @@
+"""A request's preparation, its body's bytes -> a `Parsed` ready to submit, bounded and
+cancellable: the JSON and the fields on the request threads, then the prompt (the chat template
+and the tokenizer: prompt_work.make_prompt) on a prompt worker process, all within
+TF_PREPARE_TIMEOUT_S of the body's arrival.
+
+When the client leaves, aiohttp cancels the handler and with it the wait here: the prompt worker
+doing the request's work is killed and replaced (prompt_workers.py), so no work outlives its
+client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Callable
+
+from aiohttp import web
+
+from .openai_api import ApiError, Parsed, parse_chat, prompt_refusal, with_prompt
+from .prompt_work import Prompt, PromptJob, make_prompt
+from .prompt_workers import JobTimedOut, WorkerLost, WorkersBusy
+from .request_checks import parse_request
+from .request_limits import LIMITS, Limits
+
+if TYPE_CHECKING:
+    from ..engine.start import Served
+
+RETRY_AFTER_S = "1"
+
+
+async def prepare(
+    request: web.Request,
+    raw: bytes,
+    parse: Callable[[dict[str, Any], Served], Parsed],
+    served: Served,
+) -> Parsed:
+    """The request `raw` holds, parsed and with its prompt made; a 400 naming the field (or
+    the setting) when it cannot be."""
+    limits = request.app[LIMITS]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limits.prepare_timeout_s
+    param = "messages" if parse is parse_chat else "prompt"
+    try:
+        async with asyncio.timeout_at(deadline):
+            parsed = await loop.run_in_executor(
+                limits.workers, parse_request, raw, parse, served, limits.max_messages
+            )
+    except TimeoutError:
+        raise _late(limits, param) from None
+    if parsed.job is None:  # a prompt of token ids
+        return parsed
+    try:
+        prompt = await _make_prompt(limits, parsed.job, deadline, served)
+    except WorkersBusy:
+        size = limits.prompts.size if limits.prompts is not None else 0
+        raise ApiError(
+            503,
+            f"the server's {size} prompt workers (TF_PREPARE_WORKERS) stayed "
+            f"busy for {limits.prepare_timeout_s:g} s (TF_PREPARE_TIMEOUT_S); retry "
+            "later",
+            headers={"Retry-After": RETRY_AFTER_S},
+        ) from None
+    except JobTimedOut:
+        raise _late(limits, param) from None
+    except WorkerLost as exc:
+        raise ApiError(500, f"internal error: {exc}") from None
+    except Exception as exc:
+        if (refusal := prompt_refusal(exc, parsed, served)) is None:
+            raise
+        raise refusal from None
+    return with_prompt(parsed, prompt, served)
+
+
+async def _make_prompt(limits: Limits, job: PromptJob, deadline: float, served: Served) -> Prompt:
+    if limits.prompts is not None:
+        return await limits.prompts.run(job, deadline)
+    loop = asyncio.get_running_loop()  # no worker processes: on the request threads
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await loop.run_in_executor(limits.workers, make_prompt, served.tokenizer, job)
+    except TimeoutError:
+        raise JobTimedOut from None
+
+
+def _late(limits: Limits, param: str) -> ApiError:
+    return ApiError(
+        400,
+        f"preparing the request (its JSON, chat template and tokenizer) took "
+        f"more than {limits.prepare_timeout_s:g} s, the limit (TF_PREPARE_TIMEOUT_S); "
+        f"send {'a shorter chat' if param == 'messages' else 'a shorter prompt'}",
+        param=param,
+    )
