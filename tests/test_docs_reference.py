@@ -37,6 +37,8 @@ MODULES = [
     "tensorfold.ops.pass_meta",
     "tensorfold.ops.kv_quant",
     "tensorfold.testing",
+    "tensorfold.conformance",
+    "tensorfold.family_hooks",
 ]
 
 
