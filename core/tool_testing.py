@@ -74,3 +74,22 @@ def parse_everywhere(
     for size in SIZES:
         assert stream_in_pieces(fmt, text, size, tools, parallel) == (content, whole), size
     return content, whole
+
+
+def calls_history(calls: Sequence[tuple[str, dict[str, Any]]], content: str) -> list[dict]:
+    """A user's question and an assistant turn with `content` and `calls` (name, arguments),
+    the calls named call_0, call_1, ... in the OpenAI shape a chat template renders."""
+    tool_calls = [
+        {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+        for i, (n, a) in enumerate(calls)
+    ]
+    return [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": content, "tool_calls": tool_calls},
+    ]
+
+
+def assistant_part(rendered: str, first: str, end: str) -> str:
+    """A rendered chat from the assistant turn's `first` text to its last call's `end` marker."""
+    part = rendered[rendered.index(first) :]
+    return part[: part.rindex(end) + len(end)]

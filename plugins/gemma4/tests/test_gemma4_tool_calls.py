@@ -7,7 +7,7 @@ import pytest
 
 from tensorfold.chat_template import render_chat
 from tensorfold.plugins import family_plugin_manager
-from tensorfold.tool_testing import parse_everywhere, real_template
+from tensorfold.tool_testing import assistant_part, calls_history, parse_everywhere, real_template
 from tensorfold_gemma4.demo_template import CHAT_TEMPLATE
 from tensorfold_gemma4.plugin import GEMMA4
 from tensorfold_gemma4.tool_calls import FORMAT
@@ -70,35 +70,22 @@ def test_an_unclosed_section_is_content() -> None:
     assert parse_everywhere(FORMAT, text) == (text, [])
 
 
-def _history(content: str) -> list[dict]:
-    calls = [
-        {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
-        for i, (n, a) in enumerate(CALLS)
-    ]
-    return [
-        {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": content, "tool_calls": calls},
-    ]
-
-
-def _assistant_part(rendered: str, first: str) -> str:
-    part = rendered[rendered.index(first) :]
-    return part[: part.rindex(E) + len(E)]
-
-
 def test_reads_what_the_real_gemma4_template_writes() -> None:
     template = real_template("google-gemma-4-31B-it.jinja")
-    text = render_chat(template, _history(""), bos_token="<bos>").text
-    assert parse_everywhere(FORMAT, _assistant_part(text, S)) == ("", CALLS)
+    text = render_chat(template, calls_history(CALLS, ""), bos_token="<bos>").text
+    assert parse_everywhere(FORMAT, assistant_part(text, S, E)) == ("", CALLS)
 
 
 def test_reads_what_the_demo_template_writes() -> None:
-    text = render_chat(CHAT_TEMPLATE, _history("Checking."), bos_token="<bos>").text
-    assert parse_everywhere(FORMAT, _assistant_part(text, "Checking.")) == ("Checking.", CALLS)
+    text = render_chat(CHAT_TEMPLATE, calls_history(CALLS, "Checking."), bos_token="<bos>").text
+    assert parse_everywhere(FORMAT, assistant_part(text, "Checking.", E)) == ("Checking.", CALLS)
 
 
 def test_the_demo_template_names_a_tool_answer_by_its_call() -> None:
-    messages = [*_history(""), {"role": "tool", "tool_call_id": "call_1", "content": "10:42"}]
+    messages = [
+        *calls_history(CALLS, ""),
+        {"role": "tool", "tool_call_id": "call_1", "content": "10:42"},
+    ]
     text = render_chat(CHAT_TEMPLATE, messages, bos_token="<bos>", add_generation_prompt=False).text
     assert text.endswith(f"<|tool_response>response:get_time{{value:{Q}10:42{Q}}}<tool_response|>")
 

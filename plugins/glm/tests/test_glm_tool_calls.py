@@ -8,7 +8,7 @@ import pytest
 
 from tensorfold.chat_template import render_chat
 from tensorfold.plugins import family_plugin_manager
-from tensorfold.tool_testing import parse_everywhere, real_template
+from tensorfold.tool_testing import assistant_part, calls_history, parse_everywhere, real_template
 from tensorfold_glm.demo_text import CHAT_TEMPLATE
 from tensorfold_glm.plugin import GLM5_NEXT
 from tensorfold_glm.tool_calls import FORMAT
@@ -92,34 +92,18 @@ def test_an_unclosed_section_is_content() -> None:
     assert parse_everywhere(FORMAT, text, TOOLS) == (text, [])
 
 
-def _history(content: str) -> list[dict]:
-    calls = [
-        {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
-        for i, (n, a) in enumerate(CALLS)
-    ]
-    return [
-        {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": content, "tool_calls": calls},
-    ]
-
-
-def _assistant_part(rendered: str, content: str) -> str:
-    part = rendered[rendered.index(content) :]
-    return part[: part.rindex(E) + len(E)]
-
-
 def test_reads_what_the_real_glm47_template_writes() -> None:
     template = real_template("GLM-4.7-Flash.jinja")
-    text = render_chat(template, _history("Checking."), tools=TOOLS).text
-    assert parse_everywhere(FORMAT, _assistant_part(text, "Checking."), TOOLS) == (
+    text = render_chat(template, calls_history(CALLS, "Checking."), tools=TOOLS).text
+    assert parse_everywhere(FORMAT, assistant_part(text, "Checking.", E), TOOLS) == (
         "Checking.",
         CALLS,
     )
 
 
 def test_reads_what_the_demo_template_writes() -> None:
-    text = render_chat(CHAT_TEMPLATE, _history("Checking."), tools=TOOLS).text
-    assert parse_everywhere(FORMAT, _assistant_part(text, "Checking."), TOOLS) == (
+    text = render_chat(CHAT_TEMPLATE, calls_history(CALLS, "Checking."), tools=TOOLS).text
+    assert parse_everywhere(FORMAT, assistant_part(text, "Checking.", E), TOOLS) == (
         "Checking.",
         CALLS,
     )
