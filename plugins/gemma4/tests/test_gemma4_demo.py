@@ -29,7 +29,7 @@ class TestDemoCheckpoint(conformance.DemoCheckpoint):
     demo_module = demo
 
     def test_second_call_reuses_and_a_crash_leaves_nothing(
-        ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        self, ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         before = {p.name: p.stat().st_mtime_ns for p in ckpt.iterdir()}
 
