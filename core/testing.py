@@ -670,6 +670,20 @@ class ReferenceCase:
             poison=poison,
         )
 
+    def decode_greedily(self, steps: int, cut: int) -> tuple[list[int], torch.Tensor]:
+        """Ours on a fresh runner: the prompt in two passes (cut at row `cut`), then `steps`
+        greedy decode rows; the tokens and their step logits [steps, V] (as ref_generate)."""
+        runner = self.runner()
+        stream = open_stream(runner, 0, len(self.prompt) + steps)
+        runner.run([stream.rows(self.prompt[:cut])])
+        (logits,) = runner.run([stream.rows(self.prompt[cut:])])
+        tokens, step_logits = [], []
+        for _ in range(steps):
+            step_logits.append(logits[-1])
+            tokens.append(int(logits[-1].argmax()))
+            (logits,) = runner.run([stream.rows([tokens[-1]])])
+        return tokens, torch.stack(step_logits)
+
     def ref_logits(self) -> torch.Tensor:
         """The reference's logits for every row of the prompt, [len(prompt), V] fp32."""
         if "logits" not in self._cache:

@@ -55,17 +55,9 @@ def test_chunked_prompt_matches_reference_at_every_row(tiny: "Tiny") -> None:
 def test_greedy_decode_matches_generate(tiny: "Tiny") -> None:
     steps = 32
     ref_tokens, ref_logits = tiny.ref_generate(steps)
-    runner = tiny.runner()
-    stream = open_stream(runner, 0, PROMPT_LEN + steps)
-    runner.run([stream.rows(tiny.prompt[:300])])
-    (logits,) = runner.run([stream.rows(tiny.prompt[300:])])
-    tokens, step_logits = [], []
-    for _ in range(steps):
-        step_logits.append(logits[-1])
-        tokens.append(int(logits[-1].argmax()))
-        (logits,) = runner.run([stream.rows([tokens[-1]])])
+    tokens, step_logits = tiny.decode_greedily(steps, cut=300)
     assert tokens == ref_tokens
-    assert rel_err(torch.stack(step_logits), ref_logits) < TOL
+    assert rel_err(step_logits, ref_logits) < TOL
 
 
 def test_bfloat16_runs_as_close_to_fp32_as_the_reference_does(tiny: "Tiny") -> None:

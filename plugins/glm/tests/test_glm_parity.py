@@ -83,17 +83,9 @@ def test_chunked_passes_match_reference_and_the_whole_pass(tiny: "Tiny") -> None
 def test_32_greedy_decode_steps_match_generate(tiny: "Tiny") -> None:
     steps = 32
     ref_tokens, ref_logits = tiny.ref_generate(steps)
-    runner = tiny.runner()
-    stream = open_stream(runner, 0, len(tiny.prompt) + steps)
-    (logits,) = runner.run([stream.rows(tiny.prompt[:250])])
-    (logits,) = runner.run([stream.rows(tiny.prompt[250:])])
-    tokens, step_logits = [], []
-    for _ in range(steps):
-        step_logits.append(logits[-1])
-        tokens.append(int(logits[-1].argmax()))
-        (logits,) = runner.run([stream.rows([tokens[-1]])])
+    tokens, step_logits = tiny.decode_greedily(steps, cut=250)
     assert tokens == ref_tokens
-    assert rel_err(torch.stack(step_logits), ref_logits) < TOL
+    assert rel_err(step_logits, ref_logits) < TOL
 
 
 def _ref_states(tiny: "Tiny", prompt: list[int]) -> Any:
