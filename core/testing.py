@@ -552,6 +552,41 @@ def run_ranks(
     assert [p.returncode for p in procs] == [0] * world, errors
 
 
+def open_shard(
+    path: str | Path, rank: int, hooks: Any, load: Callable[..., Any], world: int = 2
+) -> Any:
+    """Rank `rank` of `world`'s shard of the checkpoint at `path`, cut as the family's hook
+    object (`FamilySpec.hooks`) plans it and loaded by the family's `load` on the CPU in fp32;
+    its state layout must be the plan's."""
+    from .family import Shard
+
+    ckpt = Checkpoint.open(path)
+    plan = hooks.shard_plan(ckpt.config, "float32", world)
+    ckpt.set_shard(Shard(rank, world, plan))
+    model = load(ckpt, "cpu", "float32")
+    assert model.layout == plan.layout
+    return model
+
+
+def runner_factory(model: Any) -> Callable[..., ModelRunner]:
+    """A make_runner for the pass-level gates on `model` (a rank's shard, say): its arguments
+    `model`, `num_pages=8`, `num_slots=4`, `page_rows=512` and `poison=False`, as
+    ReferenceCase.runner's."""
+
+    def make_runner(
+        model: Any = model,
+        num_pages: int = 8,
+        num_slots: int = 4,
+        page_rows: int = 512,
+        poison: bool = False,
+    ) -> ModelRunner:
+        return ModelRunner(
+            model, num_pages=num_pages, num_slots=num_slots, page_rows=page_rows, poison=poison
+        )
+
+    return make_runner
+
+
 def join_gloo(rank: int, port: int, world: int = 2) -> None:
     """In a rank run_ranks started: join the gloo group and hand it to the forward's collectives
     (tensorfold.ops.parallel), one intra-op thread a rank."""

@@ -37,6 +37,7 @@ from tensorfold.runner import ModelRunner  # noqa: E402
 from tensorfold.sampling import SamplingParams  # noqa: E402
 from tensorfold_gemma4 import shards  # noqa: E402
 from tensorfold_gemma4.config import Gemma4Config  # noqa: E402
+from tensorfold_gemma4.hooks import HOOKS  # noqa: E402
 from tensorfold_gemma4.model import load  # noqa: E402
 
 GREEDY_STEPS = 6
@@ -180,17 +181,8 @@ def passes_worker(rank: int, port: int, out: str, *paths: str) -> None:
     prompt = tiny_prompt()
     got = {}
     for path in paths:
-        ckpt = Checkpoint.open(path)
-        plan = shards.plan(Gemma4Config.from_dict(ckpt.config), "float32", 2)
-        ckpt.set_shard(Shard(rank, 2, plan))
-        model = load(ckpt, "cpu", "float32")
-        assert model.layout == plan.layout
-
-        def make_runner(model=model, num_pages=8, num_slots=4, page_rows=512, poison=False):
-            return ModelRunner(
-                model, num_pages=num_pages, num_slots=num_slots, page_rows=page_rows, poison=poison
-            )
-
+        model = testing.open_shard(path, rank, HOOKS, load)
+        make_runner = testing.runner_factory(model)
         got[path] = testing.greedy(make_runner(), prompt, GREEDY_STEPS)
         if Path(path).name not in GATED:
             continue

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -32,6 +31,7 @@ from tensorfold.runner import ModelRunner
 from tensorfold.sampling import SamplingParams
 from tensorfold_glm import shards
 from tensorfold_glm.config import GlmConfig
+from tensorfold_glm.hooks import HOOKS
 from tensorfold_glm.model import load
 
 PROMPT_LEN = 260  # past the sparse point of both tiny shapes (12 and 48 rows); crosses 64-row pages
@@ -248,15 +248,6 @@ def kernel_passes(model, make_runner) -> tuple[torch.Tensor, list[int]]:
         gpu.set_triton(True)
 
 
-def open_shard(path: str, rank: int) -> Any:
-    ckpt = Checkpoint.open(path)
-    plan = shards.plan(GlmConfig.from_dict(ckpt.config), "float32", 2)
-    ckpt.set_shard(Shard(rank, 2, plan))
-    model = load(ckpt, "cpu", "float32")
-    assert model.layout == plan.layout
-    return model
-
-
 def passes_worker(rank: int, port: int, out: str, kernels: str, demo: str, *paths: str) -> None:
     """One rank, for each tiny checkpoint: its shard, the logits and greedy tokens, and the
     pass-level gates at --tp 2 (every rank runs the same checks, so their collectives meet);
@@ -268,13 +259,8 @@ def passes_worker(rank: int, port: int, out: str, kernels: str, demo: str, *path
     n = len(prompt)
     got = {}
     for path in paths:
-        model = open_shard(path, rank)
-
-        def make_runner(model=model, num_pages=8, num_slots=4, page_rows=512, poison=False):
-            return ModelRunner(
-                model, num_pages=num_pages, num_slots=num_slots, page_rows=page_rows, poison=poison
-            )
-
+        model = testing.open_shard(path, rank, HOOKS, load)
+        make_runner = testing.runner_factory(model)
         got[path] = testing.greedy(make_runner(), prompt, GREEDY_STEPS)
         prompts = [prompt[:200], prompt[:180], prompt[40:]]
         testing.assert_streams_together_equal_alone(
@@ -285,8 +271,10 @@ def passes_worker(rank: int, port: int, out: str, kernels: str, demo: str, *path
         resumed = testing.run_on_pages(model, prompt, [3, 0, 5, 1, 2], 64, [0, 37, 128, 129, n])
         assert torch.equal(one, resumed)
         testing.assert_poisoned_pages_change_nothing(make_runner, prompt)
-    got[demo] = testing.greedy(make_runner(model=open_shard(demo, rank)), prompt, GREEDY_STEPS)
-    got[kernels] = kernel_passes(open_shard(kernels, rank), make_runner)
+    got[demo] = testing.greedy(
+        make_runner(model=testing.open_shard(demo, rank, HOOKS, load)), prompt, GREEDY_STEPS
+    )
+    got[kernels] = kernel_passes(testing.open_shard(kernels, rank, HOOKS, load), make_runner)
     if rank == 0:
         torch.save(got, out)
     dist.destroy_process_group()

@@ -29,10 +29,9 @@ import torch
 
 from tensorfold import testing
 from tensorfold.checkpoint import Checkpoint
-from tensorfold.family import Shard
 from tensorfold.runner import ModelRunner
 from tensorfold.sampling import SamplingParams
-from tensorfold_lfm2_moe.config import Lfm2MoeConfig
+from tensorfold_lfm2_moe.hooks import HOOKS
 from tensorfold_lfm2_moe.model import load
 
 GREEDY_STEPS = 8
@@ -48,23 +47,12 @@ def passes_worker(rank: int, port: int, prompt_file: str, out: str, *paths: str)
     pass-level gates at --tp 2."""
     import torch.distributed as dist
 
-    from tensorfold_lfm2_moe import shards
-
     testing.join_gloo(rank, port)
     prompt = torch.load(prompt_file)
     got = {}
     for path in paths:
-        ckpt = Checkpoint.open(path)
-        plan = shards.plan(Lfm2MoeConfig.from_dict(ckpt.config), "float32", 2)
-        ckpt.set_shard(Shard(rank, 2, plan))
-        model = load(ckpt, "cpu", "float32")
-        assert model.layout == plan.layout
-
-        def make_runner(model=model, num_pages=8, num_slots=4, page_rows=512, poison=False):
-            return ModelRunner(
-                model, num_pages=num_pages, num_slots=num_slots, page_rows=page_rows, poison=poison
-            )
-
+        model = testing.open_shard(path, rank, HOOKS, load)
+        make_runner = testing.runner_factory(model)
         got[path] = testing.greedy(make_runner(), prompt, GREEDY_STEPS)
         # the gates at --tp 2: every rank runs the same checks, so their collectives meet
         prompts = [prompt[:300], prompt[:250], prompt[100:400]]
