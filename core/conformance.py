@@ -298,6 +298,40 @@ class KVFp8Gates(FamilyCase):
         )
 
 
+class EngineGatesAtTp(FamilyCase):
+    """testing.assert_engine_gates_at_tp on the demo at --tp 2 (rank 0 here, a follower it
+    starts): the gates through the lanes and the prompt store, and greedy tokens equal to one
+    rank's. Prompts of `lengths` and `ids` (seeded 11), two chats of two turns (`first_turn`,
+    then `later_turn` words) resuming past `min_cached` tokens; `max_tokens`, `context` and
+    `parallel` for the engines."""
+
+    ids: ClassVar[tuple[int, int]]
+    lengths: ClassVar[Sequence[int]]
+    max_tokens: ClassVar[int] = 6
+    first_turn: ClassVar[int] = 150
+    later_turn: ClassVar[int] = 20
+    min_cached: ClassVar[int] = 150
+    context: ClassVar[int] = 4096
+    parallel: ClassVar[int] = 4
+
+    def test_engine_gates_at_tp_2_and_tokens_equal_one_ranks(self, demo: Path) -> None:
+        chats = [
+            testing.chat_turns(c, turns=2, first=self.first_turn, later=self.later_turn)
+            for c in range(2)
+        ]
+        testing.assert_engine_gates_at_tp(
+            self.family,
+            demo,
+            random_prompts(11, *self.ids, self.lengths),
+            chats,
+            greedy(self.max_tokens),
+            seeded(5, self.max_tokens),
+            min_cached=self.min_cached,
+            context=self.context,
+            parallel=self.parallel,
+        )
+
+
 class DemoCheckpoint:
     """The family's demo checkpoint (its `demo` module: DEMO_NAME, FILES, build_demo and
     build_weights): a folder of that name with every file, the same bytes on every build

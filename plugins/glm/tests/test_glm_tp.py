@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from tensorfold import testing
+from tensorfold import conformance, testing
 from tensorfold.checkpoint import Checkpoint
 from tensorfold.family import Shard, ShardRefused, StateSpec
 from tensorfold.ops import parallel
 from tensorfold.runner import ModelRunner
-from tensorfold.sampling import SamplingParams
 from tensorfold_glm import shards
 from tensorfold_glm.config import GlmConfig
+from tensorfold_glm.demo import build_demo
 from tensorfold_glm.hooks import HOOKS
 from tensorfold_glm.model import load
 
@@ -47,8 +47,6 @@ def tiny_prompt() -> list[int]:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tensorfold_glm.demo import build_demo
-
     return build_demo(tmp_path_factory.mktemp("demo"))
 
 
@@ -312,22 +310,11 @@ def test_shards_give_one_ranks_logits_and_tokens_and_keep_the_gates(tiny_paths, 
 # -- the engine: LLM(tp=2) here as rank 0, with the follower it starts ------------------------
 
 
-def user_turns(chat: int) -> list[str]:
-    return testing.chat_turns(chat, turns=2, first=120, later=15)
-
-
-GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-SAMPLED = SamplingParams(temperature=0.8, seed=5, max_tokens=6, ignore_eos=True)
-
-
-def test_engine_gates_at_tp_2_and_tokens_equal_one_ranks(demo: Path):
-    g = torch.Generator().manual_seed(11)
+class TestEngineGatesAtTp(conformance.EngineGatesAtTp):
+    family, build_demo = "glm5_next", build_demo
     # the demo selects 4 pools of 16: the longer prompts are past the sparse point
-    prompts = [torch.randint(20, 800, (n,), generator=g).tolist() for n in (9, 130, 300)]
-    chats = [user_turns(c) for c in range(2)]
-    testing.assert_engine_gates_at_tp(
-        "glm5_next", demo, prompts, chats, GREEDY, SAMPLED, min_cached=100, context=2048, parallel=3
-    )
+    ids, lengths, context, parallel = (20, 800), (9, 130, 300), 2048, 3
+    first_turn, later_turn, min_cached = 120, 15, 100
 
 
 if __name__ == "__main__":  # a rank of the tests above: python test_glm_tp.py RANK PORT ...

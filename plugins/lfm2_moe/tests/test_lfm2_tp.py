@@ -27,10 +27,11 @@ from typing import Any
 import pytest
 import torch
 
-from tensorfold import testing
+from tensorfold import conformance, testing
 from tensorfold.checkpoint import Checkpoint
 from tensorfold.runner import ModelRunner
 from tensorfold.sampling import SamplingParams
+from tensorfold_lfm2_moe.demo import build_demo
 from tensorfold_lfm2_moe.hooks import HOOKS
 from tensorfold_lfm2_moe.model import load
 
@@ -91,28 +92,14 @@ def test_shards_give_one_ranks_logits_and_tokens_and_keep_the_gates(tiny_paths, 
 # -- the engine: LLM(tp=2) here as rank 0, with the follower it starts ------------------------
 
 
-def user_turns(chat: int) -> list[str]:
-    return testing.chat_turns(chat, turns=2, first=150, later=20)
-
-
-GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-SAMPLED = SamplingParams(temperature=0.8, seed=5, max_tokens=8, ignore_eos=True)
-
-
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tensorfold_lfm2_moe.demo import build_demo
-
     return build_demo(tmp_path_factory.mktemp("demo"))
 
 
-def test_engine_gates_at_tp_2_and_tokens_equal_one_ranks(demo: Path):
-    g = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(5, 700, (n,), generator=g).tolist() for n in (9, 130, 600)]
-    chats = [user_turns(c) for c in range(2)]
-    testing.assert_engine_gates_at_tp(
-        "lfm2_moe", demo, prompts, chats, GREEDY, SAMPLED, min_cached=150, context=4096, parallel=4
-    )
+class TestEngineGatesAtTp(conformance.EngineGatesAtTp):
+    family, build_demo = "lfm2_moe", build_demo
+    ids, lengths, max_tokens = (5, 700), (9, 130, 600), 8
 
 
 # -- tensorfold serve --tp 2 ---------------------------------------------------------------
