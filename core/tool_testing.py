@@ -93,3 +93,28 @@ def assistant_part(rendered: str, first: str, end: str) -> str:
     """A rendered chat from the assistant turn's `first` text to its last call's `end` marker."""
     part = rendered[rendered.index(first) :]
     return part[: part.rindex(end) + len(end)]
+
+
+NAMED_WEATHER = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def assert_constrained_calls_validate(
+    llm: Any, tools: Sequence[Mapping[str, Any]], choices: Sequence[tuple[Any, Any]]
+) -> None:
+    """For each (tool_choice, SamplingParams) of `choices` ("required", or a named choice such
+    as NAMED_WEATHER), a question about the weather in Paris with `tools` offered on `llm`:
+    the grammar alone makes the reply one call (no content) whose arguments validate against
+    its tool's schema, the named tool when one is named."""
+    import json
+
+    import jsonschema
+
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    ask = [[{"role": "user", "content": "What is the weather in Paris?"}]]
+    for choice, params in choices:
+        out = llm.chat(ask, params, tools=tools, tool_choice=choice, parallel_tool_calls=False)[0]
+        assert out.finish_reason == "tool_calls" and out.content is None, out.text
+        (call,) = out.tool_calls
+        if isinstance(choice, Mapping):
+            assert call.name == choice["function"]["name"]
+        jsonschema.validate(json.loads(call.arguments), schemas[call.name])

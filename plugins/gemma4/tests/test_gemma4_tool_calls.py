@@ -7,7 +7,14 @@ import pytest
 
 from tensorfold.chat_template import render_chat
 from tensorfold.plugins import family_plugin_manager
-from tensorfold.tool_testing import assistant_part, calls_history, parse_everywhere, real_template
+from tensorfold.tool_testing import (
+    NAMED_WEATHER,
+    assert_constrained_calls_validate,
+    assistant_part,
+    calls_history,
+    parse_everywhere,
+    real_template,
+)
 from tensorfold_gemma4.demo_template import CHAT_TEMPLATE
 from tensorfold_gemma4.plugin import GEMMA4
 from tensorfold_gemma4.tool_calls import FORMAT
@@ -133,34 +140,21 @@ def test_constrained_calls_from_the_random_demo_validate(
     """tool_choice required / named on the gemma4 demo (random weights): the grammar alone
     makes the reply one call in Gemma's markup whose arguments validate against the schema; an
     invalid schema is refused naming it, with tool_choice auto too."""
-    import json
-
-    import jsonschema
-
     from tensorfold.sampling import SamplingParams
     from tensorfold.testing import close_even, open_llm
     from tensorfold.tool_request import ToolRequestError
 
-    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in CONSTRAINED}
     llm = open_llm(
         "gemma4", None, parallel=2, demo_cache=tmp_path_factory.mktemp("gemma-constrained")
     )
     try:
-        ask = [[{"role": "user", "content": "What is the weather in Paris?"}]]
-        named = {"type": "function", "function": {"name": "get_weather"}}
-        for choice, params in (
+        choices = [
             ("required", SamplingParams(temperature=0, max_tokens=300)),
             ("required", SamplingParams(temperature=1.0, seed=4, max_tokens=300)),
-            (named, SamplingParams(temperature=1.0, seed=8, max_tokens=300)),
-        ):
-            out = llm.chat(
-                ask, params, tools=CONSTRAINED, tool_choice=choice, parallel_tool_calls=False
-            )[0]
-            assert out.finish_reason == "tool_calls" and out.content is None, out.text
-            (call,) = out.tool_calls
-            if choice is named:
-                assert call.name == "get_weather"
-            jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+            (NAMED_WEATHER, SamplingParams(temperature=1.0, seed=8, max_tokens=300)),
+        ]
+        assert_constrained_calls_validate(llm, CONSTRAINED, choices)
+        ask = [[{"role": "user", "content": "What is the weather in Paris?"}]]
         bad = [
             {
                 "type": "function",

@@ -8,7 +8,14 @@ import pytest
 
 from tensorfold.chat_template import render_chat
 from tensorfold.plugins import family_plugin_manager
-from tensorfold.tool_testing import assistant_part, calls_history, parse_everywhere, real_template
+from tensorfold.tool_testing import (
+    NAMED_WEATHER,
+    assert_constrained_calls_validate,
+    assistant_part,
+    calls_history,
+    parse_everywhere,
+    real_template,
+)
 from tensorfold_glm.demo_text import CHAT_TEMPLATE
 from tensorfold_glm.plugin import GLM5_NEXT
 from tensorfold_glm.tool_calls import FORMAT
@@ -150,31 +157,17 @@ def test_constrained_calls_from_the_random_demo_validate(
 ) -> None:
     """tool_choice required / named on the glm5_next demo (random weights): the grammar alone
     makes the reply one call in GLM's markup whose arguments validate against the schema."""
-    import json
-
-    import jsonschema
-
     from tensorfold.sampling import SamplingParams
     from tensorfold.testing import close_even, open_llm
 
-    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in CONSTRAINED}
     llm = open_llm(
         "glm5_next", None, parallel=2, demo_cache=tmp_path_factory.mktemp("glm-constrained")
     )
     try:
-        ask = [[{"role": "user", "content": "What is the weather in Paris?"}]]
-        named = {"type": "function", "function": {"name": "get_weather"}}
-        for choice, params in (
+        choices = [
             ("required", SamplingParams(temperature=0, max_tokens=400)),
-            (named, SamplingParams(temperature=1.0, seed=8, max_tokens=400)),
-        ):
-            out = llm.chat(
-                ask, params, tools=CONSTRAINED, tool_choice=choice, parallel_tool_calls=False
-            )[0]
-            assert out.finish_reason == "tool_calls" and out.content is None, out.text
-            (call,) = out.tool_calls
-            if choice is named:
-                assert call.name == "get_weather"
-            jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+            (NAMED_WEATHER, SamplingParams(temperature=1.0, seed=8, max_tokens=400)),
+        ]
+        assert_constrained_calls_validate(llm, CONSTRAINED, choices)
     finally:
         close_even(llm)
