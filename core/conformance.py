@@ -254,32 +254,41 @@ class PromptStoreResumes(PromptStoreGates):
         )
 
 
-class KVFp8Gates(FamilyCase):
-    """The family with fp8 KV (TF_KV_DTYPE=fp8) on the demo checkpoint (fp32): every gate holds
-    bit for bit within fp8 (testing.assert_engine_gates: concurrent == solo, pages == windows
-    with poisoned freed pages, resumed == fresh), from the device store and from the host tier,
-    and fp8 stays within `max_logit_error` of fp32 KV."""
+class GateRun(FamilyCase):
+    """What testing.assert_engine_gates takes, from class attributes: prompts of `lengths` with
+    ids in `ids` (seeded 11), chats of two turns (`first_turn`, then `later_turn` words) that
+    must resume past `min_cached` tokens, and greedy and seeded (5) samplings of `max_tokens`."""
 
-    max_tokens: ClassVar[int] = 6
     ids: ClassVar[tuple[int, int]]
     lengths: ClassVar[Sequence[int]]
+    max_tokens: ClassVar[int] = 6
     first_turn: ClassVar[int] = 150
     later_turn: ClassVar[int] = 20
     min_cached: ClassVar[int] = 150
+
+    def gate_args(self, chats: int) -> tuple[list, list, SamplingParams, SamplingParams]:
+        """(prompts, `chats` chats, greedy, sampled), in assert_engine_gates' order."""
+        users = [
+            testing.chat_turns(c, turns=2, first=self.first_turn, later=self.later_turn)
+            for c in range(chats)
+        ]
+        prompts = random_prompts(11, *self.ids, self.lengths)
+        return prompts, users, greedy(self.max_tokens), seeded(5, self.max_tokens)
+
+
+class KVFp8Gates(GateRun):
+    """The family with fp8 KV (TF_KV_DTYPE=fp8) on the demo checkpoint (fp32): every gate holds
+    bit for bit within fp8 (testing.assert_engine_gates on three chats: concurrent == solo,
+    pages == windows with poisoned freed pages, resumed == fresh), from the device store and
+    from the host tier, and fp8 stays within `max_logit_error` of fp32 KV."""
+
     max_logit_error: ClassVar[float] = 0.05
 
     def test_gates_hold_within_fp8_kv(self, demo: Path) -> None:
-        chats = [
-            testing.chat_turns(c, turns=2, first=self.first_turn, later=self.later_turn)
-            for c in range(3)
-        ]
         testing.assert_engine_gates(
             self.family,
             demo,
-            random_prompts(11, *self.ids, self.lengths),
-            chats,
-            greedy(self.max_tokens),
-            seeded(5, self.max_tokens),
+            *self.gate_args(chats=3),
             min_cached=self.min_cached,
             kv_dtype="fp8",
             context=4096,
@@ -298,34 +307,19 @@ class KVFp8Gates(FamilyCase):
         )
 
 
-class EngineGatesAtTp(FamilyCase):
+class EngineGatesAtTp(GateRun):
     """testing.assert_engine_gates_at_tp on the demo at --tp 2 (rank 0 here, a follower it
-    starts): the gates through the lanes and the prompt store, and greedy tokens equal to one
-    rank's. Prompts of `lengths` and `ids` (seeded 11), two chats of two turns (`first_turn`,
-    then `later_turn` words) resuming past `min_cached` tokens; `max_tokens`, `context` and
-    `parallel` for the engines."""
+    starts) on two chats: the gates through the lanes and the prompt store, and greedy tokens
+    equal to one rank's; `context` and `parallel` for the engines."""
 
-    ids: ClassVar[tuple[int, int]]
-    lengths: ClassVar[Sequence[int]]
-    max_tokens: ClassVar[int] = 6
-    first_turn: ClassVar[int] = 150
-    later_turn: ClassVar[int] = 20
-    min_cached: ClassVar[int] = 150
     context: ClassVar[int] = 4096
     parallel: ClassVar[int] = 4
 
     def test_engine_gates_at_tp_2_and_tokens_equal_one_ranks(self, demo: Path) -> None:
-        chats = [
-            testing.chat_turns(c, turns=2, first=self.first_turn, later=self.later_turn)
-            for c in range(2)
-        ]
         testing.assert_engine_gates_at_tp(
             self.family,
             demo,
-            random_prompts(11, *self.ids, self.lengths),
-            chats,
-            greedy(self.max_tokens),
-            seeded(5, self.max_tokens),
+            *self.gate_args(chats=2),
             min_cached=self.min_cached,
             context=self.context,
             parallel=self.parallel,
