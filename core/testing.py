@@ -705,6 +705,19 @@ class ReferenceCase:
             poison=poison,
         )
 
+    def prompt_logits(self, cuts: Sequence[int] | None = None, model: Any = None) -> torch.Tensor:
+        """Ours (or `model`) on a fresh runner: every prompt row's logits [P, V], the prompt fed
+        in the runs cuts[k]:cuts[k+1] (default: one pass)."""
+        runner = self.runner(model=model)
+        stream = open_stream(runner, 0, len(self.prompt))
+        cuts = cuts or [0, len(self.prompt)]
+        return torch.cat(
+            [
+                runner.run([stream.rows(self.prompt[a:b], logits="all")])[0]
+                for a, b in zip(cuts, cuts[1:])
+            ]
+        )
+
     def decode_greedily(self, steps: int, cut: int) -> tuple[list[int], torch.Tensor]:
         """Ours on a fresh runner: the prompt in two passes (cut at row `cut`), then `steps`
         greedy decode rows; the tokens and their step logits [steps, V] (as ref_generate)."""

@@ -41,18 +41,9 @@ def test_whole_prompt_matches_reference(tiny: "Tiny") -> None:
 
 
 def test_chunked_prompt_matches_reference_at_every_row(tiny: "Tiny") -> None:
-    runner = tiny.runner()
-    stream = open_stream(runner, 0, PROMPT_LEN)
-    cuts = [0, 1, 38, 338, PROMPT_LEN]
-    parts = [
-        runner.run([stream.rows(tiny.prompt[a:b], logits="all")])[0] for a, b in zip(cuts, cuts[1:])
-    ]
-    chunked = torch.cat(parts)
+    chunked = tiny.prompt_logits([0, 1, 38, 338, PROMPT_LEN])
     assert rel_err(chunked, tiny.ref_logits()) < TOL
-    whole_runner = tiny.runner()
-    whole = open_stream(whole_runner, 0, PROMPT_LEN)
-    (one_pass,) = whole_runner.run([whole.rows(tiny.prompt, logits="all")])
-    assert torch.equal(chunked, one_pass)  # where a pass cuts the prompt changes no bit
+    assert torch.equal(chunked, tiny.prompt_logits())  # where a pass cuts the prompt changes no bit
 
 
 def test_greedy_decode_matches_generate(tiny: "Tiny") -> None:
@@ -67,9 +58,7 @@ def test_bfloat16_runs_close_to_fp32_reference(tiny: "Tiny") -> None:
     model = load(Checkpoint.open(tiny.path), "cpu", "bfloat16")
     assert model.dtype == torch.bfloat16
     assert {r.dtype for r in model.layout.paged} == {"bfloat16"}
-    runner = tiny.runner(model=model)
-    stream = open_stream(runner, 0, PROMPT_LEN)
-    (logits,) = runner.run([stream.rows(tiny.prompt, logits="all")])
+    logits = tiny.prompt_logits(model=model)
     ref = tiny.ref_logits()
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
     # bf16 cannot be held to 1e-4: the reference disagrees with itself there (teacher-forced, a
