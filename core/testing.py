@@ -646,6 +646,11 @@ def interpreter_rounds_like_the_gpu() -> Iterator[None]:
 # -- parity with transformers: tiny checkpoints it saved, and our model on them --------------------
 
 
+def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |ours - ref| / max |ref|, in fp32."""
+    return ((ours.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+
+
 def save_references(
     root: Path, names: Sequence[str], build: Callable[[str], Any]
 ) -> dict[str, Path]:
@@ -731,6 +736,14 @@ class ReferenceCase:
             tokens.append(int(logits[-1].argmax()))
             (logits,) = runner.run([stream.rows([tokens[-1]])])
         return tokens, torch.stack(step_logits)
+
+    def assert_decode_matches_generate(self, steps: int, cut: int, tol: float) -> None:
+        """decode_greedily(steps, cut) gives ref_generate's tokens, its step logits within
+        `tol` of the reference's (rel_err)."""
+        ref_tokens, ref_logits = self.ref_generate(steps)
+        tokens, step_logits = self.decode_greedily(steps, cut)
+        assert tokens == ref_tokens
+        assert rel_err(step_logits, ref_logits) < tol
 
     def ref_logits(self) -> torch.Tensor:
         """The reference's logits for every row of the prompt, [len(prompt), V] fp32."""

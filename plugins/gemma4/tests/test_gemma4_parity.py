@@ -8,6 +8,7 @@ import torch
 
 from tensorfold.checkpoint import Checkpoint
 from tensorfold.runner import open_stream
+from tensorfold.testing import rel_err
 from tensorfold_gemma4.model import load
 
 if TYPE_CHECKING:
@@ -15,11 +16,6 @@ if TYPE_CHECKING:
 
 TOL = 1e-4
 PROMPT_LEN = 600
-
-
-def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |ours - ref| / max |ref|"""
-    return ((ours.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 
 
 def whole_prompt(tiny: "Tiny") -> torch.Tensor:
@@ -46,11 +42,7 @@ def test_chunked_prompt_matches_reference_at_every_row(tiny: "Tiny") -> None:
 
 
 def test_greedy_decode_matches_generate(tiny: "Tiny") -> None:
-    steps = 32
-    ref_tokens, ref_logits = tiny.ref_generate(steps)
-    tokens, step_logits = tiny.decode_greedily(steps, cut=300)
-    assert tokens == ref_tokens
-    assert rel_err(step_logits, ref_logits) < TOL
+    tiny.assert_decode_matches_generate(32, cut=300, tol=TOL)
 
 
 def test_bfloat16_runs_as_close_to_fp32_as_the_reference_does(tiny: "Tiny") -> None:

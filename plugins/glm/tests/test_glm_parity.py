@@ -12,6 +12,7 @@ import torch
 
 from tensorfold.checkpoint import Checkpoint
 from tensorfold.runner import open_stream
+from tensorfold.testing import rel_err
 from tensorfold_glm import indexer
 from tensorfold_glm.model import load
 
@@ -19,11 +20,6 @@ if TYPE_CHECKING:
     from conftest import Tiny
 
 TOL = 1e-4
-
-
-def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |ours - ref| / max |ref|"""
-    return ((ours.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 
 
 @pytest.fixture
@@ -73,11 +69,7 @@ def test_chunked_passes_match_reference_and_the_whole_pass(tiny: "Tiny") -> None
 
 
 def test_32_greedy_decode_steps_match_generate(tiny: "Tiny") -> None:
-    steps = 32
-    ref_tokens, ref_logits = tiny.ref_generate(steps)
-    tokens, step_logits = tiny.decode_greedily(steps, cut=250)
-    assert tokens == ref_tokens
-    assert rel_err(step_logits, ref_logits) < TOL
+    tiny.assert_decode_matches_generate(32, cut=250, tol=TOL)
 
 
 def _ref_states(tiny: "Tiny", prompt: list[int]) -> Any:
