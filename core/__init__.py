@@ -24,6 +24,7 @@ __all__ = ["__version__", "hookimpl", "LLM", "SamplingParams"]
 # old flat path -> its home (engine, server, cli and family are packages now: their modules
 # are engine.engine, server.app, cli.commands, family.spec, and each package exports its names)
 MOVED = {
+    "tensorfold.demo_train": "tensorfold.family.demo_train",
     "tensorfold.settings": "tensorfold.config.settings",
     "tensorfold.logs": "tensorfold.config.logs",
     "tensorfold.progress": "tensorfold.config.progress",

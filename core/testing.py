@@ -552,6 +552,41 @@ def run_ranks(
     assert [p.returncode for p in procs] == [0] * world, errors
 
 
+def open_shard(
+    path: str | Path, rank: int, hooks: Any, load: Callable[..., Any], world: int = 2
+) -> Any:
+    """Rank `rank` of `world`'s shard of the checkpoint at `path`, cut as the family's hook
+    object (`FamilySpec.hooks`) plans it and loaded by the family's `load` on the CPU in fp32;
+    its state layout must be the plan's."""
+    from .family import Shard
+
+    ckpt = Checkpoint.open(path)
+    plan = hooks.shard_plan(ckpt.config, "float32", world)
+    ckpt.set_shard(Shard(rank, world, plan))
+    model = load(ckpt, "cpu", "float32")
+    assert model.layout == plan.layout
+    return model
+
+
+def runner_factory(model: Any) -> Callable[..., ModelRunner]:
+    """A make_runner for the pass-level gates on `model` (a rank's shard, say): its arguments
+    `model`, `num_pages=8`, `num_slots=4`, `page_rows=512` and `poison=False`, as
+    ReferenceCase.runner's."""
+
+    def make_runner(
+        model: Any = model,
+        num_pages: int = 8,
+        num_slots: int = 4,
+        page_rows: int = 512,
+        poison: bool = False,
+    ) -> ModelRunner:
+        return ModelRunner(
+            model, num_pages=num_pages, num_slots=num_slots, page_rows=page_rows, poison=poison
+        )
+
+    return make_runner
+
+
 def join_gloo(rank: int, port: int, world: int = 2) -> None:
     """In a rank run_ranks started: join the gloo group and hand it to the forward's collectives
     (tensorfold.ops.parallel), one intra-op thread a rank."""
@@ -609,6 +644,11 @@ def interpreter_rounds_like_the_gpu() -> Iterator[None]:
 
 
 # -- parity with transformers: tiny checkpoints it saved, and our model on them --------------------
+
+
+def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |ours - ref| / max |ref|, in fp32."""
+    return ((ours.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 
 
 def save_references(
@@ -669,6 +709,41 @@ class ReferenceCase:
             page_rows=page_rows,
             poison=poison,
         )
+
+    def prompt_logits(self, cuts: Sequence[int] | None = None, model: Any = None) -> torch.Tensor:
+        """Ours (or `model`) on a fresh runner: every prompt row's logits [P, V], the prompt fed
+        in the runs cuts[k]:cuts[k+1] (default: one pass)."""
+        runner = self.runner(model=model)
+        stream = open_stream(runner, 0, len(self.prompt))
+        cuts = cuts or [0, len(self.prompt)]
+        return torch.cat(
+            [
+                runner.run([stream.rows(self.prompt[a:b], logits="all")])[0]
+                for a, b in zip(cuts, cuts[1:])
+            ]
+        )
+
+    def decode_greedily(self, steps: int, cut: int) -> tuple[list[int], torch.Tensor]:
+        """Ours on a fresh runner: the prompt in two passes (cut at row `cut`), then `steps`
+        greedy decode rows; the tokens and their step logits [steps, V] (as ref_generate)."""
+        runner = self.runner()
+        stream = open_stream(runner, 0, len(self.prompt) + steps)
+        runner.run([stream.rows(self.prompt[:cut])])
+        (logits,) = runner.run([stream.rows(self.prompt[cut:])])
+        tokens, step_logits = [], []
+        for _ in range(steps):
+            step_logits.append(logits[-1])
+            tokens.append(int(logits[-1].argmax()))
+            (logits,) = runner.run([stream.rows([tokens[-1]])])
+        return tokens, torch.stack(step_logits)
+
+    def assert_decode_matches_generate(self, steps: int, cut: int, tol: float) -> None:
+        """decode_greedily(steps, cut) gives ref_generate's tokens, its step logits within
+        `tol` of the reference's (rel_err)."""
+        ref_tokens, ref_logits = self.ref_generate(steps)
+        tokens, step_logits = self.decode_greedily(steps, cut)
+        assert tokens == ref_tokens
+        assert rel_err(step_logits, ref_logits) < tol
 
     def ref_logits(self) -> torch.Tensor:
         """The reference's logits for every row of the prompt, [len(prompt), V] fp32."""

@@ -74,3 +74,47 @@ def parse_everywhere(
     for size in SIZES:
         assert stream_in_pieces(fmt, text, size, tools, parallel) == (content, whole), size
     return content, whole
+
+
+def calls_history(calls: Sequence[tuple[str, dict[str, Any]]], content: str) -> list[dict]:
+    """A user's question and an assistant turn with `content` and `calls` (name, arguments),
+    the calls named call_0, call_1, ... in the OpenAI shape a chat template renders."""
+    tool_calls = [
+        {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+        for i, (n, a) in enumerate(calls)
+    ]
+    return [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": content, "tool_calls": tool_calls},
+    ]
+
+
+def assistant_part(rendered: str, first: str, end: str) -> str:
+    """A rendered chat from the assistant turn's `first` text to its last call's `end` marker."""
+    part = rendered[rendered.index(first) :]
+    return part[: part.rindex(end) + len(end)]
+
+
+NAMED_WEATHER = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def assert_constrained_calls_validate(
+    llm: Any, tools: Sequence[Mapping[str, Any]], choices: Sequence[tuple[Any, Any]]
+) -> None:
+    """For each (tool_choice, SamplingParams) of `choices` ("required", or a named choice such
+    as NAMED_WEATHER), a question about the weather in Paris with `tools` offered on `llm`:
+    the grammar alone makes the reply one call (no content) whose arguments validate against
+    its tool's schema, the named tool when one is named."""
+    import json
+
+    import jsonschema
+
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    ask = [[{"role": "user", "content": "What is the weather in Paris?"}]]
+    for choice, params in choices:
+        out = llm.chat(ask, params, tools=tools, tool_choice=choice, parallel_tool_calls=False)[0]
+        assert out.finish_reason == "tool_calls" and out.content is None, out.text
+        (call,) = out.tool_calls
+        if isinstance(choice, Mapping):
+            assert call.name == choice["function"]["name"]
+        jsonschema.validate(json.loads(call.arguments), schemas[call.name])

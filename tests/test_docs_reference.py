@@ -38,6 +38,8 @@ MODULES = [
     "tensorfold.ops.pass_meta",
     "tensorfold.ops.kv_quant",
     "tensorfold.testing",
+    "tensorfold.conformance",
+    "tensorfold.family.hooks",
 ]
 
 

@@ -69,7 +69,7 @@ def train_byte_bpe(corpus: str, vocab_size: int, special_tokens: Sequence[str]) 
     return tok
 
 
-# -- trained demo weights, shipped with a plugin (see tensorfold.demo_train) ------------------
+# -- trained demo weights, shipped with a plugin (see tensorfold.family.demo_train) ------------------
 
 
 def tokenizer_digest(tok: "Tokenizer") -> str:

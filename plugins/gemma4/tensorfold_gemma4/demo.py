@@ -16,13 +16,10 @@ transformers). The demo knows a few stories, facts and answers, nothing else.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tensorfold.family.demo_build import build_atomically, train_byte_bpe, write_json
 from tensorfold.family.demo_text import plain_text
 
 from .demo_template import CHAT_TEMPLATE
@@ -148,19 +145,9 @@ def config_dict(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
 
 def build_tokenizer() -> Tokenizer:
     """Byte-level BPE trained on CORPUS; the specials take ids 0..12."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import processors
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_TARGET,
-        min_frequency=1,
-        show_progress=False,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(CORPUS.splitlines(keepends=True), trainer=trainer)
+    tok = train_byte_bpe(CORPUS, VOCAB_TARGET, SPECIAL_TOKENS)
     # Like Gemma's own tokenizer: plain encoding starts with <bos>.
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
@@ -242,10 +229,6 @@ def random_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
     return w
 
 
-def _dump(path: Path, obj: dict[str, Any]) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
 def write_demo(folder: Path) -> None:
     """Write every file of the demo checkpoint into an existing empty folder."""
     from safetensors.torch import save_file
@@ -254,8 +237,8 @@ def write_demo(folder: Path) -> None:
     tok.save(str(folder / "tokenizer.json"))
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     cfg = config_dict(tok.get_vocab_size(), ids)
-    _dump(folder / "config.json", cfg)
-    _dump(
+    write_json(folder / "config.json", cfg)
+    write_json(
         folder / "generation_config.json",
         {
             "bos_token_id": ids[BOS],
@@ -264,7 +247,7 @@ def write_demo(folder: Path) -> None:
             "transformers_version": "5.23.0",
         },
     )
-    _dump(
+    write_json(
         folder / "tokenizer_config.json",
         {
             "tokenizer_class": "PreTrainedTokenizerFast",
@@ -282,32 +265,6 @@ def write_demo(folder: Path) -> None:
     save_file(build_weights(cfg), str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
-def is_complete(folder: Path) -> bool:
-    return all((folder / name).is_file() for name in FILES)
-
-
 def build_demo(cache_dir: Path) -> Path:
-    """Return `cache_dir / DEMO_NAME`, building it first unless a complete one is there.
-
-    The files are written into a temporary sibling folder that is renamed into place, so a crashed
-    build never leaves a half checkpoint, and concurrent builders agree on one result.
-    """
-    cache_dir = Path(cache_dir)
-    target = cache_dir / DEMO_NAME
-    if is_complete(target):
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_NAME}.", suffix=".tmp", dir=cache_dir))
-    try:
-        tmp.chmod(0o755)  # mkdtemp's 0700 would otherwise stick to the published folder
-        write_demo(tmp)
-        if target.exists() and not is_complete(target):
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not is_complete(target):  # another builder won the race, or something is in the way
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    """Return `cache_dir / DEMO_NAME`, built first (atomically) unless a complete one is there."""
+    return build_atomically(cache_dir, DEMO_NAME, FILES, write_demo)

@@ -18,9 +18,6 @@ layout. Cheap to import: no torch.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
-from tensorfold import hookimpl
 from tensorfold.family import (
     COLUMN,
     ROW,
@@ -138,14 +135,3 @@ def plan(cfg: Gemma4Config, dtype: str, world: int) -> ShardPlan:
     if vocab_parallel(cfg, world):
         splits.append(("lm_head\\.weight", COLUMN))
     return ShardPlan(tuple(splits), state_layout(cfg, dtype, world))
-
-
-class _Hooks:
-    """gemma4's per-family hooks (FamilySpec.hooks)."""
-
-    @hookimpl
-    def shard_plan(self, config: Mapping[str, Any], dtype: str, world: int) -> ShardPlan:
-        return plan(Gemma4Config.from_dict(config, "config.json"), str(dtype), world)
-
-
-HOOKS = _Hooks()

@@ -8,6 +8,7 @@ import torch
 
 from tensorfold.engine.runner import open_stream
 from tensorfold.family.checkpoint import Checkpoint
+from tensorfold.testing import rel_err
 from tensorfold_gemma4.model import load
 
 if TYPE_CHECKING:
@@ -15,11 +16,6 @@ if TYPE_CHECKING:
 
 TOL = 1e-4
 PROMPT_LEN = 600
-
-
-def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |ours - ref| / max |ref|"""
-    return ((ours.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 
 
 def whole_prompt(tiny: "Tiny") -> torch.Tensor:
@@ -39,33 +35,14 @@ def test_whole_prompt_matches_reference(tiny: "Tiny") -> None:
 
 
 def test_chunked_prompt_matches_reference_at_every_row(tiny: "Tiny") -> None:
-    runner = tiny.runner()
-    stream = open_stream(runner, 0, PROMPT_LEN)
-    cuts = [0, 1, 7, 107, 338, PROMPT_LEN]  # chunks shorter and longer than the windows
-    chunked = torch.cat(
-        [
-            runner.run([stream.rows(tiny.prompt[a:b], logits="all")])[0]
-            for a, b in zip(cuts, cuts[1:])
-        ]
-    )
+    # chunks shorter and longer than the windows
+    chunked = tiny.prompt_logits([0, 1, 7, 107, 338, PROMPT_LEN])
     assert rel_err(chunked, tiny.ref_logits()) < TOL
     assert torch.equal(chunked, whole_prompt(tiny))  # where a pass cuts the prompt changes no bit
 
 
 def test_greedy_decode_matches_generate(tiny: "Tiny") -> None:
-    steps = 32
-    ref_tokens, ref_logits = tiny.ref_generate(steps)
-    runner = tiny.runner()
-    stream = open_stream(runner, 0, PROMPT_LEN + steps)
-    runner.run([stream.rows(tiny.prompt[:300])])
-    (logits,) = runner.run([stream.rows(tiny.prompt[300:])])
-    tokens, step_logits = [], []
-    for _ in range(steps):
-        step_logits.append(logits[-1])
-        tokens.append(int(logits[-1].argmax()))
-        (logits,) = runner.run([stream.rows([tokens[-1]])])
-    assert tokens == ref_tokens
-    assert rel_err(torch.stack(step_logits), ref_logits) < TOL
+    tiny.assert_decode_matches_generate(32, cut=300, tol=TOL)
 
 
 def test_bfloat16_runs_as_close_to_fp32_as_the_reference_does(tiny: "Tiny") -> None:
@@ -77,9 +54,7 @@ def test_bfloat16_runs_as_close_to_fp32_as_the_reference_does(tiny: "Tiny") -> N
     model = load(Checkpoint.open(tiny.path), "cpu", "bfloat16")
     assert model.dtype == torch.bfloat16
     assert {r.dtype for r in model.layout.paged} == {"bfloat16"}
-    runner = tiny.runner(model=model)
-    stream = open_stream(runner, 0, PROMPT_LEN)
-    (logits,) = runner.run([stream.rows(tiny.prompt, logits="all")])
+    logits = tiny.prompt_logits(model=model)
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
     ref16 = type(tiny.ref).from_pretrained(tiny.path, dtype=torch.bfloat16).eval()
     with torch.no_grad():
@@ -104,13 +79,5 @@ def test_causal_lm_checkpoint_matches_reference(causal: "Tiny") -> None:
     assert ckpt.has("model.embed_tokens.weight") and ckpt.has("lm_head.weight")
     assert ckpt.has("model.layers.1.self_attn.v_proj.weight")
     assert not torch.equal(causal.model.weights.lm_head, causal.model.weights.embed)
-    runner = causal.runner()
-    stream = open_stream(runner, 0, PROMPT_LEN)
-    cuts = [0, 20, 513, PROMPT_LEN]
-    logits = torch.cat(
-        [
-            runner.run([stream.rows(causal.prompt[a:b], logits="all")])[0]
-            for a, b in zip(cuts, cuts[1:])
-        ]
-    )
+    logits = causal.prompt_logits([0, 20, 513, PROMPT_LEN])
     assert rel_err(logits, causal.ref_logits()) < TOL

@@ -7,7 +7,14 @@ import pytest
 
 from tensorfold.family.chat_template import render_chat
 from tensorfold.family.plugins import family_plugin_manager
-from tensorfold.tool_testing import parse_everywhere, real_template
+from tensorfold.tool_testing import (
+    NAMED_WEATHER,
+    assert_constrained_calls_validate,
+    assistant_part,
+    calls_history,
+    parse_everywhere,
+    real_template,
+)
 from tensorfold_gemma4.demo_template import CHAT_TEMPLATE
 from tensorfold_gemma4.plugin import GEMMA4
 from tensorfold_gemma4.tool_calls import FORMAT
@@ -70,35 +77,22 @@ def test_an_unclosed_section_is_content() -> None:
     assert parse_everywhere(FORMAT, text) == (text, [])
 
 
-def _history(content: str) -> list[dict]:
-    calls = [
-        {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
-        for i, (n, a) in enumerate(CALLS)
-    ]
-    return [
-        {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": content, "tool_calls": calls},
-    ]
-
-
-def _assistant_part(rendered: str, first: str) -> str:
-    part = rendered[rendered.index(first) :]
-    return part[: part.rindex(E) + len(E)]
-
-
 def test_reads_what_the_real_gemma4_template_writes() -> None:
     template = real_template("google-gemma-4-31B-it.jinja")
-    text = render_chat(template, _history(""), bos_token="<bos>").text
-    assert parse_everywhere(FORMAT, _assistant_part(text, S)) == ("", CALLS)
+    text = render_chat(template, calls_history(CALLS, ""), bos_token="<bos>").text
+    assert parse_everywhere(FORMAT, assistant_part(text, S, E)) == ("", CALLS)
 
 
 def test_reads_what_the_demo_template_writes() -> None:
-    text = render_chat(CHAT_TEMPLATE, _history("Checking."), bos_token="<bos>").text
-    assert parse_everywhere(FORMAT, _assistant_part(text, "Checking.")) == ("Checking.", CALLS)
+    text = render_chat(CHAT_TEMPLATE, calls_history(CALLS, "Checking."), bos_token="<bos>").text
+    assert parse_everywhere(FORMAT, assistant_part(text, "Checking.", E)) == ("Checking.", CALLS)
 
 
 def test_the_demo_template_names_a_tool_answer_by_its_call() -> None:
-    messages = [*_history(""), {"role": "tool", "tool_call_id": "call_1", "content": "10:42"}]
+    messages = [
+        *calls_history(CALLS, ""),
+        {"role": "tool", "tool_call_id": "call_1", "content": "10:42"},
+    ]
     text = render_chat(CHAT_TEMPLATE, messages, bos_token="<bos>", add_generation_prompt=False).text
     assert text.endswith(f"<|tool_response>response:get_time{{value:{Q}10:42{Q}}}<tool_response|>")
 
@@ -146,34 +140,21 @@ def test_constrained_calls_from_the_random_demo_validate(
     """tool_choice required / named on the gemma4 demo (random weights): the grammar alone
     makes the reply one call in Gemma's markup whose arguments validate against the schema; an
     invalid schema is refused naming it, with tool_choice auto too."""
-    import json
-
-    import jsonschema
-
     from tensorfold.engine.sampling import SamplingParams
     from tensorfold.server.tool_request import ToolRequestError
     from tensorfold.testing import close_even, open_llm
 
-    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in CONSTRAINED}
     llm = open_llm(
         "gemma4", None, parallel=2, demo_cache=tmp_path_factory.mktemp("gemma-constrained")
     )
     try:
-        ask = [[{"role": "user", "content": "What is the weather in Paris?"}]]
-        named = {"type": "function", "function": {"name": "get_weather"}}
-        for choice, params in (
+        choices = [
             ("required", SamplingParams(temperature=0, max_tokens=300)),
             ("required", SamplingParams(temperature=1.0, seed=4, max_tokens=300)),
-            (named, SamplingParams(temperature=1.0, seed=8, max_tokens=300)),
-        ):
-            out = llm.chat(
-                ask, params, tools=CONSTRAINED, tool_choice=choice, parallel_tool_calls=False
-            )[0]
-            assert out.finish_reason == "tool_calls" and out.content is None, out.text
-            (call,) = out.tool_calls
-            if choice is named:
-                assert call.name == "get_weather"
-            jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+            (NAMED_WEATHER, SamplingParams(temperature=1.0, seed=8, max_tokens=300)),
+        ]
+        assert_constrained_calls_validate(llm, CONSTRAINED, choices)
+        ask = [[{"role": "user", "content": "What is the weather in Paris?"}]]
         bad = [
             {
                 "type": "function",

@@ -28,15 +28,16 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # the GPU path on the CPU (ranks
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tensorfold import testing  # noqa: E402
+from tensorfold import conformance, testing  # noqa: E402
 from tensorfold.engine.runner import ModelRunner  # noqa: E402
-from tensorfold.engine.sampling import SamplingParams  # noqa: E402
 from tensorfold.family import Shard, ShardRefused  # noqa: E402
 from tensorfold.family.checkpoint import Checkpoint  # noqa: E402
 from tensorfold.family.forward_pass import StreamRows  # noqa: E402
 from tensorfold.ops import gpu, parallel  # noqa: E402
 from tensorfold_gemma4 import shards  # noqa: E402
 from tensorfold_gemma4.config import Gemma4Config  # noqa: E402
+from tensorfold_gemma4.demo import build_demo  # noqa: E402
+from tensorfold_gemma4.hooks import HOOKS  # noqa: E402
 from tensorfold_gemma4.model import load  # noqa: E402
 
 GREEDY_STEPS = 6
@@ -180,17 +181,8 @@ def passes_worker(rank: int, port: int, out: str, *paths: str) -> None:
     prompt = tiny_prompt()
     got = {}
     for path in paths:
-        ckpt = Checkpoint.open(path)
-        plan = shards.plan(Gemma4Config.from_dict(ckpt.config), "float32", 2)
-        ckpt.set_shard(Shard(rank, 2, plan))
-        model = load(ckpt, "cpu", "float32")
-        assert model.layout == plan.layout
-
-        def make_runner(model=model, num_pages=8, num_slots=4, page_rows=512, poison=False):
-            return ModelRunner(
-                model, num_pages=num_pages, num_slots=num_slots, page_rows=page_rows, poison=poison
-            )
-
+        model = testing.open_shard(path, rank, HOOKS, load)
+        make_runner = testing.runner_factory(model)
         got[path] = testing.greedy(make_runner(), prompt, GREEDY_STEPS)
         if Path(path).name not in GATED:
             continue
@@ -235,29 +227,10 @@ def test_shards_give_one_ranks_logits_and_tokens_and_keep_the_gates(tiny_paths, 
 # -- the engine: LLM(tp=2) here as rank 0, with the follower it starts ------------------------
 
 
-def user_turns(chat: int) -> list[str]:
-    return testing.chat_turns(chat, turns=2, first=150, later=20)
-
-
-GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-SAMPLED = SamplingParams(temperature=0.8, seed=5, max_tokens=6, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tensorfold_gemma4.demo import build_demo
-
-    return build_demo(tmp_path_factory.mktemp("demo"))
-
-
-def test_engine_gates_at_tp_2_and_tokens_equal_one_ranks(demo: Path):
-    g = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(13, 700, (n,), generator=g).tolist() for n in (9, 200, 600)]
-    chats = [user_turns(c) for c in range(2)]
+class TestEngineGatesAtTp(conformance.EngineGatesAtTp):
     # resumed == fresh past the demo's 128-row sliding window: the kept rings carry the resume
-    testing.assert_engine_gates_at_tp(
-        "gemma4", demo, prompts, chats, GREEDY, SAMPLED, min_cached=150, context=4096, parallel=4
-    )
+    family, build_demo = "gemma4", build_demo
+    ids, lengths = (13, 700), (9, 200, 600)
 
 
 if __name__ == "__main__":  # a rank of the passes test: python test_gemma4_tp.py RANK PORT ...

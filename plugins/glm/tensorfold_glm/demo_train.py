@@ -1,7 +1,7 @@
 """Train the glm5_next demo's weights: `python -m tensorfold_glm.demo_train [--steps N]`.
 
 Writes demo_weights.safetensors beside this module (float16; `demo.build_weights` reads it back
-as float32) with tensorfold.demo_train, through transformers' `Glm5NextForConditionalGeneration`
+as float32) with tensorfold.family.demo_train, through transformers' `Glm5NextForConditionalGeneration`
 (the reference the family's parity tests check the loader against), so it needs transformers;
 serving never imports this module. Starts from demo_weights' random tensors, on one thread with
 deterministic algorithms and seeded batches. About eight minutes on one core (transformers' KDA
@@ -14,54 +14,23 @@ the answer ended by <|user|>, where GLM stops).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from tensorfold.family.demo_build import write_json
-from tensorfold.family.demo_text import QA, paragraphs
+from tensorfold.family.demo_train import demo_texts, main, train_demo
 
 from . import demo
 from .demo_weights import SEED
 
 STEPS = 400
 BATCH = 8
-
-
-def texts() -> list[str]:
-    start = demo.GMASK + demo.SOP
-    out = [f"{start}{p}" for p in paragraphs()]
-    out += [f"{start}{q} {a}" for q, a in QA]
-    out += [f"{start}<|user|>\n{q}<|assistant|>\n{a}<|user|>" for q, a in QA]
-    return out
+CHAT_TURN = "<|user|>\n{q}<|assistant|>\n{a}<|user|>"
 
 
 def run(steps: int) -> tuple[dict[str, Any], Any]:
-    from safetensors.torch import save_file
-    from transformers import Glm5NextForConditionalGeneration
-
-    from tensorfold.demo_train import train
-
-    tok = demo.build_tokenizer()
-    ids = {t: tok.token_to_id(t) for t in demo.SPECIAL_TOKENS}
-    cfg = demo.config_dict(tok.get_vocab_size(), ids)
-
-    def write_start(folder: Path) -> None:
-        write_json(folder / "config.json", cfg)
-        save_file(demo.random_weights(cfg), str(folder / "model.safetensors"))
-
-    examples = [tok.encode(t, add_special_tokens=False).ids for t in texts()]
-    return train(
-        Glm5NextForConditionalGeneration,
-        write_start,
-        examples,
-        ids[demo.ENDOFTEXT],
-        steps,
-        SEED,
-        batch=BATCH,
-    ), tok
+    texts = demo_texts(demo.GMASK + demo.SOP, CHAT_TURN)
+    reference = "Glm5NextForConditionalGeneration"
+    return train_demo(demo, reference, texts, demo.ENDOFTEXT, SEED, steps, batch=BATCH)
 
 
 if __name__ == "__main__":
-    from tensorfold.demo_train import main
-
     main(__doc__.splitlines()[0], demo.WEIGHTS, STEPS, run)

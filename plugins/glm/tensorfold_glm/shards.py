@@ -21,9 +21,6 @@ torch.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
-from tensorfold import hookimpl
 from tensorfold.family import COLUMN, ROW, ShardPlan, ShardRefused, Split
 
 from .config import DENSE, SPARSE, GlmConfig
@@ -103,14 +100,3 @@ def plan(cfg: GlmConfig, dtype: str, world: int) -> ShardPlan:
     if vocab_parallel(cfg, world):
         splits.append((r"lm_head\.weight", COLUMN))
     return ShardPlan(tuple(splits), state_layout(cfg, str(dtype), world))
-
-
-class _Hooks:
-    """glm5_next's per-family hooks (FamilySpec.hooks)."""
-
-    @hookimpl
-    def shard_plan(self, config: Mapping[str, Any], dtype: str, world: int) -> ShardPlan:
-        return plan(GlmConfig.from_dict(config, "config.json"), str(dtype), world)
-
-
-HOOKS = _Hooks()

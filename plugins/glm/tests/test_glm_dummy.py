@@ -4,107 +4,66 @@ tensors the real loader keeps in fp32 stay fp32; GLM-5.3-Flash-8L is the 76 GB b
 
 from __future__ import annotations
 
-import json
-import shutil
-from pathlib import Path
-
-import pytest
 import torch
 
-from tensorfold.engine.sampling import SamplingParams
-from tensorfold.family.checkpoint import CheckpointError
-from tensorfold.llm import LLM
-from tensorfold.testing import close_even
+from tensorfold import conformance
 from tensorfold_glm.demo import build_demo
 from tensorfold_glm.dummy import SHAPES, build_dummy
 from tensorfold_glm.weights import HcWeights, KdaWeights, MoeWeights
 
 
-def configs_only(demo: Path, to: Path) -> Path:
-    to.mkdir()
-    for f in demo.iterdir():
-        if f.suffix != ".safetensors":
-            shutil.copy(f, to / f.name)
-    return to
+class TestDummyWeights(conformance.DummyWeights):
+    family, build_demo = "glm5_next", build_demo
+    dummy_sampling = conformance.greedy(6)
 
+    def test_the_fp32_tensors_stay_fp32_in_a_bf16_model(self) -> None:
+        cfg = SHAPES["GLM-5.3-Flash-8L"]
+        from dataclasses import replace
 
-def test_dummy_weights_serve_a_folder_without_weights(tmp_path: Path) -> None:
-    folder = configs_only(build_demo(tmp_path / "demo"), tmp_path / "configs")
-    with pytest.raises(CheckpointError):
-        LLM(family="glm5_next", model=folder, device="cpu", dtype="float32", memory_limit_gib=0.25)
-    flags = dict(
-        device="cpu",
-        dtype="float32",
-        memory_limit_gib=0.25,
-        load_format="dummy",
-        context=2048,
-        parallel=2,
-    )
-    outputs = []
-    for _ in range(2):  # the same seed twice: the same weights, the same tokens
-        llm = LLM(family="glm5_next", model=folder, **flags)
-        try:
-            done = llm.generate(
-                [[5, 6, 7, 8], [9] * 30],
-                SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
-            )
-            outputs.append([c.token_ids for c in done])
-            assert all(len(c.token_ids) == 6 for c in done)
-        finally:
-            close_even(llm)
-    assert outputs[0] == outputs[1]
-    assert json.loads((folder / "config.json").read_text())["model_type"] == "glm5_next"
+        tiny = replace(
+            cfg,
+            hidden_size=32,
+            vocab_size=64,
+            intermediate_size=32,
+            moe_intermediate_size=16,
+            n_routed_experts=4,
+            linear_num_heads=2,
+            linear_head_dim=16,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            index_n_heads=4,
+            index_head_dim=16,
+        )
+        w = build_dummy(tiny, "cpu", torch.bfloat16).weights
+        kda = w.layers[0].mixer
+        moe = w.layers[3].ffn
+        assert isinstance(kda, KdaWeights) and isinstance(moe, MoeWeights)
+        hc: HcWeights = w.layers[0].attn_hc
+        for t in (kda.a_log, kda.dt_bias, kda.conv, hc.base, hc.scale, hc.fn, moe.bias, moe.router):
+            assert t.dtype == torch.float32
+        assert kda.qkv.dtype == torch.bfloat16 and moe.experts[1].gate_up.dtype == torch.bfloat16
+        # the experts are views of one stack: expert 1 starts where expert 0 ends
+        e0, e1 = moe.experts[0].gate_up, moe.experts[1].gate_up
+        assert e1.data_ptr() == e0.data_ptr() + e0.numel() * e0.element_size()
 
-
-def test_the_fp32_tensors_stay_fp32_in_a_bf16_model() -> None:
-    cfg = SHAPES["GLM-5.3-Flash-8L"]
-    from dataclasses import replace
-
-    tiny = replace(
-        cfg,
-        hidden_size=32,
-        vocab_size=64,
-        intermediate_size=32,
-        moe_intermediate_size=16,
-        n_routed_experts=4,
-        linear_num_heads=2,
-        linear_head_dim=16,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        q_lora_rank=16,
-        kv_lora_rank=16,
-        qk_nope_head_dim=16,
-        v_head_dim=16,
-        index_n_heads=4,
-        index_head_dim=16,
-    )
-    w = build_dummy(tiny, "cpu", torch.bfloat16).weights
-    kda = w.layers[0].mixer
-    moe = w.layers[3].ffn
-    assert isinstance(kda, KdaWeights) and isinstance(moe, MoeWeights)
-    hc: HcWeights = w.layers[0].attn_hc
-    for t in (kda.a_log, kda.dt_bias, kda.conv, hc.base, hc.scale, hc.fn, moe.bias, moe.router):
-        assert t.dtype == torch.float32
-    assert kda.qkv.dtype == torch.bfloat16 and moe.experts[1].gate_up.dtype == torch.bfloat16
-    # the experts are views of one stack: expert 1 starts where expert 0 ends
-    e0, e1 = moe.experts[0].gate_up, moe.experts[1].gate_up
-    assert e1.data_ptr() == e0.data_ptr() + e0.numel() * e0.element_size()
-
-
-def test_the_8_layer_bench_shape_is_glm_flash_widths_at_76_gb() -> None:
-    cfg = SHAPES["GLM-5.3-Flash-8L"]
-    assert cfg.kda_layers == (0, 1, 2, 4, 5, 6) and cfg.mla_layers == (3, 7)
-    assert cfg.mlp_layer_types.count("dense") == 3
-    assert SHAPES["GLM-5.3-Flash"].num_hidden_layers == 45
-    model = build_dummy(cfg, "meta", torch.bfloat16)
-    seen = {}
-    for layer in model.weights.layers:
-        for obj in (layer, layer.mixer, layer.ffn, layer.attn_hc, layer.ffn_hc):
-            for v in vars(obj).values():
-                if isinstance(v, torch.Tensor):
-                    seen[id(v)] = v.numel() * v.element_size()
-        if isinstance(layer.ffn, MoeWeights):
-            e = layer.ffn.experts
-            seen[id(e)] = len(e) * sum(t.numel() * 2 for t in (e[0].gate_up, e[0].down))
-    total = sum(seen.values()) + 2 * model.weights.embed.numel() * 2
-    assert 74e9 < total < 79e9, total
+    def test_the_8_layer_bench_shape_is_glm_flash_widths_at_76_gb(self) -> None:
+        cfg = SHAPES["GLM-5.3-Flash-8L"]
+        assert cfg.kda_layers == (0, 1, 2, 4, 5, 6) and cfg.mla_layers == (3, 7)
+        assert cfg.mlp_layer_types.count("dense") == 3
+        assert SHAPES["GLM-5.3-Flash"].num_hidden_layers == 45
+        model = build_dummy(cfg, "meta", torch.bfloat16)
+        seen = {}
+        for layer in model.weights.layers:
+            for obj in (layer, layer.mixer, layer.ffn, layer.attn_hc, layer.ffn_hc):
+                for v in vars(obj).values():
+                    if isinstance(v, torch.Tensor):
+                        seen[id(v)] = v.numel() * v.element_size()
+            if isinstance(layer.ffn, MoeWeights):
+                e = layer.ffn.experts
+                seen[id(e)] = len(e) * sum(t.numel() * 2 for t in (e[0].gate_up, e[0].down))
+        total = sum(seen.values()) + 2 * model.weights.embed.numel() * 2
+        assert 74e9 < total < 79e9, total

@@ -12,6 +12,7 @@ import torch
 
 from tensorfold.engine.runner import open_stream
 from tensorfold.family.checkpoint import Checkpoint
+from tensorfold.testing import rel_err
 from tensorfold_glm import indexer
 from tensorfold_glm.model import load
 
@@ -19,11 +20,6 @@ if TYPE_CHECKING:
     from conftest import Tiny
 
 TOL = 1e-4
-
-
-def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |ours - ref| / max |ref|"""
-    return ((ours.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 
 
 @pytest.fixture
@@ -65,35 +61,15 @@ def test_whole_prompt_matches_reference(tiny: "Tiny", selections: list) -> None:
 
 
 def test_chunked_passes_match_reference_and_the_whole_pass(tiny: "Tiny") -> None:
-    whole_runner = tiny.runner()
-    whole = open_stream(whole_runner, 0, len(tiny.prompt))
-    (one_pass,) = whole_runner.run([whole.rows(tiny.prompt, logits="all")])
+    one_pass = tiny.prompt_logits()
     for cuts in ([0, 1, 38, 338, 600], [0, 16, 64, 65, 511, 512, 600], [0, 299, 300, 301, 600]):
-        runner = tiny.runner()
-        stream = open_stream(runner, 0, len(tiny.prompt))
-        parts = [
-            runner.run([stream.rows(tiny.prompt[a:b], logits="all")])[0]
-            for a, b in zip(cuts, cuts[1:])
-        ]
-        chunked = torch.cat(parts)
+        chunked = tiny.prompt_logits(cuts)
         assert rel_err(chunked, tiny.ref_logits()) < TOL
         assert torch.equal(chunked, one_pass), cuts  # where a pass cuts changes no bit
 
 
 def test_32_greedy_decode_steps_match_generate(tiny: "Tiny") -> None:
-    steps = 32
-    ref_tokens, ref_logits = tiny.ref_generate(steps)
-    runner = tiny.runner()
-    stream = open_stream(runner, 0, len(tiny.prompt) + steps)
-    (logits,) = runner.run([stream.rows(tiny.prompt[:250])])
-    (logits,) = runner.run([stream.rows(tiny.prompt[250:])])
-    tokens, step_logits = [], []
-    for _ in range(steps):
-        step_logits.append(logits[-1])
-        tokens.append(int(logits[-1].argmax()))
-        (logits,) = runner.run([stream.rows([tokens[-1]])])
-    assert tokens == ref_tokens
-    assert rel_err(torch.stack(step_logits), ref_logits) < TOL
+    tiny.assert_decode_matches_generate(32, cut=250, tol=TOL)
 
 
 def _ref_states(tiny: "Tiny", prompt: list[int]) -> Any:
@@ -131,9 +107,7 @@ def test_bfloat16_keeps_fp32_tensors_and_runs_close(tiny: "Tiny") -> None:
             assert mixer.qkv.dtype == torch.bfloat16
         if hasattr(layer.ffn, "bias"):
             assert layer.ffn.bias.dtype == torch.float32
-    runner = tiny.runner(model=model)
-    stream = open_stream(runner, 0, len(tiny.prompt))
-    (logits,) = runner.run([stream.rows(tiny.prompt, logits="all")])
+    logits = tiny.prompt_logits(model=model)
     ref = tiny.ref_logits()
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
     # bf16 cannot be held to 1e-4: the reference disagrees with itself there (teacher-forced, a

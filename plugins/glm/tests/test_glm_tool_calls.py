@@ -8,7 +8,14 @@ import pytest
 
 from tensorfold.family.chat_template import render_chat
 from tensorfold.family.plugins import family_plugin_manager
-from tensorfold.tool_testing import parse_everywhere, real_template
+from tensorfold.tool_testing import (
+    NAMED_WEATHER,
+    assert_constrained_calls_validate,
+    assistant_part,
+    calls_history,
+    parse_everywhere,
+    real_template,
+)
 from tensorfold_glm.demo_text import CHAT_TEMPLATE
 from tensorfold_glm.plugin import GLM5_NEXT
 from tensorfold_glm.tool_calls import FORMAT
@@ -92,34 +99,18 @@ def test_an_unclosed_section_is_content() -> None:
     assert parse_everywhere(FORMAT, text, TOOLS) == (text, [])
 
 
-def _history(content: str) -> list[dict]:
-    calls = [
-        {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
-        for i, (n, a) in enumerate(CALLS)
-    ]
-    return [
-        {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": content, "tool_calls": calls},
-    ]
-
-
-def _assistant_part(rendered: str, content: str) -> str:
-    part = rendered[rendered.index(content) :]
-    return part[: part.rindex(E) + len(E)]
-
-
 def test_reads_what_the_real_glm47_template_writes() -> None:
     template = real_template("GLM-4.7-Flash.jinja")
-    text = render_chat(template, _history("Checking."), tools=TOOLS).text
-    assert parse_everywhere(FORMAT, _assistant_part(text, "Checking."), TOOLS) == (
+    text = render_chat(template, calls_history(CALLS, "Checking."), tools=TOOLS).text
+    assert parse_everywhere(FORMAT, assistant_part(text, "Checking.", E), TOOLS) == (
         "Checking.",
         CALLS,
     )
 
 
 def test_reads_what_the_demo_template_writes() -> None:
-    text = render_chat(CHAT_TEMPLATE, _history("Checking."), tools=TOOLS).text
-    assert parse_everywhere(FORMAT, _assistant_part(text, "Checking."), TOOLS) == (
+    text = render_chat(CHAT_TEMPLATE, calls_history(CALLS, "Checking."), tools=TOOLS).text
+    assert parse_everywhere(FORMAT, assistant_part(text, "Checking.", E), TOOLS) == (
         "Checking.",
         CALLS,
     )
@@ -166,31 +157,17 @@ def test_constrained_calls_from_the_random_demo_validate(
 ) -> None:
     """tool_choice required / named on the glm5_next demo (random weights): the grammar alone
     makes the reply one call in GLM's markup whose arguments validate against the schema."""
-    import json
-
-    import jsonschema
-
     from tensorfold.engine.sampling import SamplingParams
     from tensorfold.testing import close_even, open_llm
 
-    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in CONSTRAINED}
     llm = open_llm(
         "glm5_next", None, parallel=2, demo_cache=tmp_path_factory.mktemp("glm-constrained")
     )
     try:
-        ask = [[{"role": "user", "content": "What is the weather in Paris?"}]]
-        named = {"type": "function", "function": {"name": "get_weather"}}
-        for choice, params in (
+        choices = [
             ("required", SamplingParams(temperature=0, max_tokens=400)),
-            (named, SamplingParams(temperature=1.0, seed=8, max_tokens=400)),
-        ):
-            out = llm.chat(
-                ask, params, tools=CONSTRAINED, tool_choice=choice, parallel_tool_calls=False
-            )[0]
-            assert out.finish_reason == "tool_calls" and out.content is None, out.text
-            (call,) = out.tool_calls
-            if choice is named:
-                assert call.name == "get_weather"
-            jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+            (NAMED_WEATHER, SamplingParams(temperature=1.0, seed=8, max_tokens=400)),
+        ]
+        assert_constrained_calls_validate(llm, CONSTRAINED, choices)
     finally:
         close_even(llm)

@@ -19,19 +19,19 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from tensorfold import testing
+from tensorfold import conformance, testing
 from tensorfold.engine.runner import ModelRunner
-from tensorfold.engine.sampling import SamplingParams
 from tensorfold.family import Shard, ShardRefused, StateSpec
 from tensorfold.family.checkpoint import Checkpoint
 from tensorfold.ops import parallel
 from tensorfold_glm import shards
 from tensorfold_glm.config import GlmConfig
+from tensorfold_glm.demo import build_demo
+from tensorfold_glm.hooks import HOOKS
 from tensorfold_glm.model import load
 
 PROMPT_LEN = 260  # past the sparse point of both tiny shapes (12 and 48 rows); crosses 64-row pages
@@ -47,8 +47,6 @@ def tiny_prompt() -> list[int]:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tensorfold_glm.demo import build_demo
-
     return build_demo(tmp_path_factory.mktemp("demo"))
 
 
@@ -248,15 +246,6 @@ def kernel_passes(model, make_runner) -> tuple[torch.Tensor, list[int]]:
         gpu.set_triton(True)
 
 
-def open_shard(path: str, rank: int) -> Any:
-    ckpt = Checkpoint.open(path)
-    plan = shards.plan(GlmConfig.from_dict(ckpt.config), "float32", 2)
-    ckpt.set_shard(Shard(rank, 2, plan))
-    model = load(ckpt, "cpu", "float32")
-    assert model.layout == plan.layout
-    return model
-
-
 def passes_worker(rank: int, port: int, out: str, kernels: str, demo: str, *paths: str) -> None:
     """One rank, for each tiny checkpoint: its shard, the logits and greedy tokens, and the
     pass-level gates at --tp 2 (every rank runs the same checks, so their collectives meet);
@@ -268,13 +257,8 @@ def passes_worker(rank: int, port: int, out: str, kernels: str, demo: str, *path
     n = len(prompt)
     got = {}
     for path in paths:
-        model = open_shard(path, rank)
-
-        def make_runner(model=model, num_pages=8, num_slots=4, page_rows=512, poison=False):
-            return ModelRunner(
-                model, num_pages=num_pages, num_slots=num_slots, page_rows=page_rows, poison=poison
-            )
-
+        model = testing.open_shard(path, rank, HOOKS, load)
+        make_runner = testing.runner_factory(model)
         got[path] = testing.greedy(make_runner(), prompt, GREEDY_STEPS)
         prompts = [prompt[:200], prompt[:180], prompt[40:]]
         testing.assert_streams_together_equal_alone(
@@ -285,8 +269,10 @@ def passes_worker(rank: int, port: int, out: str, kernels: str, demo: str, *path
         resumed = testing.run_on_pages(model, prompt, [3, 0, 5, 1, 2], 64, [0, 37, 128, 129, n])
         assert torch.equal(one, resumed)
         testing.assert_poisoned_pages_change_nothing(make_runner, prompt)
-    got[demo] = testing.greedy(make_runner(model=open_shard(demo, rank)), prompt, GREEDY_STEPS)
-    got[kernels] = kernel_passes(open_shard(kernels, rank), make_runner)
+    got[demo] = testing.greedy(
+        make_runner(model=testing.open_shard(demo, rank, HOOKS, load)), prompt, GREEDY_STEPS
+    )
+    got[kernels] = kernel_passes(testing.open_shard(kernels, rank, HOOKS, load), make_runner)
     if rank == 0:
         torch.save(got, out)
     dist.destroy_process_group()
@@ -324,22 +310,11 @@ def test_shards_give_one_ranks_logits_and_tokens_and_keep_the_gates(tiny_paths, 
 # -- the engine: LLM(tp=2) here as rank 0, with the follower it starts ------------------------
 
 
-def user_turns(chat: int) -> list[str]:
-    return testing.chat_turns(chat, turns=2, first=120, later=15)
-
-
-GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-SAMPLED = SamplingParams(temperature=0.8, seed=5, max_tokens=6, ignore_eos=True)
-
-
-def test_engine_gates_at_tp_2_and_tokens_equal_one_ranks(demo: Path):
-    g = torch.Generator().manual_seed(11)
+class TestEngineGatesAtTp(conformance.EngineGatesAtTp):
+    family, build_demo = "glm5_next", build_demo
     # the demo selects 4 pools of 16: the longer prompts are past the sparse point
-    prompts = [torch.randint(20, 800, (n,), generator=g).tolist() for n in (9, 130, 300)]
-    chats = [user_turns(c) for c in range(2)]
-    testing.assert_engine_gates_at_tp(
-        "glm5_next", demo, prompts, chats, GREEDY, SAMPLED, min_cached=100, context=2048, parallel=3
-    )
+    ids, lengths, context, parallel = (20, 800), (9, 130, 300), 2048, 3
+    first_turn, later_turn, min_cached = 120, 15, 100
 
 
 if __name__ == "__main__":  # a rank of the tests above: python test_glm_tp.py RANK PORT ...

@@ -1,7 +1,7 @@
 """Train the lfm2_moe demo's weights: `python -m tensorfold_lfm2_moe.demo_train [--steps N]`.
 
 Writes demo_weights.safetensors beside this module (float16; `demo.build_weights` reads it back
-as float32) with tensorfold.demo_train, through transformers' `Lfm2MoeForCausalLM` (the
+as float32) with tensorfold.family.demo_train, through transformers' `Lfm2MoeForCausalLM` (the
 reference the family's parity tests check the loader against), so it needs transformers; serving
 never imports this module. Starts from `demo.random_weights`; the tensors come out the same on
 every CPU run. About four minutes on one core.
@@ -12,47 +12,20 @@ and each question with its answer both as plain text and as a chat turn (the dem
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from tensorfold.family.demo_build import write_json
-from tensorfold.family.demo_text import QA, paragraphs
+from tensorfold.family.demo_train import demo_texts, main, train_demo
 
 from . import demo
 
 STEPS = 1200
-
-
-def texts() -> list[str]:
-    bos = demo.BOS
-    out = [f"{bos}{p}" for p in paragraphs()]
-    out += [f"{bos}{q} {a}" for q, a in QA]
-    out += [
-        f"{bos}<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n"
-        for q, a in QA
-    ]
-    return out
+CHAT_TURN = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n"
 
 
 def run(steps: int) -> tuple[dict[str, Any], Any]:
-    from safetensors.torch import save_file
-    from transformers import Lfm2MoeForCausalLM
-
-    from tensorfold.demo_train import train
-
-    tok = demo.build_tokenizer()
-    ids = {t: tok.token_to_id(t) for t in demo.SPECIAL_TOKENS}
-    cfg = demo.config_dict(tok.get_vocab_size(), ids)
-
-    def write_start(folder: Path) -> None:
-        write_json(folder / "config.json", cfg)
-        save_file(demo.random_weights(cfg), str(folder / "model.safetensors"))
-
-    examples = [tok.encode(t, add_special_tokens=False).ids for t in texts()]
-    return train(Lfm2MoeForCausalLM, write_start, examples, ids[demo.PAD], steps, demo.SEED), tok
+    texts = demo_texts(demo.BOS, CHAT_TURN)
+    return train_demo(demo, "Lfm2MoeForCausalLM", texts, demo.PAD, demo.SEED, steps)
 
 
 if __name__ == "__main__":
-    from tensorfold.demo_train import main
-
     main(__doc__.splitlines()[0], demo.WEIGHTS, STEPS, run)

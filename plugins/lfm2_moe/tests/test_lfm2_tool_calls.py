@@ -18,7 +18,7 @@ from tensorfold.family.tool_calls import ToolCallStream
 from tensorfold.llm import LLM
 from tensorfold.server.tool_request import ToolRequestError, tool_history
 from tensorfold.testing import close_even
-from tensorfold.tool_testing import parse_everywhere, real_template
+from tensorfold.tool_testing import assistant_part, calls_history, parse_everywhere, real_template
 from tensorfold_lfm2_moe.demo import build_demo
 from tensorfold_lfm2_moe.demo_template import CHAT_TEMPLATE
 from tensorfold_lfm2_moe.plugin import LFM2_MOE
@@ -126,31 +126,19 @@ def test_a_partial_marker_is_held_back_then_released() -> None:
     assert stream.finish().content == ""
 
 
-def _assistant_part(rendered: str, content: str) -> str:
-    part = rendered[rendered.index(content) :]
-    return part[: part.rindex(E) + len(E)]
-
-
-def _history(content: str) -> list[dict]:
-    calls = [
-        {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
-        for i, (n, a) in enumerate(CALLS)
-    ]
-    return [
-        {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": content, "tool_calls": calls},
-    ]
-
-
 def test_reads_what_the_real_lfm25_template_writes() -> None:
     template = real_template("LFM2.5-8B-A1B.jinja")
-    text = render_chat(template, _history("Checking."), bos_token="<|startoftext|>").text
-    assert parse_everywhere(FORMAT, _assistant_part(text, "Checking.")) == ("Checking.", CALLS)
+    text = render_chat(
+        template, calls_history(CALLS, "Checking."), bos_token="<|startoftext|>"
+    ).text
+    assert parse_everywhere(FORMAT, assistant_part(text, "Checking.", E)) == ("Checking.", CALLS)
 
 
 def test_reads_what_the_demo_template_writes() -> None:
-    text = render_chat(CHAT_TEMPLATE, _history("Checking."), bos_token="<|startoftext|>").text
-    assert parse_everywhere(FORMAT, _assistant_part(text, "Checking.")) == ("Checking.", CALLS)
+    text = render_chat(
+        CHAT_TEMPLATE, calls_history(CALLS, "Checking."), bos_token="<|startoftext|>"
+    ).text
+    assert parse_everywhere(FORMAT, assistant_part(text, "Checking.", E)) == ("Checking.", CALLS)
 
 
 TOOLS = [

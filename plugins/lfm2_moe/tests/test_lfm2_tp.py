@@ -27,12 +27,12 @@ from typing import Any
 import pytest
 import torch
 
-from tensorfold import testing
+from tensorfold import conformance, testing
 from tensorfold.engine.runner import ModelRunner
 from tensorfold.engine.sampling import SamplingParams
-from tensorfold.family import Shard
 from tensorfold.family.checkpoint import Checkpoint
-from tensorfold_lfm2_moe.config import Lfm2MoeConfig
+from tensorfold_lfm2_moe.demo import build_demo
+from tensorfold_lfm2_moe.hooks import HOOKS
 from tensorfold_lfm2_moe.model import load
 
 GREEDY_STEPS = 8
@@ -48,23 +48,12 @@ def passes_worker(rank: int, port: int, prompt_file: str, out: str, *paths: str)
     pass-level gates at --tp 2."""
     import torch.distributed as dist
 
-    from tensorfold_lfm2_moe import shards
-
     testing.join_gloo(rank, port)
     prompt = torch.load(prompt_file)
     got = {}
     for path in paths:
-        ckpt = Checkpoint.open(path)
-        plan = shards.plan(Lfm2MoeConfig.from_dict(ckpt.config), "float32", 2)
-        ckpt.set_shard(Shard(rank, 2, plan))
-        model = load(ckpt, "cpu", "float32")
-        assert model.layout == plan.layout
-
-        def make_runner(model=model, num_pages=8, num_slots=4, page_rows=512, poison=False):
-            return ModelRunner(
-                model, num_pages=num_pages, num_slots=num_slots, page_rows=page_rows, poison=poison
-            )
-
+        model = testing.open_shard(path, rank, HOOKS, load)
+        make_runner = testing.runner_factory(model)
         got[path] = testing.greedy(make_runner(), prompt, GREEDY_STEPS)
         # the gates at --tp 2: every rank runs the same checks, so their collectives meet
         prompts = [prompt[:300], prompt[:250], prompt[100:400]]
@@ -103,28 +92,14 @@ def test_shards_give_one_ranks_logits_and_tokens_and_keep_the_gates(tiny_paths, 
 # -- the engine: LLM(tp=2) here as rank 0, with the follower it starts ------------------------
 
 
-def user_turns(chat: int) -> list[str]:
-    return testing.chat_turns(chat, turns=2, first=150, later=20)
-
-
-GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-SAMPLED = SamplingParams(temperature=0.8, seed=5, max_tokens=8, ignore_eos=True)
-
-
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tensorfold_lfm2_moe.demo import build_demo
-
     return build_demo(tmp_path_factory.mktemp("demo"))
 
 
-def test_engine_gates_at_tp_2_and_tokens_equal_one_ranks(demo: Path):
-    g = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(5, 700, (n,), generator=g).tolist() for n in (9, 130, 600)]
-    chats = [user_turns(c) for c in range(2)]
-    testing.assert_engine_gates_at_tp(
-        "lfm2_moe", demo, prompts, chats, GREEDY, SAMPLED, min_cached=150, context=4096, parallel=4
-    )
+class TestEngineGatesAtTp(conformance.EngineGatesAtTp):
+    family, build_demo = "lfm2_moe", build_demo
+    ids, lengths, max_tokens = (5, 700), (9, 130, 600), 8
 
 
 # -- tensorfold serve --tp 2 ---------------------------------------------------------------

@@ -14,6 +14,7 @@ import torch
 from tensorfold.engine.runner import ModelRunner, open_stream
 from tensorfold.family import FamilySpec, resolve
 from tensorfold.family.checkpoint import Checkpoint, CheckpointError
+from tensorfold.testing import rel_err
 from tensorfold_lfm2_moe import plugin
 from tensorfold_lfm2_moe.config import ConfigError
 from tensorfold_lfm2_moe.model import load
@@ -23,11 +24,6 @@ if TYPE_CHECKING:
 
 TOL = 1e-4
 PROMPT_LEN = 600
-
-
-def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |ours - ref| / max |ref|"""
-    return ((ours.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 
 
 def test_whole_prompt_matches_reference(tiny: "Tiny") -> None:
@@ -41,43 +37,20 @@ def test_whole_prompt_matches_reference(tiny: "Tiny") -> None:
 
 
 def test_chunked_prompt_matches_reference_at_every_row(tiny: "Tiny") -> None:
-    runner = tiny.runner()
-    stream = open_stream(runner, 0, PROMPT_LEN)
-    cuts = [0, 1, 38, 338, PROMPT_LEN]
-    parts = [
-        runner.run([stream.rows(tiny.prompt[a:b], logits="all")])[0] for a, b in zip(cuts, cuts[1:])
-    ]
-    chunked = torch.cat(parts)
+    chunked = tiny.prompt_logits([0, 1, 38, 338, PROMPT_LEN])
     assert rel_err(chunked, tiny.ref_logits()) < TOL
-    whole_runner = tiny.runner()
-    whole = open_stream(whole_runner, 0, PROMPT_LEN)
-    (one_pass,) = whole_runner.run([whole.rows(tiny.prompt, logits="all")])
-    assert torch.equal(chunked, one_pass)  # where a pass cuts the prompt changes no bit
+    assert torch.equal(chunked, tiny.prompt_logits())  # where a pass cuts the prompt changes no bit
 
 
 def test_greedy_decode_matches_generate(tiny: "Tiny") -> None:
-    steps = 32
-    ref_tokens, ref_logits = tiny.ref_generate(steps)
-    runner = tiny.runner()
-    stream = open_stream(runner, 0, PROMPT_LEN + steps)
-    (logits,) = runner.run([stream.rows(tiny.prompt[:300])])
-    (logits,) = runner.run([stream.rows(tiny.prompt[300:])])
-    tokens, step_logits = [], []
-    for _ in range(steps):
-        step_logits.append(logits[-1])
-        tokens.append(int(logits[-1].argmax()))
-        (logits,) = runner.run([stream.rows([tokens[-1]])])
-    assert tokens == ref_tokens
-    assert rel_err(torch.stack(step_logits), ref_logits) < TOL
+    tiny.assert_decode_matches_generate(32, cut=300, tol=TOL)
 
 
 def test_bfloat16_runs_close_to_fp32_reference(tiny: "Tiny") -> None:
     model = load(Checkpoint.open(tiny.path), "cpu", "bfloat16")
     assert model.dtype == torch.bfloat16
     assert {r.dtype for r in model.layout.paged} == {"bfloat16"}
-    runner = tiny.runner(model=model)
-    stream = open_stream(runner, 0, PROMPT_LEN)
-    (logits,) = runner.run([stream.rows(tiny.prompt, logits="all")])
+    logits = tiny.prompt_logits(model=model)
     ref = tiny.ref_logits()
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
     # bf16 cannot be held to 1e-4: the reference disagrees with itself there (teacher-forced, a

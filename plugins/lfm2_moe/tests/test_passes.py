@@ -3,50 +3,9 @@ or beside other streams, on contiguous or shuffled pages, in a fresh slot or a r
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
-
-import pytest
-import torch
-
-from tensorfold import testing
-from tensorfold.family.checkpoint import Checkpoint
-from tensorfold_lfm2_moe.model import Lfm2MoeModel, load
-
-if TYPE_CHECKING:
-    from conftest import Tiny
+from tensorfold import conformance
+from tensorfold_lfm2_moe.model import load
 
 
-def _prompts(vocab: int) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(99)
-    return [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (200, 250, 37)]
-
-
-def _model(tiny: "Tiny", dtype: str) -> Lfm2MoeModel:
-    return tiny.model if dtype == "float32" else load(Checkpoint.open(tiny.path), "cpu", dtype)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("together", [(0, 1), (1, 2), (0, 1, 2)])
-def test_streams_in_one_pass_equal_streams_alone(
-    tiny: "Tiny", dtype: str, together: Sequence[int]
-) -> None:
-    model = _model(tiny, dtype)
-    prompts = _prompts(model.vocab_size)
-    testing.assert_streams_together_equal_alone(
-        tiny.runner, model, prompts, together, num_pages=6, max_rows=600
-    )
-
-
-def test_shuffled_page_table_gives_identical_logits(tiny: "Tiny") -> None:
-    tokens = tiny.prompt + [5, 9, 11]
-    n = len(tokens)
-    cuts = [0, 300, len(tiny.prompt), n - 2, n - 1, n]  # a prompt in two chunks, then decodes
-    testing.assert_shuffled_pages_change_nothing(tiny.model, tokens, cuts)
-
-
-def test_reused_slot_starts_from_zero_state(tiny: "Tiny") -> None:
-    testing.assert_reused_slot_starts_clean(tiny.runner, tiny.prompt)
-
-
-def test_poisoned_free_pages_change_nothing(tiny: "Tiny") -> None:
-    testing.assert_poisoned_pages_change_nothing(tiny.runner, tiny.prompt)
+class TestPasses(conformance.SlotPassGates):
+    load = load

@@ -4,7 +4,7 @@ tensors come back under their on-disk names as float16, to ship with the plugin.
 
 Needs transformers (the test extra). Deterministic on the CPU: one thread, deterministic
 algorithms, batches drawn from a seeded generator. A family's `demo_train` module calls
-`main(...)` with what it knows: its model class, how to write a start folder, its texts.
+`main(...)` with what differs: its reference class, its texts' start and chat turn, its pad.
 """
 
 from __future__ import annotations
@@ -71,6 +71,49 @@ def train(
         model.save_pretrained(end)
         state = load_file(str(Path(end) / "model.safetensors"))
     return {k: v.to(torch.float16).contiguous() for k, v in state.items()}
+
+
+def demo_texts(start: str, chat_turn: str) -> list[str]:
+    """What a demo learns (tensorfold.family.demo_text), each text after `start`: every story
+    paragraph, and every question with its answer as plain text and as a chat turn
+    (`chat_turn` with {q} and {a} filled in)."""
+    from tensorfold.family.demo_text import QA, paragraphs
+
+    out = [f"{start}{p}" for p in paragraphs()]
+    out += [f"{start}{q} {a}" for q, a in QA]
+    out += [start + chat_turn.format(q=q, a=a) for q, a in QA]
+    return out
+
+
+def train_demo(
+    demo: Any,
+    reference: str,
+    texts: Sequence[str],
+    pad: str,
+    seed: int,
+    steps: int,
+    batch: int = 16,
+) -> tuple[dict[str, torch.Tensor], Tokenizer]:
+    """Train a family's demo from its `demo` module's random weights (`build_tokenizer`,
+    `SPECIAL_TOKENS`, `config_dict`, `random_weights`) through transformers' class named
+    `reference` on `texts`, padded with the special token `pad`: the tensors and the tokenizer
+    (for `main`'s `run`)."""
+    import transformers
+    from safetensors.torch import save_file
+
+    from tensorfold.family.demo_build import write_json
+
+    tok = demo.build_tokenizer()
+    ids = {t: tok.token_to_id(t) for t in demo.SPECIAL_TOKENS}
+    cfg = demo.config_dict(tok.get_vocab_size(), ids)
+
+    def write_start(folder: Path) -> None:
+        write_json(folder / "config.json", cfg)
+        save_file(demo.random_weights(cfg), str(folder / "model.safetensors"))
+
+    examples = [tok.encode(t, add_special_tokens=False).ids for t in texts]
+    model_cls = getattr(transformers, reference)
+    return train(model_cls, write_start, examples, ids[pad], steps, seed, batch=batch), tok
 
 
 def main(

@@ -1,0 +1,41 @@
+"""A family's per-family hook object (FamilySpec.hooks) built from what the family knows: how it
+reads a config.json, how it cuts across tensor-parallel ranks, and its tool-call format. Cheap
+to import: no torch."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Protocol
+
+from tensorfold.family import ShardPlan
+from tensorfold.family.hookspecs import hookimpl
+from tensorfold.family.tool_calls import ToolCallFormat
+
+
+class ConfigReader(Protocol):
+    """A family's config class: `from_dict(raw, source)` parses a config.json's mapping."""
+
+    def from_dict(self, raw: Mapping[str, Any], source: str = ...) -> Any: ...
+
+
+class FamilyHooks:
+    """`shard_plan` and `tool_call_format` for one family: `plan(cfg, dtype, world)` on the
+    config `config.from_dict` reads, and `tool_calls`. A part left out (None) is answered by
+    the core's default."""
+
+    def __init__(
+        self,
+        config: ConfigReader,
+        plan: Callable[[Any, str, int], ShardPlan] | None = None,
+        tool_calls: ToolCallFormat | None = None,
+    ) -> None:
+        self.config, self.plan, self.tool_calls = config, plan, tool_calls
+
+    @hookimpl
+    def shard_plan(self, config: Mapping[str, Any], dtype: str, world: int) -> ShardPlan | None:
+        if self.plan is None:
+            return None
+        return self.plan(self.config.from_dict(config, "config.json"), str(dtype), world)
+
+    @hookimpl
+    def tool_call_format(self, config: Mapping[str, Any]) -> ToolCallFormat | None:
+        return self.tool_calls
