@@ -15,7 +15,6 @@ above and the up product clamped to ±limit, glm5_next), "gelu_tanh" (GeGLU, gem
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -23,32 +22,11 @@ import torch
 from .gpu import use_triton
 from .linear import linear
 
+# SlotSum, the MoE's output before its slot sum, lives apart so that norms need not import this
+from .slot_sum import SlotSum as SlotSum
+from .slot_sum import summed as summed
+
 SLOTS_SUMMED_BY_NORM = True  # families pass sum_slots=not this (False: the slot sum's own launch)
-
-
-@dataclass(frozen=True)
-class SlotSum:
-    """A MoE's output with its slots not yet summed: slots [N, k, H], each row's weighted expert
-    outputs in slot order, in the model's dtype. `norms.add_rms_norm` takes it as its x and sums
-    the slots on the GPU in its own launch (a launch fewer a MoE layer); total() sums them here.
-    Either way: in slot order, in fp32, rounded to the slots' dtype once."""
-
-    slots: torch.Tensor
-
-    def total(self) -> torch.Tensor:
-        if use_triton(self.slots):
-            from . import triton_moe
-
-            return triton_moe.slot_sum(self.slots)
-        acc = self.slots[:, 0].float()
-        for j in range(1, self.slots.shape[1]):
-            acc = acc + self.slots[:, j].float()
-        return acc.to(self.slots.dtype)
-
-
-def summed(f: "torch.Tensor | SlotSum") -> torch.Tensor:
-    """f as an [N, H] tensor (a SlotSum's total)."""
-    return f.total() if isinstance(f, SlotSum) else f
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .gpu import use_triton
-from .moe import SlotSum
+from .slot_sum import SlotSum
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
