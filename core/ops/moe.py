@@ -26,8 +26,6 @@ from .linear import linear
 from .slot_sum import SlotSum as SlotSum
 from .slot_sum import summed as summed
 
-SLOTS_SUMMED_BY_NORM = True  # families pass sum_slots=not this (False: the slot sum's own launch)
-
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
     """1 / (1 + exp(-x)) in fp32, rounded to x's dtype."""
