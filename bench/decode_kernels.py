@@ -400,8 +400,9 @@ def dense_tiles() -> dict[str, Any]:
 
 
 def dense_split() -> dict[str, Any]:
-    """The dense FFN with its products' K split at several DENSE_WAVEs: each DENSE shape's FFN at 1, 8 and 64 rows timed in a graph over
-    rotating weights, its rows checked against the same rows of a 2048-row pass (split alike)."""
+    """The dense FFN with its products' K split at several DENSE_WAVEs: each DENSE shape's FFN at 1,
+    8 and 64 rows timed in a graph over rotating weights, its rows checked against the same rows of
+    a 2048-row pass (split alike)."""
     res: dict[str, Any] = {}
     saved = triton_moe.DENSE_WAVE
     for name, (i, h) in DENSE.items():
@@ -439,11 +440,11 @@ WALK_CANDIDATES = [
 
 def dense_walk() -> dict[str, Any]:
     """The dense FFN's prompt pass with its K split (the walk class of triton_moe.DENSE_TILES):
-    each DENSE shape's FFN at WALK_ROWS rows split on the prompt tiles ("shipped"), and split on each kernel's candidates
-    (the other kernel on the prompt tiles), then "best", the fastest equal candidates of both;
-    each timed in a graph over rotating weights, its rows 0, 0..7 and 0..63 checked against the
-    same rows run alone (split alike). The result's "table" holds each shape's fastest equal
-    entry where faster than "shipped", as Python."""
+    each DENSE shape's FFN at WALK_ROWS rows split on the prompt tiles ("shipped"), and split on
+    each kernel's candidates (the other kernel on the prompt tiles), then "best", the fastest equal
+    candidates of both; each timed in a graph over rotating weights, its rows 0, 0..7 and 0..63
+    checked against the same rows run alone (split alike). The result's "table" holds each shape's
+    fastest equal entry where faster than "shipped", as Python."""
     res: dict[str, Any] = {}
     saved = dict(triton_moe.DENSE_TILES)
     entries: dict[tuple[int, int, str], Any] = {}

@@ -229,8 +229,9 @@ def test_fp32_router_on_a_columns_major_gate_rows_alone_equal_batches():
 
 
 def test_expand_and_collapse_in_one_launch_give_the_two_steps_bits():
-    """FUSED_EXPAND_COLLAPSE, on: at GLM-5.3-Flash's width (4 streams of 4096) a few rows' expand and next collapse in one launch
-    give the bits of expand then collapse_norm over 64 rows (their three launches)."""
+    """FUSED_EXPAND_COLLAPSE, on: at GLM-5.3-Flash's width (4 streams of 4096) a few rows' expand
+    and next collapse in one launch give the bits of expand then collapse_norm over 64 rows (their
+    three launches)."""
     from tensorfold_glm import triton_mhc
 
     n, hc, h = 64, 4, 4096

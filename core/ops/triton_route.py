@@ -59,7 +59,7 @@ EXPERT_BLOCK = 64  # experts a router program computes
 # changes a logit's k order (docs/performance.md, "FP32_EXPERT_BLOCK").
 FP32_EXPERT_BLOCK = 64
 # The chain kernel's chunk of H (fixed: part of the reduction order) and its experts a program
-# (64 x 64 measured, above; bench/glm_one_program.py's ROUTE_WAYS hold the others).
+# (bench/glm_one_program.py's ROUTE_WAYS hold the others; docs/performance.md, "FP32_CHAIN_SUMS").
 FP32_CHAIN_SPLIT = 64
 FP32_CHAIN_EXPERTS = 64
 FP32_CHAIN_ROWS = 16  # rows a chain program takes in a pass of more than one row (any: no bits)

@@ -604,7 +604,8 @@ def expand_collapse_norm(
     """expand(post, comb, y, residual), then collapse_norm of the streams it makes with the next
     sublayer's fn, base, scale and norm_weight: (streams [N, hc, H], post' [N, hc] fp32,
     comb' [N, hc, hc] fp32, normed block input [N, H]). One launch for a pass of up to
-    FUSED_MAX_ROWS rows (switches.FUSED_EXPAND_COLLAPSE), else expand's and collapse_norm's three."""
+    FUSED_MAX_ROWS rows (switches.FUSED_EXPAND_COLLAPSE), else expand's and collapse_norm's
+    three."""
     n, hc, h = residual.shape
     width = hc * h
     fits = (

@@ -81,8 +81,8 @@ def test_conv_silu_matches_the_reference_and_a_stream_alone(dtype, tol):
 @pytest.mark.parametrize("k", [4, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_decode_pass_moves_its_tails_on_in_the_convs_own_launch(k, dtype, monkeypatch):
-    """KDA_TAIL_IN_PLACE, both values: a pass of one row a stream (one fresh, two resumed, a slot in no stream)
-    gives the outputs and leaves the tails of the conv then tail_kernel, bit for bit."""
+    """KDA_TAIL_IN_PLACE, both values: a pass of one row a stream (one fresh, two resumed, a slot in
+    no stream) gives the outputs and leaves the tails of the conv then tail_kernel, bit for bit."""
     d, slots = 32, 4
     fp = a_pass((0, 0, 1), (2, 5, 1), (3, 9, 1))
     qkv = randn(fp.num_rows, 3 * d, seed=11, dtype=dtype)
@@ -218,9 +218,9 @@ def test_the_recurrent_rows_alone_equal_their_runs_in_one_launch(dtype):
 
 
 def test_kda_model_with_the_recurrent_kernel_matches_fla_cores_stand_in(kernels_on_cpu, kda_model):
-    """OWN_RECURRENT, both values, in the fp32 model through the kernels: prompts (their rows outside whole
-    chunks), then decode rounds, against the same passes with the packed stand-in that takes
-    fla-core's place when it is off."""
+    """OWN_RECURRENT, both values, in the fp32 model through the kernels: prompts (their rows
+    outside whole chunks), then decode rounds, against the same passes with the packed stand-in that
+    takes fla-core's place when it is off."""
     from tensorfold.runner import ModelRunner
 
     model = kda_model(torch.float32)
@@ -410,8 +410,8 @@ class Launches:
 def test_kda_model_with_its_tails_moved_on_in_the_convs_launch_gives_the_same_bits(
     kernels_on_cpu, kda_model, monkeypatch
 ):
-    """KDA_TAIL_IN_PLACE, both values, in the model: its decode rounds' logits and the tails they leave, as with
-    the tails' own launch."""
+    """KDA_TAIL_IN_PLACE, both values, in the model: its decode rounds' logits and the tails they
+    leave, as with the tails' own launch."""
     from tensorfold.runner import ModelRunner
 
     model = kda_model(torch.bfloat16)
