@@ -20,6 +20,7 @@ import torch
 from tensorfold import testing
 from tensorfold.engine.runner import ModelRunner, open_stream
 from tensorfold.family.checkpoint import Checkpoint
+from tensorfold.ops import switches
 
 pytestmark = pytest.mark.gpu
 
@@ -124,27 +125,25 @@ def test_moe_gated_ffn_and_router_rows_alone_equal_batches(h, i, e, k):
     assert_rows_invariant(routed_moe, x)
 
 
-@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("i, h", [(2112, 2816), (7168, 2048)])
-def test_dense_ffn_on_its_own_tiles_rows_alone_equal_batches(i, h, split, monkeypatch):
+def test_dense_ffn_on_its_own_tiles_rows_alone_equal_batches(i, h):
     """DENSE_TILES: gemma4's and lfm2's dense FFN, whose decode-sized passes have their own tiles
-    (16 or 32 columns, 128-long k steps): rows alone == batches, across every row class; and
-    with DENSE_SPLIT, its products' K in chunks (a program a chunk up to DENSE_SPLIT_ROWS rows;
-    the 700-row pass on the walk class's tiles)."""
+    (16 or 32 columns, 128-long k steps), its products' K in chunks (a program a chunk up to
+    DENSE_SPLIT_ROWS rows; the 700-row pass on the walk class's tiles): rows alone == batches,
+    across every row class."""
     from tensorfold.ops import triton_moe
 
     assert (i, h, "small") in triton_moe.DENSE_TILES and (i, h, "walk") in triton_moe.DENSE_TILES
-    monkeypatch.setattr(triton_moe, "DENSE_SPLIT", split)
-    assert (triton_moe.dense_splits(i, h) > 1) == split
+    assert triton_moe.dense_splits(i, h) > 1
     w1, w3 = randn(i, h, seed=30, scale=0.05), randn(i, h, seed=31, scale=0.05)
     w2 = randn(h, i, seed=32, scale=0.05)
     assert_rows_invariant(lambda x: triton_moe.gated_ffn(x, w1, w3, w2), randn(700, h, seed=33))
 
 
-def test_route_a_program_a_row_gives_the_rows_tiles_bits(monkeypatch):
-    """ONE_ROW_PROGRAMS: passes routed a program a row on the one-row tile (gemma4's softmax
-    over 128 experts, top 8; the sigmoid route of 32, top 4) give the bits of ROUTE_ROWS rows a
-    program in four warps, and rows alone those of batches."""
+def test_route_a_program_a_row_gives_the_rows_tiles_bits():
+    """Passes routed a program a row on the one-row tile (gemma4's softmax over 128 experts,
+    top 8; the sigmoid route of 32, top 4): rows alone have the bits of batches, those of a few
+    rows routed ROUTE_ROWS rows a program in four warps among them."""
     from tensorfold.ops import triton_route
 
     gate = randn(128, 2816, seed=45, scale=0.02)
@@ -156,21 +155,14 @@ def test_route_a_program_a_row_gives_the_rows_tiles_bits(monkeypatch):
         lambda x: triton_route.route(x, few, eb, 4, norm_topk_prob=True, scaling=2.5),
     )
     for run in runs:
-        monkeypatch.setattr(triton_route, "ONE_ROW_PROGRAMS", False)
-        want = run(x)
-        monkeypatch.setattr(triton_route, "ONE_ROW_PROGRAMS", True)
-        got = run(x)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         assert_rows_invariant(run, x)
 
 
 @pytest.mark.parametrize("h", [2048, 512])
-def test_norm_in_the_routers_launch_gives_the_norms_bits(h, monkeypatch: pytest.MonkeyPatch):
+def test_norm_in_the_routers_launch_gives_the_norms_bits(h):
     """norm_route: a row alone (the add + RMSNorm in the router's one launch) has the bits of
     the same row in a batch (add_rms_norm's own launch, then the router's)."""
     from tensorfold.ops import triton_route
-
-    monkeypatch.setattr(triton_route, "NORM_IN_ROUTER", True)
 
     nw = (1 + randn(h, seed=17, scale=0.1).float() * 0.1).to(BF16)
     gate, eb = randn(32, h, seed=18, scale=0.05), randn(32, seed=19, scale=0.1).float()
@@ -183,14 +175,13 @@ def test_norm_in_the_routers_launch_gives_the_norms_bits(h, monkeypatch: pytest.
     )
 
 
-def test_route_of_one_row_on_its_own_tile_gives_the_rows_tiles_bits(monkeypatch):
-    """ONE_ROW_TILE: gemma4's routing (softmax over 128 experts, top 8, per-expert scale) of a
+def test_route_of_one_row_on_its_own_tile_gives_the_rows_tiles_bits():
+    """gemma4's routing (softmax over 128 experts, top 8, per-expert scale) of a
     row alone, on a [1, 128] tile in one warp, has the bits of the row in a batch ([16, 128]
     tiles in four warps), the sigmoid route's too, and lfm2's one-launch router of 32 experts
     on a [1, 32] tile."""
     from tensorfold.ops import triton_route
 
-    monkeypatch.setattr(triton_route, "ONE_ROW_TILE", True)
     gate = randn(128, 2816, seed=40, scale=0.02)
     scale = (1 + randn(128, seed=41, scale=0.1)).float()
     x = randn(700, 2816, seed=42)
@@ -237,45 +228,10 @@ def test_fp32_router_on_a_columns_major_gate_rows_alone_equal_batches():
     assert same.float().mean() > 0.9
 
 
-@pytest.mark.parametrize("columns", [False, True])
-def test_grouped_route_of_one_row_on_its_own_tile_gives_the_rows_tiles_bits(columns, monkeypatch):
-    """ONE_ROW_GROUPS (off until this passes and the bench shows a gain): an fp32 route with
-    expert groups (GLM-5.3-Flash's 288 experts in 8 groups, top 8) of a row alone on a [1, E]
-    tile in one warp has the bits of the row among others on the [16, E] tile, the tiled
-    partials' and the FMA chain's."""
-    from tensorfold.ops import triton_route
-
-    gate = (torch.randn(288, 4096, generator=torch.Generator().manual_seed(48)) * 0.02).to(DEV)
-    gate = triton_route.columns_major(gate) if columns else gate
-    eb = randn(288, seed=49, scale=0.01).float()
-    x = randn(64, 4096, seed=50)
-
-    def run(x):
-        return triton_route.route(
-            x,
-            gate,
-            eb,
-            8,
-            norm_topk_prob=True,
-            scaling=2.5,
-            fp32=True,
-            norm_eps=1e-20,
-            groups=8,
-            keep_groups=4,
-            by_expert=True,
-        )
-
-    many = run(x)
-    monkeypatch.setattr(triton_route, "ONE_ROW_GROUPS", True)
-    for r in (0, 17, 63):
-        w, e = run(x[r : r + 1].clone())
-        assert torch.equal(w, many[0][r : r + 1]) and torch.equal(e, many[1][r : r + 1])
-
-
-def test_expand_and_collapse_in_one_launch_give_the_two_steps_bits(monkeypatch):
-    """FUSED_EXPAND_COLLAPSE (off until this passes and the bench shows a gain): at
-    GLM-5.3-Flash's width (4 streams of 4096) a few rows' expand and next collapse in one launch
-    give the bits of expand then collapse_norm over 64 rows (their three launches)."""
+def test_expand_and_collapse_in_one_launch_give_the_two_steps_bits():
+    """FUSED_EXPAND_COLLAPSE, on: at GLM-5.3-Flash's width (4 streams of 4096) a few rows' expand
+    and next collapse in one launch give the bits of expand then collapse_norm over 64 rows (their
+    three launches)."""
     from tensorfold_glm import triton_mhc
 
     n, hc, h = 64, 4, 4096
@@ -295,14 +251,14 @@ def test_expand_and_collapse_in_one_launch_give_the_two_steps_bits(monkeypatch):
 
     streams = triton_mhc.expand(post, comb, y, res)
     two_steps = (streams, *triton_mhc.collapse_norm(streams, fn, base, scale, norm_w, **kw))
-    monkeypatch.setattr(triton_mhc, "FUSED_EXPAND_COLLAPSE", True)
+    assert switches.FUSED_EXPAND_COLLAPSE.on()
     for rows in ([0], [63], [5, 6], list(range(8)), [3, 9, 20, 31, 40, 50, 60, 62]):
         for got, want in zip(fused(rows), two_steps):
             assert torch.equal(got, want[rows]), rows
 
 
-def test_kda_decode_tails_moved_on_in_the_convs_launch_equal_the_tail_kernels(monkeypatch):
-    """triton_kda.TAIL_IN_PLACE at GLM-5.3-Flash's KDA width (3 x 8192 channels, kernel 4): a
+def test_kda_decode_tails_moved_on_in_the_convs_launch_equal_the_tail_kernels():
+    """KDA_TAIL_IN_PLACE, both values, at GLM-5.3-Flash's KDA width (3 x 8192 channels, kernel 4): a
     decode pass of 64 streams (two fresh) gives the outputs and leaves the tails of the conv's
     launch then tail_kernel's, bit for bit."""
     from tensorfold.family.forward_pass import ForwardPass, StreamRows
@@ -318,9 +274,9 @@ def test_kda_decode_tails_moved_on_in_the_convs_launch_equal_the_tail_kernels(mo
     w = randn(3 * d, k, seed=72, scale=0.5).float()
 
     def run(in_place: bool):
-        monkeypatch.setattr(triton_kda, "TAIL_IN_PLACE", in_place)
         moved = tails.clone()
-        return triton_kda.conv_silu(qkv, moved, meta, w, d, one_row_each=True), moved
+        with switches.switched(switches.KDA_TAIL_IN_PLACE, in_place):
+            return triton_kda.conv_silu(qkv, moved, meta, w, d, one_row_each=True), moved
 
     (out, moved), (want, want_tails) = run(True), run(False)
     assert torch.equal(out, want) and torch.equal(moved, want_tails)

@@ -36,7 +36,7 @@ def test_norm_in_the_routers_launch_reduces_a_row_as_the_norm_kernel():
 
 
 def test_route_of_one_row_on_its_own_tile_reduces_a_row_as_the_rows_tile():
-    """triton_route's _route_kernel for one row on a [1, 128] tile in one warp (ONE_ROW_TILE)
+    """triton_route's _route_kernel for one row on a [1, 128] tile in one warp
     reduces each row (the softmax's sum among them) in the layout of the [16, 128] tile in four
     warps along the row: 4 columns a thread, 32 threads, one warp (gemma4's 128 experts)."""
     _in_fresh_process("route_one_row")
@@ -44,7 +44,7 @@ def test_route_of_one_row_on_its_own_tile_reduces_a_row_as_the_rows_tile():
 
 def test_route_aligning_a_few_rows_keeps_its_reductions():
     """triton_route's _route_kernel aligning a pass of 8 rows (32 pairs, 32 experts:
-    ALIGN_FEW_ROWS) compiles for sm_90 and reduces its rows in the layouts of the route
+    aligns_in_route) compiles for sm_90 and reduces its rows in the layouts of the route
     without the alignment."""
     _in_fresh_process("route_few_rows")
 
@@ -403,7 +403,6 @@ def check_dense_walk_tiles() -> None:
             BM=bm,
             PDL=True,
             PREFETCH_K=0,
-            WALK=True,
             SPLIT_GRID=False,
             ws_ptr=None,
             cnt_ptr=None,

@@ -400,16 +400,16 @@ def dense_tiles() -> dict[str, Any]:
 
 
 def dense_split() -> dict[str, Any]:
-    """The dense FFN with its products' K split (triton_moe.DENSE_SPLIT) against unsplit, at
-    several DENSE_WAVEs: each DENSE shape's FFN at 1, 8 and 64 rows timed in a graph over
-    rotating weights, its rows checked against the same rows of a 2048-row pass (split alike)."""
+    """The dense FFN with its products' K split at several DENSE_WAVEs: each DENSE shape's FFN at 1,
+    8 and 64 rows timed in a graph over rotating weights, its rows checked against the same rows of
+    a 2048-row pass (split alike)."""
     res: dict[str, Any] = {}
-    saved = (triton_moe.DENSE_SPLIT, triton_moe.DENSE_WAVE)
+    saved = triton_moe.DENSE_WAVE
     for name, (i, h) in DENSE.items():
         sets, x, layer = moe_layer(1, i, h, 1)
         row: dict[str, Any] = {}
-        for split, wave in ((False, 256), (True, 128), (True, 256), (True, 512)):
-            triton_moe.DENSE_SPLIT, triton_moe.DENSE_WAVE = split, wave
+        for wave in (128, 256, 512):
+            triton_moe.DENSE_WAVE = wave
             big = layer(x, sets[0])
             cell: dict[str, Any] = {
                 "splits": (triton_moe.dense_splits(i, h), triton_moe.dense_splits(h, i))
@@ -418,9 +418,9 @@ def dense_split() -> dict[str, Any]:
                 xr = x[:r].contiguous()
                 cell[f"{r}_us"] = round(graph_us([lambda s=s: layer(xr, s) for s in sets]), 2)
                 cell[f"{r}_equal"] = bool(torch.equal(layer(xr, sets[0]), big[:r]))
-            row[f"split={split} wave={wave}"] = cell
+            row[f"wave={wave}"] = cell
         res[name] = row
-    triton_moe.DENSE_SPLIT, triton_moe.DENSE_WAVE = saved
+    triton_moe.DENSE_WAVE = saved
     return res
 
 
@@ -439,24 +439,20 @@ WALK_CANDIDATES = [
 
 
 def dense_walk() -> dict[str, Any]:
-    """The dense FFN's prompt pass with its K split (DENSE_SPLIT; the walk class of
-    triton_moe.DENSE_TILES): each DENSE shape's FFN at WALK_ROWS rows unsplit ("unsplit", the
-    prompt tiles), split on the prompt tiles ("shipped"), and split on each kernel's candidates
-    (the other kernel on the prompt tiles), then "best", the fastest equal candidates of both;
-    each timed in a graph over rotating weights, its rows 0, 0..7 and 0..63 checked against the
-    same rows run alone (split alike). The result's "table" holds each shape's fastest equal
-    entry where faster than "shipped", as Python."""
+    """The dense FFN's prompt pass with its K split (the walk class of triton_moe.DENSE_TILES):
+    each DENSE shape's FFN at WALK_ROWS rows split on the prompt tiles ("shipped"), and split on
+    each kernel's candidates (the other kernel on the prompt tiles), then "best", the fastest equal
+    candidates of both; each timed in a graph over rotating weights, its rows 0, 0..7 and 0..63
+    checked against the same rows run alone (split alike). The result's "table" holds each shape's
+    fastest equal entry where faster than "shipped", as Python."""
     res: dict[str, Any] = {}
-    saved = dict(triton_moe.DENSE_TILES), triton_moe.DENSE_SPLIT
+    saved = dict(triton_moe.DENSE_TILES)
     entries: dict[tuple[int, int, str], Any] = {}
     for name, (i, h) in DENSE.items():
         sets, x, layer = moe_layer(1, i, h, 1)
         x = x[:WALK_ROWS].contiguous()
         key = (i, h, "walk")
         row: dict[str, Any] = {}
-        triton_moe.DENSE_SPLIT = False
-        row["unsplit"] = {"us": round(graph_us([lambda s=s: layer(x, s) for s in sets], 10), 2)}
-        triton_moe.DENSE_SPLIT = True
         triton_moe.DENSE_TILES.pop(key, None)
         alone = {r: layer(x[:r].contiguous(), sets[0]) for r in (1, 8, 64)}
         shipped = triton_moe.pick(WALK_ROWS, i, hidden=h, split=True)
@@ -516,7 +512,7 @@ def dense_walk() -> dict[str, Any]:
         if us < row["shipped"].get("us", 0):
             entries[key] = entry
         res[name] = row
-    triton_moe.DENSE_TILES, triton_moe.DENSE_SPLIT = saved
+    triton_moe.DENSE_TILES = saved
     res["table"] = (
         "{"
         + ", ".join(
@@ -537,12 +533,10 @@ ALIGN_CASES = {
 
 def align_route() -> dict[str, Any]:
     """A decode pass's routing alone, timed in a graph: triton_align.align of its pairs, and its
-    route (gemma4's softmax over 128 experts, lfm2's sigmoid over 32) ROUTE_ROWS rows a program
-    or a program a row (triton_route.ONE_ROW_PROGRAMS), each route checked against the first's."""
+    route (gemma4's softmax over 128 experts, lfm2's sigmoid over 32), a program a row."""
     from tensorfold.ops import triton_align, triton_route
 
     res: dict[str, Any] = {}
-    saved = triton_route.ONE_ROW_PROGRAMS
     for name, (n, e, k) in ALIGN_CASES.items():
         g = torch.Generator().manual_seed(n + e)
         experts = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(n)]).to(DEVICE)
@@ -563,16 +557,8 @@ def align_route() -> dict[str, Any]:
                 return triton_route.softmax_route(x, gate, k, scale)
             return triton_route.route(x, gate, None, k, norm_topk_prob=True, scaling=1.0)
 
-        first = None
-        for one in (False, True):
-            triton_route.ONE_ROW_PROGRAMS = one
-            w, ex = routed()
-            first = first or (w.clone(), ex.clone())
-            row[f"route one_row_programs={one}"] = {
-                "us": round(graph_us([routed]), 2),
-                "equal": bool(torch.equal(w, first[0]) and torch.equal(ex, first[1])),
-            }
-        triton_route.ONE_ROW_PROGRAMS = saved
+        routed()
+        row["route"] = {"us": round(graph_us([routed]), 2), "equal": True}
         res[name] = row
     return res
 
@@ -760,7 +746,7 @@ def main() -> None:
     ap.add_argument(
         "--dense-split",
         action="store_true",
-        help="only the dense FFN with its K split (triton_moe.DENSE_SPLIT) and without",
+        help="only the dense FFN with its K split at several waves",
     )
     ap.add_argument(
         "--align",

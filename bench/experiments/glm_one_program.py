@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.experiments.glm_attention import REAL, TINY, Layer  # noqa: E402
-from tensorfold.ops import gpu, triton_route  # noqa: E402
+from tensorfold.ops import gpu, switches, triton_route  # noqa: E402
 from tensorfold.ops.pass_meta import pass_meta  # noqa: E402
 from tensorfold_glm import triton_indexer, triton_mhc  # noqa: E402
 
@@ -51,18 +51,14 @@ ROUTE_WAYS = {  # (the gate's layout, triton_route's switches); "tiled": session
     "chain_128x64": ("columns", dict(FP32_CHAIN_SPLIT=128, FP32_CHAIN_EXPERTS=64)),
     "chain_128x32": ("columns", dict(FP32_CHAIN_SPLIT=128, FP32_CHAIN_EXPERTS=32)),
     "chain_256x16": ("columns", dict(FP32_CHAIN_SPLIT=256, FP32_CHAIN_EXPERTS=16)),
-    "chain_64x64_one_row_groups": (
-        "columns",
-        dict(FP32_CHAIN_SPLIT=64, FP32_CHAIN_EXPERTS=64, ONE_ROW_GROUPS=True),
-    ),
 }
 TOP_POOL_WIDTHS = (64, 256, 1024, 2048)  # pools a row: top_pools in one launch against torch's
 COLLAPSE_WAYS = {  # session 23's first; then the collapse's warps, the projection's pieces
-    "whole_4warps": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=4),
-    "whole_2warps": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=2),
-    "whole_1warp": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=1),
-    "pieces_128": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=4, MAX_SPLIT=128, PIECE=128),
-    "pieces_32": dict(WHOLE_ROW=True, WHOLE_ROW_WARPS=4, MAX_SPLIT=32, PIECE=512),
+    "whole_4warps": dict(WHOLE_ROW_WARPS=4),
+    "whole_2warps": dict(WHOLE_ROW_WARPS=2),
+    "whole_1warp": dict(WHOLE_ROW_WARPS=1),
+    "pieces_128": dict(WHOLE_ROW_WARPS=4, MAX_SPLIT=128, PIECE=128),
+    "pieces_32": dict(WHOLE_ROW_WARPS=4, MAX_SPLIT=32, PIECE=512),
 }
 EXPAND_WAYS = {
     "block_512": dict(EXPAND_BLOCK_H=512),
@@ -83,14 +79,26 @@ POOL_KEY_WAYS = {"main": {}}  # triton_indexer: one way (session 24: early exit,
 
 @contextmanager
 def switched(module: Any, values: dict[str, Any]) -> Iterator[None]:
-    old = {k: getattr(module, k) for k in values}
+    """module's attributes set to values inside the block (a name of tensorfold.ops.switches'
+    registry set there instead), restored after it."""
+
+    def get(k: str) -> Any:
+        return switches.SWITCHES[k].on() if k in switches.SWITCHES else getattr(module, k)
+
+    def put(k: str, v: Any) -> None:
+        if k in switches.SWITCHES:
+            switches.set_value(k, v)
+        else:
+            setattr(module, k, v)
+
+    old = {k: get(k) for k in values}
     for k, v in values.items():
-        setattr(module, k, v)
+        put(k, v)
     try:
         yield
     finally:
         for k, v in old.items():
-            setattr(module, k, v)
+            put(k, v)
 
 
 def us_a_call(fn: Callable[[], Any], device: str) -> float | None:

@@ -1,11 +1,12 @@
 """Run a bench script in this process with module attributes set first: one side of an A/B,
 each side in a process of its own, the same tree.
 
-    python3 bench/experiments/with_switch.py tensorfold.ops.triton_splitk.WAVE=256 \
-        bench/lfm2_speed.py --sections decode
+    python3 bench/experiments/with_switch.py tensorfold.ops.switches.OWN_RECURRENT=False \
+        bench/glm_speed.py --sections decode
 
 Each MODULE.ATTR=VALUE before the script sets one attribute: VALUE a Python literal, or else an
-expression evaluated in the module's namespace, e.g.
+expression evaluated in the module's namespace (tensorfold.ops.switches.NAME=False sets a
+registered switch), e.g.
     tensorfold.ops.triton_linear.TUNED="{**TUNED, (6144, 2048): Tiles(32, 128, 4, 4, wave=1)}"
 """
 
@@ -22,6 +23,10 @@ def main(argv: list[str]) -> None:
         target, value = argv.pop(0).split("=", 1)
         module, attr = target.rsplit(".", 1)
         mod = importlib.import_module(module)
+        if module == "tensorfold.ops.switches":  # a registered switch: set through the registry
+            mod.set_value(attr, ast.literal_eval(value))
+            print(f"{target} = {value}", flush=True)
+            continue
         if not hasattr(mod, attr):
             raise SystemExit(f"{module} has no attribute {attr!r}")
         try:

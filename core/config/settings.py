@@ -79,9 +79,8 @@ class Settings(BaseSettings):
     prefetch_weights: bool = Field(
         default=False,
         description="With dependent launch, let each GEMV kernel prefetch part of its weights "
-        "into L2 while the kernel before it finishes (off: on an H200 it gained nothing in "
-        "session 7 and lost in session 15, LFM2-8B-A1B's one-stream forward 1.456 -> 1.556 ms, "
-        "docs/performance.md; the tokens are the same either way).",
+        "into L2 while the kernel before it finishes (off: slower on an H200, docs/performance.md, "
+        '"PREFETCH_WEIGHTS"; the tokens are the same either way).',
     )
     warm_up: bool | None = Field(
         default=None,

@@ -35,10 +35,6 @@ _M32 = 0xFFFF_FFFF
 _M64 = (1 << 64) - 1
 MAX_STOPS = 16
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range: biases are clamped to [-100, 100]
-# Rows reduced by ops/triton_row_stats.py on the GPU (each row's first maximum, max and log of
-# its sum of exponentials, one launch), not torch's log_softmax + argmax + gather + cat; False:
-# the torch path everywhere (benchmarks' "before")
-ROW_KERNEL = True
 
 
 def philox4x32(
@@ -369,7 +365,9 @@ def launch_rows(
     biased = [i for i, (p, _, _) in enumerate(rows) if p.has_penalties or p.logit_bias]
     drawn = [i for i, (p, _, _) in enumerate(rows) if not p.is_greedy]
     top_n = min(max(p.top_logprobs for p, _, _ in rows), v)
-    kernel = ROW_KERNEL and use_triton(logits)
+    # on the GPU, rows reduced by ops/triton_row_stats.py (each row's first maximum, max and log
+    # of its sum of exponentials, one launch; docs/performance.md, "ROW_KERNEL")
+    kernel = use_triton(logits)
     if kernel and not (biased or drawn or top_n):
         from ..ops.triton_row_stats import row_stats
 

@@ -30,7 +30,7 @@ log = get_logger("tensorfold.warm_up")
 # pass); then decode rounds at two streams and at one (the shorter reply ends first); then a
 # short prompt alone: a pass of so few attention programs that they share its keys' segments
 # (triton_key_split), as a chat's next turn after a long kept prefix does (without it, fp8
-# rows of narrow heads first compiled that kernel mid-serving: docs/journal/sessions.md, session 11)
+# rows of narrow heads would first compile that kernel mid-serving)
 PAST_A_PASS = 300
 PACKED = (40, 7)
 ALONE = (3,)

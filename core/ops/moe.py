@@ -21,14 +21,10 @@ import torch
 
 from .gpu import use_triton
 from .linear import linear
-from .slot_sum import SlotSum
 
-SLOTS_SUMMED_BY_NORM = True  # families pass sum_slots=not this (False: the slot sum's own launch)
-
-
-def summed(f: "torch.Tensor | SlotSum") -> torch.Tensor:
-    """f as an [N, H] tensor (a SlotSum's total)."""
-    return f.total() if isinstance(f, SlotSum) else f
+# SlotSum, the MoE's output before its slot sum, lives apart so that norms need not import this
+from .slot_sum import SlotSum as SlotSum
+from .slot_sum import summed as summed
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:

@@ -45,9 +45,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (x * cos) + (rotate_half(x) * sin)
 
 
-NORM_ROPE_FUSED = True  # norm_rope in one launch on the GPU (False: the norm's and rope's own)
-
-
 def norm_rope(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -65,7 +62,6 @@ def norm_rope(
     if (
         use_triton(x)
         and x.dtype == cos.dtype
-        and NORM_ROPE_FUSED
         and (not fp32_weight or weight.dtype == torch.float32)
     ):
         from .triton_rope import norm_rope as triton_norm_rope
@@ -76,9 +72,6 @@ def norm_rope(
 
         norm = rms_norm
     return apply_rope(norm(x, weight, eps), cos, sin)
-
-
-QKV_HEADS_FUSED = True  # qkv_heads in one launch on the GPU (with NORM_ROPE_FUSED)
 
 
 def qkv_heads(
@@ -102,8 +95,6 @@ def qkv_heads(
     if (
         use_triton(heads)
         and heads.dtype == cos.dtype
-        and NORM_ROPE_FUSED
-        and QKV_HEADS_FUSED
         and q_norm.dtype == k_norm.dtype == torch.float32
     ):
         from .triton_rope import qkv_heads as triton_qkv_heads
@@ -115,9 +106,6 @@ def qkv_heads(
         norm_rope(k, k_norm, eps, cos, sin, fp32_weight=True, norm=norm),
         norm(heads[:, v_first : v_first + kv_heads], None, eps),
     )
-
-
-QKV_WRITE_FUSED = True  # qkv_norm_rope_write in one launch on the GPU (with NORM_ROPE_FUSED)
 
 
 def qkv_norm_rope_write(
@@ -137,7 +125,7 @@ def qkv_norm_rope_write(
     rows index [N] (the norm w · round(x̂)). k_dst and v_dst hold qkv's dtype (fp8 rows are
     quantized by their own writer: PagedRows.write_many)."""
     kv_heads = k_dst.shape[1]
-    if use_triton(qkv) and qkv.dtype == cos.dtype and NORM_ROPE_FUSED and QKV_WRITE_FUSED:
+    if use_triton(qkv) and qkv.dtype == cos.dtype:
         from .triton_rope import qkv_norm_rope_write as triton_qkv_norm_rope_write
 
         return triton_qkv_norm_rope_write(qkv, q_norm, k_norm, eps, cos, sin, k_dst, v_dst, index)

@@ -1,5 +1,5 @@
-"""A MoE's output with its slots not yet summed (`moe.moe(..., sum_slots=False)`), which
-`norms.add_rms_norm` takes as its x: here so that moe and norms both import it."""
+"""A MoE's output before its slot sum (`SlotSum`), apart from ops/moe.py so that ops/norms.py
+can take one without importing the MoE (moe.py re-exports both names)."""
 
 from __future__ import annotations
 
@@ -28,3 +28,8 @@ class SlotSum:
         for j in range(1, self.slots.shape[1]):
             acc = acc + self.slots[:, j].float()
         return acc.to(self.slots.dtype)
+
+
+def summed(f: "torch.Tensor | SlotSum") -> torch.Tensor:
+    """f as an [N, H] tensor (a SlotSum's total)."""
+    return f.total() if isinstance(f, SlotSum) else f

@@ -19,7 +19,7 @@ program walks them or, for passes with few programs (a few decode rows over a lo
 shared among `parts` programs and folded by a second kernel: the same bits either way.
 
 fp8 rows (SCALED): keys and values are e4m3, converted exactly to fp16 (one instruction for two
-on sm_90; bf16 takes three, the conversion bounded fp8 decode: docs/perf.md, session 11), and a
+on sm_90; bf16 takes three: docs/performance.md, "FP8_AS_FP16"), and a
 bf16 q meets them as fp16 (exact for |q| in fp16's normal range; clamped to its finite range);
 an fp32 q meets them as fp32. A key's scale multiplies its scores after the head-dim sums, a
 value's its probabilities before the sum over keys (tensorfold.ops.kv_quant), as the torch
@@ -40,7 +40,7 @@ from .triton_util import after_prior, cdiv, interpreting, mma, next_power_of_2
 KEY_TILE = 64
 WIDE_HEAD = 128  # head dims above this take 16-row tiles, WIDE_BDV output columns a program
 WIDE_BDV = 512  # (each output block recomputes the scores; one block of 512 at 8 warps does
-WIDE_WARPS = 8  # gemma4's global heads in 0.6x the time of four of 128 at 4: docs/perf.md)
+WIDE_WARPS = 8  # gemma4's global heads: docs/performance.md, "WIDE_BDV")
 
 
 def tiles(d: int, dv: int, group: int, fp8: bool = False) -> tuple[int, int, int]:
@@ -48,8 +48,7 @@ def tiles(d: int, dv: int, group: int, fp8: bool = False) -> tuple[int, int, int
     d/dv, GQA group `group` and the rows' dtype; a function of these only, so every pass gets
     the same bits. Narrow heads take QUERY_ROWS rows a program (QB x group = 64 wgmma rows for
     lfm2), fp8 ones 16 rows (QB x group): a decode row's tile converts its e4m3 keys for 16
-    rows instead of 64, which halves fp8 decode at many streams and doubles a prompt's
-    attention (docs/perf.md, session 9)."""
+    rows instead of 64 (docs/performance.md, "FP8_QUERY_ROWS")."""
     gp = next_power_of_2(group)
     assert d & (d - 1) == 0 and dv & (dv - 1) == 0 and d >= 16 and dv >= 16, (d, dv)
     if max(d, dv) <= WIDE_HEAD:

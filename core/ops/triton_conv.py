@@ -20,7 +20,6 @@ from .triton_util import after_prior, cdiv, next_power_of_2
 
 ROWS = 16
 CHANNELS = 128
-TAIL_IN_PLACE = True  # a decode round's tails moved on by the conv's own launch (False: a second)
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
@@ -167,7 +166,7 @@ def gated_conv(
     if n == 0:
         return y
     grid = (cdiv(n, ROWS), cdiv(h, CHANNELS))
-    in_place = one_row_each and TAIL_IN_PLACE and k >= 2 and state.dtype == bcx.dtype
+    in_place = one_row_each and k >= 2 and state.dtype == bcx.dtype
     _gated_conv_kernel[grid](
         bcx,
         state,

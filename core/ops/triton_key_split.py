@@ -31,7 +31,7 @@ WARPS = 4  # of a narrow-head attention program, paged or ring (wide: triton_att
 def parts_for(programs: int, segments: int) -> int:
     """How many programs share a row tile's segments: 1 (one program walks them all) when the
     pass has a quarter of TARGET_PROGRAMS or more (a split of 2 or 3 gains less than its
-    combine costs: at 32 streams, docs/perf.md), else enough to reach TARGET_PROGRAMS."""
+    combine costs: docs/performance.md, "KEY_SPLIT"), else enough to reach TARGET_PROGRAMS."""
     want = cdiv(TARGET_PROGRAMS, max(programs, 1))
     if want < 4 or segments <= 1:
         return 1

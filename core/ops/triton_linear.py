@@ -6,8 +6,9 @@ only: the reduction order never depends on the row count M, so a row's bits do n
 many rows share the call. The tile along M and N (and the warps) is chosen by M: 16-row tiles
 for a few rows, 64-row tiles for decode-sized passes (up to SMALL_ROWS rows), 128-row tiles for
 prompt passes; up to SPLIT_ROWS rows the chunks run in programs of their own (above, the
-workspace of partials would cost more than the split gains). Every tile shape measured on an H200 gave the same bits (docs/perf.md), and
-tests/test_triton_kernels.py checks the two choices agree bit for bit under the interpreter.
+workspace of partials would cost more than the split gains). Every tile shape measured on an
+H200 gave the same bits, and tests/test_triton_kernels.py checks the two choices agree bit for
+bit under the interpreter.
 """
 
 from __future__ import annotations
@@ -28,10 +29,8 @@ BLOCK_M = 64  # passes of up to SMALL_ROWS rows
 PREFILL_BLOCK_M = 128  # larger passes
 SMALL_ROWS = 256
 # Passes of up to SPLIT_ROWS rows run each K chunk in a program of its own (the chunks' partials
-# through a workspace); larger ones walk the chunks in one program a tile. At 64 rows gemma4's
-# o_proj (2816 x 4096, 32 columns a tile) gave 88 programs walking all of K on 132 SMs;
-# Gemma-4-26B-A4B at 64 streams, forward 15.57 -> 15.33 ms with SPLIT_ROWS 64 (256: the same;
-# docs/perf.md, session 18). The same chunks summed in the same order: the same bits.
+# through a workspace); larger ones walk the chunks in one program a tile. The same chunks summed
+# in the same order: the same bits (docs/performance.md, "SPLIT_ROWS").
 SPLIT_ROWS = 64
 
 
@@ -44,37 +43,23 @@ class Tiles:
     wave: int = 0  # programs the K split aims at one row (0: triton_splitk.WAVE)
 
 
-# (N, K) -> tiles, where measured better than the default on an H200 (bench/kernels.py's and
-# bench/decode_kernels.py --tiles' sweeps; docs/perf.md). Every tile shape gave the same bits
-# there: the k order (BLOCK_K and the split) fixes them.
+# (N, K) -> tiles, where measured better than the default on an H200 (bench/experiments/decode_kernels.py
+# --tiles; docs/performance.md, "TUNED"). Every tile shape gave the same bits there: the k order
+# (BLOCK_K and the split) fixes them.
 TUNED: dict[tuple[int, int], Tiles] = {
-    # µs at 1 / 8 / 64 rows before -> after (decode_kernels.py --tiles); BLOCK_K and the split
-    # as before, so the same bits and the same prompt tiles (a 128-long k step for in_proj took
-    # a third off 2k prefill)
-    # lfm2 in_proj, unsplit: 9.55 / 9.84 / 13.64 -> 8.87 / 8.90 / 10.46 (session 13's sweep;
-    # engine forward 1.613 -> 1.596 ms at one stream, 64 streams 11354 -> 11515 tok/s)
-    (6144, 2048): Tiles(32, 128, 4, 4, wave=1),
-    (2048, 2048): Tiles(32, 128, 4, 4, wave=256),  # 6.11 / 6.22 / 11.62 -> 5.92 / 6.14 / 9.47
-    # LFM2-8B-A1B's q+k+v weight ((32 + 2·8)·64 rows), unsplit: 7.02 / 7.16 / 9.69 -> 6.43 /
-    # 6.48 / 8.30 (session 14's sweep)
-    (3072, 2048): Tiles(32, 128, 4, 8, wave=1),
+    (6144, 2048): Tiles(32, 128, 4, 4, wave=1),  # lfm2 in_proj, unsplit
+    (2048, 2048): Tiles(32, 128, 4, 4, wave=256),
+    (3072, 2048): Tiles(32, 128, 4, 8, wave=1),  # LFM2-8B-A1B's q+k+v, unsplit
     (512, 2048): Tiles(32, 128, 4, 4),
     (32, 2048): Tiles(32, 128, 4, 4),
     (64, 2048): Tiles(32, 128, 4, 4),
-    (4096, 2816): Tiles(
-        64, 64, 4, 4, wave=256
-    ),  # gemma4 q: 9.57 / 9.85 / 44.78 -> 9.22 / 9.44 / 16.33
-    (2816, 4096): Tiles(
-        32, 64, 4, 4, wave=256
-    ),  # gemma4 o: 10.10 / 10.29 / 21.25 -> 9.81 / 10.02 / 19.18
+    (4096, 2816): Tiles(64, 64, 4, 4, wave=256),  # gemma4 q
+    (2816, 4096): Tiles(32, 64, 4, 4, wave=256),  # gemma4 o
     # gemma4's q+k+v (sliding layers) and q+k (full layers, k_eq_v) as one weight: in_proj's
-    # unsplit tile; session 14's sweep found none faster (13.25 / 13.40 / 14.71 and 15.25 /
-    # 15.31 / 23.73 µs)
+    # unsplit tile
     (8192, 2816): Tiles(32, 128, 4, 4, wave=1),
     (9216, 2816): Tiles(32, 128, 4, 4, wave=1),
-    # LFM2-8B-A1B's lm_head, unsplit as before, its BLOCK_K and prompt tile as before: 64.64 /
-    # 65.81 / 68.53 -> 62.79 / 64.48 / 70.51 µs at 1 / 8 / 64 rows (session 16's sweep)
-    (65536, 2048): Tiles(64, 64, 4, 6, wave=1),
+    (65536, 2048): Tiles(64, 64, 4, 6, wave=1),  # LFM2-8B-A1B's lm_head, unsplit
 }
 
 

@@ -13,10 +13,10 @@ A pair's result is computed with K walked in order in fixed BLOCK_K steps, so it
 depend on how many rows share its expert; the M/N tile (BLOCK_M, BLOCK_N, warps) is chosen by
 the pass's shape (a few rows, or a decode-sized pass of a few pairs an expert: 16-row tiles;
 other decode-sized passes: 64-row tiles; prompt passes: 128-row tiles), which changes no
-reduction order (every tile measured gave the same bits; docs/perf.md). Pairs come sorted by triton_align; the grids are
-sized for the worst case, so a decode round's launches are fixed for its CUDA graph. The dense
-FFN runs through the same kernels as one expert with every row a pair, on tiles of its own where
-measured faster (DENSE_TILES), optionally with its K in chunks (DENSE_SPLIT).
+reduction order (every tile measured gave the same bits). Pairs come sorted by triton_align; the
+grids are sized for the worst case, so a decode round's launches are fixed for its CUDA graph.
+The dense FFN runs through the same kernels as one expert with every row a pair, on tiles of its
+own where measured faster (DENSE_TILES), with its K in chunks (dense_splits).
 """
 
 from __future__ import annotations
@@ -48,58 +48,35 @@ class Tiles:
     stages: int
 
 
-# The fastest at 2048 rows of bench/kernels.py's sweep on an H200 (prompt passes); a decode
-# row's GEMMs were faster with BLOCK_M 64 and 64x64 tiles, 4 warps, 4 stages (docs/perf.md).
-# Every tile shape and BLOCK_M tried gave the same bits. Both keep BLOCK_K 64: the k order.
+# The fastest at 2048 rows of a tile sweep on an H200 (prompt passes), then a decode
+# pass's and a few rows' (docs/performance.md, "MOE_TILES"). Every tile shape and BLOCK_M tried
+# gave the same bits. All keep BLOCK_K 64: the k order.
 SWIGLU_TILES = Tiles(128, 64, 8, 3)
 DOWN_TILES = Tiles(128, 64, 8, 3)
-# A decode pass's (run 2's tiles; the same BLOCK_K, so the same k order).
 SMALL_SWIGLU_TILES = Tiles(64, 64, 4, 4)
 SMALL_DOWN_TILES = Tiles(64, 64, 4, 4)
-# A few rows' (TINY_ROWS or fewer; the same BLOCK_K, so the same k order): the best layer at
-# one row over lfm2 8B's and gemma4 26B's experts and lfm2's dense FFN in
-# `bench/decode_kernels.py --moe-tiles` on an H200 (docs/perf.md), every tile's bits equal.
 TINY_SWIGLU_TILES = Tiles(32, 64, 2, 5)
 TINY_DOWN_TILES = Tiles(32, 64, 2, 5)
-# ... and the down kernel's when its K (the experts' width) is LONG_K or more: 128-long k steps,
-# 8 stages. LFM2-8B-A1B's MoE layer at one row 37.1 -> 33.4 µs, its dense FFN 41.0 -> 35.0
-# (K 1792 and 7168); gemma4 26B's (K 704) was faster with the tile above. BLOCK_K 128 gave the
-# bits of BLOCK_K 64 on the GPU, where the MMAs chain one accumulator in k steps of 16 whatever
-# BLOCK_K is (a row alone and 8 rows equal to a 2048-row pass's; docs/perf.md, session 15). The
-# interpreter adds each dot's whole K to the accumulator at once, so there BLOCK_K stays 64.
-# (The gate/up kernel's K is the hidden width; a sweep of its tiles at one row found none
-# faster, 128-long k steps included.)
+# ... and a few rows' down kernel when its K (the experts' width) is LONG_K or more: 128-long k
+# steps, 8 stages (docs/performance.md, "TINY_LONG_DOWN_TILES"). BLOCK_K 128 gives the bits of
+# BLOCK_K 64 on the GPU, where the MMAs chain one accumulator in k steps of 16 whatever BLOCK_K
+# is. The interpreter adds each dot's whole K to the accumulator at once, so there BLOCK_K
+# stays 64.
 TINY_LONG_DOWN_TILES = Tiles(32, 128, 4, 8)
 LONG_K = 1024
 
 
-# A decode-sized pass whose pairs come to at most FEW_PER_EXPERT an expert (pairs <= this times
-# the experts: many experts, a few pairs each) takes the few rows' blocks and tiles. µs for a
-# MoE layer at 32 / 64 / 128 rows on an H200, 64-row blocks -> 16-row blocks with TINY tiles
-# (bench/decode_kernels.py --moe-blocks; docs/perf.md, session 17): Gemma-4-26B-A4B (128
-# experts, top 8: 2 / 4 / 8 pairs an expert) 361.7 / 392.4 / 411.1 -> 357.8 / 378.2 / 404.0;
-# LFM2-8B-A1B (32, top 4: 4 / 8 / 16) 187.7 / 191.6 -> 180.1 / 186.3, and 195.2 -> 203.8 at 16
-# pairs an expert (kept on 64-row blocks). The dense FFN (every row a pair of one expert) stays
-# on 64-row blocks too: it lost on 16-row ones (its own tiles: DENSE_TILES). Tiles change no
-# bits (the k order is BLOCK_K's and the chain's).
+# A decode-sized pass whose pairs come to at most FEW_PER_EXPERT an expert (many experts, a few
+# pairs each) takes the few rows' blocks and tiles; the dense FFN stays on 64-row blocks
+# (docs/performance.md, "FEW_PER_EXPERT"). Tiles change no bits.
 FEW_PER_EXPERT = 8
 
 
 # The dense FFN's tiles where measured faster than the experts' ((width, hidden, row class) ->
 # (BLOCK_M, swiglu tiles, down tiles); the classes: "tiny", TINY_ROWS rows or fewer, "small", up
-# to SMALL_ROWS; "walk" below). A dense FFN is one expert, so the experts' tiles give it few programs: at
-# gemma4's 2112 x 2816 the gate/up kernel's 32 columns a program make 66 programs at one row,
-# 33 of 64 columns at 64 rows, on a GPU of 132 SMs. µs for the FFN at 64 rows, shipped -> these
-# (bench/decode_kernels.py --dense-tiles, H200; every candidate's rows equal to a 2048-row
-# pass's): gemma4 29.9 -> 19.0 (Gemma-4-26B-A4B at 64 streams, forward 15.46 -> 15.20 ms),
-# lfm2 (7168 x 2048) 53.0 -> 37.2 (docs/perf.md, session 18). At a few rows the sweep's best
-# gemma4 tiles (swiglu 32 x 128, 8 stages; down 16 x 128) took 22.8 -> 19.2 µs alone, but the
-# engine's forward at 8 streams went 8.03 -> 8.21 ms: not kept.
-# "walk": a prompt pass (more than SMALL_ROWS rows) with its K split (DENSE_SPLIT). Its chunks'
-# sums keep two accumulators a product, so the prompt tiles' 128 x 128 spill: µs for the FFN at
-# 2048 rows, unsplit -> split on the prompt tiles -> these (bench/decode_kernels.py --dense-walk,
-# H200; docs/perf.md, session 20; rows alone equal): gemma4 174.2 -> 672.7 -> 213.6, lfm2
-# 327.0 -> 1238.1 -> 527.0.
+# to SMALL_ROWS; "walk", a prompt pass with its K split, whose two accumulators a product spill
+# on the prompt tiles): a dense FFN is one expert, so the experts' tiles give it few programs
+# (docs/performance.md, "DENSE_TILES"; every candidate's rows equal to a 2048-row pass's).
 DENSE_TILES: dict[tuple[int, int, str], tuple[int, Tiles, Tiles]] = {
     (2112, 2816, "small"): (64, Tiles(16, 128, 4, 4), Tiles(32, 128, 4, 4)),
     (7168, 2048, "small"): (64, Tiles(64, 64, 4, 4), Tiles(16, 128, 4, 6)),
@@ -380,9 +357,8 @@ def _swiglu_kernel(
     ws_rows=0,
     SPLITS: tl.constexpr = 1,
     SPLIT_GRID: tl.constexpr = False,
-    WALK: tl.constexpr = False,
 ):
-    """SPLITS > 1 (the dense FFN, DENSE_SPLIT): K in SPLITS chunks of CHUNK, each product's
+    """SPLITS > 1 (the dense FFN, dense_splits): K in SPLITS chunks of CHUNK, each product's
     chunks summed in chunk order: by one program (a prompt pass), or (SPLIT_GRID) a program
     a chunk (grid axis 2) whose partials go to ws [SPLITS, 2, ws_rows, I] fp32 and the tile's
     last to arrive adds them up (triton_splitk's order)."""
@@ -466,7 +442,7 @@ def _swiglu_kernel(
             acc1 = splitk.chunk_sum(acc1, ws, 2 * half, live_ws, SPLITS)
             acc3 = splitk.chunk_sum(acc3, ws + half, 2 * half, live_ws, SPLITS)
             splitk.depart(cnt_ptr, tile)
-    elif WALK:
+    else:  # one program walks the chunks in one loop (one pipeline)
         acc1, acc3 = _gate_up_walk(
             x_ptr,
             w1_ptr,
@@ -489,34 +465,6 @@ def _swiglu_kernel(
             BN,
             BK,
         )
-    else:
-        acc1 = tl.zeros((BM, BN), dtype=tl.float32)
-        acc3 = tl.zeros((BM, BN), dtype=tl.float32)
-        for t in tl.static_range(SPLITS):
-            p1, p3 = _gate_up_chunk(
-                x_ptr,
-                w1_ptr,
-                w3_ptr,
-                src,
-                valid,
-                e64,
-                rn,
-                nmask,
-                t * CHUNK,
-                tl.minimum(k_end, (t + 1) * CHUNK),
-                stride_xm,
-                stride_1e,
-                stride_1n,
-                stride_3e,
-                stride_3n,
-                IEEE,
-                INTERP,
-                BM,
-                BN,
-                BK,
-            )
-            acc1 += p1
-            acc3 += p3
     if finish:
         dt = g_ptr.dtype.element_ty
         g = _gate(acc1.to(dt).to(tl.float32), acc3.to(dt).to(tl.float32), limit, dt, ACT)
@@ -552,7 +500,6 @@ def _down_kernel(
     ws_rows=0,
     SPLITS: tl.constexpr = 1,
     SPLIT_GRID: tl.constexpr = False,
-    WALK: tl.constexpr = False,
 ):
     """SPLITS > 1: as _swiglu_kernel's, with ws [SPLITS, ws_rows, H] fp32."""
     pid_n = tl.program_id(0)
@@ -630,7 +577,7 @@ def _down_kernel(
         if finish:
             acc = splitk.chunk_sum(acc, ws, ws_rows * H, live_ws, SPLITS)
             splitk.depart(cnt_ptr, tile)
-    elif WALK:
+    else:  # one program walks the chunks in one loop (one pipeline)
         acc = _down_walk(
             g_ptr,
             w2_ptr,
@@ -650,28 +597,6 @@ def _down_kernel(
             BN,
             BK,
         )
-    else:
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for t in tl.static_range(SPLITS):
-            acc += _down_chunk(
-                g_ptr,
-                w2_ptr,
-                rows,
-                valid,
-                e64,
-                rn,
-                nmask,
-                t * CHUNK,
-                tl.minimum(k_end, (t + 1) * CHUNK),
-                K,
-                stride_2e,
-                stride_2n,
-                IEEE,
-                INTERP,
-                BM,
-                BN,
-                BK,
-            )
     if finish:
         y = acc.to(g_ptr.dtype.element_ty)  # the expert's output in the model dtype
         if HAS_WEIGHT:
@@ -737,34 +662,17 @@ def stack(ws: Sequence[torch.Tensor]) -> torch.Tensor:
 # split from the product's shape alone, so every pass sums a row the same way): a dense FFN is one
 # expert, whose tiles alone give a one-row pass few programs (gemma4's 2112 x 2816 gate/up: 66).
 # Passes of up to DENSE_SPLIT_ROWS rows run a program a chunk, larger ones walk the chunks in one
-# program. The chunks are whole multiples of SPLIT_K_STEP, so BLOCK_K 64 and 128 both walk them
-# whole. Measured (bench/decode_kernels.py --dense-split, H200; docs/perf.md, session 18), µs at 1
-# / 8 / 64 rows, unsplit -> split at DENSE_WAVE 256 with a program a chunk up to 64 rows: gemma4
-# 26.3 / 26.6 / 19.1 -> 20.8 / 21.5 / 30.5; lfm2 36.2 / 36.5 / 37.0 -> 33.7 / 35.1 / 53.6 (wave
-# 128: 31.4 / 31.6 / 44.2). 64-row passes lost to the workspace, so a program a chunk is now for
-# DENSE_SPLIT_ROWS rows or fewer. In the engine, within one call (docs/perf.md, session 19),
-# forward at 1 / 8 / 64 streams, off -> on: Gemma-4-26B-A4B 3.884 / 7.997 / 15.170 -> 3.673 /
-# 7.829 / 15.303 ms; LFM2-8B-A1B 1.407 / 3.568 / 5.065 -> 1.386 / 3.535 / 5.084; both gates true.
-# Prompt passes pay for it (a row's bits must not depend on its pass): on the walk tiles
-# (DENSE_TILES) LFM2-8B-A1B's 2048-token prefill's kernels 21.67 -> 22.04 ms of GPU time, and
-# Gemma-4-26B-A4B's time to first token at 2k / 8k / 32k 69.6 / 349 / 2488 -> 70.7 / 353 / 2510 ms
-# (docs/perf.md, session 20); on the prompt tiles it was 19% slower.
-DENSE_SPLIT = True
+# loop, a chunk's accumulators restarting from zero at its end (docs/performance.md,
+# "DENSE_SPLIT" and "DENSE_WALK"). The chunks are whole multiples of SPLIT_K_STEP, so BLOCK_K 64
+# and 128 both walk them whole.
 DENSE_WAVE = 256  # programs a one-row pass's product should offer
 DENSE_SPLIT_COLUMNS = 32  # the output columns a program is counted for (fixed: it sets the split)
 SPLIT_K_STEP = 128
 DENSE_SPLIT_ROWS = TINY_ROWS
-# Larger passes walk the chunks in one loop, a chunk's accumulators restarting from zero at its
-# end (one pipeline), not a loop a chunk (SPLITS pipelines, each filled and drained anew).
-# The same operations, so the same bits; its PTX for sm_90 has one pipelined loop's copies
-# against four (gemma4's gate/up at 64 rows: 29 cp.async against 116).
-DENSE_WALK = True
 
 
 def dense_splits(n: int, k: int) -> int:
     """K chunks for a dense FFN product of n outputs over k (1: unsplit, the experts' order)."""
-    if not DENSE_SPLIT:
-        return 1
     splits = splitk.splits_for(cdiv(n, DENSE_SPLIT_COLUMNS), cdiv(k, SPLIT_K_STEP), DENSE_WAVE)
     while splits > 1 and (splits - 1) * splitk.chunk(k, SPLIT_K_STEP, splits) >= k:
         splits //= 2  # no empty chunk (9 steps in 8 chunks of 2 would leave three)
@@ -789,7 +697,7 @@ def _split_args(
     assert chunk % t.block_k == 0, (chunk, t)
     assert (splits - 1) * chunk < k, (k, splits, chunk)  # no empty chunk (_gate_up_walk)
     if pairs > DENSE_SPLIT_ROWS:  # one program walks a tile's chunks: no workspace
-        return dict(CHUNK=chunk, SPLITS=splits, WALK=DENSE_WALK), 1
+        return dict(CHUNK=chunk, SPLITS=splits), 1
     ws = torch.empty(splits * halves * rows * width, dtype=torch.float32, device=device)
     return dict(
         ws_ptr=ws,

@@ -19,11 +19,8 @@ down its FP32_CHAIN_SPLIT columns of H, in order, each step reading E contiguous
 gate. An FMA chain has the same bits on a tile of one row or of many, so a one-row pass runs on
 a one-row tile; a decode-sized pass runs a program a chunk, the chunks added in order by the
 last program of each expert block to arrive (triton_splitk's counters), a prompt's programs
-walk the chunks in the same order. glm5_next keeps its gate row-major for now: in its
-one-stream census (288 experts) the chain's 64-column chunks took 6.5 us a call against 15.6
-for the tiled partials, but with the route kernel adding the 64 chunks (not 16) the route took
-14.7 us against 6.8 (docs/perf.md, session 25). The chunks added in the chain's own launch, and
-the other chunk and block ways, are bench/glm_one_program.py's, not yet measured.
+walk the chunks in the same order. glm5_next keeps its gate row-major (docs/performance.md,
+"FP32_CHAIN_SUMS").
 """
 
 from __future__ import annotations
@@ -32,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import triton_splitk
+from . import switches, triton_splitk
 from .gpu import launch_options
 from .triton_align import Aligned, align_pairs, max_blocks_for
 from .triton_moe import TINY_BLOCK_M, TINY_ROWS
@@ -40,62 +37,33 @@ from .triton_norms import NORM_WARPS, norm_rows, rows_per_program
 from .triton_util import after_prior, cdiv, interpreting, mma, next_power_of_2, publish_writes
 
 ROUTE_ROWS = 16
-ALIGN_ONE_ROW = True  # a one-row pass's router also aligns its pairs (False: benchmarks' "before")
-# ... and so does a pass of a few rows that one route program holds (up to ROUTE_ROWS and the
-# expert GEMMs' TINY_ROWS; a decode round of a few streams), where the pairs' one-hot against the
-# experts stays within FEW_ROWS_ONE_HOT elements: the align launch goes. LFM2-8B-A1B at 8
-# streams (32 pairs, 32 experts): forward 3.625 -> 3.564 ms. Gemma-4-26B-A4B at 8 (64 pairs, 128
-# experts, a [64, 128] one-hot in four warps) lost: 8.01 -> 8.34 ms (docs/perf.md, session 15)
-ALIGN_FEW_ROWS = True
+# A pass of one row, or of a few that one route program holds (up to ROUTE_ROWS and the expert
+# GEMMs' TINY_ROWS) with the pairs' one-hot against the experts within FEW_ROWS_ONE_HOT
+# elements, has its pairs aligned by its route program, not align's launch
+# (docs/performance.md, "ALIGN_ONE_ROW" and "ALIGN_FEW_ROWS").
 FEW_ROWS_ONE_HOT = 1024
-FUSE_ONE_ROW = True  # ... and its partials and its top k are one launch (False: two, as before)
-# norm_route: a one-row pass's add + RMSNorm in the router's launch. The GPU shows the two
-# launches reduce a row in the same order (tests/test_gpu_kernels.py's
-# test_norm_in_the_routers_launch_gives_the_norms_bits; the interpreter cannot show it).
-# LFM2-8B-A1B, one stream: forward 1.536 -> 1.469 ms (docs/perf.md, session 14)
-NORM_IN_ROUTER = True
-FUSE_MAX_EXPERTS = 64  # ... for up to this many experts: LFM2-8B-A1B's 32 gained (forward 1.696
-# -> 1.676 ms with two other launches folded), Gemma-4-26B-A4B's 128 lost (4.60 -> 4.74 ms)
-# A one-row pass's _route_kernel (the experts beyond FUSE_MAX_EXPERTS: gemma4's 128) on a
-# [1, E] tile in one warp instead of the [ROUTE_ROWS, E] tile in four: a row's reductions keep
-# their layout (4 columns a thread, 32 threads along the row, one warp: the same tree), and the
-# kernel's instructions halve (PTX 9276 -> 5069 lines at E=128, top 8). With sigmoid scores (no
-# order-dependent sum: the top k by argmax, each weight picked alone) the one-launch router of
-# fewer experts takes a [1, E] tile too, in its four warps. Not with expert groups (glm5_next:
-# their scores are reduced on other tiles). On the GPU the rows' bits are equal
-# (tests/test_gpu_kernels.py) and Gemma-4-26B-A4B's one-stream forward went 4.165 -> 3.847 ms
-# (lfm2's: no change; docs/perf.md, session 15)
-ONE_ROW_TILE = True
-# ... with expert groups too (glm5_next), a one-row pass only: for bench/glm_one_program.py's
-# ways (session 21 measured no gain at 16 chunks); off until tests/test_gpu_kernels.py's test
-# of its bits has passed on a GPU and the bench shows a gain
-ONE_ROW_GROUPS = False
-# ... and every pass that its router does not align (more rows than one route program holds):
-# a program a row on that tile, not ROUTE_ROWS rows a program in four warps. The same layout a
-# row, so the same bits. The route alone (bench/decode_kernels.py --align, H200): gemma4 at 8
-# and 64 rows 11.8 -> 5.5 and 13.0 -> 5.8 µs; lfm2 at 64 rows 4.2 -> 3.7 (docs/perf.md, session 18)
-ONE_ROW_PROGRAMS = True
-# A route program's K splits summed by an unrolled loop (the same sums in the same order, the
-# loads in flight together) and a few pairs aligned against each other (triton_align's
-# _align_pairwise: [PB, PB] tiles, not the [PB, E] one-hot; the same writes). glm5_next's one
-# row (288 experts, top 8, one warp): see docs/perf.md, session 23
-UNROLL_SPLITS = True
-PAIRWISE_ALIGN = True
+# A one-row pass routes in one launch (partials and top k; its add + RMSNorm too, norm_route)
+# for up to this many experts (docs/performance.md, "FUSE_ONE_ROW" and "NORM_IN_ROUTER").
+FUSE_MAX_EXPERTS = 64
+# A route without expert groups runs a program a row on a [1, E] tile (one warp; the one-launch
+# sigmoid router in its four warps) wherever one program does not align the whole pass: a row's
+# reductions keep the [ROUTE_ROWS, E] tile's layout, so its bits (docs/performance.md,
+# "ONE_ROW_TILE" and "ONE_ROW_PROGRAMS"). A route program's K splits are summed by an unrolled
+# loop (the same sums in the same order) and a few pairs are aligned against each other
+# (triton_align's _align_pairwise; docs/performance.md, "UNROLL_SPLITS and PAIRWISE_ALIGN").
 SIGMOID_ONE_ROW_WARPS = 1  # warps of a one-row sigmoid route (no sum a layout orders)
 FUSE_MAX_SIGMOID_EXPERTS = 64  # FUSE_MAX_EXPERTS for sigmoid routing without expert groups
 ROUTER_SPLIT = 256  # columns of H a router program sums (fixed: part of the reduction order)
 EXPERT_BLOCK = 64  # experts a router program computes
-# Experts a program of an fp32 router (glm5_next) computes. glm5_next's route at one row, µs on
-# the H200 with 64 / 32 / 16 / 8 (80 to 640 programs): 19.3 / 27.3 / 23.3 / 33.0, the same bits
-# (the tile along the experts never changes a logit's k order; docs/perf.md, session 24).
+# Experts a program of an fp32 router (glm5_next) computes; the tile along the experts never
+# changes a logit's k order (docs/performance.md, "FP32_EXPERT_BLOCK").
 FP32_EXPERT_BLOCK = 64
 # The chain kernel's chunk of H (fixed: part of the reduction order) and its experts a program
-# (64 x 64 measured, above; bench/glm_one_program.py's ROUTE_WAYS hold the others).
+# (bench/experiments/glm_one_program.py's ROUTE_WAYS hold the others; docs/performance.md, "FP32_CHAIN_SUMS").
 FP32_CHAIN_SPLIT = 64
 FP32_CHAIN_EXPERTS = 64
 FP32_CHAIN_ROWS = 16  # rows a chain program takes in a pass of more than one row (any: no bits)
 FP32_CHAIN_SPLIT_ROWS = 16  # passes of up to this many rows: a program a chunk
-FP32_CHAIN_SUMS = True  # ... the chunks added by the chain's last program (False: by the route)
 
 
 @triton.jit(do_not_specialize=["M"])  # one binary for any row count
@@ -268,7 +236,7 @@ def is_columns_major(gate: torch.Tensor) -> bool:
 def _chain_logits(x: torch.Tensor, gate: torch.Tensor, eb: int) -> tuple[torch.Tensor, int]:
     """An fp32 router's logits on _router_chain_kernel (gate columns-major): (part, splits),
     part [splits, N, EB] fp32 for the route kernel to add up in order: [1, N, EB] when the
-    chain's own launch added its chunks (FP32_CHAIN_SUMS, or a pass of more rows than
+    chain's own launch added its chunks (switches.FP32_CHAIN_SUMS, or a pass of more rows than
     FP32_CHAIN_SPLIT_ROWS, whose programs walk the chunks), the chunks' partials otherwise.
     Either way a logit is +0 + chunk 0 + chunk 1 + ...: the same bits."""
     n, h = x.shape
@@ -278,7 +246,7 @@ def _chain_logits(x: torch.Tensor, gate: torch.Tensor, eb: int) -> tuple[torch.T
     rows = 1 if n == 1 else FP32_CHAIN_ROWS
     eblk = min(next_power_of_2(e), FP32_CHAIN_EXPERTS)
     grid = (cdiv(n, rows), splits if split_grid else 1, cdiv(e, eblk))
-    summed = FP32_CHAIN_SUMS or not split_grid
+    summed = switches.FP32_CHAIN_SUMS.on() or not split_grid
     out = torch.empty(1 if summed else splits, n, eb, dtype=torch.float32, device=x.device)
     if n == 0:
         return out, out.shape[0]
@@ -379,7 +347,6 @@ def _route_kernel(
     BM: tl.constexpr = 16,
     PB: tl.constexpr = 1,
     PDL: tl.constexpr = False,
-    UNROLL: tl.constexpr = False,
     PAIRWISE: tl.constexpr = False,
 ):
     """lt_ptr: only its dtype is read, the logits' (and sigmoid scores') dtype; the weights are
@@ -420,7 +387,6 @@ def _route_kernel(
         BM,
         PB,
         False,
-        UNROLL,
         PAIRWISE,
     )
 
@@ -459,13 +425,12 @@ def _route_rows(
     BM: tl.constexpr,
     PB: tl.constexpr,
     VOLATILE: tl.constexpr,
-    UNROLL: tl.constexpr,
     PAIRWISE: tl.constexpr,
 ):
     """Rows row0 .. row0 + ROWS: their partials summed in split order, scored, their top k
     picked and weighted (VOLATILE: the partials read past L1, written by other programs of this
-    launch). UNROLL: the splits' loop unrolled, so their loads are in flight together (the
-    same sums in the same order). PAIRWISE: the pairs aligned by _align_pairwise."""
+    launch). The splits' loop is unrolled, so their loads are in flight together.
+    PAIRWISE: the pairs aligned by _align_pairwise."""
     rows = row0 + tl.arange(0, ROWS)
     ex = tl.arange(0, EB)
     rmask = rows < n_rows
@@ -473,18 +438,11 @@ def _route_rows(
     ldt = lt_ptr.dtype.element_ty
     dt = w_ptr.dtype.element_ty
     acc = tl.zeros((ROWS, EB), dtype=tl.float32)
-    if UNROLL:
-        for s in tl.static_range(S):  # the K splits, always in this order
-            offs = (s * n_rows + rows)[:, None].to(tl.int64) * EB + ex[None, :]
-            acc += tl.load(
-                part_ptr + offs, mask=rmask[:, None] & emask[None, :], other=0.0, volatile=VOLATILE
-            )
-    else:
-        for s in range(0, S):
-            offs = (s * n_rows + rows)[:, None].to(tl.int64) * EB + ex[None, :]
-            acc += tl.load(
-                part_ptr + offs, mask=rmask[:, None] & emask[None, :], other=0.0, volatile=VOLATILE
-            )
+    for s in tl.static_range(S):  # the K splits, always in this order
+        offs = (s * n_rows + rows)[:, None].to(tl.int64) * EB + ex[None, :]
+        acc += tl.load(
+            part_ptr + offs, mask=rmask[:, None] & emask[None, :], other=0.0, volatile=VOLATILE
+        )
     lg = acc.to(ldt).to(tl.float32)  # the router's logits, rounded as the reference's
     if SOFTMAX:
         lg = tl.where(emask[None, :], lg, float("-inf"))
@@ -593,7 +551,6 @@ def _router_route_kernel(
     NROWS: tl.constexpr = 1,
     BLOCK_D: tl.constexpr = 16,
     PDL: tl.constexpr = False,
-    UNROLL: tl.constexpr = False,
     PAIRWISE: tl.constexpr = False,
 ):
     """A pass of one row in one launch: each program writes its split of the logits as
@@ -645,7 +602,6 @@ def _router_route_kernel(
             BM,
             KB,
             True,
-            UNROLL,
             PAIRWISE,
         )
         tl.atomic_xchg(cnt_ptr, 0)
@@ -656,8 +612,7 @@ def _partial_tiles(x: torch.Tensor, gate: torch.Tensor, fp32: bool) -> dict:
     e = gate.shape[0]
     eb = max(16, next_power_of_2(e))
     # An fp32 product is a plain FMA loop, not a tensor-core one: smaller tiles keep its
-    # operands in registers (with 64 x 128 tiles glm5_next's router took 0.45 ms for one row
-    # on the H200; 16 x 32 is not timed yet). Neither tile changes a row's reduction order.
+    # operands in registers. Neither tile changes a row's reduction order.
     bm, bk = (16, 32) if fp32 else (64, min(128, ROUTER_SPLIT))
     eblk = min(eb, FP32_EXPERT_BLOCK if fp32 else EXPERT_BLOCK)
     return dict(
@@ -752,7 +707,6 @@ def _route(
         BY_EXPERT=by_expert,
         ROWS=route_rows(e),
         num_warps=4,
-        UNROLL=UNROLL_SPLITS,
     )
     lt = torch.empty(0, dtype=logit_dtype, device=x.device)
     aligned = None
@@ -767,9 +721,9 @@ def _route(
             e,
         )
     if not chain and fuses_one_row(n, e, sigmoid=not softmax and groups == 1):
-        if ONE_ROW_TILE and not softmax and groups == 1:  # no sum whose order a layout sets
+        if not softmax and groups == 1:  # no sum whose order a layout sets
             select["ROWS"] = 1
-        select["PAIRWISE"] = PAIRWISE_ALIGN and t["eb"] > next_power_of_2(top_k)
+        select["PAIRWISE"] = t["eb"] > next_power_of_2(top_k)
         part = torch.empty(t["splits"], 1, eb, dtype=torch.float32, device=x.device)
         assert aligned is not None  # one row (fuses_one_row) aligns in the route
         _router_route_kernel[(1, t["splits"], cdiv(e, t["eblk"]))](
@@ -805,11 +759,8 @@ def _route(
         )
     else:
         assert norm_in is None
-        if ONE_ROW_TILE and (
-            (groups == 1 and (n == 1 or (ONE_ROW_PROGRAMS and aligned is None)))
-            or (ONE_ROW_GROUPS and n == 1)
-        ):
-            select.update(ROWS=1, num_warps=1)  # a row's layout kept (see ONE_ROW_TILE)
+        if groups == 1 and (n == 1 or aligned is None):
+            select.update(ROWS=1, num_warps=1)  # a row's layout kept (the [1, E] tile, above)
             if n == 1 and not softmax:
                 select["num_warps"] = SIGMOID_ONE_ROW_WARPS
         if chain:
@@ -827,7 +778,7 @@ def _route(
                 ALIGN=True,
                 BM=TINY_BLOCK_M,
                 PB=pb,
-                PAIRWISE=PAIRWISE_ALIGN and eb > pb,
+                PAIRWISE=eb > pb,
             )
         )
         _route_kernel[(cdiv(n, select["ROWS"]),)](
@@ -859,11 +810,8 @@ def route_rows(experts: int) -> int:
 def aligns_in_route(n: int, top_k: int, experts: int, rows: int) -> bool:
     """Whether a pass of n rows has its pairs aligned by its router (one route program holding
     the pass, ROWS rows a program), not by triton_align's launch."""
-    if n == 1:
-        return ALIGN_ONE_ROW
-    return (
-        ALIGN_FEW_ROWS
-        and n <= min(rows, TINY_ROWS)
+    return n == 1 or (
+        n <= min(rows, TINY_ROWS)
         and next_power_of_2(n * top_k) * next_power_of_2(experts) <= FEW_ROWS_ONE_HOT
     )
 
@@ -872,7 +820,7 @@ def fuses_one_row(n: int, experts: int, sigmoid: bool = False) -> bool:
     """Whether a pass of n rows routes in one launch (_router_route_kernel); sigmoid: a
     sigmoid route without expert groups (FUSE_MAX_SIGMOID_EXPERTS)."""
     most = max(FUSE_MAX_EXPERTS, FUSE_MAX_SIGMOID_EXPERTS) if sigmoid else FUSE_MAX_EXPERTS
-    return n == 1 and ALIGN_ONE_ROW and FUSE_ONE_ROW and experts <= most
+    return n == 1 and experts <= most
 
 
 def norm_route(
@@ -892,8 +840,7 @@ def norm_route(
     norm's bits as its own kernel's); other passes launch the norm and route as they are."""
     n, d = y.shape
     if not (
-        NORM_IN_ROUTER
-        and fuses_one_row(n, gate.shape[0], sigmoid=True)
+        fuses_one_row(n, gate.shape[0], sigmoid=True)
         and residual.dtype == y.dtype
         and norm_weight.dtype == y.dtype
         and y.stride(-1) == 1

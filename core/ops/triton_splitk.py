@@ -21,7 +21,7 @@ import triton.language as tl
 
 from .triton_util import cdiv, publish_writes
 
-WAVE = 128  # programs a decode GEMM should offer: about one per SM of an H200 (bench/decode_kernels.py)
+WAVE = 128  # programs a decode GEMM should offer: about one per SM of an H200 (bench/experiments/decode_kernels.py)
 MAX_SPLITS = 8
 COUNTERS = 1 << 16
 

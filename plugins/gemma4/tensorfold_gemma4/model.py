@@ -32,9 +32,6 @@ if TYPE_CHECKING:
     from tensorfold.family.checkpoint import Checkpoint
 
 DTYPES = ("float32", "bfloat16", "float16")
-# The MoE's router and experts' inputs made in the post-attention residual's launch
-# (ops.residual_router), not a launch of their own (False: as before, for benchmarks' A/B)
-ROUTER_IN_RESIDUAL = True
 TOWERS = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
 log = get_logger("tensorfold_gemma4")
 
@@ -169,10 +166,10 @@ def decoder_layer(
     eps = cfg.rms_norm_eps
     a = layers.attention(cfg, layer, w.attention, x, cos, sin, fp, rows, sliding)
     e = None
-    if w.moe is None or not ROUTER_IN_RESIDUAL:
+    if w.moe is None:
         h, x = residual(h, a, eps, wa=w.post_attention_norm, wnext=w.pre_mlp_norm)
-        e = layers.moe(cfg, w.moe, h) if w.moe is not None else None
     else:  # the MoE's router and experts' inputs in the residual's launch
+        # (docs/performance.md, "ROUTER_IN_RESIDUAL")
         h, x, z, xe = residual_router(
             h,
             a,

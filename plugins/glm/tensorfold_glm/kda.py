@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from tensorfold.family.forward_pass import ForwardPass
+from tensorfold.ops import switches
 from tensorfold.ops.conv import causal_conv, tails_at
 from tensorfold.ops.gpu import use_triton
 from tensorfold.ops.linear import linear, linear_groups
@@ -36,13 +37,6 @@ from .config import GlmConfig
 from .kda_launches import FlaKernels, TorchKernels, delta_rule_pass
 from .ops import sigmoid, silu
 from .weights import KdaWeights
-
-# f_b of f_a x and g_b of g_a x, adjacent columns of one product, in one launch
-# (linear_groups, where D is a multiple of 128, as GLM-5.3-Flash's): 6 launches a round of
-# GLM-5.3-Flash-8L where there were 12 of 4.5 µs, each reading 2.1 MB that a bare read takes in
-# 1.9 µs (docs/perf.md session 25). The joint weight's tiles and K split are not f_b's: other
-# bits, the same for a row in any pass.
-GATE_MAPS_IN_ONE_LAUNCH = True
 
 if TYPE_CHECKING:
     from tensorfold.adapters.stream_state import StreamSlots
@@ -196,7 +190,11 @@ def _kda_kernels(
     maps = linear(x, w.x_maps)  # [N, 2Dk + heads]: f_a x, g_a x, b x
     rank = w.f_a.shape[0]
     b = maps[:, 2 * rank :]
-    if GATE_MAPS_IN_ONE_LAUNCH:  # [2, N, D]: the forget gate before its activation, the gate
+    # switches.GATE_MAPS_IN_ONE_LAUNCH: f_b of f_a x and g_b of g_a x, adjacent columns of one
+    # product, in one launch (linear_groups); the joint weight's tiles and K split are not
+    # f_b's: other bits, the same for a row in any pass. [2, N, D]: the forget gate before its
+    # activation, the gate
+    if switches.GATE_MAPS_IN_ONE_LAUNCH.on():
         pre, gate = linear_groups(maps[:, : 2 * rank], w.fg_b, 2)
     else:
         pre, gate = linear(maps[:, :rank], w.f_b), linear(maps[:, rank : 2 * rank], w.g_b)
@@ -245,7 +243,7 @@ def _decode_rule(
 
     n, heads, dk = q.shape[0], heads_of(w), cfg.linear_head_dim
     out = torch.empty(n, heads, dk, dtype=q.dtype, device=q.device)
-    if triton_kda.OWN_RECURRENT:
+    if switches.OWN_RECURRENT.on():
         triton_kda.recurrent(
             q,
             k,

@@ -17,7 +17,7 @@ at a mark, so a prompt's rows meet the same kernels alone or batched, in one pas
 several, fresh or resumed; decode rows are always recurrent.
 
 The recurrent kernel is `triton_kda.recurrent` (a run's rows in place, on either device), or with
-`triton_kda.OWN_RECURRENT` off fla-core's `fused_recurrent_kda` on packed copies of the rows.
+`switches.OWN_RECURRENT` off fla-core's `fused_recurrent_kda` on packed copies of the rows.
 The chunks: `FlaKernels` on the GPU; `TorchKernels` on the CPU under the interpreter, where
 fla-core is absent: the token-by-token delta rule in fp64 (rounded back), so the chunked rows'
 bits differ from the recurrent ones' as fla-core's do, and the CPU tests check this plan (its
@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 import torch
 
 from tensorfold.family.forward_pass import ForwardPass
+from tensorfold.ops import switches
 
 from .layout import KDA_CHUNK as CHUNK
 
@@ -70,7 +71,7 @@ class Kernels(Protocol):
         self, q, k, v, pre, beta, states: torch.Tensor, cu: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Packed runs (cu: the cumulative lengths [m + 1]), states [m, heads, K, V]: the
-        recurrent rows when triton_kda.OWN_RECURRENT is off."""
+        recurrent rows when switches.OWN_RECURRENT is off."""
 
     def chunked(self, q, k, v, pre, beta, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One stream's whole chunks, state [1, heads, K, V]."""
@@ -110,7 +111,7 @@ def delta_rule_pass(
         ]
         if not runs:
             return
-        if triton_kda.OWN_RECURRENT:  # in place, the rows where they are
+        if switches.OWN_RECURRENT.on():  # in place, the rows where they are
             table = torch.tensor(
                 [
                     [lo + a for _, lo, (a, _) in runs],

@@ -38,7 +38,6 @@ from tensorfold.ops.triton_util import after_prior, cdiv, interpreting, mma, nex
 POOL_TILE = 32  # pools scored per program
 NO_POOL = -(2**63)  # the key of a non-candidate
 LOW = 2**32 - 1
-ASCENDING_IN_ONE_LAUNCH = True  # top_pools' chosen pools sorted in a kernel of its own
 ONE_LAUNCH_MAX_POOLS = 2048  # top_pools in one launch up to this many pools a row
 
 
@@ -396,11 +395,9 @@ def _top_pools_kernel(
 
 def top_pools(keys: torch.Tensor, limit: int) -> torch.Tensor:
     """The `limit` best candidates of each row, ascending, -1 padded: [N, min(limit, W)] int32.
-    keys [N, W] int64 from pool_key_scores. On the GPU, up to ONE_LAUNCH_MAX_POOLS pools a row,
-    one launch a pass (_top_pools_kernel: torch's top k alone took 16.3 us a one-row call in
-    glm5_next's census, docs/perf.md session 24);
-    wider, torch's top k, then one launch for the rest (ASCENDING_IN_ONE_LAUNCH; torch's ops
-    take nine)."""
+    keys [N, W] int64 from pool_key_scores. Up to ONE_LAUNCH_MAX_POOLS pools a row, one launch a
+    pass (_top_pools_kernel); wider, torch's top k, then one launch sorting the chosen pools
+    (_ascending_pools_kernel; docs/performance.md, "ASCENDING_IN_ONE_LAUNCH")."""
     n, width = keys.shape
     k = min(limit, width)
     if k == 0:
@@ -421,23 +418,18 @@ def top_pools(keys: torch.Tensor, limit: int) -> torch.Tensor:
             )
         return out
     best = torch.topk(keys, k, dim=1, sorted=False).values
-    if ASCENDING_IN_ONE_LAUNCH:
-        out = torch.empty(n, k, dtype=torch.int32, device=keys.device)
-        if n:
-            _ascending_pools_kernel[(n,)](
-                best.contiguous(),
-                out,
-                k,
-                width,
-                KB=next_power_of_2(k),
-                num_warps=4,
-                **launch_options(best),
-            )
-        return out
-    pool = LOW - (best & LOW)
-    pool = torch.where(best == NO_POOL, torch.full_like(pool, width), pool)
-    pool = torch.sort(pool, dim=1).values  # ascending; no-pools (== width) last
-    return torch.where(pool == width, torch.full_like(pool, -1), pool).to(torch.int32)
+    out = torch.empty(n, k, dtype=torch.int32, device=keys.device)
+    if n:
+        _ascending_pools_kernel[(n,)](
+            best.contiguous(),
+            out,
+            k,
+            width,
+            KB=next_power_of_2(k),
+            num_warps=4,
+            **launch_options(best),
+        )
+    return out
 
 
 def select_pools(

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tensorfold.ops import switches
 from tensorfold.ops.gpu import launch_options
 from tensorfold.ops.pass_meta import PassMeta
 from tensorfold.ops.triton_conv import tail_kernel
@@ -22,10 +23,6 @@ from tensorfold.ops.triton_util import after_prior, cdiv, next_power_of_2
 ROWS = 16
 CHANNELS = 128
 ZERO_BLOCK = 4096
-# A decode pass's conv tails moved on by the conv's own launch, as lfm2's (tensorfold.ops.
-# triton_conv.TAIL_IN_PLACE): tail_kernel's launch fewer a KDA layer (1.57 us each at one
-# stream, docs/perf.md session 25's census).
-TAIL_IN_PLACE = True
 
 
 @triton.jit(do_not_specialize=["n_rows"])  # one binary for any row count
@@ -109,7 +106,9 @@ def conv_silu(
     out = torch.empty(3, n, d, dtype=qkv.dtype, device=qkv.device)
     if n == 0:
         return out
-    in_place = one_row_each and TAIL_IN_PLACE and k >= 2 and tails.dtype == qkv.dtype
+    in_place = (
+        one_row_each and switches.KDA_TAIL_IN_PLACE.on() and k >= 2 and tails.dtype == qkv.dtype
+    )
     _conv_silu_kernel[(cdiv(n, ROWS), cdiv(c, CHANNELS))](
         qkv,
         tails,
@@ -289,9 +288,8 @@ def gated_norm(
 # a decode pass, a prompt's pass or any batch. Where fla-core's recurrent kernel took the
 # sigmoid of beta, the zeroing of fresh states and a launch of its own outside the dependent
 # chain, this takes b before its sigmoid and the stream's start position.
-# Off: fla-core's fused_recurrent_kda on packed copies (on the CPU kda_launches.TorchKernels'
-# stand-in).
-OWN_RECURRENT = True
+# Used where switches.OWN_RECURRENT is on; off: fla-core's fused_recurrent_kda on packed copies
+# (on the CPU kda_launches.TorchKernels' stand-in).
 VALUE_BLOCK = 32
 RECURRENT_WARPS = 4
 

@@ -15,7 +15,7 @@ Collapse, per token, in two launches:
 Every order is fixed by the widths, never by the row count: a row's bits do not depend on the
 other rows of the pass.
 
-`expand_collapse_norm` (switched by FUSED_EXPAND_COLLAPSE, for passes of a few rows): a
+`expand_collapse_norm` (switches.FUSED_EXPAND_COLLAPSE, for passes of a few rows): a
 sublayer's expand and the next sublayer's collapse in one launch, `_expand_collapse_kernel`,
 one program a (row, piece): the piece's columns of the expanded streams (stored), then their
 projection on the same 16-row tile as `_project_kernel` with the row alone live; the row's last
@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tensorfold.ops import switches
 from tensorfold.ops import triton_splitk as splitk
 from tensorfold.ops.gpu import launch_options
 from tensorfold.ops.triton_util import after_prior, cdiv, interpreting, next_power_of_2
@@ -39,12 +40,10 @@ PIECE = 256  # the hc·H axis is cut in pieces of about this many columns, at mo
 MAX_SPLIT = 64
 COLLAPSE_ROWS = 4
 BLOCK_H = 512
-# The collapse a program a row, its whole row in one tile (up to WHOLE_ROW_MAX columns): the
-# row's collapse computed once and kept for the norm, the pieces' loop unrolled (their loads in
-# flight together; the same sums in the same order). A one-row call was one program walking
-# 64 pieces and 2 x 8 column blocks one load after another (18.4 us at GLM-5.3-Flash's width,
-# docs/perf.md session 21); 13.1 against 21.7 us with its projection (session 23)
-WHOLE_ROW = True
+# The collapse a program a row, its whole row in one tile (up to WHOLE_ROW_MAX columns; wider
+# rows COLLAPSE_ROWS a program in BLOCK_H column blocks): the row's collapse computed once and
+# kept for the norm, the pieces' loop unrolled (their loads in flight together; the same sums in
+# the same order; docs/performance.md, "WHOLE_ROW").
 WHOLE_ROW_MAX = 8192
 WHOLE_ROW_WARPS = 4
 EXPAND_ROWS = 4
@@ -54,7 +53,6 @@ EXPAND_BLOCK_H = 512  # columns an expand program takes (any: each column is its
 # row's streams, stores it and projects it; the row's last piece to arrive collapses the row.
 # The same arithmetic as expand, then collapse_norm's two launches with the row alone (its
 # collapse on the whole-row tile), so the same bits; two launches fewer a layer.
-FUSED_EXPAND_COLLAPSE = True
 FUSED_MAX_ROWS = 8
 
 
@@ -389,7 +387,7 @@ def collapse_norm(
         num_warps=4,
         **launch_options(streams),
     )
-    whole = WHOLE_ROW and h <= WHOLE_ROW_MAX
+    whole = h <= WHOLE_ROW_MAX
     rows = 1 if whole else COLLAPSE_ROWS
     _collapse_kernel[(cdiv(n, rows),)](
         streams,
@@ -606,13 +604,13 @@ def expand_collapse_norm(
     """expand(post, comb, y, residual), then collapse_norm of the streams it makes with the next
     sublayer's fn, base, scale and norm_weight: (streams [N, hc, H], post' [N, hc] fp32,
     comb' [N, hc, hc] fp32, normed block input [N, H]). One launch for a pass of up to
-    FUSED_MAX_ROWS rows (FUSED_EXPAND_COLLAPSE), else expand's and collapse_norm's three."""
+    FUSED_MAX_ROWS rows (switches.FUSED_EXPAND_COLLAPSE), else expand's and collapse_norm's
+    three."""
     n, hc, h = residual.shape
     width = hc * h
     fits = (
-        FUSED_EXPAND_COLLAPSE
+        switches.FUSED_EXPAND_COLLAPSE.on()
         and 0 < n <= FUSED_MAX_ROWS
-        and WHOLE_ROW
         and h <= WHOLE_ROW_MAX
         and WHOLE_ROW_WARPS == 4
     )

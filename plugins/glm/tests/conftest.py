@@ -192,12 +192,12 @@ def kernels_on_cpu() -> Iterator[None]:
 
 
 @pytest.fixture(params=[False, True], ids=["fla_recurrent", "own_recurrent"])
-def own_recurrent(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Both ways of the KDA recurrent rows (triton_kda.OWN_RECURRENT)."""
-    from tensorfold_glm import triton_kda
+def own_recurrent(request: pytest.FixtureRequest) -> Iterator[bool]:
+    """Both ways of the KDA recurrent rows (switches.OWN_RECURRENT)."""
+    from tensorfold.ops import switches
 
-    monkeypatch.setattr(triton_kda, "OWN_RECURRENT", request.param)
-    return request.param
+    with switches.switched(switches.OWN_RECURRENT, request.param):
+        yield request.param
 
 
 def _kda_model(dtype: torch.dtype, head_dim: int = 16) -> Any:

@@ -17,6 +17,7 @@ pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 from tensorfold import testing  # noqa: E402
 from tensorfold.family.forward_pass import ForwardPass, StreamRows  # noqa: E402
+from tensorfold.ops import switches  # noqa: E402
 from tensorfold.ops.conv import causal_conv  # noqa: E402
 from tensorfold.ops.norms import rms_norm  # noqa: E402
 from tensorfold.ops.pass_meta import build_meta  # noqa: E402
@@ -80,8 +81,8 @@ def test_conv_silu_matches_the_reference_and_a_stream_alone(dtype, tol):
 @pytest.mark.parametrize("k", [4, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_decode_pass_moves_its_tails_on_in_the_convs_own_launch(k, dtype, monkeypatch):
-    """TAIL_IN_PLACE: a pass of one row a stream (one fresh, two resumed, a slot in no stream)
-    gives the outputs and leaves the tails of the conv then tail_kernel, bit for bit."""
+    """KDA_TAIL_IN_PLACE, both values: a pass of one row a stream (one fresh, two resumed, a slot in
+    no stream) gives the outputs and leaves the tails of the conv then tail_kernel, bit for bit."""
     d, slots = 32, 4
     fp = a_pass((0, 0, 1), (2, 5, 1), (3, 9, 1))
     qkv = randn(fp.num_rows, 3 * d, seed=11, dtype=dtype)
@@ -89,11 +90,11 @@ def test_a_decode_pass_moves_its_tails_on_in_the_convs_own_launch(k, dtype, monk
     w = randn(3 * d, k, seed=13, scale=0.5)
 
     def run(in_place: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        monkeypatch.setattr(triton_kda, "TAIL_IN_PLACE", in_place)
         launches = Launches(triton_kda.tail_kernel)
         monkeypatch.setattr(triton_kda, "tail_kernel", launches)
         got_tails = tails.clone()
-        out = triton_kda.conv_silu(qkv, got_tails, build_meta(fp), w, d, one_row_each=True)
+        with switches.switched(switches.KDA_TAIL_IN_PLACE, in_place):
+            out = triton_kda.conv_silu(qkv, got_tails, build_meta(fp), w, d, one_row_each=True)
         assert len(launches.grids) == (0 if in_place else 1)
         return out, got_tails
 
@@ -216,19 +217,17 @@ def test_the_recurrent_rows_alone_equal_their_runs_in_one_launch(dtype):
         assert torch.equal(got[0], together[0]) and torch.equal(got[1], together[1])
 
 
-def test_kda_model_with_the_recurrent_kernel_matches_fla_cores_stand_in(
-    kernels_on_cpu, kda_model, monkeypatch
-):
-    """OWN_RECURRENT in the fp32 model through the kernels: prompts (their rows outside whole
-    chunks), then decode rounds, against the same passes with the packed stand-in that takes
-    fla-core's place when it is off."""
+def test_kda_model_with_the_recurrent_kernel_matches_fla_cores_stand_in(kernels_on_cpu, kda_model):
+    """OWN_RECURRENT, both values, in the fp32 model through the kernels: prompts (their rows
+    outside whole chunks), then decode rounds, against the same passes with the packed stand-in that
+    takes fla-core's place when it is off."""
     from tensorfold.engine.runner import ModelRunner
 
     model = kda_model(torch.float32)
-    monkeypatch.setattr(triton_kda, "OWN_RECURRENT", True)
-    own = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 3)
-    monkeypatch.setattr(triton_kda, "OWN_RECURRENT", False)
-    stand_in = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 3)
+    with switches.switched(switches.OWN_RECURRENT, True):
+        own = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 3)
+    with switches.switched(switches.OWN_RECURRENT, False):
+        stand_in = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 3)
     for o, s in zip(own, stand_in):
         assert rel(o, s) < 1e-5
 
@@ -311,7 +310,7 @@ def test_expand_matches_the_reference_and_is_row_invariant(dtype, tol):
 @pytest.mark.parametrize("hc, h", [(4, 128), (2, 256), (4, 48)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_expand_then_collapse_in_one_launch_gives_the_two_steps_bits(hc, h, dtype, monkeypatch):
-    """FUSED_EXPAND_COLLAPSE: a decode-sized pass's expand and the next collapse in one launch
+    """FUSED_EXPAND_COLLAPSE, on: a decode-sized pass's expand and the next collapse in one launch
     (its pieces arriving, the last collapsing the row) give expand's and collapse_norm's bits,
     and a row in it equals the row in a larger pass of the two steps."""
     n = 11
@@ -336,7 +335,7 @@ def test_expand_then_collapse_in_one_launch_gives_the_two_steps_bits(hc, h, dtyp
 
     streams = triton_mhc.expand(post, comb, y, res)
     two_steps = (streams, *triton_mhc.collapse_norm(streams, w.fn, w.base, w.scale, norm_w, **kw))
-    monkeypatch.setattr(triton_mhc, "FUSED_EXPAND_COLLAPSE", True)
+    assert switches.FUSED_EXPAND_COLLAPSE.on()
     monkeypatch.setattr(triton_mhc, "FUSED_MAX_ROWS", 3)
     assert triton_mhc.split_for(hc * h)[0] == (2 if h >= 128 else 1)
     for rows in ([4], [0, 9, 10]):  # one launch each
@@ -411,18 +410,18 @@ class Launches:
 def test_kda_model_with_its_tails_moved_on_in_the_convs_launch_gives_the_same_bits(
     kernels_on_cpu, kda_model, monkeypatch
 ):
-    """TAIL_IN_PLACE in the model: its decode rounds' logits and the tails they leave, as with
-    the tails' own launch."""
+    """KDA_TAIL_IN_PLACE, both values, in the model: its decode rounds' logits and the tails they
+    leave, as with the tails' own launch."""
     from tensorfold.engine.runner import ModelRunner
 
     model = kda_model(torch.bfloat16)
     out, plain = {}, triton_kda.tail_kernel
     for on in (False, True):
-        monkeypatch.setattr(triton_kda, "TAIL_IN_PLACE", on)
         launches = Launches(plain)
         monkeypatch.setattr(triton_kda, "tail_kernel", launches)
         runner = ModelRunner(model, num_pages=16, num_slots=3, page_rows=16)
-        out[on] = (_passes(runner, PROMPTS, 3), runner.slots.get("L0.conv").clone())
+        with switches.switched(switches.KDA_TAIL_IN_PLACE, on):
+            out[on] = (_passes(runner, PROMPTS, 3), runner.slots.get("L0.conv").clone())
         assert len(launches.grids) == (1 if on else 4)  # the prompt pass's; and 3 decode rounds
     assert all(torch.equal(a, b) for a, b in zip(out[True][0], out[False][0]))
     assert torch.equal(out[True][1], out[False][1])
@@ -431,29 +430,33 @@ def test_kda_model_with_its_tails_moved_on_in_the_convs_launch_gives_the_same_bi
 def test_kda_model_with_expand_and_collapse_in_one_launch_gives_the_same_logits(
     kernels_on_cpu, kda_model, monkeypatch
 ):
-    """FUSED_EXPAND_COLLAPSE in the model: its decode rounds (3 rows) take the one launch, its
-    prompt pass the two steps; every logit as with the switch off, bit for bit."""
+    """FUSED_EXPAND_COLLAPSE, both values, in the model: on, its decode rounds (3 rows) take
+    the one launch, its prompt pass the two steps; every logit as with the switch off (no
+    launch of it), bit for bit."""
     from tensorfold.engine.runner import ModelRunner
 
     model = kda_model(torch.bfloat16)
-    plain = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 2)
-    monkeypatch.setattr(triton_mhc, "FUSED_EXPAND_COLLAPSE", True)
     monkeypatch.setattr(triton_mhc, "FUSED_MAX_ROWS", 3)
     counted = Launches(triton_mhc._expand_collapse_kernel)
     monkeypatch.setattr(triton_mhc, "_expand_collapse_kernel", counted)
-    fused = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 2)
+    with switches.switched(switches.FUSED_EXPAND_COLLAPSE, False):
+        plain = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 2)
+    assert counted.grids == []
+    with switches.switched(switches.FUSED_EXPAND_COLLAPSE, True):
+        fused = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 2)
     layers = len(model.weights.layers)  # 2 rounds, each 2 a layer but the last layer's 1
     assert counted.grids == [(3, 1)] * 2 * (2 * layers - 1)
     for f, p in zip(fused, plain):
         assert torch.equal(f, p)
 
 
+@pytest.mark.parametrize("joint", [True, False])
 def test_kda_gates_maps_in_one_launch_match_the_torch_path_and_a_stream_alone(
-    kernels_on_cpu, kda_model, monkeypatch
+    joint, kernels_on_cpu, kda_model, monkeypatch
 ):
-    """Heads of 64 (D = 128, as GLM-5.3-Flash's multiple of 128): f_b and g_b take one launch
-    (linear_groups); the logits match the torch path's, and each stream's in the pass equal
-    its own."""
+    """GATE_MAPS_IN_ONE_LAUNCH, both values. Heads of 64 (D = 128, as GLM-5.3-Flash's multiple
+    of 128): f_b and g_b take one launch (linear_groups), or two linears; the logits match the
+    torch path's, and each stream's in the pass equal its own."""
     from tensorfold.engine.runner import ModelRunner
     from tensorfold.ops import gpu, triton_linear
 
@@ -463,12 +466,13 @@ def test_kda_gates_maps_in_one_launch_match_the_torch_path_and_a_stream_alone(
     monkeypatch.setattr(
         triton_linear, "linear_groups", lambda *a: calls.append(a[1].shape) or one_launch(*a)
     )
-    together = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 1)
-    assert calls == [(256, 64)] * 2  # the prompt pass, the decode round
-    for i, prompt in enumerate(PROMPTS):
-        alone = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), [prompt], 1)
-        for a, t in zip(alone, together):
-            assert torch.equal(a[0], t[i])
+    with switches.switched(switches.GATE_MAPS_IN_ONE_LAUNCH, joint):
+        together = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 1)
+        assert calls == [(256, 64)] * 2 * joint  # the prompt pass, the decode round
+        for i, prompt in enumerate(PROMPTS):
+            runner = ModelRunner(model, num_pages=16, num_slots=3, page_rows=16)
+            for a, t in zip(_passes(runner, [prompt], 1), together):
+                assert torch.equal(a[0], t[i])
     gpu.set_triton(False)
     want = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 1)
     for g, w in zip(together, want):

@@ -470,8 +470,11 @@ def test_top_pools_in_one_launch_equal_torchs_sort(width, limit, one_launch_max,
     keys[3] = triton_indexer.NO_POOL
     monkeypatch.setattr(triton_indexer, "ONE_LAUNCH_MAX_POOLS", one_launch_max)
     got = triton_indexer.top_pools(keys, limit)
-    monkeypatch.setattr(triton_indexer, "ONE_LAUNCH_MAX_POOLS", 0)
-    monkeypatch.setattr(triton_indexer, "ASCENDING_IN_ONE_LAUNCH", False)
-    want = triton_indexer.top_pools(keys, limit)
+    # torch's top k and sort: the chosen pools ascending, no-pools (== width) last, then -1
+    best = torch.topk(keys, min(limit, width), dim=1, sorted=False).values
+    pool = triton_indexer.LOW - (best & triton_indexer.LOW)
+    pool = torch.where(best == triton_indexer.NO_POOL, torch.full_like(pool, width), pool)
+    pool = torch.sort(pool, dim=1).values
+    want = torch.where(pool == width, torch.full_like(pool, -1), pool).to(torch.int32)
     assert got.dtype == torch.int32 and torch.equal(got, want)
     assert (got[3] == -1).all() and (got[1, width // 3 :] == -1).all()

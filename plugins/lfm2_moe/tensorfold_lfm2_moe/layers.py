@@ -87,7 +87,7 @@ def norm_feed_forward(
     """h = y + h and the FFN of rms_norm(h) (weight `norm`), [N, H] each: (the dense SwiGLU's
     or the sigmoid-routed MoE's output, its slots left for the next add_rms_norm to sum as a
     moe_ops.SlotSum; h). The MoE's norm and router go through moe_ops.norm_route, which can
-    run them as one launch in a decode round of one stream (triton_route.NORM_IN_ROUTER)."""
+    run them as one launch in a decode round of one stream (triton_route.norm_route)."""
     if isinstance(w, DenseWeights):  # w2 row-parallel under tensor parallel
         x, h = add_rms_norm(y, h, norm, cfg.norm_eps)
         return parallel.sum_partials(moe_ops.gated_ffn(x, w.w1, w.w3, w.w2)), h
@@ -106,6 +106,4 @@ def norm_feed_forward(
         return parallel.expert_parallel_moe(
             x, weights, experts, w.w1, w.w3, w.w2, w.first_expert
         ), h
-    return moe_ops.moe(
-        x, weights, experts, w.w1, w.w3, w.w2, sum_slots=not moe_ops.SLOTS_SUMMED_BY_NORM
-    ), h
+    return moe_ops.moe(x, weights, experts, w.w1, w.w3, w.w2, sum_slots=False), h
