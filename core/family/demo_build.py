@@ -18,6 +18,36 @@ def write_json(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def tokenizer_config(
+    eos: str, pad: str, max_length: int, *, bos: str | None = None, **more: Any
+) -> dict[str, Any]:
+    """tokenizer_config.json for a `PreTrainedTokenizerFast` that leaves spaces as they are, with
+    `more` entries; with `bos`, plain encoding starts with it (and adds no `eos`)."""
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": eos,
+        "pad_token": pad,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_length,
+    }
+    if bos is not None:
+        config.update(bos_token=bos, add_bos_token=True, add_eos_token=False)
+    return {**config, **more}
+
+
+def write_checkpoint(
+    folder: Path, tok: "Tokenizer", configs: dict[str, dict[str, Any]], weights: dict[str, Any]
+) -> None:
+    """Write a checkpoint into `folder`: `tok` as tokenizer.json, each of `configs` (file name:
+    contents) by `write_json`, and `weights` as model.safetensors."""
+    from safetensors.torch import save_file
+
+    tok.save(str(folder / "tokenizer.json"))
+    for name, contents in configs.items():
+        write_json(folder / name, contents)
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
 def is_complete(folder: Path, files: Iterable[str]) -> bool:
     return all((folder / name).is_file() for name in files)
 
@@ -95,6 +125,11 @@ def save_trained(weights: dict[str, Any], path: Path, tok: "Tokenizer", trained_
     )
 
 
+def shapes_of(weights: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape, by name: what `load_trained` checks shipped weights against."""
+    return {k: tuple(v.shape) for k, v in weights.items()}
+
+
 def load_trained(
     path: Path, shapes: dict[str, tuple[int, ...]], tok: "Tokenizer", retrain: str
 ) -> dict[str, Any]:
@@ -107,6 +142,6 @@ def load_trained(
         weights = {k: f.get_tensor(k).float() for k in f.keys()}
     if trained_with != tokenizer_digest(tok):
         raise RuntimeError(f"{path.name} was trained with another tokenizer; retrain: {retrain}")
-    if {k: tuple(v.shape) for k, v in weights.items()} != shapes:
+    if shapes_of(weights) != shapes:
         raise RuntimeError(f"{path.name} does not match the demo's config; retrain: {retrain}")
     return weights

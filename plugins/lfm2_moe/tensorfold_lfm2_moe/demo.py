@@ -16,7 +16,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tensorfold.family.demo_build import build_atomically, load_trained, train_byte_bpe, write_json
+from tensorfold.family.demo_build import (
+    build_atomically,
+    load_trained,
+    shapes_of,
+    tokenizer_config,
+    train_byte_bpe,
+    write_checkpoint,
+)
 from tensorfold.family.demo_text import plain_text
 
 from .demo_template import CHAT_TEMPLATE
@@ -104,8 +111,7 @@ def build_tokenizer() -> Tokenizer:
 def build_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The shipped trained weights in float32, checked against `random_weights(cfg)`'s names and
     shapes and the tokenizer they were trained with."""
-    shapes = {k: tuple(v.shape) for k, v in random_weights(cfg).items()}
-    return load_trained(WEIGHTS, shapes, build_tokenizer(), RETRAIN)
+    return load_trained(WEIGHTS, shapes_of(random_weights(cfg)), build_tokenizer(), RETRAIN)
 
 
 def random_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -160,41 +166,28 @@ def random_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 def write_demo(folder: Path) -> None:
     """Write every file of the demo checkpoint into an existing empty folder."""
-    from safetensors.torch import save_file
-
     tok = build_tokenizer()
-    tok.save(str(folder / "tokenizer.json"))
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     cfg = config_dict(tok.get_vocab_size(), ids)
-    write_json(folder / "config.json", cfg)
-    write_json(
-        folder / "generation_config.json",
-        {
-            "_from_model_config": True,
-            "bos_token_id": ids[BOS],
-            "eos_token_id": ids[EOS],
-            "pad_token_id": ids[PAD],
-            "output_attentions": False,
-            "output_hidden_states": False,
-            "transformers_version": "5.23.0",
-            "use_cache": True,
-        },
+    generation = {
+        "_from_model_config": True,
+        "bos_token_id": ids[BOS],
+        "eos_token_id": ids[EOS],
+        "pad_token_id": ids[PAD],
+        "output_attentions": False,
+        "output_hidden_states": False,
+        "transformers_version": "5.23.0",
+        "use_cache": True,
+    }
+    tokenizer = tokenizer_config(
+        EOS, PAD, SHAPE["max_position_embeddings"], bos=BOS, chat_template=CHAT_TEMPLATE
     )
-    write_json(
-        folder / "tokenizer_config.json",
-        {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "bos_token": BOS,
-            "eos_token": EOS,
-            "pad_token": PAD,
-            "add_bos_token": True,
-            "add_eos_token": False,
-            "clean_up_tokenization_spaces": False,
-            "model_max_length": SHAPE["max_position_embeddings"],
-            "chat_template": CHAT_TEMPLATE,
-        },
-    )
-    save_file(build_weights(cfg), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    configs = {
+        "config.json": cfg,
+        "generation_config.json": generation,
+        "tokenizer_config.json": tokenizer,
+    }
+    write_checkpoint(folder, tok, configs, build_weights(cfg))
 
 
 def build_demo(cache_dir: Path) -> Path:
