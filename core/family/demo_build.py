@@ -99,6 +99,17 @@ def train_byte_bpe(corpus: str, vocab_size: int, special_tokens: Sequence[str]) 
     return tok
 
 
+def with_bos(tok: "Tokenizer", bos: str) -> "Tokenizer":
+    """`tok` with a post-processor that starts plain encoding (each text of a pair) with the
+    special token `bos`."""
+    from tokenizers import processors
+
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+    )
+    return tok
+
+
 # -- trained demo weights, shipped with a plugin (see tensorfold.family.demo_train) ------------------
 
 

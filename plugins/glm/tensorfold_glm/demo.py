@@ -17,12 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tensorfold.family.demo_build import (
-    build_atomically,
-    tokenizer_config,
-    train_byte_bpe,
-    write_checkpoint,
-)
+from tensorfold.family import demo_build
 
 from .demo_text import CHAT_TEMPLATE, CORPUS
 from .demo_weights import build_weights as random_weights
@@ -180,7 +175,7 @@ def build_tokenizer() -> Tokenizer:
     [gMASK]<sop>, as GLM's tokenizer does."""
     from tokenizers import processors
 
-    tok = train_byte_bpe(CORPUS, VOCAB_TARGET, SPECIAL_TOKENS)
+    tok = demo_build.train_byte_bpe(CORPUS, VOCAB_TARGET, SPECIAL_TOKENS)
     tok.post_processor = processors.TemplateProcessing(
         single=f"{GMASK} {SOP} $A",
         pair=f"{GMASK} {SOP} $A $B",
@@ -192,9 +187,9 @@ def build_tokenizer() -> Tokenizer:
 def build_weights(cfg: dict[str, Any]) -> dict[str, Any]:
     """The shipped trained weights in float32, checked against `random_weights(cfg)`'s names and
     shapes and the tokenizer they were trained with."""
-    from tensorfold.family.demo_build import load_trained, shapes_of
-
-    return load_trained(WEIGHTS, shapes_of(random_weights(cfg)), build_tokenizer(), RETRAIN)
+    return demo_build.load_trained(
+        WEIGHTS, demo_build.shapes_of(random_weights(cfg)), build_tokenizer(), RETRAIN
+    )
 
 
 def write_demo(folder: Path) -> None:
@@ -211,7 +206,7 @@ def write_demo(folder: Path) -> None:
         "transformers_version": "5.23.0",
         "use_cache": True,
     }
-    tokenizer = tokenizer_config(
+    tokenizer = demo_build.tokenizer_config(
         ENDOFTEXT,
         ENDOFTEXT,
         TEXT_SHAPE["max_position_embeddings"],
@@ -225,9 +220,9 @@ def write_demo(folder: Path) -> None:
         "generation_config.json": generation,
         "tokenizer_config.json": tokenizer,
     }
-    write_checkpoint(folder, tok, configs, build_weights(cfg))
+    demo_build.write_checkpoint(folder, tok, configs, build_weights(cfg))
 
 
 def build_demo(cache_dir: Path) -> Path:
     """Return `cache_dir / DEMO_NAME`, built first (atomically) unless a complete one is there."""
-    return build_atomically(cache_dir, DEMO_NAME, FILES, write_demo)
+    return demo_build.build_atomically(cache_dir, DEMO_NAME, FILES, write_demo)

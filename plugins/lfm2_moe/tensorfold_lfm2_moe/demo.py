@@ -16,14 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tensorfold.family.demo_build import (
-    build_atomically,
-    load_trained,
-    shapes_of,
-    tokenizer_config,
-    train_byte_bpe,
-    write_checkpoint,
-)
+from tensorfold.family import demo_build
 from tensorfold.family.demo_text import plain_text
 
 from .demo_template import CHAT_TEMPLATE
@@ -97,21 +90,17 @@ def config_dict(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
 
 
 def build_tokenizer() -> Tokenizer:
-    """Byte-level BPE trained on CORPUS; specials take ids 0..4."""
-    from tokenizers import processors
-
-    tok = train_byte_bpe(CORPUS, VOCAB_TARGET, SPECIAL_TOKENS)
-    # Like LFM2's own tokenizer: plain encoding starts with <|startoftext|>.
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
-    )
-    return tok
+    """Byte-level BPE trained on CORPUS; specials take ids 0..4. Like LFM2's own tokenizer, plain
+    encoding starts with <|startoftext|>."""
+    return demo_build.with_bos(demo_build.train_byte_bpe(CORPUS, VOCAB_TARGET, SPECIAL_TOKENS), BOS)
 
 
 def build_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The shipped trained weights in float32, checked against `random_weights(cfg)`'s names and
     shapes and the tokenizer they were trained with."""
-    return load_trained(WEIGHTS, shapes_of(random_weights(cfg)), build_tokenizer(), RETRAIN)
+    return demo_build.load_trained(
+        WEIGHTS, demo_build.shapes_of(random_weights(cfg)), build_tokenizer(), RETRAIN
+    )
 
 
 def random_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -179,7 +168,7 @@ def write_demo(folder: Path) -> None:
         "transformers_version": "5.23.0",
         "use_cache": True,
     }
-    tokenizer = tokenizer_config(
+    tokenizer = demo_build.tokenizer_config(
         EOS, PAD, SHAPE["max_position_embeddings"], bos=BOS, chat_template=CHAT_TEMPLATE
     )
     configs = {
@@ -187,9 +176,9 @@ def write_demo(folder: Path) -> None:
         "generation_config.json": generation,
         "tokenizer_config.json": tokenizer,
     }
-    write_checkpoint(folder, tok, configs, build_weights(cfg))
+    demo_build.write_checkpoint(folder, tok, configs, build_weights(cfg))
 
 
 def build_demo(cache_dir: Path) -> Path:
     """Return `cache_dir / DEMO_NAME`, built first (atomically) unless a complete one is there."""
-    return build_atomically(cache_dir, DEMO_NAME, FILES, write_demo)
+    return demo_build.build_atomically(cache_dir, DEMO_NAME, FILES, write_demo)
