@@ -36,15 +36,21 @@ def tokenizer_config(
 
 
 def write_checkpoint(
-    folder: Path, tok: "Tokenizer", configs: dict[str, dict[str, Any]], weights: dict[str, Any]
+    folder: Path,
+    tok: "Tokenizer",
+    weights: dict[str, Any],
+    config: dict[str, Any],
+    generation_config: dict[str, Any],
+    tokenizer_config: dict[str, Any],
 ) -> None:
-    """Write a checkpoint into `folder`: `tok` as tokenizer.json, each of `configs` (file name:
-    contents) by `write_json`, and `weights` as model.safetensors."""
+    """Write a checkpoint into `folder`: tokenizer.json (`tok`), model.safetensors (`weights`),
+    and config.json, generation_config.json and tokenizer_config.json by `write_json`."""
     from safetensors.torch import save_file
 
     tok.save(str(folder / "tokenizer.json"))
-    for name, contents in configs.items():
-        write_json(folder / name, contents)
+    write_json(folder / "config.json", config)
+    write_json(folder / "generation_config.json", generation_config)
+    write_json(folder / "tokenizer_config.json", tokenizer_config)
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 

@@ -215,12 +215,7 @@ def write_demo(folder: Path) -> None:
         additional_special_tokens=[t for t in SPECIAL_TOKENS if t != ENDOFTEXT],
     )
     (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
-    configs = {
-        "config.json": cfg,
-        "generation_config.json": generation,
-        "tokenizer_config.json": tokenizer,
-    }
-    demo_build.write_checkpoint(folder, tok, configs, build_weights(cfg))
+    demo_build.write_checkpoint(folder, tok, build_weights(cfg), cfg, generation, tokenizer)
 
 
 def build_demo(cache_dir: Path) -> Path:

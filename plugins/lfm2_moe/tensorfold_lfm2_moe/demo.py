@@ -171,12 +171,7 @@ def write_demo(folder: Path) -> None:
     tokenizer = demo_build.tokenizer_config(
         EOS, PAD, SHAPE["max_position_embeddings"], bos=BOS, chat_template=CHAT_TEMPLATE
     )
-    configs = {
-        "config.json": cfg,
-        "generation_config.json": generation,
-        "tokenizer_config.json": tokenizer,
-    }
-    demo_build.write_checkpoint(folder, tok, configs, build_weights(cfg))
+    demo_build.write_checkpoint(folder, tok, build_weights(cfg), cfg, generation, tokenizer)
 
 
 def build_demo(cache_dir: Path) -> Path:
