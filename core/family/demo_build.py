@@ -1,5 +1,5 @@
-"""Shared by the families' demo-checkpoint builders: an atomic folder build, JSON files written
-the same way every time, and a byte-level BPE tokenizer trained deterministically."""
+"""Shared by the families' demo-checkpoint builders: an atomic folder build, a checkpoint's files
+written the same way every time, and a byte-level BPE tokenizer trained deterministically."""
 
 from __future__ import annotations
 
