@@ -662,6 +662,50 @@ def save_references(
     return paths
 
 
+def reference_folders(
+    tmp_path_factory: Any, folder: str, names: Sequence[str], build: Callable[[str], Any]
+) -> dict[str, Path]:
+    """`save_references` into a new pytest temporary folder named `folder`, for a session
+    fixture; skips the test where transformers (the parity reference) is not installed."""
+    import pytest
+
+    pytest.importorskip("transformers", reason="transformers 5.23.0 is the parity reference")
+    return save_references(tmp_path_factory.mktemp(folder), names, build)
+
+
+def assert_missing_and_misshapen_named(
+    src: Path, work: Path, load: Callable[..., Any], missing: Sequence[str], misshapen: str
+) -> None:
+    """Copies of the checkpoint at `src` (into `work`) without each tensor of `missing`, and with
+    `misshapen` one row short: `load(Checkpoint, "cpu", "float32")` refuses each, naming the
+    tensor (and what shape it expected)."""
+    import shutil
+
+    import pytest
+    from safetensors.torch import load_file, save_file
+
+    from .family.checkpoint import CheckpointError
+
+    tensors = load_file(str(src / "model.safetensors"))
+    for name in missing:
+        folder = work / name
+        shutil.copytree(src, folder)
+        save_file(
+            {k: v for k, v in tensors.items() if k != name}, str(folder / "model.safetensors")
+        )
+        with pytest.raises(CheckpointError, match=name.replace(".", r"\.")):
+            load(Checkpoint.open(folder), "cpu", "float32")
+
+    folder = work / "misshapen"
+    shutil.copytree(src, folder)
+    save_file(
+        {**tensors, misshapen: tensors[misshapen][:-1].contiguous()},
+        str(folder / "model.safetensors"),
+    )
+    with pytest.raises(CheckpointError, match=misshapen.replace(".", r"\.") + ".*expected"):
+        load(Checkpoint.open(folder), "cpu", "float32")
+
+
 @dataclass
 class ReferenceCase:
     """One tiny checkpoint: its folder, the transformers reference loaded back from it (fp32),

@@ -55,3 +55,15 @@ def rank_draws(
     if tp.world == 1:
         return whole, whole
     return whole, Draws(device, dtype, seed + 7919 * (tp.rank + 1), std)
+
+
+def dummy_lm_head(
+    init: Draws, part: Draws, embed: torch.Tensor, ties: bool, rows: range | None
+) -> torch.Tensor:
+    """The output projection beside the embeddings `embed` [V, H]: where the config `ties`,
+    `embed` itself (its `rows` where the vocabulary is split, as a view); else drawn, whole from
+    `init` or this rank's `rows` from `part`."""
+    vocab, hidden = embed.shape
+    if ties:
+        return embed if rows is None else embed[rows.start : rows.stop]
+    return init.normal(vocab, hidden) if rows is None else part.normal(len(rows), hidden)

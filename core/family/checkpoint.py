@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
-from .spec import Shard, ShardRefused
+from .spec import Shard, ShardRefused, block
 
 if TYPE_CHECKING:
     import torch
@@ -359,6 +359,42 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         return f"Checkpoint({str(self.path)!r}, {len(self._index)} tensors)"
+
+
+class TensorReader:
+    """A family loader's reads: `read(name, *shape)` is `prefix + name` on `device` in `dtype`
+    (another with `dtype=`), its shape on disk checked."""
+
+    def __init__(self, ckpt: Checkpoint, device: str, dtype: "torch.dtype", prefix: str = ""):
+        self.ckpt, self.device, self.dtype, self.prefix = ckpt, device, dtype, prefix
+
+    def __call__(
+        self, name: str, *shape: int, dtype: "torch.dtype | None" = None
+    ) -> "torch.Tensor":
+        return self.ckpt.load(
+            self.prefix + name, device=self.device, dtype=dtype or self.dtype, shape=shape
+        )
+
+    def upcast(self, name: str, *shape: int) -> "torch.Tensor":
+        """Stored in the model dtype, used in fp32 (the reference's `.float()` in the op)."""
+        return self(name, *shape).float()
+
+    def bias(self, name: str, size: int, present: bool) -> "torch.Tensor | None":
+        return self(name, size) if present else None
+
+    def lm_head(self, embed: "torch.Tensor", ties: bool, split_vocab: bool) -> "torch.Tensor":
+        """The output projection [V, H] beside the embeddings `embed` [V, H] (this rank's rows of
+        it where `split_vocab`). As the reference: an lm_head.weight on disk (no prefix) is used
+        even when the config `ties` (transformers 5.23.0 unties then); without one, a tied model
+        reuses the embeddings and an untied one is refused (the read names the tensor)."""
+        if not ties or self.ckpt.has("lm_head.weight"):
+            return self.ckpt.load(
+                "lm_head.weight", device=self.device, dtype=self.dtype, shape=tuple(embed.shape)
+            )
+        if not split_vocab:
+            return embed
+        mine = block(len(embed), self.ckpt.shard.rank, self.ckpt.shard.world)
+        return embed[mine.start : mine.stop]  # this rank's vocabulary, a view
 
 
 def _read_slices(view: Any, ndim: int, dim: int, ranges: list[tuple[int, int]]) -> "torch.Tensor":

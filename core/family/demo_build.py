@@ -1,5 +1,5 @@
-"""Shared by the families' demo-checkpoint builders: an atomic folder build, JSON files written
-the same way every time, and a byte-level BPE tokenizer trained deterministically."""
+"""Shared by the families' demo-checkpoint builders: an atomic folder build, a checkpoint's files
+written the same way every time, and a byte-level BPE tokenizer trained deterministically."""
 
 from __future__ import annotations
 
@@ -16,6 +16,42 @@ if TYPE_CHECKING:
 
 def write_json(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def tokenizer_config(
+    eos: str, pad: str, max_length: int, *, bos: str | None = None, **more: Any
+) -> dict[str, Any]:
+    """tokenizer_config.json for a `PreTrainedTokenizerFast` that leaves spaces as they are, with
+    `more` entries; with `bos`, plain encoding starts with it (and adds no `eos`)."""
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": eos,
+        "pad_token": pad,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": max_length,
+    }
+    if bos is not None:
+        config.update(bos_token=bos, add_bos_token=True, add_eos_token=False)
+    return {**config, **more}
+
+
+def write_checkpoint(
+    folder: Path,
+    tok: "Tokenizer",
+    weights: dict[str, Any],
+    config: dict[str, Any],
+    generation_config: dict[str, Any],
+    tokenizer_config: dict[str, Any],
+) -> None:
+    """Write a checkpoint into `folder`: tokenizer.json (`tok`), model.safetensors (`weights`),
+    and config.json, generation_config.json and tokenizer_config.json by `write_json`."""
+    from safetensors.torch import save_file
+
+    tok.save(str(folder / "tokenizer.json"))
+    write_json(folder / "config.json", config)
+    write_json(folder / "generation_config.json", generation_config)
+    write_json(folder / "tokenizer_config.json", tokenizer_config)
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
 def is_complete(folder: Path, files: Iterable[str]) -> bool:
@@ -69,6 +105,17 @@ def train_byte_bpe(corpus: str, vocab_size: int, special_tokens: Sequence[str]) 
     return tok
 
 
+def with_bos(tok: "Tokenizer", bos: str) -> "Tokenizer":
+    """`tok` with a post-processor that starts plain encoding (each text of a pair) with the
+    special token `bos`."""
+    from tokenizers import processors
+
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+    )
+    return tok
+
+
 # -- trained demo weights, shipped with a plugin (see tensorfold.family.demo_train) ------------------
 
 
@@ -95,6 +142,11 @@ def save_trained(weights: dict[str, Any], path: Path, tok: "Tokenizer", trained_
     )
 
 
+def shapes_of(weights: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape, by name: what `load_trained` checks shipped weights against."""
+    return {k: tuple(v.shape) for k, v in weights.items()}
+
+
 def load_trained(
     path: Path, shapes: dict[str, tuple[int, ...]], tok: "Tokenizer", retrain: str
 ) -> dict[str, Any]:
@@ -107,6 +159,6 @@ def load_trained(
         weights = {k: f.get_tensor(k).float() for k in f.keys()}
     if trained_with != tokenizer_digest(tok):
         raise RuntimeError(f"{path.name} was trained with another tokenizer; retrain: {retrain}")
-    if {k: tuple(v.shape) for k, v in weights.items()} != shapes:
+    if shapes_of(weights) != shapes:
         raise RuntimeError(f"{path.name} does not match the demo's config; retrain: {retrain}")
     return weights

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tensorfold.family.demo_build import build_atomically, train_byte_bpe, write_json
+from tensorfold.family import demo_build
 from tensorfold.family.demo_text import plain_text
 
 from .demo_template import CHAT_TEMPLATE
@@ -144,24 +144,17 @@ def config_dict(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
 
 
 def build_tokenizer() -> Tokenizer:
-    """Byte-level BPE trained on CORPUS; the specials take ids 0..12."""
-    from tokenizers import processors
-
-    tok = train_byte_bpe(CORPUS, VOCAB_TARGET, SPECIAL_TOKENS)
-    # Like Gemma's own tokenizer: plain encoding starts with <bos>.
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
-    )
-    return tok
+    """Byte-level BPE trained on CORPUS; the specials take ids 0..12. Like Gemma's own tokenizer,
+    plain encoding starts with <bos>."""
+    return demo_build.with_bos(demo_build.train_byte_bpe(CORPUS, VOCAB_TARGET, SPECIAL_TOKENS), BOS)
 
 
 def build_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The shipped trained weights in float32, checked against `random_weights(cfg)`'s names and
     shapes and the tokenizer they were trained with."""
-    from tensorfold.family.demo_build import load_trained
-
-    shapes = {k: tuple(v.shape) for k, v in random_weights(cfg).items()}
-    return load_trained(WEIGHTS, shapes, build_tokenizer(), RETRAIN)
+    return demo_build.load_trained(
+        WEIGHTS, demo_build.shapes_of(random_weights(cfg)), build_tokenizer(), RETRAIN
+    )
 
 
 def random_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -231,40 +224,26 @@ def random_weights(cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 def write_demo(folder: Path) -> None:
     """Write every file of the demo checkpoint into an existing empty folder."""
-    from safetensors.torch import save_file
-
     tok = build_tokenizer()
-    tok.save(str(folder / "tokenizer.json"))
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     cfg = config_dict(tok.get_vocab_size(), ids)
-    write_json(folder / "config.json", cfg)
-    write_json(
-        folder / "generation_config.json",
-        {
-            "bos_token_id": ids[BOS],
-            "eos_token_id": [ids[EOS], ids[END_OF_TURN]],
-            "pad_token_id": ids[PAD],
-            "transformers_version": "5.23.0",
-        },
+    generation = {
+        "bos_token_id": ids[BOS],
+        "eos_token_id": [ids[EOS], ids[END_OF_TURN]],
+        "pad_token_id": ids[PAD],
+        "transformers_version": "5.23.0",
+    }
+    tokenizer = demo_build.tokenizer_config(
+        EOS,
+        PAD,
+        TEXT["max_position_embeddings"],
+        bos=BOS,
+        unk_token="<unk>",
+        chat_template=CHAT_TEMPLATE,
     )
-    write_json(
-        folder / "tokenizer_config.json",
-        {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "bos_token": BOS,
-            "eos_token": EOS,
-            "pad_token": PAD,
-            "unk_token": "<unk>",
-            "add_bos_token": True,
-            "add_eos_token": False,
-            "clean_up_tokenization_spaces": False,
-            "model_max_length": TEXT["max_position_embeddings"],
-            "chat_template": CHAT_TEMPLATE,
-        },
-    )
-    save_file(build_weights(cfg), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    demo_build.write_checkpoint(folder, tok, build_weights(cfg), cfg, generation, tokenizer)
 
 
 def build_demo(cache_dir: Path) -> Path:
     """Return `cache_dir / DEMO_NAME`, built first (atomically) unless a complete one is there."""
-    return build_atomically(cache_dir, DEMO_NAME, FILES, write_demo)
+    return demo_build.build_atomically(cache_dir, DEMO_NAME, FILES, write_demo)

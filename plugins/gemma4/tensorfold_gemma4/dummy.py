@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from tensorfold.engine.dummy_draws import rank_draws
+from tensorfold.engine.dummy_draws import dummy_lm_head, rank_draws
 from tensorfold.family import Shard, block
 from tensorfold.ops import parallel
 
@@ -145,12 +145,7 @@ def dummy_weights(
         ple_projection = init.normal(lp, h)
         ple_norm = init.norm(cfg.hidden_size_per_layer_input)
     vocab = block(cfg.vocab_size, tp.rank, world) if shards.vocab_parallel(cfg, world) else None
-    if cfg.tie_word_embeddings:
-        lm_head = embed if vocab is None else embed[vocab.start : vocab.stop]
-    elif vocab is None:
-        lm_head = init.normal(cfg.vocab_size, h)
-    else:
-        lm_head = part.normal(len(vocab), h)
+    lm_head = dummy_lm_head(init, part, embed, cfg.tie_word_embeddings, vocab)
     return ModelWeights(embed, init.norm(h), lm_head, layers, ple_embed, ple_projection, ple_norm)
 
 

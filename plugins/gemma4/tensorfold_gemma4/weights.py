@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tensorfold.family import block
-from tensorfold.family.checkpoint import CheckpointError
+from tensorfold.family.checkpoint import CheckpointError, TensorReader
 
 from . import shards
 from .config import Gemma4Config, Layer
@@ -108,17 +107,6 @@ class ModelWeights:
     ple_norm: torch.Tensor | None  # [P] fp32: per_layer_projection_norm
 
 
-class _Reader:
-    def __init__(self, ckpt: "Checkpoint", prefix: str, device: str, dtype: torch.dtype):
-        self.ckpt, self.prefix, self.device, self.dtype = ckpt, prefix, device, dtype
-
-    def __call__(self, name: str, *shape: int) -> torch.Tensor:
-        return self.ckpt.load(self.prefix + name, device=self.device, dtype=self.dtype, shape=shape)
-
-    def norm(self, name: str, size: int) -> torch.Tensor:
-        return self(name, size).float()  # rounded to the model dtype first, as the reference
-
-
 def text_prefix(ckpt: "Checkpoint") -> str:
     """Where the text model's tensors live in this checkpoint."""
     for prefix in TEXT_PREFIXES:
@@ -131,7 +119,7 @@ def text_prefix(ckpt: "Checkpoint") -> str:
 def load_weights(
     ckpt: "Checkpoint", cfg: Gemma4Config, device: str, dtype: torch.dtype
 ) -> ModelWeights:
-    read = _Reader(ckpt, text_prefix(ckpt), device, dtype)
+    read = TensorReader(ckpt, device, dtype, text_prefix(ckpt))
     h, v = cfg.hidden_size, cfg.vocab_size
     embed = read("embed_tokens.weight", v, h)
     layers = [_layer(read, cfg, layer) for layer in cfg.layers]
@@ -140,23 +128,15 @@ def load_weights(
         lp = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input
         ple_embed = read("embed_tokens_per_layer.weight", cfg.vocab_size_per_layer_input, lp)
         ple_projection = read("per_layer_model_projection.weight", lp, h)
-        ple_norm = read.norm("per_layer_projection_norm.weight", cfg.hidden_size_per_layer_input)
-    # As lfm2_moe: an lm_head.weight on disk is used even when the config ties; without one, a
-    # tied model reuses the embeddings and an untied one is refused (the read names the tensor).
-    tied = cfg.tie_word_embeddings and not ckpt.has("lm_head.weight")
-    lm_head = (
-        embed if tied else ckpt.load("lm_head.weight", device=device, dtype=dtype, shape=(v, h))
-    )
-    shard = ckpt.shard
-    if tied and shards.vocab_parallel(cfg, shard.world):
-        mine = block(v, shard.rank, shard.world)
-        lm_head = embed[mine.start : mine.stop]  # this rank's vocabulary, a view
+        ple_norm = read.upcast("per_layer_projection_norm.weight", cfg.hidden_size_per_layer_input)
+    split_vocab = shards.vocab_parallel(cfg, ckpt.shard.world)
+    lm_head = read.lm_head(embed, cfg.tie_word_embeddings, split_vocab)
     return ModelWeights(
-        embed, read.norm("norm.weight", h), lm_head, layers, ple_embed, ple_projection, ple_norm
+        embed, read.upcast("norm.weight", h), lm_head, layers, ple_embed, ple_projection, ple_norm
     )
 
 
-def _layer(read: _Reader, cfg: Gemma4Config, layer: Layer) -> LayerWeights:
+def _layer(read: TensorReader, cfg: Gemma4Config, layer: Layer) -> LayerWeights:
     h, p = cfg.hidden_size, f"layers.{layer.index}"
     moe = _moe(read, cfg, p) if cfg.enable_moe_block else None
     ple = None
@@ -165,7 +145,7 @@ def _layer(read: _Reader, cfg: Gemma4Config, layer: Layer) -> LayerWeights:
         ple = PleWeights(
             read(f"{p}.per_layer_input_gate.weight", ps, h),
             read(f"{p}.per_layer_projection.weight", h, ps),
-            read.norm(f"{p}.post_per_layer_input_norm.weight", h),
+            read.upcast(f"{p}.post_per_layer_input_norm.weight", h),
         )
     m = f"{p}.mlp"
     mlp = MlpWeights(
@@ -174,10 +154,10 @@ def _layer(read: _Reader, cfg: Gemma4Config, layer: Layer) -> LayerWeights:
         read(f"{m}.down_proj.weight", h, layer.mlp_size),
     )
     return LayerWeights(
-        input_norm=read.norm(f"{p}.input_layernorm.weight", h),
-        post_attention_norm=read.norm(f"{p}.post_attention_layernorm.weight", h),
-        pre_mlp_norm=read.norm(f"{p}.pre_feedforward_layernorm.weight", h),
-        post_mlp_norm=read.norm(f"{p}.post_feedforward_layernorm.weight", h),
+        input_norm=read.upcast(f"{p}.input_layernorm.weight", h),
+        post_attention_norm=read.upcast(f"{p}.post_attention_layernorm.weight", h),
+        pre_mlp_norm=read.upcast(f"{p}.pre_feedforward_layernorm.weight", h),
+        post_mlp_norm=read.upcast(f"{p}.post_feedforward_layernorm.weight", h),
         attention=_attention(read, cfg, layer, f"{p}.self_attn"),
         mlp=mlp,
         moe=moe,
@@ -186,7 +166,7 @@ def _layer(read: _Reader, cfg: Gemma4Config, layer: Layer) -> LayerWeights:
     )
 
 
-def _attention(read: _Reader, cfg: Gemma4Config, layer: Layer, a: str) -> AttentionWeights:
+def _attention(read: TensorReader, cfg: Gemma4Config, layer: Layer, a: str) -> AttentionWeights:
     h, d = cfg.hidden_size, layer.head_dim
     q, kv = cfg.num_attention_heads * d, layer.kv_heads * d
     own = not layer.reuses_kv
@@ -195,12 +175,12 @@ def _attention(read: _Reader, cfg: Gemma4Config, layer: Layer, a: str) -> Attent
         k=read(f"{a}.k_proj.weight", kv, h) if own else None,
         v=read(f"{a}.v_proj.weight", kv, h) if own and not layer.k_eq_v else None,
         o=read(f"{a}.o_proj.weight", h, q),
-        q_norm=read.norm(f"{a}.q_norm.weight", d),
-        k_norm=read.norm(f"{a}.k_norm.weight", d) if own else None,
+        q_norm=read.upcast(f"{a}.q_norm.weight", d),
+        k_norm=read.upcast(f"{a}.k_norm.weight", d) if own else None,
     )
 
 
-def _moe(read: _Reader, cfg: Gemma4Config, p: str) -> MoeWeights:
+def _moe(read: TensorReader, cfg: Gemma4Config, p: str) -> MoeWeights:
     h, i, e = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
     return MoeWeights(
         router=read(f"{p}.router.proj.weight", e, h),
@@ -208,8 +188,8 @@ def _moe(read: _Reader, cfg: Gemma4Config, p: str) -> MoeWeights:
         per_expert_scale=read(f"{p}.router.per_expert_scale", e),
         gate_up=read(f"{p}.experts.gate_up_proj", e, 2 * i, h),
         down=read(f"{p}.experts.down_proj", e, h, i),
-        pre_norm=read.norm(f"{p}.pre_feedforward_layernorm_2.weight", h),
-        post_norm_mlp=read.norm(f"{p}.post_feedforward_layernorm_1.weight", h),
-        post_norm_experts=read.norm(f"{p}.post_feedforward_layernorm_2.weight", h),
+        pre_norm=read.upcast(f"{p}.pre_feedforward_layernorm_2.weight", h),
+        post_norm_mlp=read.upcast(f"{p}.post_feedforward_layernorm_1.weight", h),
+        post_norm_experts=read.upcast(f"{p}.post_feedforward_layernorm_2.weight", h),
         first_expert=read.ckpt.shard.experts(e).start,
     )

@@ -18,12 +18,13 @@ difference in a router logit cannot flip an expert.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import torch
 
 from tensorfold import testing
+from tensorfold.engine.cpu_threads import one_cpu_thread
 from tensorfold_gemma4.model import load
 
 PROMPT_LEN = 600  # crosses a 512-row page and every sliding window here
@@ -180,20 +181,17 @@ class Tiny(testing.ReferenceCase):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_intra_op_thread():
+def one_intra_op_thread() -> Iterator[None]:
     """These tensors are tiny: a second OpenMP thread gains nothing, and on a busy machine each
     parallel region waits for a free core (100x slower on a shared 2-core box). One thread per
     module; the setting is restored after it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_cpu_thread():
+        yield
 
 
 @pytest.fixture(scope="session")
 def tiny_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    pytest.importorskip("transformers", reason="transformers 5.23.0 is the parity reference")
-    return testing.save_references(tmp_path_factory.mktemp("gemma4_tiny"), SHAPES, build_reference)
+    return testing.reference_folders(tmp_path_factory, "gemma4_tiny", SHAPES, build_reference)
 
 
 def _open(name: str, paths: dict[str, Path]) -> Tiny:

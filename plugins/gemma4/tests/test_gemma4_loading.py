@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
+from tensorfold import testing
 from tensorfold.engine.runner import ModelRunner, open_stream
 from tensorfold.family import FamilySpec, resolve
-from tensorfold.family.checkpoint import Checkpoint, CheckpointError
+from tensorfold.family.checkpoint import Checkpoint
 from tensorfold_gemma4 import plugin
 from tensorfold_gemma4.config import ConfigError, Gemma4Config
 from tensorfold_gemma4.model import load, shape
@@ -113,26 +114,13 @@ def test_bad_configs_are_refused_before_loading(
 def test_missing_and_misshapen_tensors_are_named(
     tiny_paths: dict[str, Path], tmp_path: Path
 ) -> None:
-    from safetensors.torch import load_file, save_file
-
-    src = tiny_paths["a26b_style"]
-    tensors = load_file(str(src / "model.safetensors"))
-    missing = "model.language_model.layers.3.experts.down_proj"
-    folder = tmp_path / "missing"
-    shutil.copytree(src, folder)
-    save_file({k: v for k, v in tensors.items() if k != missing}, str(folder / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=missing.replace(".", r"\.")):
-        load(Checkpoint.open(folder), "cpu", "float32")
-
-    misshapen = "model.language_model.layers.2.self_attn.k_proj.weight"
-    folder = tmp_path / "misshapen"
-    shutil.copytree(src, folder)
-    save_file(
-        {**tensors, misshapen: tensors[misshapen][:-1].contiguous()},
-        str(folder / "model.safetensors"),
+    testing.assert_missing_and_misshapen_named(
+        tiny_paths["a26b_style"],
+        tmp_path,
+        load,
+        ["model.language_model.layers.3.experts.down_proj"],
+        "model.language_model.layers.2.self_attn.k_proj.weight",
     )
-    with pytest.raises(CheckpointError, match=misshapen.replace(".", r"\.") + ".*expected"):
-        load(Checkpoint.open(folder), "cpu", "float32")
 
 
 def test_towers_are_skipped_and_said_so(tmp_path: Path) -> None:

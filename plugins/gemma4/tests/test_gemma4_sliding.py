@@ -16,6 +16,7 @@ from tensorfold.family.forward_pass import ForwardPass, StreamRows
 from tensorfold.memory.kv_plan import MiB, PlanRefused, plan
 from tensorfold.ops.attention import paged_attention
 from tensorfold.ops.window_attention import advance_rings, gather_window, window_attention
+from tensorfold_gemma4.dummy import CONFIGS
 from tensorfold_gemma4.model import shape
 
 if TYPE_CHECKING:
@@ -169,28 +170,7 @@ def test_the_plan_counts_the_rings_as_fixed_bytes_at_the_26b_shape() -> None:
     config = {
         "architectures": ["Gemma4ForConditionalGeneration"],
         "model_type": "gemma4",
-        "text_config": dict(
-            hidden_size=2816,
-            intermediate_size=2112,
-            num_hidden_layers=30,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            head_dim=256,
-            global_head_dim=512,
-            num_global_key_value_heads=2,
-            attention_k_eq_v=True,
-            sliding_window=1024,
-            enable_moe_block=True,
-            num_experts=128,
-            top_k_experts=8,
-            moe_intermediate_size=704,
-            hidden_size_per_layer_input=0,
-            num_kv_shared_layers=0,
-            vocab_size=262144,
-            final_logit_softcapping=30.0,
-            max_position_embeddings=262144,
-            use_bidirectional_attention="vision",
-        ),
+        "text_config": CONFIGS["Gemma-4-26B-A4B"],
     }
     layout = shape(config, "bfloat16").layout
     # 5 full layers page K and V of 2 KV heads x 512: 20 KiB a token

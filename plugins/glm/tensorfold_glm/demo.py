@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tensorfold.family.demo_build import build_atomically, train_byte_bpe, write_json
+from tensorfold.family import demo_build
 
 from .demo_text import CHAT_TEMPLATE, CORPUS
 from .demo_weights import build_weights as random_weights
@@ -175,7 +175,7 @@ def build_tokenizer() -> Tokenizer:
     [gMASK]<sop>, as GLM's tokenizer does."""
     from tokenizers import processors
 
-    tok = train_byte_bpe(CORPUS, VOCAB_TARGET, SPECIAL_TOKENS)
+    tok = demo_build.train_byte_bpe(CORPUS, VOCAB_TARGET, SPECIAL_TOKENS)
     tok.post_processor = processors.TemplateProcessing(
         single=f"{GMASK} {SOP} $A",
         pair=f"{GMASK} {SOP} $A $B",
@@ -187,50 +187,37 @@ def build_tokenizer() -> Tokenizer:
 def build_weights(cfg: dict[str, Any]) -> dict[str, Any]:
     """The shipped trained weights in float32, checked against `random_weights(cfg)`'s names and
     shapes and the tokenizer they were trained with."""
-    from tensorfold.family.demo_build import load_trained
-
-    shapes = {k: tuple(v.shape) for k, v in random_weights(cfg).items()}
-    return load_trained(WEIGHTS, shapes, build_tokenizer(), RETRAIN)
+    return demo_build.load_trained(
+        WEIGHTS, demo_build.shapes_of(random_weights(cfg)), build_tokenizer(), RETRAIN
+    )
 
 
 def write_demo(folder: Path) -> None:
     """Write every file of the demo checkpoint into an existing empty folder."""
-    from safetensors.torch import save_file
-
     tok = build_tokenizer()
-    tok.save(str(folder / "tokenizer.json"))
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     cfg = config_dict(tok.get_vocab_size(), ids)
-    write_json(folder / "config.json", cfg)
-    write_json(
-        folder / "generation_config.json",
-        {
-            "_from_model_config": True,
-            "eos_token_id": [ids[t] for t in EOS],
-            "pad_token_id": ids[ENDOFTEXT],
-            "output_attentions": False,
-            "output_hidden_states": False,
-            "transformers_version": "5.23.0",
-            "use_cache": True,
-        },
-    )
-    write_json(
-        folder / "tokenizer_config.json",
-        {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "eos_token": ENDOFTEXT,
-            "pad_token": ENDOFTEXT,
-            "clean_up_tokenization_spaces": False,
-            "do_lower_case": False,
-            "model_max_length": TEXT_SHAPE["max_position_embeddings"],
-            "padding_side": "left",
-            "additional_special_tokens": [t for t in SPECIAL_TOKENS if t != ENDOFTEXT],
-        },
+    generation = {
+        "_from_model_config": True,
+        "eos_token_id": [ids[t] for t in EOS],
+        "pad_token_id": ids[ENDOFTEXT],
+        "output_attentions": False,
+        "output_hidden_states": False,
+        "transformers_version": "5.23.0",
+        "use_cache": True,
+    }
+    tokenizer = demo_build.tokenizer_config(
+        ENDOFTEXT,
+        ENDOFTEXT,
+        TEXT_SHAPE["max_position_embeddings"],
+        do_lower_case=False,
+        padding_side="left",
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t != ENDOFTEXT],
     )
     (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
-    save_file(build_weights(cfg), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    demo_build.write_checkpoint(folder, tok, build_weights(cfg), cfg, generation, tokenizer)
 
 
 def build_demo(cache_dir: Path) -> Path:
     """Return `cache_dir / DEMO_NAME`, built first (atomically) unless a complete one is there."""
-    return build_atomically(cache_dir, DEMO_NAME, FILES, write_demo)
+    return demo_build.build_atomically(cache_dir, DEMO_NAME, FILES, write_demo)

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from tensorfold.engine.dummy_draws import Draws, rank_draws
+from tensorfold.engine.dummy_draws import Draws, dummy_lm_head, rank_draws
 from tensorfold.family import Shard, block
 from tensorfold.ops import parallel
 
@@ -170,14 +170,8 @@ def dummy_weights(
                 ffn=ffn,
             )
         )
-    vocab = cfg.vocab_size
-    if shards.vocab_parallel(cfg, world):
-        mine = block(vocab, tp.rank, world)
-        lm_head = (
-            embed[mine.start : mine.stop] if cfg.tie_word_embeddings else part.normal(len(mine), h)
-        )
-    else:
-        lm_head = embed if cfg.tie_word_embeddings else init.normal(vocab, h)
+    vocab = block(cfg.vocab_size, tp.rank, world) if shards.vocab_parallel(cfg, world) else None
+    lm_head = dummy_lm_head(init, part, embed, cfg.tie_word_embeddings, vocab)
     return ModelWeights(embed, init.ones(h), lm_head, layers)
 
 

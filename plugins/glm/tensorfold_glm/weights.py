@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from tensorfold.family import block
+from tensorfold.family.checkpoint import TensorReader
 
 from . import shards
 from .config import DENSE, KDA, GlmConfig
@@ -145,25 +145,10 @@ def text_prefix(ckpt: "Checkpoint") -> str:
     return "model.language_model."  # the loader then names the tensor it misses
 
 
-class _Reader:
-    def __init__(self, ckpt: "Checkpoint", device: str, dtype: torch.dtype):
-        self.ckpt, self.device, self.dtype = ckpt, device, dtype
-
-    def __call__(self, name: str, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-        return self.ckpt.load(name, device=self.device, dtype=dtype or self.dtype, shape=shape)
-
-    def upcast(self, name: str, *shape: int) -> torch.Tensor:
-        """Stored in the model dtype, used in fp32 (the reference's `.float()` in the op)."""
-        return self(name, *shape).float()
-
-    def bias(self, name: str, size: int, present: bool) -> torch.Tensor | None:
-        return self(name, size) if present else None
-
-
 def load_weights(
     ckpt: "Checkpoint", cfg: GlmConfig, device: str, dtype: torch.dtype
 ) -> ModelWeights:
-    read = _Reader(ckpt, device, dtype)
+    read = TensorReader(ckpt, device, dtype)
     root = text_prefix(ckpt)
     h, v = cfg.hidden_size, cfg.vocab_size
     embed = read(f"{root}embed_tokens.weight", v, h)
@@ -186,16 +171,12 @@ def load_weights(
                 ffn=ffn,
             )
         )
-    tied = cfg.tie_word_embeddings and not ckpt.has("lm_head.weight")
-    lm_head = embed if tied else read("lm_head.weight", v, h)
-    shard = ckpt.shard
-    if tied and shards.vocab_parallel(cfg, shard.world):
-        mine = block(v, shard.rank, shard.world)
-        lm_head = embed[mine.start : mine.stop]  # this rank's vocabulary, a view
+    split_vocab = shards.vocab_parallel(cfg, ckpt.shard.world)
+    lm_head = read.lm_head(embed, cfg.tie_word_embeddings, split_vocab)
     return ModelWeights(embed, read(f"{root}norm.weight", h), lm_head, layers)
 
 
-def _hc(read: _Reader, cfg: GlmConfig, p: str) -> HcWeights:
+def _hc(read: TensorReader, cfg: GlmConfig, p: str) -> HcWeights:
     n = cfg.hc_mult
     width = (2 + n) * n
     return HcWeights(
@@ -205,7 +186,7 @@ def _hc(read: _Reader, cfg: GlmConfig, p: str) -> HcWeights:
     )
 
 
-def _kda(read: _Reader, cfg: GlmConfig, p: str) -> KdaWeights:
+def _kda(read: TensorReader, cfg: GlmConfig, p: str) -> KdaWeights:
     h, dk, heads, d = cfg.hidden_size, cfg.linear_head_dim, cfg.linear_num_heads, cfg.kda_dim
     k = cfg.linear_conv_kernel_dim
     a = f"{p}.self_attn"
@@ -228,7 +209,7 @@ def _kda(read: _Reader, cfg: GlmConfig, p: str) -> KdaWeights:
     )
 
 
-def _mla(read: _Reader, cfg: GlmConfig, p: str, indexer: bool) -> MlaWeights:
+def _mla(read: TensorReader, cfg: GlmConfig, p: str, indexer: bool) -> MlaWeights:
     h, heads, bias = cfg.hidden_size, cfg.num_attention_heads, cfg.attention_bias
     qr, r, dn, dv = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim
     a = f"{p}.self_attn"
@@ -249,7 +230,7 @@ def _mla(read: _Reader, cfg: GlmConfig, p: str, indexer: bool) -> MlaWeights:
     )
 
 
-def _indexer(read: _Reader, cfg: GlmConfig, p: str) -> IndexerWeights:
+def _indexer(read: TensorReader, cfg: GlmConfig, p: str) -> IndexerWeights:
     h, n, d = cfg.hidden_size, cfg.index_n_heads, cfg.index_head_dim
     return IndexerWeights(
         wq_b=read(f"{p}.wq_b.weight", n * d, cfg.q_lora_rank),
@@ -262,12 +243,12 @@ def _indexer(read: _Reader, cfg: GlmConfig, p: str) -> IndexerWeights:
     )
 
 
-def _dense(read: _Reader, p: str, h: int, width: int) -> DenseWeights:
+def _dense(read: TensorReader, p: str, h: int, width: int) -> DenseWeights:
     gate_up = torch.cat([read(f"{p}.{x}_proj.weight", width, h) for x in ("gate", "up")])
     return DenseWeights(gate_up, read(f"{p}.down_proj.weight", h, width))
 
 
-def _experts(read: _Reader, m: str, local: range, h: int, width: int) -> list[DenseWeights]:
+def _experts(read: TensorReader, m: str, local: range, h: int, width: int) -> list[DenseWeights]:
     """This rank's experts as views of two stacks, gate_up [E, 2I, H] and down [E, H, I], filled
     one expert at a time: the grouped kernels read the stacks without a copy (a copy at the
     first pass would hold a layer's experts twice after the pool was planned)."""
@@ -282,7 +263,7 @@ def _experts(read: _Reader, m: str, local: range, h: int, width: int) -> list[De
     return experts
 
 
-def _moe(read: _Reader, cfg: GlmConfig, p: str) -> MoeWeights:
+def _moe(read: TensorReader, cfg: GlmConfig, p: str) -> MoeWeights:
     h, e, width = cfg.hidden_size, cfg.n_routed_experts, cfg.moe_intermediate_size
     m = f"{p}.mlp"
     local = read.ckpt.shard.experts(e)

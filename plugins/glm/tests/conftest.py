@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tensorfold import testing
+from tensorfold.engine.cpu_threads import one_cpu_thread
 from tensorfold_glm.model import load
 
 Tiny = testing.ReferenceCase  # the fixtures' type, by the name the tests use
@@ -127,10 +128,8 @@ MM_IDS = dict(
 def one_thread() -> Iterator[None]:
     """Intra-op threads only add overhead at these sizes, and make every small op crawl when the
     machine's cores are shared; restored after each module, so other suites keep theirs."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_cpu_thread():
+        yield
 
 
 def build_reference(shape: str, seed: int = 0) -> Any:
@@ -160,8 +159,7 @@ def build_reference(shape: str, seed: int = 0) -> Any:
 
 @pytest.fixture(scope="session")
 def tiny_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    pytest.importorskip("transformers", reason="transformers 5.23.0 is the parity reference")
-    return testing.save_references(tmp_path_factory.mktemp("glm_tiny"), SHAPES, build_reference)
+    return testing.reference_folders(tmp_path_factory, "glm_tiny", SHAPES, build_reference)
 
 
 @pytest.fixture(scope="session", params=list(SHAPES))

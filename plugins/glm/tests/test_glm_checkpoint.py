@@ -13,8 +13,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from structlog.testing import capture_logs
 
+from tensorfold import testing
 from tensorfold.engine.runner import ModelRunner, open_stream
-from tensorfold.family.checkpoint import Checkpoint, CheckpointError
+from tensorfold.family.checkpoint import Checkpoint
 from tensorfold_glm.config import ConfigError
 from tensorfold_glm.model import GlmModel, load
 
@@ -92,28 +93,15 @@ def test_mtp_layer_past_the_last_is_ignored(
 def test_missing_and_misshapen_tensors_are_named(
     tiny_paths: dict[str, Path], tmp_path: Path
 ) -> None:
-    src = tiny_paths["glm_tiny"]
-    tensors = load_file(str(src / "model.safetensors"))
-    for missing in (
+    missing = (
         "model.language_model.layers.3.mlp.experts.5.up_proj.weight",
         "model.language_model.layers.0.self_attn.k_conv1d.weight",
         "model.language_model.layers.1.hc_ffn_base",
-    ):
-        folder = copy(src, tmp_path / missing)
-        save_file(
-            {k: v for k, v in tensors.items() if k != missing}, str(folder / "model.safetensors")
-        )
-        with pytest.raises(CheckpointError, match=missing.replace(".", r"\.")):
-            load(Checkpoint.open(folder), "cpu", "float32")
-
-    misshapen = "model.language_model.layers.1.self_attn.indexer.wk.weight"
-    folder = copy(src, tmp_path / "misshapen")
-    save_file(
-        {**tensors, misshapen: tensors[misshapen][:-1].contiguous()},
-        str(folder / "model.safetensors"),
     )
-    with pytest.raises(CheckpointError, match=misshapen.replace(".", r"\.") + ".*expected"):
-        load(Checkpoint.open(folder), "cpu", "float32")
+    misshapen = "model.language_model.layers.1.self_attn.indexer.wk.weight"
+    testing.assert_missing_and_misshapen_named(
+        tiny_paths["glm_tiny"], tmp_path, load, missing, misshapen
+    )
 
 
 def _edited(src: Path, dst: Path, **text: object) -> Path:

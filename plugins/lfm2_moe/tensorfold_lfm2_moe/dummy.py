@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from tensorfold.engine.dummy_draws import rank_draws
+from tensorfold.engine.dummy_draws import dummy_lm_head, rank_draws
 from tensorfold.family import Shard, block
 from tensorfold.ops import parallel
 
@@ -119,10 +119,9 @@ def dummy_weights(
                 local.start,
             )
         layers.append(LayerWeights(init.ones(h), init.ones(h), mixer, ffn))
-    lm_head = embed
-    if world > 1 and shards.vocab_parallel(cfg, world):
-        mine = block(cfg.vocab_size, tp.rank, world)
-        lm_head = embed[mine.start : mine.stop]
+    split_vocab = world > 1 and shards.vocab_parallel(cfg, world)
+    vocab = block(cfg.vocab_size, tp.rank, world) if split_vocab else None
+    lm_head = dummy_lm_head(init, part, embed, True, vocab)  # tied, as the published LFM2 models
     return ModelWeights(embed, init.ones(h), lm_head, layers)
 
 

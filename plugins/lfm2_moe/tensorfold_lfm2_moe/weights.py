@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from tensorfold.family import block
+from tensorfold.family.checkpoint import TensorReader
 
 from . import shards
 from .config import ATTENTION, Lfm2MoeConfig
@@ -86,21 +86,10 @@ class ModelWeights:
     layers: list[LayerWeights]
 
 
-class _Reader:
-    def __init__(self, ckpt: "Checkpoint", device: str, dtype: torch.dtype):
-        self.ckpt, self.device, self.dtype = ckpt, device, dtype
-
-    def __call__(self, name: str, *shape: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-        return self.ckpt.load(name, device=self.device, dtype=dtype or self.dtype, shape=shape)
-
-    def bias(self, name: str, size: int, present: bool) -> torch.Tensor | None:
-        return self(name, size) if present else None
-
-
 def load_weights(
     ckpt: "Checkpoint", cfg: Lfm2MoeConfig, device: str, dtype: torch.dtype
 ) -> ModelWeights:
-    read = _Reader(ckpt, device, dtype)
+    read = TensorReader(ckpt, device, dtype)
     h, v = cfg.hidden_size, cfg.vocab_size
     embed = read("model.embed_tokens.weight", v, h)
     layers = []
@@ -113,18 +102,12 @@ def load_weights(
                 read(f"{p}.operator_norm.weight", h), read(f"{p}.ffn_norm.weight", h), mixer, ffn
             )
         )
-    # As the reference: an lm_head.weight on disk is used even when the config ties (5.23.0
-    # unties then); without one, a tied model reuses the embeddings and an untied one is refused.
-    tied = cfg.tie_word_embeddings and not ckpt.has("lm_head.weight")
-    lm_head = embed if tied else read("lm_head.weight", v, h)
-    shard = ckpt.shard
-    if tied and shard.world > 1 and shards.vocab_parallel(cfg, shard.world):
-        mine = block(v, shard.rank, shard.world)
-        lm_head = embed[mine.start : mine.stop]  # this rank's vocabulary, a view
+    split_vocab = ckpt.shard.world > 1 and shards.vocab_parallel(cfg, ckpt.shard.world)
+    lm_head = read.lm_head(embed, cfg.tie_word_embeddings, split_vocab)
     return ModelWeights(embed, read("model.embedding_norm.weight", h), lm_head, layers)
 
 
-def _attention(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> AttentionWeights:
+def _attention(read: TensorReader, cfg: Lfm2MoeConfig, p: str) -> AttentionWeights:
     h, d = cfg.hidden_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
     a = f"{p}.self_attn"
@@ -138,7 +121,7 @@ def _attention(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> AttentionWeights:
     )
 
 
-def _conv(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> ConvWeights:
+def _conv(read: TensorReader, cfg: Lfm2MoeConfig, p: str) -> ConvWeights:
     h, k, bias = cfg.hidden_size, cfg.conv_L_cache, cfg.conv_bias
     c = f"{p}.conv"
     return ConvWeights(
@@ -151,7 +134,7 @@ def _conv(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> ConvWeights:
     )
 
 
-def _dense(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> DenseWeights:
+def _dense(read: TensorReader, cfg: Lfm2MoeConfig, p: str) -> DenseWeights:
     h, i = cfg.hidden_size, cfg.intermediate_size
     f = f"{p}.feed_forward"
     return DenseWeights(
@@ -159,7 +142,7 @@ def _dense(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> DenseWeights:
     )
 
 
-def _moe(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> MoeWeights:
+def _moe(read: TensorReader, cfg: Lfm2MoeConfig, p: str) -> MoeWeights:
     h, i, n = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
     f = f"{p}.feed_forward"
     bias = read(f"{f}.expert_bias", n, dtype=torch.float32) if cfg.use_expert_bias else None
@@ -175,7 +158,7 @@ def _moe(read: _Reader, cfg: Lfm2MoeConfig, p: str) -> MoeWeights:
     )
 
 
-def _stack(read: _Reader, names: list[str], rows: int, cols: int) -> torch.Tensor:
+def _stack(read: TensorReader, names: list[str], rows: int, cols: int) -> torch.Tensor:
     """The experts' tensors loaded once into one [E, rows, cols] tensor (what the grouped
     kernels take), one expert at a time: no second copy of a layer's experts on the device."""
     out = torch.empty(len(names), rows, cols, device=read.device, dtype=read.dtype)

@@ -82,10 +82,7 @@ def build_reference(shape: str, seed: int = 0) -> Any:
 
 @pytest.fixture(scope="session")
 def tiny_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    pytest.importorskip("transformers", reason="transformers 5.23.0 is the parity reference")
-    return testing.save_references(
-        tmp_path_factory.mktemp("lfm2_moe_tiny"), SHAPES, build_reference
-    )
+    return testing.reference_folders(tmp_path_factory, "lfm2_moe_tiny", SHAPES, build_reference)
 
 
 @pytest.fixture(scope="session", params=list(SHAPES))

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 
+from tensorfold import testing
 from tensorfold.engine.runner import ModelRunner, open_stream
 from tensorfold.family import FamilySpec, resolve
-from tensorfold.family.checkpoint import Checkpoint, CheckpointError
+from tensorfold.family.checkpoint import Checkpoint
 from tensorfold.testing import rel_err
 from tensorfold_lfm2_moe import plugin
 from tensorfold_lfm2_moe.config import ConfigError
@@ -116,24 +117,13 @@ def test_bad_layer_type_is_refused(tiny_paths: dict[str, Path], tmp_path: Path) 
 def test_missing_and_misshapen_tensors_are_named(
     tiny_paths: dict[str, Path], tmp_path: Path
 ) -> None:
-    from safetensors.torch import load_file, save_file
-
-    src = tiny_paths["lfm2_tiny"]
-    tensors = load_file(str(src / "model.safetensors"))
-    missing = "model.layers.3.feed_forward.experts.5.w3.weight"
-    folder = _copy(src, tmp_path / "missing")
-    save_file({k: v for k, v in tensors.items() if k != missing}, str(folder / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=missing.replace(".", r"\.")):
-        load(Checkpoint.open(folder), "cpu", "float32")
-
-    misshapen = "model.layers.1.self_attn.k_proj.weight"
-    folder = _copy(src, tmp_path / "misshapen")
-    save_file(
-        {**tensors, misshapen: tensors[misshapen][:-1].contiguous()},
-        str(folder / "model.safetensors"),
+    testing.assert_missing_and_misshapen_named(
+        tiny_paths["lfm2_tiny"],
+        tmp_path,
+        load,
+        ["model.layers.3.feed_forward.experts.5.w3.weight"],
+        "model.layers.1.self_attn.k_proj.weight",
     )
-    with pytest.raises(CheckpointError, match=misshapen.replace(".", r"\.") + ".*expected"):
-        load(Checkpoint.open(folder), "cpu", "float32")
 
 
 def test_lm_head_on_disk_wins_over_tying(tiny_paths: dict[str, Path], tmp_path: Path) -> None:
