@@ -232,6 +232,29 @@ def check_route_few_rows() -> None:
     assert plain and _route_row_sums(choice, "*bf16", 16, True, 32) == plain
 
 
+def _rope_row_sums(
+    heads: int, half: int, norm: int, w_type: str, divisible: set[str], warps: int
+) -> list[str]:
+    """The row-sum layouts of triton_rope's _rope_kernel (the q/k norm's weight `w_type`) on
+    its heads x half tile."""
+    from tensorfold.ops import triton_rope
+
+    alone = _compile(
+        triton_rope._rope_kernel,
+        dict(
+            HALF=half,
+            HEADS=heads,
+            NORM=norm,
+            PDL=True,
+        ),
+        {a: "*bf16" for a in ("x_ptr", "c_ptr", "s_ptr", "o_ptr")}
+        | {"w_ptr": w_type, "eps": "fp32"},
+        divisible,
+        num_warps=warps,
+    )
+    return _row_sum_layouts(alone, f"{heads}x{half}")
+
+
 def check_qkv_norm_rope_write() -> None:
     from tensorfold.ops import triton_rope
 
@@ -255,19 +278,14 @@ def check_qkv_norm_rope_write() -> None:
         num_warps=triton_rope._warps(max(hq, hkv), 2 * half, norm),
     )
     for heads in (hq, hkv):
-        alone = _compile(
-            triton_rope._rope_kernel,
-            dict(
-                HALF=half,
-                HEADS=heads,
-                NORM=norm,
-                PDL=True,
-            ),
-            {a: "*bf16" for a in ("x_ptr", "w_ptr", "c_ptr", "s_ptr", "o_ptr")} | {"eps": "fp32"},
+        want = _rope_row_sums(
+            heads,
+            half,
+            norm,
+            "*bf16",
             strides | ({"heads"} if heads % 16 == 0 else set()),
-            num_warps=triton_rope._warps(heads, 2 * half, norm),
+            triton_rope._warps(heads, 2 * half, norm),
         )
-        want = _row_sum_layouts(alone, f"{heads}x{half}")
         assert len(want) == 2  # a head's two halves
         assert _row_sum_layouts(fused, f"{heads}x{half}") == want
 
@@ -294,20 +312,7 @@ def check_qkv_heads() -> None:
     )
     for heads in (hq, hkv):
         assert triton_rope._warps(heads, 2 * half, norm) == warps
-        alone = _compile(
-            triton_rope._rope_kernel,
-            dict(
-                HALF=half,
-                HEADS=heads,
-                NORM=norm,
-                PDL=True,
-            ),
-            {a: "*bf16" for a in ("x_ptr", "c_ptr", "s_ptr", "o_ptr")}
-            | {"w_ptr": "*fp32", "eps": "fp32"},
-            strides | {"heads"},
-            num_warps=warps,
-        )
-        want = _row_sum_layouts(alone, f"{heads}x{half}")
+        want = _rope_row_sums(heads, half, norm, "*fp32", strides | {"heads"}, warps)
         assert len(want) == 2  # a head's two halves
         got = _row_sum_layouts(fused, f"{heads}x{half}")
         assert got[:2] == want  # k's heads: then v's, without a weight, on the same tile

@@ -39,6 +39,7 @@ def mk(
     cache: int = 16 * GiB,
     snapshot: int = 0,
     *,
+    rows: int = ROWS,
     page: int = PAGE,
     fixed: int = FIXED,
     states: int | Literal["auto"] = 0,
@@ -47,7 +48,7 @@ def mk(
     """The plan of `room` for pages of ROWS rows, PAGE bytes and FIXED bytes a lane unless told."""
     return plan(
         room=room,
-        page_rows=ROWS,
+        page_rows=rows,
         page_bytes=page,
         fixed_bytes=fixed,
         window=window,
@@ -299,16 +300,16 @@ def test_pages_never_worse_than_windows(
 
     def go(paging: str) -> Plan | None:
         try:
-            p = plan(
-                room=room,
-                page_rows=page_rows,
-                page_bytes=page_bytes,
-                fixed_bytes=fixed,
-                window=window,
-                lanes=lanes,
-                cache_budget=cache,
-                paging=paging,
-                snapshot_bytes=snapshot,
+            p = mk(
+                room,
+                lanes,
+                paging,
+                window,
+                cache,
+                snapshot,
+                rows=page_rows,
+                page=page_bytes,
+                fixed=fixed,
             )
         except PlanRefused:
             return None
