@@ -462,6 +462,24 @@ def test_route_matches_reference(dtype, norm, bias):
         assert torch.equal(se, got_e[a:z]) and torch.equal(sw, got_w[a:z])
 
 
+def _grouped_route(x, gate, bias, topk):
+    """An fp32 router as GLM's: 8 groups of which 4 kept, the top k normalised and scaled by
+    2.5, the pairs aligned by expert."""
+    return triton_route.route(
+        x,
+        gate,
+        bias,
+        topk,
+        norm_topk_prob=True,
+        scaling=2.5,
+        fp32=True,
+        norm_eps=1e-20,
+        groups=8,
+        keep_groups=4,
+        by_expert=True,
+    )
+
+
 @pytest.mark.parametrize("sums", [True, False])
 def test_fp32_router_on_a_columns_major_gate_chains_its_fmas_a_row_alone_as_in_a_batch(sums):
     """An fp32 router with expert groups (glm5_next's kind), its gate stored transposed
@@ -480,19 +498,7 @@ def test_fp32_router_on_a_columns_major_gate_chains_its_fmas_a_row_alone_as_in_a
         assert triton_route.columns_major(cols) is cols
 
         def run(rows, g):
-            return triton_route.route(
-                rows,
-                g,
-                bias,
-                6,
-                norm_topk_prob=True,
-                scaling=2.5,
-                fp32=True,
-                norm_eps=1e-20,
-                groups=8,
-                keep_groups=4,
-                by_expert=True,
-            )
+            return _grouped_route(rows, g, bias, 6)
 
         logits = x.float() @ gate.t()
         for rows in (x[:1], x[:16], x):  # one row, a split pass, a walked one
@@ -636,19 +642,7 @@ def test_router_of_one_row_in_one_launch_equals_its_two(kind):
         if kind == "softmax":
             return triton_route.softmax_route(x, gate, 8, scale.to(torch.bfloat16))
         if kind == "fp32_groups":
-            return triton_route.route(
-                x,
-                gate,
-                bias,
-                6,
-                norm_topk_prob=True,
-                scaling=2.5,
-                fp32=True,
-                norm_eps=1e-20,
-                groups=8,
-                keep_groups=4,
-                by_expert=True,
-            )
+            return _grouped_route(x, gate, bias, 6)
         return triton_route.route(x, gate, bias, 4, norm_topk_prob=True, scaling=2.5)
 
     assert triton_route.fuses_one_row(1, gate.shape[0])
