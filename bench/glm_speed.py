@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import engine_runs  # noqa: E402
 from bench.engine_sections import PAGE_ROWS, EngineSections  # noqa: E402
-from bench.model_bytes import kv_bytes  # noqa: E402
+from bench.model_bytes import experts_read, kv_bytes  # noqa: E402
 from bench.report import compare, short  # noqa: E402
 from bench.sections import sync  # noqa: E402
 from bench.speed_main import choose_kernels, run_sections, speed_arguments  # noqa: E402
@@ -97,16 +97,10 @@ def step_bytes(model) -> dict[str, Any]:
                 held.pop(p)
             moe_layers += 1
         common += size(held.values())
-    e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
-    return {
-        "one_stream": common + moe_layers * k * expert,
-        "all_experts": common + moe_layers * e * expert,
-        "expected_bytes": {
-            str(n): int(common + moe_layers * e * (1 - (1 - k / e) ** n) * expert)
-            for n in (1, 8, 64)
-        },
-        "weights_total": size(_tensors(w, {}).values()),
-    }
+    total = size(_tensors(w, {}).values())
+    return experts_read(
+        common, expert, moe_layers, cfg.n_routed_experts, cfg.num_experts_per_tok, total
+    )
 
 
 class Bench(EngineSections):
