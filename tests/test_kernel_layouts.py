@@ -232,6 +232,11 @@ def check_route_few_rows() -> None:
     assert plain and _route_row_sums(choice, "*bf16", 16, True, 32) == plain
 
 
+def _rope_choice(half: int, norm: int, **heads: int) -> dict:
+    """A rope launch's constexprs: heads of 2 * half, normed as `norm`, and the head counts."""
+    return dict(HALF=half, **heads, NORM=norm, PDL=True)
+
+
 def _rope_row_sums(
     heads: int, half: int, norm: int, w_type: str, divisible: set[str], warps: int
 ) -> list[str]:
@@ -241,12 +246,7 @@ def _rope_row_sums(
 
     alone = _compile(
         triton_rope._rope_kernel,
-        dict(
-            HALF=half,
-            HEADS=heads,
-            NORM=norm,
-            PDL=True,
-        ),
+        _rope_choice(half, norm, HEADS=heads),
         {a: "*bf16" for a in ("x_ptr", "c_ptr", "s_ptr", "o_ptr")}
         | {"w_ptr": w_type, "eps": "fp32"},
         divisible,
@@ -262,13 +262,7 @@ def check_qkv_norm_rope_write() -> None:
     strides = {"stride_xn", "stride_xh", "stride_cn"}
     fused = _compile(
         triton_rope._qkv_kernel,
-        dict(
-            HALF=half,
-            Q_HEADS=hq,
-            KV_HEADS=hkv,
-            NORM=norm,
-            PDL=True,
-        ),
+        _rope_choice(half, norm, Q_HEADS=hq, KV_HEADS=hkv),
         {
             a: "*bf16"
             for a in ("x_ptr", "wq_ptr", "wk_ptr", "c_ptr", "s_ptr", "q_ptr", "k_ptr", "v_ptr")
@@ -298,13 +292,7 @@ def check_qkv_heads() -> None:
     strides = {"stride_xn", "stride_xh", "stride_cn"}
     fused = _compile(
         triton_rope._heads_kernel,
-        dict(
-            HALF=half,
-            Q_HEADS=hq,
-            KV_HEADS=hkv,
-            NORM=norm,
-            PDL=True,
-        ),
+        _rope_choice(half, norm, Q_HEADS=hq, KV_HEADS=hkv),
         {a: "*bf16" for a in ("x_ptr", "c_ptr", "s_ptr", "q_ptr", "k_ptr", "v_ptr")}
         | {"wq_ptr": "*fp32", "wk_ptr": "*fp32", "eps": "fp32"},
         strides | {"q_heads", "kv_heads", "v_first"},
