@@ -138,6 +138,20 @@ class ServedDemo:
         assert rc == 0 and "kv pool idle: promised 0" in out, self.logs()[-3000:]
 
 
+def served(
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    *flags: str,
+    api_key: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[ServedDemo]:
+    """A module fixture's server: a ServedDemo in a fresh folder `name`, handed to the tests,
+    then stopped idle."""
+    s = ServedDemo(tmp_path_factory.mktemp(name), *flags, api_key=api_key, env=env)
+    yield s
+    s.stop_idle()
+
+
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

@@ -11,7 +11,7 @@ import socket
 from collections.abc import Iterator
 
 import pytest
-from test_server import ServedDemo
+from test_server import ServedDemo, served
 from test_server_limits import HELD_BODY, address, good, hold, read_message, read_reply
 
 MAX_CONNECTIONS = 6
@@ -22,8 +22,9 @@ READ_TIMEOUT_S = 20  # long beside the first-byte timeout: held connections outl
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
-    s = ServedDemo(
-        tmp_path_factory.mktemp("connections"),
+    yield from served(
+        tmp_path_factory,
+        "connections",
         "--parallel",
         "1",
         env={
@@ -33,8 +34,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
             "TF_READ_TIMEOUT_S": str(READ_TIMEOUT_S),
         },
     )
-    yield s
-    s.stop_idle()
 
 
 def connect(server: ServedDemo, client: str = "127.0.0.1") -> socket.socket:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
-from test_server import ServedDemo
+from test_server import ServedDemo, served
 
 READ_TIMEOUT_S = 2
 MAX_CONNECTIONS = 6
@@ -24,14 +24,13 @@ HELD_BODY = json.dumps({"model": "lfm2_moe-demo", **COMPLETION}).encode()
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
-    s = ServedDemo(
-        tmp_path_factory.mktemp("limits"),
+    yield from served(
+        tmp_path_factory,
+        "limits",
         "--parallel",
         "1",
         env={"TF_READ_TIMEOUT_S": str(READ_TIMEOUT_S), "TF_MAX_CONNECTIONS": str(MAX_CONNECTIONS)},
     )
-    yield s
-    s.stop_idle()
 
 
 def address(server: ServedDemo) -> tuple[str, int]:
