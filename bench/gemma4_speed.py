@@ -16,7 +16,6 @@ The sections are lfm2_speed's where they are family-blind. Writes results.json a
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import sys
@@ -35,9 +34,9 @@ from bench import engine_runs  # noqa: E402
 from bench.engine_sections import PAGE_ROWS  # noqa: E402
 from bench.lfm2_speed import Bench  # noqa: E402
 from bench.model_bytes import active_params, kv_bytes, step_bytes  # noqa: E402
-from bench.report import compare, summary  # noqa: E402
+from bench.report import compare  # noqa: E402
 from bench.sections import sync  # noqa: E402
-from tensorfold.ops import gpu  # noqa: E402
+from bench.speed_main import choose_kernels, run_sections, speed_arguments  # noqa: E402
 from tensorfold_gemma4.config import FULL, SLIDING, Gemma4Config  # noqa: E402
 from tensorfold_gemma4.dummy import CONFIGS, SHAPES, build_dummy, dummy_weights  # noqa: E402
 from tensorfold_gemma4.model import Gemma4Model  # noqa: E402
@@ -147,43 +146,19 @@ class Gemma4Bench(Bench):
         if self.device == "cuda":
             torch.cuda.empty_cache()
         hf = hf_baseline.build_hf(self.model)
-        vocab = self.model.vocab_size
         res: dict[str, Any] = {
             "attn_implementation": getattr(hf.config, "_attn_implementation", None)
         }
-        short, long = (4, 12) if self.args.smoke else (8, 40)
-        for b in (1, 16) if not self.args.smoke else (1, 2):
-            prompts = torch.tensor(
-                engine_runs.random_prompts(b, 64, vocab, seed=b), device=self.device
-            )
-            res[f"streams{b}"] = hf_baseline.decode_rate(hf, prompts, short, long)
-        # the same weights, ours against transformers, both bf16 (random weights give flat
-        # logits, so bf16 rounding flips close argmaxes: this is a sanity figure, not the gate)
-        prompt = engine_runs.random_prompts(1, 64, vocab, seed=99)[0]
-        theirs, _ = hf_baseline.generate(hf, torch.tensor([prompt], device=self.device), 32)
-        ours = (
-            engine_runs.run_requests(
-                self.runner(1, window=1024), [prompt], 32, lanes=1, window=1024
-            )
-            .outcomes[0]
-            .tokens
-        )
-        theirs_list = theirs[0].tolist()
-        res["greedy_tokens_agree_for"] = next(
-            (i for i, (a, b) in enumerate(zip(ours, theirs_list)) if a != b), len(ours)
-        )
-        seq = prompt + ours
+        seq = self.decode_against(hf, res)
         ours16 = self.logits(self.model, seq)
-        with torch.inference_mode():
-            theirs16 = hf(torch.tensor([seq], device=self.device)).logits[0].float()
+        theirs16 = self.hf_logits(hf, seq)
         res["bf16_ours_vs_transformers"] = compare(ours16, theirs16)
         del hf
         gc.collect()
         if self.args.smoke:  # fp32 copies: the mapping onto transformers, checked closely
             model32 = self.fp32_copy()
             hf32 = hf_baseline.build_hf(model32)
-            with torch.inference_mode():
-                theirs32 = hf32(torch.tensor([seq], device=self.device)).logits[0].float()
+            theirs32 = self.hf_logits(hf32, seq)
             res["fp32_ours_vs_transformers"] = compare(self.logits(model32, seq), theirs32)
         return res
 
@@ -216,33 +191,18 @@ def _cast(obj: Any, dtype: torch.dtype) -> Any:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT") or "bench_out")
-    ap.add_argument("--commit", default="unknown")
-    ap.add_argument("--shape", default="Gemma-4-26B-A4B", choices=sorted(SHAPES))
-    ap.add_argument(
-        "--budget-s",
-        type=float,
-        default=None,
-        help="skip sections once this is spent (default 540; --smoke: no limit)",
-    )
-    ap.add_argument("--sections", default="all")
-    ap.add_argument("--no-graphs", action="store_true")
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument(
-        "--no-triton",
-        action="store_true",
-        help="the ops' torch references, not Triton's kernels (--smoke: a quick CPU check)",
+    ap = speed_arguments(
+        __doc__.splitlines()[0],
+        "Gemma-4-26B-A4B",
+        SHAPES,
+        None,
+        "skip sections once this is spent (default 540; --smoke: no limit)",
     )
     args = ap.parse_args()
     if args.budget_s is None:
         args.budget_s = float("inf") if args.smoke else 540.0
-    if args.no_triton:
-        gpu.set_triton(False)
-    elif args.smoke:
-        gpu.set_triton(True, on_cpu=True)
+    choose_kernels(args)
     b = Gemma4Bench(args)
-    want = set(args.sections.split(",")) if args.sections != "all" else None
     # transformers last: it shares our weights, and it runs once ours is timed
     plan: list[tuple[str, Callable[[], Any], float]] = [
         ("env", b.env, 0),
@@ -258,14 +218,7 @@ def main() -> None:
         ("rounds", b.rounds, 30),
         ("transformers", b.transformers, 60),
     ]
-    for name, fn, need in plan:
-        if name in ("env", "build") or want is None or name in want:
-            if args.smoke and name in ("limits", "profile", "census", "round_path", "rounds"):
-                continue
-            b.section(name, fn, need)
-    text = summary(b.results)
-    (b.out / "summary.txt").write_text(text + "\n")
-    print(text)
+    run_sections(b, plan, ("limits", "profile", "census", "round_path", "rounds"))
 
 
 if __name__ == "__main__":

@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import engine_runs  # noqa: E402
 from bench.engine_sections import PAGE_ROWS, EngineSections  # noqa: E402
-from bench.model_bytes import kv_bytes  # noqa: E402
-from bench.report import compare, short, summary  # noqa: E402
+from bench.model_bytes import experts_read, kv_bytes  # noqa: E402
+from bench.report import compare, short  # noqa: E402
 from bench.sections import sync  # noqa: E402
+from bench.speed_main import choose_kernels, run_sections, speed_arguments  # noqa: E402
 from tensorfold.engine.runner import ModelRunner  # noqa: E402
-from tensorfold.ops import gpu  # noqa: E402
 from tensorfold_glm.config import GlmConfig  # noqa: E402
 from tensorfold_glm.dummy import SHAPES, build_dummy  # noqa: E402
 from tensorfold_glm.weights import MoeWeights  # noqa: E402
@@ -97,16 +97,10 @@ def step_bytes(model) -> dict[str, Any]:
                 held.pop(p)
             moe_layers += 1
         common += size(held.values())
-    e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
-    return {
-        "one_stream": common + moe_layers * k * expert,
-        "all_experts": common + moe_layers * e * expert,
-        "expected_bytes": {
-            str(n): int(common + moe_layers * e * (1 - (1 - k / e) ** n) * expert)
-            for n in (1, 8, 64)
-        },
-        "weights_total": size(_tensors(w, {}).values()),
-    }
+    total = size(_tensors(w, {}).values())
+    return experts_read(
+        common, expert, moe_layers, cfg.n_routed_experts, cfg.num_experts_per_tok, total
+    )
 
 
 class Bench(EngineSections):
@@ -462,27 +456,12 @@ class Bench(EngineSections):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT") or "bench_out")
-    ap.add_argument("--commit", default="unknown")
-    ap.add_argument("--shape", default="GLM-5.3-Flash-8L", choices=sorted(SHAPES))
-    ap.add_argument("--budget-s", type=float, default=560.0)
-    ap.add_argument("--sections", default="all")
-    ap.add_argument("--no-graphs", action="store_true")
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument(
-        "--no-triton",
-        action="store_true",
-        help="the ops' torch references, not Triton's kernels (--smoke: a quick CPU check)",
-    )
+    ap = speed_arguments(__doc__.splitlines()[0], "GLM-5.3-Flash-8L", SHAPES, 560.0)
     args = ap.parse_args()
     if args.smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
         torch.set_num_threads(1)
-    if args.no_triton:
-        gpu.set_triton(False)
-    elif args.smoke:
-        gpu.set_triton(True, on_cpu=True)
+    choose_kernels(args)
     b = Bench(args)
     want = set(args.sections.split(",")) if args.sections != "all" else None
     plan: list[tuple[str, Callable[[], Any], float]] = [
@@ -504,23 +483,16 @@ def main() -> None:
     uses_model = want is None or bool(
         want & {"decode", "gates", "prefill", "transformers", "profile", "census", "round_path"}
     )
-    for name, fn, need in plan:
-        if name == "build" and not uses_model:
-            continue
-        if name in ("env", "build") or want is None or name in want:
-            if args.smoke and name in ("limits", "profile", "census", "round_path"):
-                continue
-            b.section(name, fn, need)
-    text = summary(b.results)
-    extra = [
-        f"kda_cost: {short(b.results.get('kda_cost', {}))}",
-        f"resumed: {short(b.results.get('resumed', {}))}",
-        f"fp32_parity: {short(b.results.get('fp32_parity', {}))}",
-        f"gates: {short(b.results.get('gates', {}))}",
-    ]
-    text += "\n" + "\n".join(extra)
-    (b.out / "summary.txt").write_text(text + "\n")
-    print(text)
+    run_sections(
+        b,
+        plan,
+        ("limits", "profile", "census", "round_path"),
+        skip=() if uses_model else ("build",),
+        extra=[
+            f"{name}: {short(b.results.get(name, {}))}"
+            for name in ("kda_cost", "resumed", "fp32_parity", "gates")
+        ],
+    )
 
 
 if __name__ == "__main__":

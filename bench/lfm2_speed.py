@@ -13,7 +13,6 @@ same weights at 1 and 16 streams; and the exactness gates in bf16 (concurrent ==
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import os
 import sys
@@ -32,12 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import engine_runs  # noqa: E402
 from bench.engine_sections import PAGE_ROWS, EngineSections  # noqa: E402
 from bench.model_bytes import active_params, step_bytes  # noqa: E402
-from bench.report import compare, summary  # noqa: E402
+from bench.report import compare  # noqa: E402
+from bench.speed_main import choose_kernels, run_sections, speed_arguments  # noqa: E402
 from tensorfold.engine.runner import ModelRunner  # noqa: E402
-from tensorfold.ops import gpu  # noqa: E402
 from tensorfold.ops.conv import gated_conv  # noqa: E402
 from tensorfold.ops.linear import linear  # noqa: E402
 from tensorfold_lfm2_moe import layers  # noqa: E402
+from tensorfold_lfm2_moe.config import Lfm2MoeConfig  # noqa: E402
 from tensorfold_lfm2_moe.dummy import SHAPES, build_dummy  # noqa: E402
 
 
@@ -55,6 +55,24 @@ def use_pass_level_conv() -> bool:
         return False
     layers.short_conv = pass_level_short_conv
     return True
+
+
+def smoke_config(cfg: Lfm2MoeConfig, **more: Any) -> Lfm2MoeConfig:
+    """cfg's layout at --smoke's tiny sizes (four layers, one of them attention), with `more`."""
+    return replace(
+        cfg,
+        num_hidden_layers=4,
+        vocab_size=512,
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_experts=8,
+        layer_types=("conv", "conv", "full_attention", "conv"),
+        **more,
+    )
 
 
 # --- sections --------------------------------------------------------------------------------
@@ -85,19 +103,7 @@ class Bench(EngineSections):
     def build(self) -> dict[str, Any]:
         cfg = SHAPES[self.args.shape]
         if self.args.smoke:
-            cfg = replace(
-                cfg,
-                num_hidden_layers=4,
-                vocab_size=512,
-                hidden_size=128,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                head_dim=32,
-                intermediate_size=256,
-                moe_intermediate_size=64,
-                num_experts=8,
-                layer_types=("conv", "conv", "full_attention", "conv"),
-            )
+            cfg = smoke_config(cfg)
         a = time.perf_counter()
         self.model = build_dummy(cfg, self.device, torch.bfloat16, seed=0)
         if self.device == "cuda":
@@ -114,16 +120,43 @@ class Bench(EngineSections):
         from bench import hf_baseline
 
         hf = hf_baseline.build_hf(self.model)
-        vocab = self.model.vocab_size
         res: dict[str, Any] = {}
+        seq = self.decode_against(hf, res)
+        res["attn_implementation"] = getattr(hf.config, "_attn_implementation", None)
+        ours16 = self.logits(self.model, seq)
+        theirs16 = self.hf_logits(hf, seq)
+        del hf
+        res["bf16_ours_vs_transformers"] = compare(ours16, theirs16)
+        # fp32 copies of the same weights: our kernels (fp32 dots) against transformers in fp32,
+        # and how far each bf16 run is from that
+        from tensorfold_lfm2_moe.dummy import cast
+
+        model32 = cast(self.model, torch.float32)
+        hf32 = hf_baseline.build_hf(model32)
+        theirs32 = self.hf_logits(hf32, seq)
+        del hf32
+        res["fp32_ours_vs_transformers"] = compare(self.logits(model32, seq), theirs32)
+        res["bf16_ours_vs_fp32_transformers"] = compare(ours16, theirs32)
+        res["bf16_transformers_vs_fp32_transformers"] = compare(theirs16, theirs32)
+        del model32
+        torch.cuda.empty_cache()
+        return res
+
+    def decode_against(self, hf, res: dict[str, Any]) -> list[int]:
+        """Into res: transformers' decode rate (`streams1`, `streams16`; --smoke: 1 and 2) and
+        for how many greedy tokens it agrees with ours on the same weights, both bf16. Returns
+        the prompt with our tokens after it."""
+        from bench import hf_baseline
+
+        vocab = self.model.vocab_size
         short, long = (4, 12) if self.args.smoke else (8, 40)
         for b in (1, 16) if not self.args.smoke else (1, 2):
             prompts = torch.tensor(
                 engine_runs.random_prompts(b, 64, vocab, seed=b), device=self.device
             )
             res[f"streams{b}"] = hf_baseline.decode_rate(hf, prompts, short, long)
-        # the same weights, ours against transformers, both bf16 (the fp32 parity tests are the
-        # gate; random weights give flat logits, so bf16 rounding flips close argmaxes)
+        # random weights give flat logits, so bf16 rounding flips close argmaxes: a sanity
+        # figure; the fp32 parity tests are the gate
         prompt = engine_runs.random_prompts(1, 64, vocab, seed=99)[0]
         theirs, _ = hf_baseline.generate(hf, torch.tensor([prompt], device=self.device), 32)
         ours = (
@@ -133,31 +166,16 @@ class Bench(EngineSections):
             .outcomes[0]
             .tokens
         )
-        theirs = theirs[0].tolist()
-        same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
-        res["greedy_tokens_agree_for"] = same
-        res["attn_implementation"] = getattr(hf.config, "_attn_implementation", None)
-        seq = prompt + ours
-        ours16 = self.logits(self.model, seq)
-        with torch.inference_mode():
-            theirs16 = hf(torch.tensor([seq], device=self.device)).logits[0].float()
-        del hf
-        res["bf16_ours_vs_transformers"] = compare(ours16, theirs16)
-        # fp32 copies of the same weights: our kernels (fp32 dots) against transformers in fp32,
-        # and how far each bf16 run is from that
-        from tensorfold_lfm2_moe.dummy import cast
+        theirs_list = theirs[0].tolist()
+        res["greedy_tokens_agree_for"] = next(
+            (i for i, (a, b) in enumerate(zip(ours, theirs_list)) if a != b), len(ours)
+        )
+        return prompt + ours
 
-        model32 = cast(self.model, torch.float32)
-        hf32 = hf_baseline.build_hf(model32)
+    def hf_logits(self, hf, tokens: list[int]) -> torch.Tensor:
+        """Every position's logits from transformers' model over `tokens`: [len, V] fp32."""
         with torch.inference_mode():
-            theirs32 = hf32(torch.tensor([seq], device=self.device)).logits[0].float()
-        del hf32
-        res["fp32_ours_vs_transformers"] = compare(self.logits(model32, seq), theirs32)
-        res["bf16_ours_vs_fp32_transformers"] = compare(ours16, theirs32)
-        res["bf16_transformers_vs_fp32_transformers"] = compare(theirs16, theirs32)
-        del model32
-        torch.cuda.empty_cache()
-        return res
+            return hf(torch.tensor([tokens], device=self.device)).logits[0].float()
 
     def logits(self, model, tokens: list[int]) -> torch.Tensor:
         """Every position's logits from one pass over `tokens`: [len, V] fp32."""
@@ -199,19 +217,7 @@ class Bench(EngineSections):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT") or "bench_out")
-    ap.add_argument("--commit", default="unknown")
-    ap.add_argument("--shape", default="LFM2-8B-A1B", choices=sorted(SHAPES))
-    ap.add_argument("--budget-s", type=float, default=430.0)
-    ap.add_argument("--sections", default="all")
-    ap.add_argument("--no-graphs", action="store_true")
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument(
-        "--no-triton",
-        action="store_true",
-        help="the ops' torch references, not Triton's kernels (--smoke: a quick CPU check)",
-    )
+    ap = speed_arguments(__doc__.splitlines()[0], "LFM2-8B-A1B", SHAPES, 430.0)
     ap.add_argument("--max-splits", type=int, help="override triton_splitk.MAX_SPLITS")
     ap.add_argument("--tiny-block-m", type=int, help="override the 16-row tile of tiny passes")
     args = ap.parse_args()
@@ -221,12 +227,8 @@ def main() -> None:
         triton_splitk.MAX_SPLITS = args.max_splits
     if args.tiny_block_m:
         triton_linear.TINY_BLOCK_M = triton_moe.TINY_BLOCK_M = args.tiny_block_m
-    if args.no_triton:
-        gpu.set_triton(False)
-    elif args.smoke:
-        gpu.set_triton(True, on_cpu=True)
+    choose_kernels(args)
     b = Bench(args)
-    want = set(args.sections.split(",")) if args.sections != "all" else None
     plan: list[tuple[str, Callable[[], Any], float]] = [
         ("env", b.env, 0),
         ("limits", b.limits, 30),
@@ -242,20 +244,7 @@ def main() -> None:
         ("rounds", b.rounds, 30),
         ("other_shape", b.other_shape, 90),
     ]
-    for name, fn, need in plan:
-        if name in ("env", "build") or want is None or name in want:
-            if args.smoke and name in (
-                "limits",
-                "profile",
-                "census",
-                "round_path",
-                "other_shape",
-            ):
-                continue
-            b.section(name, fn, need)
-    text = summary(b.results)
-    (b.out / "summary.txt").write_text(text + "\n")
-    print(text)
+    run_sections(b, plan, ("limits", "profile", "census", "round_path", "other_shape"))
 
 
 if __name__ == "__main__":

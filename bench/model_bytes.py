@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -32,16 +33,25 @@ def step_bytes(model) -> dict[str, int]:
             tensors += [f.gate]
             moe_layers += 1
         common += sum(t.numel() for t in tensors) * el
-    e, k = cfg.num_experts, cfg.num_experts_per_tok
+    total = sum(t.numel() * el for t in _all_tensors(w))
+    return experts_read(common, expert, moe_layers, cfg.num_experts, cfg.num_experts_per_tok, total)
+
+
+def experts_read(
+    common: int, expert: int, moe_layers: int, e: int, k: int, weights_total: int
+) -> dict[str, Any]:
+    """A decode step's weight bytes: `common` bytes and the experts (`expert` bytes each, top k
+    of e in each of `moe_layers` layers) its rows hit: k with one stream, all e at most (no
+    experts: `common` alone)."""
     return {
         "one_stream": common + moe_layers * k * expert,
         "all_experts": common + moe_layers * e * expert,
         # experts n rows hit on average when routing is uniform: E(1 - (1 - k/E)^n)
         "expected_bytes": {
-            str(n): int(common + moe_layers * e * (1 - (1 - k / e) ** n) * expert)
+            str(n): int(common + moe_layers * e * (1 - (1 - k / e) ** n) * expert) if e else common
             for n in (1, 8, 64)
         },
-        "weights_total": sum(t.numel() * el for t in _all_tensors(w)),
+        "weights_total": weights_total,
     }
 
 
@@ -97,15 +107,7 @@ def _gemma4_step_bytes(model) -> dict[str, int]:
         common += _bytes(held.values())
     expert = 3 * cfg.moe_intermediate_size * cfg.hidden_size * el
     e, k = cfg.num_experts, cfg.top_k_experts
-    return {
-        "one_stream": common + experts * k * expert,
-        "all_experts": common + experts * e * expert,
-        "expected_bytes": {
-            str(n): int(common + experts * e * (1 - (1 - k / e) ** n) * expert) if e else common
-            for n in (1, 8, 64)
-        },
-        "weights_total": _bytes(_tensors(w).values()),
-    }
+    return experts_read(common, expert, experts, e, k, _bytes(_tensors(w).values()))
 
 
 def kv_bytes(model, context: int) -> int:

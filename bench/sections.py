@@ -21,6 +21,20 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def captured(fn: Callable[[], Any], warm: Callable[[], Any] | None = None) -> torch.cuda.CUDAGraph:
+    """fn captured in a CUDA graph, once `warm` (fn itself unless told) has run on a side stream
+    and compiled the kernels."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        (warm or fn)()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def kernel_table(prof: Any, rounds: int, path: Path) -> list[tuple[str, float, float]]:
     """A torch profile's kernels over `rounds` rounds: (name, µs a round, calls a round), the
     longest first, also written to path as tab-separated µs, calls, name."""

@@ -3,14 +3,11 @@ server others can reach with no key warns; a 401 says `WWW-Authenticate: Bearer`
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import openai
 import pytest
-from test_server import FAMILY, LAUNCH, ServedDemo
+from test_server import FAMILY, ServedDemo, refused_before_the_weights
 
 from tensorfold.config.settings import SettingsError
 from tensorfold.server.api_key import exposure_warning, resolve_api_key
@@ -88,18 +85,7 @@ def test_a_reachable_server_without_a_key_warns(host: str, key: str | None, warn
 def test_serve_refuses_an_empty_key_before_the_weights(
     tmp_path: Path, flags: list[str], says: str
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
-    env.update(TF_DEMO_CACHE=str(tmp_path / "demo"), TF_MEMORY_LIMIT_GIB="1")
-    r = subprocess.run(
-        [sys.executable, "-c", LAUNCH, "serve", "--family", FAMILY, *flags],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    errors = [line for line in r.stderr.splitlines() if line.startswith("tensorfold: error:")]
-    assert r.returncode == 2 and len(errors) == 1 and says in errors[0], r.stderr
-    assert "serving" not in r.stdout
+    refused_before_the_weights(tmp_path, ["--family", FAMILY, *flags], says)
 
 
 def test_tf_api_key_is_required_and_401_says_bearer(tmp_path: Path) -> None:

@@ -11,15 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_server import LAUNCH, ServedDemo
+from test_server import LAUNCH, ServedDemo, served
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
-    s = ServedDemo(tmp_path_factory.mktemp("bench"), "--parallel", "4")
-    yield s
-    rc, out = s.stop()
-    assert rc == 0 and "kv pool idle: promised 0" in out, s.logs()[-3000:]
+    yield from served(tmp_path_factory, "bench", "--parallel", "4")
 
 
 def tensorfold(*args: str) -> subprocess.CompletedProcess[str]:

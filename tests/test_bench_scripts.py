@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench_script import ROOT, run_bench
 
 from tensorfold.testing import clean_env, free_port
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(ROOT.glob("bench/**/*.sh"))
 NAMED = re.compile(r"\b((?:bench|tests|plugins)/[\w/.-]*\w)")
 
@@ -61,32 +61,16 @@ def test_the_server_bench_serves_the_demo_shape_and_its_gate_holds(tmp_path: Pat
 
 
 def test_the_limits_measure_on_the_cpu_at_small_sizes() -> None:
-    done = subprocess.run(
-        [sys.executable, "bench/limits.py", "--device", "cpu", "--gib", "0.001", "--n", "64"],
-        cwd=ROOT,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout)
+    out = run_bench(["bench/limits.py", "--device", "cpu", "--gib", "0.001", "--n", "64"], 300)
+    got = json.loads(out)
     assert got["copy"]["bytes_moved"] == 4 * (int(0.001 * 2**30) // 2)  # read + written, bf16
     assert isinstance(got["copy"]["tb_per_s"], float) and got["matmul"]["n"] == 64
     assert isinstance(got["matmul"]["tflops"], float)
 
 
 def test_the_capacity_table_prints_both_shapes_in_both_dtypes() -> None:
-    done = subprocess.run(
-        [sys.executable, "bench/kv_capacity.py", "--memory-gib", "64", "--window", "8192"],
-        cwd=ROOT,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [line.split() for line in done.stdout.splitlines()[1:] if line[:1] != " "]
+    out = run_bench(["bench/kv_capacity.py", "--memory-gib", "64", "--window", "8192"], 300)
+    rows = [line.split() for line in out.splitlines()[1:] if line[:1] != " "]
     assert [(r[0], r[1]) for r in rows] == [
         (shape, kv) for shape in ("Gemma-4-26B-A4B", "LFM2-24B-A2B") for kv in ("bf16", "fp8")
     ]

@@ -6,15 +6,10 @@ summary.txt have the shape docs/performance.md reads, and the gates hold. No tim
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-from tensorfold.testing import clean_env
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench_script import run_bench
 
 # bench -> the sections run (env and build always run); gemma4's transformers section takes
 # over a minute on the CPU, so its hf_baseline path is left to the GPU runs
@@ -28,16 +23,11 @@ SECTIONS = {
 @pytest.mark.parametrize("bench", sorted(SECTIONS))
 def test_the_smoke_run_fills_every_section_it_was_asked_for(bench: str, tmp_path: Path) -> None:
     sections = SECTIONS[bench]
-    done = subprocess.run(
-        [sys.executable, f"bench/{bench}.py", "--smoke", "--no-triton"]
-        + ["--sections", ",".join(sections), "--out", str(tmp_path)],
-        cwd=ROOT,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    run_bench(
+        [f"bench/{bench}.py", "--smoke", "--no-triton", "--sections", ",".join(sections)]
+        + ["--out", str(tmp_path)],
+        600,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     for name in ("env", "build", *sections):
         assert isinstance(results.get(name), dict), (name, results.get(name))

@@ -1,8 +1,8 @@
 from pathlib import Path
 
 import pytest
+from test_tokenizer import byte_level_bpe
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from tensorfold.family.chat_template import ChatTemplateError, marks_to_token_positions, render_chat
 from tensorfold.family.tokenizer import Tokenizer
@@ -50,17 +50,7 @@ CHAT = [
 
 
 def chatml_tokenizer(tmp_path: Path) -> tuple[Tokenizer, Path]:
-    tok = HFTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=True)
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<s>", "</s>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(["hello world, the lazy fox", "user assistant system"] * 8, trainer)
+    tok = byte_level_bpe(["hello world, the lazy fox", "user assistant system"] * 8)
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
     return Tokenizer(HFTokenizer.from_file(str(path)), bos_token="<s>", eos_token="</s>"), path

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_server import LAUNCH, ServedDemo
+from test_server import LAUNCH, ServedDemo, served
 from test_server_bad_input import Http, check_error
 
 KEY = "cors-key"
@@ -33,17 +33,15 @@ PREFLIGHT = {
 
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
-    s = ServedDemo(
-        tmp_path_factory.mktemp("cors-key"),
+    yield from served(
+        tmp_path_factory,
+        "cors-key",
         "--parallel",
         "2",
         "--allowed-origins",
         f"{ALLOWED}, https://B.example:8443/",
         api_key=KEY,
     )
-    yield s
-    rc, out = s.stop()
-    assert rc == 0 and "kv pool idle: promised 0" in out, s.logs()[-3000:]
 
 
 @pytest.fixture(scope="module")

@@ -49,6 +49,17 @@ def write(runner: Runner, lease, tokens: list[int]) -> None:
     runner.slot.fill_(float(sum(tokens)))
 
 
+def keep_chats(runner: Runner, share: PromptSharing, n: int) -> list[list[int]]:
+    """Keeps `n` chats of 6 rows (2 pages each), chat c's tokens c * 100 + t, one at a time."""
+    chats = [[c * 100 + t for t in range(6)] for c in range(n)]
+    for tokens in chats:
+        lease = runner.pool.lease(len(tokens))
+        write(runner, lease, tokens)
+        share.keep(tokens, lease.pages, 0, None)
+        lease.release()
+    return chats
+
+
 def sharing(host_pages: int, host_slots: int = 8) -> tuple[Runner, PromptSharing]:
     runner = Runner(12)
     arena = SnapshotArena([StateSpec("s", (5,))], 2)
@@ -93,12 +104,7 @@ def test_copies_out_and_back_are_exact() -> None:
 
 def test_evicted_states_move_to_the_host_and_come_back() -> None:
     runner, share = sharing(host_pages=8)
-    chats = [[c * 100 + t for t in range(6)] for c in range(4)]  # 6 rows: 2 pages each
-    for tokens in chats:
-        lease = runner.pool.lease(len(tokens))
-        write(runner, lease, tokens)
-        share.keep(tokens, lease.pages, 0, None)
-        lease.release()
+    chats = keep_chats(runner, share, 4)
     # Two states fit the device (and 4 pages): the first two chats moved to the host.
     assert share.device_states == 2 and share.on_host == 2 and share.evictions == 2
     assert runner.pool.census().idle_even
@@ -120,12 +126,7 @@ def test_evicted_states_move_to_the_host_and_come_back() -> None:
 
 def test_a_lost_host_page_is_uneven() -> None:
     runner, share = sharing(host_pages=8)
-    for c in range(3):
-        tokens = [c * 100 + t for t in range(6)]
-        lease = runner.pool.lease(6)
-        write(runner, lease, tokens)
-        share.keep(tokens, lease.pages, 0, None)
-        lease.release()
+    keep_chats(runner, share, 3)
     on_host = next(k for k in share.store.kept() if k.host is not None)
     on_host.host.pages.pop()  # a page the tier handed out that no state accounts for
     assert not runner.pool.census().idle_even
@@ -133,12 +134,7 @@ def test_a_lost_host_page_is_uneven() -> None:
 
 def test_a_full_host_tier_drops_its_least_recently_used() -> None:
     runner, share = sharing(host_pages=2)  # one state of 2 pages
-    for c in range(4):
-        tokens = [c * 100 + t for t in range(6)]
-        lease = runner.pool.lease(6)
-        write(runner, lease, tokens)
-        share.keep(tokens, lease.pages, 0, None)
-        lease.release()
+    keep_chats(runner, share, 4)
     assert share.on_host == 1 and share.host_evictions == 1 and len(share.store) == 3
     assert share.match([100 + t for t in range(6)] + [1]).pos == 6  # chat 1 on the host
     assert share.match([0, 1, 2, 3, 4, 5, 6]) is None  # chat 0 was dropped

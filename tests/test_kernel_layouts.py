@@ -122,6 +122,54 @@ def _row_sum_layouts(kernel, shape: str) -> list[str]:
     ]
 
 
+_ROUTE_TYPES = {
+    "part_ptr": "*fp32",
+    "bias_ptr": "*fp32",
+    "scale_ptr": "*fp32",
+    "lt_ptr": "*bf16",
+    "e_ptr": "*i64",
+    "scaling": "fp32",
+    "norm_eps": "fp32",
+    "sorted_ptr": "*i32",
+    "block_ptr": "*i32",
+}
+
+
+def _one_group_choice(topk: int, experts: int, softmax: bool, has_bias: bool) -> dict:
+    """A route's constexprs for `topk` of `experts` in one group, the weights normalised, with a
+    bias (no scale) or a scale (no bias)."""
+    return dict(
+        TOPK=topk,
+        KB=topk,
+        EB=experts,
+        SOFTMAX=softmax,
+        HAS_BIAS=has_bias,
+        HAS_SCALE=not has_bias,
+        NORM=True,
+        GROUPS=1,
+        EPG=experts,
+        KEEP_GROUPS=1,
+        GB=2,
+        BY_EXPERT=False,
+    )
+
+
+def _route_row_sums(
+    choice: dict, w_type: str, rows: int, align: bool, pb: int, warps: int = 4
+) -> list[str]:
+    """The row-sum layouts of triton_route's _route_kernel on a `rows` x experts tile."""
+    from tensorfold.ops import triton_route
+
+    kernel = _compile(
+        triton_route._route_kernel,
+        dict(choice, ROWS=rows, ALIGN=align, BM=16, PB=pb, PDL=True),
+        {**_ROUTE_TYPES, "w_ptr": w_type},
+        set(),
+        num_warps=warps,
+    )
+    return _row_sum_layouts(kernel, f"{rows}x{choice['EB']}")
+
+
 def check_norm_in_router() -> None:
     from tensorfold.ops import triton_norms, triton_route
 
@@ -140,18 +188,7 @@ def check_norm_in_router() -> None:
             EBLK=32,
             KS=triton_route.ROUTER_SPLIT,
             BK=128,
-            TOPK=4,
-            KB=4,
-            EB=32,
-            SOFTMAX=False,
-            HAS_BIAS=True,
-            HAS_SCALE=False,
-            NORM=True,
-            GROUPS=1,
-            EPG=32,
-            KEEP_GROUPS=1,
-            GB=2,
-            BY_EXPERT=False,
+            **_one_group_choice(4, 32, softmax=False, has_bias=True),
             ROWS=16,
             BM=16,
             NORM_IN=True,
@@ -159,30 +196,12 @@ def check_norm_in_router() -> None:
             BLOCK_D=block_d,
             PDL=True,
         ),
-        {
-            **bf16,
-            "part_ptr": "*fp32",
-            "cnt_ptr": "*i32",
-            "bias_ptr": "*fp32",
-            "scale_ptr": "*fp32",
-            "e_ptr": "*i64",
-            "scaling": "fp32",
-            "norm_eps": "fp32",
-            "sorted_ptr": "*i32",
-            "block_ptr": "*i32",
-            "in_eps": "fp32",
-        },
+        {**_ROUTE_TYPES, **bf16, "cnt_ptr": "*i32", "in_eps": "fp32"},
         {"K", "stride_xm"},
     )
     norm = _compile(
         triton_norms._rms_norm_kernel,
-        dict(
-            HAS_RES=True,
-            ROWS=rows,
-            BLOCK_D=block_d,
-            SLOTS=1,
-            PDL=True,
-        ),
+        dict(HAS_RES=True, ROWS=rows, BLOCK_D=block_d, SLOTS=1, PDL=True),
         {**bf16, "eps": "fp32"},
         {"D"},
     )
@@ -200,93 +219,40 @@ def _along_rows(layout: str) -> tuple[str, ...]:
 def check_route_one_row() -> None:
     from tensorfold.ops import triton_route
 
-    def route(rows: int, warps: int) -> list[str]:
-        kernel = _compile(
-            triton_route._route_kernel,
-            dict(
-                TOPK=8,
-                KB=8,
-                EB=128,
-                SOFTMAX=True,
-                HAS_BIAS=False,
-                HAS_SCALE=True,
-                NORM=True,
-                GROUPS=1,
-                EPG=128,
-                KEEP_GROUPS=1,
-                GB=2,
-                BY_EXPERT=False,
-                ROWS=rows,
-                ALIGN=True,
-                BM=16,
-                PB=8,
-                PDL=True,
-            ),
-            {
-                "part_ptr": "*fp32",
-                "bias_ptr": "*fp32",
-                "scale_ptr": "*fp32",
-                "lt_ptr": "*bf16",
-                "w_ptr": "*fp32",
-                "e_ptr": "*i64",
-                "scaling": "fp32",
-                "norm_eps": "fp32",
-                "sorted_ptr": "*i32",
-                "block_ptr": "*i32",
-            },
-            set(),
-            num_warps=warps,
-        )
-        return _row_sum_layouts(kernel, f"{rows}x128")
-
-    many, one = route(triton_route.ROUTE_ROWS, 4), route(1, 1)
+    choice = _one_group_choice(8, 128, softmax=True, has_bias=False)
+    many = _route_row_sums(choice, "*fp32", triton_route.ROUTE_ROWS, True, 8, warps=4)
+    one = _route_row_sums(choice, "*fp32", 1, True, 8, warps=1)
     assert many and len(many) == len(one)
     assert [_along_rows(a) for a in one] == [_along_rows(a) for a in many]
 
 
 def check_route_few_rows() -> None:
-    from tensorfold.ops import triton_route
+    choice = _one_group_choice(4, 32, softmax=False, has_bias=True)
+    plain = _route_row_sums(choice, "*bf16", 16, False, 32)
+    assert plain and _route_row_sums(choice, "*bf16", 16, True, 32) == plain
 
-    def route(align: bool) -> list[str]:
-        kernel = _compile(
-            triton_route._route_kernel,
-            dict(
-                TOPK=4,
-                KB=4,
-                EB=32,
-                SOFTMAX=False,
-                HAS_BIAS=True,
-                HAS_SCALE=False,
-                NORM=True,
-                GROUPS=1,
-                EPG=32,
-                KEEP_GROUPS=1,
-                GB=2,
-                BY_EXPERT=False,
-                ROWS=16,
-                ALIGN=align,
-                BM=16,
-                PB=32,
-                PDL=True,
-            ),
-            {
-                "part_ptr": "*fp32",
-                "bias_ptr": "*fp32",
-                "scale_ptr": "*fp32",
-                "lt_ptr": "*bf16",
-                "w_ptr": "*bf16",
-                "e_ptr": "*i64",
-                "scaling": "fp32",
-                "norm_eps": "fp32",
-                "sorted_ptr": "*i32",
-                "block_ptr": "*i32",
-            },
-            set(),
-        )
-        return _row_sum_layouts(kernel, "16x32")
 
-    plain = route(False)
-    assert plain and route(True) == plain
+def _rope_choice(half: int, norm: int, **heads: int) -> dict:
+    """A rope launch's constexprs: heads of 2 * half, normed as `norm`, and the head counts."""
+    return dict(HALF=half, **heads, NORM=norm, PDL=True)
+
+
+def _rope_row_sums(
+    heads: int, half: int, norm: int, w_type: str, divisible: set[str], warps: int
+) -> list[str]:
+    """The row-sum layouts of triton_rope's _rope_kernel (the q/k norm's weight `w_type`) on
+    its heads x half tile."""
+    from tensorfold.ops import triton_rope
+
+    alone = _compile(
+        triton_rope._rope_kernel,
+        _rope_choice(half, norm, HEADS=heads),
+        {a: "*bf16" for a in ("x_ptr", "c_ptr", "s_ptr", "o_ptr")}
+        | {"w_ptr": w_type, "eps": "fp32"},
+        divisible,
+        num_warps=warps,
+    )
+    return _row_sum_layouts(alone, f"{heads}x{half}")
 
 
 def check_qkv_norm_rope_write() -> None:
@@ -296,13 +262,7 @@ def check_qkv_norm_rope_write() -> None:
     strides = {"stride_xn", "stride_xh", "stride_cn"}
     fused = _compile(
         triton_rope._qkv_kernel,
-        dict(
-            HALF=half,
-            Q_HEADS=hq,
-            KV_HEADS=hkv,
-            NORM=norm,
-            PDL=True,
-        ),
+        _rope_choice(half, norm, Q_HEADS=hq, KV_HEADS=hkv),
         {
             a: "*bf16"
             for a in ("x_ptr", "wq_ptr", "wk_ptr", "c_ptr", "s_ptr", "q_ptr", "k_ptr", "v_ptr")
@@ -312,19 +272,14 @@ def check_qkv_norm_rope_write() -> None:
         num_warps=triton_rope._warps(max(hq, hkv), 2 * half, norm),
     )
     for heads in (hq, hkv):
-        alone = _compile(
-            triton_rope._rope_kernel,
-            dict(
-                HALF=half,
-                HEADS=heads,
-                NORM=norm,
-                PDL=True,
-            ),
-            {a: "*bf16" for a in ("x_ptr", "w_ptr", "c_ptr", "s_ptr", "o_ptr")} | {"eps": "fp32"},
+        want = _rope_row_sums(
+            heads,
+            half,
+            norm,
+            "*bf16",
             strides | ({"heads"} if heads % 16 == 0 else set()),
-            num_warps=triton_rope._warps(heads, 2 * half, norm),
+            triton_rope._warps(heads, 2 * half, norm),
         )
-        want = _row_sum_layouts(alone, f"{heads}x{half}")
         assert len(want) == 2  # a head's two halves
         assert _row_sum_layouts(fused, f"{heads}x{half}") == want
 
@@ -337,13 +292,7 @@ def check_qkv_heads() -> None:
     strides = {"stride_xn", "stride_xh", "stride_cn"}
     fused = _compile(
         triton_rope._heads_kernel,
-        dict(
-            HALF=half,
-            Q_HEADS=hq,
-            KV_HEADS=hkv,
-            NORM=norm,
-            PDL=True,
-        ),
+        _rope_choice(half, norm, Q_HEADS=hq, KV_HEADS=hkv),
         {a: "*bf16" for a in ("x_ptr", "c_ptr", "s_ptr", "q_ptr", "k_ptr", "v_ptr")}
         | {"wq_ptr": "*fp32", "wk_ptr": "*fp32", "eps": "fp32"},
         strides | {"q_heads", "kv_heads", "v_first"},
@@ -351,20 +300,7 @@ def check_qkv_heads() -> None:
     )
     for heads in (hq, hkv):
         assert triton_rope._warps(heads, 2 * half, norm) == warps
-        alone = _compile(
-            triton_rope._rope_kernel,
-            dict(
-                HALF=half,
-                HEADS=heads,
-                NORM=norm,
-                PDL=True,
-            ),
-            {a: "*bf16" for a in ("x_ptr", "c_ptr", "s_ptr", "o_ptr")}
-            | {"w_ptr": "*fp32", "eps": "fp32"},
-            strides | {"heads"},
-            num_warps=warps,
-        )
-        want = _row_sum_layouts(alone, f"{heads}x{half}")
+        want = _rope_row_sums(heads, half, norm, "*fp32", strides | {"heads"}, warps)
         assert len(want) == 2  # a head's two halves
         got = _row_sum_layouts(fused, f"{heads}x{half}")
         assert got[:2] == want  # k's heads: then v's, without a weight, on the same tile

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -36,17 +38,26 @@ def mk(
     window: int = M1,
     cache: int = 16 * GiB,
     snapshot: int = 0,
+    *,
+    rows: int = ROWS,
+    page: int = PAGE,
+    fixed: int = FIXED,
+    states: int | Literal["auto"] = 0,
+    store: bool = True,
 ) -> Plan:
+    """The plan of `room` for pages of ROWS rows, PAGE bytes and FIXED bytes a lane unless told."""
     return plan(
         room=room,
-        page_rows=ROWS,
-        page_bytes=PAGE,
-        fixed_bytes=FIXED,
+        page_rows=rows,
+        page_bytes=page,
+        fixed_bytes=fixed,
         window=window,
         lanes=lanes,
         cache_budget=cache,
         paging=paging,
         snapshot_bytes=snapshot,
+        states=states,
+        store=store,
     )
 
 
@@ -132,17 +143,7 @@ def test_paging_modes() -> None:
     assert mk(room, 4, "on", window=K128).mode == "pages"
     assert mk(room, 4, "auto", window=K128).mode == "pages"
     # No paged rows (a purely recurrent family): nothing to page, windows of fixed state.
-    flat = plan(
-        room=GiB,
-        page_rows=ROWS,
-        page_bytes=0,
-        fixed_bytes=FIXED,
-        window=K128,
-        lanes=4,
-        cache_budget=0,
-        paging="auto",
-        snapshot_bytes=0,
-    )
+    flat = mk(GiB, 4, "auto", window=K128, cache=0, page=0)
     assert flat.mode == "windows" and flat.left_bytes == GiB - 4 * FIXED
     with pytest.raises(ValueError, match="auto, on, off, 0"):
         mk(room, 4, "yes", window=K128)
@@ -195,92 +196,31 @@ def test_the_store_sized_by_the_plan() -> None:
     # The room's last GiB funds the store: each automatic state is its 180 MiB snapshot and two
     # 5.5 MiB pages (191 MiB), so 1 GiB holds 5, fewer than 4 a lane at --parallel 8: the plan
     # asks 32, and the arena takes what the GiB funds, 5 snapshots (900 MiB).
-    p = plan(
-        room=ROOM_1M,
-        page_rows=ROWS,
-        page_bytes=PAGE,
-        fixed_bytes=FIXED,
-        window=M1,
-        lanes=8,
-        cache_budget=16 * GiB,
-        paging="on",
-        states="auto",
-    )
+    p = mk(ROOM_1M, 8, "on", states="auto")
     assert p.states == 5 and p.snapshot_bytes == 5 * FIXED
     assert p.cache_bytes == GiB - 5 * FIXED and p.total_bytes == ROOM_1M
     assert "prompt cache 124 MiB with 900 MiB of snapshots for 5 kept states" in p.startup_line()
     # 20 GiB more room: a second window's pages (11 GiB), and the store funded the rest
     # (10.00 GiB), 53 states of 191 MiB, more than 4 a lane.
-    big = plan(
-        room=ROOM_1M + 20 * GiB,
-        page_rows=ROWS,
-        page_bytes=PAGE,
-        fixed_bytes=FIXED,
-        window=M1,
-        lanes=8,
-        cache_budget=16 * GiB,
-        paging="on",
-        states="auto",
-    )
+    big = mk(ROOM_1M + 20 * GiB, 8, "on", states="auto")
     fund = ROOM_1M + 20 * GiB - 2 * W_1M - 8 * FIXED
     assert big.windows_held == 2 and big.cache_bytes + big.snapshot_bytes == fund
     assert big.states == fund // (FIXED + 2 * PAGE) == 53 and big.snapshot_bytes == 53 * FIXED
     # No fixed state: states cost only their pages.
-    flat = plan(
-        room=ROOM_1M + 20 * GiB,
-        page_rows=ROWS,
-        page_bytes=PAGE,
-        fixed_bytes=0,
-        window=M1,
-        lanes=8,
-        cache_budget=GiB,
-        paging="on",
-        states="auto",
-    )
+    flat = mk(ROOM_1M + 20 * GiB, 8, "on", cache=GiB, fixed=0, states="auto")
     assert flat.states == flat.cache_bytes // (2 * PAGE) == 41 and flat.snapshot_bytes == 0
     # At least 4 a lane when the fund allows it.
-    few = plan(
-        room=ROOM_1M + 20 * GiB,
-        page_rows=ROWS,
-        page_bytes=PAGE,
-        fixed_bytes=MiB,
-        window=M1,
-        lanes=8,
-        cache_budget=100 * MiB,
-        paging="on",
-        states="auto",
-    )
+    few = mk(ROOM_1M + 20 * GiB, 8, "on", cache=100 * MiB, fixed=MiB, states="auto")
     assert few.states == 32 and few.snapshot_bytes == 32 * MiB
 
 
 def test_the_store_off_says_so() -> None:
-    p = plan(
-        room=ROOM_1M,
-        page_rows=ROWS,
-        page_bytes=PAGE,
-        fixed_bytes=FIXED,
-        window=M1,
-        lanes=8,
-        cache_budget=16 * GiB,
-        paging="on",
-        states=0,
-        store=False,
-    )
+    p = mk(ROOM_1M, 8, "on", store=False)
     assert p.cache_bytes == p.snapshot_bytes == p.states == 0 and p.pages == 2055 + GiB // PAGE
     assert ", 180 MiB fixed each, prompt store off, 1.00 MiB left," in p.startup_line()
     # On by default, but a budget of 0 (or no room past the streams) funds no state: off too.
     for room, cache in ((ROOM_1M, 0), (ROOM_1M - GiB, 16 * GiB)):
-        unfunded = plan(
-            room=room,
-            page_rows=ROWS,
-            page_bytes=PAGE,
-            fixed_bytes=FIXED,
-            window=M1,
-            lanes=8,
-            cache_budget=cache,
-            paging="on",
-            states="auto",
-        )
+        unfunded = mk(room, 8, "on", cache=cache, states="auto")
         assert not unfunded.store_on and unfunded.states == 0
         assert "prompt store off" in unfunded.startup_line()
 
@@ -360,16 +300,16 @@ def test_pages_never_worse_than_windows(
 
     def go(paging: str) -> Plan | None:
         try:
-            p = plan(
-                room=room,
-                page_rows=page_rows,
-                page_bytes=page_bytes,
-                fixed_bytes=fixed,
-                window=window,
-                lanes=lanes,
-                cache_budget=cache,
-                paging=paging,
-                snapshot_bytes=snapshot,
+            p = mk(
+                room,
+                lanes,
+                paging,
+                window,
+                cache,
+                snapshot,
+                rows=page_rows,
+                page=page_bytes,
+                fixed=fixed,
             )
         except PlanRefused:
             return None

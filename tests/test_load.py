@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from test_server import ServedDemo, rss_bytes
+from test_server import ServedDemo, rss_bytes, served
 
 CLIENTS = 64
 ROUNDS = 3  # requests each client sends, one after the other
@@ -26,10 +26,7 @@ PROMPTS = (
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
-    s = ServedDemo(tmp_path_factory.mktemp("load"), "--parallel", "8")
-    yield s
-    rc, out = s.stop()
-    assert rc == 0 and "kv pool idle: promised 0" in out, s.logs()[-3000:]
+    yield from served(tmp_path_factory, "load", "--parallel", "8")
 
 
 async def one(client: openai.AsyncOpenAI, i: int, n: int) -> int:

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from test_server import ServedDemo
+from test_server import ServedDemo, served
 from test_server_bad_input import Http, check_error
 
 from tensorfold.engine.choices import choice_params, choice_seed
@@ -285,12 +285,9 @@ def test_choices_wait_for_their_lanes_and_pages() -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
-    s = ServedDemo(
-        tmp_path_factory.mktemp("n-serve"), "--parallel", str(LANES), env={"TF_KV_SHARE": "16"}
+    yield from served(
+        tmp_path_factory, "n-serve", "--parallel", str(LANES), env={"TF_KV_SHARE": "16"}
     )
-    yield s
-    rc, out = s.stop()
-    assert rc == 0 and "kv pool idle: promised 0" in out, s.logs()[-3000:]
 
 
 def token_ids(choice: Any) -> list[int]:

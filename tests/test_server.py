@@ -132,6 +132,25 @@ class ServedDemo:
         self.log.close()
         return self.proc.returncode, out or ""
 
+    def stop_idle(self) -> None:
+        """stop, and check it exited 0 with its KV pool idle (nothing promised)."""
+        rc, out = self.stop()
+        assert rc == 0 and "kv pool idle: promised 0" in out, self.logs()[-3000:]
+
+
+def served(
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    *flags: str,
+    api_key: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[ServedDemo]:
+    """A module fixture's server: a ServedDemo in a fresh folder `name`, handed to the tests,
+    then stopped idle."""
+    s = ServedDemo(tmp_path_factory.mktemp(name), *flags, api_key=api_key, env=env)
+    yield s
+    s.stop_idle()
+
 
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -399,10 +418,16 @@ def test_a_chats_next_turn_resumes(tmp_path: Path) -> None:
 def test_refusals_are_one_line_before_the_weights(
     tmp_path: Path, flags: list[str], says: str
 ) -> None:
+    refused_before_the_weights(tmp_path, ["--port", "0", "--context", "4096", *flags], says)
+
+
+def refused_before_the_weights(tmp_path: Path, args: list[str], says: str) -> None:
+    """`tensorfold serve *args` (the demo cache in tmp_path, no TF_* settings) exits 2 with one
+    error line that names `says`, before it loads weights or serves."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
     env.update(TF_DEMO_CACHE=str(tmp_path / "demo"), TF_MEMORY_LIMIT_GIB="1")
     r = subprocess.run(
-        [sys.executable, "-c", LAUNCH, "serve", "--port", "0", "--context", "4096", *flags],
+        [sys.executable, "-c", LAUNCH, "serve", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -18,7 +18,7 @@ import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_server import ServedDemo
+from test_server import ServedDemo, served
 
 KEY = "sekrit-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -29,8 +29,9 @@ COMPLETION = {"model": MODEL, "prompt": "The little", "max_tokens": 4}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
-    s = ServedDemo(
-        tmp_path_factory.mktemp("bad"),
+    yield from served(
+        tmp_path_factory,
+        "bad",
         "--parallel",
         "1",
         "--max-waiting",
@@ -39,9 +40,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
         "1",
         api_key=KEY,
     )
-    yield s
-    rc, out = s.stop()
-    assert rc == 0 and "kv pool idle: promised 0" in out, s.logs()[-3000:]
 
 
 @dataclass

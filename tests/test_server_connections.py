@@ -11,8 +11,8 @@ import socket
 from collections.abc import Iterator
 
 import pytest
-from test_server import ServedDemo
-from test_server_limits import HELD_BODY, address, good, hold, read_reply
+from test_server import ServedDemo, served
+from test_server_limits import HELD_BODY, address, good, hold, read_message, read_reply
 
 MAX_CONNECTIONS = 6
 MAX_CLIENT_CONNECTIONS = 3
@@ -22,8 +22,9 @@ READ_TIMEOUT_S = 20  # long beside the first-byte timeout: held connections outl
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
-    s = ServedDemo(
-        tmp_path_factory.mktemp("connections"),
+    yield from served(
+        tmp_path_factory,
+        "connections",
         "--parallel",
         "1",
         env={
@@ -33,9 +34,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
             "TF_READ_TIMEOUT_S": str(READ_TIMEOUT_S),
         },
     )
-    yield s
-    rc, out = s.stop()
-    assert rc == 0 and "kv pool idle: promised 0" in out, s.logs()[-3000:]
 
 
 def connect(server: ServedDemo, client: str = "127.0.0.1") -> socket.socket:
@@ -50,24 +48,7 @@ def exchange(sock: socket.socket, request: bytes = b"") -> tuple[bytes, bytes, b
     status line, its head and its body."""
     if request:
         sock.sendall(request)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        assert chunk, f"the connection closed after {data!r}"
-        data += chunk
-    head, body = data.split(b"\r\n\r\n", 1)
-    length = int(
-        next(
-            line.split(b":")[1]
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length:")
-        )
-    )
-    while len(body) < length:
-        chunk = sock.recv(65536)
-        assert chunk, "the connection closed mid-body"
-        body += chunk
-    return head.split(b"\r\n")[0], head, body
+    return read_message(sock)
 
 
 def get(path: str) -> bytes:

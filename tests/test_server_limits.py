@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
-from test_server import ServedDemo
+from test_server import ServedDemo, served
 
 READ_TIMEOUT_S = 2
 MAX_CONNECTIONS = 6
@@ -24,15 +24,13 @@ HELD_BODY = json.dumps({"model": "lfm2_moe-demo", **COMPLETION}).encode()
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
-    s = ServedDemo(
-        tmp_path_factory.mktemp("limits"),
+    yield from served(
+        tmp_path_factory,
+        "limits",
         "--parallel",
         "1",
         env={"TF_READ_TIMEOUT_S": str(READ_TIMEOUT_S), "TF_MAX_CONNECTIONS": str(MAX_CONNECTIONS)},
     )
-    yield s
-    rc, out = s.stop()
-    assert rc == 0 and "kv pool idle: promised 0" in out, s.logs()[-3000:]
 
 
 def address(server: ServedDemo) -> tuple[str, int]:
@@ -70,9 +68,17 @@ def health_on(
     connection open; the reply's status line."""
     sock.sendall(send)
     sock.settimeout(30)
+    return read_message(sock)[0]
+
+
+def read_message(sock: socket.socket) -> tuple[bytes, bytes, bytes]:
+    """Read one reply (its head, then Content-Length bytes of body), leaving the connection
+    open: its status line, its head and its body."""
     data = b""
     while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed after {data!r}"
+        data += chunk
     head, body = data.split(b"\r\n\r\n", 1)
     length = int(
         next(
@@ -82,8 +88,10 @@ def health_on(
         )
     )
     while len(body) < length:
-        body += sock.recv(65536)
-    return head.split(b"\r\n")[0]
+        chunk = sock.recv(65536)
+        assert chunk, "the connection closed mid-body"
+        body += chunk
+    return head.split(b"\r\n")[0], head, body
 
 
 def hold(sock: socket.socket) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-from test_server import ServedDemo
+from test_server import ServedDemo, served
 from test_server_bad_input import Http, check_error
 from test_structured import ASK, SCHEMAS, TIME, WEATHER, schema_format
 
@@ -27,12 +27,7 @@ INTERNALS = ("<state>", "Tokens:", "grm_prefix", "non-verbose")
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
     # random weights drawn in place: the grammar, not the model, must make the output valid
-    s = ServedDemo(
-        tmp_path_factory.mktemp("structured"), "--parallel", "2", "--load-format", "dummy"
-    )
-    yield s
-    rc, out = s.stop()
-    assert rc == 0 and "kv pool idle: promised 0" in out, s.logs()[-3000:]
+    yield from served(tmp_path_factory, "structured", "--parallel", "2", "--load-format", "dummy")
 
 
 def chat(server: ServedDemo, **kw: Any) -> Any:

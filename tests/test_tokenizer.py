@@ -18,7 +18,8 @@ SENTENCES = [
 ] * 4
 
 
-def byte_level_bpe() -> HFTokenizer:
+def byte_level_bpe(sentences: list[str] = SENTENCES) -> HFTokenizer:
+    """A byte-level BPE of 400 tokens with SPECIALS, learnt from `sentences`."""
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -29,7 +30,7 @@ def byte_level_bpe() -> HFTokenizer:
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(SENTENCES, trainer)
+    tok.train_from_iterator(sentences, trainer)
     return tok
 
 

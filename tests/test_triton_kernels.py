@@ -4,6 +4,7 @@ at small sizes, and its batch invariance: a row's bits never depend on the other
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -461,6 +462,24 @@ def test_route_matches_reference(dtype, norm, bias):
         assert torch.equal(se, got_e[a:z]) and torch.equal(sw, got_w[a:z])
 
 
+def _grouped_route(x, gate, bias, topk):
+    """An fp32 router as GLM's: 8 groups of which 4 kept, the top k normalised and scaled by
+    2.5, the pairs aligned by expert."""
+    return triton_route.route(
+        x,
+        gate,
+        bias,
+        topk,
+        norm_topk_prob=True,
+        scaling=2.5,
+        fp32=True,
+        norm_eps=1e-20,
+        groups=8,
+        keep_groups=4,
+        by_expert=True,
+    )
+
+
 @pytest.mark.parametrize("sums", [True, False])
 def test_fp32_router_on_a_columns_major_gate_chains_its_fmas_a_row_alone_as_in_a_batch(sums):
     """An fp32 router with expert groups (glm5_next's kind), its gate stored transposed
@@ -479,19 +498,7 @@ def test_fp32_router_on_a_columns_major_gate_chains_its_fmas_a_row_alone_as_in_a
         assert triton_route.columns_major(cols) is cols
 
         def run(rows, g):
-            return triton_route.route(
-                rows,
-                g,
-                bias,
-                6,
-                norm_topk_prob=True,
-                scaling=2.5,
-                fp32=True,
-                norm_eps=1e-20,
-                groups=8,
-                keep_groups=4,
-                by_expert=True,
-            )
+            return _grouped_route(rows, g, bias, 6)
 
         logits = x.float() @ gate.t()
         for rows in (x[:1], x[:16], x):  # one row, a split pass, a walked one
@@ -635,19 +642,7 @@ def test_router_of_one_row_in_one_launch_equals_its_two(kind):
         if kind == "softmax":
             return triton_route.softmax_route(x, gate, 8, scale.to(torch.bfloat16))
         if kind == "fp32_groups":
-            return triton_route.route(
-                x,
-                gate,
-                bias,
-                6,
-                norm_topk_prob=True,
-                scaling=2.5,
-                fp32=True,
-                norm_eps=1e-20,
-                groups=8,
-                keep_groups=4,
-                by_expert=True,
-            )
+            return _grouped_route(x, gate, bias, 6)
         return triton_route.route(x, gate, bias, 4, norm_topk_prob=True, scaling=2.5)
 
     assert triton_route.fuses_one_row(1, gate.shape[0])
@@ -829,6 +824,24 @@ def test_gated_ffn_matches_reference(dtype, tol):
     assert torch.equal(triton_moe.gated_ffn(x[7:8].clone(), w1, w3, w2), got[7:8])
 
 
+def _ffns(n: int, dtype, seed: int) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """n rows of 32 through 6 experts of 48 (top 3) and through a dense FFN of 40, drawn from
+    seeds seed to seed + 5: a call runs both, MoE then dense."""
+    h, i, e, k = 32, 48, 6, 3
+    xm = randn(n, h, seed=seed, dtype=dtype)
+    w1, w3, w2 = _experts(e, i, h, dtype, seed + 1)
+    weights, experts = ref_moe.route(
+        xm, randn(e, h, seed=seed + 2, dtype=dtype), None, k, norm_topk_prob=True
+    )
+    dw1 = randn(40, h, seed=seed + 3, dtype=dtype, scale=0.2)
+    dw3 = randn(40, h, seed=seed + 4, dtype=dtype, scale=0.2)
+    dw2 = randn(h, 40, seed=seed + 5, dtype=dtype, scale=0.2)
+    return lambda: (
+        triton_moe.moe(xm, weights, experts, w1, w3, w2),
+        triton_moe.gated_ffn(xm, dw1, dw3, dw2),
+    )
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tile_choice_by_row_count_changes_no_bits(dtype, monkeypatch: pytest.MonkeyPatch):
     """The decode tiles and the prompt tiles give the same rows the same bits: only the M/N
@@ -841,25 +854,14 @@ def test_tile_choice_by_row_count_changes_no_bits(dtype, monkeypatch: pytest.Mon
         triton_linear.pick(1, 1100, 160)[1].block_k
         == triton_linear.pick(1000, 1100, 160)[1].block_k
     )
-    n, h, i, e, k = 60, 32, 48, 6, 3
-    xm = randn(n, h, seed=34, dtype=dtype)
-    w1, w3, w2 = _experts(e, i, h, dtype, 35)
-    weights, experts = ref_moe.route(
-        xm, randn(e, h, seed=36, dtype=dtype), None, k, norm_topk_prob=True
-    )
-    dw1, dw3 = (
-        randn(40, h, seed=37, dtype=dtype, scale=0.2),
-        randn(40, h, seed=38, dtype=dtype, scale=0.2),
-    )
-    dw2 = randn(h, 40, seed=39, dtype=dtype, scale=0.2)
+    ffns = _ffns(60, dtype, 34)
     got = {}
     for small, rows in (("small", 1 << 30), ("prompt", -1)):
         monkeypatch.setattr(triton_linear, "SMALL_ROWS", rows)
         monkeypatch.setattr(triton_moe, "SMALL_ROWS", rows)
         got[small] = (
             triton_linear.linear(x, w, b),
-            triton_moe.moe(xm, weights, experts, w1, w3, w2),
-            triton_moe.gated_ffn(xm, dw1, dw3, dw2),
+            *ffns(),
         )
     for a, z in zip(got["small"], got["prompt"]):
         assert torch.equal(a, z)
@@ -871,25 +873,14 @@ def test_weight_prefetch_changes_no_bits(monkeypatch: pytest.MonkeyPatch):
     dtype = torch.bfloat16
     x = randn(5, 160, seed=41, dtype=dtype)
     w = randn(300, 160, seed=42, dtype=dtype, scale=0.1)
-    n, h, i, e, k = 4, 32, 48, 6, 3
-    xm = randn(n, h, seed=43, dtype=dtype)
-    w1, w3, w2 = _experts(e, i, h, dtype, 44)
-    weights, experts = ref_moe.route(
-        xm, randn(e, h, seed=45, dtype=dtype), None, k, norm_topk_prob=True
-    )
-    dw1, dw3 = (
-        randn(40, h, seed=46, dtype=dtype, scale=0.2),
-        randn(40, h, seed=47, dtype=dtype, scale=0.2),
-    )
-    dw2 = randn(h, 40, seed=48, dtype=dtype, scale=0.2)
+    ffns = _ffns(4, dtype, 43)
     got = {}
     for pk in (0, 64):
         monkeypatch.setattr(triton_linear, "prefetch_k", lambda *_, pk=pk: pk)
         monkeypatch.setattr(triton_moe, "prefetch_k", lambda *_, pk=pk: pk)
         got[pk] = (
             triton_linear.linear(x, w),
-            triton_moe.moe(xm, weights, experts, w1, w3, w2),
-            triton_moe.gated_ffn(xm, dw1, dw3, dw2),
+            *ffns(),
         )
     for a, z in zip(got[0], got[64]):
         assert torch.equal(a, z)

@@ -313,6 +313,37 @@ DENSE_CANDIDATES = {
 }
 
 
+def _candidate(kernel: str, bm: int, t: Any, shipped: tuple[int, Any, Any]) -> tuple[int, Any, Any]:
+    """A DENSE_TILES entry trying tiles t for one kernel ("swiglu" or "down") beside the other's
+    shipped tiles; a block_m other than the shipped one puts both kernels on t."""
+    if bm != shipped[0]:
+        return (bm, t, t)
+    return (bm, t, shipped[2]) if kernel == "swiglu" else (bm, shipped[1], t)
+
+
+def _with_best(
+    shipped: tuple[int, Any, Any], best: dict[str, tuple[float, Any]]
+) -> tuple[int, Any, Any]:
+    """The shipped entry with each kernel's best equal tiles (µs, tiles) where it has some."""
+    return (
+        shipped[0],
+        best.get("swiglu", (0, shipped[1]))[1],
+        best.get("down", (0, shipped[2]))[1],
+    )
+
+
+def _as_python(table: dict[tuple[int, int, str], Any]) -> str:
+    """DENSE_TILES entries as the Python that would write them."""
+    return (
+        "{"
+        + ", ".join(
+            f"{k!r}: ({v[0]}, Tiles{tuple(vars(v[1]).values())}, Tiles{tuple(vars(v[2]).values())})"
+            for k, v in table.items()
+        )
+        + "}"
+    )
+
+
 def dense_tiles() -> dict[str, Any]:
     """The dense FFN's tiles (triton_moe.DENSE_TILES) for each DENSE shape and row class: each
     kernel's candidates with the other kernel on the experts' tile ("shipped": the tiles without
@@ -359,10 +390,7 @@ def dense_tiles() -> dict[str, Any]:
             for kernel in ("swiglu", "down"):
                 for bm, bn, bk, w, st in DENSE_CANDIDATES[cls]:
                     t = triton_moe.Tiles(bn, bk, w, st)
-                    if kernel == "swiglu":
-                        entry = (bm, t, shipped[2]) if bm == shipped[0] else (bm, t, t)
-                    else:
-                        entry = (bm, shipped[1], t) if bm == shipped[0] else (bm, t, t)
+                    entry = _candidate(kernel, bm, t, shipped)
                     cell = timed(entry)
                     cells[f"{kernel} {label(bm, t)}"] = cell
                     us = cell.get(f"{counts[0]}_us")
@@ -374,11 +402,7 @@ def dense_tiles() -> dict[str, Any]:
                     ):
                         best[kernel] = (us, t)
             if best:
-                entry = (
-                    shipped[0],
-                    best.get("swiglu", (0, shipped[1]))[1],
-                    best.get("down", (0, shipped[2]))[1],
-                )
+                entry = _with_best(shipped, best)
                 cell = timed(entry)
                 cells["best"] = {"tiles": str(entry), **cell}
                 if all(cell.get(f"{r}_equal") for r in counts) and cell.get(
@@ -388,14 +412,7 @@ def dense_tiles() -> dict[str, Any]:
             row[cls] = cells
         res[name] = row
     triton_moe.DENSE_TILES = saved
-    res["table"] = (
-        "{"
-        + ", ".join(
-            f"{k!r}: ({v[0]}, Tiles{tuple(vars(v[1]).values())}, Tiles{tuple(vars(v[2]).values())})"
-            for k, v in table.items()
-        )
-        + "}"
-    )
+    res["table"] = _as_python(table)
     return res
 
 
@@ -477,10 +494,7 @@ def dense_walk() -> dict[str, Any]:
         for kernel in ("swiglu", "down"):
             for bm, bn, bk, w, st in WALK_CANDIDATES:
                 t = triton_moe.Tiles(bn, bk, w, st)
-                if bm != shipped[0]:
-                    entry = (bm, t, t)
-                else:
-                    entry = (bm, t, shipped[2]) if kernel == "swiglu" else (bm, shipped[1], t)
+                entry = _candidate(kernel, bm, t, shipped)
                 cell = timed(entry)
                 row[f"{kernel} bm{bm} bn{bn} bk{bk} w{w} s{st}"] = cell
                 if (
@@ -495,11 +509,7 @@ def dense_walk() -> dict[str, Any]:
                     and ("other" not in best or cell["us"] < best["other"][0])
                 ):
                     best["other"] = (cell["us"], entry)
-        combined = (
-            shipped[0],
-            best.get("swiglu", (0, shipped[1]))[1],
-            best.get("down", (0, shipped[2]))[1],
-        )
+        combined = _with_best(shipped, best)
         row["best"] = {"tiles": str(combined), **timed(combined)}
         fastest = [best["other"]] if "other" in best else []  # the fastest equal cell
         if row["best"].get("equal"):
@@ -513,14 +523,7 @@ def dense_walk() -> dict[str, Any]:
             entries[key] = entry
         res[name] = row
     triton_moe.DENSE_TILES = saved
-    res["table"] = (
-        "{"
-        + ", ".join(
-            f"{k!r}: ({v[0]}, Tiles{tuple(vars(v[1]).values())}, Tiles{tuple(vars(v[2]).values())})"
-            for k, v in entries.items()
-        )
-        + "}"
-    )
+    res["table"] = _as_python(entries)
     return res
 
 

@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.sections import captured  # noqa: E402
 from tensorfold.adapters.paged_kv import PagedRows  # noqa: E402
 from tensorfold.family import RowSpec  # noqa: E402
 from tensorfold.family.forward_pass import ForwardPass, StreamRows  # noqa: E402
@@ -122,6 +123,11 @@ class Layer:
         """Every complete pool's key from the random indexer rows, as the passes that wrote them
         would have cached it (one pass over all the rows of every stream's pages)."""
         fp = self.pass_(list(range(streams)), 0, self.pages_each * self.page_rows)
+        self.write_pool_keys(fp, pass_meta(fp))
+
+    def write_pool_keys(self, fp: ForwardPass, meta: Any) -> None:
+        """triton_indexer.write_pool_keys: the keys of the pools fp's rows complete, from this
+        layer's indexer rows."""
         rows = self.rows
         triton_indexer.write_pool_keys(
             rows.flat("L0.index_k"),
@@ -130,8 +136,8 @@ class Layer:
             rows.flat("L0.pool_key"),
             fp.positions,
             fp.write_index,
-            pass_meta(fp),
-            self.page_rows,
+            meta,
+            fp.page_rows,
         )
 
     def pass_(self, streams: list[int], start: int, rows: int) -> ForwardPass:
@@ -165,15 +171,7 @@ class Clock:
         if self.device != "cuda":
             return None, "no CUDA"
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                fn()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-            return self(graph.replay), None
+            return self(captured(fn).replay), None
         except Exception as exc:  # noqa: BLE001 - reported, not raised
             torch.cuda.synchronize()
             return None, f"{type(exc).__name__}: {exc}"
@@ -198,18 +196,7 @@ def parts(layer: Layer, fp: ForwardPass, clock: Clock) -> dict[str, float]:
         n, cfg.num_attention_heads, cfg.qk_nope_head_dim, device=layer.device, generator=g
     ).to(BF16)
     return {
-        "pool_key_ms": clock(
-            lambda: triton_indexer.write_pool_keys(
-                rows.flat("L0.index_k"),
-                rows.flat("L0.index_gate"),
-                layer.w.indexer.ape,
-                rows.flat("L0.pool_key"),
-                fp.positions,
-                fp.write_index,
-                meta,
-                fp.page_rows,
-            )
-        ),
+        "pool_key_ms": clock(lambda: layer.write_pool_keys(fp, meta)),
         "score_ms": clock(lambda: triton_indexer.pool_key_scores(*args, di**-0.5)),
         "topk_ms": clock(lambda: triton_indexer.top_pools(keys, cfg.select_pools)),
         "attend_ms": clock(

@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.experiments.glm_attention import REAL, TINY, Layer  # noqa: E402
+from bench.sections import captured  # noqa: E402
 from tensorfold.ops import gpu, switches, triton_route  # noqa: E402
 from tensorfold.ops.pass_meta import pass_meta  # noqa: E402
 from tensorfold_glm import triton_indexer, triton_mhc  # noqa: E402
@@ -107,15 +108,12 @@ def us_a_call(fn: Callable[[], Any], device: str) -> float | None:
     if device != "cuda":
         fn()
         return None
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def calls() -> None:
         for _ in range(REPS):
             fn()
+
+    graph = captured(calls, warm=fn)
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -130,19 +128,8 @@ def us_a_call(fn: Callable[[], Any], device: str) -> float | None:
 def route_outputs(
     cfg: Any, x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor
 ) -> dict[str, torch.Tensor]:
-    w, e = triton_route.route(
-        x,
-        gate,
-        bias,
-        cfg.num_experts_per_tok,
-        norm_topk_prob=True,
-        scaling=cfg.routed_scaling_factor,
-        fp32=True,
-        norm_eps=1e-20,
-        groups=cfg.n_group,
-        keep_groups=cfg.topk_group,
-        by_expert=True,
-    )
+    """bare_route's weights and experts, and what it wrote of its alignment."""
+    w, e = bare_route(cfg, x, gate, bias)
     out = {"weights": w, "experts": e}
     aligned = getattr(e, "tf_aligned", None)
     if aligned is not None:  # the written part: blocks of an expert, their pairs
@@ -153,6 +140,7 @@ def route_outputs(
 
 
 def bare_route(cfg: Any, x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor) -> Any:
+    """cfg's route of x (GLM's: fp32, grouped, aligned by expert)."""
     return triton_route.route(
         x,
         gate,
@@ -227,6 +215,16 @@ def top_pools_section(cfg: Any, device: str) -> dict[str, Any]:
     return out
 
 
+def mhc_settings(cfg: Any) -> dict[str, Any]:
+    """cfg's keywords for triton_mhc's collapse: Sinkhorn's iterations and the epsilons."""
+    return dict(
+        iters=cfg.hc_sinkhorn_iters,
+        rms_eps=cfg.rms_norm_eps,
+        hc_eps=cfg.hc_eps,
+        norm_eps=cfg.rms_norm_eps,
+    )
+
+
 def collapse_weights(cfg: Any, device: str, g: torch.Generator) -> tuple[torch.Tensor, ...]:
     """A collapse's fn, base, scale and norm weight at cfg's width, drawn from g: its logits
     O(1) as the dummy checkpoint's."""
@@ -253,10 +251,7 @@ def collapse_section(cfg: Any, device: str) -> dict[str, Any]:
             base,
             scale,
             norm_w,
-            iters=cfg.hc_sinkhorn_iters,
-            rms_eps=cfg.rms_norm_eps,
-            hc_eps=cfg.hc_eps,
-            norm_eps=cfg.rms_norm_eps,
+            **mhc_settings(cfg),
         )
 
     out: dict[str, Any] = {}
@@ -327,10 +322,7 @@ def expand_collapse_section(cfg: Any, device: str) -> dict[str, Any]:
             base,
             scale,
             norm_w,
-            iters=cfg.hc_sinkhorn_iters,
-            rms_eps=cfg.rms_norm_eps,
-            hc_eps=cfg.hc_eps,
-            norm_eps=cfg.rms_norm_eps,
+            **mhc_settings(cfg),
         )
 
     two_steps = call(n)
@@ -459,16 +451,7 @@ def pool_key_section(cfg: Any, device: str) -> dict[str, Any]:
     }
 
     def call(fp: Any) -> None:
-        triton_indexer.write_pool_keys(
-            rows.flat("L0.index_k"),
-            rows.flat("L0.index_gate"),
-            layer.w.indexer.ape,
-            rows.flat("L0.pool_key"),
-            fp.positions,
-            fp.write_index,
-            pass_meta(fp),
-            page_rows,
-        )
+        layer.write_pool_keys(fp, pass_meta(fp))
 
     keys = rows.buffers["L0.pool_key"]
     out: dict[str, Any] = {}

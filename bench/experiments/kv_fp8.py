@@ -29,7 +29,6 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -57,22 +56,10 @@ def smoke_model(family: str) -> Any:
         from tensorfold_gemma4.dummy import build_dummy
 
         return build_dummy(Gemma4Config.from_dict(CONFIG, "kv_fp8"), "cpu", torch.bfloat16, seed=0)
+    from bench.lfm2_speed import smoke_config
     from tensorfold_lfm2_moe.dummy import SHAPES, build_dummy
 
-    cfg = replace(
-        SHAPES["LFM2-24B-A2B"],
-        num_hidden_layers=4,
-        vocab_size=512,
-        hidden_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=256,
-        moe_intermediate_size=64,
-        num_experts=8,
-        layer_types=("conv", "conv", "full_attention", "conv"),
-        num_dense_layers=2,
-    )
+    cfg = smoke_config(SHAPES["LFM2-24B-A2B"], num_dense_layers=2)
     return build_dummy(cfg, "cpu", torch.bfloat16, seed=0)
 
 
