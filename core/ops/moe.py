@@ -15,7 +15,7 @@ above and the up product clamped to ±limit, glm5_next), "gelu_tanh" (GeGLU, gem
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -24,6 +24,7 @@ from .linear import linear
 
 # SlotSum, the MoE's output before its slot sum, lives apart so that norms need not import this
 from .slot_sum import SlotSum as SlotSum
+from .slot_sum import fp32_sum
 from .slot_sum import summed as summed
 
 
@@ -107,9 +108,7 @@ def route(
     else:
         weights, experts = torch.topk(scores, top_k, dim=-1)
     if norm_topk_prob:
-        total = weights[:, 0].float()
-        for j in range(1, top_k):
-            total = total + weights[:, j].float()
+        total = fp32_sum(weights)
         weights = weights / (total.to(weights.dtype)[:, None] + 1e-6)
     return weights * scaling, experts
 
@@ -191,24 +190,38 @@ def moe(
             limit=limit,
             slot_dtype=torch.float32 if fp32_slots else None,
         )
+    dtype = torch.float32 if fp32_slots else x.dtype
+    per_slot = weighted_slots(x, weights, experts, w1, w3, w2, dtype, act=act, limit=limit)
+    if not sum_slots and not fp32_slots:
+        return SlotSum(per_slot)
+    return fp32_sum(per_slot).to(x.dtype)
+
+
+def weighted_slots(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    experts: torch.Tensor,
+    w1: Sequence[torch.Tensor],
+    w3: Sequence[torch.Tensor],
+    w2: Sequence[torch.Tensor],
+    dtype: torch.dtype,
+    **ffn: Any,
+) -> torch.Tensor:
+    """The reference's slots [N, k, H] in `dtype`: slot j of row r is weights[r, j] ·
+    gated_ffn(x[r], w1[e], w3[e], w2[e], **ffn) at e = experts[r, j], each expert's rows in one
+    call; a slot whose expert is len(w1) or more (another rank's: parallel.local_moe) stays
+    zero."""
     n, k = experts.shape
     flat = experts.reshape(-1)  # [N*k], entry r*k + j is row r's slot j
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat, minlength=len(w1)).tolist()
-    slots = x.new_empty(n * k, x.shape[1], dtype=torch.float32 if fp32_slots else x.dtype)
+    slots = x.new_zeros(n * k, x.shape[1], dtype=dtype)
     flat_weights = weights.reshape(-1)
     start = 0
-    for e, count in enumerate(counts):
-        if not count:
-            continue
-        picks = order[start : start + count]
-        start += count
-        y = gated_ffn(x.index_select(0, picks // k), w1[e], w3[e], w2[e], act=act, limit=limit)
-        slots[picks] = (y * flat_weights[picks, None]).to(slots.dtype)
-    per_slot = slots.view(n, k, -1)
-    if not sum_slots and not fp32_slots:
-        return SlotSum(per_slot)
-    acc = per_slot[:, 0].float()
-    for j in range(1, k):
-        acc = acc + per_slot[:, j].float()
-    return acc.to(x.dtype)
+    for e in range(len(w1)):
+        picks = order[start : start + counts[e]]
+        start += counts[e]
+        if len(picks):
+            y = gated_ffn(x.index_select(0, picks // k), w1[e], w3[e], w2[e], **ffn)
+            slots[picks] = (y * flat_weights[picks, None]).to(dtype)
+    return slots.view(n, k, -1)

@@ -121,7 +121,6 @@ def local_moe(
     first .. first + len(w1) - 1, whose weights w1[e - first]...) of weight · expert(x), in slot
     order, in fp32 [N, H]. x [N, H]; weights, experts [N, k] (the replicated router's). `ffn`:
     ops.moe.moe's keywords (act, limit, fp32_slots), as at one rank."""
-    n, k = experts.shape
     count = len(w1)
     local = experts - first
     mine = (local >= 0) & (local < count)
@@ -135,26 +134,12 @@ def local_moe(
         summed = moe(x, masked, ids, w1, w3, w2, **ffn)
         assert isinstance(summed, torch.Tensor)  # sum_slots: the slots summed
         return summed.float()
-    from .moe import gated_ffn
+    from .moe import weighted_slots
+    from .slot_sum import fp32_sum
 
-    fp32_slots = ffn.pop("fp32_slots", False)
-    flat = torch.where(mine, local, torch.full_like(local, count)).reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=count + 1).tolist()
-    slots = x.new_zeros(n * k, x.shape[1], dtype=torch.float32 if fp32_slots else x.dtype)
-    flat_weights = weights.reshape(-1)
-    start = 0
-    for e in range(count):
-        picks = order[start : start + counts[e]]
-        start += counts[e]
-        if len(picks):
-            y = gated_ffn(x.index_select(0, picks // k), w1[e], w3[e], w2[e], **ffn)
-            slots[picks] = (y * flat_weights[picks, None]).to(slots.dtype)
-    per_slot = slots.view(n, k, -1)
-    acc = per_slot[:, 0].float()
-    for j in range(1, k):
-        acc = acc + per_slot[:, j].float()
-    return acc
+    dtype = torch.float32 if ffn.pop("fp32_slots", False) else x.dtype
+    ids = torch.where(mine, local, torch.full_like(local, count))
+    return fp32_sum(weighted_slots(x, weights, ids, w1, w3, w2, dtype, **ffn))
 
 
 def expert_parallel_moe(

@@ -24,10 +24,15 @@ class SlotSum:
             from . import triton_moe
 
             return triton_moe.slot_sum(self.slots)
-        acc = self.slots[:, 0].float()
-        for j in range(1, self.slots.shape[1]):
-            acc = acc + self.slots[:, j].float()
-        return acc.to(self.slots.dtype)
+        return fp32_sum(self.slots).to(self.slots.dtype)
+
+
+def fp32_sum(slots: torch.Tensor) -> torch.Tensor:
+    """slots [N, k, H] summed over k in slot order, in fp32 -> [N, H] fp32."""
+    acc = slots[:, 0].float()
+    for j in range(1, slots.shape[1]):
+        acc = acc + slots[:, j].float()
+    return acc
 
 
 def summed(f: "torch.Tensor | SlotSum") -> torch.Tensor:
