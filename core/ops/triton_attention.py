@@ -28,6 +28,8 @@ reference does.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -296,6 +298,31 @@ def _attention_kernel(
     )
 
 
+def tile_keywords(
+    q: torch.Tensor, dv: int, group: int, qb: int, dc: int, bdv: int, scaled: bool
+) -> dict[str, Any]:
+    """The tile keywords every attention kernel (this one's, triton_window's) launches with, for
+    q [N, Hq, D], values dv wide, `group` q heads a KV head, and tiles(...)'s (qb, dc, bdv)."""
+    d = q.shape[-1]
+    return dict(
+        G=group,
+        GP=next_power_of_2(group),
+        QB=qb,
+        NSUB=QUERY_ROWS // qb,
+        D=d,
+        DC=dc,
+        BDV=bdv,
+        KT=KEY_TILE,
+        SCALED=scaled,
+        IEEE=q.dtype == torch.float32,
+        INTERP=interpreting(),
+        DVB=dv // bdv,
+        SEG=key_split.SEGMENT,
+        num_warps=warps(d, dv),
+        num_stages=2,
+    )
+
+
 def paged_attention(
     q: torch.Tensor,
     k_rows: torch.Tensor,
@@ -367,22 +394,8 @@ def paged_attention(
         vs.stride(1),
         out.stride(0),
         out.stride(1),
-        G=group,
-        GP=next_power_of_2(group),
-        QB=qb,
-        NSUB=nsub,
-        D=d,
-        DC=dc,
-        BDV=bdv,
-        KT=KEY_TILE,
         HAS_WINDOW=window is not None,
-        SCALED=scaled,
-        IEEE=q.dtype == torch.float32,
-        INTERP=interpreting(),
-        DVB=dvb,
-        SEG=key_split.SEGMENT,
-        num_warps=warps(d, dv),
-        num_stages=2,
+        **tile_keywords(q, dv, group, qb, dc, bdv, scaled),
         **split.kernel,
         **launch_options(q),
     )

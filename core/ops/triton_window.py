@@ -23,8 +23,8 @@ import triton.language as tl
 from . import triton_key_split as key_split
 from .gpu import launch_options
 from .pass_meta import QUERY_ROWS, PassMeta
-from .triton_attention import KEY_TILE, attend_tile, row_tile, scaled_q, tiles, warps
-from .triton_util import after_prior, cdiv, interpreting, next_power_of_2
+from .triton_attention import KEY_TILE, attend_tile, row_tile, scaled_q, tile_keywords, tiles
+from .triton_util import after_prior, cdiv, next_power_of_2
 
 
 @triton.jit(do_not_specialize=["window", "parts", "nseg"])
@@ -264,21 +264,7 @@ def ring_attention(
         out.stride(0),
         out.stride(1),
         *s_strides,
-        G=group,
-        GP=next_power_of_2(group),
-        QB=qb,
-        NSUB=nsub,
-        D=d,
-        DC=dc,
-        BDV=bdv,
-        KT=KEY_TILE,
-        SCALED=scales is not None,
-        IEEE=q.dtype == torch.float32,
-        INTERP=interpreting(),
-        DVB=dvb,
-        SEG=key_split.SEGMENT,
-        num_warps=warps(d, dv),
-        num_stages=2,
+        **tile_keywords(q, dv, group, qb, dc, bdv, scales is not None),
         **split.kernel,
         **launch_options(q),
     )
