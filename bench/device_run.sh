@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One call on the GPU machine, from the repository root with the wheels of
-# ../shared/device/prepare.sh in .whl/ (carry .whl): install the wheels the image lacks (not
+# One call on the GPU machine, from the repository root with the wheels its image lacks in
+# .whl/ (docs/performance.md, "How to measure"): install them (not
 # fla-core: glm_speed.py needs it, so run that one after bench/gpu_suite.sh's install lines),
 # tensorfold and the plugins a benchmark needs, then the benchmark; its files go to $OUT.
 #   bash bench/device_run.sh --commit abc1234 [lfm2_speed.py arguments]     (LFM2-MoE)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite on a CUDA machine without a package registry (the device machine): install the
-# wheels that ../shared/device/prepare.sh put in .whl/, the project and its plugins, then
-# `pytest -m gpu`. The log and a JUnit report go to $OUT (or ./gpu_out).
+# wheels its image lacks from .whl/ (docs/performance.md, "How to measure"), the project and
+# its plugins, then `pytest -m gpu`. The log and a JUnit report go to $OUT (or ./gpu_out).
 #   bash bench/gpu_suite.sh [pytest arguments]
 set -u
 export PYTHONUNBUFFERED=1

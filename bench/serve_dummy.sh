@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The server bench, one call on the GPU machine: `tensorfold serve` at an LFM2 shape with dummy
 # weights, measured from outside by `tensorfold bench openai` (and the concurrency gate through
-# the server). Run from the repository root with the wheels of ../shared/device/prepare.sh in
-# .whl/ (carry .whl); writes under $OUT.
+# the server). Run from the repository root with the wheels the machine's image lacks in
+# .whl/ (docs/performance.md, "How to measure"); writes under $OUT.
 #   bash bench/serve_dummy.sh [SHAPE]    (LFM2-8B-A1B or LFM2-24B-A2B; default the 8B)
 #   SMOKE=1 PORT=8123 OUT=/tmp/x bash bench/serve_dummy.sh demo
 #       (the CPU check: the demo's shape, a few tokens, nothing installed)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 17 on two GPUs in one call of under 9 minutes (nvidia-h200-x2), from the repository root
-# with the wheels of ../shared/device/prepare.sh in .whl/ (carry .whl):
+# with the wheels the machine's image lacks in .whl/ (docs/performance.md, "How to measure"):
 #   1. tests/test_gpu_tp_reduce.py: symmetric sum == NCCL path bit for bit (eager, in a replayed
 #      graph, back to back), engine tokens equal with either reduce, SIGINT stop of serve --tp 2;
 #   2. bench/experiments/tp_reduce.py: per-call microseconds, NCCL path vs symmetric, eager and
