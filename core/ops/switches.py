@@ -5,8 +5,8 @@ record of each decision is in docs/performance.md's decisions, under the switch'
 
 A kernel reads a switch's current value with `SWITCH.on()`; tests and benchmarks set it with
 `switched(SWITCH, value)` (a context manager) or `set_value(name, value)`
-(`bench/experiments/with_switch.py tensorfold.ops.switches.NAME=False ...`). Every value of every switch
-is run by a test on the CPU under the interpreter.
+(`bench/experiments/with_switch.py tensorfold.ops.switches.NAME=False ...`). Every value of
+every switch is run by a test on the CPU under the interpreter.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ OWN_RECURRENT = Switch(
     when_off="fla-core's fused_recurrent_kda on packed copies of the rows (on the CPU the "
     "packed torch stand-in), after beta's sigmoid and the fresh slots' zeroing",
     record='docs/performance.md, "OWN_RECURRENT"',
-    why="turned on at 10edb33 without a GPU run: its GPU test and bench have not run, and "
-    "fla-core's kernel is the way the GPU gates last passed with",
+    why="its bits passed the GPU suite (one H100, 567e0c4) but its speed against fla-core's "
+    "kernel has not been timed",
 )
 KDA_TAIL_IN_PLACE = Switch(
     name="KDA_TAIL_IN_PLACE",
@@ -61,8 +61,8 @@ KDA_TAIL_IN_PLACE = Switch(
     "(tensorfold_glm.triton_kda.conv_silu)",
     when_off="the tails moved on by tail_kernel's launch after the conv's",
     record='docs/performance.md, "KDA_TAIL_IN_PLACE"',
-    why="turned on at 10edb33 without a GPU run (its GPU test has not run); lfm2's conv has "
-    "the same fold, measured and kept",
+    why="its bits passed the GPU suite (one H100, 567e0c4) but it has not been timed; lfm2's "
+    "conv has the same fold, measured and kept",
 )
 FUSED_EXPAND_COLLAPSE = Switch(
     name="FUSED_EXPAND_COLLAPSE",
@@ -71,7 +71,7 @@ FUSED_EXPAND_COLLAPSE = Switch(
     "one launch (tensorfold_glm.triton_mhc.expand_collapse_norm)",
     when_off="expand's launch, then collapse_norm's two",
     record='docs/performance.md, "FUSED_EXPAND_COLLAPSE"',
-    why="turned on at 10edb33 without a GPU run: its GPU test and bench have not run",
+    why="its bits passed the GPU suite (one H100, 567e0c4) but it has not been timed",
 )
 GATE_MAPS_IN_ONE_LAUNCH = Switch(
     name="GATE_MAPS_IN_ONE_LAUNCH",
