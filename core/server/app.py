@@ -16,7 +16,7 @@ from aiohttp import web
 
 from ..config.logs import get_logger
 from ..engine.requests import Event, Finished, TokenOut
-from . import cors, status_page
+from . import cors, responses_routes, status_page
 from .api_key import bearer_matches
 from .engine_run import RETRY_AFTER_S, Timing, engine_run
 from .metrics import CONTENT_TYPE
@@ -223,6 +223,7 @@ def create_app(
     api_key: str | None = None,
     limits: Limits | None = None,
     allowed_origins: Sequence[str] = (),
+    responses_store: int = 1024,
 ) -> web.Application:
     limits = limits or Limits()
     app = web.Application(
@@ -233,6 +234,7 @@ def create_app(
     app[LIMITS] = limits
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    responses_routes.install(app, responses_store)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{name:.+}", model)
     app.router.add_get("/health", health)
