@@ -2,7 +2,9 @@
 openai client's `client.responses` calls: a text reply, streamed events in OpenAI's order equal
 to the whole reply, a two-turn conversation through previous_response_id that resumes cached
 pages, instructions, function calls and their outputs, text.format json_schema, retrieval,
-input items, delete, named 400s and 404s, and a store that stays bounded."""
+input items, delete, named 400s and 404s, and a store that stays bounded. Without a server:
+the store's LRU, the translation to a chat request, and the stream of a reply that thought
+(the chat reply's reasoning_content, as a reasoning family writes it) and called."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ import pytest
 from test_server import ServedDemo, served
 
 from tensorfold.server.openai_api import ApiError
+from tensorfold.server.openai_replies import sse
 from tensorfold.server.responses_api import parse_responses
+from tensorfold.server.responses_replies import ResponseShape, ResponseStream, assistant_turn
 from tensorfold.server.responses_routes import _prior
 from tensorfold.server.responses_store import ResponsesStore, StoredResponse
 
@@ -301,3 +305,77 @@ def test_translation_to_a_chat_request() -> None:
     assert chat["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
     assert chat["response_format"] == {"type": "json_object"}
     assert chat["max_completion_tokens"] == 9 and chat["reasoning_effort"] == "low"
+
+
+def chat_chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    return sse({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+def test_a_reply_that_thought_and_called_streams_each_item_in_order() -> None:
+    """Chat stream chunks as a reasoning family's reply gives them (delta.reasoning_content
+    first) -> the reasoning item, the message, the call, each opened and closed in turn."""
+    shape = ResponseShape(parse_responses({"input": "hi"}, []), MODEL)
+    stream = ResponseStream(shape)
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f"}}
+    data = stream.start()
+    data += stream.feed(chat_chunk({"reasoning_content": "let me "}))
+    data += stream.feed(chat_chunk({"reasoning_content": "see"}))
+    data += stream.feed(chat_chunk({"content": "Calling."}))
+    data += stream.feed(chat_chunk({"tool_calls": [{**call, "function": {"name": "f"}}]}))
+    data += stream.feed(chat_chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}))
+    data += stream.feed(chat_chunk({}, "tool_calls"))
+    chat_usage = {
+        "prompt_tokens": 5,
+        "completion_tokens": 7,
+        "total_tokens": 12,
+        "prompt_tokens_details": {"cached_tokens": 2},
+        "completion_tokens_details": {"reasoning_tokens": 3},
+    }
+    end, response = stream.end(chat_usage)
+    events = [json.loads(b.split(b"\ndata: ")[1]) for b in (data + end).strip().split(b"\n\n")]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert [e["type"].removeprefix("response.") for e in events] == [
+        "created",
+        "in_progress",
+        "output_item.added",
+        "content_part.added",
+        "reasoning_text.delta",
+        "reasoning_text.delta",
+        "reasoning_text.done",
+        "content_part.done",
+        "output_item.done",
+        "output_item.added",
+        "content_part.added",
+        "output_text.delta",
+        "output_text.done",
+        "content_part.done",
+        "output_item.done",
+        "output_item.added",
+        "function_call_arguments.delta",
+        "function_call_arguments.done",
+        "output_item.done",
+        "completed",
+    ]
+    assert [e.get("output_index") for e in events[2:-1]] == [0] * 7 + [1] * 6 + [2] * 4
+    reasoning, message, function_call = response["output"]
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": "let me see"}]
+    assert message["content"][0]["text"] == "Calling." and function_call["arguments"] == "{}"
+    assert function_call["call_id"] == "call_1" and function_call["name"] == "f"
+    assert response["status"] == "completed" and events[-1]["response"] == response
+    assert response["usage"]["output_tokens_details"] == {"reasoning_tokens": 3}
+    assert response["usage"]["input_tokens_details"] == {"cached_tokens": 2}
+    turn = assistant_turn(response["output"])
+    assert turn["reasoning_content"] == "let me see" and turn["content"] == "Calling."
+    assert turn["tool_calls"] == [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    ]
+
+
+def test_a_whole_reply_that_thought_gives_a_reasoning_item_first() -> None:
+    shape = ResponseShape(parse_responses({"input": "hi"}, []), MODEL)
+    message = {"role": "assistant", "content": "Hello", "reasoning_content": "greet"}
+    chat = {"choices": [{"index": 0, "message": message, "finish_reason": "length"}]}
+    response = shape.whole({**chat, "usage": None})
+    assert [item["type"] for item in response["output"]] == ["reasoning", "message"]
+    assert response["status"] == "incomplete"
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"}

@@ -193,7 +193,7 @@ class _Conversation:
         self.messages.append(message)
 
     def call(self, call: dict[str, Any]) -> None:
-        if not self.calling:
+        if not self.calling or self.reasoning is not None:
             self.add({"role": "assistant", "content": None})
         self.messages[-1].setdefault("tool_calls", []).append(call)
 

@@ -156,6 +156,13 @@ class ResponseShape:
         return self.response(whole_output(choice), status, usage(chat.get("usage")))
 
 
+def _opening(kind: str) -> dict[str, Any]:
+    """A reasoning or message item as the stream opens it: in progress, no content yet."""
+    item_id = new_id("rs" if kind == "reasoning" else "msg")
+    item = (reasoning_item if kind == "reasoning" else message_item)(item_id, "", "in_progress")
+    return {**item, "content": []}
+
+
 def _chunks(data: bytes) -> list[dict[str, Any]]:
     """The JSON objects of chat stream events ("data: {...}" blocks; [DONE] skipped)."""
     out = []
@@ -245,13 +252,7 @@ class ResponseStream:
     def _text(self, kind: str, text: str) -> bytes:
         out = b""
         if self.open is None or self.open["type"] != kind:
-            item_id = new_id("rs" if kind == "reasoning" else "msg")
-            empty = reasoning_item(item_id, "", "in_progress")
-            empty["content"] = []
-            item = empty if kind == "reasoning" else message_item(item_id, "", "in_progress")
-            if kind == "message":
-                item["content"] = []
-            out += self._open(item)
+            out += self._open(_opening(kind))
         self.text.append(text)
         if kind == "reasoning":
             return out + self.event(
@@ -305,16 +306,13 @@ class ResponseStream:
         nothing), then response.completed, .incomplete or .failed; and the final response."""
         out = b""
         if self.error is None and not self.output:
-            out += self._open_empty()
+            out += self._open(_opening("message"))
         out += self._close()
         status = "failed" if self.error else _STATUS.get(self.finish or "stop", "completed")
+        if status == "cancelled":
+            self.error = {"code": "cancelled", "message": "cancelled: the server is shutting down"}
         response = self.shape.response(self.output, status, usage(chat_usage), self.error)
-        kind = {"incomplete": "response.incomplete", "failed": "response.failed"}.get(
-            status, "response.completed"
+        kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(
+            status, "response.failed"
         )
         return out + self.event(kind, response=response), response
-
-    def _open_empty(self) -> bytes:
-        item = message_item(new_id("msg"), "", "in_progress")
-        item["content"] = []
-        return self._open(item)
