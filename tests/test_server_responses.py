@@ -238,6 +238,7 @@ def test_unknown_ids_are_404(server: ServedDemo) -> None:
         create(server, previous_response_id="resp_nope")
     assert isinstance(caught.value.body, dict)
     assert caught.value.body["param"] == "previous_response_id"
+    assert caught.value.body["code"] == "previous_response_not_found"
     for call in (client.responses.retrieve, client.responses.delete):
         with pytest.raises(openai.NotFoundError):
             call("resp_nope")

@@ -38,10 +38,13 @@ def _json(body: Any, status: int = 200) -> web.Response:
 
 
 def _not_found(response_id: str, param: str | None = None) -> ApiError:
-    what = "Previous response" if param == "previous_response_id" else "Response"
-    return ApiError(
-        404, f"{what} with id {response_id!r} not found.", param=param, code="not_found"
-    )
+    """OpenAI's 404 for an unknown id (its code for a previous_response_id, which clients that
+    resend the whole conversation then look for)."""
+    if param == "previous_response_id":
+        message, code = "Previous response", "previous_response_not_found"
+    else:
+        message, code = "Response", None
+    return ApiError(404, f"{message} with id {response_id!r} not found.", param=param, code=code)
 
 
 def _prior(store: ResponsesStore, body: dict[str, Any]) -> list[dict[str, Any]]:
