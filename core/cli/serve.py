@@ -193,7 +193,12 @@ async def _serve(
         first_byte_s=settings.first_byte_timeout_s,
     )
     app = create_app(
-        served, device=device, api_key=api_key, limits=limits, allowed_origins=args.origins
+        served,
+        device=device,
+        api_key=api_key,
+        limits=limits,
+        allowed_origins=args.origins,
+        responses_store=settings.responses_store,
     )
     state = app[STATE]
     # Draining is drain()'s, bounded by --shutdown-timeout; the runner then waits only briefly.

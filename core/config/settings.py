@@ -238,6 +238,13 @@ class Settings(BaseSettings):
         description="The most messages a chat request may hold; more get 400 before the chat "
         "template runs.",
     )
+    responses_store: int = Field(
+        default=1024,
+        ge=0,
+        description="Responses /v1/responses keeps (store: true, the default) for retrieval and "
+        "for a follow-up's previous_response_id, the least recently used forgotten past it "
+        "(0: none kept, and previous_response_id is refused).",
+    )
     prepare_timeout_s: float = Field(
         default=30.0,
         gt=0,

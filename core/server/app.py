@@ -10,19 +10,16 @@ in state.py.
 from __future__ import annotations
 
 import asyncio
-import functools
-import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 from aiohttp import web
 
 from ..config.logs import get_logger
-from ..engine.choices import choice_params
-from ..engine.engine import QueueFull
-from ..engine.requests import Event, Finished, RequestRefused, TokenOut
-from . import cors, status_page
+from ..engine.requests import Event, Finished, TokenOut
+from . import cors, responses_routes, status_page
 from .api_key import bearer_matches
-from .metrics import CONTENT_TYPE, Metrics
+from .engine_run import RETRY_AFTER_S, Timing, engine_run
+from .metrics import CONTENT_TYPE
 from .openai_api import ApiError, Parsed, error_body, parse_chat, parse_completion
 from .openai_replies import Choices, dumps, sse
 from .request_limits import LIMITS, Limits, read_body
@@ -34,7 +31,6 @@ if TYPE_CHECKING:
 
 log = get_logger("tensorfold.server")
 
-RETRY_AFTER_S = "1"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -102,90 +98,21 @@ async def gate_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
-class _Timing:
-    """Time to first token and between tokens, as the client sees them."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self.metrics = metrics
-        self.last = time.monotonic()
-        self.first = True
-
-    def token(self) -> None:
-        now = time.monotonic()
-        (self.metrics.ttft if self.first else self.metrics.itl).observe(now - self.last)
-        self.last, self.first = now, False
-
-
 async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.StreamResponse:
     state = request.app[STATE]
-    timing = _Timing(state.metrics)
+    timing = Timing(state.metrics)
     # Off the loop: a big body's JSON, a long prompt's template and tokenizer would stall it.
     parsed = await prepare(request, await read_body(request), parse, state.served)
     if state.draining:  # the signal came while the body was parsed
         raise ApiError(503, "the server is shutting down", headers={"Retry-After": RETRY_AFTER_S})
-    mailbox = state.mailbox(asyncio.get_running_loop())
-    events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()  # (choice, event)
-
-    sampled = [0] * parsed.n  # each choice's tokens counted so far
-
-    def sink(i: int, event: Event) -> None:  # on the engine thread
-        # Counted here, as they come: a cancelled handler reads no more.
-        if isinstance(event, TokenOut):
-            sampled[i] += 1
-            state.metrics.generation_tokens.inc()
-        else:  # the rest of the choice's tokens (one its grammar refused is never sent)
-            state.metrics.generation_tokens.inc(max(0, event.completion_tokens - sampled[i]))
-            if i == 0:  # the request and its prompt, once
-                state.metrics.finished(
-                    parsed.kind, event.reason, event.prompt_tokens, event.cached_tokens
-                )
-        mailbox.put(events, (i, event))
-
-    try:
-        reqs = state.engine.submit_n(
-            parsed.prompt_ids,
-            choice_params(parsed.params, parsed.n),
-            [functools.partial(sink, i) for i in range(parsed.n)],
-            marks=parsed.marks,
-        )
-    except RequestRefused as exc:
-        param = parsed.max_tokens_param if exc.param == "max_tokens" else exc.param
-        code = "context_length_exceeded" if exc.param == "max_tokens" else None
-        raise ApiError(400, str(exc), param=param, code=code) from None
-    except QueueFull as exc:
-        raise ApiError(
-            503, f"the server is busy: {exc}", headers={"Retry-After": RETRY_AFTER_S}
-        ) from None
-    reply = Choices(parsed, state.served.model_name, reqs[0].params.seed, state.texts, parsed.n)
-    state.inflight += 1
-    for req in reqs:
-        state.open[id(req)] = req
-    state.idle.clear()
-    try:
+    async with engine_run(state, parsed, timing) as run:
         if parsed.stream:
-            return await _stream(request, reply, events, timing)
-        while not reply.done:
-            i, event = await events.get()
-            if i == 0 and isinstance(event, TokenOut):
-                timing.token()
-            reply[i].add(event)
-        if reply.error is not None:  # a grammar past its budget is the request's fault: 400
-            status, body = reply.error_response()
-            raise ApiError(status, body["error"]["message"], code=body["error"]["code"])
-        return json_response(reply.response())
-    finally:
-        if not reply.done:
-            for req in reqs:
-                state.engine.cancel(req)
-        for req in reqs:
-            state.open.pop(id(req), None)
-        state.inflight -= 1
-        if state.inflight == 0:
-            state.idle.set()
+            return await _stream(request, run.reply, run.events, timing)
+        return json_response((await run.whole()).response())
 
 
 async def _stream(
-    request: web.Request, reply: Choices, events: asyncio.Queue[tuple[int, Event]], timing: _Timing
+    request: web.Request, reply: Choices, events: asyncio.Queue[tuple[int, Event]], timing: Timing
 ) -> web.StreamResponse:
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -209,7 +136,7 @@ async def _events_to_stream(
     resp: web.StreamResponse,
     replies: Choices,
     events: asyncio.Queue[tuple[int, Event]],
-    timing: _Timing,
+    timing: Timing,
 ) -> None:
     if replies.chat:
         await resp.write(b"".join(sse(r.chunk("", [], 0, first=True)) for r in replies.replies))
@@ -296,6 +223,7 @@ def create_app(
     api_key: str | None = None,
     limits: Limits | None = None,
     allowed_origins: Sequence[str] = (),
+    responses_store: int = 1024,
 ) -> web.Application:
     limits = limits or Limits()
     app = web.Application(
@@ -306,6 +234,7 @@ def create_app(
     app[LIMITS] = limits
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    responses_routes.install(app, responses_store)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{name:.+}", model)
     app.router.add_get("/health", health)

@@ -102,15 +102,16 @@ def check_logit_bias(parsed: Parsed, vocab: int) -> None:
 
 
 def parse_request(
-    raw: bytes,
+    raw: bytes | dict[str, Any],
     parse: Callable[[dict[str, Any], Served], Parsed],
     served: Served,
     max_messages: int = 4096,
 ) -> Parsed:
-    """The body's bytes -> a validated request: JSON, Unicode, roles, the fields, logit_bias.
-    CPU work (JSON, the fields): the server runs it off the event loop; the prompt itself
-    (parsed.job: the chat template, the tokenizer) is made after, by a prompt worker."""
-    body = parse_json(raw)
+    """The body's bytes (or its JSON, already parsed) -> a validated request: JSON, Unicode,
+    roles, the fields, logit_bias. CPU work (JSON, the fields): the server runs it off the event
+    loop; the prompt itself (parsed.job: the chat template, the tokenizer) is made after, by a
+    prompt worker."""
+    body = raw if isinstance(raw, dict) else parse_json(raw)
     if parse is parse_chat:
         check_messages(body, max_messages)
     check_text(body)

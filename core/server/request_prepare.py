@@ -29,12 +29,12 @@ RETRY_AFTER_S = "1"
 
 async def prepare(
     request: web.Request,
-    raw: bytes,
+    raw: bytes | dict[str, Any],
     parse: Callable[[dict[str, Any], Served], Parsed],
     served: Served,
 ) -> Parsed:
-    """The request `raw` holds, parsed and with its prompt made; a 400 naming the field (or
-    the setting) when it cannot be."""
+    """The request `raw` holds (its bytes, or its JSON already parsed), parsed and with its
+    prompt made; a 400 naming the field (or the setting) when it cannot be."""
     limits = request.app[LIMITS]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limits.prepare_timeout_s
