@@ -185,8 +185,9 @@ class LLM:
         if kept:
             params = [replace(p, keep_special_ids=tuple(sorted(kept))) for p in params]
         params = self._constrained(params, response_format, request)
-        runs, thinking = [], []
-        for messages in conversations:
+        runs: list[tuple[list[int], list[int]]] = []
+        thinking: list[bool | None] = []  # None: the reply is not split (constrained)
+        for messages, p in zip(conversations, params):
             chat = render_chat(
                 template,
                 tool_history(list(messages)),
@@ -197,11 +198,12 @@ class LLM:
             )
             ids = self.tokenizer.encode(chat.text)
             runs.append((ids, marks_to_token_positions(self.tokenizer, chat.text, chat.marks)))
-            thinking += [starts_inside(reasoning, chat.text, chat.marks)] * n
+            inside = starts_inside(reasoning, chat.text, chat.marks)
+            thinking += [None if p.constraint is not None else inside] * n
         completions = self._run(runs, params, n)
         for c, opens in zip(completions, thinking):
             c.content = c.text
-            if reasoning is not None:
+            if reasoning is not None and opens is not None:
                 thought, c.content = split_reasoning(reasoning, c.text, opens)
                 c.reasoning_content = thought or None
             if request is not None:

@@ -128,7 +128,8 @@ class Reply:
             else ToolCallStream(tools.format, tools.tools, parallel=tools.parallel)
         )
         self._text_frame: tuple[bytes, bytes] | None = None  # built at the first text chunk
-        fmt = parsed.reasoning if self.chat else None
+        # a constrained reply is what its grammar allows from the first token: all content
+        fmt = parsed.reasoning if self.chat and parsed.params.constraint is None else None
         self.thinking = None if fmt is None else ReasoningStream(fmt, parsed.thinking)
         self.reasoning: list[str] = []  # the reasoning split out so far
         self.content: list[str] = []  # the text after it (tool calls not parsed yet)
@@ -196,7 +197,7 @@ class Reply:
             "total_tokens": d.prompt_tokens + d.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": d.cached_tokens},
         }
-        if self.thinking is not None:
+        if self.chat and self.parsed.reasoning is not None:
             usage["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
         return usage
 
