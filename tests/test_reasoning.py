@@ -293,6 +293,17 @@ def test_bad_reasoning_fields_are_named(body: dict[str, Any], param: str, words:
     assert words in caught.value.message
 
 
+def test_a_prior_turns_reasoning_must_be_text() -> None:
+    from tensorfold.server.openai_api import parse_chat
+
+    served = SimpleNamespace(model_name="demo")
+    turn = {"role": "assistant", "content": "4", "reasoning_content": {"steps": 2}}
+    with pytest.raises(ApiError) as caught:
+        parse_chat({"messages": [turn]}, served)  # type: ignore[arg-type]
+    assert caught.value.param == "messages"
+    assert "messages[0].reasoning_content must be a string" in caught.value.message
+
+
 def _tokenizer(template: str) -> Tokenizer:
     """Byte-level BPE over single bytes, with the markers as special tokens."""
     from tokenizers.pre_tokenizers import ByteLevel

@@ -48,6 +48,7 @@ _REAL_FIELDS = (
 )
 _GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")  # on a prior assistant turn
 # the chat template's own variables (and its globals): chat_template_kwargs may not set them
 TEMPLATE_OWN = (
     "messages",
@@ -407,6 +408,9 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
             raise bad(f"messages[{i}] must be an object with a string role", "messages")
         chat.append({**m, "content": _message_text(m.get("content"), i)})
         texts.append(chat[-1]["content"] or "")
+        for name in REASONING_FIELDS:  # a prior turn's thinking, for the template
+            if m.get(name) is not None and not isinstance(m[name], str):
+                raise bad(f"messages[{i}].{name} must be a string", "messages")
     try:
         tools = parse_tool_request(body, served.spec.name, served.tool_format)
         chat = tool_history(chat)
