@@ -126,6 +126,20 @@ def test_the_prompt_says_where_the_reply_starts() -> None:
     assert not starts_inside(THINK, text, [len("user: what is <think>?")])
 
 
+@pytest.mark.parametrize(
+    "module, start, end",
+    [
+        ("tensorfold_glm.hooks", "<think>", "</think>"),
+        ("tensorfold_lfm2_moe.hooks", "<think>", "</think>"),
+        ("tensorfold_gemma4.hooks", "<|channel>thought\n", "<channel|>"),
+    ],
+)
+def test_each_family_declares_its_markup(module: str, start: str, end: str) -> None:
+    hooks = pytest.importorskip(module).HOOKS
+    fmt = hooks.reasoning_format(config={})
+    assert (fmt.start, fmt.end) == (start, end)
+
+
 # -- replies -------------------------------------------------------------------------------------
 
 
