@@ -15,6 +15,7 @@ from .engine.requests import Event, Finished, TokenOut
 from .engine.sampling import SamplingParams
 from .engine.start import Served, open_served
 from .engine.structured import FIELDS
+from .family.reasoning import split_reasoning, starts_inside
 from .family.tool_calls import ToolCall, parse_tool_calls
 
 log = get_logger("tensorfold.llm")
@@ -36,6 +37,7 @@ class Completion:
     index: int = 0  # the choice, 0..n-1, when n choices were asked of one prompt
     content: str | None = None  # chat: the text less tool-call markup (None: only calls)
     tool_calls: list[ToolCall] = field(default_factory=list)  # chat with tools: parsed calls
+    reasoning_content: str | None = None  # chat: the thinking split out (None: it did not think)
 
 
 class _Collector:
@@ -126,6 +128,7 @@ class LLM:
         tool_choice: str | dict | None = None,
         parallel_tool_calls: bool | None = None,
         response_format: dict | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> list[Completion]:
         """Render each conversation with the checkpoint's chat template (add_generation_prompt)
         and complete it; the turns' ends are marks where the prompt store keeps states.
@@ -138,9 +141,14 @@ class LLM:
         tool_choice "required" or named is constrained where the family's format can be (the
         arguments then always parse and validate against the tool's parameters).
         response_format: as in `generate`.
+        chat_template_kwargs: more variables for the chat template (`enable_thinking`, ...),
+        as the chat API takes them; TF_REASONING's default applies where it sets none. Where
+        the family thinks, each completion's `reasoning_content` is its thinking, split out of
+        `content`.
         Raises ValueError (ToolRequestError, StructuredError) for fields the server would
         refuse."""
         from .family.chat_template import marks_to_token_positions, render_chat
+        from .server.openai_api import ApiError, template_kwargs
         from .server.tool_request import parse_tool_request, tool_history
 
         template = self.tokenizer.chat_template
@@ -160,28 +168,48 @@ class LLM:
             if isinstance(sampling, Sequence)
             else [sampling or SamplingParams()] * len(conversations)
         )
-        if request is not None:
-            keep = tuple(sorted(self.tokenizer.special_ids(request.format.markers)))
-            params = [replace(p, keep_special_ids=keep) for p in params]
+        try:
+            extra = template_kwargs(
+                {"chat_template_kwargs": chat_template_kwargs}, self.served.enable_thinking
+            )
+        except ApiError as exc:
+            raise ValueError(exc.message) from None
+        reasoning = self.served.reasoning_format
+        kept = set(self.tokenizer.special_ids(request.format.markers) if request else ())
+        if reasoning is not None:
+            kept |= self.tokenizer.special_ids(
+                t
+                for t in self.tokenizer.special_tokens()
+                if t in reasoning.start or t in reasoning.end
+            )
+        if kept:
+            params = [replace(p, keep_special_ids=tuple(sorted(kept))) for p in params]
         params = self._constrained(params, response_format, request)
-        runs = []
-        for messages in conversations:
+        runs: list[tuple[list[int], list[int]]] = []
+        thinking: list[bool | None] = []  # None: the reply is not split (constrained)
+        for messages, p in zip(conversations, params):
             chat = render_chat(
                 template,
                 tool_history(list(messages)),
                 bos_token=self.tokenizer.bos_token,
                 eos_token=self.tokenizer.eos_token,
                 tools=request.tools if request else None,
+                **(extra or {}),
             )
             ids = self.tokenizer.encode(chat.text)
             runs.append((ids, marks_to_token_positions(self.tokenizer, chat.text, chat.marks)))
+            inside = starts_inside(reasoning, chat.text, chat.marks)
+            thinking += [None if p.constraint is not None else inside] * n
         completions = self._run(runs, params, n)
-        for c in completions:
+        for c, opens in zip(completions, thinking):
             c.content = c.text
+            if reasoning is not None and opens is not None:
+                thought, c.content = split_reasoning(reasoning, c.text, opens)
+                c.reasoning_content = thought or None
             if request is not None:
                 content, c.tool_calls = parse_tool_calls(
                     request.format,
-                    c.text,
+                    c.content,
                     request.tools,
                     parallel=request.parallel,
                     cut=c.finish_reason == "length",

@@ -41,6 +41,7 @@ MODULES = [
     "tensorfold.testing",
     "tensorfold.conformance",
     "tensorfold.family.hooks",
+    "tensorfold.family.reasoning",
 ]
 
 

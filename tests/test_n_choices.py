@@ -102,6 +102,21 @@ def test_offline_choices_among_other_prompts_and_chats(llm: Any) -> None:
     assert greedy[0].token_ids == greedy[1].token_ids
 
 
+def test_offline_chat_choices_split_their_reasoning_and_take_template_kwargs(llm: Any) -> None:
+    """LLM.chat passes chat_template_kwargs to the template and splits each choice's thinking
+    (the lfm2_moe family's <think> markup) out of its content."""
+    from tensorfold.family.reasoning import split_reasoning
+
+    params = SamplingParams(temperature=1.0, seed=5, max_tokens=6)
+    chats = llm.chat([MESSAGES], params, n=2, chat_template_kwargs={"enable_thinking": False})
+    fmt = llm.served.reasoning_format
+    for c in chats:
+        thought, content = split_reasoning(fmt, c.text)
+        assert (c.reasoning_content, c.content) == (thought or None, content)
+    with pytest.raises(ValueError, match="chat_template_kwargs may not set messages"):
+        llm.chat([MESSAGES], params, chat_template_kwargs={"messages": []})
+
+
 def test_offline_choices_on_windows_with_the_prompt_store(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:

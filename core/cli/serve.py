@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tensorfold.cli.commands import add_engine_arguments, add_family_arguments
+    from tensorfold.cli.commands import _setting_help, add_engine_arguments, add_family_arguments
 
     add_family_arguments(parser)
     add_engine_arguments(parser)
@@ -63,6 +63,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         metavar="MIB",
         help="largest request body accepted, larger ones get 413 (TF_MAX_BODY_MIB, default 8)",
+    )
+    parser.add_argument(
+        "--reasoning",
+        choices=["on", "off", "auto"],
+        help=_setting_help(
+            "thinking for chat requests that do not say: the template's enable_thinking, or "
+            "auto: the template's own default",
+            "reasoning",
+        ),
     )
     parser.add_argument(
         "--shutdown-timeout",

@@ -233,6 +233,13 @@ class Settings(BaseSettings):
         "tokens they spell, for trusted callers that write turns themselves (0: they are "
         "tokenized as text, so that a user cannot end a turn or forge one).",
     )
+    reasoning: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Thinking for chat requests that do not say (--reasoning): on or off sets "
+        "the chat template's enable_thinking to true or false when a request sets neither "
+        "chat_template_kwargs.enable_thinking nor reasoning_effort none; auto passes nothing, "
+        "so the template's own default rules.",
+    )
     max_messages: PositiveInt = Field(
         default=4096,
         description="The most messages a chat request may hold; more get 400 before the chat "

@@ -64,6 +64,10 @@ class Served:
     asked: dict[str, Any] = dataclasses.field(default_factory=dict)  # plan_asked(): for /status
     # TF_SPECIAL_TOKENS_IN_CONTENT: special-token strings in chat content parsed as specials
     content_specials: bool = False
+    # the family's ReasoningFormat (reasoning_format hook); None: its replies are content alone
+    reasoning_format: Any = None
+    # TF_REASONING: the template's `enable_thinking` when a request sets none (None: auto)
+    enable_thinking: bool | None = None
 
     def start_lines(self) -> list[str]:
         """What a start says once: the memory plan and the family chosen."""
@@ -409,6 +413,7 @@ def open_served(
         raise
     name = model if model is not None else f"{spec.name}-demo"
     tool_format = rank.hooks.tool_call_format(config=rank.checkpoint.config)
+    reasoning_format = rank.hooks.reasoning_format(config=rank.checkpoint.config)
     return Served(
         spec,
         rank.checkpoint,
@@ -422,6 +427,8 @@ def open_served(
         family_note(spec, asked, pm),
         plan_asked(settings),
         content_specials=settings.special_tokens_in_content,
+        reasoning_format=reasoning_format,
+        enable_thinking={"on": True, "off": False}.get(settings.reasoning),
     )
 
 

@@ -155,7 +155,8 @@ def _plain(value: Any) -> Any:
 def _prepare(
     messages: Sequence[Any], protect: Sequence[str] = (), seen: Iterable[str] = ()
 ) -> tuple[list[dict[str, Any]], StandIns | None]:
-    """As apply_chat_template: drop None-valued keys, then alias the reasoning fields. Then the
+    """As apply_chat_template: drop None-valued keys, then alias the reasoning fields (a prior
+    turn's `reasoning_content`, `reasoning` or `thinking`, under all three names). Then the
     strings of `protect` in non-assistant content go behind stand-ins (content_specials.hide),
     returned to reveal them after the render (None where no content holds one); `seen`: the
     other text the render reads, whose private-use characters the stand-ins avoid."""
@@ -168,8 +169,8 @@ def _prepare(
             raise ChatTemplateError(f"a chat message must be a mapping, got {kind}")
         m = _plain({k: v for k, v in message.items() if v is not None})
         reasoning = next((m[k] for k in _REASONING_FIELDS if m.get(k) is not None), None)
-        if reasoning is not None:
-            m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+        if reasoning is not None:  # under each name a template reads (GLM, Gemma 4, LFM2.5)
+            m = {"thinking": reasoning, "reasoning": reasoning, **m, "reasoning_content": reasoning}
         out.append(m)
     if not protect:
         return out, None

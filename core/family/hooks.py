@@ -1,6 +1,6 @@
 """A family's per-family hook object (FamilySpec.hooks) built from what the family knows: how it
-reads a config.json, how it cuts across tensor-parallel ranks, and its tool-call format. Cheap
-to import: no torch."""
+reads a config.json, how it cuts across tensor-parallel ranks, its tool-call format and its
+thinking markup. Cheap to import: no torch."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from tensorfold.family import ShardPlan
 from tensorfold.family.hookspecs import hookimpl
+from tensorfold.family.reasoning import ReasoningFormat
 from tensorfold.family.tool_calls import ToolCallFormat
 
 
@@ -18,17 +19,19 @@ class ConfigReader(Protocol):
 
 
 class FamilyHooks:
-    """`shard_plan` and `tool_call_format` for one family: `plan(cfg, dtype, world)` on the
-    config `config.from_dict` reads, and `tool_calls`. A part left out (None) is answered by
-    the core's default."""
+    """`shard_plan`, `tool_call_format` and `reasoning_format` for one family: `plan(cfg, dtype,
+    world)` on the config `config.from_dict` reads, `tool_calls` and `reasoning`. A part left
+    out (None) is answered by the core's default."""
 
     def __init__(
         self,
         config: ConfigReader,
         plan: Callable[[Any, str, int], ShardPlan] | None = None,
         tool_calls: ToolCallFormat | None = None,
+        reasoning: ReasoningFormat | None = None,
     ) -> None:
         self.config, self.plan, self.tool_calls = config, plan, tool_calls
+        self.reasoning = reasoning
 
     @hookimpl
     def shard_plan(self, config: Mapping[str, Any], dtype: str, world: int) -> ShardPlan | None:
@@ -39,3 +42,7 @@ class FamilyHooks:
     @hookimpl
     def tool_call_format(self, config: Mapping[str, Any]) -> ToolCallFormat | None:
         return self.tool_calls
+
+    @hookimpl
+    def reasoning_format(self, config: Mapping[str, Any]) -> ReasoningFormat | None:
+        return self.reasoning

@@ -3,7 +3,7 @@
 Plugins implement them with ``@tensorfold.hookimpl``. Collection hooks (``register_families``,
 ``profile_rows``) are called on the plugin manager of all installed plugins. Per-family hooks
 (``share_pool``, ``share_attach``, ``snap_keep``, ``snap_restore``, ``shard_plan``,
-``tool_call_format``) are called on
+``tool_call_format``, ``reasoning_format``) are called on
 the chosen family's own plugin manager (``tensorfold.family.plugins.family_plugin_manager``), which
 holds the core adapters' default implementations and the family's ``FamilySpec.hooks`` object;
 the family's implementation is called first, so it overrides a default by answering.
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from tensorfold.adapters.stream_state import StreamSlots
     from tensorfold.family import FamilySpec, ShardPlan, StateLayout
     from tensorfold.family.profiles import ProfileRow
+    from tensorfold.family.reasoning import ReasoningFormat
     from tensorfold.family.tool_calls import ToolCallFormat
     from tensorfold.memory.kv_pool import Lease
 
@@ -188,6 +189,27 @@ def tool_call_format(config: Mapping[str, Any]) -> ToolCallFormat | None:
     :param config: config.json as a dict (a family whose checkpoints differ in format picks by
         it).
     :return: the family's ``ToolCallFormat``.
+
+    Stops at first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def reasoning_format(config: Mapping[str, Any]) -> ReasoningFormat | None:
+    """Describe the family's thinking markup, so the server can split a reply's reasoning out.
+
+    Called once at start, on the chosen family's plugin manager. The answer is a
+    ``tensorfold.family.reasoning.ReasoningFormat``: the markers that open and close a thinking
+    block, as the family's chat template writes them (``<think>`` / ``</think>``). The core
+    splits generated text, streamed or whole, into ``reasoning_content`` and ``content``
+    (``tensorfold.family.reasoning.ReasoningStream``): a reply starts inside thinking when its
+    rendered prompt's last start marker comes after its last end marker, and a start marker in
+    the reply opens a block too. Markers that are special tokens are kept in the decoded text.
+    No answer: the family does not think, and its replies are content alone.
+
+    :param config: config.json as a dict (a family whose checkpoints differ in markup picks by
+        it).
+    :return: the family's ``ReasoningFormat``.
 
     Stops at first non-None result.
     """

@@ -20,6 +20,7 @@ from ..engine.sampling import SamplingParams, SamplingParamsError
 from ..engine.structured import StructuredError
 from ..engine.structured import from_body as constraint_from_body
 from ..family.chat_template import ChatTemplateError
+from ..family.reasoning import ReasoningFormat
 from .prompt_work import Prompt, PromptJob, PromptTooLong, max_prompt_bytes, utf8_bytes
 from .tool_request import ToolRequest, ToolRequestError, parse_tool_request, tool_history
 
@@ -46,6 +47,23 @@ _REAL_FIELDS = (
     "repetition_penalty",
 )
 _GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")  # on a prior assistant turn
+# the chat template's own variables (and its globals): chat_template_kwargs may not set them
+TEMPLATE_OWN = (
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+    "protect",
+    "with_marks",
+    "template",
+    "raise_exception",
+    "strftime_now",
+    "namespace",
+    "dict",
+)
 
 
 class ApiError(Exception):
@@ -96,6 +114,8 @@ class Parsed:
     tools: ToolRequest | None = None  # the reply is parsed for tool calls
     job: PromptJob | None = None  # the prompt still to make (prompt_ids empty until then)
     max_tokens_set: bool = True  # False: max_tokens is the default, set by with_prompt
+    reasoning: ReasoningFormat | None = None  # chat: the reply's thinking is split out
+    thinking: bool = False  # the prompt ends inside thinking: the reply starts there
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -284,6 +304,7 @@ def with_prompt(parsed: Parsed, prompt: Prompt, served: Served) -> Parsed:
         params=params,
         job=None,
         max_tokens_set=True,
+        thinking=prompt.thinking,
     )
 
 
@@ -387,6 +408,9 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
             raise bad(f"messages[{i}] must be an object with a string role", "messages")
         chat.append({**m, "content": _message_text(m.get("content"), i)})
         texts.append(chat[-1]["content"] or "")
+        for name in REASONING_FIELDS:  # a prior turn's thinking, for the template
+            if m.get(name) is not None and not isinstance(m[name], str):
+                raise bad(f"messages[{i}].{name} must be a string", "messages")
     try:
         tools = parse_tool_request(body, served.spec.name, served.tool_format)
         chat = tool_history(chat)
@@ -399,12 +423,15 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
     if tok.chat_template is None:
         raise bad("the model has no chat template; use /v1/completions", "messages")
     # rendered and tokenized by a prompt worker (prompt_work.make_prompt)
+    reasoning: ReasoningFormat | None = served.reasoning_format
     job = PromptJob(
         served.window,
         _byte_limit(texts, served, "messages"),
         chat,
         tools.tools if tools else None,
         protect=() if served.content_specials else tok.special_tokens(),
+        template_kwargs=template_kwargs(body, served.enable_thinking),
+        reasoning=reasoning,
     )
     params, max_param = _sampling(
         body,
@@ -414,8 +441,14 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
         top,
     )
     token_ids = bool(_get(body, "return_tokens_as_token_ids", "bool"))
-    if tools is not None:  # markers that are special tokens must reach the parser
-        keep = tok.special_ids(tools.format.markers)
+    keep: frozenset[int] = frozenset()  # markers that are special tokens must reach the parsers
+    if tools is not None:
+        keep |= tok.special_ids(tools.format.markers)
+    if reasoning is not None:
+        keep |= tok.special_ids(
+            t for t in tok.special_tokens() if t in reasoning.start or t in reasoning.end
+        )
+    if keep:
         params = replace(params, keep_special_ids=tuple(sorted(keep)))
     params = _constrained(body, served, params, tools)
     return Parsed(
@@ -431,4 +464,32 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
         tools,
         job,
         max_tokens_set=body.get(max_param) is not None,
+        reasoning=reasoning,
     )
+
+
+def template_kwargs(body: dict[str, Any], enable_thinking: bool | None) -> dict[str, Any] | None:
+    """The chat template's extra variables: `chat_template_kwargs` as sent, `reasoning_effort`
+    (whose "none" turns thinking off), and the server's `enable_thinking` (TF_REASONING) where
+    the request sets neither; None when there are none."""
+    extra = dict(_get(body, "chat_template_kwargs", "object") or {})
+    if own := sorted(set(extra) & set(TEMPLATE_OWN)):
+        raise bad(
+            f"chat_template_kwargs may not set {', '.join(own)}: the server sets the template's "
+            "own variables (send messages and tools as fields of the request)",
+            "chat_template_kwargs",
+        )
+    effort = _get(body, "reasoning_effort", "str")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise bad(
+            f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got "
+            f"{json.dumps(effort)[:80]}",
+            "reasoning_effort",
+        )
+    if effort is not None:
+        extra.setdefault("reasoning_effort", effort)
+        if effort == "none":
+            extra.setdefault("enable_thinking", False)
+    if enable_thinking is not None:
+        extra.setdefault("enable_thinking", enable_thinking)
+    return extra or None

@@ -1,5 +1,8 @@
 """OpenAI's response shapes: the engine's events in, OpenAI's responses and stream chunks out
-(server-sent events), with token texts and logprobs as OpenAI reports them."""
+(server-sent events), with token texts and logprobs as OpenAI reports them. A chat reply of a
+family that thinks has its reasoning split out (`reasoning_content`, streamed before the
+content) and counted (`completion_tokens_details.reasoning_tokens`); tool calls are parsed in
+the content that follows it."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.requests import Event, Finished, TokenOut
 from ..engine.structured import STOPPED
+from ..family.reasoning import ReasoningStream, Thought
 from ..family.tool_calls import Piece, ToolCallStream, parse_tool_calls
 from .openai_api import Parsed, error_body
 
@@ -124,9 +128,25 @@ class Reply:
             else ToolCallStream(tools.format, tools.tools, parallel=tools.parallel)
         )
         self._text_frame: tuple[bytes, bytes] | None = None  # built at the first text chunk
+        # a constrained reply is what its grammar allows from the first token: all content
+        fmt = parsed.reasoning if self.chat and parsed.params.constraint is None else None
+        self.thinking = None if fmt is None else ReasoningStream(fmt, parsed.thinking)
+        self.reasoning: list[str] = []  # the reasoning split out so far
+        self.content: list[str] = []  # the text after it (tool calls not parsed yet)
+        self.reasoning_tokens = 0  # tokens sampled while thinking, markers included
+        self._split = Thought()  # split out but not streamed yet
 
     def add(self, event: Event) -> None:
         self.text.append(event.text)
+        if self.thinking is not None:
+            thought = self.thinking.feed(event.text)
+            if isinstance(event, Finished):
+                thought.extend(self.thinking.finish())
+            elif thought.thinking:
+                self.reasoning_tokens += 1
+            self.reasoning.append(thought.reasoning)
+            self.content.append(thought.content)
+            self._split.extend(thought)
         if isinstance(event, Finished):
             self.done = event
         elif self.parsed.params.logprobs:
@@ -171,12 +191,15 @@ class Reply:
     def usage(self) -> dict[str, Any] | None:
         if (d := self.done) is None:
             return None
-        return {
+        usage: dict[str, Any] = {
             "prompt_tokens": d.prompt_tokens,
             "completion_tokens": d.completion_tokens,
             "total_tokens": d.prompt_tokens + d.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": d.cached_tokens},
         }
+        if self.chat and self.parsed.reasoning is not None:
+            usage["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+        return usage
 
     def envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
         kind = "chat.completion" if self.chat else "text_completion"
@@ -197,6 +220,9 @@ class Reply:
             "logprobs": self._logprobs(self.entries, 0),
         }
         if self.chat:
+            reasoning = "".join(self.reasoning)
+            if self.thinking is not None:  # tool calls are parsed in the text after thinking
+                text = "".join(self.content)
             choice["message"] = {"role": "assistant", "content": text}
             if (tools := self.parsed.tools) is not None:
                 content, calls = parse_tool_calls(
@@ -209,6 +235,8 @@ class Reply:
                 if calls:
                     choice["message"]["tool_calls"] = [call.message() for call in calls]
                     choice["finish_reason"] = self._tool_finish(calls)
+            if reasoning:
+                choice["message"]["reasoning_content"] = reasoning
         else:
             choice["text"] = text
         return choice
@@ -254,13 +282,33 @@ class Reply:
         return "tool_calls" if calls and reason == "stop" else reason
 
     def sse_chunks(self, text: str, events: list[TokenOut], offset: int) -> bytes:
-        """The stream's events for newly released text: one chunk, or with tools parsed, the
+        """The stream's events for newly released text (already `add`ed): one chunk, or with
+        reasoning split out, its reasoning in a chunk of its own first; with tools parsed, the
         content that is surely not markup, then each tool-call delta in a chunk of its own."""
+        if self.thinking is not None:
+            return self._thought_chunks(events)
         if self.tool_stream is None:
             if not events and text:
                 return self.text_sse(text)
             return sse(self.chunk(text, events, offset))
         return self._tool_chunks(self.tool_stream.feed(text), events)
+
+    def _thought_chunks(self, events: list[TokenOut]) -> bytes:
+        """What the reasoning stream has split out since the last call: a `reasoning_content`
+        delta (with the tokens' logprobs), then the content as sse_chunks sends it."""
+        thought, self._split = self._split, Thought()
+        out = b""
+        if thought.reasoning:
+            body = self.chunk("", events, 0)
+            body["choices"][0]["delta"] = {"reasoning_content": thought.reasoning}
+            out, events = sse(body), []
+        if self.tool_stream is not None:
+            return out + self._tool_chunks(self.tool_stream.feed(thought.content), events)
+        if thought.content and not events:
+            return out + self.text_sse(thought.content)
+        if thought.content or events:
+            out += sse(self.chunk(thought.content, events, 0))
+        return out
 
     def text_sse(self, text: str) -> bytes:
         """sse(self.chunk(text, [], 0)) for non-empty text, byte for byte, without building and
@@ -291,10 +339,11 @@ class Reply:
         assert self.done is not None
         if self.done.reason == "error":
             return sse(_error_event(self.done.error or "error"))
+        out = self._thought_chunks([]) if self.thinking is not None else b""
         if self.tool_stream is not None:
-            out = self._tool_chunks(self.tool_stream.finish(self._cut), [])
+            out += self._tool_chunks(self.tool_stream.finish(self._cut), [])
             return out + sse(self.chunk("", [], 0, self._tool_finish(self.tool_stream.calls)))
-        return sse(self.chunk("", [], 0, self.finish_reason))
+        return out + sse(self.chunk("", [], 0, self.finish_reason))
 
 
 class Choices:
@@ -346,6 +395,9 @@ class Choices:
         for r in self.replies:
             assert r.done is not None  # self.done: every reply has finished
             completion += r.done.completion_tokens
+        if "completion_tokens_details" in first:
+            thought = sum(r.reasoning_tokens for r in self.replies)
+            first["completion_tokens_details"] = {"reasoning_tokens": thought}
         return {
             **first,
             "completion_tokens": completion,

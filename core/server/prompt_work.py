@@ -8,11 +8,12 @@ count, and a rendered chat of more bytes than the window's worst case is not tok
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
 from ..family.chat_template import render_chat
+from ..family.reasoning import ReasoningFormat, starts_inside
 from ..family.tokenizer import Tokenizer
 
 
@@ -38,6 +39,9 @@ class PromptJob:
     tools: list[Any] | None = None  # the chat template's `tools`
     text: str | None = None  # a completion's prompt, encoded with the special tokens
     protect: tuple[str, ...] = ()  # render_chat's: special-token strings content keeps literal
+    template_kwargs: dict[str, Any] | None = None  # more variables for the chat template
+    reasoning: ReasoningFormat | None = None  # the family's thinking markup, looked for in the
+    # generation prompt (Prompt.thinking)
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Prompt:
     tokens: int  # the prompt's length in tokens
     ids: list[int]  # empty when tokens >= the window: it cannot be served
     marks: tuple[int, ...] = ()  # token positions where a chat's turns end
+    thinking: bool = False  # the prompt ends inside a thinking block (ReasoningFormat.opens_in)
 
 
 @lru_cache(maxsize=4)
@@ -76,10 +81,12 @@ def make_prompt(tok: Tokenizer, job: PromptJob) -> Prompt:
         eos_token=tok.eos_token,
         tools=job.tools,
         protect=job.protect,
+        **(job.template_kwargs or {}),
     )
     _check_size(rendered.text, job.max_bytes)
     ids, marks = tok.encode_chat(rendered)
-    return _bounded(ids, tuple(marks), job.window)
+    thinking = starts_inside(job.reasoning, rendered.text, rendered.marks)
+    return replace(_bounded(ids, tuple(marks), job.window), thinking=thinking)
 
 
 def _check_size(text: str, limit: int) -> None:

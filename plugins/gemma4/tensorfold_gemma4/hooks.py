@@ -1,10 +1,14 @@
-"""gemma4's per-family hook object (FamilySpec.hooks): tensor parallel (shards.py) and its
-tool-call format (tool_calls.py). Cheap to import: no torch."""
+"""gemma4's per-family hook object (FamilySpec.hooks): tensor parallel (shards.py), its
+tool-call format (tool_calls.py) and its
+thinking channel (`<|channel>thought\\n` ... `<channel|>`).
+Cheap to import: no torch."""
 
 from tensorfold.family.hooks import FamilyHooks
+from tensorfold.family.reasoning import ReasoningFormat
 
 from .config import Gemma4Config
 from .shards import plan
 from .tool_calls import FORMAT
 
-HOOKS = FamilyHooks(Gemma4Config, plan, FORMAT)
+REASONING = ReasoningFormat("gemma4", "<|channel>thought\n", "<channel|>")
+HOOKS = FamilyHooks(Gemma4Config, plan, FORMAT, REASONING)
