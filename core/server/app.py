@@ -20,8 +20,8 @@ from ..config.logs import get_logger
 from ..engine.choices import choice_params
 from ..engine.engine import QueueFull
 from ..engine.requests import Event, Finished, RequestRefused, TokenOut
-from . import cors, status_page
-from .api_key import bearer_matches
+from . import cors, openapi, status_page, tokenize_routes
+from .api_key import bearer_matches, needs_key
 from .metrics import CONTENT_TYPE, Metrics
 from .openai_api import ApiError, Parsed, error_body, parse_chat, parse_completion
 from .openai_replies import Choices, dumps, sse
@@ -86,7 +86,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 @web.middleware
 async def gate_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     state = request.app[STATE]
-    if request.path.startswith("/v1/"):
+    if needs_key(request.path):
         if state.api_key is not None:
             if not bearer_matches(request.headers.get("Authorization", ""), state.api_key):
                 raise ApiError(
@@ -310,5 +310,7 @@ def create_app(
     app.router.add_get("/v1/models/{name:.+}", model)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    tokenize_routes.install(app, served)
     status_page.install(app, app[STATE])
+    openapi.install(app)
     return app
