@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from openapi_spec_validator import validate
 from structlog.testing import capture_logs
 
+from tensorfold.cli.commands import build_parser, settings_from_args
 from tensorfold.config.settings import Settings
 from tensorfold.engine.start import Served, open_served
 from tensorfold.server import api_fields
@@ -252,3 +253,40 @@ def test_bad_tokenize_bodies_name_the_field(
 ) -> None:
     status, out, _ = call(create_app(served), "POST", path, body)
     assert status in (400, 404) and out["error"]["param"] == param, out
+
+
+# --- the access log ---
+
+
+def test_the_access_log_has_a_line_a_request(served: Served) -> None:
+    body = {"prompt": "The little", "max_tokens": 2, "temperature": 0}
+    status, _, lines = call(create_app(served), "POST", "/v1/completions", body)
+    assert status == 200 and len(lines) == 1
+    line = lines[0]
+    assert line["log_level"] == "info" and line["event"] == "POST /v1/completions 200"
+    assert (line["method"], line["route"], line["status"]) == ("POST", "/v1/completions", 200)
+    assert line["prompt_tokens"] > 0 and line["completion_tokens"] == 2
+    assert line["cached_tokens"] >= 0 and line["ttft_s"] >= 0 and line["duration_s"] >= 0
+    status, _, lines = call(create_app(served), "POST", "/v1/completions", {"prompt": ""})
+    assert status == 400 and [(x["status"], x["route"]) for x in lines] == [
+        (400, "/v1/completions")
+    ]
+    status, _, lines = call(create_app(served), "GET", "/v1/models/nope")
+    assert status == 404 and lines[0]["route"] == "/v1/models/{name}"
+
+
+def test_probes_are_quiet_and_the_flag_turns_the_log_off(served: Served) -> None:
+    for path in ("/health", "/metrics"):
+        status, _, lines = call(create_app(served), "GET", path)
+        assert status == 200 and lines == []
+    quiet = create_app(served, access_log=False)
+    status, _, lines = call(quiet, "POST", "/tokenize", {"prompt": "hi"})
+    assert status == 200 and lines == []
+
+
+def test_no_access_log_flag_and_setting(tf_env: pytest.MonkeyPatch) -> None:
+    args = build_parser().parse_args(["serve", "--no-access-log"])
+    assert settings_from_args(args).access_log is False
+    assert settings_from_args(build_parser().parse_args(["serve"])).access_log is True
+    tf_env.setenv("TF_ACCESS_LOG", "0")
+    assert Settings().access_log is False

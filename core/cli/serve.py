@@ -65,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="largest request body accepted, larger ones get 413 (TF_MAX_BODY_MIB, default 8)",
     )
     parser.add_argument(
+        "--no-access-log",
+        dest="access_log",
+        action="store_false",
+        default=None,
+        help="log no line per request (TF_ACCESS_LOG=0; default: one info line each)",
+    )
+    parser.add_argument(
         "--shutdown-timeout",
         type=float,
         default=60.0,
@@ -193,7 +200,12 @@ async def _serve(
         first_byte_s=settings.first_byte_timeout_s,
     )
     app = create_app(
-        served, device=device, api_key=api_key, limits=limits, allowed_origins=args.origins
+        served,
+        device=device,
+        api_key=api_key,
+        limits=limits,
+        allowed_origins=args.origins,
+        access_log=settings.access_log,
     )
     state = app[STATE]
     # Draining is drain()'s, bounded by --shutdown-timeout; the runner then waits only briefly.

@@ -233,6 +233,12 @@ class Settings(BaseSettings):
         "tokens they spell, for trusted callers that write turns themselves (0: they are "
         "tokenized as text, so that a user cannot end a turn or forge one).",
     )
+    access_log: bool = Field(
+        default=True,
+        description="`serve` logs one info line a request, at its end: method, route, status, "
+        "prompt, completion and cached tokens, time to first token, duration (--no-access-log "
+        "or 0: none; GET /health and GET /metrics only when they fail).",
+    )
     max_messages: PositiveInt = Field(
         default=4096,
         description="The most messages a chat request may hold; more get 400 before the chat "

@@ -21,6 +21,8 @@ from ..engine.choices import choice_params
 from ..engine.engine import QueueFull
 from ..engine.requests import Event, Finished, RequestRefused, TokenOut
 from . import cors, openapi, status_page, tokenize_routes
+from .access_log import AccessNote, access_note
+from .access_log import install as install_access_log
 from .api_key import bearer_matches, needs_key
 from .metrics import CONTENT_TYPE, Metrics
 from .openai_api import ApiError, Parsed, error_body, parse_chat, parse_completion
@@ -105,20 +107,24 @@ async def gate_middleware(request: web.Request, handler: Handler) -> web.StreamR
 class _Timing:
     """Time to first token and between tokens, as the client sees them."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, note: AccessNote) -> None:
         self.metrics = metrics
+        self.note = note
         self.last = time.monotonic()
         self.first = True
 
     def token(self) -> None:
         now = time.monotonic()
         (self.metrics.ttft if self.first else self.metrics.itl).observe(now - self.last)
+        if self.first:
+            self.note.first_token_at = now
         self.last, self.first = now, False
 
 
 async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.StreamResponse:
     state = request.app[STATE]
-    timing = _Timing(state.metrics)
+    note = access_note(request)
+    timing = _Timing(state.metrics, note)
     # Off the loop: a big body's JSON, a long prompt's template and tokenizer would stall it.
     parsed = await prepare(request, await read_body(request), parse, state.served)
     if state.draining:  # the signal came while the body was parsed
@@ -174,6 +180,7 @@ async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.S
             raise ApiError(status, body["error"]["message"], code=body["error"]["code"])
         return json_response(reply.response())
     finally:
+        _note_tokens(note, reply)
         if not reply.done:
             for req in reqs:
                 state.engine.cancel(req)
@@ -182,6 +189,14 @@ async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.S
         state.inflight -= 1
         if state.inflight == 0:
             state.idle.set()
+
+
+def _note_tokens(note: AccessNote, reply: Choices) -> None:
+    """The request's tokens, for the access log: the prompt once, every choice's completion."""
+    ends = [r.done for r in reply.replies if r.done is not None]
+    note.completion_tokens = sum(end.completion_tokens for end in ends)
+    if ends:
+        note.prompt_tokens, note.cached_tokens = ends[0].prompt_tokens, ends[0].cached_tokens
 
 
 async def _stream(
@@ -296,12 +311,15 @@ def create_app(
     api_key: str | None = None,
     limits: Limits | None = None,
     allowed_origins: Sequence[str] = (),
+    access_log: bool = True,
 ) -> web.Application:
     limits = limits or Limits()
     app = web.Application(
         middlewares=[errors_middleware, gate_middleware], client_max_size=limits.max_body
     )
     cors.install(app, allowed_origins)  # its preflight answers before the key check
+    if access_log:
+        install_access_log(app)
     app[STATE] = State(served, device, api_key)
     app[LIMITS] = limits
     app.router.add_post("/v1/completions", completions)
