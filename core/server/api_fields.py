@@ -410,6 +410,13 @@ FIELDS: tuple[ApiField, ...] = (
         default=True,
     ),
     F(
+        "continue_final_message",
+        "bool",
+        (TOKENIZE,),
+        "vLLM's: leave the last message open. Not supported: only false.",
+        enum=(False,),
+    ),
+    F(
         "return_token_strs",
         "bool",
         (TOKENIZE,),

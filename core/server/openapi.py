@@ -316,7 +316,7 @@ def docs_page(document: dict[str, Any]) -> str:
                 star = " (required)" if name in schema.get("required", ()) else ""
                 out.append(
                     f"<tr><td><code>{html.escape(name)}</code>{star}</td>"
-                    f"<td><code>{html.escape(json.dumps(shape))[:200]}</code></td>"
+                    f"<td><code>{html.escape(json.dumps(shape)[:200])}</code></td>"
                     f"<td>{html.escape(prop['description'])}</td></tr>"
                 )
             out.append("</table>")

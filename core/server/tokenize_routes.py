@@ -58,6 +58,11 @@ def parse_tokenize(body: dict[str, Any], served: Served) -> TokenizeAsk:
     strs = bool(_get(body, "return_token_strs", "bool"))
     special = _get(body, "add_special_tokens", "bool")
     generation = _get(body, "add_generation_prompt", "bool")
+    if _get(body, "continue_final_message", "bool"):
+        raise bad(
+            "continue_final_message is not supported: send false, or leave it out",
+            "continue_final_message",
+        )
     if prompt is not None:
         if not prompt:
             raise bad("prompt must not be empty", "prompt")
