@@ -268,7 +268,11 @@ def test_the_access_log_has_a_line_a_request(served: Served) -> None:
     assert line["log_level"] == "info" and line["event"] == "POST /v1/completions 200"
     assert (line["method"], line["route"], line["status"]) == ("POST", "/v1/completions", 200)
     assert line["prompt_tokens"] > 0 and line["completion_tokens"] == 2
-    assert line["cached_tokens"] >= 0 and line["ttft_s"] >= 0 and line["duration_s"] >= 0
+    assert line["cached_tokens"] >= 0 and {"ttft_s", "duration_s"} <= set(line)
+    streamed = {**body, "stream": True}
+    status, events, lines = call(create_app(served), "POST", "/v1/completions", streamed)
+    assert status == 200 and events.endswith("data: [DONE]\n\n") and len(lines) == 1
+    assert lines[0]["completion_tokens"] == 2 and "ttft_s" in lines[0]
     status, _, lines = call(create_app(served), "POST", "/v1/completions", {"prompt": ""})
     assert status == 400 and [(x["status"], x["route"]) for x in lines] == [
         (400, "/v1/completions")
