@@ -100,6 +100,20 @@ def test_progress_bar_only_on_a_terminal_else_log_lines(
     assert "loading weights: 100%" in err and "2/2 tensors" in err and err.endswith("\n")
 
 
+def test_a_load_that_leaves_unused_tensors_is_not_stopped(single: Path) -> None:
+    """A family that reads only the tensors it uses (GLM's demo leaves its vision tower) ends
+    with a line that says so, not "(stopped)"; a load that fails part way says "(stopped)"."""
+    ckpt = Checkpoint.open(single)
+    with capture_logs() as logs, ckpt.loading():
+        ckpt.load("a")
+    last = [e["event"] for e in logs if e["event"].startswith("loading weights")][-1]
+    assert "stopped" not in last and "1 the model does not use were not read" in last
+    with capture_logs() as logs, pytest.raises(RuntimeError), ckpt.loading():
+        ckpt.load("a")
+        raise RuntimeError("a load that fails")
+    assert [e["event"] for e in logs][-1].endswith("(stopped)")
+
+
 def test_progress_follows_isatty(single: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     class Tty:
         def __init__(self) -> None:

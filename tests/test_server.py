@@ -340,7 +340,11 @@ def test_start_lines_once_and_no_idle_census_at_info(server: ServedDemo) -> None
     server.wait_even()
     assert [p for p in server.printed if p.startswith("kv plan")] != []
     assert len(server.printed) == 2, server.printed
-    assert server.printed[1].startswith("serving lfm2_moe-demo (family lfm2_moe) at http://")
+    assert re.fullmatch(
+        r"serving lfm2_moe-demo \(family lfm2_moe\): status page (http://\S+)/status, "
+        r"API at \1/v1",
+        server.printed[1],
+    ), server.printed[1]
     logs = server.logs()
     assert "kv plan" not in logs and "serving" not in logs.replace("serving the demo", "")
     assert "kv pool idle" not in logs

@@ -74,6 +74,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     parser.add_argument(
+        "--no-access-log",
+        dest="access_log",
+        action="store_false",
+        default=None,
+        help="log no line per request (TF_ACCESS_LOG=0; default: one info line each)",
+    )
+    parser.add_argument(
         "--shutdown-timeout",
         type=float,
         default=60.0,
@@ -165,8 +172,17 @@ def listen(host: str, port: int) -> socket.socket:
         raise CommandError(f"cannot listen on {host}:{port}: {why}{hint}") from None
 
 
-def _url(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}/v1" if ":" in host else f"http://{host}:{port}/v1"
+def _url(host: str, port: int, path: str = "/v1") -> str:
+    return f"http://[{host}]:{port}{path}" if ":" in host else f"http://{host}:{port}{path}"
+
+
+def start_line(served: Served, host: str, port: int) -> str:
+    """What `serve` prints once it listens: the model, its status page, and (last, where
+    scripts read it) the API's address."""
+    return (
+        f"serving {served.model_name} ({served.family_note}): status page "
+        f"{_url(host, port, '/status')}, API at {_url(host, port)}"
+    )
 
 
 async def _serve(
@@ -208,6 +224,7 @@ async def _serve(
         limits=limits,
         allowed_origins=args.origins,
         responses_store=settings.responses_store,
+        access_log=settings.access_log,
     )
     state = app[STATE]
     # Draining is drain()'s, bounded by --shutdown-timeout; the runner then waits only briefly.
@@ -222,7 +239,7 @@ async def _serve(
     host, port = listening.sockets[0].getsockname()[:2]
     # The start lines, once, on stdout (not as log lines too).
     print(served.plan.startup_line(), flush=True)
-    print(f"serving {served.model_name} ({served.family_note}) at {_url(host, port)}", flush=True)
+    print(start_line(served, host, port), flush=True)
     if (warning := exposure_warning(args.host, api_key)) is not None:
         log.warning(warning)
     signals = asyncio.Queue[int]()

@@ -86,10 +86,14 @@ class Progress:
             line = f"{self.what}: {self.done}/{self.total} {self.unit}".rstrip()
         return f"{line}, {self.status}" if self.status else line
 
-    def close(self) -> None:
+    def close(self, finished: bool = False) -> None:
+        """finished: the work is done though less than `total` was needed (the rest was left
+        on purpose), so the end is not said as stopped."""
         if self._closed:
             return
         self._closed = True
+        if finished:
+            self.total = self.done
         if self._bar is not None:
             self._bar.close()
         else:

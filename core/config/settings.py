@@ -240,6 +240,12 @@ class Settings(BaseSettings):
         "chat_template_kwargs.enable_thinking nor reasoning_effort none; auto passes nothing, "
         "so the template's own default rules.",
     )
+    access_log: bool = Field(
+        default=True,
+        description="`serve` logs one info line a request, at its end: method, route, status, "
+        "prompt, completion and cached tokens, time to first token, duration (--no-access-log "
+        "or 0: none; GET /health and GET /metrics only when they fail).",
+    )
     max_messages: PositiveInt = Field(
         default=4096,
         description="The most messages a chat request may hold; more get 400 before the chat "

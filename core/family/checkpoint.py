@@ -315,12 +315,20 @@ class Checkpoint:
         else:
             tensors, nbytes = len(names), sum(self.info(n).nbytes for n in names)
         bar = Progress("loading weights", nbytes, "B", show=progress)
-        self._progress = [bar, 0, tensors]
+        counts: list[Any] = [bar, 0, tensors]
+        self._progress = counts
         try:
             yield
+        except BaseException:
+            bar.close()  # "(stopped)": the load failed part way
+            raise
+        else:
+            read = counts[1]
+            if read < tensors:  # tensors the family does not use (a vision tower, an MTP layer)
+                bar.note(f"{read} tensors; {tensors - read} the model does not use were not read")
+            bar.close(finished=True)
         finally:
             self._progress = None
-            bar.close()
 
     def load_many(
         self,

@@ -14,6 +14,12 @@ from pathlib import Path
 from ..config.settings import SettingsError
 
 LOOPBACK_NAMES = ("localhost", "ip6-localhost")
+KEYED_PATHS = ("/tokenize", "/detokenize")  # beside /v1/: they run the tokenizer's workers
+
+
+def needs_key(path: str) -> bool:
+    """Whether a request to `path` needs the key (when the server has one)."""
+    return path.startswith("/v1/") or path in KEYED_PATHS
 
 
 def resolve_api_key(flag: str | None, file: str | None, setting: str | None) -> str | None:

@@ -16,8 +16,10 @@ from aiohttp import web
 
 from ..config.logs import get_logger
 from ..engine.requests import Event, Finished, TokenOut
-from . import cors, responses_routes, status_page
-from .api_key import bearer_matches
+from . import cors, openapi, responses_routes, status_page, tokenize_routes
+from .access_log import access_note
+from .access_log import install as install_access_log
+from .api_key import bearer_matches, needs_key
 from .engine_run import RETRY_AFTER_S, Timing, engine_run
 from .metrics import CONTENT_TYPE
 from .openai_api import ApiError, Parsed, error_body, parse_chat, parse_completion
@@ -82,7 +84,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 @web.middleware
 async def gate_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     state = request.app[STATE]
-    if request.path.startswith("/v1/"):
+    if needs_key(request.path):
         if state.api_key is not None:
             if not bearer_matches(request.headers.get("Authorization", ""), state.api_key):
                 raise ApiError(
@@ -100,7 +102,7 @@ async def gate_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 async def _generate(request: web.Request, parse: Callable[..., Parsed]) -> web.StreamResponse:
     state = request.app[STATE]
-    timing = Timing(state.metrics)
+    timing = Timing(state.metrics, access_note(request))
     # Off the loop: a big body's JSON, a long prompt's template and tokenizer would stall it.
     parsed = await prepare(request, await read_body(request), parse, state.served)
     if state.draining:  # the signal came while the body was parsed
@@ -224,12 +226,15 @@ def create_app(
     limits: Limits | None = None,
     allowed_origins: Sequence[str] = (),
     responses_store: int = 1024,
+    access_log: bool = True,
 ) -> web.Application:
     limits = limits or Limits()
     app = web.Application(
         middlewares=[errors_middleware, gate_middleware], client_max_size=limits.max_body
     )
     cors.install(app, allowed_origins)  # its preflight answers before the key check
+    if access_log:
+        install_access_log(app)
     app[STATE] = State(served, device, api_key)
     app[LIMITS] = limits
     app.router.add_post("/v1/completions", completions)
@@ -239,5 +244,7 @@ def create_app(
     app.router.add_get("/v1/models/{name:.+}", model)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    tokenize_routes.install(app, served)
     status_page.install(app, app[STATE])
+    openapi.install(app)
     return app

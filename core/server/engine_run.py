@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ..engine.choices import choice_params
 from ..engine.engine import QueueFull
 from ..engine.requests import Event, RequestRefused, TokenOut
+from .access_log import AccessNote
 from .metrics import Metrics
 from .openai_api import ApiError, Parsed
 from .openai_replies import Choices
@@ -26,14 +27,17 @@ RETRY_AFTER_S = "1"
 class Timing:
     """Time to first token and between tokens, as the client sees them."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, note: AccessNote) -> None:
         self.metrics = metrics
+        self.note = note  # the access log's: the first token's time, the tokens at the end
         self.last = time.monotonic()
         self.first = True
 
     def token(self) -> None:
         now = time.monotonic()
         (self.metrics.ttft if self.first else self.metrics.itl).observe(now - self.last)
+        if self.first:
+            self.note.first_token_at = now
         self.last, self.first = now, False
 
 
@@ -105,6 +109,7 @@ async def engine_run(state: State, parsed: Parsed, timing: Timing) -> AsyncItera
     try:
         yield EngineRun(reply, events, timing)
     finally:
+        _note_tokens(timing.note, reply)
         if not reply.done:
             for req in reqs:
                 state.engine.cancel(req)
@@ -113,3 +118,11 @@ async def engine_run(state: State, parsed: Parsed, timing: Timing) -> AsyncItera
         state.inflight -= 1
         if state.inflight == 0:
             state.idle.set()
+
+
+def _note_tokens(note: AccessNote, reply: Choices) -> None:
+    """The request's tokens, for the access log: the prompt once, every choice's completion."""
+    ends = [r.done for r in reply.replies if r.done is not None]
+    note.completion_tokens = sum(end.completion_tokens for end in ends)
+    if ends:
+        note.prompt_tokens, note.cached_tokens = ends[0].prompt_tokens, ends[0].cached_tokens

@@ -21,6 +21,7 @@ from ..engine.structured import StructuredError
 from ..engine.structured import from_body as constraint_from_body
 from ..family.chat_template import ChatTemplateError
 from ..family.reasoning import ReasoningFormat
+from .api_fields import field_kind
 from .prompt_work import Prompt, PromptJob, PromptTooLong, max_prompt_bytes, utf8_bytes
 from .tool_request import ToolRequest, ToolRequestError, parse_tool_request, tool_history
 
@@ -139,13 +140,16 @@ _KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "str": (lambda v: isinstance(v, str), "a string"),
     "list": (lambda v: isinstance(v, list), "an array"),
     "object": (lambda v: isinstance(v, dict), "an object"),
+    "any": (lambda v: True, "any value"),  # its parser checks it
 }
 
 
-def _get(body: dict[str, Any], name: str, kind: str) -> Any:
-    """The field, or None when absent or null; a wrong type is a 400 naming the field."""
+def _get(body: dict[str, Any], name: str, kind: str | None = None) -> Any:
+    """The field, or None when absent or null; a wrong type is a 400 naming the field. The kind
+    is the field's row in api_fields.FIELDS (`kind`, when given, must be one of its rows'); a
+    name without a row raises UnknownField."""
     value = body.get(name)
-    ok, words = _KINDS[kind]
+    ok, words = _KINDS[field_kind(name, kind)]
     if value is not None and not ok(value):
         raise bad(f"{name} must be {words}, got {json.dumps(value)[:80]}", name)
     return value

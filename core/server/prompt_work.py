@@ -42,6 +42,8 @@ class PromptJob:
     template_kwargs: dict[str, Any] | None = None  # more variables for the chat template
     reasoning: ReasoningFormat | None = None  # the family's thinking markup, looked for in the
     # generation prompt (Prompt.thinking)
+    add_generation_prompt: bool = True  # a chat ends with the reply's opening (/tokenize: may not)
+    add_special_tokens: bool = True  # a text gets the tokenizer's specials (/tokenize: may not)
 
 
 @dataclass(frozen=True)
@@ -71,12 +73,12 @@ def make_prompt(tok: Tokenizer, job: PromptJob) -> Prompt:
     """The whole step, as a worker runs it: render, check the size, tokenize, place the marks."""
     if job.text is not None:
         _check_size(job.text, job.max_bytes)
-        return _bounded(tok.encode(job.text, add_special_tokens=True), (), job.window)
+        return _bounded(tok.encode(job.text, job.add_special_tokens), (), job.window)
     assert tok.chat_template is not None and job.chat is not None
     rendered = render_chat(
         tok.chat_template,
         job.chat,
-        add_generation_prompt=True,
+        add_generation_prompt=job.add_generation_prompt,
         bos_token=tok.bos_token,
         eos_token=tok.eos_token,
         tools=job.tools,

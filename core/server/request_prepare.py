@@ -11,7 +11,7 @@ client.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from aiohttp import web
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ..engine.start import Served
 
 RETRY_AFTER_S = "1"
+T = TypeVar("T")
 
 
 async def prepare(
@@ -36,20 +37,43 @@ async def prepare(
     """The request `raw` holds (its bytes, or its JSON already parsed), parsed and with its
     prompt made; a 400 naming the field (or the setting) when it cannot be."""
     limits = request.app[LIMITS]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limits.prepare_timeout_s
+    deadline = asyncio.get_running_loop().time() + limits.prepare_timeout_s
     param = "messages" if parse is parse_chat else "prompt"
-    try:
-        async with asyncio.timeout_at(deadline):
-            parsed = await loop.run_in_executor(
-                limits.workers, parse_request, raw, parse, served, limits.max_messages
-            )
-    except TimeoutError:
-        raise _late(limits, param) from None
+    parsed = await off_loop(
+        limits, deadline, param, parse_request, raw, parse, served, limits.max_messages
+    )
     if parsed.job is None:  # a prompt of token ids
         return parsed
+    prompt = await prompt_of(
+        limits, parsed.job, deadline, served, param, lambda exc: prompt_refusal(exc, parsed, served)
+    )
+    return with_prompt(parsed, prompt, served)
+
+
+async def off_loop(
+    limits: Limits, deadline: float, param: str, fn: Callable[..., T], *args: Any
+) -> T:
+    """fn(*args) on the request threads by `deadline`; past it, a 400 naming `param`."""
+    loop = asyncio.get_running_loop()
     try:
-        prompt = await _make_prompt(limits, parsed.job, deadline, served)
+        async with asyncio.timeout_at(deadline):
+            return await loop.run_in_executor(limits.workers, fn, *args)
+    except TimeoutError:
+        raise _late(limits, param) from None
+
+
+async def prompt_of(
+    limits: Limits,
+    job: PromptJob,
+    deadline: float,
+    served: Served,
+    param: str,
+    refusal: Callable[[Exception], ApiError | None],
+) -> Prompt:
+    """The job's prompt, made by a prompt worker by `deadline`; what the job raised is the
+    request's fault when `refusal` gives its error, else the server's."""
+    try:
+        return await _make_prompt(limits, job, deadline, served)
     except WorkersBusy:
         size = limits.prompts.size if limits.prompts is not None else 0
         raise ApiError(
@@ -64,10 +88,9 @@ async def prepare(
     except WorkerLost as exc:
         raise ApiError(500, f"internal error: {exc}") from None
     except Exception as exc:
-        if (refusal := prompt_refusal(exc, parsed, served)) is None:
+        if (error := refusal(exc)) is None:
             raise
-        raise refusal from None
-    return with_prompt(parsed, prompt, served)
+        raise error from None
 
 
 async def _make_prompt(limits: Limits, job: PromptJob, deadline: float, served: Served) -> Prompt:

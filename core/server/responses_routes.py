@@ -18,6 +18,7 @@ from aiohttp import web
 
 from ..config.logs import get_logger
 from ..engine.requests import Finished, TokenOut
+from .access_log import access_note
 from .engine_run import RETRY_AFTER_S, EngineRun, Timing, engine_run
 from .openai_api import ApiError, _get, bad, error_body, parse_chat, parse_json
 from .openai_replies import dumps
@@ -72,7 +73,7 @@ def _keep(store: ResponsesStore, request: ResponsesRequest, response: dict[str, 
 
 async def create(request: web.Request) -> web.StreamResponse:
     state, store, limits = request.app[STATE], request.app[RESPONSES], request.app[LIMITS]
-    timing = Timing(state.metrics)
+    timing = Timing(state.metrics, access_note(request))
     raw = await read_body(request)
     loop = asyncio.get_running_loop()
     # Off the loop, as /v1/chat/completions' body; the store is read on the loop, in between.
