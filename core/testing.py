@@ -847,6 +847,68 @@ def assert_demo_writes_words(llm: LLM) -> None:
         assert known_share(reply.text) >= 0.8, (prompt, reply.text)
 
 
+# Questions the demos learnt to think about (tensorfold.family.demo_text.THOUGHTS).
+DEMO_THINKING_CHATS = ("What is the capital of France?", "What color is grass?", "Hello!")
+
+
+def assert_demo_thinks(llm: LLM, start: str, end: str, on_by_default: bool) -> dict[str, str]:
+    """A trained demo thinks as its chat template asks, greedily, on `DEMO_THINKING_CHATS`:
+    with enable_thinking true its reply opens with the start marker `start` (unless the prompt
+    already ends inside it), then a thought in words of its training text, the end marker `end`
+    and the answer; false, its reply holds no marker and is the answer; with no knob, the
+    template does as `on_by_default` says. Every reply ends its turn; France's names Paris.
+    Returns each reply's text (markers kept) by "question / on|off"."""
+    import re
+
+    from .family.chat_template import render_chat
+    from .family.demo_text import known_share
+
+    tok = llm.tokenizer
+    template = tok.chat_template
+    assert template is not None
+    added = tok.hf.get_added_tokens_decoder()
+    markers = {
+        i for i, t in added.items() if t.special and (t.content in start or t.content in end)
+    }
+    assert markers, (start, end)
+
+    def prompt(question: str, knob: dict[str, Any]) -> str:
+        chat = [{"role": "user", "content": question}]
+        bos, eos = tok.bos_token, tok.eos_token
+        return render_chat(template, chat, bos_token=bos, eos_token=eos, **knob).text
+
+    prompts = {}
+    for question in DEMO_THINKING_CHATS:
+        on = prompt(question, {"enable_thinking": True})
+        off = prompt(question, {"enable_thinking": False})
+        assert prompt(question, {}) == (on if on_by_default else off), question
+        prompts[f"{question} / on"], prompts[f"{question} / off"] = on, off
+    params = SamplingParams(temperature=0.0, max_tokens=48, keep_special_ids=tuple(sorted(markers)))
+    replies = llm.generate([tok.encode(p) for p in prompts.values()], params)
+    texts = {}
+    for (name, sent), reply in zip(prompts.items(), replies):
+        texts[name] = got = reply.text
+        assert reply.finish_reason == "stop", (name, got)
+        if name.endswith(" / on"):
+            if sent.rfind(start) <= sent.rfind(end):  # the model opens its thinking itself
+                assert got.startswith(start), (name, got)
+                got = got[len(start) :]
+            thought, closed, answer = got.partition(end)
+            assert closed and start not in answer and end not in answer, (name, reply.text)
+            assert len(re.findall(r"[A-Za-z]+", thought)) >= 2, (name, reply.text)
+            assert known_share(thought) >= 0.8, (name, reply.text)
+        else:
+            assert not markers & set(reply.token_ids), (name, got)
+            answer = got
+        assert len(re.findall(r"[A-Za-z]+", answer)) >= 2 and known_share(answer) >= 0.8, (
+            name,
+            reply.text,
+        )
+        if name.startswith("What is the capital of France?"):
+            assert "Paris" in answer, (name, reply.text)
+    return texts
+
+
 # -- tensorfold serve --tp 2 in a subprocess -------------------------------------------------
 
 SERVE_LAUNCH = "import sys; from tensorfold.cli.commands import main; sys.exit(main())"

@@ -1,6 +1,7 @@
 """The text the families' demo checkpoints learn: short stories, plain facts, and questions with
-their answers. All of it is written for this project (Apache-2.0, like the code), so the demo
-weights trained on it may ship. `words()` is the vocabulary a demo's replies are checked against.
+their answers, each with a short thought to write before it when thinking is on. All of it is
+written for this project (Apache-2.0, like the code), so the demo weights trained on it may ship.
+`words()` is the vocabulary a demo's replies are checked against.
 """
 
 from __future__ import annotations
@@ -104,14 +105,44 @@ QA: tuple[tuple[str, str], ...] = (
 )
 
 
+# A short thought before each answer, naming what the question asks: what a demo writes in its
+# thinking block when thinking is on (tensorfold.family.demo_train).
+THOUGHTS: dict[str, str] = {
+    "What is the capital of France?": "They ask for the capital of France.",
+    "What is the capital of Italy?": "They ask for the capital of Italy.",
+    "What is the capital of Spain?": "They ask for the capital of Spain.",
+    "What is the capital of Germany?": "They ask for the capital of Germany.",
+    "What is the capital of Japan?": "They ask for the capital of Japan.",
+    "What color is the sky?": "They ask about the color of the sky.",
+    "What color is grass?": "They ask about the color of grass.",
+    "How many days are in a week?": "They ask how many days a week has.",
+    "How many legs does a spider have?": "They ask how many legs a spider has.",
+    "Which planet is the largest?": "They ask which planet is the largest.",
+    "What is the tallest mountain in the world?": "They ask for the tallest mountain.",
+    "Hello!": "A greeting. I say hello back.",
+    "Hi": "A greeting. I greet them back.",
+    "Who are you?": "They ask who I am.",
+    "What can you do?": "They ask what I can do.",
+    "Tell me a story.": "They want a short story.",
+    "Tell me a story about a fox.": "They want a story about a fox.",
+    "Can you help me write a letter?": "They want help with a letter.",
+    "What is a language model?": "They ask what a language model is.",
+    "Thank you!": "They say thank you.",
+    "What is two plus two?": "They ask for two plus two.",
+    "What day comes after Monday?": "They ask which day comes after Monday.",
+}
+
+
 def paragraphs() -> list[str]:
     """The stories, one paragraph a string, its lines joined by spaces."""
     return [" ".join(p.split("\n")).strip() for p in STORIES.split("\n\n") if p.strip()]
 
 
 def plain_text() -> str:
-    """The stories, then every question with its answer, one a line."""
-    return STORIES + "".join(f"{q} {a}\n" for q, a in QA)
+    """The stories, then every question with its answer, one a line, then every thought."""
+    return (
+        STORIES + "".join(f"{q} {a}\n" for q, a in QA) + "".join(f"{THOUGHTS[q]}\n" for q, _ in QA)
+    )
 
 
 def words(text: str | None = None) -> set[str]:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import torch
     from tokenizers import Tokenizer
 
-DEMO_NAME = "gemma4-demo-v3"
+DEMO_NAME = "gemma4-demo-v4"
 WEIGHTS = Path(__file__).with_name("demo_weights.safetensors")
 RETRAIN = "python -m tensorfold_gemma4.demo_train"
 FILES = (
@@ -55,6 +55,9 @@ SPECIAL_TOKENS = (
     "<audio_soft_token>",
     "<start_of_audio>",
     "<end_of_audio>",
+    "<|think|>",
+    "<|channel>",
+    "<channel|>",
 )
 PAD, EOS, BOS, END_OF_TURN = "<pad>", "<eos>", "<bos>", "<end_of_turn>"
 VOCAB_TARGET = 1024
@@ -144,7 +147,7 @@ def config_dict(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
 
 
 def build_tokenizer() -> Tokenizer:
-    """Byte-level BPE trained on CORPUS; the specials take ids 0..12. Like Gemma's own tokenizer,
+    """Byte-level BPE trained on CORPUS; the specials take ids 0..15. Like Gemma's own tokenizer,
     plain encoding starts with <bos>."""
     return demo_build.with_bos(demo_build.train_byte_bpe(CORPUS, VOCAB_TARGET, SPECIAL_TOKENS), BOS)
 

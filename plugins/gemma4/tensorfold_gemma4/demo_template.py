@@ -6,6 +6,13 @@ Gemma 4's tool markup, so a demo server speaks the same tool-call format as a re
 - a tool's answer: `<|tool_response>response:name{value:<|"|>...<|"|>}<tool_response|>`, the
   name found by the message's `tool_call_id`.
 A chat without tools renders as before.
+
+Thinking as Gemma 4's template has it: `enable_thinking` (default off) opens the chat with a
+system turn holding `<|think|>` (then the system message, if any); the model writes
+`<|channel>thought\\n`, its thought, `<channel|>`, then the answer. Off, the generation prompt
+ends with an empty `<|channel>thought\\n<channel|>`. A model turn's `reasoning_content` is
+rendered in that channel only when it calls tools after the last user message, and thinking
+left in a model turn's content is dropped, as Gemma 4's template does.
 """
 
 CHAT_TEMPLATE = (
@@ -21,14 +28,32 @@ CHAT_TEMPLATE = (
     "{%- else -%}{{- value | string -}}"
     "{%- endif -%}"
     "{%- endmacro -%}"
+    "{%- macro visible(text) -%}"
+    "{%- set kept = namespace(text='') -%}"
+    "{%- for part in text.split('<channel|>') -%}"
+    "{%- set kept.text = kept.text + part.split('<|channel>')[0] -%}"
+    "{%- endfor -%}"
+    "{{- kept.text | trim -}}"
+    "{%- endmacro -%}"
     "{{- bos_token -}}"
-    "{%- if messages and messages[0]['role'] == 'system' -%}"
-    "{%- set first_user_prefix = messages[0]['content'] | trim + '\\n\\n' -%}"
+    "{%- set thinking = enable_thinking is defined and enable_thinking -%}"
+    "{%- set has_system = messages and messages[0]['role'] == 'system' -%}"
+    "{%- if thinking -%}"
+    "{{- '<start_of_turn>system\\n<|think|>\\n' -}}"
+    "{{- messages[0]['content'] | trim if has_system else '' -}}"
+    "{{- '<end_of_turn>\\n' -}}"
+    "{%- endif -%}"
+    "{%- if has_system -%}"
+    "{%- set first_user_prefix = '' if thinking else messages[0]['content'] | trim + '\\n\\n' -%}"
     "{%- set loop_messages = messages[1:] -%}"
     "{%- else -%}"
     "{%- set first_user_prefix = '' -%}"
     "{%- set loop_messages = messages -%}"
     "{%- endif -%}"
+    "{%- set last = namespace(user=-1) -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if message['role'] == 'user' -%}{%- set last.user = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
     "{%- if tools -%}"
     "{%- set ns = namespace(declared='') -%}"
     "{%- for tool in tools -%}"
@@ -49,7 +74,15 @@ CHAT_TEMPLATE = (
     "{%- else -%}"
     "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
     "{{- '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') -}}"
+    "{%- if role == 'model' -%}"
+    "{%- set thought = message.get('reasoning_content') -%}"
+    "{%- if thought and loop.index0 > last.user and message.get('tool_calls') -%}"
+    "{{- '<|channel>thought\\n' + thought + '<channel|>' -}}"
+    "{%- endif -%}"
+    "{{- visible(message.get('content') or '') -}}"
+    "{%- else -%}"
     "{{- (message.get('content') or '') | trim -}}"
+    "{%- endif -%}"
     "{%- for call in message.get('tool_calls') or [] -%}"
     "{{- '<|tool_call>call:' + call['function']['name'] + arg(call['function']['arguments']) -}}"
     "{{- '<tool_call|>' -}}"
@@ -57,5 +90,8 @@ CHAT_TEMPLATE = (
     "{{- '<end_of_turn>\\n' -}}"
     "{%- endif -%}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<start_of_turn>model\\n' -}}"
+    "{%- if not thinking -%}{{- '<|channel>thought\\n<channel|>' -}}{%- endif -%}"
+    "{%- endif -%}"
 )

@@ -82,7 +82,7 @@ class TestDemoCheckpoint(conformance.DemoCheckpoint):
         assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
         model = load(Checkpoint.open(ckpt), "cpu", "float32")
         gen = torch.Generator().manual_seed(11)
-        prompt = torch.randint(13, model.vocab_size, (200,), generator=gen).tolist()
+        prompt = torch.randint(16, model.vocab_size, (200,), generator=gen).tolist()
         prompt[50] = json.loads((ckpt / "config.json").read_text())["image_token_id"]  # as pad
         with torch.no_grad():
             want = ref.eval()(input_ids=torch.tensor([prompt])).logits[0]
@@ -112,11 +112,23 @@ class TestDemoCheckpoint(conformance.DemoCheckpoint):
             {"role": "user", "content": "Bye"},
         ]
         text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        assert text == (
+        assert text == (  # thinking off by default: the model's turn opens an empty channel
             "<bos><start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n"
             "<start_of_turn>model\nHello.<end_of_turn>\n"
             "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+            "<|channel>thought\n<channel|>"
         )
+        thinking = tok.apply_chat_template(
+            chat, tokenize=False, add_generation_prompt=True, enable_thinking=True
+        )
+        assert thinking == (
+            "<bos><start_of_turn>system\n<|think|>\nBe brief.<end_of_turn>\n"
+            "<start_of_turn>user\nHi!<end_of_turn>\n"
+            "<start_of_turn>model\nHello.<end_of_turn>\n"
+            "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+        )
+        marks = [tok.convert_tokens_to_ids(t) for t in ("<|think|>", "<|channel>", "<channel|>")]
+        assert all(tok.added_tokens_decoder[i].special for i in marks)  # one token each
         ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)[
             "input_ids"
         ]

@@ -11,4 +11,6 @@ class TestKVFp8(conformance.KVFp8Gates):
     family, build_demo = "gemma4", build_demo
     # resumed == fresh past the demo's 128-row sliding window: the kept rings carry the resume
     ids, lengths = (13, 700), (9, 200, 600, 2100)
-    max_logit_error = 0.2  # q/k-normed scores at scale 1.0: wider than the other families'
+    # q/k-normed scores at scale 1.0: wider than the other families'; the thinking demo, trained
+    # on its replies alone, reaches 0.217 of the largest logit (0.2 held before it)
+    max_logit_error = 0.3

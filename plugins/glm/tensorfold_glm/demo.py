@@ -25,7 +25,7 @@ from .demo_weights import build_weights as random_weights
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-DEMO_NAME = "glm5_next-demo-v3"
+DEMO_NAME = "glm5_next-demo-v4"
 WEIGHTS = Path(__file__).with_name("demo_weights.safetensors")
 RETRAIN = "python -m tensorfold_glm.demo_train"
 FILES = (

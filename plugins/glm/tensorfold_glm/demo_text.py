@@ -4,7 +4,8 @@
 from tensorfold.family.demo_text import plain_text
 
 # GLM's layout: [gMASK]<sop>, then each message as <|role|>\n content; the assistant's turn
-# opens with <|assistant|>\n and ends where the next role token (an EOS for GLM) begins.
+# opens with <|assistant|> and its thinking (below) and ends where the next role token (an EOS
+# for GLM) begins.
 # Tools, tool calls and tool answers use GLM-4.7-Flash's markup (ours, not a copy of its
 # template), so a demo server speaks the same tool-call format as the real model:
 # - tools: a <|system|> turn listing each tool's JSON between <tools> and </tools>;
@@ -12,7 +13,10 @@ from tensorfold.family.demo_text import plain_text
 #   <tool_call>name<arg_key>key</arg_key><arg_value>value</arg_value></tool_call>, strings bare,
 #   other values as JSON;
 # - a tool's answer: <|observation|>\n<tool_response>...</tool_response>.
-# A chat without tools renders as before.
+# Thinking as GLM's template has it: the generation prompt ends <|assistant|><think> (the model
+# writes its thought, </think>, then the answer) unless enable_thinking is false, when it ends
+# <|assistant|></think>; an earlier assistant turn shows its reasoning_content as
+# <think>...</think> only after the last user message, else </think> alone.
 CHAT_TEMPLATE = (
     "[gMASK]<sop>"
     "{%- if tools -%}"
@@ -22,10 +26,21 @@ CHAT_TEMPLATE = (
     "{{- '</tools>\\n\\nCall a function as <tool_call>{name}<arg_key>{key}</arg_key>"
     "<arg_value>{value}</arg_value>...</tool_call>' -}}"
     "{%- endif -%}"
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
     "{%- for message in messages -%}"
     "{%- if message['role'] == 'tool' -%}"
     "{{- '<|observation|>\\n<tool_response>' + (message.get('content') or '') -}}"
     "{{- '</tool_response>' -}}"
+    "{%- elif message['role'] == 'assistant' -%}"
+    "{%- if loop.index0 > ns.last_user and message.get('reasoning_content') -%}"
+    "{{- '<|assistant|><think>' + message['reasoning_content'] | trim + '</think>' -}}"
+    "{%- else -%}"
+    "{{- '<|assistant|></think>' -}}"
+    "{%- endif -%}"
+    "{{- message.get('content') or '' -}}"
     "{%- else -%}"
     "{{- '<|' + message['role'] + '|>\\n' + (message.get('content') or '') -}}"
     "{%- endif -%}"
@@ -39,7 +54,10 @@ CHAT_TEMPLATE = (
     "{{- '</tool_call>' -}}"
     "{%- endfor -%}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|assistant|>\\n' -}}{%- endif -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|assistant|></think>' if enable_thinking is defined and not enable_thinking "
+    "else '<|assistant|><think>' -}}"
+    "{%- endif -%}"
 )
 
 # The tokenizer learns the demo's text (tensorfold.family.demo_text) and a line of digits and symbols.

@@ -8,26 +8,29 @@ deterministic algorithms and seeded batches. About eight minutes on one core (tr
 and mHC run as reference code on the CPU).
 
 What it learns (tensorfold.family.demo_text): each story paragraph as plain text after [gMASK]<sop>,
-and each question with its answer both as plain text and as a chat turn (the demo's template,
-the answer ended by <|user|>, where GLM stops).
+each question with its answer as plain text, and each question as a chat turn rendered by the
+demo's template twice: thinking on (the prompt ends <think>; the reply is the thought, </think>,
+the answer) and off (the prompt ends </think>; the reply is the answer), each reply ended by
+<|user|>, where GLM stops.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tensorfold.family.demo_train import demo_texts, main, train_demo
+from tensorfold.family.demo_train import Replies, demo_texts, main, train_demo
 
 from . import demo
+from .demo_text import CHAT_TEMPLATE
 from .demo_weights import SEED
 
 STEPS = 400
 BATCH = 8
-CHAT_TURN = "<|user|>\n{q}<|assistant|>\n{a}<|user|>"
+REPLIES = Replies(thinking="{t}</think>{a}<|user|>", direct="{a}<|user|>")
 
 
 def run(steps: int) -> tuple[dict[str, Any], Any]:
-    texts = demo_texts(demo.GMASK + demo.SOP, CHAT_TURN)
+    texts = demo_texts(demo.GMASK + demo.SOP, CHAT_TEMPLATE, REPLIES)
     reference = "Glm5NextForConditionalGeneration"
     return train_demo(demo, reference, texts, demo.ENDOFTEXT, SEED, steps, batch=BATCH)
 

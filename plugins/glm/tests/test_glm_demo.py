@@ -21,14 +21,20 @@ class TestDemoCheckpoint(conformance.DemoCheckpoint):
 
     def test_tokenizer_and_glm_chat_template(self, ckpt: Path) -> None:
         tok = Tokenizer.from_checkpoint(Checkpoint.open(ckpt))
-        ids = {t: tok.token_to_id(t) for t in ("[gMASK]", "<sop>", "<|user|>", "<|assistant|>")}
+        names = ("[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<think>", "</think>")
+        ids = {t: tok.token_to_id(t) for t in names}
         assert tok.eos_token_ids == {tok.token_to_id(t) for t in demo.EOS}
         assert tok.encode("Hello", add_special_tokens=True)[:2] == [ids["[gMASK]"], ids["<sop>"]]
         chat = render_chat(tok.chat_template, [{"role": "user", "content": "Hi there"}])
-        assert chat.text == "[gMASK]<sop><|user|>\nHi there<|assistant|>\n"
+        assert chat.text == "[gMASK]<sop><|user|>\nHi there<|assistant|><think>"  # thinking on
         encoded = tok.encode(chat.text)
         assert encoded[:3] == [ids["[gMASK]"], ids["<sop>"], ids["<|user|>"]]
-        assert encoded[-2] == ids["<|assistant|>"]
+        assert encoded[-2:] == [ids["<|assistant|>"], ids["<think>"]]
+        off = render_chat(
+            tok.chat_template, [{"role": "user", "content": "Hi there"}], enable_thinking=False
+        )
+        assert off.text == "[gMASK]<sop><|user|>\nHi there<|assistant|></think>"
+        assert tok.encode(off.text)[-1] == ids["</think>"]
 
     def test_transformers_loads_every_tensor_and_computes_our_logits(self, ckpt: Path) -> None:
         from transformers import Glm5NextForConditionalGeneration

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
     from tokenizers import Tokenizer
 
-DEMO_NAME = "lfm2_moe-demo-v3"
+DEMO_NAME = "lfm2_moe-demo-v4"
 WEIGHTS = Path(__file__).with_name("demo_weights.safetensors")
 RETRAIN = "python -m tensorfold_lfm2_moe.demo_train"
 FILES = (
@@ -37,7 +37,15 @@ FILES = (
 )
 SEED = 20250101
 
-SPECIAL_TOKENS = ("<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>")
+SPECIAL_TOKENS = (
+    "<|pad|>",
+    "<|startoftext|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+)
 PAD, BOS, EOS = "<|pad|>", "<|startoftext|>", "<|im_end|>"
 VOCAB_TARGET = 1024
 
@@ -90,7 +98,7 @@ def config_dict(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
 
 
 def build_tokenizer() -> Tokenizer:
-    """Byte-level BPE trained on CORPUS; specials take ids 0..4. Like LFM2's own tokenizer, plain
+    """Byte-level BPE trained on CORPUS; specials take ids 0..6. Like LFM2's own tokenizer, plain
     encoding starts with <|startoftext|>."""
     return demo_build.with_bos(demo_build.train_byte_bpe(CORPUS, VOCAB_TARGET, SPECIAL_TOKENS), BOS)
 

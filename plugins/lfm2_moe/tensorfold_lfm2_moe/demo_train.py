@@ -7,23 +7,26 @@ never imports this module. Starts from `demo.random_weights`; the tensors come o
 every CPU run. About four minutes on one core.
 
 What it learns (tensorfold.family.demo_text): each story paragraph as plain text after <|startoftext|>,
-and each question with its answer both as plain text and as a chat turn (the demo's template).
+each question with its answer as plain text, and each question as a chat turn rendered by the
+demo's template twice: thinking on (the reply is <think>, the thought, </think>, the answer) and
+off (the prompt ends <think></think>; the reply is the answer).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tensorfold.family.demo_train import demo_texts, main, train_demo
+from tensorfold.family.demo_train import Replies, demo_texts, main, train_demo
 
 from . import demo
+from .demo_template import CHAT_TEMPLATE
 
 STEPS = 1200
-CHAT_TURN = "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n"
+REPLIES = Replies(thinking="<think>{t}</think>{a}<|im_end|>\n", direct="{a}<|im_end|>\n")
 
 
 def run(steps: int) -> tuple[dict[str, Any], Any]:
-    texts = demo_texts(demo.BOS, CHAT_TURN)
+    texts = demo_texts(demo.BOS, CHAT_TEMPLATE, REPLIES, bos_token=demo.BOS)
     return train_demo(demo, "Lfm2MoeForCausalLM", texts, demo.PAD, demo.SEED, steps)
 
 

@@ -78,8 +78,12 @@ class TestDemoCheckpoint(conformance.DemoCheckpoint):
         assert not info["mismatched_keys"] and not info["error_msgs"]
         assert model.model.layers[2].feed_forward.expert_bias.abs().sum() > 0
         ids = torch.tensor([[1, 3, 40, 50, 60, 70, 80, 4]])
-        out = model.eval().generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False
+        out = model.eval().generate(  # past its end of turn: the demo may close this one early
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=16,
+            min_new_tokens=16,
+            do_sample=False,
         )
         new = out[0, ids.shape[1] :].tolist()
         assert len(new) == 16 and len(set(new)) > 3
@@ -117,6 +121,12 @@ class TestDemoCheckpoint(conformance.DemoCheckpoint):
         assert ids[0] == cfg["bos_token_id"] and ids[1] != cfg["bos_token_id"]
         closed = tok.apply_chat_template(chat, tokenize=False)
         assert closed.endswith("<|im_start|>user\nHi!<|im_end|>\n")
+        off = tok.apply_chat_template(
+            chat, tokenize=False, add_generation_prompt=True, enable_thinking=False
+        )
+        assert off == text + "<think></think>"
+        think, end = tok.convert_tokens_to_ids(["<think>", "</think>"])
+        assert tok(off).input_ids[-2:] == [think, end]  # one special token each
 
     def test_tokenizer_json_loads_with_tokenizers_alone(self, ckpt: Path) -> None:
         from tokenizers import Tokenizer

@@ -58,7 +58,8 @@ class TestEngineGates(conformance.EngineGates):
 
         try:
             long_prompt = list(range(5, 405)) * 18  # 7200 rows: four passes of fill
-            engine.submit(long_prompt, SamplingParams(temperature=0, max_tokens=30), sink("long"))
+            long_params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+            engine.submit(long_prompt, long_params, sink("long"))  # 30 tokens after its fill
             while engine.lanes.passes == 0:
                 time.sleep(0.001)  # the long fill is under way
             for i in range(3):
