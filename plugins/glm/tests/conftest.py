@@ -199,7 +199,10 @@ def own_recurrent(request: pytest.FixtureRequest) -> Iterator[bool]:
 
 
 def _kda_model(dtype: torch.dtype, head_dim: int = 16) -> Any:
-    """One KDA layer (2 heads of head_dim) and a dense FFN, dummy weights."""
+    """One KDA layer (2 heads of head_dim) and a dense FFN, dummy weights. Three Sinkhorn
+    iterations, not GLM's 20: the mHC collapse's loop still runs (twice), and under the
+    interpreter every iteration is a dozen launches' worth of interpreted ops; the mHC kernels'
+    own tests keep the 20."""
     from tensorfold_glm.config import GlmConfig
     from tensorfold_glm.dummy import build_dummy
 
@@ -226,6 +229,7 @@ def _kda_model(dtype: torch.dtype, head_dim: int = 16) -> Any:
             "n_routed_experts": 4,
             "num_experts_per_tok": 2,
             "moe_intermediate_size": 16,
+            "hc_sinkhorn_iters": 3,
         },
         "test",
     )

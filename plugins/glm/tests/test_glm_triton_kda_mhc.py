@@ -479,7 +479,7 @@ def test_kda_gates_maps_in_one_launch_match_the_torch_path_and_a_stream_alone(
         assert rel(g, w) < 5e-5
 
 
-LONG = [(7 * i + 3) % 90 + 3 for i in range(320)]
+LONG = [(7 * i + 3) % 90 + 3 for i in range(316)]
 
 
 @pytest.mark.parametrize(
@@ -490,9 +490,10 @@ LONG = [(7 * i + 3) % 90 + 3 for i in range(320)]
             [[12], [25, 26, 27, 28, 29, 30], [40, 41, 42, 43, 44, 45, 46, 47, 48]],
             32,
         ),
-        # whole 64-row KDA chunks (kda_launches.py): a prompt resumed at 64 crossing the boundary
-        # at 128, and a fresh prompt of 70 rows
-        ([LONG[:70], LONG[100:164], []], [[12], LONG[164:250], LONG[250:320]], 256),
+        # whole 64-row KDA chunks (kda_launches.py): a decode row after a chunk, a prompt resumed
+        # at 64 crossing the boundary at 128, and a fresh prompt of a chunk and 2 rows (2 rows
+        # past a boundary make a recurrent run of several rows, as more would)
+        ([LONG[:66], LONG[100:164], []], [[12], LONG[164:230], LONG[250:316]], 256),
     ],
     ids=["short", "chunks"],
 )
