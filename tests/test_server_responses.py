@@ -45,7 +45,10 @@ WEATHER = {
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
     env = {"TF_RESPONSES_STORE": str(KEPT)}
-    yield from served(tmp_path_factory, "responses", "--parallel", "2", env=env)
+    # thinking off: these tests are about the API's shapes, and a demo's reply that thought is
+    # tests/test_server_thinking_demos.py's
+    flags = ("--parallel", "2", "--reasoning", "off")
+    yield from served(tmp_path_factory, "responses", *flags, env=env)
 
 
 def create(server: ServedDemo, **kw: Any) -> Any:
