@@ -4,6 +4,7 @@ on its errors, a busy port said before any weight loads, the idle census at debu
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 
 import pytest
@@ -140,3 +141,23 @@ def test_generate_with_no_family_named_runs_the_default_demo(
     assert out.startswith("'Once upon a time' -> ") and known_share(out) >= 0.8, out
     said = [e["event"] for e in logs if e["event"].startswith("lfm2_moe-demo: family lfm2_moe")]
     assert len(said) == 1, logs
+
+
+def test_generate_chat_prints_the_demos_thought_apart_and_reasoning_off_drops_it(
+    tf_env: pytest.MonkeyPatch, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's `tensorfold generate --chat`: the demo's thinking is split from its answer
+    (the markers are in neither), and `--reasoning off` turns it off."""
+    pytest.importorskip("tensorfold_lfm2_moe")
+    from tensorfold.family.plugins import reset_plugin_manager
+
+    tf_env.setenv("TF_DEMO_CACHE", str(tmp_path))
+    reset_plugin_manager()
+    ask = ["generate", "--chat", "What is the capital of France?", "--context", "1024"]
+    assert cli.main([*ask, "--max-tokens", "40", "--json"]) == 0
+    on = json.loads(capsys.readouterr().out)
+    assert on["reasoning_content"] and "Paris" in on["content"], on
+    assert "<think>" in on["text"] and "think>" not in on["content"] + on["reasoning_content"]
+    assert cli.main([*ask, "--max-tokens", "40", "--reasoning", "off"]) == 0
+    off = capsys.readouterr().out
+    assert " thinks " not in off and "Paris" in off, off

@@ -72,6 +72,19 @@ def register_command(
     COMMANDS[name] = Command(name, help, add_arguments, run)
 
 
+def add_reasoning_argument(parser: argparse.ArgumentParser) -> None:
+    """--reasoning (TF_REASONING), for the commands that render chats."""
+    parser.add_argument(
+        "--reasoning",
+        choices=["on", "off", "auto"],
+        help=_setting_help(
+            "thinking for chats that do not say: the template's enable_thinking, or "
+            "auto: the template's own default",
+            "reasoning",
+        ),
+    )
+
+
 def add_family_arguments(parser: argparse.ArgumentParser) -> None:
     """--family and --model, shared by the subcommands that load a model."""
     parser.add_argument(

@@ -10,10 +10,15 @@ from tensorfold.config.settings import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tensorfold.cli.commands import add_engine_arguments, add_family_arguments
+    from tensorfold.cli.commands import (
+        add_engine_arguments,
+        add_family_arguments,
+        add_reasoning_argument,
+    )
 
     add_family_arguments(parser)
     add_engine_arguments(parser)
+    add_reasoning_argument(parser)
     parser.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt texts")
     parser.add_argument(
         "--max-tokens",
@@ -66,7 +71,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from tensorfold.cli.commands import CommandError
     from tensorfold.engine.requests import RequestRefused
     from tensorfold.engine.sampling import SamplingParams, SamplingParamsError
-    from tensorfold.family.chat_template import render_chat
     from tensorfold.llm import LLM
 
     if args.n < 1:
@@ -83,25 +87,14 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandError(str(exc)) from None
     llm = LLM.from_settings(settings, args.family, args.model)
     try:
-        prompts: list = list(args.prompts)
-        if args.chat:
-            template = llm.tokenizer.chat_template
-            if template is None:
-                raise CommandError("the checkpoint has no chat template; drop --chat")
-            prompts = [
-                llm.tokenizer.encode(
-                    render_chat(
-                        template,
-                        [{"role": "user", "content": p}],
-                        bos_token=llm.tokenizer.bos_token,
-                        eos_token=llm.tokenizer.eos_token,
-                        with_marks=False,
-                    ).text
-                )
-                for p in prompts
-            ]
         try:
-            completions = llm.generate(prompts, params, n=args.n)
+            if args.chat:
+                if llm.tokenizer.chat_template is None:
+                    raise CommandError("the checkpoint has no chat template; drop --chat")
+                turns = [[{"role": "user", "content": p}] for p in args.prompts]
+                completions = llm.chat(turns, params, n=args.n)
+            else:
+                completions = llm.generate(list(args.prompts), params, n=args.n)
         except RequestRefused as exc:
             raise CommandError(str(exc)) from None
         for k, c in enumerate(completions):
@@ -113,6 +106,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                             "prompt": prompt,
                             "index": c.index,
                             "text": c.text,
+                            **(
+                                {"content": c.content, "reasoning_content": c.reasoning_content}
+                                if args.chat
+                                else {}
+                            ),
                             "token_ids": c.token_ids,
                             "finish_reason": c.finish_reason,
                             "seed": c.seed,
@@ -121,7 +119,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 )
             else:
                 choice = f" [{c.index}]" if args.n > 1 else ""
-                print(f"{prompt!r}{choice} -> {c.text!r} ({c.finish_reason}, seed {c.seed})")
+                text = c.content if args.chat and c.content is not None else c.text
+                thought = f" thinks {c.reasoning_content!r}," if c.reasoning_content else ""
+                end = f"({c.finish_reason}, seed {c.seed})"
+                print(f"{prompt!r}{choice} ->{thought} {text!r} {end}")
         sys.stdout.flush()
         return 0 if all(c.error is None for c in completions) else 1
     finally:

@@ -25,7 +25,11 @@ if TYPE_CHECKING:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tensorfold.cli.commands import _setting_help, add_engine_arguments, add_family_arguments
+    from tensorfold.cli.commands import (
+        add_engine_arguments,
+        add_family_arguments,
+        add_reasoning_argument,
+    )
 
     add_family_arguments(parser)
     add_engine_arguments(parser)
@@ -64,15 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MIB",
         help="largest request body accepted, larger ones get 413 (TF_MAX_BODY_MIB, default 8)",
     )
-    parser.add_argument(
-        "--reasoning",
-        choices=["on", "off", "auto"],
-        help=_setting_help(
-            "thinking for chat requests that do not say: the template's enable_thinking, or "
-            "auto: the template's own default",
-            "reasoning",
-        ),
-    )
+    add_reasoning_argument(parser)
     parser.add_argument(
         "--no-access-log",
         dest="access_log",
