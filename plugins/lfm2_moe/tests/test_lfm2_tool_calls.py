@@ -14,6 +14,7 @@ import torch
 from tensorfold.engine.sampling import SamplingParams
 from tensorfold.family.chat_template import render_chat
 from tensorfold.family.plugins import family_plugin_manager
+from tensorfold.family.reasoning import split_reasoning
 from tensorfold.family.tool_calls import ToolCallStream
 from tensorfold.llm import LLM
 from tensorfold.server.tool_request import ToolRequestError, tool_history
@@ -201,8 +202,9 @@ def test_the_offline_chat_takes_tools(llm: LLM) -> None:
     none = llm.chat([CHAT], greedy, tools=TOOLS, tool_choice="none")[0]
     assert auto.prompt_token_ids == prompt(TOOLS) and none.prompt_token_ids == prompt(None)
     assert auto.prompt_token_ids != none.prompt_token_ids
-    for done in (auto, none):  # random weights: no call, the text is the content
-        assert done.tool_calls == [] and done.content == done.text
+    for done in (auto, none):  # no call: the text is the thinking and the content
+        split = split_reasoning(llm.served.reasoning_format, done.text)
+        assert done.tool_calls == [] and (done.reasoning_content or "", done.content) == split
     with pytest.raises(ToolRequestError, match="needs tools"):
         llm.chat([CHAT], greedy, tool_choice="required")
 
