@@ -42,6 +42,7 @@ MODULES = [
     "tensorfold.conformance",
     "tensorfold.family.hooks",
     "tensorfold.family.reasoning",
+    "tensorfold.engine.ngram_drafts",
 ]
 
 
