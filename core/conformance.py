@@ -14,7 +14,7 @@ import json
 import shutil
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import pytest
 import torch
@@ -359,6 +359,26 @@ class DemoCheckpoint:
         with pytest.raises(RuntimeError, match="crash"):
             self.demo_module.build_demo(tmp_path)
         assert list(tmp_path.iterdir()) == []
+
+
+class DemoReplies(FamilyCase):
+    """The family's trained demo answers in words of its training text
+    (testing.assert_demo_writes_words) and thinks as its chat template asks, in the markup of
+    its `reasoning_format` hook (testing.assert_demo_thinks): `thinking_by_default` says what
+    the template does when a chat sets no `enable_thinking`."""
+
+    thinking_by_default: ClassVar[bool]
+
+    @pytest.fixture(scope="class")
+    def llm(self, demo: Path) -> Iterator[LLM]:
+        with LLM(family=self.family, model=demo, context=1024, parallel=2) as llm:
+            yield llm
+
+    def test_greedy_replies_are_words(self, llm: LLM) -> None:
+        testing.assert_demo_writes_words(llm)
+
+    def test_greedy_replies_think_when_asked(self, llm: LLM) -> None:
+        testing.assert_demo_thinks(llm, self.thinking_by_default)
 
 
 def configs_only(demo: Path, to: Path) -> Path:

@@ -177,11 +177,7 @@ class LLM:
         reasoning = self.served.reasoning_format
         kept = set(self.tokenizer.special_ids(request.format.markers) if request else ())
         if reasoning is not None:
-            kept |= self.tokenizer.special_ids(
-                t
-                for t in self.tokenizer.special_tokens()
-                if t in reasoning.start or t in reasoning.end
-            )
+            kept |= self.tokenizer.marker_ids((reasoning.start, reasoning.end))
         if kept:
             params = [replace(p, keep_special_ids=tuple(sorted(kept))) for p in params]
         params = self._constrained(params, response_format, request)

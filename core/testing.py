@@ -851,25 +851,26 @@ def assert_demo_writes_words(llm: LLM) -> None:
 DEMO_THINKING_CHATS = ("What is the capital of France?", "What color is grass?", "Hello!")
 
 
-def assert_demo_thinks(llm: LLM, start: str, end: str, on_by_default: bool) -> dict[str, str]:
-    """A trained demo thinks as its chat template asks, greedily, on `DEMO_THINKING_CHATS`:
-    with enable_thinking true its reply opens with the start marker `start` (unless the prompt
-    already ends inside it), then a thought in words of its training text, the end marker `end`
-    and the answer; false, its reply holds no marker and is the answer; with no knob, the
-    template does as `on_by_default` says. Every reply ends its turn; France's names Paris.
-    Returns each reply's text (markers kept) by "question / on|off"."""
+def assert_demo_thinks(llm: LLM, on_by_default: bool) -> dict[str, str]:
+    """A trained demo thinks as its chat template asks, in its family's markup (the
+    `reasoning_format` hook's), greedily, on `DEMO_THINKING_CHATS`: with enable_thinking true
+    its reply opens with the start marker (unless the prompt already ends inside it), then a
+    thought in words of its training text, the end marker and the answer; false, its reply holds
+    no marker and is the answer; with no knob, the template does as `on_by_default` says. Every
+    reply ends its turn; France's names Paris. Returns each reply's text (markers kept) by
+    "question / on|off"."""
     import re
 
     from .family.chat_template import render_chat
     from .family.demo_text import known_share
 
+    fmt = llm.served.reasoning_format
+    assert fmt is not None, f"{llm.served.spec.name} names no reasoning_format"
+    start, end = fmt.start, fmt.end
     tok = llm.tokenizer
     template = tok.chat_template
     assert template is not None
-    added = tok.hf.get_added_tokens_decoder()
-    markers = {
-        i for i, t in added.items() if t.special and (t.content in start or t.content in end)
-    }
+    markers = tok.marker_ids((start, end))
     assert markers, (start, end)
 
     def prompt(question: str, knob: dict[str, Any]) -> str:
@@ -890,7 +891,7 @@ def assert_demo_thinks(llm: LLM, start: str, end: str, on_by_default: bool) -> d
         texts[name] = got = reply.text
         assert reply.finish_reason == "stop", (name, got)
         if name.endswith(" / on"):
-            if sent.rfind(start) <= sent.rfind(end):  # the model opens its thinking itself
+            if not fmt.opens_in(sent):  # the model opens its thinking itself
                 assert got.startswith(start), (name, got)
                 got = got[len(start) :]
             thought, closed, answer = got.partition(end)

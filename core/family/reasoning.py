@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .tool_calls import _held_prefix
+from .tool_calls import held_prefix
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class ReasoningStream:
             if self.inside:
                 end = self._buf.find(self.fmt.end)
                 if end < 0:
-                    cut = len(self._buf) - _held_prefix(self._buf, (self.fmt.end,))
+                    cut = len(self._buf) - held_prefix(self._buf, (self.fmt.end,))
                     out.reasoning += self._buf[:cut]
                     self._buf = self._buf[cut:]
                     return out
@@ -116,7 +116,7 @@ class ReasoningStream:
                 self._buf = self._buf[start + len(self.fmt.start) :]
                 self.inside = self.thought = out.thinking = True
                 continue
-            cut = len(self._buf) - _held_prefix(self._buf, (self.fmt.start, self.fmt.end))
+            cut = len(self._buf) - held_prefix(self._buf, (self.fmt.start, self.fmt.end))
             out.content += self._content(self._buf[:cut])
             self._buf = self._buf[cut:]
             return out

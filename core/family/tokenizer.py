@@ -161,6 +161,13 @@ class Tokenizer:
             self._special_ids[wanted] = hit
         return hit
 
+    def marker_ids(self, markers: Iterable[str]) -> frozenset[int]:
+        """The ids of the special tokens that are, or stand inside, one of `markers` (markup
+        such as Gemma 4's `<|channel>thought\n`): what decoding must keep for a parser to see
+        the markers."""
+        wanted = tuple(markers)
+        return self.special_ids(t for t in self._special_texts if any(t in m for m in wanted))
+
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids and the character span of `text` each token covers. Offsets come from a copy with no
         post-processor, whose offset trimming (ByteLevel trim_offsets) would hide whitespace."""

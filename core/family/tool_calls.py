@@ -112,7 +112,7 @@ def schemas_of(tools: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any
     return out
 
 
-def _held_prefix(text: str, markers: Sequence[str]) -> int:
+def held_prefix(text: str, markers: Sequence[str]) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of one of `markers`."""
     longest = max((len(m) for m in markers), default=0)
     for n in range(min(len(text), longest - 1), 0, -1):
@@ -166,7 +166,7 @@ class ToolCallStream:
                 self._in_section, self._scanned = True, 0
                 continue
             markers = [self.fmt.start, *(self.fmt.after if self._after_call else ())]
-            keep = _held_prefix(self._buf, markers)
+            keep = held_prefix(self._buf, markers)
             if self._after_call and self._buf.strip() == "":
                 keep = len(self._buf)
             cut = len(self._buf) - keep

@@ -449,9 +449,7 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
     if tools is not None:
         keep |= tok.special_ids(tools.format.markers)
     if reasoning is not None:
-        keep |= tok.special_ids(
-            t for t in tok.special_tokens() if t in reasoning.start or t in reasoning.end
-        )
+        keep |= tok.marker_ids((reasoning.start, reasoning.end))
     if keep:
         params = replace(params, keep_special_ids=tuple(sorted(keep)))
     params = _constrained(body, served, params, tools)

@@ -1,28 +1,9 @@
-"""The lfm2_moe demo checkpoint writes words: its greedy replies to fixed prompts, through the
-family's own loader and the lanes, are readable text made of the words it was trained on
-(tensorfold.testing.assert_demo_writes_words); and it thinks as its template asks, with
-thinking on by default (tensorfold.testing.assert_demo_thinks)."""
+"""The lfm2_moe demo checkpoint writes words and thinks as its template asks, thinking on by default
+(tensorfold.conformance.DemoReplies)."""
 
-from __future__ import annotations
-
-from collections.abc import Iterator
-
-import pytest
-
-import tensorfold
-from tensorfold import testing
+from tensorfold import conformance
+from tensorfold_lfm2_moe.demo import build_demo
 
 
-@pytest.fixture(scope="module")
-def llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tensorfold.LLM]:
-    cache = tmp_path_factory.mktemp("demo")
-    with tensorfold.LLM(family="lfm2_moe", demo_cache=cache, context=1024, parallel=2) as llm:
-        yield llm
-
-
-def test_greedy_replies_are_words(llm: tensorfold.LLM) -> None:
-    testing.assert_demo_writes_words(llm)
-
-
-def test_greedy_replies_think_when_asked(llm: tensorfold.LLM) -> None:
-    testing.assert_demo_thinks(llm, "<think>", "</think>", on_by_default=True)
+class TestDemoReplies(conformance.DemoReplies):
+    family, build_demo, thinking_by_default = "lfm2_moe", build_demo, True
