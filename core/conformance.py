@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, ClassVar, Iterator, Sequence
@@ -379,6 +380,170 @@ class DemoReplies(FamilyCase):
 
     def test_greedy_replies_think_when_asked(self, llm: LLM) -> None:
         testing.assert_demo_thinks(llm, self.thinking_by_default)
+
+
+SAMPLINGS = ("greedy", "seeded")
+
+
+class DraftGates(FamilyCase):
+    """drafted == plain (verify rounds, issue 57) on the demo checkpoint (fp32), with poisoned
+    freed pages throughout: n-gram drafts and predictions (perfect, corrupted, wrong, longer
+    than max_tokens, none beside some), greedy and seeded with penalties, with logprobs, at
+    `parallel` streams and alone; a stop string inside an accepted run; n choices; pages ==
+    windows and resumed == fresh after drafted turns. Every engine's census even when idle."""
+
+    context: ClassVar[int] = 1024
+    parallel: ClassVar[int] = 8
+    max_tokens: ClassVar[int] = 20
+    prompts_text: ClassVar[Sequence[str]] = (
+        "Once upon a time there was a",
+        "The river runs past the stone and the river runs past the",
+        "What is the capital of Japan?",
+        "one two three one two three one two",
+        "Tell me a story about a cat.",
+        "The garden in the morning light",
+        "a b c d a b c d a b",
+        "Winter bread, winter music, winter",
+        # past a sliding window of 128 rows: a rejected draft's rows land on ring rows read later
+        " ".join(["the river and the stone, the light and the garden"] * 24),
+    )
+    chat_words: ClassVar[Sequence[str]] = testing.CHAT_WORDS
+    chat_turn_words: ClassVar[tuple[int, int]] = (12, 6)  # the first user turn's, the later's
+
+    def sampling(self, name: str, max_tokens: int | None = None) -> SamplingParams:
+        """Greedy or seeded (temperature 0.8, top_p 0.9, every penalty on), with logprobs and
+        the top 3, past any end of sequence."""
+        common: dict[str, Any] = dict(
+            max_tokens=max_tokens or self.max_tokens, ignore_eos=True, logprobs=True, top_logprobs=3
+        )
+        if name == "greedy":
+            return SamplingParams(temperature=0, **common)
+        return SamplingParams(
+            temperature=0.8,
+            top_p=0.9,
+            seed=7,
+            presence_penalty=0.5,
+            frequency_penalty=0.3,
+            repetition_penalty=1.1,
+            **common,
+        )
+
+    @pytest.fixture(scope="class")
+    def llm(self, demo: Path) -> Iterator[LLM]:
+        flags = dict(context=self.context, parallel=self.parallel, kv_poison=True)
+        llm = testing.open_llm(self.family, demo, **flags)
+        yield llm
+        close_even(llm)
+
+    @pytest.fixture(scope="class")
+    def plain(self, llm: LLM) -> dict[str, list]:
+        with testing.drafting(llm, "off"):
+            return {n: llm.generate(self.prompts_text, self.sampling(n)) for n in SAMPLINGS}
+
+    @pytest.mark.parametrize("name", SAMPLINGS)
+    def test_ngram_drafts_equal_plain_together_and_alone(
+        self, llm: LLM, plain: dict[str, list], name: str
+    ) -> None:
+        params = self.sampling(name)
+        testing.assert_drafted_equals_plain(llm, self.prompts_text, params, plain=plain[name])
+        for i in (0, 3):  # one stream
+            prompt = self.prompts_text[i]
+            testing.assert_drafted_equals_plain(llm, [prompt], params, plain=[plain[name][i]])
+
+    @pytest.mark.parametrize("name", SAMPLINGS)
+    def test_predictions_equal_plain(self, llm: LLM, plain: dict[str, list], name: str) -> None:
+        """Perfect, every third token wrong, a token dropped, all wrong, longer than max_tokens,
+        and no prediction, in one batch; the usage counts say what was kept."""
+        outs = [c.token_ids for c in plain[name]]
+        vocab = llm.served.engine.lanes.runner.model.vocab_size
+        g = torch.Generator().manual_seed(3)
+        wrong = torch.randint(0, vocab, (self.max_tokens,), generator=g).tolist()
+        predictions = [
+            outs[0],
+            [t if i % 3 else (t + 1) % vocab for i, t in enumerate(outs[1])],
+            outs[2][:5] + outs[2][6:],
+            wrong,
+            outs[4] + outs[0],
+            None,
+            outs[6],
+            None,
+            outs[8],
+        ]
+        got = testing.assert_drafted_equals_plain(
+            llm,
+            self.prompts_text,
+            self.sampling(name),
+            source="off",
+            predictions=predictions,
+            plain=plain[name],
+        )
+        perfect = got[0]
+        assert perfect.rejected_prediction_tokens == 0
+        assert perfect.accepted_prediction_tokens >= self.max_tokens // 2
+        assert got[1].rejected_prediction_tokens > 0 and got[1].accepted_prediction_tokens > 0
+        assert got[2].accepted_prediction_tokens > 5  # re-synced past the dropped token
+        assert got[4].accepted_prediction_tokens >= self.max_tokens // 2
+        for c in (got[5], got[7]):
+            assert (c.drafted_tokens, c.accepted_prediction_tokens) == (0, 0)
+        for c, p in zip(got, predictions):
+            assert c.accepted_prediction_tokens + c.rejected_prediction_tokens <= len(p or [])
+
+    def test_a_stop_string_inside_an_accepted_run(self, llm: LLM) -> None:
+        """The prediction is the whole answer, so the stop falls inside a run of accepted
+        drafts: the reply ends where plain's does, the text held back as plain holds it."""
+        params = self.sampling("greedy", max_tokens=32)
+        with testing.drafting(llm, "off"):
+            full = llm.generate(self.prompts_text[:4], params)
+        stops = [c.text[len(c.text) // 2 : len(c.text) // 2 + 2] for c in full]
+        for c, stop in zip(full, stops):
+            if not stop.strip():
+                continue
+            stopped = replace(params, stop=(stop,))
+            with testing.drafting(llm, "off"):
+                plain = llm.generate([c.prompt_token_ids], stopped)
+            assert plain[0].finish_reason == "stop"
+            testing.assert_drafted_equals_plain(
+                llm,
+                [c.prompt_token_ids],
+                stopped,
+                source="off",
+                predictions=[c.token_ids],
+                plain=plain,
+            )
+
+    def test_n_choices_with_drafts_equal_plain(self, llm: LLM) -> None:
+        testing.assert_drafted_equals_plain(
+            llm, self.prompts_text[:2], self.sampling("seeded"), n=3
+        )
+
+    def test_windows_and_resumed_chats_with_drafts_equal_plain(self, demo: Path) -> None:
+        """Chats of three turns on windows with the prompt store on, each turn drafted (its
+        fresh reply as the prediction, every fourth token wrong, and n-gram): each turn resumes
+        where the drafted turn before ended, with the replies of plain fresh runs."""
+        users = [testing.chat_turns(c, 3, *self.chat_turn_words, self.chat_words) for c in range(3)]
+        params = SamplingParams(temperature=0, max_tokens=16)
+        fresh_llm = testing.open_llm(self.family, demo, context=self.context, parallel=3)
+        try:
+            fresh, _ = testing.run_chats(fresh_llm, users, params)
+        finally:
+            close_even(fresh_llm)
+        flags = dict(kv_pages="off", kv_poison=True, kv_share=16, prompt_cache_gib=0.05)
+        llm = testing.open_llm(self.family, demo, context=self.context, parallel=3, **flags)
+        try:
+            histories: list[list[dict]] = [[] for _ in users]
+            for t, replies in enumerate(fresh):
+                for c, turns in enumerate(users):
+                    histories[c].append({"role": "user", "content": turns[t]})
+                predictions = [[x if i % 4 else x + 1 for i, x in enumerate(r)] for r in replies]
+                with testing.drafting(llm, "ngram"):
+                    done = llm.chat(histories, params, predictions=predictions)
+                assert [d.token_ids for d in done] == replies
+                assert t == 0 or all(d.cached_tokens > 0 for d in done)
+                assert all(d.accepted_prediction_tokens > 0 for d in done)
+                for c, d in enumerate(done):
+                    histories[c].append({"role": "assistant", "content": d.text})
+        finally:
+            close_even(llm)
 
 
 def configs_only(demo: Path, to: Path) -> Path:

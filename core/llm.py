@@ -38,6 +38,10 @@ class Completion:
     content: str | None = None  # chat: the text less tool-call markup (None: only calls)
     tool_calls: list[ToolCall] = field(default_factory=list)  # chat with tools: parsed calls
     reasoning_content: str | None = None  # chat: the thinking split out (None: it did not think)
+    drafted_tokens: int = 0  # drafts verify rounds checked for it
+    accepted_tokens: int = 0  # of them, kept
+    accepted_prediction_tokens: int = 0  # of its prediction, kept as drafts
+    rejected_prediction_tokens: int = 0  # of its prediction, drafted and refused
 
 
 class _Collector:
@@ -58,6 +62,9 @@ class _Collector:
             c.seed = event.seed
             c.cached_tokens = event.cached_tokens
             c.error = event.error
+            c.drafted_tokens, c.accepted_tokens = event.drafted_tokens, event.accepted_tokens
+            c.accepted_prediction_tokens = event.accepted_prediction_tokens
+            c.rejected_prediction_tokens = event.rejected_prediction_tokens
             self.done.set()
 
 
@@ -95,6 +102,7 @@ class LLM:
         n: int = 1,
         *,
         response_format: dict | None = None,
+        predictions: Sequence[str | Sequence[int] | None] | None = None,
     ) -> list[Completion]:
         """Run every prompt through the lanes at once; returns completions in prompt order.
 
@@ -106,7 +114,11 @@ class LLM:
         n > 1: n choices of each prompt, the prompt computed once; choice i (`.index`) samples
         as the prompt alone would with seed `tensorfold.engine.choices.choice_seed(seed, i)` (seed + i;
         each completion's `.seed` is its own). The list holds prompt 0's n choices, then
-        prompt 1's, and so on."""
+        prompt 1's, and so on.
+
+        predictions: one a prompt (text or token ids, None for none), what its output is
+        expected to repeat (OpenAI's Predicted Outputs): drafted and verified, so the tokens
+        are those of a run without it; completions count the accepted and rejected tokens."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [cast(Prompt, prompts)]
         batch = cast("Sequence[Prompt]", prompts)
@@ -116,7 +128,17 @@ class LLM:
             else [sampling or SamplingParams()] * len(batch)
         )
         params = self._constrained(params, response_format)
-        return self._run([(self.encode(prompt), ()) for prompt in batch], params, n)
+        if predictions is not None and len(predictions) != len(batch):
+            raise ValueError(f"{len(batch)} prompts but {len(predictions)} predictions")
+        ahead = [self._prediction(p) for p in predictions or [None] * len(batch)]
+        return self._run([(self.encode(p), (), a) for p, a in zip(batch, ahead)], params, n)
+
+    def _prediction(self, prediction: str | Sequence[int] | None) -> tuple[int, ...]:
+        if prediction is None:
+            return ()
+        if isinstance(prediction, str):
+            return tuple(self.tokenizer.encode(prediction, add_special_tokens=False))
+        return tuple(int(t) for t in prediction)
 
     def chat(
         self,
@@ -129,6 +151,7 @@ class LLM:
         parallel_tool_calls: bool | None = None,
         response_format: dict | None = None,
         chat_template_kwargs: dict | None = None,
+        predictions: Sequence[str | Sequence[int] | None] | None = None,
     ) -> list[Completion]:
         """Render each conversation with the checkpoint's chat template (add_generation_prompt)
         and complete it; the turns' ends are marks where the prompt store keeps states.
@@ -145,6 +168,7 @@ class LLM:
         as the chat API takes them; TF_REASONING's default applies where it sets none. Where
         the family thinks, each completion's `reasoning_content` is its thinking, split out of
         `content`.
+        predictions: as in `generate`, one a conversation.
         Raises ValueError (ToolRequestError, StructuredError) for fields the server would
         refuse."""
         from .family.chat_template import marks_to_token_positions, render_chat
@@ -181,9 +205,14 @@ class LLM:
         if kept:
             params = [replace(p, keep_special_ids=tuple(sorted(kept))) for p in params]
         params = self._constrained(params, response_format, request)
-        runs: list[tuple[list[int], list[int]]] = []
+        if predictions is not None and len(predictions) != len(conversations):
+            raise ValueError(
+                f"{len(conversations)} conversations but {len(predictions)} predictions"
+            )
+        ahead = [self._prediction(p) for p in predictions or [None] * len(conversations)]
+        runs: list[tuple[list[int], list[int], tuple[int, ...]]] = []
         thinking: list[bool | None] = []  # None: the reply is not split (constrained)
-        for messages, p in zip(conversations, params):
+        for messages, p, prediction in zip(conversations, params, ahead):
             chat = render_chat(
                 template,
                 tool_history(list(messages)),
@@ -193,7 +222,8 @@ class LLM:
                 **(extra or {}),
             )
             ids = self.tokenizer.encode(chat.text)
-            runs.append((ids, marks_to_token_positions(self.tokenizer, chat.text, chat.marks)))
+            marks = marks_to_token_positions(self.tokenizer, chat.text, chat.marks)
+            runs.append((ids, marks, prediction))
             inside = starts_inside(reasoning, chat.text, chat.marks)
             thinking += [None if p.constraint is not None else inside] * n
         completions = self._run(runs, params, n)
@@ -230,11 +260,10 @@ class LLM:
         if len(params) != len(runs):
             raise ValueError(f"{len(runs)} prompts but {len(params)} sampling params")
         waits = []
-        for (ids, marks), p in zip(runs, params):
+        for (ids, marks, prediction), p in zip(runs, params):
             choices = [(Completion(ids, index=i), threading.Event()) for i in range(n)]
-            self.served.engine.submit_n(
-                ids, choice_params(p, n), [_Collector(c, done) for c, done in choices], marks
-            )
+            sinks = [_Collector(c, done) for c, done in choices]
+            self.served.engine.submit_n(ids, choice_params(p, n), sinks, marks, prediction)
             waits += choices
         for _, done in waits:
             done.wait()

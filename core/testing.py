@@ -481,6 +481,58 @@ def assert_gates_sent_ahead_equal_plain(
     assert all(sent == 0 for sent, _ in used[False]), used[False]
 
 
+@contextlib.contextmanager
+def drafting(llm: LLM, source: str = "off", k: int = 4, adaptive: bool = False) -> Iterator[None]:
+    """Requests submitted inside draft with `source` ("off": only their predictions), k drafts a
+    round; adaptive False (the gates): every stream drafts k whenever a source proposes, so the
+    verify path runs on every round it can."""
+    from .engine.drafts import DraftSettings
+
+    lanes = llm.served.engine.lanes
+    was = lanes.drafting
+    lanes.drafting = DraftSettings(source, k, adaptive)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        lanes.drafting = was
+
+
+def outputs(completions: Sequence[Any]) -> list[tuple]:
+    """What drafting must not change: each completion's tokens, text, logprobs, top logprobs
+    and finish reason."""
+    return [
+        (c.token_ids, c.text, c.logprobs, c.top_logprobs, c.finish_reason, c.error)
+        for c in completions
+    ]
+
+
+def assert_drafted_equals_plain(
+    llm: LLM,
+    prompts: Sequence[Any],
+    params: SamplingParams | Sequence[SamplingParams],
+    *,
+    source: str = "ngram",
+    predictions: Sequence[Any] | None = None,
+    k: int = 4,
+    n: int = 1,
+    plain: Sequence[Any] | None = None,
+) -> list[Any]:
+    """Drafted == plain: the prompts run together with drafts (`source`, and `predictions`,
+    one a prompt or None) give the completions of a run without any (`plain`, else run here),
+    token for token with the same text, logprobs and finish reasons; the lanes verified drafts
+    on the way. Returns the drafted completions."""
+    lanes = llm.served.engine.lanes
+    if plain is None:
+        with drafting(llm, "off"):
+            plain = llm.generate(prompts, params, n)
+    before = lanes.tokens_drafted
+    with drafting(llm, source, k):
+        got = llm.generate(prompts, params, n, predictions=predictions)
+    assert outputs(got) == outputs(plain)
+    assert lanes.tokens_drafted > before, "no draft was verified"
+    return got
+
+
 @dataclass(frozen=True)
 class KVAgreement:
     """A model's greedy decoding with one KV dtype against the model's own (kv_agreement)."""

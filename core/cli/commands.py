@@ -141,6 +141,21 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help=_setting_help("tensor-parallel ranks on this host, one a device", "tp"),
     )
     parser.add_argument(
+        "--draft",
+        choices=["off", "ngram"],
+        help=_setting_help(
+            "drafts for every stream, verified token by token: ngram proposes what followed "
+            "the stream's last tokens earlier in its prompt and output",
+            "draft",
+        ),
+    )
+    parser.add_argument(
+        "--draft-tokens",
+        type=int,
+        metavar="K",
+        help=_setting_help("the most drafts a stream proposes a round", "draft_tokens"),
+    )
+    parser.add_argument(
         "--load-format",
         choices=["auto", "dummy"],
         help=_setting_help(

@@ -246,6 +246,20 @@ class Settings(BaseSettings):
         "prompt, completion and cached tokens, time to first token, duration (--no-access-log "
         "or 0: none; GET /health and GET /metrics only when they fail).",
     )
+    draft: Literal["off", "ngram"] = Field(
+        default="off",
+        description="Drafts for every stream (--draft), verified so the tokens are plain "
+        "decoding's: ngram looks the stream's last tokens up in its prompt and output and "
+        "proposes what followed them (pays where replies repeat their input); off: none. A "
+        "request's `prediction` is drafted whatever this says.",
+    )
+    draft_tokens: int = Field(
+        default=4,
+        ge=1,
+        le=16,
+        description="The most drafts a stream proposes a round (--draft-tokens, k): a verify "
+        "round feeds k + 1 rows; each stream drafts fewer while its drafts are refused.",
+    )
     max_messages: PositiveInt = Field(
         default=4096,
         description="The most messages a chat request may hold; more get 400 before the chat "

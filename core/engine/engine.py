@@ -52,10 +52,12 @@ class Engine:
         params: SamplingParams,
         sink: Callable[[Event], None],
         marks: Iterable[int] = (),
+        prediction: Sequence[int] = (),
     ) -> Request:
         """Queue a request; raises RequestRefused at once if it can never run here, QueueFull
-        when max_waiting requests already wait."""
-        return self.submit_n(prompt, [params], [sink], marks)[0]
+        when max_waiting requests already wait. prediction: tokens the output is expected to
+        repeat (Predicted Outputs), drafted and verified: the tokens are plain decoding's."""
+        return self.submit_n(prompt, [params], [sink], marks, prediction)[0]
 
     def submit_n(
         self,
@@ -63,6 +65,7 @@ class Engine:
         params: Sequence[SamplingParams],
         sinks: Sequence[Callable[[Event], None]],
         marks: Iterable[int] = (),
+        prediction: Sequence[int] = (),
     ) -> list[Request]:
         """n choices of one prompt: choice i samples with params[i] (seeded; the same
         max_tokens for all) and reports to sinks[i]. The prompt is computed once and the other
@@ -73,7 +76,9 @@ class Engine:
         if len({p.max_tokens for p in params}) > 1:
             raise ValueError("the choices of one prompt share their max_tokens")
         reqs = [
-            Request(list(prompt), p.with_seed(), sink, marks=tuple(marks))
+            Request(
+                list(prompt), p.with_seed(), sink, marks=tuple(marks), prediction=tuple(prediction)
+            )
             for p, sink in zip(params, sinks)
         ]
         req = reqs[0]

@@ -32,6 +32,7 @@ from ..family.forward_pass import StreamRows
 from ..family.tokenizer import IncrementalDecoder, Tokenizer
 from ..memory.kv_pool import Lease
 from ..memory.prompt_share import PromptSharing
+from .drafts import DraftSettings, StreamDrafts
 from .requests import Finished, Request, RequestRefused, TokenOut
 from .runner import ModelRunner
 from .sampling import RowHistory, SampleResult, launch_rows, read_rows
@@ -65,6 +66,10 @@ class Live:
     matcher: Any = (
         None  # structured output: this row's grammar state (tensorfold.engine.structured)
     )
+    drafts: StreamDrafts | None = None  # its draft sources (prediction, n-gram), when any
+    verify: list[int] = field(default_factory=list)  # this round's drafts, fed after next_token
+    verify_run: int = -1  # this round's run's index in the pass (its taps), when it drafted
+    state_rows: int = 0  # rows the slot's fixed state has taken in (past pos after a rejection)
 
     @property
     def prefilling(self) -> bool:
@@ -93,6 +98,7 @@ class Lanes:
         lookahead: int = 0,
         sharing: PromptSharing | None = None,
         hooks: Any = None,
+        drafts: DraftSettings | None = None,
     ):
         if lanes > runner.slots.num_slots:
             raise ValueError(f"{lanes} lanes need {lanes} state slots, the runner has fewer")
@@ -109,6 +115,7 @@ class Lanes:
             )
         self.lookahead = lookahead
         self.num_lanes = lanes
+        self.drafting = drafts or DraftSettings()
         # the family's share_attach hook (a forked choice's page table); the core's by default
         self.hooks = hooks or (sharing.hooks if sharing is not None else paged_kv)
         self.free_slots = list(range(lanes - 1, -1, -1))
@@ -120,6 +127,9 @@ class Lanes:
         self.rows_cached = 0  # prompt rows resumed from the store, all requests together
         self.rows_computed = 0  # prompt rows prefilled
         self.tokens_out = 0  # tokens sampled, all streams together
+        self.tokens_drafted = 0  # draft tokens verify rounds checked, all streams together
+        self.drafts_accepted = 0  # of them, kept
+        self.verify_rounds = 0  # rounds with at least one drafting stream
         # ahead: when every live stream decodes and nothing waits, the next round goes to the
         # GPU fed by this round's tokens on the device, before the host reads them, so the host's
         # work on a round overlaps the next forward. A stream that ends in between has fed one
@@ -133,6 +143,14 @@ class Lanes:
         self.ahead = ahead and fed
         self._flight: _Flight | None = None
         self.sent_ahead = 0  # rounds sent ahead
+
+    @property
+    def max_drafts(self) -> int:
+        """k: the settings', the k + 1 rows shorter than the family's mark_rows when it has
+        them (a run never holds a whole glm5_next KDA chunk: its rows stay recurrent)."""
+        if self.cut_rows == 1:
+            return self.drafting.tokens
+        return min(self.drafting.tokens, self.cut_rows - 2)
 
     # -- submission (validated before it is queued) ------------------------------------------
 
@@ -199,7 +217,7 @@ class Lanes:
         if flight is not None:  # sent last round: its rows are computed, the draws are left
             alive = {id(s) for s in self.live}
             wanting = [
-                (s, out[-1]) for s, out in zip(flight.owners, flight.logits) if id(s) in alive
+                (s, out[-1:]) for s, out in zip(flight.owners, flight.logits) if id(s) in alive
             ]
             if wanting:
                 self._draw(wanting)
@@ -214,15 +232,20 @@ class Lanes:
         runs, owners = self._plan_pass()
         logits = self.runner.run(runs)
         self.passes += 1
+        self.verify_rounds += any(s.verify for s in owners)
         wanting = []
         for i, (stream, run, out) in enumerate(zip(owners, runs, logits)):
-            stream.pos = run.end
+            stream.pos = stream.state_rows = run.end
+            if stream.verify:  # its rows' logits, all of them; taps to rewind to
+                stream.verify_run = i
+                wanting.append((stream, out))
+                continue
             if run.taps:
                 self._keep_taps(i, stream, run)
             if out.shape[0]:
-                wanting.append((stream, out[-1]))
+                wanting.append((stream, out[-1:]))
                 if stream.forks:  # n choices: the others start from this row's logits
-                    wanting += [(f, out[-1]) for f in self._fork(stream)]
+                    wanting += [(f, out[-1:]) for f in self._fork(stream)]
         if wanting:
             self._draw(wanting)
         if self.idle:
@@ -230,26 +253,74 @@ class Lanes:
         return True
 
     def _draw(self, wanting: list[tuple[Live, torch.Tensor]]) -> None:
-        """One [B, V] for the round: each row masked by its own matcher (structured output),
-        then all drawn together, each row as it would be alone (sampling.launch_rows); the next
-        round sent ahead when it can be; then the tokens read and taken."""
-        if len(wanting) == 1 and not wanting[0][0].matcher:
-            x = wanting[0][1][None]  # read where it lies: nothing masks it (one launch fewer)
+        """One [B, V] for the round: each stream's rows (one, or a verify round's k + 1), each
+        masked by its own matcher (structured output), then all drawn together, each row as it
+        would be alone (sampling.launch_rows): row j of a verify round at output position
+        t + j over the history plus its first j drafts, as plain decoding would draw it once
+        those were its tokens. The next round sent ahead when it can be; then the tokens read
+        and taken, a verify round's while its drafts agree."""
+        if len(wanting) == 1 and wanting[0][1].shape[0] == 1 and not wanting[0][0].matcher:
+            x = wanting[0][1]  # read where it lies: nothing masks it (one launch fewer)
         else:
-            x = torch.stack([row for _, row in wanting])
-        bound = [i for i, (s, _) in enumerate(wanting) if s.matcher]
-        mask_rows(x, [(i, wanting[i][0].matcher) for i in bound])
-        ts = [len(s.generated) for s, _ in wanting]
-        pending = launch_rows(x, [(s.req.params, t, s.history) for (s, _), t in zip(wanting, ts)])
-        self._send_ahead([s for s, _ in wanting], pending.tokens)
+            x = torch.cat([rows for _, rows in wanting])
+        flat = [(s, j) for s, rows in wanting for j in range(rows.shape[0])]
+        bound = [i for i, (s, _) in enumerate(flat) if s.matcher]  # one row each: no drafts
+        mask_rows(x, [(i, flat[i][0].matcher) for i in bound])
+        rows = [
+            (
+                s.req.params,
+                len(s.generated) + j,
+                s.history.with_draft(s.verify[:j]) if j else s.history,
+            )
+            for s, j in flat
+        ]
+        pending = launch_rows(x, rows)
+        if len(flat) == len(wanting):
+            self._send_ahead([s for s, _ in wanting], pending.tokens)
         results = read_rows(pending)
-        refused: list[str | None] = [None] * len(wanting)
+        refused: list[str | None] = [None] * len(flat)
         for i, error in zip(
-            bound, accept_rows([(wanting[i][0].matcher, results[i].token) for i in bound])
+            bound, accept_rows([(flat[i][0].matcher, results[i].token) for i in bound])
         ):
             refused[i] = error
-        for (stream, _), t, result, error in zip(wanting, ts, results, refused):
-            self._take(stream, t, result, error)
+        at = 0
+        for stream, out in wanting:
+            n = out.shape[0]
+            self._take_rows(stream, results[at : at + n], refused[at : at + n])
+            at += n
+
+    def _take_rows(self, s: Live, results: list[SampleResult], refused: list[str | None]) -> None:
+        """A stream's rows of the round, in order: one, or a verify round's rows while each
+        drew its draft (row j's draw equal to draft j + 1 makes row j + 1 plain's next row).
+        Then its fixed state goes back to the last row kept, and its lease gives back the
+        pages past it."""
+        drafts, s.verify = s.verify, []
+        start = s.pos - 1 - len(drafts)  # the row whose logits are the first result's
+        self.tokens_drafted += len(drafts)
+        for j, (result, error) in enumerate(zip(results, refused)):
+            if j:  # row j is plain's next row: draft j was drawn
+                assert s.drafts is not None
+                s.drafts.keep()
+                self.drafts_accepted += 1
+            s.pos = start + j + 1
+            self._take(s, len(s.generated), result, error)
+            if s.lease.released:  # it ended at this row: _release settled its state
+                break
+            if j == len(drafts) or result.token != drafts[j]:
+                break
+        if drafts:
+            assert s.drafts is not None
+            s.drafts.settle()
+            if not s.lease.released:
+                self._settle(s)
+
+    def _settle(self, s: Live) -> None:
+        """A verify round's stream back to its last kept row: its fixed state as the pass
+        tapped it there (when it took in rows past it) and no page past the next row."""
+        if s.state_rows != s.pos:
+            self.runner.rewind_slot(s.slot, (s.verify_run, s.pos))
+            s.state_rows = s.pos
+        s.lease.trim(s.pos + 1)
 
     def _send_ahead(self, streams: list[Live], tokens: torch.Tensor) -> None:
         """The next round, each stream's row fed the token this round drew for it (`tokens`
@@ -259,12 +330,14 @@ class Lanes:
         waits to be admitted (it is, a round later)."""
         if not self.ahead or self.waiting or len(streams) != len(self.live):
             return
+        if any(s.drafts is not None for s in streams):
+            return  # a drafting stream's next round depends on what the host reads
         runs = [StreamRows(s.slot, s.pos, [0], s.lease.cover(s.pos + 1)) for s in streams]
         logits = self.runner.run_fed(runs, tokens)  # type: ignore[attr-defined]
         self.passes += 1
         self.sent_ahead += 1
         for s, run in zip(streams, runs):
-            s.pos = run.end
+            s.pos = s.state_rows = run.end
         self._flight = _Flight(streams, logits)
 
     def _admit(self) -> None:
@@ -307,7 +380,17 @@ class Lanes:
             if self.tokenizer
             else None,
             matcher=req.params.constraint.start() if req.params.constraint else None,
+            drafts=self._stream_drafts(req),
         )
+
+    def _stream_drafts(self, req: Request) -> StreamDrafts | None:
+        """Draft sources for a request: its prediction, and the server's source. A grammar's
+        stream drafts nothing (its rows' masks would each need the grammar a token further)."""
+        if req.params.constraint is not None:
+            return None
+        if not req.prediction and self.drafting.source == "off":
+            return None
+        return StreamDrafts(self.drafting, req.prompt, req.prediction)
 
     def _fork(self, parent: Live) -> list[Live]:
         """Choices 1..n-1 start from `parent`, whose prompt the last pass completed: its full
@@ -322,7 +405,7 @@ class Lanes:
                 continue
             self.runner.attach(self.hooks, f.lease, table, n)
             self.runner.copy_slot(parent.slot, f.slot)
-            f.pos = n
+            f.pos = f.state_rows = n
             started.append(f)
         at = self.live.index(parent) + 1
         self.live[at:at] = started
@@ -337,10 +420,21 @@ class Lanes:
 
     def _plan_pass(self) -> tuple[list[StreamRows], list[Live]]:
         runs, owners = [], []
-        for s in self.live:
-            if not s.prefilling and s.next_token is not None:
-                runs.append(StreamRows(s.slot, s.pos, [s.next_token], s.lease.cover(s.pos + 1)))
-                owners.append(s)
+        decoding = [s for s in self.live if not s.prefilling and s.next_token is not None]
+        # draft rows a pass may hold: fewer as the batch grows, none past pass_rows streams
+        spare = self.drafting.pass_rows - len(decoding)
+        for s in decoding:
+            cap = min(self.max_drafts, s.req.params.max_tokens - 1 - len(s.generated), spare)
+            s.verify = s.drafts.propose(cap) if s.drafts is not None and cap > 0 else []
+            spare -= len(s.verify)
+            tokens = [s.next_token, *s.verify]
+            pages = s.lease.cover(s.pos + len(tokens))
+            if s.verify:
+                taps = range(s.pos + 1, s.pos + len(tokens))
+                runs.append(StreamRows(s.slot, s.pos, tokens, pages, "all", taps))
+            else:
+                runs.append(StreamRows(s.slot, s.pos, tokens, pages))
+            owners.append(s)
         budget = self.pass_rows
         # New prompts' first rows go before fills already under way (each group in admission
         # order), so a short prompt never waits behind a long prompt's fill.
@@ -376,6 +470,8 @@ class Lanes:
         s.generated.append(result.token)
         self.tokens_out += 1
         s.history.append(result.token)
+        if s.drafts is not None:
+            s.drafts.append(result.token)
         if refused:  # the grammar failed (a step past its budget): the row stops, others go on
             constraint = s.req.params.constraint
             assert constraint is not None
@@ -408,6 +504,8 @@ class Lanes:
         return bool(live or waiting)
 
     def _release(self, s: Live, reason: str, error: str | None = None, flush: bool = True) -> None:
+        if s.state_rows > s.pos and not s.prefilling:
+            self._settle(s)  # ended inside a verify round: the state it keeps is its last row's
         self.live.remove(s)
         for f in s.forks:  # ended before its prompt was computed: so do its other choices
             self._drop_fork(f, reason, error)
@@ -426,6 +524,7 @@ class Lanes:
         tail = ""
         if flush:
             tail = s.stops.flush() + (s.decoder.flush() if s.decoder else "")
+        d = s.drafts
         s.req.sink(
             Finished(
                 s.req.id,
@@ -436,6 +535,11 @@ class Lanes:
                 s.cached,
                 s.req.params.seed,
                 error,
+                *(
+                    (d.drafted, d.accepted, d.prediction_accepted, d.prediction_rejected)
+                    if d
+                    else ()
+                ),
             )
         )
 

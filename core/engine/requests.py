@@ -41,6 +41,10 @@ class Finished:
     cached_tokens: int
     seed: int | None
     error: str | None = None
+    drafted_tokens: int = 0  # draft tokens verify rounds checked (a prediction's and others')
+    accepted_tokens: int = 0  # of them, kept
+    accepted_prediction_tokens: int = 0  # of the request's prediction, kept as drafts
+    rejected_prediction_tokens: int = 0  # of the request's prediction, drafted and refused
 
 
 Event = Union[TokenOut, Finished]
@@ -57,3 +61,5 @@ class Request:
     cancelled: bool = False
     # n > 1: choices 1..n-1 of this prompt; they fork from this one once its prompt is computed
     forks: list["Request"] = field(default_factory=list)
+    # Predicted Outputs: tokens the output is expected to repeat, used as this stream's drafts
+    prediction: tuple[int, ...] = ()

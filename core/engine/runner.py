@@ -94,6 +94,20 @@ class ModelRunner:
         """A forked choice's fixed state: slot src's, copied into slot dst (n > 1)."""
         self.slots.copy(src, dst)
 
+    def rewind_slot(self, slot: int, tap: tuple[int, int]) -> None:
+        """A verify round's rejected drafts undone in the fixed state: the slot takes the state
+        the last pass tapped at `tap` = (stream index in the pass, position), every buffer."""
+        assert self.last_pass is not None
+        tapped = self.last_pass.tapped.get(tap, {})
+        missing = sorted(set(self.slots.buffers) - set(tapped))
+        if missing:
+            raise RuntimeError(
+                f"the family tapped no {', '.join(missing)} at position {tap[1]}: a verify run "
+                "must tap every fixed state at each draft row"
+            )
+        for name, state in tapped.items():
+            self.slots.get(name)[slot].copy_(state)
+
     def attach(self, hooks: Any, lease: Lease, kept_pages: list[int], kept_rows: int) -> list[int]:
         """A resumed stream's page table from the store's pages (the share_attach hook)."""
         return hooks.share_attach(

@@ -262,6 +262,41 @@ class RowHistory:
             self._folded = len(self.output_ids)
         return self._seen, self._dense_counts
 
+    def with_draft(self, tokens: Sequence[int]) -> "DraftedHistory":
+        """This history as it would stand after `tokens` were generated (a verify round's row
+        after its drafts), leaving this one as it is."""
+        return DraftedHistory(self, list(tokens))
+
+
+class DraftedHistory(RowHistory):
+    """A stream's history plus draft tokens not (yet) accepted: row j of a verify round is
+    penalised over the prompt, the output and drafts d1..dj, as plain decoding would penalise it
+    once those tokens were its output. Counts are small integers in fp32, so folding the drafts
+    into a copy gives the bits plain's incremental fold gives."""
+
+    def __init__(self, base: RowHistory, drafts: list[int]) -> None:
+        self.base = base
+        self.drafts = drafts
+        self.prompt_ids = base.prompt_ids
+        self.output_ids = base.output_ids + drafts
+        self.counts = dict(base.counts)
+        for token in drafts:
+            self.counts[token] = self.counts.get(token, 0) + 1
+
+    def append(self, token: int) -> None:
+        raise TypeError("a drafted history is read only: append to the stream's own history")
+
+    def dense(self, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        seen, counts = self.base.dense(vocab, device)
+        if not self.drafts:
+            return seen, counts
+        ids = torch.tensor(self.drafts, dtype=torch.long, device=device)
+        ones = torch.ones(len(self.drafts), dtype=torch.float32, device=device)
+        counts = counts.clone().index_put_((ids,), ones, accumulate=True)
+        seen = seen.clone()
+        seen[ids] = True
+        return seen, counts
+
 
 def apply_penalties(x: torch.Tensor, params: SamplingParams, history: RowHistory) -> torch.Tensor:
     """x: [V] fp32 raw logits -> penalised logits (a new tensor when any penalty is on)."""

@@ -31,6 +31,7 @@ from ..memory.kv_plan import (
     memory_budget,
     plan,
 )
+from .drafts import DraftSettings
 from .engine import Engine
 from .lanes import Lanes
 from .warm_up import warm_up
@@ -395,6 +396,7 @@ def open_served(
             eos_token_ids=tokenizer.eos_token_ids,
             sharing=sharing,
             hooks=rank.hooks,
+            drafts=DraftSettings(settings.draft, settings.draft_tokens),
         )
         device = str(rank.runner.model.device)
         if settings.warm_up if settings.warm_up is not None else device.startswith("cuda"):

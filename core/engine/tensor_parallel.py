@@ -15,6 +15,7 @@ object broadcast, over a gloo group of its own, and does it itself; the follower
     ("attach", kept_pages, kept_rows, table) a resume's share_attach, with rank 0's page table
     ("keep", slot, tap, page)               a snap_keep into snapshot page `page`
     ("restore", page, slot)                 a snap_restore from snapshot page `page`
+    ("rewind", slot, tap)                   a verify round's slot back to the state tapped
     ("beat",)                               nothing: keeps an idle follower inside the timeout
     ("stop",)                               the follower leaves
 
@@ -416,6 +417,9 @@ class Leader:
     def copy_slot(self, src: int, dst: int) -> None:
         self._both(("copy_slot", src, dst), lambda: self.runner.copy_slot(src, dst))
 
+    def rewind_slot(self, slot: int, tap: tuple[int, int]) -> None:
+        self._both(("rewind", slot, tap), lambda: self.runner.rewind_slot(slot, tap))
+
     def attach(self, hooks: Any, lease: Any, kept_pages: list[int], kept_rows: int) -> list[int]:
         table = self.runner.attach(hooks, lease, kept_pages, kept_rows)
         return self._after(table, ("attach", list(kept_pages), kept_rows, list(lease.pages)))
@@ -489,6 +493,9 @@ class Follower:
 
     def _copy_slot(self, src: int, dst: int) -> None:
         self.runner.copy_slot(src, dst)
+
+    def _rewind(self, slot: int, tap: tuple[int, int]) -> None:
+        self.runner.rewind_slot(slot, tap)
 
     def _attach(self, kept_pages: list[int], kept_rows: int, table: list[int]) -> None:
         self.runner.attach(self.hooks, MirrorLease(table), kept_pages, kept_rows)

@@ -179,6 +179,17 @@ class Lease:
             self.pages.append(self.pool._take())
         return self.pages
 
+    def trim(self, rows: int) -> None:
+        """Give back the pages past those rows [0, rows) need, into the promise (a verify round's
+        rejected draft rows): the lease may take them again, the census stays even."""
+        keep = self.pool.pages_for(rows)
+        if len(self.pages) <= keep:
+            return
+        pages, self.pages = self.pages[keep:], self.pages[:keep]
+        self.promised += len(pages)
+        self.pool.promised += len(pages)
+        self.pool.drop(pages)
+
     def release(self) -> None:
         if self.released:
             return
