@@ -64,7 +64,12 @@ SAMPLING = {
 BODIES: dict[str, list[dict[str, Any]]] = {
     api_fields.COMPLETIONS: [
         {**SAMPLING, "prompt": "hi", "max_tokens": 2, "logprobs": 2, "echo": False, "suffix": ""},
-        {"prompt": [1, 2], "max_completion_tokens": 2, "guided_regex": "a+"},
+        {
+            "prompt": [1, 2],
+            "max_completion_tokens": 2,
+            "guided_regex": "a+",
+            "prediction": {"type": "content", "content": "hi there"},
+        },
     ],
     api_fields.CHAT: [
         {
@@ -83,6 +88,7 @@ BODIES: dict[str, list[dict[str, Any]]] = {
             "response_format": {"type": "json_object"},
             "chat_template_kwargs": {"enable_thinking": False},
             "reasoning_effort": "low",
+            "prediction": {"type": "content", "content": [{"type": "text", "text": "hi"}]},
         },
     ],
     api_fields.TOKENIZE: [

@@ -298,15 +298,18 @@ def test_over_the_window_names_both_numbers(api: Http) -> None:
 
 
 @pytest.mark.parametrize(
-    "path,payload",
+    "prediction,says",
     [
-        ("/v1/completions", body(draft=False)),
-        ("/v1/chat/completions", {**CHAT, "draft": True}),
+        ("hello", "prediction must be an object"),
+        ({"type": "text", "content": "x"}, 'prediction.type must be "content"'),
+        ({"type": "content", "content": 3}, "prediction.content must be a string or an array"),
+        ({"type": "content", "content": [{"type": "image"}]}, "prediction.content[0] must be"),
     ],
 )
-def test_draft_is_refused_until_drafts_exist(api: Http, path: str, payload: Any) -> None:
-    error = check_error(api.post(path, json=payload), 400, "draft")
-    assert error["message"] == "drafting is not implemented; remove the draft field"
+def test_a_malformed_prediction_is_refused(api: Http, prediction: Any, says: str) -> None:
+    for path, payload in (("/v1/completions", body()), ("/v1/chat/completions", CHAT)):
+        error = check_error(api.post(path, json={**payload, "prediction": prediction}), 400)
+        assert error["param"] == "prediction" and says in error["message"], error
     good(api)
 
 

@@ -181,6 +181,8 @@ def _expected(m: dict[str, float]) -> dict[str, float]:
         "tensorfold_prompt_store_states",
         "tensorfold_prompt_store_evictions_total",
         "tensorfold_uneven_total",
+        "tensorfold_draft_tokens_total",
+        "tensorfold_draft_tokens_accepted_total",
     ]
     out = {name: m[name] for name in names}
     out["tensorfold_requests_total"] = sum(
@@ -274,6 +276,7 @@ def _live(prompt: int, cached: int, pos: int, generated: int = 0) -> Any:
         lease=SimpleNamespace(pages=[0, 1], promised=3),
         forks=[],
         prefilling=pos < prompt,
+        drafts=None,
     )
 
 

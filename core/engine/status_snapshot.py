@@ -54,6 +54,9 @@ def take_summary(lanes: Lanes, inbox: int = 0) -> dict[str, Any]:
             "rows_cached": lanes.rows_cached,
             "rows_computed": lanes.rows_computed,
             "tokens_out": lanes.tokens_out,
+            "tokens_drafted": lanes.tokens_drafted,
+            "drafts_accepted": lanes.drafts_accepted,
+            "verify_rounds": lanes.verify_rounds,
             "uneven": lanes.uneven,
             "graph_replays": getattr(runner, "replays", 0),
         },
@@ -75,6 +78,8 @@ def _stream(s: Live, pass_rows: int, now: float) -> dict[str, Any]:
         "age_s": round(now - s.req.arrival, 3),
         "choices": 1 + len(s.forks),
     }
+    if s.drafts is not None:
+        out["drafted"], out["accepted"] = s.drafts.drafted, s.drafts.accepted
     if s.prefilling:
         first = s.cached // pass_rows  # passes are cut on the absolute grid
         out["phase"] = "prefill"

@@ -281,11 +281,36 @@ FIELDS: tuple[ApiField, ...] = (
     ),
     F("user", "str", SAMPLED, "The end user's id; accepted and not used."),
     F(
-        "draft",
-        "any",
+        "prediction",
+        "object",
         GENERATE,
-        "Not implemented: a request holding it is refused.",
-        schema={"not": {}},
+        "Predicted Outputs: text the reply is expected to repeat (code edits), drafted and "
+        "verified, so the reply's tokens are those it would have without it; usage's "
+        "completion_tokens_details counts accepted_prediction_tokens and "
+        "rejected_prediction_tokens.",
+        schema={
+            "type": "object",
+            "required": ["type", "content"],
+            "properties": {
+                "type": {"const": "content"},
+                "content": {
+                    "oneOf": [
+                        {"type": "string"},
+                        {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["type", "text"],
+                                "properties": {
+                                    "type": {"const": "text"},
+                                    "text": {"type": "string"},
+                                },
+                            },
+                        },
+                    ]
+                },
+            },
+        },
     ),
     # what comes back
     F(

@@ -92,6 +92,7 @@ async def engine_run(state: State, parsed: Parsed, timing: Timing) -> AsyncItera
             choice_params(parsed.params, parsed.n),
             [functools.partial(sink, i) for i in range(parsed.n)],
             marks=parsed.marks,
+            prediction=parsed.prediction,
         )
     except RequestRefused as exc:
         param = parsed.max_tokens_param if exc.param == "max_tokens" else exc.param

@@ -74,6 +74,16 @@ class _EngineCollector(Collector):
                 host.add_metric([state], n)
             yield host
         yield CounterMetricFamily(
+            "tensorfold_draft_tokens",
+            "Draft tokens verify rounds checked (a prediction's, n-gram's)",
+            value=engine.lanes.tokens_drafted,
+        )
+        yield CounterMetricFamily(
+            "tensorfold_draft_tokens_accepted",
+            "Draft tokens kept: each one a token the pass gave beyond its row",
+            value=engine.lanes.drafts_accepted,
+        )
+        yield CounterMetricFamily(
             "tensorfold_uneven",
             "Idle censuses that did not add up (a bug)",
             value=engine.lanes.uneven,

@@ -117,6 +117,9 @@ class Parsed:
     max_tokens_set: bool = True  # False: max_tokens is the default, set by with_prompt
     reasoning: ReasoningFormat | None = None  # chat: the reply's thinking is split out
     thinking: bool = False  # the prompt ends inside thinking: the reply starts there
+    prediction_job: PromptJob | None = None  # Predicted Outputs: the text to tokenize
+    prediction: tuple[int, ...] = ()  # ... its tokens, the stream's drafts
+    predicted: bool = False  # the request sent a prediction (usage reports what was kept)
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -177,8 +180,6 @@ def _sampling(
     if best_of is not None and best_of != 1:
         raise bad(f"best_of must be 1, got {best_of}", "best_of")
     _get(body, "user", "str")
-    if "draft" in body:  # refused until drafting exists, rather than silently ignored
-        raise bad("drafting is not implemented; remove the draft field", "draft")
     max_param = (
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else ("max_tokens")
     )
@@ -277,6 +278,40 @@ def too_long(size: int, limit: int, served: Served, param: str) -> ApiError:
         param,
         "context_length_exceeded",
     )
+
+
+def _prediction(body: dict[str, Any], served: Served) -> PromptJob | None:
+    """OpenAI's Predicted Outputs: {"type": "content", "content": text or text parts}, what the
+    reply is expected to repeat; tokenized by a prompt worker, cut to the window."""
+    prediction = _get(body, "prediction", "object")
+    if prediction is None:
+        return None
+    if prediction.get("type") != "content":
+        raise bad(
+            f'prediction.type must be "content", got {prediction.get("type")!r}', "prediction"
+        )
+    content = prediction.get("content")
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            if not (
+                isinstance(part, dict)
+                and part.get("type") == "text"
+                and isinstance(part.get("text"), str)
+            ):
+                raise bad(
+                    f'prediction.content[{i}] must be {{"type": "text", "text": string}}',
+                    "prediction",
+                )
+            parts.append(part["text"])
+        content = "".join(parts)
+    if not isinstance(content, str):
+        raise bad("prediction.content must be a string or an array of text parts", "prediction")
+    if not content:
+        return None
+    limit = max_prompt_bytes(served.tokenizer, served.window)
+    text = content.encode("utf-8", "surrogatepass")[:limit].decode("utf-8", "ignore")
+    return PromptJob(served.window, limit, text=text, add_special_tokens=False, cut=True)
 
 
 def _byte_limit(texts: list[str], served: Served, param: str) -> int:
@@ -380,6 +415,8 @@ def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
         _choices(body),
         job=job,
         max_tokens_set=body.get(max_param) is not None,
+        prediction_job=_prediction(body, served),
+        predicted="prediction" in body,
     )
 
 
@@ -467,6 +504,8 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
         job,
         max_tokens_set=body.get(max_param) is not None,
         reasoning=reasoning,
+        prediction_job=_prediction(body, served),
+        predicted="prediction" in body,
     )
 
 

@@ -197,8 +197,14 @@ class Reply:
             "total_tokens": d.prompt_tokens + d.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": d.cached_tokens},
         }
+        details: dict[str, int] = {}
         if self.chat and self.parsed.reasoning is not None:
-            usage["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
+            details["reasoning_tokens"] = self.reasoning_tokens
+        if self.parsed.predicted:
+            details["accepted_prediction_tokens"] = d.accepted_prediction_tokens
+            details["rejected_prediction_tokens"] = d.rejected_prediction_tokens
+        if details:
+            usage["completion_tokens_details"] = details
         return usage
 
     def envelope(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
@@ -395,9 +401,14 @@ class Choices:
         for r in self.replies:
             assert r.done is not None  # self.done: every reply has finished
             completion += r.done.completion_tokens
-        if "completion_tokens_details" in first:
-            thought = sum(r.reasoning_tokens for r in self.replies)
-            first["completion_tokens_details"] = {"reasoning_tokens": thought}
+        if details := first.get("completion_tokens_details"):
+            ends = [r.done for r in self.replies if r.done is not None]
+            sums = {
+                "reasoning_tokens": sum(r.reasoning_tokens for r in self.replies),
+                "accepted_prediction_tokens": sum(e.accepted_prediction_tokens for e in ends),
+                "rejected_prediction_tokens": sum(e.rejected_prediction_tokens for e in ends),
+            }
+            first["completion_tokens_details"] = {name: sums[name] for name in details}
         return {
             **first,
             "completion_tokens": completion,

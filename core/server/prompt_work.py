@@ -44,6 +44,7 @@ class PromptJob:
     # generation prompt (Prompt.thinking)
     add_generation_prompt: bool = True  # a chat ends with the reply's opening (/tokenize: may not)
     add_special_tokens: bool = True  # a text gets the tokenizer's specials (/tokenize: may not)
+    cut: bool = False  # a prediction's text: tokens past the window are dropped, not refused
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,10 @@ def make_prompt(tok: Tokenizer, job: PromptJob) -> Prompt:
     """The whole step, as a worker runs it: render, check the size, tokenize, place the marks."""
     if job.text is not None:
         _check_size(job.text, job.max_bytes)
-        return _bounded(tok.encode(job.text, job.add_special_tokens), (), job.window)
+        ids = tok.encode(job.text, job.add_special_tokens)
+        if job.cut:
+            return Prompt(min(len(ids), job.window), ids[: job.window])
+        return _bounded(ids, (), job.window)
     assert tok.chat_template is not None and job.chat is not None
     rendered = render_chat(
         tok.chat_template,

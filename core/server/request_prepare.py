@@ -11,6 +11,7 @@ client.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from aiohttp import web
@@ -42,12 +43,22 @@ async def prepare(
     parsed = await off_loop(
         limits, deadline, param, parse_request, raw, parse, served, limits.max_messages
     )
-    if parsed.job is None:  # a prompt of token ids
-        return parsed
-    prompt = await prompt_of(
-        limits, parsed.job, deadline, served, param, lambda exc: prompt_refusal(exc, parsed, served)
-    )
-    return with_prompt(parsed, prompt, served)
+    if parsed.job is not None:  # else a prompt of token ids
+        prompt = await prompt_of(
+            limits,
+            parsed.job,
+            deadline,
+            served,
+            param,
+            lambda exc: prompt_refusal(exc, parsed, served),
+        )
+        parsed = with_prompt(parsed, prompt, served)
+    if parsed.prediction_job is not None:
+        made = await prompt_of(
+            limits, parsed.prediction_job, deadline, served, "prediction", lambda exc: None
+        )
+        parsed = replace(parsed, prediction=tuple(made.ids), prediction_job=None)
+    return parsed
 
 
 async def off_loop(

@@ -83,6 +83,8 @@ function summary(s) {
   census.textContent = pool.idle ? (pool.even ? pool.census : "UNEVEN " + pool.census) : "busy: the census is taken when the engine goes idle";
   census.classList.toggle("bad", pool.idle && !pool.even);
   setMetric("tensorfold_uneven_total", c.uneven);
+  setMetric("tensorfold_draft_tokens_total", c.tokens_drafted);
+  setMetric("tensorfold_draft_tokens_accepted_total", c.drafts_accepted);
   $("#uneven").classList.toggle("bad", c.uneven > 0);
 
   setMetric("tensorfold_generation_tokens_total", c.generation_tokens);
@@ -178,6 +180,12 @@ function drawRates() {
     const cached = b.counters.rows_cached - a.counters.rows_cached;
     const all = cached + b.counters.rows_computed - a.counters.rows_computed;
     e.textContent = all > 0 ? `${(100 * cached / all).toFixed(1)} %` : "–";
+  }
+  for (const e of document.querySelectorAll("[data-accept]")) {
+    const [b, a] = window_(Number(e.dataset.accept));
+    const drafted = b.counters.tokens_drafted - a.counters.tokens_drafted;
+    const kept = b.counters.drafts_accepted - a.counters.drafts_accepted;
+    e.textContent = drafted > 0 ? `${(100 * kept / drafted).toFixed(1)} % of ${fmt(drafted)}` : "–";
   }
   const svg = $("#rate-chart");
   if (points.length < 2) return svg.replaceChildren();
