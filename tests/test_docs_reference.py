@@ -43,6 +43,7 @@ MODULES = [
     "tensorfold.family.hooks",
     "tensorfold.family.reasoning",
     "tensorfold.engine.ngram_drafts",
+    "tensorfold.engine.drafts",
 ]
 
 
