@@ -19,7 +19,7 @@ from tensorfold.engine.requests import Request, TokenOut  # noqa: E402
 from tensorfold.engine.runner import ModelRunner, open_stream  # noqa: E402
 from tensorfold.engine.sampling import SamplingParams  # noqa: E402
 from tensorfold.family.forward_pass import StreamRows  # noqa: E402
-from tensorfold_glm.kda_launches import Segments, segments  # noqa: E402
+from tensorfold_glm.kda_launches import Segments, segments, tap_cuts  # noqa: E402
 
 TOKENS = [(7 * i + 3) % 90 + 3 for i in range(400)]
 
@@ -126,3 +126,31 @@ def test_the_lanes_cut_a_prompt_on_the_chunk_grid(kernels_on_cpu, kda_model):
     prompt_runs = [r for r in runs if r[0] == 1 and r[2] - r[1] > 1]
     assert prompt_runs[:3] == [(1, 0, 64), (1, 64, 128), (1, 128, 132)]
     assert together[1] == tokens([TOKENS[40:172]])[0]
+
+
+@pytest.mark.parametrize(
+    "rows, start, taps, want",
+    [
+        ((0, 0), 60, [61], []),
+        ((0, 4), 60, [], [(0, 4)]),
+        ((0, 4), 60, [61, 62, 63], [(0, 1), (1, 2), (2, 3), (3, 4)]),
+        ((0, 4), 60, [60, 64, 70], [(0, 4)]),  # only taps inside the rows cut them
+        ((4, 8), 60, [61, 62, 63, 64, 65, 66, 67], [(4, 5), (5, 6), (6, 7), (7, 8)]),
+    ],
+)
+def test_tap_cuts(rows, start, taps, want):
+    assert tap_cuts(rows, start, taps) == want
+
+
+def test_a_verify_run_across_a_chunk_boundary_taps_every_draft_row(kernels_on_cpu, kda_model):
+    """A stream's token and 3 drafts as one run (taps at every draft row) beside a decode row
+    and a prompt chunk, from row 62: the first run crosses the 64-row chunk boundary (all its
+    rows recurrent, as plain decoding's) and a 21-row page's; each row and each tap equal plain
+    decoding's, rounds rejecting drafts in turn (testing.assert_verify_rows_match)."""
+    from tensorfold import testing
+
+    model = kda_model(torch.bfloat16)
+    rounds = testing.assert_verify_rows_match(
+        testing.runner_factory(model), TOKENS[:62], TOKENS[62:68], 3, page_rows=21
+    )
+    assert rounds == 3
