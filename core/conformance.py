@@ -504,3 +504,18 @@ class VerifyRowsGate(Parametrised):
         testing.assert_verify_rows_match(
             tiny.runner, prompt, tokens, k, page_rows=self.verify_page_rows
         )
+
+    def test_verify_run_rows_and_taps_equal_plain_decoding_with_fp8_kv(
+        self, tiny: testing.ReferenceCase
+    ) -> None:
+        """The same with pages (and fixed states that have an fp8 form, e.g. rings) in fp8
+        e4m3 with their scales, k = 3."""
+        from .engine.runner import ModelRunner
+
+        def make_runner(**sizes: Any) -> ModelRunner:
+            return ModelRunner(tiny.model, kv_dtype="fp8", **sizes)
+
+        prompt, tokens = self.verify_rows(tiny)
+        testing.assert_verify_rows_match(
+            make_runner, prompt, tokens, 3, page_rows=self.verify_page_rows
+        )
