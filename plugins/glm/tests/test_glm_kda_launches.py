@@ -18,7 +18,7 @@ from tensorfold.engine.lanes import Lanes  # noqa: E402
 from tensorfold.engine.requests import Request, TokenOut  # noqa: E402
 from tensorfold.engine.runner import ModelRunner, open_stream  # noqa: E402
 from tensorfold.engine.sampling import SamplingParams  # noqa: E402
-from tensorfold.family.forward_pass import StreamRows  # noqa: E402
+from tensorfold.family.forward_pass import ForwardPass, StreamRows  # noqa: E402
 from tensorfold_glm.kda_launches import Segments, segments, tap_cuts  # noqa: E402
 
 TOKENS = [(7 * i + 3) % 90 + 3 for i in range(400)]
@@ -140,6 +140,47 @@ def test_the_lanes_cut_a_prompt_on_the_chunk_grid(kernels_on_cpu, kda_model):
 )
 def test_tap_cuts(rows, start, taps, want):
     assert tap_cuts(rows, start, taps) == want
+
+
+def test_delta_rule_pass_taps_each_draft_row_as_one_row_passes_leave_it(
+    kernels_on_cpu, kda_model, own_recurrent
+):
+    """delta_rule_pass alone: a decode row, an 8-row verify run from row 60 (across the chunk
+    boundary, taps at 61..67) and a 5-row chunk in one pass give the verify run's rows and taps
+    the bits of one-row passes, and leave the others' states as passes of their own do."""
+    from tensorfold_glm.kda_launches import TorchKernels, delta_rule_pass
+    from tensorfold_glm.ops import sigmoid
+
+    model = kda_model(torch.float32)
+    kernels = TorchKernels(model.cfg, model.weights.layers[0].mixer, 2)
+    gen = torch.Generator().manual_seed(0)
+    runs = [(0, 100, 1, ()), (1, 60, 8, range(61, 68)), (2, 30, 5, ())]  # slot, start, rows, taps
+    n = sum(rows for _, _, rows, _ in runs)
+    q, k, v, pre = (torch.randn(n, 32, generator=gen) for _ in range(4))
+    b = torch.randn(n, 2, generator=gen)
+    start_states = torch.randn(3, 2, 16, 16, generator=gen)
+
+    def one_pass(streams, rows):
+        fp = ForwardPass(streams, 512)
+        got = delta_rule_pass(
+            kernels, *(t[rows] for t in (q, k, v, pre, b)), sigmoid(b[rows]), states, fp, "s"
+        )
+        return got, fp.tapped
+
+    states = start_states.clone()
+    out, tapped = one_pass(
+        [StreamRows(slot, at, [0] * rows, [0], "all", taps) for slot, at, rows, taps in runs],
+        torch.arange(n),
+    )
+    joint = states.clone()
+    states = start_states.clone()
+    for (slot, at, rows, _), lo in zip(runs, (0, 1, 9)):
+        for r in range(rows):  # one row a pass
+            row, _ = one_pass([StreamRows(slot, at + r, [0], [0])], torch.tensor([lo + r]))
+            assert torch.equal(row, out[lo + r : lo + r + 1]), (slot, r)
+            if slot == 1 and r < rows - 1:
+                assert torch.equal(tapped[(1, at + r + 1)]["s"], states[1]), r
+    assert torch.equal(joint, states)
 
 
 def test_a_verify_run_across_a_chunk_boundary_taps_every_draft_row(kernels_on_cpu, kda_model):
