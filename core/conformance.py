@@ -641,3 +641,46 @@ class SlotPassGates(PassGates):
 
     def test_reused_slot_starts_from_zero_state(self, tiny: testing.ReferenceCase) -> None:
         testing.assert_reused_slot_starts_clean(tiny.runner, tiny.prompt)
+
+
+class VerifyRowsGate(Parametrised):
+    """A verify run's promise on the family's tiny checkpoints (the `tiny` fixture), fp32:
+    testing.assert_verify_rows_match for each k of `verify_ks`: the prompt's first
+    `verify_prompt` rows, then `verify_tokens` more of the prompt's ids fed one row a pass and
+    as runs of k + 1 rows (beside a decode row and a prompt chunk, on `verify_page_rows`-row
+    pages, rounds rejecting drafts in turn). The defaults put runs across a page boundary and
+    glm5_next's 64-row KDA chunk boundary."""
+
+    verify_ks: ClassVar[Sequence[int]] = (1, 3, 7)
+    verify_prompt: ClassVar[int] = 58
+    verify_tokens: ClassVar[int] = 20
+    verify_page_rows: ClassVar[int] = 24
+    params = {"k": "verify_ks"}
+
+    def verify_rows(self, tiny: testing.ReferenceCase) -> tuple[list[int], list[int]]:
+        """(prompt, tokens) from the tiny case's prompt."""
+        end = self.verify_prompt + self.verify_tokens
+        return tiny.prompt[: self.verify_prompt], tiny.prompt[self.verify_prompt : end]
+
+    def test_verify_run_rows_and_taps_equal_plain_decoding(
+        self, tiny: testing.ReferenceCase, k: int
+    ) -> None:
+        prompt, tokens = self.verify_rows(tiny)
+        testing.assert_verify_rows_match(
+            tiny.runner, prompt, tokens, k, page_rows=self.verify_page_rows
+        )
+
+    def test_verify_run_rows_and_taps_equal_plain_decoding_with_fp8_kv(
+        self, tiny: testing.ReferenceCase
+    ) -> None:
+        """The same with pages (and fixed states that have an fp8 form, e.g. rings) in fp8
+        e4m3 with their scales, k = 3."""
+        from .engine.runner import ModelRunner
+
+        def make_runner(**sizes: Any) -> ModelRunner:
+            return ModelRunner(tiny.model, kv_dtype="fp8", **sizes)
+
+        prompt, tokens = self.verify_rows(tiny)
+        testing.assert_verify_rows_match(
+            make_runner, prompt, tokens, 3, page_rows=self.verify_page_rows
+        )

@@ -1087,3 +1087,128 @@ def assert_signal_drains_tp_2(
     census = proc.stdout.read().strip().splitlines()[-1]  # printed at exit
     assert census.startswith("kv pool idle: promised 0"), census
     return took
+
+
+# -- verify runs: a stream's token and its drafts as one run of k + 1 rows ---------------------
+
+
+@dataclass
+class PlainRows:
+    """A stream decoded one row a pass (plain_rows): each decode row's logits and the slot's
+    every fixed-state buffer as it stood after each row, by position."""
+
+    start: int  # the first decode row's position (the prompt's length)
+    logits: torch.Tensor  # [len(tokens), V]: row j's, at position start + j
+    states: dict[int, dict[str, torch.Tensor]]  # p -> {name: slot state after row p - 1}
+
+
+def plain_rows(
+    make_runner: Callable[..., ModelRunner],
+    prompt: Sequence[int],
+    tokens: Sequence[int],
+    *,
+    page_rows: int = 512,
+) -> PlainRows:
+    """The prompt in one pass, then `tokens` one decode row a pass (logits "last"), on a fresh
+    runner in slot 0, the slot copied after each row."""
+    rows = len(prompt) + len(tokens)
+    runner = make_runner(num_pages=-(-rows // page_rows), num_slots=1, page_rows=page_rows)
+    stream = open_stream(runner, 0, rows)
+    runner.run([stream.rows(prompt)])
+    states = {stream.pos: _slot_state(runner, 0)}
+    logits = []
+    for token in tokens:
+        logits.append(runner.run([stream.rows([token])])[0][-1].clone())  # a graph reuses it
+        states[stream.pos] = _slot_state(runner, 0)
+    return PlainRows(len(prompt), torch.stack(logits), states)
+
+
+def _slot_state(runner: ModelRunner, slot: int) -> dict[str, torch.Tensor]:
+    return {name: buf[slot].clone() for name, buf in runner.slots.buffers.items()}
+
+
+def assert_verify_rows_match(
+    make_runner: Callable[..., ModelRunner],
+    prompt: Sequence[int],
+    tokens: Sequence[int],
+    k: int,
+    *,
+    page_rows: int = 512,
+    accepted: Sequence[int] | None = None,
+    beside: bool = True,
+    plain: PlainRows | None = None,
+) -> int:
+    """A verify run's promise (docs/architecture.md, "Exactness rules"): a stream's token and k
+    drafts fed as one run of k + 1 rows (logits "all", taps at every draft row) give each row
+    the logits plain one-row decoding gives it, and tap at each draft row the slot state plain
+    decoding leaves there, bit for bit, for every fixed-state buffer (`runner.slots.buffers`).
+
+    Runner A (`plain_rows`, or `plain` computed by it for the same arguments) prefills the
+    prompt and decodes `tokens` one row a pass. Runner B prefills the same prompt, then feeds
+    `tokens` as rounds of k + 1 rows from position pos: `StreamRows(slot, pos, tokens[j : j +
+    k + 1], pages, "all", taps=range(pos + 1, pos + k + 1))` (the last round shorter where the
+    tokens end). A round "accepts" `accepted[r % len]` drafts (default: all k, then none, then
+    k // 2, in turn): when fewer than its rows - 1, its tapped states at the accepted row are
+    copied into the slot and the next round starts right after it (rewriting the rejected
+    rows), as the lanes roll back a rejection. With `beside`, each round shares its pass with
+    another stream's one-row decode and a third's 5-row prompt chunk. After each round the
+    slot equals plain's state at the round's end. Both runners are fresh (a ring row no
+    stream wrote yet is zeros in both). Returns the rounds run."""
+    prompt, tokens = list(prompt), list(tokens)
+    if accepted is None:
+        accepted = (k, 0, k // 2)
+    if plain is None:
+        plain = plain_rows(make_runner, prompt, tokens, page_rows=page_rows)
+    start = len(prompt)
+    assert plain.start == start and plain.logits.shape[0] == len(tokens)
+    rows = start + len(tokens)
+    chunk = 5
+    other = [prompt[(7 * i + 1) % len(prompt)] for i in range(chunk * len(tokens) + 1)]
+    need = [rows, start + len(tokens) + 1, len(other)] if beside else [rows]
+    runner = make_runner(
+        num_pages=sum(-(-n // page_rows) for n in need),
+        num_slots=len(need),
+        page_rows=page_rows,
+    )
+    streams = [open_stream(runner, slot, n) for slot, n in enumerate(need)]
+    verify = streams[0]
+    passes = [[verify.rows(prompt)]]
+    if beside:
+        passes[0].append(streams[1].rows(prompt[:9][::-1]))
+    runner.run(passes[0])
+    names = set(runner.slots.buffers)
+    j, rounds = 0, 0
+    while j < len(tokens):
+        n = min(k + 1, len(tokens) - j)
+        pos = start + j
+        pages = list(verify.lease.cover(pos + n))
+        run = StreamRows(0, pos, tokens[j : j + n], pages, "all", tuple(range(pos + 1, pos + n)))
+        batch = [run]
+        if beside:  # a decode row before the run, a prompt chunk after it
+            decode = streams[1].rows([tokens[-1 - rounds % len(tokens)]])
+            batch = [decode, run, streams[2].rows(other[rounds * chunk : (rounds + 1) * chunk])]
+        at = batch.index(run)
+        logits = runner.run(batch)[at]
+        tapped = runner.last_pass.tapped if runner.last_pass is not None else {}
+        for r in range(n):
+            assert torch.equal(logits[r], plain.logits[j + r]), (
+                f"k={k}: row {r} of the run at {pos} (position {pos + r}) is not plain's"
+            )
+        for p in run.taps:
+            got = tapped.get((at, p), {})
+            assert set(got) == names, f"k={k}: the tap at {p} holds {sorted(got)}"
+            for name in names:
+                assert torch.equal(got[name], plain.states[p][name]), (
+                    f"k={k}: {name} tapped at {p} (run at {pos}) is not plain's state there"
+                )
+        for name in names:
+            assert torch.equal(runner.slots.get(name)[0], plain.states[pos + n][name]), (
+                f"k={k}: {name} after the run at {pos} is not plain's state at {pos + n}"
+            )
+        a = min(accepted[rounds % len(accepted)], n - 1)
+        if a < n - 1:  # roll back to the state after the accepted row
+            for name, state in tapped[(at, pos + a + 1)].items():
+                runner.slots.get(name)[0].copy_(state)
+        j += a + 1
+        rounds += 1
+    return rounds

@@ -12,3 +12,7 @@ class TestPasses(conformance.PassGates):
     together_grid = [("float32", (0, 1)), ("float32", (0, 1, 2)), ("bfloat16", (0, 1, 2))]
     pass_lengths, pass_pages = (180, 230, 37), (3, 300)
     shuffle_rows, shuffle_cut, shuffle_pool = 250, 130, 32
+
+
+class TestVerifyRows(conformance.VerifyRowsGate):
+    pass

@@ -11,7 +11,9 @@ So the kernel of a row is fixed by its absolute position and its stream's run in
 - the whole chunks [64j, 64j + 64) inside a run go through `chunk_kda`, one launch per stream
   and per stretch between its taps (glm5_next's marks are chunk boundaries);
 - the rows before the run's first chunk boundary (a decode row, a draft's rows) and after its
-  last (a prompt's end) go through the recurrent kernel, all streams' runs in one launch.
+  last (a prompt's end) go through the recurrent kernel, all streams' runs in one launch, or,
+  where a stream taps inside them (a verify run taps every draft row), in launches cut at its
+  taps (`tap_cuts`), its state tapped after each.
 The lanes cut a prompt only at multiples of the family's mark_rows (64 here), and a resume starts
 at a mark, so a prompt's rows meet the same kernels alone or batched, in one pass or cut into
 several, fresh or resumed; decode rows are always recurrent.
@@ -60,6 +62,17 @@ def segments(start: int, n: int, taps: Sequence[int] = ()) -> Segments:
     return Segments((0, a), tuple(zip(cuts, cuts[1:])) if b > a else (), (b, n))
 
 
+def tap_cuts(rows: tuple[int, int], start: int, taps: Sequence[int] = ()) -> list[tuple[int, int]]:
+    """Recurrent rows [a, e) of a run from absolute position `start`, cut at the taps inside
+    them: the pieces in order (none when a == e). The recurrent kernel's per-row arithmetic is
+    the same in every launch, so the cuts change no bits; each piece's end state is a tap's."""
+    a, e = rows
+    if e <= a:
+        return []
+    bounds = [a, *sorted({t - start for t in taps if a < t - start < e}), e]
+    return list(zip(bounds, bounds[1:]))
+
+
 class Kernels(Protocol):
     """q, k, v, pre [R, D] (pre: the forget gate's input); beta [R, heads]. -> (o [R, heads, V]
     in q's dtype, the states after)."""
@@ -104,11 +117,17 @@ def delta_rule_pass(
             fp.tap(i, stream.start + end, name, state.clone())
 
     def recurrent(part: str) -> None:
-        runs = [
-            (i, fp.spans[i][0], getattr(p, part))
+        """The streams' `part` rows, cut at their taps (tap_cuts): launch j holds the j-th piece
+        of every stream that has one, so a stream without taps inside its rows is in the first
+        launch only, and each tap is a launch's end."""
+        pieces = [
+            (i, tap_cuts(getattr(p, part), fp.streams[i].start, fp.streams[i].taps))
             for i, p in enumerate(plans)
-            if getattr(p, part)[1] > getattr(p, part)[0]
         ]
+        for j in range(max(len(cut) for _, cut in pieces)):
+            launch([(i, fp.spans[i][0], cut[j]) for i, cut in pieces if j < len(cut)])
+
+    def launch(runs: list[tuple[int, int, tuple[int, int]]]) -> None:
         if not runs:
             return
         if switches.OWN_RECURRENT.on():  # in place, the rows where they are

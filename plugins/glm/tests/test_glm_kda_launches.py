@@ -18,8 +18,8 @@ from tensorfold.engine.lanes import Lanes  # noqa: E402
 from tensorfold.engine.requests import Request, TokenOut  # noqa: E402
 from tensorfold.engine.runner import ModelRunner, open_stream  # noqa: E402
 from tensorfold.engine.sampling import SamplingParams  # noqa: E402
-from tensorfold.family.forward_pass import StreamRows  # noqa: E402
-from tensorfold_glm.kda_launches import Segments, segments  # noqa: E402
+from tensorfold.family.forward_pass import ForwardPass, StreamRows  # noqa: E402
+from tensorfold_glm.kda_launches import Segments, segments, tap_cuts  # noqa: E402
 
 TOKENS = [(7 * i + 3) % 90 + 3 for i in range(400)]
 
@@ -126,3 +126,72 @@ def test_the_lanes_cut_a_prompt_on_the_chunk_grid(kernels_on_cpu, kda_model):
     prompt_runs = [r for r in runs if r[0] == 1 and r[2] - r[1] > 1]
     assert prompt_runs[:3] == [(1, 0, 64), (1, 64, 128), (1, 128, 132)]
     assert together[1] == tokens([TOKENS[40:172]])[0]
+
+
+@pytest.mark.parametrize(
+    "rows, start, taps, want",
+    [
+        ((0, 0), 60, [61], []),
+        ((0, 4), 60, [], [(0, 4)]),
+        ((0, 4), 60, [61, 62, 63], [(0, 1), (1, 2), (2, 3), (3, 4)]),
+        ((0, 4), 60, [60, 64, 70], [(0, 4)]),  # only taps inside the rows cut them
+        ((4, 8), 60, [61, 62, 63, 64, 65, 66, 67], [(4, 5), (5, 6), (6, 7), (7, 8)]),
+    ],
+)
+def test_tap_cuts(rows, start, taps, want):
+    assert tap_cuts(rows, start, taps) == want
+
+
+def test_delta_rule_pass_taps_each_draft_row_as_one_row_passes_leave_it(
+    kernels_on_cpu, kda_model, own_recurrent
+):
+    """delta_rule_pass alone: a decode row, an 8-row verify run from row 60 (across the chunk
+    boundary, taps at 61..67) and a 5-row chunk in one pass give the verify run's rows and taps
+    the bits of one-row passes, and leave the others' states as passes of their own do."""
+    from tensorfold_glm.kda_launches import TorchKernels, delta_rule_pass
+    from tensorfold_glm.ops import sigmoid
+
+    model = kda_model(torch.float32)
+    kernels = TorchKernels(model.cfg, model.weights.layers[0].mixer, 2)
+    gen = torch.Generator().manual_seed(0)
+    runs = [(0, 100, 1, ()), (1, 60, 8, range(61, 68)), (2, 30, 5, ())]  # slot, start, rows, taps
+    n = sum(rows for _, _, rows, _ in runs)
+    q, k, v, pre = (torch.randn(n, 32, generator=gen) for _ in range(4))
+    b = torch.randn(n, 2, generator=gen)
+    start_states = torch.randn(3, 2, 16, 16, generator=gen)
+
+    def one_pass(streams, rows):
+        fp = ForwardPass(streams, 512)
+        got = delta_rule_pass(
+            kernels, *(t[rows] for t in (q, k, v, pre, b)), sigmoid(b[rows]), states, fp, "s"
+        )
+        return got, fp.tapped
+
+    states = start_states.clone()
+    out, tapped = one_pass(
+        [StreamRows(slot, at, [0] * rows, [0], "all", taps) for slot, at, rows, taps in runs],
+        torch.arange(n),
+    )
+    joint = states.clone()
+    states = start_states.clone()
+    for (slot, at, rows, _), lo in zip(runs, (0, 1, 9)):
+        for r in range(rows):  # one row a pass
+            row, _ = one_pass([StreamRows(slot, at + r, [0], [0])], torch.tensor([lo + r]))
+            assert torch.equal(row, out[lo + r : lo + r + 1]), (slot, r)
+            if slot == 1 and r < rows - 1:
+                assert torch.equal(tapped[(1, at + r + 1)]["s"], states[1]), r
+    assert torch.equal(joint, states)
+
+
+def test_a_verify_run_across_a_chunk_boundary_taps_every_draft_row(kernels_on_cpu, kda_model):
+    """A stream's token and 3 drafts as one run (taps at every draft row) beside a decode row
+    and a prompt chunk, from row 62: the first run crosses the 64-row chunk boundary (all its
+    rows recurrent, as plain decoding's) and a 21-row page's; each row and each tap equal plain
+    decoding's, rounds rejecting drafts in turn (testing.assert_verify_rows_match)."""
+    from tensorfold import testing
+
+    model = kda_model(torch.bfloat16)
+    rounds = testing.assert_verify_rows_match(
+        testing.runner_factory(model), TOKENS[:62], TOKENS[62:68], 3, page_rows=21
+    )
+    assert rounds == 3

@@ -32,3 +32,7 @@ class TestPasses(conformance.SlotPassGates):
             cut.run([StreamRows(0, 0, tiny.prompt[:p], list(range(8)), "none")])
             for name in names:
                 assert torch.equal(tapped[(0, p)][name], cut.slots.get(name)[0]), (p, name)
+
+
+class TestVerifyRows(conformance.VerifyRowsGate):
+    pass

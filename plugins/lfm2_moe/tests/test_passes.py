@@ -9,3 +9,7 @@ from tensorfold_lfm2_moe.model import load
 
 class TestPasses(conformance.SlotPassGates):
     load = load
+
+
+class TestVerifyRows(conformance.VerifyRowsGate):
+    pass
