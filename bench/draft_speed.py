@@ -1,0 +1,235 @@
+"""Drafting end to end on one GPU (issue 57): verify rounds fed oracle drafts against plain
+decoding, through the lanes and a graph runner, for one family's speed shape (dummy bf16
+weights, bench/verify_rows.py's `build`).
+
+Oracle drafts are a request's prediction: the tokens of a recorded plain run, each replaced by
+another token with probability 1 - p (seeded). For p in {1, 0.8, 0.5, 0} at k = 4 with the
+per-stream policy on, p = 0 with it off (what the policy saves), p = 1 at k = 2, 8 and 16, and
+n-gram drafts: decode tokens/s against plain, the drafts kept, and whether every run's tokens
+equal plain's (greedy, and seeded at temperature 0.8 with top_p and every penalty on), at one
+stream and at eight (all predicted, and half of them). Prints a table and writes results.json.
+
+    python bench/draft_speed.py --out $OUT --family lfm2_moe --commit $(git rev-parse --short HEAD)
+    python bench/draft_speed.py --smoke    # each family's smoke shape on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.verify_rows import FAMILIES, SHAPE_NAMES, build  # noqa: E402
+from tensorfold.engine.drafts import DraftSettings  # noqa: E402
+from tensorfold.engine.lanes import Lanes  # noqa: E402
+from tensorfold.engine.requests import Finished, Request, TokenOut  # noqa: E402
+from tensorfold.engine.runner import ModelRunner  # noqa: E402
+from tensorfold.engine.sampling import SamplingParams  # noqa: E402
+
+PAGE_ROWS = 512
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+SEEDED = SamplingParams(
+    temperature=0.8,
+    top_p=0.9,
+    seed=11,
+    presence_penalty=0.5,
+    frequency_penalty=0.3,
+    repetition_penalty=1.1,
+    max_tokens=16,
+    ignore_eos=True,
+)
+
+
+@dataclass
+class Stream:
+    tokens: list[int] = field(default_factory=list)
+    first: float | None = None
+    done: float | None = None
+    end: Finished | None = None
+
+    def sink(self, event: Any) -> None:
+        now = time.perf_counter()
+        if isinstance(event, TokenOut):
+            self.first = self.first or now
+            self.tokens.append(event.token)
+        elif isinstance(event, Finished):
+            self.done, self.end = now, event
+
+
+@dataclass
+class Outcome:
+    tokens: list[list[int]]
+    decode_tok_s: float  # tokens after each stream's first, over the time they took together
+    drafted: int
+    accepted: int
+    passes: int
+
+
+def run(
+    runner: ModelRunner,
+    prompts: Sequence[list[int]],
+    params: SamplingParams,
+    predictions: Sequence[Sequence[int]] | None,
+    drafts: DraftSettings,
+) -> Outcome:
+    lanes = Lanes(runner, lanes=len(prompts), window=8192, drafts=drafts)
+    streams = [Stream() for _ in prompts]
+    for i, (prompt, s) in enumerate(zip(prompts, streams)):
+        prediction = tuple(predictions[i]) if predictions and predictions[i] else ()
+        lanes.add(Request(list(prompt), params, s.sink, prediction=prediction))
+    passes = lanes.passes
+    while lanes.step():
+        pass
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    assert lanes.uneven == 0 and lanes.pool.census().idle_even, lanes.pool.census().line()
+    first = min(s.first for s in streams if s.first is not None)
+    last = max(s.done for s in streams if s.done is not None)
+    after_first = sum(len(s.tokens) - 1 for s in streams)
+    return Outcome(
+        [s.tokens for s in streams],
+        after_first / max(last - first, 1e-9),
+        lanes.tokens_drafted,
+        lanes.drafts_accepted,
+        lanes.passes - passes,
+    )
+
+
+def corrupt(tokens: list[int], p: float, vocab: int, seed: int) -> list[int]:
+    """Each token kept with probability p, else replaced by another id."""
+    rng = random.Random(seed)
+    return [t if rng.random() < p else (t + 1 + rng.randrange(vocab - 1)) % vocab for t in tokens]
+
+
+def measure(family: str, args: argparse.Namespace, device: str) -> dict[str, Any]:
+    from tensorfold.engine.cuda_graphs import GraphRunner
+
+    model = build(family, args.smoke, device)
+    vocab = model.vocab_size
+    rows = args.context + args.tokens + 32
+    streams = 8
+    pages = streams * -(-rows // PAGE_ROWS) + 2
+    runner_cls = GraphRunner if device == "cuda" else ModelRunner
+    runner = runner_cls(model, num_pages=pages, num_slots=streams, page_rows=PAGE_ROWS)
+    g = torch.Generator().manual_seed(1)
+    prompts = [
+        torch.randint(5, min(vocab, 5000), (args.context,), generator=g).tolist()
+        for _ in range(streams)
+    ]
+    greedy = replace(GREEDY, max_tokens=args.tokens)
+    seeded = replace(SEEDED, max_tokens=args.tokens)
+    off = DraftSettings()
+
+    def best_of_two(*a: Any) -> Outcome:
+        """The second of two identical runs (the first compiles and captures)."""
+        run(runner, *a)
+        return run(runner, *a)
+
+    res: dict[str, Any] = {"shape": "smoke" if args.smoke else SHAPE_NAMES[family]}
+    rows_out = []
+    plain1 = best_of_two(prompts[:1], greedy, None, off)
+    answer = plain1.tokens[0]
+
+    def row(name: str, out: Outcome, plain: Outcome, streams_n: int) -> None:
+        rows_out.append(
+            dict(
+                name=name,
+                streams=streams_n,
+                tok_s=out.decode_tok_s,
+                speedup=out.decode_tok_s / plain.decode_tok_s,
+                drafted=out.drafted,
+                accepted=out.accepted,
+                passes=out.passes,
+                equal=out.tokens == plain.tokens,
+            )
+        )
+
+    row("plain", plain1, plain1, 1)
+    for p in (1.0, 0.8, 0.5, 0.0):
+        prediction = corrupt(answer, p, vocab, seed=int(p * 100))
+        out = best_of_two(prompts[:1], greedy, [prediction], DraftSettings(tokens=4))
+        row(f"oracle p={p} k=4", out, plain1, 1)
+    never = corrupt(answer, 0.0, vocab, seed=0)
+    out = best_of_two(prompts[:1], greedy, [never], DraftSettings(tokens=4, adaptive=False))
+    row("oracle p=0 k=4, policy off", out, plain1, 1)
+    for k in (2, 8, 16):
+        out = best_of_two(prompts[:1], greedy, [answer], DraftSettings(tokens=k))
+        row(f"prediction = answer, k={k}", out, plain1, 1)
+    out = best_of_two(prompts[:1], greedy, None, DraftSettings("ngram", 4))
+    row("ngram k=4", out, plain1, 1)
+    plain_s = best_of_two(prompts[:1], seeded, None, off)
+    for p in (1.0, 0.8):
+        prediction = corrupt(plain_s.tokens[0], p, vocab, seed=7)
+        out = best_of_two(prompts[:1], seeded, [prediction], DraftSettings(tokens=4))
+        row(f"seeded, oracle p={p} k=4", out, plain_s, 1)
+    plain8 = best_of_two(prompts, greedy, None, off)
+    row("plain", plain8, plain8, streams)
+    oracle = [corrupt(t, 0.8, vocab, seed=i) for i, t in enumerate(plain8.tokens)]
+    out = best_of_two(prompts, greedy, oracle, DraftSettings(tokens=4))
+    row("oracle p=0.8 k=4", out, plain8, streams)
+    half = [o if i % 2 else [] for i, o in enumerate(oracle)]
+    out = best_of_two(prompts, greedy, half, DraftSettings(tokens=4))
+    row("oracle p=0.8 k=4, half the streams", out, plain8, streams)
+    res["rows"] = rows_out
+    res["context"], res["tokens"] = args.context, args.tokens
+    return res
+
+
+def table(family: str, res: dict[str, Any]) -> str:
+    lines = [
+        f"{family} ({res['shape']}, prompts of {res['context']}, {res['tokens']} tokens each)",
+        f"{'run':<38} {'streams':>7} {'tok/s':>9} {'x plain':>8} {'kept/drafted':>13} "
+        f"{'passes':>7} {'== plain':>9}",
+    ]
+    for r in res["rows"]:
+        kept = f"{r['accepted']}/{r['drafted']}"
+        lines.append(
+            f"{r['name']:<38} {r['streams']:>7} {r['tok_s']:>9.1f} {r['speedup']:>8.2f} "
+            f"{kept:>13} {r['passes']:>7} {str(r['equal']):>9}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--family", default="all", choices=("all", *FAMILIES))
+    ap.add_argument("--context", type=int, default=None, help="each prompt's tokens")
+    ap.add_argument("--tokens", type=int, default=None, help="tokens each stream decodes")
+    ap.add_argument("--smoke", action="store_true", help="smoke shapes on the CPU, torch ops")
+    args = ap.parse_args()
+    device = "cpu" if args.smoke else "cuda"
+    if args.smoke:
+        torch.set_num_threads(1)
+    args.context = args.context or (24 if args.smoke else 512)
+    args.tokens = args.tokens or (12 if args.smoke else 256)
+    families = FAMILIES if args.family == "all" else (args.family,)
+    results: dict[str, Any] = {"commit": args.commit, "device": device}
+    if device == "cuda":
+        results["gpu"] = torch.cuda.get_device_properties(0).name
+    for family in families:
+        with torch.inference_mode():
+            results[family] = measure(family, args, device)
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        print(table(family, results[family]), flush=True)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
