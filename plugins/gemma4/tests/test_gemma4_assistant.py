@@ -203,56 +203,69 @@ def test_drafts_match_the_candidate_generator(pair: dict[str, Any], head: str) -
     assert len(set(ref_tokens)) > 1, "a draft that repeats one token checks little"
 
 
-def test_streams_draft_alone_in_a_batch(pair: dict[str, Any]) -> None:
-    """Two streams of different lengths in one batch (padded K/V) draft the bits each drafts
-    alone."""
-    target, drafter = pair["target"], pair["drafters"]["centroids"]
-    solo, inputs = [], []
-    for n, seed in ((20, 5), (11, 6)):
-        out = target_outputs(target, prompt(n, seed))
-        kv = {kind: KVRows(k, v) for kind, (k, v) in out.shared_kv_states.items()}
-        x, hidden = out.logits[0, -1].argmax().view(1), out.hidden_states[-1][:, -1]
-        solo.append(drafter.draft(x, hidden, torch.tensor([n]), kv, 3))
-        inputs.append((x, hidden, n, kv))
-    kv = {}
-    for kind in (S, F):
-        parts = [i[3][kind] for i in inputs]
-        t = max(p.keys.shape[2] for p in parts)
-        pad = [torch.nn.functional.pad(p.keys, (0, 0, 0, t - p.keys.shape[2])) for p in parts]
-        padv = [torch.nn.functional.pad(p.values, (0, 0, 0, t - p.values.shape[2])) for p in parts]
-        kv[kind] = KVRows(torch.cat(pad), torch.cat(padv), [p.keys.shape[2] for p in parts])
-    both = drafter.draft(
-        torch.cat([i[0] for i in inputs]),
-        torch.cat([i[1] for i in inputs]),
-        torch.tensor([i[2] for i in inputs]),
-        kv,
-        3,
+def engine_streams(
+    model: Any, runs: list[tuple[list[int], int, int]], kv_dtype: str = "auto"
+) -> tuple[ModelRunner, list[dict[str, Any]]]:
+    """The target in one ModelRunner (pages of 4 rows; slot 0 and two pages held by another
+    stream), a stream a run (ids, cut, steps) in slots 1, 2, ..: ids in two passes cut at `cut`,
+    then `steps` greedy decode rows. Each stream's fed tokens, next token, last hidden state,
+    (slot, pages, position) and its shared K/V gathered from the pages and rings."""
+    runner = ModelRunner(
+        model, num_pages=40, num_slots=len(runs) + 1, page_rows=4, kv_dtype=kv_dtype
     )
-    for b, alone in enumerate(solo):
-        assert torch.equal(both.tokens[b], alone.tokens[0])
-        assert torch.equal(both.logits[b], alone.logits[0])
+    open_stream(runner, 0, 8).lease.cover(8)
+    out = []
+    for slot, (ids, cut, steps) in enumerate(runs, start=1):
+        stream = open_stream(runner, slot, 40)
+        fed = list(ids)
+        runner.run([stream.rows(ids[:cut])])
+        (logits,) = runner.run([stream.rows(ids[cut:])])
+        for _ in range(steps):
+            fed.append(int(logits[-1].argmax()))
+            (logits,) = runner.run([stream.rows(fed[-1:])])
+        assert model.last_hidden is not None
+        where = (slot, stream.lease.cover(stream.pos), stream.pos)
+        x = int(logits[-1].argmax())
+        out.append({"fed": fed, "x": x, "hidden": model.last_hidden, "where": where})
+    for got in out:
+        got["kv"] = gather_shared_kv(model, runner.rows, runner.slots, [got["where"]])
+    return runner, out
 
 
 def engine_stream(
     pair: dict[str, Any], ids: list[int], cut: int, steps: int, kv_dtype: str = "auto"
 ) -> dict[str, Any]:
-    """The target in our ModelRunner (pages of 4 rows): ids in two passes cut at `cut`, then
-    `steps` greedy decode rows. Returns the fed tokens, the next token, the last hidden state
-    and the shared K/V gathered from the pages and rings."""
-    model = pair["ours"]
-    runner = ModelRunner(model, num_pages=20, num_slots=2, page_rows=4, kv_dtype=kv_dtype)
-    open_stream(runner, 0, 8).lease.cover(8)  # slot 0 and pages 0, 1 busy
-    stream = open_stream(runner, 1, 40)
-    fed = list(ids)
-    runner.run([stream.rows(ids[:cut])])
-    (logits,) = runner.run([stream.rows(ids[cut:])])
-    for _ in range(steps):
-        fed.append(int(logits[-1].argmax()))
-        (logits,) = runner.run([stream.rows(fed[-1:])])
-    pages = stream.lease.cover(stream.pos)
-    kv = gather_shared_kv(model, runner.rows, runner.slots, [(1, pages, stream.pos)])
-    assert model.last_hidden is not None
-    return {"fed": fed, "x": int(logits[-1].argmax()), "hidden": model.last_hidden, "kv": kv}
+    return engine_streams(pair["ours"], [(ids, cut, steps)], kv_dtype)[1][0]
+
+
+def assert_batch_drafts_alone(model: Any, drafter: Any) -> None:
+    """Two streams (23 and 7 rows) gathered and drafted in one batch draft the bits each drafts
+    alone."""
+    runner, streams = engine_streams(model, [(prompt(20), 9, 3), (prompt(6, 6), 4, 1)])
+    dev = model.device
+    kv = gather_shared_kv(model, runner.rows, runner.slots, [s["where"] for s in streams])
+    assert kv[F].lengths == [23, 7] and kv[S].lengths == [WINDOW - 1] * 2
+    both = drafter.draft(
+        torch.tensor([s["x"] for s in streams], device=dev),
+        torch.cat([s["hidden"] for s in streams]),
+        torch.tensor([s["where"][2] for s in streams], device=dev),
+        kv,
+        3,
+    )
+    for b, s in enumerate(streams):
+        alone = drafter.draft(
+            torch.tensor([s["x"]], device=dev),
+            s["hidden"],
+            torch.tensor([s["where"][2]], device=dev),
+            s["kv"],
+            3,
+        )
+        assert torch.equal(both.tokens[b], alone.tokens[0])
+        assert torch.equal(both.logits[b], alone.logits[0])
+
+
+def test_streams_draft_alone_in_a_batch(pair: dict[str, Any]) -> None:
+    assert_batch_drafts_alone(pair["ours"], pair["drafters"]["centroids"])
 
 
 @pytest.mark.parametrize("cut, steps", [(13, 0), (9, 3)])
@@ -343,3 +356,27 @@ def test_a_mismatched_target_is_refused(pair: dict[str, Any], tmp_path: Path) ->
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="backbone_hidden_size=128"):
         load_assistant(Checkpoint.open(folder), pair["ours"])
+
+
+@pytest.mark.gpu
+def test_the_gpu_path(pair: dict[str, Any]) -> None:
+    """On CUDA (the Triton linear, norms, RoPE and GeGLU): in fp32 the target in a GPU
+    ModelRunner, its gathered K/V and both heads' 4 drafts give transformers' (CPU) tokens,
+    logits within TOL; in bf16 two streams drafted in one batch give the bits each gives alone."""
+    for dtype in ("float32", "bfloat16"):
+        target = load(Checkpoint.open(pair["root"] / "target"), "cuda", dtype)
+        for head in HEADS:
+            drafter = load_assistant(Checkpoint.open(pair["root"] / head), target)
+            if dtype == "bfloat16":
+                assert_batch_drafts_alone(target, drafter)
+                continue
+            (short,) = engine_streams(target, [(prompt(6), 4, 1)])[1]
+            ref_tokens, ref_logits = reference_drafts(
+                pair["target"], pair["refs"][head], short["fed"], 4
+            )
+            at = torch.tensor([7], device="cuda")
+            d = drafter.draft(
+                torch.tensor([short["x"]], device="cuda"), short["hidden"], at, short["kv"], 4
+            )
+            assert d.tokens[0].tolist() == ref_tokens
+            assert_close(d.logits[0].cpu(), ref_logits)
