@@ -1,6 +1,6 @@
 """Gemma 4's assistant drafter: transformers 5.23.0's `Gemma4AssistantForCausalLM`
 (models/gemma4_assistant/) driven as `SinglePositionMultiTokenCandidateGenerator` drives it
-(generation/candidate_generator.py), for verify rounds (docs/plugins.md, "gemma4's assistant").
+(generation/candidate_generator.py), for verify rounds (plugins/gemma4/README.md says how).
 
 What it reads, for a stream at position p whose next token is x (rows [0, p) fed to the target,
 x drawn from row p - 1's logits, not yet fed):
@@ -24,6 +24,12 @@ One step (`Gemma4Assistant.step`), in the model dtype with the family's ops (ops
   next hidden = post_projection(n)                                         [B, Ht]
 and `draft` runs k greedy steps, each feeding its argmax and next hidden to the next.
 Outputs: logits [B, V] (`draft`: [B, k, V]) fp32, tokens [B] ([B, k]).
+
+Interface: `load_assistant(checkpoint, target_model) -> Gemma4Assistant`, on the target's device
+and dtype; `.step(tokens, hidden, positions, kv) -> DraftStep(logits, tokens, hidden)`;
+`.draft(tokens, hidden, positions, kv, k) -> Draft(tokens, logits)`. In the engine `kv` comes from
+`assistant_kv.gather_shared_kv` (after the pass that drew x, before the next one writes) and
+`hidden` from `Gemma4Model.last_hidden`.
 
 Streams are independent: attention and the masked head run a stream at a time (its rows only,
 the mask value its own minimum; transformers takes the batch's), every product row-invariant

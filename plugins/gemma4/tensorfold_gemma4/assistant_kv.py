@@ -9,7 +9,7 @@ store layer of each kind (`assistant.store_layers`):
   [max(0, p - W + 1), p) at ring index q mod (W - 1).
 fp8 rows and rings (TF_KV_DTYPE=fp8) come back dequantized (times their scales) in the model
 dtype. The copies are [Hkv, p, D] for the full layer (p rows: the cost grows with the context,
-see docs/plugins.md) and [Hkv, <= W-1, D] for the sliding one.
+see plugins/gemma4/README.md) and [Hkv, <= W-1, D] for the sliding one.
 
 A ring holds W - 1 rows, the assistant reads the last W + 1 sliding rows transformers gives it:
 past W - 1 rows of context the rings' drafts read two rows fewer than transformers' (drafts
