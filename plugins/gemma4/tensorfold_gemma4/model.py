@@ -103,7 +103,7 @@ class Gemma4Model(FamilyModel):
         )
         self.shared_kv = frozenset(layer.kv_source for layer in cfg.layers if layer.reuses_kv)
         # [R, H]: the last pass's logit rows after the final norm (the lm_head's input), which
-        # an assistant drafter reads (assistant.py); a captured graph's own tensor on replay
+        # an assistant drafter reads (assistant.py); under CUDA graphs: the last captured one's
         self.last_hidden: torch.Tensor | None = None
 
     def forward(self, fp: ForwardPass, rows: "PagedRows", slots: "StreamSlots") -> torch.Tensor:

@@ -2,9 +2,10 @@
 
 A KV-sharing target (the E-series layout: the drafter path of 5.23.0 needs one) and two tiny
 assistants, one with the tied head and one with the centroid-masked head, are built with
-transformers and saved. The reference drafts with its own `SinglePositionMultiTokenCandidateGenerator`
-from the target's outputs; ours from the same hidden state and shared K/V, or from our engine's
-pages and rings (assistant_kv.py) after the target ran in our ModelRunner.
+transformers and saved. The reference drafts with its own
+`SinglePositionMultiTokenCandidateGenerator` from the target's outputs; ours from the same hidden
+state and shared K/V, or from our engine's pages and rings (assistant_kv.py) after the target ran
+in our ModelRunner.
 """
 
 from __future__ import annotations
