@@ -329,6 +329,18 @@ def test_engine_to_drafts_matches_transformers(pair: dict[str, Any], head: str) 
     assert_close(d.logits[0], ref_logits)
 
 
+def test_store_layers_without_kv_sharing() -> None:
+    """transformers' store layers with KV sharing; without, the last layer of each kind."""
+    from tensorfold_gemma4.config import Gemma4Config
+
+    kinds = [S, F, S, S, F, S]
+    base = {k: v for k, v in TARGET.items() if k != "num_kv_shared_layers"}
+    plain = {**base, "num_hidden_layers": 6, "layer_types": kinds}
+    assert store_layers(Gemma4Config.from_dict(plain)) == {S: 3, F: 5}  # the last is forced F
+    shared = {**plain, "num_kv_shared_layers": 2}
+    assert store_layers(Gemma4Config.from_dict(shared)) == {S: 3, F: 1}
+
+
 def test_assistant_config_refusals(pair: dict[str, Any]) -> None:
     raw = Checkpoint.open(pair["root"] / "centroids").config
     cfg = AssistantConfig.from_dict(raw)
