@@ -102,6 +102,9 @@ class Gemma4Model(FamilyModel):
             cfg.multimodal_token_ids, dtype=torch.long, device=self.device
         )
         self.shared_kv = frozenset(layer.kv_source for layer in cfg.layers if layer.reuses_kv)
+        # [R, H]: the last pass's logit rows after the final norm (the lm_head's input), which
+        # an assistant drafter reads (assistant.py); under CUDA graphs: the last captured one's
+        self.last_hidden: torch.Tensor | None = None
 
     def forward(self, fp: ForwardPass, rows: "PagedRows", slots: "StreamSlots") -> torch.Tensor:
         cfg, w = self.cfg, self.weights
@@ -125,6 +128,7 @@ class Gemma4Model(FamilyModel):
             h, normed = decoder_layer(cfg, layer, lw, h, x, nxt, cos, sin, p, fp, rows, sliding)
             x = normed if normed is not None else x  # None after the last layer
         out = rms_norm(h.index_select(0, fp.logit_rows), w.final_norm, cfg.rms_norm_eps)
+        self.last_hidden = out
         logits = linear(out, w.lm_head)  # [R, V], or this rank's vocabulary [R, V/world]
         if shards.vocab_parallel(cfg, self.tp.world):
             logits = parallel.gather_columns(logits)  # the softcap is elementwise: after

@@ -122,7 +122,7 @@ def load_weights(
     read = TensorReader(ckpt, device, dtype, text_prefix(ckpt))
     h, v = cfg.hidden_size, cfg.vocab_size
     embed = read("embed_tokens.weight", v, h)
-    layers = [_layer(read, cfg, layer) for layer in cfg.layers]
+    layers = [layer_weights(read, cfg, layer) for layer in cfg.layers]
     ple_embed = ple_projection = ple_norm = None
     if cfg.has_ple:
         lp = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input
@@ -136,7 +136,9 @@ def load_weights(
     )
 
 
-def _layer(read: TensorReader, cfg: Gemma4Config, layer: Layer) -> LayerWeights:
+def layer_weights(read: TensorReader, cfg: Gemma4Config, layer: Layer) -> LayerWeights:
+    """One decoder layer's weights (a reuse layer: no k/v projections or k_norm; also the
+    assistant's layers, assistant.py)."""
     h, p = cfg.hidden_size, f"layers.{layer.index}"
     moe = _moe(read, cfg, p) if cfg.enable_moe_block else None
     ple = None
