@@ -511,6 +511,54 @@ class DraftGates(FamilyCase):
                 plain=plain,
             )
 
+    @pytest.mark.parametrize("name", SAMPLINGS)
+    def test_structured_output_and_forced_tool_calls_with_drafts_equal_plain(
+        self, llm: LLM, name: str
+    ) -> None:
+        """A JSON schema and a forced tool call: each row masked as the grammar stands after
+        the drafts before it; a draft the grammar refuses is cut, never an error."""
+        params = replace(self.sampling(name), ignore_eos=False, max_tokens=24)
+        schema = {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "city",
+                "schema": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}, "size": {"type": "integer"}},
+                    "required": ["name", "size"],
+                },
+            },
+        }
+        prompts = self.prompts_text[:4]
+        with testing.drafting(llm, "off"):
+            plain = llm.generate(prompts, params, response_format=schema)
+        for predictions in ([c.token_ids for c in plain], [c.token_ids[::-1] for c in plain]):
+            with testing.drafting(llm, "ngram"):
+                got = llm.generate(prompts, params, response_format=schema, predictions=predictions)
+            assert testing.outputs(got) == testing.outputs(plain)
+        assert got[0].drafted_tokens > 0
+        tool = {
+            "type": "function",
+            "function": {
+                "name": "weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+        chats = [[{"role": "user", "content": p}] for p in prompts[:2]]
+        ask = dict(tools=[tool], tool_choice="required")
+        with testing.drafting(llm, "off"):
+            called = llm.chat(chats, params, **ask)  # type: ignore[arg-type]
+        with testing.drafting(llm, "ngram"):
+            drafted = llm.chat(
+                chats,
+                params,
+                predictions=[c.token_ids for c in called],
+                **ask,  # type: ignore[arg-type]
+            )
+        assert testing.outputs(drafted) == testing.outputs(called)
+        assert [c.tool_calls for c in drafted] == [c.tool_calls for c in called]
+        assert all(c.accepted_prediction_tokens > 0 for c in drafted)
+
     def test_n_choices_with_drafts_equal_plain(self, llm: LLM) -> None:
         testing.assert_drafted_equals_plain(
             llm, self.prompts_text[:2], self.sampling("seeded"), n=3

@@ -18,7 +18,7 @@ a token, only how many one pass yields. This module decides the drafts:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 from .ngram_drafts import NgramDrafter
 
@@ -151,8 +151,9 @@ class StreamDrafts:
         self.accepted = 0  # of them, kept
         self.prediction_accepted = 0  # the prediction's tokens kept as drafts
 
-    def propose(self, cap: int) -> list[int]:
-        """Up to min(policy's k, cap) drafts for the next round; [] for none."""
+    def propose(self, cap: int, valid: Callable[[list[int]], list[int]] | None = None) -> list[int]:
+        """Up to min(policy's k, cap) drafts for the next round, cut by `valid` (a grammar's
+        RowMatcher.valid_drafts); [] for none."""
         k = min(self.policy.k(), cap)
         if k <= 0:
             return []
@@ -160,6 +161,8 @@ class StreamDrafts:
         self.from_prediction = bool(drafts)
         if not drafts and self.ngram is not None:
             drafts = self.ngram.propose(k)
+        if valid is not None:
+            drafts = valid(drafts)
         self.round, self.round_kept = len(drafts), 0
         self.drafted += len(drafts)
         return drafts

@@ -264,8 +264,8 @@ class Lanes:
         else:
             x = torch.cat([rows for _, rows in wanting])
         flat = [(s, j) for s, rows in wanting for j in range(rows.shape[0])]
-        bound = [i for i, (s, _) in enumerate(flat) if s.matcher]  # one row each: no drafts
-        mask_rows(x, [(i, flat[i][0].matcher) for i in bound])
+        bound = [i for i, (s, j) in enumerate(flat) if s.matcher and not j]  # streams' 1st rows
+        mask_rows(x, [(i, flat[i][0].matcher) for i in bound], [flat[i][0].verify for i in bound])
         rows = [
             (
                 s.req.params,
@@ -279,8 +279,9 @@ class Lanes:
             self._send_ahead([s for s, _ in wanting], pending.tokens)
         results = read_rows(pending)
         refused: list[str | None] = [None] * len(flat)
+        alone = [i for i in bound if not flat[i][0].verify]  # a verify round's: in _take_rows
         for i, error in zip(
-            bound, accept_rows([(flat[i][0].matcher, results[i].token) for i in bound])
+            alone, accept_rows([(flat[i][0].matcher, results[i].token) for i in alone])
         ):
             refused[i] = error
         at = 0
@@ -303,6 +304,8 @@ class Lanes:
                 s.drafts.keep()
                 self.drafts_accepted += 1
             s.pos = start + j + 1
+            if drafts and s.matcher is not None:  # advanced row by row, as plain would be
+                error = s.matcher.accept(result.token)
             self._take(s, len(s.generated), result, error)
             if s.lease.released:  # it ended at this row: _release settled its state
                 break
@@ -384,10 +387,7 @@ class Lanes:
         )
 
     def _stream_drafts(self, req: Request) -> StreamDrafts | None:
-        """Draft sources for a request: its prediction, and the server's source. A grammar's
-        stream drafts nothing (its rows' masks would each need the grammar a token further)."""
-        if req.params.constraint is not None:
-            return None
+        """Draft sources for a request: its prediction, and the server's source."""
         if not req.prediction and self.drafting.source == "off":
             return None
         return StreamDrafts(self.drafting, req.prompt, req.prediction)
@@ -425,7 +425,8 @@ class Lanes:
         spare = self.drafting.pass_rows - len(decoding)
         for s in decoding:
             cap = min(self.max_drafts, s.req.params.max_tokens - 1 - len(s.generated), spare)
-            s.verify = s.drafts.propose(cap) if s.drafts is not None and cap > 0 else []
+            valid = s.matcher.valid_drafts if s.matcher is not None else None
+            s.verify = s.drafts.propose(cap, valid) if s.drafts is not None and cap > 0 else []
             spare -= len(s.verify)
             tokens = [s.next_token, *s.verify]
             pages = s.lease.cover(s.pos + len(tokens))

@@ -174,6 +174,21 @@ class RowMatcher:
         self.matcher.consume_token(token)
         return self.matcher.get_error() if self.matcher.is_error() else None
 
+    def valid_drafts(self, drafts: list[int]) -> list[int]:
+        """The drafts up to the first the grammar refuses where it stands (plain's masked row
+        could never draw that one, nor a row after it follow), and none after the grammar ends."""
+        if not drafts or self.matcher.is_stopped():
+            return []
+        drafts = drafts[: self.matcher.validate_tokens(drafts)]
+        taken = 0
+        for token in drafts:  # a draft that completes the grammar ends the drafts
+            self.matcher.consume_token(token)
+            taken += 1
+            if self.matcher.is_stopped():
+                break
+        self.matcher.rollback(taken)
+        return drafts[:taken]
+
 
 _EXECUTOR: list[Any] = []
 
@@ -209,29 +224,67 @@ def accept_rows(rows: list[tuple[RowMatcher, int]]) -> list[str | None]:
     ]
 
 
-def mask_rows(logits: torch.Tensor, rows: list[tuple[int, RowMatcher]]) -> None:
+def mask_rows(
+    logits: torch.Tensor,
+    rows: list[tuple[int, RowMatcher]],
+    drafts: list[list[int]] | None = None,
+) -> None:
     """logits [B, V], in place: each (i, matcher) sets row i's tokens that its grammar forbids
     next to -inf. The bitmasks are computed together on llguidance's thread pool (the GIL let
     go, so a pass already launched on the GPU runs on meanwhile), copied to the device once and
-    applied in one masked fill. A row's mask depends on its own matcher alone."""
+    applied in one masked fill. A row's mask depends on its own matcher alone.
+
+    drafts (a verify round): a list a matcher, its stream's drafts d1..dk (RowMatcher.
+    valid_drafts), whose rows i + 1 .. i + k follow row i: row i + j is masked as the grammar
+    stands after d1..dj (llguidance consumes them, computes each mask, and rolls back)."""
     if not rows:
         return
+    if drafts is not None and any(drafts):
+        spread = []
+        for (i, m), d in zip(rows, drafts):
+            spread += [(i + j, m) for j in range(len(d) + 1)]
+        rows = spread
     known = rows[0][1].vocab
     words_per_row = (known + 31) // 32
     cuda = logits.device.type == "cuda"
     words = torch.empty(len(rows), words_per_row, dtype=torch.int32, pin_memory=cuda)
-    _executor().unsafe_compute_mask_ptr(
-        [(m.matcher, j) for j, (_, m) in enumerate(rows)],
-        words.data_ptr(),
-        words_per_row * 4,
-        len(rows),
-    )
+    if drafts is not None and any(drafts):
+        words.fill_(-1)  # a row past a draft that ended the grammar is never taken: left open
+        plain, drafted, at = [], [], 0
+        for (_, m), d in zip(_firsts(rows, drafts), drafts):
+            (drafted if d else plain).append((m.matcher, at, list(d)))
+            at += len(d) + 1
+        if plain:
+            _executor().unsafe_compute_mask_ptr(
+                [(m, j) for m, j, _ in plain], words.data_ptr(), words_per_row * 4, len(rows)
+            )
+        _executor().unsafe_compute_mask_ptr_with_draft_token(
+            drafted, words.data_ptr(), words_per_row * 4, len(rows)
+        )
+    else:
+        _executor().unsafe_compute_mask_ptr(
+            [(m.matcher, j) for j, (_, m) in enumerate(rows)],
+            words.data_ptr(),
+            words_per_row * 4,
+            len(rows),
+        )
     allowed = _unpack(words.to(logits.device, non_blocking=True), logits.shape[1], known)
     if len(rows) == logits.shape[0] and all(i == j for j, (i, _) in enumerate(rows)):
         logits.masked_fill_(~allowed, float("-inf"))  # every row constrained: one fill
         return
     at = torch.tensor([i for i, _ in rows], device=logits.device)
     logits[at] = logits[at].masked_fill(~allowed, float("-inf"))
+
+
+def _firsts(
+    spread: list[tuple[int, RowMatcher]], drafts: list[list[int]]
+) -> list[tuple[int, RowMatcher]]:
+    """Each stream's first row of `spread` (its rows laid out one after another)."""
+    out, at = [], 0
+    for d in drafts:
+        out.append(spread[at])
+        at += len(d) + 1
+    return out
 
 
 def _first_allowed(matcher: Any, skip: frozenset[int]) -> int | None:
