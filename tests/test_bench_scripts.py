@@ -75,3 +75,27 @@ def test_the_capacity_table_prints_both_shapes_in_both_dtypes() -> None:
         (shape, kv) for shape in ("Gemma-4-26B-A4B", "LFM2-24B-A2B") for kv in ("bf16", "fp8")
     ]
     assert all(int(r[-1]) > 0 for r in rows)
+
+
+def test_the_verify_rows_bench_prints_a_table_a_family_on_the_cpu(tmp_path: Path) -> None:
+    """bench/verify_rows.py --smoke: each family's smoke shape, one stream, passes of k + 1 rows
+    against a one-row pass (torch ops on the CPU, one timed run each)."""
+    out = run_bench(
+        [
+            "bench/verify_rows.py",
+            "--smoke",
+            "--max-k",
+            "2",
+            "--warm",
+            "0",
+            "--repeats",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+        300,
+    )
+    got = json.loads((tmp_path / "results.json").read_text())
+    for family in ("lfm2_moe", "glm5_next", "gemma4"):
+        assert [v["rows"] for v in got[family]["verify"]] == [2, 3], got[family]
+        assert out.count(f"{family} (smoke, one stream at row 40)") == 1, out
