@@ -368,7 +368,8 @@ def assert_engine_gates_at_tp(
     """An engine at `tp` ranks (rank 0 here, the followers it starts) against one at one rank:
     greedy tokens equal when match_one_rank (they may differ between TP sizes in general, as
     in bf16 on GPUs, where sums run in another order; not on these models in fp32), and
-    assert_engine_gates at `tp`."""
+    assert_engine_gates at `tp`, the first engine also drafted == plain (its verify rounds'
+    rewinds repeated on every rank)."""
     if match_one_rank:
         one = open_llm(family, model, **flags)
         try:
@@ -376,8 +377,21 @@ def assert_engine_gates_at_tp(
         finally:
             close_even(one)
 
+    drafted: list[bool] = []
+
     def at_tp(llm: LLM) -> None:
         assert llm.served.plan.ranks == tp
+        if not drafted:  # once: verify rounds, their rewinds repeated on the other ranks
+            with drafting(llm, "off"):
+                plain = llm.generate(prompts[:2], greedy)
+            vocab = llm.served.engine.lanes.runner.model.vocab_size
+            wrong = [
+                [t if i % 3 else (t + 1) % vocab for i, t in enumerate(c.token_ids)] for c in plain
+            ]
+            assert_drafted_equals_plain(
+                llm, prompts[:2], greedy, source="ngram", predictions=wrong, plain=plain
+            )
+            drafted.append(True)
 
     alone = assert_engine_gates(
         family,
