@@ -20,9 +20,10 @@ The trunk's hidden states (the streams' mean before the final norm, captured at 
 `norm`) are computed once; the MTP layer (transformers' own decoder layer at index
 num_hidden_layers, in a reference model one layer longer, plus enorm, hnorm, eh_proj and
 shared_head.norm as transformers' MtpLayer has them; shared_head.head is the trunk's lm_head,
-copied and not trained) learns the token two ahead, t_{i+2}, from (h_i, t_{i+1}) on the same
-texts' learnt rows, and, as drafting's later steps feed it, t_{i+3} from its own hidden g_i and
-t_{i+2} (the loss is the two cross entropies' sum). Under a minute on one core.
+copied and not trained) learns the token two ahead on the same texts' learnt rows: its row j
+reads (h_{j-1}, t_j) (zeros before row 0, as mtp.py runs it) and learns t_{j+1}; and, as
+drafting's later steps feed it, the same from its own hidden g_{j-1} in place of h_{j-1} (the
+loss is the two cross entropies' sum). Under a minute on one core.
 """
 
 from __future__ import annotations
@@ -147,42 +148,33 @@ def _train_mtp(
         out_norm.weight.copy_(start[f"{p}shared_head.norm.weight"])
         eh.weight.copy_(start[f"{p}eh_proj.weight"])
     parts = torch.nn.ModuleList([enorm, hnorm, eh, block, out_norm])
-    # row i of the MTP reads (h_i, t_{i+1}) and learns t_{i+2}
-    states, rows = h[:, :-1], mask[:, 1:]
-    positions = torch.arange(width - 1)[None]
+    # the MTP's row j reads (h_{j-1}, t_j), zeros before row 0, and learns t_{j+1}
+    targets = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=-100)
+    positions = torch.arange(width)[None]
     gen = torch.Generator().manual_seed(SEED + 1)
     opt = torch.optim.AdamW(parts.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
     hc = text["hc_mult"]
     for step in range(steps):
         pick = torch.randperm(len(examples), generator=gen)[:BATCH]
-        cut = int(rows[pick].sum(1).max())
+        cut = int(mask[pick].sum(1).max())
+        embedded = enorm(embed[x[pick, :cut]])
         # step 1 from the trunk's hidden; step 2 (drafting's later steps) from the MTP's own
-        hidden, loss = states[pick, :cut], torch.zeros(())
-        for depth in range(2):
-            width_d = cut - depth
-            joint = torch.cat(
-                [
-                    enorm(embed[x[pick, 1 + depth : 1 + depth + width_d]]),
-                    hnorm(hidden[:, :width_d]),
-                ],
-                dim=-1,
-            )
-            streams = eh(joint).unsqueeze(2).expand(-1, -1, hc, -1).contiguous()
+        before, loss = h[pick, :cut], torch.zeros(())
+        for _ in range(2):
+            shifted = torch.nn.functional.pad(before[:, :-1], (0, 0, 1, 0))
+            streams = eh(torch.cat([embedded, hnorm(shifted)], dim=-1))
+            streams = streams.unsqueeze(2).expand(-1, -1, hc, -1).contiguous()
             streams, _ = block(
                 streams,
-                attention_mask=mask[pick, 1 + depth : 1 + depth + width_d],
-                position_ids=positions[:, :width_d],
+                attention_mask=mask[pick, :cut],
+                position_ids=positions[:, :cut],
                 position_embeddings=None,
             )
-            hidden = streams.mean(2)
-            logits = out_norm(hidden) @ head.T
-            want = torch.nn.functional.pad(labels[pick, 2 + depth :], (0, 2), value=-100)[
-                :, :width_d
-            ]
-            want = torch.where(mask[pick, 1 + depth : 1 + depth + width_d], want, -100)
+            before = streams.mean(2)
+            logits = out_norm(before) @ head.T
             loss = loss + torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), want.reshape(-1), ignore_index=-100
+                logits.reshape(-1, logits.shape[-1]), targets[pick, :cut].reshape(-1)
             )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(parts.parameters(), 1.0)

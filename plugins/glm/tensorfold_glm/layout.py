@@ -10,8 +10,8 @@ unwritten.
 Fixed, per KDA layer: the fp32 recurrent state [heads, K, V] and the conv tail, the last K-1
 pre-conv q|k|v rows [3 * heads * head_dim, K-1] in the model dtype.
 The MTP layer (config.mtp_layer, when config.json declares one, at one rank only) keeps the same
-as a layer of its kind, under its own index: an MLA one its latent and indexer rows (its row i
-is the MTP's input at position i, mtp.py), a KDA one its recurrent state and conv tail. It is
+as a layer of its kind, under its own index: an MLA one its latent and indexer rows (its row j
+reads the token at position j, mtp.py), a KDA one its recurrent state and conv tail. It is
 in the layout whether or not the weights carry it, since the plan reads config.json alone.
 
 Under tensor parallel (`world` ranks, shards.py) a rank keeps its KDA heads' states

@@ -22,23 +22,31 @@ one module does (and vLLM's MTP drafting): steps 2..k see the same kind of vecto
 MTP layer it drafts one token and never chains.)
 
 Rows: the MTP keeps K/V (or a KDA state) like any glm layer, under its own name "L{N}"
-(layout.py). Its row i holds its input at position i, (h_i, t_{i+1}); glm5_next is NoPE, so a
-position only names a row, and the MTP's rows start at 0 like every layer's (transformers'
-MtpCache likewise starts the MTP's sequence at its first input). So the same pages, prompt store
-and rollback serve it: rows past the accepted ones are rewritten by the next run over them.
+(layout.py), and its row j is the token at position j: it reads (h_{j-1}, t_j) and predicts
+t_{j+1}, so, like every layer's, a row's bits depend on the tokens up to its own position alone
+(DeepSeek's (h_i, t_{i+1}) at row i + 1; transformers' MtpModel likewise gives the MTP the
+position ids of t_{i+1}). Row 0 has no row before it: its h is zeros (hnorm(0) = 0), so it
+carries enorm(embed(t_0)) alone; the demo's training has the same row. glm5_next is NoPE, so
+the rows line up with the trunk's: the same pages, the same indexer pools, and a prefix's rows
+are the same whichever request wrote them, so the prompt store and rollback serve it as they
+serve the trunk (rows past the accepted ones are rewritten by the next run over them). A
+stream's MTP rows run one ahead of the target's: after the target's row p and the sample
+x = t_{p+1}, the MTP has written rows up to p + 1.
 
 Interface (tensor-shaped; the lead's lanes call it):
 - `mtp_forward(model, fp, rows, slots, hidden) -> (logits [R, V] fp32, own [N, H])`: one pass of
-  MTP rows. fp's run for a stream is StreamRows(slot, start=i0, tokens=[t_{i0+1}, ...], pages):
-  the tokens one position ahead of the rows; hidden [N, H] (model dtype) the h_i of its rows.
+  MTP rows. fp's run for a stream is StreamRows(slot, start, tokens, pages) with the tokens at
+  its positions, as the target's runs; hidden [N, H] (model dtype) is h_{j-1} for each row j
+  (`with_row_zero` prepends row 0's zeros to a prompt's target hidden).
 - `draft(model, rows, slots, runs, hidden, k) -> [S, k] int64`: for each stream's run (the MTP
   rows of its newly accepted positions, the last one's token the token just sampled; hidden the
-  target's rows for them), k greedy drafts: step 1 from the run's last row, steps 2..k one row
-  each from the MTP's own hidden and its previous draft. Each run's pages must cover
-  run.end + k - 1 rows. A KDA MTP layer's fixed state is put back to where the run left it.
-  After a prompt of n tokens and the first sample x: one run of rows [0, n) with tokens
-  t_1..t_{n-1}, x; after a verify round at pos accepting a drafts then sampling y: rows
-  [pos, pos + a + 1) with tokens d_1..d_a, y.
+  target's hidden of the rows before them), k greedy drafts: step 1 from the run's last row,
+  steps 2..k one row each from the MTP's own hidden and its previous draft. Each run's pages
+  must cover run.end + k - 1 rows. A KDA MTP layer's fixed state is put back to where the run
+  left it. After a prompt t_0..t_{n-1} and the first sample x: one run of rows [0, n + 1) with
+  tokens t_0..t_{n-1}, x and hidden with_row_zero(h_0..h_{n-1}); after a verify round at pos
+  (rows x, d_1..d_k) accepting a drafts then sampling y: rows [pos + 1, pos + a + 2) with
+  tokens d_1..d_a, y and the round's hidden rows 0..a (h_pos..h_{pos+a}).
 
 Exactness: the plugin's row-invariant ops only, so a row's bits depend on its own history alone,
 whether its rows come in one run or one a pass (tests/test_glm_mtp.py); greedy is argmax, the
@@ -63,7 +71,7 @@ if TYPE_CHECKING:
     from tensorfold.adapters.paged_kv import PagedRows
     from tensorfold.adapters.stream_state import StreamSlots
 
-__all__ = ["mtp_forward", "draft", "target_pass"]
+__all__ = ["mtp_forward", "draft", "target_pass", "with_row_zero"]
 
 
 def mtp_forward(
@@ -73,7 +81,7 @@ def mtp_forward(
     slots: "StreamSlots",
     hidden: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One pass of MTP rows: fp.tokens are t_{i+1} of rows i, hidden [N, H] their h_i. Returns
+    """One pass of MTP rows: fp.tokens are t_j of rows j, hidden [N, H] their h_{j-1}. Returns
     (logits [R, V] fp32 of fp.logit_rows, the MTP's own hidden of every row [N, H])."""
     cfg, m = model.cfg, model.weights.mtp
     if m is None or cfg.mtp_layer is None:
@@ -99,7 +107,7 @@ def draft(
     k: int,
 ) -> torch.Tensor:
     """k greedy drafts a stream [S, k] int64 (see the module docstring); hidden [N, H] the
-    target's hidden of the runs' rows, in the runs' order."""
+    target's hidden of the rows before the runs' rows, in the runs' order."""
     if k < 1:
         raise ValueError(f"draft needs k >= 1, got {k}")
     page_rows = rows.page_rows
@@ -131,6 +139,11 @@ def _fixed_state(
     prefix = f"L{model.cfg.mtp_layer}."
     names = [s.name for s in model.layout.fixed if s.name.startswith(prefix)]
     return {(n, r.slot): slots.get(n)[r.slot].clone() for n in names for r in runs}
+
+
+def with_row_zero(hidden: torch.Tensor) -> torch.Tensor:
+    """A prompt's MTP hidden inputs: row 0's zeros, then the target's h_0..h_{n-1}: [n + 1, H]."""
+    return torch.cat([hidden.new_zeros(1, hidden.shape[1]), hidden])
 
 
 @torch.inference_mode()

@@ -21,12 +21,13 @@ from tensorfold.family.checkpoint import Checkpoint
 from tensorfold.family.demo_text import QA, paragraphs
 from tensorfold.family.forward_pass import ForwardPass, StreamRows
 from tensorfold.family.tokenizer import Tokenizer
+from tensorfold.ops.norms import rms_norm
 from tensorfold_glm import demo
 from tensorfold_glm.config import GlmConfig
 from tensorfold_glm.demo_weights import build_weights as random_weights
 from tensorfold_glm.layout import state_layout
 from tensorfold_glm.model import GlmModel, load
-from tensorfold_glm.mtp import draft, mtp_forward, target_pass
+from tensorfold_glm.mtp import draft, mtp_forward, target_pass, with_row_zero
 from tensorfold_glm.weights import KdaWeights, MlaWeights
 
 MTP = f"model.language_model.layers.{demo.TEXT_SHAPE['num_hidden_layers']}."
@@ -124,36 +125,36 @@ ROWS = 90  # past 64 + 16: the indexer's pool selection is sparse; three 32-row 
 
 
 def check_rows_exact(model: GlmModel) -> None:
-    """The MTP over ROWS rows in one run == the same rows fed one per pass (bitwise), its logits
-    and its own hidden; the next k = 4 drafts' first equals a k = 1 draft's from the same state,
-    and steps 2..k leave the MTP's fixed state (a KDA layer's) where the run left it."""
+    """The target's hidden rows are what its final norm reads; the MTP over ROWS rows in one run
+    == the same rows fed one per pass (bitwise), its logits and its own hidden; the next k = 4
+    drafts' first equals a k = 1 draft's from the same state, and steps 2..k leave the MTP's
+    fixed state (a KDA layer's) where the run left it."""
     device = model.device
     gen = torch.Generator().manual_seed(3)
-    prompt = torch.randint(20, model.vocab_size, (ROWS + 1,), generator=gen).tolist()
+    prompt = torch.randint(20, model.vocab_size, (ROWS + 1,), generator=gen).tolist()  # x last
     runner = ModelRunner(model, num_pages=8, num_slots=2, page_rows=32)
     target = open_stream(runner, 0, 96)
     run = target.rows(prompt[:ROWS], "all")
-    _, hidden = target_pass(model, runner.rows, runner.slots, [run])
+    logits, hidden = target_pass(model, runner.rows, runner.slots, [run])
     other = open_stream(runner, 1, 96)
     pages_a, pages_b = target.lease.cover(96), other.lease.cover(96)
-    tokens = prompt[1 : ROWS + 1]
+    final = model.weights.final_norm
+    normed = rms_norm(hidden, final, model.cfg.rms_norm_eps)
+    assert torch.equal(logits[0], model.logits(normed, model.weights.lm_head))  # what norm reads
+    before = with_row_zero(hidden)  # row j reads h_{j-1}
     with torch.inference_mode():
-        fp = ForwardPass([StreamRows(0, 0, tokens[:-1], pages_a, "all")], 32, device)
-        whole, own = mtp_forward(model, fp, runner.rows, runner.slots, hidden[:-1])
+        fp = ForwardPass([StreamRows(0, 0, prompt[:ROWS], pages_a, "all")], 32, device)
+        whole, own = mtp_forward(model, fp, runner.rows, runner.slots, before[:ROWS])
         parts, owns = [], []
-        for i in range(ROWS - 1):
-            fp = ForwardPass([StreamRows(1, i, tokens[i : i + 1], pages_b, "all")], 32, device)
-            lg, h = mtp_forward(model, fp, runner.rows, runner.slots, hidden[i : i + 1])
+        for i in range(ROWS):
+            fp = ForwardPass([StreamRows(1, i, prompt[i : i + 1], pages_b, "all")], 32, device)
+            lg, h = mtp_forward(model, fp, runner.rows, runner.slots, before[i : i + 1])
             parts.append(lg)
             owns.append(h)
     assert torch.equal(whole, torch.cat(parts)) and torch.equal(own, torch.cat(owns))
-    last = hidden[ROWS - 1 :]
-    d4 = draft(
-        model, runner.rows, runner.slots, [StreamRows(0, ROWS - 1, tokens[-1:], pages_a)], last, 4
-    )
-    d1 = draft(
-        model, runner.rows, runner.slots, [StreamRows(1, ROWS - 1, tokens[-1:], pages_b)], last, 1
-    )
+    last, x = before[ROWS:], prompt[ROWS:]
+    d4 = draft(model, runner.rows, runner.slots, [StreamRows(0, ROWS, x, pages_a)], last, 4)
+    d1 = draft(model, runner.rows, runner.slots, [StreamRows(1, ROWS, x, pages_b)], last, 1)
     assert d4.shape == (1, 4) and torch.equal(d4[:, :1], d1)
     for s in model.layout.fixed:
         if s.name.startswith(f"L{model.cfg.mtp_layer}."):
@@ -212,9 +213,9 @@ def acceptance(model: GlmModel, prompts: list[list[int]], new: int, k: int) -> l
         every = torch.cat(hiddens)
         pages = stream.lease.cover(len(tokens))
         n = len(prompt)
-        catch_up = StreamRows(0, 0, tokens[1 : n + 1], pages)  # rows 0..n-1: the prompt, x
-        drafts = draft(model, runner.rows, runner.slots, [catch_up], every[:n], k)
-        for t in range(n, n + new):  # row t - 1 was just caught up; tokens[t] is x
+        catch_up = StreamRows(0, 0, tokens[: n + 1], pages)  # rows 0..n: the prompt, x
+        drafts = draft(model, runner.rows, runner.slots, [catch_up], with_row_zero(every[:n]), k)
+        for t in range(n, n + new):  # row t was just caught up; tokens[t] is x
             want = tokens[t + 1 : t + 1 + k]
             got = drafts[0].tolist()
             run_ok = True
@@ -222,7 +223,7 @@ def acceptance(model: GlmModel, prompts: list[list[int]], new: int, k: int) -> l
                 run_ok = run_ok and got[j] == want[j]
                 hits[j] += run_ok
             total += 1
-            one = StreamRows(0, t, tokens[t + 1 : t + 2], pages)
+            one = StreamRows(0, t + 1, tokens[t + 1 : t + 2], pages)
             drafts = draft(model, runner.rows, runner.slots, [one], every[t : t + 1], k)
         stream.lease.release()
     return [h / total for h in hits]
