@@ -11,8 +11,11 @@ Fixed, per KDA layer: the fp32 recurrent state [heads, K, V] and the conv tail, 
 pre-conv q|k|v rows [3 * heads * head_dim, K-1] in the model dtype.
 The MTP layer (config.mtp_layer, when config.json declares one, at one rank only) keeps the same
 as a layer of its kind, under its own index: an MLA one its latent and indexer rows (its row j
-reads the token at position j, mtp.py), a KDA one its recurrent state and conv tail. It is
-in the layout whether or not the weights carry it, since the plan reads config.json alone.
+reads the token at position j, mtp.py), a KDA one its recurrent state and conv tail; and a
+fixed `L{N}.carry` [hidden_size] in the model dtype: the trunk's hidden state of the stream's
+last row fed, which the MTP's next row reads (written and tapped by the trunk's forward, so a
+kept prompt resumes with it). It is in the layout whether or not the weights carry the layer,
+since the plan reads config.json alone.
 
 Under tensor parallel (`world` ranks, shards.py) a rank keeps its KDA heads' states
 (heads/world, K, V) and its channels' conv tail (3 * heads * head_dim / world, K-1); the MLA
@@ -45,6 +48,11 @@ def shape(config: Mapping[str, Any], dtype: str = "bfloat16") -> ModelShape:
     return ModelShape(state_layout(cfg, dtype), cfg.max_position_embeddings)
 
 
+def carry_name(cfg: GlmConfig) -> str:
+    """The fixed state holding the hidden state the MTP layer's next row reads."""
+    return f"L{cfg.mtp_layer}.carry"
+
+
 def state_layout(cfg: GlmConfig, dtype: str, world: int = 1) -> StateLayout:
     name = str(dtype).removeprefix("torch.")
     if name not in DTYPES:
@@ -69,6 +77,8 @@ def state_layout(cfg: GlmConfig, dtype: str, world: int = 1) -> StateLayout:
     for i in kda_layers:
         fixed.append(StateSpec(f"L{i}.kda", (heads, dim, dim), "float32"))
         fixed.append(StateSpec(f"L{i}.conv", tail, name))
+    if mtp is not None:
+        fixed.append(StateSpec(carry_name(cfg), (cfg.hidden_size,), name))
     return StateLayout(
         paged=tuple(paged), fixed=tuple(fixed), mark_rows=math.lcm(KDA_CHUNK, cfg.index_kpool)
     )

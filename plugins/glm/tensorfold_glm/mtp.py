@@ -29,24 +29,31 @@ position ids of t_{i+1}). Row 0 has no row before it: its h is zeros (hnorm(0) =
 carries enorm(embed(t_0)) alone; the demo's training has the same row. glm5_next is NoPE, so
 the rows line up with the trunk's: the same pages, the same indexer pools, and a prefix's rows
 are the same whichever request wrote them, so the prompt store and rollback serve it as they
-serve the trunk (rows past the accepted ones are rewritten by the next run over them). A
-stream's MTP rows run one ahead of the target's: after the target's row p and the sample
-x = t_{p+1}, the MTP has written rows up to p + 1.
+serve the trunk (rows past the accepted ones are rewritten by the next run over them).
+The h a stream's next MTP row reads is fixed state, its carry `L{N}.carry`: the trunk's forward
+sets it to the hidden state of the last row it fed and taps it like any fixed state, so a
+verify round's rewind and a resumed prompt (whose rows before it no pass recomputes) leave it
+right. A stream's MTP rows run one ahead of the target's: after the target's row p and the
+sample x = t_{p+1}, the MTP has written rows up to p + 1.
 
 Interface (tensor-shaped; the lead's lanes call it):
+- the target pass: `GlmModel.forward(fp, rows, slots, hidden=buf)` fills buf [N, H] with the
+  h_{j-1} each of its rows j reads (zeros at position 0, the carry for a run's first row), and
+  leaves each stream's carry at its last row's h.
+- `draft(model, rows, slots, runs, hidden, k) -> [S, k] int64`: for each stream a run of MTP
+  rows (StreamRows with the tokens at their positions, as the target's runs) ending in the token
+  just sampled; hidden [N - S, H] the h_{j-1} of every row but each run's last (rows of the
+  target pass's buf, in the runs' order), the last row's from the stream's carry. It writes the
+  rows and returns k greedy drafts: step 1 from the run's last row, steps 2..k one row each from
+  the MTP's own hidden and its previous draft. Each run's pages must cover run.end + k - 1 rows.
+  A KDA MTP layer's fixed state is put back to where the run left it.
+  After a prompt pass over rows [s, n) (s > 0 when resumed) and the first sample x: one run of
+  rows [s, n + 1) with tokens t_s..t_{n-1}, x and hidden = the pass's buf. After a verify round
+  at pos (rows x, d_1..d_k, buf its hidden) accepting a drafts then sampling y, once the slot is
+  rewound (carry = h_{pos+a}): rows [pos + 1, pos + a + 2) with tokens d_1..d_a, y and hidden =
+  buf[1 : a + 1].
 - `mtp_forward(model, fp, rows, slots, hidden) -> (logits [R, V] fp32, own [N, H])`: one pass of
-  MTP rows. fp's run for a stream is StreamRows(slot, start, tokens, pages) with the tokens at
-  its positions, as the target's runs; hidden [N, H] (model dtype) is h_{j-1} for each row j
-  (`with_row_zero` prepends row 0's zeros to a prompt's target hidden).
-- `draft(model, rows, slots, runs, hidden, k) -> [S, k] int64`: for each stream's run (the MTP
-  rows of its newly accepted positions, the last one's token the token just sampled; hidden the
-  target's hidden of the rows before them), k greedy drafts: step 1 from the run's last row,
-  steps 2..k one row each from the MTP's own hidden and its previous draft. Each run's pages
-  must cover run.end + k - 1 rows. A KDA MTP layer's fixed state is put back to where the run
-  left it. After a prompt t_0..t_{n-1} and the first sample x: one run of rows [0, n + 1) with
-  tokens t_0..t_{n-1}, x and hidden with_row_zero(h_0..h_{n-1}); after a verify round at pos
-  (rows x, d_1..d_k) accepting a drafts then sampling y: rows [pos + 1, pos + a + 2) with
-  tokens d_1..d_a, y and the round's hidden rows 0..a (h_pos..h_{pos+a}).
+  MTP rows with every row's h_{j-1} given (draft's step; tests).
 
 Exactness: the plugin's row-invariant ops only, so a row's bits depend on its own history alone,
 whether its rows come in one run or one a pass (tests/test_glm_mtp.py); greedy is argmax, the
@@ -71,7 +78,7 @@ if TYPE_CHECKING:
     from tensorfold.adapters.paged_kv import PagedRows
     from tensorfold.adapters.stream_state import StreamSlots
 
-__all__ = ["mtp_forward", "draft", "target_pass", "with_row_zero"]
+__all__ = ["mtp_forward", "draft", "target_pass"]
 
 
 def mtp_forward(
@@ -106,14 +113,24 @@ def draft(
     hidden: torch.Tensor,
     k: int,
 ) -> torch.Tensor:
-    """k greedy drafts a stream [S, k] int64 (see the module docstring); hidden [N, H] the
-    target's hidden of the rows before the runs' rows, in the runs' order."""
+    """k greedy drafts a stream [S, k] int64 (see the module docstring); hidden [N - S, H] the
+    h_{j-1} of the runs' rows but each run's last, in the runs' order."""
     if k < 1:
         raise ValueError(f"draft needs k >= 1, got {k}")
+    if model.carry is None:
+        raise ValueError("glm5_next: this checkpoint has no MTP layer loaded")
     page_rows = rows.page_rows
     runs = [replace(r, logits="last", taps=()) for r in runs]
     fp = ForwardPass(runs, page_rows, model.device)
-    logits, own = mtp_forward(model, fp, rows, slots, hidden)
+    slot_ids = torch.tensor([r.slot for r in runs], device=hidden.device)
+    carried = slots.get(model.carry).index_select(0, slot_ids)  # [S, H]
+    pieces, at = [], 0
+    for i, r in enumerate(runs):
+        pieces += [hidden[at : at + len(r.tokens) - 1], carried[i : i + 1]]
+        at += len(r.tokens) - 1
+    if at != hidden.shape[0]:
+        raise ValueError(f"draft: hidden has {hidden.shape[0]} rows, the runs need {at}")
+    logits, own = mtp_forward(model, fp, rows, slots, torch.cat(pieces))
     token = logits.argmax(-1)  # [S]
     drafts = [token]
     if k > 1:
@@ -141,16 +158,11 @@ def _fixed_state(
     return {(n, r.slot): slots.get(n)[r.slot].clone() for n in names for r in runs}
 
 
-def with_row_zero(hidden: torch.Tensor) -> torch.Tensor:
-    """A prompt's MTP hidden inputs: row 0's zeros, then the target's h_0..h_{n-1}: [n + 1, H]."""
-    return torch.cat([hidden.new_zeros(1, hidden.shape[1]), hidden])
-
-
 @torch.inference_mode()
 def target_pass(
     model: GlmModel, rows: "PagedRows", slots: "StreamSlots", streams: Sequence[StreamRows]
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """A target pass that also hands back every row's hidden state (tests, tools): (each
+    """A target pass that also hands back what each row's MTP row reads (tests, tools): (each
     stream's logits as ForwardPass.split_logits gives them, hidden [N, H])."""
     fp = ForwardPass(streams, rows.page_rows, model.device)
     hidden = torch.empty(fp.num_rows, model.cfg.hidden_size, dtype=model.dtype, device=model.device)

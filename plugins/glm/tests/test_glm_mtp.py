@@ -27,7 +27,7 @@ from tensorfold_glm.config import GlmConfig
 from tensorfold_glm.demo_weights import build_weights as random_weights
 from tensorfold_glm.layout import state_layout
 from tensorfold_glm.model import GlmModel, load
-from tensorfold_glm.mtp import draft, mtp_forward, target_pass, with_row_zero
+from tensorfold_glm.mtp import draft, mtp_forward, target_pass
 from tensorfold_glm.weights import KdaWeights, MlaWeights
 
 MTP = f"model.language_model.layers.{demo.TEXT_SHAPE['num_hidden_layers']}."
@@ -72,6 +72,7 @@ class TestLoading:
         assert not torch.equal(mtp.head, model.weights.lm_head)  # shared_head.head on disk
         names = [s.name for s in model.layout.paged]
         assert names[-4:] == ["L6.latent", "L6.index_k", "L6.index_gate", "L6.pool_key"]
+        assert [s.name for s in model.layout.fixed][-1] == "L6.carry"
 
     def test_without_mtp_loads_as_before(self, tmp_path: Path) -> None:
         cfg = demo_config()
@@ -84,7 +85,10 @@ class TestLoading:
             Checkpoint.open(write_checkpoint(tmp_path / "c", cfg, weights)), "cpu", "float32"
         )
         assert model.weights.mtp is None
-        assert not any(s.name.startswith("L6.") for s in model.layout.paged)
+        assert not any(s.name.startswith("L6.") for s in model.layout.paged + model.layout.fixed)
+        runner = ModelRunner(model, num_pages=1, num_slots=1, page_rows=64)
+        with pytest.raises(ValueError, match="needs an MTP layer"):
+            target_pass(model, runner.rows, runner.slots, [StreamRows(0, 0, [5], [0])])
         with pytest.raises(ValueError, match="no MTP layer"):
             fp = ForwardPass([StreamRows(0, 0, [5], [0])], 64)
             mtp_forward(model, fp, None, None, torch.zeros(1, 128))  # type: ignore[arg-type]
@@ -107,7 +111,7 @@ class TestLoading:
         )
         assert len(cfg.layer_types) == 6
         fixed = [s.name for s in state_layout(cfg, "float32").fixed]
-        assert fixed[-2:] == ["L6.kda", "L6.conv"]
+        assert fixed[-3:] == ["L6.kda", "L6.conv", "L6.carry"]
         assert not any(
             s.name.startswith("L6.") for s in state_layout(cfg, "float32", world=2).fixed
         )
@@ -125,26 +129,27 @@ ROWS = 90  # past 64 + 16: the indexer's pool selection is sparse; three 32-row 
 
 
 def check_rows_exact(model: GlmModel) -> None:
-    """The target's hidden rows are what its final norm reads; the MTP over ROWS rows in one run
-    == the same rows fed one per pass (bitwise), its logits and its own hidden; the next k = 4
-    drafts' first equals a k = 1 draft's from the same state, and steps 2..k leave the MTP's
-    fixed state (a KDA layer's) where the run left it."""
-    device = model.device
+    """The target hands back h_{j-1} for its rows (what its final norm reads one row earlier)
+    and keeps its last row's h as the carry; the MTP over ROWS rows in one run == the same rows
+    fed one per pass (bitwise), its logits and its own hidden; the next k = 4 drafts' first
+    equals a k = 1 draft's from the same state, and steps 2..k leave the MTP's fixed state (a
+    KDA layer's) where the run left it."""
+    device, carry = model.device, f"L{model.cfg.mtp_layer}.carry"
     gen = torch.Generator().manual_seed(3)
     prompt = torch.randint(20, model.vocab_size, (ROWS + 1,), generator=gen).tolist()  # x last
     runner = ModelRunner(model, num_pages=8, num_slots=2, page_rows=32)
     target = open_stream(runner, 0, 96)
     run = target.rows(prompt[:ROWS], "all")
-    logits, hidden = target_pass(model, runner.rows, runner.slots, [run])
+    logits, before = target_pass(model, runner.rows, runner.slots, [run])
+    hs = torch.cat([before[1:], runner.slots.get(carry)[0:1]])  # h_0 .. h_{ROWS-1}
+    normed = rms_norm(hs, model.weights.final_norm, model.cfg.rms_norm_eps)
+    assert torch.equal(logits[0], model.logits(normed, model.weights.lm_head))
+    assert not before[0].any()  # row 0 reads zeros
     other = open_stream(runner, 1, 96)
     pages_a, pages_b = target.lease.cover(96), other.lease.cover(96)
-    final = model.weights.final_norm
-    normed = rms_norm(hidden, final, model.cfg.rms_norm_eps)
-    assert torch.equal(logits[0], model.logits(normed, model.weights.lm_head))  # what norm reads
-    before = with_row_zero(hidden)  # row j reads h_{j-1}
     with torch.inference_mode():
         fp = ForwardPass([StreamRows(0, 0, prompt[:ROWS], pages_a, "all")], 32, device)
-        whole, own = mtp_forward(model, fp, runner.rows, runner.slots, before[:ROWS])
+        whole, own = mtp_forward(model, fp, runner.rows, runner.slots, before)
         parts, owns = [], []
         for i in range(ROWS):
             fp = ForwardPass([StreamRows(1, i, prompt[i : i + 1], pages_b, "all")], 32, device)
@@ -152,9 +157,10 @@ def check_rows_exact(model: GlmModel) -> None:
             parts.append(lg)
             owns.append(h)
     assert torch.equal(whole, torch.cat(parts)) and torch.equal(own, torch.cat(owns))
-    last, x = before[ROWS:], prompt[ROWS:]
-    d4 = draft(model, runner.rows, runner.slots, [StreamRows(0, ROWS, x, pages_a)], last, 4)
-    d1 = draft(model, runner.rows, runner.slots, [StreamRows(1, ROWS, x, pages_b)], last, 1)
+    runner.slots.get(carry)[1] = runner.slots.get(carry)[0]  # h_{ROWS-1}: the draft's row reads it
+    x, none = prompt[ROWS:], before[:0]
+    d4 = draft(model, runner.rows, runner.slots, [StreamRows(0, ROWS, x, pages_a)], none, 4)
+    d1 = draft(model, runner.rows, runner.slots, [StreamRows(1, ROWS, x, pages_b)], none, 1)
     assert d4.shape == (1, 4) and torch.equal(d4[:, :1], d1)
     for s in model.layout.fixed:
         if s.name.startswith(f"L{model.cfg.mtp_layer}."):
@@ -168,6 +174,38 @@ def test_a_run_of_rows_equals_one_row_a_pass(tmp_path: Path, kind: str) -> None:
     assert isinstance(mixer, MlaWeights if kind == "mla" else KdaWeights)
     with one_cpu_thread():
         check_rows_exact(model)
+
+
+@torch.inference_mode()
+def test_a_resumed_stream_drafts_as_a_fresh_one(tmp_path: Path) -> None:
+    """A prompt tapped at 32 (a prompt-store keep): the carry's tap is h_31; a second slot given
+    the tapped states resumes at row 32 on the same pages, hands back the fresh pass's hidden
+    rows from there, and drafts the fresh stream's tokens."""
+    model = mtp_model(tmp_path, demo_config())
+    carry = f"L{model.cfg.mtp_layer}.carry"
+    gen = torch.Generator().manual_seed(5)
+    prompt = torch.randint(20, model.vocab_size, (49,), generator=gen).tolist()
+    hsize = model.cfg.hidden_size
+    with one_cpu_thread():
+        runner = ModelRunner(model, num_pages=2, num_slots=2, page_rows=64)
+        pages = open_stream(runner, 0, 64).lease.cover(64)
+        fp = ForwardPass([StreamRows(0, 0, prompt, pages, "all", taps=(32,))], 64)
+        before = torch.empty(49, hsize)
+        logits = model.forward(fp, runner.rows, runner.slots, hidden=before)
+        tapped = fp.tapped[(0, 32)]
+        assert torch.equal(tapped[carry], before[32])
+        x = [int(logits[-1].argmax())]
+        fresh = draft(
+            model, runner.rows, runner.slots, [StreamRows(0, 0, prompt + x, pages)], before, 4
+        )
+        for name, state in tapped.items():
+            runner.slots.get(name)[1].copy_(state)
+        fp = ForwardPass([StreamRows(1, 32, prompt[32:], pages, "all")], 64)
+        resumed = torch.empty(49 - 32, hsize)
+        again = model.forward(fp, runner.rows, runner.slots, hidden=resumed)
+        assert torch.equal(resumed, before[32:]) and torch.equal(again, logits[32:])
+        run = StreamRows(1, 32, prompt[32:] + x, pages)
+        assert torch.equal(draft(model, runner.rows, runner.slots, [run], resumed, 4), fresh)
 
 
 # --- the trained demo ---------------------------------------------------------------------
@@ -198,34 +236,34 @@ def test_training_left_the_trunk_bit_identical() -> None:
 def acceptance(model: GlmModel, prompts: list[list[int]], new: int, k: int) -> list[float]:
     """For each of the first `new` greedy positions of each prompt: the MTP's k drafts from the
     accepted state; entry j is the share of positions whose first j + 1 drafts all equal the
-    target's own next greedy tokens."""
+    target's own next greedy tokens. Slot 0 decodes the greedy continuation first; slot 1 then
+    feeds the same tokens one a pass, drafting after each (as a round accepting none would)."""
     hits, total = [0] * k, 0
-    runner = ModelRunner(model, num_pages=4, num_slots=1, page_rows=256)
+    runner = ModelRunner(model, num_pages=4, num_slots=2, page_rows=256)
     for prompt in prompts:
-        stream = open_stream(runner, 0, len(prompt) + new + k + 1)
-        run = stream.rows(prompt)
-        logits, hidden = target_pass(model, runner.rows, runner.slots, [run])
-        tokens, hiddens = list(prompt), [hidden]
-        for _ in range(new + k):  # the target's greedy continuation and its hidden rows
-            tokens.append(int(logits[0][-1].argmax()))
-            logits, h = target_pass(model, runner.rows, runner.slots, [stream.rows(tokens[-1:])])
-            hiddens.append(h)
-        every = torch.cat(hiddens)
-        pages = stream.lease.cover(len(tokens))
-        n = len(prompt)
-        catch_up = StreamRows(0, 0, tokens[: n + 1], pages)  # rows 0..n: the prompt, x
-        drafts = draft(model, runner.rows, runner.slots, [catch_up], with_row_zero(every[:n]), k)
-        for t in range(n, n + new):  # row t was just caught up; tokens[t] is x
-            want = tokens[t + 1 : t + 1 + k]
-            got = drafts[0].tolist()
-            run_ok = True
+        n, rows = len(prompt), len(prompt) + new + k + 1
+        plain = open_stream(runner, 0, rows)
+        logits = runner.run([plain.rows(prompt)])[0]
+        tokens = list(prompt)
+        for _ in range(new + k):
+            tokens.append(int(logits[-1].argmax()))
+            logits = runner.run([plain.rows(tokens[-1:])])[0]
+        drafting = open_stream(runner, 1, rows)
+        pages = drafting.lease.cover(rows)
+        _, before = target_pass(model, runner.rows, runner.slots, [drafting.rows(prompt)])
+        catch_up = StreamRows(1, 0, tokens[: n + 1], pages)  # rows 0..n: the prompt, x
+        drafts = draft(model, runner.rows, runner.slots, [catch_up], before, k)
+        for t in range(n, n + new):  # row t (tokens[t]) was just caught up
+            want, got, run_ok = tokens[t + 1 : t + 1 + k], drafts[0].tolist(), True
             for j in range(k):
                 run_ok = run_ok and got[j] == want[j]
                 hits[j] += run_ok
             total += 1
-            one = StreamRows(0, t + 1, tokens[t + 1 : t + 2], pages)
-            drafts = draft(model, runner.rows, runner.slots, [one], every[t : t + 1], k)
-        stream.lease.release()
+            target_pass(model, runner.rows, runner.slots, [drafting.rows(tokens[t : t + 1])])
+            one = StreamRows(1, t + 1, tokens[t + 1 : t + 2], pages)
+            drafts = draft(model, runner.rows, runner.slots, [one], before[:0], k)
+        plain.lease.release()
+        drafting.lease.release()
     return [h / total for h in hits]
 
 
