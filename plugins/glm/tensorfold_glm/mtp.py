@@ -154,7 +154,9 @@ def _fixed_state(
 ) -> dict[tuple[str, int], torch.Tensor]:
     """A KDA MTP layer's fixed state of the runs' slots (empty for an MLA one)."""
     prefix = f"L{model.cfg.mtp_layer}."
-    names = [s.name for s in model.layout.fixed if s.name.startswith(prefix)]
+    names = [
+        s.name for s in model.layout.fixed if s.name.startswith(prefix) and s.name != model.carry
+    ]
     return {(n, r.slot): slots.get(n)[r.slot].clone() for n in names for r in runs}
 
 
