@@ -63,6 +63,13 @@ class GlmConfig:
     layer_types: tuple[str, ...] = ()
     mlp_layer_types: tuple[str, ...] = ()
     indexer_types: tuple[str, ...] = ()
+    # the MTP layer (index num_hidden_layers): present when config.json declares
+    # num_nextn_predict_layers (DeepSeek's and GLM's key) or num_mtp_layers (transformers') >= 1;
+    # only the first is run. Its kinds: a layer_types / mlp_layer_types list one entry longer
+    # than num_hidden_layers names them; else MLA with its own indexer and MoE, as DeepSeek-V3's.
+    num_nextn_predict_layers: int = 0
+    mtp_layer_type: str = MLA
+    mtp_mlp_type: str = SPARSE
     tie_word_embeddings: bool = False
     has_vision: bool = False  # the checkpoint carries a vision tower (not served)
     dtype: str | None = None  # the dtype the checkpoint was saved in, if config.json says
@@ -74,6 +81,11 @@ class GlmConfig:
     @property
     def mla_layers(self) -> tuple[int, ...]:
         return tuple(i for i, kind in enumerate(self.layer_types) if kind == MLA)
+
+    @property
+    def mtp_layer(self) -> int | None:
+        """The MTP layer's index (num_hidden_layers), or None when config.json declares none."""
+        return self.num_hidden_layers if self.num_nextn_predict_layers > 0 else None
 
     def runs_indexer(self, layer: int) -> bool:
         """An MLA layer with its own indexer; a "shared" one reuses the previous layer's pools."""
@@ -124,12 +136,15 @@ def _parse(top: Mapping[str, Any], source: str) -> GlmConfig:
     layers = get("num_hidden_layers", d.num_hidden_layers, int)
     linear = _linear_attn(raw, d, src)
     tie = top.get("tie_word_embeddings", raw.get("tie_word_embeddings"))
+    mtp = get("num_nextn_predict_layers", get("num_mtp_layers", 0, int), int)
     cfg = GlmConfig(
         **{name: get(name, getattr(d, name), kind) for name, kind in _SCALARS.items()},
         num_hidden_layers=layers,
         **linear,
-        layer_types=_layer_types(raw, layers, src),
-        mlp_layer_types=_mlp_layer_types(raw, layers, src),
+        layer_types=_layer_types(raw, layers, src, mtp),
+        mlp_layer_types=_mlp_layer_types(raw, layers, src, mtp),
+        num_nextn_predict_layers=mtp,
+        **_mtp_kinds(raw, layers, src, mtp),
         indexer_types=_indexer_types(raw, layers, src),
         tie_word_embeddings=bool(tie) if tie is not None else d.tie_word_embeddings,
         has_vision=isinstance(top.get("vision_config"), dict),
@@ -210,15 +225,20 @@ def _listed(
     accepted: tuple[str, ...],
     source: str,
     aliases: Mapping[str, str] | None = None,
+    mtp: int = 0,
 ) -> tuple[str, ...] | None:
+    """The list `key` names, num_hidden_layers entries (one more, the MTP layer's, accepted
+    when mtp >= 1)."""
     value = raw.get(key)
     if value is None:
         return None
     names = " or ".join(f'"{k}"' for k in accepted)
-    if not isinstance(value, list) or len(value) != layers:
+    lengths = (layers, layers + 1) if mtp > 0 else (layers,)
+    if not isinstance(value, list) or len(value) not in lengths:
+        more = " (or one more, the MTP layer's)" if mtp > 0 else ""
         raise ConfigError(
-            f"{source}: {key!r} must list num_hidden_layers={layers} entries, each {names}; "
-            f"got {value!r}"
+            f"{source}: {key!r} must list num_hidden_layers={layers} entries{more}, each "
+            f"{names}; got {value!r}"
         )
     value = [(aliases or {}).get(v, v) for v in value]
     bad = sorted({str(v) for v in value if v not in accepted})
@@ -229,14 +249,31 @@ def _listed(
     return tuple(value)
 
 
-def _layer_types(raw: Mapping[str, Any], layers: int, source: str) -> tuple[str, ...]:
-    listed = _listed(raw, "layer_types", layers, (KDA, MLA), source, {"full_attention": MLA})
-    return listed or tuple(MLA if i % 4 == 3 else KDA for i in range(layers))
+_ATTENTION = {"full_attention": MLA}
 
 
-def _mlp_layer_types(raw: Mapping[str, Any], layers: int, source: str) -> tuple[str, ...]:
-    listed = _listed(raw, "mlp_layer_types", layers, (DENSE, SPARSE), source)
-    return listed or tuple(DENSE if i < 3 else SPARSE for i in range(layers))
+def _layer_types(raw: Mapping[str, Any], layers: int, source: str, mtp: int = 0) -> tuple[str, ...]:
+    listed = _listed(raw, "layer_types", layers, (KDA, MLA), source, _ATTENTION, mtp)
+    return listed[:layers] if listed else tuple(MLA if i % 4 == 3 else KDA for i in range(layers))
+
+
+def _mlp_layer_types(
+    raw: Mapping[str, Any], layers: int, source: str, mtp: int = 0
+) -> tuple[str, ...]:
+    listed = _listed(raw, "mlp_layer_types", layers, (DENSE, SPARSE), source, None, mtp)
+    return listed[:layers] if listed else tuple(DENSE if i < 3 else SPARSE for i in range(layers))
+
+
+def _mtp_kinds(raw: Mapping[str, Any], layers: int, source: str, mtp: int) -> dict[str, str]:
+    """The MTP layer's mixer and FFN kinds: a list's extra entry, else MLA and MoE."""
+    if mtp < 1:
+        return {}
+    kinds = _listed(raw, "layer_types", layers, (KDA, MLA), source, _ATTENTION, mtp) or ()
+    ffns = _listed(raw, "mlp_layer_types", layers, (DENSE, SPARSE), source, None, mtp) or ()
+    return {
+        "mtp_layer_type": kinds[layers] if len(kinds) > layers else MLA,
+        "mtp_mlp_type": ffns[layers] if len(ffns) > layers else SPARSE,
+    }
 
 
 def _indexer_types(raw: Mapping[str, Any], layers: int, source: str) -> tuple[str, ...]:
@@ -285,6 +322,8 @@ def _check(cfg: GlmConfig, source: str) -> None:
         "hc_sinkhorn_iters",
         "max_position_embeddings",
     )
+    if cfg.num_nextn_predict_layers < 0:
+        raise ConfigError(f"{source}: 'num_nextn_predict_layers' must be at least 0")
     for name in positive:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{source}: {name!r} must be at least 1, got {getattr(cfg, name)}")
@@ -316,7 +355,9 @@ def _check(cfg: GlmConfig, source: str) -> None:
                 f'layer {i} is a "shared" indexer layer, but layer {i - 1} is not an '
                 'indexed_attention layer with a "full" indexer, whose pools it would reuse'
             )
-    if any(kind == SPARSE for kind in cfg.mlp_layer_types):
+    if any(kind == SPARSE for kind in cfg.mlp_layer_types) or (
+        cfg.mtp_layer is not None and cfg.mtp_mlp_type == SPARSE
+    ):
         _check_router(cfg, refuse)
 
 

@@ -10,6 +10,11 @@ tokenizer with GLM's special tokens, and a GLM-style chat template. Same bytes o
 The weights ship with the plugin (demo_weights.safetensors, float16): trained on
 tensorfold.family.demo_text from demo_weights' random ones by `python -m tensorfold_glm.demo_train`
 (needs transformers). The demo knows a few stories, facts and answers, nothing else.
+
+config.json declares one MTP layer (num_nextn_predict_layers; layer 6, MLA with its own indexer
+and MoE, tensorfold_glm.mtp), trained after the trunk with the trunk frozen
+(`python -m tensorfold_glm.demo_train mtp` retrains it alone); transformers drops it on load, as
+it drops a real checkpoint's layer 45.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from .demo_weights import build_weights as random_weights
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-DEMO_NAME = "glm5_next-demo-v4"
+DEMO_NAME = "glm5_next-demo-v5"
 WEIGHTS = Path(__file__).with_name("demo_weights.safetensors")
 RETRAIN = "python -m tensorfold_glm.demo_train"
 FILES = (
@@ -105,6 +110,7 @@ TEXT_SHAPE: dict[str, Any] = dict(
     swiglu_limit=10.0,
     rms_norm_eps=1e-5,
     max_position_embeddings=32768,
+    num_nextn_predict_layers=1,  # layer 6: the MTP layer (MLA with its own indexer + MoE)
 )
 VISION_SHAPE: dict[str, Any] = dict(
     depth=1,

@@ -1,7 +1,8 @@
 """The demo checkpoint's tensors under their on-disk names, drawn in a fixed order from a local
 generator (the global RNG is untouched). Parameters the reference initialises to zeros or ones
 (A_log, the mHC base/scale, the pool gate and ape, the score bias, norms) are perturbed so that
-they matter."""
+they matter. An MTP layer (config num_nextn_predict_layers >= 1) is drawn last, from its own
+generator, so the trunk's tensors are the same with or without it."""
 
 from __future__ import annotations
 
@@ -24,24 +25,74 @@ def build_weights(cfg: dict[str, Any]) -> Tensors:
 
     t = cfg["text_config"]
     h = t["hidden_size"]
+    layers = t["num_hidden_layers"]
     w: Tensors = {"model.language_model.embed_tokens.weight": normal(t["vocab_size"], h, std=0.5)}
-    for i, kind in enumerate(t["layer_types"]):
-        p = f"model.language_model.layers.{i}"
-        w[f"{p}.input_layernorm.weight"] = normal(h, mean=1.0)
-        w[f"{p}.post_attention_layernorm.weight"] = normal(h, mean=1.0)
-        for hc in ("hc_attn", "hc_ffn"):
-            w.update(_hc(normal, p, hc, t))
-        if kind == "linear_attention":
-            w.update(_kda(normal, f"{p}.self_attn", t))
-        else:
-            w.update(_mla(normal, f"{p}.self_attn", t, t["indexer_types"][i] == "full"))
-        if t["mlp_layer_types"][i] == "dense":
-            w.update(_mlp(normal, f"{p}.mlp", h, t["intermediate_size"]))
-        else:
-            w.update(_moe(normal, f"{p}.mlp", t))
+    for i in range(layers):
+        w.update(
+            _layer(
+                normal,
+                f"model.language_model.layers.{i}",
+                t,
+                t["layer_types"][i],
+                t["mlp_layer_types"][i],
+                t["indexer_types"][i] == "full",
+            )
+        )
     w["model.language_model.norm.weight"] = normal(h, mean=1.0)
     w["lm_head.weight"] = normal(t["vocab_size"], h)
     w.update(_vision(normal, "model.visual", cfg["vision_config"]))
+    if t.get("num_nextn_predict_layers", 0) > 0:
+        mtp = torch.Generator().manual_seed(SEED + 1)
+        w.update(
+            _mtp(lambda *a, **k: _draw(mtp, *a, **k), f"model.language_model.layers.{layers}", t)
+        )
+    return w
+
+
+def _draw(
+    gen: "torch.Generator", *shape: int, std: float = 0.1, mean: float = 0.0
+) -> "torch.Tensor":
+    import torch
+
+    return torch.randn(shape, generator=gen, dtype=torch.float32) * std + mean
+
+
+def _layer(
+    normal: "Normal", p: str, t: dict[str, Any], kind: str, ffn: str, indexer: bool
+) -> Tensors:
+    h = t["hidden_size"]
+    w = {
+        f"{p}.input_layernorm.weight": normal(h, mean=1.0),
+        f"{p}.post_attention_layernorm.weight": normal(h, mean=1.0),
+    }
+    for hc in ("hc_attn", "hc_ffn"):
+        w.update(_hc(normal, p, hc, t))
+    if kind == "linear_attention":
+        w.update(_kda(normal, f"{p}.self_attn", t))
+    else:
+        w.update(_mla(normal, f"{p}.self_attn", t, indexer))
+    if ffn == "dense":
+        w.update(_mlp(normal, f"{p}.mlp", h, t["intermediate_size"]))
+    else:
+        w.update(_moe(normal, f"{p}.mlp", t))
+    return w
+
+
+def _mtp(normal: "Normal", p: str, t: dict[str, Any]) -> Tensors:
+    """The MTP layer: its decoder layer (the lists' extra entry, else MLA with its own indexer
+    and MoE), enorm, hnorm, eh_proj and shared_head (no embed_tokens of its own)."""
+    h, n = t["hidden_size"], t["num_hidden_layers"]
+    kinds, ffns = t["layer_types"], t["mlp_layer_types"]
+    kind = kinds[n] if len(kinds) > n else "indexed_attention"
+    ffn = ffns[n] if len(ffns) > n else "sparse"
+    w = {
+        f"{p}.enorm.weight": normal(h, mean=1.0),
+        f"{p}.hnorm.weight": normal(h, mean=1.0),
+        f"{p}.eh_proj.weight": normal(h, 2 * h),
+    }
+    w.update(_layer(normal, p, t, kind, ffn, True))
+    w[f"{p}.shared_head.norm.weight"] = normal(h, mean=1.0)
+    w[f"{p}.shared_head.head.weight"] = normal(t["vocab_size"], h)
     return w
 
 

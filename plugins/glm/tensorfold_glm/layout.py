@@ -9,6 +9,13 @@ rebuilds the pooled keys from kI and gI in every pass, as the reference does, an
 unwritten.
 Fixed, per KDA layer: the fp32 recurrent state [heads, K, V] and the conv tail, the last K-1
 pre-conv q|k|v rows [3 * heads * head_dim, K-1] in the model dtype.
+The MTP layer (config.mtp_layer, when config.json declares one, at one rank only) keeps the same
+as a layer of its kind, under its own index: an MLA one its latent and indexer rows (its row j
+reads the token at position j, mtp.py), a KDA one its recurrent state and conv tail; and a
+fixed `L{N}.carry` [hidden_size] in the model dtype: the trunk's hidden state of the stream's
+last row fed, which the MTP's next row reads (written and tapped by the trunk's forward, so a
+kept prompt resumes with it). It is in the layout whether or not the weights carry the layer,
+since the plan reads config.json alone.
 
 Under tensor parallel (`world` ranks, shards.py) a rank keeps its KDA heads' states
 (heads/world, K, V) and its channels' conv tail (3 * heads * head_dim / world, K-1); the MLA
@@ -28,7 +35,7 @@ from typing import Any, Mapping
 
 from tensorfold.family import ModelShape, RowSpec, StateLayout, StateSpec
 
-from .config import GlmConfig
+from .config import MLA, GlmConfig
 
 KDA_CHUNK = 64  # fla-core chunk_kda's chunk
 
@@ -41,23 +48,37 @@ def shape(config: Mapping[str, Any], dtype: str = "bfloat16") -> ModelShape:
     return ModelShape(state_layout(cfg, dtype), cfg.max_position_embeddings)
 
 
+def carry_name(cfg: GlmConfig) -> str:
+    """The fixed state holding the hidden state the MTP layer's next row reads."""
+    return f"L{cfg.mtp_layer}.carry"
+
+
 def state_layout(cfg: GlmConfig, dtype: str, world: int = 1) -> StateLayout:
     name = str(dtype).removeprefix("torch.")
     if name not in DTYPES:
         raise ValueError(f"glm5_next runs in {', '.join(DTYPES)}, not {dtype!r}")
+    mtp = cfg.mtp_layer if world == 1 else None
+    mla_layers, kda_layers = cfg.mla_layers, cfg.kda_layers
+    if mtp is not None:
+        if cfg.mtp_layer_type == MLA:
+            mla_layers += (mtp,)
+        else:
+            kda_layers += (mtp,)
     paged: list[RowSpec] = []
-    for i in cfg.mla_layers:
+    for i in mla_layers:
         paged.append(RowSpec(f"L{i}.latent", (cfg.kv_lora_rank,), name, fp8=True))
-        if cfg.runs_indexer(i):
+        if i == mtp or cfg.runs_indexer(i):
             paged.append(RowSpec(f"L{i}.index_k", (cfg.index_head_dim,), name))
             paged.append(RowSpec(f"L{i}.index_gate", (cfg.index_head_dim,), name))
             paged.append(RowSpec(f"L{i}.pool_key", (cfg.index_head_dim,), name))
     heads, dim = cfg.linear_num_heads // world, cfg.linear_head_dim
     tail = (3 * cfg.kda_dim // world, cfg.linear_conv_kernel_dim - 1)
     fixed: list[StateSpec] = []
-    for i in cfg.kda_layers:
+    for i in kda_layers:
         fixed.append(StateSpec(f"L{i}.kda", (heads, dim, dim), "float32"))
         fixed.append(StateSpec(f"L{i}.conv", tail, name))
+    if mtp is not None:
+        fixed.append(StateSpec(carry_name(cfg), (cfg.hidden_size,), name))
     return StateLayout(
         paged=tuple(paged), fixed=tuple(fixed), mark_rows=math.lcm(KDA_CHUNK, cfg.index_kpool)
     )

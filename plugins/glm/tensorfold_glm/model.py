@@ -3,7 +3,9 @@ computes it (`Glm5NextTextModel` and the `lm_head` of `Glm5NextForConditionalGen
 
 The embedding is copied into hc_mult residual streams; each layer wraps its mixer (KDA or MLA)
 and its FFN (SwiGLU or MoE) in an mHC collapse / expand; the streams' mean is normed and
-projected to logits.
+projected to logits. A checkpoint's MTP layer (weights.mtp) is loaded beside the trunk and run
+by mtp.py, never by this forward, which keeps the MTP's carry (the last row's hidden state) and,
+on `forward(..., hidden=buf)`, hands back the hidden state each row's MTP row reads.
 
 Under tensor parallel (`--tp N`, shards.py) each rank holds its heads, FFN columns and experts;
 the residual streams are whole and the same on every rank (each mixer and FFN ends in one sum
@@ -12,7 +14,7 @@ over the ranks), and a vocab-parallel lm_head's logits are gathered in rank orde
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -25,13 +27,13 @@ from tensorfold.ops import parallel
 from tensorfold.ops.linear import linear
 from tensorfold.ops.norms import rms_norm
 
-from . import mhc, shards
+from . import indexer, mhc, shards
 from .config import GlmConfig
 from .kda import kda
-from .layout import DTYPES, shape, state_layout
+from .layout import DTYPES, carry_name, shape, state_layout
 from .mla import mla
 from .moe import ffn
-from .weights import KdaWeights, ModelWeights, load_weights, text_prefix
+from .weights import KdaWeights, LayerWeights, ModelWeights, has_mtp, load_weights, text_prefix
 
 if TYPE_CHECKING:
     from tensorfold.adapters.paged_kv import PagedRows
@@ -61,8 +63,19 @@ def _note_unserved(checkpoint: "Checkpoint", cfg: GlmConfig) -> None:
             "yet, only text"
         )
     mtp = f"{text_prefix(checkpoint)}layers.{cfg.num_hidden_layers}."
-    if any(n.startswith(mtp) for n in names):
-        log.info(f"glm5_next: the MTP layer ({mtp}*) is ignored, as transformers ignores it")
+    present = any(n.startswith(mtp) for n in names)
+    if present and cfg.mtp_layer is None:
+        log.info(
+            f"glm5_next: the MTP layer ({mtp}*) is not loaded: config.json declares no "
+            "num_nextn_predict_layers"
+        )
+    elif present and not has_mtp(checkpoint, cfg):
+        log.info(f"glm5_next: the MTP layer ({mtp}*) is not loaded under tensor parallel")
+    elif cfg.mtp_layer is not None and not present:
+        log.info(
+            "glm5_next: config.json declares an MTP layer the checkpoint does not carry; "
+            "its state rows stay in the layout, unused"
+        )
 
 
 class GlmModel(FamilyModel):
@@ -77,36 +90,110 @@ class GlmModel(FamilyModel):
         self.layout: StateLayout = state_layout(cfg, dtype, self.tp.world)
         self.vocab_size = cfg.vocab_size
         self.max_positions = cfg.max_position_embeddings
+        # the MTP layer's input carried across passes (layout.py), when the layout has it
+        carry = carry_name(cfg) if cfg.mtp_layer is not None else None
+        self.carry = carry if carry in {s.name for s in self.layout.fixed} else None
 
-    def forward(self, fp: ForwardPass, rows: "PagedRows", slots: "StreamSlots") -> torch.Tensor:
+    def forward(
+        self,
+        fp: ForwardPass,
+        rows: "PagedRows",
+        slots: "StreamSlots",
+        hidden: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The pass's logits [R, V] fp32. Each op takes its Triton kernel on the GPU
         (`tensorfold.ops.gpu.use_triton`); a decode pass reads nothing back to the host, so the
-        graph runner can capture it (per-stream layout from `pass_meta(fp)` only)."""
+        graph runner can capture it (per-stream layout from `pass_meta(fp)` only).
+
+        With an MTP layer in the layout, each stream's carry (`L{N}.carry`) becomes the hidden
+        state h of its last row (the mean of its streams after the last layer, what the final
+        norm reads), and a tap at p records h_{p-1}. hidden: None, or an [N, H] tensor in the
+        model dtype (N = fp.num_rows) this pass fills with what the MTP's row j reads, h_{j-1}:
+        zeros at position 0, the carry as it stood for a run's first row (mtp.py). None and no
+        MTP layer cost nothing."""
         cfg, w = self.cfg, self.weights
+        if hidden is not None and self.carry is None:
+            raise ValueError("glm5_next: hidden= needs an MTP layer in config.json")
         streams = mhc.streams_in(w.embed, fp.tokens, cfg.hc_mult)  # [N, hc, H]
-        masks: list[torch.Tensor] | None = None  # the last MLA layer's key sets, per stream
-        first = w.layers[0]
-        post, comb, x = mhc.collapse_norm(cfg, first.attn_hc, streams, first.input_norm)
-        for i, layer in enumerate(w.layers):
-            if isinstance(layer.mixer, KdaWeights):
-                y = kda(cfg, f"L{i}", layer.mixer, x, fp, slots)
-                masks = None  # a "shared" layer reads only the layer just before it
-            else:
-                y, masks = mla(cfg, f"L{i}", layer.mixer, x, fp, rows, masks)
-            # each expand and the collapse after it, one step (one launch at a few rows)
-            streams, post, comb, x = mhc.expand_collapse_norm(
-                cfg, layer.ffn_hc, post, comb, y, streams, layer.post_norm
-            )
-            y = ffn(cfg, x, layer.ffn)
-            if i + 1 < len(w.layers):
-                after = w.layers[i + 1]
-                streams, post, comb, x = mhc.expand_collapse_norm(
-                    cfg, after.attn_hc, post, comb, y, streams, after.input_norm
-                )
-            else:
-                streams = mhc.expand(post, comb, y, streams)
+        layers = [(f"L{i}", layer) for i, layer in enumerate(w.layers)]
+        streams = decoder_layers(cfg, layers, streams, fp, rows, slots)
+        if self.carry is not None:
+            self._carry(fp, streams, slots, self.carry, hidden)
         h = mhc.head_of_rows(streams, fp.logit_rows)  # [R, H]
         normed = rms_norm(h, w.final_norm, cfg.rms_norm_eps)
-        if shards.vocab_parallel(cfg, self.tp.world):  # [R, V]: the ranks' vocabularies in order
-            return parallel.gather_columns(linear(normed, w.lm_head)).float()
-        return linear(normed, w.lm_head, out_dtype=torch.float32)  # rounded, stored as fp32
+        return self.logits(normed, w.lm_head)
+
+    def _carry(
+        self,
+        fp: ForwardPass,
+        streams: torch.Tensor,
+        slots: "StreamSlots",
+        name: str,
+        hidden: torch.Tensor | None,
+    ) -> None:
+        """Fill `hidden` with each row's h_{j-1}, tap the carry, then set each stream's carry
+        to its last row's h. Device tensors only (pass_meta): a decode pass stays capturable."""
+        from tensorfold.ops.pass_meta import pass_meta
+
+        meta, carry = pass_meta(fp), slots.get(name)  # carry [slots, H]
+        slot = meta.stream_slot.long()
+        row0 = meta.stream_row0.long()
+        last = row0 + meta.stream_len.long() - 1  # [S]
+        n = fp.num_rows
+        every = None
+        if hidden is not None or any(s.taps for s in fp.streams):
+            every = mhc.head_of_rows(streams, torch.arange(n, device=streams.device))  # [N, H]
+        if hidden is not None:
+            assert every is not None
+            kept = carry.index_select(0, slot)
+            before = torch.where((meta.stream_start > 0)[:, None], kept, torch.zeros_like(kept))
+            rows = torch.arange(n, device=streams.device)
+            owner = meta.row_stream.long()
+            source = torch.where(rows == row0[owner], n + owner, rows - 1)
+            hidden.copy_(torch.cat([every, before]).index_select(0, source))
+        for i, stream in enumerate(fp.streams):
+            for p in stream.taps:
+                assert every is not None
+                fp.tap(i, p, name, every[fp.spans[i][0] + p - 1 - stream.start].clone())
+        ends = every.index_select(0, last) if every is not None else mhc.head_of_rows(streams, last)
+        carry.index_copy_(0, slot, ends)
+
+    def logits(self, normed: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+        """[R, H] normed rows -> [R, V] fp32 logits through `head` (lm_head or the MTP's)."""
+        if shards.vocab_parallel(self.cfg, self.tp.world):  # the ranks' vocabularies in order
+            return parallel.gather_columns(linear(normed, head)).float()
+        return linear(normed, head, out_dtype=torch.float32)  # rounded, stored as fp32
+
+
+def decoder_layers(
+    cfg: GlmConfig,
+    layers: Sequence[tuple[str, LayerWeights]],
+    streams: torch.Tensor,
+    fp: ForwardPass,
+    rows: "PagedRows",
+    slots: "StreamSlots",
+) -> torch.Tensor:
+    """Run `layers` (each with the name of its state, "L{i}") over the pass's streams
+    [N, hc, H]; returns the streams after the last. Each expand and the collapse after it are
+    one step (one launch at a few rows)."""
+    masks: indexer.Selection | None = None  # the last MLA layer's key sets, per stream
+    first = layers[0][1]
+    post, comb, x = mhc.collapse_norm(cfg, first.attn_hc, streams, first.input_norm)
+    for j, (name, layer) in enumerate(layers):
+        if isinstance(layer.mixer, KdaWeights):
+            y = kda(cfg, name, layer.mixer, x, fp, slots)
+            masks = None  # a "shared" layer reads only the layer just before it
+        else:
+            y, masks = mla(cfg, name, layer.mixer, x, fp, rows, masks)
+        streams, post, comb, x = mhc.expand_collapse_norm(
+            cfg, layer.ffn_hc, post, comb, y, streams, layer.post_norm
+        )
+        y = ffn(cfg, x, layer.ffn)
+        if j + 1 < len(layers):
+            after = layers[j + 1][1]
+            streams, post, comb, x = mhc.expand_collapse_norm(
+                cfg, after.attn_hc, post, comb, y, streams, after.input_norm
+            )
+        else:
+            streams = mhc.expand(post, comb, y, streams)
+    return streams

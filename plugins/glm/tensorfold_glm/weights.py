@@ -6,7 +6,10 @@ gate/up/down projections, the KDA convolution split into q/k/v_conv1d, the forge
 f_a/f_b/dt_bias/A_log directly under `self_attn`, and the mHC weights as `hc_attn_*` /
 `hc_ffn_*`. The reference keeps e_score_correction_bias, the convolutions, dt_bias, A_log and
 the mHC base/scale in fp32 whatever the model dtype; so do we. A vision tower (`model.visual.`)
-and an MTP layer past num_hidden_layers are not read.
+is not read. The MTP layer `layers.{num_hidden_layers}` (DeepSeek-style: enorm, hnorm, eh_proj,
+the decoder layer's own tensors, shared_head.norm and shared_head.head, optionally its own
+embed_tokens) is read into `ModelWeights.mtp` when config.json declares it
+(num_nextn_predict_layers), the checkpoint has it and it runs at one rank; else mtp is None.
 
 Under tensor parallel the checkpoint hands each tensor's slice for this rank (shards.py says how
 each is cut; the shapes passed below are the whole tensors on disk; in the comments heads,
@@ -130,11 +133,23 @@ class LayerWeights:
 
 
 @dataclass
+class MtpWeights:
+    embed: torch.Tensor  # [V, H]: the layer's own embed_tokens, else the trunk's (same tensor)
+    enorm: torch.Tensor  # [H]: RMSNorm of the next token's embedding
+    hnorm: torch.Tensor  # [H]: RMSNorm of the incoming hidden state
+    eh_proj: torch.Tensor  # [H, 2H]: its input columns [enorm(e) | hnorm(h)]
+    layer: LayerWeights
+    norm: torch.Tensor  # [H]: shared_head.norm
+    head: torch.Tensor  # [V, H]: shared_head.head, else the trunk's lm_head (same tensor)
+
+
+@dataclass
 class ModelWeights:
     embed: torch.Tensor  # [V, H]
     final_norm: torch.Tensor  # [H]
     lm_head: torch.Tensor  # [V, H]
     layers: list[LayerWeights]
+    mtp: MtpWeights | None = None
 
 
 def text_prefix(ckpt: "Checkpoint") -> str:
@@ -152,28 +167,63 @@ def load_weights(
     root = text_prefix(ckpt)
     h, v = cfg.hidden_size, cfg.vocab_size
     embed = read(f"{root}embed_tokens.weight", v, h)
-    layers = []
-    for i, kind in enumerate(cfg.layer_types):
-        p = f"{root}layers.{i}"
-        mixer = _kda(read, cfg, p) if kind == KDA else _mla(read, cfg, p, cfg.runs_indexer(i))
-        ffn = (
-            _dense(read, f"{p}.mlp", h, cfg.intermediate_size)
-            if cfg.mlp_layer_types[i] == DENSE
-            else _moe(read, cfg, p)
-        )
-        layers.append(
-            LayerWeights(
-                attn_hc=_hc(read, cfg, f"{p}.hc_attn"),
-                ffn_hc=_hc(read, cfg, f"{p}.hc_ffn"),
-                input_norm=read(f"{p}.input_layernorm.weight", h),
-                post_norm=read(f"{p}.post_attention_layernorm.weight", h),
-                mixer=mixer,
-                ffn=ffn,
-            )
-        )
+    layers = [
+        _layer(read, cfg, f"{root}layers.{i}", kind, cfg.mlp_layer_types[i], cfg.runs_indexer(i))
+        for i, kind in enumerate(cfg.layer_types)
+    ]
     split_vocab = shards.vocab_parallel(cfg, ckpt.shard.world)
     lm_head = read.lm_head(embed, cfg.tie_word_embeddings, split_vocab)
-    return ModelWeights(embed, read(f"{root}norm.weight", h), lm_head, layers)
+    weights = ModelWeights(embed, read(f"{root}norm.weight", h), lm_head, layers)
+    if has_mtp(ckpt, cfg):
+        weights.mtp = _mtp(read, cfg, f"{root}layers.{cfg.num_hidden_layers}", embed, lm_head)
+    return weights
+
+
+def has_mtp(ckpt: "Checkpoint", cfg: GlmConfig) -> bool:
+    """Whether the MTP layer loads: declared by config.json, present, and at one rank."""
+    p = f"{text_prefix(ckpt)}layers.{cfg.num_hidden_layers}"
+    return cfg.mtp_layer is not None and ckpt.shard.world == 1 and ckpt.has(f"{p}.eh_proj.weight")
+
+
+def _layer(
+    read: TensorReader, cfg: GlmConfig, p: str, kind: str, ffn_kind: str, indexer: bool
+) -> LayerWeights:
+    h = cfg.hidden_size
+    return LayerWeights(
+        attn_hc=_hc(read, cfg, f"{p}.hc_attn"),
+        ffn_hc=_hc(read, cfg, f"{p}.hc_ffn"),
+        input_norm=read(f"{p}.input_layernorm.weight", h),
+        post_norm=read(f"{p}.post_attention_layernorm.weight", h),
+        mixer=_kda(read, cfg, p) if kind == KDA else _mla(read, cfg, p, indexer),
+        ffn=(
+            _dense(read, f"{p}.mlp", h, cfg.intermediate_size)
+            if ffn_kind == DENSE
+            else _moe(read, cfg, p)
+        ),
+    )
+
+
+def _mtp(
+    read: TensorReader, cfg: GlmConfig, p: str, embed: torch.Tensor, lm_head: torch.Tensor
+) -> MtpWeights:
+    """The MTP layer at prefix p: a decoder layer of config's MTP kinds (an MLA one runs its own
+    indexer: no layer before it shares one), its input and head; embed_tokens and
+    shared_head.head fall back on the trunk's when the checkpoint leaves them out."""
+    h, v = cfg.hidden_size, cfg.vocab_size
+    own = read.ckpt.has
+    return MtpWeights(
+        embed=read(f"{p}.embed_tokens.weight", v, h) if own(f"{p}.embed_tokens.weight") else embed,
+        enorm=read(f"{p}.enorm.weight", h),
+        hnorm=read(f"{p}.hnorm.weight", h),
+        eh_proj=read(f"{p}.eh_proj.weight", h, 2 * h),
+        layer=_layer(read, cfg, p, cfg.mtp_layer_type, cfg.mtp_mlp_type, True),
+        norm=read(f"{p}.shared_head.norm.weight", h),
+        head=(
+            read(f"{p}.shared_head.head.weight", v, h)
+            if own(f"{p}.shared_head.head.weight")
+            else lm_head
+        ),
+    )
 
 
 def _hc(read: TensorReader, cfg: GlmConfig, p: str) -> HcWeights:

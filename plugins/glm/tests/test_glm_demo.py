@@ -42,7 +42,11 @@ class TestDemoCheckpoint(conformance.DemoCheckpoint):
         ref, info = Glm5NextForConditionalGeneration.from_pretrained(
             ckpt, dtype=torch.float32, output_loading_info=True
         )
-        assert not info["missing_keys"] and not info["unexpected_keys"], info
+        # the MTP layer (layers.6, tensorfold_glm.mtp): transformers drops it, as it drops a
+        # real checkpoint's layer 45
+        mtp = f"model.language_model.layers.{demo.TEXT_SHAPE['num_hidden_layers']}."
+        unexpected = [k for k in info["unexpected_keys"] if not k.startswith(mtp)]
+        assert info["unexpected_keys"] and not info["missing_keys"] and not unexpected, info
         model = load(Checkpoint.open(ckpt), "cpu", "float32")
         gen = torch.Generator().manual_seed(7)
         prompt = torch.randint(20, model.vocab_size, (200,), generator=gen).tolist()
