@@ -21,6 +21,11 @@ fp8 rings (TF_KV_DTYPE=fp8): the rings and the pass's new rows are e4m3 with the
 (`RingScales`, tensorfold.ops.kv_quant), so a row reads the same whether it is new in the pass
 or kept in the ring; the reference dequantizes the gathered rows, the kernel folds the scales in
 after the sums (as paged attention does).
+
+Taps: `ring_after` builds a whole ring as it stood mid-pass (prompt-store marks). A `rewind` run
+(a verify round's, forward_pass.StreamRows) needs less: `ring_rewinds` saves, before the advance,
+the ring rows the run will overwrite, and each tap puts back those of the rows at and past it
+(`SavedRingRows`, a forward_pass.SlotRestore): a row per draft instead of a ring per draft.
 """
 
 from __future__ import annotations
@@ -31,10 +36,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..family.forward_pass import ForwardPass
+from ..family.forward_pass import ForwardPass, StreamRows
 from .attention import KEY_TILE, QUERY_BLOCK, rows_dot, weighted_rows
 from .gpu import use_triton
-from .kv_quant import index_copy_rows
+from .kv_quant import FP8_DTYPE, index_copy_rows
 
 
 class RingScales(NamedTuple):
@@ -152,6 +157,37 @@ def advance_many(rings: list[torch.Tensor], news: list[torch.Tensor], fp: Forwar
         return
     for ring, new in zip(rings, news):
         advance_rings(ring, new, fp)
+
+
+@dataclass
+class SavedRingRows:
+    """Rows of one stream's ring as they stood before a pass advanced it (a rewind run's tap,
+    forward_pass.SlotRestore): `restore_into(ring)` [W-1, ...] writes them back."""
+
+    index: torch.Tensor  # [n] ring rows
+    rows: torch.Tensor  # [n, ...]: their contents before the pass
+
+    def restore_into(self, slot_state: torch.Tensor) -> None:
+        index_copy_rows(slot_state, self.index, self.rows)
+
+
+def ring_rewinds(ring: torch.Tensor, stream: StreamRows) -> dict[int, SavedRingRows] | None:
+    """ring [slots, W-1, ...]: before the pass advances it past `stream`'s run. For each tap p
+    of the run, the ring rows of positions [p, end) as they stand now: put back into the ring
+    the pass leaves, they leave it as it stood after row p - 1 (a row of the run before p lies
+    at another ring row). None when the run is longer than the ring (two of its positions
+    share a ring row): take whole rings (`ring_after`) then."""
+    rows = ring.shape[1]
+    if not stream.taps or len(stream.tokens) > rows:
+        return None
+    first = min(stream.taps)
+    index = torch.arange(first, stream.end, device=ring.device) % rows
+    state = ring[stream.slot]
+    if state.dtype == FP8_DTYPE:  # no index_select for e4m3: the same bytes
+        saved = state.view(torch.uint8).index_select(0, index).view(FP8_DTYPE)
+    else:
+        saved = state.index_select(0, index)
+    return {p: SavedRingRows(index[p - first :], saved[p - first :]) for p in stream.taps}
 
 
 def ring_after(rows: torch.Tensor, base: int, p: int, window: int) -> torch.Tensor:
