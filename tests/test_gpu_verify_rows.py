@@ -97,7 +97,7 @@ def test_verify_runs_equal_plain_decoding_with_fp8_kv(demo):
 @pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])
 def test_rewind_runs_equal_plain_decoding(demo, kv_dtype):
     """Verify runs marked rewind (StreamRows.rewind), rolled back through runner.rewind_slot:
-    gemma4 taps the ring rows each run overwrites, saved before its advance (ring_rewinds), its
+    gemma4 taps the ring rows each run overwrites, saved before its advance (RingRewinds), its
     127-row rings wrapped at 500 rows."""
     check(demo[1], True, kv_dtype, ks=(3, 8, 31), cases=CASES[1:], rewind=True)
 

@@ -127,6 +127,8 @@ class ModelRunner:
         taps = None
         if tap is not None and self.last_pass is not None:
             taps = self.last_pass.tapped.get(tap)
+        if taps is not None and not all(isinstance(t, torch.Tensor) for t in taps.values()):
+            raise RuntimeError(f"the taps at {tap} are a rewind run's: the prompt store keeps none")
         return hooks.snap_keep(slots=self.slots, slot=slot, arena=arena, taps=taps)
 
     def restore_state(self, hooks: Any, arena: Any, snapshot: Any, slot: int) -> bool:

@@ -23,20 +23,20 @@ or kept in the ring; the reference dequantizes the gathered rows, the kernel fol
 after the sums (as paged attention does).
 
 Taps: `ring_after` builds a whole ring as it stood mid-pass (prompt-store marks). A `rewind` run
-(a verify round's, forward_pass.StreamRows) needs less: `ring_rewinds` saves, before the advance,
-the ring rows the run will overwrite, and each tap puts back those of the rows at and past it
-(`SavedRingRows`, a forward_pass.SlotRestore): a row per draft instead of a ring per draft.
+(a verify round's, forward_pass.StreamRows) needs less: `RingRewinds.save` keeps, before the
+advance, the ring rows the run will overwrite, and each tap puts back those at and past it
+(`SavedRingRows`, a forward_pass.SlotRestore): a row a draft instead of a ring a draft.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from ..family.forward_pass import ForwardPass, StreamRows
+from ..family.forward_pass import ForwardPass
 from .attention import KEY_TILE, QUERY_BLOCK, rows_dot, weighted_rows
 from .gpu import use_triton
 from .kv_quant import FP8_DTYPE, index_copy_rows
@@ -171,23 +171,43 @@ class SavedRingRows:
         index_copy_rows(slot_state, self.index, self.rows)
 
 
-def ring_rewinds(ring: torch.Tensor, stream: StreamRows) -> dict[int, SavedRingRows] | None:
-    """ring [slots, W-1, ...]: before the pass advances it past `stream`'s run. For each tap p
-    of the run, the ring rows of positions [p, end) as they stand now: put back into the ring
-    the pass leaves, they leave it as it stood after row p - 1 (a row of the run before p lies
-    at another ring row). None when the run is longer than the ring (two of its positions
-    share a ring row): take whole rings (`ring_after`) then."""
-    rows = ring.shape[1]
-    if not stream.taps or len(stream.tokens) > rows:
-        return None
-    first = min(stream.taps)
-    index = torch.arange(first, stream.end, device=ring.device) % rows
-    state = ring[stream.slot]
-    if state.dtype == FP8_DTYPE:  # no index_select for e4m3: the same bytes
-        saved = state.view(torch.uint8).index_select(0, index).view(FP8_DTYPE)
-    else:
-        saved = state.index_select(0, index)
-    return {p: SavedRingRows(index[p - first :], saved[p - first :]) for p in stream.taps}
+class RingRewinds:
+    """What a pass's rewind runs (forward_pass.StreamRows.rewind) need of rings [slots, W-1, ...]
+    (W-1 = `rows`) to rewind to any of their taps: the ring rows of positions from their first
+    tap to their end, the rows their advance overwrites. `streams`: the indices in the pass of
+    the rewind runs with taps no longer than a ring (in a longer one two positions share a
+    ring row: its taps take whole rings, `ring_after`). Built once a pass and ring length."""
+
+    def __init__(self, fp: ForwardPass, rows: int):
+        self.streams: list[int] = []
+        self._cuts: list[tuple[int, int, int, Sequence[int]]] = []  # (at, first, end, taps)
+        flat: list[int] = []  # slot * rows + ring row, in the rings viewed [slots * rows, ...]
+        for i, s in enumerate(fp.streams):
+            if s.rewind and s.taps and len(s.tokens) <= rows:
+                first = min(s.taps)
+                self.streams.append(i)
+                self._cuts.append((len(flat), first, s.end, s.taps))
+                flat.extend(s.slot * rows + p % rows for p in range(first, s.end))
+        self._flat = torch.tensor(flat, dtype=torch.long, device=fp.device)
+        self._index = self._flat % max(rows, 1)  # the ring row within a slot
+
+    def save(self, ring: torch.Tensor) -> dict[tuple[int, int], SavedRingRows]:
+        """ring [slots, W-1, ...], before the pass advances it -> {(stream index, tap p): the
+        rows of positions [p, end) as they stand now}: put back into the ring the pass leaves,
+        they leave it as it stood after row p - 1 (the run's rows before p lie elsewhere)."""
+        if not self.streams:
+            return {}
+        rows = ring.flatten(0, 1)
+        if rows.dtype == FP8_DTYPE:  # no index_select for e4m3: the same bytes
+            saved = rows.view(torch.uint8).index_select(0, self._flat).view(FP8_DTYPE)
+        else:
+            saved = rows.index_select(0, self._flat)
+        out = {}
+        for i, (at, first, end, taps) in zip(self.streams, self._cuts):
+            for p in taps:
+                cut = slice(at + p - first, at + end - first)
+                out[(i, p)] = SavedRingRows(self._index[cut], saved[cut])
+        return out
 
 
 def ring_after(rows: torch.Tensor, base: int, p: int, window: int) -> torch.Tensor:

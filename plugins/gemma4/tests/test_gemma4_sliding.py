@@ -16,7 +16,9 @@ from tensorfold.engine.runner import ModelRunner, Stream, open_stream
 from tensorfold.family.forward_pass import ForwardPass, StreamRows
 from tensorfold.memory.kv_plan import MiB, PlanRefused, plan
 from tensorfold.ops.attention import paged_attention
+from tensorfold.ops.kv_quant import FP8_DTYPE, index_copy_rows
 from tensorfold.ops.window_attention import (
+    RingRewinds,
     SavedRingRows,
     advance_rings,
     gather_window,
@@ -54,6 +56,37 @@ def test_window_attention_on_rings_equals_paged_attention_bit_for_bit(window: in
         advance_rings(ring_k, k[a:b], fp)
         advance_rings(ring_v, v[a:b], fp)
     assert ring_k[0].isnan().all()  # slot 0 was never touched
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, FP8_DTYPE])
+def test_ring_rewinds_put_back_each_taps_ring_for_several_streams(dtype: torch.dtype) -> None:
+    """RingRewinds over one pass of rewind runs in slots 2 and 0 (rings wrapped; one run as
+    long as the ring), a prompt chunk between them, and a rewind run longer than the ring (not
+    saved: whole rings): each tap's saved rows, put back into the rings the pass leaves, give
+    the ring advanced by the run's rows before the tap alone; e4m3 rings byte for byte."""
+    rows, gen = 7, torch.Generator().manual_seed(0)
+    ring = torch.randn(4, rows, 2, 4, generator=gen).to(dtype)
+    streams = [
+        StreamRows(2, 30, [0] * 4, [0], "all", range(31, 34), rewind=True),
+        StreamRows(1, 5, [0] * 3, [0], "none"),
+        StreamRows(0, 11, [0] * rows, [0], "all", range(12, 18), rewind=True),
+        StreamRows(3, 40, [0] * (rows + 1), [0], "all", range(41, 48), rewind=True),
+    ]
+    fp = ForwardPass(streams, 64)
+    new = torch.randn(fp.num_rows, 2, 4, generator=gen).to(dtype)
+    rewinds = RingRewinds(fp, rows)
+    assert rewinds.streams == [0, 2]
+    saved = rewinds.save(ring)
+    assert sorted(saved) == [(0, p) for p in range(31, 34)] + [(2, p) for p in range(12, 18)]
+    after = ring.clone()
+    advance_rings(after, new, fp)
+    for (i, p), restore in saved.items():
+        run, (a, _) = fp.streams[i], fp.spans[i]
+        want = ring[run.slot].clone()
+        index_copy_rows(want, torch.arange(run.start, p) % rows, new[a : a + p - run.start])
+        got = after[run.slot].clone()
+        restore.restore_into(got)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (i, p)
 
 
 def _passes(
