@@ -14,7 +14,7 @@ import torch
 from .engine.runner import ModelRunner, Stream, open_stream
 from .engine.sampling import SamplingParams
 from .family.checkpoint import Checkpoint
-from .family.forward_pass import StreamRows
+from .family.forward_pass import StreamRows, Tapped
 from .llm import LLM
 
 # The prompt store is on by default when serving; tests turn it on where they mean to (with a
@@ -1141,6 +1141,16 @@ def _slot_state(runner: ModelRunner, slot: int) -> dict[str, torch.Tensor]:
     return {name: buf[slot].clone() for name, buf in runner.slots.buffers.items()}
 
 
+def _tapped_state(tapped: Tapped, after: torch.Tensor) -> torch.Tensor:
+    """A tap as a state: a tensor as it is, a SlotRestore restored into a copy of `after` (the
+    slot's buffer right after the pass)."""
+    if isinstance(tapped, torch.Tensor):
+        return tapped
+    state = after.clone()
+    tapped.restore_into(state)
+    return state
+
+
 def assert_verify_rows_match(
     make_runner: Callable[..., ModelRunner],
     prompt: Sequence[int],
@@ -1151,6 +1161,7 @@ def assert_verify_rows_match(
     accepted: Sequence[int] | None = None,
     beside: bool = True,
     plain: PlainRows | None = None,
+    rewind: bool = False,
 ) -> int:
     """A verify run's promise (docs/architecture.md, "Exactness rules"): a stream's token and k
     drafts fed as one run of k + 1 rows (logits "all", taps at every draft row) give each row
@@ -1163,11 +1174,14 @@ def assert_verify_rows_match(
     k + 1], pages, "all", taps=range(pos + 1, pos + k + 1))` (the last round shorter where the
     tokens end). A round "accepts" `accepted[r % len]` drafts (default: all k, then none, then
     k // 2, in turn): when fewer than its rows - 1, its tapped states at the accepted row are
-    copied into the slot and the next round starts right after it (rewriting the rejected
-    rows), as the lanes roll back a rejection. With `beside`, each round shares its pass with
-    another stream's one-row decode and a third's 5-row prompt chunk. After each round the
-    slot equals plain's state at the round's end. Both runners are fresh (a ring row no
-    stream wrote yet is zeros in both). Returns the rounds run."""
+    put into the slot (`runner.rewind_slot`) and the next round starts right after it
+    (rewriting the rejected rows), as the lanes roll back a rejection. With `beside`, each
+    round shares its pass with another stream's one-row decode and a third's 5-row prompt
+    chunk. After each round, and after each rollback, the slot equals plain's state there,
+    every buffer bit for bit. Both runners are fresh (a ring row no stream wrote yet is zeros
+    in both). `rewind`: the runs are marked rewind, as the lanes' are (a tap may be a
+    SlotRestore, checked as restored into a copy of the slot after the pass). Returns the
+    rounds run."""
     prompt, tokens = list(prompt), list(tokens)
     if accepted is None:
         accepted = (k, 0, k // 2)
@@ -1196,7 +1210,8 @@ def assert_verify_rows_match(
         n = min(k + 1, len(tokens) - j)
         pos = start + j
         pages = list(verify.lease.cover(pos + n))
-        run = StreamRows(0, pos, tokens[j : j + n], pages, "all", tuple(range(pos + 1, pos + n)))
+        taps = tuple(range(pos + 1, pos + n))
+        run = StreamRows(0, pos, tokens[j : j + n], pages, "all", taps, rewind=rewind)
         batch = [run]
         if beside:  # a decode row before the run, a prompt chunk after it
             decode = streams[1].rows([tokens[-1 - rounds % len(tokens)]])
@@ -1208,11 +1223,12 @@ def assert_verify_rows_match(
             assert torch.equal(logits[r], plain.logits[j + r]), (
                 f"k={k}: row {r} of the run at {pos} (position {pos + r}) is not plain's"
             )
+        after = _slot_state(runner, 0)
         for p in run.taps:
             got = tapped.get((at, p), {})
             assert set(got) == names, f"k={k}: the tap at {p} holds {sorted(got)}"
             for name in names:
-                assert torch.equal(got[name], plain.states[p][name]), (
+                assert torch.equal(_tapped_state(got[name], after[name]), plain.states[p][name]), (
                     f"k={k}: {name} tapped at {p} (run at {pos}) is not plain's state there"
                 )
         for name in names:
@@ -1221,8 +1237,11 @@ def assert_verify_rows_match(
             )
         a = min(accepted[rounds % len(accepted)], n - 1)
         if a < n - 1:  # roll back to the state after the accepted row
-            for name, state in tapped[(at, pos + a + 1)].items():
-                runner.slots.get(name)[0].copy_(state)
+            runner.rewind_slot(0, (at, pos + a + 1))
+            for name in names:
+                assert torch.equal(runner.slots.get(name)[0], plain.states[pos + a + 1][name]), (
+                    f"k={k}: {name} rewound to {pos + a + 1} (run at {pos}) is not plain's there"
+                )
         j += a + 1
         rounds += 1
     return rounds

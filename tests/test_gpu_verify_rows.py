@@ -5,7 +5,8 @@ row) give every row the logits plain one-row decoding gives it and tap at each d
 slot state plain decoding leaves, bit for bit (testing.assert_verify_rows_match): runs beside a
 decode row and a prompt chunk, across page boundaries and 64-row chunk boundaries, rounds
 rejecting drafts in turn and rolled back from their taps; plain decoding eager and replayed
-from CUDA graphs (as served); pages in bf16 and in fp8; glm5_next with each KDA switch off."""
+from CUDA graphs (as served); pages in bf16 and in fp8; runs marked rewind as the lanes' are
+(gemma4's taps then its rings' saved rows); glm5_next with each KDA switch off."""
 
 from __future__ import annotations
 
@@ -71,14 +72,16 @@ def ids(model: Any, n: int, seed: int) -> list[int]:
     return torch.randint(5, min(model.vocab_size, 700), (n,), generator=g).tolist()
 
 
-def check(model: Any, graphs: bool, kv_dtype: str = "auto", ks=KS, cases=CASES) -> None:
+def check(
+    model: Any, graphs: bool, kv_dtype: str = "auto", ks=KS, cases=CASES, rewind: bool = False
+) -> None:
     make = factory(model, graphs, kv_dtype)
     for rows, page_rows in cases:
         prompt, tokens = ids(model, rows, rows), ids(model, TOKENS, rows + 1)
         plain = testing.plain_rows(make, prompt, tokens, page_rows=page_rows)
         for k in ks:
             testing.assert_verify_rows_match(
-                make, prompt, tokens, k, page_rows=page_rows, plain=plain
+                make, prompt, tokens, k, page_rows=page_rows, plain=plain, rewind=rewind
             )
 
 
@@ -89,6 +92,14 @@ def test_verify_runs_equal_plain_decoding(demo, graphs):
 
 def test_verify_runs_equal_plain_decoding_with_fp8_kv(demo):
     check(demo[1], True, "fp8", ks=(3, 8), cases=CASES[:2])
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])
+def test_rewind_runs_equal_plain_decoding(demo, kv_dtype):
+    """Verify runs marked rewind (StreamRows.rewind), rolled back through runner.rewind_slot:
+    gemma4 taps the ring rows each run overwrites, saved before its advance (RingRewinds), its
+    127-row rings wrapped at 500 rows."""
+    check(demo[1], True, kv_dtype, ks=(3, 8, 31), cases=CASES[1:], rewind=True)
 
 
 @pytest.mark.parametrize("switch", ["OWN_RECURRENT", "KDA_TAIL_IN_PLACE"])

@@ -432,7 +432,7 @@ class Lanes:
             pages = s.lease.cover(s.pos + len(tokens))
             if s.verify:
                 taps = range(s.pos + 1, s.pos + len(tokens))
-                runs.append(StreamRows(s.slot, s.pos, tokens, pages, "all", taps))
+                runs.append(StreamRows(s.slot, s.pos, tokens, pages, "all", taps, rewind=True))
             else:
                 runs.append(StreamRows(s.slot, s.pos, tokens, pages))
             owners.append(s)

@@ -96,7 +96,10 @@ class ModelRunner:
 
     def rewind_slot(self, slot: int, tap: tuple[int, int]) -> None:
         """A verify round's rejected drafts undone in the fixed state: the slot takes the state
-        the last pass tapped at `tap` = (stream index in the pass, position), every buffer."""
+        the last pass tapped at `tap` = (stream index in the pass, position), every buffer: a
+        tapped tensor is copied in, a `SlotRestore` (a `rewind` run's cheaper tap) restores
+        the slot's buffer in place. Call it right after that pass, for the slot its stream
+        ran in."""
         assert self.last_pass is not None
         tapped = self.last_pass.tapped.get(tap, {})
         missing = sorted(set(self.slots.buffers) - set(tapped))
@@ -106,7 +109,10 @@ class ModelRunner:
                 "must tap every fixed state at each draft row"
             )
         for name, state in tapped.items():
-            self.slots.get(name)[slot].copy_(state)
+            if isinstance(state, torch.Tensor):
+                self.slots.get(name)[slot].copy_(state)
+            else:
+                state.restore_into(self.slots.get(name)[slot])
 
     def attach(self, hooks: Any, lease: Lease, kept_pages: list[int], kept_rows: int) -> list[int]:
         """A resumed stream's page table from the store's pages (the share_attach hook)."""
@@ -121,6 +127,8 @@ class ModelRunner:
         taps = None
         if tap is not None and self.last_pass is not None:
             taps = self.last_pass.tapped.get(tap)
+        if taps is not None and not all(isinstance(t, torch.Tensor) for t in taps.values()):
+            raise RuntimeError(f"the taps at {tap} are a rewind run's: the prompt store keeps none")
         return hooks.snap_keep(slots=self.slots, slot=slot, arena=arena, taps=taps)
 
     def restore_state(self, hooks: Any, arena: Any, snapshot: Any, slot: int) -> bool:

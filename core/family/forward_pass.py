@@ -9,11 +9,26 @@ of a paged buffer viewed as [num_pages * page_rows, ...].
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Protocol, Sequence, runtime_checkable
 
 import torch
 
 LogitRows = Literal["last", "all", "none"]
+
+
+@runtime_checkable
+class SlotRestore(Protocol):
+    """A tapped state in a cheaper form than a copy of it (the taps of a `rewind` run): what
+    the pass changed in one slot buffer after the tap, to be put back. `restore_into(state)`
+    takes `state`, the slot's buffer as the pass left it ([...] of one slot), back to the state
+    at the tap; only the slot the tap's stream ran in, right after that pass, is a valid
+    `state`."""
+
+    def restore_into(self, slot_state: torch.Tensor) -> None: ...
+
+
+# a fixed state tapped mid-pass: a copy of it, or (rewind runs only) how to get back to it
+Tapped = torch.Tensor | SlotRestore
 
 
 class PageOverrun(RuntimeError):
@@ -33,6 +48,9 @@ class StreamRows:
     taps: positions p inside this run (start < p <= end) where the family records its fixed
         state as it stands after row p - 1, into ForwardPass.tapped (prompt-store marks: keeps
         add no pass).
+    rewind: the taps are recorded only so the lanes can rewind a rejected draft
+        (`ModelRunner.rewind_slot`, right after the pass), never kept by the prompt store: a
+        family may record them as a `SlotRestore` instead of a copy of the state.
     """
 
     slot: int
@@ -41,6 +59,7 @@ class StreamRows:
     pages: Sequence[int]
     logits: LogitRows = "last"
     taps: Sequence[int] = field(default_factory=tuple)
+    rewind: bool = False
 
     @property
     def end(self) -> int:
@@ -92,10 +111,11 @@ class ForwardPass:
         self.write_index = torch.tensor(writes, **as_long)  # [N] flat rows in the paged buffers
         self.logit_rows = torch.tensor(logit_rows, **as_long)  # [R] rows of the pass
         self._reads: dict[int, torch.Tensor] = {}
-        # (stream index, position) -> {fixed-state name: the state after row position - 1}
-        self.tapped: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+        # (stream index, position) -> {fixed-state name: the state after row position - 1, or
+        # for a rewind run a SlotRestore back to it}
+        self.tapped: dict[tuple[int, int], dict[str, Tapped]] = {}
 
-    def tap(self, i: int, pos: int, name: str, state: torch.Tensor) -> None:
+    def tap(self, i: int, pos: int, name: str, state: Tapped) -> None:
         self.tapped.setdefault((i, pos), {})[name] = state
 
     def read_index(self, i: int) -> torch.Tensor:

@@ -21,12 +21,17 @@ fp8 rings (TF_KV_DTYPE=fp8): the rings and the pass's new rows are e4m3 with the
 (`RingScales`, tensorfold.ops.kv_quant), so a row reads the same whether it is new in the pass
 or kept in the ring; the reference dequantizes the gathered rows, the kernel folds the scales in
 after the sums (as paged attention does).
+
+Taps: `ring_after` builds a whole ring as it stood mid-pass (prompt-store marks). A `rewind` run
+(a verify round's, forward_pass.StreamRows) needs less: `RingRewinds.save` keeps, before the
+advance, the ring rows the run will overwrite, and each tap puts back those at and past it
+(`SavedRingRows`, a forward_pass.SlotRestore): a row a draft instead of a ring a draft.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +39,7 @@ import torch.nn.functional as F
 from ..family.forward_pass import ForwardPass
 from .attention import KEY_TILE, QUERY_BLOCK, rows_dot, weighted_rows
 from .gpu import use_triton
-from .kv_quant import index_copy_rows
+from .kv_quant import FP8_DTYPE, index_copy_rows
 
 
 class RingScales(NamedTuple):
@@ -152,6 +157,57 @@ def advance_many(rings: list[torch.Tensor], news: list[torch.Tensor], fp: Forwar
         return
     for ring, new in zip(rings, news):
         advance_rings(ring, new, fp)
+
+
+@dataclass
+class SavedRingRows:
+    """Rows of one stream's ring as they stood before a pass advanced it (a rewind run's tap,
+    forward_pass.SlotRestore): `restore_into(ring)` [W-1, ...] writes them back."""
+
+    index: torch.Tensor  # [n] ring rows
+    rows: torch.Tensor  # [n, ...]: their contents before the pass
+
+    def restore_into(self, slot_state: torch.Tensor) -> None:
+        index_copy_rows(slot_state, self.index, self.rows)
+
+
+class RingRewinds:
+    """What a pass's rewind runs (forward_pass.StreamRows.rewind) need of rings [slots, W-1, ...]
+    (W-1 = `rows`) to rewind to any of their taps: the ring rows of positions from their first
+    tap to their end, the rows their advance overwrites. `streams`: the indices in the pass of
+    the rewind runs with taps no longer than a ring (in a longer one two positions share a
+    ring row: its taps take whole rings, `ring_after`). Built once a pass and ring length."""
+
+    def __init__(self, fp: ForwardPass, rows: int):
+        self.streams: list[int] = []
+        self._cuts: list[tuple[int, int, int, Sequence[int]]] = []  # (at, first, end, taps)
+        flat: list[int] = []  # slot * rows + ring row, in the rings viewed [slots * rows, ...]
+        for i, s in enumerate(fp.streams):
+            if s.rewind and s.taps and len(s.tokens) <= rows:
+                first = min(s.taps)
+                self.streams.append(i)
+                self._cuts.append((len(flat), first, s.end, s.taps))
+                flat.extend(s.slot * rows + p % rows for p in range(first, s.end))
+        self._flat = torch.tensor(flat, dtype=torch.long, device=fp.device)
+        self._index = self._flat % max(rows, 1)  # the ring row within a slot
+
+    def save(self, ring: torch.Tensor) -> dict[tuple[int, int], SavedRingRows]:
+        """ring [slots, W-1, ...], before the pass advances it -> {(stream index, tap p): the
+        rows of positions [p, end) as they stand now}: put back into the ring the pass leaves,
+        they leave it as it stood after row p - 1 (the run's rows before p lie elsewhere)."""
+        if not self.streams:
+            return {}
+        rows = ring.flatten(0, 1)
+        if rows.dtype == FP8_DTYPE:  # no index_select for e4m3: the same bytes
+            saved = rows.view(torch.uint8).index_select(0, self._flat).view(FP8_DTYPE)
+        else:
+            saved = rows.index_select(0, self._flat)
+        out = {}
+        for i, (at, first, end, taps) in zip(self.streams, self._cuts):
+            for p in taps:
+                cut = slice(at + p - first, at + end - first)
+                out[(i, p)] = SavedRingRows(self._index[cut], saved[cut])
+        return out
 
 
 def ring_after(rows: torch.Tensor, base: int, p: int, window: int) -> torch.Tensor:

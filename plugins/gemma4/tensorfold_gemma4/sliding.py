@@ -5,6 +5,8 @@ W-1 rows, fixed state `L{i}.sk` / `L{i}.sv` [W-1, kv_heads, head_dim] in the mod
 rank's KV heads under tensor parallel: shards.ring_specs), indexed by absolute position mod W-1
 (core/ops/window_attention.py). The prompt store snapshots the rings at marks, tapped inside the
 pass that computes them, so a kept prompt holds the last W-1 sliding rows it needs to resume.
+A verify run (StreamRows.rewind) taps less: the ring rows its advance overwrites, saved before
+it, which put back rewind the rings to any draft row (RingRewinds).
 
 Under TF_KV_DTYPE=fp8 the rings are e4m3 with their scales beside them (`L{i}.sk.scale`,
 [W-1, kv_heads, 1]): the pass's new rows are quantized before attention reads them, so a row
@@ -26,6 +28,7 @@ from tensorfold.family.forward_pass import ForwardPass
 from tensorfold.memory.kv_dtype import SCALE
 from tensorfold.ops.kv_quant import quantize
 from tensorfold.ops.window_attention import (
+    RingRewinds,
     RingScales,
     advance_many,
     gather_window,
@@ -50,6 +53,7 @@ class SlidingRows:
         self.shared = shared
         self.pending: dict[int, tuple[torch.Tensor, ...]] = {}
         self.last_reader: dict[int, int] | None = None
+        self.rewinds: dict[int, RingRewinds] = {}  # by ring length: the pass's rewind runs
 
     def attend(
         self,
@@ -117,18 +121,31 @@ class SlidingRows:
         rows: tuple[torch.Tensor, ...],
         window: int,
     ) -> None:
-        """The rings (names[i]: rings[i], advanced by rows[i]) as they stand after row p - 1, at
-        each tap p of the pass's runs (taps occur only in eager passes, whose streams are real,
-        so a host loop is fine)."""
+        """The rings (names[i]: rings[i], before the pass, to be advanced by rows[i]) as they
+        stand after row p - 1, at each tap p of the pass's runs (taps occur only in eager
+        passes, whose streams are real, so a host loop is fine). A rewind run's taps are the
+        ring rows its advance will overwrite, saved now (RingRewinds): called before the
+        advance, deferred or not, of the layer that owns the rings."""
         fp = self.fp
         if not any(stream.taps for stream in fp.streams):
+            return
+        length = rings[0].shape[1]
+        if length not in self.rewinds:
+            self.rewinds[length] = RingRewinds(fp, length)
+        rewinds = self.rewinds[length]
+        for name, ring in zip(names, rings):
+            for (i, p), restore in rewinds.save(ring).items():
+                fp.tap(i, p, name, restore)
+        saved = set(rewinds.streams)
+        whole = [i for i, stream in enumerate(fp.streams) if stream.taps and i not in saved]
+        if not whole:
             return
         for pair in range(0, len(names), 2):  # (K, V), then (K scales, V scales)
             got = gather_window(
                 rings[pair], rings[pair + 1], rows[pair], rows[pair + 1], fp, window
             )
-            for i, stream in enumerate(fp.streams):
-                for p in stream.taps:
+            for i in whole:
+                for p in fp.streams[i].taps:
                     for name, gathered in (
                         (names[pair], got.keys[i]),
                         (names[pair + 1], got.values[i]),

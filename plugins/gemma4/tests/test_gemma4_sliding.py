@@ -1,7 +1,7 @@
 """gemma4's sliding layers on per-stream rings of their last W-1 rows: attention over rings gives
 paged attention's bits; a stream far longer than the window gives the same bits however its
 passes are cut; the rings tapped mid-pass resume exactly; stale or poisoned ring rows never leak;
-the plan counts the rings as fixed bytes a stream."""
+the plan counts the rings as fixed bytes a stream; a verify run's rewind puts back plain's rings."""
 
 from __future__ import annotations
 
@@ -10,12 +10,20 @@ from typing import TYPE_CHECKING, Sequence
 import pytest
 import torch
 
+from tensorfold import testing
 from tensorfold.adapters.snapshots import SnapshotArena, snap_keep, snap_restore
 from tensorfold.engine.runner import ModelRunner, Stream, open_stream
 from tensorfold.family.forward_pass import ForwardPass, StreamRows
 from tensorfold.memory.kv_plan import MiB, PlanRefused, plan
 from tensorfold.ops.attention import paged_attention
-from tensorfold.ops.window_attention import advance_rings, gather_window, window_attention
+from tensorfold.ops.kv_quant import FP8_DTYPE, index_copy_rows
+from tensorfold.ops.window_attention import (
+    RingRewinds,
+    SavedRingRows,
+    advance_rings,
+    gather_window,
+    window_attention,
+)
 from tensorfold_gemma4.dummy import CONFIGS
 from tensorfold_gemma4.model import shape
 
@@ -48,6 +56,37 @@ def test_window_attention_on_rings_equals_paged_attention_bit_for_bit(window: in
         advance_rings(ring_k, k[a:b], fp)
         advance_rings(ring_v, v[a:b], fp)
     assert ring_k[0].isnan().all()  # slot 0 was never touched
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, FP8_DTYPE])
+def test_ring_rewinds_put_back_each_taps_ring_for_several_streams(dtype: torch.dtype) -> None:
+    """RingRewinds over one pass of rewind runs in slots 2 and 0 (rings wrapped; one run as
+    long as the ring), a prompt chunk between them, and a rewind run longer than the ring (not
+    saved: whole rings): each tap's saved rows, put back into the rings the pass leaves, give
+    the ring advanced by the run's rows before the tap alone; e4m3 rings byte for byte."""
+    rows, gen = 7, torch.Generator().manual_seed(0)
+    ring = torch.randn(4, rows, 2, 4, generator=gen).to(dtype)
+    streams = [
+        StreamRows(2, 30, [0] * 4, [0], "all", range(31, 34), rewind=True),
+        StreamRows(1, 5, [0] * 3, [0], "none"),
+        StreamRows(0, 11, [0] * rows, [0], "all", range(12, 18), rewind=True),
+        StreamRows(3, 40, [0] * (rows + 1), [0], "all", range(41, 48), rewind=True),
+    ]
+    fp = ForwardPass(streams, 64)
+    new = torch.randn(fp.num_rows, 2, 4, generator=gen).to(dtype)
+    rewinds = RingRewinds(fp, rows)
+    assert rewinds.streams == [0, 2]
+    saved = rewinds.save(ring)
+    assert sorted(saved) == [(0, p) for p in range(31, 34)] + [(2, p) for p in range(12, 18)]
+    after = ring.clone()
+    advance_rings(after, new, fp)
+    for (i, p), restore in saved.items():
+        run, (a, _) = fp.streams[i], fp.spans[i]
+        want = ring[run.slot].clone()
+        index_copy_rows(want, torch.arange(run.start, p) % rows, new[a : a + p - run.start])
+        got = after[run.slot].clone()
+        restore.restore_into(got)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (i, p)
 
 
 def _passes(
@@ -195,3 +234,48 @@ def test_the_plan_counts_the_rings_as_fixed_bytes_at_the_26b_shape() -> None:
     assert planned(need) == layout.fixed_bytes
     with pytest.raises(PlanRefused):
         planned(need - 1)
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])
+def test_a_rewound_verify_run_leaves_the_rings_plain_decoding_leaves(
+    tiny: "Tiny", kv_dtype: str
+) -> None:
+    """Verify runs marked rewind (the lanes'), k = 3 accepting 0, 1, 2 and 3 in turn, with rings
+    wrapped past W - 1 (e_style: window 8 and KV-sharing layers, a26b_style: window 100): each
+    run's taps are saved ring rows, and after each rewind every ring of the slot (and its fp8
+    scales) is bit for bit the ring plain one-row decoding leaves there
+    (testing.assert_verify_rows_match, which rewinds through runner.rewind_slot)."""
+
+    def make_runner(**sizes: int) -> ModelRunner:
+        return ModelRunner(tiny.model, kv_dtype=kv_dtype, **sizes)
+
+    prompt, tokens = tiny.prompt[:104], tiny.prompt[104:116]
+    rounds = testing.assert_verify_rows_match(
+        make_runner, prompt, tokens, 3, page_rows=64, accepted=(0, 1, 2, 3), rewind=True
+    )
+    assert rounds >= 4
+
+
+def test_a_verify_run_taps_saved_ring_rows_unless_longer_than_the_ring(tiny: "Tiny") -> None:
+    """A rewind run taps, a ring a tap, the rows of the positions at and past the tap as they
+    stood before the pass (a row a draft, not a ring); a run longer than a ring (two of its
+    positions on one ring row) and a run not marked rewind tap whole rings."""
+    prompt = tiny.prompt[:104]
+    windows = {layer.window for layer in tiny.model.cfg.layers if layer.window}
+    for n, rewind in ((4, True), (4, False), (max(windows), True)):
+        runner = tiny.runner(num_pages=2, num_slots=1, page_rows=128)
+        stream = open_stream(runner, 0, 256)
+        runner.run([stream.rows(prompt)])
+        tokens = tiny.prompt[104 : 104 + n]
+        taps = range(104 + 1, 104 + n)
+        pages = list(stream.lease.cover(104 + n))
+        runner.run([StreamRows(0, 104, tokens, pages, "all", taps, rewind=rewind)])
+        assert runner.last_pass is not None
+        for p in taps:
+            for name, state in runner.last_pass.tapped[(0, p)].items():
+                ring_rows = runner.slots.get(name).shape[1]
+                if rewind and n <= ring_rows:
+                    assert isinstance(state, SavedRingRows)
+                    assert state.index.tolist() == [q % ring_rows for q in range(p, 104 + n)]
+                else:
+                    assert isinstance(state, torch.Tensor) and state.shape[0] == ring_rows
