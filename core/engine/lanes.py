@@ -428,13 +428,14 @@ class Lanes:
             valid = s.matcher.valid_drafts if s.matcher is not None else None
             s.verify = s.drafts.propose(cap, valid) if s.drafts is not None and cap > 0 else []
             spare -= len(s.verify)
-            tokens = [s.next_token, *s.verify]
-            pages = s.lease.cover(s.pos + len(tokens))
+            assert s.next_token is not None
+            fed = [s.next_token, *s.verify]
+            pages = s.lease.cover(s.pos + len(fed))
             if s.verify:
-                taps = range(s.pos + 1, s.pos + len(tokens))
-                runs.append(StreamRows(s.slot, s.pos, tokens, pages, "all", taps, rewind=True))
+                drafted = range(s.pos + 1, s.pos + len(fed))
+                runs.append(StreamRows(s.slot, s.pos, fed, pages, "all", drafted, rewind=True))
             else:
-                runs.append(StreamRows(s.slot, s.pos, tokens, pages))
+                runs.append(StreamRows(s.slot, s.pos, fed, pages))
             owners.append(s)
         budget = self.pass_rows
         # New prompts' first rows go before fills already under way (each group in admission

@@ -250,10 +250,12 @@ def mask_rows(
     words = torch.empty(len(rows), words_per_row, dtype=torch.int32, pin_memory=cuda)
     if drafts is not None and any(drafts):
         words.fill_(-1)  # a row past a draft that ended the grammar is never taken: left open
-        plain, drafted, at = [], [], 0
+        plain: list[tuple[Any, int, list[int]]] = []
+        drafted: list[tuple[Any, int, list[int]]] = []
+        first = 0
         for (_, m), d in zip(_firsts(rows, drafts), drafts):
-            (drafted if d else plain).append((m.matcher, at, list(d)))
-            at += len(d) + 1
+            (drafted if d else plain).append((m.matcher, first, list(d)))
+            first += len(d) + 1
         if plain:
             _executor().unsafe_compute_mask_ptr(
                 [(m, j) for m, j, _ in plain], words.data_ptr(), words_per_row * 4, len(rows)
@@ -272,8 +274,8 @@ def mask_rows(
     if len(rows) == logits.shape[0] and all(i == j for j, (i, _) in enumerate(rows)):
         logits.masked_fill_(~allowed, float("-inf"))  # every row constrained: one fill
         return
-    at = torch.tensor([i for i, _ in rows], device=logits.device)
-    logits[at] = logits[at].masked_fill(~allowed, float("-inf"))
+    index = torch.tensor([i for i, _ in rows], device=logits.device)
+    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
 
 
 def _firsts(
