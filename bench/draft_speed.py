@@ -155,31 +155,46 @@ def measure(family: str, args: argparse.Namespace, device: str) -> dict[str, Any
         )
 
     row("plain", plain1, plain1, 1)
+    # the verify path itself: every stream drafts k whenever its prediction proposes
     for p in (1.0, 0.8, 0.5, 0.0):
         prediction = corrupt(answer, p, vocab, seed=int(p * 100))
-        out = best_of_two(prompts[:1], greedy, [prediction], DraftSettings(tokens=4))
-        row(f"oracle p={p} k=4", out, plain1, 1)
-    never = corrupt(answer, 0.0, vocab, seed=0)
-    out = best_of_two(prompts[:1], greedy, [never], DraftSettings(tokens=4, adaptive=False))
-    row("oracle p=0 k=4, policy off", out, plain1, 1)
-    for k in (2, 8, 16):
-        out = best_of_two(prompts[:1], greedy, [answer], DraftSettings(tokens=k))
-        row(f"prediction = answer, k={k}", out, plain1, 1)
-    out = best_of_two(prompts[:1], greedy, None, DraftSettings("ngram", 4))
-    row("ngram k=4", out, plain1, 1)
+        out = best_of_two(
+            prompts[:1], greedy, [prediction], DraftSettings(tokens=4, adaptive=False)
+        )
+        row(f"forced, oracle p={p} k=4", out, plain1, 1)
+    for k in (8, 16):
+        out = best_of_two(prompts[:1], greedy, [answer], DraftSettings(tokens=k, adaptive=False))
+        row(f"forced, prediction = answer, k={k}", out, plain1, 1)
+    # the policy, priced as serve prices it (warm_up.price_verify_passes)
+    ratio = getattr(runner, "eager_over_graphed", lambda: None)() or 1.0
+    res["pass_cost"] = ratio
+    for p in (1.0, 0.8, 0.0):
+        prediction = corrupt(answer, p, vocab, seed=int(p * 100))
+        out = best_of_two(
+            prompts[:1], greedy, [prediction], DraftSettings(tokens=4, pass_cost=ratio)
+        )
+        row(f"policy, oracle p={p} k=4", out, plain1, 1)
+    out = best_of_two(prompts[:1], greedy, [answer], DraftSettings(tokens=16, pass_cost=ratio))
+    row("policy, prediction = answer, k=16", out, plain1, 1)
+    out = best_of_two(prompts[:1], greedy, None, DraftSettings("ngram", 4, adaptive=False))
+    row("forced, ngram k=4", out, plain1, 1)
     plain_s = best_of_two(prompts[:1], seeded, None, off)
     for p in (1.0, 0.8):
         prediction = corrupt(plain_s.tokens[0], p, vocab, seed=7)
-        out = best_of_two(prompts[:1], seeded, [prediction], DraftSettings(tokens=4))
-        row(f"seeded, oracle p={p} k=4", out, plain_s, 1)
+        settings = DraftSettings(tokens=4, adaptive=False)
+        out = best_of_two(prompts[:1], seeded, [prediction], settings)
+        row(f"forced, seeded, oracle p={p} k=4", out, plain_s, 1)
     plain8 = best_of_two(prompts, greedy, None, off)
     row("plain", plain8, plain8, streams)
     oracle = [corrupt(t, 0.8, vocab, seed=i) for i, t in enumerate(plain8.tokens)]
-    out = best_of_two(prompts, greedy, oracle, DraftSettings(tokens=4))
-    row("oracle p=0.8 k=4", out, plain8, streams)
+    forced = DraftSettings(tokens=4, adaptive=False)
+    out = best_of_two(prompts, greedy, oracle, forced)
+    row("forced, oracle p=0.8 k=4", out, plain8, streams)
     half = [o if i % 2 else [] for i, o in enumerate(oracle)]
-    out = best_of_two(prompts, greedy, half, DraftSettings(tokens=4))
-    row("oracle p=0.8 k=4, half the streams", out, plain8, streams)
+    out = best_of_two(prompts, greedy, half, forced)
+    row("forced, oracle p=0.8 k=4, half the streams", out, plain8, streams)
+    out = best_of_two(prompts, greedy, oracle, DraftSettings(tokens=4, pass_cost=ratio))
+    row("policy, oracle p=0.8 k=4", out, plain8, streams)
     res["rows"] = rows_out
     res["context"], res["tokens"] = args.context, args.tokens
     return res

@@ -126,3 +126,13 @@ def test_a_lease_gives_back_rejected_rows_pages_into_its_promise() -> None:
     lease.cover(20)
     lease.release()
     assert pool.census().idle_even
+
+
+def test_a_verify_pass_dearer_than_plain_needs_drafts_kept_often_to_draft() -> None:
+    """pass_cost: on a GPU whose verify passes run eagerly beside graphed decode rounds."""
+    dear = DraftPolicy(DraftSettings(tokens=16, pass_cost=10.0))
+    assert (dear.k(), dear.wants()) == (0, False)  # the prior acceptance does not pay
+    dear.acceptance = 1.0
+    assert dear.best_k() == 16 and dear.wants()  # 17 tokens a pass of ~11.6 plain ones
+    cheap = DraftPolicy(DraftSettings(tokens=16))
+    assert cheap.best_k() > 0 and cheap.wants()

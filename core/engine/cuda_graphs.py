@@ -13,8 +13,10 @@ columns on the host (page tables only when they changed) and copies the rows it 
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -133,6 +135,28 @@ class GraphRunner(ModelRunner):
         if hit is None or hit[0] is not g.logits:  # the graph's output is one static tensor
             hit = g.rows[n] = (g.logits, [g.logits[i : i + 1] for i in range(n)])
         return list(hit[1])  # a [1, V] view a stream, made once
+
+    @torch.inference_mode()
+    def eager_over_graphed(self, repeats: int = 5) -> float | None:
+        """How many times a one-row pass run eagerly costs its graph's replay (the median of
+        `repeats` each, on the scratch slot and page), or None where rounds are not captured.
+        A verify pass (k + 1 rows a stream) runs eagerly: the draft policy's price."""
+        run = [StreamRows(self.scratch_slot, 0, [0], [self.scratch_page])]
+        if not self.capture or self._bucket(run) is None:
+            return None
+
+        def median_s(fn: Any) -> float:
+            times = []
+            for _ in range(repeats + 1):  # the first compiles or captures
+                torch.cuda.synchronize()
+                a = time.perf_counter()
+                fn(run)
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - a)
+            return statistics.median(times[1:])
+
+        eager = median_s(lambda r: ModelRunner.run(self, r))
+        return eager / median_s(self.run)
 
     def _bucket(self, streams: Sequence[StreamRows]) -> int | None:
         if not use_triton(self._probe):

@@ -8,8 +8,8 @@ a token, only how many one pass yields. This module decides the drafts:
   `PredictionDrafter`), then, with `--draft ngram`, prompt lookup over the stream's own prompt
   and output (`ngram_drafts.NgramDrafter`);
 - k, per stream (`DraftPolicy`): drafting pays while the expected tokens a round,
-  1 + a + a^2 + .. + a^k for a draft's acceptance a, outgrow what the k extra rows cost
-  (`row_cost` a row, relative to a one-row pass). The acceptance is a running estimate over
+  1 + a + a^2 + .. + a^k for a draft's acceptance a, outgrow what the verify pass costs against
+  a plain one (`pass_cost`, plus `row_cost` a draft row). The acceptance is a running estimate over
   the stream's recent rounds; a stream whose drafts stop paying drafts nothing for a while,
   then tries one draft again (after 8 rounds, doubling to 256 while it keeps failing).
   The lanes cap k further: at max_tokens, and per pass as the batch grows.
@@ -32,13 +32,17 @@ class DraftSettings:
     """source: drafts besides a request's prediction; tokens: the most drafts a round (k);
     adaptive: the per-stream policy on (off: k whenever a source proposes, for tests);
     row_cost: a draft row's cost relative to a one-row pass, the policy's price;
-    pass_rows: decode rows (plain and draft) a pass may hold before drafts are cut."""
+    pass_rows: decode rows (plain and draft) a pass may hold before drafts are cut;
+    pass_cost: a verify pass's cost before its rows, over a plain decode pass's (1 where both
+    run alike; on a GPU whose decode rounds replay CUDA graphs and whose verify passes run
+    eagerly, the ratio the warm-up measured: drafts must pay for it)."""
 
     source: DraftSource = "off"
     tokens: int = 4
     adaptive: bool = True
     row_cost: float = 0.1
     pass_rows: int = 64
+    pass_cost: float = 1.0
 
     def __post_init__(self) -> None:
         if self.source not in DRAFT_SOURCES:
@@ -110,21 +114,32 @@ class DraftPolicy:
         if self.pause_left > 0:
             self.pause_left -= 1
             return 1 if self.pause_left == 0 else 0  # a pause ends with one probing draft
-        a, best, best_k = self.acceptance, 1.0, 0
+        return self.best_k()
+
+    def best_k(self) -> int:
+        """The k whose expected tokens over its pass's cost beat a plain pass most; 0: none."""
+        s, a = self.settings, self.acceptance
+        best, best_k = 1.0, 0
         for k in range(1, s.tokens + 1):
-            gain = sum(a**i for i in range(k + 1)) / (1 + s.row_cost * k)
+            gain = sum(a**i for i in range(k + 1)) / (s.pass_cost + s.row_cost * k)
             if gain > best:
                 best, best_k = gain, k
         return best_k
+
+    def wants(self) -> bool:
+        """Whether the next round may draft (without counting a round of a pause down)."""
+        if not self.settings.adaptive:
+            return True
+        if self.pause_left > 0:
+            return self.pause_left == 1
+        return self.best_k() > 0
 
     def settle(self, proposed: int, accepted: int) -> None:
         """A round's outcome: `accepted` of `proposed` drafts kept."""
         if not self.settings.adaptive or proposed == 0:
             return
         self.acceptance = self.KEEP * self.acceptance + (1 - self.KEEP) * accepted / proposed
-        # no k pays when a draft is accepted no more often than a row costs: each term a^i of
-        # the expected tokens is then at most the row_cost its row adds
-        if self.acceptance <= self.settings.row_cost:
+        if self.best_k() == 0:  # no k pays now: pause, then probe
             self.pause_left = self.pause
             self.pause = min(self.pause * 2, self.MAX_PAUSE)
         elif accepted:
@@ -172,6 +187,10 @@ class StreamDrafts:
         self.round_kept += 1
         self.accepted += 1
         self.prediction_accepted += self.from_prediction
+
+    def wants(self) -> bool:
+        """Whether the next round may draft: a stream that will not is sent ahead as plain."""
+        return self.policy.wants()
 
     def append(self, token: int) -> None:
         if self.prediction is not None:

@@ -333,7 +333,7 @@ class Lanes:
         waits to be admitted (it is, a round later)."""
         if not self.ahead or self.waiting or len(streams) != len(self.live):
             return
-        if any(s.drafts is not None for s in streams):
+        if any(s.drafts is not None and s.drafts.wants() for s in streams):
             return  # a drafting stream's next round depends on what the host reads
         runs = [StreamRows(s.slot, s.pos, [0], s.lease.cover(s.pos + 1)) for s in streams]
         logits = self.runner.run_fed(runs, tokens)  # type: ignore[attr-defined]

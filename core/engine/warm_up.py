@@ -15,6 +15,7 @@ zero, so /metrics and the status page count only real requests.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -64,6 +65,21 @@ def warm_up(lanes: Any, vocab: int) -> float:
     lanes.passes = lanes.rows_cached = lanes.rows_computed = lanes.tokens_out = 0
     if not lanes.census():
         raise RuntimeError("the warm-up left the pool uneven: " + lanes.pool.census().line())
+    price_verify_passes(lanes)
     took = time.perf_counter() - started
     log.info(f"warm-up: kernels compiled and decode graphs captured in {took:.1f} s")
     return took
+
+
+def price_verify_passes(lanes: Any) -> None:
+    """Where decode rounds replay CUDA graphs and verify passes run eagerly, the draft policy's
+    pass_cost: the measured ratio of an eager one-row pass to its replay."""
+    measure = getattr(lanes.runner, "eager_over_graphed", None)
+    ratio = measure() if measure is not None else None
+    if ratio is None:
+        return
+    lanes.drafting = replace(lanes.drafting, pass_cost=max(1.0, ratio))
+    log.info(
+        f"verify passes run eagerly: {ratio:.1f} times a graphed decode pass; streams draft "
+        "only where their drafts are kept often enough to pay for that"
+    )
