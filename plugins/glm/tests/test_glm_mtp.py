@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import torch
@@ -22,13 +22,23 @@ from tensorfold.family.demo_text import QA, paragraphs
 from tensorfold.family.forward_pass import ForwardPass, StreamRows
 from tensorfold.family.tokenizer import Tokenizer
 from tensorfold.ops.norms import rms_norm
-from tensorfold_glm import demo
+from tensorfold_glm import config, demo
 from tensorfold_glm.config import GlmConfig
 from tensorfold_glm.demo_weights import build_weights as random_weights
 from tensorfold_glm.layout import state_layout
 from tensorfold_glm.model import GlmModel, load
 from tensorfold_glm.mtp import draft, mtp_forward, target_pass
 from tensorfold_glm.weights import KdaWeights, MlaWeights
+
+
+@pytest.fixture(autouse=True, scope="module")
+def serve_mtp() -> Iterator[None]:
+    """The MTP layer as `--draft mtp` will load it (tensorfold_glm.config.SERVE_MTP), before
+    any module-scoped model is loaded."""
+    was, config.SERVE_MTP = config.SERVE_MTP, True
+    yield
+    config.SERVE_MTP = was
+
 
 MTP = f"model.language_model.layers.{demo.TEXT_SHAPE['num_hidden_layers']}."
 
