@@ -67,7 +67,7 @@ class GlmConfig:
     # num_nextn_predict_layers (DeepSeek's and GLM's key) or num_mtp_layers (transformers') >= 1;
     # only the first is run. Its kinds: a layer_types / mlp_layer_types list one entry longer
     # than num_hidden_layers names them; else MLA with its own indexer and MoE, as DeepSeek-V3's.
-    num_nextn_predict_layers: int = 0  # as served: 0 unless SERVE_MTP
+    num_nextn_predict_layers: int = 0  # as served: 0 unless serve_mtp() was called
     mtp_layer_type: str = MLA
     mtp_mlp_type: str = SPARSE
     tie_word_embeddings: bool = False
@@ -128,10 +128,16 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return names.get(kind, str(kind)) if isinstance(kind, type) else "a value"
 
 
-# The MTP layer is loaded, and its rows kept in the layout, only while something drafts with it:
-# until the lanes draft with it (issue 57), its tests and the demo trainer turn this on. Off, a
-# checkpoint that declares it serves as before, with no memory spent on it.
-SERVE_MTP = False
+_mtp_served = [False]  # see serve_mtp
+
+
+def serve_mtp(on: bool = True) -> bool:
+    """Whether configs parsed from now on load the MTP layer (its weights, and its rows in the
+    layout): only while something drafts with it. Until the lanes draft with it (issue 57) its
+    tests and the demo trainer turn it on; off, a checkpoint that declares it serves as before,
+    with no memory spent on it. Returns what it was."""
+    was, _mtp_served[0] = _mtp_served[0], on
+    return was
 
 
 def _parse(top: Mapping[str, Any], source: str) -> GlmConfig:
@@ -149,7 +155,7 @@ def _parse(top: Mapping[str, Any], source: str) -> GlmConfig:
         **linear,
         layer_types=_layer_types(raw, layers, src, mtp),
         mlp_layer_types=_mlp_layer_types(raw, layers, src, mtp),
-        num_nextn_predict_layers=mtp if SERVE_MTP else 0,
+        num_nextn_predict_layers=mtp if _mtp_served[0] else 0,
         **_mtp_kinds(raw, layers, src, mtp),
         indexer_types=_indexer_types(raw, layers, src),
         tie_word_embeddings=bool(tie) if tie is not None else d.tie_word_embeddings,

@@ -221,7 +221,7 @@ def retrain_mtp(argv: Sequence[str]) -> None:
 if __name__ == "__main__":
     from . import config
 
-    config.SERVE_MTP = True  # the trainer reads and writes the MTP layer
+    config.serve_mtp()  # the trainer reads and writes the MTP layer
     if sys.argv[1:2] == ["mtp"]:
         retrain_mtp(sys.argv[2:])
     else:

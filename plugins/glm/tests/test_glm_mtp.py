@@ -33,11 +33,11 @@ from tensorfold_glm.weights import KdaWeights, MlaWeights
 
 @pytest.fixture(autouse=True, scope="module")
 def serve_mtp() -> Iterator[None]:
-    """The MTP layer as `--draft mtp` will load it (tensorfold_glm.config.SERVE_MTP), before
+    """The MTP layer as `--draft mtp` will load it (tensorfold_glm.config.serve_mtp), before
     any module-scoped model is loaded."""
-    was, config.SERVE_MTP = config.SERVE_MTP, True
+    was = config.serve_mtp(True)
     yield
-    config.SERVE_MTP = was
+    config.serve_mtp(was)
 
 
 MTP = f"model.language_model.layers.{demo.TEXT_SHAPE['num_hidden_layers']}."
