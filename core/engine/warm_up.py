@@ -63,6 +63,7 @@ def warm_up(lanes: Any, vocab: int) -> float:
     if lanes.sharing is not None:  # it kept states at the prompts' marks
         lanes.sharing.clear()
     lanes.passes = lanes.rows_cached = lanes.rows_computed = lanes.tokens_out = 0
+    lanes.tokens_drafted = lanes.drafts_accepted = lanes.verify_rounds = 0
     if not lanes.census():
         raise RuntimeError("the warm-up left the pool uneven: " + lanes.pool.census().line())
     price_verify_passes(lanes)
