@@ -44,6 +44,7 @@ MODULES = [
     "tensorfold.family.reasoning",
     "tensorfold.engine.ngram_drafts",
     "tensorfold.engine.drafts",
+    "tensorfold.family.drafter",
 ]
 
 

@@ -142,12 +142,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--draft",
-        choices=["off", "ngram"],
+        choices=["off", "ngram", "model"],
         help=_setting_help(
             "drafts for every stream, verified token by token: ngram proposes what followed "
-            "the stream's last tokens earlier in its prompt and output",
+            "the stream's last tokens earlier in its prompt and output, model the family's "
+            "draft checkpoint (--draft-model)",
             "draft",
         ),
+    )
+    parser.add_argument(
+        "--draft-model",
+        metavar="DIR",
+        help=_setting_help("the draft checkpoint for --draft model", "draft_model"),
     )
     parser.add_argument(
         "--draft-tokens",

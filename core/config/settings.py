@@ -246,12 +246,20 @@ class Settings(BaseSettings):
         "prompt, completion and cached tokens, time to first token, duration (--no-access-log "
         "or 0: none; GET /health and GET /metrics only when they fail).",
     )
-    draft: Literal["off", "ngram"] = Field(
+    draft: Literal["off", "ngram", "model"] = Field(
         default="off",
         description="Drafts for every stream (--draft), verified so the tokens are plain "
         "decoding's: ngram looks the stream's last tokens up in its prompt and output and "
-        "proposes what followed them (pays where replies repeat their input); off: none. A "
-        "request's `prediction` is drafted whatever this says.",
+        "proposes what followed them (pays where replies repeat their input); model: the "
+        "family's draft checkpoint at TF_DRAFT_MODEL proposes them; off: none. A request's "
+        "`prediction` is drafted whatever this says.",
+    )
+    draft_model: Path | None = Field(
+        default=None,
+        description="The draft checkpoint's folder for --draft model (--draft-model), e.g. "
+        "Gemma 4's gemma-4-*-assistant for a Gemma 4 target; the family must have a draft model "
+        "(the model_drafter hook).",
+        json_schema_extra={"values": "a folder"},
     )
     draft_tokens: int = Field(
         default=4,

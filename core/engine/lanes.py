@@ -28,6 +28,7 @@ import torch
 from tensorfold.adapters import paged_kv
 
 from ..config.logs import get_logger
+from ..family.drafter import DraftAsk, ModelDrafter
 from ..family.forward_pass import StreamRows
 from ..family.tokenizer import IncrementalDecoder, Tokenizer
 from ..memory.kv_pool import Lease
@@ -70,6 +71,7 @@ class Live:
     verify: list[int] = field(default_factory=list)  # this round's drafts, fed after next_token
     verify_run: int = -1  # this round's run's index in the pass (its taps), when it drafted
     state_rows: int = 0  # rows the slot's fixed state has taken in (past pos after a rejection)
+    logit_row: int = 0  # the last pass's logit row its latest token was drawn from
 
     @property
     def prefilling(self) -> bool:
@@ -99,6 +101,7 @@ class Lanes:
         sharing: PromptSharing | None = None,
         hooks: Any = None,
         drafts: DraftSettings | None = None,
+        model_drafter: ModelDrafter | None = None,
     ):
         if lanes > runner.slots.num_slots:
             raise ValueError(f"{lanes} lanes need {lanes} state slots, the runner has fewer")
@@ -116,6 +119,7 @@ class Lanes:
         self.lookahead = lookahead
         self.num_lanes = lanes
         self.drafting = drafts or DraftSettings()
+        self.model_drafter = model_drafter  # --draft model: the family's draft checkpoint
         # the family's share_attach hook (a forked choice's page table); the core's by default
         self.hooks = hooks or (sharing.hooks if sharing is not None else paged_kv)
         self.free_slots = list(range(lanes - 1, -1, -1))
@@ -216,9 +220,11 @@ class Lanes:
         flight, self._flight = self._flight, None
         if flight is not None:  # sent last round: its rows are computed, the draws are left
             alive = {id(s) for s in self.live}
-            wanting = [
-                (s, out[-1:]) for s, out in zip(flight.owners, flight.logits) if id(s) in alive
-            ]
+            wanting = []
+            for row, (s, out) in enumerate(zip(flight.owners, flight.logits)):
+                if id(s) in alive:
+                    s.logit_row = row
+                    wanting.append((s, out[-1:]))
             if wanting:
                 self._draw(wanting)
                 if self.idle:
@@ -234,18 +240,23 @@ class Lanes:
         self.passes += 1
         self.verify_rounds += any(s.verify for s in owners)
         wanting = []
+        row = 0  # the pass's logit rows, stream by stream
         for i, (stream, run, out) in enumerate(zip(owners, runs, logits)):
             stream.pos = stream.state_rows = run.end
+            row += out.shape[0]
             if stream.verify:  # its rows' logits, all of them; taps to rewind to
-                stream.verify_run = i
+                stream.verify_run, stream.logit_row = i, row - out.shape[0]
                 wanting.append((stream, out))
                 continue
             if run.taps:
                 self._keep_taps(i, stream, run)
             if out.shape[0]:
+                stream.logit_row = row - 1
                 wanting.append((stream, out[-1:]))
                 if stream.forks:  # n choices: the others start from this row's logits
-                    wanting += [(f, out[-1:]) for f in self._fork(stream)]
+                    for f in self._fork(stream):
+                        f.logit_row = row - 1
+                        wanting.append((f, out[-1:]))
         if wanting:
             self._draw(wanting)
         if self.idle:
@@ -289,6 +300,26 @@ class Lanes:
             n = out.shape[0]
             self._take_rows(stream, results[at : at + n], refused[at : at + n])
             at += n
+        if self.model_drafter is not None:
+            self._ask_model([s for s, _ in wanting])
+
+    def _ask_model(self, streams: list[Live]) -> None:
+        """The draft model's drafts for the round after this one, for its streams still
+        decoding: read once their rows are kept and rewound, before the next pass writes."""
+        asking = [
+            s
+            for s in streams
+            if s.drafts is not None and s.drafts.model and not s.lease.released and s.drafts.wants()
+        ]
+        if not asking:
+            return
+        assert self.model_drafter is not None
+        asks = [
+            DraftAsk(s.slot, s.lease.pages, s.pos, s.generated[-1], s.logit_row) for s in asking
+        ]
+        for s, drafts in zip(asking, self.model_drafter.propose(asks, self.max_drafts)):
+            assert s.drafts is not None
+            s.drafts.model_drafts = list(drafts)
 
     def _take_rows(self, s: Live, results: list[SampleResult], refused: list[str | None]) -> None:
         """A stream's rows of the round, in order: one, or a verify round's rows while each
@@ -307,6 +338,7 @@ class Lanes:
             if drafts and s.matcher is not None:  # advanced row by row, as plain would be
                 error = s.matcher.accept(result.token)
             self._take(s, len(s.generated), result, error)
+            s.logit_row += j > 0
             if s.lease.released:  # it ended at this row: _release settled its state
                 break
             if j == len(drafts) or result.token != drafts[j]:

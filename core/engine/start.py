@@ -397,6 +397,7 @@ def open_served(
             sharing=sharing,
             hooks=rank.hooks,
             drafts=DraftSettings(settings.draft, settings.draft_tokens),
+            model_drafter=open_drafter(settings, spec, rank, runner, team is not None),
         )
         device = str(rank.runner.model.device)
         if settings.warm_up if settings.warm_up is not None else device.startswith("cuda"):
@@ -432,6 +433,32 @@ def open_served(
         reasoning_format=reasoning_format,
         enable_thinking={"on": True, "off": False}.get(settings.reasoning),
     )
+
+
+def open_drafter(settings: Settings, spec: FamilySpec, rank: Any, runner: Any, tp: bool) -> Any:
+    """The family's draft model for --draft model (the model_drafter hook), else None; a start
+    that asks for one it cannot have is refused naming why."""
+    if settings.draft != "model":
+        if settings.draft_model is not None:
+            raise SettingsError(
+                f"TF_DRAFT_MODEL / --draft-model is set but TF_DRAFT is {settings.draft!r}: "
+                "use --draft model to draft with it"
+            )
+        return None
+    if settings.draft_model is None:
+        raise SettingsError("--draft model needs the draft checkpoint: --draft-model DIR")
+    if tp:
+        raise SettingsError("--draft model runs at one rank only for now; leave out --tp")
+    drafter = rank.hooks.model_drafter(
+        model=rank.runner.model, runner=runner, folder=Path(settings.draft_model)
+    )
+    if drafter is None:
+        raise SettingsError(
+            f"the {spec.name} family has no draft model (its plugin answers no model_drafter "
+            "hook); use --draft ngram or off"
+        )
+    log.info(f"drafting with the draft model at {settings.draft_model}")
+    return drafter
 
 
 def plan_asked(settings: Settings) -> dict[str, Any]:

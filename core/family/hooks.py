@@ -4,6 +4,8 @@ thinking markup. Cheap to import: no torch."""
 
 from __future__ import annotations
 
+import importlib
+from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 from tensorfold.family import ShardPlan
@@ -19,9 +21,11 @@ class ConfigReader(Protocol):
 
 
 class FamilyHooks:
-    """`shard_plan`, `tool_call_format` and `reasoning_format` for one family: `plan(cfg, dtype,
-    world)` on the config `config.from_dict` reads, `tool_calls` and `reasoning`. A part left
-    out (None) is answered by the core's default."""
+    """`shard_plan`, `tool_call_format`, `reasoning_format` and `model_drafter` for one family:
+    `plan(cfg, dtype, world)` on the config `config.from_dict` reads, `tool_calls`,
+    `reasoning`, and `drafter`, a "module:function" imported when asked (function(model,
+    runner, folder) -> ModelDrafter: torch loads only then). A part left out (None) is answered
+    by the core's default."""
 
     def __init__(
         self,
@@ -29,9 +33,10 @@ class FamilyHooks:
         plan: Callable[[Any, str, int], ShardPlan] | None = None,
         tool_calls: ToolCallFormat | None = None,
         reasoning: ReasoningFormat | None = None,
+        drafter: str | None = None,
     ) -> None:
         self.config, self.plan, self.tool_calls = config, plan, tool_calls
-        self.reasoning = reasoning
+        self.reasoning, self.drafter = reasoning, drafter
 
     @hookimpl
     def shard_plan(self, config: Mapping[str, Any], dtype: str, world: int) -> ShardPlan | None:
@@ -46,3 +51,10 @@ class FamilyHooks:
     @hookimpl
     def reasoning_format(self, config: Mapping[str, Any]) -> ReasoningFormat | None:
         return self.reasoning
+
+    @hookimpl
+    def model_drafter(self, model: Any, runner: Any, folder: Path) -> Any:
+        if self.drafter is None:
+            return None
+        module, _, name = self.drafter.partition(":")
+        return getattr(importlib.import_module(module), name)(model, runner, folder)

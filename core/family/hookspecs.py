@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from tensorfold.adapters.paged_kv import PagedRows
     from tensorfold.adapters.snapshots import Snapshot, SnapshotArena
     from tensorfold.adapters.stream_state import StreamSlots
@@ -210,6 +212,29 @@ def reasoning_format(config: Mapping[str, Any]) -> ReasoningFormat | None:
     :param config: config.json as a dict (a family whose checkpoints differ in markup picks by
         it).
     :return: the family's ``ReasoningFormat``.
+
+    Stops at first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def model_drafter(model: Any, runner: Any, folder: Path) -> Any:
+    """The family's own drafter for `--draft model --draft-model DIR`: a draft checkpoint at
+    `folder` that proposes each drafting stream's next tokens from what the target computed.
+
+    Called once at start, after the target loaded, on the chosen family's plugin manager. The
+    answer is a ``tensorfold.family.drafter.ModelDrafter``: ``propose(asks, k)`` gets, once a
+    round, a ``DraftAsk`` a drafting stream (its slot, page table, position, next token and the
+    last pass's logit row it was drawn from) and returns up to k tokens each, reading the
+    target's storage (``runner.rows``, ``runner.slots``) and its model's last pass, never
+    writing them. Drafts change no token: the lanes verify them. Refuse a checkpoint that does
+    not fit the target with ``tensorfold.family.checkpoint.CheckpointError`` naming what.
+    No answer: the family has no draft model, and `--draft model` is refused naming it.
+
+    :param model: the target (the family's ``FamilyModel``).
+    :param runner: the engine's runner (its ``rows``, ``slots``, ``pool``).
+    :param folder: the draft checkpoint's folder.
+    :return: a ``ModelDrafter``.
 
     Stops at first non-None result.
     """

@@ -11,6 +11,7 @@ in our ModelRunner.
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 from typing import Any, Iterator
 from unittest import mock
@@ -18,12 +19,16 @@ from unittest import mock
 import pytest
 import torch
 
+from tensorfold import conformance, testing
+from tensorfold.config.settings import SettingsError
 from tensorfold.engine.runner import ModelRunner, open_stream
+from tensorfold.engine.sampling import SamplingParams
 from tensorfold.family.checkpoint import Checkpoint
 from tensorfold_gemma4.assistant import KVRows, load_assistant, store_layers
 from tensorfold_gemma4.assistant_config import AssistantConfig
 from tensorfold_gemma4.assistant_kv import gather_shared_kv
 from tensorfold_gemma4.config import ConfigError
+from tensorfold_gemma4.demo import build_demo
 from tensorfold_gemma4.model import load
 
 S, F = "sliding_attention", "full_attention"
@@ -393,3 +398,100 @@ def test_the_gpu_path(pair: dict[str, Any]) -> None:
             )
             assert d.tokens[0].tolist() == ref_tokens
             assert_close(d.logits[0].cpu(), ref_logits)
+
+
+# --- as the lanes' draft model (`--draft model`, the model_drafter hook) ----------------------
+# The demo drafted by an assistant checkpoint at its widths (random weights): drafted == plain
+# through the lanes' rounds, greedy and seeded, 4 streams and alone, a prompt past the sliding
+# window; starts that cannot draft with a model are refused naming why.
+
+DRAFT_PROMPTS = (
+    "Once upon a time there was a",
+    "What is the capital of Japan?",
+    "a b c d a b c d a b",
+    " ".join(["the river and the stone, the light and the garden"] * 24),  # past the window
+)
+
+
+@pytest.fixture(scope="module")
+def demo_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_demo(tmp_path_factory.mktemp("demo"))
+
+
+@pytest.fixture(scope="module")
+def demo_assistant(demo_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An assistant for the demo: its backbone width and vocabulary, head dims of the demo's
+    store layers (sliding 32, full 64 with one KV head), two sliding layers and a full one."""
+    pytest.importorskip("transformers", reason="transformers 5.23.0 builds the checkpoint")
+    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
+
+    top = json.loads((demo_folder / "config.json").read_text())
+    text = top.get("text_config", top)
+    config = Gemma4AssistantConfig(
+        text_config=dict(
+            vocab_size=text["vocab_size"],
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            num_attention_heads=2,
+            num_key_value_heads=text["num_key_value_heads"],
+            head_dim=text["head_dim"],
+            global_head_dim=64,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            sliding_window=text["sliding_window"],
+            hidden_size_per_layer_input=0,
+            vocab_size_per_layer_input=0,
+            enable_moe_block=False,
+            max_position_embeddings=4096,
+            initializer_range=0.1,
+        ),
+        backbone_hidden_size=text["hidden_size"],
+    )
+    torch.manual_seed(3)
+    with all_reuse_layers():
+        model = perturb(Gemma4AssistantForCausalLM(config), 4)
+    folder = tmp_path_factory.mktemp("assistant")
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def drafted_llm(demo_folder: Path, demo_assistant: Path) -> Any:
+    flags: dict[str, Any] = dict(
+        context=1024, parallel=4, kv_poison=True, draft="model", draft_model=demo_assistant
+    )
+    llm = testing.open_llm("gemma4", demo_folder, **flags)
+    yield llm
+    testing.close_even(llm)
+
+
+@pytest.mark.parametrize("name", conformance.SAMPLINGS)
+def test_assistant_drafts_equal_plain_together_and_alone(drafted_llm: Any, name: str) -> None:
+    params = conformance.DraftGates().sampling(name, max_tokens=16)
+    testing.assert_drafted_equals_plain(drafted_llm, DRAFT_PROMPTS, params, source="model")
+    testing.assert_drafted_equals_plain(drafted_llm, DRAFT_PROMPTS[-1:], params, source="model")
+
+
+def test_a_start_that_cannot_draft_with_a_model_is_refused(
+    demo_folder: Path, demo_assistant: Path
+) -> None:
+    with pytest.raises(SettingsError, match="--draft-model DIR"):
+        testing.open_llm("gemma4", demo_folder, draft="model")
+    with pytest.raises(SettingsError, match="use --draft model"):
+        testing.open_llm("gemma4", demo_folder, draft="ngram", draft_model=demo_assistant)
+    with pytest.raises(SettingsError, match="lfm2_moe family has no draft model"):
+        testing.open_llm("lfm2_moe", None, draft="model", draft_model=demo_assistant)
+
+
+def test_the_assistant_drafts_every_round_with_the_policy_off(drafted_llm: Any) -> None:
+    """The assistant proposes every round (the policy off): its drafts are verified, whatever
+    they are worth."""
+    lanes = drafted_llm.served.engine.lanes
+    before = lanes.tokens_drafted
+    with testing.drafting(drafted_llm, "model", 4):
+        drafted_llm.generate(
+            DRAFT_PROMPTS[:2], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+        )
+    assert lanes.tokens_drafted - before >= 2 * 4

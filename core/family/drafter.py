@@ -1,0 +1,35 @@
+"""A family's own drafter (`--draft model`, the `model_drafter` hook): the interface between it
+and the lanes. Cheap to import: no torch.
+
+Once a round, after the draws and after a verify round's rewind, the lanes ask the drafter for
+each drafting stream's next drafts (`ModelDrafter.propose`). A stream is then at position `pos`:
+rows [0, pos) are in its pages and fixed state, and `token` (drawn from the last pass's logit
+row `row`) is its next row's token, not yet fed. What the drafter proposes only proposes: the
+verify round samples every row as plain decoding would, so the drafts change no token, only how
+many a pass yields (docs/architecture.md, "Drafts and verify rounds")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class DraftAsk:
+    """One stream's ask: its slot, page table (covering rows [0, pos)), position, next token,
+    and the index of the last pass's logit row its token was drawn from (the row whose hidden
+    state a drafter that reads the target's reads)."""
+
+    slot: int
+    pages: Sequence[int]
+    pos: int
+    token: int
+    row: int
+
+
+class ModelDrafter(Protocol):
+    """What the `model_drafter` hook returns."""
+
+    def propose(self, asks: Sequence[DraftAsk], k: int) -> list[list[int]]:
+        """Up to k draft tokens for each ask, in order; read the target's storage only."""
+        ...
