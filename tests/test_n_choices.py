@@ -71,7 +71,8 @@ def test_offline_choices_equal_their_single_twins(
     assert seed is not None and [c.seed for c in choices] == [
         choice_seed(seed, i) for i in range(3)
     ]
-    assert len({tuple(c.token_ids) for c in choices}) > 1  # sampled apart
+    if params.seed is not None:  # a drawn seed may, now and then, sample three alike
+        assert len({tuple(c.token_ids) for c in choices}) > 1  # sampled apart
     for i, c in enumerate(choices):
         twin = llm.generate([prompt], replace(params, seed=choice_seed(seed, i)))[0]
         assert (c.token_ids, c.text, c.logprobs, c.top_logprobs, c.finish_reason) == (
