@@ -16,8 +16,6 @@ stream and at eight (all predicted, and half of them). Prints a table and writes
 from __future__ import annotations
 
 import argparse
-import gc
-import json
 import random
 import sys
 import time
@@ -29,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.verify_rows import FAMILIES, SHAPE_NAMES, build  # noqa: E402
+from bench.verify_rows import FAMILIES, SHAPE_NAMES, build, run_families  # noqa: E402
 from tensorfold.engine.drafts import DraftSettings  # noqa: E402
 from tensorfold.engine.lanes import Lanes  # noqa: E402
 from tensorfold.engine.requests import Finished, Request, TokenOut  # noqa: E402
@@ -229,21 +227,7 @@ def main() -> None:
         torch.set_num_threads(1)
     args.context = args.context or (24 if args.smoke else 512)
     args.tokens = args.tokens or (12 if args.smoke else 256)
-    families = FAMILIES if args.family == "all" else (args.family,)
-    results: dict[str, Any] = {"commit": args.commit, "device": device}
-    if device == "cuda":
-        results["gpu"] = torch.cuda.get_device_properties(0).name
-    for family in families:
-        with torch.inference_mode():
-            results[family] = measure(family, args, device)
-        gc.collect()
-        if device == "cuda":
-            torch.cuda.empty_cache()
-        print(table(family, results[family]), flush=True)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(results, indent=2))
+    run_families(args, device, measure, table)
 
 
 if __name__ == "__main__":

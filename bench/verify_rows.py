@@ -182,6 +182,17 @@ def main() -> None:
     args.context = args.context or (40 if args.smoke else 1024)
     args.warm = args.warm if args.warm is not None else (1 if args.smoke else 5)
     args.repeats = args.repeats or (3 if args.smoke else 21)
+    run_families(args, device, measure, table)
+
+
+def run_families(
+    args: argparse.Namespace,
+    device: str,
+    measure: Callable[[str, argparse.Namespace, str], dict[str, Any]],
+    table: Callable[[str, dict[str, Any]], str],
+) -> None:
+    """`measure` each family `args.family` names (one at a time: a shape may fill the GPU),
+    print its `table`, and write every result to `args.out`/results.json."""
     families = FAMILIES if args.family == "all" else (args.family,)
     results: dict[str, Any] = {"commit": args.commit, "device": device}
     if device == "cuda":

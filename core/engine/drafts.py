@@ -33,7 +33,8 @@ class DraftSettings:
     """source: drafts besides a request's prediction; tokens: the most drafts a round (k);
     adaptive: the per-stream policy on (off: k whenever a source proposes, for tests);
     row_cost: a draft row's cost relative to a one-row pass, the policy's price;
-    pass_rows: decode rows (plain and draft) a pass may hold before drafts are cut;
+    pass_rows: decode rows (plain and draft) a pass may hold before drafts are cut (row_cost
+    and pass_rows are first guesses, not measured yet: docs/performance.md, "Drafting");
     pass_cost: a verify pass's cost before its rows, over a plain decode pass's (1 where both
     run alike; on a GPU whose decode rounds replay CUDA graphs and whose verify passes run
     eagerly, the ratio the warm-up measured: drafts must pay for it)."""

@@ -36,7 +36,7 @@ verify round's rewind and a resumed prompt (whose rows before it no pass recompu
 right. A stream's MTP rows run one ahead of the target's: after the target's row p and the
 sample x = t_{p+1}, the MTP has written rows up to p + 1.
 
-Interface (tensor-shaped; the lead's lanes call it):
+Interface (tensor-shaped; nothing drafts with it yet: `--draft mtp` is to come):
 - the target pass: `GlmModel.forward(fp, rows, slots, hidden=buf)` fills buf [N, H] with the
   h_{j-1} each of its rows j reads (zeros at position 0, the carry for a run's first row), and
   leaves each stream's carry at its last row's h.
