@@ -1218,14 +1218,14 @@ def assert_verify_rows_match(
             batch = [decode, run, streams[2].rows(other[rounds * chunk : (rounds + 1) * chunk])]
         at = batch.index(run)
         logits = runner.run(batch)[at]
-        tapped = runner.last_pass.tapped if runner.last_pass is not None else {}
+        fp = runner.last_pass
         for r in range(n):
             assert torch.equal(logits[r], plain.logits[j + r]), (
                 f"k={k}: row {r} of the run at {pos} (position {pos + r}) is not plain's"
             )
         after = _slot_state(runner, 0)
         for p in run.taps:
-            got = tapped.get((at, p), {})
+            got = (fp.taps_at(at, p) if fp is not None else None) or {}
             assert set(got) == names, f"k={k}: the tap at {p} holds {sorted(got)}"
             for name in names:
                 assert torch.equal(_tapped_state(got[name], after[name]), plain.states[p][name]), (

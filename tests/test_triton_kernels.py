@@ -988,7 +988,7 @@ def test_graph_runner_decode_rounds_equal_the_plain_runner(kernels_on_cpu):
     plain = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), prompts, 3)
     runner = GraphRunner(model, num_pages=16, num_slots=4, page_rows=16, max_pages=4)
     graphed = _passes(runner, prompts, 3)
-    assert runner.replays == 3 and list(runner.graphs) == [4]  # 3 streams in the bucket of 4
+    assert runner.replays == 3 and list(runner.graphs) == [(4, 1)]  # 3 streams in the bucket of 4
     for g, p in zip(graphed, plain):
         assert torch.equal(g, p)
 

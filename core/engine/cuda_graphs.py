@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
@@ -24,32 +24,42 @@ if TYPE_CHECKING:
     import numpy as np
 
 from ..config.logs import get_logger
-from ..family.forward_pass import ForwardPass, StreamRows
+from ..family.forward_pass import ForwardPass, StreamRows, uniform_verify
 from ..family.model import FamilyModel
 from ..memory.kv_pool import KVPool
 from ..ops.gpu import use_triton
-from ..ops.pass_meta import PassMeta
+from ..ops.pass_meta import build_meta
 from .runner import ModelRunner
 
 log = get_logger("tensorfold.cuda_graphs")
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# rows a stream of the verify passes replayed as graphs (k + 1 for k drafts; the lanes pad a
+# pass's runs up to one of them), and the most rows a verify graph holds
+VERIFY_ROWS = (2, 3, 5, 9, 17)
+MAX_GRAPH_ROWS = 512
 
 
 @dataclass
 class _Graph:
-    bucket: int
+    bucket: int  # streams
+    rows_each: int  # rows a stream: 1 (a decode round) or a uniform verify pass's R
     fp: ForwardPass
-    host: torch.Tensor  # [4 + max_pages, bucket] int64, pinned
+    host: torch.Tensor  # the inputs (_Inputs), pinned
     dev: torch.Tensor  # the same on the device: the graph's inputs
-    logits: torch.Tensor | None = None  # [bucket, V]: the graph's output
+    logits: torch.Tensor | None = None  # [bucket * rows_each, V]: the graph's output
     graph: "torch.cuda.CUDAGraph | None" = None
     np: "np.ndarray | None" = None  # host, as numpy (the same memory)
-    width: int = 0  # columns the last round wrote; [width, bucket) hold padding
+    width: int = 0  # streams the last round wrote; [width, bucket) hold padding
     need: int = -1  # page-table rows the last round wrote
     tables: list[list[int]] | None = None  # the page tables it wrote, column by column
     copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     rows: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = field(default_factory=dict)
+
+    @property
+    def row_cells(self) -> int:
+        """Where the streams' section starts in the flat inputs."""
+        return 3 * self.bucket * self.rows_each
 
 
 class GraphRunner(ModelRunner):
@@ -85,7 +95,7 @@ class GraphRunner(ModelRunner):
         self.max_pages = max_pages or num_pages
         self.buckets = sorted(b for b in buckets if b <= num_slots) or [num_slots]
         self.capture = capture and model.device.type == "cuda"
-        self.graphs: dict[int, _Graph] = {}
+        self.graphs: dict[tuple[int, int], _Graph] = {}
         self.replays = 0
         self.capture_error: str | None = None
         self._mempool = torch.cuda.graph_pool_handle() if self.capture else None
@@ -102,39 +112,47 @@ class GraphRunner(ModelRunner):
         torch.cuda.synchronize()
 
     def run(self, streams: Sequence[StreamRows]) -> list[torch.Tensor]:
-        bucket = self._bucket(streams)
-        if bucket is None:
+        shape = self._shape(streams)
+        if shape is None:
             return super().run(streams)
-        return self._replay(bucket, streams, None)
+        return self._replay(shape, streams, None)
 
     def run_fed(self, streams: Sequence[StreamRows], tokens: torch.Tensor) -> list[torch.Tensor]:
-        bucket = self._bucket(streams)
-        if bucket is None:
+        shape = self._shape(streams)
+        if shape is None:
             return super().run_fed(streams, tokens)
-        return self._replay(bucket, streams, tokens)
+        return self._replay(shape, streams, tokens)
+
+    def verify_row_counts(self) -> tuple[int, ...]:
+        if not self.model.verify_graphs or not use_triton(self._probe):
+            return ()
+        return VERIFY_ROWS
 
     def _replay(
-        self, bucket: int, streams: Sequence[StreamRows], tokens: torch.Tensor | None
+        self, shape: tuple[int, int], streams: Sequence[StreamRows], tokens: torch.Tensor | None
     ) -> list[torch.Tensor]:
-        """A decode round through `bucket`'s graph; tokens: the rows' tokens on the device
-        (copied into the graph's input after the host's columns), or None: the streams' own."""
-        g = self.graphs.get(bucket) or self._build(bucket)
+        """A round through the graph of `shape` (streams bucket, rows a stream); tokens: a
+        decode round's tokens on the device (copied into the graph's input after the host's
+        columns), or None: the streams' own."""
+        g = self.graphs.get(shape) or self._build(*shape)
         need = max(len(s.pages) for s in streams)
         self._fill(g, streams, need)
         if tokens is not None:
-            g.dev[0, : len(streams)].copy_(tokens)
+            g.dev[: len(streams)].copy_(tokens)
         if g.graph is not None:
             g.graph.replay()
         else:
             g.logits = self.forward(g.fp)
         self.replays += 1
+        if g.rows_each > 1:  # the taps' positions: from the streams it ran (ForwardPass.taps_at)
+            g.fp.streams[: len(streams)] = streams
         self.last_pass = g.fp
         assert g.logits is not None
-        n = len(streams)
+        n, r = len(streams), g.rows_each
         hit = g.rows.get(n)
         if hit is None or hit[0] is not g.logits:  # the graph's output is one static tensor
-            hit = g.rows[n] = (g.logits, [g.logits[i : i + 1] for i in range(n)])
-        return list(hit[1])  # a [1, V] view a stream, made once
+            hit = g.rows[n] = (g.logits, [g.logits[i * r : (i + 1) * r] for i in range(n)])
+        return list(hit[1])  # a [rows_each, V] view a stream, made once
 
     @torch.inference_mode()
     def eager_over_graphed(self, repeats: int = 5) -> float | None:
@@ -142,7 +160,7 @@ class GraphRunner(ModelRunner):
         `repeats` each, on the scratch slot and page), or None where rounds are not captured.
         A verify pass (k + 1 rows a stream) runs eagerly: the draft policy's price."""
         run = [StreamRows(self.scratch_slot, 0, [0], [self.scratch_page])]
-        if not self.capture or self._bucket(run) is None:
+        if not self.capture or self._shape(run) is None:
             return None
 
         def median_s(fn: Any) -> float:
@@ -158,85 +176,135 @@ class GraphRunner(ModelRunner):
         eager = median_s(lambda r: ModelRunner.run(self, r))
         return eager / median_s(self.run)
 
-    def _bucket(self, streams: Sequence[StreamRows]) -> int | None:
+    def _shape(self, streams: Sequence[StreamRows]) -> tuple[int, int] | None:
+        """(bucket, rows a stream) of the graph that runs this pass, or None: run it eagerly.
+        A decode round (one row a stream wanting its logits, no taps) or, for a family with
+        `verify_graphs`, a uniform verify pass (ForwardPass.rows_each) of R in VERIFY_ROWS."""
         if not use_triton(self._probe):
             return None
-        if any(len(s.tokens) != 1 or s.logits != "last" or s.taps for s in streams):
+        r = len(streams[0].tokens)
+        if r == 1:
+            if any(len(s.tokens) != 1 or s.logits != "last" or s.taps for s in streams):
+                return None
+        elif r not in self.verify_row_counts() or uniform_verify(streams) != r:
+            return None
+        elif any(s.logits != "all" for s in streams) or r > self.pool.page_rows:
             return None
         if max(len(s.pages) for s in streams) > self.max_pages:
             return None
-        return next((b for b in self.buckets if b >= len(streams)), None)
+        bucket = next((b for b in self.buckets if b >= len(streams)), None)
+        if bucket is None or bucket * r > MAX_GRAPH_ROWS:
+            return None
+        return bucket, r
 
     def _fill(self, g: _Graph, streams: Sequence[StreamRows], need: int) -> None:
-        """Write the round's columns into the pinned host buffer (through a numpy view of it: no
-        tensor is built per round) and copy its first 4 + need rows to the device. Page tables
+        """Write the round's inputs into the pinned host buffer (through a numpy view of it:
+        no tensor is built per round) and copy what the round uses to the device. Page tables
         change only when a stream takes a page or the streams change: they are rewritten then,
         and otherwise left as the last round wrote them."""
         if self._copied is not None:
             self._copied.synchronize()  # the last round's copy has left the pinned buffer
         rows = self.pool.page_rows
-        b = len(streams)
+        b, r = len(streams), g.rows_each
         h = g.np
         assert h is not None  # made with the graph
-        h[:4, :b] = [
-            [s.tokens[0] for s in streams],
-            [s.start for s in streams],
-            [s.pages[s.start // rows] * rows + s.start % rows for s in streams],
-            [s.slot for s in streams],
-        ]
+        cells = g.row_cells
+        per_row = h[:cells].reshape(3, g.bucket * r)
+        per_stream = h[cells:].reshape(-1, g.bucket)
+        if r == 1:
+            per_row[:, :b] = [
+                [s.tokens[0] for s in streams],
+                [s.start for s in streams],
+                [s.pages[s.start // rows] * rows + s.start % rows for s in streams],
+            ]
+        else:
+            positions = [p for s in streams for p in range(s.start, s.end)]
+            per_row[:, : b * r] = [
+                [t for s in streams for t in s.tokens],
+                positions,
+                [
+                    s.pages[p // rows] * rows + p % rows
+                    for s in streams
+                    for p in range(s.start, s.end)
+                ],
+            ]
+        per_stream[:2, :b] = [[s.slot for s in streams], [s.start for s in streams]]
         tables = [s.pages for s in streams]
         if need != g.need or tables != g.tables:
             for i, pages in enumerate(tables):
-                h[4 : 4 + len(pages), i] = pages
-                h[4 + len(pages) : 4 + need, i] = self.scratch_page
+                per_stream[2 : 2 + len(pages), i] = pages
+                per_stream[2 + len(pages) : 2 + need, i] = self.scratch_page
             g.tables, g.need = [list(p) for p in tables], need
-        if b != g.width:  # columns [b, bucket) are padding again
-            self._pad(h, b, g.bucket)
+        if b != g.width:  # streams [b, bucket) are padding again
+            self._pad(g, b)
             g.width = b
-        dev, host = g.copies.get(need) or g.copies.setdefault(
-            need, (g.dev[: 4 + need], g.host[: 4 + need])
-        )
+        used = cells + (2 + need) * g.bucket
+        dev, host = g.copies.get(need) or g.copies.setdefault(need, (g.dev[:used], g.host[:used]))
         dev.copy_(host, non_blocking=True)
         if g.dev.is_cuda:
             if self._copied is None:
                 self._copied = torch.cuda.Event()
             self._copied.record()  # one event, recorded again each round
 
-    def _pad(self, host: "np.ndarray", a: int, b: int) -> None:
-        """Columns [a, b): a fresh one-row stream at position 0 on the scratch page and slot."""
-        if a < b:
-            host[0, a:b] = 0
-            host[1, a:b] = 0
-            host[2, a:b] = self.scratch_page * self.pool.page_rows
-            host[3, a:b] = self.scratch_slot
-            host[4:, a:b] = self.scratch_page
+    def _pad(self, g: _Graph, a: int) -> None:
+        """Streams [a, bucket): a fresh stream at position 0 on the scratch page and slot."""
+        assert g.np is not None
+        b, r = g.bucket, g.rows_each
+        if a >= b:
+            return
+        per_row = g.np[: g.row_cells].reshape(3, b * r)
+        per_stream = g.np[g.row_cells :].reshape(-1, b)
+        per_row[0, a * r :] = 0
+        per_row[1, a * r :] = list(range(r)) * (b - a)
+        per_row[2, a * r :] = [self.scratch_page * self.pool.page_rows + j for j in range(r)] * (
+            b - a
+        )
+        per_stream[0, a:] = self.scratch_slot
+        per_stream[1, a:] = 0
+        per_stream[2:, a:] = self.scratch_page
 
     # -- capture ------------------------------------------------------------------------------
 
-    def _build(self, bucket: int) -> _Graph:
+    def _build(self, bucket: int, rows_each: int) -> _Graph:
         device = self.model.device
-        host = torch.empty(4 + self.max_pages, bucket, dtype=torch.int64)
+        cells = 3 * bucket * rows_each + (2 + self.max_pages) * bucket
+        host = torch.empty(cells, dtype=torch.int64)
         if device.type == "cuda":
             host = host.pin_memory()
-        self._pad(host.numpy(), 0, bucket)
         dev = host.to(device)
         if dev.data_ptr() == host.data_ptr():  # on the CPU: the graph's inputs are their own
             dev = host.clone()
-        fp = self._static_pass(bucket, dev)
-        g = _Graph(bucket, fp, host, dev, np=host.numpy(), width=bucket)
+        g = _Graph(bucket, rows_each, None, host, dev, np=host.numpy())  # type: ignore[arg-type]
+        self._pad(g, 0)
+        g.width = bucket
+        g.dev.copy_(g.host)
+        g.fp = self._static_pass(g)
         if self.capture:
             try:
-                g.logits, g.graph = self._capture(fp)
-            except Exception as exc:  # run this bucket eagerly, and say why
+                g.logits, g.graph = self._capture(g.fp)
+                self._check_taps(g.fp)
+            except Exception as exc:  # run this shape eagerly, and say why
                 self.capture_error = f"{type(exc).__name__}: {exc}"
                 log.error(
-                    "CUDA graph capture failed; decode runs eagerly",
+                    "CUDA graph capture failed; these passes run eagerly",
                     bucket=bucket,
+                    rows_each=rows_each,
                     error=self.capture_error,
                 )
+                g.graph = None
                 torch.cuda.synchronize()
-        self.graphs[bucket] = g
+        self.graphs[(bucket, rows_each)] = g
         return g
+
+    def _check_taps(self, fp: ForwardPass) -> None:
+        """A verify graph's taps must be the rows' (tap_rows), one for each fixed state: a tap by
+        position would name the capture's positions, not a replay's."""
+        if fp.rows_each and (fp.tapped or set(fp.row_taps) != set(self.slots.buffers)):
+            raise RuntimeError(
+                f"{self.model.name}'s verify pass tapped {sorted(set(fp.row_taps))} by row and "
+                f"{len(fp.tapped)} by position; a graph needs every fixed state "
+                f"({sorted(self.slots.buffers)}) tapped by row (ForwardPass.tap_rows)"
+            )
 
     def _capture(self, fp: ForwardPass) -> "tuple[torch.Tensor, torch.cuda.CUDAGraph]":
         side = torch.cuda.Stream()
@@ -250,30 +318,29 @@ class GraphRunner(ModelRunner):
             logits = self.forward(fp)
         return logits, graph
 
-    def _static_pass(self, bucket: int, dev: torch.Tensor) -> ForwardPass:
-        """A pass of `bucket` one-row streams whose tensors are views of `dev`."""
-        rows = self.pool.page_rows
+    def _static_pass(self, g: _Graph) -> ForwardPass:
+        """A pass of `g.bucket` streams of `g.rows_each` rows whose varying tensors are views of
+        `g.dev` (its host-side streams are placeholders: the family reads the device meta)."""
+        rows, r, bucket, dev = self.pool.page_rows, g.rows_each, g.bucket, g.dev
         streams = [
-            StreamRows(self.scratch_slot, 0, [0], [self.scratch_page], "last")
+            StreamRows(
+                self.scratch_slot,
+                0,
+                [0] * r,
+                [self.scratch_page],
+                "all" if r > 1 else "last",
+                tuple(range(1, r)),
+                rewind=r > 1,
+            )
             for _ in range(bucket)
         ]
         fp = ForwardPass(streams, rows, self.model.device)
-        fp.tokens, fp.positions, fp.write_index = dev[0], dev[1], dev[2]
-        ar = torch.arange(bucket, dtype=torch.int64, device=dev.device)
-        ones = torch.ones(bucket, dtype=torch.int64, device=dev.device)
-        fp.logit_rows = ar
-        fp.device_meta = PassMeta(  # type: ignore[attr-defined]
-            num_rows=bucket,
-            num_streams=bucket,
-            num_blocks=bucket,
-            row_stream=ar,
-            stream_row0=ar,
-            stream_len=ones,
-            stream_start=dev[1],
-            stream_slot=dev[3],
-            table=dev[4:].t(),
-            block_stream=ar,
-            block_row0=ar,
-            block_len=ones,
+        per_row = dev[: g.row_cells].view(3, bucket * r)
+        per_stream = dev[g.row_cells :].view(-1, bucket)
+        fp.tokens, fp.positions, fp.write_index = per_row[0], per_row[1], per_row[2]
+        fp.logit_rows = torch.arange(bucket * r, dtype=torch.int64, device=dev.device)
+        shape = build_meta(fp)  # what the stream count and R fix: rows, streams, blocks
+        fp.device_meta = replace(  # type: ignore[attr-defined]
+            shape, stream_slot=per_stream[0], stream_start=per_stream[1], table=per_stream[2:].t()
         )
         return fp

@@ -81,6 +81,11 @@ class ModelRunner:
         self.last_pass = fp  # its taps feed the prompt store's keeps
         return fp.split_logits(logits)
 
+    def verify_row_counts(self) -> tuple[int, ...]:
+        """Rows a stream (k + 1) of the verify passes that run faster when every stream in the
+        pass has the same count (a GraphRunner's graphs), smallest first; () when none do."""
+        return ()
+
     def forward(self, fp: ForwardPass) -> torch.Tensor:
         """The model's forward over `fp`, its collectives' pass fence first (ops.parallel)."""
         parallel.begin_pass()
@@ -101,7 +106,7 @@ class ModelRunner:
         the slot's buffer in place. Call it right after that pass, for the slot its stream
         ran in."""
         assert self.last_pass is not None
-        tapped = self.last_pass.tapped.get(tap, {})
+        tapped = self.last_pass.taps_at(*tap) or {}
         missing = sorted(set(self.slots.buffers) - set(tapped))
         if missing:
             raise RuntimeError(
@@ -126,7 +131,7 @@ class ModelRunner:
         nothing there (or tap is None). Returns the snapshot, or None."""
         taps = None
         if tap is not None and self.last_pass is not None:
-            taps = self.last_pass.tapped.get(tap)
+            taps = self.last_pass.taps_at(*tap)
         if taps is not None and not all(isinstance(t, torch.Tensor) for t in taps.values()):
             raise RuntimeError(f"the taps at {tap} are a rewind run's: the prompt store keeps none")
         return hooks.snap_keep(slots=self.slots, slot=slot, arena=arena, taps=taps)

@@ -31,6 +31,27 @@ class SlotRestore(Protocol):
 Tapped = torch.Tensor | SlotRestore
 
 
+@runtime_checkable
+class RowTaps(Protocol):
+    """One fixed state's taps at every draft row of a uniform verify pass (`ForwardPass.
+    rows_each`), recorded by the family into tensors the pass made (so a CUDA graph's replay
+    refreshes them): `at(i, j)` is stream i's state after its first j rows (1 <= j < rows_each),
+    a copy or a `SlotRestore`, valid right after the pass."""
+
+    def at(self, i: int, j: int) -> Tapped: ...
+
+
+@dataclass
+class StackedTaps:
+    """RowTaps as one tensor: states [S, rows_each - 1, *slot state], row j - 1 the state after
+    stream i's first j rows."""
+
+    states: torch.Tensor
+
+    def at(self, i: int, j: int) -> Tapped:
+        return self.states[i, j - 1]
+
+
 class PageOverrun(RuntimeError):
     """A pass would write rows past the pages a stream holds."""
 
@@ -66,8 +87,27 @@ class StreamRows:
         return self.start + len(self.tokens)
 
 
+def uniform_verify(streams: Sequence[StreamRows]) -> int | None:
+    """R when every stream is a rewind run of R > 1 rows tapped at each row after its first (a
+    verify pass whose layout is fixed by its stream count and R: one a CUDA graph can replay),
+    else None."""
+    r = len(streams[0].tokens)
+    if r < 2:
+        return None
+    for s in streams:
+        if not s.rewind or len(s.tokens) != r or list(s.taps) != list(range(s.start + 1, s.end)):
+            return None
+    return r
+
+
 class ForwardPass:
-    """The index tensors a family's forward needs for one pass (built once, on `device`)."""
+    """The index tensors a family's forward needs for one pass (built once, on `device`).
+
+    A uniform verify pass (`rows_each` = R, every stream a rewind run of R rows tapped at each
+    draft row) is one the lanes may run as a CUDA graph (`tensorfold.engine.cuda_graphs`): a
+    family that says so (`FamilyModel.verify_graphs`) runs it from the device meta alone
+    (ops.pass_meta: no stream's slot, start, tokens or taps read on the host) and records its
+    taps with `tap_rows`, never `tap`."""
 
     def __init__(
         self, streams: Sequence[StreamRows], page_rows: int, device: str | torch.device = "cpu"
@@ -114,9 +154,25 @@ class ForwardPass:
         # (stream index, position) -> {fixed-state name: the state after row position - 1, or
         # for a rewind run a SlotRestore back to it}
         self.tapped: dict[tuple[int, int], dict[str, Tapped]] = {}
+        self.rows_each = uniform_verify(self.streams)
+        self.row_taps: dict[str, RowTaps] = {}  # fixed-state name -> its taps (rows_each only)
 
     def tap(self, i: int, pos: int, name: str, state: Tapped) -> None:
         self.tapped.setdefault((i, pos), {})[name] = state
+
+    def tap_rows(self, name: str, taps: RowTaps) -> None:
+        """A uniform verify pass's taps of one fixed state at every draft row (rows_each)."""
+        self.row_taps[name] = taps
+
+    def taps_at(self, i: int, pos: int) -> dict[str, Tapped] | None:
+        """What the pass tapped of stream i at position `pos` (the state after row pos - 1),
+        by position (`tap`) or by row (`tap_rows`); None where it tapped nothing."""
+        if (i, pos) in self.tapped:
+            return self.tapped[(i, pos)]
+        j = pos - self.streams[i].start
+        if self.row_taps and self.rows_each and 0 < j < self.rows_each:
+            return {name: taps.at(i, j) for name, taps in self.row_taps.items()}
+        return None
 
     def read_index(self, i: int) -> torch.Tensor:
         """Flat rows [0, end) of stream i, in position order: [end]."""

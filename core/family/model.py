@@ -22,7 +22,13 @@ class FamilyModel(ABC):
     forward(fp, rows, slots): read and write K/V rows through `fp`'s page tables in `rows`,
     read fixed state from `slots` (zeros for a stream whose run starts at 0) and leave the
     state after the run's last row there. Returns fp32 logits [len(fp.logit_rows), vocab].
+
+    verify_graphs: the forward runs a uniform verify pass (ForwardPass.rows_each) from the
+    device meta alone on the Triton path, its taps recorded with `fp.tap_rows`, so the lanes
+    may replay it as a CUDA graph; False: verify passes run eagerly.
     """
+
+    verify_graphs = False
 
     name: str
     layout: StateLayout

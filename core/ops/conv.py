@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from ..family.forward_pass import ForwardPass
+from ..family.forward_pass import ForwardPass, StackedTaps
 from .gpu import use_triton
 
 
@@ -52,6 +52,21 @@ def tails_at(u: torch.Tensor, tail: torch.Tensor, counts: Sequence[int], k: int)
     return torch.stack(taps)
 
 
+def _tails_each_row(u: torch.Tensor, state: torch.Tensor, fp: ForwardPass) -> torch.Tensor:
+    """A uniform verify pass's tails after each stream's rows 1..R-1, from the device meta
+    alone (a CUDA graph replays it): u [S*R, H] -> [S, R-1, H, K-1]."""
+    from .pass_meta import pass_meta
+
+    meta = pass_meta(fp)
+    r = fp.rows_each
+    assert r is not None
+    tails = state.index_select(0, meta.stream_slot.long())  # [S, H, K-1]
+    tails = torch.where((meta.stream_start == 0)[:, None, None], torch.zeros_like(tails), tails)
+    k1 = tails.shape[-1]
+    ext = torch.cat((tails.transpose(1, 2).to(u.dtype), u.view(-1, r, u.shape[-1])), dim=1)
+    return ext.unfold(1, k1, 1)[:, 1:r].contiguous()  # window j: the K-1 inputs before row j
+
+
 def gated_conv(
     bcx: torch.Tensor,
     state: torch.Tensor,
@@ -65,14 +80,17 @@ def gated_conv(
     bcx [N, 3H]: the in-projection's rows, channels B, C, x in that order; state [slots, H, K-1]:
     tails, read (zeros for a stream starting at row 0) and left as they stand after each run;
     weight [H, K]; bias [H]. With tap_name, the tail at each of a stream's taps goes to
-    fp.tap(i, p, tap_name, tail). Returns [N, H] in bcx's dtype."""
+    fp.tap(i, p, tap_name, tail), or on the Triton path of a uniform verify pass (fp.rows_each)
+    the tails after each row to fp.tap_rows. Returns [N, H] in bcx's dtype."""
     b, c, xs = bcx.chunk(3, dim=-1)  # 3 x [N, H]
     gpu = use_triton(bcx)
+    if gpu and fp.rows_each and tap_name is not None:
+        fp.tap_rows(tap_name, StackedTaps(_tails_each_row(b * xs, state, fp)))
     u = None if gpu else b * xs
     z = None if gpu else torch.empty_like(b)
     for i, (stream, (lo, hi)) in enumerate(zip(fp.streams, fp.spans)):
-        if gpu and not stream.taps:
-            continue
+        if gpu and (not stream.taps or fp.rows_each):
+            continue  # the kernel alone: no taps, or a uniform pass's (taken above)
         tail = state[stream.slot]
         if stream.start == 0:
             tail = torch.zeros_like(tail)

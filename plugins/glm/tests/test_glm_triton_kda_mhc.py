@@ -529,6 +529,6 @@ def test_graph_runner_decode_rounds_equal_plain_passes(kernels_on_cpu, kda_model
     plain = _passes(ModelRunner(model, num_pages=16, num_slots=3, page_rows=16), PROMPTS, 2)
     runner = GraphRunner(model, num_pages=16, num_slots=4, page_rows=16, max_pages=4)
     graphed = _passes(runner, PROMPTS, 2)
-    assert runner.replays == 2 and list(runner.graphs) == [4]  # 3 streams in the bucket of 4
+    assert runner.replays == 2 and list(runner.graphs) == [(4, 1)]  # 3 streams in the bucket of 4
     for g, p in zip(graphed, plain):
         assert torch.equal(g, p)

@@ -51,6 +51,7 @@ def state_layout(cfg: Lfm2MoeConfig, dtype: torch.dtype, world: int = 1) -> Stat
 
 class Lfm2MoeModel(FamilyModel):
     name = "lfm2_moe"
+    verify_graphs = True  # its conv taps a uniform verify pass by row (ops.conv.gated_conv)
 
     def __init__(self, cfg: Lfm2MoeConfig, weights: ModelWeights, device: str, dtype: torch.dtype):
         self.cfg = cfg
