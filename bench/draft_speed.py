@@ -164,15 +164,14 @@ def measure(family: str, args: argparse.Namespace, device: str) -> dict[str, Any
         out = best_of_two(prompts[:1], greedy, [answer], DraftSettings(tokens=k, adaptive=False))
         row(f"forced, prediction = answer, k={k}", out, plain1, 1)
     # the policy, priced as serve prices it (warm_up.price_verify_passes)
-    ratio = getattr(runner, "eager_over_graphed", lambda: None)() or 1.0
-    res["pass_cost"] = ratio
+    prices = getattr(runner, "pass_prices", lambda k: None)(4) or (1.0, None)
+    res["pass_cost"], res["row_cost"] = prices
+    priced = dict(pass_cost=prices[0]) | ({"row_cost": prices[1]} if prices[1] is not None else {})
     for p in (1.0, 0.8, 0.0):
         prediction = corrupt(answer, p, vocab, seed=int(p * 100))
-        out = best_of_two(
-            prompts[:1], greedy, [prediction], DraftSettings(tokens=4, pass_cost=ratio)
-        )
+        out = best_of_two(prompts[:1], greedy, [prediction], DraftSettings(tokens=4, **priced))
         row(f"policy, oracle p={p} k=4", out, plain1, 1)
-    out = best_of_two(prompts[:1], greedy, [answer], DraftSettings(tokens=16, pass_cost=ratio))
+    out = best_of_two(prompts[:1], greedy, [answer], DraftSettings(tokens=16, **priced))
     row("policy, prediction = answer, k=16", out, plain1, 1)
     out = best_of_two(prompts[:1], greedy, None, DraftSettings("ngram", 4, adaptive=False))
     row("forced, ngram k=4", out, plain1, 1)
@@ -191,7 +190,7 @@ def measure(family: str, args: argparse.Namespace, device: str) -> dict[str, Any
     half = [o if i % 2 else [] for i, o in enumerate(oracle)]
     out = best_of_two(prompts, greedy, half, forced)
     row("forced, oracle p=0.8 k=4, half the streams", out, plain8, streams)
-    out = best_of_two(prompts, greedy, oracle, DraftSettings(tokens=4, pass_cost=ratio))
+    out = best_of_two(prompts, greedy, oracle, DraftSettings(tokens=4, **priced))
     row("policy, oracle p=0.8 k=4", out, plain8, streams)
     res["rows"] = rows_out
     res["context"], res["tokens"] = args.context, args.tokens

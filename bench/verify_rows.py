@@ -6,8 +6,10 @@ GLM-5.3-Flash-8L, gemma4_speed.py's Gemma-4-26B-A4B) with dummy bf16 weights on 
 stream prefilled `--context` rows, then passes at that position, each timed with CUDA events
 after `--warm` untimed ones, the median of `--repeats`:
 - one row (logits "last"), eager and replayed from a CUDA graph (as plain decoding runs);
-- k + 1 rows with logits "all" and taps at the k draft rows (a verify run, eager), and the same
-  rows without taps (what the taps cost), for k = 1 .. `--max-k`.
+- k + 1 rows with logits "all" and taps at the k draft rows, marked rewind (a verify run as the
+  lanes feed it): as served (replayed from a (1, k + 1) graph where the family has verify graphs
+  and k + 1 is one of cuda_graphs.VERIFY_ROWS, else eager) and eagerly, and the same rows without
+  taps, eagerly (what the taps cost), for k = 1 .. `--max-k`.
 Rerunning a pass at one position rewrites the same rows; the fixed state moves on, which changes
 no launch. Prints a table a family (ms, and the verify pass over the graphed one-row pass) and
 writes results.json to --out.
@@ -121,25 +123,32 @@ def measure(family: str, args: argparse.Namespace, device: str) -> dict[str, Any
         run = ModelRunner.run.__get__(runner) if eager else runner.run
         return lambda: run([StreamRows(0, pos, ids[pos : pos + 1], pages)])
 
-    def rows_of(k: int, taps: bool) -> Callable[[], Any]:
-        run = StreamRows(
-            0,
-            pos,
-            ids[pos : pos + k + 1],
-            pages,
-            "all",
-            range(pos + 1, pos + k + 1) if taps else (),
-        )
-        return lambda: runner.run([run])
+    def rows_of(k: int, taps: bool, eager: bool = False) -> Callable[[], Any]:
+        tapped = range(pos + 1, pos + k + 1) if taps else ()
+        run = StreamRows(0, pos, ids[pos : pos + k + 1], pages, "all", tapped, rewind=taps)
+        go = ModelRunner.run.__get__(runner) if eager else runner.run
+        return lambda: go([run])
 
     timing = dict(device=device, warm=args.warm, repeats=args.repeats)
     one = {"eager": median_ms(one_row(True), **timing)}
     one["graph"] = median_ms(one_row(False), **timing) if device == "cuda" else one["eager"]
     verify = []
     for k in range(1, args.max_k + 1):
+        replays = getattr(runner, "replays", 0)
         tapped = median_ms(rows_of(k, True), **timing)
-        untapped = median_ms(rows_of(k, False), **timing)
-        verify.append(dict(k=k, rows=k + 1, taps_ms=tapped, no_taps_ms=untapped))
+        graphed = getattr(runner, "replays", 0) > replays
+        eager = median_ms(rows_of(k, True, eager=True), **timing) if graphed else tapped
+        untapped = median_ms(rows_of(k, False, eager=True), **timing)
+        verify.append(
+            dict(
+                k=k,
+                rows=k + 1,
+                graphed=graphed,
+                taps_ms=tapped,
+                eager_ms=eager,
+                no_taps_ms=untapped,
+            )
+        )
     res = {
         "shape": "smoke" if args.smoke else SHAPE_NAMES[family],
         "context": args.context,
@@ -154,13 +163,13 @@ def table(family: str, res: dict[str, Any]) -> str:
     lines = [
         f"{family} ({res['shape']}, one stream at row {res['context']}): one-row pass "
         f"{one['eager']:.3f} ms eager, {one['graph']:.3f} ms graphed",
-        f"{'k':>3} {'rows':>5} {'verify ms':>10} {'no taps ms':>11} {'/ 1-row graph':>14} "
-        f"{'/ 1-row eager':>14}",
+        f"{'k':>3} {'rows':>5} {'graphed':>8} {'verify ms':>10} {'eager ms':>9} "
+        f"{'no taps ms':>11} {'/ 1-row graph':>14}",
     ]
     for v in res["verify"]:
         lines.append(
-            f"{v['k']:>3} {v['rows']:>5} {v['taps_ms']:>10.3f} {v['no_taps_ms']:>11.3f} "
-            f"{v['taps_ms'] / one['graph']:>14.2f} {v['taps_ms'] / one['eager']:>14.2f}"
+            f"{v['k']:>3} {v['rows']:>5} {str(v['graphed']):>8} {v['taps_ms']:>10.3f} "
+            f"{v['eager_ms']:>9.3f} {v['no_taps_ms']:>11.3f} {v['taps_ms'] / one['graph']:>14.2f}"
         )
     return "\n".join(lines)
 

@@ -113,3 +113,89 @@ def test_glm_verify_runs_with_a_kda_switch_off(demo, switch):
 
     with switches.switched(getattr(switches, switch), False):
         check(model, True, ks=(1, 7, 31))
+
+
+def graphed_runner(model: Any, runners: list) -> Callable[..., ModelRunner]:
+    """GraphRunners whose verify runs replay (1, R) graphs where the family has verify graphs;
+    each one made is appended to `runners`."""
+    from tensorfold.engine.cuda_graphs import GraphRunner
+
+    def make(num_pages: int, num_slots: int, page_rows: int = 512) -> ModelRunner:
+        runners.append(
+            GraphRunner(model, num_pages=num_pages, num_slots=num_slots, page_rows=page_rows)
+        )
+        return runners[-1]
+
+    return make
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto"])
+def test_verify_graphs_equal_plain_decoding(demo, kv_dtype):
+    """Verify runs alone in their pass (as a uniform verify pass is), rewind-marked, through
+    captured (1, R) graphs where the family has them: plain's logits and taps, bit for bit."""
+    from tensorfold.engine.cuda_graphs import VERIFY_ROWS
+
+    _, model = demo
+    for rows, page_rows in CASES[:2]:
+        prompt, tokens = ids(model, rows, rows), ids(model, TOKENS, rows + 1)
+        plain = testing.plain_rows(factory(model, True), prompt, tokens, page_rows=page_rows)
+        for r in VERIFY_ROWS:
+            runners: list = []
+            testing.assert_verify_rows_match(
+                graphed_runner(model, runners),
+                prompt,
+                tokens,
+                r - 1,
+                page_rows=page_rows,
+                plain=plain,
+                beside=False,
+                rewind=True,
+            )
+            runner = runners[0]
+            assert runner.capture_error is None, runner.capture_error
+            if model.verify_graphs:
+                assert (1, r) in runner.graphs and runner.graphs[(1, r)].graph is not None
+
+
+def test_lanes_through_verify_graphs_equal_plain(demo):
+    """The lanes over a GraphRunner, predictions perfect, wrong and none at four streams, greedy
+    and seeded: every stream's tokens are plain's; the family's verify rounds replay graphs."""
+    from tensorfold.engine.cuda_graphs import GraphRunner
+    from tensorfold.engine.drafts import DraftSettings
+    from tensorfold.engine.lanes import Lanes
+    from tensorfold.engine.requests import Request, TokenOut
+    from tensorfold.engine.sampling import SamplingParams
+
+    _, model = demo
+    prompts = [ids(model, n, n) for n in (40, 70, 9, 130)]
+    seeded = SamplingParams(
+        temperature=0.8, top_p=0.9, seed=3, repetition_penalty=1.1, max_tokens=24, ignore_eos=True
+    )
+    for params in (SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), seeded):
+
+        def go(predictions, drafts, graphs=True):
+            runner = (GraphRunner if graphs else ModelRunner)(
+                model, num_pages=8, num_slots=4, page_rows=512
+            )
+            lanes = Lanes(runner, lanes=4, window=1024, drafts=drafts)
+            outs: list[list[int]] = [[] for _ in prompts]
+            for i, p in enumerate(prompts):
+                lanes.add(
+                    Request(
+                        p,
+                        params,
+                        lambda e, o=outs[i]: o.append(e.token) if isinstance(e, TokenOut) else None,
+                        prediction=tuple(predictions[i]),
+                    )
+                )
+            while lanes.step():
+                pass
+            assert lanes.pool.census().idle_even
+            return outs, runner
+
+        plain, _ = go([()] * 4, DraftSettings(), graphs=False)
+        wrong = [(t + 1) % model.vocab_size for t in plain[1]]
+        got, runner = go([plain[0], wrong, (), plain[3]], DraftSettings(adaptive=False))
+        assert got == plain
+        if model.verify_graphs:
+            assert any(r > 1 for _, r in runner.graphs), list(runner.graphs)

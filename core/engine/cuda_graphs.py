@@ -155,15 +155,18 @@ class GraphRunner(ModelRunner):
         return list(hit[1])  # a [rows_each, V] view a stream, made once
 
     @torch.inference_mode()
-    def eager_over_graphed(self, repeats: int = 5) -> float | None:
-        """How many times a one-row pass run eagerly costs its graph's replay (the median of
-        `repeats` each, on the scratch slot and page), or None where rounds are not captured.
-        A verify pass (k + 1 rows a stream) runs eagerly: the draft policy's price."""
-        run = [StreamRows(self.scratch_slot, 0, [0], [self.scratch_page])]
-        if not self.capture or self._shape(run) is None:
+    def pass_prices(self, drafts: int, repeats: int = 5) -> tuple[float, float | None] | None:
+        """The draft policy's prices (DraftSettings.pass_cost, row_cost), measured against a
+        one-row decode pass's replay on the scratch slot and page (medians of `repeats`): with
+        verify graphs, a pass_cost of 1 and a draft row's cost from a replayed verify pass of
+        the R in VERIFY_ROWS that holds `drafts` drafts; without, the eager one-row pass's cost
+        (a verify pass then runs eagerly: drafts must pay for that) and no row cost measured
+        (None for it: the settings' stands). None where rounds are not captured."""
+        one = [StreamRows(self.scratch_slot, 0, [0], [self.scratch_page])]
+        if not self.capture or self._shape(one) is None:
             return None
 
-        def median_s(fn: Any) -> float:
+        def median_s(fn: Any, run: list[StreamRows]) -> float:
             times = []
             for _ in range(repeats + 1):  # the first compiles or captures
                 torch.cuda.synchronize()
@@ -173,8 +176,13 @@ class GraphRunner(ModelRunner):
                 times.append(time.perf_counter() - a)
             return statistics.median(times[1:])
 
-        eager = median_s(lambda r: ModelRunner.run(self, r))
-        return eager / median_s(self.run)
+        plain = median_s(self.run, one)
+        r = next((r for r in self.verify_row_counts() if r > drafts), None)
+        if r is None:
+            return median_s(lambda run: ModelRunner.run(self, run), one) / plain, None
+        taps = tuple(range(1, r))
+        verify = [StreamRows(self.scratch_slot, 0, [0] * r, [self.scratch_page], "all", taps, True)]
+        return 1.0, max(median_s(self.run, verify) / plain - 1.0, 0.0) / (r - 1)
 
     def _shape(self, streams: Sequence[StreamRows]) -> tuple[int, int] | None:
         """(bucket, rows a stream) of the graph that runs this pass, or None: run it eagerly.

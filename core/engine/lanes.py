@@ -69,6 +69,7 @@ class Live:
     )
     drafts: StreamDrafts | None = None  # its draft sources (prediction, n-gram), when any
     verify: list[int] = field(default_factory=list)  # this round's drafts, fed after next_token
+    proposed: int = 0  # of them, drafted by its sources (the rest pad the pass: _pad_drafts)
     verify_run: int = -1  # this round's run's index in the pass (its taps), when it drafted
     state_rows: int = 0  # rows the slot's fixed state has taken in (past pos after a rejection)
     logit_row: int = 0  # the last pass's logit row its latest token was drawn from
@@ -328,9 +329,9 @@ class Lanes:
         pages past it."""
         drafts, s.verify = s.verify, []
         start = s.pos - 1 - len(drafts)  # the row whose logits are the first result's
-        self.tokens_drafted += len(drafts)
+        self.tokens_drafted += s.proposed
         for j, (result, error) in enumerate(zip(results, refused)):
-            if j:  # row j is plain's next row: draft j was drawn
+            if 0 < j <= s.proposed:  # row j is plain's next row: draft j was drawn
                 assert s.drafts is not None
                 s.drafts.keep()
                 self.drafts_accepted += 1
@@ -343,11 +344,11 @@ class Lanes:
                 break
             if j == len(drafts) or result.token != drafts[j]:
                 break
-        if drafts:
+        if s.proposed:
             assert s.drafts is not None
             s.drafts.settle()
-            if not s.lease.released:
-                self._settle(s)
+        if drafts and not s.lease.released:
+            self._settle(s)
 
     def _settle(self, s: Live) -> None:
         """A verify round's stream back to its last kept row: its fixed state as the pass
@@ -453,13 +454,19 @@ class Lanes:
     def _plan_pass(self) -> tuple[list[StreamRows], list[Live]]:
         runs, owners = [], []
         decoding = [s for s in self.live if not s.prefilling and s.next_token is not None]
+        uniform = self._uniform_rows(decoding)
         # draft rows a pass may hold: fewer as the batch grows, none past pass_rows streams
         spare = self.drafting.pass_rows - len(decoding)
         for s in decoding:
-            cap = min(self.max_drafts, s.req.params.max_tokens - 1 - len(s.generated), spare)
+            left = s.req.params.max_tokens - 1 - len(s.generated)
+            cap = min(self.max_drafts, left, spare) if not uniform else uniform[-1] - 1
             valid = s.matcher.valid_drafts if s.matcher is not None else None
             s.verify = s.drafts.propose(cap, valid) if s.drafts is not None and cap > 0 else []
+            s.proposed = len(s.verify)
             spare -= len(s.verify)
+        if uniform:
+            self._pad_drafts(decoding, uniform)
+        for s in decoding:
             assert s.next_token is not None
             fed = [s.next_token, *s.verify]
             pages = s.lease.cover(s.pos + len(fed))
@@ -490,6 +497,40 @@ class Lanes:
             owners.append(s)
             budget -= len(tokens)
         return runs, owners
+
+    def _uniform_rows(self, decoding: list[Live]) -> tuple[int, ...]:
+        """The rows a stream (k + 1) a verify pass of these streams may be padded to, when the
+        runner runs a pass faster with every stream's the same (a CUDA graph's; ModelRunner.
+        verify_row_counts): those every stream can take (max_tokens, the family's k) within
+        pass_rows rows; (1,) when none can (a stream at its last token, or more than pass_rows / 2
+        streams): no drafts this round, whose pass is then a graphed decode round. () when no
+        such pass is to be had: drafts as they come, run eagerly (a prompt chunk in the pass
+        makes it one no graph replays)."""
+        counts = self.runner.verify_row_counts()
+        if not counts or not decoding or any(s.prefilling for s in self.live):
+            return ()
+        if not any(s.drafts is not None and s.drafts.wants() for s in decoding):
+            return ()
+        most = min(s.req.params.max_tokens - 1 - len(s.generated) for s in decoding)
+        most = min(most, self.max_drafts, self.drafting.pass_rows // len(decoding) - 1)
+        return tuple(r for r in counts if r - 1 <= most) or (1,)
+
+    def _pad_drafts(self, decoding: list[Live], counts: tuple[int, ...]) -> None:
+        """Every stream's drafts padded to the same count (R - 1 for the smallest R in `counts`
+        that holds the longest), so the pass is one a graph replays. A filler draft is its
+        stream's last token again: a draft like any other, kept when drawn (the verify round
+        keeps plain's tokens whatever it is fed), never counted as drafted. No padding when
+        nothing was drafted, or when a stream under a grammar would need fillers (its masks
+        follow its drafts: a filler may be one its grammar refuses)."""
+        longest = max(len(s.verify) for s in decoding)
+        if not longest:
+            return
+        r = next(r for r in counts if r - 1 >= longest)
+        if any(s.matcher is not None and len(s.verify) < r - 1 for s in decoding):
+            return
+        for s in decoding:
+            assert s.next_token is not None
+            s.verify += [(s.verify or [s.next_token])[-1]] * (r - 1 - len(s.verify))
 
     def _keep_taps(self, i: int, s: Live, run: StreamRows) -> None:
         assert self.sharing is not None and self.runner.last_pass is not None

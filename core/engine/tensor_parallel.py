@@ -373,7 +373,7 @@ class Leader:
     # rounds are fed from the host only: the other ranks cannot read rank 0's drawn tokens
     run_fed = None
     # a pass timed on rank 0 alone would wait in its collectives for ranks that never run it
-    eager_over_graphed = None
+    pass_prices = None
 
     def __init__(self, runner: Any, team: Team):
         self.runner = runner
