@@ -7,9 +7,12 @@ another token with probability 1 - p (seeded). For p in {1, 0.8, 0.5, 0} at k = 
 per-stream policy on, p = 0 with it off (what the policy saves), p = 1 at k = 2, 8 and 16, and
 n-gram drafts: decode tokens/s against plain, the drafts kept, and whether every run's tokens
 equal plain's (greedy, and seeded at temperature 0.8 with top_p and every penalty on), at one
-stream and at eight (all predicted, and half of them). Prints a table and writes results.json.
+stream and at eight (all predicted, and half of them); with --sweep, plain and p = 0.8 at each
+stream count it names (where drafting stops paying as the batch grows). Prints a table and
+writes results.json.
 
     python bench/draft_speed.py --out $OUT --family lfm2_moe --commit $(git rev-parse --short HEAD)
+    python bench/draft_speed.py --out $OUT --family lfm2_moe --sweep 1,2,4,8,16,32
     python bench/draft_speed.py --smoke    # each family's smoke shape on the CPU
 """
 
@@ -115,7 +118,7 @@ def measure(family: str, args: argparse.Namespace, device: str) -> dict[str, Any
     model = build(family, args.smoke, device)
     vocab = model.vocab_size
     rows = args.context + args.tokens + 32
-    streams = 8
+    streams = max(8, *args.sweep)
     pages = streams * -(-rows // PAGE_ROWS) + 2
     runner_cls = GraphRunner if device == "cuda" else ModelRunner
     runner = runner_cls(model, num_pages=pages, num_slots=streams, page_rows=PAGE_ROWS)
@@ -181,17 +184,26 @@ def measure(family: str, args: argparse.Namespace, device: str) -> dict[str, Any
         settings = DraftSettings(tokens=4, adaptive=False)
         out = best_of_two(prompts[:1], seeded, [prediction], settings)
         row(f"forced, seeded, oracle p={p} k=4", out, plain_s, 1)
+    every, prompts = prompts, prompts[:8]
     plain8 = best_of_two(prompts, greedy, None, off)
-    row("plain", plain8, plain8, streams)
+    row("plain", plain8, plain8, len(prompts))
     oracle = [corrupt(t, 0.8, vocab, seed=i) for i, t in enumerate(plain8.tokens)]
     forced = DraftSettings(tokens=4, adaptive=False)
     out = best_of_two(prompts, greedy, oracle, forced)
-    row("forced, oracle p=0.8 k=4", out, plain8, streams)
+    row("forced, oracle p=0.8 k=4", out, plain8, len(prompts))
     half = [o if i % 2 else [] for i, o in enumerate(oracle)]
     out = best_of_two(prompts, greedy, half, forced)
-    row("forced, oracle p=0.8 k=4, half the streams", out, plain8, streams)
+    row("forced, oracle p=0.8 k=4, half the streams", out, plain8, len(prompts))
     out = best_of_two(prompts, greedy, oracle, DraftSettings(tokens=4, **priced))
-    row("policy, oracle p=0.8 k=4", out, plain8, streams)
+    row("policy, oracle p=0.8 k=4", out, plain8, len(prompts))
+    for b in args.sweep:  # where drafting stops paying as the batch grows (p = 0.8, k = 4)
+        plain_b = best_of_two(every[:b], greedy, None, off)
+        row("sweep: plain", plain_b, plain_b, b)
+        oracle = [corrupt(t, 0.8, vocab, seed=i) for i, t in enumerate(plain_b.tokens)]
+        out = best_of_two(every[:b], greedy, oracle, forced)
+        row("sweep: forced, oracle p=0.8 k=4", out, plain_b, b)
+        out = best_of_two(every[:b], greedy, oracle, DraftSettings(tokens=4, **priced))
+        row("sweep: policy, oracle p=0.8 k=4", out, plain_b, b)
     res["rows"] = rows_out
     res["context"], res["tokens"] = args.context, args.tokens
     return res
@@ -219,8 +231,12 @@ def main() -> None:
     ap.add_argument("--family", default="all", choices=("all", *FAMILIES))
     ap.add_argument("--context", type=int, default=None, help="each prompt's tokens")
     ap.add_argument("--tokens", type=int, default=None, help="tokens each stream decodes")
+    ap.add_argument(
+        "--sweep", default="", help="stream counts to run plain and p = 0.8 at, e.g. 1,4,16,32"
+    )
     ap.add_argument("--smoke", action="store_true", help="smoke shapes on the CPU, torch ops")
     args = ap.parse_args()
+    args.sweep = [int(b) for b in args.sweep.split(",") if b]
     device = "cpu" if args.smoke else "cuda"
     if args.smoke:
         torch.set_num_threads(1)
