@@ -167,9 +167,9 @@ def measure(family: str, args: argparse.Namespace, device: str) -> dict[str, Any
         out = best_of_two(prompts[:1], greedy, [answer], DraftSettings(tokens=k, adaptive=False))
         row(f"forced, prediction = answer, k={k}", out, plain1, 1)
     # the policy, priced as serve prices it (warm_up.price_verify_passes)
-    prices = getattr(runner, "pass_prices", lambda k: None)(4) or (1.0, None)
-    res["pass_cost"], res["row_cost"] = prices
-    priced = dict(pass_cost=prices[0]) | ({"row_cost": prices[1]} if prices[1] is not None else {})
+    prices = getattr(runner, "pass_prices", lambda k: None)(16) or (1.0, ())
+    res["pass_cost"], res["verify_costs"] = prices
+    priced: dict[str, Any] = dict(pass_cost=prices[0], verify_costs=prices[1])
     for p in (1.0, 0.8, 0.0):
         prediction = corrupt(answer, p, vocab, seed=int(p * 100))
         out = best_of_two(prompts[:1], greedy, [prediction], DraftSettings(tokens=4, **priced))

@@ -4,6 +4,8 @@ output (tensorfold.engine.drafts), the policy that sizes k, the drafted history'
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -136,3 +138,27 @@ def test_a_verify_pass_dearer_than_plain_needs_drafts_kept_often_to_draft() -> N
     assert dear.best_k() == 16 and dear.wants()  # 17 tokens a pass of ~11.6 plain ones
     cheap = DraftPolicy(DraftSettings(tokens=16))
     assert cheap.best_k() > 0 and cheap.wants()
+
+
+def test_the_acceptance_is_a_drafts_chance_once_those_before_it_were() -> None:
+    """Two of four kept: three judged (the second refused, the last two never looked at)."""
+    policy = DraftPolicy(DraftSettings(tokens=4))
+    for _ in range(40):
+        policy.settle(4, 2)
+    assert policy.acceptance == pytest.approx(2 / 3)
+    for _ in range(40):
+        policy.settle(4, 4)  # every draft kept: none refused
+    assert policy.acceptance == pytest.approx(1.0, abs=1e-5)
+
+
+def test_measured_verify_costs_price_a_pass_at_the_rows_it_is_padded_to() -> None:
+    table = ((2, 1.5), (3, 1.8), (5, 2.4), (9, 3.0))
+    s = DraftSettings(tokens=16, verify_costs=table)
+    assert [s.verify_cost(r) for r in (2, 3, 4, 5, 9)] == [1.5, 1.8, 2.4, 2.4, 3.0]
+    assert s.verify_cost(17) == pytest.approx(s.pass_cost + s.row_cost * 16)  # not measured
+    policy = DraftPolicy(replace(s, tokens=8))
+    policy.acceptance = 0.8
+    # k = 8: 4.33 / 3.0 = 1.44 beats k = 4: 3.36 / 2.4 = 1.40 (k = 3 costs k = 4's: 1.23)
+    assert policy.best_k() == 8
+    policy.acceptance = 0.3
+    assert policy.best_k() == 0  # 1.3 / 1.5: no k pays

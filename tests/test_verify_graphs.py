@@ -210,3 +210,19 @@ def test_lanes_through_verify_graphs_equal_plain(model: Any, kernels_on_cpu: Any
     got, _ = run_lanes(runner, prompts, params, [plain[0], []], forced)
     assert got == plain
     assert any(r > 1 for _, r in runner.graphs), list(runner.graphs)
+
+
+@pytest.mark.parametrize("cost, drafts", [(1.0, True), (2.35, False)])
+def test_a_padded_pass_drafts_only_where_it_pays(model: Any, cost: float, drafts: bool) -> None:
+    """One stream of three predicted, at the prior acceptance (0.6): its ~2.3 tokens a round
+    and the others' one against three streams' verify passes. Cheap (cost 1): it drafts; at
+    2.35 a pass (LFM2-8B-A1B's five rows on an H100) the fillers would cost more than the
+    drafts yield, so no round drafts. The tokens are plain's either way."""
+    plain, _ = run_lanes(make(ModelRunner, model), PROMPTS, GREEDY, None, DraftSettings())
+    costs = tuple((r, cost) for r in (2, 3, 5))
+    runner = make(PaddingRunner, model)
+    got, lanes = run_lanes(
+        runner, PROMPTS, GREEDY, [plain[0], [], []], DraftSettings(tokens=4, verify_costs=costs)
+    )
+    assert got == plain
+    assert (lanes.tokens_drafted > 0) == drafts

@@ -155,13 +155,15 @@ class GraphRunner(ModelRunner):
         return list(hit[1])  # a [rows_each, V] view a stream, made once
 
     @torch.inference_mode()
-    def pass_prices(self, drafts: int, repeats: int = 5) -> tuple[float, float | None] | None:
-        """The draft policy's prices (DraftSettings.pass_cost, row_cost), measured against a
+    def pass_prices(
+        self, drafts: int, repeats: int = 5
+    ) -> tuple[float, tuple[tuple[int, float], ...]] | None:
+        """The draft policy's prices (DraftSettings.pass_cost, verify_costs), measured against a
         one-row decode pass's replay on the scratch slot and page (medians of `repeats`): with
-        verify graphs, a pass_cost of 1 and a draft row's cost from a replayed verify pass of
-        the R in VERIFY_ROWS that holds `drafts` drafts; without, the eager one-row pass's cost
-        (a verify pass then runs eagerly: drafts must pay for that) and no row cost measured
-        (None for it: the settings' stands). None where rounds are not captured."""
+        verify graphs, a pass_cost of 1 and the cost of each replayed verify pass of R rows,
+        for R in VERIFY_ROWS up to the one that holds `drafts` drafts; without, the eager
+        one-row pass's cost (a verify pass then runs eagerly: drafts must pay for that) and
+        no table. None where rounds are not captured."""
         one = [StreamRows(self.scratch_slot, 0, [0], [self.scratch_page])]
         if not self.capture or self._shape(one) is None:
             return None
@@ -177,12 +179,19 @@ class GraphRunner(ModelRunner):
             return statistics.median(times[1:])
 
         plain = median_s(self.run, one)
-        r = next((r for r in self.verify_row_counts() if r > drafts), None)
-        if r is None:
-            return median_s(lambda run: ModelRunner.run(self, run), one) / plain, None
-        taps = tuple(range(1, r))
-        verify = [StreamRows(self.scratch_slot, 0, [0] * r, [self.scratch_page], "all", taps, True)]
-        return 1.0, max(median_s(self.run, verify) / plain - 1.0, 0.0) / (r - 1)
+        counts = self.verify_row_counts()
+        if not counts:
+            return median_s(lambda run: ModelRunner.run(self, run), one) / plain, ()
+        table = []
+        for r in counts:
+            taps = tuple(range(1, r))
+            run = [
+                StreamRows(self.scratch_slot, 0, [0] * r, [self.scratch_page], "all", taps, True)
+            ]
+            table.append((r, max(median_s(self.run, run) / plain, 1.0)))
+            if r > drafts:
+                break
+        return 1.0, tuple(table)
 
     def _shape(self, streams: Sequence[StreamRows]) -> tuple[int, int] | None:
         """(bucket, rows a stream) of the graph that runs this pass, or None: run it eagerly.

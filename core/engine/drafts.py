@@ -10,10 +10,13 @@ a token, only how many one pass yields. This module decides the drafts:
   ngram` prompt lookup over the stream's own prompt and output (`ngram_drafts.NgramDrafter`);
 - k, per stream (`DraftPolicy`): drafting pays while the expected tokens a round,
   1 + a + a^2 + .. + a^k for a draft's acceptance a, outgrow what the verify pass costs against
-  a plain one (`pass_cost`, plus `row_cost` a draft row). The acceptance is a running estimate over
-  the stream's recent rounds; a stream whose drafts stop paying drafts nothing for a while,
-  then tries one draft again (after 8 rounds, doubling to 256 while it keeps failing).
-  The lanes cap k further: at max_tokens, and per pass as the batch grows.
+  a plain one (`DraftSettings.verify_cost`: measured by the warm-up for each row count a graph
+  replays, else `pass_cost` plus `row_cost` a draft row). The acceptance is a running estimate
+  of the chance a draft is kept once those before it were (a round's kept drafts over the
+  drafts it judged: the kept ones and the first refused); a stream whose drafts stop paying
+  drafts nothing for a while, then tries one draft again (after 8 rounds, doubling to 256
+  while it keeps failing). The lanes cap k further: at max_tokens, and per pass as the batch
+  grows (`pass_gain`: a padded pass must yield more than its streams' plain rounds would).
 """
 
 from __future__ import annotations
@@ -37,7 +40,10 @@ class DraftSettings:
     and pass_rows are first guesses, not measured yet: docs/performance.md, "Drafting");
     pass_cost: a verify pass's cost before its rows, over a plain decode pass's (1 where both
     run alike; on a GPU whose decode rounds replay CUDA graphs and whose verify passes run
-    eagerly, the ratio the warm-up measured: drafts must pay for it)."""
+    eagerly, the ratio the warm-up measured: drafts must pay for it); verify_costs: (rows a
+    stream, cost over a plain decode round) of the verify passes a graph replays, as the
+    warm-up measured them (GraphRunner.pass_prices), rows ascending; they override the two
+    before."""
 
     source: DraftSource = "off"
     tokens: int = 4
@@ -45,6 +51,17 @@ class DraftSettings:
     row_cost: float = 0.1
     pass_rows: int = 64
     pass_cost: float = 1.0
+    verify_costs: tuple[tuple[int, float], ...] = ()
+
+    def verify_cost(self, rows: int) -> float:
+        """A verify pass of `rows` rows a stream over a plain decode round: the measured cost of
+        the smallest row count at or above it in `verify_costs` ((rows, cost) pairs the warm-up
+        measured, rows ascending: the lanes pad a pass to such a count), else pass_cost plus
+        row_cost a draft row."""
+        for r, cost in self.verify_costs:
+            if r >= rows:
+                return cost
+        return self.pass_cost + self.row_cost * (rows - 1)
 
     def __post_init__(self) -> None:
         if self.source not in DRAFT_SOURCES:
@@ -120,13 +137,17 @@ class DraftPolicy:
 
     def best_k(self) -> int:
         """The k whose expected tokens over its pass's cost beat a plain pass most; 0: none."""
-        s, a = self.settings, self.acceptance
+        s = self.settings
         best, best_k = 1.0, 0
         for k in range(1, s.tokens + 1):
-            gain = sum(a**i for i in range(k + 1)) / (s.pass_cost + s.row_cost * k)
+            gain = self.expected(k) / s.verify_cost(k + 1)
             if gain > best:
                 best, best_k = gain, k
         return best_k
+
+    def expected(self, k: int) -> float:
+        """Tokens a round of k drafts is expected to yield: 1 + a + .. + a^k."""
+        return sum(self.acceptance**i for i in range(k + 1))
 
     def wants(self) -> bool:
         """Whether the next round may draft (without counting a round of a pause down)."""
@@ -140,7 +161,8 @@ class DraftPolicy:
         """A round's outcome: `accepted` of `proposed` drafts kept."""
         if not self.settings.adaptive or proposed == 0:
             return
-        self.acceptance = self.KEEP * self.acceptance + (1 - self.KEEP) * accepted / proposed
+        judged = accepted + (accepted < proposed)  # the kept ones and the first refused
+        self.acceptance = self.KEEP * self.acceptance + (1 - self.KEEP) * accepted / judged
         if self.best_k() == 0:  # no k pays now: pause, then probe
             self.pause_left = self.pause
             self.pause = min(self.pause * 2, self.MAX_PAUSE)

@@ -502,18 +502,40 @@ class Lanes:
         """The rows a stream (k + 1) a verify pass of these streams may be padded to, when the
         runner runs a pass faster with every stream's the same (a CUDA graph's; ModelRunner.
         verify_row_counts): those every stream can take (max_tokens, the family's k) within
-        pass_rows rows; (1,) when none can (a stream at its last token, or more than pass_rows / 2
-        streams): no drafts this round, whose pass is then a graphed decode round. () when no
-        such pass is to be had: drafts as they come, run eagerly (a prompt chunk in the pass
-        makes it one no graph replays)."""
+        pass_rows rows, up to the one whose pass pays best (`_paying`); (1,) when none can or
+        none pays (a stream at its last token, more than pass_rows / 2 streams, too few
+        drafts expected to be kept): no drafts this round, whose pass is then a graphed decode
+        round. () when no such pass is to be had: drafts as they come, run eagerly (a prompt
+        chunk in the pass makes it one no graph replays)."""
         counts = self.runner.verify_row_counts()
         if not counts or not decoding or any(s.prefilling for s in self.live):
             return ()
-        if not any(s.drafts is not None and s.drafts.wants() for s in decoding):
+        wanting = [s.drafts for s in decoding if s.drafts is not None and s.drafts.wants()]
+        if not wanting:
             return ()
         most = min(s.req.params.max_tokens - 1 - len(s.generated) for s in decoding)
         most = min(most, self.max_drafts, self.drafting.pass_rows // len(decoding) - 1)
-        return tuple(r for r in counts if r - 1 <= most) or (1,)
+        fits = tuple(r for r in counts if r - 1 <= most)
+        if fits and self.drafting.adaptive:
+            fits = self._paying(fits, len(decoding), wanting)
+        return fits or (1,)
+
+    def _paying(
+        self, fits: tuple[int, ...], streams: int, wanting: list[StreamDrafts]
+    ) -> tuple[int, ...]:
+        """`fits` up to the R whose padded pass yields the most tokens for its price, () when
+        none yields more than the plain round's one a stream: each drafting stream's expected
+        tokens at min(its policy's k, R - 1) drafts, one for each other, against `streams`
+        times a verify pass's price at one stream (DraftSettings.verify_cost; a larger batch
+        pays less a row than that, so this errs towards plain rounds)."""
+        best, best_r = 1.0, 0
+        for r in fits:
+            tokens: float = streams - len(wanting)
+            tokens += sum(d.policy.expected(min(r - 1, max(d.policy.best_k(), 1))) for d in wanting)
+            gain = tokens / (streams * self.drafting.verify_cost(r))
+            if gain > best:
+                best, best_r = gain, r
+        return tuple(r for r in fits if r <= best_r)
 
     def _pad_drafts(self, decoding: list[Live], counts: tuple[int, ...]) -> None:
         """Every stream's drafts padded to the same count (R - 1 for the smallest R in `counts`

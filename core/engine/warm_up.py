@@ -74,18 +74,18 @@ def warm_up(lanes: Any, vocab: int) -> float:
 
 def price_verify_passes(lanes: Any) -> None:
     """The draft policy's prices where decode rounds replay CUDA graphs (GraphRunner.
-    pass_prices): a verify pass's cost over a decode round's, and a draft row's."""
+    pass_prices): each replayed verify pass's cost over a decode round's, or the eager one's."""
     measure = getattr(lanes.runner, "pass_prices", None)
     prices = measure(lanes.max_drafts) if measure is not None else None
     if prices is None:
         return
-    pass_cost, row_cost = prices
-    if row_cost is None:  # verify passes run eagerly
-        lanes.drafting = replace(lanes.drafting, pass_cost=max(1.0, pass_cost))
+    pass_cost, table = prices
+    lanes.drafting = replace(lanes.drafting, pass_cost=max(1.0, pass_cost), verify_costs=table)
+    if not table:
         log.info(
             f"verify passes run eagerly: {pass_cost:.1f} times a graphed decode pass; streams "
             "draft only where their drafts are kept often enough to pay for that"
         )
         return
-    lanes.drafting = replace(lanes.drafting, pass_cost=pass_cost, row_cost=row_cost)
-    log.info(f"verify passes replay graphs: a draft row costs {row_cost:.3f} of a decode round")
+    costs = ", ".join(f"{r} rows {c:.2f}" for r, c in table)
+    log.info(f"verify passes replay graphs; their cost over a decode round: {costs}")
