@@ -65,7 +65,7 @@ class PaddingRunner(ModelRunner):
         self.shapes: list[tuple[int, int | None]] = []  # (streams, rows_each)
         self.mixed = 0  # passes of several rows a stream, not all alike: no graph replays them
 
-    def verify_row_counts(self) -> tuple[int, ...]:
+    def verify_row_counts(self, streams: int) -> tuple[int, ...]:
         return (2, 3, 5, 9, 17)
 
     def _run(self, fp: ForwardPass) -> list[torch.Tensor]:

@@ -38,6 +38,9 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # pass's runs up to one of them), and the most rows a verify graph holds
 VERIFY_ROWS = (2, 3, 5, 9, 17)
 MAX_GRAPH_ROWS = 512
+# draft rows (bucket x (R - 1)) of the largest verify graph: what the tap arena holds, a fixed
+# state a row (ForwardPass.tap_space); counted in the serving plan (engine.start)
+TAP_ROWS = 32
 
 
 @dataclass
@@ -96,6 +99,8 @@ class GraphRunner(ModelRunner):
         self.buckets = sorted(b for b in buckets if b <= num_slots) or [num_slots]
         self.capture = capture and model.device.type == "cuda"
         self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.tap_rows = TAP_ROWS
+        self._tap_arena: dict[str, torch.Tensor] | None = None
         self.replays = 0
         self.capture_error: str | None = None
         self._mempool = torch.cuda.graph_pool_handle() if self.capture else None
@@ -123,10 +128,17 @@ class GraphRunner(ModelRunner):
             return super().run_fed(streams, tokens)
         return self._replay(shape, streams, tokens)
 
-    def verify_row_counts(self) -> tuple[int, ...]:
+    def verify_row_counts(self, streams: int) -> tuple[int, ...]:
         if not self.model.verify_graphs or not use_triton(self._probe):
             return ()
-        return VERIFY_ROWS
+        bucket = next((b for b in self.buckets if b >= streams), None)
+        if bucket is None:
+            return ()
+        return tuple(
+            r
+            for r in VERIFY_ROWS
+            if bucket * r <= MAX_GRAPH_ROWS and bucket * (r - 1) <= self.tap_rows
+        )
 
     def _replay(
         self, shape: tuple[int, int], streams: Sequence[StreamRows], tokens: torch.Tensor | None
@@ -179,7 +191,7 @@ class GraphRunner(ModelRunner):
             return statistics.median(times[1:])
 
         plain = median_s(self.run, one)
-        counts = self.verify_row_counts()
+        counts = self.verify_row_counts(1)
         if not counts:
             return median_s(lambda run: ModelRunner.run(self, run), one) / plain, ()
         table = []
@@ -203,14 +215,14 @@ class GraphRunner(ModelRunner):
         if r == 1:
             if any(len(s.tokens) != 1 or s.logits != "last" or s.taps for s in streams):
                 return None
-        elif r not in self.verify_row_counts() or uniform_verify(streams) != r:
+        elif r not in self.verify_row_counts(len(streams)) or uniform_verify(streams) != r:
             return None
         elif any(s.logits != "all" for s in streams) or r > self.pool.page_rows:
             return None
         if max(len(s.pages) for s in streams) > self.max_pages:
             return None
         bucket = next((b for b in self.buckets if b >= len(streams)), None)
-        if bucket is None or bucket * r > MAX_GRAPH_ROWS:
+        if bucket is None or bucket * r > MAX_GRAPH_ROWS or bucket * (r - 1) > self.tap_rows:
             return None
         return bucket, r
 
@@ -296,6 +308,8 @@ class GraphRunner(ModelRunner):
         g.width = bucket
         g.dev.copy_(g.host)
         g.fp = self._static_pass(g)
+        if rows_each > 1:
+            g.fp.tap_arena = self.tap_arena()
         if self.capture:
             try:
                 g.logits, g.graph = self._capture(g.fp)
@@ -312,6 +326,16 @@ class GraphRunner(ModelRunner):
                 torch.cuda.synchronize()
         self.graphs[(bucket, rows_each)] = g
         return g
+
+    def tap_arena(self) -> dict[str, torch.Tensor]:
+        """The verify graphs' taps by row, `tap_rows` fixed states of each name, made once
+        (outside any capture: a graph's own allocations would be its alone)."""
+        if self._tap_arena is None:
+            self._tap_arena = {
+                name: buf.new_empty(self.tap_rows, *buf.shape[1:])
+                for name, buf in self.slots.buffers.items()
+            }
+        return self._tap_arena
 
     def _check_taps(self, fp: ForwardPass) -> None:
         """A verify graph's taps must be the rows' (tap_rows), one for each fixed state: a tap by

@@ -507,7 +507,7 @@ class Lanes:
         drafts expected to be kept): no drafts this round, whose pass is then a graphed decode
         round. () when no such pass is to be had: drafts as they come, run eagerly (a prompt
         chunk in the pass makes it one no graph replays)."""
-        counts = self.runner.verify_row_counts()
+        counts = self.runner.verify_row_counts(len(decoding))
         if not counts or not decoding or any(s.prefilling for s in self.live):
             return ()
         wanting = [s.drafts for s in decoding if s.drafts is not None and s.drafts.wants()]

@@ -81,9 +81,10 @@ class ModelRunner:
         self.last_pass = fp  # its taps feed the prompt store's keeps
         return fp.split_logits(logits)
 
-    def verify_row_counts(self) -> tuple[int, ...]:
-        """Rows a stream (k + 1) of the verify passes that run faster when every stream in the
-        pass has the same count (a GraphRunner's graphs), smallest first; () when none do."""
+    def verify_row_counts(self, streams: int) -> tuple[int, ...]:
+        """Rows a stream (k + 1) of the verify passes of `streams` streams that run faster when
+        every stream in the pass has the same count (a GraphRunner's graphs), smallest first;
+        () when none do."""
         return ()
 
     def forward(self, fp: ForwardPass) -> torch.Tensor:

@@ -156,6 +156,8 @@ class ForwardPass:
         self.tapped: dict[tuple[int, int], dict[str, Tapped]] = {}
         self.rows_each = uniform_verify(self.streams)
         self.row_taps: dict[str, RowTaps] = {}  # fixed-state name -> its taps (rows_each only)
+        # a GraphRunner's tap arena: fixed-state name -> [rows, *slot state], shared by its passes
+        self.tap_arena: dict[str, torch.Tensor] | None = None
 
     def tap(self, i: int, pos: int, name: str, state: Tapped) -> None:
         self.tapped.setdefault((i, pos), {})[name] = state
@@ -163,6 +165,20 @@ class ForwardPass:
     def tap_rows(self, name: str, taps: RowTaps) -> None:
         """A uniform verify pass's taps of one fixed state at every draft row (rows_each)."""
         self.row_taps[name] = taps
+
+    def tap_space(self, name: str, slot_state: torch.Tensor) -> torch.Tensor:
+        """Room for a uniform verify pass's taps of fixed state `name` by row: [streams,
+        rows_each - 1, *state] in the state's dtype (`slot_state`: its slot buffer [slots,
+        *state]). A view of the runner's tap arena when the pass has one (a GraphRunner's: one
+        arena for every graph, as each pass's taps are read before the next pass runs, so a
+        large state's taps are not held once a graph), else a new tensor."""
+        r = self.rows_each
+        assert r is not None, "taps by row are a uniform verify pass's"
+        n, shape = len(self.streams) * (r - 1), slot_state.shape[1:]
+        arena = self.tap_arena.get(name) if self.tap_arena is not None else None
+        if arena is None or arena.shape[0] < n:
+            return slot_state.new_empty(len(self.streams), r - 1, *shape)
+        return arena[:n].view(len(self.streams), r - 1, *shape)
 
     def taps_at(self, i: int, pos: int) -> dict[str, Tapped] | None:
         """What the pass tapped of stream i at position `pos` (the state after row pos - 1),
