@@ -300,9 +300,11 @@ def _verify_rule(
         triton_kda.zero_fresh(states, meta)
         rows = [t.view(n_streams, r, *t.shape[1:]) for t in (q, k, v, pre, beta)]
         out = q.new_empty(n_streams, r, heads_of(w), cfg.linear_head_dim)
+        row = q.new_empty(n_streams, heads_of(w), cfg.linear_head_dim)
         for j in range(r):
             one = [t[:, j].contiguous() for t in rows]
-            out[:, j] = _one_row_each(cfg, w, *one, states, meta.stream_slot)
+            _one_row_each(cfg, w, *one, states, meta.stream_slot, row)
+            out[:, j] = row
             if j < r - 1:
                 taps[:, j] = states.index_select(0, meta.stream_slot.long())
         out = out.view(n, heads_of(w), cfg.linear_head_dim)
@@ -350,7 +352,7 @@ def _decode_rule(
     else:
         beta = triton_kda.sigmoid(b)
         triton_kda.zero_fresh(states, meta)
-        out.copy_(_one_row_each(cfg, w, q, k, v, pre, beta, states, meta.stream_slot))
+        _one_row_each(cfg, w, q, k, v, pre, beta, states, meta.stream_slot, out)
     for i, stream in enumerate(fp.streams):  # a one-row run's tap is its end
         for p in stream.taps:
             fp.tap(i, p, name, states[stream.slot].clone())
@@ -367,13 +369,13 @@ def _one_row_each(
     beta: torch.Tensor,
     states: torch.Tensor,
     slot: torch.Tensor,
-) -> torch.Tensor:
+    out: torch.Tensor,
+) -> None:
     """One row a stream through fla-core's recurrent kernel (switches.OWN_RECURRENT off; on the
-    CPU its packed stand-in), the states of `slot` [S] (int32, device) read and left in place,
-    fresh ones already zeroed; q, k, v, pre [S, heads·K] contiguous, beta [S, heads] ->
-    o [S, heads, V]."""
+    CPU its packed stand-in), the states of `slot` [S] (device) read and left in place, fresh
+    ones already zeroed; q, k, v, pre [S, heads·K] contiguous, beta [S, heads]; o written to
+    out [S, heads, V] (contiguous)."""
     n, heads, dk = q.shape[0], heads_of(w), cfg.linear_head_dim
-    out = torch.empty(n, heads, dk, dtype=q.dtype, device=q.device)
     if q.is_cuda:
         from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
 
@@ -396,4 +398,3 @@ def _one_row_each(
         )
         out.copy_(o)
         states.index_copy_(0, slots, final)
-    return out
