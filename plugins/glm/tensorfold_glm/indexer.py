@@ -127,9 +127,10 @@ def select(
 
 def pool_columns(fp: ForwardPass, kpool: int) -> int:
     """At least as many pools as any stream of the pass has complete, without a host sync: from
-    the streams' ends in a prompt pass; in a decode-shaped pass (a graph runner's static pass has
-    placeholder streams), as many as its page tables can hold."""
-    if any(len(s.tokens) > 1 for s in fp.streams):
+    the streams' ends in a prompt pass; in a decode pass or a uniform verify pass (a graph
+    runner's static pass has placeholder streams), as many as its page tables can hold. The
+    width changes no selection (the chosen pools are a set fixed by the scores, -1 padded)."""
+    if not fp.rows_each and any(len(s.tokens) > 1 for s in fp.streams):
         return max(s.end for s in fp.streams) // kpool
     from tensorfold.ops.pass_meta import pass_meta
 

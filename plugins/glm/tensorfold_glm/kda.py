@@ -13,7 +13,10 @@ The GPU path (`use_triton`): the conv with SiLU, the gated norm and the recurren
 q/k l2norm computed inside it) are Triton kernels (triton_kda.py); a prompt's whole chunks take
 fla-core's `chunk_kda` (kda_launches.py says which row takes which, and why the gates hold).
 fla-core is imported only there (never on the CPU); under the interpreter on the CPU a torch
-stand-in runs the chunks.
+stand-in runs the chunks. A decode pass and a uniform verify pass (ForwardPass.rows_each: every
+stream k + 1 < 64 rows, all recurrent) run from the device meta alone, so a CUDA graph can replay
+them; the verify pass taps its states by row (fp.tap_rows): the recurrent kernel writes each
+row's state, the conv tails come from the rows themselves (`rows_each_by_row`).
 
 Under tensor parallel a rank holds whole heads (shards.py): heads and D are read from the weights
 (D = rows of qkv / 3, heads = rows of b), never from the config; o_proj sums the ranks' parts
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from tensorfold.family.forward_pass import ForwardPass
+from tensorfold.family.forward_pass import ForwardPass, StackedTaps
 from tensorfold.ops import switches
 from tensorfold.ops.conv import causal_conv, tails_at
 from tensorfold.ops.gpu import use_triton
@@ -35,6 +38,7 @@ from tensorfold.ops.parallel import row_linear
 
 from .config import GlmConfig
 from .kda_launches import FlaKernels, TorchKernels, delta_rule_pass
+from .layout import KDA_CHUNK as CHUNK
 from .ops import sigmoid, silu
 from .weights import KdaWeights
 
@@ -178,7 +182,11 @@ def _kda_kernels(
     n, heads, dk = x.shape[0], heads_of(w), cfg.linear_head_dim
     qkv = linear(x, w.qkv)  # [N, 3D]
     tails, states = slots.get(f"{name}.conv"), slots.get(f"{name}.kda")
-    _tap_tails(fp, f"{name}.conv", qkv, tails, w.conv.shape[1])  # before the kernel moves them
+    r = rows_each_by_row(fp, x)
+    if r:  # before the kernel moves them
+        fp.tap_rows(f"{name}.conv", StackedTaps(_tails_each_row(qkv, tails, meta, r)))
+    else:
+        _tap_tails(fp, f"{name}.conv", qkv, tails, w.conv.shape[1])
     q, k, v = triton_kda.conv_silu(
         qkv,
         tails,
@@ -200,6 +208,8 @@ def _kda_kernels(
         pre, gate = linear(maps[:, :rank], w.f_b), linear(maps[:, rank : 2 * rank], w.g_b)
     if meta.num_rows == meta.num_streams:
         o = _decode_rule(cfg, f"{name}.kda", w, q, k, v, pre, b, states, fp, meta)
+    elif r:
+        o = _verify_rule(cfg, f"{name}.kda", w, q, k, v, pre, b, states, fp, meta)
     else:
         # beta for the chunks (the recurrent rows' kernel takes b itself), rounded to the model
         # dtype as the reference; the chunks read fresh streams' states as zeros
@@ -221,6 +231,85 @@ def _tap_tails(fp: ForwardPass, name: str, qkv: torch.Tensor, tails: torch.Tenso
         counts = [p - stream.start for p in stream.taps]
         for p, tapped in zip(stream.taps, tails_at(qkv[lo:hi], tail, counts, k)):
             fp.tap(i, p, name, tapped.clone())
+
+
+def rows_each_by_row(fp: ForwardPass, x: torch.Tensor) -> int | None:
+    """R where the kernels path runs `fp` as a uniform verify pass from the device meta alone,
+    its fixed states tapped by row (fp.tap_rows: what a CUDA graph replays): fp.rows_each below a
+    64-row KDA chunk, so every row is recurrent (kda_launches.segments); else None (taps by
+    position, the eager plan)."""
+    r = fp.rows_each
+    return r if r is not None and r < CHUNK and use_triton(x) else None
+
+
+def _tails_each_row(qkv: torch.Tensor, tails: torch.Tensor, meta, r: int) -> torch.Tensor:
+    """A uniform verify pass's conv tails after each stream's rows 1..R-1 (as _tap_tails takes
+    them), from the device meta alone: qkv [S*R, C]; tails [slots, C, K-1] -> [S, R-1, C, K-1]
+    in qkv's dtype (ops.conv's form for one gated conv)."""
+    kept = tails.index_select(0, meta.stream_slot.long())  # [S, C, K-1]
+    kept = torch.where((meta.stream_start == 0)[:, None, None], torch.zeros_like(kept), kept)
+    k1 = kept.shape[-1]
+    ext = torch.cat((kept.transpose(1, 2).to(qkv.dtype), qkv.view(-1, r, qkv.shape[-1])), dim=1)
+    return ext.unfold(1, k1, 1)[:, 1:r].contiguous()  # window a: the K-1 rows before row a
+
+
+def _verify_rule(
+    cfg: GlmConfig,
+    name: str,
+    w: KdaWeights,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pre: torch.Tensor,
+    b: torch.Tensor,
+    states: torch.Tensor,
+    fp: ForwardPass,
+    meta,
+) -> torch.Tensor:
+    """A uniform verify pass (fp.rows_each = R <= 17 rows a stream, fewer than a 64-row KDA
+    chunk: every row recurrent, as kda_launches plans it), from PassMeta alone so a CUDA graph
+    can hold it; the state after each stream's rows 1..R-1 tapped by row (fp.tap_rows), the
+    bits the slot holds after those rows decoded one a pass. -> o [N, heads, V]."""
+    from . import triton_kda
+
+    r = rows_each_by_row(fp, q)
+    assert r is not None
+    n, n_streams = q.shape[0], meta.num_streams
+    taps = torch.empty(n_streams, r - 1, *states.shape[1:], dtype=states.dtype, device=q.device)
+    if switches.OWN_RECURRENT.on():  # one launch, the taps written by it
+        out = torch.empty(n, heads_of(w), cfg.linear_head_dim, dtype=q.dtype, device=q.device)
+        triton_kda.recurrent(
+            q,
+            k,
+            v,
+            pre,
+            b,
+            w.a_log,
+            w.dt_bias,
+            cfg.linear_lower_bound,
+            states,
+            meta.stream_row0,
+            meta.stream_len,
+            meta.stream_start,
+            meta.stream_slot,
+            out,
+            taps,
+        )
+    else:  # a launch a row (each stream's j-th), as decode rounds take them
+        beta = triton_kda.sigmoid(b)
+        triton_kda.zero_fresh(states, meta)
+        rows = [t.view(n_streams, r, *t.shape[1:]) for t in (q, k, v, pre, beta)]
+        out = q.new_empty(n_streams, r, heads_of(w), cfg.linear_head_dim)
+        row = q.new_empty(n_streams, heads_of(w), cfg.linear_head_dim)
+        for j in range(r):
+            one = [t[:, j].contiguous() for t in rows]
+            _one_row_each(cfg, w, *one, states, meta.stream_slot, row)
+            out[:, j] = row
+            if j < r - 1:
+                taps[:, j] = states.index_select(0, meta.stream_slot.long())
+        out = out.view(n, heads_of(w), cfg.linear_head_dim)
+    fp.tap_rows(name, StackedTaps(taps))
+    return out
 
 
 def _decode_rule(
@@ -263,29 +352,49 @@ def _decode_rule(
     else:
         beta = triton_kda.sigmoid(b)
         triton_kda.zero_fresh(states, meta)
-        if q.is_cuda:
-            from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
-
-            fused_recurrent_kda_fwd(
-                q=q.view(n, 1, heads, dk),
-                k=k.view(n, 1, heads, dk),
-                v=v.view(n, 1, heads, dk),
-                g=pre.view(n, 1, heads, dk),
-                beta=beta.view(n, 1, heads),
-                initial_state=states,
-                inplace_final_state=True,
-                ssm_state_indices=meta.stream_slot,
-                out=out.view(n, 1, heads, dk),
-                **FlaKernels(cfg, w, heads).common,
-            )
-        else:
-            slots = meta.stream_slot.long()
-            o, final = TorchKernels(cfg, w, heads).packed(
-                q, k, v, pre, beta, states.index_select(0, slots), torch.arange(n + 1)
-            )
-            out.copy_(o)
-            states.index_copy_(0, slots, final)
+        _one_row_each(cfg, w, q, k, v, pre, beta, states, meta.stream_slot, out)
     for i, stream in enumerate(fp.streams):  # a one-row run's tap is its end
         for p in stream.taps:
             fp.tap(i, p, name, states[stream.slot].clone())
     return out
+
+
+def _one_row_each(
+    cfg: GlmConfig,
+    w: KdaWeights,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pre: torch.Tensor,
+    beta: torch.Tensor,
+    states: torch.Tensor,
+    slot: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """One row a stream through fla-core's recurrent kernel (switches.OWN_RECURRENT off; on the
+    CPU its packed stand-in), the states of `slot` [S] (device) read and left in place, fresh
+    ones already zeroed; q, k, v, pre [S, heads·K] contiguous, beta [S, heads]; o written to
+    out [S, heads, V] (contiguous)."""
+    n, heads, dk = q.shape[0], heads_of(w), cfg.linear_head_dim
+    if q.is_cuda:
+        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+        fused_recurrent_kda_fwd(
+            q=q.view(n, 1, heads, dk),
+            k=k.view(n, 1, heads, dk),
+            v=v.view(n, 1, heads, dk),
+            g=pre.view(n, 1, heads, dk),
+            beta=beta.view(n, 1, heads),
+            initial_state=states,
+            inplace_final_state=True,
+            ssm_state_indices=slot,
+            out=out.view(n, 1, heads, dk),
+            **FlaKernels(cfg, w, heads).common,
+        )
+    else:
+        slots = slot.long()
+        o, final = TorchKernels(cfg, w, heads).packed(
+            q, k, v, pre, beta, states.index_select(0, slots), torch.arange(n + 1)
+        )
+        out.copy_(o)
+        states.index_copy_(0, slots, final)

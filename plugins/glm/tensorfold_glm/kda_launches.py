@@ -13,7 +13,9 @@ So the kernel of a row is fixed by its absolute position and its stream's run in
 - the rows before the run's first chunk boundary (a decode row, a draft's rows) and after its
   last (a prompt's end) go through the recurrent kernel, all streams' runs in one launch, or,
   where a stream taps inside them (a verify run taps every draft row), in launches cut at its
-  taps (`tap_cuts`), its state tapped after each.
+  taps (`tap_cuts`), its state tapped after each. (A uniform verify pass, every stream a run
+  of fewer than 64 rows tapped at each draft row, skips this plan: all its rows are recurrent,
+  one launch writing each row's state, kda._verify_rule.)
 The lanes cut a prompt only at multiples of the family's mark_rows (64 here), and a resume starts
 at a mark, so a prompt's rows meet the same kernels alone or batched, in one pass or cut into
 several, fresh or resumed; decode rows are always recurrent.

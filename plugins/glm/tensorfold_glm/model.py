@@ -21,7 +21,7 @@ import torch
 from tensorfold.config.logs import get_logger
 from tensorfold.family import StateLayout
 from tensorfold.family.checkpoint import torch_dtype
-from tensorfold.family.forward_pass import ForwardPass
+from tensorfold.family.forward_pass import ForwardPass, StackedTaps
 from tensorfold.family.model import FamilyModel
 from tensorfold.ops import parallel
 from tensorfold.ops.linear import linear
@@ -29,7 +29,7 @@ from tensorfold.ops.norms import rms_norm
 
 from . import indexer, mhc, shards
 from .config import GlmConfig
-from .kda import kda
+from .kda import kda, rows_each_by_row
 from .layout import DTYPES, carry_name, shape, state_layout
 from .mla import mla
 from .moe import ffn
@@ -80,6 +80,7 @@ def _note_unserved(checkpoint: "Checkpoint", cfg: GlmConfig) -> None:
 
 class GlmModel(FamilyModel):
     name = "glm5_next"
+    verify_graphs = True  # a uniform verify pass taps by row from the device meta (kda, _carry)
 
     def __init__(self, cfg: GlmConfig, weights: ModelWeights, device: str, dtype: str):
         self.cfg = cfg
@@ -141,7 +142,8 @@ class GlmModel(FamilyModel):
         last = row0 + meta.stream_len.long() - 1  # [S]
         n = fp.num_rows
         every = None
-        if hidden is not None or any(s.taps for s in fp.streams):
+        by_row = rows_each_by_row(fp, streams)  # a uniform verify pass: taps by row (kda.py)
+        if hidden is not None or by_row or any(s.taps for s in fp.streams):
             every = mhc.head_of_rows(streams, torch.arange(n, device=streams.device))  # [N, H]
         if hidden is not None:
             assert every is not None
@@ -151,10 +153,14 @@ class GlmModel(FamilyModel):
             owner = meta.row_stream.long()
             source = torch.where(rows == row0[owner], n + owner, rows - 1)
             hidden.copy_(torch.cat([every, before]).index_select(0, source))
-        for i, stream in enumerate(fp.streams):
-            for p in stream.taps:
-                assert every is not None
-                fp.tap(i, p, name, every[fp.spans[i][0] + p - 1 - stream.start].clone())
+        if by_row:  # h after each stream's rows 1..R-1
+            assert every is not None
+            fp.tap_rows(name, StackedTaps(every.view(-1, by_row, every.shape[-1])[:, :-1]))
+        else:
+            for i, stream in enumerate(fp.streams):
+                for p in stream.taps:
+                    assert every is not None
+                    fp.tap(i, p, name, every[fp.spans[i][0] + p - 1 - stream.start].clone())
         ends = every.index_select(0, last) if every is not None else mhc.head_of_rows(streams, last)
         carry.index_copy_(0, slot, ends)
 

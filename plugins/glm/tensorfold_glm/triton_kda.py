@@ -309,16 +309,19 @@ def _recurrent_kernel(
     run_len,
     run_start,
     run_slot,
+    taps_ptr,
     lower_bound,
     scale,
     stride_pre,
     stride_b,
+    stride_tap_run,
     HEADS: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
     LOWER: tl.constexpr,
+    TAPS: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     after_prior(PDL)
@@ -359,6 +362,10 @@ def _recurrent_kernel(
         state = state + k[:, None] * delta[None, :]
         o = tl.sum(state * q[:, None], axis=0)
         tl.store(out_ptr + r * (HEADS * DV) + h * DV + vv, o.to(dt_ty), mask=vmask)
+        if TAPS:  # the state after the run's first t + 1 rows, but the last's (the slot's)
+            tap = taps_ptr + run.to(tl.int64) * stride_tap_run + t * (HEADS * DK * DV)
+            tap_mask = smask & (t < n - 1)
+            tl.store(tap + (h * DK + kk[:, None]) * DV + vv[None, :], state, mask=tap_mask)
     tl.store(s_ptrs, state, mask=smask)
 
 
@@ -377,6 +384,7 @@ def recurrent(
     run_start: torch.Tensor,
     run_slot: torch.Tensor,
     out: torch.Tensor,
+    taps: torch.Tensor | None = None,
 ) -> None:
     """The gated delta rule over runs of rows (kda.delta_rule with its inputs made as the
     reference makes them: q, k l2-normed, q scaled by K^-0.5, the forget gate from pre, beta the
@@ -386,7 +394,10 @@ def recurrent(
     forget gate before its activation) and b [N, heads] (beta before its sigmoid), rows strided;
     a_log [heads], dt_bias [heads·K] fp32; states [slots, heads, K, V] fp32; run_* [m] int32: a
     run's first row, its rows, its first row's position (0: a fresh state, zeros) and its slot;
-    out [N, heads, V] (model dtype), written at the runs' rows."""
+    out [N, heads, V] (model dtype), written at the runs' rows. taps: None, or [m, T, heads, K,
+    V] fp32 contiguous: row a - 1 of run j's gets its state after its first a rows, for each a
+    below the run's length (T at least the longest run's rows - 1): a verify pass's taps at
+    every draft row, in the same launch (the bits the slot holds after a run of a rows)."""
     m, heads = run_row0.shape[0], states.shape[1]
     dk, dv = states.shape[2], states.shape[3]
     if m == 0:
@@ -395,6 +406,8 @@ def recurrent(
         pre = pre.contiguous()
     if b.stride(1) != 1:
         b = b.contiguous()
+    if taps is not None:
+        assert taps.dtype == torch.float32 and taps.is_contiguous() and taps.shape[0] == m
     _recurrent_kernel[(m, heads, cdiv(dv, VALUE_BLOCK))](
         q,
         k,
@@ -409,16 +422,19 @@ def recurrent(
         run_len,
         run_start,
         run_slot,
+        states if taps is None else taps,  # unread without taps
         -1.0 if lower_bound is None else float(lower_bound),
         dk**-0.5,
         pre.stride(0),
         b.stride(0),
+        0 if taps is None else taps.stride(0),
         HEADS=heads,
         DK=dk,
         DV=dv,
         BK=next_power_of_2(dk),
         BV=VALUE_BLOCK,
         LOWER=lower_bound is not None,
+        TAPS=taps is not None,
         num_warps=RECURRENT_WARPS,
         **launch_options(states),
     )

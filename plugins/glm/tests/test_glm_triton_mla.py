@@ -418,13 +418,19 @@ def test_a_stream_alone_gives_the_bits_it_gives_among_others(gpu_path, dtype):
             assert set(asel[r].tolist()) - {-1} == set(sel[lo + r].tolist()) - {-1}
 
 
-def test_a_decode_pass_laid_out_as_the_graph_runners_equals_the_eager_pass(gpu_path):
-    dtype = torch.bfloat16
-    decode = [(1, 53, 1, [1, 5, 0, 4]), (0, 40, 1, [7, 3, 9]), (2, 17, 1, [10, 12])]
+@pytest.mark.parametrize("rows_each", [1, 3], ids=["decode", "verify"])
+def test_a_pass_laid_out_as_the_graph_runners_equals_the_eager_pass(gpu_path, rows_each):
+    """A decode pass (one row a stream) or a uniform verify pass (3 rows a stream, tapped at
+    each draft row) through GraphRunner's static pass (placeholder host streams, its pool count
+    from the page-table width) and its input fill, a bucket of 4 for 3 streams: each row's
+    outputs and selection are the eager pass's (its pools counted from the streams' ends)."""
+    dtype, r = torch.bfloat16, rows_each
+    decode = [(1, 53, r, [1, 5, 0, 4]), (0, 40, r, [7, 3, 9]), (2, 17, r, [10, 12])]
     base = filled_rows(dtype, decode)
-    x = randn(4, CFG.hidden_size, seed=13, dtype=dtype)  # the 4th row: the bucket's padding
+    x = randn(4 * r, CFG.hidden_size, seed=13, dtype=dtype)  # the 4th stream: the padding
     eager = make_pass(decode)
-    want = two_layers(dtype, eager, clone(base), x[:3].clone())
+    assert eager.rows_each is None  # no taps: the eager plan, pools from the streams' ends
+    want = two_layers(dtype, eager, clone(base), x[: 3 * r].clone())
     # GraphRunner's own static pass and input fill, on a stand-in for the runner
     bucket, max_pages, scratch = 4, 5, NUM_PAGES - 1
     ns = SimpleNamespace(
@@ -434,19 +440,23 @@ def test_a_decode_pass_laid_out_as_the_graph_runners_equals_the_eager_pass(gpu_p
         model=SimpleNamespace(device=torch.device("cpu")),
         _copied=None,
     )
-    ns._pad = lambda host, a, b: GraphRunner._pad(ns, host, a, b)
-    host = torch.empty(4 + max_pages, bucket, dtype=torch.int64)
-    ns._pad(host, 0, bucket)
-    dev = host.clone()
-    static = GraphRunner._static_pass(ns, bucket, dev)
-    streams = [StreamRows(s, a, [1], p, "last") for s, a, _, p in decode]
-    g = _Graph(bucket, static, host, dev, np=host.numpy(), width=bucket)
+    ns._pad = lambda g, a: GraphRunner._pad(ns, g, a)
+    host = torch.empty(3 * bucket * r + (2 + max_pages) * bucket, dtype=torch.int64)
+    g = _Graph(bucket, r, None, host, host.clone(), np=host.numpy())  # type: ignore[arg-type]
+    ns._pad(g, 0)
+    g.dev.copy_(host)
+    g.fp = GraphRunner._static_pass(ns, g)
+    assert g.fp.rows_each == (r if r > 1 else None)
+    streams = [
+        StreamRows(s, a, [1] * n, p, "all" if r > 1 else "last", range(a + 1, a + n), r > 1)
+        for s, a, n, p in decode
+    ]
     GraphRunner._fill(ns, g, streams, max(len(s.pages) for s in streams))
-    got = two_layers(dtype, static, clone(base), x)
+    got = two_layers(dtype, g.fp, clone(base), x)
     for w, o in zip(want[:2], got[:2]):
-        assert torch.equal(o[:3], w)
-    for r in range(3):
-        assert set(got[2][r].tolist()) - {-1} == set(want[2][r].tolist()) - {-1}
+        assert torch.equal(o[: 3 * r], w)
+    for row in range(3 * r):
+        assert set(got[2][row].tolist()) - {-1} == set(want[2][row].tolist()) - {-1}
 
 
 @pytest.mark.parametrize(
