@@ -275,7 +275,7 @@ def _verify_rule(
     r = rows_each_by_row(fp, q)
     assert r is not None
     n, n_streams = q.shape[0], meta.num_streams
-    taps = torch.empty(n_streams, r - 1, *states.shape[1:], dtype=states.dtype, device=q.device)
+    taps = fp.tap_space(name, states)  # [S, R-1, heads, K, V]: a GraphRunner's shared arena
     if switches.OWN_RECURRENT.on():  # one launch, the taps written by it
         out = torch.empty(n, heads_of(w), cfg.linear_head_dim, dtype=q.dtype, device=q.device)
         triton_kda.recurrent(
