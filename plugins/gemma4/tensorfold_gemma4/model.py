@@ -82,6 +82,7 @@ def inv_freq(rope: Rope, head_dim: int, device: torch.device) -> torch.Tensor:
 
 class Gemma4Model(FamilyModel):
     name = "gemma4"
+    verify_graphs = True  # its rings tap a uniform verify pass by row (ring_taps.py)
 
     def __init__(self, cfg: Gemma4Config, weights: ModelWeights, device: str, dtype: torch.dtype):
         self.cfg = cfg
