@@ -202,16 +202,24 @@ BENCH = {  # the Gemma-4-26B-A4B bench shape (bench/gemma4_speed.py) at six laye
 }
 
 
+@pytest.fixture(scope="module")
+def bench_model():
+    """BENCH in bf16 on CUDA, dummy weights (the GPU tests')."""
+    return build_dummy(Gemma4Config.from_dict(BENCH), "cuda", torch.bfloat16, seed=0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])
-def test_captured_verify_graphs_equal_plain_decoding_at_the_bench_shape(kv_dtype: str) -> None:
+def test_captured_verify_graphs_equal_plain_decoding_at_the_bench_shape(
+    bench_model, kv_dtype: str
+) -> None:
     """bf16 on CUDA, graphs captured: one stream's verify rounds of k + 1 rows for each k of
     VERIFY_ROWS replayed from (1, k + 1) graphs, its 1023-row rings wrapped, and three streams
     verified together through the (4, 5) graph, give plain decoding's rows and taps bit for bit
     and roll back to them."""
     from tensorfold.engine.cuda_graphs import VERIFY_ROWS
 
-    model = build_dummy(Gemma4Config.from_dict(BENCH), "cuda", torch.bfloat16, seed=0)
+    model = bench_model
     runners: list[GraphRunner] = []
 
     def make_runner(num_slots: int, **sizes: int) -> ModelRunner:  # a bucket of 4 for 3
@@ -239,3 +247,37 @@ def test_captured_verify_graphs_equal_plain_decoding_at_the_bench_shape(kv_dtype
     tokens_each = [ids(20, 7 + i) for i in range(3)]
     runner = assert_uniform_rounds_match(make_runner, prompts, tokens_each, 4, 4, page_rows=512)
     assert runner.capture_error is None and runner.graphs[(4, 5)].graph is not None
+
+
+def hidden_of_rounds(runner: ModelRunner, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """Two streams prefilled, then decode rounds of both, stream 0 alone, both: the hidden rows
+    (Gemma4Model.pass_hidden) of each round's pass, as the runner's last_pass holds them."""
+    model = runner.model
+    streams = [open_stream(runner, i, 128) for i in range(len(prompts))]
+    for stream, p in zip(streams, prompts):
+        runner.run([stream.rows(p)])
+    out = []
+    for group in ([0, 1], [0], [0, 1]):
+        runner.run([streams[i].rows([5 + i]) for i in group])
+        assert runner.last_pass is not None
+        hidden = model.pass_hidden(runner.last_pass)  # type: ignore[attr-defined]
+        assert hidden is not None
+        out.append(hidden[: len(group)].clone())
+    return out
+
+
+@pytest.mark.gpu
+def test_a_replayed_graphs_hidden_rows_are_its_own(bench_model) -> None:
+    """Decode rounds through captured graphs, (2, 1) then (1, 1) then (2, 1) again: the last
+    replay's hidden rows (what the assistant drafter reads, through the runner's last_pass)
+    are the (2, 1) graph's own output, the eager runner's bits, while the model's last_hidden
+    is the tensor of the graph captured last, (1, 1)'s."""
+    prompts = [ids(40, 3), ids(70, 4)]
+    want = hidden_of_rounds(ModelRunner(bench_model, num_pages=2, num_slots=2), prompts)
+    runner = GraphRunner(bench_model, num_pages=2, num_slots=2, max_pages=1)
+    got = hidden_of_rounds(runner, prompts)
+    assert set(runner.graphs) == {(1, 1), (2, 1)} and runner.capture_error is None
+    assert runner.last_pass is runner.graphs[(2, 1)].fp
+    assert bench_model.last_hidden is not bench_model.pass_hidden(runner.last_pass)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
