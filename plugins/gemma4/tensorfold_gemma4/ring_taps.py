@@ -54,9 +54,8 @@ class RingRowTaps:
 
     def at(self, i: int, j: int) -> Tapped:
         """Stream i's ring after its first j rows (1 <= j < R), as rows put back."""
-        if (
-            self.length == 0 or self.new is None
-        ):  # positions start + j .. end - 1 on distinct rows, none the pass's
+        if self.length == 0 or self.new is None:
+            # positions start + j .. end - 1 on distinct ring rows, none of them the pass's
             return SavedRingRows(self.ring_rows[i, j - 1 :], self.before[i, j - 1 :])
         # a ring shorter than the run: each row the pass wrote after row j - 1 gets the latest
         # position before start + j on it, from the ring before the pass or the pass's rows

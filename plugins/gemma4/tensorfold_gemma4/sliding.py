@@ -125,8 +125,8 @@ class SlidingRows:
         window: int,
     ) -> None:
         """The rings (names[i]: rings[i], before the pass, to be advanced by rows[i]) as they
-        stand after row p - 1, at each tap p of the pass's runs (taps occur only in eager
-        passes, whose streams are real, so a host loop is fine). A rewind run's taps are the
+        stand after row p - 1, at each tap p of the pass's runs (in an eager pass, whose
+        streams are real, so a host loop is fine). A rewind run's taps are the
         ring rows its advance will overwrite, saved now (RingRewinds): called before the
         advance, deferred or not, of the layer that owns the rings. A uniform verify pass on
         the GPU path (fp.rows_each: maybe a CUDA graph's, its host streams placeholders) taps
