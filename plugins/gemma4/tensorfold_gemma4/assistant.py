@@ -6,7 +6,7 @@ What it reads, for a stream at position p whose next token is x (rows [0, p) fed
 x drawn from row p - 1's logits, not yet fed):
 - `tokens` [B]: x;
 - `hidden` [B, Ht]: the target's last hidden state of row p - 1 AFTER its final norm (what
-  `hidden_states[-1]` holds: the input of the lm_head; `Gemma4Model.last_hidden` keeps it);
+  `hidden_states[-1]` holds: the input of the lm_head; `Gemma4Model.pass_hidden` keeps it);
 - `positions` [B]: p (the same for all k steps: the drafter has no cache of its own);
 - `kv`: the K/V rows of the target's last "store" layer of each kind (`store_layers`), as
   `KVRows` (transformers' `shared_kv_states` layout [B, Hkv, T, D]), never written.
@@ -29,7 +29,7 @@ Interface: `load_assistant(checkpoint, target_model) -> Gemma4Assistant`, on the
 and dtype; `.step(tokens, hidden, positions, kv) -> DraftStep(logits, tokens, hidden)`;
 `.draft(tokens, hidden, positions, kv, k) -> Draft(tokens, logits)`. In the engine `kv` comes from
 `assistant_kv.gather_shared_kv` (after the pass that drew x, before the next one writes) and
-`hidden` from `Gemma4Model.last_hidden`.
+`hidden` from `Gemma4Model.pass_hidden(runner.last_pass)`.
 
 Streams are independent: attention and the masked head run a stream at a time (its rows only,
 the mask value its own minimum; transformers takes the batch's), every product row-invariant

@@ -1,13 +1,10 @@
 """gemma4's draft model for `--draft model --draft-model DIR` (the model_drafter hook): a
 `gemma-4-*-assistant` checkpoint (assistant.py) asked once a round by the lanes for each
 drafting stream's next drafts (tensorfold.family.drafter). For an ask at position p: the
-target's hidden state of the logit row its next token was drawn from (`Gemma4Model.last_hidden`,
-after the final norm), the K/V of its store layers gathered from the pages and rings
-(assistant_kv.py, after the lanes rewound a verify round), position p, k greedy steps.
-
-Under CUDA graphs `last_hidden` is the tensor of the graph captured last, not the one replayed:
-drafts are then worse, never wrong (the lanes verify them); a bucket's own hidden output is the
-GPU follow-up (plugins/gemma4/README.md)."""
+target's hidden state of the logit row its next token was drawn from (after the final norm, in
+the pass the runner ran last: `Gemma4Model.pass_hidden(runner.last_pass)`, under CUDA graphs the
+replayed graph's own output), the K/V of its store layers gathered from the pages and rings
+(assistant_kv.py, after the lanes rewound a verify round), position p, k greedy steps."""
 
 from __future__ import annotations
 
@@ -34,7 +31,8 @@ class AssistantDrafter:
 
     def propose(self, asks: Sequence[DraftAsk], k: int) -> list[list[int]]:
         model, device = self.model, self.model.device
-        hidden = model.last_hidden
+        last = self.runner.last_pass  # a GraphRunner's: the static pass it replayed
+        hidden = model.pass_hidden(last) if last is not None else None
         if hidden is None or k <= 0 or not asks:
             return [[] for _ in asks]
         rows = torch.tensor([a.row for a in asks], dtype=torch.long, device=device)

@@ -7,6 +7,7 @@ fused with the norm that follows them (ops.residual)."""
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -82,6 +83,7 @@ def inv_freq(rope: Rope, head_dim: int, device: torch.device) -> torch.Tensor:
 
 class Gemma4Model(FamilyModel):
     name = "gemma4"
+    verify_graphs = True  # its rings tap a uniform verify pass by row (ring_taps.py)
 
     def __init__(self, cfg: Gemma4Config, weights: ModelWeights, device: str, dtype: torch.dtype):
         self.cfg = cfg
@@ -102,9 +104,19 @@ class Gemma4Model(FamilyModel):
             cfg.multimodal_token_ids, dtype=torch.long, device=self.device
         )
         self.shared_kv = frozenset(layer.kv_source for layer in cfg.layers if layer.reuses_kv)
-        # [R, H]: the last pass's logit rows after the final norm (the lm_head's input), which
-        # an assistant drafter reads (assistant.py); under CUDA graphs: the last captured one's
+        # [R, H]: a pass's logit rows after the final norm (the lm_head's input), which an
+        # assistant drafter reads (assistant.py): by pass (pass_hidden), and the last forward's
+        # (under CUDA graphs the last captured graph's, not the one replayed)
         self.last_hidden: torch.Tensor | None = None
+        self._hidden: weakref.WeakKeyDictionary[ForwardPass, torch.Tensor] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def pass_hidden(self, fp: ForwardPass) -> torch.Tensor | None:
+        """The hidden rows [R, H] of fp's logit rows after the final norm, as fp's last forward
+        left them, or None: a CUDA graph's static pass (a GraphRunner's `last_pass` after a
+        replay) holds its graph's own output, which each replay refreshes."""
+        return self._hidden.get(fp)
 
     def forward(self, fp: ForwardPass, rows: "PagedRows", slots: "StreamSlots") -> torch.Tensor:
         cfg, w = self.cfg, self.weights
@@ -128,7 +140,7 @@ class Gemma4Model(FamilyModel):
             h, normed = decoder_layer(cfg, layer, lw, h, x, nxt, cos, sin, p, fp, rows, sliding)
             x = normed if normed is not None else x  # None after the last layer
         out = rms_norm(h.index_select(0, fp.logit_rows), w.final_norm, cfg.rms_norm_eps)
-        self.last_hidden = out
+        self.last_hidden = self._hidden[fp] = out
         logits = linear(out, w.lm_head)  # [R, V], or this rank's vocabulary [R, V/world]
         if shards.vocab_parallel(cfg, self.tp.world):
             logits = parallel.gather_columns(logits)  # the softcap is elementwise: after

@@ -6,7 +6,8 @@ rank's KV heads under tensor parallel: shards.ring_specs), indexed by absolute p
 (core/ops/window_attention.py). The prompt store snapshots the rings at marks, tapped inside the
 pass that computes them, so a kept prompt holds the last W-1 sliding rows it needs to resume.
 A verify run (StreamRows.rewind) taps less: the ring rows its advance overwrites, saved before
-it, which put back rewind the rings to any draft row (RingRewinds).
+it, which put back rewind the rings to any draft row (RingRewinds; on the GPU path a uniform
+verify pass's by row from the device meta, as a CUDA graph replays it: ring_taps.py).
 
 Under TF_KV_DTYPE=fp8 the rings are e4m3 with their scales beside them (`L{i}.sk.scale`,
 [W-1, kv_heads, 1]): the pass's new rows are quantized before attention reads them, so a row
@@ -26,6 +27,7 @@ import torch
 
 from tensorfold.family.forward_pass import ForwardPass
 from tensorfold.memory.kv_dtype import SCALE
+from tensorfold.ops.gpu import use_triton
 from tensorfold.ops.kv_quant import quantize
 from tensorfold.ops.window_attention import (
     RingRewinds,
@@ -37,6 +39,7 @@ from tensorfold.ops.window_attention import (
 )
 
 from .config import Layer
+from .ring_taps import save_ring_rows
 
 if TYPE_CHECKING:
     from tensorfold.adapters.stream_state import StreamSlots
@@ -122,11 +125,17 @@ class SlidingRows:
         window: int,
     ) -> None:
         """The rings (names[i]: rings[i], before the pass, to be advanced by rows[i]) as they
-        stand after row p - 1, at each tap p of the pass's runs (taps occur only in eager
-        passes, whose streams are real, so a host loop is fine). A rewind run's taps are the
+        stand after row p - 1, at each tap p of the pass's runs (in an eager pass, whose
+        streams are real, so a host loop is fine). A rewind run's taps are the
         ring rows its advance will overwrite, saved now (RingRewinds): called before the
-        advance, deferred or not, of the layer that owns the rings."""
+        advance, deferred or not, of the layer that owns the rings. A uniform verify pass on
+        the GPU path (fp.rows_each: maybe a CUDA graph's, its host streams placeholders) taps
+        by row from the device meta alone (ring_taps.py)."""
         fp = self.fp
+        if fp.rows_each and use_triton(rows[0]):
+            for name, ring, new in zip(names, rings, rows):
+                fp.tap_rows(name, save_ring_rows(ring, new, fp))
+            return
         if not any(stream.taps for stream in fp.streams):
             return
         length = rings[0].shape[1]

@@ -310,6 +310,41 @@ def test_fp8_rows_and_rings_come_back_dequantized(pair: dict[str, Any]) -> None:
             assert (ours - ref).abs().max() <= 0.1 * ref.abs().max()
 
 
+def test_the_drafter_reads_the_hidden_rows_of_its_runners_last_pass(pair: dict[str, Any]) -> None:
+    """The drafter reads the pass its runner ran last (Gemma4Model.pass_hidden(runner.
+    last_pass); a GraphRunner's is the static pass it replayed, its graph's own output), not
+    the model's last forward (under CUDA graphs the last captured graph's): here a verify run's
+    accepted row after another runner ran a pass on the same model."""
+    from tensorfold.engine.cuda_graphs import GraphRunner
+    from tensorfold.family.drafter import DraftAsk
+    from tensorfold.family.forward_pass import StreamRows
+    from tensorfold_gemma4.assistant_drafter import AssistantDrafter
+
+    model, assistant = pair["ours"], pair["drafters"]["tied"]
+    ids = prompt(12)
+    runner = GraphRunner(model, num_pages=4, num_slots=1, page_rows=8)
+    stream = open_stream(runner, 0, 16)
+    runner.run([stream.rows(ids[:9])])
+    pages = list(stream.lease.cover(12))
+    (logits,) = runner.run([StreamRows(0, 9, ids[9:12], pages, "all", (10, 11), rewind=True)])
+    assert runner.last_pass is not None
+    want = model.pass_hidden(runner.last_pass)
+    assert want is not None and want.shape[0] == 3
+    want = want[1:2].clone()  # row 1 (position 10): one draft accepted
+    runner.rewind_slot(0, (0, 11))
+    other = ModelRunner(model, num_pages=1, num_slots=1, page_rows=8)
+    other.run([StreamRows(0, 0, prompt(5, 9), [0], "last")])
+    assert model.last_hidden is not None and not torch.equal(model.last_hidden, want)
+    x = int(logits[1].argmax())
+    with mock.patch.object(assistant, "draft", wraps=assistant.draft) as draft:
+        got = AssistantDrafter(assistant, model, runner).propose([DraftAsk(0, pages, 11, x, 1)], 2)
+    hidden = draft.call_args.args[1]
+    assert torch.equal(hidden, want)
+    kv = gather_shared_kv(model, runner.rows, runner.slots, [(0, pages, 11)])
+    alone = assistant.draft(torch.tensor([x]), want, torch.tensor([11]), kv, 2)
+    assert got == alone.tokens.tolist()
+
+
 @pytest.mark.parametrize("head", HEADS)
 def test_engine_to_drafts_matches_transformers(pair: dict[str, Any], head: str) -> None:
     """The whole path: target in our engine, K/V gathered, 4 drafts == transformers' generator
