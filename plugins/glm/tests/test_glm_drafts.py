@@ -1,12 +1,131 @@
 """drafted == plain on the demo checkpoint (the conformance suite's DraftGates): verify runs
-stay recurrent in the KDA layers, their taps rewind the KDA and conv states."""
+stay recurrent in the KDA layers, their taps rewind the KDA and conv states. With `--draft mtp`
+the demo's own MTP layer drafts (its rows run in every pass, tapped and rewound with the rest),
+and a start that cannot draft with one is refused naming why."""
 
 from __future__ import annotations
 
-from tensorfold import conformance
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+import pytest
+
+from tensorfold import conformance, testing
+from tensorfold.config.settings import SettingsError
+from tensorfold.engine.runner import ModelRunner, open_stream
+from tensorfold.engine.sampling import SamplingParams
+from tensorfold.family.drafter import DraftAsk
+from tensorfold.family.forward_pass import StreamRows
 from tensorfold_glm.demo import build_demo
+from tensorfold_glm.mtp import draft, target_pass
 
 
 class TestDrafts(conformance.DraftGates):
     family, build_demo = "glm5_next", build_demo
     chat_turn_words = (80, 50)  # the store keeps states on the 64-row KDA grid: turns past it
+
+
+class TestMtpDrafts(conformance.DraftGates):
+    family, build_demo = "glm5_next", build_demo
+    chat_turn_words = (80, 50)
+    source, draft_flags = "mtp", {"draft": "mtp"}
+
+
+def test_a_start_that_cannot_draft_with_an_mtp_layer_is_refused(tmp_path: Path) -> None:
+    """Families without one, a glm checkpoint whose config declares none or whose weights hold
+    none, a draft folder beside it: each refused before any weight loads, naming the problem
+    and what is accepted instead."""
+    accepted = "use --draft ngram, or --draft model --draft-model DIR"
+    for family in ("lfm2_moe", "gemma4"):
+        with pytest.raises(SettingsError, match=f"{family} family has no MTP layer.*{accepted}"):
+            testing.open_llm(family, None, draft="mtp")
+    demo = build_demo(tmp_path / "demo")
+    undeclared = shutil.copytree(demo, tmp_path / "undeclared")
+    cfg = json.loads((undeclared / "config.json").read_text())
+    del cfg["text_config"]["num_nextn_predict_layers"]
+    (undeclared / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SettingsError, match=f"declares no MTP layer.*{accepted}"):
+        testing.open_llm("glm5_next", undeclared, draft="mtp")
+    trunk_only = tmp_path / "trunk_only"
+    trunk_only.mkdir()
+    for f in demo.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, trunk_only / f.name)
+    from safetensors.torch import load_file, save_file
+
+    mtp = f"model.language_model.layers.{cfg['text_config']['num_hidden_layers']}."
+    for f in demo.glob("*.safetensors"):
+        kept = {k: v for k, v in load_file(str(f)).items() if not k.startswith(mtp)}
+        save_file(kept, str(trunk_only / f.name))
+    with pytest.raises(SettingsError, match=f"its weights hold none.*{accepted}"):
+        testing.open_llm("glm5_next", trunk_only, draft="mtp")
+    with pytest.raises(SettingsError, match="use --draft model to draft with the folder"):
+        testing.open_llm("glm5_next", demo, draft="mtp", draft_model=trunk_only)
+    llm = testing.open_llm("glm5_next", trunk_only)  # served without drafts, as before
+    testing.close_even(llm)
+
+
+class CheckedDrafter:
+    """The served MTP drafter, each of its proposals compared with the MTP's drafts computed
+    afresh on a runner of its own: the stream's whole history through the target in one pass,
+    then mtp.draft's catch-up over it and the next token. Equal (rows are the same bits
+    whatever pass computes them) only while the served MTP's rows, state and carry are where
+    the stream is: after prompt chunks, verify rounds and their rewinds, resumed prompts and
+    forks."""
+
+    def __init__(self, served: Any, lanes: Any) -> None:
+        self.served, self.lanes, self.model = served, lanes, served.model
+        self.runner = ModelRunner(self.model, num_pages=4, num_slots=1, page_rows=512)
+        self.checked, self.differ = 0, []
+
+    def propose(self, asks: Sequence[DraftAsk], k: int) -> list[list[int]]:
+        got = self.served.propose(asks, k)
+        live = {s.slot: s for s in self.lanes.live}
+        for ask, drafts in zip(asks, got):
+            s = live[ask.slot]
+            assert s.generated[-1] == ask.token and s.pos == ask.pos
+            want = self.afresh((s.req.prompt + s.generated)[: ask.pos], ask.token, len(drafts))
+            if drafts != want:
+                self.differ.append((ask.pos, drafts, want))
+            self.checked += 1
+        return got
+
+    def afresh(self, fed: list[int], token: int, k: int) -> list[int]:
+        runner = self.runner
+        stream = open_stream(runner, 0, len(fed) + k + 1)
+        try:
+            _, hidden = target_pass(self.model, runner.rows, runner.slots, [stream.rows(fed)])
+            run = StreamRows(0, 0, [*fed, token], stream.lease.cover(len(fed) + k + 1))
+            return draft(self.model, runner.rows, runner.slots, [run], hidden, k)[0].tolist()
+        finally:
+            stream.lease.release()
+
+
+def test_served_mtp_drafts_equal_drafts_computed_afresh(tmp_path: Path) -> None:
+    """Chats of two turns (the second resumed from the prompt store) and n = 3 seeded choices,
+    drafted by the MTP at k = 4 with rejections on the way: every round's drafts are those the
+    MTP gives over the stream's history computed afresh."""
+    flags = dict(kv_poison=True, kv_share=16, prompt_cache_gib=0.05, draft="mtp")
+    llm = testing.open_llm("glm5_next", build_demo(tmp_path), context=1024, parallel=3, **flags)
+    try:
+        lanes = llm.served.engine.lanes
+        checked = lanes.model_drafter = CheckedDrafter(lanes.model_drafter, lanes)
+        users = [testing.chat_turns(c, 2, 80, 50) for c in range(2)]
+        histories: list[list[dict]] = [[] for _ in users]
+        params = SamplingParams(temperature=0, max_tokens=12)
+        with testing.drafting(llm, "mtp", 4):
+            for t in range(2):
+                for c, turns in enumerate(users):
+                    histories[c].append({"role": "user", "content": turns[t]})
+                done = llm.chat(histories, params)
+                assert t == 0 or all(d.cached_tokens > 0 for d in done)
+                for c, d in enumerate(done):
+                    histories[c].append({"role": "assistant", "content": d.text})
+            seeded = SamplingParams(temperature=0.8, seed=5, max_tokens=10, ignore_eos=True)
+            llm.generate(["Once upon a time there was a"], seeded, n=3)
+        assert checked.checked >= 20 and checked.differ == []
+        assert 0 < lanes.drafts_accepted < lanes.tokens_drafted  # kept some, rewound some
+    finally:
+        testing.close_even(llm)
