@@ -186,3 +186,49 @@ def test_gpu_mtp_drafts_equal_plain(tmp_path: Path) -> None:
         assert rate >= 0.5
     finally:
         testing.close_even(llm)
+
+
+def kda_mtp_checkpoint(tmp_path: Path) -> Path:
+    """The demo's tokenizer and shape with a KDA + dense MTP layer (the lists' extra entry),
+    random weights: an MTP layer with fixed state of its own."""
+    from safetensors.torch import save_file
+
+    from tensorfold_glm.demo_weights import build_weights
+
+    folder = shutil.copytree(build_demo(tmp_path / "demo"), tmp_path / "kda_mtp")
+    cfg = json.loads((folder / "config.json").read_text())
+    t = cfg["text_config"]
+    t["layer_types"] = [*t["layer_types"], "linear_attention"]
+    t["mlp_layer_types"] = [*t["mlp_layer_types"], "dense"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    save_file(build_weights(cfg), str(folder / "model.safetensors"))
+    return folder
+
+
+def test_a_kda_mtp_layer_drafts_from_its_own_state(tmp_path: Path) -> None:
+    """A KDA MTP layer served: its recurrent state and conv tail are tapped and rewound with
+    the trunk's, and the drafter puts them back after its steps; every round's drafts equal
+    those computed afresh, drafted == plain, through verify rounds (random weights: nearly every
+    draft refused) and n = 2 forks."""
+    folder = kda_mtp_checkpoint(tmp_path)
+    prompts = ["Once upon a time there was a", "What is the capital of Japan?"]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    plain_llm = testing.open_llm("glm5_next", folder, parallel=2)
+    try:
+        plain = plain_llm.generate(prompts, params)
+    finally:
+        testing.close_even(plain_llm)
+    llm = testing.open_llm("glm5_next", folder, parallel=3, kv_poison=True, draft="mtp")
+    try:
+        lanes = llm.served.engine.lanes
+        assert "L6.kda" in lanes.runner.slots.buffers
+        checked = lanes.model_drafter = CheckedDrafter(lanes.model_drafter, lanes)
+        testing.assert_drafted_equals_plain(llm, prompts, params, source="mtp", plain=plain)
+        seeded = SamplingParams(temperature=0.8, seed=5, max_tokens=6, ignore_eos=True)
+        with testing.drafting(llm, "mtp", 4):
+            llm.generate(prompts[:1], seeded, n=2)
+        assert checked.checked >= 10 and checked.differ == []
+    finally:
+        testing.close_even(llm)
