@@ -68,8 +68,8 @@ def _note_unserved(checkpoint: "Checkpoint", cfg: GlmConfig) -> None:
     present = any(n.startswith(mtp) for n in names)
     if present and cfg.mtp_layer is None:
         log.info(
-            f"glm5_next: the MTP layer ({mtp}*) is not loaded: nothing drafts with it yet "
-            "(or config.json declares no num_nextn_predict_layers)"
+            f"glm5_next: the MTP layer ({mtp}*) is not loaded: --draft mtp drafts with it "
+            "(where config.json declares num_nextn_predict_layers)"
         )
     elif present and not has_mtp(checkpoint, cfg):
         log.info(f"glm5_next: the MTP layer ({mtp}*) is not loaded under tensor parallel")
