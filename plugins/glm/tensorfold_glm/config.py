@@ -150,23 +150,22 @@ def mtp_served(checkpoint: "Checkpoint") -> dict[str, Any]:
     loads the MTP layer; a CheckpointError naming what is missing when config.json declares
     none or the checkpoint's files hold none of its weights (a checkpoint opened without
     weights, TF_LOAD_FORMAT=dummy, is checked by its config alone)."""
-    raw = checkpoint.config
-    nested = raw.get("text_config")
-    text = nested if isinstance(nested, dict) else raw
-    layers = text.get("num_hidden_layers", GlmConfig.num_hidden_layers)
-    declared = text.get("num_nextn_predict_layers", text.get("num_mtp_layers")) or 0
-    if not isinstance(declared, int) or declared < 1:
+    served = {**checkpoint.config, SERVE_MTP_KEY: True}
+    cfg = _parse(served, str(checkpoint.path / "config.json"))
+    if cfg.mtp_layer is None:
         raise CheckpointError(
             f"{checkpoint.path / 'config.json'} declares no MTP layer "
             "(num_nextn_predict_layers is 0 or absent)"
         )
-    names = [f"{p}layers.{layers}.eh_proj.weight" for p in ("model.language_model.", "model.")]
+    names = [
+        f"{p}layers.{cfg.mtp_layer}.eh_proj.weight" for p in ("model.language_model.", "model.")
+    ]
     if checkpoint.tensor_names() and not any(checkpoint.has(n) for n in names):
         raise CheckpointError(
-            f"{checkpoint.path} declares an MTP layer (layer {layers}) but its weights hold "
-            f"none ({names[0]} absent)"
+            f"{checkpoint.path} declares an MTP layer (layer {cfg.mtp_layer}) but its weights "
+            f"hold none ({names[0]} absent)"
         )
-    return {**raw, SERVE_MTP_KEY: True}
+    return served
 
 
 def _parse(top: Mapping[str, Any], source: str) -> GlmConfig:
