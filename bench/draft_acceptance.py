@@ -7,7 +7,9 @@ request alone), and whether every reply equals the undrafted one. No timing: the
 not the GPU's.
 
     python bench/draft_acceptance.py [--family lfm2_moe] [--tokens 64] [--k 4]
-    python bench/draft_acceptance.py --family glm5_next --source mtp [--k 1]
+    python bench/draft_acceptance.py --family glm5_next --source mtp [--k 1] [--gpu]
+
+`--gpu`: the demo in bf16 on CUDA (its Triton kernels, decode rounds replayed from graphs).
 """
 
 from __future__ import annotations
@@ -34,8 +36,13 @@ COMPLETIONS = ("Once upon a time", "The little engine", "The river runs past the
 FAMILIES = ("lfm2_moe", "glm5_next", "gemma4")
 
 
-def acceptance(family: str, tokens: int, k: int, source: str) -> str:
-    flags = {"draft": "mtp"} if source == "mtp" else {}  # the MTP's rows run from the start
+GPU = {"device": "cuda", "dtype": "bfloat16", "memory_limit_gib": 4}
+
+
+def acceptance(family: str, tokens: int, k: int, source: str, gpu: bool = False) -> str:
+    flags: dict[str, Any] = dict(GPU) if gpu else {}
+    if source == "mtp":
+        flags["draft"] = "mtp"  # the MTP's rows run from the start
     llm = testing.open_llm(
         family, None, parallel=len(CHATS) + len(COMPLETIONS), context=1024, **flags
     )
@@ -86,12 +93,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--source", default="ngram", choices=("ngram", "mtp"))
+    ap.add_argument("--gpu", action="store_true", help="bf16 on CUDA")
     args = ap.parse_args()
     families = FAMILIES if args.family == "all" else (args.family,)
     if args.source == "mtp":
         families = ("glm5_next",)  # the only demo with an MTP layer
     for family in families:
-        print(acceptance(family, args.tokens, args.k, args.source), flush=True)
+        print(acceptance(family, args.tokens, args.k, args.source, args.gpu), flush=True)
 
 
 if __name__ == "__main__":
