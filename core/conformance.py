@@ -387,11 +387,14 @@ SAMPLINGS = ("greedy", "seeded")
 
 class DraftGates(FamilyCase):
     """drafted == plain (verify rounds, issue 57) on the demo checkpoint (fp32), with poisoned
-    freed pages throughout: n-gram drafts and predictions (perfect, corrupted, wrong, longer
+    freed pages throughout: the server's drafts (`source`: n-gram, or a family's own drafter
+    the engines open with, `draft_flags`) and predictions (perfect, corrupted, wrong, longer
     than max_tokens, none beside some), greedy and seeded with penalties, with logprobs, at
     `parallel` streams and alone; a stop string inside an accepted run; n choices; pages ==
     windows and resumed == fresh after drafted turns. Every engine's census even when idle."""
 
+    source: ClassVar[str] = "ngram"  # the server's draft source the gates draft with
+    draft_flags: ClassVar[dict[str, Any]] = {}  # what the drafting engines open with
     context: ClassVar[int] = 1024
     parallel: ClassVar[int] = 8
     max_tokens: ClassVar[int] = 20
@@ -431,9 +434,14 @@ class DraftGates(FamilyCase):
     @pytest.fixture(scope="class")
     def llm(self, demo: Path) -> Iterator[LLM]:
         flags = dict(context=self.context, parallel=self.parallel, kv_poison=True)
-        llm = testing.open_llm(self.family, demo, **flags)
+        llm = testing.open_llm(self.family, demo, **flags, **self.draft_flags)
         yield llm
         close_even(llm)
+
+    @property
+    def proposes_always(self) -> bool:
+        """The source proposes every round (a drafter), not only where a match is (n-gram)."""
+        return self.source != "ngram"
 
     @pytest.fixture(scope="class")
     def plain(self, llm: LLM) -> dict[str, list]:
@@ -441,14 +449,18 @@ class DraftGates(FamilyCase):
             return {n: llm.generate(self.prompts_text, self.sampling(n)) for n in SAMPLINGS}
 
     @pytest.mark.parametrize("name", SAMPLINGS)
-    def test_ngram_drafts_equal_plain_together_and_alone(
+    def test_server_drafts_equal_plain_together_and_alone(
         self, llm: LLM, plain: dict[str, list], name: str
     ) -> None:
-        params = self.sampling(name)
-        testing.assert_drafted_equals_plain(llm, self.prompts_text, params, plain=plain[name])
+        params, source = self.sampling(name), self.source
+        testing.assert_drafted_equals_plain(
+            llm, self.prompts_text, params, source=source, plain=plain[name]
+        )
         for i in (0, 3):  # one stream
             prompt = self.prompts_text[i]
-            testing.assert_drafted_equals_plain(llm, [prompt], params, plain=[plain[name][i]])
+            testing.assert_drafted_equals_plain(
+                llm, [prompt], params, source=source, plain=[plain[name][i]]
+            )
 
     @pytest.mark.parametrize("name", SAMPLINGS)
     def test_predictions_equal_plain(self, llm: LLM, plain: dict[str, list], name: str) -> None:
@@ -490,11 +502,13 @@ class DraftGates(FamilyCase):
 
     def test_a_stop_string_inside_an_accepted_run(self, llm: LLM) -> None:
         """The prediction is the whole answer, so the stop falls inside a run of accepted
-        drafts: the reply ends where plain's does, the text held back as plain holds it."""
+        drafts: the reply ends where plain's does, the text held back as plain holds it. A
+        source that proposes every round drafts the same replies too, keeping drafts."""
         params = self.sampling("greedy", max_tokens=32)
         with testing.drafting(llm, "off"):
             full = llm.generate(self.prompts_text[:4], params)
         stops = [c.text[len(c.text) // 2 : len(c.text) // 2 + 2] for c in full]
+        kept = 0
         for c, stop in zip(full, stops):
             if not stop.strip():
                 continue
@@ -510,6 +524,12 @@ class DraftGates(FamilyCase):
                 predictions=[c.token_ids],
                 plain=plain,
             )
+            if self.proposes_always:  # its own drafts, kept in runs where they are good
+                got = testing.assert_drafted_equals_plain(
+                    llm, [c.prompt_token_ids], stopped, source=self.source, plain=plain
+                )
+                kept += got[0].accepted_tokens
+        assert kept > 0 or not self.proposes_always
 
     @pytest.mark.parametrize("name", SAMPLINGS)
     def test_structured_output_and_forced_tool_calls_with_drafts_equal_plain(
@@ -533,7 +553,7 @@ class DraftGates(FamilyCase):
         with testing.drafting(llm, "off"):
             plain = llm.generate(prompts, params, response_format=schema)
         for predictions in ([c.token_ids for c in plain], [c.token_ids[::-1] for c in plain]):
-            with testing.drafting(llm, "ngram"):
+            with testing.drafting(llm, self.source):
                 got = llm.generate(prompts, params, response_format=schema, predictions=predictions)
             assert testing.outputs(got) == testing.outputs(plain)
         assert got[0].drafted_tokens > 0
@@ -548,7 +568,7 @@ class DraftGates(FamilyCase):
         ask = dict(tools=[tool], tool_choice="required")
         with testing.drafting(llm, "off"):
             called = llm.chat(chats, params, **ask)  # type: ignore[arg-type]
-        with testing.drafting(llm, "ngram"):
+        with testing.drafting(llm, self.source):
             drafted = llm.chat(
                 chats,
                 params,
@@ -561,13 +581,14 @@ class DraftGates(FamilyCase):
 
     def test_n_choices_with_drafts_equal_plain(self, llm: LLM) -> None:
         testing.assert_drafted_equals_plain(
-            llm, self.prompts_text[:2], self.sampling("seeded"), n=3
+            llm, self.prompts_text[:2], self.sampling("seeded"), source=self.source, n=3
         )
 
     def test_windows_and_resumed_chats_with_drafts_equal_plain(self, demo: Path) -> None:
         """Chats of three turns on windows with the prompt store on, each turn drafted (its
-        fresh reply as the prediction, every fourth token wrong, and n-gram): each turn resumes
-        where the drafted turn before ended, with the replies of plain fresh runs."""
+        fresh reply as the prediction, every fourth token wrong, and n-gram; a drafter that
+        proposes every round drafts alone): each turn resumes where the drafted turn before
+        ended, with the replies of plain fresh runs."""
         users = [testing.chat_turns(c, 3, *self.chat_turn_words, self.chat_words) for c in range(3)]
         params = SamplingParams(temperature=0, max_tokens=16)
         fresh_llm = testing.open_llm(self.family, demo, context=self.context, parallel=3)
@@ -576,6 +597,7 @@ class DraftGates(FamilyCase):
         finally:
             close_even(fresh_llm)
         flags = dict(kv_pages="off", kv_poison=True, kv_share=16, prompt_cache_gib=0.05)
+        flags.update(self.draft_flags)
         llm = testing.open_llm(self.family, demo, context=self.context, parallel=3, **flags)
         try:
             histories: list[list[dict]] = [[] for _ in users]
@@ -583,11 +605,16 @@ class DraftGates(FamilyCase):
                 for c, turns in enumerate(users):
                     histories[c].append({"role": "user", "content": turns[t]})
                 predictions = [[x if i % 4 else x + 1 for i, x in enumerate(r)] for r in replies]
-                with testing.drafting(llm, "ngram"):
-                    done = llm.chat(histories, params, predictions=predictions)
+                with testing.drafting(llm, self.source):
+                    done = llm.chat(
+                        histories, params, predictions=None if self.proposes_always else predictions
+                    )
                 assert [d.token_ids for d in done] == replies
                 assert t == 0 or all(d.cached_tokens > 0 for d in done)
-                assert all(d.accepted_prediction_tokens > 0 for d in done)
+                if self.proposes_always:
+                    assert all(d.drafted_tokens > 0 for d in done)
+                else:
+                    assert all(d.accepted_prediction_tokens > 0 for d in done)
                 for c, d in enumerate(done):
                     histories[c].append({"role": "assistant", "content": d.text})
         finally:

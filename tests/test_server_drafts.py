@@ -1,7 +1,8 @@
-"""Drafts as served (`tensorfold serve --draft ngram`): OpenAI's Predicted Outputs on chat and
-completions, whole and streamed, through the official openai client; usage counts the
-prediction's accepted and rejected tokens, /metrics the drafts. The tokens themselves are the
-engine's concern: conformance.DraftGates proves drafted == plain for every family."""
+"""Drafts as served (`tensorfold serve --draft ngram`; `--draft mtp` on the GLM demo): OpenAI's
+Predicted Outputs on chat and completions, whole and streamed, through the official openai
+client; usage counts the prediction's accepted and rejected tokens, /metrics the drafts. The
+tokens themselves are the engine's concern: conformance.DraftGates proves drafted == plain for
+every family."""
 
 from __future__ import annotations
 
@@ -104,3 +105,47 @@ def test_metrics_count_the_drafts(server: ServedDemo) -> None:
         metrics["tensorfold_draft_tokens_accepted_total"]
         <= metrics["tensorfold_draft_tokens_total"]
     )
+
+
+@pytest.fixture(scope="module")
+def mtp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedDemo]:
+    yield from served(
+        tmp_path_factory, "drafts-mtp", "--family", "glm5_next", "--parallel", "2", "--draft", "mtp"
+    )
+
+
+def test_glm_demo_served_with_its_mtp_layer(mtp_server: ServedDemo) -> None:
+    """`--draft mtp` end to end on the GLM demo: the replies (whole and streamed) are plain
+    decoding's, token and logprob for token and logprob, and /metrics counts the MTP's drafts
+    and the ones kept."""
+    from tensorfold import testing
+    from tensorfold.engine.sampling import SamplingParams
+
+    ask = [{"role": "user", "content": "What is the capital of Japan?"}]
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    reply = mtp_server.client().chat.completions.create(
+        model="glm5_next-demo",
+        messages=ask,
+        extra_body=off,
+        **GREEDY,  # type: ignore[arg-type]
+    )
+    stream = mtp_server.client().chat.completions.create(
+        model="glm5_next-demo",
+        messages=ask,  # type: ignore[arg-type]
+        extra_body=off,
+        stream=True,
+        **GREEDY,
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    llm = testing.open_llm("glm5_next", None)  # plain, in this process
+    try:
+        params = SamplingParams(temperature=0, max_tokens=GREEDY["max_tokens"], logprobs=True)
+        plain = llm.chat([ask], params, chat_template_kwargs=off["chat_template_kwargs"])[0]
+    finally:
+        testing.close_even(llm)
+    assert plain.text and reply.choices[0].message.content == streamed == plain.text
+    assert [t.logprob for t in reply.choices[0].logprobs.content] == plain.logprobs
+    metrics = mtp_server.wait_even()
+    assert metrics["tensorfold_draft_tokens_total"] > 0
+    kept = metrics["tensorfold_draft_tokens_accepted_total"]
+    assert 0 < kept <= metrics["tensorfold_draft_tokens_total"]

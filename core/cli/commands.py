@@ -142,11 +142,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--draft",
-        choices=["off", "ngram", "model"],
+        choices=["off", "ngram", "model", "mtp"],
         help=_setting_help(
             "drafts for every stream, verified token by token: ngram proposes what followed "
             "the stream's last tokens earlier in its prompt and output, model the family's "
-            "draft checkpoint (--draft-model)",
+            "draft checkpoint (--draft-model), mtp the checkpoint's own MTP layer",
             "draft",
         ),
     )

@@ -246,13 +246,14 @@ class Settings(BaseSettings):
         "prompt, completion and cached tokens, time to first token, duration (--no-access-log "
         "or 0: none; GET /health and GET /metrics only when they fail).",
     )
-    draft: Literal["off", "ngram", "model"] = Field(
+    draft: Literal["off", "ngram", "model", "mtp"] = Field(
         default="off",
         description="Drafts for every stream (--draft), verified so the tokens are plain "
         "decoding's: ngram looks the stream's last tokens up in its prompt and output and "
         "proposes what followed them (pays where replies repeat their input); model: the "
-        "family's draft checkpoint at TF_DRAFT_MODEL proposes them; off: none. A request's "
-        "`prediction` is drafted whatever this says.",
+        "family's draft checkpoint at TF_DRAFT_MODEL proposes them; mtp: the checkpoint's own "
+        "multi-token-prediction layer (glm5_next's), loaded and run beside the model; off: "
+        "none. A request's `prediction` is drafted whatever this says.",
     )
     draft_model: Path | None = Field(
         default=None,

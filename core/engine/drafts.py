@@ -5,8 +5,9 @@ samples every row as plain decoding would (`tensorfold.engine.lanes`), so a draf
 a token, only how many one pass yields. This module decides the drafts:
 
 - sources, tried in order: the request's prediction (OpenAI's Predicted Outputs,
-  `PredictionDrafter`), then the server's: with `--draft model` the family's draft model
-  (`tensorfold.family.drafter.ModelDrafter`, asked by the lanes once a round), with `--draft
+  `PredictionDrafter`), then the server's: with `--draft model` the family's draft model, with
+  `--draft mtp` the checkpoint's own multi-token-prediction layer (each a
+  `tensorfold.family.drafter.ModelDrafter`, asked by the lanes once a round), with `--draft
   ngram` prompt lookup over the stream's own prompt and output (`ngram_drafts.NgramDrafter`);
 - k, per stream (`DraftPolicy`): drafting pays while the expected tokens a round,
   1 + a + a^2 + .. + a^k for a draft's acceptance a, outgrow what the verify pass costs against
@@ -26,8 +27,10 @@ from typing import Callable, Literal, Sequence
 
 from .ngram_drafts import NgramDrafter
 
-DraftSource = Literal["off", "ngram", "model"]
-DRAFT_SOURCES: tuple[str, ...] = ("off", "ngram", "model")
+DraftSource = Literal["off", "ngram", "model", "mtp"]
+DRAFT_SOURCES: tuple[str, ...] = ("off", "ngram", "model", "mtp")
+# the sources whose drafts a ModelDrafter proposes (the model_drafter hook's answer)
+MODEL_SOURCES: tuple[str, ...] = ("model", "mtp")
 MAX_DRAFT_TOKENS = 16  # k + 1 rows stay well inside glm5_next's 64-row KDA chunk
 
 
@@ -184,7 +187,7 @@ class StreamDrafts:
         self.policy = DraftPolicy(settings)
         self.prediction = PredictionDrafter(prediction) if prediction else None
         self.ngram = NgramDrafter(prompt) if settings.source == "ngram" else None
-        self.model = settings.source == "model"  # the lanes set model_drafts each round
+        self.model = settings.source in MODEL_SOURCES  # the lanes set model_drafts each round
         self.model_drafts: list[int] = []
         self.from_prediction = False
         self.round = self.round_kept = 0  # this round's drafts, and how many were kept

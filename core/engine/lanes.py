@@ -315,10 +315,18 @@ class Lanes:
         if not asking:
             return
         assert self.model_drafter is not None
-        asks = [
-            DraftAsk(s.slot, s.lease.pages, s.pos, s.generated[-1], s.logit_row) for s in asking
+        k = self.max_drafts
+        asks = [  # pages as far as the drafts it may feed (a drafter may write those rows)
+            DraftAsk(
+                s.slot,
+                s.lease.cover(s.pos + min(k, s.req.params.max_tokens - 1 - len(s.generated))),
+                s.pos,
+                s.generated[-1],
+                s.logit_row,
+            )
+            for s in asking
         ]
-        for s, drafts in zip(asking, self.model_drafter.propose(asks, self.max_drafts)):
+        for s, drafts in zip(asking, self.model_drafter.propose(asks, k)):
             assert s.drafts is not None
             s.drafts.model_drafts = list(drafts)
 

@@ -286,6 +286,8 @@ def open_rank(
     device = pick_device(settings) if group is None else group.device(pick_device(settings))
     dtype = pick_dtype(settings, device, ckpt.config)
     hooks = family_plugin_manager(spec, [paged_kv, snapshots])
+    if settings.draft == "mtp":  # its layer's weights and state in the plan and the load
+        ckpt.config = mtp_config(settings, spec, hooks.hook, ckpt, tp=group is not None)
     layout = None
     if group is not None:
         shards = hooks.hook.shard_plan(config=ckpt.config, dtype=dtype, world=group.world)
@@ -440,9 +442,48 @@ def open_served(
     )
 
 
+# what a start refused --draft mtp may use instead
+DRAFTS_ACCEPTED = "use --draft ngram, or --draft model --draft-model DIR with a draft checkpoint"
+
+
+def mtp_config(
+    settings: Settings, spec: FamilySpec, hooks: Any, ckpt: Checkpoint, tp: bool
+) -> dict:
+    """--draft mtp: the config the family loads its checkpoint with, its MTP layer in (the
+    mtp_config hook); a start that cannot draft with one is refused naming why, before any
+    weight loads."""
+    if settings.draft_model is not None:
+        raise SettingsError(
+            "TF_DRAFT_MODEL / --draft-model is set but TF_DRAFT is 'mtp', which drafts with the "
+            "checkpoint's own MTP layer: use --draft model to draft with the folder"
+        )
+    if tp:
+        raise SettingsError("--draft mtp runs at one rank only for now; leave out --tp")
+    try:
+        config = hooks.mtp_config(checkpoint=ckpt)
+    except CheckpointError as e:
+        raise SettingsError(f"--draft mtp: {e}; {DRAFTS_ACCEPTED}") from None
+    if config is None:
+        raise SettingsError(
+            f"--draft mtp: the {spec.name} family has no MTP layer to draft with (its plugin "
+            f"answers no mtp_config hook); {DRAFTS_ACCEPTED}"
+        )
+    return dict(config)
+
+
 def open_drafter(settings: Settings, spec: FamilySpec, rank: Any, runner: Any, tp: bool) -> Any:
-    """The family's draft model for --draft model (the model_drafter hook), else None; a start
-    that asks for one it cannot have is refused naming why."""
+    """The family's drafter for --draft model (a draft checkpoint) or --draft mtp (the
+    checkpoint's own MTP layer, loaded as `mtp_config` said), through the model_drafter hook;
+    else None. A start that asks for one it cannot have is refused naming why."""
+    if settings.draft == "mtp":
+        drafter = rank.hooks.model_drafter(model=rank.runner.model, runner=runner, folder=None)
+        if drafter is None:
+            raise SettingsError(
+                f"--draft mtp: the {spec.name} family answers no model_drafter hook for its "
+                f"MTP layer; {DRAFTS_ACCEPTED}"
+            )
+        log.info("drafting with the checkpoint's own MTP layer")
+        return drafter
     if settings.draft != "model":
         if settings.draft_model is not None:
             raise SettingsError(

@@ -1,17 +1,19 @@
 """A family's per-family hook object (FamilySpec.hooks) built from what the family knows: how it
-reads a config.json, how it cuts across tensor-parallel ranks, its tool-call format and its
-thinking markup. Cheap to import: no torch."""
+reads a config.json, how it cuts across tensor-parallel ranks, its tool-call format, its
+thinking markup and its drafters. Cheap to import: no torch."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
-from tensorfold.family import ShardPlan
+from tensorfold.family import ShardPlan, resolve
 from tensorfold.family.hookspecs import hookimpl
 from tensorfold.family.reasoning import ReasoningFormat
 from tensorfold.family.tool_calls import ToolCallFormat
+
+if TYPE_CHECKING:
+    from tensorfold.family.checkpoint import Checkpoint
 
 
 class ConfigReader(Protocol):
@@ -21,11 +23,14 @@ class ConfigReader(Protocol):
 
 
 class FamilyHooks:
-    """`shard_plan`, `tool_call_format`, `reasoning_format` and `model_drafter` for one family:
-    `plan(cfg, dtype, world)` on the config `config.from_dict` reads, `tool_calls`,
-    `reasoning`, and `drafter`, a "module:function" imported when asked (function(model,
-    runner, folder) -> ModelDrafter: torch loads only then). A part left out (None) is answered
-    by the core's default."""
+    """`shard_plan`, `tool_call_format`, `reasoning_format`, `mtp_config` and `model_drafter`
+    for one family: `plan(cfg, dtype, world)` on the config `config.from_dict` reads,
+    `tool_calls`, `reasoning`; for `--draft model`, `drafter`, a "module:function" imported
+    when asked (function(model, runner, folder) -> ModelDrafter: torch loads only then); for
+    `--draft mtp`, `mtp_served(checkpoint) -> dict` (the config to load with, called before
+    any weight loads: keep it cheap) and `mtp_drafter`, a "module:function" imported when asked
+    (function(model, runner) -> ModelDrafter). A part left out (None) is answered by the core's
+    default."""
 
     def __init__(
         self,
@@ -34,9 +39,12 @@ class FamilyHooks:
         tool_calls: ToolCallFormat | None = None,
         reasoning: ReasoningFormat | None = None,
         drafter: str | None = None,
+        mtp_served: Callable[["Checkpoint"], dict[str, Any]] | None = None,
+        mtp_drafter: str | None = None,
     ) -> None:
         self.config, self.plan, self.tool_calls = config, plan, tool_calls
         self.reasoning, self.drafter = reasoning, drafter
+        self.mtp_served, self.mtp_drafter = mtp_served, mtp_drafter
 
     @hookimpl
     def shard_plan(self, config: Mapping[str, Any], dtype: str, world: int) -> ShardPlan | None:
@@ -53,8 +61,11 @@ class FamilyHooks:
         return self.reasoning
 
     @hookimpl
-    def model_drafter(self, model: Any, runner: Any, folder: Path) -> Any:
-        if self.drafter is None:
-            return None
-        module, _, name = self.drafter.partition(":")
-        return getattr(importlib.import_module(module), name)(model, runner, folder)
+    def mtp_config(self, checkpoint: "Checkpoint") -> dict[str, Any] | None:
+        return None if self.mtp_served is None else self.mtp_served(checkpoint)
+
+    @hookimpl
+    def model_drafter(self, model: Any, runner: Any, folder: Path | None) -> Any:
+        if folder is None:
+            return None if self.mtp_drafter is None else resolve(self.mtp_drafter)(model, runner)
+        return None if self.drafter is None else resolve(self.drafter)(model, runner, folder)

@@ -3,7 +3,7 @@
 Plugins implement them with ``@tensorfold.hookimpl``. Collection hooks (``register_families``,
 ``profile_rows``) are called on the plugin manager of all installed plugins. Per-family hooks
 (``share_pool``, ``share_attach``, ``snap_keep``, ``snap_restore``, ``shard_plan``,
-``tool_call_format``, ``reasoning_format``) are called on
+``tool_call_format``, ``reasoning_format``, ``mtp_config``, ``model_drafter``) are called on
 the chosen family's own plugin manager (``tensorfold.family.plugins.family_plugin_manager``), which
 holds the core adapters' default implementations and the family's ``FamilySpec.hooks`` object;
 the family's implementation is called first, so it overrides a default by answering.
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from tensorfold.adapters.snapshots import Snapshot, SnapshotArena
     from tensorfold.adapters.stream_state import StreamSlots
     from tensorfold.family import FamilySpec, ShardPlan, StateLayout
+    from tensorfold.family.checkpoint import Checkpoint
     from tensorfold.family.profiles import ProfileRow
     from tensorfold.family.reasoning import ReasoningFormat
     from tensorfold.family.tool_calls import ToolCallFormat
@@ -218,22 +219,48 @@ def reasoning_format(config: Mapping[str, Any]) -> ReasoningFormat | None:
 
 
 @hookspec(firstresult=True)
-def model_drafter(model: Any, runner: Any, folder: Path) -> Any:
-    """The family's own drafter for `--draft model --draft-model DIR`: a draft checkpoint at
-    `folder` that proposes each drafting stream's next tokens from what the target computed.
+def mtp_config(checkpoint: Checkpoint) -> dict[str, Any] | None:
+    """config.json as the family loads it to serve the checkpoint's own multi-token-prediction
+    layer (`--draft mtp`), so that its weights load and its state is in the memory plan.
+
+    Called once at start with `--draft mtp`, before the memory plan and before any weight
+    loads, on the chosen family's plugin manager; the core then serves the checkpoint with the
+    answer in place of its config.json (``Checkpoint.config``: the plan's ``shape`` and the
+    ``load`` read it), and asks ``model_drafter`` with ``folder=None`` for the drafter. Raise
+    ``tensorfold.family.checkpoint.CheckpointError`` naming what is missing when this
+    checkpoint has no such layer (config.json declares none, or its weights are not in the
+    files); the start is refused with it. No answer: the family has no MTP layer, and `--draft
+    mtp` is refused naming the family.
+
+    :param checkpoint: the checkpoint opened (its ``config``, its tensor names; no weight read).
+    :return: the config dict to load with.
+
+    Stops at first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def model_drafter(model: Any, runner: Any, folder: Path | None) -> Any:
+    """The family's own drafter: for `--draft model --draft-model DIR` a draft checkpoint at
+    `folder`, for `--draft mtp` (`folder` None) the target checkpoint's own MTP layer (loaded
+    as ``mtp_config`` said); it proposes each drafting stream's next tokens from what the
+    target computed.
 
     Called once at start, after the target loaded, on the chosen family's plugin manager. The
     answer is a ``tensorfold.family.drafter.ModelDrafter``: ``propose(asks, k)`` gets, once a
     round, a ``DraftAsk`` a drafting stream (its slot, page table, position, next token and the
     last pass's logit row it was drawn from) and returns up to k tokens each, reading the
-    target's storage (``runner.rows``, ``runner.slots``) and its model's last pass, never
-    writing them. Drafts change no token: the lanes verify them. Refuse a checkpoint that does
-    not fit the target with ``tensorfold.family.checkpoint.CheckpointError`` naming what.
-    No answer: the family has no draft model, and `--draft model` is refused naming it.
+    target's storage (``runner.rows``, ``runner.slots``) and its model's last pass. It may
+    write only rows at or past the ask's position (the next pass rewrites those it keeps) and
+    must leave every slot's fixed state as it found it. Drafts change no token: the lanes
+    verify them. Refuse a checkpoint that does not fit the target with
+    ``tensorfold.family.checkpoint.CheckpointError`` naming what.
+    No answer: the family has no drafter of that kind (a draft model for a folder, an MTP
+    layer for None), and the start is refused naming it.
 
     :param model: the target (the family's ``FamilyModel``).
     :param runner: the engine's runner (its ``rows``, ``slots``, ``pool``).
-    :param folder: the draft checkpoint's folder.
+    :param folder: the draft checkpoint's folder; None: the target's own MTP layer.
     :return: a ``ModelDrafter``.
 
     Stops at first non-None result.

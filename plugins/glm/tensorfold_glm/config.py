@@ -9,9 +9,12 @@ the top level. No torch import: the core reads this before any weight loads.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from tensorfold.family.checkpoint import CheckpointError
+
+if TYPE_CHECKING:
+    from tensorfold.family.checkpoint import Checkpoint
 
 KDA, MLA = "linear_attention", "indexed_attention"
 DENSE, SPARSE = "dense", "sparse"
@@ -67,7 +70,7 @@ class GlmConfig:
     # num_nextn_predict_layers (DeepSeek's and GLM's key) or num_mtp_layers (transformers') >= 1;
     # only the first is run. Its kinds: a layer_types / mlp_layer_types list one entry longer
     # than num_hidden_layers names them; else MLA with its own indexer and MoE, as DeepSeek-V3's.
-    num_nextn_predict_layers: int = 0  # as served: 0 unless serve_mtp() was called
+    num_nextn_predict_layers: int = 0  # as served: 0 unless drafting with it (mtp_served)
     mtp_layer_type: str = MLA
     mtp_mlp_type: str = SPARSE
     tie_word_embeddings: bool = False
@@ -129,15 +132,40 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 
 
 _mtp_served = [False]  # see serve_mtp
+# a key of the config dict `mtp_served` answers: parse it with the MTP layer in
+SERVE_MTP_KEY = "tensorfold_serve_mtp"
 
 
 def serve_mtp(on: bool = True) -> bool:
     """Whether configs parsed from now on load the MTP layer (its weights, and its rows in the
-    layout): only while something drafts with it. Until the lanes draft with it (issue 57) its
-    tests and the demo trainer turn it on; off, a checkpoint that declares it serves as before,
-    with no memory spent on it. Returns what it was."""
+    layout), for the module's tests and the demo trainer. A server loads it only with `--draft
+    mtp`, through the config `mtp_served` answers; otherwise a checkpoint that declares it
+    serves as before, with no memory spent on it. Returns what it was."""
     was, _mtp_served[0] = _mtp_served[0], on
     return was
+
+
+def mtp_served(checkpoint: "Checkpoint") -> dict[str, Any]:
+    """`--draft mtp` (the mtp_config hook): config.json with SERVE_MTP_KEY set, so its parse
+    loads the MTP layer; a CheckpointError naming what is missing when config.json declares
+    none or the checkpoint's files hold none of its weights (a checkpoint opened without
+    weights, TF_LOAD_FORMAT=dummy, is checked by its config alone)."""
+    served = {**checkpoint.config, SERVE_MTP_KEY: True}
+    cfg = _parse(served, str(checkpoint.path / "config.json"))
+    if cfg.mtp_layer is None:
+        raise CheckpointError(
+            f"{checkpoint.path / 'config.json'} declares no MTP layer "
+            "(num_nextn_predict_layers is 0 or absent)"
+        )
+    names = [
+        f"{p}layers.{cfg.mtp_layer}.eh_proj.weight" for p in ("model.language_model.", "model.")
+    ]
+    if checkpoint.tensor_names() and not any(checkpoint.has(n) for n in names):
+        raise CheckpointError(
+            f"{checkpoint.path} declares an MTP layer (layer {cfg.mtp_layer}) but its weights "
+            f"hold none ({names[0]} absent)"
+        )
+    return served
 
 
 def _parse(top: Mapping[str, Any], source: str) -> GlmConfig:
@@ -155,7 +183,7 @@ def _parse(top: Mapping[str, Any], source: str) -> GlmConfig:
         **linear,
         layer_types=_layer_types(raw, layers, src, mtp),
         mlp_layer_types=_mlp_layer_types(raw, layers, src, mtp),
-        num_nextn_predict_layers=mtp if _mtp_served[0] else 0,
+        num_nextn_predict_layers=mtp if _mtp_served[0] or top.get(SERVE_MTP_KEY) else 0,
         **_mtp_kinds(raw, layers, src, mtp),
         indexer_types=_indexer_types(raw, layers, src),
         tie_word_embeddings=bool(tie) if tie is not None else d.tie_word_embeddings,

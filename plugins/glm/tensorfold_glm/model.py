@@ -3,9 +3,11 @@ computes it (`Glm5NextTextModel` and the `lm_head` of `Glm5NextForConditionalGen
 
 The embedding is copied into hc_mult residual streams; each layer wraps its mixer (KDA or MLA)
 and its FFN (SwiGLU or MoE) in an mHC collapse / expand; the streams' mean is normed and
-projected to logits. A checkpoint's MTP layer (weights.mtp) is loaded beside the trunk and run
-by mtp.py, never by this forward, which keeps the MTP's carry (the last row's hidden state) and,
-on `forward(..., hidden=buf)`, hands back the hidden state each row's MTP row reads.
+projected to logits. A checkpoint's MTP layer (weights.mtp) is loaded beside the trunk; this
+forward keeps the MTP's carry (the last row's hidden state) and, on `forward(..., hidden=buf)`,
+hands back the hidden state each row's MTP row reads. While the MTP drafts (`--draft mtp`,
+mtp_drafter.py sets `mtp_rows`), the forward runs the MTP layer's rows for every row of the pass
+right after the trunk's (mtp.mtp_rows), so its K/V or KDA state stays current for every stream.
 
 Under tensor parallel (`--tp N`, shards.py) each rank holds its heads, FFN columns and experts;
 the residual streams are whole and the same on every rank (each mixer and FFN ends in one sum
@@ -66,8 +68,8 @@ def _note_unserved(checkpoint: "Checkpoint", cfg: GlmConfig) -> None:
     present = any(n.startswith(mtp) for n in names)
     if present and cfg.mtp_layer is None:
         log.info(
-            f"glm5_next: the MTP layer ({mtp}*) is not loaded: nothing drafts with it yet "
-            "(or config.json declares no num_nextn_predict_layers)"
+            f"glm5_next: the MTP layer ({mtp}*) is not loaded: --draft mtp drafts with it "
+            "(where config.json declares num_nextn_predict_layers)"
         )
     elif present and not has_mtp(checkpoint, cfg):
         log.info(f"glm5_next: the MTP layer ({mtp}*) is not loaded under tensor parallel")
@@ -94,6 +96,8 @@ class GlmModel(FamilyModel):
         # the MTP layer's input carried across passes (layout.py), when the layout has it
         carry = carry_name(cfg) if cfg.mtp_layer is not None else None
         self.carry = carry if carry in {s.name for s in self.layout.fixed} else None
+        # the MTP layer's rows run in every pass, after the trunk's (the MTP drafter sets it)
+        self.mtp_rows = False
 
     def forward(
         self,
@@ -111,7 +115,8 @@ class GlmModel(FamilyModel):
         norm reads), and a tap at p records h_{p-1}. hidden: None, or an [N, H] tensor in the
         model dtype (N = fp.num_rows) this pass fills with what the MTP's row j reads, h_{j-1}:
         zeros at position 0, the carry as it stood for a run's first row (mtp.py). None and no
-        MTP layer cost nothing."""
+        MTP layer cost nothing. With `mtp_rows` on, the MTP layer then runs the pass's rows
+        (row j reads h_{j-1} and the token t_j; no logits), writing its own rows and state."""
         cfg, w = self.cfg, self.weights
         if hidden is not None and self.carry is None:
             raise ValueError("glm5_next: hidden= needs an MTP layer in config.json")
@@ -119,7 +124,16 @@ class GlmModel(FamilyModel):
         layers = [(f"L{i}", layer) for i, layer in enumerate(w.layers)]
         streams = decoder_layers(cfg, layers, streams, fp, rows, slots)
         if self.carry is not None:
+            if self.mtp_rows and hidden is None:
+                hidden = torch.empty(
+                    fp.num_rows, cfg.hidden_size, dtype=self.dtype, device=streams.device
+                )
             self._carry(fp, streams, slots, self.carry, hidden)
+            if self.mtp_rows:
+                from .mtp import mtp_rows  # mtp.py builds on this module
+
+                assert hidden is not None
+                mtp_rows(self, fp, rows, slots, hidden)
         h = mhc.head_of_rows(streams, fp.logit_rows)  # [R, H]
         normed = rms_norm(h, w.final_norm, cfg.rms_norm_eps)
         return self.logits(normed, w.lm_head)

@@ -36,7 +36,13 @@ verify round's rewind and a resumed prompt (whose rows before it no pass recompu
 right. A stream's MTP rows run one ahead of the target's: after the target's row p and the
 sample x = t_{p+1}, the MTP has written rows up to p + 1.
 
-Interface (tensor-shaped; nothing drafts with it yet: `--draft mtp` is to come):
+Served (`--draft mtp`, mtp_drafter.py): the trunk's forward runs the MTP's rows of every pass
+right after its own (`mtp_rows`, with `GlmModel.mtp_rows` on), so a stream's MTP rows are
+always written up to the target's; the drafter writes row pos (the token just sampled) and
+the draft rows after it, which the next pass rewrites (or which lie past the kept rows), and
+puts a KDA MTP layer's state back.
+
+Interface (tensor-shaped):
 - the target pass: `GlmModel.forward(fp, rows, slots, hidden=buf)` fills buf [N, H] with the
   h_{j-1} each of its rows j reads (zeros at position 0, the carry for a run's first row), and
   leaves each stream's carry at its last row's h.
@@ -54,6 +60,8 @@ Interface (tensor-shaped; nothing drafts with it yet: `--draft mtp` is to come):
   buf[1 : a + 1].
 - `mtp_forward(model, fp, rows, slots, hidden) -> (logits [R, V] fp32, own [N, H])`: one pass of
   MTP rows with every row's h_{j-1} given (draft's step; tests).
+- `mtp_rows(model, fp, rows, slots, hidden)`: the same rows written, nothing computed past the
+  layer (the trunk's forward, serving).
 
 Exactness: the plugin's row-invariant ops only, so a row's bits depend on its own history alone,
 whether its rows come in one run or one a pass (tests/test_glm_mtp.py); greedy is argmax, the
@@ -78,7 +86,29 @@ if TYPE_CHECKING:
     from tensorfold.adapters.paged_kv import PagedRows
     from tensorfold.adapters.stream_state import StreamSlots
 
-__all__ = ["mtp_forward", "draft", "target_pass"]
+__all__ = ["mtp_forward", "mtp_rows", "draft", "fixed_state", "target_pass"]
+
+
+def mtp_rows(
+    model: GlmModel,
+    fp: ForwardPass,
+    rows: "PagedRows",
+    slots: "StreamSlots",
+    hidden: torch.Tensor,
+) -> torch.Tensor:
+    """The MTP layer over a pass's rows: fp.tokens are t_j of rows j, hidden [N, H] their
+    h_{j-1}; writes its rows (and a KDA layer's state, tapped at the pass's taps as every
+    layer's) and returns its streams after the layer [N, hc, H]. Device tensors only: a pass
+    the graph runner captures captures it too."""
+    cfg, m = model.cfg, model.weights.mtp
+    if m is None or cfg.mtp_layer is None:
+        raise ValueError("glm5_next: this checkpoint has no MTP layer loaded")
+    eps = cfg.rms_norm_eps
+    embedded = m.embed.index_select(0, fp.tokens)  # [N, H]
+    joint = torch.cat([rms_norm(embedded, m.enorm, eps), rms_norm(hidden, m.hnorm, eps)], dim=-1)
+    x = linear(joint, m.eh_proj)  # [N, H]
+    streams = x[:, None, :].expand(-1, cfg.hc_mult, -1).contiguous()
+    return decoder_layers(cfg, [(f"L{cfg.mtp_layer}", m.layer)], streams, fp, rows, slots)
 
 
 def mtp_forward(
@@ -88,19 +118,13 @@ def mtp_forward(
     slots: "StreamSlots",
     hidden: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One pass of MTP rows: fp.tokens are t_j of rows j, hidden [N, H] their h_{j-1}. Returns
-    (logits [R, V] fp32 of fp.logit_rows, the MTP's own hidden of every row [N, H])."""
-    cfg, m = model.cfg, model.weights.mtp
-    if m is None or cfg.mtp_layer is None:
-        raise ValueError("glm5_next: this checkpoint has no MTP layer loaded")
-    eps = cfg.rms_norm_eps
-    embedded = m.embed.index_select(0, fp.tokens)  # [N, H]
-    joint = torch.cat([rms_norm(embedded, m.enorm, eps), rms_norm(hidden, m.hnorm, eps)], dim=-1)
-    x = linear(joint, m.eh_proj)  # [N, H]
-    streams = x[:, None, :].expand(-1, cfg.hc_mult, -1).contiguous()
-    streams = decoder_layers(cfg, [(f"L{cfg.mtp_layer}", m.layer)], streams, fp, rows, slots)
+    """One pass of MTP rows (`mtp_rows`). Returns (logits [R, V] fp32 of fp.logit_rows, the
+    MTP's own hidden of every row [N, H])."""
+    streams = mtp_rows(model, fp, rows, slots, hidden)
+    m = model.weights.mtp
+    assert m is not None
     own = mhc.head_of_rows(streams, torch.arange(fp.num_rows, device=streams.device))
-    normed = rms_norm(own.index_select(0, fp.logit_rows), m.norm, eps)
+    normed = rms_norm(own.index_select(0, fp.logit_rows), m.norm, model.cfg.rms_norm_eps)
     return model.logits(normed, m.head), own
 
 
@@ -134,7 +158,7 @@ def draft(
     token = logits.argmax(-1)  # [S]
     drafts = [token]
     if k > 1:
-        kept = _fixed_state(model, slots, runs)
+        kept = fixed_state(model, slots, [r.slot for r in runs])
         last = torch.tensor([hi - 1 for _, hi in fp.spans], device=own.device)
         own = own.index_select(0, last)
         for step in range(1, k):
@@ -149,15 +173,16 @@ def draft(
     return torch.stack(drafts, dim=1)
 
 
-def _fixed_state(
-    model: GlmModel, slots: "StreamSlots", runs: Sequence[StreamRows]
+def fixed_state(
+    model: GlmModel, slots: "StreamSlots", held: Sequence[int]
 ) -> dict[tuple[str, int], torch.Tensor]:
-    """A KDA MTP layer's fixed state of the runs' slots (empty for an MLA one)."""
+    """A copy of a KDA MTP layer's fixed state in slots `held` (empty for an MLA one), by
+    (name, slot): what a draft puts back."""
     prefix = f"L{model.cfg.mtp_layer}."
     names = [
         s.name for s in model.layout.fixed if s.name.startswith(prefix) and s.name != model.carry
     ]
-    return {(n, r.slot): slots.get(n)[r.slot].clone() for n in names for r in runs}
+    return {(n, slot): slots.get(n)[slot].clone() for n in names for slot in held}
 
 
 @torch.inference_mode()

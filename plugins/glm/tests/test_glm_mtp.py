@@ -33,7 +33,7 @@ from tensorfold_glm.weights import KdaWeights, MlaWeights
 
 @pytest.fixture(autouse=True, scope="module")
 def serve_mtp() -> Iterator[None]:
-    """The MTP layer as `--draft mtp` will load it (tensorfold_glm.config.serve_mtp), before
+    """The MTP layer loaded as `--draft mtp` loads it (tensorfold_glm.config.serve_mtp), before
     any module-scoped model is loaded."""
     was = config.serve_mtp(True)
     yield
