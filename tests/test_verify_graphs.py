@@ -226,3 +226,18 @@ def test_a_padded_pass_drafts_only_where_it_pays(model: Any, cost: float, drafts
     )
     assert got == plain
     assert (lanes.tokens_drafted > 0) == drafts
+
+
+def test_a_paused_stream_still_probes_when_padded_passes_are_priced(model: Any) -> None:
+    """A prediction never right, priced as LFM2-8B-A1B's verify passes on an H100: the stream
+    drafts, is paused, and its probes still run (one draft after 8 rounds, after 16 more)."""
+    params = replace(GREEDY, max_tokens=40)
+    plain, _ = run_lanes(make(ModelRunner, model), PROMPTS[:1], params, None, DraftSettings())
+    wrong = [(t + 1) % 128 for t in plain[0]]
+    costs = ((2, 1.53), (3, 1.83), (5, 2.35))
+    runner = make(PaddingRunner, model)
+    got, lanes = run_lanes(
+        runner, PROMPTS[:1], params, [wrong], DraftSettings(tokens=4, verify_costs=costs)
+    )
+    assert got == plain
+    assert lanes.drafts_accepted == 0 and lanes.tokens_drafted >= 4  # the first round, 2 probes

@@ -116,12 +116,14 @@ class GraphRunner(ModelRunner):
         self.graphs.clear()
         torch.cuda.synchronize()
 
+    @torch.inference_mode()  # as ModelRunner.run: a graph built in it is its inference tensors
     def run(self, streams: Sequence[StreamRows]) -> list[torch.Tensor]:
         shape = self._shape(streams)
         if shape is None:
             return super().run(streams)
         return self._replay(shape, streams, None)
 
+    @torch.inference_mode()
     def run_fed(self, streams: Sequence[StreamRows], tokens: torch.Tensor) -> list[torch.Tensor]:
         shape = self._shape(streams)
         if shape is None:

@@ -535,8 +535,11 @@ class Lanes:
         none yields more than the plain round's one a stream: each drafting stream's expected
         tokens at min(its policy's k, R - 1) drafts, one for each other, against `streams`
         times a verify pass's price at one stream (DraftSettings.verify_cost; a larger batch
-        pays less a row than that, so this errs towards plain rounds)."""
-        best, best_r = 1.0, 0
+        pays less a row than that, so this errs towards plain rounds). A stream ending its pause
+        gets at least its one probing draft, whatever the pass yields: else a stream once paused
+        would wait for a probe no pass lets through, and never draft again."""
+        probing = any(d.policy.pause_left == 1 for d in wanting)
+        best, best_r = 1.0, fits[0] if probing else 0  # a paused stream's probe is let through
         for r in fits:
             tokens: float = streams - len(wanting)
             tokens += sum(d.policy.expected(min(r - 1, max(d.policy.best_k(), 1))) for d in wanting)
