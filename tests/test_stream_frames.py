@@ -88,9 +88,11 @@ def test_host_round_bench_runs() -> None:
     assert "1 stream(s): lanes" in out.stdout and "2 stream(s): lanes" in out.stdout
 
 
-def test_graph_inputs_filled_in_place_equal_the_columns_written_whole() -> None:
+@pytest.mark.parametrize("rows_each", [1, 3])
+def test_graph_inputs_filled_in_place_equal_the_columns_written_whole(rows_each: int) -> None:
     """GraphRunner._fill keeps page tables and padding from round to round; what it copies is
-    what writing every column whole would copy, as streams come and go and take pages."""
+    what writing every stream's rows and columns whole would copy, as streams come and go and
+    take pages: decode rounds (one row a stream) and verify passes of three rows a stream."""
     import random
 
     import torch
@@ -101,11 +103,13 @@ def test_graph_inputs_filled_in_place_equal_the_columns_written_whole() -> None:
 
     runner = object.__new__(GraphRunner)
     runner.pool = KVPool(40, 4)
-    runner.scratch_page, runner.scratch_slot, runner.max_pages, runner._copied = 40, 8, 6, None
-    bucket = 8
-    host = torch.empty(4 + runner.max_pages, bucket, dtype=torch.int64)
-    runner._pad(host.numpy(), 0, bucket)
-    g = _Graph(bucket, None, host, host.clone(), np=host.numpy(), width=bucket)  # type: ignore[arg-type]
+    runner.scratch_page, runner.scratch_slot, runner.max_pages, runner._copied = 40, 8, 7, None
+    bucket, r = 8, rows_each
+    host = torch.empty(3 * bucket * r + (2 + runner.max_pages) * bucket, dtype=torch.int64)
+    g = _Graph(bucket, r, None, host, host.clone(), np=host.numpy())  # type: ignore[arg-type]
+    runner._pad(g, 0)
+    g.width = bucket
+    g.dev.copy_(g.host)
     rng = random.Random(0)
     pages = {slot: [rng.randrange(40)] for slot in range(8)}
     pos = {slot: rng.randrange(4) for slot in range(8)}
@@ -113,24 +117,27 @@ def test_graph_inputs_filled_in_place_equal_the_columns_written_whole() -> None:
         live = sorted(rng.sample(range(8), rng.randint(5, 8)))
         streams = []
         for slot in live:
-            pos[slot] = (pos[slot] + 1) % 20
-            if pos[slot] == 0:
+            pos[slot] = (pos[slot] + r) % 20
+            if pos[slot] < r:
                 pages[slot] = [rng.randrange(40)]
-            while len(pages[slot]) * 4 <= pos[slot]:
+            while len(pages[slot]) * 4 < pos[slot] + r:
                 pages[slot].append(rng.randrange(40))
-            streams.append(StreamRows(slot, pos[slot], [rng.randrange(100)], pages[slot]))
+            tokens = [rng.randrange(100) for _ in range(r)]
+            streams.append(StreamRows(slot, pos[slot], tokens, pages[slot]))
         need = max(len(s.pages) for s in streams)
         runner._fill(g, streams, need)
-        want = torch.empty(4 + need, bucket, dtype=torch.int64)
-        runner._pad(want.numpy(), 0, bucket)
+        per_row = torch.zeros(3, bucket, r, dtype=torch.int64)
+        per_stream = torch.full((2 + need, bucket), 40, dtype=torch.int64)
+        per_stream[0], per_stream[1] = 8, 0  # padding: the scratch slot, fresh
+        per_row[1] = torch.arange(r)
+        per_row[2] = 40 * 4 + torch.arange(r)
         for i, s in enumerate(streams):
-            col = [
-                s.tokens[0],
-                s.start,
-                s.pages[s.start // 4] * 4 + s.start % 4,
-                s.slot,
-                *s.pages,
-                *[40] * (need - len(s.pages)),
-            ]
-            want[:, i] = torch.tensor(col)
-        assert torch.equal(g.dev[: 4 + need], want)
+            ps = list(range(s.start, s.end))
+            per_row[:, i] = torch.tensor(
+                [list(s.tokens), ps, [s.pages[p // 4] * 4 + p % 4 for p in ps]]
+            )
+            per_stream[:, i] = torch.tensor(
+                [s.slot, s.start, *s.pages, *[40] * (need - len(s.pages))]
+            )
+        want = torch.cat([per_row.reshape(-1), per_stream.reshape(-1)])
+        assert torch.equal(g.dev[: want.shape[0]], want)
