@@ -14,6 +14,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from test_triton_kernels import _tiny  # noqa: E402  (lfm2_moe's dummy, 3 layers)
 
 from tensorfold import testing  # noqa: E402
 from tensorfold.engine.drafts import DraftSettings  # noqa: E402
@@ -35,25 +36,6 @@ SEEDED = SamplingParams(
     max_tokens=10,
     ignore_eos=True,
 )
-
-
-def tiny_lfm2() -> Any:
-    dummy = pytest.importorskip("tensorfold_lfm2_moe.dummy")
-    cfg = replace(
-        dummy.SHAPES["LFM2-8B-A1B"],
-        num_hidden_layers=3,
-        layer_types=("conv", "full_attention", "conv"),
-        vocab_size=128,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=96,
-        moe_intermediate_size=32,
-        num_experts=6,
-        num_dense_layers=1,
-    )
-    return dummy.build_dummy(cfg, "cpu", torch.float32, seed=0, std=0.1)
 
 
 class PaddingRunner(ModelRunner):
@@ -103,7 +85,7 @@ PROMPTS = [list(range(3, 30)), [7, 9, 11, 7, 9], list(range(50, 71))]
 
 @pytest.fixture(scope="module")
 def model() -> Any:
-    return tiny_lfm2()
+    return _tiny(torch.float32)
 
 
 def make(cls: type, model: Any, **kw: Any) -> ModelRunner:

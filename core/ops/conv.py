@@ -9,12 +9,15 @@ of its own K inputs, so where a pass cuts the run cannot change it.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from ..family.forward_pass import ForwardPass, StackedTaps
 from .gpu import use_triton
+
+if TYPE_CHECKING:
+    from .pass_meta import PassMeta
 
 
 def _extend(u: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
@@ -52,15 +55,12 @@ def tails_at(u: torch.Tensor, tail: torch.Tensor, counts: Sequence[int], k: int)
     return torch.stack(taps)
 
 
-def _tails_each_row(u: torch.Tensor, state: torch.Tensor, fp: ForwardPass) -> torch.Tensor:
-    """A uniform verify pass's tails after each stream's rows 1..R-1, from the device meta
-    alone (a CUDA graph replays it): u [S*R, H] -> [S, R-1, H, K-1]."""
-    from .pass_meta import pass_meta
-
-    meta = pass_meta(fp)
-    r = fp.rows_each
-    assert r is not None
-    tails = state.index_select(0, meta.stream_slot.long())  # [S, H, K-1]
+def tails_each_row(u: torch.Tensor, state: torch.Tensor, meta: "PassMeta", r: int) -> torch.Tensor:
+    """A uniform verify pass's conv tails after each stream's rows 1..R-1 (ForwardPass.rows_each
+    = r), from the device meta alone, so a CUDA graph replays it: u [S*R, C] the conv's inputs;
+    state [slots, C, K-1] the tails before the pass (a fresh stream's read as zeros) ->
+    [S, R-1, C, K-1] in u's dtype, as tails_at takes them."""
+    tails = state.index_select(0, meta.stream_slot.long())  # [S, C, K-1]
     tails = torch.where((meta.stream_start == 0)[:, None, None], torch.zeros_like(tails), tails)
     k1 = tails.shape[-1]
     ext = torch.cat((tails.transpose(1, 2).to(u.dtype), u.view(-1, r, u.shape[-1])), dim=1)
@@ -85,7 +85,10 @@ def gated_conv(
     b, c, xs = bcx.chunk(3, dim=-1)  # 3 x [N, H]
     gpu = use_triton(bcx)
     if gpu and fp.rows_each and tap_name is not None:
-        fp.tap_rows(tap_name, StackedTaps(_tails_each_row(b * xs, state, fp)))
+        from .pass_meta import pass_meta
+
+        tails = tails_each_row(b * xs, state, pass_meta(fp), fp.rows_each)
+        fp.tap_rows(tap_name, StackedTaps(tails))
     u = None if gpu else b * xs
     z = None if gpu else torch.empty_like(b)
     for i, (stream, (lo, hi)) in enumerate(zip(fp.streams, fp.spans)):

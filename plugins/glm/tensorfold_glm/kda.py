@@ -31,7 +31,7 @@ import torch
 
 from tensorfold.family.forward_pass import ForwardPass, StackedTaps
 from tensorfold.ops import switches
-from tensorfold.ops.conv import causal_conv, tails_at
+from tensorfold.ops.conv import causal_conv, tails_at, tails_each_row
 from tensorfold.ops.gpu import use_triton
 from tensorfold.ops.linear import linear, linear_groups
 from tensorfold.ops.parallel import row_linear
@@ -184,7 +184,7 @@ def _kda_kernels(
     tails, states = slots.get(f"{name}.conv"), slots.get(f"{name}.kda")
     r = rows_each_by_row(fp, x)
     if r:  # before the kernel moves them
-        fp.tap_rows(f"{name}.conv", StackedTaps(_tails_each_row(qkv, tails, meta, r)))
+        fp.tap_rows(f"{name}.conv", StackedTaps(tails_each_row(qkv, tails, meta, r)))
     else:
         _tap_tails(fp, f"{name}.conv", qkv, tails, w.conv.shape[1])
     q, k, v = triton_kda.conv_silu(
@@ -242,17 +242,6 @@ def rows_each_by_row(fp: ForwardPass, x: torch.Tensor) -> int | None:
     return r if r is not None and r < CHUNK and use_triton(x) else None
 
 
-def _tails_each_row(qkv: torch.Tensor, tails: torch.Tensor, meta, r: int) -> torch.Tensor:
-    """A uniform verify pass's conv tails after each stream's rows 1..R-1 (as _tap_tails takes
-    them), from the device meta alone: qkv [S*R, C]; tails [slots, C, K-1] -> [S, R-1, C, K-1]
-    in qkv's dtype (ops.conv's form for one gated conv)."""
-    kept = tails.index_select(0, meta.stream_slot.long())  # [S, C, K-1]
-    kept = torch.where((meta.stream_start == 0)[:, None, None], torch.zeros_like(kept), kept)
-    k1 = kept.shape[-1]
-    ext = torch.cat((kept.transpose(1, 2).to(qkv.dtype), qkv.view(-1, r, qkv.shape[-1])), dim=1)
-    return ext.unfold(1, k1, 1)[:, 1:r].contiguous()  # window a: the K-1 rows before row a
-
-
 def _verify_rule(
     cfg: GlmConfig,
     name: str,
@@ -277,24 +266,7 @@ def _verify_rule(
     n, n_streams = q.shape[0], meta.num_streams
     taps = fp.tap_space(name, states)  # [S, R-1, heads, K, V]: a GraphRunner's shared arena
     if switches.OWN_RECURRENT.on():  # one launch, the taps written by it
-        out = torch.empty(n, heads_of(w), cfg.linear_head_dim, dtype=q.dtype, device=q.device)
-        triton_kda.recurrent(
-            q,
-            k,
-            v,
-            pre,
-            b,
-            w.a_log,
-            w.dt_bias,
-            cfg.linear_lower_bound,
-            states,
-            meta.stream_row0,
-            meta.stream_len,
-            meta.stream_start,
-            meta.stream_slot,
-            out,
-            taps,
-        )
+        out = _own_recurrent(cfg, w, q, k, v, pre, b, states, meta, taps)
     else:  # a launch a row (each stream's j-th), as decode rounds take them
         beta = triton_kda.sigmoid(b)
         triton_kda.zero_fresh(states, meta)
@@ -309,6 +281,44 @@ def _verify_rule(
                 taps[:, j] = states.index_select(0, meta.stream_slot.long())
         out = out.view(n, heads_of(w), cfg.linear_head_dim)
     fp.tap_rows(name, StackedTaps(taps))
+    return out
+
+
+def _own_recurrent(
+    cfg: GlmConfig,
+    w: KdaWeights,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pre: torch.Tensor,
+    b: torch.Tensor,
+    states: torch.Tensor,
+    meta,
+    taps: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The pass's runs through triton_kda.recurrent, laid out by PassMeta (slots updated in
+    place; taps: None, or [S, R-1, heads, K, V] for each run's state after each row but its
+    last). -> o [N, heads, V] in q's dtype."""
+    from . import triton_kda
+
+    out = torch.empty(q.shape[0], heads_of(w), cfg.linear_head_dim, dtype=q.dtype, device=q.device)
+    triton_kda.recurrent(
+        q,
+        k,
+        v,
+        pre,
+        b,
+        w.a_log,
+        w.dt_bias,
+        cfg.linear_lower_bound,
+        states,
+        meta.stream_row0,
+        meta.stream_len,
+        meta.stream_start,
+        meta.stream_slot,
+        out,
+        taps,
+    )
     return out
 
 
@@ -331,25 +341,10 @@ def _decode_rule(
     from . import triton_kda
 
     n, heads, dk = q.shape[0], heads_of(w), cfg.linear_head_dim
-    out = torch.empty(n, heads, dk, dtype=q.dtype, device=q.device)
     if switches.OWN_RECURRENT.on():
-        triton_kda.recurrent(
-            q,
-            k,
-            v,
-            pre,
-            b,
-            w.a_log,
-            w.dt_bias,
-            cfg.linear_lower_bound,
-            states,
-            meta.stream_row0,
-            meta.stream_len,
-            meta.stream_start,
-            meta.stream_slot,
-            out,
-        )
+        out = _own_recurrent(cfg, w, q, k, v, pre, b, states, meta)
     else:
+        out = torch.empty(n, heads, dk, dtype=q.dtype, device=q.device)
         beta = triton_kda.sigmoid(b)
         triton_kda.zero_fresh(states, meta)
         _one_row_each(cfg, w, q, k, v, pre, beta, states, meta.stream_slot, out)
