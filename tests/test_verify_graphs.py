@@ -170,6 +170,7 @@ def test_verify_graphs_equal_plain_rows_and_taps(model: Any, kernels_on_cpu: Any
             keep, prompt, tokens, k, page_rows=PAGE_ROWS, beside=False, rewind=True, plain=plain
         )
         assert (1, k + 1) in runners[0].graphs
+        assert runners[0].tap_arena() == {}  # lfm2's conv tails are its own: no arena room
 
 
 def test_lanes_through_verify_graphs_equal_plain(model: Any, kernels_on_cpu: Any) -> None:

@@ -1,14 +1,17 @@
-"""Decode rounds under CUDA graphs.
+"""Decode rounds and verify passes under CUDA graphs.
 
 `GraphRunner` is a ModelRunner whose decode passes (every stream one row that wants its logits,
 no taps) replay a graph captured for the smallest lane-count bucket that holds them, so a round
-costs one host-to-device copy and one replay instead of a launch per kernel. Other passes run
-eagerly. A bucket's unused rows point at a scratch page and a scratch slot that the pool never
-hands out; the kernels are batch-invariant, so padding never changes a real row's bits.
+costs one host-to-device copy and one replay instead of a launch per kernel; for a family with
+`verify_graphs`, so do uniform verify passes (every stream R rows, R in VERIFY_ROWS: graphs
+keyed (bucket, R), decode rounds being R = 1). Other passes run eagerly. A bucket's unused
+streams point at a scratch page and a scratch slot that the pool never hands out; the kernels
+are batch-invariant, so padding never changes a real row's bits.
 
-The inputs live in one static int64 buffer [4 + max_pages, bucket]: tokens, positions, write
-rows, slots, then the page tables (page j of every stream in row 4 + j). A round writes its
-columns on the host (page tables only when they changed) and copies the rows it uses.
+The inputs live in one static flat int64 buffer: rows [3, bucket * R] (tokens, positions,
+write rows), then streams [2 + max_pages, bucket] (slots, starts, then the page tables: page j
+of every stream in row 2 + j). A round writes them on the host (page tables only when they
+changed) and copies what it uses.
 """
 
 from __future__ import annotations
@@ -35,9 +38,8 @@ log = get_logger("tensorfold.cuda_graphs")
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # rows a stream of the verify passes replayed as graphs (k + 1 for k drafts; the lanes pad a
-# pass's runs up to one of them), and the most rows a verify graph holds
+# pass's runs up to one of them)
 VERIFY_ROWS = (2, 3, 5, 9, 17)
-MAX_GRAPH_ROWS = 512
 # draft rows (bucket x (R - 1)) of the largest verify graph: what the tap arena holds, a fixed
 # state a row (ForwardPass.tap_space); counted in the serving plan (engine.start)
 TAP_ROWS = 32
@@ -48,7 +50,7 @@ class _Graph:
     bucket: int  # streams
     rows_each: int  # rows a stream: 1 (a decode round) or a uniform verify pass's R
     fp: ForwardPass
-    host: torch.Tensor  # the inputs (_Inputs), pinned
+    host: torch.Tensor  # the flat inputs (the module docstring), pinned
     dev: torch.Tensor  # the same on the device: the graph's inputs
     logits: torch.Tensor | None = None  # [bucket * rows_each, V]: the graph's output
     graph: "torch.cuda.CUDAGraph | None" = None
@@ -58,6 +60,7 @@ class _Graph:
     tables: list[list[int]] | None = None  # the page tables it wrote, column by column
     copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     rows: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = field(default_factory=dict)
+    refused: bool = False  # a verify graph whose capture or taps failed: run such passes eagerly
 
     @property
     def row_cells(self) -> int:
@@ -136,11 +139,7 @@ class GraphRunner(ModelRunner):
         bucket = next((b for b in self.buckets if b >= streams), None)
         if bucket is None:
             return ()
-        return tuple(
-            r
-            for r in VERIFY_ROWS
-            if bucket * r <= MAX_GRAPH_ROWS and bucket * (r - 1) <= self.tap_rows
-        )
+        return tuple(r for r in VERIFY_ROWS if bucket * (r - 1) <= self.tap_rows)
 
     def _replay(
         self, shape: tuple[int, int], streams: Sequence[StreamRows], tokens: torch.Tensor | None
@@ -149,6 +148,8 @@ class GraphRunner(ModelRunner):
         decode round's tokens on the device (copied into the graph's input after the host's
         columns), or None: the streams' own."""
         g = self.graphs.get(shape) or self._build(*shape)
+        if g.refused:  # a verify graph the family could not give: its static pass is no pass
+            return ModelRunner.run(self, streams)
         need = max(len(s.pages) for s in streams)
         self._fill(g, streams, need)
         if tokens is not None:
@@ -224,9 +225,7 @@ class GraphRunner(ModelRunner):
         if max(len(s.pages) for s in streams) > self.max_pages:
             return None
         bucket = next((b for b in self.buckets if b >= len(streams)), None)
-        if bucket is None or bucket * r > MAX_GRAPH_ROWS or bucket * (r - 1) > self.tap_rows:
-            return None
-        return bucket, r
+        return None if bucket is None else (bucket, r)
 
     def _fill(self, g: _Graph, streams: Sequence[StreamRows], need: int) -> None:
         """Write the round's inputs into the pinned host buffer (through a numpy view of it:
@@ -311,7 +310,7 @@ class GraphRunner(ModelRunner):
         g.dev.copy_(g.host)
         g.fp = self._static_pass(g)
         if rows_each > 1:
-            g.fp.tap_arena = self.tap_arena()
+            g.fp.tap_arena, g.fp.tap_arena_rows = self.tap_arena(), self.tap_rows
         if self.capture:
             try:
                 g.logits, g.graph = self._capture(g.fp)
@@ -325,18 +324,17 @@ class GraphRunner(ModelRunner):
                     error=self.capture_error,
                 )
                 g.graph = None
+                g.refused = rows_each > 1
                 torch.cuda.synchronize()
         self.graphs[(bucket, rows_each)] = g
         return g
 
     def tap_arena(self) -> dict[str, torch.Tensor]:
-        """The verify graphs' taps by row, `tap_rows` fixed states of each name, made once
-        (outside any capture: a graph's own allocations would be its alone)."""
+        """The verify graphs' taps by row: `tap_rows` fixed states of each name a family taps
+        into it (ForwardPass.tap_space adds a name on its first use, in the uncaptured passes
+        before a capture: a graph's own allocations would be its alone)."""
         if self._tap_arena is None:
-            self._tap_arena = {
-                name: buf.new_empty(self.tap_rows, *buf.shape[1:])
-                for name, buf in self.slots.buffers.items()
-            }
+            self._tap_arena = {}
         return self._tap_arena
 
     def _check_taps(self, fp: ForwardPass) -> None:

@@ -17,7 +17,7 @@ a token, only how many one pass yields. This module decides the drafts:
   drafts it judged: the kept ones and the first refused); a stream whose drafts stop paying
   drafts nothing for a while, then tries one draft again (after 8 rounds, doubling to 256
   while it keeps failing). The lanes cap k further: at max_tokens, and per pass as the batch
-  grows (`pass_gain`: a padded pass must yield more than its streams' plain rounds would).
+  grows (`Lanes._paying`: a padded pass must yield more than its streams' plain rounds would).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class DraftSettings:
     adaptive: the per-stream policy on (off: k whenever a source proposes, for tests);
     row_cost: a draft row's cost relative to a one-row pass, the policy's price;
     pass_rows: decode rows (plain and draft) a pass may hold before drafts are cut (row_cost
-    and pass_rows are first guesses, not measured yet: docs/performance.md, "Drafting");
+    is a first guess, used only where no verify_costs were measured; pass_rows too, though
+    docs/performance.md "Drafting" measures the batch sizes around it);
     pass_cost: a verify pass's cost before its rows, over a plain decode pass's (1 where both
     run alike; on a GPU whose decode rounds replay CUDA graphs and whose verify passes run
     eagerly, the ratio the warm-up measured: drafts must pay for it); verify_costs: (rows a

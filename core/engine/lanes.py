@@ -540,9 +540,10 @@ class Lanes:
         would wait for a probe no pass lets through, and never draft again."""
         probing = any(d.policy.pause_left == 1 for d in wanting)
         best, best_r = 1.0, fits[0] if probing else 0  # a paused stream's probe is let through
+        ks = [max(d.policy.best_k(), 1) for d in wanting]
         for r in fits:
             tokens: float = streams - len(wanting)
-            tokens += sum(d.policy.expected(min(r - 1, max(d.policy.best_k(), 1))) for d in wanting)
+            tokens += sum(d.policy.expected(min(r - 1, k)) for d, k in zip(wanting, ks))
             gain = tokens / (streams * self.drafting.verify_cost(r))
             if gain > best:
                 best, best_r = gain, r

@@ -158,6 +158,7 @@ class ForwardPass:
         self.row_taps: dict[str, RowTaps] = {}  # fixed-state name -> its taps (rows_each only)
         # a GraphRunner's tap arena: fixed-state name -> [rows, *slot state], shared by its passes
         self.tap_arena: dict[str, torch.Tensor] | None = None
+        self.tap_arena_rows = 0
 
     def tap(self, i: int, pos: int, name: str, state: Tapped) -> None:
         self.tapped.setdefault((i, pos), {})[name] = state
@@ -171,13 +172,16 @@ class ForwardPass:
         rows_each - 1, *state] in the state's dtype (`slot_state`: its slot buffer [slots,
         *state]). A view of the runner's tap arena when the pass has one (a GraphRunner's: one
         arena for every graph, as each pass's taps are read before the next pass runs, so a
-        large state's taps are not held once a graph), else a new tensor."""
+        large state's taps are not held once a graph; made for a name on its first use, so
+        only the states a family taps this way take room), else a new tensor."""
         r = self.rows_each
         assert r is not None, "taps by row are a uniform verify pass's"
         n, shape = len(self.streams) * (r - 1), slot_state.shape[1:]
-        arena = self.tap_arena.get(name) if self.tap_arena is not None else None
-        if arena is None or arena.shape[0] < n:
+        if self.tap_arena is None or n > self.tap_arena_rows:
             return slot_state.new_empty(len(self.streams), r - 1, *shape)
+        arena = self.tap_arena.get(name)
+        if arena is None:  # first asked for in a pass before any capture (GraphRunner._capture)
+            arena = self.tap_arena[name] = slot_state.new_empty(self.tap_arena_rows, *shape)
         return arena[:n].view(len(self.streams), r - 1, *shape)
 
     def taps_at(self, i: int, pos: int) -> dict[str, Tapped] | None:
