@@ -173,6 +173,22 @@ def test_verify_graphs_equal_plain_rows_and_taps(model: Any, kernels_on_cpu: Any
         assert runners[0].tap_arena() == {}  # lfm2's conv tails are its own: no arena room
 
 
+def test_a_graph_tapping_an_unmarked_state_in_the_arena_is_refused(model: Any) -> None:
+    """The serving plan counts the tap arena from the states marked StateSpec.arena_taps: a
+    verify graph that tapped another state there is refused (it then runs eagerly)."""
+    from types import SimpleNamespace
+
+    from tensorfold.engine.cuda_graphs import GraphRunner
+
+    runner = GraphRunner(model, num_pages=4, num_slots=2, page_rows=PAGE_ROWS)
+    names = set(runner.slots.buffers)
+    fp = SimpleNamespace(rows_each=3, tapped={}, row_taps=dict.fromkeys(names), tap_arena={})
+    runner._check_taps(fp)  # type: ignore[arg-type]
+    fp.tap_arena = {"L0.conv": torch.zeros(1)}
+    with pytest.raises(RuntimeError, match="arena_taps=True"):
+        runner._check_taps(fp)  # type: ignore[arg-type]
+
+
 def test_lanes_through_verify_graphs_equal_plain(model: Any, kernels_on_cpu: Any) -> None:
     """The lanes over a GraphRunner: verify rounds replay (bucket, R) graphs, tokens plain's."""
     from tensorfold.engine.cuda_graphs import GraphRunner

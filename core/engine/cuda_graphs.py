@@ -346,6 +346,13 @@ class GraphRunner(ModelRunner):
                 f"{len(fp.tapped)} by position; a graph needs every fixed state "
                 f"({sorted(self.slots.buffers)}) tapped by row (ForwardPass.tap_rows)"
             )
+        counted = {s.name for s in self.layout.fixed if s.arena_taps}
+        if fp.tap_arena and not set(fp.tap_arena) <= counted:
+            raise RuntimeError(
+                f"{self.model.name}'s verify pass tapped {sorted(set(fp.tap_arena) - counted)} "
+                "in the tap arena, which the serving plan does not count: mark those states "
+                "StateSpec(arena_taps=True)"
+            )
 
     def _capture(self, fp: ForwardPass) -> "tuple[torch.Tensor, torch.cuda.CUDAGraph]":
         side = torch.cuda.Stream()

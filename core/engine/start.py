@@ -156,13 +156,13 @@ def _room(settings: Settings, shape: ModelShape, device: str, weights: int) -> i
 
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         # GraphRunner's scratch page and slot (the rows a graph bucket's padding writes) and its
-        # verify graphs' tap arena (TAP_ROWS fixed states) sit outside the pool: counted here
-        # with the weights, so the plan's pages stay whole.
+        # verify graphs' tap arena (TAP_ROWS rows of the states tapped there) sit outside the
+        # pool: counted here with the weights, so the plan's pages stay whole.
         weights += layout.page_bytes(PAGE_ROWS) + layout.fixed_bytes
         if settings.cuda_graphs:
             from .cuda_graphs import TAP_ROWS
 
-            weights += TAP_ROWS * layout.fixed_bytes
+            weights += TAP_ROWS * layout.arena_tap_bytes
         activations = ACTIVATION_ROWS * 64 * 1024  # a generous bound per row, until measured
         room = memory_budget(
             device_free=free,

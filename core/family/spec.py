@@ -52,12 +52,16 @@ class StateSpec:
     """Per-stream fixed state that is not paged (conv tails, recurrent states, sliding rows).
     `fp8`: under TF_KV_DTYPE=fp8 stored in float8 e4m3 with a scale beside each vector of the
     last dim, as RowSpec.fp8 (sliding K/V rings); set it only where the family quantizes its
-    writes and dequantizes its reads (tensorfold.ops.kv_quant)."""
+    writes and dequantizes its reads (tensorfold.ops.kv_quant). `arena_taps`: a uniform verify
+    pass taps this state whole, by row, in its runner's shared tap arena (ForwardPass.tap_space);
+    the serving plan reserves room for TAP_ROWS of it (states tapped otherwise, such as rows of a
+    ring, take their room in each graph's own memory)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str = "float32"
     fp8: bool = False
+    arena_taps: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -88,6 +92,11 @@ class StateLayout:
     @property
     def fixed_bytes(self) -> int:
         return sum(s.nbytes for s in self.fixed)
+
+    @property
+    def arena_tap_bytes(self) -> int:
+        """A row's taps in a verify graph's tap arena: the fixed states marked arena_taps."""
+        return sum(s.nbytes for s in self.fixed if s.arena_taps)
 
 
 def resolve(ref: str) -> Callable[..., Any]:

@@ -75,7 +75,7 @@ def state_layout(cfg: GlmConfig, dtype: str, world: int = 1) -> StateLayout:
     tail = (3 * cfg.kda_dim // world, cfg.linear_conv_kernel_dim - 1)
     fixed: list[StateSpec] = []
     for i in kda_layers:
-        fixed.append(StateSpec(f"L{i}.kda", (heads, dim, dim), "float32"))
+        fixed.append(StateSpec(f"L{i}.kda", (heads, dim, dim), "float32", arena_taps=True))
         fixed.append(StateSpec(f"L{i}.conv", tail, name))
     if mtp is not None:
         fixed.append(StateSpec(carry_name(cfg), (cfg.hidden_size,), name))

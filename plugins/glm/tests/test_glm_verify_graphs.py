@@ -97,6 +97,8 @@ def check_graphed_verify(model: Any, made: list[GraphRunner], k: int) -> None:
     assert g.fp.rows_each == k + 1 and not g.fp.tapped
     assert set(g.fp.row_taps) == set(runner.slots.buffers)
     assert {"L0.kda", "L0.conv", f"L{model.cfg.mtp_layer}.carry"} == set(runner.slots.buffers)
+    marked = {s.name for s in runner.layout.fixed if s.arena_taps}  # what the plan counts
+    assert marked == set(runner.tap_arena()) == {"L0.kda"}
 
 
 @pytest.mark.parametrize("k, prompt, tokens", [(1, 14, 4), (4, 62, 7)])
