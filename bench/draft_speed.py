@@ -2,8 +2,11 @@
 decoding, through the lanes and a graph runner, for one family's speed shape (dummy bf16
 weights, bench/verify_rows.py's `build`).
 
-Oracle drafts are a request's prediction: the tokens of a recorded plain run, each replaced by
-another token with probability 1 - p (seeded). For p in {1, 0.8, 0.5, 0} at k = 4 with the
+Oracle drafts are the tokens of a recorded plain run, each replaced by another token with
+probability 1 - p (seeded), proposed by position (a stream that has generated t tokens is offered
+the corrupted run's tokens t, t + 1, ...), through the lanes' draft-model path (`OracleDrafter`):
+a request's prediction would re-sync by content after each rejection, which on a dummy model's
+repetitive output can land on the wrong place and measure the re-sync rather than p. For p in {1, 0.8, 0.5, 0} at k = 4 with the
 per-stream policy on, p = 0 with it off (what the policy saves), p = 1 at k = 2, 8 and 16, and
 n-gram drafts: decode tokens/s against plain, the drafts kept, and whether every run's tokens
 equal plain's (greedy, and seeded at temperature 0.8 with top_p and every penalty on), at one
@@ -36,6 +39,7 @@ from tensorfold.engine.lanes import Lanes  # noqa: E402
 from tensorfold.engine.requests import Finished, Request, TokenOut  # noqa: E402
 from tensorfold.engine.runner import ModelRunner  # noqa: E402
 from tensorfold.engine.sampling import SamplingParams  # noqa: E402
+from tensorfold.family.drafter import DraftAsk  # noqa: E402
 
 PAGE_ROWS = 512
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -76,18 +80,46 @@ class Outcome:
     passes: int
 
 
+class OracleDrafter:
+    """Drafts by position from each request's oracle run (a ModelDrafter): the stream whose
+    next token is its t-th output token is offered oracle[t + 1 : t + 1 + k]."""
+
+    def __init__(self, oracles: dict[int, Sequence[int]]) -> None:
+        self.oracles = oracles  # id(request) -> its corrupted run
+        self.lanes: Lanes | None = None
+
+    def propose(self, asks: Sequence[DraftAsk], k: int) -> list[list[int]]:
+        assert self.lanes is not None
+        by_slot = {s.slot: s for s in self.lanes.live}
+        out = []
+        for ask in asks:
+            live = by_slot[ask.slot]
+            t = len(live.generated)  # the next token fed is output token t - 1
+            out.append(list(self.oracles.get(id(live.req), ())[t : t + k]))
+        return out
+
+
 def run(
     runner: ModelRunner,
     prompts: Sequence[list[int]],
     params: SamplingParams,
     predictions: Sequence[Sequence[int]] | None,
     drafts: DraftSettings,
+    oracle: bool = False,
 ) -> Outcome:
-    lanes = Lanes(runner, lanes=len(prompts), window=8192, drafts=drafts)
+    """Plain or drafted decoding of `prompts`; predictions: each request's prediction, or with
+    `oracle` its oracle run (drafted by position, `drafts.source` set to "model")."""
+    drafter = OracleDrafter({}) if oracle else None
+    if drafter is not None:
+        drafts = replace(drafts, source="model")
+    lanes = Lanes(runner, lanes=len(prompts), window=8192, drafts=drafts, model_drafter=drafter)
     streams = [Stream() for _ in prompts]
     for i, (prompt, s) in enumerate(zip(prompts, streams)):
-        prediction = tuple(predictions[i]) if predictions and predictions[i] else ()
-        lanes.add(Request(list(prompt), params, s.sink, prediction=prediction))
+        given = tuple(predictions[i]) if predictions and predictions[i] else ()
+        req = Request(list(prompt), params, s.sink, prediction=() if drafter else given)
+        if drafter is not None:
+            drafter.oracles[id(req)], drafter.lanes = given, lanes
+        lanes.add(req)
     passes = lanes.passes
     while lanes.step():
         pass
@@ -118,7 +150,7 @@ def measure(family: str, args: argparse.Namespace, device: str) -> dict[str, Any
     model = build(family, args.smoke, device)
     vocab = model.vocab_size
     rows = args.context + args.tokens + 32
-    streams = max(8, *args.sweep)
+    streams = max([8, *args.sweep])
     pages = streams * -(-rows // PAGE_ROWS) + 2
     runner_cls = GraphRunner if device == "cuda" else ModelRunner
     runner = runner_cls(model, num_pages=pages, num_slots=streams, page_rows=PAGE_ROWS)
@@ -160,7 +192,7 @@ def measure(family: str, args: argparse.Namespace, device: str) -> dict[str, Any
     for p in (1.0, 0.8, 0.5, 0.0):
         prediction = corrupt(answer, p, vocab, seed=int(p * 100))
         out = best_of_two(
-            prompts[:1], greedy, [prediction], DraftSettings(tokens=4, adaptive=False)
+            prompts[:1], greedy, [prediction], DraftSettings(tokens=4, adaptive=False), True
         )
         row(f"forced, oracle p={p} k=4", out, plain1, 1)
     for k in (8, 16):
@@ -172,7 +204,9 @@ def measure(family: str, args: argparse.Namespace, device: str) -> dict[str, Any
     priced: dict[str, Any] = dict(pass_cost=prices[0], verify_costs=prices[1])
     for p in (1.0, 0.8, 0.0):
         prediction = corrupt(answer, p, vocab, seed=int(p * 100))
-        out = best_of_two(prompts[:1], greedy, [prediction], DraftSettings(tokens=4, **priced))
+        out = best_of_two(
+            prompts[:1], greedy, [prediction], DraftSettings(tokens=4, **priced), True
+        )
         row(f"policy, oracle p={p} k=4", out, plain1, 1)
     out = best_of_two(prompts[:1], greedy, [answer], DraftSettings(tokens=16, **priced))
     row("policy, prediction = answer, k=16", out, plain1, 1)
@@ -182,27 +216,27 @@ def measure(family: str, args: argparse.Namespace, device: str) -> dict[str, Any
     for p in (1.0, 0.8):
         prediction = corrupt(plain_s.tokens[0], p, vocab, seed=7)
         settings = DraftSettings(tokens=4, adaptive=False)
-        out = best_of_two(prompts[:1], seeded, [prediction], settings)
+        out = best_of_two(prompts[:1], seeded, [prediction], settings, True)
         row(f"forced, seeded, oracle p={p} k=4", out, plain_s, 1)
     every, prompts = prompts, prompts[:8]
     plain8 = best_of_two(prompts, greedy, None, off)
     row("plain", plain8, plain8, len(prompts))
     oracle = [corrupt(t, 0.8, vocab, seed=i) for i, t in enumerate(plain8.tokens)]
     forced = DraftSettings(tokens=4, adaptive=False)
-    out = best_of_two(prompts, greedy, oracle, forced)
+    out = best_of_two(prompts, greedy, oracle, forced, True)
     row("forced, oracle p=0.8 k=4", out, plain8, len(prompts))
     half = [o if i % 2 else [] for i, o in enumerate(oracle)]
-    out = best_of_two(prompts, greedy, half, forced)
+    out = best_of_two(prompts, greedy, half, forced, True)
     row("forced, oracle p=0.8 k=4, half the streams", out, plain8, len(prompts))
-    out = best_of_two(prompts, greedy, oracle, DraftSettings(tokens=4, **priced))
+    out = best_of_two(prompts, greedy, oracle, DraftSettings(tokens=4, **priced), True)
     row("policy, oracle p=0.8 k=4", out, plain8, len(prompts))
     for b in args.sweep:  # where drafting stops paying as the batch grows (p = 0.8, k = 4)
         plain_b = best_of_two(every[:b], greedy, None, off)
         row("sweep: plain", plain_b, plain_b, b)
         oracle = [corrupt(t, 0.8, vocab, seed=i) for i, t in enumerate(plain_b.tokens)]
-        out = best_of_two(every[:b], greedy, oracle, forced)
+        out = best_of_two(every[:b], greedy, oracle, forced, True)
         row("sweep: forced, oracle p=0.8 k=4", out, plain_b, b)
-        out = best_of_two(every[:b], greedy, oracle, DraftSettings(tokens=4, **priced))
+        out = best_of_two(every[:b], greedy, oracle, DraftSettings(tokens=4, **priced), True)
         row("sweep: policy, oracle p=0.8 k=4", out, plain_b, b)
     res["rows"] = rows_out
     res["context"], res["tokens"] = args.context, args.tokens

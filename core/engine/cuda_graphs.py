@@ -175,7 +175,8 @@ class GraphRunner(ModelRunner):
     ) -> tuple[float, tuple[tuple[int, float], ...]] | None:
         """The draft policy's prices (DraftSettings.pass_cost, verify_costs), measured against a
         one-row decode pass's replay on the scratch slot and page (medians of `repeats`): with
-        verify graphs, a pass_cost of 1 and the cost of each replayed verify pass of R rows,
+        verify graphs, a pass_cost of 1 and the cost of each replayed verify pass of R rows
+        (of R distinct tokens),
         for R in VERIFY_ROWS up to the one that holds `drafts` drafts; without, the eager
         one-row pass's cost (a verify pass then runs eagerly: drafts must pay for that) and
         no table. None where rounds are not captured."""
@@ -198,11 +199,13 @@ class GraphRunner(ModelRunner):
         if not counts:
             return median_s(lambda run: ModelRunner.run(self, run), one) / plain, ()
         table = []
+        # distinct tokens: rows of one token would route to the same experts, and a MoE verify
+        # pass then reads a fraction of the expert weights that real drafts make it read
+        vocab = self.model.vocab_size
         for r in counts:
             taps = tuple(range(1, r))
-            run = [
-                StreamRows(self.scratch_slot, 0, [0] * r, [self.scratch_page], "all", taps, True)
-            ]
+            ids = [(7919 * (i + 1)) % vocab for i in range(r)]
+            run = [StreamRows(self.scratch_slot, 0, ids, [self.scratch_page], "all", taps, True)]
             table.append((r, max(median_s(self.run, run) / plain, 1.0)))
             if r > drafts:
                 break
