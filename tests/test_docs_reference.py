@@ -22,6 +22,7 @@ MODULES = [
     "tensorfold.adapters.stream_state",
     "tensorfold.adapters.snapshots",
     "tensorfold.family.checkpoint",
+    "tensorfold.family.rope_config",
     "tensorfold.family.tokenizer",
     "tensorfold.family.demo_build",
     "tensorfold.ops.linear",
