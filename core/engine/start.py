@@ -4,6 +4,7 @@ lanes and the engine thread started. Every refusal comes before the weights load
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from ..family.plugins import (
     families,
     family_plugin_manager,
     get_plugin_manager,
+    served_by,
 )
 from ..family.profiles import collect_rows
 from ..family.tokenizer import Tokenizer
@@ -363,7 +365,8 @@ def open_served(
     pm = get_plugin_manager(settings)
     check_environment(settings, collect_rows(pm))
     asked = family or settings.family
-    spec = choose_family(asked, pm)
+    config = folder_config(model) if asked is None and model is not None else None
+    spec = choose_family(asked, pm, config)
     launch = parallel_launch(settings)
     if launch is not None and launch.rank > 0:
         from .tensor_parallel import follow
@@ -434,7 +437,7 @@ def open_served(
         rank.plan.window,
         team,
         tool_format,
-        family_note(spec, asked, pm),
+        family_note(spec, asked, pm, config),
         plan_asked(settings),
         content_specials=settings.special_tokens_in_content,
         reasoning_format=reasoning_format,
@@ -519,11 +522,24 @@ def plan_asked(settings: Settings) -> dict[str, Any]:
     }
 
 
-def family_note(spec: FamilySpec, asked: str | None, pm: Any) -> str:
-    """'family NAME', and when it was chosen by default among several, the others and how to
-    pick one of them."""
+def folder_config(model: str | Path) -> dict | None:
+    """A --model folder's config.json as a dict, to choose its family by; None where it has
+    none that parses (the checkpoint's own opening then says why)."""
+    path = Path(model) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def family_note(spec: FamilySpec, asked: str | None, pm: Any, config: dict | None = None) -> str:
+    """'family NAME', and when it was chosen by the --model folder's config.json, by what; when
+    it was chosen by default among several, the others and how to pick one of them."""
     if asked is not None:
         return f"family {spec.name}"
+    if config is not None and spec.serves_config(config):
+        return f"family {spec.name}, which serves the checkpoint's {served_by(config)}"
     others = [name for name in families(pm) if name != spec.name]
     if not others:
         return f"family {spec.name}"
