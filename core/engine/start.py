@@ -294,10 +294,7 @@ def open_rank(
     if group is not None:
         shards = hooks.hook.shard_plan(config=ckpt.config, dtype=dtype, world=group.world)
         if shards is None:
-            raise FamilyError(
-                f"family {spec.name!r} ({spec.distribution}) declares no tensor "
-                f"parallel (no shard_plan hook answers); drop --tp"
-            )
+            raise no_shard_plan(spec)
         ckpt.set_shard(Shard(group.rank, group.world, shards))
         layout = shards.layout
 
@@ -355,6 +352,26 @@ def open_rank(
     return Rank(ckpt, the_plan, runner, hooks.hook, arena, capacity)
 
 
+def no_shard_plan(spec: FamilySpec) -> FamilyError:
+    return FamilyError(
+        f"family {spec.name!r} ({spec.distribution}) declares no tensor "
+        f"parallel (no shard_plan hook answers); drop --tp"
+    )
+
+
+def refuse_unshardable(settings: Settings, spec: FamilySpec, folder: Path, world: int) -> None:
+    """--tp N's refusals that need no other rank, from config.json alone, before any follower
+    starts: a family that declares no tensor parallel (FamilyError), a config its shard_plan
+    cannot cut (ShardRefused)."""
+    from tensorfold.adapters import paged_kv, snapshots
+
+    config = Checkpoint.open(folder, weights=False).config
+    hooks = family_plugin_manager(spec, [paged_kv, snapshots])
+    dtype = pick_dtype(settings, pick_device(settings), config)
+    if hooks.hook.shard_plan(config=config, dtype=dtype, world=world) is None:
+        raise no_shard_plan(spec)
+
+
 def open_served(
     settings: Settings, family: str | None = None, model: str | Path | None = None
 ) -> Served:
@@ -380,6 +397,8 @@ def open_served(
     if launch is not None:
         from .tensor_parallel import Team
 
+        if launch.spawned:
+            refuse_unshardable(settings, spec, folder, launch.world)
         team = Team.start(settings, spec, folder, launch)
     try:
         rank = open_rank(settings, spec, folder, team.joined if team else None)
