@@ -43,6 +43,22 @@ def test_rms_norm_rounds_before_the_weight() -> None:
     assert torch.equal(rms_norm(x, w, 1e-5), w * normed)
 
 
+def test_rms_norm_with_an_fp32_weight_rounds_once() -> None:
+    """fp32_weight: bf16(w_fp32 · normalised fp32), Olmo2RMSNorm's order, bit for bit."""
+    x = torch.randn(16, 72, generator=gen(2)).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(72, generator=gen(3))).to(torch.bfloat16)
+    got = rms_norm(x, w, 1e-5, fp32_weight=True)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, rms_norm(x.float(), w.float(), 1e-5).to(torch.bfloat16))
+    assert not torch.equal(got, rms_norm(x, w, 1e-5))  # not w · bf16(normalised)
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
+
+    ref = Olmo2RMSNorm(72, eps=1e-5).to(torch.bfloat16)
+    ref.weight.data.copy_(w)
+    assert transformers and torch.equal(got, ref(x))
+
+
 def test_rms_norm_is_row_invariant() -> None:
     x = torch.randn(301, 96, generator=gen(4))
     w = torch.randn(96, generator=gen(5))
