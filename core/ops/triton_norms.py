@@ -66,7 +66,7 @@ def norm_rows(
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SLOTS: tl.constexpr,
-    FP32_WEIGHT: tl.constexpr = False,
+    FP32_WEIGHT: tl.constexpr,
 ):
     """Rows row0 .. row0 + ROWS as a [ROWS, BLOCK_D] tile. SLOTS > 1: x is [n_rows, SLOTS, D],
     a MoE's slots, summed in slot order in fp32 and rounded to h's dtype first
