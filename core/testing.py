@@ -668,14 +668,25 @@ def join_gloo(rank: int, port: int, world: int = 2) -> None:
 
 
 def greedy(runner: ModelRunner, prompt: list[int], steps: int) -> tuple[torch.Tensor, list[int]]:
-    """Every prompt row's logits [P, V] in one pass (stream 0 on pages 0..3), then `steps`
-    greedy decode rows; returns the logits and the tokens."""
-    pages = list(range(4))
-    (logits,) = runner.run([StreamRows(0, 0, prompt, pages, "all")])
+    """Every prompt row's logits [P, V] in one pass (stream 0, slot 0), then `steps` greedy
+    decode rows; returns the logits and the tokens. The stream leases the pages its P + steps
+    rows need from the runner's pool (on a fresh runner pages 0, 1, ...) and gives them back;
+    a pool too small for them raises ValueError saying how many pages it needs."""
+    need = runner.pool.pages_for(len(prompt) + steps)
+    if not runner.pool.can_promise(need):
+        raise ValueError(
+            f"testing.greedy: a prompt of {len(prompt)} tokens and {steps} steps need {need} "
+            f"pages of {runner.pool.page_rows} rows; the runner can lease "
+            f"{runner.pool.available} of its {runner.pool.num_pages}: give it more pages "
+            "(num_pages=) or longer ones (page_rows=)"
+        )
+    stream = open_stream(runner, 0, len(prompt) + steps)
+    (logits,) = runner.run([stream.rows(prompt, "all")])
     tokens = [int(logits[-1].argmax())]
-    for t in range(steps - 1):
-        (row,) = runner.run([StreamRows(0, len(prompt) + t, tokens[-1:], pages)])
+    for _ in range(steps - 1):
+        (row,) = runner.run([stream.rows(tokens[-1:])])
         tokens.append(int(row[-1].argmax()))
+    stream.lease.release()
     return logits, tokens
 
 

@@ -114,6 +114,20 @@ def test_a_load_that_leaves_unused_tensors_is_not_stopped(single: Path) -> None:
     assert [e["event"] for e in logs][-1].endswith("(stopped)")
 
 
+def test_a_loading_inside_the_cores_adds_no_line(single: Path) -> None:
+    """A family's own `with checkpoint.loading():` (or load_many) inside the core's one counts
+    into the core's: one progress, ending whole, no "0 B of ... (stopped)" beside it."""
+    ckpt = Checkpoint.open(single)
+    with capture_logs() as logs, ckpt.loading():
+        with ckpt.loading():
+            ckpt.load("a")
+        ckpt.load_many(["b"])
+    lines = [e["event"] for e in logs if e["event"].startswith("loading weights")]
+    assert lines[0] == "loading weights: 0 B of 58 B" and lines.count(lines[0]) == 1
+    assert lines[-1] == "loading weights: 58 B of 58 B, 2/2 tensors"
+    assert not [line for line in lines if "stopped" in line]
+
+
 def test_progress_follows_isatty(single: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     class Tty:
         def __init__(self) -> None:

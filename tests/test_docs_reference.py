@@ -1,5 +1,6 @@
 """docs/reference.md lists every public name of the modules a family is built from, each in its
-module's section, and every module of tensorfold.ops."""
+module's section, every module of tensorfold.ops, and every name docs/plugins.md's code imports
+(or reaches through a module it imports) in its module's section."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import re
 from pathlib import Path
 
 import pytest
+from guide_blocks import check_blocks, file_blocks
 
 import tensorfold.ops
 
 REFERENCE_MD = Path(__file__).parents[1] / "docs" / "reference.md"
+GUIDE_MD = Path(__file__).parents[1] / "docs" / "plugins.md"
 MODULES = [
     "tensorfold.family",
     "tensorfold.family.model",
@@ -22,6 +25,7 @@ MODULES = [
     "tensorfold.adapters.stream_state",
     "tensorfold.adapters.snapshots",
     "tensorfold.family.checkpoint",
+    "tensorfold.family.rope_config",
     "tensorfold.family.tokenizer",
     "tensorfold.family.demo_build",
     "tensorfold.ops.linear",
@@ -45,6 +49,7 @@ MODULES = [
     "tensorfold.engine.ngram_drafts",
     "tensorfold.engine.drafts",
     "tensorfold.family.drafter",
+    "tensorfold.engine.runner",
 ]
 
 
@@ -153,3 +158,48 @@ def test_the_name_check_can_fail() -> None:
     assert not mentioned("load", "loads `load_many`")
     assert "Checkpoint.path" in public_names("tensorfold.family.checkpoint")
     assert "ForwardPass.write_index" in public_names("tensorfold.family.forward_pass")
+
+
+def _submodule(module: str, name: str) -> str | None:
+    """`module.name` when that is a module (imported as one), else None."""
+    try:
+        importlib.import_module(f"{module}.{name}")
+    except ImportError:
+        return None
+    return f"{module}.{name}"
+
+
+def imported_names(code: str) -> set[tuple[str, str]]:
+    """(module, name) for every `from tensorfold... import name` in `code`, and for a module so
+    imported (`from tensorfold.ops import rope`), (that module, attr) for each `rope.attr`."""
+    tree = ast.parse(code)
+    found: set[tuple[str, str]] = set()
+    modules: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "tensorfold":
+            for alias in node.names:
+                sub = _submodule(node.module, alias.name)
+                if sub is None:
+                    found.add((node.module, alias.name))
+                else:
+                    modules[alias.asname or alias.name] = sub
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id in modules:
+                found.add((modules[node.value.id], node.attr))
+    return found
+
+
+def test_every_name_the_guide_imports_is_in_its_modules_section() -> None:
+    text = GUIDE_MD.read_text()
+    code = [b for p, b in file_blocks(text).items() if p.endswith(".py")] + check_blocks(text)
+    wanted = set().union(*(imported_names(c) for c in code))
+    assert ("tensorfold.engine.runner", "open_stream") in wanted
+    assert ("tensorfold.ops.rope", "cos_sin") in wanted  # through `from tensorfold.ops import rope`
+    found = sections()
+    missing = sorted(
+        f"{module}: {name}"
+        for module, name in wanted
+        if module not in found or not mentioned(name, found[module])
+    )
+    assert not missing, f"docs/reference.md does not list, in the module's section: {missing}"

@@ -60,6 +60,20 @@ def test_linear_rows_alone_equal_batches():
     assert_rows_invariant(lambda x: triton_linear.linear(x, w, b), randn(700, 320, seed=3))
 
 
+def test_rms_norm_with_an_fp32_weight_rows_alone_and_near_the_reference():
+    """norms.rms_norm(fp32_weight=True): one launch, rows alone == batches, within bf16 rounding
+    of the torch reference (the GPU's sum of squares runs in another order)."""
+    from tensorfold.ops import norms
+
+    w = randn(2048, seed=7, scale=0.1) + 1
+    x = randn(700, 2048, seed=8)
+    assert_rows_invariant(lambda x: norms.rms_norm(x, w, 1e-6, fp32_weight=True), x)
+    got = norms.rms_norm(x, w, 1e-6, fp32_weight=True).cpu()
+    want = norms.rms_norm(x.cpu(), w.cpu(), 1e-6, fp32_weight=True)  # the torch reference
+    assert got.dtype == torch.bfloat16
+    assert (got.float() - want.float()).abs().max() <= 0.02 * want.float().abs().max()
+
+
 def test_linear_groups_rows_alone_equal_batches():
     """GLM-5.3-Flash's f_b and g_b (2 x [8192, 128]) of adjacent columns of its x maps' product
     (a [M, 576] pass) in one launch: rows alone == batches, near each group's own product."""

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tensorfold.family.rope_config import RopeRefused, rope_parameters
 from tensorfold.ops import conv, moe, rope
 from tensorfold.ops.norms import rms_norm
 
@@ -40,6 +41,20 @@ def test_rms_norm_rounds_before_the_weight() -> None:
     xf = x.float()
     normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(torch.bfloat16)
     assert torch.equal(rms_norm(x, w, 1e-5), w * normed)
+
+
+def test_rms_norm_with_an_fp32_weight_rounds_once() -> None:
+    """fp32_weight: bf16(w_fp32 · normalised fp32), Olmo2RMSNorm's order, bit for bit."""
+    x = torch.randn(16, 72, generator=gen(2)).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(72, generator=gen(3))).to(torch.bfloat16)
+    got = rms_norm(x, w, 1e-5, fp32_weight=True)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, rms_norm(x.float(), w.float(), 1e-5).to(torch.bfloat16))
+    assert not torch.equal(got, rms_norm(x, w, 1e-5))  # not w · bf16(normalised)
+    olmo2 = pytest.importorskip("transformers.models.olmo2.modeling_olmo2")
+    ref = olmo2.Olmo2RMSNorm(72, eps=1e-5).to(torch.bfloat16)
+    ref.weight.data.copy_(w)
+    assert torch.equal(got, ref(x))
 
 
 def test_rms_norm_is_row_invariant() -> None:
@@ -83,6 +98,49 @@ def test_cos_sin_are_cast_to_the_model_dtype_and_row_invariant() -> None:
     for a, b in [(0, 1), (3, 20), (299, 300)]:
         c, s = rope.cos_sin(positions[a:b].clone(), freqs, torch.float32)
         assert torch.equal(c, full_cos[a:b]) and torch.equal(s, full_sin[a:b])
+
+
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [None, {"type": "linear", "factor": 4.0}, LLAMA3],
+    ids=["default", "linear", "llama3"],
+)
+def test_scaled_inv_freq_is_transformers_bit_for_bit(scaling: dict | None) -> None:
+    """A transformers 4.x config.json (`rope_scaling`, `type` or `rope_type`, a top-level
+    rope_theta), read as transformers 5.23.0 reads it, gives its inverse frequencies exactly."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = {"rope_theta": 500000.0, "max_position_embeddings": 512, "rope_scaling": scaling}
+    params = rope_parameters(config)
+    ref_cfg = transformers.LlamaConfig(hidden_size=64, num_attention_heads=2, head_dim=32, **config)
+    kind = ref_cfg.rope_parameters["rope_type"]
+    assert params["rope_type"] == kind
+    if kind == "default":
+        want = rope.inv_freq(32, 500000.0)
+    else:
+        want, scale = ROPE_INIT_FUNCTIONS[kind](ref_cfg, "cpu")
+        assert scale == 1.0  # cos and sin are not rescaled
+    got = rope.scaled_inv_freq(32, params)
+    assert torch.equal(got, want)
+    assert kind == "default" or not torch.equal(got, rope.inv_freq(32, 500000.0))
+
+
+def test_rope_scaling_wins_and_an_unimplemented_type_is_refused() -> None:
+    both = {"rope_parameters": {"rope_type": "default"}, "rope_scaling": {"rope_type": "yarn"}}
+    with pytest.raises(RopeRefused, match="'yarn'.*accepted: 'default', 'linear', 'llama3'"):
+        rope_parameters({**both, "rope_theta": 1e4})
+    with pytest.raises(RopeRefused, match="'linear'.*accepted: 'default'$"):
+        rope_parameters({"rope_scaling": {"type": "linear", "factor": 2}}, ("default",))
+    with pytest.raises(RopeRefused, match="needs low_freq_factor"):
+        rope_parameters({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    assert rope_parameters({"rope_theta": 5.0, "rope_scaling": None}) == {
+        "rope_type": "default",
+        "rope_theta": 5.0,
+    }
 
 
 # --- conv ---

@@ -2,13 +2,19 @@
 the plugin is installed there the way pip records an install (a .dist-info folder with the
 pyproject's entry points, on the path), and then, in fresh interpreters that find it through the
 `tensorfold` entry-point group: `tensorfold families` lists it, `tensorfold serve` serves its
-demo to an OpenAI client, and the plugin's own tests pass (parity with transformers 5.23.0 in
-fp32, the pass-level gates, the engine gates, and two tensor-parallel ranks on the CPU)."""
+demo to an OpenAI client (the family chosen from the demo's config.json beside lfm2_moe), and
+the plugin's own tests pass (parity with transformers 5.23.0 in fp32, a llama3 `rope_scaling`
+checkpoint applied and a yarn one refused, testing.greedy's pages, the pass-level gates, the
+engine gates, and two tensor-parallel ranks on the CPU). In this process, a plain `x @ w.T` and
+`F.silu` planted in the guide's model fail its pass-level gate at the guide's odd widths."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +24,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 from guide_blocks import check_blocks, file_blocks, write_blocks
 
 GUIDE = Path(__file__).parents[1] / "docs" / "plugins.md"
@@ -56,6 +63,26 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     env["TF_PLUGINS"] = "tiny_dense"
     env["TF_DEMO_CACHE"] = str(root / "demo")
     return project, env
+
+
+def guide_module(project: Path, name: str, package: str = "tensorfold_tiny_dense"):
+    """`package.name` from `project`, imported in this process under its own name."""
+    sys.path.insert(0, str(project))
+    try:
+        return importlib.import_module(f"{package}.{name}")
+    finally:
+        sys.path.remove(str(project))
+
+
+@pytest.fixture(scope="module")
+def demo(installed, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The guide's demo checkpoint, built by its demo.py (which imports no other guide file)."""
+    project, _ = installed
+    path = project / "tensorfold_tiny_dense" / "demo.py"
+    spec = importlib.util.spec_from_file_location("tiny_dense_guide_demo", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_demo(tmp_path_factory.mktemp("guide_demo"))
 
 
 def test_the_guide_names_its_files() -> None:
@@ -110,7 +137,9 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-def test_serve_answers_a_chat_with_the_demo(installed) -> None:
+def test_serve_answers_a_chat_with_the_demo(installed, demo: Path) -> None:
+    """Without --family, beside lfm2_moe (the default of several), the demo's config.json
+    (model_type "llama") chooses tiny_dense, which serves it."""
     project, env = installed
     proc = subprocess.Popen(
         [
@@ -118,23 +147,24 @@ def test_serve_answers_a_chat_with_the_demo(installed) -> None:
             "-c",
             LAUNCH,
             "serve",
-            "--family",
-            "tiny_dense",
+            "--model",
+            str(demo),
             "--port",
             "0",
             "--parallel",
             "2",
         ],
-        env={**env, "TF_MEMORY_LIMIT_GIB": "0.5"},
+        env={**env, "TF_PLUGINS": "tiny_dense,lfm2_moe", "TF_MEMORY_LIMIT_GIB": "0.5"},
         cwd=project,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        deadline, url = time.monotonic() + 120, None
+        deadline, url, start_lines = time.monotonic() + 120, None, ""
         while url is None and time.monotonic() < deadline:
             line = proc.stdout.readline()
+            start_lines += line
             if not line:
                 break
             if line.startswith("serving "):
@@ -146,8 +176,10 @@ def test_serve_answers_a_chat_with_the_demo(installed) -> None:
                     break
             except OSError:
                 time.sleep(0.05)
+        with urllib.request.urlopen(url + "/models", timeout=60) as r:
+            (served,) = json.loads(r.read())["data"]
         ask = {
-            "model": "tiny_dense-demo",
+            "model": served["id"],
             "max_tokens": 6,
             "temperature": 0,
             "seed": 1,
@@ -160,10 +192,58 @@ def test_serve_answers_a_chat_with_the_demo(installed) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.communicate(timeout=60)
+            said = "".join(proc.communicate(timeout=60))
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.communicate()
+            said = "".join(proc.communicate())
+    chosen = "family tiny_dense, which serves the checkpoint's model_type 'llama'"
+    assert chosen in start_lines + said, (start_lines + said)[-3000:]
+
+
+# What a third-party author may write in place of the library's ops: (guide text, planted text)
+PLANTS = {
+    "matmul": (
+        "from tensorfold.ops.linear import linear\n",
+        "def linear(x, w):  # planted: the BLAS picks its kernel by row count\n    return x @ w.T\n",
+    ),
+    "silu": (
+        'f = gated_ffn(x, lw["gate"], lw["up"], lw["down"], act="silu")',
+        'f = linear(torch.nn.functional.silu(linear(x, lw["gate"])) * linear(x, lw["up"]), '
+        'lw["down"])  # planted: F.silu rounds a tensor\'s tail otherwise',
+    ),
+}
+
+
+def test_the_guides_widths_make_the_pass_gate_catch_plain_torch(installed, demo, tmp_path) -> None:
+    """The guide's model passes `assert_streams_together_equal_alone` on its demo; the same model
+    with a plain `x @ w.T`, or a plain `F.silu`, fails it (the demo's widths are 72 and 118)."""
+    from tensorfold import testing
+    from tensorfold.family.checkpoint import Checkpoint
+
+    project, _ = installed
+    prompt = torch.randint(3, 320, (200,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompts = [prompt[:150], prompt, prompt[40:190]]
+
+    def gate(package: str) -> None:
+        model = guide_module(tmp_path, "model", package).load(
+            Checkpoint.open(demo), "cpu", "float32"
+        )
+        testing.assert_streams_together_equal_alone(
+            testing.runner_factory(model), model, prompts, [0, 1, 2], num_pages=8, max_rows=200
+        )
+
+    for name, (guide, planted) in {"guide": ("", ""), **PLANTS}.items():
+        package = f"tiny_dense_{name}"
+        shutil.copytree(project / "tensorfold_tiny_dense", tmp_path / package)
+        model_py = tmp_path / package / "model.py"
+        text = model_py.read_text()
+        assert guide in text, f"the guide's model no longer holds {guide!r}"
+        model_py.write_text(text.replace(guide, planted))
+        if name == "guide":
+            gate(package)
+        else:
+            with pytest.raises(AssertionError, match="changed beside streams"):
+                gate(package)
 
 
 @pytest.mark.timeout(600)

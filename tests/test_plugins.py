@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -202,6 +203,54 @@ def test_tf_family_names_the_family_to_open(tf_env: pytest.MonkeyPatch, pm: Plug
         start.open_served(Settings())
     with pytest.raises(FamilyError, match="^chose a$"):  # the flag wins over TF_FAMILY
         start.open_served(Settings().with_overrides(family="a"), "a")
+
+
+def test_a_model_folders_config_chooses_the_family_that_serves_it(
+    tf_env: pytest.MonkeyPatch, pm: PluginManager, tmp_path
+) -> None:
+    """Without --family, `--model DIR` opens with the family whose `serves` names DIR's
+    model_type or architectures; one no installed family serves is refused, naming the plugin
+    to install."""
+    pm.add_plugin(
+        RankedPlugin(
+            FamilySpec(name="lfm", load="x:y", build_demo="x:y", demo_rank=0, serves=("lfm2_moe",)),
+            FamilySpec(name="dense", load="x:y", build_demo="x:y", serves=("LlamaForCausalLM",)),
+        ),
+        "ranked",
+    )
+    llama = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+    assert plugins.choose_family(None, pm, llama).name == "dense"
+    assert plugins.choose_family(None, pm, {"model_type": "lfm2_moe"}).name == "lfm"
+    assert plugins.choose_family("lfm", pm, llama).name == "lfm"  # a name wins
+    assert plugins.choose_family(None, pm, {}).name == "lfm"  # nothing named: the default
+    gemma = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"]}
+    with pytest.raises(
+        FamilyError,
+        match=r"model_type 'gemma4' \(architectures Gemma4For.*"
+        r"install tensorfold-gemma4 .*installed: dense, lfm",
+    ):
+        plugins.choose_family(None, pm, gemma)
+    with pytest.raises(FamilyError, match="'olmo2'.*docs/plugins.md"):
+        plugins.choose_family(None, pm, {"model_type": "olmo2"})
+    tf_env.setattr(start, "get_plugin_manager", lambda settings=None: pm)
+    tf_env.setattr(
+        start,
+        "model_folder",
+        lambda spec, *a: (_ for _ in ()).throw(FamilyError(f"chose {spec.name}")),
+    )
+    (tmp_path / "config.json").write_text(json.dumps(llama))
+    with pytest.raises(FamilyError, match="^chose dense$"):
+        start.open_served(Settings(), model=tmp_path)
+    spec = plugins.choose_family(None, pm, llama)
+    assert start.family_note(spec, None, pm, llama) == (
+        "family dense, which serves the checkpoint's model_type 'llama' "
+        "(architectures LlamaForCausalLM)"
+    )
+
+
+def test_a_lone_family_that_declares_no_serves_still_opens_any_folder(pm: PluginManager) -> None:
+    pm.add_plugin(FamiliesPlugin("a"), "fake_a")
+    assert plugins.choose_family(None, pm, {"model_type": "llama"}).name == "a"
 
 
 def test_per_family_hooks_reach_only_the_chosen_family(

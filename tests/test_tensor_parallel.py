@@ -127,6 +127,30 @@ def test_a_tensor_that_cannot_be_cut_is_refused_before_any_load(shards: Path):
         ckpt.set_shard(Shard(0, 2, bad))
 
 
+def test_tp_for_a_family_without_a_shard_plan_is_refused_before_a_follower_starts(
+    tf_env: pytest.MonkeyPatch, pm, tmp_path: Path
+) -> None:
+    """--tp 2 of a family whose hooks answer no shard_plan: refused from config.json alone,
+    before rank 0 opens its store or starts ranks 1.. (nothing to stop afterwards)."""
+    import fake_family
+
+    from tensorfold.engine import start, tensor_parallel
+    from tensorfold.family.plugins import FamilyError
+
+    tf_env.syspath_prepend(str(Path(__file__).parent))  # spec.hooks: "fake_family:hooks_a"
+    pm.add_plugin(fake_family.FamiliesPlugin("a"), "fake")
+    tf_env.setattr(start, "get_plugin_manager", lambda settings=None: pm)
+    (tmp_path / "config.json").write_text("{}")
+
+    def started(*args: object, **kw: object) -> None:
+        raise AssertionError("a follower started before the refusal")
+
+    tf_env.setattr(tensor_parallel.subprocess, "Popen", started)
+    tf_env.setattr(tensor_parallel.dist, "TCPStore", started)
+    with pytest.raises(FamilyError, match="'a'.*declares no tensor parallel.*drop --tp"):
+        start.open_served(Settings().with_overrides(tp=2, device="cpu"), "a", tmp_path)
+
+
 # -- the plan, per rank -------------------------------------------------------------------------
 
 

@@ -143,6 +143,18 @@ def test_rms_norm_and_the_residual_add(dtype, tol):
     assert torch.equal(triton_norms.rms_norm(x[5:6].clone(), w, 1e-5), got[5:6])
 
 
+@pytest.mark.parametrize("dtype, tol", DTYPES)
+def test_rms_norm_with_an_fp32_weight_rounds_once(dtype, tol):
+    """fp32_weight: w · x̂ in fp32, rounded once to x's dtype (Olmo2RMSNorm), as the torch
+    reference; a row alone gives its bits among others."""
+    x = randn(37, 3, 72, seed=3, dtype=dtype)
+    w = (1 + randn(72, seed=5) * 0.1).to(dtype)
+    got = triton_norms.rms_norm(x, w, 1e-5, fp32_weight=True)
+    assert got.shape == x.shape and got.dtype == dtype
+    assert rel(got, ref_norms.rms_norm(x, w, 1e-5, fp32_weight=True)) < tol / 10
+    assert torch.equal(triton_norms.rms_norm(x[5:6].clone(), w, 1e-5, fp32_weight=True), got[5:6])
+
+
 @pytest.mark.parametrize("k", [1, 4])
 def test_add_rms_norm_sums_a_moes_slots_as_the_slot_sum_does(k, kernels_on_cpu):
     """The next add_rms_norm sums a MoE's slots (moe.SlotSum) in its own launch: the bits of the

@@ -90,8 +90,9 @@ def add_family_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--family",
         metavar="NAME",
-        help="model family (default: TF_FAMILY, else the only installed one, else of several "
-        "the default one: lfm2_moe when installed; `tensorfold families` lists them)",
+        help="model family (default: TF_FAMILY, else the one that serves --model's config.json "
+        "model_type / architectures, else the only installed one, else of several the default "
+        "one: lfm2_moe when installed; `tensorfold families` lists them)",
     )
     parser.add_argument(
         "--model",

@@ -46,7 +46,8 @@ class Settings(BaseSettings):
     )
     family: str | None = Field(
         default=None,
-        description="The model family served when --family is not given. Unset: the only "
+        description="The model family served when --family is not given. Unset: the one "
+        "that serves --model's config.json (its model_type / architectures), else the only "
         "installed family, or of several the default one (lfm2_moe when installed).",
         json_schema_extra={"values": "an installed family's name"},
     )

@@ -4,6 +4,7 @@ lanes and the engine thread started. Every refusal comes before the weights load
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from ..family.plugins import (
     families,
     family_plugin_manager,
     get_plugin_manager,
+    served_by,
 )
 from ..family.profiles import collect_rows
 from ..family.tokenizer import Tokenizer
@@ -292,10 +294,7 @@ def open_rank(
     if group is not None:
         shards = hooks.hook.shard_plan(config=ckpt.config, dtype=dtype, world=group.world)
         if shards is None:
-            raise FamilyError(
-                f"family {spec.name!r} ({spec.distribution}) declares no tensor "
-                f"parallel (no shard_plan hook answers); drop --tp"
-            )
+            raise no_shard_plan(spec)
         ckpt.set_shard(Shard(group.rank, group.world, shards))
         layout = shards.layout
 
@@ -353,6 +352,26 @@ def open_rank(
     return Rank(ckpt, the_plan, runner, hooks.hook, arena, capacity)
 
 
+def no_shard_plan(spec: FamilySpec) -> FamilyError:
+    return FamilyError(
+        f"family {spec.name!r} ({spec.distribution}) declares no tensor "
+        f"parallel (no shard_plan hook answers); drop --tp"
+    )
+
+
+def refuse_unshardable(settings: Settings, spec: FamilySpec, folder: Path, world: int) -> None:
+    """--tp N's refusals that need no other rank, from config.json alone, before any follower
+    starts: a family that declares no tensor parallel (FamilyError), a config its shard_plan
+    cannot cut (ShardRefused)."""
+    from tensorfold.adapters import paged_kv, snapshots
+
+    config = Checkpoint.open(folder, weights=False).config
+    hooks = family_plugin_manager(spec, [paged_kv, snapshots])
+    dtype = pick_dtype(settings, pick_device(settings), config)
+    if hooks.hook.shard_plan(config=config, dtype=dtype, world=world) is None:
+        raise no_shard_plan(spec)
+
+
 def open_served(
     settings: Settings, family: str | None = None, model: str | Path | None = None
 ) -> Served:
@@ -363,7 +382,8 @@ def open_served(
     pm = get_plugin_manager(settings)
     check_environment(settings, collect_rows(pm))
     asked = family or settings.family
-    spec = choose_family(asked, pm)
+    config = folder_config(model) if asked is None and model is not None else None
+    spec = choose_family(asked, pm, config)
     launch = parallel_launch(settings)
     if launch is not None and launch.rank > 0:
         from .tensor_parallel import follow
@@ -377,6 +397,8 @@ def open_served(
     if launch is not None:
         from .tensor_parallel import Team
 
+        if launch.spawned:
+            refuse_unshardable(settings, spec, folder, launch.world)
         team = Team.start(settings, spec, folder, launch)
     try:
         rank = open_rank(settings, spec, folder, team.joined if team else None)
@@ -434,7 +456,7 @@ def open_served(
         rank.plan.window,
         team,
         tool_format,
-        family_note(spec, asked, pm),
+        family_note(spec, asked, pm, config),
         plan_asked(settings),
         content_specials=settings.special_tokens_in_content,
         reasoning_format=reasoning_format,
@@ -519,11 +541,24 @@ def plan_asked(settings: Settings) -> dict[str, Any]:
     }
 
 
-def family_note(spec: FamilySpec, asked: str | None, pm: Any) -> str:
-    """'family NAME', and when it was chosen by default among several, the others and how to
-    pick one of them."""
+def folder_config(model: str | Path) -> dict | None:
+    """A --model folder's config.json as a dict, to choose its family by; None where it has
+    none that parses (the checkpoint's own opening then says why)."""
+    path = Path(model) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def family_note(spec: FamilySpec, asked: str | None, pm: Any, config: dict | None = None) -> str:
+    """'family NAME', and when it was chosen by the --model folder's config.json, by what; when
+    it was chosen by default among several, the others and how to pick one of them."""
     if asked is not None:
         return f"family {spec.name}"
+    if config is not None and spec.serves_config(config):
+        return f"family {spec.name}, which serves the checkpoint's {served_by(config)}"
     others = [name for name in families(pm) if name != spec.name]
     if not others:
         return f"family {spec.name}"

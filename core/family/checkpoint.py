@@ -303,8 +303,9 @@ class Checkpoint:
         """While a family loads its weights (or the tensors `names`): progress in bytes and
         tensors (tensorfold.config.progress): a bar on stderr when it is a terminal, else a few log
         lines (progress=None); always the bar (True); nothing (False: a tensor-parallel
-        follower, whose rank 0 shows it)."""
-        if progress is False:
+        follower, whose rank 0 shows it). Inside another `loading()` (the core's, around the
+        family's `load`) it adds nothing: the outer one counts the reads."""
+        if progress is False or self._progress is not None:
             yield
             return
         from ..config.progress import Progress

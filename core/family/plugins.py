@@ -190,9 +190,45 @@ def _label(spec: FamilySpec) -> str:
     return f"{spec.distribution} {spec.version}".strip()
 
 
-def choose_family(name: str | None, pm: pluggy.PluginManager) -> FamilySpec:
-    """The family `--family name` (or TF_FAMILY) asks for; with no name, the only installed
-    family, or of several the default one (`default_family`)."""
+# The plugins this project ships, by the model_type / architectures they serve: what a start
+# names to install when no installed family serves a checkpoint.
+KNOWN_PLUGINS = {
+    "lfm2_moe": "tensorfold-lfm2-moe",
+    "Lfm2MoeForCausalLM": "tensorfold-lfm2-moe",
+    "gemma4": "tensorfold-gemma4",
+    "gemma4_text": "tensorfold-gemma4",
+    "Gemma4ForConditionalGeneration": "tensorfold-gemma4",
+    "Gemma4ForCausalLM": "tensorfold-gemma4",
+    "glm5_next": "tensorfold-glm",
+    "glm5_next_text": "tensorfold-glm",
+    "Glm5NextForConditionalGeneration": "tensorfold-glm",
+}
+
+
+def model_names(config: dict[str, Any]) -> list[str]:
+    """The names a config.json gives its model: its model_type, then its architectures."""
+    archs = config.get("architectures")
+    names = [config.get("model_type"), *(archs if isinstance(archs, list) else [])]
+    return [n for n in names if isinstance(n, str)]
+
+
+def served_by(config: dict[str, Any]) -> str:
+    """How a config.json names its model: "model_type 'x' (architectures A, B)"."""
+    archs = config.get("architectures")
+    listed = f" (architectures {', '.join(map(str, archs))})" if isinstance(archs, list) else ""
+    return f"model_type {config.get('model_type')!r}{listed}"
+
+
+def choose_family(
+    name: str | None, pm: pluggy.PluginManager, config: dict[str, Any] | None = None
+) -> FamilySpec:
+    """The family `--family name` (or TF_FAMILY) asks for; with no name, the one that serves
+    `config` (a --model folder's config.json: FamilySpec.serves, of several the lowest
+    demo_rank), else the only installed family, or of several the default one
+    (`default_family`). A config that names a model_type or architectures no installed family
+    serves is refused, naming the plugin to install where one is known; one that names
+    neither, or an installed family alone that declares no `serves`, falls back to the
+    default."""
     found = families(pm)
     failed = "".join(
         f"; plugin {ep!r} failed to load ({why})" for ep, why in getattr(pm, "failures", {}).items()
@@ -201,6 +237,13 @@ def choose_family(name: str | None, pm: pluggy.PluginManager) -> FamilySpec:
     if name is None:
         if not found:
             raise FamilyError(f"no model families are installed{failed}")
+        if config is not None:
+            serving = [s for s in found.values() if s.serves_config(config)]
+            if serving:
+                return min(serving, key=lambda s: (s.demo_rank, s.name))
+            lone = len(found) == 1 and not next(iter(found.values())).serves
+            if not lone and model_names(config):
+                raise FamilyError(_none_serves(config, installed, failed))
         chosen = default_family(found)
         if chosen is None:
             raise FamilyError(
@@ -211,6 +254,18 @@ def choose_family(name: str | None, pm: pluggy.PluginManager) -> FamilySpec:
     if name not in found:
         raise FamilyError(f"unknown family {name!r}; installed families: {installed}{failed}")
     return found[name]
+
+
+def _none_serves(config: dict[str, Any], installed: str, failed: str) -> str:
+    known = sorted({KNOWN_PLUGINS[n] for n in model_names(config) if n in KNOWN_PLUGINS})
+    if known:
+        hint = f"install {' or '.join(known)} (pip install {known[0]})"
+    else:
+        hint = "no plugin of this project serves it: docs/plugins.md shows how to write one"
+    return (
+        f"no installed family serves this checkpoint's {served_by(config)}; {hint}, or name a "
+        f"family with --family / TF_FAMILY (installed: {installed}){failed}"
+    )
 
 
 def default_family(found: dict[str, FamilySpec]) -> FamilySpec | None:

@@ -126,8 +126,12 @@ class FamilySpec:
     can refuse before any weight loads; empty: the plan waits for the loaded model)
     dummy: "module:function(config: dict, device: str, dtype: str) -> FamilyModel" with random
     weights from a fixed seed (TF_LOAD_FORMAT=dummy); empty: the family has none.
+    serves: the checkpoints the family opens, by config.json's `model_type` values and
+    `architectures` class names (e.g. ("llama", "LlamaForCausalLM")): with `--model` and no
+    family named, the family that serves the folder's config is chosen.
     demo_rank: when several families are installed and none is named (--family, TF_FAMILY),
-    the one with a demo (`build_demo` set) and the lowest demo_rank is chosen, then by name.
+    nor served by a --model folder's config, the one with a demo (`build_demo` set) and the
+    lowest demo_rank is chosen, then by name.
     hooks: "module:attr" of an object holding the family's per-family hook implementations
     (share_pool, share_attach, snap_keep, snap_restore, shard_plan, tool_call_format);
     registered on the chosen family's own plugin manager only. Empty: the core adapters'
@@ -145,9 +149,17 @@ class FamilySpec:
     description: str = ""
     hooks: str = ""
     dummy: str = ""
+    serves: tuple[str, ...] = ()
     demo_rank: int = 100
     distribution: str = field(default="", compare=False)
     version: str = field(default="", compare=False)
+
+    def serves_config(self, config: dict[str, Any]) -> bool:
+        """Whether the family serves a checkpoint of this config.json: its `model_type` or one
+        of its `architectures` is in `serves`."""
+        archs = config.get("architectures")
+        names = [config.get("model_type"), *(archs if isinstance(archs, list) else [])]
+        return any(isinstance(n, str) and n in self.serves for n in names)
 
 
 # -- tensor parallel: how a family's weights and state split across ranks ----------------------

@@ -8,10 +8,12 @@ a row's rotation never depends on which other positions share the pass.
 
 from __future__ import annotations
 
-from typing import Callable
+import math
+from typing import Any, Callable, Mapping
 
 import torch
 
+from ..family.rope_config import ROPE_TYPES, RopeRefused
 from .gpu import use_triton
 
 
@@ -19,6 +21,34 @@ def inv_freq(head_dim: int, theta: float, device: str | torch.device = "cpu") ->
     """[head_dim // 2] fp32: theta^(-2i/head_dim)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
     return 1.0 / (theta**exponents)
+
+
+def scaled_inv_freq(
+    head_dim: int, params: Mapping[str, Any], device: str | torch.device = "cpu"
+) -> torch.Tensor:
+    """[head_dim // 2] fp32 for `params` (family.rope_config.rope_parameters' answer: a
+    rope_type of ROPE_TYPES, RopeRefused for another), as transformers 5.23.0's
+    modeling_rope_utils computes it: "default" inv_freq(head_dim, rope_theta); "linear" that
+    divided by `factor`; "llama3" (Llama 3.1) low frequencies (wavelength past
+    original_max_position_embeddings / low_freq_factor) divided by `factor`, high ones (past
+    / high_freq_factor) kept, those between blended. Each scales the angle only (cos and sin
+    are not rescaled), so cos_sin and apply_rope run as for default RoPE."""
+    rope_type = params.get("rope_type", "default")
+    if rope_type not in ROPE_TYPES:
+        raise RopeRefused(f"rope_type {rope_type!r} is not implemented; accepted: {ROPE_TYPES}")
+    freqs = inv_freq(head_dim, float(params["rope_theta"]), device)
+    if rope_type == "linear":
+        return freqs / params["factor"]
+    if rope_type == "default":
+        return freqs
+    factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+    context = params["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / freqs
+    long = torch.where(wavelen > context / low, freqs / factor, freqs)
+    smooth = (context / wavelen - low) / (high - low)
+    blended = (1 - smooth) * long / factor + smooth * long
+    between = ~(wavelen < context / high) * ~(wavelen > context / low)
+    return torch.where(between, blended, long)
 
 
 def cos_sin(

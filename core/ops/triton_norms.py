@@ -30,6 +30,7 @@ def _rms_norm_kernel(
     BLOCK_D: tl.constexpr,
     SLOTS: tl.constexpr = 1,
     PDL: tl.constexpr = False,
+    FP32_WEIGHT: tl.constexpr = False,
 ):
     after_prior(PDL)
     norm_rows(
@@ -46,6 +47,7 @@ def _rms_norm_kernel(
         ROWS,
         BLOCK_D,
         SLOTS,
+        FP32_WEIGHT,
     )
 
 
@@ -64,11 +66,13 @@ def norm_rows(
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SLOTS: tl.constexpr,
+    FP32_WEIGHT: tl.constexpr,
 ):
     """Rows row0 .. row0 + ROWS as a [ROWS, BLOCK_D] tile. SLOTS > 1: x is [n_rows, SLOTS, D],
     a MoE's slots, summed in slot order in fp32 and rounded to h's dtype first
-    (triton_moe._slot_sum_kernel's sum). A launch that calls this with the same ROWS, BLOCK_D
-    and warps reduces a row in the same order (triton_route's norm + router of one row)."""
+    (triton_moe._slot_sum_kernel's sum). FP32_WEIGHT: w · x̂ in fp32, rounded once to o's
+    dtype (else w · round(x̂)). A launch that calls this with the same ROWS, BLOCK_D and warps
+    reduces a row in the same order (triton_route's norm + router of one row)."""
     rows = row0 + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < n_rows) & (cols[None, :] < D)
@@ -87,9 +91,12 @@ def norm_rows(
         tl.store(h_ptr + offs, x, mask=mask)
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=1) / D
-    normed = (xf * tl.math.rsqrt(var + eps)[:, None]).to(h_ptr.dtype.element_ty)
     w = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
-    out = w[None, :].to(tl.float32) * normed.to(tl.float32)
+    if FP32_WEIGHT:
+        out = w[None, :].to(tl.float32) * (xf * tl.math.rsqrt(var + eps)[:, None])
+    else:
+        normed = (xf * tl.math.rsqrt(var + eps)[:, None]).to(h_ptr.dtype.element_ty)
+        out = w[None, :].to(tl.float32) * normed.to(tl.float32)
     tl.store(o_ptr + offs, out.to(o_ptr.dtype.element_ty), mask=mask)
 
 
@@ -102,14 +109,16 @@ def rows_per_program(d: int) -> tuple[int, int]:
     return max(1, min(64, 4096 // block_d)), block_d
 
 
-def _launch(x, res, weight, eps, slots=1):
-    """slots > 1 (x [..., slots, D], summed first) only with a residual."""
+def _launch(x, res, weight, eps, slots=1, fp32_weight=False):
+    """slots > 1 (x [..., slots, D], summed first) only with a residual. fp32_weight: the
+    output in x's dtype (else x's and weight's promoted)."""
     assert slots == 1 or res is not None
     d = x.shape[-1]
     shape = x.shape if slots == 1 else x.shape[:-2] + x.shape[-1:]
     src = x.reshape(-1, slots * d).contiguous()
     n = src.shape[0]
-    out = torch.empty(n, d, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    dtype = x.dtype if fp32_weight else torch.promote_types(x.dtype, weight.dtype)
+    out = torch.empty(n, d, dtype=dtype, device=x.device)
     h = torch.empty(n, d, dtype=x.dtype, device=x.device) if res is not None else src
     r = res.reshape(-1, d).contiguous() if res is not None else src
     per, block_d = rows_per_program(d)
@@ -127,15 +136,18 @@ def _launch(x, res, weight, eps, slots=1):
             ROWS=per,
             BLOCK_D=block_d,
             SLOTS=slots,
+            FP32_WEIGHT=fp32_weight,
             num_warps=NORM_WARPS,
             **launch_options(src),
         )
     return out.view(shape), h.view(shape)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [..., D], weight [D] -> [..., D]."""
-    return _launch(x, None, weight, eps)[0]
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, fp32_weight: bool = False
+) -> torch.Tensor:
+    """x [..., D], weight [D] -> [..., D]; fp32_weight: w · x̂ in fp32, rounded once."""
+    return _launch(x, None, weight, eps, fp32_weight=fp32_weight)[0]
 
 
 def add_rms_norm(

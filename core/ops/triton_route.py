@@ -561,7 +561,9 @@ def _router_route_kernel(
     warps (NORM_WARPS), so the same bits."""
     after_prior(PDL)
     if NORM_IN:
-        norm_rows(y_ptr, r_ptr, nw_ptr, x_ptr, h_ptr, 0, 1, K, in_eps, True, NROWS, BLOCK_D, 1)
+        norm_rows(
+            y_ptr, r_ptr, nw_ptr, x_ptr, h_ptr, 0, 1, K, in_eps, True, NROWS, BLOCK_D, 1, False
+        )
         tl.debug_barrier()  # the program's stores of x seen by all its threads before it reads x
     _router_partial(
         x_ptr, g_ptr, part_ptr, 1, E, K, stride_xm, F32, IEEE, INTERP, PBM, EB, EBLK, KS, BK

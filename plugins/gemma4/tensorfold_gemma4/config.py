@@ -152,7 +152,7 @@ def _parse(raw: Mapping[str, Any], source: str) -> Gemma4Config:
         num_hidden_layers=n_layers,
         num_attention_heads=heads,
         layers=_layers(get, kinds),
-        rope=_rope(t.get("rope_parameters"), kinds, get.source),
+        rope=_rope(t.get("rope_scaling"), t.get("rope_parameters"), kinds, get.source),
         rms_norm_eps=get("rms_norm_eps", 1e-6, float),
         final_logit_softcapping=get("final_logit_softcapping", None, float),
         enable_moe_block=get("enable_moe_block", False, bool),
@@ -269,7 +269,13 @@ def _layers(get: _Fields, kinds: tuple[str, ...]) -> tuple[Layer, ...]:
     return tuple(layers)
 
 
-def _rope(value: Any, kinds: tuple[str, ...], source: str) -> dict[str, Rope]:
+def _rope(scaling: Any, value: Any, kinds: tuple[str, ...], source: str) -> dict[str, Rope]:
+    if scaling:  # transformers 5.23.0 would apply it in place of rope_parameters
+        raise ConfigError(
+            f"{source}: 'rope_scaling' {scaling!r} is not supported by gemma4, which reads its "
+            f"RoPE by layer type from 'rope_parameters' (rope_type "
+            f"{' or '.join(map(repr, ROPE_KINDS))})"
+        )
     params = DEFAULT_ROPE if value is None else value
     if not isinstance(params, dict) or "rope_type" in params:
         raise ConfigError(

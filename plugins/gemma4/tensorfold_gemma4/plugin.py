@@ -13,6 +13,7 @@ GEMMA4 = FamilySpec(
     build_demo="tensorfold_gemma4.demo:build_demo",
     shape="tensorfold_gemma4.model:shape",
     dummy="tensorfold_gemma4.dummy:load_dummy",
+    serves=("gemma4", "gemma4_text", "Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"),
     hooks="tensorfold_gemma4.hooks:HOOKS",
     description="Gemma 4 (Google) text models: sliding-window and full attention, a dense GeGLU "
     "beside softmax-routed experts, per-layer embeddings and KV sharing (images and audio not "

@@ -96,6 +96,7 @@ def test_global_head_dim_keys_derive_the_same_layers(
             "'chunked_attention'",
         ),
         (lambda t: t["rope_parameters"]["full_attention"].update(rope_type="yarn"), "'yarn'"),
+        (lambda t: t.update(rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope_scaling"),
         (lambda t: t.update(use_bidirectional_attention="all"), "causal"),
         (lambda t: t.update(hidden_activation="silu"), "'silu'"),
         (lambda t: t.update(num_kv_shared_layers=6), "num_kv_shared_layers=6"),

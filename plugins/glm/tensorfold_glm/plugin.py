@@ -14,6 +14,7 @@ GLM5_NEXT = FamilySpec(
     build_demo="tensorfold_glm.demo:build_demo",
     shape="tensorfold_glm.layout:shape",
     dummy="tensorfold_glm.dummy:load_dummy",
+    serves=("glm5_next", "glm5_next_text", "Glm5NextForConditionalGeneration"),
     hooks="tensorfold_glm.hooks:HOOKS",
     description="GLM-5.3-Flash (Z.ai) text model: KDA linear attention, MLA with the DSA "
     "k-pool indexer, 4-stream mHC residual, sigmoid-routed MoE with a shared expert",

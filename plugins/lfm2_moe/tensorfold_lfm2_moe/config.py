@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from tensorfold.family.checkpoint import CheckpointError
+from tensorfold.family.rope_config import RopeRefused, rope_parameters
 
 CONV, ATTENTION = "conv", "full_attention"
 LAYER_KINDS = (CONV, ATTENTION)
@@ -144,16 +145,14 @@ def _layer_types(raw: Mapping[str, Any], layers: int, source: str) -> tuple[str,
 
 
 def _rope_theta(raw: Mapping[str, Any], source: str) -> float:
-    """transformers 5.x writes rope_parameters {rope_type, rope_theta}; older files rope_theta."""
-    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    if not isinstance(params, dict):
-        raise ConfigError(f"{source}: 'rope_parameters' must be an object, got {params!r}")
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
-        raise ConfigError(
-            f'{source}: rope_type {rope_type!r} is not supported by lfm2_moe (only "default")'
-        )
-    theta = params.get("rope_theta", raw.get("rope_theta", DEFAULT_ROPE_THETA))
+    """transformers 5.x writes rope_parameters {rope_type, rope_theta}; 4.x files rope_theta
+    and any scaling under rope_scaling, which transformers 5.23.0 applies first
+    (family.rope_config.rope_parameters reads them so): lfm2_moe runs default RoPE only."""
+    try:
+        params = rope_parameters(raw, ("default",), DEFAULT_ROPE_THETA)
+    except RopeRefused as e:
+        raise ConfigError(f"{source}: {e} (lfm2_moe runs default RoPE only)") from None
+    theta = params["rope_theta"]
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
         raise ConfigError(f"{source}: 'rope_theta' must be a positive number, got {theta!r}")
     return float(theta)

@@ -13,6 +13,7 @@ LFM2_MOE = FamilySpec(
     build_demo="tensorfold_lfm2_moe.demo:build_demo",
     shape="tensorfold_lfm2_moe.model:shape",
     dummy="tensorfold_lfm2_moe.dummy:load_dummy",
+    serves=("lfm2_moe", "Lfm2MoeForCausalLM"),  # config.json's model_type / architectures
     hooks="tensorfold_lfm2_moe.hooks:HOOKS",
     demo_rank=0,  # the default family when several are installed: its demo is the quickest
     description="LFM2 / LFM2.5 MoE (Liquid AI): gated short convolutions and GQA attention, "

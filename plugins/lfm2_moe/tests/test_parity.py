@@ -17,7 +17,7 @@ from tensorfold.family import FamilySpec, resolve
 from tensorfold.family.checkpoint import Checkpoint
 from tensorfold.testing import rel_err
 from tensorfold_lfm2_moe import plugin
-from tensorfold_lfm2_moe.config import ConfigError
+from tensorfold_lfm2_moe.config import ConfigError, Lfm2MoeConfig
 from tensorfold_lfm2_moe.model import load
 
 if TYPE_CHECKING:
@@ -112,6 +112,19 @@ def test_bad_layer_type_is_refused(tiny_paths: dict[str, Path], tmp_path: Path) 
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match='\'sliding_attention\'.*"conv" or "full_attention"'):
         load(Checkpoint.open(folder), "cpu", "float32")
+
+
+def test_rope_scaling_is_refused_not_ignored(tiny_paths: dict[str, Path]) -> None:
+    """transformers 5.23.0 applies a transformers 4.x `rope_scaling` before `rope_parameters`:
+    lfm2_moe, which runs default RoPE only, refuses it rather than run unscaled."""
+    cfg = json.loads((tiny_paths["lfm2_tiny"] / "config.json").read_text())
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1, "high_freq_factor": 4}
+    with pytest.raises(ConfigError, match="'llama3'.*accepted: 'default'"):
+        Lfm2MoeConfig.from_dict({**cfg, "rope_scaling": llama3})
+    with pytest.raises(ConfigError, match="'yarn'"):
+        Lfm2MoeConfig.from_dict({**cfg, "rope_scaling": {"type": "yarn", "factor": 4.0}})
+    plain = {k: v for k, v in cfg.items() if k != "rope_parameters"}
+    assert Lfm2MoeConfig.from_dict({**plain, "rope_scaling": None}).rope_theta == 1e6
 
 
 def test_missing_and_misshapen_tensors_are_named(
