@@ -39,6 +39,7 @@ _JSON_TYPES: dict[str, str] = {
 }
 _IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 _STRINGS = {"type": "array", "items": {"type": "string"}}
+_PROMPT = {"oneOf": [{"type": "string", "minLength": 1}, {**_IDS, "minItems": 1}]}
 _MESSAGE = {
     "type": "object",
     "required": ["role"],
@@ -159,13 +160,14 @@ FIELDS: tuple[ApiField, ...] = (
         "prompt",
         "any",
         (COMPLETIONS,),
-        "The prompt: a string, or its token ids (a batch of one of either is accepted).",
+        "The prompt: a string or its token ids; or a list of up to 2048 prompts (strings or "
+        "token-id lists), each with its n choices, at index prompt * n + choice.",
         required=True,
         schema={
             "oneOf": [
                 {"type": "string", "minLength": 1},
                 {**_IDS, "minItems": 1},
-                {"type": "array", "minItems": 1, "maxItems": 1},
+                {"type": "array", "minItems": 1, "maxItems": 2048, "items": _PROMPT},
             ]
         },
     ),
@@ -177,7 +179,14 @@ FIELDS: tuple[ApiField, ...] = (
         required=True,
         schema={"type": "array", "minItems": 1, "items": _MESSAGE},
     ),
-    F("echo", "any", (COMPLETIONS,), "Not supported: only false is accepted.", enum=(False,)),
+    F(
+        "echo",
+        "bool",
+        (COMPLETIONS,),
+        "The reply's text starts with the prompt; with logprobs, so do its logprobs (the "
+        "prompt's first token's is null).",
+        default=False,
+    ),
     F(
         "suffix",
         "str",

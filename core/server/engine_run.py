@@ -10,11 +10,11 @@ import contextlib
 import functools
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..engine.choices import choice_params
 from ..engine.engine import QueueFull
-from ..engine.requests import Event, RequestRefused, TokenOut
+from ..engine.requests import Event, Finished, RequestRefused, TokenOut
 from .access_log import AccessNote
 from .metrics import Metrics
 from .openai_api import ApiError, Parsed
@@ -70,29 +70,33 @@ async def engine_run(state: State, parsed: Parsed, timing: Timing) -> AsyncItera
     full queue) are ApiErrors. A block left before the replies are done cancels the request."""
     mailbox = state.mailbox(asyncio.get_running_loop())
     events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()  # (choice, event)
+    prompts, n = parsed.prompts, parsed.n  # choice i is prompt i // n's choice i % n
 
-    sampled = [0] * parsed.n  # each choice's tokens counted so far
+    sampled = [0] * (len(prompts) * n)  # each choice's tokens counted so far
 
     def sink(i: int, event: Event) -> None:  # on the engine thread
         # Counted here, as they come: a cancelled handler reads no more.
         if isinstance(event, TokenOut):
             sampled[i] += 1
             state.metrics.generation_tokens.inc()
-        else:  # the rest of the choice's tokens (one its grammar refused is never sent)
+        elif isinstance(event, Finished):  # the rest (one its grammar refused is never sent)
             state.metrics.generation_tokens.inc(max(0, event.completion_tokens - sampled[i]))
-            if i == 0:  # the request and its prompt, once
-                state.metrics.finished(
-                    parsed.kind, event.reason, event.prompt_tokens, event.cached_tokens
-                )
+            if i == 0:  # the request, once
+                state.metrics.finished(parsed.kind, event.reason)
+            if i % n == 0:  # each prompt, once
+                state.metrics.prompted(event.prompt_tokens, event.cached_tokens)
         mailbox.put(events, (i, event))
 
+    seed = parsed.params.with_seed().seed  # one for every prompt, drawn when not given
+    echo_logprobs = parsed.echo and parsed.params.logprobs
     try:
-        reqs = state.engine.submit_n(
-            parsed.prompt_ids,
-            choice_params(parsed.params, parsed.n),
-            [functools.partial(sink, i) for i in range(parsed.n)],
-            marks=parsed.marks,
+        groups = state.engine.submit_prompts(
+            [one.prompt_ids for one in prompts],
+            [choice_params(replace(one.params, seed=seed), n) for one in prompts],
+            [functools.partial(sink, i) for i in range(len(prompts) * n)],
+            marks=[one.marks for one in prompts],
             prediction=parsed.prediction,
+            prompt_logprobs=parsed.params.top_logprobs if echo_logprobs else None,
         )
     except RequestRefused as exc:
         param = parsed.max_tokens_param if exc.param == "max_tokens" else exc.param
@@ -102,7 +106,8 @@ async def engine_run(state: State, parsed: Parsed, timing: Timing) -> AsyncItera
         raise ApiError(
             503, f"the server is busy: {exc}", headers={"Retry-After": RETRY_AFTER_S}
         ) from None
-    reply = Choices(parsed, state.served.model_name, reqs[0].params.seed, state.texts, parsed.n)
+    reqs = [req for group in groups for req in group]
+    reply = Choices(parsed, state.served.model_name, seed, state.texts, n)
     state.inflight += 1
     for req in reqs:
         state.open[id(req)] = req
@@ -122,8 +127,10 @@ async def engine_run(state: State, parsed: Parsed, timing: Timing) -> AsyncItera
 
 
 def _note_tokens(note: AccessNote, reply: Choices) -> None:
-    """The request's tokens, for the access log: the prompt once, every choice's completion."""
+    """The request's tokens, for the access log: each prompt once, every choice's completion."""
     ends = [r.done for r in reply.replies if r.done is not None]
     note.completion_tokens = sum(end.completion_tokens for end in ends)
-    if ends:
-        note.prompt_tokens, note.cached_tokens = ends[0].prompt_tokens, ends[0].cached_tokens
+    firsts = [r.done for r in reply.firsts if r.done is not None]
+    if firsts:
+        note.prompt_tokens = sum(end.prompt_tokens for end in firsts)
+        note.cached_tokens = sum(end.cached_tokens for end in firsts)
