@@ -158,6 +158,14 @@ def test_echo_logprobs_are_the_prompt_pass_s_and_equal_alone_or_in_a_list(
     long_alone = completion(http, prompt=LONG, **ask)["choices"][0]
     assert listed["choices"][0]["logprobs"] == long_alone["logprobs"]
     assert listed["choices"][1]["logprobs"] == long_alone["logprobs"]
+    # ... and its completion is the plain request's, whose prompt was one chunk
+    plain = completion(http, prompt=LONG, temperature=0, max_tokens=4, logprobs=3)
+    head = {name: values for name, values in plain["choices"][0]["logprobs"].items()}
+    made = len(head["tokens"])  # it may stop before max_tokens
+    tail = {name: values[-made:] for name, values in long_alone["logprobs"].items()}
+    assert {k: v for k, v in tail.items() if k != "text_offset"} == {
+        k: v for k, v in head.items() if k != "text_offset"
+    }
     server.wait_even()
 
 
