@@ -215,6 +215,24 @@ def test_a_bad_item_is_a_400_naming_it(
     assert says in error["message"], error
 
 
+def test_the_echo_gate_offline(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """testing.assert_prompt_logprobs_exact on lfm2_moe (glm5_next and gemma4 run it in their
+    conformance.ChoicesGate): a prompt of 300 rows and a short one."""
+    from tensorfold import testing
+    from tensorfold.engine.sampling import SamplingParams
+
+    llm = testing.open_llm("lfm2_moe", None, parallel=4, demo_cache=tmp_path_factory.mktemp("d"))
+    try:
+        short = [5, 6, 7, 8, 9, 10, 11]
+        long = [20 + i % 97 for i in range(300)]
+        params = SamplingParams(
+            temperature=0.8, seed=3, max_tokens=4, logprobs=True, top_logprobs=2
+        )
+        testing.assert_prompt_logprobs_exact(llm, [short, long], params)
+    finally:
+        testing.close_even(llm)
+
+
 # -- vLLM's tests (tests/entrypoints/openai/completion/test_completion.py), against the demo ---
 # Their bodies as vLLM wrote them, each run with asyncio.run (this suite has no pytest-asyncio);
 # vLLM's `get_tokenizer` is transformers' AutoTokenizer of the served checkpoint.
