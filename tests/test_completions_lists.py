@@ -215,6 +215,31 @@ def test_a_bad_item_is_a_400_naming_it(
     assert says in error["message"], error
 
 
+def test_beam_search_ranks_its_beams_and_equals_alone_in_a_list(server: ServedDemo) -> None:
+    """vLLM's use_beam_search: n beams a prompt, best first by logprob / length; a prompt's
+    beams alone and in a list (streamed too) are the same."""
+    http = Http(server.base)
+    ask = dict(use_beam_search=True, n=3, temperature=0, max_tokens=5, logprobs=1)
+    prompt = [5, 6, 7, 8]
+    alone = completion(http, prompt=prompt, **ask)
+    listed = completion(http, prompt=["Once upon", prompt], **ask)
+    assert [c["index"] for c in listed["choices"]] == list(range(6))
+    scores = []
+    for mine, again in zip(alone["choices"], listed["choices"][3:]):
+        assert token_ids(mine) == token_ids(again) and mine["text"] == again["text"]
+        lp = mine["logprobs"]["token_logprobs"]
+        ended = mine["finish_reason"] == "stop"
+        scores.append(sum(lp) / (len(prompt) + len(lp) - ended))
+    assert len({tuple(token_ids(c)) for c in alone["choices"]}) == 3
+    assert scores == sorted(scores, reverse=True)
+    body = {"model": MODEL, "prompt": ["Once upon", prompt], **ask, "stream": True}
+    texts = dict.fromkeys(range(6), "")
+    for ch in stream_lines(http, "/v1/completions", body):
+        texts[ch["choices"][0]["index"]] += ch["choices"][0]["text"]
+    assert list(texts.values()) == [c["text"] for c in listed["choices"]]
+    server.wait_even()
+
+
 def test_the_echo_gate_offline(tmp_path_factory: pytest.TempPathFactory) -> None:
     """testing.assert_prompt_logprobs_exact on lfm2_moe (glm5_next and gemma4 run it in their
     conformance.ChoicesGate): a prompt of 300 rows and a short one."""
@@ -269,9 +294,7 @@ async def batch_completions(client: openai.AsyncOpenAI, model_name: str) -> None
             ),
         )
         assert len(batch.choices) == 4
-        # vLLM's next assertion, choices[0].text != choices[1].text ("beam search should be
-        # different"), needs beam search, which tensorfold does not have (use_beam_search is
-        # an unknown field, ignored): at temperature 0 both choices are the greedy text
+        assert batch.choices[0].text != batch.choices[1].text, "beam search should be different"
         assert batch.choices[0].text == batch.choices[2].text, (
             "two copies of the same prompt should be the same"
         )

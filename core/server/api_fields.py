@@ -188,6 +188,21 @@ FIELDS: tuple[ApiField, ...] = (
         default=False,
     ),
     F(
+        "use_beam_search",
+        "bool",
+        (COMPLETIONS,),
+        "vLLM's: the n choices are the n best beams of a beam search (end tokens end a beam; "
+        "stop strings are not looked for), given when it ends.",
+        default=False,
+    ),
+    F(
+        "length_penalty",
+        "number",
+        (COMPLETIONS,),
+        "vLLM's, with use_beam_search: beams rank by their logprob / length ** length_penalty.",
+        default=1.0,
+    ),
+    F(
         "suffix",
         "str",
         (COMPLETIONS,),

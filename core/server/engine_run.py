@@ -11,10 +11,13 @@ import functools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from typing import Callable
 
+from ..config.logs import get_logger
 from ..engine.choices import choice_params
 from ..engine.engine import QueueFull
 from ..engine.requests import Event, Finished, RequestRefused, TokenOut
+from . import beam_search
 from .access_log import AccessNote
 from .metrics import Metrics
 from .openai_api import ApiError, Parsed
@@ -22,6 +25,7 @@ from .openai_replies import Choices
 from .state import State
 
 RETRY_AFTER_S = "1"
+log = get_logger("tensorfold.server")
 
 
 class Timing:
@@ -89,15 +93,22 @@ async def engine_run(state: State, parsed: Parsed, timing: Timing) -> AsyncItera
 
     seed = parsed.params.with_seed().seed  # one for every prompt, drawn when not given
     echo_logprobs = parsed.echo and parsed.params.logprobs
+    beams: asyncio.Task[None] | None = None
     try:
-        groups = state.engine.submit_prompts(
-            [one.prompt_ids for one in prompts],
-            [choice_params(replace(one.params, seed=seed), n) for one in prompts],
-            [functools.partial(sink, i) for i in range(len(prompts) * n)],
-            marks=[one.marks for one in prompts],
-            prediction=parsed.prediction,
-            prompt_logprobs=parsed.params.top_logprobs if echo_logprobs else None,
-        )
+        if parsed.beam_search:
+            for one in prompts:
+                beam_search.check(state.engine, one.prompt_ids, replace(one.params, seed=seed))
+            groups = []
+            beams = asyncio.create_task(_beams(state, parsed, seed, sink))
+        else:
+            groups = state.engine.submit_prompts(
+                [one.prompt_ids for one in prompts],
+                [choice_params(replace(one.params, seed=seed), n) for one in prompts],
+                [functools.partial(sink, i) for i in range(len(prompts) * n)],
+                marks=[one.marks for one in prompts],
+                prediction=parsed.prediction,
+                prompt_logprobs=parsed.params.top_logprobs if echo_logprobs else None,
+            )
     except RequestRefused as exc:
         param = parsed.max_tokens_param if exc.param == "max_tokens" else exc.param
         code = "context_length_exceeded" if exc.param == "max_tokens" else None
@@ -119,11 +130,54 @@ async def engine_run(state: State, parsed: Parsed, timing: Timing) -> AsyncItera
         if not reply.done:
             for req in reqs:
                 state.engine.cancel(req)
+            if beams is not None:
+                beams.cancel()
         for req in reqs:
             state.open.pop(id(req), None)
         state.inflight -= 1
         if state.inflight == 0:
             state.idle.set()
+
+
+async def _beams(
+    state: State, parsed: Parsed, seed: int | None, sink: Callable[[int, Event], None]
+) -> None:
+    """Beam search (`use_beam_search`) for each prompt at once; each prompt's n beams, best
+    first, reported to its choices' sinks as the engine would report them. A failure (a full
+    queue in a later round) ends every choice not yet ended with it."""
+    n, mailbox = parsed.n, state.mailbox(asyncio.get_running_loop())
+    ends = state.engine.lanes.eos_token_ids
+
+    ended: set[int] = set()
+
+    def report(i: int, event: Event) -> None:
+        if isinstance(event, Finished):
+            ended.add(i)
+        sink(i, event)
+
+    async def one(i: int, prompt: Parsed) -> None:
+        params = replace(prompt.params, seed=seed)
+        found = await beam_search.search(
+            state.engine, mailbox, prompt.prompt_ids, params, n, parsed.length_penalty, ends
+        )
+        for j, beam in enumerate(found):
+            for event in beam_search.beam_events(
+                beam, f"beam-{i}-{j}", len(prompt.prompt_ids), params, state.served.tokenizer
+            ):
+                report(i * n + j, event)
+
+    try:
+        async with asyncio.TaskGroup() as group:  # a failure cancels the other prompts'
+            for i, prompt in enumerate(parsed.prompts):
+                group.create_task(one(i, prompt))
+    except* (RuntimeError, QueueFull, RequestRefused) as failed:
+        error = str(failed.exceptions[0])
+        log.warning("beam search failed", error=error)
+        for i, prompt in enumerate(parsed.prompts):
+            for j in range(n):
+                if i * n + j not in ended:
+                    size = len(prompt.prompt_ids)
+                    sink(i * n + j, Finished(f"beam-{i}-{j}", "error", "", size, 0, 0, seed, error))
 
 
 def _note_tokens(note: AccessNote, reply: Choices) -> None:

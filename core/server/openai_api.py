@@ -127,6 +127,8 @@ class Parsed:
     more: tuple[Parsed, ...] = ()
     echo: bool = False  # the reply's text (and its logprobs) start with the prompt's
     prompt_text: str | None = None  # the prompt as sent, when text (echo); None: token ids
+    beam_search: bool = False  # vLLM's use_beam_search: the n choices are the n best beams
+    length_penalty: float = 1.0  # ... ranked by logprob / length ** length_penalty
 
     @property
     def prompts(self) -> list[Parsed]:
@@ -423,6 +425,25 @@ def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
     if _get(body, "suffix", "str"):
         raise bad("suffix is not supported", "suffix")
     echo = bool(_get(body, "echo", "bool"))
+    beams = bool(_get(body, "use_beam_search", "bool"))
+    length_penalty = _get(body, "length_penalty", "number")
+    length_penalty = 1.0 if length_penalty is None else float(length_penalty)
+    if beams and echo and body.get("logprobs") is not None:
+        raise bad("echo with logprobs is not supported with use_beam_search", "use_beam_search")
+    if beams and (
+        body.get("response_format")
+        or any(
+            body.get(name) is not None
+            for name in (
+                "guided_json",
+                "guided_regex",
+                "guided_grammar",
+                "guided_choice",
+                "structured_outputs",
+            )
+        )
+    ):
+        raise bad("structured output is not supported with use_beam_search", "use_beam_search")
     items = _prompt_list(body)
     listed = items is body.get("prompt")  # a list of prompts (of one, even): named by index
     prompts = [
@@ -469,6 +490,8 @@ def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
                 predicted="prediction" in body,
                 echo=echo,
                 prompt_text=item if isinstance(item, str) else None,
+                beam_search=beams,
+                length_penalty=length_penalty,
             )
         )
     return replace(each[0], more=tuple(each[1:]))
