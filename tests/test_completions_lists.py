@@ -240,6 +240,20 @@ def test_beam_search_ranks_its_beams_and_equals_alone_in_a_list(server: ServedDe
     server.wait_even()
 
 
+@pytest.mark.parametrize(
+    "fields,param",
+    [
+        ({"echo": True, "logprobs": 1}, "use_beam_search"),
+        ({"response_format": {"type": "json_object"}}, "use_beam_search"),
+        ({"length_penalty": "long"}, "length_penalty"),
+        ({"use_beam_search": "yes"}, "use_beam_search"),
+    ],
+)
+def test_what_beam_search_refuses(server: ServedDemo, fields: dict[str, Any], param: str) -> None:
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2, "n": 2, "use_beam_search": True}
+    check_error(Http(server.base).post("/v1/completions", json={**body, **fields}), 400, param)
+
+
 def test_the_echo_gate_offline(tmp_path_factory: pytest.TempPathFactory) -> None:
     """testing.assert_prompt_logprobs_exact on lfm2_moe (glm5_next and gemma4 run it in their
     conformance.ChoicesGate): a prompt of 300 rows and a short one."""

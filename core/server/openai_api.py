@@ -430,20 +430,6 @@ def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
     length_penalty = 1.0 if length_penalty is None else float(length_penalty)
     if beams and echo and body.get("logprobs") is not None:
         raise bad("echo with logprobs is not supported with use_beam_search", "use_beam_search")
-    if beams and (
-        body.get("response_format")
-        or any(
-            body.get(name) is not None
-            for name in (
-                "guided_json",
-                "guided_regex",
-                "guided_grammar",
-                "guided_choice",
-                "structured_outputs",
-            )
-        )
-    ):
-        raise bad("structured output is not supported with use_beam_search", "use_beam_search")
     items = _prompt_list(body)
     listed = items is body.get("prompt")  # a list of prompts (of one, even): named by index
     prompts = [
@@ -494,6 +480,8 @@ def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
                 length_penalty=length_penalty,
             )
         )
+    if beams and each[0].params.constraint is not None:
+        raise bad("structured output is not supported with use_beam_search", "use_beam_search")
     return replace(each[0], more=tuple(each[1:]))
 
 
