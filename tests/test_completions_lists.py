@@ -169,6 +169,26 @@ def test_echo_logprobs_are_the_prompt_pass_s_and_equal_alone_or_in_a_list(
     server.wait_even()
 
 
+def test_echo_with_max_tokens_0_is_the_prompt_alone(server: ServedDemo) -> None:
+    """As OpenAI's legacy API and vLLM: the prompt scored, nothing generated."""
+    http = Http(server.base)
+    prompt = [5, 6, 7, 8, 9]
+    scored = completion(http, prompt=prompt, max_tokens=0, echo=True, logprobs=2)
+    longer = completion(http, prompt=prompt, max_tokens=3, echo=True, logprobs=2)
+    choice, lp = scored["choices"][0], scored["choices"][0]["logprobs"]
+    assert choice["finish_reason"] == "length" and scored["usage"]["completion_tokens"] == 0
+    assert token_ids(choice) == prompt and choice["text"] == server_text(http, prompt)
+    assert lp == {k: v[: len(prompt)] for k, v in longer["choices"][0]["logprobs"].items()}
+    body = {"model": MODEL, "prompt": "The little", "max_tokens": 0, "echo": True, "stream": True}
+    chunks = stream_lines(
+        http, "/v1/completions", {**body, "stream_options": {"include_usage": True}}
+    )
+    assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == "The little"
+    assert chunks[-1]["usage"]["completion_tokens"] == 0
+    check_error(http.post("/v1/completions", json={**body, "echo": False}), 400, "max_tokens")
+    server.wait_even()
+
+
 def test_streamed_echo_logprobs_equal_the_whole(server: ServedDemo) -> None:
     http = Http(server.base)
     body = {

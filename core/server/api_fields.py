@@ -214,15 +214,16 @@ FIELDS: tuple[ApiField, ...] = (
         "max_tokens",
         "int",
         GENERATE,
-        "The most tokens to generate (default: 16 for completions, the rest of the window for chat).",
-        minimum=1,
+        "The most tokens to generate (default: 16 for completions, the rest of the window for "
+        "chat); 0 only with echo: the prompt alone, its logprobs when asked.",
+        minimum=0,
     ),
     F(
         "max_completion_tokens",
         "int",
         GENERATE,
-        "OpenAI's newer name for max_tokens; wins over it.",
-        minimum=1,
+        "OpenAI's newer name for max_tokens; wins over it (0 only with echo, as max_tokens).",
+        minimum=0,
     ),
     F(
         "n",

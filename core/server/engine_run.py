@@ -89,6 +89,11 @@ async def engine_run(state: State, parsed: Parsed, timing: Timing) -> AsyncItera
                 state.metrics.finished(parsed.kind, event.reason)
             if i % n == 0:  # each prompt, once
                 state.metrics.prompted(event.prompt_tokens, event.cached_tokens)
+        if parsed.echo_only:  # max_tokens 0: the one token drawn is not the reply's
+            if isinstance(event, TokenOut):
+                return
+            if isinstance(event, Finished) and event.reason in ("stop", "length"):
+                event = replace(event, reason="length", text="", completion_tokens=0)
         mailbox.put(events, (i, event))
 
     seed = parsed.params.with_seed().seed  # one for every prompt, drawn when not given

@@ -127,6 +127,8 @@ class Parsed:
     more: tuple[Parsed, ...] = ()
     echo: bool = False  # the reply's text (and its logprobs) start with the prompt's
     prompt_text: str | None = None  # the prompt as sent, when text (echo); None: token ids
+    echo_only: bool = False  # echo with max_tokens 0: the prompt alone (one token is drawn
+    # and dropped: the prompt's logprobs come with its pass)
     beam_search: bool = False  # vLLM's use_beam_search: the n choices are the n best beams
     length_penalty: float = 1.0  # ... ranked by logprob / length ** length_penalty
 
@@ -430,6 +432,12 @@ def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
     length_penalty = 1.0 if length_penalty is None else float(length_penalty)
     if beams and echo and body.get("logprobs") is not None:
         raise bad("echo with logprobs is not supported with use_beam_search", "use_beam_search")
+    max_param = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    )
+    echo_only = echo and body.get(max_param) == 0 and not isinstance(body.get(max_param), bool)
+    if echo_only:  # the prompt alone, as OpenAI's legacy API and vLLM give it
+        body = {**body, max_param: 1}
     items = _prompt_list(body)
     listed = items is body.get("prompt")  # a list of prompts (of one, even): named by index
     prompts = [
@@ -475,6 +483,7 @@ def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
                 prediction_job=prediction,
                 predicted="prediction" in body,
                 echo=echo,
+                echo_only=echo_only,
                 prompt_text=item if isinstance(item, str) else None,
                 beam_search=beams,
                 length_penalty=length_penalty,
