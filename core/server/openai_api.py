@@ -426,18 +426,7 @@ def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
     check_model(body, served.model_name)
     if _get(body, "suffix", "str"):
         raise bad("suffix is not supported", "suffix")
-    echo = bool(_get(body, "echo", "bool"))
-    beams = bool(_get(body, "use_beam_search", "bool"))
-    length_penalty = _get(body, "length_penalty", "number")
-    length_penalty = 1.0 if length_penalty is None else float(length_penalty)
-    if beams and echo and body.get("logprobs") is not None:
-        raise bad("echo with logprobs is not supported with use_beam_search", "use_beam_search")
-    max_param = (
-        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    )
-    echo_only = echo and body.get(max_param) == 0 and not isinstance(body.get(max_param), bool)
-    if echo_only:  # the prompt alone, as OpenAI's legacy API and vLLM give it
-        body = {**body, max_param: 1}
+    body, extras = _completion_extras(body)
     items = _prompt_list(body)
     listed = items is body.get("prompt")  # a list of prompts (of one, even): named by index
     prompts = [
@@ -482,16 +471,36 @@ def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
                 max_tokens_set=body.get(max_param) is not None,
                 prediction_job=prediction,
                 predicted="prediction" in body,
-                echo=echo,
-                echo_only=echo_only,
                 prompt_text=item if isinstance(item, str) else None,
-                beam_search=beams,
-                length_penalty=length_penalty,
+                **extras,
             )
         )
-    if beams and each[0].params.constraint is not None:
+    if extras["beam_search"] and each[0].params.constraint is not None:
         raise bad("structured output is not supported with use_beam_search", "use_beam_search")
     return replace(each[0], more=tuple(each[1:]))
+
+
+def _completion_extras(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What /v1/completions has beyond the sampling fields, as Parsed's fields: echo (with
+    max_tokens 0, the prompt alone: the body is run with 1, and the reply drops that token),
+    and vLLM's beam search. Returns the body to parse the rest from, and those fields."""
+    echo = bool(_get(body, "echo", "bool"))
+    beams = bool(_get(body, "use_beam_search", "bool"))
+    length_penalty = _get(body, "length_penalty", "number")
+    if beams and echo and body.get("logprobs") is not None:
+        raise bad("echo with logprobs is not supported with use_beam_search", "use_beam_search")
+    most = body.get("max_completion_tokens")  # it wins over max_tokens when set (_sampling)
+    max_param = "max_tokens" if most is None else "max_completion_tokens"
+    most = body.get(max_param)
+    echo_only = echo and most == 0 and not isinstance(most, bool)
+    if echo_only:  # as OpenAI's legacy API and vLLM give it
+        body = {**body, max_param: 1}
+    return body, {
+        "echo": echo,
+        "echo_only": echo_only,
+        "beam_search": beams,
+        "length_penalty": 1.0 if length_penalty is None else float(length_penalty),
+    }
 
 
 def _completion_max(served: Served, prompt_len: int, pending: bool) -> int:
