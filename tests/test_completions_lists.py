@@ -260,6 +260,24 @@ def test_beam_search_ranks_its_beams_and_equals_alone_in_a_list(server: ServedDe
     server.wait_even()
 
 
+def test_a_client_leaving_a_beam_search_cancels_it(server: ServedDemo) -> None:
+    http = Http(server.base)
+    key = "tensorfold_requests_total{endpoint=completion,reason=cancelled}"
+    before = server.metrics().get(key, 0)
+    body = {
+        "model": MODEL,
+        "prompt": ["The little", "Once upon"],
+        "n": 2,
+        "max_tokens": 3000,
+        "ignore_eos": True,
+        "use_beam_search": True,
+    }
+    with pytest.raises(TimeoutError):  # the client gives up mid-search
+        http.request("POST", "/v1/completions", json_body=body, timeout=1)
+    m = server.wait_even(timeout=60)  # its rounds' requests ended: lanes and pages came back
+    assert m[key] == before + 1
+
+
 @pytest.mark.parametrize(
     "fields,param",
     [

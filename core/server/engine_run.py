@@ -11,7 +11,7 @@ import functools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Literal
 
 from ..config.logs import get_logger
 from ..engine.choices import choice_params
@@ -171,18 +171,24 @@ async def _beams(
             ):
                 report(i * n + j, event)
 
-    try:
-        async with asyncio.TaskGroup() as group:  # a failure cancels the other prompts'
-            for i, prompt in enumerate(parsed.prompts):
-                group.create_task(one(i, prompt))
-    except* (RuntimeError, QueueFull, RequestRefused) as failed:
-        error = str(failed.exceptions[0])
-        log.warning("beam search failed", error=error)
+    def end_the_rest(reason: Literal["cancelled", "error"], error: str | None = None) -> None:
         for i, prompt in enumerate(parsed.prompts):
+            size = len(prompt.prompt_ids)
             for j in range(n):
                 if i * n + j not in ended:
-                    size = len(prompt.prompt_ids)
-                    sink(i * n + j, Finished(f"beam-{i}-{j}", "error", "", size, 0, 0, seed, error))
+                    sink(i * n + j, Finished(f"beam-{i}-{j}", reason, "", size, 0, 0, seed, error))
+
+    try:
+        try:
+            async with asyncio.TaskGroup() as group:  # a failure cancels the other prompts'
+                for i, prompt in enumerate(parsed.prompts):
+                    group.create_task(one(i, prompt))
+        except* (RuntimeError, QueueFull, RequestRefused) as failed:
+            log.warning("beam search failed", error=str(failed.exceptions[0]))
+            end_the_rest("error", str(failed.exceptions[0]))
+    except asyncio.CancelledError:  # the client left: counted as a cancelled request
+        end_the_rest("cancelled")
+        raise
 
 
 def _note_tokens(note: AccessNote, reply: Choices) -> None:
