@@ -143,6 +143,20 @@ class ChoicesGate(EngineGates):
         finally:
             close_even(llm)
 
+    def test_prompt_logprobs_equal_alone_and_in_a_list(
+        self, demo: Path, prompts: list[list[int]]
+    ) -> None:
+        """The echo gate (`echo` with `logprobs`): a prompt's logprobs from its prompt pass, the
+        same alone and in a list with n = 2, its completion the plain request's; one prompt of
+        300 rows, cut into chunks of at most 128."""
+        llm = self.open_llm(demo, parallel=4)
+        try:
+            long = (prompts[0] * (1 + 300 // len(prompts[0])))[:300]
+            params = replace(self.sampling("sampled"), logprobs=True, top_logprobs=2)
+            testing.assert_prompt_logprobs_exact(llm, [prompts[2], long], params)
+        finally:
+            close_even(llm)
+
 
 class PromptStoreGates(FamilyCase):
     """The prompt store on the demo checkpoint (fp32): multi-turn chats, turn by turn and all

@@ -352,6 +352,84 @@ def assert_choices_equal_single_twins(
             assert got[k * n + i].token_ids == twin, f"prompt {k}, choice {i}"
 
 
+def prompts_with_logprobs(
+    llm: LLM,
+    prompts: Sequence[list[int]],
+    params: SamplingParams,
+    n: int = 1,
+    top: int | None = 3,
+    timeout_s: float = 120,
+) -> list[dict[str, Any]]:
+    """The prompts submitted together as one request's list (Engine.submit_prompts), n choices
+    each, their prompt logprobs asked with `top` top ones (None: not asked): for each choice, in
+    order (prompt i's choice j at i * n + j), {"prompt": its PromptOut's logprobs or None,
+    "tokens": its tokens, "logprobs": each token's (logprob, top logprobs)}."""
+    import threading
+
+    from .engine.choices import choice_params
+    from .engine.requests import Finished, PromptOut, TokenOut
+
+    got: list[dict[str, Any]] = [
+        {"prompt": None, "tokens": [], "logprobs": []} for _ in range(len(prompts) * n)
+    ]
+    left = [len(got)]
+    done = threading.Event()
+
+    def sink(i: int) -> Callable[[Any], None]:
+        def take(event: Any) -> None:
+            if isinstance(event, PromptOut):
+                got[i]["prompt"] = event.logprobs
+            elif isinstance(event, TokenOut):
+                got[i]["tokens"].append(event.token)
+                got[i]["logprobs"].append((event.logprob, event.top_logprobs))
+            elif isinstance(event, Finished):
+                assert event.error is None, event.error
+                left[0] -= 1
+                if not left[0]:
+                    done.set()
+
+        return take
+
+    llm.served.engine.submit_prompts(
+        [list(p) for p in prompts],
+        [choice_params(params, n) for _ in prompts],
+        [sink(i) for i in range(len(got))],
+        prompt_logprobs=top,
+    )
+    if not done.wait(timeout_s):
+        raise TimeoutError(f"the prompts did not finish in {timeout_s} s")
+    return got
+
+
+def assert_prompt_logprobs_exact(
+    llm: LLM, prompts: Sequence[list[int]], params: SamplingParams, n: int = 2
+) -> None:
+    """The echo gate: each prompt's own logprobs (OpenAI's `echo` with `logprobs`, computed in
+    the prompt pass) are the same alone and in a list of the prompts with n choices each
+    (every choice gets them), and a request that asks for them completes as one that does not
+    (its rows' logits kept, its prompt cut into smaller chunks). Without penalties or biases,
+    the prompt pass scores a prompt that ends with a run's own tokens as that run's draws
+    did."""
+    assert params.seed is not None and params.logprobs, "seeded params, with logprobs"
+    top = params.top_logprobs
+    alone = [prompts_with_logprobs(llm, [p], params, top=top)[0] for p in prompts]
+    plain = [prompts_with_logprobs(llm, [p], params, top=None)[0] for p in prompts]
+    listed = prompts_with_logprobs(llm, prompts, params, n, top=top)
+    for k, prompt in enumerate(prompts):
+        one = alone[k]
+        assert one["prompt"] is not None and len(one["prompt"]) == len(prompt) - 1
+        assert plain[k]["prompt"] is None
+        assert (one["tokens"], one["logprobs"]) == (plain[k]["tokens"], plain[k]["logprobs"])
+        for j in range(n):
+            assert listed[k * n + j]["prompt"] == one["prompt"], f"prompt {k}, choice {j}"
+        assert listed[k * n]["tokens"] == one["tokens"], f"prompt {k}"
+        if params.has_penalties or params.logit_bias or not one["tokens"]:
+            continue
+        ran = list(prompt) + one["tokens"][:-1]
+        forced = prompts_with_logprobs(llm, [ran], params, top=top)[0]
+        assert forced["prompt"][len(prompt) - 1 :] == one["logprobs"][:-1], f"prompt {k}"
+
+
 def assert_engine_gates_at_tp(
     family: str,
     model: Path,

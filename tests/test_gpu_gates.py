@@ -6,6 +6,7 @@ decode rounds replayed as CUDA graphs:
 - graph replay == eager (TF_CUDA_GRAPHS=0);
 - pages == windows with freed pages poisoned;
 - resumed == fresh: chats whose later turns come from the prompt store give a fresh run's replies;
+- prompt logprobs (`echo` with `logprobs`) the same alone and in a list, scored as decoding drew;
 - the same gates with fp8 KV pages (--kv-dtype fp8);
 - at --tp 2, where two GPUs are there, the same gates against one rank.
 Every engine's census must be even when it closes.
@@ -121,6 +122,20 @@ def test_pages_equal_windows_with_poisoned_pages(family, runs):
             assert tokens(llm, prompts, SAMPLED) == alone["sampled"], flags
         finally:
             close_even(llm)
+
+
+def test_prompt_logprobs_equal_alone_and_in_a_list(family, runs):
+    """The echo gate (`echo` with `logprobs`) on the GPU: prompts of 5 to 200 rows and one of
+    2100 (cut into 128-row chunks), alone and as one request's list with n = 2: the same prompt
+    logprobs, the plain request's tokens, and a prompt ending with a run's tokens scored as the
+    run drew them (testing.assert_prompt_logprobs_exact)."""
+    prompts, _, _, _ = runs
+    llm = open_llm(family, parallel=8)
+    try:
+        params = dataclasses.replace(SAMPLED, logprobs=True, top_logprobs=2)
+        testing.assert_prompt_logprobs_exact(llm, [*prompts[:4], prompts[6]], params)
+    finally:
+        close_even(llm)
 
 
 def test_resumed_equals_fresh(family):

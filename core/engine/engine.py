@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..config.logs import get_logger
 from .lanes import Lanes
-from .requests import Event, Finished, Request
+from .requests import Event, Finished, Request, RequestRefused
 from .sampling import SamplingParams
 from .status_snapshot import take_summary
 
@@ -66,32 +66,108 @@ class Engine:
         sinks: Sequence[Callable[[Event], None]],
         marks: Iterable[int] = (),
         prediction: Sequence[int] = (),
+        prompt_logprobs: int | None = None,
     ) -> list[Request]:
         """n choices of one prompt: choice i samples with params[i] (seeded; the same
         max_tokens for all) and reports to sinks[i]. The prompt is computed once and the other
         choices fork from the first. Raises as submit does; RequestRefused with param "n" when
-        n choices can never run here together. Returns the requests, choice 0 first."""
+        n choices can never run here together. prompt_logprobs: the prompt tokens' logprobs,
+        with that many top ones each, go to every choice (a `PromptOut` before its first
+        token). Returns the requests, choice 0 first."""
+        group = self._choices(prompt, params, sinks, marks, prediction, prompt_logprobs)
+        self._queue([group])
+        return group
+
+    def submit_prompts(
+        self,
+        prompts: Sequence[list[int]],
+        params: Sequence[Sequence[SamplingParams]],
+        sinks: Sequence[Callable[[Event], None]],
+        marks: Sequence[Iterable[int]] = (),
+        prediction: Sequence[int] = (),
+        prompt_logprobs: int | None = None,
+    ) -> list[list[Request]]:
+        """Several prompts of one request (OpenAI's list of prompts), each with its n choices
+        as submit_n takes them: params[i] are prompt i's choices' params (n of them for every
+        prompt), prompt i's choice j reports to sinks[i * n + j], marks[i] are its chat marks
+        (none when marks is empty), so each prompt runs as its own submit_n would. Each prompt
+        is admitted on its own, in order, as separate requests are (more prompts than lanes
+        wait their turn). Every prompt is checked first and all are queued or none:
+        RequestRefused names the prompt's index; QueueFull when max_waiting would be passed.
+        Returns each prompt's requests."""
+        n = len(params[0]) if params else 0
+        if len(params) != len(prompts) or len(sinks) != n * len(prompts) or not prompts:
+            raise ValueError(f"{len(sinks)} sinks for {len(prompts)} prompts of {n} choices")
+        groups = []
+        for i, prompt in enumerate(prompts):
+            try:
+                groups.append(
+                    self._choices(
+                        prompt,
+                        params[i],
+                        sinks[i * n : (i + 1) * n],
+                        marks[i] if marks else (),
+                        prediction,
+                        prompt_logprobs,
+                    )
+                )
+            except RequestRefused as exc:
+                where = f"prompt[{i}]: " if len(prompts) > 1 else ""
+                raise RequestRefused(where + str(exc), exc.param) from None
+        if len(prompts) > 1 and len(prompts) > self.max_waiting:
+            raise RequestRefused(
+                f"the request holds {len(prompts)} prompts, more than the {self.max_waiting} "
+                "requests this server queues (--max-waiting); send fewer prompts a request",
+                "prompt",
+            )
+        self._queue(groups)
+        return groups
+
+    def _choices(
+        self,
+        prompt: list[int],
+        params: Sequence[SamplingParams],
+        sinks: Sequence[Callable[[Event], None]],
+        marks: Iterable[int],
+        prediction: Sequence[int],
+        prompt_logprobs: int | None,
+    ) -> list[Request]:
+        """One prompt's choices as requests, choice 0 holding the others as its forks; checked
+        (RequestRefused when they can never run here)."""
         if len(params) != len(sinks) or not params:
             raise ValueError(f"{len(params)} params for {len(sinks)} sinks")
         if len({p.max_tokens for p in params}) > 1:
             raise ValueError("the choices of one prompt share their max_tokens")
         reqs = [
             Request(
-                list(prompt), p.with_seed(), sink, marks=tuple(marks), prediction=tuple(prediction)
+                list(prompt),
+                p.with_seed(),
+                sink,
+                marks=tuple(marks),
+                prediction=tuple(prediction),
+                prompt_logprobs=prompt_logprobs,
             )
             for p, sink in zip(params, sinks)
         ]
         req = reqs[0]
         req.forks = reqs[1:]
         self.lanes.check(req)
+        return reqs
+
+    def _queue(self, groups: list[list[Request]]) -> None:
+        """Each group's first request into the inbox, all at once (QueueFull: none)."""
         with self._wake:
             if self._stopping:
                 raise QueueFull("the engine is shutting down")
-            if self.waiting() >= self.max_waiting:
-                raise QueueFull(f"{self.max_waiting} requests are already waiting")
-            self._inbox.append(req)
+            if (waiting := self.waiting()) + len(groups) > self.max_waiting:
+                if len(groups) == 1:
+                    raise QueueFull(f"{self.max_waiting} requests are already waiting")
+                raise QueueFull(
+                    f"{waiting} requests are waiting, and this request's {len(groups)} prompts "
+                    f"would pass the {self.max_waiting} the server queues"
+                )
+            self._inbox.extend(group[0] for group in groups)
             self._wake.notify()
-        return reqs
 
     def cancel(self, req: Request) -> None:
         """The request ends (reason "cancelled") and its lane and pages come back next round."""

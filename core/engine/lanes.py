@@ -15,6 +15,12 @@ fork from it: its full prompt pages are attached to their page tables (shared, t
 the holders), its partial last page and its fixed state are copied, and each samples its first
 token from the same logits row with its own seed. So choice i is what the same request alone
 with choice i's seed would give: same pages, same state, same logits.
+
+A request that asks for its prompt's logprobs (`Request.prompt_logprobs`: `echo` with
+`logprobs`) keeps every prompt row's logits: it takes no prompt-store hit (the rows it would
+resume were never computed for it; the store still keeps its marks for others), its chunks are
+at most LOGPROB_ROWS rows (cut on the family's mark_rows, as a budget cut is), and once its
+prompt is computed its logprobs go to it and to its choices (`PromptOut`) before any token.
 """
 
 from __future__ import annotations
@@ -29,12 +35,13 @@ from tensorfold.adapters import paged_kv
 
 from ..config.logs import get_logger
 from ..family.drafter import DraftAsk, ModelDrafter
-from ..family.forward_pass import StreamRows
+from ..family.forward_pass import LogitRows, StreamRows
 from ..family.tokenizer import IncrementalDecoder, Tokenizer
 from ..memory.kv_pool import Lease
 from ..memory.prompt_share import PromptSharing
 from .drafts import DraftSettings, StreamDrafts
-from .requests import Finished, Request, RequestRefused, TokenOut
+from .prompt_logprobs import LOGPROB_ROWS, Entry, prompt_rows
+from .requests import Finished, PromptOut, Request, RequestRefused, TokenOut
 from .runner import ModelRunner
 from .sampling import RowHistory, SampleResult, launch_rows, read_rows
 from .stops import StopChecker
@@ -73,6 +80,7 @@ class Live:
     verify_run: int = -1  # this round's run's index in the pass (its taps), when it drafted
     state_rows: int = 0  # rows the slot's fixed state has taken in (past pos after a rejection)
     logit_row: int = 0  # the last pass's logit row its latest token was drawn from
+    prompt_logprobs: list[Entry] | None = None  # scored so far, when its request asks for them
 
     @property
     def prefilling(self) -> bool:
@@ -251,6 +259,8 @@ class Lanes:
                 continue
             if run.taps:
                 self._keep_taps(i, stream, run)
+            if stream.prompt_logprobs is not None and run.start < len(stream.req.prompt):
+                out = self._score_prompt(stream, run, out)
             if out.shape[0]:
                 stream.logit_row = row - 1
                 wanting.append((stream, out[-1:]))
@@ -394,7 +404,9 @@ class Lanes:
             if len(self.free_slots) < 1 + len(req.forks):
                 break  # n choices wait for n lanes, in order
             rows = len(req.prompt) + req.params.max_tokens + self.lookahead
-            kept = self.sharing.match(req.prompt) if self.sharing else None
+            kept = None
+            if self.sharing is not None and req.prompt_logprobs is None:
+                kept = self.sharing.match(req.prompt)
             attached = kept.pos // self.pool.page_rows if kept else 0
             shared = len(req.prompt) // self.pool.page_rows  # a fork's attached prompt pages
             need = self.pool.pages_for(rows) - attached
@@ -425,6 +437,7 @@ class Lanes:
             else None,
             matcher=req.params.constraint.start() if req.params.constraint else None,
             drafts=self._stream_drafts(req),
+            prompt_logprobs=[] if req.prompt_logprobs is not None else None,
         )
 
     def _stream_drafts(self, req: Request) -> StreamDrafts | None:
@@ -493,18 +506,39 @@ class Lanes:
                 break
             grid_end = (s.pos // self.pass_rows + 1) * self.pass_rows
             end = min(len(s.req.prompt), grid_end)
-            if s.pos + budget < end:  # the budget ends it early: on the family's grid
-                end = (s.pos + budget) // self.cut_rows * self.cut_rows
+            rows = budget
+            if s.prompt_logprobs is not None:  # every row's logits: fewer rows a pass
+                rows = min(budget, max(LOGPROB_ROWS // self.cut_rows, 1) * self.cut_rows)
+            if s.pos + rows < end:  # the budget ends it early: on the family's grid
+                end = (s.pos + rows) // self.cut_rows * self.cut_rows
                 if end <= s.pos:
                     continue
             tokens = s.req.prompt[s.pos : end]
             last = end == len(s.req.prompt)
             pages = s.lease.cover(end)
             taps = [m for m in s.marks if s.pos < m <= end]
-            runs.append(StreamRows(s.slot, s.pos, tokens, pages, "last" if last else "none", taps))
+            wants: LogitRows = (
+                "all" if s.prompt_logprobs is not None else "last" if last else "none"
+            )
+            runs.append(StreamRows(s.slot, s.pos, tokens, pages, wants, taps))
             owners.append(s)
             budget -= len(tokens)
         return runs, owners
+
+    def _score_prompt(self, s: Live, run: StreamRows, out: torch.Tensor) -> torch.Tensor:
+        """A prompt chunk's rows of a stream that keeps them (`out`: every row's logits): the
+        prompt tokens they score, added to its prompt logprobs, sent once its prompt is
+        whole, to it and to its choices. Returns the rows left to sample: the last, at the
+        prompt's end, else none."""
+        assert s.prompt_logprobs is not None and s.req.prompt_logprobs is not None
+        prompt = s.req.prompt
+        targets = prompt[run.start + 1 : run.end + 1]
+        s.prompt_logprobs += prompt_rows(out[: len(targets)], targets, s.req.prompt_logprobs)
+        if run.end < len(prompt):
+            return out[:0]
+        for r in [s.req] + [f.req for f in s.forks]:
+            r.sink(PromptOut(r.id, list(s.prompt_logprobs)))
+        return out[-1:]
 
     def _uniform_rows(self, decoding: list[Live]) -> tuple[int, ...]:
         """The rows a stream (k + 1) a verify pass of these streams may be padded to, when the

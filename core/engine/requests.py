@@ -47,7 +47,18 @@ class Finished:
     rejected_prediction_tokens: int = 0  # of the request's prediction, drafted and refused
 
 
-Event = Union[TokenOut, Finished]
+@dataclass(frozen=True)
+class PromptOut:
+    """The prompt's own logprobs (a request with `prompt_logprobs`, OpenAI's `echo` with
+    `logprobs`), sent once, after the prompt pass and before the first TokenOut: for prompt
+    tokens 1..n-1, each one's logprob under the rows before it and the top ones there (token 0
+    has none)."""
+
+    request_id: str
+    logprobs: list[tuple[float, list[tuple[int, float]]]]  # (logprob, [(id, logprob)...])
+
+
+Event = Union[TokenOut, PromptOut, Finished]
 
 
 @dataclass
@@ -63,3 +74,6 @@ class Request:
     forks: list["Request"] = field(default_factory=list)
     # Predicted Outputs: tokens the output is expected to repeat, used as this stream's drafts
     prediction: tuple[int, ...] = ()
+    # the prompt tokens' logprobs, with this many top ones each (PromptOut), or None: not asked.
+    # Computed in the prompt pass, so such a request computes its whole prompt (no store hit).
+    prompt_logprobs: int | None = None

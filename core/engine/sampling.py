@@ -418,20 +418,7 @@ def launch_rows(
     for i in biased:
         params, _, history = rows[i]
         x[i] = apply_logit_bias(apply_penalties(x[i], params, history), params)
-    if kernel:
-        from ..ops.triton_row_stats import row_stats
-
-        tokens, _, top, log_sum = row_stats(x)  # as above: a row's logprobs as it gets alone
-
-        def logprobs_at(ids: torch.Tensor) -> torch.Tensor:
-            return (x.gather(1, ids) - top[:, None]) - log_sum[:, None]
-    else:
-        logprobs = torch.log_softmax(x, dim=1)
-        tokens = torch.argmax(x, dim=1)  # first maximum: ties to the lowest id
-
-        def logprobs_at(ids: torch.Tensor) -> torch.Tensor:
-            return logprobs.gather(1, ids)
-
+    tokens, logprobs_at = row_logprobs(x, kernel)
     order = None
     if drawn or top_n:
         order = torch.sort(x, dim=1, descending=True, stable=True).indices
@@ -451,6 +438,31 @@ def launch_rows(
         ids = order[:, :top_n]
         parts += [ids.to(torch.float64), logprobs_at(ids).to(torch.float64)]
     return _pending(tokens, torch.cat(parts, 1), rows, top_n)
+
+
+def row_logprobs(
+    x: torch.Tensor, kernel: bool
+) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """x: [B, V] fp32 logits -> each row's first maximum [B] (ties to the lowest id), and
+    `logprobs_at(ids [B, k])`, those ids' logprobs [B, k]: with `kernel` (the GPU, contiguous
+    rows) from the row kernel's max and log of its sum of exponentials (ops/triton_row_stats.py),
+    else from torch's log_softmax. Either way each row's are its own, whatever the batch: the
+    sampler's logprobs and a prompt's (engine/prompt_logprobs.py) are both taken here."""
+    if kernel:
+        from ..ops.triton_row_stats import row_stats
+
+        tokens, _, top, log_sum = row_stats(x)  # as above: a row's logprobs as it gets alone
+
+        def logprobs_at(ids: torch.Tensor) -> torch.Tensor:
+            return (x.gather(1, ids) - top[:, None]) - log_sum[:, None]
+
+        return tokens, logprobs_at
+    logprobs = torch.log_softmax(x, dim=1)
+
+    def logprobs_of(ids: torch.Tensor) -> torch.Tensor:
+        return logprobs.gather(1, ids)
+
+    return torch.argmax(x, dim=1), logprobs_of
 
 
 def _pending(

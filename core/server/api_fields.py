@@ -39,6 +39,7 @@ _JSON_TYPES: dict[str, str] = {
 }
 _IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 _STRINGS = {"type": "array", "items": {"type": "string"}}
+_PROMPT = {"oneOf": [{"type": "string", "minLength": 1}, {**_IDS, "minItems": 1}]}
 _MESSAGE = {
     "type": "object",
     "required": ["role"],
@@ -159,13 +160,14 @@ FIELDS: tuple[ApiField, ...] = (
         "prompt",
         "any",
         (COMPLETIONS,),
-        "The prompt: a string, or its token ids (a batch of one of either is accepted).",
+        "The prompt: a string or its token ids; or a list of up to 2048 prompts (strings or "
+        "token-id lists), each with its n choices, at index prompt * n + choice.",
         required=True,
         schema={
             "oneOf": [
                 {"type": "string", "minLength": 1},
                 {**_IDS, "minItems": 1},
-                {"type": "array", "minItems": 1, "maxItems": 1},
+                {"type": "array", "minItems": 1, "maxItems": 2048, "items": _PROMPT},
             ]
         },
     ),
@@ -177,7 +179,29 @@ FIELDS: tuple[ApiField, ...] = (
         required=True,
         schema={"type": "array", "minItems": 1, "items": _MESSAGE},
     ),
-    F("echo", "any", (COMPLETIONS,), "Not supported: only false is accepted.", enum=(False,)),
+    F(
+        "echo",
+        "bool",
+        (COMPLETIONS,),
+        "The reply's text starts with the prompt; with logprobs, so do its logprobs (the "
+        "prompt's first token's is null).",
+        default=False,
+    ),
+    F(
+        "use_beam_search",
+        "bool",
+        (COMPLETIONS,),
+        "vLLM's: the n choices are the n best beams of a beam search (end tokens end a beam; "
+        "stop strings are not looked for), given when it ends.",
+        default=False,
+    ),
+    F(
+        "length_penalty",
+        "number",
+        (COMPLETIONS,),
+        "vLLM's, with use_beam_search: beams rank by their logprob / length ** length_penalty.",
+        default=1.0,
+    ),
     F(
         "suffix",
         "str",
@@ -190,15 +214,16 @@ FIELDS: tuple[ApiField, ...] = (
         "max_tokens",
         "int",
         GENERATE,
-        "The most tokens to generate (default: 16 for completions, the rest of the window for chat).",
-        minimum=1,
+        "The most tokens to generate (default: 16 for completions, the rest of the window for "
+        "chat); 0 only with echo: the prompt alone, its logprobs when asked.",
+        minimum=0,
     ),
     F(
         "max_completion_tokens",
         "int",
         GENERATE,
-        "OpenAI's newer name for max_tokens; wins over it.",
-        minimum=1,
+        "OpenAI's newer name for max_tokens; wins over it (0 only with echo, as max_tokens).",
+        minimum=0,
     ),
     F(
         "n",

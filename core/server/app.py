@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 from aiohttp import web
 
 from ..config.logs import get_logger
-from ..engine.requests import Event, Finished, TokenOut
+from ..engine.requests import Event, Finished, PromptOut, TokenOut
 from . import cors, openapi, responses_routes, status_page, tokenize_routes
 from .access_log import access_note
 from .access_log import install as install_access_log
@@ -143,6 +143,12 @@ async def _events_to_stream(
     if replies.chat:
         await resp.write(b"".join(sse(r.chunk("", [], 0, first=True)) for r in replies.replies))
     sent = [0] * len(replies.replies)  # characters already sent, for completions' text_offset
+    # echo: each choice's first chunk is its prompt, once its logprobs have come (a PromptOut)
+    # when it asked for them, else at once
+    echoing = replies.parsed.echo and bool(replies.parsed.params.logprobs)
+    if replies.parsed.echo and not echoing:
+        await resp.write(b"".join(r.echo_sse() for r in replies.replies))
+        sent = [len(r.echo_text) for r in replies.replies]
     data = b""
     while True:
         batch = [await events.get()]
@@ -151,6 +157,11 @@ async def _events_to_stream(
         for i, event in batch:
             reply = replies[i]  # each chunk carries its choice's index
             reply.add(event)
+            if isinstance(event, PromptOut):
+                if echoing:
+                    data += reply.echo_sse()
+                    sent[i] = len(reply.echo_text)
+                continue
             tokens = []
             if isinstance(event, TokenOut):
                 if i == 0:

@@ -157,10 +157,13 @@ class Metrics:
             registry=self.registry,
         )
 
-    def finished(self, endpoint: str, reason: str, prompt: int, cached: int) -> None:
-        """A request ended: counted with its prompt's tokens (its generated tokens are counted
+    def finished(self, endpoint: str, reason: str) -> None:
+        """A request ended (its prompts' tokens are counted by `prompted`, its generated tokens
         as they are sampled, by the request's sink)."""
         self.requests.labels(endpoint, reason).inc()
+
+    def prompted(self, prompt: int, cached: int) -> None:
+        """A prompt's tokens, once a request's (each of a list's prompts) has ended."""
         self.prompt_tokens.labels("cached").inc(cached)
         self.prompt_tokens.labels("computed").inc(prompt - cached)
 

@@ -11,6 +11,7 @@ generation_config.json when the request leaves them out, else OpenAI's defaults.
 
 from __future__ import annotations
 
+import functools
 import json
 import numbers
 from dataclasses import dataclass, replace
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from ..engine.start import Served
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16
+MAX_PROMPTS = 2048  # prompts a /v1/completions request may list (OpenAI's bound)
 _PENDING_MAX = 1  # max_tokens until the prompt's length gives the default (with_prompt)
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -120,6 +122,20 @@ class Parsed:
     prediction_job: PromptJob | None = None  # Predicted Outputs: the text to tokenize
     prediction: tuple[int, ...] = ()  # ... its tokens, the stream's drafts
     predicted: bool = False  # the request sent a prediction (usage reports what was kept)
+    # A list of prompts: prompts 1.. of the list, each parsed as its own request would be (this
+    # one is prompt 0); their replies follow this one's, n choices a prompt.
+    more: tuple[Parsed, ...] = ()
+    echo: bool = False  # the reply's text (and its logprobs) start with the prompt's
+    prompt_text: str | None = None  # the prompt as sent, when text (echo); None: token ids
+    echo_only: bool = False  # echo with max_tokens 0: the prompt alone (one token is drawn
+    # and dropped: the prompt's logprobs come with its pass)
+    beam_search: bool = False  # vLLM's use_beam_search: the n choices are the n best beams
+    length_penalty: float = 1.0  # ... ranked by logprob / length ** length_penalty
+
+    @property
+    def prompts(self) -> list[Parsed]:
+        """Each prompt's own request, in the list's order (one for most requests)."""
+        return [self, *self.more]
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -269,11 +285,11 @@ def _default_max(served: Served, prompt_len: int, default: int | None) -> int:
     return room if default is None else min(default, room)
 
 
-def too_long(size: int, limit: int, served: Served, param: str) -> ApiError:
+def too_long(size: int, limit: int, served: Served, param: str, where: str = "") -> ApiError:
     """A prompt of more bytes than the window's worst case (max_prompt_bytes): it cannot fit."""
     verb = "hold" if param == "messages" else "holds"
     return bad(
-        f"the {param} {verb} {size} bytes of text, more than the {served.window}-token "
+        f"the {where.strip() or param} {verb} {size} bytes of text, more than the {served.window}-token "
         f"window can hold ({limit} bytes at most); send a shorter prompt",
         param,
         "context_length_exceeded",
@@ -314,12 +330,13 @@ def _prediction(body: dict[str, Any], served: Served) -> PromptJob | None:
     return PromptJob(served.window, limit, text=text, add_special_tokens=False, cut=True)
 
 
-def _byte_limit(texts: list[str], served: Served, param: str) -> int:
+def _byte_limit(texts: list[str], served: Served, param: str, where: str = "") -> int:
     """The prompt's bytes limit (max_prompt_bytes); texts that the prompt will hold and that
-    pass it are refused at once, before any render or tokenizer work."""
+    pass it are refused at once, before any render or tokenizer work. `where`: the prompt's
+    place in a list, for the message ("prompt[3] ")."""
     limit = max_prompt_bytes(served.tokenizer, served.window)
     if (size := sum(map(utf8_bytes, texts))) > limit:
-        raise too_long(size, limit, served, param)
+        raise too_long(size, limit, served, param, where)
     return limit
 
 
@@ -347,6 +364,14 @@ def with_prompt(parsed: Parsed, prompt: Prompt, served: Served) -> Parsed:
     )
 
 
+def at_prompt(exc: ApiError, i: int, prompts: int) -> ApiError:
+    """`exc` about the request's prompt i of `prompts`: its message names the prompt when the
+    request lists more than one, and `param` is "prompt"."""
+    if exc.param != "prompt" or prompts < 2:
+        return exc
+    return ApiError(exc.status, f"prompt[{i}]: {exc.message}", param=exc.param, code=exc.code)
+
+
 def prompt_refusal(exc: Exception, parsed: Parsed, served: Served) -> ApiError | None:
     """The 400 for what a prompt job raised (a template's refusal, a prompt too long), or None
     for a failure of the server's own."""
@@ -358,66 +383,132 @@ def prompt_refusal(exc: Exception, parsed: Parsed, served: Served) -> ApiError |
     return None
 
 
-def _prompt_ids(body: dict[str, Any], served: Served) -> list[int] | PromptJob:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        raise bad(f"prompt holds {len(prompt)} prompts; send one prompt per request", "prompt")
+def _prompt_ids(prompt: Any, served: Served, where: str = "") -> list[int] | PromptJob:
+    """One prompt: a string (a job for a prompt worker) or its token ids, checked; `where`
+    names its place in a list ("prompt[3] ")."""
+    param = where.strip() or "prompt"
     if isinstance(prompt, str):
         if not prompt:
-            raise bad("prompt must not be empty", "prompt")
-        limit = _byte_limit([prompt], served, "prompt")
+            raise bad(f"{param} must not be empty", "prompt")
+        limit = _byte_limit([prompt], served, "prompt", where)
         return PromptJob(served.window, limit, text=prompt)  # tokenized by a prompt worker
     if not isinstance(prompt, list) or not prompt:
-        raise bad("prompt must be a non-empty string or array of token ids", "prompt")
+        raise bad(f"{param} must be a non-empty string or array of token ids", "prompt")
     vocab = served.tokenizer.vocab_size
     for t in prompt:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-            raise bad(f"prompt token ids must be integers in 0..{vocab - 1}, got {t!r}", "prompt")
+            raise bad(f"{param} token ids must be integers in 0..{vocab - 1}, got {t!r}", "prompt")
     return list(prompt)
+
+
+def _prompt_list(body: dict[str, Any]) -> list[Any]:
+    """The request's prompts: a list of strings or of token-id lists is that many prompts (at
+    most MAX_PROMPTS); anything else (a string, one list of token ids) is one."""
+    prompt = body.get("prompt")
+    if not (isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))):
+        return [prompt]
+    if len(prompt) > MAX_PROMPTS:
+        raise bad(
+            f"prompt holds {len(prompt)} prompts; a request may hold at most {MAX_PROMPTS}",
+            "prompt",
+        )
+    for i, item in enumerate(prompt):
+        if not isinstance(item, (str, list)):
+            raise bad(
+                f"prompt[{i}] must be a string or an array of token ids, got "
+                f"{json.dumps(item)[:80]}",
+                "prompt",
+            )
+    return prompt
 
 
 def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
     check_model(body, served.model_name)
-    if body.get("echo"):
-        raise bad("echo is not supported", "echo")
     if _get(body, "suffix", "str"):
         raise bad("suffix is not supported", "suffix")
-    prompt = _prompt_ids(body, served)
-    ids, job = ([], prompt) if isinstance(prompt, PromptJob) else (prompt, None)
+    body, extras = _completion_extras(body)
+    items = _prompt_list(body)
+    listed = items is body.get("prompt")  # a list of prompts (of one, even): named by index
+    prompts = [
+        _prompt_ids(item, served, f"prompt[{i}] " if listed else "") for i, item in enumerate(items)
+    ]
     logprobs = _get(body, "logprobs", "int")
     if logprobs is not None and not 0 <= logprobs <= 20:
         raise bad(f"logprobs must be in 0..20, got {logprobs}", "logprobs")
     stream, usage = _stream_flags(body)
-    params, max_param = _sampling(
-        body,
-        lambda: (
-            _default_max(served, len(ids), COMPLETION_DEFAULT_MAX_TOKENS)
-            if job is None
-            else _PENDING_MAX
-        ),
-        served.checkpoint.generation_config,
-        logprobs is not None,
-        logprobs or 0,
-    )
-    params = _constrained(body, served, params)
     token_ids = bool(_get(body, "return_tokens_as_token_ids", "bool"))
-    return Parsed(
-        "completion",
-        ids,
-        params,
-        (),
-        stream,
-        usage,
-        max_param,
-        token_ids,
-        _choices(body),
-        job=job,
-        max_tokens_set=body.get(max_param) is not None,
-        prediction_job=_prediction(body, served),
-        predicted="prediction" in body,
-    )
+    n = _choices(body)
+    prediction = _prediction(body, served)
+    each: list[Parsed] = []
+    for item, prompt in zip(items, prompts):  # each prompt as its own request would be
+        ids, job = ([], prompt) if isinstance(prompt, PromptJob) else (prompt, None)
+        try:
+            params, max_param = _sampling(
+                body,
+                functools.partial(_completion_max, served, len(ids), job is not None),
+                served.checkpoint.generation_config,
+                logprobs is not None,
+                logprobs or 0,
+            )
+        except ApiError as exc:  # a prompt that fills the window: which one
+            raise at_prompt(exc, len(each), len(items) if listed else 1) from None
+        if each:  # the constraint compiled once, for every prompt
+            params = replace(params, constraint=each[0].params.constraint)
+        else:
+            params = _constrained(body, served, params)
+        each.append(
+            Parsed(
+                "completion",
+                ids,
+                params,
+                (),
+                stream,
+                usage,
+                max_param,
+                token_ids,
+                n,
+                job=job,
+                max_tokens_set=body.get(max_param) is not None,
+                prediction_job=prediction,
+                predicted="prediction" in body,
+                prompt_text=item if isinstance(item, str) else None,
+                **extras,
+            )
+        )
+    if extras["beam_search"] and each[0].params.constraint is not None:
+        raise bad("structured output is not supported with use_beam_search", "use_beam_search")
+    return replace(each[0], more=tuple(each[1:]))
+
+
+def _completion_extras(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What /v1/completions has beyond the sampling fields, as Parsed's fields: echo (with
+    max_tokens 0, the prompt alone: the body is run with 1, and the reply drops that token),
+    and vLLM's beam search. Returns the body to parse the rest from, and those fields."""
+    echo = bool(_get(body, "echo", "bool"))
+    beams = bool(_get(body, "use_beam_search", "bool"))
+    length_penalty = _get(body, "length_penalty", "number")
+    if beams and echo and body.get("logprobs") is not None:
+        raise bad("echo with logprobs is not supported with use_beam_search", "use_beam_search")
+    most = body.get("max_completion_tokens")  # it wins over max_tokens when set (_sampling)
+    max_param = "max_tokens" if most is None else "max_completion_tokens"
+    most = body.get(max_param)
+    echo_only = echo and most == 0 and not isinstance(most, bool)
+    if echo_only:  # as OpenAI's legacy API and vLLM give it
+        body = {**body, max_param: 1}
+    return body, {
+        "echo": echo,
+        "echo_only": echo_only,
+        "beam_search": beams,
+        "length_penalty": 1.0 if length_penalty is None else float(length_penalty),
+    }
+
+
+def _completion_max(served: Served, prompt_len: int, pending: bool) -> int:
+    """A completion's default max_tokens: 16 within the window, or a placeholder until the
+    prompt's text is tokenized (with_prompt)."""
+    if pending:
+        return _PENDING_MAX
+    return _default_max(served, prompt_len, COMPLETION_DEFAULT_MAX_TOKENS)
 
 
 def _message_text(content: Any, i: int) -> str | None:

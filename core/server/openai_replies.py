@@ -6,6 +6,7 @@ the content that follows it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -13,7 +14,7 @@ import uuid
 from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import TYPE_CHECKING, Any
 
-from ..engine.requests import Event, Finished, TokenOut
+from ..engine.requests import Event, Finished, PromptOut, TokenOut
 from ..engine.structured import STOPPED
 from ..family.reasoning import ReasoningStream, Thought
 from ..family.tool_calls import Piece, ToolCallStream, parse_tool_calls
@@ -114,6 +115,7 @@ class Reply:
         self.model = model
         self.seed = seed
         self.index = index
+        self.texts = texts
         self.token = _token_id if parsed.token_ids else texts
         self.chat = parsed.kind == "chat"
         self.id = id or ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
@@ -135,8 +137,22 @@ class Reply:
         self.content: list[str] = []  # the text after it (tool calls not parsed yet)
         self.reasoning_tokens = 0  # tokens sampled while thinking, markers included
         self._split = Thought()  # split out but not streamed yet
+        self.prompt_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+
+    @functools.cached_property
+    def echo_text(self) -> str:
+        """The prompt as the reply echoes it (`echo`): its text as sent, or its token ids'
+        text, special tokens written out; "" without echo."""
+        if not self.parsed.echo:
+            return ""
+        if self.parsed.prompt_text is not None:
+            return self.parsed.prompt_text
+        return self.texts.tokenizer.decode(self.parsed.prompt_ids, skip_special_tokens=False)
 
     def add(self, event: Event) -> None:
+        if isinstance(event, PromptOut):  # before any token: the prompt's logprobs (echo)
+            self.prompt_logprobs = event.logprobs
+            return
         self.text.append(event.text)
         if self.thinking is not None:
             thought = self.thinking.feed(event.text)
@@ -182,9 +198,36 @@ class Reply:
         return {
             "tokens": [token(e.token)[0] for e in events],
             "token_logprobs": [_finite(e.logprob) for e in events],
-            "top_logprobs": [
-                {token(i)[0]: _finite(lp) for i, lp in e.top_logprobs} for e in events
-            ],
+            "top_logprobs": [self._tops(e.top_logprobs, e.token, e.logprob) for e in events],
+            "text_offset": offsets,
+        }
+
+    def _tops(self, top: list[tuple[int, float]], own: int, logprob: float) -> dict[str, float]:
+        """A completions token's top_logprobs: the likeliest ones, and the token itself (so up
+        to logprobs + 1 entries, as OpenAI's legacy API reports them)."""
+        out = {self.token(i)[0]: _finite(lp) for i, lp in top}
+        out.setdefault(self.token(own)[0], _finite(logprob))
+        return out
+
+    def _prompt_logprobs(self) -> dict[str, Any] | None:
+        """The echoed prompt's tokens in completions' logprobs shape (the first has no
+        logprob: `null`), or None when the reply has none. Their text_offset is counted back
+        from the echoed text's end, by each token's text (a special token the tokenizer added,
+        such as a BOS, is not in a text prompt as sent: it sits at 0)."""
+        entries = self.prompt_logprobs
+        if not self.parsed.params.logprobs or entries is None:
+            return None
+        ids = self.parsed.prompt_ids
+        ends, end = [], len(self.echo_text)
+        for t in reversed(ids):
+            end -= len(self.texts(t)[0])
+            ends.append(max(end, 0))
+        offsets = ends[::-1]
+        return {
+            "tokens": [self.token(t)[0] for t in ids],
+            "token_logprobs": [None] + [_finite(lp) for lp, _ in entries],
+            "top_logprobs": [None]
+            + [self._tops(top, t, lp) for t, (lp, top) in zip(ids[1:], entries)],
             "text_offset": offsets,
         }
 
@@ -220,10 +263,13 @@ class Reply:
 
     def choice(self) -> dict[str, Any]:
         text = "".join(self.text)
+        echo = self.echo_text
         choice: dict[str, Any] = {
             "index": self.index,
             "finish_reason": self.finish_reason,
-            "logprobs": self._logprobs(self.entries, 0),
+            "logprobs": self._joined(
+                self._prompt_logprobs(), self._logprobs(self.entries, len(echo))
+            ),
         }
         if self.chat:
             reasoning = "".join(self.reasoning)
@@ -244,8 +290,25 @@ class Reply:
             if reasoning:
                 choice["message"]["reasoning_content"] = reasoning
         else:
-            choice["text"] = text
+            choice["text"] = echo + text
+            choice["prompt_logprobs"] = None  # vLLM's field (its clients read it): never asked
         return choice
+
+    @staticmethod
+    def _joined(
+        prompt: dict[str, Any] | None, completion: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """Completions' logprobs of the echoed prompt, then of the completion."""
+        if prompt is None or completion is None:
+            return prompt or completion
+        return {name: prompt[name] + completion[name] for name in prompt}
+
+    def echo_sse(self) -> bytes:
+        """A streamed reply's first chunk with echo: the prompt's text, and its logprobs when
+        asked (send it once they have come: a PromptOut)."""
+        body = self.chunk(self.echo_text, [], 0)
+        body["choices"][0]["logprobs"] = self._prompt_logprobs()
+        return sse(body)
 
     def response(self) -> dict[str, Any]:
         return {**self.envelope([self.choice()], False), "usage": self.usage()}
@@ -353,20 +416,24 @@ class Reply:
 
 
 class Choices:
-    """The n choices of one request (n = 1 for most): one id, one envelope, the choices in
-    index order, and usage that counts the prompt once."""
+    """The choices of one request: n of each of its prompts (n = 1 and one prompt for most),
+    prompt i's choice j at index i * n + j, as OpenAI orders them; one id, one envelope, and
+    usage that counts each prompt once."""
 
     def __init__(
         self, parsed: Parsed, model: str, seed: int | None, texts: TokenTexts, n: int = 1
     ) -> None:
+        prompts = parsed.prompts
         first = Reply(parsed, model, seed, texts)
         self.replies = [first] + [
-            Reply(parsed, model, seed, texts, i, first.id) for i in range(1, n)
+            Reply(prompts[i // n], model, seed, texts, i, first.id)
+            for i in range(1, n * len(prompts))
         ]
         for r in self.replies:
             r.created = first.created
         self.parsed = parsed
         self.chat = first.chat
+        self.firsts = self.replies[::n]  # each prompt's first choice
 
     def __getitem__(self, i: int) -> Reply:
         return self.replies[i]
@@ -401,6 +468,9 @@ class Choices:
         for r in self.replies:
             assert r.done is not None  # self.done: every reply has finished
             completion += r.done.completion_tokens
+        ends = [r.done for r in self.firsts if r.done is not None]
+        first["prompt_tokens"] = sum(e.prompt_tokens for e in ends)
+        first["prompt_tokens_details"] = {"cached_tokens": sum(e.cached_tokens for e in ends)}
         if details := first.get("completion_tokens_details"):
             ends = [r.done for r in self.replies if r.done is not None]
             sums = {

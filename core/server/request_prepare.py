@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from aiohttp import web
 
-from .openai_api import ApiError, Parsed, parse_chat, prompt_refusal, with_prompt
+from .openai_api import ApiError, Parsed, at_prompt, parse_chat, prompt_refusal, with_prompt
 from .prompt_work import Prompt, PromptJob, make_prompt
 from .prompt_workers import JobTimedOut, WorkerLost, WorkersBusy
 from .request_checks import parse_request
@@ -43,22 +43,37 @@ async def prepare(
     parsed = await off_loop(
         limits, deadline, param, parse_request, raw, parse, served, limits.max_messages
     )
-    if parsed.job is not None:  # else a prompt of token ids
-        prompt = await prompt_of(
-            limits,
-            parsed.job,
-            deadline,
-            served,
-            param,
-            lambda exc: prompt_refusal(exc, parsed, served),
-        )
-        parsed = with_prompt(parsed, prompt, served)
+    if any(one.job is not None for one in parsed.prompts):  # else prompts of token ids
+        each = []
+        for i, one in enumerate(parsed.prompts):  # a list's prompts: one job after another
+            try:
+                each.append(await _with_prompt(limits, one, deadline, served, param))
+            except ApiError as exc:
+                raise at_prompt(exc, i, len(parsed.prompts)) from None
+        parsed = replace(each[0], more=tuple(each[1:]))
     if parsed.prediction_job is not None:
         made = await prompt_of(
             limits, parsed.prediction_job, deadline, served, "prediction", lambda exc: None
         )
         parsed = replace(parsed, prediction=tuple(made.ids), prediction_job=None)
     return parsed
+
+
+async def _with_prompt(
+    limits: Limits, parsed: Parsed, deadline: float, served: Served, param: str
+) -> Parsed:
+    """One prompt's request with its prompt made (when it is text)."""
+    if parsed.job is None:
+        return parsed
+    prompt = await prompt_of(
+        limits,
+        parsed.job,
+        deadline,
+        served,
+        param,
+        lambda exc: prompt_refusal(exc, parsed, served),
+    )
+    return with_prompt(parsed, prompt, served)
 
 
 async def off_loop(

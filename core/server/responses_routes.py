@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from ..config.logs import get_logger
-from ..engine.requests import Finished, TokenOut
+from ..engine.requests import Finished, PromptOut, TokenOut
 from .access_log import access_note
 from .engine_run import RETRY_AFTER_S, EngineRun, Timing, engine_run
 from .openai_api import ApiError, _get, bad, error_body, parse_chat, parse_json
@@ -141,7 +141,7 @@ async def _events_to_stream(
             reply.add(event)
             if isinstance(event, TokenOut):
                 run.timing.token()
-            if event.text:
+            if not isinstance(event, PromptOut) and event.text:  # (no echo here: none come)
                 data += events.feed(reply.sse_chunks(event.text, [], 0))
             if isinstance(event, Finished):
                 data += events.feed(reply.finish())
