@@ -112,7 +112,7 @@ def test_the_plan_cuts_heads_experts_and_columns_and_keeps_the_rest_whole(tiny_p
     assert ckpt.local_shape(f"{p}.1.mlp.experts.3.down_proj.weight") is None
     # a rank's state: its KDA heads and conv channels; the latent and indexer rows whole
     fixed = {s.name: s for s in plan.layout.fixed}
-    assert fixed["L0.kda"] == StateSpec("L0.kda", (1, 16, 16), "float32")
+    assert fixed["L0.kda"] == StateSpec("L0.kda", (1, 16, 16), "float32", arena_taps=True)
     assert fixed["L0.conv"] == StateSpec("L0.conv", (3 * 16, 3), "float32")
     one = shards.state_layout(cfg, "float32")
     assert plan.layout.paged == one.paged
