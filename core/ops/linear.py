@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..family.fp8_weights import Fp8Weight
 from .gpu import use_triton
 
 ROW_BLOCK = 16
@@ -18,13 +19,15 @@ ROW_BLOCK = 16
 
 def linear(
     x: torch.Tensor,
-    weight: torch.Tensor,
+    weight: torch.Tensor | Fp8Weight,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """x [..., K] @ weight[N, K]ᵀ (+ bias) -> [..., N], each row independent of the others; in
     x's dtype, then as out_dtype (a wider float, exactly: `linear(x, w).to(out_dtype)`; on the
-    GPU stored so by the product's own launch)."""
+    GPU stored so by the product's own launch). An fp8 weight: `linear_fp8`."""
+    if isinstance(weight, Fp8Weight):
+        return linear_fp8(x, weight, bias, out_dtype)
     if use_triton(x) and x.dtype == weight.dtype:
         from .triton_linear import linear as triton_linear
 
@@ -47,7 +50,20 @@ def linear(
     return out.reshape(*lead, weight.shape[0])
 
 
-def linear_groups(x: torch.Tensor, weight: torch.Tensor, groups: int) -> torch.Tensor:
+def linear_fp8(
+    x: torch.Tensor,
+    weight: Fp8Weight,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """x [..., K] @ weight[N, K]ᵀ for an fp8 weight: by definition the product with the weight
+    dequantized to x's dtype (each element q · scale in fp32, rounded once), so rows stay as
+    independent as `linear`'s. The reference on every device; the GPU's fp8 kernel
+    (triton_fp8.linear_fp8, issue 58) is to be taken here, and held to this."""
+    return linear(x, weight.dequantize(x.dtype), bias, out_dtype)
+
+
+def linear_groups(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, groups: int) -> torch.Tensor:
     """Products of one pass's adjacent column groups with their weights, stacked: x [M, G·K],
     weight [G·n, K] (the G weights' rows in order) -> [G, M, n], group g being
     linear(x[:, g·K:(g+1)·K], weight[g·n:(g+1)·n]). On the GPU one launch where the groups fit
@@ -59,6 +75,8 @@ def linear_groups(x: torch.Tensor, weight: torch.Tensor, groups: int) -> torch.T
             f"linear_groups: x {tuple(x.shape)} and weight {tuple(weight.shape)} do "
             f"not make {groups} groups (x [M, {groups}·K], weight [{groups}·n, K])"
         )
+    if isinstance(weight, Fp8Weight):
+        weight = weight.dequantize(x.dtype)  # the groups' products are linear_fp8's
     if use_triton(x) and x.dtype == weight.dtype:
         from . import triton_linear
 

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..family.fp8_weights import Fp8Weight
 from .gpu import use_triton
 from .linear import linear
 
@@ -26,6 +27,8 @@ from .linear import linear
 from .slot_sum import SlotSum as SlotSum
 from .slot_sum import fp32_sum
 from .slot_sum import summed as summed
+
+Experts = Sequence[torch.Tensor] | Fp8Weight  # per expert [E][N, K], or a stack [E, N, K]
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -63,15 +66,21 @@ def glu(h1: torch.Tensor, h3: torch.Tensor, act: str, limit: float) -> torch.Ten
 
 def gated_ffn(
     x: torch.Tensor,
-    w1: torch.Tensor,
-    w3: torch.Tensor,
-    w2: torch.Tensor,
+    w1: torch.Tensor | Fp8Weight,
+    w3: torch.Tensor | Fp8Weight,
+    w2: torch.Tensor | Fp8Weight,
     *,
     act: str = "silu",
     limit: float = 0.0,
 ) -> torch.Tensor:
-    """w2(act(w1 x) · w3 x). x [n, H]; w1, w3 [I, H]; w2 [H, I] -> [n, H]."""
-    if use_triton(x):
+    """w2(act(w1 x) · w3 x). x [n, H]; w1, w3 [I, H]; w2 [H, I] -> [n, H]. fp8 weights take
+    `linear`'s fp8 path (linear_fp8) for each product."""
+    if (
+        use_triton(x)
+        and isinstance(w1, torch.Tensor)
+        and isinstance(w3, torch.Tensor)
+        and isinstance(w2, torch.Tensor)
+    ):
         from . import triton_moe
 
         return triton_moe.gated_ffn(x, w1, w3, w2, act=act, limit=limit)
@@ -155,9 +164,9 @@ def moe(
     x: torch.Tensor,
     weights: torch.Tensor,
     experts: torch.Tensor,
-    w1: Sequence[torch.Tensor],
-    w3: Sequence[torch.Tensor],
-    w2: Sequence[torch.Tensor],
+    w1: Experts,
+    w3: Experts,
+    w2: Experts,
     *,
     act: str = "silu",
     limit: float = 0.0,
@@ -169,8 +178,16 @@ def moe(
     Returns Σ_j weights[:, j] · expert_{experts[:, j]}(x) [N, H] in x's dtype, summed over j in
     slot order in fp32. Each slot's y · w (y in x's dtype) is rounded to x's dtype (lfm2), or
     kept in fp32 with fp32_slots (gemma4). sum_slots=False (not with fp32_slots): the slots
-    unsummed, as a SlotSum for the next add_rms_norm."""
-    if use_triton(x):
+    unsummed, as a SlotSum for the next add_rms_norm. fp8 experts (Fp8Weight stacks [E, I, H]):
+    the reference below, each product linear_fp8's; the GPU's fp8 expert kernels (triton_fp8,
+    issue 58) are to be taken here."""
+    if (
+        use_triton(x)
+        and not isinstance(w1, Fp8Weight)
+        and not isinstance(w3, Fp8Weight)
+        and not isinstance(w2, Fp8Weight)
+        and not fp8_weights(w1, w3, w2)
+    ):
         from . import triton_moe
 
         if not sum_slots and not fp32_slots:
@@ -197,13 +214,22 @@ def moe(
     return fp32_sum(per_slot).to(x.dtype)
 
 
+def fp8_weights(*weights: Any) -> bool:
+    """Whether any of these weights (a linear's, or a sequence or stack of experts') is fp8."""
+    return any(
+        isinstance(w, Fp8Weight)
+        or (isinstance(w, (list, tuple)) and len(w) > 0 and isinstance(w[0], Fp8Weight))
+        for w in weights
+    )
+
+
 def weighted_slots(
     x: torch.Tensor,
     weights: torch.Tensor,
     experts: torch.Tensor,
-    w1: Sequence[torch.Tensor],
-    w3: Sequence[torch.Tensor],
-    w2: Sequence[torch.Tensor],
+    w1: Experts,
+    w3: Experts,
+    w2: Experts,
     dtype: torch.dtype,
     **ffn: Any,
 ) -> torch.Tensor:
