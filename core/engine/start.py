@@ -283,6 +283,18 @@ def open_rank(
     if dummy and not spec.dummy:
         raise FamilyError(f"family {spec.name!r} has no dummy load format; drop TF_LOAD_FORMAT")
     ckpt = Checkpoint.open(folder, weights=not dummy)
+    if settings.quantization == "fp8":
+        if dummy:
+            raise FamilyError(
+                "--quantization fp8 quantizes a checkpoint's weights; drop "
+                "TF_LOAD_FORMAT=dummy (random weights) or the quantization"
+            )
+        if not spec.fp8_linears:
+            raise FamilyError(
+                f"family {spec.name!r} ({spec.distribution}) declares no fp8 linears "
+                "(FamilySpec.fp8_linears); drop --quantization fp8"
+            )
+        ckpt.set_quantization(spec.fp8_linears)
     device = pick_device(settings) if group is None else group.device(pick_device(settings))
     dtype = pick_dtype(settings, device, ckpt.config)
     hooks = family_plugin_manager(spec, [paged_kv, snapshots])
@@ -309,7 +321,12 @@ def open_rank(
         shape = resolve(spec.shape)(ckpt.config, dtype)
         if layout is not None:
             shape = ModelShape(layout, shape.max_positions)
-        the_plan = plan_memory(settings, shape, device, ckpt.local_bytes(), group)
+        weight_bytes = ckpt.local_bytes()
+        the_plan = plan_memory(settings, shape, device, weight_bytes, group)
+        fp8 = ckpt.fp8 is not None or ckpt.fp8_linears is not None
+        the_plan = dataclasses.replace(
+            the_plan, weight_bytes=weight_bytes, weight_label="fp8 linears" if fp8 else ""
+        )
         model_obj = load()
     else:
         model_obj = load()

@@ -295,9 +295,10 @@ class Checkpoint:
             shape[dim] = sum(b - a for a, b in ranges)
         return tuple(shape)
 
-    def local_bytes(self) -> int:
-        """Bytes this rank reads (its slices; all tensors at one rank), as stored; a tensor
-        quantized at load counts its fp8 bytes and scales (fp8_weights.fp8_bytes)."""
+    def local_bytes(self, as_stored: bool = False) -> int:
+        """Bytes this rank holds (its slices; all tensors at one rank), as stored; a tensor
+        quantized at load counts its fp8 bytes and scales (fp8_weights.fp8_bytes), unless
+        `as_stored` (the bytes read)."""
         from .fp8_weights import fp8_bytes
 
         total = 0
@@ -306,7 +307,9 @@ class Checkpoint:
             shape = self.local_shape(name)
             if shape is None or not _numel(info.shape):
                 continue
-            full = fp8_bytes(info.shape) if self.quantizes_at_load(name) else info.nbytes
+            full = info.nbytes
+            if not as_stored and self.quantizes_at_load(name):
+                full = fp8_bytes(info.shape)
             total += full * _numel(shape) // _numel(info.shape)
         return total
 
@@ -506,7 +509,7 @@ class Checkpoint:
 
         if names is None:
             tensors = sum(1 for n in self._index if self.local_shape(n) is not None)
-            nbytes = self.local_bytes()
+            nbytes = self.local_bytes(as_stored=True)
         else:
             tensors, nbytes = len(names), sum(self.info(n).nbytes for n in names)
         bar = Progress("loading weights", nbytes, "B", show=progress)
