@@ -1367,3 +1367,44 @@ def assert_quantizes_what_it_declares(ckpt: Checkpoint, fp8_linears: str) -> Non
         f"read as fp8 but not declared: {sorted(set(ckpt.quantized) - declared)}; declared "
         f"but read plain: {sorted(declared - set(ckpt.quantized))}"
     )
+
+
+def _fp8_prompt_logits(model: Any, prompt: list[int]) -> torch.Tensor:
+    return ReferenceCase("fp8", Path("."), None, model, prompt).prompt_logits()
+
+
+def fp8_parity(
+    src: Path,
+    work: Path,
+    fp8_linears: str,
+    fmt: str,
+    ref_class: Any,
+    load: Callable[..., Any],
+    prompt: list[int],
+) -> tuple[Any, float]:
+    """The checkpoint at `src` written as an FP8 checkpoint in `fmt` (write_fp8_checkpoints,
+    under `work`): (our fp32 model loaded from it, rel_err of our prompt logits against the
+    reference `ref_class` in fp32 on the same weights dequantized)."""
+    fp8, dequantized = write_fp8_checkpoints(src, work, fp8_linears, fmt)
+    model = load(Checkpoint.open(fp8), "cpu", "float32")
+    ref = ref_class.from_pretrained(dequantized, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = ref(input_ids=torch.tensor([prompt])).logits[0].float()
+    return model, rel_err(_fp8_prompt_logits(model, prompt), want)
+
+
+def assert_quantized_at_load_equals_fp8_checkpoint(
+    src: Path, work: Path, fp8_linears: str, load: Callable[..., Any], prompt: list[int]
+) -> tuple[Any, Any]:
+    """`--quantization fp8` of a bf16 copy of `src` against the same bf16 weights written as a
+    block-scaled FP8 checkpoint: the same tensors read as fp8 (exactly those `fp8_linears`
+    names), and the same prompt logits, bit for bit. Returns (quantized, stored) models."""
+    bf16 = write_bf16_checkpoint(src, work / "bf16")
+    fp8, _ = write_fp8_checkpoints(bf16, work, fp8_linears, "block")
+    quantized, ckpt = load_quantized(load, bf16, fp8_linears)
+    assert_quantizes_what_it_declares(ckpt, fp8_linears)
+    stored_ckpt = Checkpoint.open(fp8)
+    stored = load(stored_ckpt, "cpu", "float32")
+    assert stored_ckpt.quantized == ckpt.quantized
+    assert torch.equal(_fp8_prompt_logits(quantized, prompt), _fp8_prompt_logits(stored, prompt))
+    return quantized, stored

@@ -19,6 +19,7 @@ import torch
 from tensorfold.family.forward_pass import ForwardPass
 from tensorfold.ops import parallel
 from tensorfold.ops.attention import paged_attention
+from tensorfold.ops.fp8 import Fp8Weight
 from tensorfold.ops.linear import linear
 from tensorfold.ops.rope import norm_rope, qkv_heads
 
@@ -85,7 +86,7 @@ def mlp(w: MlpWeights, x: torch.Tensor) -> torch.Tensor:
     tensorfold.ops.triton_moe (K in fixed blocks: batch-invariant)."""
     from tensorfold.ops.gpu import use_triton
 
-    if use_triton(x):
+    if use_triton(x) and not isinstance(w.gate, Fp8Weight):  # fp8: linear_fp8's products
         from tensorfold.ops import triton_moe
 
         return triton_moe.gated_ffn(x, w.gate, w.up, w.down, act="gelu_tanh")
@@ -167,7 +168,7 @@ def experts_ffn(
             act="gelu_tanh",
             fp32_slots=True,
         )
-    if use_triton(x):
+    if use_triton(x) and not isinstance(gate_up, Fp8Weight):  # fp8: issue 58's kernels, here
         from tensorfold.ops import triton_moe
 
         return triton_moe.moe(
