@@ -217,3 +217,25 @@ def fp8_bytes(shape: Sequence[int], block: tuple[int, int] = RELEASE_BLOCK) -> i
     for d in lead:
         count *= d
     return count * (n * k + 4 * _blocks(n, block[0]) * _blocks(k, block[1]))
+
+
+def empty_stack(like: torch.Tensor | Fp8Weight, count: int) -> torch.Tensor | Fp8Weight:
+    """Room for `count` weights shaped and stored as `like` [N, K], stacked [count, N, K]: a
+    family fills it one expert at a time (`put`), so a layer's experts are never held twice."""
+    if isinstance(like, Fp8Weight):
+        q = like.q.new_empty(count, *like.q.shape)
+        return Fp8Weight(q, like.scale.new_empty(count, *like.scale.shape), like.block)
+    return like.new_empty(count, *like.shape)
+
+
+def put(stack: torch.Tensor | Fp8Weight, index: int, one: torch.Tensor | Fp8Weight) -> None:
+    """stack[index] = one: both fp8 with the same block, or both tensors."""
+    if isinstance(stack, Fp8Weight) != isinstance(one, Fp8Weight):
+        raise ValueError("put: an expert is not stored as the layer's others (fp8 or not)")
+    if isinstance(stack, Fp8Weight) and isinstance(one, Fp8Weight):
+        if one.block != stack.block or one.scale.shape != stack.scale.shape[1:]:
+            raise ValueError(f"put: an expert's scales {one.block} differ from its layer's")
+        stack.q[index].copy_(one.q)
+        stack.scale[index].copy_(one.scale)
+    elif isinstance(stack, torch.Tensor) and isinstance(one, torch.Tensor):
+        stack[index].copy_(one)

@@ -14,7 +14,9 @@ from ..family.fp8_weights import (
     RELEASE_BLOCK,
     Fp8Weight,
     cat_rows,
+    empty_stack,
     fp8_bytes,
+    put,
     quantize_blocks,
 )
 from .linear import linear_fp8
@@ -25,7 +27,9 @@ __all__ = [
     "RELEASE_BLOCK",
     "Fp8Weight",
     "cat_rows",
+    "empty_stack",
     "fp8_bytes",
     "linear_fp8",
+    "put",
     "quantize_blocks",
 ]

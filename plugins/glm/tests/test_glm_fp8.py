@@ -1,0 +1,50 @@
+"""glm5_next with fp8 weights (docs/fp8.md): each FP8 format against transformers on the same
+weights dequantized (fp32, within 1e-4), and `--quantization fp8` of a bf16 checkpoint equal,
+bit for bit, to the same weights written as an FP8 checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tensorfold import testing
+from tensorfold.ops.fp8 import Fp8Weight
+from tensorfold_glm.model import load
+from tensorfold_glm.plugin import GLM5_NEXT
+from tensorfold_glm.weights import KdaWeights, MlaWeights, MoeWeights
+
+TOL = 1e-4
+PROMPT = list(range(3, 43))  # past the tiny pools; the long-prompt parity is test_glm_parity's
+
+
+@pytest.mark.parametrize("fmt", testing.FP8_FORMATS)
+def test_fp8_checkpoint_matches_reference_on_its_weights(
+    fmt: str, tiny_paths: dict[str, Path], tmp_path: Path
+) -> None:
+    from transformers import Glm5NextForConditionalGeneration
+
+    model, err = testing.fp8_parity(
+        tiny_paths["glm_tiny"],
+        tmp_path,
+        GLM5_NEXT.fp8_linears,
+        fmt,
+        Glm5NextForConditionalGeneration,
+        load,
+        PROMPT,
+    )
+    assert err < TOL
+    kda, mla, moe = (model.weights.layers[i] for i in (0, 1, 1))
+    assert isinstance(kda.mixer, KdaWeights) and isinstance(mla.mixer, MlaWeights)
+    assert isinstance(kda.mixer.x_maps, Fp8Weight) and isinstance(kda.mixer.f_a, Fp8Weight)
+    assert isinstance(mla.mixer.q_b, Fp8Weight) and not isinstance(mla.mixer.w_uk, Fp8Weight)
+    assert isinstance(moe.ffn, MoeWeights) and isinstance(moe.ffn.experts[0].gate_up, Fp8Weight)
+    assert not isinstance(moe.ffn.router, Fp8Weight)
+
+
+def test_quantized_at_load_equals_the_fp8_checkpoint(
+    tiny_paths: dict[str, Path], tmp_path: Path
+) -> None:
+    testing.assert_quantized_at_load_equals_fp8_checkpoint(
+        tiny_paths["glm_pools16"], tmp_path, GLM5_NEXT.fp8_linears, load, PROMPT
+    )
