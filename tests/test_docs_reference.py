@@ -37,6 +37,7 @@ MODULES = [
     "tensorfold.ops.gpu",
     "tensorfold.ops.pass_meta",
     "tensorfold.ops.kv_quant",
+    "tensorfold.ops.fp8",
     "tensorfold.ops.switches",
     "tensorfold.testing",
     "tensorfold.conformance",

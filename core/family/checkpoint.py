@@ -240,7 +240,9 @@ class Checkpoint:
     def _fp8_scales(self) -> set[str]:
         """The scale tensors of the fp8 weights (read with their weight, never cut on their
         own). An fp8 tensor needs a quantization_config, and its scale, to load."""
-        fp8 = [n for n in self._index if self.stored_fp8(n)]
+        # a tensor the index misplaces is reported when it loads, not here
+        found = ((n, self._headers[f].get(n)) for n, f in self._index.items())
+        fp8 = [n for n, info in found if info is not None and info.dtype == FP8_CODE]
         if fp8 and self.fp8 is None:
             raise CheckpointError(
                 f"{self.path}: tensor {fp8[0]!r} is stored in fp8 but config.json has no "
