@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tensorfold import testing
+from tensorfold import conformance, testing
 from tensorfold.ops.fp8 import Fp8Weight
+from tensorfold_gemma4.demo import build_demo
 from tensorfold_gemma4.model import load
 from tensorfold_gemma4.plugin import GEMMA4
 
@@ -45,3 +46,8 @@ def test_quantized_at_load_equals_the_fp8_checkpoint(
     testing.assert_quantized_at_load_equals_fp8_checkpoint(
         tiny_paths["causal_lm"], tmp_path, GEMMA4.fp8_linears, load, PROMPT
     )
+
+
+class TestFp8WeightGates(conformance.Fp8WeightGates):
+    family, build_demo = "gemma4", build_demo
+    ids, lengths, max_tokens = (13, 700), (9, 200, 600), 6

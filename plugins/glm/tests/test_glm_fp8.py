@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tensorfold import testing
+from tensorfold import conformance, testing
 from tensorfold.ops.fp8 import Fp8Weight
+from tensorfold_glm.demo import build_demo
 from tensorfold_glm.model import load
 from tensorfold_glm.plugin import GLM5_NEXT
 from tensorfold_glm.weights import KdaWeights, MlaWeights, MoeWeights
@@ -48,3 +49,8 @@ def test_quantized_at_load_equals_the_fp8_checkpoint(
     testing.assert_quantized_at_load_equals_fp8_checkpoint(
         tiny_paths["glm_pools16"], tmp_path, GLM5_NEXT.fp8_linears, load, PROMPT
     )
+
+
+class TestFp8WeightGates(conformance.Fp8WeightGates):
+    family, build_demo = "glm5_next", build_demo
+    ids, lengths, max_tokens = (20, 800), (9, 130, 300), 6

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tensorfold import testing
+from tensorfold import conformance, testing
 from tensorfold.family.checkpoint import Checkpoint
 from tensorfold.ops.fp8 import Fp8Weight
+from tensorfold_lfm2_moe.demo import build_demo
 from tensorfold_lfm2_moe.model import load
 from tensorfold_lfm2_moe.plugin import LFM2_MOE
 
@@ -59,3 +60,8 @@ def test_plan_counts_fp8_bytes(tiny_paths: dict[str, Path], tmp_path: Path) -> N
     ckpt.set_quantization(LFM2_MOE.fp8_linears)
     fp8, _ = testing.write_fp8_checkpoints(bf16, tmp_path, LFM2_MOE.fp8_linears, "block")
     assert ckpt.local_bytes() == Checkpoint.open(fp8).local_bytes() < before
+
+
+class TestFp8WeightGates(conformance.Fp8WeightGates):
+    family, build_demo = "lfm2_moe", build_demo
+    ids, lengths, max_tokens = (5, 700), (9, 130, 600), 6
