@@ -4,17 +4,23 @@ bit for bit, to the same weights written as an FP8 checkpoint."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from tensorfold import conformance, testing
+from tensorfold.family import Shard
 from tensorfold.family.checkpoint import Checkpoint
 from tensorfold.ops.fp8 import Fp8Weight
+from tensorfold_lfm2_moe import shards
+from tensorfold_lfm2_moe.config import Lfm2MoeConfig
 from tensorfold_lfm2_moe.demo import build_demo
 from tensorfold_lfm2_moe.model import load
 from tensorfold_lfm2_moe.plugin import LFM2_MOE
+from tensorfold_lfm2_moe.weights import load_weights
 
 TOL = 1e-4
 PROMPT = list(range(3, 51))  # a few rows: the long-prompt parity is test_parity's
@@ -65,3 +71,37 @@ def test_plan_counts_fp8_bytes(tiny_paths: dict[str, Path], tmp_path: Path) -> N
 class TestFp8WeightGates(conformance.Fp8WeightGates):
     family, build_demo = "lfm2_moe", build_demo
     ids, lengths, max_tokens = (5, 700), (9, 130, 600), 6
+
+
+@pytest.mark.parametrize("fmt", ["block", "channel"])
+def test_a_rank_of_tp_2_loads_its_cut_of_the_fp8_weights(
+    fmt: str, tiny_paths: dict[str, Path], tmp_path: Path
+) -> None:
+    """Each rank's fp8 weights (heads, channels, sections of in_proj, its experts) are, value for
+    value, its cut of the same weights dequantized."""
+    fp8, dequantized = testing.write_fp8_checkpoints(
+        tiny_paths["lfm2_tiny"], tmp_path, LFM2_MOE.fp8_linears, fmt
+    )
+    raw = json.loads((fp8 / "config.json").read_text())
+    cfg = Lfm2MoeConfig.from_dict(raw)
+    for rank in range(2):
+        loaded = []
+        for folder in (fp8, dequantized):
+            ckpt = Checkpoint.open(folder)
+            ckpt.set_shard(Shard(rank, 2, shards.plan(cfg, "float32", 2)))
+            loaded.append(load_weights(ckpt, cfg, "cpu", torch.float32))
+        pairs = list(zip(tensors(loaded[0]), tensors(loaded[1])))
+        assert sum(isinstance(a, Fp8Weight) for a, _ in pairs) > 10
+        for a, b in pairs:
+            assert torch.equal(a.dequantize() if isinstance(a, Fp8Weight) else a, b)
+
+
+def tensors(obj: object) -> list:
+    """Every weight of a dataclass tree, in field order."""
+    if isinstance(obj, (torch.Tensor, Fp8Weight)):
+        return [obj]
+    if isinstance(obj, list):
+        return [t for x in obj for t in tensors(x)]
+    if dataclasses.is_dataclass(obj):
+        return [t for f in dataclasses.fields(obj) for t in tensors(getattr(obj, f.name))]
+    return []
