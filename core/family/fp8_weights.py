@@ -70,6 +70,10 @@ class Fp8Weight:
     def dim(self) -> int:
         return self.q.dim()
 
+    def numel(self) -> int:
+        """The weight's elements (its values, not its scales)."""
+        return self.q.numel()
+
     @property
     def nbytes(self) -> int:
         """Bytes held: the fp8 values and their scales."""
