@@ -199,19 +199,29 @@ def cat_rows(parts: Sequence[torch.Tensor | Fp8Weight]) -> torch.Tensor | Fp8Wei
 def quantize_blocks(w: torch.Tensor, block: tuple[int, int] = RELEASE_BLOCK) -> Fp8Weight:
     """w [N, K] or [E, N, K] in e4m3 with one fp32 scale a (bn, bk) block, as the FP8 releases
     quantize: scale = amax(|block|) / 448 (1 for an all-zero block), q = w / scale rounded to
-    e4m3. Correctly rounded operations only, so the CPU and the GPU give the same bits."""
+    e4m3. Correctly rounded operations only, so the CPU and the GPU give the same bits. A stack
+    is quantized a matrix at a time, and a matrix in one fp32 copy: the transient memory is one
+    matrix's fp32 bytes."""
+    if w.dim() == 3:
+        first = quantize_blocks(w[0], block)
+        q = first.q.new_empty(w.shape)
+        scale = first.scale.new_empty(len(w), *first.scale.shape)
+        q[0], scale[0] = first.q, first.scale
+        for e in range(1, len(w)):
+            one = quantize_blocks(w[e], block)
+            q[e], scale[e] = one.q, one.scale
+        return Fp8Weight(q, scale, block)
     bn, bk = block
-    n, k = w.shape[-2:]
-    wf = w.float()
+    n, k = w.shape
     pad_n, pad_k = (-n) % bn, (-k) % bk
-    padded = torch.nn.functional.pad(wf, (0, pad_k, 0, pad_n))
-    lead = padded.shape[:-2]
-    tiles = padded.reshape(*lead, (n + pad_n) // bn, bn, (k + pad_k) // bk, bk)
-    amax = tiles.abs().amax(dim=(-3, -1))  # [..., N/bn, K/bk]
+    padded = torch.nn.functional.pad(w.float(), (0, pad_k, 0, pad_n))
+    if padded.data_ptr() == w.data_ptr():  # divided in place below: never the caller's tensor
+        padded = padded.clone()
+    tiles = padded.view((n + pad_n) // bn, bn, (k + pad_k) // bk, bk)
+    amax = tiles.abs().amax(dim=(1, 3))  # [N/bn, K/bk]
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    expanded = scale.repeat_interleave(bn, dim=-2)[..., :n, :].repeat_interleave(bk, dim=-1)
-    q = (wf / expanded[..., :k]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return Fp8Weight(q, scale, block)
+    tiles.div_(scale[:, None, :, None]).clamp_(-FP8_MAX, FP8_MAX)
+    return Fp8Weight(padded[:n, :k].to(FP8_DTYPE), scale, block)
 
 
 def fp8_bytes(shape: Sequence[int], block: tuple[int, int] = RELEASE_BLOCK) -> int:
