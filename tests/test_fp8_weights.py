@@ -197,3 +197,14 @@ def test_quantize_at_load_counts_and_reads_what_the_pattern_names(tmp_path: Path
     assert torch.equal(
         f.q.view(torch.uint8), quantize_blocks(tensors["a.weight"]).q.view(torch.uint8)
     )
+
+
+def test_the_plan_counts_an_fp8_tensor_read_plain_as_dequantized(tmp_path: Path) -> None:
+    tensors = {**fp8_tensors("block", weight(256, 128)), "r.weight": weight(16, 128).bfloat16()}
+    f = quantize_blocks(weight(16, 128))
+    tensors.update({"r.weight": f.q, "r.weight_scale_inv": f.scale})  # a router shipped in fp8
+    ckpt = Checkpoint.open(write(tmp_path, tensors, fp8_quantization_config("block")))
+    as_stored = ckpt.local_bytes()
+    ckpt.set_quantization(r"^p\.weight$", at_load=False)
+    assert ckpt.local_bytes() == as_stored + 16 * 128  # r: 2 bytes a value once dequantized
+    assert not ckpt.quantizes_at_load("p.weight")  # stored in fp8 already

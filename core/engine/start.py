@@ -294,7 +294,7 @@ def open_rank(
                 f"family {spec.name!r} ({spec.distribution}) declares no fp8 linears "
                 "(FamilySpec.fp8_linears); drop --quantization fp8"
             )
-        ckpt.set_quantization(spec.fp8_linears)
+    ckpt.set_quantization(spec.fp8_linears, at_load=settings.quantization == "fp8")
     device = pick_device(settings) if group is None else group.device(pick_device(settings))
     dtype = pick_dtype(settings, device, ckpt.config)
     hooks = family_plugin_manager(spec, [paged_kv, snapshots])
@@ -323,7 +323,7 @@ def open_rank(
             shape = ModelShape(layout, shape.max_positions)
         weight_bytes = ckpt.local_bytes()
         the_plan = plan_memory(settings, shape, device, weight_bytes, group)
-        fp8 = ckpt.fp8 is not None or ckpt.fp8_linears is not None
+        fp8 = ckpt.fp8 is not None or ckpt.quantize_at_load
         the_plan = dataclasses.replace(
             the_plan, weight_bytes=weight_bytes, weight_label="fp8 linears" if fp8 else ""
         )

@@ -139,7 +139,8 @@ class Checkpoint:
             self.fp8: Fp8Format | None = fp8_format(config)  # how fp8 tensors are stored
         except QuantizationRefused as e:
             raise CheckpointError(f"{path / 'config.json'}: {e}") from None
-        self.fp8_linears: re.Pattern[str] | None = None  # set_quantization: quantized at load
+        self.fp8_linears: re.Pattern[str] | None = None  # set_quantization: the family's linears
+        self.quantize_at_load = False  # set_quantization: --quantization fp8
         self.quantized: list[str] = []  # the tensors loaded as Fp8Weight, in order
         self._scales = self._fp8_scales()
 
@@ -219,11 +220,13 @@ class Checkpoint:
 
     # --- fp8 ---
 
-    def set_quantization(self, fp8_linears: str) -> None:
-        """Quantize at load (--quantization fp8) the model-dtype linears whose on-disk names the
-        regular expression `fp8_linears` finds (a family's FamilySpec.fp8_linears), to 128 x 128
-        block scales; an empty pattern quantizes nothing."""
+    def set_quantization(self, fp8_linears: str, at_load: bool = True) -> None:
+        """The family's linears: the on-disk names the regular expression `fp8_linears` finds
+        (its FamilySpec.fp8_linears). `at_load` (--quantization fp8): those stored in a model
+        dtype are quantized to 128 x 128 block scales as they load. Either way the plan counts
+        a stored fp8 tensor the pattern does not name as dequantized (2 bytes a value)."""
         self.fp8_linears = re.compile(fp8_linears) if fp8_linears else None
+        self.quantize_at_load = at_load
 
     def stored_fp8(self, name: str) -> bool:
         """Whether `name` is stored as float8 e4m3 (its scales beside it)."""
@@ -231,11 +234,10 @@ class Checkpoint:
 
     def quantizes_at_load(self, name: str) -> bool:
         """Whether `name`, stored in a model dtype, is quantized as it loads."""
-        return (
-            self.fp8_linears is not None
-            and self.fp8_linears.search(name) is not None
-            and not self.stored_fp8(name)
-        )
+        return self.quantize_at_load and self._declared(name) and not self.stored_fp8(name)
+
+    def _declared(self, name: str) -> bool:
+        return self.fp8_linears is not None and self.fp8_linears.search(name) is not None
 
     def _fp8_scales(self) -> set[str]:
         """The scale tensors of the fp8 weights (read with their weight, never cut on their
@@ -298,9 +300,9 @@ class Checkpoint:
         return tuple(shape)
 
     def local_bytes(self, as_stored: bool = False) -> int:
-        """Bytes this rank holds (its slices; all tensors at one rank), as stored; a tensor
-        quantized at load counts its fp8 bytes and scales (fp8_weights.fp8_bytes), unless
-        `as_stored` (the bytes read)."""
+        """Bytes this rank holds (its slices; all tensors at one rank), as stored; unless
+        `as_stored` (the bytes read), a tensor quantized at load counts its fp8 bytes and scales
+        (fp8_weights.fp8_bytes), and an fp8 one the family reads plain its dequantized bytes."""
         from .fp8_weights import fp8_bytes
 
         total = 0
@@ -310,8 +312,14 @@ class Checkpoint:
             if shape is None or not _numel(info.shape):
                 continue
             full = info.nbytes
-            if not as_stored and self.quantizes_at_load(name):
+            if as_stored:
+                pass
+            elif self.quantizes_at_load(name):
                 full = fp8_bytes(info.shape)
+            elif (
+                self.fp8_linears is not None and info.dtype == FP8_CODE and not self._declared(name)
+            ):
+                full = 2 * _numel(info.shape)  # dequantized as it loads (in bf16 on the GPU)
             total += full * _numel(shape) // _numel(info.shape)
         return total
 
