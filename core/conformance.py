@@ -312,7 +312,8 @@ class Fp8WeightGates(GateRun):
     """The family under `--quantization fp8` (its linears quantized at load) on the demo
     checkpoint: the gates hold bit for bit within fp8 weights (testing.assert_engine_gates on
     two chats: concurrent == solo, pages == windows with poisoned freed pages, resumed ==
-    fresh), and the plan's start line counts the weights in fp8."""
+    fresh), drafted == plain (n-gram drafts, greedy and seeded), and the plan's start line
+    counts the weights in fp8."""
 
     def test_gates_hold_within_fp8_weights(self, demo: Path) -> None:
         def fp8_plan(llm: Any) -> None:
@@ -328,6 +329,15 @@ class Fp8WeightGates(GateRun):
             context=4096,
             parallel=4,
         )
+
+    def test_drafted_equals_plain_within_fp8_weights(self, demo: Path) -> None:
+        llm = testing.open_llm(self.family, demo, quantization="fp8", context=1024, parallel=4)
+        prompts = ["one two three one two three one two", "a b c d a b c d a b"]
+        try:
+            for params in (greedy(12), seeded(7, 12)):
+                testing.assert_drafted_equals_plain(llm, prompts, params, source="ngram")
+        finally:
+            close_even(llm)
 
 
 class EngineGatesAtTp(GateRun):

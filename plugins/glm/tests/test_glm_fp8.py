@@ -54,3 +54,19 @@ def test_quantized_at_load_equals_the_fp8_checkpoint(
 class TestFp8WeightGates(conformance.Fp8WeightGates):
     family, build_demo = "glm5_next", build_demo
     ids, lengths, max_tokens = (20, 800), (9, 130, 300), 6
+
+    def test_mtp_drafted_equals_plain_within_fp8_weights(self, demo: Path) -> None:
+        """--draft mtp: the MTP layer's linears load in fp8 too, and its drafts change nothing."""
+        llm = testing.open_llm(
+            self.family, demo, quantization="fp8", draft="mtp", context=1024, parallel=4
+        )
+        try:
+            model = llm.served.engine.lanes.runner.model
+            assert model.weights.mtp is not None
+            assert isinstance(model.weights.mtp.eh_proj, Fp8Weight)
+            for params in (conformance.greedy(12), conformance.seeded(7, 12)):
+                testing.assert_drafted_equals_plain(
+                    llm, ["Once upon a time", "The garden in the morning"], params, source="mtp"
+                )
+        finally:
+            testing.close_even(llm)
