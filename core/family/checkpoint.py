@@ -605,40 +605,19 @@ class TensorReader:
         """The experts' [rows, cols] linears `names` as one stack [E, rows, cols] (what the
         grouped kernels take), filled one expert at a time: no second copy of a layer's
         experts on the device. fp8 experts (all or none) stack their values and scales."""
-        import torch
+        from .fp8_weights import empty_stack, put
 
-        from .fp8_weights import Fp8Weight
-
-        q: torch.Tensor | None = None
-        scale: torch.Tensor | None = None
-        block: tuple[int, int] | None = None
-        out: torch.Tensor | None = None
+        stack: torch.Tensor | Fp8Weight | None = None
         for e, name in enumerate(names):
             one = self.linear(name, rows, cols)
-            if isinstance(one, Fp8Weight):
-                if q is None or scale is None:
-                    q = one.q.new_empty(len(names), *one.q.shape)
-                    scale = one.scale.new_empty(len(names), *one.scale.shape)
-                    block = one.block
-                if out is not None or one.block != block or one.scale.shape != scale.shape[1:]:
-                    raise CheckpointError(
-                        f"expert {self.prefix + name!r} is not stored as the layer's other "
-                        "experts are (fp8 and its scales' block must be the same for all)"
-                    )
-                q[e].copy_(one.q)
-                scale[e].copy_(one.scale)
-            else:
-                if q is not None:
-                    raise CheckpointError(
-                        f"expert {self.prefix + name!r} is not fp8 but the layer's others are"
-                    )
-                if out is None:
-                    out = torch.empty(len(names), *one.shape, device=self.device, dtype=one.dtype)
-                out[e].copy_(one)
-        if q is not None and scale is not None and block is not None:
-            return Fp8Weight(q, scale, block)
-        assert out is not None, "experts: no names"
-        return out
+            if stack is None:
+                stack = empty_stack(one, len(names))
+            try:
+                put(stack, e, one)
+            except ValueError as err:
+                raise CheckpointError(f"expert {self.prefix + name!r}: {err}") from None
+        assert stack is not None, "experts: no names"
+        return stack
 
     def upcast(self, name: str, *shape: int) -> "torch.Tensor":
         """Stored in the model dtype, used in fp32 (the reference's `.float()` in the op)."""
