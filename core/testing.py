@@ -1408,3 +1408,41 @@ def assert_quantized_at_load_equals_fp8_checkpoint(
     assert stored_ckpt.quantized == ckpt.quantized
     assert torch.equal(_fp8_prompt_logits(quantized, prompt), _fp8_prompt_logits(stored, prompt))
     return quantized, stored
+
+
+def weight_leaves(obj: Any, path: str = "") -> dict[str, Any]:
+    """Every tensor and Fp8Weight of a weights dataclass tree, by its dotted path."""
+    import dataclasses
+
+    from .family.fp8_weights import Fp8Weight
+
+    if isinstance(obj, (torch.Tensor, Fp8Weight)):
+        return {path: obj}
+    out: dict[str, Any] = {}
+    if isinstance(obj, (list, tuple)):
+        for i, x in enumerate(obj):
+            out.update(weight_leaves(x, f"{path}.{i}"))
+    elif dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            out.update(weight_leaves(getattr(obj, f.name), f"{path}.{f.name}"))
+    return out
+
+
+def assert_dummy_quantizes_as_loaded(
+    load: Callable[..., Any], load_dummy: Callable[..., Any], folder: Path, fp8_linears: str
+) -> None:
+    """The family's dummy weights under quantization="fp8" (`load_dummy(config, "cpu",
+    "float32", quantization="fp8")`) hold fp8 exactly where `--quantization fp8` of the
+    checkpoint at `folder` does, in the same shapes, and give finite logits."""
+    from .family.fp8_weights import Fp8Weight
+
+    loaded, _ = load_quantized(load, folder, fp8_linears)
+    dummy = load_dummy(Checkpoint.open(folder).config, "cpu", "float32", quantization="fp8")
+    want, got = weight_leaves(loaded.weights), weight_leaves(dummy.weights)
+    assert got.keys() == want.keys()
+    for path, w in want.items():
+        assert isinstance(got[path], Fp8Weight) == isinstance(w, Fp8Weight), path
+        assert tuple(got[path].shape) == tuple(w.shape), path
+    assert sum(isinstance(w, Fp8Weight) for w in got.values()) > 0
+    prompt = list(range(3, 20))
+    assert torch.isfinite(_fp8_prompt_logits(dummy, prompt)).all()

@@ -4,6 +4,7 @@ lanes and the engine thread started. Every refusal comes before the weights load
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -283,12 +284,13 @@ def open_rank(
     if dummy and not spec.dummy:
         raise FamilyError(f"family {spec.name!r} has no dummy load format; drop TF_LOAD_FORMAT")
     ckpt = Checkpoint.open(folder, weights=not dummy)
+    quantize_dummy = dummy and settings.quantization == "fp8"
+    if quantize_dummy and "quantization" not in inspect.signature(resolve(spec.dummy)).parameters:
+        raise FamilyError(
+            f"family {spec.name!r} ({spec.distribution}): its dummy weights take no "
+            "quantization; drop TF_LOAD_FORMAT=dummy or --quantization fp8"
+        )
     if settings.quantization == "fp8":
-        if dummy:
-            raise FamilyError(
-                "--quantization fp8 quantizes a checkpoint's weights; drop "
-                "TF_LOAD_FORMAT=dummy (random weights) or the quantization"
-            )
         if not spec.fp8_linears:
             raise FamilyError(
                 f"family {spec.name!r} ({spec.distribution}) declares no fp8 linears "
@@ -313,7 +315,8 @@ def open_rank(
 
     def load():
         if dummy:  # random weights in place: nothing to read, and they are already on the device
-            return resolve(spec.dummy)(ckpt.config, device, dtype)
+            fp8 = {"quantization": "fp8"} if quantize_dummy else {}
+            return resolve(spec.dummy)(ckpt.config, device, dtype, **fp8)
         with ckpt.loading(progress=None if group is None or group.rank == 0 else False):
             return resolve(spec.load)(ckpt, device, dtype)
 

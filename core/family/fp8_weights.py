@@ -27,11 +27,11 @@ def _blocks(size: int, block: int) -> int:
     return -(-size // block)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Fp8Weight:
     """q [N, K] (a linear) or [E, N, K] (stacked experts) in float8 e4m3; scale [...,
     ceil(N / bn), ceil(K / bk)] in float32; block (bn, bk): (128, 128) block-scaled, (1, K)
-    per channel, (N, K) per tensor."""
+    per channel, (N, K) per tensor. Compared and hashed by identity, as tensors are."""
 
     q: torch.Tensor
     scale: torch.Tensor

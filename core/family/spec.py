@@ -116,7 +116,9 @@ class FamilySpec:
     shape(config: dict, dtype: str) -> ModelShape  (from config.json alone, so the memory plan
     can refuse before any weight loads; empty: the plan waits for the loaded model)
     dummy: "module:function(config: dict, device: str, dtype: str) -> FamilyModel" with random
-    weights from a fixed seed (TF_LOAD_FORMAT=dummy); empty: the family has none.
+    weights from a fixed seed (TF_LOAD_FORMAT=dummy); empty: the family has none. Under
+    --quantization fp8 it is called with quantization="fp8" (refused if it has no such
+    parameter).
     demo_rank: when several families are installed and none is named (--family, TF_FAMILY),
     the one with a demo (`build_demo` set) and the lowest demo_rank is chosen, then by name.
     fp8_linears: a regular expression over on-disk tensor names: the linears (attention, dense

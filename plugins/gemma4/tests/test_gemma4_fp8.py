@@ -51,3 +51,13 @@ def test_quantized_at_load_equals_the_fp8_checkpoint(
 class TestFp8WeightGates(conformance.Fp8WeightGates):
     family, build_demo = "gemma4", build_demo
     ids, lengths, max_tokens = (13, 700), (9, 200, 600), 6
+
+
+def test_dummy_weights_quantize_as_loaded(tmp_path: Path) -> None:
+    """TF_LOAD_FORMAT=dummy --quantization fp8 (the benchmarks' shapes): fp8 where the loader
+    puts it."""
+    from tensorfold_gemma4.dummy import load_dummy
+
+    testing.assert_dummy_quantizes_as_loaded(
+        load, load_dummy, build_demo(tmp_path), GEMMA4.fp8_linears
+    )

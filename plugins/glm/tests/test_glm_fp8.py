@@ -70,3 +70,13 @@ class TestFp8WeightGates(conformance.Fp8WeightGates):
                 )
         finally:
             testing.close_even(llm)
+
+
+def test_dummy_weights_quantize_as_loaded(tmp_path: Path) -> None:
+    """TF_LOAD_FORMAT=dummy --quantization fp8 (the benchmarks' shapes): fp8 where the loader
+    puts it."""
+    from tensorfold_glm.dummy import load_dummy
+
+    testing.assert_dummy_quantizes_as_loaded(
+        load, load_dummy, build_demo(tmp_path), GLM5_NEXT.fp8_linears
+    )

@@ -105,3 +105,13 @@ def tensors(obj: object) -> list:
     if dataclasses.is_dataclass(obj):
         return [t for f in dataclasses.fields(obj) for t in tensors(getattr(obj, f.name))]
     return []
+
+
+def test_dummy_weights_quantize_as_loaded(tmp_path: Path) -> None:
+    """TF_LOAD_FORMAT=dummy --quantization fp8 (the benchmarks' shapes): fp8 where the loader
+    puts it."""
+    from tensorfold_lfm2_moe.dummy import load_dummy
+
+    testing.assert_dummy_quantizes_as_loaded(
+        load, load_dummy, build_demo(tmp_path), LFM2_MOE.fp8_linears
+    )
