@@ -208,3 +208,27 @@ def test_the_plan_counts_an_fp8_tensor_read_plain_as_dequantized(tmp_path: Path)
     ckpt.set_quantization(r"^p\.weight$", at_load=False)
     assert ckpt.local_bytes() == as_stored + 16 * 128  # r: 2 bytes a value once dequantized
     assert not ckpt.quantizes_at_load("p.weight")  # stored in fp8 already
+
+
+def test_quantized_at_load_under_tp_is_the_fp8_checkpoints_cut(tmp_path: Path) -> None:
+    """A rank quantizes the whole tensor and keeps its cut (only its bytes), so its values are
+    those a block-scaled FP8 checkpoint of the same weights gives it."""
+    w = weight(256, 384).bfloat16()
+    f = quantize_blocks(w)
+    plain = write(tmp_path / "bf16", {"p.weight": w})
+    fp8 = write(
+        tmp_path / "fp8",
+        {"p.weight": f.q, "p.weight_scale_inv": f.scale},
+        fp8_quantization_config("block"),
+    )
+    layout = StateLayout(paged=(), fixed=())
+    for split in (COLUMN, ROW):
+        for rank in range(2):
+            a, b = Checkpoint.open(plain), Checkpoint.open(fp8)
+            a.set_quantization(r"^p\.weight$")
+            for ckpt in (a, b):
+                ckpt.set_shard(Shard(rank, 2, ShardPlan(((r"p\.weight", split),), layout)))
+            mine, theirs = a.load_fp8("p.weight"), b.load_fp8("p.weight")
+            assert torch.equal(mine.q.view(torch.uint8), theirs.q.view(torch.uint8))
+            assert torch.equal(mine.scale, theirs.scale) and mine.block == theirs.block
+            assert mine.q.untyped_storage().nbytes() == mine.q.numel()  # not a view of the whole

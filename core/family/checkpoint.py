@@ -436,11 +436,11 @@ class Checkpoint:
     ) -> "Fp8Weight":
         if pieces is None:
             return weight
+        from .fp8_weights import Fp8Weight
+
         dim, ranges = pieces
         lead = weight.q.dim() - 2
         if dim < lead:  # experts: cut q and scales alike
-            from .fp8_weights import Fp8Weight
-
             parts = [
                 Fp8Weight(
                     weight.q.narrow(dim, a, b - a), weight.scale.narrow(dim, a, b - a), weight.block
@@ -449,6 +449,9 @@ class Checkpoint:
             ]
         else:
             parts = [weight.narrow(dim - lead, a, b - a) for a, b in ranges]
+        if len(parts) == 1:  # a view would hold the whole tensor: keep this rank's bytes only
+            one = parts[0]
+            return Fp8Weight(one.q.contiguous().clone(), one.scale.clone(), one.block)
         return self._join(name, parts, dim, weight.q.dim())
 
     def _join(self, name: str, parts: list["Fp8Weight"], dim: int, ndim: int) -> "Fp8Weight":
