@@ -166,7 +166,7 @@ def quantized(weights: ModelWeights) -> ModelWeights:
             fp8(a.v),
             fp8(a.o),
             a.q_norm,
-            a.k_norm,  # type: ignore[arg-type]
+            a.k_norm,
         )
         m = layer.mlp
         m.gate, m.up, m.down = (quantize_blocks(t) for t in (m.gate, m.up, m.down))

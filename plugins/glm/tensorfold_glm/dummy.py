@@ -182,7 +182,7 @@ def _fp8_rows(t: torch.Tensor, parts: int) -> Fp8Weight | torch.Tensor:
 
 
 def _fp8_dense(w: DenseWeights) -> DenseWeights:
-    return DenseWeights(_fp8_rows(w.gate_up, 2), quantize_blocks(w.down))  # type: ignore[arg-type]
+    return DenseWeights(_fp8_rows(w.gate_up, 2), quantize_blocks(w.down))
 
 
 def quantized(weights: ModelWeights) -> ModelWeights:
@@ -196,7 +196,7 @@ def quantized(weights: ModelWeights) -> ModelWeights:
                 n: quantize_blocks(getattr(m, n)) for n in ("f_a", "f_b", "b", "g_a", "g_b", "o")
             }
             plain = {n: getattr(m, n) for n in ("conv", "dt_bias", "decay", "a_log", "o_norm")}
-            layer.mixer = KdaWeights(qkv=_fp8_rows(m.qkv, 3), **fp8, **plain)  # type: ignore[arg-type]
+            layer.mixer = KdaWeights(qkv=_fp8_rows(m.qkv, 3), **fp8, **plain)
         else:
             m.q_a, m.q_b, m.kv_a, m.o = (quantize_blocks(t) for t in (m.q_a, m.q_b, m.kv_a, m.o))
         f = layer.ffn

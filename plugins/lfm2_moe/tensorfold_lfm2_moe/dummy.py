@@ -133,8 +133,8 @@ def quantized(weights: ModelWeights) -> ModelWeights:
     for layer in weights.layers:
         m, f = layer.mixer, layer.ffn
         if isinstance(m, AttentionWeights):
-            qkv = [quantize_blocks(t) for t in (m.q, m.k, m.v, m.out)]
-            layer.mixer = AttentionWeights(*qkv, m.q_norm, m.k_norm)
+            q, k, v, out = (quantize_blocks(t) for t in (m.q, m.k, m.v, m.out))
+            layer.mixer = AttentionWeights(q, k, v, out, m.q_norm, m.k_norm)
         else:
             m.in_proj, m.out_proj = quantize_blocks(m.in_proj), quantize_blocks(m.out_proj)
         if isinstance(f, DenseWeights):
@@ -143,7 +143,7 @@ def quantized(weights: ModelWeights) -> ModelWeights:
             stacks = (
                 t if isinstance(t, torch.Tensor) else torch.stack(list(t))
                 for t in (f.w1, f.w3, f.w2)
-            )  # type: ignore[arg-type]
+            )
             f.w1, f.w3, f.w2 = (quantize_blocks(t) for t in stacks)
     return weights
 
