@@ -13,6 +13,7 @@ over the dequantized weight, and a row alone as in the pass.
 
     python bench/fp8_kernels.py --out $OUT              # the table, and results.json in $OUT
     python bench/fp8_kernels.py --smoke                 # tiny shapes on the CPU (interpreter)
+    python bench/fp8_kernels.py --tiles --out $OUT      # one row's fp8 tiles of their own (tiles.json)
 
 One call of about 3 minutes on an H100 (most of it compiling). TF_DEPENDENT_LAUNCH applies.
 """
@@ -277,6 +278,82 @@ def measure(case: Case, m: int, reps: int, peak: float) -> dict[str, Any]:
     return row
 
 
+# --tiles: an fp8 weight's own tiles for a few rows (triton_linear.FP8_TUNED,
+# triton_moe.FP8_FEW_ROWS_TILES), each against the bf16 tiles at one row
+LINEAR_CANDIDATES = [
+    triton_linear.Tiles(bn, 128, w, st) for bn in (32, 64) for w in (4,) for st in (4, 6, 8)
+] + [triton_linear.Tiles(16, 128, 4, 6)]
+MOE_CANDIDATES = [
+    triton_moe.Tiles(bn, bk, w, st)
+    for bn, bk, w, st in ((32, 128, 4, 4), (32, 128, 4, 6), (64, 128, 4, 4), (16, 128, 2, 6))
+]
+
+
+def sweep(case: Case, reps: int) -> dict[str, Any]:
+    """The fp8 case at one row on the bf16 tiles ("bf16 tiles") and on each candidate: µs a
+    call, and whether the row has the bits of the same row in a 700-row pass (bf16 tiles). A
+    dense FFN of a few rows takes the experts' few-row tiles (FP8_FEW_ROWS_TILES): choose them
+    for both."""
+    x = randn(700, case.hidden, seed=98)
+    routes = case.routes(1, 8) if case.kind == "moe" else [None] * len(case.fp8)
+    big_route = case.routes(700, 1)[0] if case.kind == "moe" else None
+    if big_route is not None:
+        big_route = tuple(torch.cat([r[:1], b[1:]]) for r, b in zip(routes[0], big_route))
+    full = case.call(True, x, case.fp8[0], big_route)
+    x1 = x[:1].contiguous()
+    out: dict[str, Any] = {}
+    saved = (dict(triton_linear.FP8_TUNED), triton_moe.FP8_FEW_ROWS_TILES)
+    if case.kind == "linear":
+        n, k = case.spec[1:]
+        cands = {
+            f"bn{t.block_n} bk{t.block_k} w{t.warps} s{t.stages}": t for t in LINEAR_CANDIDATES
+        }
+    else:
+        cands = {f"bn{t.block_n} bk{t.block_k} w{t.warps} s{t.stages}": t for t in MOE_CANDIDATES}
+    for label, t in [("bf16 tiles", None), *cands.items()]:
+        triton_linear.FP8_TUNED.clear()
+        triton_linear.FP8_TUNED.update(saved[0])
+        triton_moe.FP8_FEW_ROWS_TILES = saved[1]
+        if t is not None and case.kind == "linear":
+            triton_linear.FP8_TUNED[(n, k)] = t
+        elif t is not None:
+            triton_moe.FP8_FEW_ROWS_TILES = (t, t)
+        try:
+            one = case.call(
+                True,
+                x1,
+                case.fp8[0],
+                None if big_route is None else tuple(a[:1] for a in big_route),
+            )
+            calls = [
+                lambda r=r, w=case.fp8[c % len(case.fp8)]: case.call(True, x1, w, r)
+                for c, r in enumerate(routes)
+            ]
+            out[label] = {"us": graph_us(calls, reps), "bits": bool(torch.equal(one, full[:1]))}
+        except Exception as exc:  # a tile Triton cannot build, or one the chunks refuse
+            out[label] = {"error": str(exc)[:160]}
+    triton_linear.FP8_TUNED.clear()
+    triton_linear.FP8_TUNED.update(saved[0])
+    triton_moe.FP8_FEW_ROWS_TILES = saved[1]
+    return out
+
+
+def sweep_table(results: dict[str, Any]) -> str:
+    lines = [f"{'family':18} {'op':20} {'bf16 tiles µs':>13} {'best':>24} {'µs':>8} bits"]
+    for family, ops in results["tiles"].items():
+        for op, res in ops.items():
+            base = res["bf16 tiles"].get("us", float("nan"))
+            ok = {k: v for k, v in res.items() if "us" in v and v["bits"] and k != "bf16 tiles"}
+            best = min(ok, key=lambda k: ok[k]["us"]) if ok else "-"
+            us = ok[best]["us"] if ok else float("nan")
+            bad = [k for k, v in res.items() if "us" in v and not v["bits"]]
+            lines.append(
+                f"{family:18} {op:20} {base:>13.1f} {best:>24} {us:>8.1f} "
+                + (f"DIFFER: {bad}" if bad else "ok")
+            )
+    return "\n".join(lines)
+
+
 def table(results: dict[str, Any]) -> str:
     lines = [
         f"{'family':18} {'op':20} {'rows':>5} {'bf16 µs':>9} {'fp8 µs':>9} {'fp8/bf16':>8} "
@@ -304,6 +381,11 @@ def main() -> None:
     p.add_argument("--rows", type=int, action="append", help=f"row counts (default {ROWS})")
     p.add_argument("--reps", type=int, default=40, help="calls captured in one graph")
     p.add_argument("--commit", default="", help="recorded in results.json")
+    p.add_argument(
+        "--tiles",
+        action="store_true",
+        help="instead: one row's fp8 tiles of their own against the bf16 tiles (tiles.json)",
+    )
     args = p.parse_args()
     shapes = SHAPES
     rows = tuple(args.rows or ROWS)
@@ -328,12 +410,24 @@ def main() -> None:
             from tensorfold import testing
 
             stack.enter_context(testing.interpreter_rounds_like_the_gpu())
-        run_all(results, shapes, rows, args, peak, started)
+        if args.tiles:
+            results["tiles"] = {}
+            for fi, (family, ops) in enumerate(shapes.items()):
+                if args.family and family not in args.family:
+                    continue
+                results["tiles"][family] = {
+                    op: sweep(Case(spec, seed=1000 * fi + 10 * oi), args.reps)
+                    for oi, (op, spec) in enumerate(ops.items())
+                }
+                print(f"{family}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
+        else:
+            run_all(results, shapes, rows, args, peak, started)
     results["seconds"] = time.perf_counter() - started
-    print(table(results))
+    print(sweep_table(results) if args.tiles else table(results))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(results, indent=1))
+        name = "tiles.json" if args.tiles else "results.json"
+        (args.out / name).write_text(json.dumps(results, indent=1))
 
 
 def run_all(

@@ -161,3 +161,39 @@ def test_fp8_kernels_replay_from_a_cuda_graph_with_the_eager_bits():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+def test_fp8_tiles_of_their_own_keep_a_rows_bits(monkeypatch):
+    """Candidate fp8 tiles for a few rows (128-long k steps, other widths and stages:
+    bench/fp8_kernels.py --tiles) give a row alone the bits of the same row in a 700-row pass
+    on the bf16 tiles: a linear whose bf16 tiles step 64 long (Gemma-4's o), LFM2-8B-A1B's
+    experts and Gemma-4's dense FFN (a program a chunk)."""
+    from tensorfold.ops import moe as ref_moe
+
+    lin = fp8(randn(2816, 4096, seed=40, scale=0.05), "blocks")
+    assert triton_linear.pick(1, 2816, 4096)[1].block_k == 64
+    ws = _experts(32, 1792, 2048, "blocks", 41)
+    dense = [
+        fp8(randn(*s, seed=43 + j, scale=0.05), "blocks")
+        for j, s in enumerate([(2112, 2816), (2112, 2816), (2816, 2112)])
+    ]
+    x, xd = randn(700, 4096, seed=46), randn(700, 2816, seed=47)
+    xm = randn(700, 2048, seed=48)
+    wt, ex = ref_moe.route(xm, randn(32, 2048, seed=49), None, 4, norm_topk_prob=True)
+    full = (
+        triton_fp8.linear_fp8(x, *lin),
+        triton_fp8.moe_fp8(xm, wt, ex, *ws),
+        triton_fp8.gated_ffn_fp8(xd, *dense),
+    )
+    for t in (
+        triton_linear.Tiles(32, 128, 4, 6),
+        triton_linear.Tiles(64, 128, 4, 4),
+        triton_linear.Tiles(16, 128, 2, 6),
+    ):
+        monkeypatch.setitem(triton_linear.FP8_TUNED, (2816, 4096), t)
+        monkeypatch.setattr(triton_moe, "FP8_FEW_ROWS_TILES", (t, t))
+        for m in (1, 3, 16):
+            assert torch.equal(triton_fp8.linear_fp8(x[:m].clone(), *lin), full[0][:m]), (t, m)
+            one = triton_fp8.moe_fp8(xm[:m].clone(), wt[:m].clone(), ex[:m].clone(), *ws)
+            assert torch.equal(one, full[1][:m]), (t, m)
+            assert torch.equal(triton_fp8.gated_ffn_fp8(xd[:m].clone(), *dense), full[2][:m])

@@ -186,3 +186,29 @@ def test_fused_gate_up_blocks_must_match_between_halves():
     w3_channel = fp8(triton_fp8.dequantize(*w3), "channel")
     with pytest.raises(ValueError, match="w1's block"):
         triton_fp8.moe_fp8(x, weights, experts, w1, w3_channel, w2)
+
+
+def test_fp8_tiles_of_their_own_take_a_few_rows_on_the_gpu_with_the_bf16_chunks(monkeypatch):
+    """triton_linear.FP8_TUNED and triton_moe.FP8_FEW_ROWS_TILES (none shipped: the bf16
+    tiles) apply to passes of a few rows on the GPU only (the interpreter's dots would sum their
+    steps differently), a linear's only where its BLOCK_K divides the bf16 tiles' chunk; the
+    GPU suite checks they keep the bits (tests/test_gpu_fp8_kernels.py)."""
+    t = triton_linear.Tiles(32, 64, 4, 4)
+    own = triton_linear.Tiles(64, 128, 4, 6)
+    monkeypatch.setitem(triton_linear.FP8_TUNED, (2816, 4096), own)
+    monkeypatch.setattr(triton_linear, "interpreting", lambda: False)
+    assert triton_linear.fp8_tiles(1, 2816, 4096, 1024, t) == own
+    assert triton_linear.fp8_tiles(triton_linear.TINY_ROWS + 1, 2816, 4096, 1024, t) == t
+    assert triton_linear.fp8_tiles(1, 2816, 4096, 704, t) == t  # 5.5 steps of 128
+    assert triton_linear.fp8_tiles(1, 2048, 4096, 1024, t) == t  # another shape
+    monkeypatch.setattr(triton_linear, "interpreting", lambda: True)
+    assert triton_linear.fp8_tiles(1, 2816, 4096, 1024, t) == t
+    sw, dn = triton_moe.TINY_SWIGLU_TILES, triton_moe.TINY_DOWN_TILES
+    assert triton_moe.fp8_tiles(triton_moe.TINY_BLOCK_M, sw, dn) == (sw, dn)  # none shipped
+    few = (triton_moe.Tiles(32, 128, 4, 4), triton_moe.Tiles(64, 128, 4, 4))
+    monkeypatch.setattr(triton_moe, "FP8_FEW_ROWS_TILES", few)
+    monkeypatch.setattr(triton_moe, "interpreting", lambda: False)
+    assert triton_moe.fp8_tiles(triton_moe.TINY_BLOCK_M, sw, dn) == few
+    assert triton_moe.fp8_tiles(triton_moe.SMALL_BLOCK_M, sw, dn) == (sw, dn)
+    monkeypatch.setattr(triton_moe, "interpreting", lambda: True)
+    assert triton_moe.fp8_tiles(triton_moe.TINY_BLOCK_M, sw, dn) == (sw, dn)

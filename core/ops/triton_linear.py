@@ -72,6 +72,24 @@ TUNED: dict[tuple[int, int], Tiles] = {
 }
 
 
+# (N, K) -> the tiles of an fp8 weight's passes of up to TINY_ROWS rows, where measured faster
+# than the bf16 tiles (bench/fp8_kernels.py --tiles; none yet): half the bytes a step may want
+# longer k steps or more stages. The K split and its chunks stay the bf16 tiles' (the bits);
+# BLOCK_K must divide the chunk (a step then lies in one chunk and one scale block) and changes
+# no bits on the GPU, where the MMAs chain one accumulator in k steps of 16 whatever BLOCK_K is.
+# The interpreter adds each step's dot at once: there the bf16 tiles stay.
+FP8_TUNED: dict[tuple[int, int], Tiles] = {}
+
+
+def fp8_tiles(m: int, n: int, k: int, chunk: int, t: Tiles) -> Tiles:
+    """The tiles of an fp8 weight's [m, k] @ [n, k]ᵀ pass: FP8_TUNED's where it has the shape,
+    m is TINY_ROWS or fewer and its BLOCK_K divides the chunk; else t (the bf16 tiles)."""
+    own = FP8_TUNED.get((n, k))
+    if own is None or m > TINY_ROWS or chunk % own.block_k or interpreting():
+        return t
+    return own
+
+
 def tiles_for(n: int, k: int) -> Tiles:
     if (n, k) in TUNED:
         return TUNED[(n, k)]
@@ -298,6 +316,9 @@ def _launch(
         return
     bm, t = pick(m, n, k)
     splits = splits_of(n, k)
+    chunk = splitk.chunk(k, t.block_k, splits)
+    if scales is not None:
+        t = fp8_tiles(m, n, k, chunk, t)
     grid_m = cdiv(m, bm)
     split_grid = splits > 1 and m <= SPLIT_ROWS
     grid = (cdiv(n, t.block_n), grid_m, splits if split_grid else 1)
@@ -316,7 +337,7 @@ def _launch(
         m,
         n,
         k,
-        splitk.chunk(k, t.block_k, splits),
+        chunk,
         grid_m * bm,
         rows.stride(0),
         weight.stride(0),

@@ -136,6 +136,22 @@ def pick(
     return BLOCK_M, SWIGLU_TILES, DOWN_TILES
 
 
+# fp8 weights' (swiglu, down) tiles on a few rows' 16-row blocks, where measured faster than the
+# bf16 tiles (bench/fp8_kernels.py --tiles; none yet). BLOCK_K at most SPLIT_K_STEP and dividing
+# it (the dense FFN's chunks, the 128-long scale blocks); it changes no bits on the GPU (as
+# TINY_LONG_DOWN_TILES'); the interpreter keeps the bf16 tiles.
+FP8_FEW_ROWS_TILES: tuple[Tiles, Tiles] | None = None
+
+
+def fp8_tiles(block_m: int, sw: Tiles, dn: Tiles) -> tuple[Tiles, Tiles]:
+    """The (swiglu, down) tiles of an fp8 pass on `block_m`-row blocks (pick's sw, dn)."""
+    own = FP8_FEW_ROWS_TILES
+    if own is None or block_m != TINY_BLOCK_M or interpreting():
+        return sw, dn
+    assert all(SPLIT_K_STEP % t.block_k == 0 for t in own), own
+    return own
+
+
 ACTS = {"silu": 0, "silu_clamp": 1, "gelu_tanh": 2}
 
 
@@ -943,6 +959,8 @@ def moe(
     n, k = experts.shape
     s1, s3, s2 = stacked(w1), stacked(w3), stacked(w2)
     bm, sw, dn = pick(n, s1.shape[1], n * k, s1.shape[0])
+    if scales is not None:
+        sw, dn = fp8_tiles(bm, sw, dn)
     al = prealigned(experts, s1.shape[0], bm) or align(experts, s1.shape[0], bm)
     h = x.shape[1]
     slots = torch.empty(n * k, h, dtype=slot_dtype or x.dtype, device=x.device)
@@ -1027,6 +1045,8 @@ def gated_ffn(
     i = w1.shape[0]
     splits = (dense_splits(i, h), dense_splits(h, i))
     bm, sw, dn = pick(n, i, hidden=h, split=max(splits) > 1)
+    if scales is not None:
+        sw, dn = fp8_tiles(bm, sw, dn)
     _experts(
         x,
         _identity(n, x.device, bm),
