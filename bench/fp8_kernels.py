@@ -402,53 +402,39 @@ def main() -> None:
         "peak_gb_per_s": peak / 1e9,
         "commit": args.commit,
         "block": BLOCK,
-        "shapes": {},
     }
     started = time.perf_counter()
+    key = "tiles" if args.tiles else "shapes"
+    results[key] = {}
     with contextlib.ExitStack() as stack:
         if args.smoke:  # the interpreter rounds fp32 -> bf16 as the GPU does
             from tensorfold import testing
 
             stack.enter_context(testing.interpreter_rounds_like_the_gpu())
-        if args.tiles:
-            results["tiles"] = {}
-            for fi, (family, ops) in enumerate(shapes.items()):
-                if args.family and family not in args.family:
-                    continue
-                results["tiles"][family] = {
-                    op: sweep(Case(spec, seed=1000 * fi + 10 * oi), args.reps)
-                    for oi, (op, spec) in enumerate(ops.items())
-                }
-                print(f"{family}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
-        else:
-            run_all(results, shapes, rows, args, peak, started)
-    results["seconds"] = time.perf_counter() - started
+        for fi, (family, ops) in enumerate(shapes.items()):
+            if args.family and family not in args.family:
+                continue
+            results[key][family] = {}
+            for oi, (op, spec) in enumerate(ops.items()):
+                case = Case(spec, seed=1000 * fi + 10 * oi)
+                if args.tiles:
+                    results[key][family][op] = sweep(case, args.reps)
+                else:
+                    results[key][family][op] = [measure(case, m, args.reps, peak) for m in rows]
+                del case
+                if DEVICE == "cuda":
+                    torch.cuda.empty_cache()
+                results["seconds"] = time.perf_counter() - started
+                save(results, args)  # a call cut short keeps what it measured
+                print(f"{family} {op}: {results['seconds']:.0f} s", file=sys.stderr, flush=True)
     print(sweep_table(results) if args.tiles else table(results))
+
+
+def save(results: dict[str, Any], args: argparse.Namespace) -> None:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         name = "tiles.json" if args.tiles else "results.json"
         (args.out / name).write_text(json.dumps(results, indent=1))
-
-
-def run_all(
-    results: dict[str, Any],
-    shapes: dict[str, dict[str, tuple]],
-    rows: tuple[int, ...],
-    args: argparse.Namespace,
-    peak: float,
-    started: float,
-) -> None:
-    for fi, (family, ops) in enumerate(shapes.items()):
-        if args.family and family not in args.family:
-            continue
-        results["shapes"][family] = {}
-        for oi, (op, spec) in enumerate(ops.items()):
-            case = Case(spec, seed=1000 * fi + 10 * oi)
-            results["shapes"][family][op] = [measure(case, m, args.reps, peak) for m in rows]
-            del case
-            if DEVICE == "cuda":
-                torch.cuda.empty_cache()
-            print(f"{family} {op}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
 
 
 if __name__ == "__main__":
