@@ -80,6 +80,20 @@ def test_linear_fp8_rows_alone_equal_batches_and_the_bf16_kernels_bits(n, k, kin
     assert rel(got, torch_path(triton_fp8.linear_fp8_reference, x, *w, bias=b)) < 1e-2
 
 
+@pytest.mark.parametrize("kind", ["blocks", "channel"])
+def test_linear_groups_fp8_rows_alone_equal_batches_and_the_bf16_launchs_bits(kind):
+    """GLM-5.3-Flash's f_b and g_b (2 x [8192, 128]) over adjacent columns of a [M, 576] pass."""
+    w = fp8(randn(2 * 8192, 128, seed=6, scale=0.05), kind)
+    maps = randn(700, 576, seed=7)
+
+    def run(m):
+        return triton_fp8.linear_groups_fp8(m[:, :256], *w, 2).transpose(0, 1)
+
+    got = assert_rows_invariant(run, maps)
+    want = triton_linear.linear_groups(maps[:, :256], triton_fp8.dequantize(*w, BF16), 2)
+    assert torch.equal(got, want.transpose(0, 1))
+
+
 def test_linear_fp8_stores_fp32_as_the_rounded_product_widened():
     w = fp8(randn(2048, 2048, seed=4, scale=0.05), "blocks")
     x = randn(9, 2048, seed=5)

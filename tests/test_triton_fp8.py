@@ -115,6 +115,22 @@ def test_linear_fp8_adds_its_bias_and_stores_the_rounded_product_widened():
     assert ref.dtype == torch.float32 and rel(got[0], ref) < 2e-2
 
 
+@pytest.mark.parametrize("kind", ["blocks", "channel"])
+def test_linear_groups_fp8_is_the_bf16_launch_over_the_dequantized_weight(kind):
+    """Two groups of 128 rows over adjacent column groups of a wider pass, in one launch: the
+    bits of triton_linear.linear_groups over the dequantized weight, a row alone as in 20."""
+    wide = randn(20, 2 * 64 + 8, seed=50).bfloat16()
+    x = wide[:, :128]
+    w = fp8(randn(256, 64, seed=51, scale=0.1), kind)
+    got = triton_fp8.linear_groups_fp8(x, *w, 2)
+    assert got.shape == (2, 20, 128)
+    want = triton_linear.linear_groups(x, triton_fp8.dequantize(*w, torch.bfloat16), 2)
+    assert torch.equal(got, want)
+    assert torch.equal(triton_fp8.linear_groups_fp8(x[4:5].clone(), *w, 2), got[:, 4:5])
+    with pytest.raises(ValueError, match="in 3 groups"):
+        triton_fp8.linear_groups_fp8(x, *w, 3)
+
+
 def _experts(kind: str, dtype: torch.dtype, seed: int):
     """4 experts of 136 over 256 (two row blocks and two k blocks each way, the last ones
     partial), gate and up quantized apart, as views of one stack like a checkpoint's; 12 rows

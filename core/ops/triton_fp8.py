@@ -86,6 +86,27 @@ def linear_fp8(
     return out.reshape(*lead, n)
 
 
+def linear_groups_fp8(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block: Block, groups: int
+) -> torch.Tensor:
+    """triton_linear.linear_groups with an fp8 weight (q [G·n, K], scale, block): x [M, G·K]
+    -> [G, M, n] in one launch (triton_linear.groups_fit must hold), the bits of
+    triton_linear.linear_groups over the dequantized weight."""
+    scales = scales_of(q, scale, block)
+    m = x.shape[0]
+    n, k = q.shape
+    if not triton_linear.groups_fit(n, k, groups) or x.shape[1] != groups * k:
+        raise ValueError(
+            f"linear_groups_fp8: x {tuple(x.shape)} and q {tuple(q.shape)} in {groups} groups; "
+            "needs x [M, G·K] and rows a group a multiple of 128 and of the tile"
+        )
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty(groups, m, n // groups, dtype=x.dtype, device=x.device)
+    triton_linear._launch(x, q.contiguous(), None, out, n // groups, groups, scales)
+    return out
+
+
 def moe_fp8(
     x: torch.Tensor,
     weights: torch.Tensor,
