@@ -20,7 +20,6 @@ pytestmark = pytest.mark.gpu
 DEV = "cuda"
 BF16 = torch.bfloat16
 ROWS = [1, 2, 3, 7, 8, 16, 33, 64, 65, 255, 256, 257, 700]  # every row class of the tiles
-KINDS = ("blocks", "channel", "tensor")
 
 
 def randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
@@ -62,12 +61,15 @@ def torch_path(fn, *args, **kw):
 
 
 # (N, K): LFM2-8B-A1B's q/o and its fused q+k+v (tuned, unsplit), Gemma-4-26B-A4B's q and o,
-# GLM-5.3-Flash's q_a (4096 -> 1536)
+# GLM-5.3-Flash's q_a (4096 -> 1536), in 128 x 128 blocks; two in the other kinds
 LINEARS = [(2048, 2048), (3072, 2048), (4096, 2816), (2816, 4096), (1536, 4096)]
+LINEAR_CASES = [(*nk, "blocks") for nk in LINEARS] + [
+    (2048, 2048, "channel"),
+    (2816, 4096, "tensor"),
+]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("n, k", LINEARS)
+@pytest.mark.parametrize("n, k, kind", LINEAR_CASES)
 def test_linear_fp8_rows_alone_equal_batches_and_the_bf16_kernels_bits(n, k, kind):
     w = fp8(randn(n, k, seed=1, scale=0.05), kind)
     x = randn(700, k, seed=2)
@@ -103,8 +105,10 @@ def test_linear_fp8_stores_fp32_as_the_rounded_product_widened():
 
 
 # (experts, width, hidden, top k): LFM2-8B-A1B's, Gemma-4-26B-A4B's (704 wide: the last row
-# and k blocks partial), GLM-5.3-Flash's (2048 x 4096, 32 of its 288 experts)
+# and k blocks partial), GLM-5.3-Flash's (2048 x 4096, 32 of its 288 experts); in 128 x 128
+# blocks, two in the other kinds
 MOES = [(32, 1792, 2048, 4), (128, 704, 2816, 8), (32, 2048, 4096, 8)]
+MOE_CASES = [(*m, "blocks") for m in MOES] + [(*MOES[1], "channel"), (*MOES[0], "tensor")]
 
 
 def _experts(e: int, i: int, h: int, kind: str, seed: int):
@@ -114,8 +118,7 @@ def _experts(e: int, i: int, h: int, kind: str, seed: int):
     return w1, w3, w2
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("e, i, h, k", MOES)
+@pytest.mark.parametrize("e, i, h, k, kind", MOE_CASES)
 def test_moe_fp8_rows_alone_equal_batches_and_the_bf16_kernels_bits(e, i, h, k, kind):
     from tensorfold.ops import moe as ref_moe
 
@@ -135,8 +138,7 @@ def test_moe_fp8_rows_alone_equal_batches_and_the_bf16_kernels_bits(e, i, h, k, 
     assert rel(got, ref) < 1e-2
 
 
-@pytest.mark.parametrize("kind", ["blocks", "channel"])
-@pytest.mark.parametrize("i, h", [(2112, 2816), (7168, 2048)])
+@pytest.mark.parametrize("i, h, kind", [(2112, 2816, "blocks"), (7168, 2048, "channel")])
 def test_gated_ffn_fp8_rows_alone_equal_batches_and_the_bf16_kernels_bits(i, h, kind):
     """Gemma-4-26B-A4B's and LFM2-8B-A1B's dense FFNs: their own tiles and K split."""
     w1, w3 = (
