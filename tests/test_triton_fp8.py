@@ -75,6 +75,7 @@ def test_a_weight_that_does_not_fit_its_scales_is_refused_by_name():
         ((q.float(), s, block), "torch.float32, not torch.float8_e4m3fn"),
         ((q, s.bfloat16(), block), "scale is torch.bfloat16"),
         ((q, s[:, :1], block), "scale (1, 1) is not (1, 2)"),
+        ((q[None], s[None], block), "q has 3 dimensions, not 2"),
         (
             (*triton_fp8.quantize(q.float(), (128, 64)), (128, 64)),
             "bk 64 is neither a multiple of 128",

@@ -38,14 +38,17 @@ Block = tuple[int, int]
 Fp8Parts = tuple[torch.Tensor, torch.Tensor, Block]
 
 
-def scales_of(q: torch.Tensor, scale: torch.Tensor, block: Block) -> Fp8Scales:
+def scales_of(q: torch.Tensor, scale: torch.Tensor, block: Block, dims: int = 2) -> Fp8Scales:
     """The kernels' view of an fp8 weight's scales (a stack of one for a lone matrix), after
-    checking q, scale and block agree; a ValueError naming them when not."""
+    checking q (`dims` dimensions: 2 a matrix, 3 a stack of experts), scale and block agree; a
+    ValueError naming them when not."""
     bn, bk = int(block[0]), int(block[1])
     n, k = q.shape[-2:]
     want = (*q.shape[:-2], cdiv(n, bn), cdiv(k, bk)) if bn > 0 and bk > 0 else None
     problem = ""
-    if q.dtype != FP8:
+    if q.dim() != dims:
+        problem = f"q has {q.dim()} dimensions, not {dims}"
+    elif q.dtype != FP8:
         problem = f"q is {q.dtype}, not {FP8}"
     elif scale.dtype != torch.float32:
         problem = f"scale is {scale.dtype}, not torch.float32"
@@ -125,7 +128,7 @@ def moe_fp8(
     """triton_moe.moe with fp8 experts: w1, w3 (q [E, I, H], scale, block), w2 (q [E, H, I],
     scale, block), w1 and w3 of one block shape; every other argument and the result as
     triton_moe.moe's, with the bits of triton_moe.moe over the dequantized experts."""
-    s1, s3, s2 = (scales_of(*w) for w in (w1, w3, w2))
+    s1, s3, s2 = (scales_of(*w, dims=3) for w in (w1, w3, w2))
     if (s1.block_n, s1.block_k) != (s3.block_n, s3.block_k):
         raise ValueError(f"w1's block {w1[2]} and w3's {w3[2]} differ")
     return triton_moe.moe(
