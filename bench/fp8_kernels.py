@@ -38,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tensorfold.ops import triton_fp8, triton_linear, triton_moe  # noqa: E402
+from tensorfold.ops.fp8 import Fp8Weight, quantize_blocks  # noqa: E402
 
 BF16 = torch.bfloat16
 BLOCK = (128, 128)
@@ -132,10 +133,7 @@ def randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
 
 def quantized(w: torch.Tensor) -> triton_fp8.Fp8Parts:
     """w [..., N, K] in 128 x 128 blocks, a few experts at a time (bounded fp32 scratch)."""
-    if w.dim() == 2:
-        return (*triton_fp8.quantize(w, BLOCK), BLOCK)
-    qs, ss = zip(*(triton_fp8.quantize(w[e : e + 16], BLOCK) for e in range(0, w.shape[0], 16)))
-    return torch.cat(qs), torch.cat(ss), BLOCK
+    return triton_fp8.parts(quantize_blocks(w, BLOCK))  # a stack a matrix at a time
 
 
 def nbytes(*ts: torch.Tensor) -> int:
@@ -225,7 +223,7 @@ class Case:
         """The first fp8 copy dequantized to bf16 (experts a few at a time), made once."""
         if self._dequantized is None:
             if self.kind == "linear":
-                self._dequantized = triton_fp8.dequantize(*self.fp8[0], BF16)
+                self._dequantized = Fp8Weight(*self.fp8[0]).dequantize(BF16)
             else:
                 self._dequantized = tuple(_dequantize(w) for w in self.fp8[0])
         return self._dequantized
@@ -234,9 +232,9 @@ class Case:
 def _dequantize(w: triton_fp8.Fp8Parts) -> torch.Tensor:
     q, s, block = w
     if q.dim() == 2:
-        return triton_fp8.dequantize(q, s, block, BF16)
+        return Fp8Weight(q, s, block).dequantize(BF16)
     parts = [
-        triton_fp8.dequantize(q[e : e + 16], s[e : e + 16], block, BF16)
+        Fp8Weight(q[e : e + 16], s[e : e + 16], block).dequantize(BF16)
         for e in range(0, q.shape[0], 16)
     ]
     return torch.cat(parts)

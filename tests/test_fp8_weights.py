@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from tensorfold.family import COLUMN, ROW, Shard, ShardPlan, Split, StateLayout
 from tensorfold.family.checkpoint import Checkpoint, CheckpointError, TensorReader
-from tensorfold.ops import moe
+from tensorfold.ops import fp8, moe
 from tensorfold.ops.fp8 import FP8_MAX, Fp8Weight, cat_rows, fp8_bytes, quantize_blocks
 from tensorfold.ops.linear import linear
 from tensorfold.testing import fp8_quantization_config
@@ -73,7 +73,28 @@ def test_ops_take_fp8_weights_as_their_dequantized_weights() -> None:
     ours = moe.moe(x, gates, experts, w1, w3, w2)
     plain = moe.moe(x, gates, experts, *(t.dequantize() for t in (w1, w3, w2)))
     assert isinstance(ours, torch.Tensor) and torch.equal(ours, plain)
-    assert moe.fp8_weights(w1) and moe.fp8_weights([w1[0]]) and not moe.fp8_weights(x)
+
+
+def test_the_kernels_take_fp8_weights_whose_column_blocks_they_read() -> None:
+    """fp8.kernels_take: all plain or all fp8 of column blocks a multiple of 128 or all of K
+    (the releases' blocks, per channel, per tensor, a tiny K inside one block; a row cut's
+    (1, bk) too), w1 and w3 of one block; a mix and a column cut off the blocks (bn, 1) not."""
+    plain = weight(300, 300)
+    blocks, channel = quantize_blocks(plain), quantize_blocks(plain, (1, 300))
+    tensor, tiny = quantize_blocks(plain, (300, 300)), quantize_blocks(weight(48, 64))
+    rows = blocks.narrow(0, 5, 20)
+    assert rows.block == (1, 128)
+    for w in (blocks, channel, tensor, tiny, rows):
+        assert fp8.kernel_reads(w) and fp8.kernels_take(w)
+    columns = blocks.narrow(1, 64, 200)  # a cut of K off the 128 edges
+    assert columns.block == (128, 1) and not fp8.kernel_reads(columns)
+    assert not fp8.kernel_reads(quantize_blocks(plain, (128, 64)))
+    assert fp8.kernels_take(plain, plain, plain) and fp8.kernels_take([plain], [plain], plain)
+    assert fp8.kernels_take(blocks, blocks, channel) and fp8.kernels_take(
+        [blocks], [blocks], blocks
+    )
+    assert not fp8.kernels_take(blocks, channel, blocks)  # w1 and w3 of two block shapes
+    assert not fp8.kernels_take(blocks, plain, blocks) and not fp8.kernels_take(columns)
 
 
 def write(folder: Path, tensors: dict[str, torch.Tensor], quantization: object = None) -> Path:

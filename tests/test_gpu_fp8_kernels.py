@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tensorfold.ops import gpu, triton_fp8, triton_linear, triton_moe
+from tensorfold.ops.fp8 import Fp8Weight, quantize_blocks
 
 pytestmark = pytest.mark.gpu
 
@@ -30,7 +31,14 @@ def randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
 def fp8(w: torch.Tensor, kind: str) -> triton_fp8.Fp8Parts:
     n, k = w.shape[-2:]
     block = {"blocks": (128, 128), "channel": (1, k), "tensor": (n, k)}[kind]
-    return (*triton_fp8.quantize(w, block), block)
+    return triton_fp8.parts(quantize_blocks(w, block))
+
+
+def dequantize(
+    q: torch.Tensor, s: torch.Tensor, block: tuple[int, int], dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """The weight the kernels multiply by (Fp8Weight.dequantize, the one dequantization)."""
+    return Fp8Weight(q, s, block).dequantize(dtype)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -75,7 +83,7 @@ def test_linear_fp8_rows_alone_equal_batches_and_the_bf16_kernels_bits(n, k, kin
     x = randn(700, k, seed=2)
     b = randn(n, seed=3)
     got = assert_rows_invariant(lambda x: triton_fp8.linear_fp8(x, *w, bias=b), x)
-    dequantized = triton_fp8.dequantize(*w, BF16)
+    dequantized = dequantize(*w, BF16)
     for m in (1, 8, 64, 700):
         want = triton_linear.linear(x[:m].contiguous(), dequantized, b)
         assert torch.equal(got[:m], want), m
@@ -92,7 +100,7 @@ def test_linear_groups_fp8_rows_alone_equal_batches_and_the_bf16_launchs_bits(ki
         return triton_fp8.linear_groups_fp8(m[:, :256], *w, 2).transpose(0, 1)
 
     got = assert_rows_invariant(run, maps)
-    want = triton_linear.linear_groups(maps[:, :256], triton_fp8.dequantize(*w, BF16), 2)
+    want = triton_linear.linear_groups(maps[:, :256], dequantize(*w, BF16), 2)
     assert torch.equal(got, want.transpose(0, 1))
 
 
@@ -130,7 +138,7 @@ def test_moe_fp8_rows_alone_equal_batches_and_the_bf16_kernels_bits(e, i, h, k, 
         return triton_fp8.moe_fp8(x, wt, ex, *ws)
 
     got = assert_rows_invariant(run, x, weights, experts)
-    dequantized = [triton_fp8.dequantize(*w, BF16) for w in ws]
+    dequantized = [dequantize(*w, BF16) for w in ws]
     for m in (1, 8, 64, 700):
         want = triton_moe.moe(x[:m], weights[:m], experts[:m], *dequantized)
         assert torch.equal(got[:m], want), m
@@ -148,7 +156,7 @@ def test_gated_ffn_fp8_rows_alone_equal_batches_and_the_bf16_kernels_bits(i, h, 
     w2 = fp8(randn(h, i, seed=22, scale=0.05), kind)
     x = randn(700, h, seed=23)
     got = assert_rows_invariant(lambda x: triton_fp8.gated_ffn_fp8(x, w1, w3, w2), x)
-    dequantized = [triton_fp8.dequantize(*w, BF16) for w in (w1, w3, w2)]
+    dequantized = [dequantize(*w, BF16) for w in (w1, w3, w2)]
     for m in (1, 8, 64, 700):
         assert torch.equal(got[:m], triton_moe.gated_ffn(x[:m], *dequantized)), m
     ref = torch_path(triton_fp8.gated_ffn_fp8_reference, x, w1, w3, w2)

@@ -17,6 +17,7 @@ pytest.importorskip("triton", reason="the Triton kernels need triton")
 from tensorfold import testing  # noqa: E402
 from tensorfold.ops import moe as ref_moe  # noqa: E402
 from tensorfold.ops import triton_fp8, triton_linear, triton_moe, triton_splitk  # noqa: E402
+from tensorfold.ops.fp8 import Fp8Weight, quantize_blocks  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -41,7 +42,14 @@ def randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
 
 def fp8(w: torch.Tensor, kind: str) -> triton_fp8.Fp8Parts:
     block = block_of(kind, *w.shape[-2:])
-    return (*triton_fp8.quantize(w, block), block)
+    return triton_fp8.parts(quantize_blocks(w, block))
+
+
+def dequantize(
+    q: torch.Tensor, s: torch.Tensor, block: tuple[int, int], dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """The weight the kernels multiply by (Fp8Weight.dequantize, the one dequantization)."""
+    return Fp8Weight(q, s, block).dequantize(dtype)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -57,15 +65,13 @@ def test_quantize_and_dequantize_keep_each_block_within_e4m3s_rounding():
         q, s, block = fp8(w, kind)
         assert q.dtype == torch.float8_e4m3fn and q.shape == w.shape
         assert s.shape == (2, -(-200 // block[0]), -(-300 // block[1]))
-        back = triton_fp8.dequantize(q, s, block)
+        back = dequantize(q, s, block)
         assert back.dtype == torch.float32
         assert float(((back - w).abs() / w.abs().clamp_min(s.max())).max()) < 2**-4
         assert float(q.float().abs().amax()) == 448.0
-        assert torch.equal(triton_fp8.dequantize(q, s, block, torch.bfloat16), back.bfloat16())
+        assert torch.equal(dequantize(q, s, block, torch.bfloat16), back.bfloat16())
     q, s, block = fp8(w, "blocks")  # the scale of block (1, 2) at rows 128.., columns 256..
-    assert torch.equal(
-        triton_fp8.dequantize(q, s, block)[0, 130, 260], q[0, 130, 260].float() * s[0, 1, 2]
-    )
+    assert torch.equal(dequantize(q, s, block)[0, 130, 260], q[0, 130, 260].float() * s[0, 1, 2])
 
 
 def test_a_weight_that_does_not_fit_its_scales_is_refused_by_name():
@@ -77,7 +83,7 @@ def test_a_weight_that_does_not_fit_its_scales_is_refused_by_name():
         ((q, s[:, :1], block), "scale (1, 1) is not (1, 2)"),
         ((q[None], s[None], block), "q has 3 dimensions, not 2"),
         (
-            (*triton_fp8.quantize(q.float(), (128, 64)), (128, 64)),
+            triton_fp8.parts(quantize_blocks(q.float(), (128, 64))),
             "bk 64 is neither a multiple of 128",
         ),
     ):
@@ -97,7 +103,7 @@ def test_linear_fp8_is_the_bf16_kernel_over_the_dequantized_weight(kind, dtype):
     w = fp8(randn(n, k, seed=4, scale=0.1), kind)
     got = triton_fp8.linear_fp8(x, *w)
     assert got.dtype == dtype and got.shape == (70, n)
-    assert torch.equal(got, triton_linear.linear(x, triton_fp8.dequantize(*w, dtype)))
+    assert torch.equal(got, triton_linear.linear(x, dequantize(*w, dtype)))
     assert rel(got, triton_fp8.linear_fp8_reference(x.double(), *w)) < TOL[dtype]
     for a, z in [(0, 1), (5, 6), (3, 20)]:
         assert torch.equal(triton_fp8.linear_fp8(x[a:z].clone(), *w), got[a:z])
@@ -110,7 +116,7 @@ def test_linear_fp8_adds_its_bias_and_stores_the_rounded_product_widened():
     b = randn(40, seed=7).bfloat16()
     got = triton_fp8.linear_fp8(x[None], *w, bias=b, out_dtype=torch.float32)
     assert got.shape == (1, 3, 40) and got.dtype == torch.float32
-    want = triton_linear.linear(x, triton_fp8.dequantize(*w, torch.bfloat16), b)
+    want = triton_linear.linear(x, dequantize(*w, torch.bfloat16), b)
     assert torch.equal(got[0], want.float())
     ref = triton_fp8.linear_fp8_reference(x, *w, bias=b, out_dtype=torch.float32)
     assert ref.dtype == torch.float32 and rel(got[0], ref) < 2e-2
@@ -125,7 +131,7 @@ def test_linear_groups_fp8_is_the_bf16_launch_over_the_dequantized_weight(kind):
     w = fp8(randn(256, 64, seed=51, scale=0.1), kind)
     got = triton_fp8.linear_groups_fp8(x, *w, 2)
     assert got.shape == (2, 20, 128)
-    want = triton_linear.linear_groups(x, triton_fp8.dequantize(*w, torch.bfloat16), 2)
+    want = triton_linear.linear_groups(x, dequantize(*w, torch.bfloat16), 2)
     assert torch.equal(got, want)
     assert torch.equal(triton_fp8.linear_groups_fp8(x[4:5].clone(), *w, 2), got[:, 4:5])
     with pytest.raises(ValueError, match="in 3 groups"):
@@ -153,7 +159,7 @@ def _experts(kind: str, dtype: torch.dtype, seed: int):
 def test_moe_fp8_is_the_bf16_kernel_over_the_dequantized_experts(kind, dtype):
     x, weights, experts, ws = _experts(kind, dtype, 10)
     got = triton_fp8.moe_fp8(x, weights, experts, *ws)
-    dequantized = [triton_fp8.dequantize(*w, dtype) for w in ws]
+    dequantized = [dequantize(*w, dtype) for w in ws]
     assert torch.equal(got, triton_moe.moe(x, weights, experts, *dequantized))
     ref = triton_fp8.moe_fp8_reference(x.double(), weights.double(), experts, *ws)
     assert rel(got, ref) < TOL[dtype]
@@ -167,7 +173,7 @@ def test_moe_fp8_takes_every_option_of_the_bf16_entry_point():
     bits of triton_moe.moe over the dequantized experts, each."""
     dtype = torch.bfloat16
     x, weights, experts, ws = _experts("blocks", dtype, 20)
-    dequantized = [triton_fp8.dequantize(*w, dtype) for w in ws]
+    dequantized = [dequantize(*w, dtype) for w in ws]
     plus = randn(*x.shape, seed=25).to(dtype)
     for options in (
         dict(act="gelu_tanh", slot_dtype=torch.float32, sum_slots=False),
@@ -188,7 +194,7 @@ def test_gated_ffn_fp8_is_the_bf16_kernel_over_the_dequantized_weights(kind):
     dense = [(q[0], s[0], block) for q, s, block in ws]
     assert triton_moe.dense_splits(*dense[0][0].shape) == 2
     got = triton_fp8.gated_ffn_fp8(x, *dense, act="gelu_tanh")
-    dequantized = [triton_fp8.dequantize(*w, dtype) for w in dense]
+    dequantized = [dequantize(*w, dtype) for w in dense]
     assert torch.equal(got, triton_moe.gated_ffn(x, *dequantized, act="gelu_tanh"))
     ref = triton_fp8.gated_ffn_fp8_reference(x.double(), *dense, act="gelu_tanh")
     assert rel(got, ref) < 2e-2
@@ -200,7 +206,7 @@ def test_gated_ffn_fp8_is_the_bf16_kernel_over_the_dequantized_weights(kind):
 
 def test_fused_gate_up_blocks_must_match_between_halves():
     x, weights, experts, (w1, w3, w2) = _experts("blocks", torch.bfloat16, 40)
-    w3_channel = fp8(triton_fp8.dequantize(*w3), "channel")
+    w3_channel = fp8(dequantize(*w3), "channel")
     with pytest.raises(ValueError, match="w1's block"):
         triton_fp8.moe_fp8(x, weights, experts, w1, w3_channel, w2)
 

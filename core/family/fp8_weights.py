@@ -115,16 +115,19 @@ class Fp8Weight:
 
     # --- values ---
 
-    def expanded_scale(self) -> torch.Tensor:
-        """The scale of every element [..., N, K] (fp32)."""
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight q · scale, each element one fp32 product rounded once to `dtype`: the
+        values the GPU's fp8 kernels turn the codes into in registers (ops.triton_fp8). Each
+        block's scale broadcast over its (padded) rows and columns: no [N, K] copy of them."""
         bn, bk = self.block
         n, k = self.q.shape[-2:]
-        s = self.scale.repeat_interleave(bn, dim=-2)[..., :n, :]
-        return s.repeat_interleave(bk, dim=-1)[..., :k]
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The weight q · scale, each element one fp32 product rounded once to `dtype`."""
-        return (self.q.float() * self.expanded_scale()).to(dtype)
+        nb, kb = _blocks(n, bn), _blocks(k, bk)
+        lead = self.q.shape[:-2]
+        w = self.q.float()
+        if nb * bn != n or kb * bk != k:
+            w = torch.nn.functional.pad(w, (0, kb * bk - k, 0, nb * bn - n))
+        w = w.reshape(*lead, nb, bn, kb, bk) * self.scale.reshape(*lead, nb, 1, kb, 1)
+        return w.reshape(*lead, nb * bn, kb * bk)[..., :n, :k].to(dtype)
 
     # --- exact reshaping ---
 

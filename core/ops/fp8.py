@@ -2,11 +2,19 @@
 
 A quantized linear is an `Fp8Weight` (q in float8 e4m3 with float32 block scales; defined in
 `tensorfold.family.fp8_weights`, where the checkpoint builds it, and re-exported here).
-`ops.linear.linear` takes one in place of a weight tensor (`linear_fp8`: the product with the
-weight dequantized to the input's dtype), and `ops.moe` takes fp8 expert stacks.
+`ops.linear.linear` takes one in place of a weight tensor (`linear_fp8`: by definition the
+product with the weight dequantized to the input's dtype), and `ops.moe` takes fp8 expert stacks.
+
+On the GPU the products run in the fp8 kernels of `triton_fp8` (the e4m3 codes read as stored,
+with the bits of the bf16 kernels over the dequantized weight) wherever `kernels_take` the
+weights; a weight whose column blocks the kernels cannot read is dequantized instead.
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+import torch
 
 from ..family.fp8_weights import (
     FP8_DTYPE,
@@ -21,6 +29,39 @@ from ..family.fp8_weights import (
 )
 from .linear import linear_fp8
 
+# A kernel's K step (64 or 128 long) must lie in one column block: bk a multiple of this, or all
+# of K (one block across: per channel, per tensor, or a tiny weight inside one 128 block).
+KERNEL_BK = 128
+
+
+def kernel_reads(w: Fp8Weight) -> bool:
+    """Whether the fp8 kernels read w's scales as stored: its column block bk a multiple of
+    KERNEL_BK or all of K. The releases' 128 x 128 blocks, per channel and per tensor all are;
+    the loader makes another bk only by cutting columns off the blocks (a tensor-parallel cut
+    of K off a 128 edge, scales refined to (bn, 1)) or from a checkpoint of narrower blocks."""
+    bk, k = w.block[1], w.shape[-1]
+    return bk >= k or bk % KERNEL_BK == 0
+
+
+def _one(w: Any) -> Any:
+    """A weight, or the first of a sequence of experts."""
+    return w if isinstance(w, (torch.Tensor, Fp8Weight)) else w[0]
+
+
+def kernels_take(*weights: Any) -> bool:
+    """Whether the Triton kernels take these weights as they are stored (a linear's, or an
+    FFN's w1, w3, w2; experts as a stack or a sequence): all plain tensors (the bf16 kernels),
+    or all fp8 that `kernel_reads`, w1 and w3 of one block shape when there are three. Else the
+    caller takes its torch path, whose fp8 products dequantize (linear_fp8): a mix never comes
+    from a family's loader, and the blocks kernel_reads refuses are the cuts it names."""
+    first = [_one(w) for w in weights]
+    if all(isinstance(w, torch.Tensor) for w in first):
+        return True
+    if not all(isinstance(w, Fp8Weight) and kernel_reads(w) for w in first):
+        return False
+    return len(first) < 3 or first[0].block == first[1].block
+
+
 __all__ = [
     "FP8_DTYPE",
     "FP8_MAX",
@@ -28,7 +69,10 @@ __all__ = [
     "Fp8Weight",
     "cat_rows",
     "empty_stack",
+    "KERNEL_BK",
     "fp8_bytes",
+    "kernel_reads",
+    "kernels_take",
     "linear_fp8",
     "put",
     "quantize_blocks",

@@ -58,8 +58,16 @@ def linear_fp8(
 ) -> torch.Tensor:
     """x [..., K] @ weight[N, K]ᵀ for an fp8 weight: by definition the product with the weight
     dequantized to x's dtype (each element q · scale in fp32, rounded once), so rows stay as
-    independent as `linear`'s. The reference on every device; the GPU's fp8 kernel
-    (triton_fp8.linear_fp8, issue 58) is to be taken here, and held to this."""
+    independent as `linear`'s. On the GPU triton_fp8.linear_fp8 reads the codes and scales as
+    stored, with the bits of the bf16 kernel over that dequantized weight; a weight whose column
+    blocks it cannot read (fp8.kernel_reads: a cut off the blocks) is dequantized here first."""
+    if use_triton(x):
+        from .fp8 import kernel_reads
+
+        if kernel_reads(weight):
+            from . import triton_fp8
+
+            return triton_fp8.linear_fp8(x, *triton_fp8.parts(weight), bias, out_dtype)
     return linear(x, weight.dequantize(x.dtype), bias, out_dtype)
 
 
@@ -67,7 +75,8 @@ def linear_groups(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, groups: int
     """Products of one pass's adjacent column groups with their weights, stacked: x [M, G·K],
     weight [G·n, K] (the G weights' rows in order) -> [G, M, n], group g being
     linear(x[:, g·K:(g+1)·K], weight[g·n:(g+1)·n]). On the GPU one launch where the groups fit
-    its tiles (triton_linear.groups_fit), else a product a group; each row's bits its own."""
+    its tiles (triton_linear.groups_fit; an fp8 weight's in triton_fp8.linear_groups_fp8), else
+    a product a group; each row's bits its own."""
     m, gk = x.shape
     n, k = weight.shape
     if gk != groups * k or n % groups:
@@ -75,13 +84,12 @@ def linear_groups(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, groups: int
             f"linear_groups: x {tuple(x.shape)} and weight {tuple(weight.shape)} do "
             f"not make {groups} groups (x [M, {groups}·K], weight [{groups}·n, K])"
         )
-    if isinstance(weight, Fp8Weight):
-        weight = weight.dequantize(x.dtype)  # the groups' products are linear_fp8's
-    if use_triton(x) and x.dtype == weight.dtype:
-        from . import triton_linear
+    if use_triton(x) and _one_launch(x, weight, groups):
+        from . import triton_fp8, triton_linear
 
-        if triton_linear.groups_fit(n, k, groups):
-            return triton_linear.linear_groups(x, weight, groups)
+        if isinstance(weight, Fp8Weight):
+            return triton_fp8.linear_groups_fp8(x, *triton_fp8.parts(weight), groups)
+        return triton_linear.linear_groups(x, weight, groups)
     step = n // groups
     return torch.stack(
         [
@@ -89,3 +97,16 @@ def linear_groups(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, groups: int
             for g in range(groups)
         ]
     )
+
+
+def _one_launch(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, groups: int) -> bool:
+    """Whether linear_groups runs its groups in one Triton launch: they fit the tiles, and the
+    weight is x's dtype or fp8 with blocks the fp8 kernels read (else each group's product
+    dequantizes, linear_fp8)."""
+    from . import triton_linear
+    from .fp8 import kernel_reads
+
+    n, k = weight.shape
+    if not triton_linear.groups_fit(n, k, groups):
+        return False
+    return kernel_reads(weight) if isinstance(weight, Fp8Weight) else x.dtype == weight.dtype

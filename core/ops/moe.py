@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from ..family.fp8_weights import Fp8Weight
+from .fp8 import kernels_take
 from .gpu import use_triton
 from .linear import linear
 
@@ -73,17 +74,12 @@ def gated_ffn(
     act: str = "silu",
     limit: float = 0.0,
 ) -> torch.Tensor:
-    """w2(act(w1 x) · w3 x). x [n, H]; w1, w3 [I, H]; w2 [H, I] -> [n, H]. fp8 weights take
-    `linear`'s fp8 path (linear_fp8) for each product."""
-    if (
-        use_triton(x)
-        and isinstance(w1, torch.Tensor)
-        and isinstance(w3, torch.Tensor)
-        and isinstance(w2, torch.Tensor)
-    ):
-        from . import triton_moe
+    """w2(act(w1 x) · w3 x). x [n, H]; w1, w3 [I, H]; w2 [H, I] -> [n, H]. fp8 weights: each
+    product linear_fp8's; on the GPU the fp8 form of the same kernels (triton_fp8.ffn_kernel)."""
+    if use_triton(x) and kernels_take(w1, w3, w2):
+        from . import triton_fp8
 
-        return triton_moe.gated_ffn(x, w1, w3, w2, act=act, limit=limit)
+        return triton_fp8.ffn_kernel(x, w1, w3, w2, act=act, limit=limit)
     return linear(glu(linear(x, w1), linear(x, w3), act, limit), w2)
 
 
@@ -178,25 +174,19 @@ def moe(
     Returns Σ_j weights[:, j] · expert_{experts[:, j]}(x) [N, H] in x's dtype, summed over j in
     slot order in fp32. Each slot's y · w (y in x's dtype) is rounded to x's dtype (lfm2), or
     kept in fp32 with fp32_slots (gemma4). sum_slots=False (not with fp32_slots): the slots
-    unsummed, as a SlotSum for the next add_rms_norm. fp8 experts (Fp8Weight stacks [E, I, H]):
-    the reference below, each product linear_fp8's; the GPU's fp8 expert kernels (triton_fp8,
-    issue 58) are to be taken here."""
-    if (
-        use_triton(x)
-        and not isinstance(w1, Fp8Weight)
-        and not isinstance(w3, Fp8Weight)
-        and not isinstance(w2, Fp8Weight)
-        and not fp8_weights(w1, w3, w2)
-    ):
-        from . import triton_moe
+    unsummed, as a SlotSum for the next add_rms_norm. fp8 experts (Fp8Weight stacks [E, I, H],
+    or sequences of Fp8Weights): the reference below, each product linear_fp8's; on the GPU the
+    fp8 form of the same kernels (triton_fp8.moe_kernel)."""
+    if use_triton(x) and kernels_take(w1, w3, w2):
+        from . import triton_fp8
 
         if not sum_slots and not fp32_slots:
             return SlotSum(
-                triton_moe.moe(
+                triton_fp8.moe_kernel(
                     x, weights, experts, w1, w3, w2, act=act, limit=limit, sum_slots=False
                 )
             )
-        return triton_moe.moe(
+        return triton_fp8.moe_kernel(
             x,
             weights,
             experts,
@@ -212,15 +202,6 @@ def moe(
     if not sum_slots and not fp32_slots:
         return SlotSum(per_slot)
     return fp32_sum(per_slot).to(x.dtype)
-
-
-def fp8_weights(*weights: Any) -> bool:
-    """Whether any of these weights (a linear's, or a sequence or stack of experts') is fp8."""
-    return any(
-        isinstance(w, Fp8Weight)
-        or (isinstance(w, (list, tuple)) and len(w) > 0 and isinstance(w[0], Fp8Weight))
-        for w in weights
-    )
 
 
 def weighted_slots(

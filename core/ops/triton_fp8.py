@@ -1,13 +1,13 @@
 """Linears and experts over fp8 weights on the GPU: e4m3 codes read as stored, dequantized in
-registers, with their torch references.
+registers, with their torch references; and the kernel an FFN's weights take, plain or fp8.
 
 A weight is three raw tensors: q, torch.float8_e4m3fn [N, K] (a linear) or [E, N, K] (stacked
 experts); scale, float32 [..., ⌈N/bn⌉, ⌈K/bk⌉]; block (bn, bk): (128, 128) for the
-block-scaled releases, (1, K) per channel, (N, K) per tensor. The weight is
-`q.float() * scale` spread over its blocks, rounded to the activations' dtype (`dequantize`).
-bk must be a multiple of 128 or cover all of K; scale rows count from q's own row 0 (a fused
-gate/up is passed as two weights, each with the scales of its rows: quantize the halves apart,
-as the FP8 releases ship gate_proj and up_proj, when I is not a multiple of bn).
+block-scaled releases, (1, K) per channel, (N, K) per tensor; an `Fp8Weight`'s q, scale and
+block (`parts`). The weight is `Fp8Weight.dequantize`: `q.float() * scale` spread over its
+blocks, rounded to the activations' dtype. bk must be a multiple of 128 or cover all of K
+(`fp8.kernel_reads`); scale rows count from q's own row 0 (a fused gate/up is passed as two
+weights, each with the scales of its rows: Fp8Weight's row cuts make them so).
 
 Weight-only: each kernel is the bf16 kernel (triton_linear's, triton_moe's) with its weight
 tile loaded as e4m3 and turned in registers into `(q.float() * s).to(x.dtype)`, the reference's
@@ -26,16 +26,25 @@ to its BK x BN codes (the columns of one row block share the address).
 
 from __future__ import annotations
 
+import weakref
+from typing import Any, Sequence
+
 import torch
 
+from ..family.fp8_weights import FP8_DTYPE, Fp8Weight
 from . import triton_linear, triton_moe
+from .fp8 import KERNEL_BK
 from .triton_util import Fp8Scales, cdiv
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
+FP8 = FP8_DTYPE
 Block = tuple[int, int]
 # one fp8 weight: (q, scale, block)
 Fp8Parts = tuple[torch.Tensor, torch.Tensor, Block]
+
+
+def parts(w: Fp8Weight) -> Fp8Parts:
+    """The kernels' three tensors of an fp8 weight."""
+    return w.q, w.scale, w.block
 
 
 def scales_of(q: torch.Tensor, scale: torch.Tensor, block: Block, dims: int = 2) -> Fp8Scales:
@@ -54,7 +63,7 @@ def scales_of(q: torch.Tensor, scale: torch.Tensor, block: Block, dims: int = 2)
         problem = f"scale is {scale.dtype}, not torch.float32"
     elif want is None or tuple(scale.shape) != want:
         problem = f"scale {tuple(scale.shape)} is not {want}"
-    elif bk < k and bk % 128:
+    elif bk < k and bk % KERNEL_BK:
         problem = f"bk {bk} is neither a multiple of 128 nor all of K ({k})"
     if problem:
         raise ValueError(f"fp8 weight q {tuple(q.shape)}, block {(bn, bk)}: {problem}")
@@ -74,7 +83,7 @@ def linear_fp8(
 ) -> torch.Tensor:
     """x [..., K] (bf16 or fp32) @ w[N, K]ᵀ (+ bias [N]) -> [..., N] in x's dtype, stored in
     out_dtype (a float at least as wide), w the fp8 weight (q, scale, block): the bits of
-    triton_linear.linear(x, dequantize(q, scale, block, x.dtype), bias, out_dtype)."""
+    triton_linear.linear(x, Fp8Weight(q, scale, block).dequantize(x.dtype), bias, out_dtype)."""
     scales = scales_of(q, scale, block)
     lead = x.shape[:-1]
     k = x.shape[-1]
@@ -166,40 +175,96 @@ def gated_ffn_fp8(
     return triton_moe.gated_ffn(x, w1[0], w3[0], w2[0], act=act, limit=limit, scales=(s1, s3, s2))
 
 
+# --- the kernel an FFN's weights take ---
+
+
+def stack(ws: Sequence[torch.Tensor] | Sequence[Fp8Weight]) -> torch.Tensor | Fp8Weight:
+    """E x [A, B] -> [E, A, B], plain or fp8 (triton_moe.stack: a view when the experts are
+    evenly spaced views of one storage, else a copy; an fp8 stack's codes and scales apart)."""
+    first = ws[0]
+    if not isinstance(first, Fp8Weight):
+        return triton_moe.stack(ws)  # type: ignore[arg-type]
+    fp8 = [w for w in ws if isinstance(w, Fp8Weight)]
+    if len(fp8) != len(ws) or any(w.block != first.block for w in fp8):
+        raise ValueError("stack: the experts are not all fp8 of one block shape")
+    q = triton_moe.stack([w.q for w in fp8])
+    return Fp8Weight(q, triton_moe.stack([w.scale for w in fp8]), first.block)
+
+
+# A fused gate/up's fp8 halves, made once a weight: a cut off its row blocks (gemma4's experts,
+# I = 704) refines the second half's scales to one a row, a copy a decode step should not redo.
+# Weak keys: a freed model's weights leave with it.
+_HALVES: "weakref.WeakKeyDictionary[Fp8Weight, tuple[int, Fp8Weight, Fp8Weight]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def gate_and_up(gate_up: Any, i: int) -> tuple[Any, Any]:
+    """The halves of a fused gate/up [..., 2I, H] (rows :I and I:, of each expert in a stack)
+    as the kernels take them: views of a tensor; an fp8 weight's row cuts, each with the scales
+    of its own rows, made on first use and kept while the weight lives (not when first made
+    inside a CUDA graph's capture, whose kernels only run at replay: the eager passes before
+    it keep them)."""
+    if not isinstance(gate_up, Fp8Weight):
+        return (gate_up[..., :i, :], gate_up[..., i:, :])
+    kept = _HALVES.get(gate_up)
+    if kept is not None and kept[0] == i:
+        return kept[1], kept[2]
+    gate, up = gate_up.narrow(0, 0, i), gate_up.narrow(0, i, gate_up.shape[-2] - i)
+    if not (gate_up.q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        _HALVES[gate_up] = (i, gate, up)
+    return gate, up
+
+
+def _stacked(ws: Any) -> Fp8Weight:
+    out = ws if isinstance(ws, Fp8Weight) else stack(ws)
+    assert isinstance(out, Fp8Weight)
+    return out
+
+
+def ffn_kernel(
+    x: torch.Tensor,
+    w1: torch.Tensor | Fp8Weight,
+    w3: torch.Tensor | Fp8Weight,
+    w2: torch.Tensor | Fp8Weight,
+    *,
+    act: str = "silu",
+    limit: float = 0.0,
+) -> torch.Tensor:
+    """The dense gated FFN through the kernel its weights take (fp8.kernels_take must hold):
+    triton_moe.gated_ffn over plain ones, gated_ffn_fp8 over fp8 ones."""
+    if isinstance(w1, Fp8Weight) and isinstance(w3, Fp8Weight) and isinstance(w2, Fp8Weight):
+        return gated_ffn_fp8(x, parts(w1), parts(w3), parts(w2), act=act, limit=limit)
+    assert isinstance(w1, torch.Tensor) and isinstance(w3, torch.Tensor)
+    assert isinstance(w2, torch.Tensor)
+    return triton_moe.gated_ffn(x, w1, w3, w2, act=act, limit=limit)
+
+
+def moe_kernel(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    experts: torch.Tensor,
+    w1: Any,
+    w3: Any,
+    w2: Any,
+    **options: Any,
+) -> torch.Tensor:
+    """The routed experts through the kernel their weights take (fp8.kernels_take must hold;
+    each a stack or a sequence of experts): triton_moe.moe over plain ones, moe_fp8 over fp8
+    ones; options as triton_moe.moe's."""
+    first = w1 if isinstance(w1, (torch.Tensor, Fp8Weight)) else w1[0]
+    if isinstance(first, Fp8Weight):
+        s1, s3, s2 = (parts(_stacked(w)) for w in (w1, w3, w2))
+        return moe_fp8(x, weights, experts, s1, s3, s2, **options)
+    return triton_moe.moe(x, weights, experts, w1, w3, w2, **options)
+
+
 # --- the torch references ---
 
 
-def dequantize(
-    q: torch.Tensor, scale: torch.Tensor, block: Block, dtype: torch.dtype = torch.float32
-) -> torch.Tensor:
-    """q [..., N, K] e4m3 -> `q.float() * s` in fp32, s each element's block scale, rounded to
-    dtype: the weight the kernels multiply by."""
-    bn, bk = block
-    n, k = q.shape[-2:]
-    nb, kb = cdiv(n, bn), cdiv(k, bk)
-    lead = q.shape[:-2]
-    w = q.float()
-    if nb * bn != n or kb * bk != k:
-        w = torch.nn.functional.pad(w, (0, kb * bk - k, 0, nb * bn - n))
-    w = w.reshape(*lead, nb, bn, kb, bk) * scale.float().reshape(*lead, nb, 1, kb, 1)
-    return w.reshape(*lead, nb * bn, kb * bk)[..., :n, :k].to(dtype)
-
-
-def quantize(w: torch.Tensor, block: Block) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [..., N, K] -> (q e4m3, scale float32 [..., ⌈N/bn⌉, ⌈K/bk⌉]): each block divided by
-    amax(|block|) / 448 (1 for a block of zeros), as the FP8 releases store it. For tests and
-    benchmarks."""
-    bn, bk = block
-    n, k = w.shape[-2:]
-    nb, kb = cdiv(n, bn), cdiv(k, bk)
-    lead = w.shape[:-2]
-    wf = torch.nn.functional.pad(w.float(), (0, kb * bk - k, 0, nb * bn - n))
-    wf = wf.view(*lead, nb, bn, kb, bk)
-    amax = wf.abs().amax(dim=(-3, -1), keepdim=True)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    q = (wf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    q = q.view(*lead, nb * bn, kb * bk)[..., :n, :k].contiguous()
-    return q, scale.view(*lead, nb, kb).contiguous()
+def dequantized(w: Fp8Parts, dtype: torch.dtype) -> torch.Tensor:
+    """The weight the kernels multiply by: Fp8Weight.dequantize of (q, scale, block)."""
+    return Fp8Weight(*w).dequantize(dtype)
 
 
 def linear_fp8_reference(
@@ -214,7 +279,7 @@ def linear_fp8_reference(
     dtype."""
     from .linear import linear
 
-    return linear(x, dequantize(q, scale, block, x.dtype), bias, out_dtype)
+    return linear(x, dequantized((q, scale, block), x.dtype), bias, out_dtype)
 
 
 def moe_fp8_reference(
@@ -230,7 +295,7 @@ def moe_fp8_reference(
     the experts dequantized to x's dtype."""
     from .moe import moe
 
-    w = [dequantize(*parts, x.dtype).unbind(0) for parts in (w1, w3, w2)]
+    w = [dequantized(p, x.dtype).unbind(0) for p in (w1, w3, w2)]
     out = moe(x, weights, experts, *w, **kw)
     assert isinstance(out, torch.Tensor)
     return out
@@ -242,4 +307,4 @@ def gated_ffn_fp8_reference(
     """gated_ffn_fp8's arithmetic in torch: ops.moe.gated_ffn over the weights dequantized."""
     from .moe import gated_ffn
 
-    return gated_ffn(x, *(dequantize(*parts, x.dtype) for parts in (w1, w3, w2)), **kw)
+    return gated_ffn(x, *(dequantized(p, x.dtype) for p in (w1, w3, w2)), **kw)

@@ -124,7 +124,7 @@ class MoeWeights:
     shared: DenseWeights
     first_expert: int = 0  # experts[j] is expert first_expert + j
     # (gate_up [E, 2I, H], down [E, H, I]) that the experts view: the grouped kernels' operands
-    stacks: tuple[torch.Tensor, torch.Tensor] | None = None
+    stacks: tuple[Weight, Weight] | None = None
 
 
 @dataclass
