@@ -78,7 +78,8 @@ def test_ops_take_fp8_weights_as_their_dequantized_weights() -> None:
 def test_the_kernels_take_fp8_weights_whose_column_blocks_they_read() -> None:
     """fp8.kernels_take: all plain or all fp8 of column blocks a multiple of 128 or all of K
     (the releases' blocks, per channel, per tensor, a tiny K inside one block; a row cut's
-    (1, bk) too), w1 and w3 of one block; a mix and a column cut off the blocks (bn, 1) not."""
+    (1, bk) too); a mix and a column cut off the blocks (bn, 1) not. kernels_take_ffn: and
+    w1 and w3 of one block."""
     plain = weight(300, 300)
     blocks, channel = quantize_blocks(plain), quantize_blocks(plain, (1, 300))
     tensor, tiny = quantize_blocks(plain, (300, 300)), quantize_blocks(weight(48, 64))
@@ -89,11 +90,11 @@ def test_the_kernels_take_fp8_weights_whose_column_blocks_they_read() -> None:
     columns = blocks.narrow(1, 64, 200)  # a cut of K off the 128 edges
     assert columns.block == (128, 1) and not fp8.kernel_reads(columns)
     assert not fp8.kernel_reads(quantize_blocks(plain, (128, 64)))
-    assert fp8.kernels_take(plain, plain, plain) and fp8.kernels_take([plain], [plain], plain)
-    assert fp8.kernels_take(blocks, blocks, channel) and fp8.kernels_take(
-        [blocks], [blocks], blocks
-    )
-    assert not fp8.kernels_take(blocks, channel, blocks)  # w1 and w3 of two block shapes
+    assert fp8.kernels_take_ffn(plain, plain, plain) and fp8.kernels_take([plain], plain)
+    assert fp8.kernels_take_ffn(blocks, blocks, channel)
+    assert fp8.kernels_take_ffn([blocks], [blocks], blocks)
+    assert fp8.kernels_take(blocks, channel, blocks)
+    assert not fp8.kernels_take_ffn(blocks, channel, blocks)  # w1 and w3 of two block shapes
     assert not fp8.kernels_take(blocks, plain, blocks) and not fp8.kernels_take(columns)
 
 

@@ -49,17 +49,24 @@ def _one(w: Any) -> Any:
 
 
 def kernels_take(*weights: Any) -> bool:
-    """Whether the Triton kernels take these weights as they are stored (a linear's, or an
-    FFN's w1, w3, w2; experts as a stack or a sequence): all plain tensors (the bf16 kernels),
-    or all fp8 that `kernel_reads`, w1 and w3 of one block shape when there are three. Else the
-    caller takes its torch path, whose fp8 products dequantize (linear_fp8): a mix never comes
-    from a family's loader, and the blocks kernel_reads refuses are the cuts it names."""
+    """Whether the Triton kernels take these weights as they are stored (linears, or experts
+    as a stack or a sequence): all plain tensors (the bf16 kernels), or all fp8 that
+    `kernel_reads`. Else the caller takes its torch path, whose fp8 products dequantize
+    (linear_fp8): a mix never comes from a family's loader, and the blocks kernel_reads
+    refuses are the cuts it names."""
     first = [_one(w) for w in weights]
     if all(isinstance(w, torch.Tensor) for w in first):
         return True
-    if not all(isinstance(w, Fp8Weight) and kernel_reads(w) for w in first):
+    return all(isinstance(w, Fp8Weight) and kernel_reads(w) for w in first)
+
+
+def kernels_take_ffn(w1: Any, w3: Any, w2: Any) -> bool:
+    """kernels_take for a gated FFN's (or its experts') w1, w3, w2, whose gate and up the fp8
+    kernels read with one block shape (halves cut from one fused weight always share one)."""
+    if not kernels_take(w1, w3, w2):
         return False
-    return len(first) < 3 or first[0].block == first[1].block
+    a, b = _one(w1), _one(w3)
+    return not isinstance(a, Fp8Weight) or a.block == b.block
 
 
 __all__ = [
@@ -73,6 +80,7 @@ __all__ = [
     "fp8_bytes",
     "kernel_reads",
     "kernels_take",
+    "kernels_take_ffn",
     "linear_fp8",
     "put",
     "quantize_blocks",

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from ..family.fp8_weights import Fp8Weight
-from .fp8 import kernels_take
+from .fp8 import kernels_take_ffn
 from .gpu import use_triton
 from .linear import linear
 
@@ -76,7 +76,7 @@ def gated_ffn(
 ) -> torch.Tensor:
     """w2(act(w1 x) · w3 x). x [n, H]; w1, w3 [I, H]; w2 [H, I] -> [n, H]. fp8 weights: each
     product linear_fp8's; on the GPU the fp8 form of the same kernels (triton_fp8.ffn_kernel)."""
-    if use_triton(x) and kernels_take(w1, w3, w2):
+    if use_triton(x) and kernels_take_ffn(w1, w3, w2):
         from . import triton_fp8
 
         return triton_fp8.ffn_kernel(x, w1, w3, w2, act=act, limit=limit)
@@ -177,7 +177,7 @@ def moe(
     unsummed, as a SlotSum for the next add_rms_norm. fp8 experts (Fp8Weight stacks [E, I, H],
     or sequences of Fp8Weights): the reference below, each product linear_fp8's; on the GPU the
     fp8 form of the same kernels (triton_fp8.moe_kernel)."""
-    if use_triton(x) and kernels_take(w1, w3, w2):
+    if use_triton(x) and kernels_take_ffn(w1, w3, w2):
         from . import triton_fp8
 
         if not sum_slots and not fp32_slots:

@@ -19,7 +19,7 @@ import torch
 from tensorfold.family.forward_pass import ForwardPass
 from tensorfold.ops import parallel
 from tensorfold.ops.attention import paged_attention
-from tensorfold.ops.fp8 import kernels_take
+from tensorfold.ops.fp8 import kernels_take, kernels_take_ffn
 from tensorfold.ops.linear import linear
 from tensorfold.ops.rope import norm_rope, qkv_heads
 
@@ -87,7 +87,7 @@ def mlp(w: MlpWeights, x: torch.Tensor) -> torch.Tensor:
     weights (tensorfold.ops.triton_fp8)."""
     from tensorfold.ops.gpu import use_triton
 
-    if use_triton(x) and kernels_take(w.gate, w.up, w.down):
+    if use_triton(x) and kernels_take_ffn(w.gate, w.up, w.down):
         from tensorfold.ops import triton_fp8
 
         return triton_fp8.ffn_kernel(x, w.gate, w.up, w.down, act="gelu_tanh")
