@@ -147,3 +147,24 @@ def test_the_fp8_kernel_bench_times_the_families_real_shapes() -> None:
         "Gemma-4-26B-A4B": gemma,
         "GLM-5.3-Flash-8L": glm,
     }
+
+
+def test_the_speed_benches_count_fp8_weights_as_stored() -> None:
+    """--quantization fp8 (bench/verify_rows.py's build, as the speed scripts build): each
+    family's smoke model holds fp8 linears, and the decode step's bytes count them as stored
+    (values and scales: fewer bytes than bf16's), the active parameters as bf16's."""
+    from bench.glm_speed import step_bytes as glm_step_bytes
+    from bench.model_bytes import active_params, step_bytes
+    from bench.verify_rows import FAMILIES, build
+    from tensorfold.ops.fp8 import Fp8Weight
+    from tensorfold.testing import weight_leaves
+
+    for family in FAMILIES:
+        plain, fp8 = (build(family, True, "cpu", q) for q in ("auto", "fp8"))
+        assert any(isinstance(w, Fp8Weight) for w in weight_leaves(fp8.weights).values())
+        count = glm_step_bytes if family == "glm5_next" else step_bytes
+        a, b = count(plain), count(fp8)
+        for key in ("one_stream", "all_experts", "weights_total"):
+            assert b[key] < a[key], (family, key)
+        if family != "glm5_next":
+            assert active_params(fp8) == active_params(plain), family
