@@ -38,6 +38,7 @@ MODULES = [
     "tensorfold.ops.pass_meta",
     "tensorfold.ops.kv_quant",
     "tensorfold.ops.fp8",
+    "tensorfold.ops.fp8_dispatch",
     "tensorfold.ops.switches",
     "tensorfold.testing",
     "tensorfold.conformance",

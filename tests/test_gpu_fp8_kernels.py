@@ -14,7 +14,13 @@ import pytest
 import torch
 
 from tensorfold.ops import gpu, triton_fp8, triton_linear, triton_moe
-from tensorfold.ops.fp8 import Fp8Weight, quantize_blocks
+from tensorfold.ops.fp8 import (
+    Fp8Weight,
+    gated_ffn_fp8_reference,
+    linear_fp8_reference,
+    moe_fp8_reference,
+    quantize_blocks,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -87,7 +93,7 @@ def test_linear_fp8_rows_alone_equal_batches_and_the_bf16_kernels_bits(n, k, kin
     for m in (1, 8, 64, 700):
         want = triton_linear.linear(x[:m].contiguous(), dequantized, b)
         assert torch.equal(got[:m], want), m
-    assert rel(got, torch_path(triton_fp8.linear_fp8_reference, x, *w, bias=b)) < 1e-2
+    assert rel(got, torch_path(linear_fp8_reference, x, *w, bias=b)) < 1e-2
 
 
 @pytest.mark.parametrize("kind", ["blocks", "channel"])
@@ -142,7 +148,7 @@ def test_moe_fp8_rows_alone_equal_batches_and_the_bf16_kernels_bits(e, i, h, k, 
     for m in (1, 8, 64, 700):
         want = triton_moe.moe(x[:m], weights[:m], experts[:m], *dequantized)
         assert torch.equal(got[:m], want), m
-    ref = torch_path(triton_fp8.moe_fp8_reference, x, weights, experts, *ws)
+    ref = torch_path(moe_fp8_reference, x, weights, experts, *ws)
     assert rel(got, ref) < 1e-2
 
 
@@ -159,7 +165,7 @@ def test_gated_ffn_fp8_rows_alone_equal_batches_and_the_bf16_kernels_bits(i, h, 
     dequantized = [dequantize(*w, BF16) for w in (w1, w3, w2)]
     for m in (1, 8, 64, 700):
         assert torch.equal(got[:m], triton_moe.gated_ffn(x[:m], *dequantized)), m
-    ref = torch_path(triton_fp8.gated_ffn_fp8_reference, x, w1, w3, w2)
+    ref = torch_path(gated_ffn_fp8_reference, x, w1, w3, w2)
     assert rel(got, ref) < 1e-2
 
 

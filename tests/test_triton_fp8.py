@@ -17,7 +17,13 @@ pytest.importorskip("triton", reason="the Triton kernels need triton")
 from tensorfold import testing  # noqa: E402
 from tensorfold.ops import moe as ref_moe  # noqa: E402
 from tensorfold.ops import triton_fp8, triton_linear, triton_moe, triton_splitk  # noqa: E402
-from tensorfold.ops.fp8 import Fp8Weight, quantize_blocks  # noqa: E402
+from tensorfold.ops.fp8 import (
+    Fp8Weight,
+    gated_ffn_fp8_reference,
+    linear_fp8_reference,
+    moe_fp8_reference,
+    quantize_blocks,
+)  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -104,7 +110,7 @@ def test_linear_fp8_is_the_bf16_kernel_over_the_dequantized_weight(kind, dtype):
     got = triton_fp8.linear_fp8(x, *w)
     assert got.dtype == dtype and got.shape == (70, n)
     assert torch.equal(got, triton_linear.linear(x, dequantize(*w, dtype)))
-    assert rel(got, triton_fp8.linear_fp8_reference(x.double(), *w)) < TOL[dtype]
+    assert rel(got, linear_fp8_reference(x.double(), *w)) < TOL[dtype]
     for a, z in [(0, 1), (5, 6), (3, 20)]:
         assert torch.equal(triton_fp8.linear_fp8(x[a:z].clone(), *w), got[a:z])
     assert not triton_splitk.counters(x.device, 1).any()
@@ -118,7 +124,7 @@ def test_linear_fp8_adds_its_bias_and_stores_the_rounded_product_widened():
     assert got.shape == (1, 3, 40) and got.dtype == torch.float32
     want = triton_linear.linear(x, dequantize(*w, torch.bfloat16), b)
     assert torch.equal(got[0], want.float())
-    ref = triton_fp8.linear_fp8_reference(x, *w, bias=b, out_dtype=torch.float32)
+    ref = linear_fp8_reference(x, *w, bias=b, out_dtype=torch.float32)
     assert ref.dtype == torch.float32 and rel(got[0], ref) < 2e-2
 
 
@@ -161,7 +167,7 @@ def test_moe_fp8_is_the_bf16_kernel_over_the_dequantized_experts(kind, dtype):
     got = triton_fp8.moe_fp8(x, weights, experts, *ws)
     dequantized = [dequantize(*w, dtype) for w in ws]
     assert torch.equal(got, triton_moe.moe(x, weights, experts, *dequantized))
-    ref = triton_fp8.moe_fp8_reference(x.double(), weights.double(), experts, *ws)
+    ref = moe_fp8_reference(x.double(), weights.double(), experts, *ws)
     assert rel(got, ref) < TOL[dtype]
     for a, z in [(0, 1), (7, 8)]:
         one = triton_fp8.moe_fp8(x[a:z].clone(), weights[a:z].clone(), experts[a:z].clone(), *ws)
@@ -196,7 +202,7 @@ def test_gated_ffn_fp8_is_the_bf16_kernel_over_the_dequantized_weights(kind):
     got = triton_fp8.gated_ffn_fp8(x, *dense, act="gelu_tanh")
     dequantized = [dequantize(*w, dtype) for w in dense]
     assert torch.equal(got, triton_moe.gated_ffn(x, *dequantized, act="gelu_tanh"))
-    ref = triton_fp8.gated_ffn_fp8_reference(x.double(), *dense, act="gelu_tanh")
+    ref = gated_ffn_fp8_reference(x.double(), *dense, act="gelu_tanh")
     assert rel(got, ref) < 2e-2
     for a, z in [(3, 4), (0, 5)]:
         assert torch.equal(

@@ -127,7 +127,7 @@ class Fp8Weight:
         if nb * bn != n or kb * bk != k:
             w = torch.nn.functional.pad(w, (0, kb * bk - k, 0, nb * bn - n))
         w = w.reshape(*lead, nb, bn, kb, bk) * self.scale.reshape(*lead, nb, 1, kb, 1)
-        return w.reshape(*lead, nb * bn, kb * bk)[..., :n, :k].to(dtype)
+        return w.reshape(*lead, nb * bn, kb * bk)[..., :n, :k].to(dtype).contiguous()
 
     # --- exact reshaping ---
 

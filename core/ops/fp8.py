@@ -7,12 +7,11 @@ product with the weight dequantized to the input's dtype), and `ops.moe` takes f
 
 On the GPU the products run in the fp8 kernels of `triton_fp8` (the e4m3 codes read as stored,
 with the bits of the bf16 kernels over the dequantized weight) wherever `kernels_take` the
-weights; a weight whose column blocks the kernels cannot read is dequantized instead.
+weights (`fp8_dispatch`); a weight whose column blocks the kernels cannot read is dequantized
+instead. The kernels' torch references are here: the ops over the dequantized weights.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 
@@ -27,47 +26,12 @@ from ..family.fp8_weights import (
     put,
     quantize_blocks,
 )
-from .linear import linear_fp8
+from .fp8_dispatch import KERNEL_BK, kernel_reads, kernels_take, kernels_take_ffn
+from .linear import linear, linear_fp8
+from .moe import gated_ffn, moe
 
-# A kernel's K step (64 or 128 long) must lie in one column block: bk a multiple of this, or all
-# of K (one block across: per channel, per tensor, or a tiny weight inside one 128 block).
-KERNEL_BK = 128
-
-
-def kernel_reads(w: Fp8Weight) -> bool:
-    """Whether the fp8 kernels read w's scales as stored: its column block bk a multiple of
-    KERNEL_BK or all of K. The releases' 128 x 128 blocks, per channel and per tensor all are;
-    the loader makes another bk only by cutting columns off the blocks (a tensor-parallel cut
-    of K off a 128 edge, scales refined to (bn, 1)) or from a checkpoint of narrower blocks."""
-    bk, k = w.block[1], w.shape[-1]
-    return bk >= k or bk % KERNEL_BK == 0
-
-
-def _one(w: Any) -> Any:
-    """A weight, or the first of a sequence of experts."""
-    return w if isinstance(w, (torch.Tensor, Fp8Weight)) else w[0]
-
-
-def kernels_take(*weights: Any) -> bool:
-    """Whether the Triton kernels take these weights as they are stored (linears, or experts
-    as a stack or a sequence): all plain tensors (the bf16 kernels), or all fp8 that
-    `kernel_reads`. Else the caller takes its torch path, whose fp8 products dequantize
-    (linear_fp8): a mix never comes from a family's loader, and the blocks kernel_reads
-    refuses are the cuts it names."""
-    first = [_one(w) for w in weights]
-    if all(isinstance(w, torch.Tensor) for w in first):
-        return True
-    return all(isinstance(w, Fp8Weight) and kernel_reads(w) for w in first)
-
-
-def kernels_take_ffn(w1: Any, w3: Any, w2: Any) -> bool:
-    """kernels_take for a gated FFN's (or its experts') w1, w3, w2, whose gate and up the fp8
-    kernels read with one block shape (halves cut from one fused weight always share one)."""
-    if not kernels_take(w1, w3, w2):
-        return False
-    a, b = _one(w1), _one(w3)
-    return not isinstance(a, Fp8Weight) or a.block == b.block
-
+# (q, scale, block): an fp8 weight as triton_fp8's kernels take it
+Fp8Parts = tuple[torch.Tensor, torch.Tensor, tuple[int, int]]
 
 __all__ = [
     "FP8_DTYPE",
@@ -81,7 +45,57 @@ __all__ = [
     "kernel_reads",
     "kernels_take",
     "kernels_take_ffn",
+    "Fp8Parts",
+    "dequantized",
+    "gated_ffn_fp8_reference",
     "linear_fp8",
+    "linear_fp8_reference",
+    "moe_fp8_reference",
     "put",
     "quantize_blocks",
 ]
+
+
+# --- the torch references of triton_fp8's kernels: the ops over the dequantized weights ---
+
+
+def dequantized(w: Fp8Parts, dtype: torch.dtype) -> torch.Tensor:
+    """The weight the kernels multiply by: Fp8Weight.dequantize of (q, scale, block)."""
+    return Fp8Weight(*w).dequantize(dtype)
+
+
+def linear_fp8_reference(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    block: tuple[int, int],
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """linear_fp8's arithmetic in torch: ops.linear.linear over the weight dequantized to x's
+    dtype."""
+    return linear(x, dequantized((q, scale, block), x.dtype), bias, out_dtype)
+
+
+def moe_fp8_reference(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    experts: torch.Tensor,
+    w1: Fp8Parts,
+    w3: Fp8Parts,
+    w2: Fp8Parts,
+    **kw,
+) -> torch.Tensor:
+    """moe_fp8's arithmetic in torch: ops.moe.moe (its keywords: act, limit, fp32_slots) over
+    the experts dequantized to x's dtype."""
+    w = [dequantized(p, x.dtype).unbind(0) for p in (w1, w3, w2)]
+    out = moe(x, weights, experts, *w, **kw)
+    assert isinstance(out, torch.Tensor)
+    return out
+
+
+def gated_ffn_fp8_reference(
+    x: torch.Tensor, w1: Fp8Parts, w3: Fp8Parts, w2: Fp8Parts, **kw
+) -> torch.Tensor:
+    """gated_ffn_fp8's arithmetic in torch: ops.moe.gated_ffn over the weights dequantized."""
+    return gated_ffn(x, *(dequantized(p, x.dtype) for p in (w1, w3, w2)), **kw)

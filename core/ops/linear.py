@@ -62,7 +62,7 @@ def linear_fp8(
     stored, with the bits of the bf16 kernel over that dequantized weight; a weight whose column
     blocks it cannot read (fp8.kernel_reads: a cut off the blocks) is dequantized here first."""
     if use_triton(x):
-        from .fp8 import kernel_reads
+        from .fp8_dispatch import kernel_reads
 
         if kernel_reads(weight):
             from . import triton_fp8
@@ -104,7 +104,7 @@ def _one_launch(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, groups: int) 
     weight is x's dtype or fp8 with blocks the fp8 kernels read (else each group's product
     dequantizes, linear_fp8)."""
     from . import triton_linear
-    from .fp8 import kernel_reads
+    from .fp8_dispatch import kernel_reads
 
     n, k = weight.shape
     if not triton_linear.groups_fit(n, k, groups):

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from ..family.fp8_weights import Fp8Weight
-from .fp8 import kernels_take_ffn
+from .fp8_dispatch import kernels_take_ffn
 from .gpu import use_triton
 from .linear import linear
 

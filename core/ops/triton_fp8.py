@@ -1,5 +1,5 @@
 """Linears and experts over fp8 weights on the GPU: e4m3 codes read as stored, dequantized in
-registers, with their torch references; and the kernel an FFN's weights take, plain or fp8.
+registers; and the kernel an FFN's weights take, plain or fp8.
 
 A weight is three raw tensors: q, torch.float8_e4m3fn [N, K] (a linear) or [E, N, K] (stacked
 experts); scale, float32 [..., ⌈N/bn⌉, ⌈K/bk⌉]; block (bn, bk): (128, 128) for the
@@ -11,7 +11,8 @@ weights, each with the scales of its rows: Fp8Weight's row cuts make them so).
 
 Weight-only: each kernel is the bf16 kernel (triton_linear's, triton_moe's) with its weight
 tile loaded as e4m3 and turned in registers into `(q.float() * s).to(x.dtype)`, the reference's
-dequantized weight, before the same MMA (triton_util.weight_tile). So:
+dequantized weight, before the same MMA (triton_util.weight_tile); their torch references are
+tensorfold.ops.fp8's (linear_fp8_reference, moe_fp8_reference, gated_ffn_fp8_reference). So:
 - the tiles and the K split come from the weight's shape alone, as the bf16 kernels' do: a
   row's bits never depend on the pass;
 - a product's bits are those of the bf16 kernel over the dequantized weight (checked under the
@@ -33,7 +34,7 @@ import torch
 
 from ..family.fp8_weights import FP8_DTYPE, Fp8Weight
 from . import triton_linear, triton_moe
-from .fp8 import KERNEL_BK
+from .fp8_dispatch import KERNEL_BK
 from .triton_util import Fp8Scales, cdiv
 
 FP8 = FP8_DTYPE
@@ -257,54 +258,3 @@ def moe_kernel(
         s1, s3, s2 = (parts(_stacked(w)) for w in (w1, w3, w2))
         return moe_fp8(x, weights, experts, s1, s3, s2, **options)
     return triton_moe.moe(x, weights, experts, w1, w3, w2, **options)
-
-
-# --- the torch references ---
-
-
-def dequantized(w: Fp8Parts, dtype: torch.dtype) -> torch.Tensor:
-    """The weight the kernels multiply by: Fp8Weight.dequantize of (q, scale, block)."""
-    return Fp8Weight(*w).dequantize(dtype)
-
-
-def linear_fp8_reference(
-    x: torch.Tensor,
-    q: torch.Tensor,
-    scale: torch.Tensor,
-    block: Block,
-    bias: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """linear_fp8's arithmetic in torch: ops.linear.linear over the weight dequantized to x's
-    dtype."""
-    from .linear import linear
-
-    return linear(x, dequantized((q, scale, block), x.dtype), bias, out_dtype)
-
-
-def moe_fp8_reference(
-    x: torch.Tensor,
-    weights: torch.Tensor,
-    experts: torch.Tensor,
-    w1: Fp8Parts,
-    w3: Fp8Parts,
-    w2: Fp8Parts,
-    **kw,
-) -> torch.Tensor:
-    """moe_fp8's arithmetic in torch: ops.moe.moe (its keywords: act, limit, fp32_slots) over
-    the experts dequantized to x's dtype."""
-    from .moe import moe
-
-    w = [dequantized(p, x.dtype).unbind(0) for p in (w1, w3, w2)]
-    out = moe(x, weights, experts, *w, **kw)
-    assert isinstance(out, torch.Tensor)
-    return out
-
-
-def gated_ffn_fp8_reference(
-    x: torch.Tensor, w1: Fp8Parts, w3: Fp8Parts, w2: Fp8Parts, **kw
-) -> torch.Tensor:
-    """gated_ffn_fp8's arithmetic in torch: ops.moe.gated_ffn over the weights dequantized."""
-    from .moe import gated_ffn
-
-    return gated_ffn(x, *(dequantized(p, x.dtype) for p in (w1, w3, w2)), **kw)
