@@ -182,28 +182,48 @@ def _tiny_fp8() -> Any:
 
 def test_lfm2_under_fp8_runs_through_the_kernels_and_holds_the_gates(kernels) -> None:
     """Every fp8 product of a pass in the fp8 kernels (no weight dequantized), logits within
-    rounding of the torch path's, and the pass-level gates: streams together == alone, freed
-    pages poisoned change nothing."""
+    rounding of the torch path's, and the pass-level gates at small sizes: streams decoding
+    and prefilling together == alone, 16-row pages shuffled == one window, and pages another
+    stream freed, NaN-poisoned, change nothing."""
     from tensorfold.engine.runner import ModelRunner, open_stream
 
     model = _tiny_fp8()
     assert sum(isinstance(w, Fp8Weight) for w in testing.weight_leaves(model.weights).values())
-    prompt = [(7 * j) % 120 + 3 for j in range(160)]
+    tokens = [(7 * j) % 120 + 3 for j in range(48)]
 
-    def logits() -> torch.Tensor:
-        runner = ModelRunner(model, num_pages=4, num_slots=1, page_rows=64)
-        stream = open_stream(runner, 0, 256)
-        return runner.run([stream.rows(prompt[:40], logits="all")])[0]
+    def runner(poison: bool = False, pages: int = 6) -> ModelRunner:
+        return ModelRunner(model, num_pages=pages, num_slots=2, page_rows=16, poison=poison)
 
-    got = logits()
+    def prompt_logits(r: ModelRunner) -> torch.Tensor:
+        stream = open_stream(r, 0, 48)
+        return r.run([stream.rows(tokens[:30], logits="all")])[0]
+
+    got = prompt_logits(runner())
     assert kernels["dequantize"] == 0
     assert kernels["linear_fp8"] and kernels["gated_ffn_fp8"] and kernels["moe_fp8"]
-    assert rel(got, torch_path(logits)) < 5 * TOL
+    assert rel(got, torch_path(prompt_logits, runner())) < 5 * TOL
     kernels["dequantize"] = 0
-    make_runner = testing.runner_factory(model)
-    prompts = [prompt[:30], prompt[20:140], prompt[50:70]]
-    testing.assert_streams_together_equal_alone(
-        make_runner, model, prompts, (0, 1, 2), num_pages=8, max_rows=256
-    )
-    testing.assert_poisoned_pages_change_nothing(make_runner, prompt)
-    assert kernels["dequantize"] == 0
+
+    # concurrent == solo: stream 0 decodes a row, stream 1 prefills, in one pass and alone
+    def together(joint: bool) -> list[torch.Tensor]:
+        r = runner()
+        a, b = open_stream(r, 0, 48), open_stream(r, 1, 48)
+        r.run([a.rows(tokens[:20])])
+        rows = [a.rows([tokens[20]], logits="all"), b.rows(tokens[5:30], logits="all")]
+        return r.run(rows) if joint else [r.run([x])[0] for x in rows]
+
+    assert all(torch.equal(j, s) for j, s in zip(together(True), together(False)))
+    # pages == windows: the stream on shuffled 16-row pages, fed in three runs
+    testing.assert_shuffled_pages_change_nothing(model, tokens, [0, 30, 31, 48], rows=16)
+
+    # poisoned pages: a stream's freed pages NaN-filled change nothing for the next
+    def after_another(poison: bool) -> torch.Tensor:
+        r = runner(poison, pages=4)  # the next stream's 3 pages are mostly the freed ones
+        gone = open_stream(r, 1, 48)
+        r.run([gone.rows(list(range(3, 50)))])
+        gone.lease.release()
+        return prompt_logits(r)
+
+    poisoned = after_another(True)
+    assert torch.isfinite(poisoned).all() and torch.equal(poisoned, after_another(False))
+    assert torch.equal(poisoned, got) and kernels["dequantize"] == 0
