@@ -147,7 +147,7 @@ def corrupt(tokens: list[int], p: float, vocab: int, seed: int) -> list[int]:
 def measure(family: str, args: argparse.Namespace, device: str) -> dict[str, Any]:
     from tensorfold.engine.cuda_graphs import GraphRunner
 
-    model = build(family, args.smoke, device)
+    model = build(family, args.smoke, device, args.quantization)
     vocab = model.vocab_size
     rows = args.context + args.tokens + 32
     streams = max([8, *args.sweep])
@@ -269,6 +269,12 @@ def main() -> None:
         "--sweep", default="", help="stream counts to run plain and p = 0.8 at, e.g. 1,4,16,32"
     )
     ap.add_argument("--smoke", action="store_true", help="smoke shapes on the CPU, torch ops")
+    ap.add_argument(
+        "--quantization",
+        default="auto",
+        choices=("auto", "fp8"),
+        help="fp8: the linears in fp8 with 128 x 128 block scales (as --quantization fp8)",
+    )
     args = ap.parse_args()
     args.sweep = [int(b) for b in args.sweep.split(",") if b]
     device = "cpu" if args.smoke else "cuda"

@@ -86,11 +86,18 @@ class Gemma4Bench(Bench):
 
     def build(self) -> dict[str, Any]:
         a = time.perf_counter()
-        self.model = build_dummy(self.config(), self.device, torch.bfloat16, seed=0)
+        self.model = build_dummy(
+            self.config(),
+            self.device,
+            torch.bfloat16,
+            seed=0,
+            quantization=self.args.quantization,
+        )
         sync(self.device)
         built = time.perf_counter() - a
         sb = step_bytes(self.model)
         return {
+            "quantization": self.args.quantization,
             "shape": "smoke" if self.args.smoke else self.args.shape,
             "build_s": built,
             **sb,

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import engine_runs  # noqa: E402
 from bench.engine_sections import PAGE_ROWS, EngineSections  # noqa: E402
-from bench.model_bytes import experts_read, kv_bytes  # noqa: E402
+from bench.model_bytes import address, experts_read, is_weight, kv_bytes, nbytes  # noqa: E402
 from bench.report import compare, short  # noqa: E402
 from bench.sections import sync  # noqa: E402
 from bench.speed_main import choose_kernels, run_sections, speed_arguments  # noqa: E402
@@ -69,9 +69,9 @@ SMOKE_CONFIG = dict(  # 4 layers: KDA x3 then MLA; 3 dense then MoE
 )
 
 
-def _tensors(obj, found: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        found[obj.data_ptr()] = obj
+def _tensors(obj, found: dict[int, Any]) -> dict[int, Any]:
+    if is_weight(obj):  # a tensor or an fp8 weight, by where its values start
+        found[address(obj)] = obj
     elif isinstance(obj, (list, tuple)):
         for x in obj:
             _tensors(x, found)
@@ -85,7 +85,7 @@ def step_bytes(model) -> dict[str, Any]:
     """Weight bytes a decode step must read: all but the embedding table (one row) and unused
     experts; top-k experts a MoE layer for one stream, all of them at most."""
     cfg, w = model.cfg, model.weights
-    size = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    size = lambda ts: sum(nbytes(t) for t in ts)  # noqa: E731
     common = size([w.lm_head, w.final_norm])
     expert, moe_layers = 0, 0
     for layer in w.layers:
@@ -148,9 +148,16 @@ class Bench(EngineSections):
 
     def build(self) -> dict[str, Any]:
         a = time.perf_counter()
-        self.model = build_dummy(self.config(), self.device, torch.bfloat16, seed=0)
+        self.model = build_dummy(
+            self.config(),
+            self.device,
+            torch.bfloat16,
+            seed=0,
+            quantization=self.args.quantization,
+        )
         sync(self.device)
         return {
+            "quantization": self.args.quantization,
             "shape": "smoke" if self.smoke else self.args.shape,
             "build_s": time.perf_counter() - a,
             **step_bytes(self.model),

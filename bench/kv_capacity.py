@@ -4,7 +4,10 @@ GPU), the pages from its state layout as tensorfold.kv_dtype stores it, the room
 tensorfold.start plans it on CUDA (the device's memory less the weights, the runtime reserve, the
 activation reserve and the graph runner's scratch page and slot), no prompt cache.
 
-    python bench/kv_capacity.py [--memory-gib 140] [--window 131072]
+    python bench/kv_capacity.py [--memory-gib 140] [--window 131072] [--weights fp8]
+
+--weights fp8 counts the weights as `--quantization fp8` loads them (bench/fp8_bytes.py: the
+family's fp8_linears in e4m3 with 128 x 128 scales, the rest in bf16).
 """
 
 from __future__ import annotations
@@ -135,11 +138,17 @@ def capacity(layout: StateLayout, weights: int, memory: int, window: int) -> dic
     return out
 
 
-def shape_capacity(shape: str, memory: int, window: int) -> dict[str, Any]:
-    """capacity() at a named shape, its weights counted on the meta device."""
+def shape_capacity(shape: str, memory: int, window: int, weights: str = "bf16") -> dict[str, Any]:
+    """capacity() at a named shape, its weights counted on the meta device (in bf16, or as
+    `--quantization fp8` loads them)."""
     family, build = SHAPES[shape]
     model = build("meta")
-    return {"family": family, **capacity(model.layout, weight_bytes(model.weights), memory, window)}
+    held = weight_bytes(model.weights)
+    if weights == "fp8":
+        from bench import fp8_bytes
+
+        held = {"gemma4": fp8_bytes.gemma4, "lfm2_moe": fp8_bytes.lfm2}[family](shape)["fp8"]
+    return {"family": family, **capacity(model.layout, held, memory, window)}
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
@@ -162,9 +171,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--memory-gib", type=float, default=H200_GIB)
     ap.add_argument("--window", type=int, default=131072)
+    ap.add_argument("--weights", choices=("bf16", "fp8"), default="bf16")
     args = ap.parse_args()
     memory = int(args.memory_gib * GiB)
-    print(table({s: shape_capacity(s, memory, args.window) for s in SHAPES}))
+    print(table({s: shape_capacity(s, memory, args.window, args.weights) for s in SHAPES}))
 
 
 if __name__ == "__main__":

@@ -105,12 +105,15 @@ class Bench(EngineSections):
         if self.args.smoke:
             cfg = smoke_config(cfg)
         a = time.perf_counter()
-        self.model = build_dummy(cfg, self.device, torch.bfloat16, seed=0)
+        self.model = build_dummy(
+            cfg, self.device, torch.bfloat16, seed=0, quantization=self.args.quantization
+        )
         if self.device == "cuda":
             torch.cuda.synchronize()
         sb = step_bytes(self.model)
         return {
             "shape": self.args.shape,
+            "quantization": self.args.quantization,
             "build_s": time.perf_counter() - a,
             **sb,
             "active_params": active_params(self.model),

@@ -1,24 +1,46 @@
-"""Bytes a decode step must read, and active parameters: the limits of docs/performance.md."""
+"""Bytes a decode step must read, and active parameters: the limits of docs/performance.md.
+A weight is a tensor or an fp8 weight (--quantization fp8: its e4m3 values and their scales)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from tensorfold.ops.fp8 import Fp8Weight
 
-def step_bytes(model) -> dict[str, int]:
+
+def is_weight(x: Any) -> bool:
+    return isinstance(x, (torch.Tensor, Fp8Weight))
+
+
+def nbytes(t: torch.Tensor | Fp8Weight) -> int:
+    """Bytes a weight holds (an fp8 weight's values and scales)."""
+    return t.nbytes if isinstance(t, Fp8Weight) else t.numel() * t.element_size()
+
+
+def numel(t: torch.Tensor | Fp8Weight) -> int:
+    """Parameters a weight holds (an fp8 weight's values, not its scales)."""
+    return t.numel()
+
+
+def address(t: torch.Tensor | Fp8Weight) -> int:
+    """Where a weight's values start: one key a storage view."""
+    return t.q.data_ptr() if isinstance(t, Fp8Weight) else t.data_ptr()
+
+
+def step_bytes(model, count: Callable[[Any], int] = nbytes) -> dict[str, int]:
     """Weight bytes a decode step must read: everything but the embedding table (one row) and
-    the unused experts; with one stream, top-k experts a MoE layer; with all, every expert."""
+    the unused experts; with one stream, top-k experts a MoE layer; with all, every expert.
+    count=numel: parameters instead of bytes."""
     if model.name == "gemma4":
-        return _gemma4_step_bytes(model)
+        return _gemma4_step_bytes(model, count)
     from tensorfold_lfm2_moe.weights import AttentionWeights, DenseWeights
 
-    el = torch.finfo(model.dtype).bits // 8
     cfg, w = model.cfg, model.weights
-    common = w.lm_head.numel() * el
-    expert = 3 * cfg.moe_intermediate_size * cfg.hidden_size * el
+    common = count(w.lm_head)
+    expert = 0
     moe_layers = 0
     for layer in w.layers:
         m, f = layer.mixer, layer.ffn
@@ -32,8 +54,9 @@ def step_bytes(model) -> dict[str, int]:
         else:
             tensors += [f.gate]
             moe_layers += 1
-        common += sum(t.numel() for t in tensors) * el
-    total = sum(t.numel() * el for t in _all_tensors(w))
+            expert = sum(_per_expert(x, count) for x in (f.w1, f.w3, f.w2))
+        common += sum(count(t) for t in tensors)
+    total = sum(count(t) for t in _all_tensors(w))
     return experts_read(common, expert, moe_layers, cfg.num_experts, cfg.num_experts_per_tok, total)
 
 
@@ -55,26 +78,31 @@ def experts_read(
     }
 
 
+def _per_expert(stack: Any, count: Callable[[Any], int]) -> int:
+    """One expert's share of a stack [E, ...] (or the first of a sequence of experts)."""
+    return count(stack) // len(stack) if is_weight(stack) else count(stack[0])
+
+
 def _all_tensors(w):
-    seen: dict[int, torch.Tensor] = {}
+    seen: dict[int, Any] = {}
     for t in [w.embed, w.final_norm, w.lm_head]:
-        seen[t.data_ptr()] = t
+        seen[address(t)] = t
     for layer in w.layers:
         for obj in (layer, layer.mixer, layer.ffn):
             for name, v in vars(obj).items():
                 if name == "qkv":  # attention's q, k and v are its rows
                     continue
                 for t in v if isinstance(v, list) else [v]:
-                    if isinstance(t, torch.Tensor):
-                        seen[t.data_ptr()] = t
+                    if is_weight(t):
+                        seen[address(t)] = t
     return seen.values()
 
 
-def _tensors(obj) -> dict[int, torch.Tensor]:
-    """Every distinct tensor a weights dataclass holds, by storage address."""
-    found: dict[int, torch.Tensor] = {}
-    if isinstance(obj, torch.Tensor):
-        found[obj.data_ptr()] = obj
+def _tensors(obj) -> dict[int, Any]:
+    """Every distinct weight a weights dataclass holds, by storage address."""
+    found: dict[int, Any] = {}
+    if is_weight(obj):
+        found[address(obj)] = obj
     elif isinstance(obj, (list, tuple)):
         for x in obj:
             found.update(_tensors(x))
@@ -85,29 +113,28 @@ def _tensors(obj) -> dict[int, torch.Tensor]:
     return found
 
 
-def _bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _gemma4_step_bytes(model) -> dict[str, int]:
+def _gemma4_step_bytes(model, count: Callable[[Any], int]) -> dict[str, int]:
     """gemma4: every weight but the embedding table (tied: it is the lm_head, read whole) and the
     experts; plus top-k experts (one stream) or all of them a layer. Norm weights are fp32."""
     cfg, w = model.cfg, model.weights
-    el = torch.finfo(model.dtype).bits // 8
-    experts, common = 0, _bytes([w.lm_head, w.final_norm])
+
+    def total(ws) -> int:
+        return sum(count(t) for t in ws)
+
+    experts, expert, common = 0, 0, total([w.lm_head, w.final_norm])
     if w.ple_projection is not None:
-        common += _bytes([w.ple_projection, w.ple_norm])
+        common += total([w.ple_projection, w.ple_norm])
     for layer in w.layers:
         moe = layer.moe
         held = _tensors(layer)
         if moe is not None:
-            held.pop(moe.gate_up.data_ptr())
-            held.pop(moe.down.data_ptr())
+            held.pop(address(moe.gate_up))
+            held.pop(address(moe.down))
+            expert = _per_expert(moe.gate_up, count) + _per_expert(moe.down, count)
             experts += 1
-        common += _bytes(held.values())
-    expert = 3 * cfg.moe_intermediate_size * cfg.hidden_size * el
+        common += total(held.values())
     e, k = cfg.num_experts, cfg.top_k_experts
-    return experts_read(common, expert, experts, e, k, _bytes(_tensors(w).values()))
+    return experts_read(common, expert, experts, e, k, total(_tensors(w).values()))
 
 
 def kv_bytes(model, context: int) -> int:
@@ -132,6 +159,4 @@ def _dtype(spec) -> torch.dtype:
 
 
 def active_params(model) -> int:
-    cfg = model.cfg
-    b = step_bytes(model)["one_stream"] // (torch.finfo(model.dtype).bits // 8)
-    return b + cfg.hidden_size  # + the embedding row
+    return step_bytes(model, numel)["one_stream"] + model.cfg.hidden_size  # + the embedding row

@@ -13,6 +13,9 @@ from bench.report import summary
 from bench.sections import Sections
 from tensorfold.ops import gpu
 
+# sections that build transformers' model from our weights, which fp8 weights are not
+FP8_SKIPS = ("transformers",)
+
 
 def speed_arguments(
     description: str,
@@ -30,6 +33,14 @@ def speed_arguments(
     ap.add_argument("--sections", default="all")
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument(
+        "--quantization",
+        default="auto",
+        choices=("auto", "fp8"),
+        help="fp8: the model's linears in fp8 with 128 x 128 block scales, as --quantization "
+        "fp8 loads them (docs/fp8.md); the sections that hand our weights to transformers "
+        "are skipped",
+    )
     ap.add_argument(
         "--no-triton",
         action="store_true",
@@ -56,7 +67,7 @@ def run_sections(
 ) -> None:
     """The plan's sections (name, section, seconds it needs) in order: env and build always,
     the others where --sections names them ("all": every one), none in `skip`, none in
-    `smoke_skips` on a --smoke run. Then the summary, with `extra`'s lines after it, printed
+    `smoke_skips` on a --smoke run, none in FP8_SKIPS under --quantization fp8. Then the summary, with `extra`'s lines after it, printed
     and written to summary.txt."""
     args = bench.args
     want = set(args.sections.split(",")) if args.sections != "all" else None
@@ -65,6 +76,8 @@ def run_sections(
             continue
         if name in ("env", "build") or want is None or name in want:
             if args.smoke and name in smoke_skips:
+                continue
+            if args.quantization == "fp8" and name in FP8_SKIPS:
                 continue
             bench.section(name, fn, need)
     text = "\n".join([summary(bench.results), *extra])

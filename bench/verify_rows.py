@@ -16,6 +16,7 @@ writes results.json to --out.
 
     python bench/verify_rows.py --out $OUT --family lfm2_moe --commit $(git rev-parse --short HEAD)
     python bench/verify_rows.py --smoke    # every family at its speed script's smoke shape, CPU
+    python bench/verify_rows.py --quantization fp8 ...   # the linears in fp8 (docs/fp8.md)
 
 glm5_next's shape is ~76 GB: one family a run (--family) on an 80 GB card, with fla-core
 installed (its prefill's whole chunks take chunk_kda).
@@ -48,8 +49,10 @@ SHAPE_NAMES = {
 }
 
 
-def build(family: str, smoke: bool, device: str) -> Any:
-    """The family's speed shape (or its speed script's smoke shape) with dummy weights."""
+def build(family: str, smoke: bool, device: str, quantization: str = "auto") -> Any:
+    """The family's speed shape (or its speed script's smoke shape) with dummy weights, its
+    linears in fp8 with quantization="fp8" (as --quantization fp8 loads them)."""
+    q = quantization
     if family == "lfm2_moe":
         from tensorfold_lfm2_moe.dummy import SHAPES, build_dummy
 
@@ -58,7 +61,7 @@ def build(family: str, smoke: bool, device: str) -> Any:
             from bench.lfm2_speed import smoke_config
 
             cfg = smoke_config(cfg)
-        return build_dummy(cfg, device, torch.bfloat16, seed=0)
+        return build_dummy(cfg, device, torch.bfloat16, seed=0, quantization=q)
     if family == "glm5_next":
         from tensorfold_glm.config import GlmConfig
         from tensorfold_glm.dummy import SHAPES as GLM_SHAPES
@@ -67,8 +70,12 @@ def build(family: str, smoke: bool, device: str) -> Any:
         if smoke:
             from bench.glm_speed import SMOKE_CONFIG
 
-            return glm_dummy(GlmConfig.from_dict(SMOKE_CONFIG, "smoke"), device, torch.bfloat16)
-        return glm_dummy(GLM_SHAPES[SHAPE_NAMES[family]], device, torch.bfloat16, seed=0)
+            return glm_dummy(
+                GlmConfig.from_dict(SMOKE_CONFIG, "smoke"), device, torch.bfloat16, quantization=q
+            )
+        return glm_dummy(
+            GLM_SHAPES[SHAPE_NAMES[family]], device, torch.bfloat16, seed=0, quantization=q
+        )
     from tensorfold_gemma4.config import Gemma4Config
     from tensorfold_gemma4.dummy import SHAPES as GEMMA_SHAPES
     from tensorfold_gemma4.dummy import build_dummy as gemma_dummy
@@ -76,8 +83,12 @@ def build(family: str, smoke: bool, device: str) -> Any:
     if smoke:
         from bench.gemma4_speed import SMOKE
 
-        return gemma_dummy(Gemma4Config.from_dict(SMOKE, "smoke"), device, torch.bfloat16)
-    return gemma_dummy(GEMMA_SHAPES[SHAPE_NAMES[family]], device, torch.bfloat16, seed=0)
+        return gemma_dummy(
+            Gemma4Config.from_dict(SMOKE, "smoke"), device, torch.bfloat16, quantization=q
+        )
+    return gemma_dummy(
+        GEMMA_SHAPES[SHAPE_NAMES[family]], device, torch.bfloat16, seed=0, quantization=q
+    )
 
 
 def median_ms(fn: Callable[[], Any], device: str, warm: int, repeats: int) -> float:
@@ -106,7 +117,7 @@ def median_ms(fn: Callable[[], Any], device: str, warm: int, repeats: int) -> fl
 def measure(family: str, args: argparse.Namespace, device: str) -> dict[str, Any]:
     from tensorfold.engine.cuda_graphs import GraphRunner
 
-    model = build(family, args.smoke, device)
+    model = build(family, args.smoke, device, args.quantization)
     vocab = model.vocab_size
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, min(vocab, 700), (args.context + args.max_k + 1,), generator=g).tolist()
@@ -184,6 +195,12 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--smoke", action="store_true", help="smoke shapes on the CPU, torch ops")
+    ap.add_argument(
+        "--quantization",
+        default="auto",
+        choices=("auto", "fp8"),
+        help="fp8: the linears in fp8 with 128 x 128 block scales (as --quantization fp8)",
+    )
     args = ap.parse_args()
     device = "cpu" if args.smoke else "cuda"
     if args.smoke:

@@ -322,6 +322,38 @@ class KVFp8Gates(GateRun):
         )
 
 
+class Fp8WeightGates(GateRun):
+    """The family under `--quantization fp8` (its linears quantized at load) on the demo
+    checkpoint: the gates hold bit for bit within fp8 weights (testing.assert_engine_gates on
+    two chats: concurrent == solo, pages == windows with poisoned freed pages, resumed ==
+    fresh), drafted == plain (n-gram drafts, greedy and seeded), and the plan's start line
+    counts the weights in fp8."""
+
+    def test_gates_hold_within_fp8_weights(self, demo: Path) -> None:
+        def fp8_plan(llm: Any) -> None:
+            assert "(fp8 linears)" in llm.served.plan.startup_line()
+
+        testing.assert_engine_gates(
+            self.family,
+            demo,
+            *self.gate_args(chats=2),
+            min_cached=self.min_cached,
+            opened=fp8_plan,
+            quantization="fp8",
+            context=4096,
+            parallel=4,
+        )
+
+    def test_drafted_equals_plain_within_fp8_weights(self, demo: Path) -> None:
+        llm = testing.open_llm(self.family, demo, quantization="fp8", context=1024, parallel=4)
+        prompts = ["one two three one two three one two", "a b c d a b c d a b"]
+        try:
+            for params in (greedy(12), seeded(7, 12)):
+                testing.assert_drafted_equals_plain(llm, prompts, params, source="ngram")
+        finally:
+            close_even(llm)
+
+
 class EngineGatesAtTp(GateRun):
     """testing.assert_engine_gates_at_tp on the demo at --tp 2 (rank 0 here, a follower it
     starts) on two chats: the gates through the lanes and the prompt store, and greedy tokens

@@ -5,6 +5,7 @@ them; docs/plugins.md uses them on a complete family."""
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -1334,3 +1335,203 @@ def assert_verify_rows_match(
         j += a + 1
         rounds += 1
     return rounds
+
+
+# -- fp8 weights: FP8 checkpoints written from a model-dtype one (docs/fp8.md) -------------------
+
+FP8_FORMATS = ("block", "channel", "tensor")  # fp8 128 x 128; compressed-tensors channel, tensor
+
+
+def fp8_quantization_config(fmt: str) -> dict[str, Any]:
+    """config.json's quantization_config of an FP8 checkpoint in `fmt` (FP8_FORMATS)."""
+    if fmt == "block":
+        return {
+            "quant_method": "fp8",
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "weight_block_size": [128, 128],
+        }
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {
+                    "num_bits": 8,
+                    "type": "float",
+                    "strategy": fmt,
+                    "symmetric": True,
+                    "dynamic": False,
+                },
+                "input_activations": {
+                    "num_bits": 8,
+                    "type": "float",
+                    "strategy": "token",
+                    "symmetric": True,
+                    "dynamic": True,
+                },
+            }
+        },
+        "ignore": ["lm_head"],
+    }
+
+
+def write_fp8_checkpoints(
+    src: Path, root: Path, fp8_linears: str, fmt: str = "block"
+) -> tuple[Path, Path]:
+    """From the single-file checkpoint at `src`: (root/fmt, root/fmt-dequantized): the tensors
+    the regular expression `fp8_linears` finds stored in FP8 format `fmt` (values and scales as
+    quantize_blocks makes them, at the format's block), and the same weights dequantized to fp32
+    for the reference to load."""
+    import re
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from .family.fp8_formats import fp8_format
+    from .family.fp8_weights import quantize_blocks
+
+    config = fp8_quantization_config(fmt)
+    naming = fp8_format({"quantization_config": config})
+    assert naming is not None
+    pattern = re.compile(fp8_linears)
+    fp8, dequantized = root / fmt, root / f"{fmt}-dequantized"
+    stored: dict[str, torch.Tensor] = {}
+    plain: dict[str, torch.Tensor] = {}
+    for name, t in load_file(str(src / "model.safetensors")).items():
+        if not pattern.search(name):
+            stored[name] = plain[name] = t
+            continue
+        n, k = t.shape[-2:]
+        block = {"block": (128, 128), "channel": (1, k), "tensor": (n, k)}[fmt]
+        w = quantize_blocks(t, block)
+        scale = w.scale.reshape(*t.shape[:-2], 1) if fmt == "tensor" else w.scale
+        stored[name], stored[naming.scale_name(name)] = w.q, scale.contiguous()
+        plain[name] = w.dequantize(torch.float32)
+    for folder, tensors in ((fp8, stored), (dequantized, plain)):
+        shutil.copytree(src, folder)
+        save_file(tensors, str(folder / "model.safetensors"))
+    cfg = json.loads((src / "config.json").read_text())
+    (fp8 / "config.json").write_text(json.dumps({**cfg, "quantization_config": config}))
+    return fp8, dequantized
+
+
+def write_bf16_checkpoint(src: Path, dst: Path) -> Path:
+    """A copy of the single-file checkpoint at `src` with every float tensor in bfloat16."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(str(src / "model.safetensors"))
+    save_file(
+        {n: t.bfloat16() if t.is_floating_point() else t for n, t in tensors.items()},
+        str(dst / "model.safetensors"),
+    )
+    cfg = json.loads((src / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**cfg, "dtype": "bfloat16"}))
+    return dst
+
+
+def load_quantized(
+    load: Callable[..., Any], folder: Path, fp8_linears: str, dtype: str = "float32"
+) -> tuple[Any, Checkpoint]:
+    """The family's model on `folder` with `--quantization fp8` (its `fp8_linears` quantized
+    as they load), and the checkpoint (its `quantized` names the tensors that came as fp8)."""
+    ckpt = Checkpoint.open(folder)
+    ckpt.set_quantization(fp8_linears)
+    return load(ckpt, "cpu", dtype), ckpt
+
+
+def assert_quantizes_what_it_declares(ckpt: Checkpoint, fp8_linears: str) -> None:
+    """The tensors a load read as fp8 are exactly those `fp8_linears` names (so the memory plan,
+    which counts by the pattern, counts what loads)."""
+    import re
+
+    pattern = re.compile(fp8_linears)
+    declared = {n for n in ckpt.tensor_names() if pattern.search(n)}
+    assert set(ckpt.quantized) == declared, (
+        f"read as fp8 but not declared: {sorted(set(ckpt.quantized) - declared)}; declared "
+        f"but read plain: {sorted(declared - set(ckpt.quantized))}"
+    )
+
+
+def _fp8_prompt_logits(model: Any, prompt: list[int]) -> torch.Tensor:
+    return ReferenceCase("fp8", Path("."), None, model, prompt).prompt_logits()
+
+
+def fp8_parity(
+    src: Path,
+    work: Path,
+    fp8_linears: str,
+    fmt: str,
+    ref_class: Any,
+    load: Callable[..., Any],
+    prompt: list[int],
+) -> tuple[Any, float]:
+    """The checkpoint at `src` written as an FP8 checkpoint in `fmt` (write_fp8_checkpoints,
+    under `work`): (our fp32 model loaded from it, rel_err of our prompt logits against the
+    reference `ref_class` in fp32 on the same weights dequantized)."""
+    fp8, dequantized = write_fp8_checkpoints(src, work, fp8_linears, fmt)
+    model = load(Checkpoint.open(fp8), "cpu", "float32")
+    ref = ref_class.from_pretrained(dequantized, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = ref(input_ids=torch.tensor([prompt])).logits[0].float()
+    return model, rel_err(_fp8_prompt_logits(model, prompt), want)
+
+
+def assert_quantized_at_load_equals_fp8_checkpoint(
+    src: Path, work: Path, fp8_linears: str, load: Callable[..., Any], prompt: list[int]
+) -> tuple[Any, Any]:
+    """`--quantization fp8` of a bf16 copy of `src` against the same bf16 weights written as a
+    block-scaled FP8 checkpoint: the same tensors read as fp8 (exactly those `fp8_linears`
+    names), and the same prompt logits, bit for bit. Returns (quantized, stored) models."""
+    bf16 = write_bf16_checkpoint(src, work / "bf16")
+    fp8, _ = write_fp8_checkpoints(bf16, work, fp8_linears, "block")
+    quantized, ckpt = load_quantized(load, bf16, fp8_linears)
+    assert_quantizes_what_it_declares(ckpt, fp8_linears)
+    stored_ckpt = Checkpoint.open(fp8)
+    stored = load(stored_ckpt, "cpu", "float32")
+    assert stored_ckpt.quantized == ckpt.quantized
+    assert torch.equal(_fp8_prompt_logits(quantized, prompt), _fp8_prompt_logits(stored, prompt))
+    return quantized, stored
+
+
+def weight_leaves(obj: Any, path: str = "") -> dict[str, Any]:
+    """Every tensor and Fp8Weight of a weights dataclass tree, by its dotted path."""
+    import dataclasses
+
+    from .family.fp8_weights import Fp8Weight
+
+    if isinstance(obj, (torch.Tensor, Fp8Weight)):
+        return {path: obj}
+    out: dict[str, Any] = {}
+    if isinstance(obj, (list, tuple)):
+        for i, x in enumerate(obj):
+            out.update(weight_leaves(x, f"{path}.{i}"))
+    elif dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            out.update(weight_leaves(getattr(obj, f.name), f"{path}.{f.name}"))
+    return out
+
+
+def assert_dummy_quantizes_as_loaded(
+    load: Callable[..., Any], load_dummy: Callable[..., Any], folder: Path, fp8_linears: str
+) -> None:
+    """The family's dummy weights under quantization="fp8" (`load_dummy(config, "cpu",
+    "float32", quantization="fp8")`) hold fp8 exactly where `--quantization fp8` of the
+    checkpoint at `folder` does, in the same shapes, and give finite logits."""
+    from .family.fp8_weights import Fp8Weight
+
+    loaded, _ = load_quantized(load, folder, fp8_linears)
+    dummy = load_dummy(Checkpoint.open(folder).config, "cpu", "float32", quantization="fp8")
+    want, got = weight_leaves(loaded.weights), weight_leaves(dummy.weights)
+    assert got.keys() == want.keys()
+    for path, w in want.items():
+        assert isinstance(got[path], Fp8Weight) == isinstance(w, Fp8Weight), path
+        assert tuple(got[path].shape) == tuple(w.shape), path
+    assert sum(isinstance(w, Fp8Weight) for w in got.values()) > 0
+    prompt = list(range(3, 20))
+    assert torch.isfinite(_fp8_prompt_logits(dummy, prompt)).all()

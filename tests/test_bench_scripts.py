@@ -99,3 +99,72 @@ def test_the_verify_rows_bench_prints_a_table_a_family_on_the_cpu(tmp_path: Path
     for family in ("lfm2_moe", "glm5_next", "gemma4"):
         assert [v["rows"] for v in got[family]["verify"]] == [2, 3], got[family]
         assert out.count(f"{family} (smoke, one stream at row 40)") == 1, out
+
+
+def test_the_fp8_kernel_bench_times_the_families_real_shapes() -> None:
+    """bench/fp8_kernels.py's shapes are those of each family's speed shape (dummy.SHAPES)."""
+    pytest.importorskip("triton", reason="the bench imports the Triton kernels")
+    from bench import fp8_kernels
+    from tensorfold_gemma4.dummy import SHAPES as GEMMA
+    from tensorfold_glm.dummy import SHAPES as GLM
+    from tensorfold_lfm2_moe.dummy import SHAPES as LFM2
+
+    c = LFM2["LFM2-8B-A1B"]
+    h, qkv = c.hidden_size, (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim
+    lfm2 = {
+        "conv in_proj": ("linear", 3 * h, h),
+        "q+k+v": ("linear", qkv, h),
+        "o / conv out_proj": ("linear", h, h),
+        "dense FFN": ("dense", c.intermediate_size, h),
+        "experts": ("moe", c.num_experts, c.moe_intermediate_size, h, c.num_experts_per_tok),
+    }
+    g = GEMMA["Gemma-4-26B-A4B"]
+    sliding = next(layer for layer in g.layers if layer.kind == "sliding_attention")
+    full = next(layer for layer in g.layers if layer.kind == "full_attention")
+    gh, heads = g.hidden_size, g.num_attention_heads
+    gemma = {
+        "q+k+v (sliding)": ("linear", (heads + 2 * sliding.kv_heads) * sliding.head_dim, gh),
+        "q+k (full)": ("linear", (heads + full.kv_heads) * full.head_dim, gh),
+        "o (sliding)": ("linear", gh, heads * sliding.head_dim),
+        "dense FFN": ("dense", sliding.mlp_size, gh),
+        "experts": ("moe", g.num_experts, g.moe_intermediate_size, gh, g.top_k_experts),
+    }
+    m = GLM["GLM-5.3-Flash-8L"]
+    mh, kda = m.hidden_size, m.linear_num_heads * m.linear_head_dim
+    mla = m.num_attention_heads * m.qk_nope_head_dim
+    glm = {
+        "KDA q+k+v": ("linear", 3 * kda, mh),
+        "KDA o": ("linear", mh, kda),
+        "MLA q_a": ("linear", m.q_lora_rank, mh),
+        "MLA q_b": ("linear", mla, m.q_lora_rank),
+        "MLA o": ("linear", mh, m.num_attention_heads * m.v_head_dim),
+        "dense FFN": ("dense", m.intermediate_size, mh),
+        "shared expert": ("dense", m.moe_intermediate_size * m.n_shared_experts, mh),
+        "experts": ("moe", m.n_routed_experts, m.moe_intermediate_size, mh, m.num_experts_per_tok),
+    }
+    assert fp8_kernels.SHAPES == {
+        "LFM2-8B-A1B": lfm2,
+        "Gemma-4-26B-A4B": gemma,
+        "GLM-5.3-Flash-8L": glm,
+    }
+
+
+def test_the_speed_benches_count_fp8_weights_as_stored() -> None:
+    """--quantization fp8 (bench/verify_rows.py's build, as the speed scripts build): each
+    family's smoke model holds fp8 linears, and the decode step's bytes count them as stored
+    (values and scales: fewer bytes than bf16's), the active parameters as bf16's."""
+    from bench.glm_speed import step_bytes as glm_step_bytes
+    from bench.model_bytes import active_params, step_bytes
+    from bench.verify_rows import FAMILIES, build
+    from tensorfold.ops.fp8 import Fp8Weight
+    from tensorfold.testing import weight_leaves
+
+    for family in FAMILIES:
+        plain, fp8 = (build(family, True, "cpu", q) for q in ("auto", "fp8"))
+        assert any(isinstance(w, Fp8Weight) for w in weight_leaves(fp8.weights).values())
+        count = glm_step_bytes if family == "glm5_next" else step_bytes
+        a, b = count(plain), count(fp8)
+        for key in ("one_stream", "all_experts", "weights_total"):
+            assert b[key] < a[key], (family, key)
+        if family != "glm5_next":
+            assert active_params(fp8) == active_params(plain), family

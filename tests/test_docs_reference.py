@@ -41,6 +41,8 @@ MODULES = [
     "tensorfold.ops.gpu",
     "tensorfold.ops.pass_meta",
     "tensorfold.ops.kv_quant",
+    "tensorfold.ops.fp8",
+    "tensorfold.ops.fp8_dispatch",
     "tensorfold.ops.switches",
     "tensorfold.testing",
     "tensorfold.conformance",

@@ -70,6 +70,12 @@ def test_dense_walk_tiles_keep_a_split_prompt_pass_in_registers():
     _in_fresh_process("dense_walk_tiles")
 
 
+def test_fp8_kernels_compile_for_sm90_without_spills():
+    """The fp8 weights' kernels (triton_fp8) on the prompt tiles, the dense walk's and a few
+    rows' compile for sm_90 (e4m3 converted in registers) and spill nothing."""
+    _in_fresh_process("fp8_tiles")
+
+
 def _compile(
     fn, constexprs: dict, types: dict, divisible: set[str], num_warps: int = 4, num_stages: int = 3
 ):
@@ -346,10 +352,16 @@ def check_dense_walk_tiles() -> None:
             ws_ptr=None,
             cnt_ptr=None,
             ws_rows=0,
+            FP8=False,
+            SBK=0,
         )
         for fn, t, extra in (
-            (triton_moe._swiglu_kernel, sw, dict(TOPK=1, ACT=2, SPLITS=splits[0])),
-            (triton_moe._down_kernel, dn, dict(HAS_WEIGHT=False, SPLITS=splits[1])),
+            (
+                triton_moe._swiglu_kernel,
+                sw,
+                dict(TOPK=1, ACT=2, SPLITS=splits[0], s1_ptr=None, s3_ptr=None),
+            ),
+            (triton_moe._down_kernel, dn, dict(HAS_WEIGHT=False, SPLITS=splits[1], s2_ptr=None)),
         ):
             kernel = _compile(
                 fn,
@@ -364,6 +376,42 @@ def check_dense_walk_tiles() -> None:
             assert spills == 0, (fn.__name__, (i, h), t, spills)
 
 
+def check_fp8_tiles() -> None:
+    """The fp8 weights' kernels (e4m3 codes dequantized in registers) on the prompt tiles, the
+    dense walk's and a few rows': each compiles for sm_90, spilling nothing."""
+    from tensorfold.ops import triton_linear, triton_moe
+
+    divisible = {"K", "N", "I", "H", "CHUNK", "stride_xm", "stride_wn", "stride_om"}
+    divisible |= {f"stride_{w}{a}" for w in "123" for a in "en"} | {"stride_sn"}
+    fp8 = dict(FP8=True, SBK=128, IEEE=False, INTERP=False, PDL=True, PREFETCH_K=0)
+    ptrs = {a: "*bf16" for a in ("x_ptr", "b_ptr", "o_ptr", "g_ptr", "rw_ptr", "out_ptr")}
+    ptrs |= {a: "*fp8e4nv" for a in ("w_ptr", "w1_ptr", "w3_ptr", "w2_ptr")}
+    ptrs |= {a: "*fp32" for a in ("s_ptr", "s1_ptr", "s3_ptr", "s2_ptr", "ws_ptr")}
+    ptrs |= {a: "*i32" for a in ("cnt_ptr", "ex_ptr", "sorted_ptr", "block_ptr")}
+    ptrs["limit"] = "fp32"
+    kernels = []
+    for rows in (1, 2048):
+        bm, t = triton_linear.pick(rows, 2048, 2048)
+        linear = dict(HAS_BIAS=False, SPLITS=1, SPLIT_GRID=False, GROUPS=1, BLOCK_M=bm)
+        kernels.append((triton_linear._linear_kernel, t, dict(linear, BLOCK_N=t.block_n)))
+    walk = next(v for key, v in triton_moe.DENSE_TILES.items() if key[2] == "walk")
+    moe = [(triton_moe.BLOCK_M, triton_moe.SWIGLU_TILES, triton_moe.DOWN_TILES, 1)]
+    moe += [(walk[0], walk[1], walk[2], 2), (16, *triton_moe.pick(1, 2048)[1:], 1)]
+    for bm, sw, dn, splits in moe:
+        common = dict(BM=bm, SPLITS=splits, SPLIT_GRID=False, ws_ptr=None, cnt_ptr=None)
+        kernels.append((triton_moe._swiglu_kernel, sw, dict(common, TOPK=1, ACT=0, BN=sw.block_n)))
+        kernels.append((triton_moe._down_kernel, dn, dict(common, HAS_WEIGHT=True, BN=dn.block_n)))
+    for fn, t, constexprs in kernels:
+        block_k = {"BLOCK_K" if fn is triton_linear._linear_kernel else "BK": t.block_k}
+        kernel = _compile(
+            fn, dict(fp8, **constexprs, **block_k), ptrs, divisible, t.warps, t.stages
+        )
+        assert "e4m3" in kernel.asm["ptx"], fn.__name__  # the codes converted in registers
+        spills = _spill_stores(kernel)
+        print(fn.__name__, t, "spill stores", spills)
+        assert spills == 0, (fn.__name__, t, spills)
+
+
 if __name__ == "__main__":
     import triton  # noqa: F401
     from triton.backends.compiler import GPUTarget
@@ -375,4 +423,5 @@ if __name__ == "__main__":
         "qkv_heads": check_qkv_heads,
         "route_few_rows": check_route_few_rows,
         "dense_walk_tiles": check_dense_walk_tiles,
+        "fp8_tiles": check_fp8_tiles,
     }[sys.argv[1]]()

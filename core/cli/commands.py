@@ -136,6 +136,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help=_setting_help("the dtype paged KV rows are stored in", "kv_dtype"),
     )
     parser.add_argument(
+        "--quantization",
+        metavar="auto|fp8",
+        help=_setting_help("weights quantized at load: fp8 (docs/fp8.md)", "quantization"),
+    )
+    parser.add_argument(
         "--tp",
         type=int,
         metavar="N",

@@ -62,6 +62,13 @@ class Settings(BaseSettings):
         "stores the family's attention rows in float8 e4m3 with a float32 scale a row and head "
         "beside them (about half the bytes, so about twice the tokens in the same memory).",
     )
+    quantization: Literal["auto", "fp8"] = Field(
+        default="auto",
+        description="Weight quantization (--quantization): auto keeps the checkpoint's weights "
+        "as stored (an FP8 checkpoint's in fp8); fp8 quantizes a bf16 checkpoint's linears "
+        "(attention, FFNs, experts) to float8 e4m3 with 128 x 128 block scales as they load, "
+        "about half their bytes (docs/fp8.md).",
+    )
     kv_poison: bool = Field(
         default=False,
         description="Fill freed and detached pages with NaN, so that a stale read changes tokens.",

@@ -4,6 +4,7 @@ lanes and the engine thread started. Every refusal comes before the weights load
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -285,6 +286,19 @@ def open_rank(
     if dummy and not spec.dummy:
         raise FamilyError(f"family {spec.name!r} has no dummy load format; drop TF_LOAD_FORMAT")
     ckpt = Checkpoint.open(folder, weights=not dummy)
+    quantize_dummy = dummy and settings.quantization == "fp8"
+    if quantize_dummy and "quantization" not in inspect.signature(resolve(spec.dummy)).parameters:
+        raise FamilyError(
+            f"family {spec.name!r} ({spec.distribution}): its dummy weights take no "
+            "quantization; drop TF_LOAD_FORMAT=dummy or --quantization fp8"
+        )
+    if settings.quantization == "fp8":
+        if not spec.fp8_linears:
+            raise FamilyError(
+                f"family {spec.name!r} ({spec.distribution}) declares no fp8 linears "
+                "(FamilySpec.fp8_linears); drop --quantization fp8"
+            )
+    ckpt.set_quantization(spec.fp8_linears, at_load=settings.quantization == "fp8")
     device = pick_device(settings) if group is None else group.device(pick_device(settings))
     dtype = pick_dtype(settings, device, ckpt.config)
     hooks = family_plugin_manager(spec, [paged_kv, snapshots])
@@ -300,7 +314,8 @@ def open_rank(
 
     def load():
         if dummy:  # random weights in place: nothing to read, and they are already on the device
-            return resolve(spec.dummy)(ckpt.config, device, dtype)
+            fp8 = {"quantization": "fp8"} if quantize_dummy else {}
+            return resolve(spec.dummy)(ckpt.config, device, dtype, **fp8)
         with ckpt.loading(progress=None if group is None or group.rank == 0 else False):
             return resolve(spec.load)(ckpt, device, dtype)
 
@@ -308,7 +323,12 @@ def open_rank(
         shape = resolve(spec.shape)(ckpt.config, dtype)
         if layout is not None:
             shape = ModelShape(layout, shape.max_positions)
-        the_plan = plan_memory(settings, shape, device, ckpt.local_bytes(), group)
+        weight_bytes = ckpt.local_bytes()
+        the_plan = plan_memory(settings, shape, device, weight_bytes, group)
+        fp8 = ckpt.fp8 is not None or ckpt.quantize_at_load
+        the_plan = dataclasses.replace(
+            the_plan, weight_bytes=weight_bytes, weight_label="fp8 linears" if fp8 else ""
+        )
         model_obj = load()
     else:
         model_obj = load()

@@ -3,22 +3,34 @@
 Only safetensors are read; nothing in a checkpoint is ever executed (no pickles, no remote code).
 Headers are parsed at open, so a missing or corrupt shard is reported before any weight loads.
 torch is imported only when a tensor is loaded.
+
+fp8 weights (docs/fp8.md): config.json's quantization_config is read at open (an unknown
+format is refused there). A family reads its linears with `TensorReader.linear` (or `.experts`
+for a stack): an fp8 tensor on disk comes as an `Fp8Weight` (its scales read beside it, the
+format's business alone), and under `--quantization fp8` (`set_quantization`) a model-dtype
+linear the family's `FamilySpec.fp8_linears` names is quantized as it loads. Any other read of
+an fp8 tensor (a router, an absorbed weight) is dequantized to the dtype asked.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
+from .fp8_formats import Fp8Format, QuantizationRefused, fp8_format
 from .spec import Shard, ShardRefused, block
 
 if TYPE_CHECKING:
     import torch
 
+    from .fp8_weights import Fp8Weight
+
+FP8_CODE = "F8_E4M3"  # safetensors' dtype code of float8 e4m3fn
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -123,6 +135,14 @@ class Checkpoint:
         self._handles: dict[tuple[Path, str], Any] = {}
         self._progress: list[Any] | None = None  # [Progress, tensors done, tensors] in loading()
         self.shard = Shard()  # tensor parallel: which rank this is, and how tensors are cut
+        try:
+            self.fp8: Fp8Format | None = fp8_format(config)  # how fp8 tensors are stored
+        except QuantizationRefused as e:
+            raise CheckpointError(f"{path / 'config.json'}: {e}") from None
+        self.fp8_linears: re.Pattern[str] | None = None  # set_quantization: the family's linears
+        self.quantize_at_load = False  # set_quantization: --quantization fp8
+        self.quantized: list[str] = []  # the tensors loaded as Fp8Weight, in order
+        self._scales = self._fp8_scales()
 
     @classmethod
     def open(cls, path: str | Path, weights: bool = True) -> "Checkpoint":
@@ -198,6 +218,40 @@ class Checkpoint:
         """Bytes of all indexed tensors as stored (before any dtype cast)."""
         return sum(self.info(name).nbytes for name in self._index)
 
+    # --- fp8 ---
+
+    def set_quantization(self, fp8_linears: str, at_load: bool = True) -> None:
+        """The family's linears: the on-disk names the regular expression `fp8_linears` finds
+        (its FamilySpec.fp8_linears). `at_load` (--quantization fp8): those stored in a model
+        dtype are quantized to 128 x 128 block scales as they load. Either way the plan counts
+        a stored fp8 tensor the pattern does not name as dequantized (2 bytes a value)."""
+        self.fp8_linears = re.compile(fp8_linears) if fp8_linears else None
+        self.quantize_at_load = at_load
+
+    def stored_fp8(self, name: str) -> bool:
+        """Whether `name` is stored as float8 e4m3 (its scales beside it)."""
+        return self.info(name).dtype == FP8_CODE
+
+    def quantizes_at_load(self, name: str) -> bool:
+        """Whether `name`, stored in a model dtype, is quantized as it loads."""
+        return self.quantize_at_load and self._declared(name) and not self.stored_fp8(name)
+
+    def _declared(self, name: str) -> bool:
+        return self.fp8_linears is not None and self.fp8_linears.search(name) is not None
+
+    def _fp8_scales(self) -> set[str]:
+        """The scale tensors of the fp8 weights (read with their weight, never cut on their
+        own). An fp8 tensor needs a quantization_config, and its scale, to load."""
+        # a tensor the index misplaces is reported when it loads, not here
+        found = ((n, self._headers[f].get(n)) for n, f in self._index.items())
+        fp8 = [n for n, info in found if info is not None and info.dtype == FP8_CODE]
+        if fp8 and self.fp8 is None:
+            raise CheckpointError(
+                f"{self.path}: tensor {fp8[0]!r} is stored in fp8 but config.json has no "
+                "quantization_config saying how it is scaled"
+            )
+        return {self.fp8.scale_name(n) for n in fp8} & set(self._index) if self.fp8 else set()
+
     # --- tensor parallel: each rank reads its slice ---
 
     def set_shard(self, shard: Shard) -> None:
@@ -205,13 +259,14 @@ class Checkpoint:
         Checks that every tensor can be cut, so a refusal comes before any weight loads."""
         self.shard = shard
         for name in self._index:
-            self._pieces(name)
+            if name not in self._scales:
+                self._pieces(name)
 
     def _pieces(self, name: str) -> tuple[int, list[tuple[int, int]]] | None:
         """(dim, ranges along dim) of this rank's slice of `name`; None: the whole tensor;
         (0, []) for another rank's expert (nothing to read)."""
         plan = self.shard.plan
-        if plan is None or self.shard.world == 1:
+        if plan is None or self.shard.world == 1 or name in self._scales:
             return None
         split, expert = plan.split_of(name)
         info = self.info(name)
@@ -244,14 +299,28 @@ class Checkpoint:
             shape[dim] = sum(b - a for a, b in ranges)
         return tuple(shape)
 
-    def local_bytes(self) -> int:
-        """Bytes this rank reads (its slices; all tensors at one rank), as stored."""
+    def local_bytes(self, as_stored: bool = False) -> int:
+        """Bytes this rank holds (its slices; all tensors at one rank), as stored; unless
+        `as_stored` (the bytes read), a tensor quantized at load counts its fp8 bytes and scales
+        (fp8_weights.fp8_bytes), and an fp8 one the family reads plain its dequantized bytes."""
+        from .fp8_weights import fp8_bytes
+
         total = 0
         for name in self._index:
             info = self.info(name)
             shape = self.local_shape(name)
-            if shape is not None and _numel(info.shape):
-                total += info.nbytes * _numel(shape) // _numel(info.shape)
+            if shape is None or not _numel(info.shape):
+                continue
+            full = info.nbytes
+            if as_stored:
+                pass
+            elif self.quantizes_at_load(name):
+                full = fp8_bytes(info.shape)
+            elif (
+                self.fp8_linears is not None and info.dtype == FP8_CODE and not self._declared(name)
+            ):
+                full = 2 * _numel(info.shape)  # dequantized as it loads (in bf16 on the GPU)
+            total += full * _numel(shape) // _numel(info.shape)
         return total
 
     # --- loading ---
@@ -273,6 +342,18 @@ class Checkpoint:
                 f"tensor {name!r} in {info.file} has shape {list(info.shape)}, "
                 f"expected {list(shape)}"
             )
+        if self.stored_fp8(name):  # read as a plain tensor: dequantized (fp32 without dtype)
+            return self.load_fp8(name, device=device).dequantize(torch_dtype(dtype or "float32"))
+        if self.quantizes_at_load(name):
+            raise CheckpointError(
+                f"tensor {name!r} is read as a plain tensor, but the family's fp8_linears "
+                "names it (a linear is read with TensorReader.linear)"
+            )
+        return self._read(name, info, device, dtype)
+
+    def _read(
+        self, name: str, info: TensorInfo, device: str, dtype: "torch.dtype | str | None"
+    ) -> "torch.Tensor":
         pieces = self._pieces(name)
         if pieces is not None and not pieces[1]:
             raise CheckpointError(f"tensor {name!r} belongs to another rank's experts")
@@ -290,11 +371,141 @@ class Checkpoint:
             read = info.nbytes * tensor.numel() // max(1, _numel(info.shape))
         if dtype is not None:
             tensor = tensor.to(torch_dtype(dtype))
+        self._count(read)
+        return tensor
+
+    def load_fp8(
+        self, name: str, *, device: str = "cpu", shape: Sequence[int] | None = None
+    ) -> "Fp8Weight":
+        """`name` as an Fp8Weight (this rank's slice under tensor parallel): from its stored
+        e4m3 values and scales, or quantized to 128 x 128 blocks as it loads. `shape`: the
+        whole tensor's shape on disk, checked."""
+        import torch
+
+        from .fp8_weights import Fp8Weight, narrow_scale, quantize_blocks
+
+        info = self.info(name)
+        if shape is not None and tuple(shape) != info.shape:
+            raise CheckpointError(
+                f"tensor {name!r} in {info.file} has shape {list(info.shape)}, "
+                f"expected {list(shape)}"
+            )
+        pieces = self._pieces(name)
+        if pieces is not None and not pieces[1]:
+            raise CheckpointError(f"tensor {name!r} belongs to another rank's experts")
+        if not self.stored_fp8(name):  # quantized whole, then cut: as an FP8 checkpoint cuts
+            whole = self._whole(name, info, device)
+            weight = quantize_blocks(whole)
+            del whole
+            return self._cut(name, weight, pieces)
+        assert self.fp8 is not None  # _fp8_scales refused fp8 tensors without a format
+        scale_name = self.fp8.scale_name(name)
+        if scale_name not in self._index:
+            raise CheckpointError(
+                f"fp8 tensor {name!r} in {info.file} has no scale {scale_name!r} "
+                f"({self.fp8.method} checkpoints store one beside each weight)"
+            )
+        scale = self._whole(scale_name, self.info(scale_name), device).to(torch.float32)
+        scale, block = self._scale_block(name, info.shape, scale)
+        q = self._read(name, info, device, None)
+        if pieces is None:
+            return Fp8Weight(q, scale, block)
+        dim, ranges = pieces
+        lead = len(info.shape) - 2
+        parts, at = [], 0
+        for a, b in ranges:  # each range's scales, beside the q piece read for it
+            if dim < lead:  # an expert dimension: the scales are cut as q is
+                sub, blk = scale.narrow(dim, a, b - a), block
+            else:
+                sub, blk = narrow_scale(scale, block, info.shape, dim - lead, a, b - a)
+            parts.append(Fp8Weight(q.narrow(dim, at, b - a), sub, blk))
+            at += b - a
+        return self._join(name, parts, dim, len(info.shape))
+
+    def _whole(self, name: str, info: TensorInfo, device: str) -> "torch.Tensor":
+        """The whole tensor as stored, whatever this rank's slice of it."""
+        try:
+            tensor = self._handle(info.file, device).get_tensor(name)
+        except Exception as e:
+            raise CheckpointError(f"cannot load tensor {name!r} from {info.file}: {e}") from None
+        self._count(info.nbytes)
+        return tensor
+
+    def _cut(
+        self, name: str, weight: "Fp8Weight", pieces: tuple[int, list[tuple[int, int]]] | None
+    ) -> "Fp8Weight":
+        if pieces is None:
+            return weight
+        from .fp8_weights import Fp8Weight
+
+        dim, ranges = pieces
+        lead = weight.q.dim() - 2
+        if dim < lead:  # experts: cut q and scales alike
+            parts = [
+                Fp8Weight(
+                    weight.q.narrow(dim, a, b - a), weight.scale.narrow(dim, a, b - a), weight.block
+                )
+                for a, b in ranges
+            ]
+        else:
+            parts = [weight.narrow(dim - lead, a, b - a) for a, b in ranges]
+        if len(parts) == 1:  # a view would hold the whole tensor: keep this rank's bytes only
+            one = parts[0]
+            return Fp8Weight(one.q.contiguous().clone(), one.scale.clone(), one.block)
+        return self._join(name, parts, dim, weight.q.dim())
+
+    def _join(self, name: str, parts: list["Fp8Weight"], dim: int, ndim: int) -> "Fp8Weight":
+        import torch
+
+        from .fp8_weights import Fp8Weight, cat_rows
+
+        if len(parts) == 1:
+            return parts[0]
+        if dim < ndim - 2:
+            return Fp8Weight(
+                torch.cat([p.q for p in parts], dim),
+                torch.cat([p.scale for p in parts], dim),
+                parts[0].block,
+            )
+        if dim == ndim - 2 and ndim == 2:
+            joined = cat_rows(parts)
+            assert isinstance(joined, Fp8Weight)
+            return joined
+        raise ShardRefused(
+            f"fp8 tensor {name!r}: a tensor-parallel cut in several pieces along "
+            f"dimension {dim} is not supported"
+        )
+
+    def _scale_block(
+        self, name: str, shape: tuple[int, ...], scale: "torch.Tensor"
+    ) -> tuple["torch.Tensor", tuple[int, int]]:
+        """The scales as [..., N/bn, K/bk] and their block, from the format's block or (per
+        tensor, per channel) from the scale's shape; a shape that fits neither is refused."""
+        lead, (n, k) = shape[:-2], shape[-2:]
+        fmt = self.fp8
+        assert fmt is not None
+        if fmt.block is not None:
+            bn, bk = fmt.block
+            want = (*lead, -(-n // bn), -(-k // bk))
+            if tuple(scale.shape) == want:
+                return scale, (bn, bk)
+        else:
+            count = scale.numel()
+            lead_count = _numel(lead)
+            if count == lead_count:  # one scale a tensor (a stack: one an expert)
+                return scale.reshape(*lead, 1, 1), (n, k)
+            if count == lead_count * n and (scale.shape[-1] == 1 or scale.dim() == len(lead) + 1):
+                return scale.reshape(*lead, n, 1), (1, k)
+        raise CheckpointError(
+            f"fp8 tensor {name!r} {list(shape)} has scales {list(scale.shape)}, which fit "
+            f"neither its {fmt.method} block {fmt.block} nor one a tensor or a channel"
+        )
+
+    def _count(self, nbytes: int) -> None:
         if self._progress is not None:
             self._progress[1] += 1
             self._progress[0].note(f"{self._progress[1]}/{self._progress[2]} tensors")
-            self._progress[0].update(read)
-        return tensor
+            self._progress[0].update(nbytes)
 
     @contextlib.contextmanager
     def loading(
@@ -312,7 +523,7 @@ class Checkpoint:
 
         if names is None:
             tensors = sum(1 for n in self._index if self.local_shape(n) is not None)
-            nbytes = self.local_bytes()
+            nbytes = self.local_bytes(as_stored=True)
         else:
             tensors, nbytes = len(names), sum(self.info(n).nbytes for n in names)
         bar = Progress("loading weights", nbytes, "B", show=progress)
@@ -383,6 +594,34 @@ class TensorReader:
         return self.ckpt.load(
             self.prefix + name, device=self.device, dtype=dtype or self.dtype, shape=shape
         )
+
+    def linear(self, name: str, *shape: int) -> "torch.Tensor | Fp8Weight":
+        """A linear's weight [N, K] (or a stack [E, N, K]): an Fp8Weight when it is stored in
+        fp8 or quantized at load (Checkpoint.set_quantization), else as `read(name, *shape)`."""
+        full = self.prefix + name
+        if self.ckpt.stored_fp8(full) or self.ckpt.quantizes_at_load(full):
+            weight = self.ckpt.load_fp8(full, device=self.device, shape=shape)
+            self.ckpt.quantized.append(full)
+            return weight
+        return self(name, *shape)
+
+    def experts(self, names: Sequence[str], rows: int, cols: int) -> "torch.Tensor | Fp8Weight":
+        """The experts' [rows, cols] linears `names` as one stack [E, rows, cols] (what the
+        grouped kernels take), filled one expert at a time: no second copy of a layer's
+        experts on the device. fp8 experts (all or none) stack their values and scales."""
+        from .fp8_weights import empty_stack, put
+
+        stack: torch.Tensor | Fp8Weight | None = None
+        for e, name in enumerate(names):
+            one = self.linear(name, rows, cols)
+            if stack is None:
+                stack = empty_stack(one, len(names))
+            try:
+                put(stack, e, one)
+            except ValueError as err:
+                raise CheckpointError(f"expert {self.prefix + name!r}: {err}") from None
+        assert stack is not None, "experts: no names"
+        return stack
 
     def upcast(self, name: str, *shape: int) -> "torch.Tensor":
         """Stored in the model dtype, used in fp32 (the reference's `.float()` in the op)."""

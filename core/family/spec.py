@@ -125,13 +125,20 @@ class FamilySpec:
     shape(config: dict, dtype: str) -> ModelShape  (from config.json alone, so the memory plan
     can refuse before any weight loads; empty: the plan waits for the loaded model)
     dummy: "module:function(config: dict, device: str, dtype: str) -> FamilyModel" with random
-    weights from a fixed seed (TF_LOAD_FORMAT=dummy); empty: the family has none.
+    weights from a fixed seed (TF_LOAD_FORMAT=dummy); empty: the family has none. Under
+    --quantization fp8 it is called with quantization="fp8" (refused if it has no such
+    parameter).
     serves: the checkpoints the family opens, by config.json's `model_type` values and
     `architectures` class names (e.g. ("llama", "LlamaForCausalLM")): with `--model` and no
     family named, the family that serves the folder's config is chosen.
     demo_rank: when several families are installed and none is named (--family, TF_FAMILY),
     nor served by a --model folder's config, the one with a demo (`build_demo` set) and the
     lowest demo_rank is chosen, then by name.
+    fp8_linears: a regular expression over on-disk tensor names: the linears (attention, dense
+    FFNs, experts, MTP / draft layers) that `--quantization fp8` quantizes at load and the
+    memory plan counts in fp8; each is read with `TensorReader.linear` (or `.experts`), so it
+    may come as an `Fp8Weight`. A weight it does not name is never quantized (an FP8
+    checkpoint's copy of one is dequantized as it loads). Empty: none (docs/fp8.md).
     hooks: "module:attr" of an object holding the family's per-family hook implementations
     (share_pool, share_attach, snap_keep, snap_restore, shard_plan, tool_call_format);
     registered on the chosen family's own plugin manager only. Empty: the core adapters'
@@ -151,6 +158,7 @@ class FamilySpec:
     dummy: str = ""
     serves: tuple[str, ...] = ()
     demo_rank: int = 100
+    fp8_linears: str = ""
     distribution: str = field(default="", compare=False)
     version: str = field(default="", compare=False)
 

@@ -84,6 +84,8 @@ class Plan:
     states: int = 0  # kept states the prompt store may hold (0: not counted by the plan)
     store_on: bool = True  # False: the prompt store is off (TF_KV_SHARE=0)
     kv_label: str = ""  # how pages store their rows (kv_dtype.kv_label), for the start line
+    weight_bytes: int = 0  # the weights the plan left room for (0: not counted before loading)
+    weight_label: str = ""  # how they are stored ("fp8 linears"), for the start line
 
     @property
     def total_rows(self) -> int:
@@ -127,10 +129,14 @@ class Plan:
             if self.store_on
             else "prompt store off"
         )
+        weights = ""
+        if self.weight_bytes:
+            how = f" ({self.weight_label})" if self.weight_label else ""
+            weights = f"; weights {fmt_bytes(self.weight_bytes)}{how}"
         return (
             f"{head}, {fmt_bytes(self.fixed_bytes)} fixed each, {store},"
             f" {fmt_bytes(self.left_bytes)} left, prompts in passes of up to"
-            f" {self.pass_rows} rows"
+            f" {self.pass_rows} rows{weights}"
         )
 
 

@@ -19,6 +19,8 @@ from typing import Any, Sequence
 
 import torch
 
+from ..family.fp8_weights import Fp8Weight
+from .fp8_dispatch import kernels_take_ffn
 from .gpu import use_triton
 from .linear import linear
 
@@ -26,6 +28,8 @@ from .linear import linear
 from .slot_sum import SlotSum as SlotSum
 from .slot_sum import fp32_sum
 from .slot_sum import summed as summed
+
+Experts = Sequence[torch.Tensor] | Fp8Weight  # per expert [E][N, K], or a stack [E, N, K]
 
 
 def sigmoid(x: torch.Tensor) -> torch.Tensor:
@@ -63,18 +67,19 @@ def glu(h1: torch.Tensor, h3: torch.Tensor, act: str, limit: float) -> torch.Ten
 
 def gated_ffn(
     x: torch.Tensor,
-    w1: torch.Tensor,
-    w3: torch.Tensor,
-    w2: torch.Tensor,
+    w1: torch.Tensor | Fp8Weight,
+    w3: torch.Tensor | Fp8Weight,
+    w2: torch.Tensor | Fp8Weight,
     *,
     act: str = "silu",
     limit: float = 0.0,
 ) -> torch.Tensor:
-    """w2(act(w1 x) · w3 x). x [n, H]; w1, w3 [I, H]; w2 [H, I] -> [n, H]."""
-    if use_triton(x):
-        from . import triton_moe
+    """w2(act(w1 x) · w3 x). x [n, H]; w1, w3 [I, H]; w2 [H, I] -> [n, H]. fp8 weights: each
+    product linear_fp8's; on the GPU the fp8 form of the same kernels (triton_fp8.ffn_kernel)."""
+    if use_triton(x) and kernels_take_ffn(w1, w3, w2):
+        from . import triton_fp8
 
-        return triton_moe.gated_ffn(x, w1, w3, w2, act=act, limit=limit)
+        return triton_fp8.ffn_kernel(x, w1, w3, w2, act=act, limit=limit)
     return linear(glu(linear(x, w1), linear(x, w3), act, limit), w2)
 
 
@@ -155,9 +160,9 @@ def moe(
     x: torch.Tensor,
     weights: torch.Tensor,
     experts: torch.Tensor,
-    w1: Sequence[torch.Tensor],
-    w3: Sequence[torch.Tensor],
-    w2: Sequence[torch.Tensor],
+    w1: Experts,
+    w3: Experts,
+    w2: Experts,
     *,
     act: str = "silu",
     limit: float = 0.0,
@@ -169,17 +174,19 @@ def moe(
     Returns Σ_j weights[:, j] · expert_{experts[:, j]}(x) [N, H] in x's dtype, summed over j in
     slot order in fp32. Each slot's y · w (y in x's dtype) is rounded to x's dtype (lfm2), or
     kept in fp32 with fp32_slots (gemma4). sum_slots=False (not with fp32_slots): the slots
-    unsummed, as a SlotSum for the next add_rms_norm."""
-    if use_triton(x):
-        from . import triton_moe
+    unsummed, as a SlotSum for the next add_rms_norm. fp8 experts (Fp8Weight stacks [E, I, H],
+    or sequences of Fp8Weights): the reference below, each product linear_fp8's; on the GPU the
+    fp8 form of the same kernels (triton_fp8.moe_kernel)."""
+    if use_triton(x) and kernels_take_ffn(w1, w3, w2):
+        from . import triton_fp8
 
         if not sum_slots and not fp32_slots:
             return SlotSum(
-                triton_moe.moe(
+                triton_fp8.moe_kernel(
                     x, weights, experts, w1, w3, w2, act=act, limit=limit, sum_slots=False
                 )
             )
-        return triton_moe.moe(
+        return triton_fp8.moe_kernel(
             x,
             weights,
             experts,
@@ -201,9 +208,9 @@ def weighted_slots(
     x: torch.Tensor,
     weights: torch.Tensor,
     experts: torch.Tensor,
-    w1: Sequence[torch.Tensor],
-    w3: Sequence[torch.Tensor],
-    w2: Sequence[torch.Tensor],
+    w1: Experts,
+    w3: Experts,
+    w2: Experts,
     dtype: torch.dtype,
     **ffn: Any,
 ) -> torch.Tensor:

@@ -21,7 +21,16 @@ import triton.language as tl
 
 from . import triton_splitk as splitk
 from .gpu import launch_options, prefetch_k
-from .triton_util import after_prior, cdiv, interpreting, mma, prefetch_rows
+from .triton_util import (
+    Fp8Scales,
+    after_prior,
+    cdiv,
+    interpreting,
+    mma,
+    prefetch_rows,
+    scale_rows,
+    weight_tile,
+)
 
 TINY_BLOCK_M = 16  # passes of up to TINY_ROWS rows (one decode round of a few streams)
 TINY_ROWS = 16
@@ -61,6 +70,24 @@ TUNED: dict[tuple[int, int], Tiles] = {
     (9216, 2816): Tiles(32, 128, 4, 4, wave=1),
     (65536, 2048): Tiles(64, 64, 4, 6, wave=1),  # LFM2-8B-A1B's lm_head, unsplit
 }
+
+
+# (N, K) -> the tiles of an fp8 weight's passes of up to TINY_ROWS rows, where measured faster
+# than the bf16 tiles (bench/fp8_kernels.py --tiles; none yet): half the bytes a step may want
+# longer k steps or more stages. The K split and its chunks stay the bf16 tiles' (the bits);
+# BLOCK_K must divide the chunk (a step then lies in one chunk and one scale block) and changes
+# no bits on the GPU, where the MMAs chain one accumulator in k steps of 16 whatever BLOCK_K is.
+# The interpreter adds each step's dot at once: there the bf16 tiles stay.
+FP8_TUNED: dict[tuple[int, int], Tiles] = {}
+
+
+def fp8_tiles(m: int, n: int, k: int, chunk: int, t: Tiles) -> Tiles:
+    """The tiles of an fp8 weight's [m, k] @ [n, k]ᵀ pass: FP8_TUNED's where it has the shape,
+    m is TINY_ROWS or fewer and its BLOCK_K divides the chunk; else t (the bf16 tiles)."""
+    own = FP8_TUNED.get((n, k))
+    if own is None or m > TINY_ROWS or chunk % own.block_k or interpreting():
+        return t
+    return own
 
 
 def tiles_for(n: int, k: int) -> Tiles:
@@ -106,16 +133,21 @@ def _chunk_product(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    s_rows,
+    FP8: tl.constexpr,
+    SBK: tl.constexpr,
 ):
-    """Σ over k in [k_lo, k_hi) of x[rm, k] · w[rn, k], in BLOCK_K steps from k_lo upward, fp32."""
+    """Σ over k in [k_lo, k_hi) of x[rm, k] · w[rn, k], in BLOCK_K steps from k_lo upward, fp32
+    (FP8: w dequantized in registers, weight_tile)."""
     rk = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_lo + rk)[None, :]
     w_ptrs = w_ptr + rn[None, :].to(tl.int64) * stride_wn + (k_lo + rk)[:, None]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    dt = x_ptr.dtype.element_ty
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kin = (k0 + rk) < k_hi
         a = tl.load(x_ptrs, mask=(rm[:, None] < M) & kin[None, :], other=0.0)
-        b = tl.load(w_ptrs, mask=(rn[None, :] < N) & kin[:, None], other=0.0)
+        b = weight_tile(w_ptrs, (rn[None, :] < N) & kin[:, None], s_rows, k0, dt, FP8, SBK)
         acc = mma(a, b, acc, IEEE, INTERP)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
@@ -149,13 +181,22 @@ def _linear_kernel(
     PDL: tl.constexpr = False,
     PREFETCH_K: tl.constexpr = 0,
     GROUPS: tl.constexpr = 1,
+    s_ptr=None,
+    stride_sn=0,
+    SBN=1,
+    FP8: tl.constexpr = False,
+    SBK: tl.constexpr = 0,
 ):
     """GROUPS > 1 (linear_groups): w's rows in GROUPS groups of N // GROUPS, group g reading x's
     columns [g·K, (g+1)·K) and stored as [M, N // GROUPS] at o + g·M·(N // GROUPS); a tile
-    lies in one group."""
+    lies in one group. FP8: w holds e4m3 codes, row r's k block j scaled by s[r // SBN, j]
+    (row stride stride_sn; k blocks SBK long, 0: one), dequantized in registers (weight_tile)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    s_rows = rn
+    if FP8:
+        s_rows = scale_rows(s_ptr, 0, rn, N, 0, stride_sn, SBN)
     if GROUPS > 1:
         group_n = N // GROUPS
         g = (pid_n * BLOCK_N) // group_n
@@ -193,6 +234,9 @@ def _linear_kernel(
             BLOCK_M,
             BLOCK_N,
             BLOCK_K,
+            s_rows,
+            FP8,
+            SBK,
         )
         ws = ws_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
         live = (rm[:, None] < M) & (rn[None, :] < N)  # a one-row pass's 15 others: not written
@@ -220,6 +264,9 @@ def _linear_kernel(
                 BLOCK_M,
                 BLOCK_N,
                 BLOCK_K,
+                s_rows,
+                FP8,
+                SBK,
             )
     if finish:  # rounded to x's dtype, then stored in out's (the same, or a wider float)
         out = total.to(x_ptr.dtype.element_ty)
@@ -258,15 +305,20 @@ def _launch(
     out: torch.Tensor,
     stride_om: int,
     groups: int,
+    scales: Fp8Scales | None = None,
 ) -> None:
     """rows [M, K] (unit column stride, any row stride) @ weight [N, K]ᵀ into out (row stride
-    stride_om; with groups > 1, [groups, M, N // groups]): the tiles and K split of (N, K)."""
+    stride_om; with groups > 1, [groups, M, N // groups]): the tiles and K split of (N, K).
+    scales: weight holds e4m3 codes with these scales (E 1; triton_fp8.linear_fp8)."""
     m, k = rows.shape[0], weight.shape[1]
     n = weight.shape[0]
     if not m:
         return
     bm, t = pick(m, n, k)
     splits = splits_of(n, k)
+    chunk = splitk.chunk(k, t.block_k, splits)
+    if scales is not None:
+        t = fp8_tiles(m, n, k, chunk, t)
     grid_m = cdiv(m, bm)
     split_grid = splits > 1 and m <= SPLIT_ROWS
     grid = (cdiv(n, t.block_n), grid_m, splits if split_grid else 1)
@@ -285,7 +337,7 @@ def _launch(
         m,
         n,
         k,
-        splitk.chunk(k, t.block_k, splits),
+        chunk,
         grid_m * bm,
         rows.stride(0),
         weight.stride(0),
@@ -303,6 +355,18 @@ def _launch(
         **launch_options(rows),
         PREFETCH_K=prefetch_k(weight, n * splits),
         GROUPS=groups,
+        **(_fp8_args(scales, k, t.block_k) if scales else {}),
+    )
+
+
+def _fp8_args(scales: Fp8Scales, k: int, block_k: int) -> dict:
+    """_linear_kernel's fp8 arguments."""
+    return dict(
+        s_ptr=scales.scale,
+        stride_sn=scales.scale.stride(1),
+        SBN=scales.block_n,
+        FP8=True,
+        SBK=scales.kernel_block_k(k, block_k),
     )
 
 

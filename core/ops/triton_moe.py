@@ -31,7 +31,16 @@ import triton.language as tl
 from . import triton_splitk as splitk
 from .gpu import launch_options, prefetch_k
 from .triton_align import Aligned, align
-from .triton_util import after_prior, cdiv, interpreting, mma, prefetch_rows
+from .triton_util import (
+    Fp8Scales,
+    after_prior,
+    cdiv,
+    interpreting,
+    mma,
+    prefetch_rows,
+    scale_rows,
+    weight_tile,
+)
 
 BLOCK_M = 128  # prompt passes (more than SMALL_ROWS rows)
 SMALL_BLOCK_M = 64  # decode-sized passes
@@ -127,6 +136,22 @@ def pick(
     return BLOCK_M, SWIGLU_TILES, DOWN_TILES
 
 
+# fp8 weights' (swiglu, down) tiles on a few rows' 16-row blocks, where measured faster than the
+# bf16 tiles (bench/fp8_kernels.py --tiles; none yet). BLOCK_K at most SPLIT_K_STEP and dividing
+# it (the dense FFN's chunks, the 128-long scale blocks); it changes no bits on the GPU (as
+# TINY_LONG_DOWN_TILES'); the interpreter keeps the bf16 tiles.
+FP8_FEW_ROWS_TILES: tuple[Tiles, Tiles] | None = None
+
+
+def fp8_tiles(block_m: int, sw: Tiles, dn: Tiles) -> tuple[Tiles, Tiles]:
+    """The (swiglu, down) tiles of an fp8 pass on `block_m`-row blocks (pick's sw, dn)."""
+    own = FP8_FEW_ROWS_TILES
+    if own is None or block_m != TINY_BLOCK_M or interpreting():
+        return sw, dn
+    assert all(SPLIT_K_STEP % t.block_k == 0 for t in own), own
+    return own
+
+
 ACTS = {"silu": 0, "silu_clamp": 1, "gelu_tanh": 2}
 
 
@@ -167,9 +192,14 @@ def _gate_up_chunk(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    s1_rows,
+    s3_rows,
+    FP8: tl.constexpr,
+    SBK: tl.constexpr,
 ):
     """Σ over k in [k_lo, k_hi) of x[src, k] · w1[e, rn, k] and of · w3[e, rn, k], in BK
-    steps from k_lo upward, each in one fp32 accumulator."""
+    steps from k_lo upward, each in one fp32 accumulator (FP8: the weights dequantized in
+    registers, triton_util.weight_tile)."""
     rk = tl.arange(0, BK)
     x_ptrs = x_ptr + src[:, None] * stride_xm + (k_lo + rk)[None, :]
     w1_ptrs = w1_ptr + e64 * stride_1e + rn[None, :].to(tl.int64) * stride_1n + (k_lo + rk)[:, None]
@@ -179,8 +209,12 @@ def _gate_up_chunk(
     for k0 in range(k_lo, k_hi, BK):
         kin = (k0 + rk) < k_hi
         a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        b1 = tl.load(w1_ptrs, mask=nmask & kin[:, None], other=0.0)
-        b3 = tl.load(w3_ptrs, mask=nmask & kin[:, None], other=0.0)
+        b1 = weight_tile(
+            w1_ptrs, nmask & kin[:, None], s1_rows, k0, x_ptr.dtype.element_ty, FP8, SBK
+        )
+        b3 = weight_tile(
+            w3_ptrs, nmask & kin[:, None], s3_rows, k0, x_ptr.dtype.element_ty, FP8, SBK
+        )
         acc1 = mma(a, b1, acc1, IEEE, INTERP)
         acc3 = mma(a, b3, acc3, IEEE, INTERP)
         x_ptrs += BK
@@ -208,9 +242,12 @@ def _down_chunk(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    s_rows,
+    FP8: tl.constexpr,
+    SBK: tl.constexpr,
 ):
     """Σ over k in [k_lo, k_hi) of g[rows, k] · w2[e, rn, k] (g's rows K long), in BK steps
-    from k_lo upward, in one fp32 accumulator."""
+    from k_lo upward, in one fp32 accumulator (FP8: w2 dequantized in registers)."""
     rk = tl.arange(0, BK)
     g_ptrs = g_ptr + rows[:, None] * K + (k_lo + rk)[None, :]
     w_ptrs = w2_ptr + e64 * stride_2e + rn[None, :].to(tl.int64) * stride_2n + (k_lo + rk)[:, None]
@@ -218,7 +255,7 @@ def _down_chunk(
     for k0 in range(k_lo, k_hi, BK):
         kin = (k0 + rk) < k_hi
         a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        b = tl.load(w_ptrs, mask=nmask & kin[:, None], other=0.0)
+        b = weight_tile(w_ptrs, nmask & kin[:, None], s_rows, k0, g_ptr.dtype.element_ty, FP8, SBK)
         acc = mma(a, b, acc, IEEE, INTERP)
         g_ptrs += BK
         w_ptrs += BK
@@ -253,6 +290,10 @@ def _gate_up_walk(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    s1_rows,
+    s3_rows,
+    FP8: tl.constexpr,
+    SBK: tl.constexpr,
 ):
     """_gate_up_chunk over each chunk of CHUNK in [0, k_end), the chunks' sums added from +0 in
     chunk order: the same operations as a loop a chunk, in one loop (one pipeline): a chunk's
@@ -268,8 +309,12 @@ def _gate_up_walk(
     for k0 in range(0, k_end, BK):
         kin = (k0 + rk) < k_end
         a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        b1 = tl.load(w1_ptrs, mask=nmask & kin[:, None], other=0.0)
-        b3 = tl.load(w3_ptrs, mask=nmask & kin[:, None], other=0.0)
+        b1 = weight_tile(
+            w1_ptrs, nmask & kin[:, None], s1_rows, k0, x_ptr.dtype.element_ty, FP8, SBK
+        )
+        b3 = weight_tile(
+            w3_ptrs, nmask & kin[:, None], s3_rows, k0, x_ptr.dtype.element_ty, FP8, SBK
+        )
         acc1 = mma(a, b1, acc1, IEEE, INTERP)
         acc3 = mma(a, b3, acc3, IEEE, INTERP)
         end = _chunk_end(k0, k_end, CHUNK, BK)
@@ -302,6 +347,9 @@ def _down_walk(
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
+    s_rows,
+    FP8: tl.constexpr,
+    SBK: tl.constexpr,
 ):
     """_down_chunk over each chunk of CHUNK in [0, k_end), summed as _gate_up_walk sums."""
     rk = tl.arange(0, BK)
@@ -312,7 +360,7 @@ def _down_walk(
     for k0 in range(0, k_end, BK):
         kin = (k0 + rk) < k_end
         a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        b = tl.load(w_ptrs, mask=nmask & kin[:, None], other=0.0)
+        b = weight_tile(w_ptrs, nmask & kin[:, None], s_rows, k0, g_ptr.dtype.element_ty, FP8, SBK)
         acc = mma(a, b, acc, IEEE, INTERP)
         end = _chunk_end(k0, k_end, CHUNK, BK)
         tot = tl.where(end, tot + acc, tot)
@@ -357,11 +405,22 @@ def _swiglu_kernel(
     ws_rows=0,
     SPLITS: tl.constexpr = 1,
     SPLIT_GRID: tl.constexpr = False,
+    s1_ptr=None,
+    s3_ptr=None,
+    stride_s1e=0,
+    stride_s1n=0,
+    stride_s3e=0,
+    stride_s3n=0,
+    SBN=1,
+    FP8: tl.constexpr = False,
+    SBK: tl.constexpr = 0,
 ):
     """SPLITS > 1 (the dense FFN, dense_splits): K in SPLITS chunks of CHUNK, each product's
     chunks summed in chunk order: by one program (a prompt pass), or (SPLIT_GRID) a program
     a chunk (grid axis 2) whose partials go to ws [SPLITS, 2, ws_rows, I] fp32 and the tile's
-    last to arrive adds them up (triton_splitk's order)."""
+    last to arrive adds them up (triton_splitk's order). FP8: w1 and w3 hold e4m3 codes, row r
+    of expert e in k block j scaled by s[e, r // SBN, j] (k blocks SBK long, 0: one),
+    dequantized in registers (triton_util.weight_tile)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -380,6 +439,11 @@ def _swiglu_kernel(
     e64 = tl.where(live, e, 0).to(tl.int64)
     k_end = tl.where(live, K, 0)
     nmask = rn[None, :] < I
+    s1_rows = rn
+    s3_rows = rn
+    if FP8:
+        s1_rows = scale_rows(s1_ptr, e64, rn, I, stride_s1e, stride_s1n, SBN)
+        s3_rows = scale_rows(s3_ptr, e64, rn, I, stride_s3e, stride_s3n, SBN)
     rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
     finish = True
     if SPLITS == 1:
@@ -404,6 +468,10 @@ def _swiglu_kernel(
             BM,
             BN,
             BK,
+            s1_rows,
+            s3_rows,
+            FP8,
+            SBK,
         )
     elif SPLIT_GRID:
         sp = tl.program_id(2)
@@ -428,6 +496,10 @@ def _swiglu_kernel(
             BM,
             BN,
             BK,
+            s1_rows,
+            s3_rows,
+            FP8,
+            SBK,
         )
         live_ws = valid[:, None] & nmask
         ws = ws_ptr + rows[:, None] * I + rn[None, :]
@@ -464,6 +536,10 @@ def _swiglu_kernel(
             BM,
             BN,
             BK,
+            s1_rows,
+            s3_rows,
+            FP8,
+            SBK,
         )
     if finish:
         dt = g_ptr.dtype.element_ty
@@ -500,8 +576,15 @@ def _down_kernel(
     ws_rows=0,
     SPLITS: tl.constexpr = 1,
     SPLIT_GRID: tl.constexpr = False,
+    s2_ptr=None,
+    stride_s2e=0,
+    stride_s2n=0,
+    SBN=1,
+    FP8: tl.constexpr = False,
+    SBK: tl.constexpr = 0,
 ):
-    """SPLITS > 1: as _swiglu_kernel's, with ws [SPLITS, ws_rows, H] fp32."""
+    """SPLITS > 1: as _swiglu_kernel's, with ws [SPLITS, ws_rows, H] fp32. FP8: as
+    _swiglu_kernel's, for w2."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -526,6 +609,9 @@ def _down_kernel(
     e64 = tl.where(live, e, 0).to(tl.int64)
     k_end = tl.where(live, K, 0)
     nmask = rn[None, :] < H
+    s_rows = rn
+    if FP8:
+        s_rows = scale_rows(s2_ptr, e64, rn, H, stride_s2e, stride_s2n, SBN)
     finish = True
     if SPLITS == 1:
         acc = _down_chunk(
@@ -546,6 +632,9 @@ def _down_kernel(
             BM,
             BN,
             BK,
+            s_rows,
+            FP8,
+            SBK,
         )
     elif SPLIT_GRID:
         sp = tl.program_id(2)
@@ -567,6 +656,9 @@ def _down_kernel(
             BM,
             BN,
             BK,
+            s_rows,
+            FP8,
+            SBK,
         )
         live_ws = valid[:, None] & nmask
         ws = ws_ptr + rows[:, None] * H + rn[None, :]
@@ -596,6 +688,9 @@ def _down_kernel(
             BM,
             BN,
             BK,
+            s_rows,
+            FP8,
+            SBK,
         )
     if finish:
         y = acc.to(g_ptr.dtype.element_ty)  # the expert's output in the model dtype
@@ -725,10 +820,12 @@ def _experts(
     act: str,
     limit: float,
     splits: tuple[int, int] = (1, 1),
+    scales: tuple[Fp8Scales, Fp8Scales, Fp8Scales] | None = None,
 ) -> None:
     """x [N, H]; w1, w3 [E, I, H]; w2 [E, H, I] (each row contiguous; any strides between rows
     and experts); out [pairs, H] gets each pair's output, in out's dtype. splits: the gate/up
-    and the down products' K chunks (dense_splits)."""
+    and the down products' K chunks (dense_splits). scales: the weights are e4m3 codes, with
+    these scales (w1's and w3's of one block shape)."""
     e, i, h = w1.shape
     assert w3.shape == w1.shape and w2.shape == (e, h, i)
     assert w1.stride(-1) == 1 and w3.stride(-1) == 1 and w2.stride(-1) == 1
@@ -773,6 +870,7 @@ def _experts(
         **launch_options(x),
         PREFETCH_K=pre_sw,
         **split,
+        **(_gate_up_scales(scales[0], scales[1], h, t) if scales else {}),
     )
     t = dn
     rw = route_weights.reshape(-1) if route_weights is not None else g
@@ -803,6 +901,35 @@ def _experts(
         **launch_options(g),
         PREFETCH_K=prefetch_k(w2, h * ex) if ex else 0,
         **split,
+        **(_down_scales(scales[2], i, t) if scales else {}),
+    )
+
+
+def _gate_up_scales(s1: Fp8Scales, s3: Fp8Scales, k: int, t: Tiles) -> dict:
+    """_swiglu_kernel's fp8 arguments."""
+    assert (s1.block_n, s1.block_k) == (s3.block_n, s3.block_k)
+    return dict(
+        s1_ptr=s1.scale,
+        s3_ptr=s3.scale,
+        stride_s1e=s1.scale.stride(0),
+        stride_s1n=s1.scale.stride(1),
+        stride_s3e=s3.scale.stride(0),
+        stride_s3n=s3.scale.stride(1),
+        SBN=s1.block_n,
+        FP8=True,
+        SBK=s1.kernel_block_k(k, t.block_k),
+    )
+
+
+def _down_scales(s2: Fp8Scales, k: int, t: Tiles) -> dict:
+    """_down_kernel's fp8 arguments."""
+    return dict(
+        s2_ptr=s2.scale,
+        stride_s2e=s2.scale.stride(0),
+        stride_s2n=s2.scale.stride(1),
+        SBN=s2.block_n,
+        FP8=True,
+        SBK=s2.kernel_block_k(k, t.block_k),
     )
 
 
@@ -820,21 +947,41 @@ def moe(
     round_sum: bool = False,
     plus: torch.Tensor | None = None,
     sum_slots: bool = True,
+    scales: tuple[Fp8Scales, Fp8Scales, Fp8Scales] | None = None,
 ) -> torch.Tensor:
     """x [N, H]; weights [N, k] (any float dtype); experts [N, k]; w1, w3 E x [I, H] or
     [E, I, H]; w2 E x [H, I] or [E, H, I] -> Σ_j weights[:, j] · expert_j(x) [N, H], in slot
     order. slot_dtype: each slot's y·w is kept in it (default x's dtype; torch.float32 keeps the
     products unrounded). round_sum: each add of the slot sum rounded to x's dtype, else summed in
     fp32. plus [N, H]: added last (before the final rounding). sum_slots=False: the slots
-    [N, k, H] as they are (their sum left to the caller: slot_sum, or add_rms_norm's)."""
+    [N, k, H] as they are (their sum left to the caller: slot_sum, or add_rms_norm's).
+    scales: w1, w3, w2 are [E, ·, ·] e4m3 codes with these scales (triton_fp8.moe_fp8)."""
     n, k = experts.shape
     s1, s3, s2 = stacked(w1), stacked(w3), stacked(w2)
     bm, sw, dn = pick(n, s1.shape[1], n * k, s1.shape[0])
+    if scales is not None:
+        sw, dn = fp8_tiles(bm, sw, dn)
     al = prealigned(experts, s1.shape[0], bm) or align(experts, s1.shape[0], bm)
     h = x.shape[1]
     slots = torch.empty(n * k, h, dtype=slot_dtype or x.dtype, device=x.device)
     if n:
-        _experts(x, al, n * k, k, s1, s3, s2, weights.contiguous(), slots, bm, sw, dn, act, limit)
+        _experts(
+            x,
+            al,
+            n * k,
+            k,
+            s1,
+            s3,
+            s2,
+            weights.contiguous(),
+            slots,
+            bm,
+            sw,
+            dn,
+            act,
+            limit,
+            scales=scales,
+        )
     if not sum_slots:
         return slots.view(n, k, h)
     return slot_sum(slots.view(n, k, h), x.dtype, round_sum, plus)
@@ -886,9 +1033,11 @@ def gated_ffn(
     *,
     act: str = "silu",
     limit: float = 0.0,
+    scales: tuple[Fp8Scales, Fp8Scales, Fp8Scales] | None = None,
 ) -> torch.Tensor:
     """The dense gated FFN through the same kernels, every row one pair of one expert.
-    x [N, H]; w1, w3 [I, H] (views of a fused [2I, H] are fine); w2 [H, I] -> [N, H]."""
+    x [N, H]; w1, w3 [I, H] (views of a fused [2I, H] are fine); w2 [H, I] -> [N, H].
+    scales: the weights are e4m3 codes with these scales, each [1, ·, ·] (triton_fp8)."""
     n, h = x.shape
     out = torch.empty(n, h, dtype=x.dtype, device=x.device)
     if n == 0:
@@ -896,6 +1045,8 @@ def gated_ffn(
     i = w1.shape[0]
     splits = (dense_splits(i, h), dense_splits(h, i))
     bm, sw, dn = pick(n, i, hidden=h, split=max(splits) > 1)
+    if scales is not None:
+        sw, dn = fp8_tiles(bm, sw, dn)
     _experts(
         x,
         _identity(n, x.device, bm),
@@ -912,6 +1063,7 @@ def gated_ffn(
         act,
         limit,
         splits,
+        scales,
     )
     return out
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
 
@@ -20,6 +23,26 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """The least power of two >= n (0 for 0), as triton.next_power_of_2, on the host."""
     return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+@dataclass(frozen=True)
+class Fp8Scales:
+    """An fp8 weight's scales as the kernels read them (triton_fp8 makes them): scale
+    [E, row blocks, k blocks] float32 (unit stride along k; E 1 for a lone matrix), row r of
+    expert e in k block j scaled by scale[e, r // block_n, j]; block_k a multiple of 128 (a
+    kernel's BK steps then each lie in one k block) or the whole K."""
+
+    scale: torch.Tensor
+    block_n: int
+    block_k: int
+
+    def kernel_block_k(self, k: int, step: int) -> int:
+        """A kernel's SBK for a product over k in `step`-long steps: block_k, or 0 for one block
+        over all of k."""
+        if self.block_k >= k:
+            return 0
+        assert self.block_k % step == 0, (self.block_k, step)
+        return self.block_k
 
 
 if interpreting():
@@ -90,3 +113,29 @@ def publish_writes(INTERP: tl.constexpr):
             "fence.acq_rel.gpu; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1
         )
     tl.debug_barrier()
+
+
+@triton.jit
+def scale_rows(s_ptr, e64, rn, N, stride_se, stride_sn, SBN):
+    """An fp8 weight's [1, BN] pointers to the scales of its columns rn (rows of the weight, of
+    expert e64 in a stack) at k block 0: the scale of row r sits at row block r // SBN (rows past
+    N read the last row's, never stored)."""
+    blocks = tl.minimum(rn, N - 1) // SBN
+    return s_ptr + e64 * stride_se + blocks[None, :].to(tl.int64) * stride_sn
+
+
+@triton.jit
+def weight_tile(w_ptrs, mask, s_rows, k0, dt: tl.constexpr, FP8: tl.constexpr, SBK: tl.constexpr):
+    """A weight's [BK, BN] tile at w_ptrs (0 where masked out), the BK step at k0, for an MMA in
+    dt. FP8: e4m3 codes dequantized in registers, each times its block's scale in fp32, rounded
+    to dt: the torch reference's `(q.float() * scale).to(dt)`, so the product's bits are those
+    of the same kernel over the dequantized weight. s_rows: scale_rows' pointers; the step lies
+    in one k block of SBK (a multiple of BK), or SBK is 0 (one block over all of K)."""
+    w = tl.load(w_ptrs, mask=mask, other=0.0)
+    if FP8:
+        if SBK > 0:
+            s = tl.load(s_rows + k0 // SBK)
+        else:
+            s = tl.load(s_rows)
+        w = (w.to(tl.float32) * s).to(dt)
+    return w

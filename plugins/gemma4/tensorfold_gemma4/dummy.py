@@ -23,6 +23,7 @@ import torch
 from tensorfold.engine.dummy_draws import dummy_lm_head, rank_draws
 from tensorfold.family import Shard, block
 from tensorfold.ops import parallel
+from tensorfold.ops.fp8 import Fp8Weight, quantize_blocks
 
 from . import shards
 from .config import DEFAULT_ROPE, FULL, SLIDING, Gemma4Config
@@ -149,20 +150,53 @@ def dummy_weights(
     return ModelWeights(embed, init.norm(h), lm_head, layers, ple_embed, ple_projection, ple_norm)
 
 
+def quantized(weights: ModelWeights) -> ModelWeights:
+    """--quantization fp8 on dummy weights: the linears weights.py reads with `read.linear`
+    quantized to 128 x 128 blocks as the loader quantizes them (q, k and v apart, then joined;
+    each expert stack a matrix at a time), one layer at a time."""
+    for layer in weights.layers:
+        a = layer.attention
+
+        def fp8(t: torch.Tensor | None) -> Fp8Weight | None:
+            return None if t is None else quantize_blocks(t)
+
+        layer.attention = AttentionWeights(
+            fp8(a.q),
+            fp8(a.k),
+            fp8(a.v),
+            fp8(a.o),
+            a.q_norm,
+            a.k_norm,
+        )
+        m = layer.mlp
+        m.gate, m.up, m.down = (quantize_blocks(t) for t in (m.gate, m.up, m.down))
+        if layer.moe is not None:
+            layer.moe.gate_up = quantize_blocks(layer.moe.gate_up)
+            layer.moe.down = quantize_blocks(layer.moe.down)
+    return weights
+
+
 def build_dummy(
     cfg: str | Gemma4Config,
     device: str = "cuda",
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
     std: float = 0.02,
+    quantization: str = "auto",
 ) -> Gemma4Model:
-    """A model at `cfg` (a name in SHAPES, or a config) with dummy weights on `device`."""
+    """A model at `cfg` (a name in SHAPES, or a config) with dummy weights on `device`; its
+    linears in fp8 with quantization="fp8" (`quantized`)."""
     config = SHAPES[cfg] if isinstance(cfg, str) else cfg
-    return Gemma4Model(config, dummy_weights(config, device, dtype, seed, std), device, dtype)
+    weights = dummy_weights(config, device, dtype, seed, std)
+    if quantization == "fp8":
+        weights = quantized(weights)
+    return Gemma4Model(config, weights, device, dtype)
 
 
-def load_dummy(config: dict, device: str, dtype: str) -> Gemma4Model:
-    """TF_LOAD_FORMAT=dummy: the checkpoint's config.json with random weights."""
+def load_dummy(config: dict, device: str, dtype: str, quantization: str = "auto") -> Gemma4Model:
+    """TF_LOAD_FORMAT=dummy: the checkpoint's config.json with random weights (fp8 linears under
+    --quantization fp8)."""
     from tensorfold.family.checkpoint import torch_dtype
 
-    return build_dummy(Gemma4Config.from_dict(config, "config.json"), device, torch_dtype(dtype))
+    cfg = Gemma4Config.from_dict(config, "config.json")
+    return build_dummy(cfg, device, torch_dtype(dtype), quantization=quantization)

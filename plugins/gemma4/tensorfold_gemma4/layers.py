@@ -19,6 +19,7 @@ import torch
 from tensorfold.family.forward_pass import ForwardPass
 from tensorfold.ops import parallel
 from tensorfold.ops.attention import paged_attention
+from tensorfold.ops.fp8 import kernels_take, kernels_take_ffn
 from tensorfold.ops.linear import linear
 from tensorfold.ops.rope import norm_rope, qkv_heads
 
@@ -82,13 +83,14 @@ def attention(
 def mlp(w: MlpWeights, x: torch.Tensor) -> torch.Tensor:
     """GeGLU: down(gelu_tanh(gate x) · up x). x [N, H] -> [N, H]; under tensor parallel this
     rank's channels' part (see ffn_sums). On the GPU: the gated-FFN kernels of
-    tensorfold.ops.triton_moe (K in fixed blocks: batch-invariant)."""
+    tensorfold.ops.triton_moe (K in fixed blocks: batch-invariant), in their fp8 form for fp8
+    weights (tensorfold.ops.triton_fp8)."""
     from tensorfold.ops.gpu import use_triton
 
-    if use_triton(x):
-        from tensorfold.ops import triton_moe
+    if use_triton(x) and kernels_take_ffn(w.gate, w.up, w.down):
+        from tensorfold.ops import triton_fp8
 
-        return triton_moe.gated_ffn(x, w.gate, w.up, w.down, act="gelu_tanh")
+        return triton_fp8.ffn_kernel(x, w.gate, w.up, w.down, act="gelu_tanh")
     return linear(gelu_tanh(linear(x, w.gate)) * linear(x, w.up), w.down)
 
 
@@ -147,7 +149,8 @@ def experts_ffn(
     kept in fp32 and summed in slot order, then rounded to x's dtype (the reference's grouped_mm
     path). An expert's rows are gathered and multiplied on their own, so a row's result does not
     depend on which other rows share its experts. On the GPU: tensorfold.ops.triton_moe, the
-    gate and up halves of gate_up read as strided views.
+    gate and up halves of gate_up read as strided views (fp8: its fp8 form, triton_fp8, the
+    halves cut once, gate_and_up).
 
     Under expert parallel gate_up and down hold this rank's experts, first .. first + E - 1:
     returns their share of the sum, in fp32 [N, H] (tensorfold.ops.parallel.local_moe, on the
@@ -167,18 +170,12 @@ def experts_ffn(
             act="gelu_tanh",
             fp32_slots=True,
         )
-    if use_triton(x):
-        from tensorfold.ops import triton_moe
+    if use_triton(x) and kernels_take(gate_up, down):
+        from tensorfold.ops import triton_fp8
 
-        return triton_moe.moe(
-            x,
-            weights,
-            experts,
-            gate_up[:, :i],
-            gate_up[:, i:],
-            down,
-            act="gelu_tanh",
-            slot_dtype=torch.float32,
+        gate, up = triton_fp8.gate_and_up(gate_up, i)
+        return triton_fp8.moe_kernel(
+            x, weights, experts, gate, up, down, act="gelu_tanh", slot_dtype=torch.float32
         )
     n, k = experts.shape
     flat = experts.reshape(-1)  # entry r*k + j is row r's slot j

@@ -15,6 +15,10 @@ GEMMA4 = FamilySpec(
     dummy="tensorfold_gemma4.dummy:load_dummy",
     serves=("gemma4", "gemma4_text", "Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"),
     hooks="tensorfold_gemma4.hooks:HOOKS",
+    # attention, the dense MLP and the fused experts of the text layers (weights.py); the
+    # per-layer-embedding maps, the router and the towers stay
+    fp8_linears=r"^model\.(language_model\.)?layers\.\d+\.(self_attn\.[qkvo]_proj\.weight|"
+    r"mlp\.(gate|up|down)_proj\.weight|experts\.(gate_up|down)_proj)$",
     description="Gemma 4 (Google) text models: sliding-window and full attention, a dense GeGLU "
     "beside softmax-routed experts, per-layer embeddings and KV sharing (images and audio not "
     "served yet)",

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tensorfold.family.checkpoint import CheckpointError, TensorReader
+from tensorfold.ops.fp8 import Fp8Weight, cat_rows
 
 from . import shards
 from .config import Gemma4Config, Layer
@@ -38,17 +39,18 @@ class AttentionWeights:
     construction (every path that builds these weights, a rank's shards too): one product
     computes them all, in no more memory."""
 
-    q: torch.Tensor  # [heads*D, H]
-    k: torch.Tensor | None  # [kv_heads*D, H]; None on reuse layers
-    v: torch.Tensor | None  # [kv_heads*D, H]; None on reuse and k_eq_v layers
-    o: torch.Tensor  # [H, heads*D]
+    q: torch.Tensor | Fp8Weight  # [heads*D, H]
+    k: torch.Tensor | Fp8Weight | None  # [kv_heads*D, H]; None on reuse layers
+    v: torch.Tensor | Fp8Weight | None  # [kv_heads*D, H]; None on reuse and k_eq_v layers
+    o: torch.Tensor | Fp8Weight  # [H, heads*D]
     q_norm: torch.Tensor  # [D] fp32
     k_norm: torch.Tensor | None  # [D] fp32; None on reuse layers
-    qkv: torch.Tensor | None = field(init=False, repr=False)  # [(heads + 2·kv_heads)*D, H]
+    # [(heads + 2·kv_heads)*D, H]
+    qkv: torch.Tensor | Fp8Weight | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         parts = [t for t in (self.q, self.k, self.v) if t is not None]
-        self.qkv = torch.cat(parts) if len(parts) > 1 else None
+        self.qkv = cat_rows(parts) if len(parts) > 1 else None
         if self.qkv is not None:
             views = iter(self.qkv.split([len(t) for t in parts]))
             self.q = next(views)
@@ -58,9 +60,9 @@ class AttentionWeights:
 
 @dataclass
 class MlpWeights:
-    gate: torch.Tensor  # [I, H]
-    up: torch.Tensor  # [I, H]
-    down: torch.Tensor  # [H, I]
+    gate: torch.Tensor | Fp8Weight  # [I, H]
+    up: torch.Tensor | Fp8Weight  # [I, H]
+    down: torch.Tensor | Fp8Weight  # [H, I]
 
 
 @dataclass
@@ -68,8 +70,8 @@ class MoeWeights:
     router: torch.Tensor  # [E, H]
     router_scale: torch.Tensor  # [H]
     per_expert_scale: torch.Tensor  # [E]
-    gate_up: torch.Tensor  # [E, 2I, H]: gate rows, then up rows
-    down: torch.Tensor  # [E, H, I]
+    gate_up: torch.Tensor | Fp8Weight  # [E, 2I, H]: gate rows, then up rows
+    down: torch.Tensor | Fp8Weight  # [E, H, I]
     pre_norm: torch.Tensor  # [H] fp32: pre_feedforward_layernorm_2
     post_norm_mlp: torch.Tensor  # [H] fp32: post_feedforward_layernorm_1
     post_norm_experts: torch.Tensor  # [H] fp32: post_feedforward_layernorm_2
@@ -151,9 +153,9 @@ def layer_weights(read: TensorReader, cfg: Gemma4Config, layer: Layer) -> LayerW
         )
     m = f"{p}.mlp"
     mlp = MlpWeights(
-        read(f"{m}.gate_proj.weight", layer.mlp_size, h),
-        read(f"{m}.up_proj.weight", layer.mlp_size, h),
-        read(f"{m}.down_proj.weight", h, layer.mlp_size),
+        read.linear(f"{m}.gate_proj.weight", layer.mlp_size, h),
+        read.linear(f"{m}.up_proj.weight", layer.mlp_size, h),
+        read.linear(f"{m}.down_proj.weight", h, layer.mlp_size),
     )
     return LayerWeights(
         input_norm=read.upcast(f"{p}.input_layernorm.weight", h),
@@ -173,10 +175,10 @@ def _attention(read: TensorReader, cfg: Gemma4Config, layer: Layer, a: str) -> A
     q, kv = cfg.num_attention_heads * d, layer.kv_heads * d
     own = not layer.reuses_kv
     return AttentionWeights(
-        q=read(f"{a}.q_proj.weight", q, h),
-        k=read(f"{a}.k_proj.weight", kv, h) if own else None,
-        v=read(f"{a}.v_proj.weight", kv, h) if own and not layer.k_eq_v else None,
-        o=read(f"{a}.o_proj.weight", h, q),
+        q=read.linear(f"{a}.q_proj.weight", q, h),
+        k=read.linear(f"{a}.k_proj.weight", kv, h) if own else None,
+        v=read.linear(f"{a}.v_proj.weight", kv, h) if own and not layer.k_eq_v else None,
+        o=read.linear(f"{a}.o_proj.weight", h, q),
         q_norm=read.upcast(f"{a}.q_norm.weight", d),
         k_norm=read.upcast(f"{a}.k_norm.weight", d) if own else None,
     )
@@ -188,8 +190,8 @@ def _moe(read: TensorReader, cfg: Gemma4Config, p: str) -> MoeWeights:
         router=read(f"{p}.router.proj.weight", e, h),
         router_scale=read(f"{p}.router.scale", h),
         per_expert_scale=read(f"{p}.router.per_expert_scale", e),
-        gate_up=read(f"{p}.experts.gate_up_proj", e, 2 * i, h),
-        down=read(f"{p}.experts.down_proj", e, h, i),
+        gate_up=read.linear(f"{p}.experts.gate_up_proj", e, 2 * i, h),
+        down=read.linear(f"{p}.experts.down_proj", e, h, i),
         pre_norm=read.upcast(f"{p}.pre_feedforward_layernorm_2.weight", h),
         post_norm_mlp=read.upcast(f"{p}.post_feedforward_layernorm_1.weight", h),
         post_norm_experts=read.upcast(f"{p}.post_feedforward_layernorm_2.weight", h),

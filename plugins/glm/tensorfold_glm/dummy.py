@@ -24,6 +24,7 @@ import torch
 from tensorfold.engine.dummy_draws import Draws, dummy_lm_head, rank_draws
 from tensorfold.family import Shard, block
 from tensorfold.ops import parallel
+from tensorfold.ops.fp8 import Fp8Weight, cat_rows, empty_stack, put, quantize_blocks
 
 from . import shards
 from .config import DENSE, KDA, GlmConfig
@@ -175,24 +176,72 @@ def dummy_weights(
     return ModelWeights(embed, init.ones(h), lm_head, layers)
 
 
+def _fp8_rows(t: torch.Tensor, parts: int) -> Fp8Weight | torch.Tensor:
+    """A joined weight quantized as the loader quantizes its parts (each apart, then joined)."""
+    return cat_rows([quantize_blocks(p) for p in t.chunk(parts)])
+
+
+def _fp8_dense(w: DenseWeights) -> DenseWeights:
+    return DenseWeights(_fp8_rows(w.gate_up, 2), quantize_blocks(w.down))
+
+
+def quantized(weights: ModelWeights) -> ModelWeights:
+    """--quantization fp8 on dummy weights: the linears weights.py reads with `read.linear`
+    quantized to 128 x 128 blocks as the loader quantizes them (q, k and v apart, gate and up
+    apart, then joined; the experts one at a time into fp8 stacks), one layer at a time."""
+    for layer in weights.layers:
+        m = layer.mixer
+        if isinstance(m, KdaWeights):
+            fp8 = {
+                n: quantize_blocks(getattr(m, n)) for n in ("f_a", "f_b", "b", "g_a", "g_b", "o")
+            }
+            plain = {n: getattr(m, n) for n in ("conv", "dt_bias", "decay", "a_log", "o_norm")}
+            layer.mixer = KdaWeights(qkv=_fp8_rows(m.qkv, 3), **fp8, **plain)
+        else:
+            m.q_a, m.q_b, m.kv_a, m.o = (quantize_blocks(t) for t in (m.q_a, m.q_b, m.kv_a, m.o))
+        f = layer.ffn
+        if isinstance(f, DenseWeights):
+            layer.ffn = _fp8_dense(f)
+            continue
+        f.shared = _fp8_dense(f.shared)
+        gate_up = down = None
+        for e, expert in enumerate(f.experts):
+            one = _fp8_dense(expert)
+            if gate_up is None or down is None:
+                gate_up = empty_stack(one.gate_up, len(f.experts))
+                down = empty_stack(one.down, len(f.experts))
+            put(gate_up, e, one.gate_up)
+            put(down, e, one.down)
+        if gate_up is not None and down is not None:
+            f.experts = [DenseWeights(gate_up[e], down[e]) for e in range(len(f.experts))]
+    return weights
+
+
 def build_dummy(
     shape: str | GlmConfig,
     device: str = "cuda",
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
     std: float = 0.02,
+    quantization: str = "auto",
 ) -> GlmModel:
-    """A model at `shape` (a name in SHAPES, or a config) with dummy weights on `device`."""
+    """A model at `shape` (a name in SHAPES, or a config) with dummy weights on `device`; its
+    linears in fp8 with quantization="fp8" (`quantized`)."""
     cfg = SHAPES[shape] if isinstance(shape, str) else shape
     name = str(dtype).removeprefix("torch.")
-    return GlmModel(cfg, dummy_weights(cfg, device, dtype, seed, std), device, name)
+    weights = dummy_weights(cfg, device, dtype, seed, std)
+    if quantization == "fp8":
+        weights = quantized(weights)
+    return GlmModel(cfg, weights, device, name)
 
 
-def load_dummy(config: dict, device: str, dtype: str) -> GlmModel:
-    """TF_LOAD_FORMAT=dummy: the checkpoint's config.json with random weights."""
+def load_dummy(config: dict, device: str, dtype: str, quantization: str = "auto") -> GlmModel:
+    """TF_LOAD_FORMAT=dummy: the checkpoint's config.json with random weights (fp8 linears under
+    --quantization fp8)."""
     from tensorfold.family.checkpoint import torch_dtype
 
-    return build_dummy(GlmConfig.from_dict(config), device, torch_dtype(dtype))
+    cfg = GlmConfig.from_dict(config)
+    return build_dummy(cfg, device, torch_dtype(dtype), quantization=quantization)
 
 
 def expert_stacks(w: MoeWeights) -> tuple[torch.Tensor, torch.Tensor]:

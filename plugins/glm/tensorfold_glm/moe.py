@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from tensorfold.ops import parallel
+from tensorfold.ops.fp8 import kernels_take
 from tensorfold.ops.gpu import use_triton
 from tensorfold.ops.linear import linear
 
@@ -34,13 +35,21 @@ from .weights import DenseWeights, MoeWeights
 
 
 def swiglu(x: torch.Tensor, w: DenseWeights, limit: float) -> torch.Tensor:
-    """x [n, H] -> [n, H]."""
-    if use_triton(x):
+    """x [n, H] -> [n, H]. fp8 weights: linear_fp8's products (on the GPU the fp8 form of the
+    same kernels, triton_ffn)."""
+    if use_triton(x) and kernels_take(w.gate_up, w.down):
         from .triton_ffn import swiglu as triton_swiglu
 
         return triton_swiglu(x, w, limit)
     gate, up = linear(x, w.gate_up).chunk(2, dim=-1)
     return linear(silu(gate.clamp(max=limit)) * up.clamp(-limit, limit), w.down)
+
+
+def kernels_take_layer(w: MoeWeights) -> bool:
+    """Whether the GPU's kernels take the layer's experts and shared expert as stored (plain,
+    or fp8 of blocks they read: tensorfold.ops.fp8.kernels_take); else the torch path."""
+    routed = [w.experts[0].gate_up, w.experts[0].down] if w.experts else []
+    return kernels_take(w.shared.gate_up, w.shared.down, *routed)
 
 
 def _ranked(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -76,7 +85,7 @@ def moe(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     depend on which rows share its experts) plus the shared expert."""
     if parallel.current().world > 1:
         return parallel.sum_partials(moe_partial(cfg, x, w), x.dtype)
-    if use_triton(x):
+    if use_triton(x) and kernels_take_layer(w):
         from .triton_ffn import moe as triton_moe
 
         return triton_moe(cfg, x, w)
@@ -107,7 +116,7 @@ def moe(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
 def moe_partial(cfg: GlmConfig, x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     """This rank's share of the MoE, fp32 [N, H]: its routed experts' slots (each rounded to
     x's dtype, summed in expert order in fp32) plus its part of the shared expert."""
-    if use_triton(x):
+    if use_triton(x) and kernels_take_layer(w):
         from .triton_ffn import moe_partial as triton_partial
 
         return triton_partial(cfg, x, w)

@@ -16,6 +16,11 @@ GLM5_NEXT = FamilySpec(
     dummy="tensorfold_glm.dummy:load_dummy",
     serves=("glm5_next", "glm5_next_text", "Glm5NextForConditionalGeneration"),
     hooks="tensorfold_glm.hooks:HOOKS",
+    # KDA's and MLA's projections, dense FFNs, routed and shared experts, and the MTP layer's
+    # (weights.py); kv_b_proj (absorbed per head), the indexer, routers and mHC stay
+    fp8_linears=r"^model\.(language_model\.)?layers\.\d+\.(self_attn\.([qkvob]|f_a|f_b|g_a|"
+    r"g_b|q_a|q_b|kv_a)(_proj|_proj_with_mqa)\.weight|mlp\.(experts\.\d+\.|shared_experts\.)?"
+    r"(gate|up|down)_proj\.weight|eh_proj\.weight)$",
     description="GLM-5.3-Flash (Z.ai) text model: KDA linear attention, MLA with the DSA "
     "k-pool indexer, 4-stream mHC residual, sigmoid-routed MoE with a shared expert",
 )

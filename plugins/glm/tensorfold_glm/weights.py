@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from tensorfold.family.checkpoint import TensorReader
+from tensorfold.ops.fp8 import Fp8Weight, cat_rows, empty_stack, put
 
 from . import shards
 from .config import DENSE, KDA, GlmConfig
@@ -35,11 +36,15 @@ if TYPE_CHECKING:
 F32 = torch.float32
 
 
-def joint_rows(weights: object, *names: str) -> torch.Tensor:
+Weight = torch.Tensor | Fp8Weight  # a linear's: fp8 when stored or quantized so (docs/fp8.md)
+
+
+def joint_rows(weights: object, *names: str) -> Weight:
     """The named [*, H] maps of one input as one weight, their rows in the order named, each
     name re-pointed at its rows (a view): one product on the GPU instead of one a map, with no
-    second copy. Not a dataclass field, so a census of the fields counts each byte once."""
-    joint = torch.cat([getattr(weights, n) for n in names])
+    second copy. Not a dataclass field, so a census of the fields counts each byte once. fp8
+    maps join as fp8 (cat_rows), plain ones as tensors."""
+    joint = cat_rows([getattr(weights, n) for n in names])
     row = 0
     for n in names:
         rows = getattr(weights, n).shape[0]
@@ -57,18 +62,18 @@ class HcWeights:
 
 @dataclass
 class KdaWeights:
-    qkv: torch.Tensor  # [3D, H]: q_proj, k_proj, v_proj rows
+    qkv: Weight  # [3D, H]: q_proj, k_proj, v_proj rows
     conv: torch.Tensor  # [3D, K] fp32: q, k, v conv1d
-    f_a: torch.Tensor  # [Dk, H]
-    f_b: torch.Tensor  # [D, Dk]
+    f_a: Weight  # [Dk, H]
+    f_b: Weight  # [D, Dk]
     dt_bias: torch.Tensor  # [D] fp32
     decay: torch.Tensor  # [heads] fp32: exp(A_log)
     a_log: torch.Tensor  # [heads] fp32: A_log (the GPU kernel takes its exp itself)
-    b: torch.Tensor  # [heads, H]
-    g_a: torch.Tensor  # [Dk, H]
-    g_b: torch.Tensor  # [D, Dk]
+    b: Weight  # [heads, H]
+    g_a: Weight  # [Dk, H]
+    g_b: Weight  # [D, Dk]
     o_norm: torch.Tensor  # [Dk]
-    o: torch.Tensor  # [H, D]
+    o: Weight  # [H, D]
 
     def __post_init__(self) -> None:
         self.x_maps = joint_rows(self, "f_a", "g_a", "b")  # [2Dk + heads, H]: one product of x
@@ -91,24 +96,24 @@ class IndexerWeights:
 
 @dataclass
 class MlaWeights:
-    q_a: torch.Tensor  # [q_lora_rank, H]
+    q_a: Weight  # [q_lora_rank, H]
     q_a_bias: torch.Tensor | None
     q_a_norm: torch.Tensor  # [q_lora_rank]
-    q_b: torch.Tensor  # [heads*dn, q_lora_rank]
-    kv_a: torch.Tensor  # [r, H]
+    q_b: Weight  # [heads*dn, q_lora_rank]
+    kv_a: Weight  # [r, H]
     kv_a_bias: torch.Tensor | None
     kv_a_norm: torch.Tensor  # [r]
     w_uk: torch.Tensor  # [heads, r, dn]: kv_b_proj's key rows, transposed per head
     w_uv: torch.Tensor  # [heads, dv, r]: kv_b_proj's value rows
-    o: torch.Tensor  # [H, heads*dv]
+    o: Weight  # [H, heads*dv]
     o_bias: torch.Tensor | None
     indexer: IndexerWeights | None  # None: a "shared" layer
 
 
 @dataclass
 class DenseWeights:
-    gate_up: torch.Tensor  # [2I, H]: gate rows, then up rows
-    down: torch.Tensor  # [H, I]
+    gate_up: Weight  # [2I, H]: gate rows, then up rows
+    down: Weight  # [H, I]
 
 
 @dataclass
@@ -119,7 +124,7 @@ class MoeWeights:
     shared: DenseWeights
     first_expert: int = 0  # experts[j] is expert first_expert + j
     # (gate_up [E, 2I, H], down [E, H, I]) that the experts view: the grouped kernels' operands
-    stacks: tuple[torch.Tensor, torch.Tensor] | None = None
+    stacks: tuple[Weight, Weight] | None = None
 
 
 @dataclass
@@ -137,7 +142,7 @@ class MtpWeights:
     embed: torch.Tensor  # [V, H]: the layer's own embed_tokens, else the trunk's (same tensor)
     enorm: torch.Tensor  # [H]: RMSNorm of the next token's embedding
     hnorm: torch.Tensor  # [H]: RMSNorm of the incoming hidden state
-    eh_proj: torch.Tensor  # [H, 2H]: its input columns [enorm(e) | hnorm(h)]
+    eh_proj: Weight  # [H, 2H]: its input columns [enorm(e) | hnorm(h)]
     layer: LayerWeights
     norm: torch.Tensor  # [H]: shared_head.norm
     head: torch.Tensor  # [V, H]: shared_head.head, else the trunk's lm_head (same tensor)
@@ -215,7 +220,7 @@ def _mtp(
         embed=read(f"{p}.embed_tokens.weight", v, h) if own(f"{p}.embed_tokens.weight") else embed,
         enorm=read(f"{p}.enorm.weight", h),
         hnorm=read(f"{p}.hnorm.weight", h),
-        eh_proj=read(f"{p}.eh_proj.weight", h, 2 * h),
+        eh_proj=read.linear(f"{p}.eh_proj.weight", h, 2 * h),
         layer=_layer(read, cfg, p, cfg.mtp_layer_type, cfg.mtp_mlp_type, True),
         norm=read(f"{p}.shared_head.norm.weight", h),
         head=(
@@ -242,20 +247,20 @@ def _kda(read: TensorReader, cfg: GlmConfig, p: str) -> KdaWeights:
     a = f"{p}.self_attn"
     a_log = read(f"{a}.A_log", heads, dtype=F32)
     return KdaWeights(
-        qkv=torch.cat([read(f"{a}.{x}_proj.weight", d, h) for x in "qkv"]),
+        qkv=cat_rows([read.linear(f"{a}.{x}_proj.weight", d, h) for x in "qkv"]),
         conv=torch.cat([read(f"{a}.{x}_conv1d.weight", d, 1, k, dtype=F32) for x in "qkv"]).reshape(
             -1, k
         ),
-        f_a=read(f"{a}.f_a_proj.weight", dk, h),
-        f_b=read(f"{a}.f_b_proj.weight", d, dk),
+        f_a=read.linear(f"{a}.f_a_proj.weight", dk, h),
+        f_b=read.linear(f"{a}.f_b_proj.weight", d, dk),
         dt_bias=read(f"{a}.dt_bias", d, dtype=F32),
         decay=torch.exp(a_log),
         a_log=a_log,
-        b=read(f"{a}.b_proj.weight", heads, h),
-        g_a=read(f"{a}.g_a_proj.weight", dk, h),
-        g_b=read(f"{a}.g_b_proj.weight", d, dk),
+        b=read.linear(f"{a}.b_proj.weight", heads, h),
+        g_a=read.linear(f"{a}.g_a_proj.weight", dk, h),
+        g_b=read.linear(f"{a}.g_b_proj.weight", d, dk),
         o_norm=read(f"{a}.o_norm.weight", dk),
-        o=read(f"{a}.o_proj.weight", h, d),
+        o=read.linear(f"{a}.o_proj.weight", h, d),
     )
 
 
@@ -265,16 +270,16 @@ def _mla(read: TensorReader, cfg: GlmConfig, p: str, indexer: bool) -> MlaWeight
     a = f"{p}.self_attn"
     kv_b = read(f"{a}.kv_b_proj.weight", heads * (dn + dv), r).view(-1, dn + dv, r)
     return MlaWeights(
-        q_a=read(f"{a}.q_a_proj.weight", qr, h),
+        q_a=read.linear(f"{a}.q_a_proj.weight", qr, h),
         q_a_bias=read.bias(f"{a}.q_a_proj.bias", qr, bias),
         q_a_norm=read(f"{a}.q_a_layernorm.weight", qr),
-        q_b=read(f"{a}.q_b_proj.weight", heads * dn, qr),
-        kv_a=read(f"{a}.kv_a_proj_with_mqa.weight", r, h),
+        q_b=read.linear(f"{a}.q_b_proj.weight", heads * dn, qr),
+        kv_a=read.linear(f"{a}.kv_a_proj_with_mqa.weight", r, h),
         kv_a_bias=read.bias(f"{a}.kv_a_proj_with_mqa.bias", r, bias),
         kv_a_norm=read(f"{a}.kv_a_layernorm.weight", r),
         w_uk=kv_b[:, :dn].transpose(1, 2).contiguous(),
         w_uv=kv_b[:, dn:].contiguous(),
-        o=read(f"{a}.o_proj.weight", h, heads * dv),
+        o=read.linear(f"{a}.o_proj.weight", h, heads * dv),
         o_bias=read.bias(f"{a}.o_proj.bias", h, bias),
         indexer=_indexer(read, cfg, f"{a}.indexer") if indexer else None,
     )
@@ -294,23 +299,25 @@ def _indexer(read: TensorReader, cfg: GlmConfig, p: str) -> IndexerWeights:
 
 
 def _dense(read: TensorReader, p: str, h: int, width: int) -> DenseWeights:
-    gate_up = torch.cat([read(f"{p}.{x}_proj.weight", width, h) for x in ("gate", "up")])
-    return DenseWeights(gate_up, read(f"{p}.down_proj.weight", h, width))
+    gate_up = cat_rows([read.linear(f"{p}.{x}_proj.weight", width, h) for x in ("gate", "up")])
+    return DenseWeights(gate_up, read.linear(f"{p}.down_proj.weight", h, width))
 
 
 def _experts(read: TensorReader, m: str, local: range, h: int, width: int) -> list[DenseWeights]:
     """This rank's experts as views of two stacks, gate_up [E, 2I, H] and down [E, H, I], filled
     one expert at a time: the grouped kernels read the stacks without a copy (a copy at the
     first pass would hold a layer's experts twice after the pool was planned)."""
-    gate_up = torch.empty(len(local), 2 * width, h, dtype=read.dtype, device=read.device)
-    down = torch.empty(len(local), h, width, dtype=read.dtype, device=read.device)
-    experts = []
+    gate_up: Weight | None = None
+    down: Weight | None = None
     for i, j in enumerate(local):
         one = _dense(read, f"{m}.experts.{j}", h, width)
-        gate_up[i].copy_(one.gate_up)
-        down[i].copy_(one.down)
-        experts.append(DenseWeights(gate_up[i], down[i]))
-    return experts
+        if gate_up is None or down is None:
+            gate_up, down = empty_stack(one.gate_up, len(local)), empty_stack(one.down, len(local))
+        put(gate_up, i, one.gate_up)
+        put(down, i, one.down)
+    if gate_up is None or down is None:
+        return []
+    return [DenseWeights(gate_up[i], down[i]) for i in range(len(local))]
 
 
 def _moe(read: TensorReader, cfg: GlmConfig, p: str) -> MoeWeights:

@@ -14,6 +14,7 @@ import torch
 from tensorfold.engine.dummy_draws import dummy_lm_head, rank_draws
 from tensorfold.family import Shard, block
 from tensorfold.ops import parallel
+from tensorfold.ops.fp8 import quantize_blocks
 
 from . import shards
 from .config import ATTENTION, CONV, Lfm2MoeConfig
@@ -125,23 +126,52 @@ def dummy_weights(
     return ModelWeights(embed, init.ones(h), lm_head, layers)
 
 
+def quantized(weights: ModelWeights) -> ModelWeights:
+    """--quantization fp8 on dummy weights: the linears weights.py reads with `read.linear`
+    quantized to 128 x 128 blocks as the loader quantizes them (q, k and v apart, then joined;
+    each expert stack a matrix at a time), one layer at a time."""
+    for layer in weights.layers:
+        m, f = layer.mixer, layer.ffn
+        if isinstance(m, AttentionWeights):
+            q, k, v, out = (quantize_blocks(t) for t in (m.q, m.k, m.v, m.out))
+            layer.mixer = AttentionWeights(q, k, v, out, m.q_norm, m.k_norm)
+        else:
+            m.in_proj, m.out_proj = quantize_blocks(m.in_proj), quantize_blocks(m.out_proj)
+        if isinstance(f, DenseWeights):
+            f.w1, f.w3, f.w2 = (quantize_blocks(t) for t in (f.w1, f.w3, f.w2))
+        else:
+            stacks = (
+                t if isinstance(t, torch.Tensor) else torch.stack(list(t))
+                for t in (f.w1, f.w3, f.w2)
+            )
+            f.w1, f.w3, f.w2 = (quantize_blocks(t) for t in stacks)
+    return weights
+
+
 def build_dummy(
     shape: str | Lfm2MoeConfig,
     device: str = "cuda",
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
     std: float = 0.02,
+    quantization: str = "auto",
 ) -> Lfm2MoeModel:
-    """A model at `shape` (a name in SHAPES, or a config) with dummy weights on `device`."""
+    """A model at `shape` (a name in SHAPES, or a config) with dummy weights on `device`; its
+    linears in fp8 with quantization="fp8" (`quantized`)."""
     cfg = SHAPES[shape] if isinstance(shape, str) else shape
-    return Lfm2MoeModel(cfg, dummy_weights(cfg, device, dtype, seed, std), device, dtype)
+    weights = dummy_weights(cfg, device, dtype, seed, std)
+    if quantization == "fp8":
+        weights = quantized(weights)
+    return Lfm2MoeModel(cfg, weights, device, dtype)
 
 
-def load_dummy(config: dict, device: str, dtype: str) -> Lfm2MoeModel:
-    """TF_LOAD_FORMAT=dummy: the checkpoint's config.json with random weights."""
+def load_dummy(config: dict, device: str, dtype: str, quantization: str = "auto") -> Lfm2MoeModel:
+    """TF_LOAD_FORMAT=dummy: the checkpoint's config.json with random weights (fp8 linears under
+    --quantization fp8)."""
     from tensorfold.family.checkpoint import torch_dtype
 
-    return build_dummy(Lfm2MoeConfig.from_dict(config), device, torch_dtype(dtype))
+    cfg = Lfm2MoeConfig.from_dict(config)
+    return build_dummy(cfg, device, torch_dtype(dtype), quantization=quantization)
 
 
 def expert_stacks(w: MoeWeights) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,7 +15,10 @@ LFM2_MOE = FamilySpec(
     dummy="tensorfold_lfm2_moe.dummy:load_dummy",
     serves=("lfm2_moe", "Lfm2MoeForCausalLM"),  # config.json's model_type / architectures
     hooks="tensorfold_lfm2_moe.hooks:HOOKS",
-    demo_rank=0,  # the default family when several are installed: its demo is the quickest
+    demo_rank=0,
+    # attention, the convolutions' in/out projections, dense FFNs and experts (weights.py)
+    fp8_linears=r"\.(self_attn\.(q|k|v|out)_proj|conv\.(in|out)_proj|feed_forward\."
+    r"(experts\.\d+\.)?w[123])\.weight$",  # the default family when several are installed: its demo is the quickest
     description="LFM2 / LFM2.5 MoE (Liquid AI): gated short convolutions and GQA attention, "
     "sigmoid-routed top-k experts",
 )

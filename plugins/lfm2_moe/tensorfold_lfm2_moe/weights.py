@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from tensorfold.family.checkpoint import TensorReader
+from tensorfold.ops.fp8 import Fp8Weight, cat_rows
 
 from . import shards
 from .config import ATTENTION, Lfm2MoeConfig
@@ -30,43 +31,44 @@ class AttentionWeights:
     """q, k and v are made row slices of one tensor, qkv, at construction (every path that builds
     these weights, a rank's shards too): one product computes all three, in no more memory."""
 
-    q: torch.Tensor  # [heads*D, H]
-    k: torch.Tensor  # [kv_heads*D, H]
-    v: torch.Tensor  # [kv_heads*D, H]
-    out: torch.Tensor  # [H, heads*D]
+    q: torch.Tensor | Fp8Weight  # [heads*D, H]
+    k: torch.Tensor | Fp8Weight  # [kv_heads*D, H]
+    v: torch.Tensor | Fp8Weight  # [kv_heads*D, H]
+    out: torch.Tensor | Fp8Weight  # [H, heads*D]
     q_norm: torch.Tensor  # [D]
     k_norm: torch.Tensor  # [D]
-    qkv: torch.Tensor = field(init=False, repr=False)  # [(heads + 2*kv_heads)*D, H]: q, k, v
+    # [(heads + 2*kv_heads)*D, H]: q, k, v
+    qkv: torch.Tensor | Fp8Weight = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.qkv = torch.cat((self.q, self.k, self.v))
+        self.qkv = cat_rows((self.q, self.k, self.v))
         self.q, self.k, self.v = self.qkv.split((len(self.q), len(self.k), len(self.v)))
 
 
 @dataclass
 class ConvWeights:
-    in_proj: torch.Tensor  # [3H, H]: rows B, C, x
+    in_proj: torch.Tensor | Fp8Weight  # [3H, H]: rows B, C, x
     in_bias: torch.Tensor | None  # [3H]
     conv: torch.Tensor  # [H, K]
     conv_bias: torch.Tensor | None  # [H]
-    out_proj: torch.Tensor  # [H, H]
+    out_proj: torch.Tensor | Fp8Weight  # [H, H]
     out_bias: torch.Tensor | None  # [H]
 
 
 @dataclass
 class DenseWeights:
-    w1: torch.Tensor  # [I, H]
-    w3: torch.Tensor  # [I, H]
-    w2: torch.Tensor  # [H, I]
+    w1: torch.Tensor | Fp8Weight  # [I, H]
+    w3: torch.Tensor | Fp8Weight  # [I, H]
+    w2: torch.Tensor | Fp8Weight  # [H, I]
 
 
 @dataclass
 class MoeWeights:
     gate: torch.Tensor  # [E, H]
     expert_bias: torch.Tensor | None  # [E] fp32
-    w1: Sequence[torch.Tensor]  # [E, I, H] stacked as loaded (or E views of one stack)
-    w3: Sequence[torch.Tensor]  # [E, I, H]
-    w2: Sequence[torch.Tensor]  # [E, H, I]
+    w1: Sequence[torch.Tensor] | Fp8Weight  # [E, I, H] stacked as loaded (or E views of one)
+    w3: Sequence[torch.Tensor] | Fp8Weight  # [E, I, H]
+    w2: Sequence[torch.Tensor] | Fp8Weight  # [E, H, I]
     first_expert: int = 0  # under expert parallel w1[j] is expert first_expert + j's
 
 
@@ -112,10 +114,10 @@ def _attention(read: TensorReader, cfg: Lfm2MoeConfig, p: str) -> AttentionWeigh
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
     a = f"{p}.self_attn"
     return AttentionWeights(
-        q=read(f"{a}.q_proj.weight", q, h),
-        k=read(f"{a}.k_proj.weight", kv, h),
-        v=read(f"{a}.v_proj.weight", kv, h),
-        out=read(f"{a}.out_proj.weight", h, q),
+        q=read.linear(f"{a}.q_proj.weight", q, h),
+        k=read.linear(f"{a}.k_proj.weight", kv, h),
+        v=read.linear(f"{a}.v_proj.weight", kv, h),
+        out=read.linear(f"{a}.out_proj.weight", h, q),
         q_norm=read(f"{a}.q_layernorm.weight", d),
         k_norm=read(f"{a}.k_layernorm.weight", d),
     )
@@ -125,11 +127,11 @@ def _conv(read: TensorReader, cfg: Lfm2MoeConfig, p: str) -> ConvWeights:
     h, k, bias = cfg.hidden_size, cfg.conv_L_cache, cfg.conv_bias
     c = f"{p}.conv"
     return ConvWeights(
-        in_proj=read(f"{c}.in_proj.weight", 3 * h, h),
+        in_proj=read.linear(f"{c}.in_proj.weight", 3 * h, h),
         in_bias=read.bias(f"{c}.in_proj.bias", 3 * h, bias),
         conv=read(f"{c}.conv.weight", h, 1, k).reshape(-1, k),
         conv_bias=read.bias(f"{c}.conv.bias", h, bias),
-        out_proj=read(f"{c}.out_proj.weight", h, h),
+        out_proj=read.linear(f"{c}.out_proj.weight", h, h),
         out_bias=read.bias(f"{c}.out_proj.bias", h, bias),
     )
 
@@ -138,7 +140,9 @@ def _dense(read: TensorReader, cfg: Lfm2MoeConfig, p: str) -> DenseWeights:
     h, i = cfg.hidden_size, cfg.intermediate_size
     f = f"{p}.feed_forward"
     return DenseWeights(
-        read(f"{f}.w1.weight", i, h), read(f"{f}.w3.weight", i, h), read(f"{f}.w2.weight", h, i)
+        read.linear(f"{f}.w1.weight", i, h),
+        read.linear(f"{f}.w3.weight", i, h),
+        read.linear(f"{f}.w2.weight", h, i),
     )
 
 
@@ -151,17 +155,8 @@ def _moe(read: TensorReader, cfg: Lfm2MoeConfig, p: str) -> MoeWeights:
     return MoeWeights(
         gate=read(f"{f}.gate.weight", n, h),
         expert_bias=bias,
-        w1=_stack(read, [f"{e}.w1.weight" for e in experts], i, h),
-        w3=_stack(read, [f"{e}.w3.weight" for e in experts], i, h),
-        w2=_stack(read, [f"{e}.w2.weight" for e in experts], h, i),
+        w1=read.experts([f"{e}.w1.weight" for e in experts], i, h),
+        w3=read.experts([f"{e}.w3.weight" for e in experts], i, h),
+        w2=read.experts([f"{e}.w2.weight" for e in experts], h, i),
         first_expert=local.start,
     )
-
-
-def _stack(read: TensorReader, names: list[str], rows: int, cols: int) -> torch.Tensor:
-    """The experts' tensors loaded once into one [E, rows, cols] tensor (what the grouped
-    kernels take), one expert at a time: no second copy of a layer's experts on the device."""
-    out = torch.empty(len(names), rows, cols, device=read.device, dtype=read.dtype)
-    for e, name in enumerate(names):
-        out[e].copy_(read(name, rows, cols))
-    return out
