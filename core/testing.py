@@ -1535,3 +1535,41 @@ def assert_dummy_quantizes_as_loaded(
     assert sum(isinstance(w, Fp8Weight) for w in got.values()) > 0
     prompt = list(range(3, 20))
     assert torch.isfinite(_fp8_prompt_logits(dummy, prompt)).all()
+
+
+@contextlib.contextmanager
+def fp8_kernel_counts(*kernels: str) -> Iterator[dict[str, int]]:
+    """The ops' Triton path taken for CPU tensors too (run it under TRITON_INTERPRET=1), with
+    the launches of each named `tensorfold.ops.triton_fp8` kernel (e.g. "linear_fp8",
+    "moe_fp8") and the calls of `Fp8Weight.dequantize` (the dequantizing path) counted:
+    {name: launches, "dequantize": calls}. Puts the kernels, dequantize and the CPU's torch path
+    back on exit."""
+    from .family.fp8_weights import Fp8Weight
+    from .ops import gpu, triton_fp8
+
+    counts = dict.fromkeys((*kernels, "dequantize"), 0)
+    originals = {name: getattr(triton_fp8, name) for name in kernels}
+    dequantize = Fp8Weight.dequantize
+
+    def counted(name: str) -> Callable[..., Any]:
+        def launch(*args: Any, **kw: Any) -> Any:
+            counts[name] += 1
+            return originals[name](*args, **kw)
+
+        return launch
+
+    def counted_dequantize(self: Fp8Weight, *args: Any, **kw: Any) -> torch.Tensor:
+        counts["dequantize"] += 1
+        return dequantize(self, *args, **kw)
+
+    for name in kernels:
+        setattr(triton_fp8, name, counted(name))
+    Fp8Weight.dequantize = counted_dequantize  # type: ignore[method-assign]
+    gpu.set_triton(True, on_cpu=True)
+    try:
+        yield counts
+    finally:
+        gpu.set_triton(True)
+        Fp8Weight.dequantize = dequantize  # type: ignore[method-assign]
+        for name, kernel in originals.items():
+            setattr(triton_fp8, name, kernel)

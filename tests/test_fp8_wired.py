@@ -38,29 +38,13 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.fixture
-def kernels(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, int]]:
+def kernels() -> Iterator[dict[str, int]]:
     """The ops take their Triton kernels for CPU tensors; counts of each fp8 kernel's launches
     and of Fp8Weight.dequantize's calls (the dequantizing path)."""
-    calls = {"linear_fp8": 0, "linear_groups_fp8": 0, "gated_ffn_fp8": 0, "moe_fp8": 0}
-    calls["dequantize"] = 0
-    for name in [n for n in calls if n != "dequantize"]:
-        kernel = getattr(triton_fp8, name)
-
-        def counted(*args: Any, _kernel: Any = kernel, _name: str = name, **kw: Any) -> Any:
-            calls[_name] += 1
-            return _kernel(*args, **kw)
-
-        monkeypatch.setattr(triton_fp8, name, counted)
-    dequantize = Fp8Weight.dequantize
-
-    def counted_dequantize(self: Fp8Weight, dtype: torch.dtype = F32) -> torch.Tensor:
-        calls["dequantize"] += 1
-        return dequantize(self, dtype)
-
-    monkeypatch.setattr(Fp8Weight, "dequantize", counted_dequantize)
-    gpu.set_triton(True, on_cpu=True)
-    yield calls
-    gpu.set_triton(True)
+    with testing.fp8_kernel_counts(
+        "linear_fp8", "linear_groups_fp8", "gated_ffn_fp8", "moe_fp8"
+    ) as calls:
+        yield calls
 
 
 def torch_path(fn: Any, *args: Any, **kw: Any) -> Any:

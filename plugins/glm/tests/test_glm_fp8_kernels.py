@@ -6,7 +6,7 @@ same calls on the dequantized weights through the bf16 kernels."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Iterator
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -15,7 +15,7 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton", reason="the Triton kernels need triton")
 
-from tensorfold.ops import gpu, triton_fp8  # noqa: E402
+from tensorfold import testing  # noqa: E402
 from tensorfold.ops.fp8 import Fp8Weight  # noqa: E402
 from tensorfold_glm import moe  # noqa: E402
 from tensorfold_glm.config import GlmConfig  # noqa: E402
@@ -26,28 +26,11 @@ F32 = torch.float32
 
 
 @pytest.fixture
-def counts(monkeypatch: pytest.MonkeyPatch):
+def counts() -> Iterator[dict[str, int]]:
     """The GPU path on CPU tensors; launches of the fp8 FFN kernels and Fp8Weight.dequantize
     calls, counted."""
-    seen = {"gated_ffn_fp8": 0, "moe_fp8": 0, "dequantize": 0}
-    for name in ("gated_ffn_fp8", "moe_fp8"):
-        kernel = getattr(triton_fp8, name)
-
-        def counted(*args: Any, _kernel: Any = kernel, _name: str = name, **kw: Any) -> Any:
-            seen[_name] += 1
-            return _kernel(*args, **kw)
-
-        monkeypatch.setattr(triton_fp8, name, counted)
-    dequantize = Fp8Weight.dequantize
-
-    def counted_dequantize(self: Fp8Weight, dtype: torch.dtype = F32) -> torch.Tensor:
-        seen["dequantize"] += 1
-        return dequantize(self, dtype)
-
-    monkeypatch.setattr(Fp8Weight, "dequantize", counted_dequantize)
-    gpu.set_triton(True, on_cpu=True)
-    yield seen
-    gpu.set_triton(True)
+    with testing.fp8_kernel_counts("gated_ffn_fp8", "moe_fp8") as seen:
+        yield seen
 
 
 def tiny_moe() -> tuple[GlmConfig, MoeWeights]:
