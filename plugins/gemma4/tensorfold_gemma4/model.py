@@ -25,6 +25,8 @@ from . import layers, shards
 from .config import Gemma4Config, Layer, Rope
 from .ops import residual, residual_router, rms_norm, softcap_float
 from .sliding import SlidingRows
+from .vision_config import VisionConfig, vision_config
+from .vision_weights import VisionWeights, load_vision_weights
 from .weights import LayerWeights, ModelWeights, load_weights
 
 if TYPE_CHECKING:
@@ -34,26 +36,41 @@ if TYPE_CHECKING:
 
 DTYPES = ("float32", "bfloat16", "float16")
 TOWERS = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
+VISION_TOWERS = ("model.vision_tower.", "model.embed_vision.")
 log = get_logger("tensorfold_gemma4")
 
 
 def load(checkpoint: "Checkpoint", device: str, dtype: str) -> "Gemma4Model":
-    """Parse config.json and load the text weights in `dtype` (one of DTYPES) onto `device`."""
+    """Parse config.json and load the text weights in `dtype` (one of DTYPES) onto `device`,
+    and the vision tower's (vision_weights.py) when config.json has a vision_config."""
     if str(dtype).removeprefix("torch.") not in DTYPES:
         raise ValueError(f"gemma4 runs in {', '.join(DTYPES)}, not {dtype!r}")
-    cfg = Gemma4Config.from_dict(checkpoint.config, str(checkpoint.path / "config.json"))
+    source = str(checkpoint.path / "config.json")
+    cfg = Gemma4Config.from_dict(checkpoint.config, source)
+    vision_cfg = vision_config(checkpoint.config, source) if cfg.has_vision else None
+    loaded = VISION_TOWERS if vision_cfg is not None else ()
     towers = sorted(
-        {t.split(".")[1] for n in checkpoint.tensor_names() for t in TOWERS if n.startswith(t)}
+        {
+            t.split(".")[1]
+            for n in checkpoint.tensor_names()
+            for t in TOWERS
+            if n.startswith(t) and t not in loaded
+        }
     )
     if cfg.has_vision or cfg.has_audio or towers:
         log.warning(
             "gemma4: serving the text model only; images and audio are not served yet",
             vision=cfg.has_vision,
             audio=cfg.has_audio,
+            vision_loaded=vision_cfg is not None,
             towers_skipped=towers,
         )
     tdtype = torch_dtype(dtype)
-    return Gemma4Model(cfg, load_weights(checkpoint, cfg, device, tdtype), device, tdtype)
+    model = Gemma4Model(cfg, load_weights(checkpoint, cfg, device, tdtype), device, tdtype)
+    if vision_cfg is not None:
+        model.vision_cfg = vision_cfg
+        model.vision_weights = load_vision_weights(checkpoint, vision_cfg, device, tdtype)
+    return model
 
 
 def shape(config: dict, dtype: str) -> ModelShape:
@@ -108,6 +125,9 @@ class Gemma4Model(FamilyModel):
         # assistant drafter reads (assistant.py): by pass (pass_hidden), and the last forward's
         # (under CUDA graphs the last captured graph's, not the one replayed)
         self.last_hidden: torch.Tensor | None = None
+        # the vision tower (vision.py), when the checkpoint has one; not yet run by any pass
+        self.vision_cfg: VisionConfig | None = None
+        self.vision_weights: VisionWeights | None = None
         self._hidden: weakref.WeakKeyDictionary[ForwardPass, torch.Tensor] = (
             weakref.WeakKeyDictionary()
         )

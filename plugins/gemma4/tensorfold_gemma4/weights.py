@@ -1,7 +1,8 @@
 """The text weights of a Gemma 4 checkpoint under their on-disk names, shape-checked as they load.
 
 `Gemma4ForConditionalGeneration` checkpoints keep the text model under `model.language_model.`
-(beside `model.vision_tower.*`, `model.audio_tower.*` and their embedders, which are not read);
+(beside `model.vision_tower.*` and `model.embed_vision.*`, which vision_weights.py reads, and
+`model.audio_tower.*` and `model.embed_audio.*`, which are not read);
 `Gemma4ForCausalLM` ones under `model.`. Experts are stored fused (`experts.gate_up_proj`
 [E, 2I, H] with the gate rows first, `experts.down_proj` [E, H, I]). Reuse (KV-shared) layers have
 no k/v projections or norms (ignored if present, as the reference does). No `lm_head.weight` when

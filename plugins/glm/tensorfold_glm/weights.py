@@ -6,9 +6,9 @@ gate/up/down projections, the KDA convolution split into q/k/v_conv1d, the forge
 f_a/f_b/dt_bias/A_log directly under `self_attn`, and the mHC weights as `hc_attn_*` /
 `hc_ffn_*`. The reference keeps e_score_correction_bias, the convolutions, dt_bias, A_log and
 the mHC base/scale in fp32 whatever the model dtype; so do we. A vision tower (`model.visual.`)
-is not read. The MTP layer `layers.{num_hidden_layers}` (DeepSeek-style: enorm, hnorm, eh_proj,
-the decoder layer's own tensors, shared_head.norm and shared_head.head, optionally its own
-embed_tokens) is read into `ModelWeights.mtp` when config.json declares it
+is not read here (vision_weights.py reads it). The MTP layer `layers.{num_hidden_layers}`
+(DeepSeek-style: enorm, hnorm, eh_proj, the decoder layer's own tensors, shared_head.norm and
+shared_head.head, optionally its own embed_tokens) is read into `ModelWeights.mtp` when config.json declares it
 (num_nextn_predict_layers), the checkpoint has it and it runs at one rank; else mtp is None.
 
 Under tensor parallel the checkpoint hands each tensor's slice for this rank (shards.py says how

@@ -1,0 +1,133 @@
+"""GLM-5.3-Flash's vision tower (torch): pixel rows in, image embeddings out, as transformers
+5.23.0 `Glm5NextVisionModel` computes them (`get_image_features`' pooler_output).
+
+Input as the image processor gives it: pixel_values [patches, C·T·P·P], each image's patches in
+its grid's block-major order (2 x 2 merge blocks, each block's patches row by row), and grid_thw
+[images, 3] (t, h, w in patches). Per image: the patch embedding, `depth` ViT blocks (RMSNorm;
+qkv with bias, per-head q/k RMSNorm, 2-D axial RoPE, attention within the image; SwiGLU clamped
+at ±swiglu_limit), the post-RMSNorm, each 2 x 2 block of patches mapped to one out_hidden_size
+row (the Conv2d downsample), and the merger (linear, LayerNorm, exact GELU, clamped SwiGLU).
+The rows of all images, in order, are what the reference's masked_scatter writes over the
+placeholder tokens' rows.
+
+Each image runs on its own, and its products through fixed row blocks (tensorfold.ops.linear),
+so an image's embeddings do not depend on the other images beside it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from tensorfold.ops.linear import linear
+from tensorfold.ops.moe import silu
+from tensorfold.ops.norms import rms_norm
+
+from .ops import layer_norm, softmax
+from .vision_weights import VisionBlockWeights, VisionConfig, VisionWeights
+
+__all__ = ["image_embeddings", "image_token_counts"]
+
+
+def image_token_counts(grid_thw: torch.Tensor, cfg: VisionConfig) -> list[int]:
+    """How many placeholder tokens (embedding rows) each image takes: t·h·w / merge²."""
+    merge2 = cfg.spatial_merge_size**2
+    return [int(t * h * w) // merge2 for t, h, w in grid_thw.tolist()]
+
+
+def image_embeddings(
+    w: VisionWeights, pixel_values: torch.Tensor, grid_thw: torch.Tensor
+) -> torch.Tensor:
+    """pixel_values [patches, C·T·P·P], grid_thw [images, 3] -> [tokens, out_hidden_size] in
+    the weights' dtype, the images' rows one after another."""
+    cfg = w.cfg
+    if pixel_values.shape[-1] != cfg.patch_dim:
+        raise ValueError(f"pixel rows of {pixel_values.shape[-1]} values, not {cfg.patch_dim}")
+    sizes = [int(t * h * w_) for t, h, w_ in grid_thw.tolist()]
+    if sum(sizes) != pixel_values.shape[0]:
+        raise ValueError(f"{pixel_values.shape[0]} pixel rows for grids of {sum(sizes)} patches")
+    m = cfg.spatial_merge_size
+    if any(h % m or w_ % m for _, h, w_ in grid_thw.tolist()):
+        raise ValueError(f"grid_thw {grid_thw.tolist()}: h and w must be multiples of {m}")
+    x = pixel_values.to(w.patch.dtype)
+    out = []
+    for rows, (t, h, w_) in zip(torch.split(x, sizes), grid_thw.tolist()):
+        out.append(_one_image(w, rows, int(t), int(h), int(w_)))
+    return torch.cat(out) if out else x.new_empty(0, cfg.out_hidden_size)
+
+
+def _one_image(w: VisionWeights, pixels: torch.Tensor, t: int, h: int, width: int) -> torch.Tensor:
+    cfg = w.cfg
+    x = linear(pixels, w.patch, w.patch_bias)  # [n, D]
+    cos, sin = _axial_rope(cfg, t, h, width, x.device)
+    for block in w.blocks:
+        x = x + _attention(block, cfg, rms_norm(x, block.norm1, cfg.rms_norm_eps), cos, sin)
+        x = x + _mlp(block, cfg, rms_norm(x, block.norm2, cfg.rms_norm_eps))
+    x = rms_norm(x, w.post_norm, cfg.rms_norm_eps)
+    # block-major order: each run of m·m rows is one 2 x 2 block, (y, x) row by row
+    x = linear(x.reshape(-1, cfg.spatial_merge_size**2 * cfg.hidden_size), w.downsample)
+    x = x + w.downsample_bias
+    return _merger(w, cfg, x)
+
+
+def _axial_rope(
+    cfg: VisionConfig, t: int, h: int, width: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [n, head_dim] fp32 for the patches in block-major order: the first quarter of
+    the angles from the patch's row, the second from its column, the second half a copy."""
+    m = cfg.spatial_merge_size
+    ys, xs = torch.meshgrid(
+        torch.arange(h, device=device), torch.arange(width, device=device), indexing="ij"
+    )
+    blocks = (h // m, m, width // m, m)
+    ys = ys.reshape(blocks).transpose(1, 2).flatten().repeat(t)
+    xs = xs.reshape(blocks).transpose(1, 2).flatten().repeat(t)
+    quarter = cfg.head_dim // 2
+    inv_freq = 1.0 / (
+        cfg.rope_theta
+        ** (torch.arange(0, quarter, 2, dtype=torch.float32, device=device) / quarter)
+    )
+    angles = torch.cat([ys[:, None].float() * inv_freq, xs[:, None].float() * inv_freq], -1)
+    angles = torch.cat([angles, angles], -1)
+    return angles.cos(), angles.sin()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NeoX rotate-half over the whole head, in fp32, rounded to x's dtype. x [n, heads, hd]."""
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    rotated = torch.cat([-xf[..., half:], xf[..., :half]], -1)
+    return (xf * cos[:, None] + rotated * sin[:, None]).to(x.dtype)
+
+
+def _attention(
+    b: VisionBlockWeights, cfg: VisionConfig, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    n, heads, hd = x.shape[0], cfg.num_heads, cfg.head_dim
+    q, k, v = linear(x, b.qkv, b.qkv_bias).reshape(n, 3, heads, hd).unbind(1)
+    q = _rotate(rms_norm(q, b.q_norm, cfg.rms_norm_eps), cos, sin)
+    k = _rotate(rms_norm(k, b.k_norm, cfg.rms_norm_eps), cos, sin)
+    # every patch attends to every patch of its image: [heads, n, n]
+    scores = torch.matmul(q.transpose(0, 1).float(), k.permute(1, 2, 0).float())
+    p = softmax(scores / math.sqrt(hd))
+    o = torch.matmul(p, v.transpose(0, 1).float()).to(x.dtype)  # [heads, n, hd]
+    return linear(o.transpose(0, 1).reshape(n, heads * hd), b.proj, b.proj_bias)
+
+
+def _clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    return silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+
+
+def _mlp(b: VisionBlockWeights, cfg: VisionConfig, x: torch.Tensor) -> torch.Tensor:
+    gate = linear(x, b.gate, b.gate_bias)
+    up = linear(x, b.up, b.up_bias)
+    return linear(_clamped_swiglu(gate, up, cfg.swiglu_limit), b.down, b.down_bias)
+
+
+def _merger(w: VisionWeights, cfg: VisionConfig, x: torch.Tensor) -> torch.Tensor:
+    x = linear(x, w.merger_proj)
+    x = F.gelu(layer_norm(x, w.merger_norm, w.merger_norm_bias, 1e-5))
+    gate, up = linear(x, w.merger_gate), linear(x, w.merger_up)
+    return linear(_clamped_swiglu(gate, up, cfg.swiglu_limit), w.merger_down)

@@ -1,0 +1,100 @@
+"""The vision tower (vision.py, vision_weights.py) against transformers 5.23.0's
+`get_image_features` on the tiny checkpoint's one-block tower, its weights perturbed (the
+reference initialises norms to ones, biases to zeros and maps small), saved and loaded back: 1 and 2 images
+of different grids, fp32, within 1e-4 relative; an image's rows the same bits beside another."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tensorfold.family.checkpoint import Checkpoint
+from tensorfold_glm.vision import image_embeddings, image_token_counts
+from tensorfold_glm.vision_weights import VisionConfig, load_vision_weights
+
+GRIDS = [[1, 4, 6], [1, 2, 2]]  # t, h, w in patches: 24 and 4 patches, 6 and 1 tokens
+
+
+@pytest.fixture(scope="module")
+def tower(tiny_paths: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """(the reference model, our weights, the checkpoint folder)."""
+    from transformers import Glm5NextForConditionalGeneration
+
+    ref = Glm5NextForConditionalGeneration.from_pretrained(tiny_paths["glm_tiny"]).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in ref.model.visual.named_parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.2)
+            else:  # unit-scale products, so the clamps and the GELU's curve take part
+                p.normal_(0, 1.5 / p[0].numel() ** 0.5)
+    folder = tmp_path_factory.mktemp("glm_vision")
+    ref.save_pretrained(folder)
+    weights = load_vision_weights(Checkpoint.open(folder), "cpu", torch.float32)
+    assert weights is not None
+    return ref, weights, folder
+
+
+def pixels(grids: list[list[int]], cfg: VisionConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    grid = torch.tensor(grids)
+    gen = torch.Generator().manual_seed(sum(sum(g) for g in grids))
+    rows = int(grid.prod(-1).sum())
+    return torch.randn(rows, cfg.patch_dim, generator=gen) * 1.5, grid
+
+
+def reference(ref: Any, pixel_values: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        out = ref.model.get_image_features(pixel_values, grid, return_dict=True)
+    return torch.cat(out.pooler_output)
+
+
+@pytest.mark.parametrize("grids", [GRIDS[:1], GRIDS], ids=["one_image", "two_images"])
+def test_image_embeddings_match_transformers(tower: Any, grids: list[list[int]]) -> None:
+    ref, weights, _ = tower
+    pixel_values, grid = pixels(grids, weights.cfg)
+    want = reference(ref, pixel_values, grid)
+    got = image_embeddings(weights, pixel_values, grid)
+    assert got.shape == want.shape == (sum(image_token_counts(grid, weights.cfg)), 64)
+    assert want.std() > 0.1  # the tower's output is not degenerate
+    err = (got - want).abs().max() / want.abs().max()
+    assert err <= 1e-4, f"relative error {err:.2e}"
+
+
+def test_an_image_is_the_same_beside_another(tower: Any) -> None:
+    _, weights, _ = tower
+    both, grid = pixels(GRIDS, weights.cfg)
+    first = int(grid[0].prod())
+    alone = image_embeddings(weights, both[:first], grid[:1])
+    together = image_embeddings(weights, both, grid)
+    assert torch.equal(together[: alone.shape[0]], alone)
+
+
+def test_bad_pixel_rows_are_refused(tower: Any) -> None:
+    _, weights, _ = tower
+    pixel_values, grid = pixels(GRIDS, weights.cfg)
+    with pytest.raises(ValueError, match="pixel rows"):
+        image_embeddings(weights, pixel_values[:-1], grid)
+    with pytest.raises(ValueError, match="multiples"):
+        image_embeddings(weights, pixel_values[:12], torch.tensor([[1, 3, 4]]))
+
+
+def test_no_vision_config_loads_no_tower(tower: Any, tmp_path: Path) -> None:
+    _, _, src = tower
+    folder = Path(shutil.copytree(src, tmp_path / "text_only"))
+    cfg = json.loads((folder / "config.json").read_text())
+    del cfg["vision_config"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert load_vision_weights(Checkpoint.open(folder), "cpu", torch.float32) is None
+
+
+def test_vision_config_refuses_what_the_tower_does_not_compute() -> None:
+    with pytest.raises(ValueError, match="hidden_act"):
+        VisionConfig.from_dict({"hidden_act": "gelu"})
+    with pytest.raises(ValueError, match="axial"):
+        VisionConfig.from_dict({"rope_parameters": {"rope_type": "default"}})
+    assert VisionConfig.from_dict({"rope_parameters": {"rope_theta": 5.0}}).rope_theta == 5.0
