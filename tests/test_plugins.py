@@ -304,8 +304,8 @@ def test_cli_families_and_plugins(
     tf_env.setattr(cli, "get_plugin_manager", lambda settings=None: pm)
     assert cli.main(["families"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split() == ["NAME", "DISTRIBUTION", "VERSION", "DESCRIPTION"]
-    assert out[1].split() == ["a", "tensorfold-alpha", "1.0", "fake", "family", "a"]
+    assert out[0].split() == ["NAME", "DISTRIBUTION", "VERSION", "SERVES", "DESCRIPTION"]
+    assert out[1].split() == ["a", "tensorfold-alpha", "1.0", "-", "fake", "family", "a"]
     assert cli.main(["plugins"]) == 0
     lines = [line.split() for line in capsys.readouterr().out.splitlines()]
     assert ["beta", "tensorfold-beta", "2.0", "profile_rows,", "register_families"] in lines

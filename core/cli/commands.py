@@ -322,8 +322,11 @@ def _run_families(args: argparse.Namespace, settings: Settings) -> int:
     if not found:
         print("no model families are installed")
         return 0
-    rows = [("NAME", "DISTRIBUTION", "VERSION", "DESCRIPTION")]
-    rows += [(s.name, s.distribution, s.version, s.description) for s in found.values()]
+    rows = [("NAME", "DISTRIBUTION", "VERSION", "SERVES", "DESCRIPTION")]
+    rows += [
+        (s.name, s.distribution, s.version, ",".join(s.serves) or "-", s.description)
+        for s in found.values()
+    ]
     _print_columns(rows)
     return 0
 
