@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 if "--smoke" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"
@@ -37,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.experiments.decode_kernels import graph_us as graph_us_on  # noqa: E402
 from tensorfold.ops import triton_fp8, triton_linear, triton_moe  # noqa: E402
 from tensorfold.ops.fp8 import Fp8Weight, quantize_blocks  # noqa: E402
 
@@ -82,35 +83,6 @@ SMOKE: dict[str, dict[str, tuple]] = {
 }
 
 DEVICE = "cuda"
-
-
-def graph_us(calls: list[Callable[[], Any]], reps: int) -> float:
-    """µs a call: `reps` calls (cycling through `calls`) captured in one graph, median of 15
-    replays (on the CPU: one plain call each, by the host clock)."""
-    if DEVICE == "cpu":
-        a = time.perf_counter()
-        for c in calls:
-            c()
-        return 1e6 * (time.perf_counter() - a) / len(calls)
-    for c in calls:
-        c()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for r in range(reps):
-            calls[r % len(calls)]()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(15):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
-    del g
-    return statistics.median(times)
 
 
 def copies_for(nbytes: int) -> int:
@@ -252,7 +224,7 @@ def measure(case: Case, m: int, reps: int, peak: float) -> dict[str, Any]:
             lambda r=r, w=weights[c % len(weights)]: case.call(fp8, xm, w, r)
             for c, r in enumerate(routes)
         ]
-        us = graph_us(calls, reps if m < 2048 else max(4, reps // 8))
+        us = graph_us_on(calls, reps if m < 2048 else max(4, reps // 8), DEVICE)
         read = statistics.mean(case.weight_bytes(fp8, r) for r in routes)
         row[label] = {
             "us": us,
@@ -327,7 +299,10 @@ def sweep(case: Case, reps: int) -> dict[str, Any]:
                 lambda r=r, w=case.fp8[c % len(case.fp8)]: case.call(True, x1, w, r)
                 for c, r in enumerate(routes)
             ]
-            out[label] = {"us": graph_us(calls, reps), "bits": bool(torch.equal(one, full[:1]))}
+            out[label] = {
+                "us": graph_us_on(calls, reps, DEVICE),
+                "bits": bool(torch.equal(one, full[:1])),
+            }
         except Exception as exc:  # a tile Triton cannot build, or one the chunks refuse
             out[label] = {"error": str(exc)[:160]}
     triton_linear.FP8_TUNED.clear()

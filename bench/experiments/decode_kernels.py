@@ -53,10 +53,11 @@ MOE = {  # name: (experts, width, hidden, top_k)
 DEVICE = "cuda"
 
 
-def graph_us(calls: list[Callable[[], Any]], reps: int = 40) -> float:
+def graph_us(calls: list[Callable[[], Any]], reps: int = 40, device: str | None = None) -> float:
     """µs a call: `reps` calls (cycling through `calls`) captured in one graph, median of 15
-    replays (on the CPU, --smoke: one plain call each, timed by the host clock)."""
-    if DEVICE == "cpu":
+    replays (on the CPU, --smoke: one plain call each, timed by the host clock). device: where
+    the calls run (None: this script's DEVICE)."""
+    if (device or DEVICE) == "cpu":
         import time
 
         a = time.perf_counter()
