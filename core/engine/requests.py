@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Union
 
+from ..family.media import MediaPiece
 from .sampling import SamplingParams
 
 _ids = itertools.count()
@@ -77,3 +78,6 @@ class Request:
     # the prompt tokens' logprobs, with this many top ones each (PromptOut), or None: not asked.
     # Computed in the prompt pass, so such a request computes its whole prompt (no store hit).
     prompt_logprobs: int | None = None
+    # images (later video, audio) in the prompt, in prompt order: their rows' ids are the
+    # family's placeholders, their embeddings the family's tower's (FamilyModel.encode_media)
+    media: tuple[MediaPiece, ...] = ()

@@ -72,6 +72,11 @@ class StreamRows:
     rewind: the taps are recorded only so the lanes can rewind a rejected draft
         (`ModelRunner.rewind_slot`, right after the pass), never kept by the prompt store: a
         family may record them as a `SlotRestore` instead of a copy of the state.
+    embeds: media rows of this run, as (absolute position of the first, rows [n, hidden]):
+        embeddings that replace the placeholder tokens' own (`ForwardPass.place_embeds`).
+    blocks: media blocks (MediaPiece.block) this run holds, as absolute [start, end): a row
+        inside one may attend to every row of it (`ForwardPass.attend_upto`). A run holds a
+        block whole, or the rest of one it starts inside.
     """
 
     slot: int
@@ -81,6 +86,8 @@ class StreamRows:
     logits: LogitRows = "last"
     taps: Sequence[int] = field(default_factory=tuple)
     rewind: bool = False
+    embeds: Sequence[tuple[int, torch.Tensor]] = field(default_factory=tuple)
+    blocks: Sequence[tuple[int, int]] = field(default_factory=tuple)
 
     @property
     def end(self) -> int:
@@ -122,6 +129,9 @@ class ForwardPass:
         positions: list[int] = []
         writes: list[int] = []
         logit_rows: list[int] = []
+        embed_rows: list[int] = []
+        embed_values: list[torch.Tensor] = []
+        upto: list[int] | None = None
         row = 0
         for s in self.streams:
             if not s.tokens:
@@ -142,6 +152,23 @@ class ForwardPass:
                 logit_rows.extend(range(row, row + n))
             elif s.logits == "last":
                 logit_rows.append(row + n - 1)
+            for at, values in s.embeds:
+                if not (s.start <= at and at + values.shape[0] <= s.end):
+                    raise ValueError(
+                        f"slot {s.slot}: media rows [{at}, {at + values.shape[0]}) are not inside "
+                        f"the run [{s.start}, {s.end})"
+                    )
+                embed_rows.extend(range(row + at - s.start, row + at - s.start + values.shape[0]))
+                embed_values.append(values)
+            if s.blocks or upto is not None:
+                upto = upto if upto is not None else list(positions[:row])
+                last = list(pos)
+                for a, b in s.blocks:
+                    if a < s.end and b > s.end:
+                        raise ValueError(f"slot {s.slot}: block [{a}, {b}) ends past the run")
+                    for p in range(max(a, s.start), b):
+                        last[p - s.start] = b - 1
+                upto.extend(last)
             row += n
         self.num_rows = row
         self.spans = spans
@@ -150,6 +177,15 @@ class ForwardPass:
         self.positions = torch.tensor(positions, **as_long)  # [N]
         self.write_index = torch.tensor(writes, **as_long)  # [N] flat rows in the paged buffers
         self.logit_rows = torch.tensor(logit_rows, **as_long)  # [R] rows of the pass
+        # media rows: [M] rows of the pass, and their embeddings [M, hidden]; None without media
+        self.embed_rows: torch.Tensor | None = None
+        self.embed_values: torch.Tensor | None = None
+        if embed_rows:
+            self.embed_rows = torch.tensor(embed_rows, **as_long)
+            self.embed_values = torch.cat([v.to(self.device) for v in embed_values])
+        # [N] the last position each row may attend to: its own, or inside a media block the
+        # block's last; None when the pass holds no block (every row causal)
+        self.attend_upto = None if upto is None else torch.tensor(upto, **as_long)
         self._reads: dict[int, torch.Tensor] = {}
         # (stream index, position) -> {fixed-state name: the state after row position - 1, or
         # for a rewind run a SlotRestore back to it}
@@ -159,6 +195,13 @@ class ForwardPass:
         # a GraphRunner's tap arena: fixed-state name -> [rows, *slot state], shared by its passes
         self.tap_arena: dict[str, torch.Tensor] | None = None
         self.tap_arena_rows = 0
+
+    def place_embeds(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, hidden]: the pass's token embeddings, with the media rows' replaced by the
+        pieces' (cast to x's dtype); x itself when the pass has none."""
+        if self.embed_rows is None or self.embed_values is None:
+            return x
+        return x.index_copy(0, self.embed_rows, self.embed_values.to(x.dtype))
 
     def tap(self, i: int, pos: int, name: str, state: Tapped) -> None:
         self.tapped.setdefault((i, pos), {})[name] = state

@@ -29,8 +29,9 @@ class FamilyHooks:
     when asked (function(model, runner, folder) -> ModelDrafter: torch loads only then); for
     `--draft mtp`, `mtp_served(checkpoint) -> dict` (the config to load with, called before
     any weight loads: keep it cheap) and `mtp_drafter`, a "module:function" imported when asked
-    (function(model, runner) -> ModelDrafter). A part left out (None) is answered by the core's
-    default."""
+    (function(model, runner) -> ModelDrafter); for images, `media`, a "module:function"
+    imported when asked (function(folder, config) -> MediaProcessor | None). A part left out
+    (None) is answered by the core's default."""
 
     def __init__(
         self,
@@ -41,10 +42,12 @@ class FamilyHooks:
         drafter: str | None = None,
         mtp_served: Callable[["Checkpoint"], dict[str, Any]] | None = None,
         mtp_drafter: str | None = None,
+        media: str | None = None,
     ) -> None:
         self.config, self.plan, self.tool_calls = config, plan, tool_calls
         self.reasoning, self.drafter = reasoning, drafter
         self.mtp_served, self.mtp_drafter = mtp_served, mtp_drafter
+        self.media = media
 
     @hookimpl
     def shard_plan(self, config: Mapping[str, Any], dtype: str, world: int) -> ShardPlan | None:
@@ -69,3 +72,7 @@ class FamilyHooks:
         if folder is None:
             return None if self.mtp_drafter is None else resolve(self.mtp_drafter)(model, runner)
         return None if self.drafter is None else resolve(self.drafter)(model, runner, folder)
+
+    @hookimpl
+    def media_processor(self, folder: Path | None, config: Mapping[str, Any]) -> Any:
+        return None if self.media is None else resolve(self.media)(folder, config)

@@ -3,7 +3,8 @@
 Plugins implement them with ``@tensorfold.hookimpl``. Collection hooks (``register_families``,
 ``profile_rows``) are called on the plugin manager of all installed plugins. Per-family hooks
 (``share_pool``, ``share_attach``, ``snap_keep``, ``snap_restore``, ``shard_plan``,
-``tool_call_format``, ``reasoning_format``, ``mtp_config``, ``model_drafter``) are called on
+``tool_call_format``, ``reasoning_format``, ``mtp_config``, ``model_drafter``,
+``media_processor``) are called on
 the chosen family's own plugin manager (``tensorfold.family.plugins.family_plugin_manager``), which
 holds the core adapters' default implementations and the family's ``FamilySpec.hooks`` object;
 the family's implementation is called first, so it overrides a default by answering.
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from tensorfold.adapters.stream_state import StreamSlots
     from tensorfold.family import FamilySpec, ShardPlan, StateLayout
     from tensorfold.family.checkpoint import Checkpoint
+    from tensorfold.family.media import MediaProcessor
     from tensorfold.family.profiles import ProfileRow
     from tensorfold.family.reasoning import ReasoningFormat
     from tensorfold.family.tool_calls import ToolCallFormat
@@ -262,6 +264,29 @@ def model_drafter(model: Any, runner: Any, folder: Path | None) -> Any:
     :param runner: the engine's runner (its ``rows``, ``slots``, ``pool``).
     :param folder: the draft checkpoint's folder; None: the target's own MTP layer.
     :return: a ``ModelDrafter``.
+
+    Stops at first non-None result.
+    """
+
+
+@hookspec(firstresult=True)
+def media_processor(folder: Path | None, config: Mapping[str, Any]) -> MediaProcessor | None:
+    """How the family prepares images (later video, audio) for its tower, from the checkpoint.
+
+    Called where prompts are prepared (the server's prompt workers, ``tensorfold generate``),
+    on the chosen family's plugin manager, with the checkpoint's folder (its
+    ``preprocessor_config.json`` / ``processor_config.json``; None for a demo or dummy model)
+    and its config.json. The answer is a ``tensorfold.family.media.MediaProcessor``: the kinds
+    it takes, the placeholder the chat template writes for an image (and its one token id),
+    whether an image's rows form a bidirectional block, ``prepare_image(image)`` (the inputs
+    ``FamilyModel.encode_media`` reads, and how many rows the image fills) and
+    ``image_ids(rows)`` (the ids that replace the placeholder). Keep it torch-light: it runs
+    once per worker. No answer: the family takes no media, and a request with an image is
+    refused with a 400 naming the family.
+
+    :param folder: the checkpoint's folder, or None.
+    :param config: config.json as a dict (a checkpoint without ``vision_config`` answers None).
+    :return: a ``MediaProcessor``, or None.
 
     Stops at first non-None result.
     """

@@ -4,11 +4,12 @@ docs/reference.md and the worked family in docs/plugins.md."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from .forward_pass import ForwardPass
+from .media import MediaPiece
 from .spec import StateLayout
 
 if TYPE_CHECKING:
@@ -39,3 +40,10 @@ class FamilyModel(ABC):
 
     @abstractmethod
     def forward(self, fp: ForwardPass, rows: "PagedRows", slots: "StreamSlots") -> torch.Tensor: ...
+
+    def encode_media(self, pieces: Sequence[MediaPiece]) -> list[torch.Tensor]:
+        """Each piece's row embeddings [piece.rows, hidden] in the model's dtype on its device,
+        from the piece's `inputs` (its `MediaProcessor.prepare_image`'s): what the prompt pass
+        writes over the placeholder rows (`ForwardPass.place_embeds`). A piece's rows must not
+        depend on the other pieces. A family without a tower leaves this as it is."""
+        raise NotImplementedError(f"the {self.name} family takes no media")

@@ -1,0 +1,62 @@
+"""Media pieces in a prompt: placeholders expanded, store keys, and a pass's media rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tensorfold.family.forward_pass import ForwardPass, StreamRows
+from tensorfold.family.media import MediaRefused, expand_media, media_key, store_key
+
+
+class Boxed:
+    kinds = frozenset({"image"})
+    placeholder = "<img>"
+    placeholder_id = 9
+    block = True
+
+    def prepare_image(self, image):  # pragma: no cover - not called here
+        raise AssertionError
+
+    def image_ids(self, rows: int) -> tuple[list[int], int]:
+        return [7, *[9] * rows, 8], 1
+
+
+def test_each_placeholder_becomes_its_images_ids_and_piece() -> None:
+    ids, pieces = expand_media([1, 9, 2, 9], Boxed(), [("a", 2, 11), ("b", 3, 12)])
+    assert ids == [1, 7, 9, 9, 8, 2, 7, 9, 9, 9, 8]
+    assert [(p.start, p.rows, p.key, p.inputs, p.block) for p in pieces] == [
+        (2, 2, 11, "a", True),
+        (7, 3, 12, "b", True),
+    ]
+    assert store_key(ids, pieces) == [1, 7, -11, -11, 8, 2, 7, -12, -12, -12, 8]
+
+
+def test_a_count_of_placeholders_unlike_the_images_is_refused() -> None:
+    with pytest.raises(MediaRefused, match="placed 1 image"):
+        expand_media([1, 9], Boxed(), [("a", 2, 11), ("b", 2, 12)])
+
+
+def test_media_keys_differ_with_any_part_and_stay_positive() -> None:
+    a = media_key(b"\x00\x01", 2, "RGB")
+    assert a == media_key(b"\x00\x01", 2, "RGB")
+    assert a != media_key(b"\x00\x02", 2, "RGB") and a != media_key(b"\x00\x01", 3, "RGB")
+    assert 1 <= a < 2**62
+
+
+def test_a_pass_places_media_rows_and_lets_a_block_see_itself_whole() -> None:
+    image = torch.arange(12.0).view(3, 4)
+    text = StreamRows(1, 3, [5], [2])
+    media = StreamRows(0, 0, [1, 2, 9, 9, 9, 3], [0, 1], embeds=[(2, image)], blocks=[(2, 5)])
+    fp = ForwardPass([text, media], page_rows=4)
+    assert fp.embed_rows is not None and fp.embed_rows.tolist() == [3, 4, 5]
+    x = fp.place_embeds(torch.zeros(7, 4))
+    assert torch.equal(x[3:6], image) and not x[:3].any() and not x[6].any()
+    assert fp.attend_upto is not None and fp.attend_upto.tolist() == [3, 0, 1, 4, 4, 4, 5]
+    plain = ForwardPass([text], page_rows=4)
+    assert plain.embed_rows is None and plain.attend_upto is None
+
+
+def test_media_rows_outside_their_run_are_refused() -> None:
+    with pytest.raises(ValueError, match="not inside"):
+        ForwardPass([StreamRows(0, 0, [1, 2], [0], embeds=[(1, torch.zeros(2, 4))])], 4)
