@@ -150,7 +150,10 @@ class Case:
             down = randn(e, h, i, seed=seed + 1, scale=0.02)
             # one set of weights (GLM's 288 experts: 14 GB in bf16); the calls cycle through routes
             self.bf16 = [(gate_up[:, :i], gate_up[:, i:], down)]
-            self.fp8 = [(quantized(gate_up[:, :i]), quantized(gate_up[:, i:]), quantized(down))]
+            # quantized fused, as Gemma 4's experts ship (I = 704: the up half starts inside a
+            # row block), and cut into views as the families' paths cut it
+            gate, up = triton_fp8.gate_and_up(quantize_blocks(gate_up, BLOCK), i)
+            self.fp8 = [(triton_fp8.parts(gate), triton_fp8.parts(up), quantized(down))]
             self.flops_per_row = 2 * 3 * i * h * topk
 
     def routes(self, m: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -202,11 +205,11 @@ class Case:
 
 
 def _dequantize(w: triton_fp8.Fp8Parts) -> torch.Tensor:
-    q, s, block = w
+    q, s, block, row0 = w
     if q.dim() == 2:
-        return Fp8Weight(q, s, block).dequantize(BF16)
+        return Fp8Weight(q, s, block, row0).dequantize(BF16)
     parts = [
-        Fp8Weight(q[e : e + 16], s[e : e + 16], block).dequantize(BF16)
+        Fp8Weight(q[e : e + 16], s[e : e + 16], block, row0).dequantize(BF16)
         for e in range(0, q.shape[0], 16)
     ]
     return torch.cat(parts)

@@ -55,6 +55,49 @@ def test_cuts_and_joins_keep_every_value(block: tuple[int, int]) -> None:
     assert torch.equal(stack[:, 10:250].dequantize(), stack.dequantize()[:, 10:250])
 
 
+@pytest.mark.parametrize("shape", [(2, 272, 256), (3, 1408, 96)])
+def test_a_row_cut_inside_a_block_is_a_view_with_its_blocks_scales(shape: tuple) -> None:
+    """A fused gate/up [E, 2I, H] in 128-row blocks cut at I (136: the up half 8 rows into
+    block 1; 704, Gemma-4-26B-A4B's experts: 64 rows into block 5): each half is a view of the
+    codes and of the scales of its blocks, with row0 where it starts inside one, and
+    dequantizes to the whole's rows; so does a cut of a cut, an expert of it and its refined
+    or rejoined form."""
+    f = quantize_blocks(weight(*shape), (128, 128))
+    d = f.dequantize()
+    i = shape[1] // 2
+    gate, up = f[:, :i], f[:, i:]
+    assert (gate.row0, up.row0) == (0, i % 128) and gate.block == up.block == (128, 128)
+    assert up.scale.shape == (shape[0], -(-(i % 128 + i) // 128), f.scale.shape[2])
+    for half, rows in ((gate, slice(0, i)), (up, slice(i, 2 * i))):
+        assert half.q.data_ptr() == f.q[:, rows].data_ptr()
+        assert half.scale.untyped_storage().data_ptr() == f.scale.untyped_storage().data_ptr()
+        assert torch.equal(half.dequantize(), d[:, rows])
+        assert torch.equal(half[1].dequantize(), d[1, rows])
+        assert torch.equal(half.refine(0).dequantize(), d[:, rows])
+    inner = up.narrow(0, 100, 30)  # rows i + 100 .. i + 130 of the whole
+    assert inner.row0 == (i % 128 + 100) % 128
+    assert torch.equal(inner.dequantize(), d[:, i + 100 : i + 130])
+    assert torch.equal(up.narrow(1, 0, 64).dequantize(), d[:, i:, :64])
+    two = f[1]
+    joined = cat_rows([two.narrow(0, 0, i), two.narrow(0, i, i)])  # refined: i ends mid-block
+    assert isinstance(joined, Fp8Weight) and torch.equal(joined.dequantize(), d[1])
+    tail = cat_rows([two.narrow(0, 5, 123), two.narrow(0, 128, 2 * i - 128)])  # blocks kept
+    assert isinstance(tail, Fp8Weight) and (tail.block, tail.row0) == ((128, 128), 5)
+    assert torch.equal(tail.dequantize(), d[1, 5:])
+
+
+def test_row0_must_lie_in_a_block_and_fit_the_scales() -> None:
+    f = quantize_blocks(weight(256, 128))
+    with pytest.raises(ValueError, match="row0 128 is outside a row block of 128"):
+        Fp8Weight(f.q, f.scale, f.block, 128)
+    with pytest.raises(ValueError, match="needs scale \\[3, 1\\]"):
+        Fp8Weight(f.q, f.scale, f.block, 1)
+    stack = fp8.empty_stack(f.narrow(0, 64, 128), 2)
+    assert stack.row0 == 64 and stack.scale.shape == (2, 2, 1)
+    with pytest.raises(ValueError, match="differ from its layer's"):
+        fp8.put(stack, 0, f.narrow(0, 0, 128))
+
+
 def test_a_mixed_join_is_dequantized() -> None:
     f, plain = quantize_blocks(weight(8, 16)), weight(4, 16)
     joined = cat_rows([f, plain])
@@ -77,15 +120,17 @@ def test_ops_take_fp8_weights_as_their_dequantized_weights() -> None:
 
 def test_the_kernels_take_fp8_weights_whose_column_blocks_they_read() -> None:
     """fp8.kernels_take: all plain or all fp8 of column blocks a multiple of 128 or all of K
-    (the releases' blocks, per channel, per tensor, a tiny K inside one block; a row cut's
-    (1, bk) too); a mix and a column cut off the blocks (bn, 1) not. kernels_take_ffn: and
-    w1 and w3 of one block."""
+    (the releases' blocks, per channel, per tensor, a tiny K inside one block; a row cut
+    inside a block and a join refined to (1, bk) too); a mix and a column cut off the blocks
+    (bn, 1) not. kernels_take_ffn: and w1 and w3 of one block."""
     plain = weight(300, 300)
     blocks, channel = quantize_blocks(plain), quantize_blocks(plain, (1, 300))
     tensor, tiny = quantize_blocks(plain, (300, 300)), quantize_blocks(weight(48, 64))
     rows = blocks.narrow(0, 5, 20)
-    assert rows.block == (1, 128)
-    for w in (blocks, channel, tensor, tiny, rows):
+    assert rows.block == (128, 128) and rows.row0 == 5
+    refined = cat_rows([rows, blocks.narrow(0, 30, 10)])
+    assert isinstance(refined, Fp8Weight) and refined.block == (1, 128)
+    for w in (blocks, channel, tensor, tiny, rows, refined):
         assert fp8.kernel_reads(w) and fp8.kernels_take(w)
     columns = blocks.narrow(1, 64, 200)  # a cut of K off the 128 edges
     assert columns.block == (128, 1) and not fp8.kernel_reads(columns)

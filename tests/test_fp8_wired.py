@@ -109,8 +109,9 @@ def test_linear_groups_take_the_fp8_launch(kernels) -> None:
 def test_gated_ffn_takes_the_fp8_kernel(kernels) -> None:
     x = randn(7, 256, seed=8)
     gate_up = quantize_blocks(randn(2 * 136, 256, seed=9, scale=0.2))
-    gate, up = triton_fp8.gate_and_up(gate_up, 136)  # a cut off the row blocks: (1, 128)
-    assert gate.block == up.block == (1, 128)
+    gate, up = triton_fp8.gate_and_up(gate_up, 136)  # up: views, 8 rows into row block 1
+    assert gate.block == up.block == (128, 128) and (gate.row0, up.row0) == (0, 8)
+    assert up.scale.data_ptr() == gate_up.scale[1].data_ptr()
     down = quantize_blocks(randn(256, 136, seed=10, scale=0.2))
     got = moe.gated_ffn(x, gate, up, down, act="silu_clamp", limit=0.5)
     assert kernels["gated_ffn_fp8"] == 1 and kernels["dequantize"] == 0

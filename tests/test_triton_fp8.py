@@ -52,10 +52,14 @@ def fp8(w: torch.Tensor, kind: str) -> triton_fp8.Fp8Parts:
 
 
 def dequantize(
-    q: torch.Tensor, s: torch.Tensor, block: tuple[int, int], dtype: torch.dtype = torch.float32
+    q: torch.Tensor,
+    s: torch.Tensor,
+    block: tuple[int, int],
+    row0: int = 0,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """The weight the kernels multiply by (Fp8Weight.dequantize, the one dequantization)."""
-    return Fp8Weight(q, s, block).dequantize(dtype)
+    return Fp8Weight(q, s, block, row0).dequantize(dtype)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -68,20 +72,20 @@ def test_quantize_and_dequantize_keep_each_block_within_e4m3s_rounding():
     rows and columns (partial blocks at the edges included) and rounds once to the dtype."""
     w = randn(2, 200, 300, seed=0)
     for kind in KINDS:
-        q, s, block = fp8(w, kind)
+        q, s, block, _ = fp8(w, kind)
         assert q.dtype == torch.float8_e4m3fn and q.shape == w.shape
         assert s.shape == (2, -(-200 // block[0]), -(-300 // block[1]))
         back = dequantize(q, s, block)
         assert back.dtype == torch.float32
         assert float(((back - w).abs() / w.abs().clamp_min(s.max())).max()) < 2**-4
         assert float(q.float().abs().amax()) == 448.0
-        assert torch.equal(dequantize(q, s, block, torch.bfloat16), back.bfloat16())
-    q, s, block = fp8(w, "blocks")  # the scale of block (1, 2) at rows 128.., columns 256..
+        assert torch.equal(dequantize(q, s, block, dtype=torch.bfloat16), back.bfloat16())
+    q, s, block, _ = fp8(w, "blocks")  # the scale of block (1, 2) at rows 128.., columns 256..
     assert torch.equal(dequantize(q, s, block)[0, 130, 260], q[0, 130, 260].float() * s[0, 1, 2])
 
 
 def test_a_weight_that_does_not_fit_its_scales_is_refused_by_name():
-    q, s, block = fp8(randn(64, 256, seed=1), "blocks")
+    q, s, block, _ = fp8(randn(64, 256, seed=1), "blocks")
     x = randn(2, 256, seed=2)
     for bad, words in (
         ((q.float(), s, block), "torch.float32, not torch.float8_e4m3fn"),
@@ -135,13 +139,13 @@ def test_linear_groups_fp8_is_the_bf16_launch_over_the_dequantized_weight(kind):
     wide = randn(20, 2 * 64 + 8, seed=50).bfloat16()
     x = wide[:, :128]
     w = fp8(randn(256, 64, seed=51, scale=0.1), kind)
-    got = triton_fp8.linear_groups_fp8(x, *w, 2)
+    got = triton_fp8.linear_groups_fp8(x, *w, groups=2)
     assert got.shape == (2, 20, 128)
     want = triton_linear.linear_groups(x, dequantize(*w, torch.bfloat16), 2)
     assert torch.equal(got, want)
-    assert torch.equal(triton_fp8.linear_groups_fp8(x[4:5].clone(), *w, 2), got[:, 4:5])
+    assert torch.equal(triton_fp8.linear_groups_fp8(x[4:5].clone(), *w, groups=2), got[:, 4:5])
     with pytest.raises(ValueError, match="in 3 groups"):
-        triton_fp8.linear_groups_fp8(x, *w, 3)
+        triton_fp8.linear_groups_fp8(x, *w, groups=3)
 
 
 def _experts(kind: str, dtype: torch.dtype, seed: int):
@@ -197,7 +201,7 @@ def test_gated_ffn_fp8_is_the_bf16_kernel_over_the_dequantized_weights(kind):
     dtype = torch.bfloat16
     x, _, _, ws = _experts(kind, dtype, 30)
     x = randn(40, x.shape[1], seed=35).to(dtype)
-    dense = [(q[0], s[0], block) for q, s, block in ws]
+    dense = [(q[0], s[0], block, row0) for q, s, block, row0 in ws]
     assert triton_moe.dense_splits(*dense[0][0].shape) == 2
     got = triton_fp8.gated_ffn_fp8(x, *dense, act="gelu_tanh")
     dequantized = [dequantize(*w, dtype) for w in dense]
@@ -215,6 +219,86 @@ def test_fused_gate_up_blocks_must_match_between_halves():
     w3_channel = fp8(dequantize(*w3), "channel")
     with pytest.raises(ValueError, match="w1's block"):
         triton_fp8.moe_fp8(x, weights, experts, w1, w3_channel, w2)
+
+
+# --- a row cut inside a 128-row block (row0): the up half of a fused gate/up ---
+
+# I: the up half starts 8 rows into row block 1; or 64 rows in, as Gemma-4-26B-A4B's (I = 704)
+# starts in block 5
+CUT_WIDTHS = [136, 192]
+
+
+def _fused_experts(i: int, seed: int):
+    """4 experts' gate/up [4, 2I, 256] quantized as one in 128 x 128 blocks (as Gemma 4's
+    fused experts ship) and cut into halves by gate_and_up; down a row cut 64 rows into a
+    block of a taller stack; 12 rows routed top 2, in bf16."""
+    e, h = 4, 256
+    gate_up = quantize_blocks(randn(e, 2 * i, h, seed=seed, scale=0.2))
+    gate, up = triton_fp8.gate_and_up(gate_up, i)
+    assert (gate.row0, up.row0) == (0, i % 128) and up.q.data_ptr() == gate_up.q[:, i:].data_ptr()
+    down = quantize_blocks(randn(e, 64 + h, i, seed=seed + 1, scale=0.2)).narrow(0, 64, h)
+    x = randn(12, h, seed=seed + 2).bfloat16()
+    router = randn(e, h, seed=seed + 3).bfloat16()
+    weights, experts = ref_moe.route(x, router, None, 2, norm_topk_prob=True)
+    return x, weights, experts, [triton_fp8.parts(w) for w in (gate, up, down)]
+
+
+@pytest.mark.parametrize("i", CUT_WIDTHS)
+def test_linear_fp8_reads_a_row_cut_inside_a_block(i):
+    """Rows I..2I of a [2I, 320] weight (row0 I % 128; two K chunks): the bf16 kernel's bits
+    over the whole weight's dequantized rows, a row alone as in 20; and linear_groups_fp8 over
+    two 128-row groups that start 64 rows into a block."""
+    dtype = torch.bfloat16
+    whole = quantize_blocks(randn(2 * i, 320, seed=60, scale=0.1))
+    w = triton_fp8.parts(whole.narrow(0, i, i))
+    assert w[3] == i % 128 and triton_linear.splits_of(i, 320) > 1
+    x = randn(20, 320, seed=61).to(dtype)
+    got = triton_fp8.linear_fp8(x, *w)
+    want = triton_linear.linear(x, whole.dequantize(dtype)[i:].contiguous())
+    assert torch.equal(got, want) and torch.equal(
+        got, triton_linear.linear(x, dequantize(*w, dtype))
+    )
+    assert rel(got, linear_fp8_reference(x.double(), *w)) < TOL[dtype]
+    assert torch.equal(triton_fp8.linear_fp8(x[7:8].clone(), *w), got[7:8])
+    groups = triton_fp8.parts(
+        quantize_blocks(randn(320, 64, seed=62, scale=0.1)).narrow(0, 64, 256)
+    )
+    xg = randn(5, 128, seed=63).to(dtype)
+    got = triton_fp8.linear_groups_fp8(xg, *groups, groups=2)
+    assert torch.equal(got, triton_linear.linear_groups(xg, dequantize(*groups, dtype), 2))
+
+
+@pytest.mark.parametrize("i", CUT_WIDTHS)
+def test_moe_fp8_reads_the_halves_of_a_fused_gate_up_as_views(i):
+    """Experts whose up half starts inside a row block, and whose down rows do: the bf16
+    kernel's bits over the dequantized halves (each the fused weight's rows), within rounding
+    of the reference, a row alone as in the pass."""
+    x, weights, experts, ws = _fused_experts(i, 70)
+    got = triton_fp8.moe_fp8(x, weights, experts, *ws, slot_dtype=torch.float32)
+    dequantized = [dequantize(*w, dtype=torch.bfloat16) for w in ws]
+    want = triton_moe.moe(x, weights, experts, *dequantized, slot_dtype=torch.float32)
+    assert torch.equal(got, want)
+    ref = moe_fp8_reference(x.double(), weights.double(), experts, *ws)
+    assert rel(got, ref) < TOL[torch.bfloat16]
+    one = triton_fp8.moe_fp8(
+        x[5:6].clone(), weights[5:6].clone(), experts[5:6].clone(), *ws, slot_dtype=torch.float32
+    )
+    assert torch.equal(one, got[5:6])
+
+
+@pytest.mark.parametrize("i", CUT_WIDTHS)
+def test_gated_ffn_fp8_reads_the_halves_of_a_fused_gate_up_as_views(i):
+    """The dense FFN over one expert's halves (its K split over two chunks): the bf16 kernel's
+    bits over the dequantized halves, a row alone as in 9."""
+    _, _, _, ws = _fused_experts(i, 80)
+    dense = [(q[1], s[1], block, row0) for q, s, block, row0 in ws]
+    x = randn(9, 256, seed=85).bfloat16()
+    got = triton_fp8.gated_ffn_fp8(x, *dense, act="gelu_tanh")
+    dequantized = [dequantize(*w, dtype=torch.bfloat16) for w in dense]
+    assert torch.equal(got, triton_moe.gated_ffn(x, *dequantized, act="gelu_tanh"))
+    ref = gated_ffn_fp8_reference(x.double(), *dense, act="gelu_tanh")
+    assert rel(got, ref) < 2e-2
+    assert torch.equal(triton_fp8.gated_ffn_fp8(x[2:3].clone(), *dense, act="gelu_tanh"), got[2:3])
 
 
 def test_fp8_tiles_of_their_own_take_a_few_rows_on_the_gpu_with_the_bf16_chunks(monkeypatch):

@@ -18,7 +18,7 @@ import contextlib
 import json
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
@@ -415,10 +415,10 @@ class Checkpoint:
         parts, at = [], 0
         for a, b in ranges:  # each range's scales, beside the q piece read for it
             if dim < lead:  # an expert dimension: the scales are cut as q is
-                sub, blk = scale.narrow(dim, a, b - a), block
+                sub, blk, row0 = scale.narrow(dim, a, b - a), block, 0
             else:
-                sub, blk = narrow_scale(scale, block, info.shape, dim - lead, a, b - a)
-            parts.append(Fp8Weight(q.narrow(dim, at, b - a), sub, blk))
+                sub, blk, row0 = narrow_scale(scale, block, info.shape, dim - lead, a, b - a)
+            parts.append(Fp8Weight(q.narrow(dim, at, b - a), sub, blk, row0))
             at += b - a
         return self._join(name, parts, dim, len(info.shape))
 
@@ -436,14 +436,14 @@ class Checkpoint:
     ) -> "Fp8Weight":
         if pieces is None:
             return weight
-        from .fp8_weights import Fp8Weight
-
         dim, ranges = pieces
         lead = weight.q.dim() - 2
         if dim < lead:  # experts: cut q and scales alike
             parts = [
-                Fp8Weight(
-                    weight.q.narrow(dim, a, b - a), weight.scale.narrow(dim, a, b - a), weight.block
+                replace(
+                    weight,
+                    q=weight.q.narrow(dim, a, b - a),
+                    scale=weight.scale.narrow(dim, a, b - a),
                 )
                 for a, b in ranges
             ]
@@ -451,7 +451,7 @@ class Checkpoint:
             parts = [weight.narrow(dim - lead, a, b - a) for a, b in ranges]
         if len(parts) == 1:  # a view would hold the whole tensor: keep this rank's bytes only
             one = parts[0]
-            return Fp8Weight(one.q.contiguous().clone(), one.scale.clone(), one.block)
+            return replace(one, q=one.q.contiguous().clone(), scale=one.scale.clone())
         return self._join(name, parts, dim, weight.q.dim())
 
     def _join(self, name: str, parts: list["Fp8Weight"], dim: int, ndim: int) -> "Fp8Weight":
@@ -462,10 +462,10 @@ class Checkpoint:
         if len(parts) == 1:
             return parts[0]
         if dim < ndim - 2:
-            return Fp8Weight(
-                torch.cat([p.q for p in parts], dim),
-                torch.cat([p.scale for p in parts], dim),
-                parts[0].block,
+            return replace(
+                parts[0],
+                q=torch.cat([p.q for p in parts], dim),
+                scale=torch.cat([p.scale for p in parts], dim),
             )
         if dim == ndim - 2 and ndim == 2:
             joined = cat_rows(parts)

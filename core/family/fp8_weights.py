@@ -3,17 +3,21 @@
 `Fp8Weight` is the record the checkpoint hands a family for a quantized linear, whatever the
 format on disk (block-scaled `weight_scale_inv`, compressed-tensors' per-channel or per-tensor
 `weight_scale`, or a model-dtype weight quantized at load): element (n, k) of the weight is
-`q[n, k] · scale[n // bn, k // bk]` in fp32. It lives in the family room because the checkpoint
-builds it; ops dispatch on it (`tensorfold.ops.fp8`, which re-exports these names).
+`q[n, k] · scale[(n + row0) // bn, k // bk]` in fp32, row0 the rows its first row block starts
+before q's row 0 (0 but for a cut of rows off the block edges). It lives in the family room
+because the checkpoint builds it; ops dispatch on it (`tensorfold.ops.fp8`, which re-exports
+these names).
 
-Every reshaping here is exact: a row range, a concatenation or a tensor-parallel cut that does
-not fall on block edges refines the scales to one row (or one column) per scale, repeating
-each block's scale, so the values (and so every product) are the same bits.
+Every reshaping here is exact. A range of rows is a view of the codes and of the scales of the
+row blocks it touches, with row0 where it starts inside one (a fused gate/up's up half at row
+I, I no multiple of 128). A column range off the block edges, and a concatenation whose parts
+do not end and start on block edges, refine the scales to one column (or one row) per scale,
+repeating each block's scale; so the values (and so every product) are the same bits.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -30,12 +34,15 @@ def _blocks(size: int, block: int) -> int:
 @dataclass(frozen=True, eq=False)
 class Fp8Weight:
     """q [N, K] (a linear) or [E, N, K] (stacked experts) in float8 e4m3; scale [...,
-    ceil(N / bn), ceil(K / bk)] in float32; block (bn, bk): (128, 128) block-scaled, (1, K)
-    per channel, (N, K) per tensor. Compared and hashed by identity, as tensors are."""
+    ceil((row0 + N) / bn), ceil(K / bk)] in float32; block (bn, bk): (128, 128) block-scaled,
+    (1, K) per channel, (N, K) per tensor; row0 (0 <= row0 < bn): q's row 0 is row row0 of its
+    first row block (a row cut inside a block), so row n takes scale row (n + row0) // bn.
+    Compared and hashed by identity, as tensors are."""
 
     q: torch.Tensor
     scale: torch.Tensor
     block: tuple[int, int]
+    row0: int = 0
 
     def __post_init__(self) -> None:
         if self.q.dtype != FP8_DTYPE or self.scale.dtype != torch.float32:
@@ -44,12 +51,14 @@ class Fp8Weight:
                 f"got {self.q.dtype} and {self.scale.dtype}"
             )
         bn, bk = self.block
+        if not 0 <= self.row0 < bn:
+            raise ValueError(f"Fp8Weight: row0 {self.row0} is outside a row block of {bn}")
         n, k = self.q.shape[-2:]
-        want = (*self.q.shape[:-2], _blocks(n, bn), _blocks(k, bk))
+        want = (*self.q.shape[:-2], _blocks(self.row0 + n, bn), _blocks(k, bk))
         if self.q.dim() not in (2, 3) or tuple(self.scale.shape) != want:
             raise ValueError(
-                f"Fp8Weight: q {list(self.q.shape)} with block {self.block} needs scale "
-                f"{list(want)}, got {list(self.scale.shape)}"
+                f"Fp8Weight: q {list(self.q.shape)} with block {self.block} and row0 "
+                f"{self.row0} needs scale {list(want)}, got {list(self.scale.shape)}"
             )
 
     # --- what a weight tensor answers ---
@@ -96,11 +105,11 @@ class Fp8Weight:
             if step != 1:
                 raise ValueError("Fp8Weight: only unit-step slices")
             if self.q.dim() == 3:
-                return Fp8Weight(self.q[start:stop], self.scale[start:stop], self.block)
+                return replace(self, q=self.q[start:stop], scale=self.scale[start:stop])
             return self.narrow(0, start, stop - start)
         if self.q.dim() != 3:
             raise TypeError("Fp8Weight: an int index takes an expert of a [E, N, K] stack")
-        return Fp8Weight(self.q[index], self.scale[index], self.block)
+        return replace(self, q=self.q[index], scale=self.scale[index])
 
     def split(self, sizes: Sequence[int]) -> list["Fp8Weight"]:
         """Consecutive row ranges of these sizes (as Tensor.split on dim 0 of a [N, K] weight)."""
@@ -111,44 +120,53 @@ class Fp8Weight:
         return out
 
     def to(self, device: torch.device | str) -> "Fp8Weight":
-        return Fp8Weight(self.q.to(device), self.scale.to(device), self.block)
+        return replace(self, q=self.q.to(device), scale=self.scale.to(device))
 
     # --- values ---
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight q · scale, each element one fp32 product rounded once to `dtype`: the
         values the GPU's fp8 kernels turn the codes into in registers (ops.triton_fp8). Each
-        block's scale broadcast over its (padded) rows and columns: no [N, K] copy of them."""
+        block's scale broadcast over its (padded) rows and columns: no [N, K] copy of them; the
+        rows padded above by row0, so q's rows sit in their blocks."""
         bn, bk = self.block
         n, k = self.q.shape[-2:]
-        nb, kb = _blocks(n, bn), _blocks(k, bk)
+        r0 = self.row0
+        nb, kb = _blocks(r0 + n, bn), _blocks(k, bk)
         lead = self.q.shape[:-2]
         w = self.q.float()
         if nb * bn != n or kb * bk != k:
-            w = torch.nn.functional.pad(w, (0, kb * bk - k, 0, nb * bn - n))
+            w = torch.nn.functional.pad(w, (0, kb * bk - k, r0, nb * bn - n - r0))
         w = w.reshape(*lead, nb, bn, kb, bk) * self.scale.reshape(*lead, nb, 1, kb, 1)
-        return w.reshape(*lead, nb * bn, kb * bk)[..., :n, :k].to(dtype).contiguous()
+        return w.reshape(*lead, nb * bn, kb * bk)[..., r0 : r0 + n, :k].to(dtype).contiguous()
 
     # --- exact reshaping ---
 
     def refine(self, dim: int) -> "Fp8Weight":
         """The same values with one scale per row (dim 0) or column (dim 1) of each block:
-        the block's size along `dim` becomes 1. dim counts from the matrix: 0 is N, 1 is K."""
+        the block's size along `dim` becomes 1 (row0 0). dim counts from the matrix: 0 is N, 1
+        is K."""
         bn, bk = self.block
         size = self.q.shape[-2 + dim]
         b = (bn, bk)[dim]
         if b == 1:
             return self
         axis = self.scale.dim() - 2 + dim
-        scale = self.scale.repeat_interleave(b, dim=axis).narrow(axis, 0, size).contiguous()
-        block = (1, bk) if dim == 0 else (bn, 1)
-        return Fp8Weight(self.q, scale, block)
+        skip = self.row0 if dim == 0 else 0
+        scale = self.scale.repeat_interleave(b, dim=axis).narrow(axis, skip, size).contiguous()
+        if dim == 0:
+            return Fp8Weight(self.q, scale, (1, bk))
+        return Fp8Weight(self.q, scale, (bn, 1), self.row0)
 
     def narrow(self, dim: int, start: int, length: int) -> "Fp8Weight":
-        """Rows (dim 0) or columns (dim 1) start..start+length of the matrix (of each expert)."""
+        """Rows (dim 0) or columns (dim 1) start..start+length of the matrix (of each expert):
+        rows as views of the codes and of their blocks' scales (row0 where the cut starts
+        inside a block), columns off the block edges with their scales refined."""
         axis = self.q.dim() - 2 + dim
-        scale, block = narrow_scale(self.scale, self.block, self.q.shape, dim, start, length)
-        return Fp8Weight(self.q.narrow(axis, start, length), scale, block)
+        scale, block, row0 = narrow_scale(
+            self.scale, self.block, self.q.shape, dim, start, length, self.row0
+        )
+        return Fp8Weight(self.q.narrow(axis, start, length), scale, block, row0)
 
 
 def narrow_scale(
@@ -158,32 +176,39 @@ def narrow_scale(
     dim: int,
     start: int,
     length: int,
-) -> tuple[torch.Tensor, tuple[int, int]]:
-    """The scales and block of rows (dim 0) or columns (dim 1) start..start+length of a weight
-    of `shape` [..., N, K]. One block across the whole dimension (per tensor, a channel's
-    columns) stays one; a cut off block edges refines the scales first (one a row or column)."""
-    size, b = shape[-2 + dim], block[dim]
+    row0: int = 0,
+) -> tuple[torch.Tensor, tuple[int, int], int]:
+    """The scales, block and row0 of rows (dim 0) or columns (dim 1) start..start+length of a
+    weight of `shape` [..., N, K] whose row 0 is row `row0` of its first row block. Rows: a
+    view of the row blocks the range touches, row0 where it starts inside one. Columns: one
+    block across all of K (per tensor, per channel) stays one; a cut off the block edges
+    refines the scales first (one a column)."""
     axis = scale.dim() - 2 + dim
+    if dim == 0:
+        first, at = divmod(row0 + start, block[0])
+        last = _blocks(row0 + start + length, block[0])
+        return scale.narrow(axis, first, last - first), block, at
+    size, b = shape[-1], block[1]
     end = start + length
-    if b >= size:  # one block along dim: every cut keeps it
-        return scale, block
+    if b >= size:  # one block along K: every cut keeps it
+        return scale, block, row0
     if start % b or (end % b and end != size):
         scale = scale.repeat_interleave(b, dim=axis).narrow(axis, 0, size)
-        block = (1, block[1]) if dim == 0 else (block[0], 1)
-        b = 1
+        block, b = (block[0], 1), 1
     first, last = start // b, _blocks(end, b)
-    return scale.narrow(axis, first, last - first).contiguous(), block
+    return scale.narrow(axis, first, last - first).contiguous(), block, row0
 
 
-def _full_block(w: Fp8Weight) -> bool:
-    """Whether the weight's rows make whole blocks (a concatenation may follow it as is)."""
-    return w.shape[-2] % w.block[0] == 0
+def _ends_on_edge(w: Fp8Weight) -> bool:
+    """Whether the weight's last row ends a row block (a concatenation may follow it as is)."""
+    return (w.row0 + w.shape[-2]) % w.block[0] == 0
 
 
 def cat_rows(parts: Sequence[torch.Tensor | Fp8Weight]) -> torch.Tensor | Fp8Weight:
     """The parts' rows in order as one weight [ΣN, K]: an Fp8Weight when every part is one (its
-    blocks kept where each part but the last fills whole row blocks, else refined to one scale
-    a row), a tensor when none is; a mix is dequantized to the plain parts' dtype."""
+    blocks kept, and the first's row0, where each part but the last ends a row block and each
+    but the first starts one; else refined to one scale a row), a tensor when none is; a mix is
+    dequantized to the plain parts' dtype."""
     fp8 = [p for p in parts if isinstance(p, Fp8Weight)]
     plain = [p for p in parts if not isinstance(p, Fp8Weight)]
     if not fp8:
@@ -193,10 +218,15 @@ def cat_rows(parts: Sequence[torch.Tensor | Fp8Weight]) -> torch.Tensor | Fp8Wei
         return torch.cat([p.dequantize(dtype) if isinstance(p, Fp8Weight) else p for p in parts])
     if len({w.block[1] for w in fp8}) != 1 or len({w.shape[-1] for w in fp8}) != 1:
         raise ValueError("cat_rows: the parts' columns or column blocks differ")
-    aligned = len({w.block[0] for w in fp8}) == 1 and all(_full_block(w) for w in fp8[:-1])
+    aligned = (
+        len({w.block[0] for w in fp8}) == 1
+        and all(_ends_on_edge(w) for w in fp8[:-1])
+        and not any(w.row0 for w in fp8[1:])
+    )
     if not aligned:
         fp8 = [w.refine(0) for w in fp8]
-    return Fp8Weight(torch.cat([w.q for w in fp8]), torch.cat([w.scale for w in fp8]), fp8[0].block)
+    q, scale = torch.cat([w.q for w in fp8]), torch.cat([w.scale for w in fp8])
+    return Fp8Weight(q, scale, fp8[0].block, fp8[0].row0)
 
 
 def quantize_blocks(w: torch.Tensor, block: tuple[int, int] = RELEASE_BLOCK) -> Fp8Weight:
@@ -241,7 +271,7 @@ def empty_stack(like: torch.Tensor | Fp8Weight, count: int) -> torch.Tensor | Fp
     family fills it one expert at a time (`put`), so a layer's experts are never held twice."""
     if isinstance(like, Fp8Weight):
         q = like.q.new_empty(count, *like.q.shape)
-        return Fp8Weight(q, like.scale.new_empty(count, *like.scale.shape), like.block)
+        return replace(like, q=q, scale=like.scale.new_empty(count, *like.scale.shape))
     return like.new_empty(count, *like.shape)
 
 
@@ -250,7 +280,9 @@ def put(stack: torch.Tensor | Fp8Weight, index: int, one: torch.Tensor | Fp8Weig
     if isinstance(stack, Fp8Weight) != isinstance(one, Fp8Weight):
         raise ValueError("put: an expert is not stored as the layer's others (fp8 or not)")
     if isinstance(stack, Fp8Weight) and isinstance(one, Fp8Weight):
-        if one.block != stack.block or one.scale.shape != stack.scale.shape[1:]:
+        if (one.block, one.row0) != (stack.block, stack.row0) or (
+            one.scale.shape != stack.scale.shape[1:]
+        ):
             raise ValueError(f"put: an expert's scales {one.block} differ from its layer's")
         stack.q[index].copy_(one.q)
         stack.scale[index].copy_(one.scale)

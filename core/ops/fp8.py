@@ -30,8 +30,8 @@ from .fp8_dispatch import KERNEL_BK, kernel_reads, kernels_take, kernels_take_ff
 from .linear import linear, linear_fp8
 from .moe import gated_ffn, moe
 
-# (q, scale, block): an fp8 weight as triton_fp8's kernels take it
-Fp8Parts = tuple[torch.Tensor, torch.Tensor, tuple[int, int]]
+# (q, scale, block, row0): an fp8 weight as triton_fp8's kernels take it
+Fp8Parts = tuple[torch.Tensor, torch.Tensor, tuple[int, int], int]
 
 __all__ = [
     "FP8_DTYPE",
@@ -60,7 +60,7 @@ __all__ = [
 
 
 def dequantized(w: Fp8Parts, dtype: torch.dtype) -> torch.Tensor:
-    """The weight the kernels multiply by: Fp8Weight.dequantize of (q, scale, block)."""
+    """The weight the kernels multiply by: Fp8Weight.dequantize of (q, scale, block, row0)."""
     return Fp8Weight(*w).dequantize(dtype)
 
 
@@ -69,12 +69,13 @@ def linear_fp8_reference(
     q: torch.Tensor,
     scale: torch.Tensor,
     block: tuple[int, int],
+    row0: int = 0,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """linear_fp8's arithmetic in torch: ops.linear.linear over the weight dequantized to x's
     dtype."""
-    return linear(x, dequantized((q, scale, block), x.dtype), bias, out_dtype)
+    return linear(x, dequantized((q, scale, block, row0), x.dtype), bias, out_dtype)
 
 
 def moe_fp8_reference(

@@ -88,7 +88,7 @@ def linear_groups(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, groups: int
         from . import triton_fp8, triton_linear
 
         if isinstance(weight, Fp8Weight):
-            return triton_fp8.linear_groups_fp8(x, *triton_fp8.parts(weight), groups)
+            return triton_fp8.linear_groups_fp8(x, *triton_fp8.parts(weight), groups=groups)
         return triton_linear.linear_groups(x, weight, groups)
     step = n // groups
     return torch.stack(

@@ -1,13 +1,15 @@
 """Linears and experts over fp8 weights on the GPU: e4m3 codes read as stored, dequantized in
 registers; and the kernel an FFN's weights take, plain or fp8.
 
-A weight is three raw tensors: q, torch.float8_e4m3fn [N, K] (a linear) or [E, N, K] (stacked
-experts); scale, float32 [..., ⌈N/bn⌉, ⌈K/bk⌉]; block (bn, bk): (128, 128) for the
-block-scaled releases, (1, K) per channel, (N, K) per tensor; an `Fp8Weight`'s q, scale and
-block (`parts`). The weight is `Fp8Weight.dequantize`: `q.float() * scale` spread over its
+A weight is its raw parts: q, torch.float8_e4m3fn [N, K] (a linear) or [E, N, K] (stacked
+experts); scale, float32 [..., ⌈(row0 + N)/bn⌉, ⌈K/bk⌉]; block (bn, bk): (128, 128) for the
+block-scaled releases, (1, K) per channel, (N, K) per tensor; row0, where q's row 0 lies in
+its first row block (0 but for a row cut inside a block); an `Fp8Weight`'s q, scale, block and
+row0 (`parts`). The weight is `Fp8Weight.dequantize`: `q.float() * scale` spread over its
 blocks, rounded to the activations' dtype. bk must be a multiple of 128 or cover all of K
-(`fp8.kernel_reads`); scale rows count from q's own row 0 (a fused gate/up is passed as two
-weights, each with the scales of its rows: Fp8Weight's row cuts make them so).
+(`fp8.kernel_reads`). A fused gate/up is passed as two weights, views of its codes and scales
+(`gate_and_up`): the up half of Gemma-4-26B-A4B's experts (I = 704) starts 64 rows into a
+128-row block, its row0.
 
 Weight-only: each kernel is the bf16 kernel (triton_linear's, triton_moe's) with its weight
 tile loaded as e4m3 and turned in registers into `(q.float() * s).to(x.dtype)`, the reference's
@@ -27,7 +29,6 @@ to its BK x BN codes (the columns of one row block share the address).
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, Sequence
 
 import torch
@@ -39,22 +40,25 @@ from .triton_util import Fp8Scales, cdiv
 
 FP8 = FP8_DTYPE
 Block = tuple[int, int]
-# one fp8 weight: (q, scale, block)
-Fp8Parts = tuple[torch.Tensor, torch.Tensor, Block]
+# one fp8 weight: (q, scale, block, row0)
+Fp8Parts = tuple[torch.Tensor, torch.Tensor, Block, int]
 
 
 def parts(w: Fp8Weight) -> Fp8Parts:
-    """The kernels' three tensors of an fp8 weight."""
-    return w.q, w.scale, w.block
+    """The kernels' parts of an fp8 weight."""
+    return w.q, w.scale, w.block, w.row0
 
 
-def scales_of(q: torch.Tensor, scale: torch.Tensor, block: Block, dims: int = 2) -> Fp8Scales:
+def scales_of(
+    q: torch.Tensor, scale: torch.Tensor, block: Block, row0: int = 0, dims: int = 2
+) -> Fp8Scales:
     """The kernels' view of an fp8 weight's scales (a stack of one for a lone matrix), after
-    checking q (`dims` dimensions: 2 a matrix, 3 a stack of experts), scale and block agree; a
-    ValueError naming them when not."""
+    checking q (`dims` dimensions: 2 a matrix, 3 a stack of experts), scale, block and row0
+    agree; a ValueError naming them when not."""
     bn, bk = int(block[0]), int(block[1])
     n, k = q.shape[-2:]
-    want = (*q.shape[:-2], cdiv(n, bn), cdiv(k, bk)) if bn > 0 and bk > 0 else None
+    ok = bn > 0 and bk > 0 and 0 <= row0 < bn
+    want = (*q.shape[:-2], cdiv(row0 + n, bn), cdiv(k, bk)) if ok else None
     problem = ""
     if q.dim() != dims:
         problem = f"q has {q.dim()} dimensions, not {dims}"
@@ -67,11 +71,11 @@ def scales_of(q: torch.Tensor, scale: torch.Tensor, block: Block, dims: int = 2)
     elif bk < k and bk % KERNEL_BK:
         problem = f"bk {bk} is neither a multiple of 128 nor all of K ({k})"
     if problem:
-        raise ValueError(f"fp8 weight q {tuple(q.shape)}, block {(bn, bk)}: {problem}")
+        raise ValueError(f"fp8 weight q {tuple(q.shape)}, block {(bn, bk)}, row0 {row0}: {problem}")
     s = scale if scale.dim() == 3 else scale[None]
     if s.stride(-1) != 1:
         s = s.contiguous()
-    return Fp8Scales(s, bn, bk)
+    return Fp8Scales(s, bn, bk, row0)
 
 
 def linear_fp8(
@@ -79,13 +83,15 @@ def linear_fp8(
     q: torch.Tensor,
     scale: torch.Tensor,
     block: Block,
+    row0: int = 0,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """x [..., K] (bf16 or fp32) @ w[N, K]ᵀ (+ bias [N]) -> [..., N] in x's dtype, stored in
-    out_dtype (a float at least as wide), w the fp8 weight (q, scale, block): the bits of
-    triton_linear.linear(x, Fp8Weight(q, scale, block).dequantize(x.dtype), bias, out_dtype)."""
-    scales = scales_of(q, scale, block)
+    out_dtype (a float at least as wide), w the fp8 weight (q, scale, block, row0): the bits of
+    triton_linear.linear(x, Fp8Weight(q, scale, block, row0).dequantize(x.dtype), bias,
+    out_dtype)."""
+    scales = scales_of(q, scale, block, row0)
     lead = x.shape[:-1]
     k = x.shape[-1]
     n = q.shape[0]
@@ -100,12 +106,18 @@ def linear_fp8(
 
 
 def linear_groups_fp8(
-    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, block: Block, groups: int
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    block: Block,
+    row0: int = 0,
+    *,
+    groups: int,
 ) -> torch.Tensor:
-    """triton_linear.linear_groups with an fp8 weight (q [G·n, K], scale, block): x [M, G·K]
-    -> [G, M, n] in one launch (triton_linear.groups_fit must hold), the bits of
+    """triton_linear.linear_groups with an fp8 weight (q [G·n, K], scale, block, row0):
+    x [M, G·K] -> [G, M, n] in one launch (triton_linear.groups_fit must hold), the bits of
     triton_linear.linear_groups over the dequantized weight."""
-    scales = scales_of(q, scale, block)
+    scales = scales_of(q, scale, block, row0)
     m = x.shape[0]
     n, k = q.shape
     if not triton_linear.groups_fit(n, k, groups) or x.shape[1] != groups * k:
@@ -135,9 +147,10 @@ def moe_fp8(
     plus: torch.Tensor | None = None,
     sum_slots: bool = True,
 ) -> torch.Tensor:
-    """triton_moe.moe with fp8 experts: w1, w3 (q [E, I, H], scale, block), w2 (q [E, H, I],
-    scale, block), w1 and w3 of one block shape; every other argument and the result as
-    triton_moe.moe's, with the bits of triton_moe.moe over the dequantized experts."""
+    """triton_moe.moe with fp8 experts: w1, w3 (q [E, I, H], scale, block, row0), w2
+    (q [E, H, I], scale, block, row0), w1 and w3 of one block shape (their row0 may differ: the
+    halves of a fused gate/up); every other argument and the result as triton_moe.moe's, with
+    the bits of triton_moe.moe over the dequantized experts."""
     s1, s3, s2 = (scales_of(*w, dims=3) for w in (w1, w3, w2))
     if (s1.block_n, s1.block_k) != (s3.block_n, s3.block_k):
         raise ValueError(f"w1's block {w1[2]} and w3's {w3[2]} differ")
@@ -167,9 +180,9 @@ def gated_ffn_fp8(
     act: str = "silu",
     limit: float = 0.0,
 ) -> torch.Tensor:
-    """triton_moe.gated_ffn with fp8 weights: w1, w3 (q [I, H], scale, block), w2 (q [H, I],
-    scale, block); the bits of triton_moe.gated_ffn over the dequantized weights (its K split
-    included)."""
+    """triton_moe.gated_ffn with fp8 weights: w1, w3 (q [I, H], scale, block, row0), w2
+    (q [H, I], scale, block, row0); the bits of triton_moe.gated_ffn over the dequantized
+    weights (its K split included)."""
     s1, s3, s2 = (scales_of(*w) for w in (w1, w3, w2))
     if (s1.block_n, s1.block_k) != (s3.block_n, s3.block_k):
         raise ValueError(f"w1's block {w1[2]} and w3's {w3[2]} differ")
@@ -186,35 +199,20 @@ def stack(ws: Sequence[torch.Tensor] | Sequence[Fp8Weight]) -> torch.Tensor | Fp
     if not isinstance(first, Fp8Weight):
         return triton_moe.stack(ws)  # type: ignore[arg-type]
     fp8 = [w for w in ws if isinstance(w, Fp8Weight)]
-    if len(fp8) != len(ws) or any(w.block != first.block for w in fp8):
-        raise ValueError("stack: the experts are not all fp8 of one block shape")
+    if len(fp8) != len(ws) or any((w.block, w.row0) != (first.block, first.row0) for w in fp8):
+        raise ValueError("stack: the experts are not all fp8 of one block shape and row0")
     q = triton_moe.stack([w.q for w in fp8])
-    return Fp8Weight(q, triton_moe.stack([w.scale for w in fp8]), first.block)
-
-
-# A fused gate/up's fp8 halves, made once a weight: a cut off its row blocks (gemma4's experts,
-# I = 704) refines the second half's scales to one a row, a copy a decode step should not redo.
-# Weak keys: a freed model's weights leave with it.
-_HALVES: "weakref.WeakKeyDictionary[Fp8Weight, tuple[int, Fp8Weight, Fp8Weight]]" = (
-    weakref.WeakKeyDictionary()
-)
+    return Fp8Weight(q, triton_moe.stack([w.scale for w in fp8]), first.block, first.row0)
 
 
 def gate_and_up(gate_up: Any, i: int) -> tuple[Any, Any]:
     """The halves of a fused gate/up [..., 2I, H] (rows :I and I:, of each expert in a stack)
-    as the kernels take them: views of a tensor; an fp8 weight's row cuts, each with the scales
-    of its own rows, made on first use and kept while the weight lives (not when first made
-    inside a CUDA graph's capture, whose kernels only run at replay: the eager passes before
-    it keep them)."""
+    as the kernels take them: views of a tensor; an fp8 weight's row cuts, views of its codes
+    and of its scales (the up half's row0 where I falls inside a row block), made per call: no
+    copy, nothing kept."""
     if not isinstance(gate_up, Fp8Weight):
         return (gate_up[..., :i, :], gate_up[..., i:, :])
-    kept = _HALVES.get(gate_up)
-    if kept is not None and kept[0] == i:
-        return kept[1], kept[2]
-    gate, up = gate_up.narrow(0, 0, i), gate_up.narrow(0, i, gate_up.shape[-2] - i)
-    if not (gate_up.q.is_cuda and torch.cuda.is_current_stream_capturing()):
-        _HALVES[gate_up] = (i, gate, up)
-    return gate, up
+    return gate_up.narrow(0, 0, i), gate_up.narrow(0, i, gate_up.shape[-2] - i)
 
 
 def _stacked(ws: Any) -> Fp8Weight:

@@ -186,17 +186,19 @@ def _linear_kernel(
     SBN=1,
     FP8: tl.constexpr = False,
     SBK: tl.constexpr = 0,
+    ROW0=0,
 ):
     """GROUPS > 1 (linear_groups): w's rows in GROUPS groups of N // GROUPS, group g reading x's
     columns [g·K, (g+1)·K) and stored as [M, N // GROUPS] at o + g·M·(N // GROUPS); a tile
-    lies in one group. FP8: w holds e4m3 codes, row r's k block j scaled by s[r // SBN, j]
-    (row stride stride_sn; k blocks SBK long, 0: one), dequantized in registers (weight_tile)."""
+    lies in one group. FP8: w holds e4m3 codes, row r's k block j scaled by
+    s[(r + ROW0) // SBN, j] (row stride stride_sn; k blocks SBK long, 0: one), dequantized in
+    registers (weight_tile)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     s_rows = rn
     if FP8:
-        s_rows = scale_rows(s_ptr, 0, rn, N, 0, stride_sn, SBN)
+        s_rows = scale_rows(s_ptr, 0, rn, N, 0, stride_sn, SBN, ROW0)
     if GROUPS > 1:
         group_n = N // GROUPS
         g = (pid_n * BLOCK_N) // group_n
@@ -367,6 +369,7 @@ def _fp8_args(scales: Fp8Scales, k: int, block_k: int) -> dict:
         SBN=scales.block_n,
         FP8=True,
         SBK=scales.kernel_block_k(k, block_k),
+        ROW0=scales.row0,
     )
 
 

@@ -414,12 +414,15 @@ def _swiglu_kernel(
     SBN=1,
     FP8: tl.constexpr = False,
     SBK: tl.constexpr = 0,
+    ROW0_1=0,
+    ROW0_3=0,
 ):
     """SPLITS > 1 (the dense FFN, dense_splits): K in SPLITS chunks of CHUNK, each product's
     chunks summed in chunk order: by one program (a prompt pass), or (SPLIT_GRID) a program
     a chunk (grid axis 2) whose partials go to ws [SPLITS, 2, ws_rows, I] fp32 and the tile's
     last to arrive adds them up (triton_splitk's order). FP8: w1 and w3 hold e4m3 codes, row r
-    of expert e in k block j scaled by s[e, r // SBN, j] (k blocks SBK long, 0: one),
+    of expert e in k block j scaled by s[e, (r + ROW0) // SBN, j] (ROW0_1 for w1, ROW0_3 for
+    w3: a fused gate/up's up half may start inside a block; k blocks SBK long, 0: one),
     dequantized in registers (triton_util.weight_tile)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -442,8 +445,8 @@ def _swiglu_kernel(
     s1_rows = rn
     s3_rows = rn
     if FP8:
-        s1_rows = scale_rows(s1_ptr, e64, rn, I, stride_s1e, stride_s1n, SBN)
-        s3_rows = scale_rows(s3_ptr, e64, rn, I, stride_s3e, stride_s3n, SBN)
+        s1_rows = scale_rows(s1_ptr, e64, rn, I, stride_s1e, stride_s1n, SBN, ROW0_1)
+        s3_rows = scale_rows(s3_ptr, e64, rn, I, stride_s3e, stride_s3n, SBN, ROW0_3)
     rows = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
     finish = True
     if SPLITS == 1:
@@ -582,9 +585,10 @@ def _down_kernel(
     SBN=1,
     FP8: tl.constexpr = False,
     SBK: tl.constexpr = 0,
+    ROW0=0,
 ):
     """SPLITS > 1: as _swiglu_kernel's, with ws [SPLITS, ws_rows, H] fp32. FP8: as
-    _swiglu_kernel's, for w2."""
+    _swiglu_kernel's, for w2 (ROW0 its row offset)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -611,7 +615,7 @@ def _down_kernel(
     nmask = rn[None, :] < H
     s_rows = rn
     if FP8:
-        s_rows = scale_rows(s2_ptr, e64, rn, H, stride_s2e, stride_s2n, SBN)
+        s_rows = scale_rows(s2_ptr, e64, rn, H, stride_s2e, stride_s2n, SBN, ROW0)
     finish = True
     if SPLITS == 1:
         acc = _down_chunk(
@@ -918,6 +922,8 @@ def _gate_up_scales(s1: Fp8Scales, s3: Fp8Scales, k: int, t: Tiles) -> dict:
         SBN=s1.block_n,
         FP8=True,
         SBK=s1.kernel_block_k(k, t.block_k),
+        ROW0_1=s1.row0,
+        ROW0_3=s3.row0,
     )
 
 
@@ -930,6 +936,7 @@ def _down_scales(s2: Fp8Scales, k: int, t: Tiles) -> dict:
         SBN=s2.block_n,
         FP8=True,
         SBK=s2.kernel_block_k(k, t.block_k),
+        ROW0=s2.row0,
     )
 
 

@@ -29,12 +29,14 @@ def next_power_of_2(n: int) -> int:
 class Fp8Scales:
     """An fp8 weight's scales as the kernels read them (triton_fp8 makes them): scale
     [E, row blocks, k blocks] float32 (unit stride along k; E 1 for a lone matrix), row r of
-    expert e in k block j scaled by scale[e, r // block_n, j]; block_k a multiple of 128 (a
-    kernel's BK steps then each lie in one k block) or the whole K."""
+    expert e in k block j scaled by scale[e, (r + row0) // block_n, j] (row0: the weight's
+    row 0 lies that far into its first row block, a row cut inside one); block_k a multiple of
+    128 (a kernel's BK steps then each lie in one k block) or the whole K."""
 
     scale: torch.Tensor
     block_n: int
     block_k: int
+    row0: int = 0
 
     def kernel_block_k(self, k: int, step: int) -> int:
         """A kernel's SBK for a product over k in `step`-long steps: block_k, or 0 for one block
@@ -116,11 +118,12 @@ def publish_writes(INTERP: tl.constexpr):
 
 
 @triton.jit
-def scale_rows(s_ptr, e64, rn, N, stride_se, stride_sn, SBN):
+def scale_rows(s_ptr, e64, rn, N, stride_se, stride_sn, SBN, ROW0):
     """An fp8 weight's [1, BN] pointers to the scales of its columns rn (rows of the weight, of
-    expert e64 in a stack) at k block 0: the scale of row r sits at row block r // SBN (rows past
-    N read the last row's, never stored)."""
-    blocks = tl.minimum(rn, N - 1) // SBN
+    expert e64 in a stack) at k block 0: the scale of row r sits at row block (r + ROW0) // SBN,
+    ROW0 the rows its first block starts before row 0 (rows past N read the last row's, never
+    stored)."""
+    blocks = (tl.minimum(rn, N - 1) + ROW0) // SBN
     return s_ptr + e64 * stride_se + blocks[None, :].to(tl.int64) * stride_sn
 
 

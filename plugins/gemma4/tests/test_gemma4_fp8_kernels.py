@@ -20,7 +20,7 @@ from tensorfold import testing  # noqa: E402
 from tensorfold.engine.runner import ModelRunner  # noqa: E402
 from tensorfold.family.forward_pass import StreamRows  # noqa: E402
 from tensorfold.ops import gpu  # noqa: E402
-from tensorfold.ops.fp8 import Fp8Weight  # noqa: E402
+from tensorfold.ops.fp8 import Fp8Weight, quantize_blocks  # noqa: E402
 from tensorfold_gemma4 import layers  # noqa: E402
 from tensorfold_gemma4.config import FULL, SLIDING, Gemma4Config  # noqa: E402
 from tensorfold_gemma4.dummy import CONFIGS, build_dummy  # noqa: E402
@@ -73,6 +73,22 @@ def test_mlp_and_experts_take_the_fp8_kernels_with_the_bf16_kernels_bits(counts)
     assert torch.equal(got_mlp, layers.mlp(plain, x))
     gate_up, down = moe.gate_up.dequantize(F32), moe.down.dequantize(F32)
     assert torch.equal(got_moe, layers.experts_ffn(x, weights, experts, gate_up, down))
+
+
+def test_experts_whose_up_half_starts_inside_a_row_block_take_the_kernel(counts) -> None:
+    """I = 96 (as the 26B's 704, no multiple of 128): the fused gate/up's 128-row blocks span
+    both halves, the up half starts 96 rows into block 0 and is read as a view (row0 96), with
+    the bits of the bf16 kernels over the dequantized weights."""
+    g = torch.Generator().manual_seed(4)
+    gate_up = quantize_blocks(torch.randn(8, 2 * 96, 64, generator=g) * 0.2)
+    down = quantize_blocks(torch.randn(8, 64, 96, generator=g) * 0.2)
+    x = torch.randn(6, 64, generator=g)
+    weights = torch.rand(6, 2, generator=g)
+    experts = torch.tensor([[0, 3], [1, 3], [7, 0], [2, 1], [0, 2], [5, 6]])
+    got = layers.experts_ffn(x, weights, experts, gate_up, down)
+    assert counts == {"gated_ffn_fp8": 0, "moe_fp8": 1, "dequantize": 0}
+    plain = gate_up.dequantize(F32), down.dequantize(F32)
+    assert torch.equal(got, layers.experts_ffn(x, weights, experts, *plain))
 
 
 def test_the_model_under_fp8_runs_through_the_kernels_alone(counts) -> None:
