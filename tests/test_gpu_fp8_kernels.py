@@ -41,10 +41,14 @@ def fp8(w: torch.Tensor, kind: str) -> triton_fp8.Fp8Parts:
 
 
 def dequantize(
-    q: torch.Tensor, s: torch.Tensor, block: tuple[int, int], dtype: torch.dtype = torch.float32
+    q: torch.Tensor,
+    s: torch.Tensor,
+    block: tuple[int, int],
+    row0: int = 0,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """The weight the kernels multiply by (Fp8Weight.dequantize, the one dequantization)."""
-    return Fp8Weight(q, s, block).dequantize(dtype)
+    return Fp8Weight(q, s, block, row0).dequantize(dtype)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -103,7 +107,7 @@ def test_linear_groups_fp8_rows_alone_equal_batches_and_the_bf16_launchs_bits(ki
     maps = randn(700, 576, seed=7)
 
     def run(m):
-        return triton_fp8.linear_groups_fp8(m[:, :256], *w, 2).transpose(0, 1)
+        return triton_fp8.linear_groups_fp8(m[:, :256], *w, groups=2).transpose(0, 1)
 
     got = assert_rows_invariant(run, maps)
     want = triton_linear.linear_groups(maps[:, :256], dequantize(*w, BF16), 2)
@@ -150,6 +154,44 @@ def test_moe_fp8_rows_alone_equal_batches_and_the_bf16_kernels_bits(e, i, h, k, 
         assert torch.equal(got[:m], want), m
     ref = torch_path(moe_fp8_reference, x, weights, experts, *ws)
     assert rel(got, ref) < 1e-2
+
+
+def test_gemma4s_fused_gate_up_cut_inside_a_block_keeps_the_bf16_kernels_bits():
+    """Gemma-4-26B-A4B's experts as they ship: gate/up [128, 1408, 2816] in 128 x 128 blocks
+    over the fused rows, cut by gate_and_up into views, the up half 64 rows into row block 5
+    (row0 64). The grouped kernels, the dense FFN over one expert's halves and a linear over
+    the up half: the bits of the bf16 kernels over the fused weight's dequantized rows, a row
+    alone as in every pass, within bf16 rounding of the reference."""
+    from tensorfold.ops import moe as ref_moe
+
+    e, i, h, k = 128, 704, 2816, 8
+    gate_up = quantize_blocks(randn(e, 2 * i, h, seed=50, scale=0.05))
+    gate, up = triton_fp8.gate_and_up(gate_up, i)
+    assert (gate.row0, up.row0) == (0, 64) and up.q.data_ptr() == gate_up.q[:, i:].data_ptr()
+    down = quantize_blocks(randn(e, h, i, seed=51, scale=0.05))
+    ws = [triton_fp8.parts(w) for w in (gate, up, down)]
+    whole = gate_up.dequantize(BF16)
+    dequantized = [whole[:, :i], whole[:, i:], down.dequantize(BF16)]
+    assert torch.equal(dequantize(*ws[1], dtype=BF16), dequantized[1])
+    x = randn(700, h, seed=52)
+    weights, experts = ref_moe.route(x, randn(e, h, seed=53), None, k, norm_topk_prob=True)
+    options = dict(act="gelu_tanh", slot_dtype=torch.float32)
+
+    def run(x, wt, ex):
+        return triton_fp8.moe_fp8(x, wt, ex, *ws, **options)
+
+    got = assert_rows_invariant(run, x, weights, experts)
+    for m in (1, 8, 64, 700):
+        want = triton_moe.moe(x[:m], weights[:m], experts[:m], *dequantized, **options)
+        assert torch.equal(got[:m], want), m
+    ref = torch_path(moe_fp8_reference, x, weights, experts, *ws, act="gelu_tanh", fp32_slots=True)
+    assert rel(got, ref) < 1e-2
+    dense = [(q[5], s[5], block, row0) for q, s, block, row0 in ws]
+    got = assert_rows_invariant(lambda x: triton_fp8.gated_ffn_fp8(x, *dense), x)
+    plain = [w[5].contiguous() for w in dequantized]
+    assert torch.equal(got, triton_moe.gated_ffn(x, *plain))
+    got = assert_rows_invariant(lambda x: triton_fp8.linear_fp8(x, *dense[1]), x)
+    assert torch.equal(got, triton_linear.linear(x, plain[1]))
 
 
 @pytest.mark.parametrize("i, h, kind", [(2112, 2816, "blocks"), (7168, 2048, "channel")])
