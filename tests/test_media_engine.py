@@ -110,11 +110,12 @@ def open_lanes(
     pass_rows: int = PASS_ROWS,
     share: int = 0,
     drafts: DraftSettings | None = None,
+    runner_cls: type[ModelRunner] = ModelRunner,
 ) -> Lanes:
     """The lanes over 96 pages of 16 rows, freed pages poisoned; with the prompt store when
     `share` (its kept states) is set, 32 of those pages its cache."""
     hooks = family_plugin_manager(FamilySpec("pictured", "x:y", "x:y"), [paged_kv, snapshots])
-    runner = ModelRunner(
+    runner = runner_cls(
         model, num_pages=96, num_slots=lanes, page_rows=PAGE_ROWS, poison=True, plugin_manager=hooks
     )
     sharing = None
@@ -122,7 +123,7 @@ def open_lanes(
         sharing = PromptSharing(
             pool=runner.pool,
             runner=runner,
-            arena=SnapshotArena(model.layout.fixed, share),
+            arena=SnapshotArena(model.layout.fixed, share, str(model.device)),
             hooks=hooks.hook,
             max_states=share,
             cache_pages=32,
