@@ -21,6 +21,10 @@ A request that asks for its prompt's logprobs (`Request.prompt_logprobs`: `echo`
 resume were never computed for it; the store still keeps its marks for others), its chunks are
 at most LOGPROB_ROWS rows (cut on the family's mark_rows, as a budget cut is), and once its
 prompt is computed its logprobs go to it and to its choices (`PromptOut`) before any token.
+
+A request with media (`Request.media`) is seen by the prompt store through its store key (each
+media row keyed by its piece's pixels), computes each piece's rows once, in the first chunk
+that holds them, and never cuts a chunk or keeps a state inside a block (`media_rows`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from ..family.media import store_key
 from ..family.model import FamilyModel
 from ..family.tokenizer import IncrementalDecoder, Tokenizer
 from ..memory.kv_pool import Lease
+from ..memory.prompt_radix import Kept
 from ..memory.prompt_share import PromptSharing
 from .drafts import DraftSettings, StreamDrafts
 from .media_rows import MediaRows, check_media, clean_cut
@@ -445,7 +450,7 @@ class Lanes:
             self.rows_computed += len(req.prompt) - s.cached
             self.live.append(s)
 
-    def _match(self, key: list[int], req: Request) -> Any:
+    def _match(self, key: list[int], req: Request) -> Kept | None:
         """The store's longest kept prefix of the prompt (by its store key), never one ending
         strictly inside a media block (a state kept there by a prompt whose block ended the
         same way would leave this one's block cut): then the longest before that block."""
