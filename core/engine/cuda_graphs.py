@@ -219,7 +219,7 @@ class GraphRunner(ModelRunner):
             return None
         r = len(streams[0].tokens)
         if r == 1:
-            if any(len(s.tokens) != 1 or s.logits != "last" or s.taps for s in streams):
+            if any(len(s.tokens) != 1 or s.logits != "last" or s.taps or s.embeds for s in streams):
                 return None
         elif r not in self.verify_row_counts(len(streams)) or uniform_verify(streams) != r:
             return None

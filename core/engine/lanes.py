@@ -21,6 +21,10 @@ A request that asks for its prompt's logprobs (`Request.prompt_logprobs`: `echo`
 resume were never computed for it; the store still keeps its marks for others), its chunks are
 at most LOGPROB_ROWS rows (cut on the family's mark_rows, as a budget cut is), and once its
 prompt is computed its logprobs go to it and to its choices (`PromptOut`) before any token.
+
+A request with media (`Request.media`) is seen by the prompt store through its store key (each
+media row keyed by its piece's pixels), computes each piece's rows once, in the first chunk
+that holds them, and never cuts a chunk or keeps a state inside a block (`media_rows`).
 """
 
 from __future__ import annotations
@@ -36,10 +40,14 @@ from tensorfold.adapters import paged_kv
 from ..config.logs import get_logger
 from ..family.drafter import DraftAsk, ModelDrafter
 from ..family.forward_pass import LogitRows, StreamRows
+from ..family.media import store_key
+from ..family.model import FamilyModel
 from ..family.tokenizer import IncrementalDecoder, Tokenizer
 from ..memory.kv_pool import Lease
+from ..memory.prompt_radix import Kept
 from ..memory.prompt_share import PromptSharing
 from .drafts import DraftSettings, StreamDrafts
+from .media_rows import MediaRows, check_media, clean_cut
 from .prompt_logprobs import LOGPROB_ROWS, Entry, prompt_rows
 from .requests import Finished, PromptOut, Request, RequestRefused, TokenOut
 from .runner import ModelRunner
@@ -81,6 +89,10 @@ class Live:
     state_rows: int = 0  # rows the slot's fixed state has taken in (past pos after a rejection)
     logit_row: int = 0  # the last pass's logit row its latest token was drawn from
     prompt_logprobs: list[Entry] | None = None  # scored so far, when its request asks for them
+    # the prompt store's key of its prompt (media rows keyed by their pixels: store_key)
+    key: list[int] = field(default_factory=list)
+    media: MediaRows | None = None  # its media pieces, when its prompt has any
+    block_waits: bool = False  # its next chunk, a whole block, did not fit the last pass
 
     @property
     def prefilling(self) -> bool:
@@ -178,6 +190,7 @@ class Lanes:
                 f"{self.window}-token window",
                 "max_tokens",
             )
+        check_media(req.media, n, self.pass_rows, self._no_media())
         vocab = self.runner.model.vocab_size
         if req.params.logit_bias and req.params.logit_bias[-1][0] >= vocab:
             raise RequestRefused(
@@ -194,6 +207,13 @@ class Lanes:
                 f"{self.pool.num_pages}",
                 "max_tokens",
             )
+
+    def _no_media(self) -> str | None:
+        """The family's name when its model has no tower (encode_media not overridden)."""
+        model = self.runner.model
+        if type(model).encode_media is not FamilyModel.encode_media:
+            return None
+        return getattr(model, "name", None) or type(model).__name__
 
     def _check_choices(self, req: Request, pages: int) -> None:
         choices, lanes = 1 + len(req.forks), self.num_lanes
@@ -252,6 +272,8 @@ class Lanes:
         row = 0  # the pass's logit rows, stream by stream
         for i, (stream, run, out) in enumerate(zip(owners, runs, logits)):
             stream.pos = stream.state_rows = run.end
+            if stream.media is not None:
+                stream.media.computed(run.end)
             row += out.shape[0]
             if stream.verify:  # its rows' logits, all of them; taps to rewind to
                 stream.verify_run, stream.logit_row = i, row - out.shape[0]
@@ -405,8 +427,9 @@ class Lanes:
                 break  # n choices wait for n lanes, in order
             rows = len(req.prompt) + req.params.max_tokens + self.lookahead
             kept = None
+            key = store_key(req.prompt, req.media) if req.media else req.prompt
             if self.sharing is not None and req.prompt_logprobs is None:
-                kept = self.sharing.match(req.prompt)
+                kept = self._match(key, req)
             attached = kept.pos // self.pool.page_rows if kept else 0
             shared = len(req.prompt) // self.pool.page_rows  # a fork's attached prompt pages
             need = self.pool.pages_for(rows) - attached
@@ -415,17 +438,32 @@ class Lanes:
                 if self.sharing is None or not self.sharing.make_room(need, keep=kept):
                     break  # waits for pages; later requests wait behind it, in order
             self.waiting.popleft()
-            s = self._new_live(req, rows, attached)
-            s.forks = [self._new_live(f, rows, shared) for f in req.forks]
+            s = self._new_live(req, rows, attached, key)
+            s.forks = [self._new_live(f, rows, shared, key) for f in req.forks]
             if kept is not None:
                 s.pos = s.cached = self.sharing.resume(kept, s.lease, s.slot)  # type: ignore[union-attr]
             if self.sharing is not None:
-                s.marks = self.sharing.marks(req.prompt, req.marks, s.pos)
+                s.marks = self.sharing.marks(key, req.marks, s.pos)
+                if s.media is not None:  # no keep inside a block: it is computed whole
+                    s.marks = s.media.outside(s.marks)
             self.rows_cached += s.cached
             self.rows_computed += len(req.prompt) - s.cached
             self.live.append(s)
 
-    def _new_live(self, req: Request, rows: int, attached: int) -> Live:
+    def _match(self, key: list[int], req: Request) -> Kept | None:
+        """The store's longest kept prefix of the prompt (by its store key), never one ending
+        strictly inside a media block (a state kept there by a prompt whose block ended the
+        same way would leave this one's block cut): then the longest before that block."""
+        assert self.sharing is not None
+        kept = self.sharing.match(key)
+        while kept is not None:
+            block = next((m for m in req.media if m.block and m.start < kept.pos < m.end), None)
+            if block is None:
+                return kept
+            kept = self.sharing.match(key, limit=block.start)
+        return None
+
+    def _new_live(self, req: Request, rows: int, attached: int, key: list[int]) -> Live:
         return Live(
             req=req,
             slot=self.free_slots.pop(),
@@ -438,6 +476,8 @@ class Lanes:
             matcher=req.params.constraint.start() if req.params.constraint else None,
             drafts=self._stream_drafts(req),
             prompt_logprobs=[] if req.prompt_logprobs is not None else None,
+            key=key,
+            media=MediaRows(req.media) if req.media else None,
         )
 
     def _stream_drafts(self, req: Request) -> StreamDrafts | None:
@@ -498,9 +538,13 @@ class Lanes:
                 runs.append(StreamRows(s.slot, s.pos, fed, pages))
             owners.append(s)
         budget = self.pass_rows
+        first = True  # the round's first prompt chunk may pass the budget (a whole block)
         # New prompts' first rows go before fills already under way (each group in admission
-        # order), so a short prompt never waits behind a long prompt's fill.
-        filling = sorted((s for s in self.live if s.prefilling), key=lambda s: s.pos > 0)
+        # order), so a short prompt never waits behind a long prompt's fill; a block that
+        # waited for room goes first of all, so new prompts never starve it.
+        filling = sorted(
+            (s for s in self.live if s.prefilling), key=lambda s: (not s.block_waits, s.pos > 0)
+        )
         for s in filling:
             if budget <= 0:
                 break
@@ -511,8 +555,13 @@ class Lanes:
                 rows = min(budget, max(LOGPROB_ROWS // self.cut_rows, 1) * self.cut_rows)
             if s.pos + rows < end:  # the budget ends it early: on the family's grid
                 end = (s.pos + rows) // self.cut_rows * self.cut_rows
-                if end <= s.pos:
-                    continue
+            if s.media is not None and s.media.blocks:  # never strictly inside a block
+                end = clean_cut(s.pos, end, len(s.req.prompt), self.cut_rows, s.media.blocks)
+                s.block_waits = end - s.pos > budget and not first
+                if s.block_waits:
+                    continue  # a whole block that does not fit: it goes first next round
+            if end <= s.pos:
+                continue
             tokens = s.req.prompt[s.pos : end]
             last = end == len(s.req.prompt)
             pages = s.lease.cover(end)
@@ -520,9 +569,17 @@ class Lanes:
             wants: LogitRows = (
                 "all" if s.prompt_logprobs is not None else "last" if last else "none"
             )
-            runs.append(StreamRows(s.slot, s.pos, tokens, pages, wants, taps))
+            embeds: list[tuple[int, torch.Tensor]] = []
+            blocks: list[tuple[int, int]] = []
+            if s.media is not None:
+                embeds, blocks = s.media.run_parts(s.pos, end, self.runner.encode_media)
+            run = StreamRows(
+                s.slot, s.pos, tokens, pages, wants, taps, embeds=embeds, blocks=blocks
+            )
+            runs.append(run)
             owners.append(s)
             budget -= len(tokens)
+            first = False
         return runs, owners
 
     def _score_prompt(self, s: Live, run: StreamRows, out: torch.Tensor) -> torch.Tensor:
@@ -606,7 +663,7 @@ class Lanes:
         for p in run.taps:
             if (i, p) not in tapped and p < run.end and self.runner.slots.buffers:
                 continue  # the family did not tap mid-pass: no exact state to keep there
-            self.sharing.keep(s.req.prompt[:p], s.lease.pages, s.slot, (i, p))
+            self.sharing.keep(s.key[:p], s.lease.pages, s.slot, (i, p))
 
     def _take(self, s: Live, t: int, result: SampleResult, refused: str | None = None) -> None:
         """A row's sampled token; `refused`: its grammar's error, when it refused the token."""
@@ -655,7 +712,7 @@ class Lanes:
         s.forks = []
         if self.sharing is not None and reason in ("stop", "length") and not s.prefilling:
             # where this turn ended: the next turn of a chat resumes here
-            fed = s.req.prompt + s.generated[: s.pos - len(s.req.prompt)]
+            fed = s.key + s.generated[: s.pos - len(s.req.prompt)]
             self.sharing.keep(fed, s.lease.pages, s.slot, None)
         s.lease.release()
         s.matcher = None  # the grammar state goes with the stream

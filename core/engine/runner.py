@@ -18,6 +18,7 @@ from tensorfold.adapters.paged_kv import PagedRows
 from tensorfold.adapters.stream_state import StreamSlots
 
 from ..family.forward_pass import ForwardPass, LogitRows, StreamRows
+from ..family.media import MediaPiece
 from ..family.model import FamilyModel
 from ..memory.kv_dtype import kv_layout
 from ..memory.kv_pool import KVPool, Lease
@@ -80,6 +81,26 @@ class ModelRunner:
             logits = self.forward(fp)
         self.last_pass = fp  # its taps feed the prompt store's keeps
         return fp.split_logits(logits)
+
+    @torch.inference_mode()
+    def encode_media(self, pieces: Sequence[MediaPiece]) -> list[torch.Tensor]:
+        """The pieces' row embeddings ([piece.rows, hidden] each), from the family's tower
+        (`FamilyModel.encode_media`), for a prompt chunk that holds their rows. Under tensor
+        parallel only rank 0 runs it; the pass sends the rows to the others."""
+        if torch.device(self.model.device).type == "cpu":
+            with one_cpu_thread():
+                out = self.model.encode_media(pieces)
+        else:
+            out = self.model.encode_media(pieces)
+        if len(out) != len(pieces) or any(
+            v.dim() != 2 or v.shape[0] != m.rows for v, m in zip(out, pieces)
+        ):
+            got = [tuple(v.shape) for v in out]
+            raise ValueError(
+                f"encode_media gave {got} for pieces of {[m.rows for m in pieces]} rows: "
+                "one [rows, hidden] a piece"
+            )
+        return out
 
     def verify_row_counts(self, streams: int) -> tuple[int, ...]:
         """Rows a stream (k + 1) of the verify passes of `streams` streams that run faster when

@@ -9,7 +9,8 @@ object broadcast, over a gloo group of its own, and does it itself; the follower
 (`Follower.loop`) receive and repeat them in the same order:
 
     ("run", streams)                        a pass: every rank's forward meets in the same
-                                            collectives, in the same order
+                                            collectives, in the same order; its media rows
+                                            (rank 0 alone runs the tower) on the CPU
     ("poison_pages", pages)                 freed pages NaN-filled (TF_KV_POISON)
     ("poison_slot", slot)                   a freed slot NaN-filled (TF_KV_POISON)
     ("attach", kept_pages, kept_rows, table) a resume's share_attach, with rank 0's page table
@@ -32,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -406,8 +407,14 @@ class Leader:
         return result
 
     def run(self, streams: Sequence[Any]) -> list[torch.Tensor]:
+        """A pass on every rank; media rows (rank 0's tower's) go to the others on the CPU,
+        and each rank's pass moves them to its device (ForwardPass.embed_values)."""
         streams = list(streams)
-        return self._both(("run", streams), lambda: self.runner.run(streams))
+        sent = [
+            replace(s, embeds=[(at, v.cpu()) for at, v in s.embeds]) if s.embeds else s
+            for s in streams
+        ]
+        return self._both(("run", sent), lambda: self.runner.run(streams))
 
     def poison_pages(self, pages: Sequence[int]) -> None:
         pages = list(pages)

@@ -63,10 +63,13 @@ class PromptSharing:
 
     # -- admission ----------------------------------------------------------------------------
 
-    def match(self, prompt: Sequence[int]) -> Kept | None:
-        """The longest kept prefix that leaves at least the prompt's last row to compute; a
-        state in the host tier is copied back first (None when there is no room for it)."""
-        kept = self.store.lookup(prompt, len(prompt) - 1)
+    def match(self, prompt: Sequence[int], limit: int | None = None) -> Kept | None:
+        """The longest kept prefix that leaves at least the prompt's last row to compute (and
+        ends at or before `limit`, when given); a state in the host tier is copied back first
+        (None when there is no room for it). `prompt` is the store's key of the prompt
+        (media.store_key: its media rows keyed by their pixels)."""
+        most = len(prompt) - 1 if limit is None else min(limit, len(prompt) - 1)
+        kept = self.store.lookup(prompt, most)
         if kept is not None and kept.host is not None and not self._page_in(kept):
             return None
         return kept
