@@ -51,6 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: none)",
     )
     parser.add_argument(
+        "--allowed-media-domains",
+        metavar="HOSTS",
+        help="hosts whose http(s) image URLs chat requests may name, a comma list such as "
+        "images.example.com; each is fetched within TF_MAX_IMAGE_MIB and "
+        "TF_MEDIA_FETCH_TIMEOUT_S (TF_ALLOWED_MEDIA_DOMAINS; default: none, data: URLs only)",
+    )
+    parser.add_argument(
         "--served-model-name",
         metavar="NAME",
         help="the model's name in the API (default: --model, or FAMILY-demo)",
@@ -196,6 +203,7 @@ async def _serve(
     from tensorfold.server.api_key import exposure_warning
     from tensorfold.server.app import create_app
     from tensorfold.server.connections import ConnectionCaps, handler_args, serve_on
+    from tensorfold.server.media_limits import MediaLimits
     from tensorfold.server.request_limits import MIB, Limits
     from tensorfold.server.shutdown import RUNNER_GRACE_S, drain
     from tensorfold.server.state import STATE
@@ -207,6 +215,7 @@ async def _serve(
         max_messages=settings.max_messages,
         prepare_timeout_s=settings.prepare_timeout_s,
         prompts=prompts,
+        media=MediaLimits.from_settings(settings),
     )
     caps = ConnectionCaps(
         total=settings.max_connections,

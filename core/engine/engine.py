@@ -11,6 +11,7 @@ import threading
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..config.logs import get_logger
+from ..family.media import MediaPiece
 from .lanes import Lanes
 from .requests import Event, Finished, Request, RequestRefused
 from .sampling import SamplingParams
@@ -53,11 +54,13 @@ class Engine:
         sink: Callable[[Event], None],
         marks: Iterable[int] = (),
         prediction: Sequence[int] = (),
+        media: Sequence[MediaPiece] = (),
     ) -> Request:
         """Queue a request; raises RequestRefused at once if it can never run here, QueueFull
         when max_waiting requests already wait. prediction: tokens the output is expected to
-        repeat (Predicted Outputs), drafted and verified: the tokens are plain decoding's."""
-        return self.submit_n(prompt, [params], [sink], marks, prediction)[0]
+        repeat (Predicted Outputs), drafted and verified: the tokens are plain decoding's.
+        media: the prompt's images (Request.media)."""
+        return self.submit_n(prompt, [params], [sink], marks, prediction, media=media)[0]
 
     def submit_n(
         self,
@@ -67,6 +70,7 @@ class Engine:
         marks: Iterable[int] = (),
         prediction: Sequence[int] = (),
         prompt_logprobs: int | None = None,
+        media: Sequence[MediaPiece] = (),
     ) -> list[Request]:
         """n choices of one prompt: choice i samples with params[i] (seeded; the same
         max_tokens for all) and reports to sinks[i]. The prompt is computed once and the other
@@ -74,7 +78,7 @@ class Engine:
         n choices can never run here together. prompt_logprobs: the prompt tokens' logprobs,
         with that many top ones each, go to every choice (a `PromptOut` before its first
         token). Returns the requests, choice 0 first."""
-        group = self._choices(prompt, params, sinks, marks, prediction, prompt_logprobs)
+        group = self._choices(prompt, params, sinks, marks, prediction, prompt_logprobs, media)
         self._queue([group])
         return group
 
@@ -86,13 +90,14 @@ class Engine:
         marks: Sequence[Iterable[int]] = (),
         prediction: Sequence[int] = (),
         prompt_logprobs: int | None = None,
+        media: Sequence[Sequence[MediaPiece]] = (),
     ) -> list[list[Request]]:
         """Several prompts of one request (OpenAI's list of prompts), each with its n choices
         as submit_n takes them: params[i] are prompt i's choices' params (n of them for every
         prompt), prompt i's choice j reports to sinks[i * n + j], marks[i] are its chat marks
         (none when marks is empty), so each prompt runs as its own submit_n would. Each prompt
         is admitted on its own, in order, as separate requests are (more prompts than lanes
-        wait their turn). Every prompt is checked first and all are queued or none:
+        wait their turn). media[i]: prompt i's images (none when media is empty). Every prompt is checked first and all are queued or none:
         RequestRefused names the prompt's index; QueueFull when max_waiting would be passed.
         Returns each prompt's requests."""
         n = len(params[0]) if params else 0
@@ -109,6 +114,7 @@ class Engine:
                         marks[i] if marks else (),
                         prediction,
                         prompt_logprobs,
+                        media[i] if media else (),
                     )
                 )
             except RequestRefused as exc:
@@ -131,6 +137,7 @@ class Engine:
         marks: Iterable[int],
         prediction: Sequence[int],
         prompt_logprobs: int | None,
+        media: Sequence[MediaPiece] = (),
     ) -> list[Request]:
         """One prompt's choices as requests, choice 0 holding the others as its forks; checked
         (RequestRefused when they can never run here)."""
@@ -146,6 +153,7 @@ class Engine:
                 marks=tuple(marks),
                 prediction=tuple(prediction),
                 prompt_logprobs=prompt_logprobs,
+                media=tuple(media),
             )
             for p, sink in zip(params, sinks)
         ]

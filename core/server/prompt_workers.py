@@ -1,5 +1,5 @@
 """Worker processes for the heavy CPU step of a request (prompt_work.make_prompt: the chat
-template and the tokenizer), so that neither the event loop nor the engine thread waits on the
+template, the tokenizer, a chat's images), so that neither the event loop nor the engine thread waits on the
 GIL for it.
 
 Each worker is a 'spawn'ed process that loads the tokenizer once and then answers one job at a
@@ -44,7 +44,7 @@ def _serve(conn: Connection, tokenizer_file: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is the server's to handle
     with open(tokenizer_file, "rb") as f:
         tok: Tokenizer = pickle.load(f)
-    conn.send(("ready", None))  # from here it reads a job as soon as it is sent
+    conn.send_bytes(pickle.dumps(("ready", None)))  # from here it reads a job as it is sent
     while True:
         try:
             job = conn.recv()
@@ -54,10 +54,14 @@ def _serve(conn: Connection, tokenizer_file: str) -> None:
             reply: tuple[str, Any] = ("ok", make_prompt(tok, job))
         except Exception as exc:  # the caller decides what the failure means to its client
             reply = ("error", exc)
+        # Plain pickle, not the connection's: a prompt's image inputs (tensors) travel as
+        # bytes, never as shared memory that lives on with this process.
         try:
-            conn.send(reply)
+            data = pickle.dumps(reply)
         except (pickle.PicklingError, TypeError, AttributeError):  # an exception that won't pickle
-            conn.send(("error", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}")))
+            data = pickle.dumps(("error", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}")))
+        try:
+            conn.send_bytes(data)
         except (BrokenPipeError, OSError):
             return
 
@@ -127,7 +131,10 @@ class PromptWorkers:
                 if not worker.ready:
                     await self._reply(worker)
                     worker.ready = True
-                _send(worker, job)
+                if job.images is None:
+                    _send(worker, job)
+                else:  # megabytes of images: written off the loop
+                    await asyncio.get_running_loop().run_in_executor(None, _send, worker, job)
                 kind, value = await self._reply(worker)
             done = True
         except TimeoutError:
@@ -150,8 +157,9 @@ class PromptWorkers:
             await readable
         finally:
             loop.remove_reader(fd)
-        try:
-            return worker.conn.recv()  # the reply is whole or on its way: ids within a window
+        try:  # the reply is whole or on its way: ids within a window, prepared images
+            reply: tuple[str, Any] = pickle.loads(worker.conn.recv_bytes())
+            return reply
         except (EOFError, OSError):
             raise WorkerLost(f"the prompt worker (pid {worker.proc.pid}) died") from None
 
