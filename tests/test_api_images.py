@@ -31,6 +31,7 @@ from tensorfold.engine.requests import Request
 from tensorfold.engine.start import Served, open_served
 from tensorfold.family.media import MediaRefused, media_key
 from tensorfold.server.app import create_app
+from tensorfold.server.image_decode import MediaSource
 from tensorfold.server.media_limits import MediaLimits
 from tensorfold.server.prompt_workers import PromptWorkers
 from tensorfold.server.request_limits import Limits
@@ -302,7 +303,7 @@ def test_responses_input_image_takes_the_same_path(served: Served, seen: list[Re
 
 
 def test_a_prompt_worker_process_prepares_the_images(served: Served, seen: list[Request]) -> None:
-    workers = PromptWorkers(served.tokenizer, 1)
+    workers = PromptWorkers(served.tokenizer, 1, MediaSource.of(served.spec, served.checkpoint))
     workers.start()
     try:
         app = app_of(served, prompts=workers)

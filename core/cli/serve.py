@@ -103,6 +103,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     from tensorfold.engine.start import open_served, parallel_launch, pick_device
     from tensorfold.server.api_key import resolve_api_key
+    from tensorfold.server.image_decode import MediaSource, media_processor
     from tensorfold.server.prompt_workers import PromptWorkers
 
     api_key = resolve_api_key(args.api_key, args.api_key_file, settings.api_key)
@@ -121,7 +122,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             served.model_name = args.served_model_name
         served.engine.max_waiting = args.max_waiting
         args.origins = settings.origins
-        prompts = PromptWorkers(served.tokenizer, settings.prepare_workers)
+        media = MediaSource.of(served.spec, served.checkpoint)
+        takes = media_processor(media) is not None  # built here once, and in each worker
+        prompts = PromptWorkers(
+            served.tokenizer, settings.prepare_workers, media if takes else None
+        )
         prompts.start()
         try:
             asyncio.run(

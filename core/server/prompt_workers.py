@@ -22,6 +22,7 @@ from typing import Any
 
 from ..config.logs import get_logger
 from ..family.tokenizer import Tokenizer
+from .image_decode import MediaSource, media_processor
 from .prompt_work import Prompt, PromptJob, longest_token_bytes, make_prompt
 
 log = get_logger("tensorfold.prompt_workers")
@@ -39,11 +40,17 @@ class WorkerLost(Exception):
     """The worker died during the job (killed from outside, or out of memory)."""
 
 
-def _serve(conn: Connection, tokenizer_file: str) -> None:
-    """A worker's life: load the tokenizer, then answer jobs until the pipe closes."""
+def _serve(conn: Connection, tokenizer_file: str, media: MediaSource | None) -> None:
+    """A worker's life: load the tokenizer (and build the family's image processor, when it
+    takes images), then answer jobs until the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is the server's to handle
     with open(tokenizer_file, "rb") as f:
         tok: Tokenizer = pickle.load(f)
+    if media is not None:
+        try:
+            media_processor(media)  # built once, here, not in the first image's request
+        except Exception:  # the first image request says it (make_prompt builds it again)
+            pass
     conn.send_bytes(pickle.dumps(("ready", None)))  # from here it reads a job as it is sent
     while True:
         try:
@@ -67,10 +74,13 @@ def _serve(conn: Connection, tokenizer_file: str) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx: Any, tokenizer_file: str) -> None:
+    def __init__(self, ctx: Any, tokenizer_file: str, media: MediaSource | None) -> None:
         self.conn, child = ctx.Pipe()
         self.proc: BaseProcess = ctx.Process(
-            target=_serve, args=(child, tokenizer_file), name="tf-prompt-worker", daemon=True
+            target=_serve,
+            args=(child, tokenizer_file, media),
+            name="tf-prompt-worker",
+            daemon=True,
         )
         self.proc.start()
         child.close()
@@ -92,10 +102,13 @@ def _send(worker: _Worker, job: PromptJob) -> None:
 class PromptWorkers:
     """`size` worker processes making prompts; run() hands a job to a free one."""
 
-    def __init__(self, tokenizer: Tokenizer, size: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, size: int, media: MediaSource | None = None) -> None:
+        """media: the family's image processor's source, for a family that takes images (each
+        worker builds the processor as it starts)."""
         self.size = size
         self.started = 0  # workers started, replacements included
         self._tokenizer = tokenizer
+        self._media = media
         self._ctx = multiprocessing.get_context("spawn")
         self._file: str | None = None
         self._all: list[_Worker] = []
@@ -165,7 +178,7 @@ class PromptWorkers:
 
     def _start_one(self) -> _Worker:
         assert self._file is not None, "start() first"
-        worker = _Worker(self._ctx, self._file)
+        worker = _Worker(self._ctx, self._file, self._media)
         self._all.append(worker)
         self.started += 1
         return worker
