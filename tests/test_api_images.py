@@ -410,3 +410,18 @@ def test_generate_image_flag_makes_a_user_turn_of_parts(tmp_path: Path) -> None:
     assert user_turn("hi", []) == {"role": "user", "content": "hi"}
     with pytest.raises(CommandError, match="--image"):
         file_part(str(tmp_path / "missing.png"))
+
+
+def test_generate_image_on_a_family_without_a_tower_is_an_error_naming_it(
+    tf_env: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tensorfold.cli import commands
+    from tensorfold.family.plugins import reset_plugin_manager
+
+    tf_env.setenv("TF_DEMO_CACHE", str(tmp_path))
+    reset_plugin_manager()
+    path = tmp_path / "red.png"
+    path.write_bytes(encoded(solid((8, 8), (255, 0, 0)), "PNG"))
+    ask = ["generate", "--family", "lfm2_moe", "--context", "1024", "--max-tokens", "2", "hi"]
+    assert commands.main([*ask, "--image", str(path)]) == 2
+    assert "the lfm2_moe family takes no images" in capsys.readouterr().err
