@@ -61,7 +61,7 @@ def data_url_bytes(url: str, where: str, limits: MediaLimits) -> bytes:
         raise MediaRefused(
             f"{where}: a data: URL must be base64, as data:image/png;base64,... (got {url[:40]!r})"
         )
-    text = url[found.end() :]
+    text = "".join(url[found.end() :].split())  # line breaks some encoders put in
     if len(text) // 4 * 3 > limits.max_bytes + 3:
         raise limits.too_many_bytes(where, len(text) // 4 * 3)
     try:

@@ -73,6 +73,11 @@ def _serve(conn: Connection, tokenizer_file: str, media: MediaSource | None) -> 
             return
 
 
+def _read(conn: Connection) -> tuple[str, Any]:
+    reply: tuple[str, Any] = pickle.loads(conn.recv_bytes())
+    return reply
+
+
 class _Worker:
     def __init__(self, ctx: Any, tokenizer_file: str, media: MediaSource | None) -> None:
         self.conn, child = ctx.Pipe()
@@ -148,7 +153,7 @@ class PromptWorkers:
                     _send(worker, job)
                 else:  # megabytes of images: written off the loop
                     await asyncio.get_running_loop().run_in_executor(None, _send, worker, job)
-                kind, value = await self._reply(worker)
+                kind, value = await self._reply(worker, large=job.images is not None)
             done = True
         except TimeoutError:
             raise JobTimedOut from None
@@ -161,7 +166,9 @@ class PromptWorkers:
             raise value
         return value
 
-    async def _reply(self, worker: _Worker) -> tuple[str, Any]:
+    async def _reply(self, worker: _Worker, large: bool = False) -> tuple[str, Any]:
+        """The worker's next message, once it starts to come; `large` (a prompt with images,
+        whose inputs may be megabytes): read and unpickled off the loop."""
         loop = asyncio.get_running_loop()
         readable = loop.create_future()
         fd = worker.conn.fileno()
@@ -170,9 +177,10 @@ class PromptWorkers:
             await readable
         finally:
             loop.remove_reader(fd)
-        try:  # the reply is whole or on its way: ids within a window, prepared images
-            reply: tuple[str, Any] = pickle.loads(worker.conn.recv_bytes())
-            return reply
+        try:  # the reply is whole or on its way
+            if large:
+                return await loop.run_in_executor(None, _read, worker.conn)
+            return _read(worker.conn)
         except (EOFError, OSError):
             raise WorkerLost(f"the prompt worker (pid {worker.proc.pid}) died") from None
 
