@@ -59,7 +59,9 @@ class Engine:
         """Queue a request; raises RequestRefused at once if it can never run here, QueueFull
         when max_waiting requests already wait. prediction: tokens the output is expected to
         repeat (Predicted Outputs), drafted and verified: the tokens are plain decoding's.
-        media: the prompt's images (Request.media)."""
+        media: the prompt's images (expand_media's pieces), in prompt order; refused (param
+        "messages") for a family without a tower, or pieces outside the prompt or
+        overlapping."""
         return self.submit_n(prompt, [params], [sink], marks, prediction, media=media)[0]
 
     def submit_n(
@@ -77,7 +79,8 @@ class Engine:
         choices fork from the first. Raises as submit does; RequestRefused with param "n" when
         n choices can never run here together. prompt_logprobs: the prompt tokens' logprobs,
         with that many top ones each, go to every choice (a `PromptOut` before its first
-        token). Returns the requests, choice 0 first."""
+        token). media: as submit's, the prompt's images. Returns the requests, choice 0
+        first."""
         group = self._choices(prompt, params, sinks, marks, prediction, prompt_logprobs, media)
         self._queue([group])
         return group
@@ -97,7 +100,7 @@ class Engine:
         prompt), prompt i's choice j reports to sinks[i * n + j], marks[i] are its chat marks
         (none when marks is empty), so each prompt runs as its own submit_n would. Each prompt
         is admitted on its own, in order, as separate requests are (more prompts than lanes
-        wait their turn). media[i]: prompt i's images (none when media is empty). Every prompt is checked first and all are queued or none:
+        wait their turn). media[i] are prompt i's images (none when media is empty). Every prompt is checked first and all are queued or none:
         RequestRefused names the prompt's index; QueueFull when max_waiting would be passed.
         Returns each prompt's requests."""
         n = len(params[0]) if params else 0
