@@ -14,7 +14,9 @@ import base64
 import dataclasses
 import io
 import random
+import struct
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -213,6 +215,19 @@ def _bad(url: str) -> dict[str, Any]:
     return chat(image_part(url))
 
 
+def bomb(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height pixels and whose pixels are missing: refused
+    from the header, or nothing would stop its decoding."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
+
+
 NOISE = Image.frombytes("RGB", (90, 90), random.Random(0).randbytes(90 * 90 * 3))  # 24 KB PNG
 TRUNCATED = data_url(encoded(solid((8, 8), (9, 9, 9)), "PNG")[:-30])  # its pixels cut
 BAD = [
@@ -221,6 +236,8 @@ BAD = [
     (_bad(TRUNCATED), "does not decode"),
     (_bad(data_url(encoded(NOISE, "PNG"))), "TF_MAX_IMAGE_MIB"),
     (_bad(data_url(encoded(solid((97, 96), (1, 1, 1)), "PNG"))), "TF_MAX_IMAGE_PIXELS"),
+    (_bad(data_url(bomb(10_000, 10_000))), "10000 x 10000 = 100000000 pixels"),
+    (_bad(data_url(bomb(100_000, 100_000))), "too large to decode"),  # past Pillow's own
     (chat(*[image_part(RED_PNG)] * 5), "TF_MAX_IMAGES"),
     (_bad("https://example.com/cat.png"), "host 'example.com' is not one"),
     (_bad("ftp://example.com/cat.png"), "scheme 'ftp' are not taken"),
