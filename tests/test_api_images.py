@@ -428,6 +428,9 @@ def test_generate_image_flag_makes_a_user_turn_of_parts(tmp_path: Path) -> None:
     assert user_turn("hi", []) == {"role": "user", "content": "hi"}
     with pytest.raises(CommandError, match="--image"):
         file_part(str(tmp_path / "missing.png"))
+    assert file_part("https://example.com/a.png")["image_url"] == {
+        "url": "https://example.com/a.png"
+    }
 
 
 def test_generate_image_on_a_family_without_a_tower_is_an_error_naming_it(

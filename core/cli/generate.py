@@ -74,8 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         dest="images",
         metavar="PATH",
-        help="an image file (PNG, JPEG, WebP, GIF) before each prompt's text in its user turn "
-        "(implies --chat; repeat for more; the family must take images)",
+        help="an image file (PNG, JPEG, WebP, GIF), or an http(s) URL of a host "
+        "--allowed-media-domains lists, before each prompt's text in its user turn (implies "
+        "--chat; repeat for more; the family must take images)",
     )
     parser.add_argument(
         "--allowed-media-domains",
@@ -153,9 +154,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 def image_part(path: str) -> dict[str, Any]:
     """An image file as a chat image_url part (a data: URL; the bytes are checked where the
-    prompt is made)."""
+    prompt is made); an http(s): or data: URL as it is."""
     from tensorfold.cli.commands import CommandError
 
+    if path.split(":", 1)[0].lower() in ("http", "https", "data"):
+        return {"type": "image_url", "image_url": {"url": path}}
     try:
         data = Path(path).expanduser().read_bytes()
     except OSError as exc:
