@@ -211,6 +211,14 @@ def test_text_parts_alone_render_as_before(served: Served, seen: list[Request]) 
     assert seen[0].prompt == seen[1].prompt and seen[0].media == ()
 
 
+def test_a_placeholder_typed_in_text_stays_text(served: Served, seen: list[Request]) -> None:
+    [(status, reply)] = post(app_of(served), chat(image_part(RED_PNG), text=PLACEHOLDER * 3))
+    assert status == 200, reply
+    check_pieces(served, seen[0], [(8, 8)])  # one image's rows; the typed ones are text
+    ids = token_ids(Path(served.checkpoint.path))
+    assert seen[0].prompt.count(ids[PLACEHOLDER]) == seen[0].media[0].rows
+
+
 def _bad(url: str) -> dict[str, Any]:
     return chat(image_part(url))
 
