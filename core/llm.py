@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence, Union, cast
+from typing import TYPE_CHECKING, Any, Sequence, Union, cast
 
 from .config.logs import get_logger
 from .config.settings import Settings
@@ -15,8 +15,13 @@ from .engine.requests import Event, Finished, TokenOut
 from .engine.sampling import SamplingParams
 from .engine.start import Served, open_served
 from .engine.structured import FIELDS
+from .family.media import MediaPiece
 from .family.reasoning import split_reasoning, starts_inside
 from .family.tool_calls import ToolCall, parse_tool_calls
+
+if TYPE_CHECKING:
+    from .server.image_decode import ImageJob
+    from .server.image_parts import ImageRef
 
 log = get_logger("tensorfold.llm")
 
@@ -131,7 +136,7 @@ class LLM:
         if predictions is not None and len(predictions) != len(batch):
             raise ValueError(f"{len(batch)} prompts but {len(predictions)} predictions")
         ahead = [self._prediction(p) for p in predictions or [None] * len(batch)]
-        return self._run([(self.encode(p), (), a) for p, a in zip(batch, ahead)], params, n)
+        return self._run([(self.encode(p), (), a, ()) for p, a in zip(batch, ahead)], params, n)
 
     def _prediction(self, prediction: str | Sequence[int] | None) -> tuple[int, ...]:
         if prediction is None:
@@ -169,9 +174,13 @@ class LLM:
         the family thinks, each completion's `reasoning_content` is its thinking, split out of
         `content`.
         predictions: as in `generate`, one a conversation.
-        Raises ValueError (ToolRequestError, StructuredError) for fields the server would
-        refuse."""
+        A message's content may hold image_url parts, as the chat API takes them (data: URLs;
+        http(s) URLs of hosts TF_ALLOWED_MEDIA_DOMAINS lists), within the TF_MAX_IMAGE*
+        limits, for a family that takes images.
+        Raises ValueError (ToolRequestError, StructuredError, MediaRefused) for what the
+        server would refuse."""
         from .family.chat_template import marks_to_token_positions, render_chat
+        from .server.image_decode import place_images
         from .server.openai_api import ApiError, template_kwargs
         from .server.tool_request import parse_tool_request, tool_history
 
@@ -210,12 +219,13 @@ class LLM:
                 f"{len(conversations)} conversations but {len(predictions)} predictions"
             )
         ahead = [self._prediction(p) for p in predictions or [None] * len(conversations)]
-        runs: list[tuple[list[int], list[int], tuple[int, ...]]] = []
+        runs: list[tuple[list[int], list[int], tuple[int, ...], tuple[MediaPiece, ...]]] = []
         thinking: list[bool | None] = []  # None: the reply is not split (constrained)
         for messages, p, prediction in zip(conversations, params, ahead):
+            messages, images = self._images(messages)
             chat = render_chat(
                 template,
-                tool_history(list(messages)),
+                tool_history(messages),
                 bos_token=self.tokenizer.bos_token,
                 eos_token=self.tokenizer.eos_token,
                 tools=request.tools if request else None,
@@ -223,7 +233,11 @@ class LLM:
             )
             ids = self.tokenizer.encode(chat.text)
             marks = marks_to_token_positions(self.tokenizer, chat.text, chat.marks)
-            runs.append((ids, marks, prediction))
+            media: tuple[MediaPiece, ...] = ()
+            if images is not None:
+                ids, moved, media = place_images(ids, marks, images)
+                marks = list(moved)
+            runs.append((ids, marks, prediction, media))
             inside = starts_inside(reasoning, chat.text, chat.marks)
             thinking += [None if p.constraint is not None else inside] * n
         completions = self._run(runs, params, n)
@@ -245,6 +259,33 @@ class LLM:
                     c.finish_reason = "tool_calls"
         return completions
 
+    def _images(self, messages: Sequence[dict]) -> tuple[list[dict], ImageJob | None]:
+        """The messages with each content that holds image_url parts as the chat template
+        reads it (text and image items), and those images loaded (data: URLs; http(s) URLs of
+        hosts TF_ALLOWED_MEDIA_DOMAINS lists), or None when there are none."""
+        from .server.image_decode import ImageJob, MediaSource, refuse_without_tower
+        from .server.image_load import load_images_now
+        from .server.image_parts import chat_content
+        from .server.media_limits import MediaLimits
+
+        out: list[dict] = []
+        refs: list[ImageRef] = []
+        for i, message in enumerate(messages):
+            content = message.get("content")
+            if isinstance(content, list) and any(
+                isinstance(part, dict) and part.get("type") == "image_url" for part in content
+            ):
+                message = {**message, "content": chat_content(content, f"messages[{i}]", refs)}
+            out.append(message)
+        if not refs:
+            return out, None
+        source = MediaSource.of(self.served.spec, self.served.checkpoint)
+        refuse_without_tower(source)
+        limits = MediaLimits.from_settings(self.settings)
+        blobs = load_images_now(refs, limits)
+        wheres = tuple(ref.where for ref in refs)
+        return out, ImageJob(tuple(blobs), wheres, source, limits.max_pixels)
+
     def _constrained(self, params, response_format, tools=None) -> list[SamplingParams]:
         from .engine.structured import from_body
 
@@ -260,10 +301,12 @@ class LLM:
         if len(params) != len(runs):
             raise ValueError(f"{len(runs)} prompts but {len(params)} sampling params")
         waits = []
-        for (ids, marks, prediction), p in zip(runs, params):
+        for (ids, marks, prediction, media), p in zip(runs, params):
             choices = [(Completion(ids, index=i), threading.Event()) for i in range(n)]
             sinks = [_Collector(c, done) for c, done in choices]
-            self.served.engine.submit_n(ids, choice_params(p, n), sinks, marks, prediction)
+            self.served.engine.submit_n(
+                ids, choice_params(p, n), sinks, marks, prediction, media=media
+            )
             waits += choices
         for _, done in waits:
             done.wait()

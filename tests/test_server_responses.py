@@ -219,9 +219,14 @@ def test_text_format_json_schema(server: ServedDemo) -> None:
         ({"include": ["reasoning.encrypted_content"]}, "include", "include is not supported"),
         ({"truncation": "auto"}, "truncation", "disabled"),
         (
-            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]},
             "input",
             "input[0].content[0] must be a text part",
+        ),
+        (  # the demo's family has no vision tower
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input",
+            "the lfm2_moe family takes no images",
         ),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input", "item_reference"),
         ({"text": {"format": {"type": "yaml"}}}, "text", "text.format.type"),

@@ -51,6 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: none)",
     )
     parser.add_argument(
+        "--allowed-media-domains",
+        metavar="HOSTS",
+        help="hosts whose http(s) image URLs chat requests may name, a comma list such as "
+        "images.example.com; each is fetched within TF_MAX_IMAGE_MIB and "
+        "TF_MEDIA_FETCH_TIMEOUT_S (TF_ALLOWED_MEDIA_DOMAINS; default: none, data: URLs only)",
+    )
+    parser.add_argument(
         "--served-model-name",
         metavar="NAME",
         help="the model's name in the API (default: --model, or FAMILY-demo)",
@@ -96,6 +103,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise CommandError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     from tensorfold.engine.start import open_served, parallel_launch, pick_device
     from tensorfold.server.api_key import resolve_api_key
+    from tensorfold.server.image_decode import MediaSource, media_processor
     from tensorfold.server.prompt_workers import PromptWorkers
 
     api_key = resolve_api_key(args.api_key, args.api_key_file, settings.api_key)
@@ -114,7 +122,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             served.model_name = args.served_model_name
         served.engine.max_waiting = args.max_waiting
         args.origins = settings.origins
-        prompts = PromptWorkers(served.tokenizer, settings.prepare_workers)
+        media = MediaSource.of(served.spec, served.checkpoint)
+        takes = media_processor(media) is not None  # built here once, and in each worker
+        prompts = PromptWorkers(
+            served.tokenizer, settings.prepare_workers, media if takes else None
+        )
         prompts.start()
         try:
             asyncio.run(
@@ -196,6 +208,7 @@ async def _serve(
     from tensorfold.server.api_key import exposure_warning
     from tensorfold.server.app import create_app
     from tensorfold.server.connections import ConnectionCaps, handler_args, serve_on
+    from tensorfold.server.media_limits import MediaLimits
     from tensorfold.server.request_limits import MIB, Limits
     from tensorfold.server.shutdown import RUNNER_GRACE_S, drain
     from tensorfold.server.state import STATE
@@ -207,6 +220,7 @@ async def _serve(
         max_messages=settings.max_messages,
         prepare_timeout_s=settings.prepare_timeout_s,
         prompts=prompts,
+        media=MediaLimits.from_settings(settings),
     )
     caps = ConnectionCaps(
         total=settings.max_connections,

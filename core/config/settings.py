@@ -196,6 +196,39 @@ class Settings(BaseSettings):
         "for any. Unset: none, and no CORS header is sent.",
         json_schema_extra={"values": "comma-separated origins (scheme://host[:port]), or *"},
     )
+    allowed_media_domains: str | None = Field(
+        default=None,
+        description="Hosts whose http(s) image URLs chat requests may name "
+        "(--allowed-media-domains): a comma-separated list such as "
+        "upload.wikimedia.org,images.example.com, each matched exactly; the server fetches "
+        "them within TF_MAX_IMAGE_MIB and TF_MEDIA_FETCH_TIMEOUT_S, and follows a redirect "
+        "only to a listed host. Unset: none (images come as data: URLs only).",
+        json_schema_extra={"values": "comma-separated host names"},
+    )
+    max_images: PositiveInt = Field(
+        default=8,
+        description="The most images one request may hold (image_url parts over all its "
+        "messages); more get 400 before any is decoded.",
+    )
+    max_image_mib: float = Field(
+        default=20.0,
+        gt=0,
+        description="The largest image a request may hold, in MiB of its encoded bytes (a data "
+        "URL's decoded, a fetched URL's body); a larger one gets 400. The request body's limit "
+        "(TF_MAX_BODY_MIB) bounds data URLs as well.",
+    )
+    max_image_pixels: PositiveInt = Field(
+        default=8192 * 8192,
+        description="The most pixels (width x height) an image may have; its header is read "
+        "first, so a larger one gets 400 before it is decoded (a decompression bomb costs "
+        "nothing).",
+    )
+    media_fetch_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds the server may spend fetching one image URL (redirects included); "
+        "a slower one gets 400.",
+    )
     api_key: str | None = Field(
         default=None,
         description="The key `serve` requires as `Authorization: Bearer KEY` on /v1/ routes "
@@ -334,6 +367,14 @@ class Settings(BaseSettings):
         origins = parse_origins(value)
         return ",".join(origins) if origins else None
 
+    @field_validator("allowed_media_domains")
+    @classmethod
+    def _media_domains(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        hosts = parse_hosts(value)
+        return ",".join(hosts) if hosts else None
+
     @field_validator("demo_cache")
     @classmethod
     def _expand_home(cls, value: Path) -> Path:
@@ -348,6 +389,11 @@ class Settings(BaseSettings):
     def origins(self) -> tuple[str, ...]:
         """TF_ALLOWED_ORIGINS as a tuple: () when unset, ("*",) for any origin."""
         return tuple(self.allowed_origins.split(",")) if self.allowed_origins else ()
+
+    @property
+    def media_domains(self) -> tuple[str, ...]:
+        """TF_ALLOWED_MEDIA_DOMAINS as a tuple of host names: () when unset."""
+        return tuple(self.allowed_media_domains.split(",")) if self.allowed_media_domains else ()
 
     @property
     def environ(self) -> dict[str, str]:
@@ -386,6 +432,23 @@ def parse_origins(value: str) -> tuple[str, ...]:
         if not _ORIGIN.fullmatch(origin):
             raise ValueError(f"{origin!r} is not an origin such as https://app.example.com")
     return origins
+
+
+_HOST = re.compile(
+    r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*|\[[0-9a-f:.]+\]"
+)
+
+
+def parse_hosts(value: str) -> tuple[str, ...]:
+    """A comma-separated list of host names (lower-cased; no scheme, port or path); raises
+    ValueError naming a malformed one."""
+    hosts = tuple(h.strip().lower().rstrip(".") for h in value.split(",") if h.strip())
+    for host in hosts:
+        if not _HOST.fullmatch(host):
+            raise ValueError(
+                f"{host!r} is not a host name such as images.example.com (no scheme, port or path)"
+            )
+    return hosts
 
 
 @dataclass(frozen=True)

@@ -52,9 +52,31 @@ _MESSAGE = {
                 {
                     "type": "array",
                     "items": {
-                        "type": "object",
-                        "required": ["type", "text"],
-                        "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                        "oneOf": [
+                            {
+                                "type": "object",
+                                "required": ["type", "text"],
+                                "properties": {
+                                    "type": {"const": "text"},
+                                    "text": {"type": "string"},
+                                },
+                            },
+                            {
+                                "type": "object",
+                                "required": ["type", "image_url"],
+                                "properties": {
+                                    "type": {"const": "image_url"},
+                                    "image_url": {
+                                        "type": "object",
+                                        "required": ["url"],
+                                        "properties": {
+                                            "url": {"type": "string"},
+                                            "detail": {"enum": ["auto", "low", "high"]},
+                                        },
+                                    },
+                                },
+                            },
+                        ]
                     },
                 },
             ]
@@ -175,7 +197,9 @@ FIELDS: tuple[ApiField, ...] = (
         "messages",
         "list",
         (CHAT,),
-        "The chat, rendered with the model's chat template (at most TF_MAX_MESSAGES messages).",
+        "The chat, rendered with the model's chat template (at most TF_MAX_MESSAGES messages); "
+        "image_url parts (data: URLs, or http(s) URLs of hosts --allowed-media-domains lists) "
+        "for a model that takes images.",
         required=True,
         schema={"type": "array", "minItems": 1, "items": _MESSAGE},
     ),

@@ -190,12 +190,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 def _model_card(state: State) -> dict[str, Any]:
+    """OpenAI's model object, vLLM's max_model_len, and what the model takes: `capabilities`
+    as Ollama and llama.cpp's server list them ("vision" when it takes images) and
+    `input_modalities` as OpenRouter's model list has them ("text", "image")."""
+    vision = "image" in state.media_kinds
     return {
         "id": state.served.model_name,
         "object": "model",
         "created": 0,
         "owned_by": "tensorfold",
         "max_model_len": state.served.window,
+        "capabilities": ["completion", "vision"] if vision else ["completion"],
+        "input_modalities": ["text", *state.media_kinds],
     }
 
 

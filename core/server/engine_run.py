@@ -113,6 +113,7 @@ async def engine_run(state: State, parsed: Parsed, timing: Timing) -> AsyncItera
                 marks=[one.marks for one in prompts],
                 prediction=parsed.prediction,
                 prompt_logprobs=parsed.params.top_logprobs if echo_logprobs else None,
+                media=[one.media for one in prompts],
             )
     except RequestRefused as exc:
         param = parsed.max_tokens_param if exc.param == "max_tokens" else exc.param

@@ -21,8 +21,10 @@ from ..engine.sampling import SamplingParams, SamplingParamsError
 from ..engine.structured import StructuredError
 from ..engine.structured import from_body as constraint_from_body
 from ..family.chat_template import ChatTemplateError
+from ..family.media import MediaPiece, MediaRefused
 from ..family.reasoning import ReasoningFormat
 from .api_fields import field_kind
+from .image_parts import ImageRef, chat_content, holds_parts
 from .prompt_work import Prompt, PromptJob, PromptTooLong, max_prompt_bytes, utf8_bytes
 from .tool_request import ToolRequest, ToolRequestError, parse_tool_request, tool_history
 
@@ -131,6 +133,9 @@ class Parsed:
     # and dropped: the prompt's logprobs come with its pass)
     beam_search: bool = False  # vLLM's use_beam_search: the n choices are the n best beams
     length_penalty: float = 1.0  # ... ranked by logprob / length ** length_penalty
+    images: tuple[ImageRef, ...] = ()  # chat: the image_url parts, in order, to load (job
+    # then takes their bytes: request_prepare)
+    media: tuple[MediaPiece, ...] = ()  # the images' rows in prompt_ids (with_prompt)
 
     @property
     def prompts(self) -> list[Parsed]:
@@ -361,6 +366,7 @@ def with_prompt(parsed: Parsed, prompt: Prompt, served: Served) -> Parsed:
         job=None,
         max_tokens_set=True,
         thinking=prompt.thinking,
+        media=prompt.media,
     )
 
 
@@ -380,6 +386,8 @@ def prompt_refusal(exc: Exception, parsed: Parsed, served: Served) -> ApiError |
         return bad(str(exc), "messages")
     if isinstance(exc, PromptTooLong):
         return too_long(exc.size, exc.limit, served, param)
+    if isinstance(exc, MediaRefused):
+        return bad(str(exc), exc.param)
     return None
 
 
@@ -427,6 +435,13 @@ def parse_completion(body: dict[str, Any], served: Served) -> Parsed:
     if _get(body, "suffix", "str"):
         raise bad("suffix is not supported", "suffix")
     body, extras = _completion_extras(body)
+    if holds_parts(body.get("prompt")):
+        raise bad(
+            "/v1/completions takes no images or content parts: prompt is a string, an array of "
+            "token ids, or an array of those; send images as image_url parts of "
+            "/v1/chat/completions messages",
+            "prompt",
+        )
     items = _prompt_list(body)
     listed = items is body.get("prompt")  # a list of prompts (of one, even): named by index
     prompts = [
@@ -511,23 +526,6 @@ def _completion_max(served: Served, prompt_len: int, pending: bool) -> int:
     return _default_max(served, prompt_len, COMPLETION_DEFAULT_MAX_TOKENS)
 
 
-def _message_text(content: Any, i: int) -> str | None:
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                raise bad(f"messages[{i}].content: only text parts are supported", "messages")
-            texts.append(part["text"])
-        return "\n".join(texts)
-    raise bad(f"messages[{i}].content must be a string or an array of parts", "messages")
-
-
 def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
     check_model(body, served.model_name)
     messages = _get(body, "messages", "list")
@@ -535,11 +533,16 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
         raise bad("messages must be a non-empty array", "messages")
     chat = []
     texts = []  # the contents: the rendered prompt holds them (and the template's own text)
+    images: list[ImageRef] = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad(f"messages[{i}] must be an object with a string role", "messages")
-        chat.append({**m, "content": _message_text(m.get("content"), i)})
-        texts.append(chat[-1]["content"] or "")
+        try:
+            content = chat_content(m.get("content"), f"messages[{i}]", images)
+        except MediaRefused as exc:
+            raise bad(str(exc), exc.param) from None
+        chat.append({**m, "content": content})
+        texts += [content] if isinstance(content, str) else _part_texts(content)
         for name in REASONING_FIELDS:  # a prior turn's thinking, for the template
             if m.get(name) is not None and not isinstance(m[name], str):
                 raise bad(f"messages[{i}].{name} must be a string", "messages")
@@ -597,7 +600,12 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
         reasoning=reasoning,
         prediction_job=_prediction(body, served),
         predicted="prediction" in body,
+        images=tuple(images),
     )
+
+
+def _part_texts(content: list[dict[str, Any]] | None) -> list[str]:
+    return [item["text"] for item in content or () if item["type"] == "text"]
 
 
 def template_kwargs(body: dict[str, Any], enable_thinking: bool | None) -> dict[str, Any] | None:

@@ -118,6 +118,15 @@ _SCHEMAS: dict[str, Any] = {
             "created": {"type": "integer"},
             "owned_by": {"type": "string"},
             "max_model_len": {"type": "integer"},
+            "capabilities": {
+                "type": "array",
+                "items": {"enum": ["completion", "vision"]},
+                "description": '"vision" when the model takes image_url parts',
+            },
+            "input_modalities": {
+                "type": "array",
+                "items": {"enum": ["text", "image", "video", "audio"]},
+            },
         },
     },
     "Tokenized": {

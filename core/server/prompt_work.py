@@ -1,6 +1,8 @@
 """A request's heavy CPU step: its messages (or a completion's text) -> the prompt's token ids and
-the token marks of its turn ends. A prompt worker process (prompt_workers.py) runs it, so it
-imports the chat template and the tokenizer only (no torch).
+the token marks of its turn ends; with images, their pixels decoded and prepared by the family's
+processor and their placeholders expanded (image_decode.py). A prompt worker process
+(prompt_workers.py) runs it, so it imports the chat template and the tokenizer only (no torch;
+the family's image processor imports what it needs, once an image comes).
 
 A prompt of more tokens than the window cannot be served: its ids are not sent back, only their
 count, and a rendered chat of more bytes than the window's worst case is not tokenized at all.
@@ -13,8 +15,10 @@ from functools import lru_cache
 from typing import Any
 
 from ..family.chat_template import render_chat
+from ..family.media import MediaPiece
 from ..family.reasoning import ReasoningFormat, starts_inside
 from ..family.tokenizer import Tokenizer
+from .image_decode import ImageJob, place_images
 
 
 class PromptTooLong(Exception):
@@ -45,6 +49,7 @@ class PromptJob:
     add_generation_prompt: bool = True  # a chat ends with the reply's opening (/tokenize: may not)
     add_special_tokens: bool = True  # a text gets the tokenizer's specials (/tokenize: may not)
     cut: bool = False  # a prediction's text: tokens past the window are dropped, not refused
+    images: ImageJob | None = None  # the chat's images, one for each {"type": "image"} item
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class Prompt:
     ids: list[int]  # empty when tokens >= the window: it cannot be served
     marks: tuple[int, ...] = ()  # token positions where a chat's turns end
     thinking: bool = False  # the prompt ends inside a thinking block (ReasoningFormat.opens_in)
+    media: tuple[MediaPiece, ...] = ()  # the images' rows in `ids`, in order
 
 
 @lru_cache(maxsize=4)
@@ -91,8 +97,13 @@ def make_prompt(tok: Tokenizer, job: PromptJob) -> Prompt:
     )
     _check_size(rendered.text, job.max_bytes)
     ids, marks = tok.encode_chat(rendered)
+    media: tuple[MediaPiece, ...] = ()
+    if job.images is not None:
+        ids, moved, media = place_images(ids, marks, job.images)
+        marks = list(moved)
     thinking = starts_inside(job.reasoning, rendered.text, rendered.marks)
-    return replace(_bounded(ids, tuple(marks), job.window), thinking=thinking)
+    prompt = _bounded(ids, tuple(marks), job.window)
+    return replace(prompt, thinking=thinking, media=media if prompt.ids else ())
 
 
 def _check_size(text: str, limit: int) -> None:

@@ -1,5 +1,5 @@
 """Worker processes for the heavy CPU step of a request (prompt_work.make_prompt: the chat
-template and the tokenizer), so that neither the event loop nor the engine thread waits on the
+template, the tokenizer, a chat's images), so that neither the event loop nor the engine thread waits on the
 GIL for it.
 
 Each worker is a 'spawn'ed process that loads the tokenizer once and then answers one job at a
@@ -22,6 +22,7 @@ from typing import Any
 
 from ..config.logs import get_logger
 from ..family.tokenizer import Tokenizer
+from .image_decode import MediaSource, media_processor
 from .prompt_work import Prompt, PromptJob, longest_token_bytes, make_prompt
 
 log = get_logger("tensorfold.prompt_workers")
@@ -39,12 +40,18 @@ class WorkerLost(Exception):
     """The worker died during the job (killed from outside, or out of memory)."""
 
 
-def _serve(conn: Connection, tokenizer_file: str) -> None:
-    """A worker's life: load the tokenizer, then answer jobs until the pipe closes."""
+def _serve(conn: Connection, tokenizer_file: str, media: MediaSource | None) -> None:
+    """A worker's life: load the tokenizer (and build the family's image processor, when it
+    takes images), then answer jobs until the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C is the server's to handle
     with open(tokenizer_file, "rb") as f:
         tok: Tokenizer = pickle.load(f)
-    conn.send(("ready", None))  # from here it reads a job as soon as it is sent
+    if media is not None:
+        try:
+            media_processor(media)  # built once, here, not in the first image's request
+        except Exception:  # the first image request says it (make_prompt builds it again)
+            pass
+    conn.send_bytes(pickle.dumps(("ready", None)))  # from here it reads a job as it is sent
     while True:
         try:
             job = conn.recv()
@@ -54,19 +61,31 @@ def _serve(conn: Connection, tokenizer_file: str) -> None:
             reply: tuple[str, Any] = ("ok", make_prompt(tok, job))
         except Exception as exc:  # the caller decides what the failure means to its client
             reply = ("error", exc)
+        # Plain pickle, not the connection's: a prompt's image inputs (tensors) travel as
+        # bytes, never as shared memory that lives on with this process.
         try:
-            conn.send(reply)
+            data = pickle.dumps(reply)
         except (pickle.PicklingError, TypeError, AttributeError):  # an exception that won't pickle
-            conn.send(("error", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}")))
+            data = pickle.dumps(("error", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}")))
+        try:
+            conn.send_bytes(data)
         except (BrokenPipeError, OSError):
             return
 
 
+def _read(conn: Connection) -> tuple[str, Any]:
+    reply: tuple[str, Any] = pickle.loads(conn.recv_bytes())
+    return reply
+
+
 class _Worker:
-    def __init__(self, ctx: Any, tokenizer_file: str) -> None:
+    def __init__(self, ctx: Any, tokenizer_file: str, media: MediaSource | None) -> None:
         self.conn, child = ctx.Pipe()
         self.proc: BaseProcess = ctx.Process(
-            target=_serve, args=(child, tokenizer_file), name="tf-prompt-worker", daemon=True
+            target=_serve,
+            args=(child, tokenizer_file, media),
+            name="tf-prompt-worker",
+            daemon=True,
         )
         self.proc.start()
         child.close()
@@ -88,10 +107,13 @@ def _send(worker: _Worker, job: PromptJob) -> None:
 class PromptWorkers:
     """`size` worker processes making prompts; run() hands a job to a free one."""
 
-    def __init__(self, tokenizer: Tokenizer, size: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, size: int, media: MediaSource | None = None) -> None:
+        """media: the family's image processor's source, for a family that takes images (each
+        worker builds the processor as it starts)."""
         self.size = size
         self.started = 0  # workers started, replacements included
         self._tokenizer = tokenizer
+        self._media = media
         self._ctx = multiprocessing.get_context("spawn")
         self._file: str | None = None
         self._all: list[_Worker] = []
@@ -127,8 +149,11 @@ class PromptWorkers:
                 if not worker.ready:
                     await self._reply(worker)
                     worker.ready = True
-                _send(worker, job)
-                kind, value = await self._reply(worker)
+                if job.images is None:
+                    _send(worker, job)
+                else:  # megabytes of images: written off the loop
+                    await asyncio.get_running_loop().run_in_executor(None, _send, worker, job)
+                kind, value = await self._reply(worker, large=job.images is not None)
             done = True
         except TimeoutError:
             raise JobTimedOut from None
@@ -141,7 +166,9 @@ class PromptWorkers:
             raise value
         return value
 
-    async def _reply(self, worker: _Worker) -> tuple[str, Any]:
+    async def _reply(self, worker: _Worker, large: bool = False) -> tuple[str, Any]:
+        """The worker's next message, once it starts to come; `large` (a prompt with images,
+        whose inputs may be megabytes): read and unpickled off the loop."""
         loop = asyncio.get_running_loop()
         readable = loop.create_future()
         fd = worker.conn.fileno()
@@ -150,14 +177,16 @@ class PromptWorkers:
             await readable
         finally:
             loop.remove_reader(fd)
-        try:
-            return worker.conn.recv()  # the reply is whole or on its way: ids within a window
+        try:  # the reply is whole or on its way
+            if large:
+                return await loop.run_in_executor(None, _read, worker.conn)
+            return _read(worker.conn)
         except (EOFError, OSError):
             raise WorkerLost(f"the prompt worker (pid {worker.proc.pid}) died") from None
 
     def _start_one(self) -> _Worker:
         assert self._file is not None, "start() first"
-        worker = _Worker(self._ctx, self._file)
+        worker = _Worker(self._ctx, self._file, self._media)
         self._all.append(worker)
         self.started += 1
         return worker

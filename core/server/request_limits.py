@@ -5,7 +5,7 @@ for the JSON and the fields, worker processes (prompt_workers.py) for the chat t
 tokenizer. How many connections may be open is connections.py's.
 
 Settings: TF_MAX_BODY_MIB (--max-body-mib), TF_READ_TIMEOUT_S, TF_MAX_MESSAGES,
-TF_PREPARE_TIMEOUT_S, TF_PREPARE_WORKERS.
+TF_PREPARE_TIMEOUT_S, TF_PREPARE_WORKERS; a request's images' (media_limits.py).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from .media_limits import MediaLimits
 from .openai_api import ApiError
 from .prompt_workers import PromptWorkers
 
@@ -66,6 +67,7 @@ class Limits:
     prepare_timeout_s: float = 30.0  # parse + render + tokenize, once the body is read
     workers: Executor = field(default_factory=_workers)
     prompts: PromptWorkers | None = None  # None: the prompt is made on `workers` (no processes)
+    media: MediaLimits = field(default_factory=MediaLimits)  # a request's images
 
     def handler_args(self) -> dict[str, Any]:
         """aiohttp's per-connection arguments: a connection that sends no complete request

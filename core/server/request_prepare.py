@@ -1,6 +1,7 @@
 """A request's preparation, its body's bytes -> a `Parsed` ready to submit, bounded and
-cancellable: the JSON and the fields on the request threads, then the prompt (the chat template
-and the tokenizer: prompt_work.make_prompt) on a prompt worker process, all within
+cancellable: the JSON and the fields on the request threads, a chat's images loaded (data: URLs
+decoded, allowed URLs fetched: image_load.py), then the prompt (the chat template, the
+tokenizer, the images' pixels: prompt_work.make_prompt) on a prompt worker process, all within
 TF_PREPARE_TIMEOUT_S of the body's arrival.
 
 When the client leaves, aiohttp cancels the handler and with it the wait here: the prompt worker
@@ -16,7 +17,18 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from aiohttp import web
 
-from .openai_api import ApiError, Parsed, at_prompt, parse_chat, prompt_refusal, with_prompt
+from ..family.media import MediaRefused
+from .image_decode import ImageJob, MediaSource, refuse_without_tower
+from .image_load import check_images, load_images
+from .openai_api import (
+    ApiError,
+    Parsed,
+    at_prompt,
+    bad,
+    parse_chat,
+    prompt_refusal,
+    with_prompt,
+)
 from .prompt_work import Prompt, PromptJob, make_prompt
 from .prompt_workers import JobTimedOut, WorkerLost, WorkersBusy
 from .request_checks import parse_request
@@ -43,6 +55,8 @@ async def prepare(
     parsed = await off_loop(
         limits, deadline, param, parse_request, raw, parse, served, limits.max_messages
     )
+    if parsed.images:
+        parsed = await with_images(limits, parsed, deadline, served)
     if any(one.job is not None for one in parsed.prompts):  # else prompts of token ids
         each = []
         for i, one in enumerate(parsed.prompts):  # a list's prompts: one job after another
@@ -57,6 +71,26 @@ async def prepare(
         )
         parsed = replace(parsed, prediction=tuple(made.ids), prediction_job=None)
     return parsed
+
+
+async def with_images(limits: Limits, parsed: Parsed, deadline: float, served: Served) -> Parsed:
+    """`parsed` with its images' bytes in its job, for the prompt worker to decode: refused
+    (400) when the family takes no images, or past the media limits, before any is loaded."""
+    assert parsed.job is not None
+    source = MediaSource.of(served.spec, served.checkpoint)
+    try:
+        # the processor is built once (the first image request), on a request thread
+        await off_loop(limits, deadline, "messages", refuse_without_tower, source)
+        check_images(parsed.images, limits.media)
+        async with asyncio.timeout_at(deadline):
+            blobs = await load_images(parsed.images, limits.media)
+    except MediaRefused as exc:
+        raise bad(str(exc), exc.param) from None
+    except TimeoutError:
+        raise _late(limits, "messages") from None
+    wheres = tuple(ref.where for ref in parsed.images)
+    images = ImageJob(tuple(blobs), wheres, source, limits.media.max_pixels)
+    return replace(parsed, job=replace(parsed.job, images=images), images=())
 
 
 async def _with_prompt(

@@ -3,7 +3,8 @@ previous_response_id ended) -> the chat request the server already runs (openai_
 
 - `instructions` -> a system message first (not kept in the conversation: as OpenAI does, a
   follow-up's instructions replace the earlier ones);
-- `input`: a string (one user message) or items: messages with input_text / output_text parts,
+- `input`: a string (one user message) or items: messages with input_text / output_text parts
+  (input_image parts -> chat's image_url parts),
   function_call items (-> the assistant's tool_calls), function_call_output items (-> tool
   messages), reasoning items (-> the next assistant message's reasoning_content);
 - function `tools` (the flat Responses shape) and `tool_choice` -> chat's;
@@ -12,7 +13,7 @@ previous_response_id ended) -> the chat request the server already runs (openai_
   tensorfold extensions `seed`, `top_k`, `min_p`, `repetition_penalty`, `presence_penalty`,
   `frequency_penalty`, `chat_template_kwargs`.
 
-Anything else (built-in tools, `background`, `include`, images and files...) is refused with a
+Anything else (built-in tools, `background`, `include`, files...) is refused with a
 400 naming the field. A chat field's refusal is renamed to the Responses field it came from
 (`responses_error`).
 """
@@ -155,6 +156,39 @@ def _text(content: Any, where: str, kinds: tuple[str, ...]) -> str:
     return "\n".join(texts)
 
 
+def _input_content(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """A user's (system's, developer's) content: one string when it holds only text (as
+    _text), else chat parts, each input_image an image_url part (its image_url a data: or
+    http(s): URL, as chat takes them)."""
+    if not isinstance(content, list) or not any(
+        isinstance(part, dict) and part.get("type") == "input_image" for part in content
+    ):
+        return _text(content, where, ("input_text",))
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image":
+            url = part.get("image_url")
+            if not isinstance(url, str):
+                raise bad(
+                    f"{where}.content[{j}].image_url must be a string, a data: or http(s): URL "
+                    "(file_id is not supported)",
+                    "input",
+                )
+            detail = part.get("detail")
+            image = {"url": url, **({"detail": detail} if detail is not None else {})}
+            parts.append({"type": "image_url", "image_url": image})
+        elif kind == "input_text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        else:
+            raise bad(
+                f"{where}.content[{j}] must be a text part (input_text with a text string) or "
+                f"an input_image; got type {json.dumps(kind)}",
+                "input",
+            )
+    return parts
+
+
 def _str(item: dict[str, Any], name: str, where: str) -> str:
     value = item.get(name)
     if not isinstance(value, str):
@@ -216,8 +250,12 @@ def input_messages(value: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any
             role = item.get("role")
             if role not in _ROLES:
                 raise bad(f"{where}.role must be one of {', '.join(_ROLES)}", "input")
-            kinds = ("output_text", "refusal") if role == "assistant" else ("input_text",)
-            out.add({"role": role, "content": _text(item.get("content"), where, kinds)})
+            content = item.get("content")
+            if role == "assistant":
+                content = _text(content, where, ("output_text", "refusal"))
+            else:
+                content = _input_content(content, where)
+            out.add({"role": role, "content": content})
             items.append(_stored(item, kind))
         elif kind == "function_call":
             call_id, name = _str(item, "call_id", where), _str(item, "name", where)

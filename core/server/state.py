@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from .image_decode import MediaSource, media_processor
 from .metrics import Metrics
 from .openai_replies import TokenTexts
 
@@ -50,7 +51,8 @@ class Mailbox:
 
 
 class State:
-    """What the handlers share: the served model, metrics, the draining flag, in-flight count."""
+    """What the handlers share: the served model, metrics, the draining flag, in-flight count,
+    the kinds of media the family takes (its processor is built here, once, at start)."""
 
     def __init__(self, served: Served, device: str, api_key: str | None) -> None:
         self.served = served
@@ -64,6 +66,9 @@ class State:
         self.idle.set()
         self.texts = TokenTexts(served.tokenizer)
         self._mailbox: Mailbox | None = None
+        processor = media_processor(MediaSource.of(served.spec, served.checkpoint))
+        # what prompts may hold besides text: the kinds of media the family's processor takes
+        self.media_kinds = tuple(sorted(processor.kinds)) if processor is not None else ()
 
     def mailbox(self, loop: asyncio.AbstractEventLoop) -> Mailbox:
         """The mailbox to `loop` (the app's; a new one if the app moved to another loop)."""
