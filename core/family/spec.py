@@ -109,10 +109,15 @@ def resolve(ref: str) -> Callable[..., Any]:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the memory plan needs to know before any weight loads."""
+    """What the memory plan needs to know before any weight loads.
+
+    media_bytes: device bytes a family's media tower holds while it encodes the largest input
+    its processor makes (activations; its weights are in the checkpoint's bytes), set aside
+    with the activation reserve. 0: no tower."""
 
     layout: StateLayout
     max_positions: int
+    media_bytes: int = 0
 
 
 @dataclass(frozen=True)
