@@ -62,8 +62,9 @@ def tower_activation_bytes(
     attention = n * (residual + 3 * d * e + 2 * d * e + 4 * d * F32 + 3 * d * F32 + 2 * d * e)
     if not cuda:
         attention += 4 * score_bytes  # scores, scaled, exp, probabilities of one query block
-    mlp = n * (residual + 5 * i * e + 2 * i * F32)  # gate, up, clamps, product; silu in fp32
-    merger = n * residual + max_rows * (3 * o * e + 5 * proj * e + 2 * proj * F32)
+    # gate, up, their clamps, silu's output and the product; silu's fp32 input, exp and sum
+    mlp = n * (residual + 6 * i * e + 3 * i * F32)
+    merger = n * residual + max_rows * (3 * o * e + 6 * proj * e + 3 * proj * F32)
     pixels = n * cfg.patch_dim * F32 + n * cfg.patch_dim * e  # fp32 rows and their cast
     return pixels + max(attention, mlp, merger) + max_rows * o * e
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import pickle
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -88,6 +89,10 @@ def test_prepared_pixels_are_the_image_processors(vision_demo: Path) -> None:
     want = ImageProcessor.from_folder(vision_demo)([image])
     assert torch.equal(inputs.pixel_values, want.pixel_values)
     assert [list(inputs.grid_thw)] == want.grid_thw.tolist() and [rows] == want.token_counts
+    # prepared in a prompt worker, they cross to the engine's process pickled
+    back = pickle.loads(pickle.dumps(inputs))
+    assert torch.equal(back.pixel_values, inputs.pixel_values) and back.grid_thw == inputs.grid_thw
+    assert pickle.loads(pickle.dumps(processor)).prepare_image(image)[1] == rows
 
 
 def test_settings_sources_and_refusals(tmp_path: Path) -> None:
