@@ -1,8 +1,9 @@
 """Image prompts through the runner against transformers 5.23.0's
 `Glm5NextForConditionalGeneration` (fp32, the tiny checkpoint's one-block tower perturbed):
 every prompt row's logits within 1e-4 relative with one image and with two of different sizes;
-the prompt fed in two passes cut inside an image gives one pass's bits; the images' rows are
-what the hook's processor (media_processor.py) and `expand_media` put in the prompt."""
+the prompt fed in two passes cut inside an image gives one pass's bits, and beside a text
+prompt in one pass its bits alone; the images' rows are what the hook's processor
+(media_processor.py) and `expand_media` put in the prompt."""
 
 from __future__ import annotations
 
@@ -145,3 +146,21 @@ def test_a_piece_whose_rows_differ_from_its_image_is_refused(case: Any) -> None:
     _, (piece,) = image_prompt(processor, 1)
     with pytest.raises(ValueError, match="gives 20 rows"):
         model.encode_media([dataclasses.replace(piece, rows=19)])
+
+
+def test_an_image_prompt_beside_a_text_prompt_gives_its_bits_alone(case: Any) -> None:
+    """Two streams in one pass, the image prompt second (its rows start past the text's): each
+    stream's logits are the bits it gets alone."""
+    _, model, processor = case
+    ids, pieces = image_prompt(processor, 2)
+    rows = model.encode_media(pieces)
+    text = torch.randint(3, 250, (37,), generator=torch.Generator().manual_seed(9)).tolist()
+    runner = ModelRunner(model, num_pages=4, num_slots=2, page_rows=512)
+    plain, image = open_stream(runner, 0, len(text)), open_stream(runner, 1, len(ids))
+    image_run = image.rows(ids, logits="all")
+    image_run = dataclasses.replace(image_run, embeds=embeds_within(pieces, rows, 0, len(ids)))
+    together = runner.run([plain.rows(text, logits="all"), image_run])
+    assert torch.equal(together[1], our_logits(model, ids, pieces, [0, len(ids)]))
+    runner = ModelRunner(model, num_pages=2, num_slots=1, page_rows=512)
+    alone = runner.run([open_stream(runner, 0, len(text)).rows(text, logits="all")])[0]
+    assert torch.equal(together[0], alone)
