@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from .vision_memory import DEFAULT_MAX_ROWS
+
 if TYPE_CHECKING:
     import torch
     from PIL import Image
@@ -68,7 +70,7 @@ class GlmMediaProcessor:
     @property
     def max_rows(self) -> int:
         """The most rows an image fills: max_image_tokens merge blocks."""
-        return int(self.processor.max_image_tokens)
+        return int(self.settings.get("max_image_tokens") or DEFAULT_MAX_ROWS)
 
     def prepare_image(self, image: "Image.Image") -> tuple[GlmImage, int]:
         done = self.processor([image])

@@ -11,6 +11,8 @@ import dataclasses
 import io
 import json
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -163,3 +165,15 @@ def test_the_mtp_layer_embeds_the_image_rows(vision_demo: Path) -> None:
         seen, unseen = mtp_logits(True), mtp_logits(False)
     assert torch.equal(seen[: piece.start], unseen[: piece.start])
     assert not torch.allclose(seen[piece.start : piece.end], unseen[piece.start : piece.end])
+
+
+def test_building_the_processor_loads_no_torch(vision_demo: Path) -> None:
+    """Prompt workers build it once each: json only, torch and Pillow with the first image."""
+    code = (
+        "import sys; from pathlib import Path; from tensorfold_glm.media_processor import "
+        "media_processor as m; import json; f = Path(sys.argv[1]); "
+        "p = m(f, json.loads((f / 'config.json').read_text())); "
+        "assert p.image_ids(2) == ([p.placeholder_id] * 2, 0) and p.max_rows == 1024; "
+        "assert 'torch' not in sys.modules and 'PIL' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code, str(vision_demo)], check=True, timeout=120)
