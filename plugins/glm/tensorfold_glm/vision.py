@@ -31,7 +31,7 @@ from . import vision_memory
 from .ops import layer_norm, softmax
 from .vision_weights import VisionBlockWeights, VisionConfig, VisionWeights
 
-__all__ = ["image_embeddings", "image_token_counts", "query_rows"]
+__all__ = ["attend", "image_embeddings", "image_token_counts", "query_rows"]
 
 
 def image_token_counts(grid_thw: torch.Tensor, cfg: VisionConfig) -> list[int]:
@@ -112,7 +112,7 @@ def _attention(
     q, k, v = linear(x, b.qkv, b.qkv_bias).reshape(n, 3, heads, hd).unbind(1)
     q = _rotate(rms_norm(q, b.q_norm, cfg.rms_norm_eps), cos, sin)
     k = _rotate(rms_norm(k, b.k_norm, cfg.rms_norm_eps), cos, sin)
-    o = _attend(q, k, v)  # [n, heads, hd]
+    o = attend(q, k, v)  # [n, heads, hd]
     return linear(o.reshape(n, heads * hd), b.proj, b.proj_bias)
 
 
@@ -122,14 +122,17 @@ def query_rows(n: int, heads: int) -> int:
     return max(1, min(n, vision_memory.SCORE_BYTES // (heads * n * 4)))
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fused: bool | None = None
+) -> torch.Tensor:
     """Every patch attends to every patch of its image. q, k, v [n, heads, hd] -> [n, heads, hd]
-    in q's dtype. On CUDA torch's fused attention (flash or memory-efficient: no [n, n] score
-    matrix); on the CPU scores and softmax in fp32, a block of queries at a time."""
+    in q's dtype. fused (default: on CUDA): torch's fused attention (flash or memory-efficient,
+    no [n, n] score matrix); else scores and softmax in fp32, a block of queries at a time."""
     n, heads, hd = q.shape
-    if q.is_cuda:
-        o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1))
-        return o.transpose(0, 1)
+    if q.is_cuda if fused is None else fused:  # on CUDA, unless told
+        # [1, heads, n, hd]: the fused kernels take 4-D inputs only (else torch's math kernel)
+        q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        return F.scaled_dot_product_attention(q4, k4, v4)[0].transpose(0, 1)
     keys = k.permute(1, 2, 0).float()  # [heads, hd, n]
     values = v.transpose(0, 1).float()  # [heads, n, hd]
     queries = q.transpose(0, 1).float()

@@ -18,7 +18,7 @@ from tensorfold.family.checkpoint import Checkpoint
 from tensorfold_glm import vision_memory
 from tensorfold_glm.image_processing import ImageProcessor
 from tensorfold_glm.layout import shape
-from tensorfold_glm.vision import image_embeddings, image_token_counts, query_rows
+from tensorfold_glm.vision import attend, image_embeddings, image_token_counts, query_rows
 from tensorfold_glm.vision_memory import (
     DEFAULT_MAX_ROWS,
     tower_activation_bytes,
@@ -139,3 +139,13 @@ def test_the_plan_counts_the_towers_weights_and_activations(tower: Any) -> None:
     assert tower_activation_bytes(weights.cfg, 100, 2, cuda=False) > tower_activation_bytes(
         weights.cfg, 100, 2
     )
+
+
+def test_the_fused_attention_is_the_blocked_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA branch (torch's fused attention), run on the CPU, against the fp32 blocks."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(37, 2, 16, generator=gen) for _ in range(3))
+    monkeypatch.setattr(vision_memory, "SCORE_BYTES", 2 * 37 * 4 * 8)  # blocks of 8 queries
+    blocked, fused = attend(q, k, v, fused=False), attend(q, k, v, fused=True)
+    assert fused.shape == blocked.shape == (37, 2, 16)
+    assert (fused - blocked).abs().max() <= 1e-5 * blocked.abs().max()
