@@ -109,11 +109,10 @@ def resolve(ref: str) -> Callable[..., Any]:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the memory plan needs to know before any weight loads.
-
-    media_bytes: device bytes a family's media tower holds while it encodes the largest input
-    its processor makes (activations; its weights are in the checkpoint's bytes), set aside
-    with the activation reserve. 0: no tower."""
+    """What the memory plan needs to know before any weight loads. media_bytes: the device
+    bytes a media tower's run on the largest piece its processor produces takes at once (its
+    activations; its weights are the checkpoint's, counted with the others), which the plan
+    sets aside with the activation reserve; 0 without a tower."""
 
     layout: StateLayout
     max_positions: int
