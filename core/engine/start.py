@@ -167,6 +167,7 @@ def _room(settings: Settings, shape: ModelShape, device: str, weights: int) -> i
 
             weights += TAP_ROWS * layout.arena_tap_bytes
         activations = ACTIVATION_ROWS * 64 * 1024  # a generous bound per row, until measured
+        activations += shape.media_bytes  # a media tower's, at the largest input
         room = memory_budget(
             device_free=free,
             weights=weights,
@@ -322,7 +323,7 @@ def open_rank(
     if spec.shape and not dummy:
         shape = resolve(spec.shape)(ckpt.config, dtype)
         if layout is not None:
-            shape = ModelShape(layout, shape.max_positions)
+            shape = dataclasses.replace(shape, layout=layout)
         weight_bytes = ckpt.local_bytes()
         the_plan = plan_memory(settings, shape, device, weight_bytes, group)
         fp8 = ckpt.fp8 is not None or ckpt.quantize_at_load

@@ -74,7 +74,7 @@ class GlmConfig:
     mtp_layer_type: str = MLA
     mtp_mlp_type: str = SPARSE
     tie_word_embeddings: bool = False
-    has_vision: bool = False  # the checkpoint carries a vision tower (not served)
+    has_vision: bool = False  # config.json has a vision_config (the tower: vision_weights.py)
     dtype: str | None = None  # the dtype the checkpoint was saved in, if config.json says
 
     @property

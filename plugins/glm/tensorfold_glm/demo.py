@@ -4,8 +4,13 @@ transformers).
 `build_demo(cache_dir)` writes `cache_dir / DEMO_NAME` as transformers 5.23.0 saves a
 `Glm5NextForConditionalGeneration`: config.json (text_config + a one-block vision_config),
 generation_config.json, model.safetensors under the on-disk names of real checkpoints (per-expert
-projections, q/k/v_conv1d, hc_* names, a vision tower that is not served), a byte-level BPE
-tokenizer with GLM's special tokens, and a GLM-style chat template. Same bytes on every build.
+projections, q/k/v_conv1d, hc_* names, a vision tower), a byte-level BPE tokenizer with GLM's
+special tokens, a GLM-style chat template that places images as GLM-4.xV's do, and the image
+processor's preprocessor_config.json (at most MAX_IMAGE_TOKENS rows an image, so an image prompt
+stays short on a laptop). Same bytes on every build.
+
+The vision tower's weights are random (demo_weights.py): the demo takes images end to end, the
+tower's rows written over the image placeholders, but the text model never learned to read them.
 
 The weights ship with the plugin (demo_weights.safetensors, float16): trained on
 tensorfold.family.demo_text from demo_weights' random ones by `python -m tensorfold_glm.demo_train`
@@ -30,7 +35,7 @@ from .demo_weights import build_weights as random_weights
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-DEMO_NAME = "glm5_next-demo-v5"
+DEMO_NAME = "glm5_next-demo-v6"
 WEIGHTS = Path(__file__).with_name("demo_weights.safetensors")
 RETRAIN = "python -m tensorfold_glm.demo_train"
 FILES = (
@@ -38,9 +43,11 @@ FILES = (
     "config.json",
     "generation_config.json",
     "model.safetensors",
+    "preprocessor_config.json",
     "tokenizer.json",
     "tokenizer_config.json",
 )
+MAX_IMAGE_TOKENS = 1024
 VOCAB_TARGET = 1024
 ENDOFTEXT, GMASK, SOP = "<|endoftext|>", "[gMASK]", "<sop>"
 SPECIAL_TOKENS = (
@@ -176,6 +183,28 @@ def config_dict(vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
     }
 
 
+def preprocessor_dict() -> dict[str, Any]:
+    """preprocessor_config.json as `Glm5NextImageProcessorPil(max_image_tokens=...)` saves it."""
+    return {
+        "max_image_tokens": MAX_IMAGE_TOKENS,
+        "do_convert_rgb": True,
+        "do_resize": True,
+        "resample": 3,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "patch_size": VISION_SHAPE["patch_size"],
+        "temporal_patch_size": VISION_SHAPE["temporal_patch_size"],
+        "merge_size": VISION_SHAPE["spatial_merge_size"],
+        "patch_expand_factor": 1,
+        "min_image_tokens": 16,
+        "size": {"longest_edge": 1},
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "image_processor_type": "Glm5NextImageProcessor",
+    }
+
+
 def build_tokenizer() -> Tokenizer:
     """Byte-level BPE trained on CORPUS; specials take ids 0..17. Plain encoding starts with
     [gMASK]<sop>, as GLM's tokenizer does."""
@@ -221,6 +250,7 @@ def write_demo(folder: Path) -> None:
         additional_special_tokens=[t for t in SPECIAL_TOKENS if t != ENDOFTEXT],
     )
     (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    demo_build.write_json(folder / "preprocessor_config.json", preprocessor_dict())
     demo_build.write_checkpoint(folder, tok, build_weights(cfg), cfg, generation, tokenizer)
 
 

@@ -13,12 +13,28 @@ from tensorfold.family.demo_text import plain_text
 #   <tool_call>name<arg_key>key</arg_key><arg_value>value</arg_value></tool_call>, strings bare,
 #   other values as JSON;
 # - a tool's answer: <|observation|>\n<tool_response>...</tool_response>.
+# Content as GLM-4.7-Flash's visible_text has it, a string or a list of parts (text parts'
+# text, nothing between them), and each {"type": "image"} part as GLM-4.xV's templates write it:
+# <|begin_of_image|><|image|><|end_of_image|> (the one <|image|> expanded per image row by the
+# media processor, tensorfold_glm.media_processor). Text-only chats render as before.
 # Thinking as GLM's template has it: the generation prompt ends <|assistant|><think> (the model
 # writes its thought, </think>, then the answer) unless enable_thinking is false, when it ends
 # <|assistant|></think>; an earlier assistant turn shows its reasoning_content as
 # <think>...</think> only after the last user message, else </think> alone.
 CHAT_TEMPLATE = (
     "[gMASK]<sop>"
+    "{%- macro visible(content) -%}"
+    "{%- if content is string -%}{{- content -}}"
+    "{%- elif content is iterable and content is not mapping -%}"
+    "{%- for item in content -%}"
+    "{%- if item is mapping and item.type == 'text' -%}{{- item.text -}}"
+    "{%- elif item is mapping and item.type in ['image', 'image_url'] -%}"
+    "{{- '<|begin_of_image|><|image|><|end_of_image|>' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- elif content -%}{{- content -}}"
+    "{%- endif -%}"
+    "{%- endmacro -%}"
     "{%- if tools -%}"
     "{{- '<|system|>\\n# Tools\\n\\nYou may call one or more functions. Their signatures are "
     "within <tools></tools>:\\n<tools>\\n' -}}"
@@ -32,7 +48,7 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- for message in messages -%}"
     "{%- if message['role'] == 'tool' -%}"
-    "{{- '<|observation|>\\n<tool_response>' + (message.get('content') or '') -}}"
+    "{{- '<|observation|>\\n<tool_response>' -}}{{- visible(message.get('content')) -}}"
     "{{- '</tool_response>' -}}"
     "{%- elif message['role'] == 'assistant' -%}"
     "{%- if loop.index0 > ns.last_user and message.get('reasoning_content') -%}"
@@ -40,9 +56,9 @@ CHAT_TEMPLATE = (
     "{%- else -%}"
     "{{- '<|assistant|></think>' -}}"
     "{%- endif -%}"
-    "{{- message.get('content') or '' -}}"
+    "{{- visible(message.get('content')) -}}"
     "{%- else -%}"
-    "{{- '<|' + message['role'] + '|>\\n' + (message.get('content') or '') -}}"
+    "{{- '<|' + message['role'] + '|>\\n' -}}{{- visible(message.get('content')) -}}"
     "{%- endif -%}"
     "{%- for call in message.get('tool_calls') or [] -%}"
     "{{- '<tool_call>' + call['function']['name'] -}}"

@@ -185,7 +185,7 @@ def _moe(normal: Normal, m: str, t: dict[str, Any]) -> Tensors:
 
 
 def _vision(normal: Normal, v: str, c: dict[str, Any]) -> Tensors:
-    """The vision tower (not served by tensorfold; present so the checkpoint is complete)."""
+    """The vision tower (random: the demo's text model was never trained to read its rows)."""
     d, inner, out = c["hidden_size"], c["intermediate_size"], c["out_hidden_size"]
     merge, patch, temporal = c["spatial_merge_size"], c["patch_size"], c["temporal_patch_size"]
     head = d // c["num_heads"]

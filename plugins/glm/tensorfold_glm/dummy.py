@@ -237,11 +237,25 @@ def build_dummy(
 
 def load_dummy(config: dict, device: str, dtype: str, quantization: str = "auto") -> GlmModel:
     """TF_LOAD_FORMAT=dummy: the checkpoint's config.json with random weights (fp8 linears under
-    --quantization fp8)."""
+    --quantization fp8), and a random vision tower (vision_dummy.py, in the model dtype) where
+    config.json has a vision_config, so a dummy model takes images as the checkpoint would."""
     from tensorfold.family.checkpoint import torch_dtype
 
+    from .vision_config import VisionConfig
+    from .vision_dummy import dummy_vision_weights
+
     cfg = GlmConfig.from_dict(config)
-    return build_dummy(cfg, device, torch_dtype(dtype), quantization=quantization)
+    model = build_dummy(cfg, device, torch_dtype(dtype), quantization=quantization)
+    raw = config.get("vision_config")
+    if isinstance(raw, dict):
+        vision = VisionConfig.from_dict(raw, "config.json (vision_config)")
+        if vision.out_hidden_size != cfg.hidden_size:
+            raise ValueError(
+                f"config.json: the vision tower's out_hidden_size {vision.out_hidden_size} is "
+                f"not the text hidden_size {cfg.hidden_size}"
+            )
+        model.vision = dummy_vision_weights(vision, device, torch_dtype(dtype), seed=1)
+    return model
 
 
 def expert_stacks(w: MoeWeights) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,6 +36,7 @@ from typing import Any, Mapping
 from tensorfold.family import ModelShape, RowSpec, StateLayout, StateSpec
 
 from .config import MLA, GlmConfig
+from .vision_memory import tower_bytes_for_config
 
 KDA_CHUNK = 64  # fla-core chunk_kda's chunk
 
@@ -43,9 +44,11 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def shape(config: Mapping[str, Any], dtype: str = "bfloat16") -> ModelShape:
-    """The memory plan's view of a checkpoint, from config.json alone."""
+    """The memory plan's view of a checkpoint, from config.json alone: the state layout, the
+    window, and the vision tower's activations at the largest image (vision_memory.py)."""
     cfg = GlmConfig.from_dict(config, "config.json")
-    return ModelShape(state_layout(cfg, dtype), cfg.max_position_embeddings)
+    media = tower_bytes_for_config(config, dtype)
+    return ModelShape(state_layout(cfg, dtype), cfg.max_position_embeddings, media_bytes=media)
 
 
 def carry_name(cfg: GlmConfig) -> str:

@@ -9,9 +9,16 @@ hands back the hidden state each row's MTP row reads. While the MTP drafts (`--d
 mtp_drafter.py sets `mtp_rows`), the forward runs the MTP layer's rows for every row of the pass
 right after the trunk's (mtp.mtp_rows), so its K/V or KDA state stays current for every stream.
 
+Images (config.json's vision_config): `load` reads the vision tower (vision_weights.py) beside
+the text model, `encode_media` runs it on each image alone (vision.py), and a prompt pass holding
+image rows writes their embeddings over the placeholder tokens' before the streams are copied
+out (`ForwardPass.place_embeds`), as the reference's masked_scatter does before its hc_mult
+expand. The text layers are NoPE: an image's rows are positions like any other.
+
 Under tensor parallel (`--tp N`, shards.py) each rank holds its heads, FFN columns and experts;
 the residual streams are whole and the same on every rank (each mixer and FFN ends in one sum
-over the ranks), and a vocab-parallel lm_head's logits are gathered in rank order.
+over the ranks), and a vocab-parallel lm_head's logits are gathered in rank order. The vision
+tower is whole on every rank.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from tensorfold.config.logs import get_logger
 from tensorfold.family import StateLayout
 from tensorfold.family.checkpoint import torch_dtype
 from tensorfold.family.forward_pass import ForwardPass, StackedTaps
+from tensorfold.family.media import MediaPiece
 from tensorfold.family.model import FamilyModel
 from tensorfold.ops import parallel
 from tensorfold.ops.linear import linear
@@ -33,8 +41,11 @@ from . import indexer, mhc, shards
 from .config import GlmConfig
 from .kda import kda, rows_each_by_row
 from .layout import DTYPES, carry_name, shape, state_layout
+from .media_processor import GlmImage
 from .mla import mla
 from .moe import ffn
+from .vision import image_embeddings
+from .vision_weights import VisionWeights, load_vision_weights
 from .weights import KdaWeights, LayerWeights, ModelWeights, has_mtp, load_weights, text_prefix
 
 if TYPE_CHECKING:
@@ -54,15 +65,22 @@ def load(checkpoint: "Checkpoint", device: str, dtype: str) -> "GlmModel":
         raise ValueError(f"glm5_next runs in {', '.join(DTYPES)}, not {dtype!r}")
     cfg = GlmConfig.from_dict(checkpoint.config, str(checkpoint.path / "config.json"))
     _note_unserved(checkpoint, cfg)
-    return GlmModel(cfg, load_weights(checkpoint, cfg, device, torch_dtype(name)), device, name)
+    weights = load_weights(checkpoint, cfg, device, torch_dtype(name))
+    vision = load_vision_weights(checkpoint, device, torch_dtype(name))
+    if vision is not None and vision.cfg.out_hidden_size != cfg.hidden_size:
+        raise ValueError(
+            f"{checkpoint.path / 'config.json'}: the vision tower's out_hidden_size "
+            f"{vision.cfg.out_hidden_size} is not the text hidden_size {cfg.hidden_size}"
+        )
+    return GlmModel(cfg, weights, device, name, vision)
 
 
 def _note_unserved(checkpoint: "Checkpoint", cfg: GlmConfig) -> None:
     names = checkpoint.tensor_names()
-    if cfg.has_vision or any(n.startswith("model.visual.") for n in names):
+    if not cfg.has_vision and any(n.startswith("model.visual.") for n in names):
         log.info(
-            "glm5_next: the checkpoint's vision tower is not loaded; images are not served "
-            "yet, only text"
+            "glm5_next: config.json has no vision_config, so the checkpoint's vision tower "
+            "(model.visual.*) is not loaded; images are not served"
         )
     mtp = f"{text_prefix(checkpoint)}layers.{cfg.num_hidden_layers}."
     present = any(n.startswith(mtp) for n in names)
@@ -84,9 +102,17 @@ class GlmModel(FamilyModel):
     name = "glm5_next"
     verify_graphs = True  # a uniform verify pass taps by row from the device meta (kda, _carry)
 
-    def __init__(self, cfg: GlmConfig, weights: ModelWeights, device: str, dtype: str):
+    def __init__(
+        self,
+        cfg: GlmConfig,
+        weights: ModelWeights,
+        device: str,
+        dtype: str,
+        vision: VisionWeights | None = None,
+    ):
         self.cfg = cfg
         self.weights = weights
+        self.vision = vision  # the image tower, None for a text-only checkpoint
         self.device = torch.device(device)
         self.dtype = torch_dtype(dtype)
         self.tp = parallel.current()  # this rank of tp.world: its weights are its shard's
@@ -120,7 +146,11 @@ class GlmModel(FamilyModel):
         cfg, w = self.cfg, self.weights
         if hidden is not None and self.carry is None:
             raise ValueError("glm5_next: hidden= needs an MTP layer in config.json")
-        streams = mhc.streams_in(w.embed, fp.tokens, cfg.hc_mult)  # [N, hc, H]
+        if fp.embed_rows is None:
+            streams = mhc.streams_in(w.embed, fp.tokens, cfg.hc_mult)  # [N, hc, H]
+        else:  # image rows: their embeddings over the placeholders', then the hc copies
+            x = fp.place_embeds(w.embed.index_select(0, fp.tokens))
+            streams = x[:, None, :].expand(-1, cfg.hc_mult, -1).contiguous()
         layers = [(f"L{i}", layer) for i, layer in enumerate(w.layers)]
         streams = decoder_layers(cfg, layers, streams, fp, rows, slots)
         if self.carry is not None:
@@ -137,6 +167,28 @@ class GlmModel(FamilyModel):
         h = mhc.head_of_rows(streams, fp.logit_rows)  # [R, H]
         normed = rms_norm(h, w.final_norm, cfg.rms_norm_eps)
         return self.logits(normed, w.lm_head)
+
+    def encode_media(self, pieces: Sequence[MediaPiece]) -> list[torch.Tensor]:
+        """Each image's rows [piece.rows, H] in the model dtype on its device: the tower on that
+        image alone, so its rows are the same bits whatever else the prompt holds."""
+        if self.vision is None:
+            raise ValueError("glm5_next: this checkpoint has no vision tower (vision_config)")
+        out = []
+        for piece in pieces:
+            if piece.kind != "image" or not isinstance(piece.inputs, GlmImage):
+                raise ValueError(f"glm5_next takes images, not {piece.kind} {piece.inputs!r}")
+            image = piece.inputs
+            grid = torch.tensor([image.grid_thw], dtype=torch.long)
+            pixels = image.pixel_values.to(self.device)
+            with torch.no_grad():
+                rows = image_embeddings(self.vision, pixels, grid)
+            if rows.shape[0] != piece.rows:
+                raise ValueError(
+                    f"an image of grid {image.grid_thw} gives {rows.shape[0]} rows, "
+                    f"its piece holds {piece.rows}"
+                )
+            out.append(rows.to(self.dtype))
+        return out
 
     def _carry(
         self,

@@ -36,6 +36,12 @@ verify round's rewind and a resumed prompt (whose rows before it no pass recompu
 right. A stream's MTP rows run one ahead of the target's: after the target's row p and the
 sample x = t_{p+1}, the MTP has written rows up to p + 1.
 
+Image rows: the MTP's row j at an image row embeds what the trunk's row j embeds, the tower's
+row (`ForwardPass.place_embeds`), not the `<|image|>` placeholder's own embedding, as vLLM's
+and SGLang's MTP drafters take the target's merged input embeddings. transformers' generic
+MtpModel would embed the placeholder id (it takes input_ids), but glm5_next's reference has no
+MTP to hold us to; either way only what is drafted changes, never a token.
+
 Served (`--draft mtp`, mtp_drafter.py): the trunk's forward runs the MTP's rows of every pass
 right after its own (`mtp_rows`, with `GlmModel.mtp_rows` on), so a stream's MTP rows are
 always written up to the target's; the drafter writes row pos (the token just sampled) and
@@ -104,7 +110,8 @@ def mtp_rows(
     if m is None or cfg.mtp_layer is None:
         raise ValueError("glm5_next: this checkpoint has no MTP layer loaded")
     eps = cfg.rms_norm_eps
-    embedded = m.embed.index_select(0, fp.tokens)  # [N, H]
+    # an image row reads the image's embedding, as the trunk's (vLLM's and SGLang's MTP the same)
+    embedded = fp.place_embeds(m.embed.index_select(0, fp.tokens))  # [N, H]
     joint = torch.cat([rms_norm(embedded, m.enorm, eps), rms_norm(hidden, m.hnorm, eps)], dim=-1)
     x = linear(joint, m.eh_proj)  # [N, H]
     streams = x[:, None, :].expand(-1, cfg.hc_mult, -1).contiguous()

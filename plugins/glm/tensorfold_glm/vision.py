@@ -11,7 +11,9 @@ The rows of all images, in order, are what the reference's masked_scatter writes
 placeholder tokens' rows.
 
 Each image runs on its own, and its products through fixed row blocks (tensorfold.ops.linear),
-so an image's embeddings do not depend on the other images beside it.
+so an image's embeddings do not depend on the other images beside it. Attention never holds an
+[n, n] score matrix: on CUDA torch's fused attention, on the CPU blocks of queries whose fp32
+scores fit vision_memory.SCORE_BYTES (vision_memory.py counts what a tower pass holds).
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from tensorfold.ops.linear import linear
 from tensorfold.ops.moe import silu
 from tensorfold.ops.norms import rms_norm
 
+from . import vision_memory
 from .ops import layer_norm, softmax
 from .vision_weights import VisionBlockWeights, VisionConfig, VisionWeights
 
-__all__ = ["image_embeddings", "image_token_counts"]
+__all__ = ["attend", "image_embeddings", "image_token_counts", "query_rows"]
 
 
 def image_token_counts(grid_thw: torch.Tensor, cfg: VisionConfig) -> list[int]:
@@ -109,11 +112,36 @@ def _attention(
     q, k, v = linear(x, b.qkv, b.qkv_bias).reshape(n, 3, heads, hd).unbind(1)
     q = _rotate(rms_norm(q, b.q_norm, cfg.rms_norm_eps), cos, sin)
     k = _rotate(rms_norm(k, b.k_norm, cfg.rms_norm_eps), cos, sin)
-    # every patch attends to every patch of its image: [heads, n, n]
-    scores = torch.matmul(q.transpose(0, 1).float(), k.permute(1, 2, 0).float())
-    p = softmax(scores / math.sqrt(hd))
-    o = torch.matmul(p, v.transpose(0, 1).float()).to(x.dtype)  # [heads, n, hd]
-    return linear(o.transpose(0, 1).reshape(n, heads * hd), b.proj, b.proj_bias)
+    o = attend(q, k, v)  # [n, heads, hd]
+    return linear(o.reshape(n, heads * hd), b.proj, b.proj_bias)
+
+
+def query_rows(n: int, heads: int) -> int:
+    """Queries a block of the torch attention takes: its fp32 scores [heads, rows, n] within
+    vision_memory.SCORE_BYTES (the image's size alone fixes the blocks)."""
+    return max(1, min(n, vision_memory.SCORE_BYTES // (heads * n * 4)))
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fused: bool | None = None
+) -> torch.Tensor:
+    """Every patch attends to every patch of its image. q, k, v [n, heads, hd] -> [n, heads, hd]
+    in q's dtype. fused (default: on CUDA): torch's fused attention (flash or memory-efficient,
+    no [n, n] score matrix); else scores and softmax in fp32, a block of queries at a time."""
+    n, heads, hd = q.shape
+    if q.is_cuda if fused is None else fused:  # on CUDA, unless told
+        # [1, heads, n, hd]: the fused kernels take 4-D inputs only (else torch's math kernel)
+        q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        return F.scaled_dot_product_attention(q4, k4, v4)[0].transpose(0, 1)
+    keys = k.permute(1, 2, 0).float()  # [heads, hd, n]
+    values = v.transpose(0, 1).float()  # [heads, n, hd]
+    queries = q.transpose(0, 1).float()
+    step = query_rows(n, heads)
+    out = []
+    for a in range(0, n, step):
+        p = softmax(torch.matmul(queries[:, a : a + step], keys) / math.sqrt(hd))
+        out.append(torch.matmul(p, values).to(q.dtype))
+    return torch.cat(out, 1).transpose(0, 1)
 
 
 def _clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:

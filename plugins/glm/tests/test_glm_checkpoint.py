@@ -1,6 +1,6 @@
 """Loading real checkpoints' layouts: composite (`model.language_model.`) and flat (`model.`)
-names, a vision tower that is logged and skipped, an MTP layer that is ignored, and the refusals
-that name what is wrong."""
+names, a vision tower loaded with its vision_config (logged and skipped without one), an MTP
+layer that is ignored, and the refusals that name what is wrong."""
 
 from __future__ import annotations
 
@@ -39,13 +39,23 @@ def composite(tiny_paths: dict[str, Path]) -> tuple[Path, torch.Tensor]:
     return path, logits(load(Checkpoint.open(path), "cpu", "float32"))
 
 
-def test_composite_checkpoint_logs_that_images_are_not_served(
-    composite: tuple[Path, torch.Tensor],
+def test_composite_checkpoint_loads_its_vision_tower(
+    composite: tuple[Path, torch.Tensor], tmp_path: Path
 ) -> None:
     path, _ = composite
     assert any(n.startswith("model.visual.") for n in Checkpoint.open(path).tensor_names())
     with capture_logs() as logs:
-        load(Checkpoint.open(path), "cpu", "float32")
+        model = load(Checkpoint.open(path), "cpu", "float32")
+    assert model.vision is not None and len(model.vision.blocks) == 1
+    assert not any("images" in e["event"] for e in logs)
+    # the tower's tensors without a vision_config: text alone, and the log says so
+    folder = copy(path, tmp_path / "no_vision_config")
+    config = json.loads((folder / "config.json").read_text())
+    del config["vision_config"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with capture_logs() as logs:
+        model = load(Checkpoint.open(folder), "cpu", "float32")
+    assert model.vision is None
     assert any("images are not served" in e["event"] for e in logs)
 
 

@@ -1,14 +1,19 @@
 """TF_LOAD_FORMAT=dummy for glm5_next: a checkpoint folder with no weights serves the config's
 shape with random weights from a fixed seed (for benchmarks), through the same lanes; the
-tensors the real loader keeps in fp32 stay fp32; GLM-5.3-Flash-8L is the 76 GB bench shape."""
+tensors the real loader keeps in fp32 stay fp32; GLM-5.3-Flash-8L is the 76 GB bench shape; a
+vision_config brings a random tower."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
 from tensorfold import conformance
 from tensorfold_glm.demo import build_demo
 from tensorfold_glm.dummy import SHAPES, build_dummy
+from tensorfold_glm.vision_config import VisionConfig
 from tensorfold_glm.weights import HcWeights, KdaWeights, MoeWeights
 
 
@@ -67,3 +72,26 @@ class TestDummyWeights(conformance.DummyWeights):
                 seen[id(e)] = len(e) * sum(t.numel() * 2 for t in (e[0].gate_up, e[0].down))
         total = sum(seen.values()) + 2 * model.weights.embed.numel() * 2
         assert 74e9 < total < 79e9, total
+
+
+def test_a_dummy_model_has_a_tower_where_config_json_has_one(tmp_path: Path) -> None:
+    import json
+
+    from tensorfold.family.media import MediaPiece
+    from tensorfold_glm.dummy import load_dummy
+    from tensorfold_glm.media_processor import GlmImage
+
+    config = json.loads((build_demo(tmp_path) / "config.json").read_text())
+    model = load_dummy(config, "cpu", "float32")
+    assert model.vision is not None and model.vision.cfg == VisionConfig.from_dict(
+        config["vision_config"]
+    )
+    pixels = torch.randn(16, model.vision.cfg.patch_dim)
+    piece = MediaPiece(3, 4, 1, GlmImage(pixels, (1, 4, 4)))
+    (rows,) = model.encode_media([piece])
+    assert rows.shape == (4, model.cfg.hidden_size) and bool(rows.isfinite().all())
+    text_only = {k: v for k, v in config.items() if k != "vision_config"}
+    assert load_dummy(text_only, "cpu", "float32").vision is None
+    config["vision_config"]["out_hidden_size"] = 64
+    with pytest.raises(ValueError, match="out_hidden_size 64 is not the text hidden_size 128"):
+        load_dummy(config, "cpu", "float32")

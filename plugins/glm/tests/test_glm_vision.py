@@ -1,7 +1,8 @@
 """The vision tower (vision.py, vision_weights.py) against transformers 5.23.0's
 `get_image_features` on the tiny checkpoint's one-block tower, its weights perturbed (the
 reference initialises norms to ones, biases to zeros and maps small), saved and loaded back: 1 and 2 images
-of different grids, fp32, within 1e-4 relative; an image's rows the same bits beside another."""
+of different grids, fp32, within 1e-4 relative; an image's rows the same bits beside another;
+the CPU attention in query blocks; the memory plan's count of the tower (vision_memory.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,15 @@ import pytest
 import torch
 
 from tensorfold.family.checkpoint import Checkpoint
-from tensorfold_glm.vision import image_embeddings, image_token_counts
+from tensorfold_glm import vision_memory
+from tensorfold_glm.image_processing import ImageProcessor
+from tensorfold_glm.layout import shape
+from tensorfold_glm.vision import attend, image_embeddings, image_token_counts, query_rows
+from tensorfold_glm.vision_memory import (
+    DEFAULT_MAX_ROWS,
+    tower_activation_bytes,
+    tower_weight_bytes,
+)
 from tensorfold_glm.vision_weights import VisionConfig, load_vision_weights
 
 GRIDS = [[1, 4, 6], [1, 2, 2]]  # t, h, w in patches: 24 and 4 patches, 6 and 1 tokens
@@ -98,3 +107,45 @@ def test_vision_config_refuses_what_the_tower_does_not_compute() -> None:
     with pytest.raises(ValueError, match="axial"):
         VisionConfig.from_dict({"rope_parameters": {"rope_type": "default"}})
     assert VisionConfig.from_dict({"rope_parameters": {"rope_theta": 5.0}}).rope_theta == 5.0
+
+
+def test_attention_in_query_blocks_is_the_attention(
+    tower: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref, weights, _ = tower
+    pixel_values, grid = pixels(GRIDS, weights.cfg)
+    whole = image_embeddings(weights, pixel_values, grid)
+    # 2 heads x 24 patches x 4 bytes x 5 queries: blocks of 5, the last of 4
+    monkeypatch.setattr(vision_memory, "SCORE_BYTES", 2 * 24 * 4 * 5)
+    assert query_rows(24, 2) == 5
+    blocked = image_embeddings(weights, pixel_values, grid)
+    assert (blocked - whole).abs().max() <= 1e-6 * whole.abs().max()
+    assert (blocked - reference(ref, pixel_values, grid)).abs().max() <= 1e-4 * whole.abs().max()
+
+
+def test_the_plan_counts_the_towers_weights_and_activations(tower: Any) -> None:
+    _, weights, folder = tower
+    ckpt = Checkpoint.open(folder)
+    visual = [n for n in ckpt.tensor_names() if n.startswith("model.visual.")]
+    stored = sum(ckpt.info(n).nbytes for n in visual)  # in the start's weight bytes
+    assert stored == tower_weight_bytes(weights.cfg, 4)  # the tiny checkpoint is fp32
+    media = shape(ckpt.config, "float32").media_bytes
+    assert media == tower_activation_bytes(weights.cfg, DEFAULT_MAX_ROWS, 4) > 0
+    assert DEFAULT_MAX_ROWS == ImageProcessor().max_image_tokens  # the processor's default
+    text_only = {k: v for k, v in ckpt.config.items() if k != "vision_config"}
+    assert shape(text_only, "float32").media_bytes == 0
+    # the bound grows with the image and the CPU's score blocks
+    assert tower_activation_bytes(weights.cfg, 100, 2) < tower_activation_bytes(weights.cfg, 200, 2)
+    assert tower_activation_bytes(weights.cfg, 100, 2, cuda=False) > tower_activation_bytes(
+        weights.cfg, 100, 2
+    )
+
+
+def test_the_fused_attention_is_the_blocked_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA branch (torch's fused attention), run on the CPU, against the fp32 blocks."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(37, 2, 16, generator=gen) for _ in range(3))
+    monkeypatch.setattr(vision_memory, "SCORE_BYTES", 2 * 37 * 4 * 8)  # blocks of 8 queries
+    blocked, fused = attend(q, k, v, fused=False), attend(q, k, v, fused=True)
+    assert fused.shape == blocked.shape == (37, 2, 16)
+    assert (fused - blocked).abs().max() <= 1e-5 * blocked.abs().max()
