@@ -109,10 +109,14 @@ def resolve(ref: str) -> Callable[..., Any]:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the memory plan needs to know before any weight loads."""
+    """What the memory plan needs to know before any weight loads. media_bytes: the device
+    bytes a media tower's run on the largest piece its processor produces takes at once (its
+    activations; its weights are the checkpoint's, counted with the others), which the plan
+    sets aside with the activation reserve; 0 without a tower."""
 
     layout: StateLayout
     max_positions: int
+    media_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -77,9 +77,16 @@ def load(checkpoint: "Checkpoint", device: str, dtype: str) -> "Gemma4Model":
 
 
 def shape(config: dict, dtype: str) -> ModelShape:
-    """The memory plan's view of a checkpoint, from config.json alone."""
+    """The memory plan's view of a checkpoint, from config.json alone: with a vision tower, its
+    activations on the largest image Gemma 4's processor may give (its weights are counted
+    with the checkpoint's)."""
     cfg = Gemma4Config.from_dict(config, "config.json")
-    return ModelShape(state_layout(cfg, torch_dtype(dtype)), cfg.max_position_embeddings)
+    tdtype = torch_dtype(dtype)
+    vision = vision_config(config) if cfg.has_vision else None
+    media = 0
+    if vision is not None:
+        media = vision.activation_bytes(vision.largest_image_patches, tdtype.itemsize)
+    return ModelShape(state_layout(cfg, tdtype), cfg.max_position_embeddings, media)
 
 
 def state_layout(cfg: Gemma4Config, dtype: torch.dtype, world: int = 1) -> StateLayout:

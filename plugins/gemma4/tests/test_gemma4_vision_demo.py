@@ -21,7 +21,8 @@ from tensorfold.family.tokenizer import Tokenizer
 from tensorfold.testing import rel_err
 from tensorfold_gemma4.hooks import HOOKS
 from tensorfold_gemma4.media import IMAGE_TOKEN, media_processor
-from tensorfold_gemma4.model import load
+from tensorfold_gemma4.model import load, shape
+from tensorfold_gemma4.vision_config import vision_config
 from tensorfold_gemma4.vision_demo import write_vision_demo
 
 
@@ -113,3 +114,14 @@ def test_an_image_prompt_matches_the_reference(folder: Path) -> None:
             mm_token_type_ids=(x == processor.placeholder_id).long(),
         ).logits[0]
     assert rel_err(got, want) <= 1e-4
+
+
+def test_the_plan_counts_the_tower_at_the_largest_image(folder: Path) -> None:
+    """The shape's media bytes: the tower's activations at 1120 soft tokens (9 patches each);
+    none without a tower."""
+    config = Checkpoint.open(folder).config
+    vision = vision_config(config)
+    assert vision is not None and vision.largest_image_patches == 1120 * 9
+    got = shape(config, "bfloat16").media_bytes
+    assert got == vision.activation_bytes(1120 * 9, 2) > vision.activation_bytes(630, 2) > 0
+    assert shape({**config, "vision_config": None}, "bfloat16").media_bytes == 0

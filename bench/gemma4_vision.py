@@ -1,0 +1,152 @@
+"""Gemma 4's vision tower on one GPU: milliseconds per image at each size Gemma 4's processor
+gives (70 .. 1120 soft tokens), and the device memory a run takes against the bound the memory
+plan sets aside (VisionConfig.activation_bytes). Random bf16 weights at the tower's real shape:
+Gemma4VisionConfig's defaults (768 wide, 16 layers, 12 heads of 64, patch 16, 3 x 3 pooling)
+unless --config names a config.json with a vision_config. Each image runs alone, as
+Gemma4Model.encode_media runs it. Writes gemma4_vision.json to --out and prints a table.
+
+    python bench/gemma4_vision.py --out $OUT
+    python bench/gemma4_vision.py --smoke        # on the CPU, a tiny tower, one round
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tensorfold_gemma4.vision import image_embeddings
+from tensorfold_gemma4.vision_config import VisionConfig, vision_config
+from tensorfold_gemma4.vision_weights import ClippedLinear, VisionLayerWeights, VisionWeights
+
+# soft tokens -> the pooled grid (rows, columns) of an image that gives them
+GRIDS = {70: (7, 10), 140: (10, 14), 280: (14, 20), 560: (20, 28), 1120: (28, 40)}
+SMOKE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 2, "head_dim": 16}  # fmt: skip
+
+
+def random_weights(cfg: VisionConfig, device: str, dtype: torch.dtype) -> VisionWeights:
+    gen = torch.Generator().manual_seed(0)
+
+    def normal(*shape: int, std: float = 0.02) -> torch.Tensor:
+        return (torch.randn(shape, generator=gen) * std).to(device, dtype)
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, device=device)
+
+    hv, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    layers = [
+        VisionLayerWeights(
+            q=ClippedLinear(normal(q, hv), None),
+            k=ClippedLinear(normal(kv, hv), None),
+            v=ClippedLinear(normal(kv, hv), None),
+            o=ClippedLinear(normal(hv, q), None),
+            q_norm=ones(d),
+            k_norm=ones(d),
+            gate=ClippedLinear(normal(i, hv), None),
+            up=ClippedLinear(normal(i, hv), None),
+            down=ClippedLinear(normal(hv, i), None),
+            input_norm=ones(hv),
+            post_attention_norm=ones(hv),
+            pre_mlp_norm=ones(hv),
+            post_mlp_norm=ones(hv),
+        )
+        for _ in range(cfg.num_hidden_layers)
+    ]
+    return VisionWeights(
+        input_proj=normal(hv, cfg.patch_width),
+        positions=normal(2, cfg.position_embedding_size, hv),
+        layers=layers,
+        std_bias=None,
+        std_scale=None,
+        projection=normal(cfg.text_hidden_size, hv),
+    )
+
+
+def image(cfg: VisionConfig, tokens: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One image's patches [P, 3·patch²] and positions [P, 2] for `tokens` soft tokens."""
+    rows, cols = GRIDS[tokens]
+    k = cfg.pooling_kernel_size
+    ys, xs = torch.meshgrid(torch.arange(rows * k), torch.arange(cols * k), indexing="ij")
+    pos = torch.stack((xs.reshape(-1), ys.reshape(-1)), dim=-1).to(device)
+    pixels = torch.rand(pos.shape[0], cfg.patch_width, generator=torch.Generator().manual_seed(1))
+    return pixels.to(device), pos
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def measure(cfg: VisionConfig, w: VisionWeights, tokens: int, device: str, rounds: int) -> dict:
+    px, pos = image(cfg, tokens, device)
+    image_embeddings(cfg, w, px, pos)  # warm-up
+    sync(device)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() if device.startswith("cuda") else 0
+    times = []
+    with torch.no_grad():
+        for _ in range(rounds):
+            start = time.perf_counter()
+            out = image_embeddings(cfg, w, px, pos)
+            sync(device)
+            times.append((time.perf_counter() - start) * 1e3)
+    assert out.shape == (tokens, cfg.text_hidden_size)
+    peak = torch.cuda.max_memory_allocated() - base if device.startswith("cuda") else 0
+    patches = pos.shape[0]
+    return {
+        "soft_tokens": tokens,
+        "patches": patches,
+        "ms_median": statistics.median(times),
+        "ms_min": min(times),
+        "peak_bytes": peak,
+        "bound_bytes": cfg.activation_bytes(patches, w.input_proj.element_size()),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--config", type=Path, default=None, help="a config.json with vision_config")
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--smoke", action="store_true")
+    args = p.parse_args(argv)
+    raw: dict[str, Any] = {"vision_config": {}, "text_config": {"hidden_size": 2816}}
+    if args.config is not None:
+        raw = json.loads(args.config.read_text())
+    if args.smoke:
+        raw = {"vision_config": SMOKE, "text_config": {"hidden_size": 64}}
+    cfg = vision_config(raw)
+    assert cfg is not None, "the config has no vision_config"
+    device = "cpu" if args.smoke else "cuda"
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    w = random_weights(cfg, device, dtype)
+    sizes = [70] if args.smoke else sorted(GRIDS)
+    rows = [measure(cfg, w, t, device, 1 if args.smoke else args.rounds) for t in sizes]
+    result = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "vision_config": cfg.__dict__,
+        "images": rows,
+    }
+    print(f"{'soft tokens':>11} {'patches':>8} {'ms/image':>9} {'peak MiB':>9} {'bound MiB':>10}")
+    for r in rows:
+        print(
+            f"{r['soft_tokens']:>11} {r['patches']:>8} {r['ms_median']:>9.2f} "
+            f"{r['peak_bytes'] / 2**20:>9.1f} {r['bound_bytes'] / 2**20:>10.1f}"
+        )
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gemma4_vision.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
