@@ -1,6 +1,7 @@
 """Gemma 4's vision tower on one GPU: milliseconds per image at each size Gemma 4's processor
 gives (70 .. 1120 soft tokens), and the device memory a run takes against the bound the memory
-plan sets aside (VisionConfig.activation_bytes). Random bf16 weights at the tower's real shape:
+plan sets aside (VisionConfig.activation_bytes). Dummy bf16 weights (tensorfold_gemma4.dummy)
+at the tower's real shape:
 Gemma4VisionConfig's defaults (768 wide, 16 layers, 12 heads of 64, patch 16, 3 x 3 pooling)
 unless --config names a config.json with a vision_config. Each image runs alone, as
 Gemma4Model.encode_media runs it. Writes gemma4_vision.json to --out and prints a table.
@@ -21,53 +22,15 @@ from typing import Any
 
 import torch
 
+from tensorfold_gemma4.dummy import dummy_vision_weights
 from tensorfold_gemma4.vision import image_embeddings
 from tensorfold_gemma4.vision_config import VisionConfig, vision_config
-from tensorfold_gemma4.vision_weights import ClippedLinear, VisionLayerWeights, VisionWeights
+from tensorfold_gemma4.vision_weights import VisionWeights
 
 # soft tokens -> the pooled grid (rows, columns) of an image that gives them
 GRIDS = {70: (7, 10), 140: (10, 14), 280: (14, 20), 560: (20, 28), 1120: (28, 40)}
 SMOKE = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 2, "head_dim": 16}  # fmt: skip
-
-
-def random_weights(cfg: VisionConfig, device: str, dtype: torch.dtype) -> VisionWeights:
-    gen = torch.Generator().manual_seed(0)
-
-    def normal(*shape: int, std: float = 0.02) -> torch.Tensor:
-        return (torch.randn(shape, generator=gen) * std).to(device, dtype)
-
-    def ones(n: int) -> torch.Tensor:
-        return torch.ones(n, device=device)
-
-    hv, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-    layers = [
-        VisionLayerWeights(
-            q=ClippedLinear(normal(q, hv), None),
-            k=ClippedLinear(normal(kv, hv), None),
-            v=ClippedLinear(normal(kv, hv), None),
-            o=ClippedLinear(normal(hv, q), None),
-            q_norm=ones(d),
-            k_norm=ones(d),
-            gate=ClippedLinear(normal(i, hv), None),
-            up=ClippedLinear(normal(i, hv), None),
-            down=ClippedLinear(normal(hv, i), None),
-            input_norm=ones(hv),
-            post_attention_norm=ones(hv),
-            pre_mlp_norm=ones(hv),
-            post_mlp_norm=ones(hv),
-        )
-        for _ in range(cfg.num_hidden_layers)
-    ]
-    return VisionWeights(
-        input_proj=normal(hv, cfg.patch_width),
-        positions=normal(2, cfg.position_embedding_size, hv),
-        layers=layers,
-        std_bias=None,
-        std_scale=None,
-        projection=normal(cfg.text_hidden_size, hv),
-    )
 
 
 def image(cfg: VisionConfig, tokens: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     assert cfg is not None, "the config has no vision_config"
     device = "cpu" if args.smoke else "cuda"
     dtype = torch.float32 if args.smoke else torch.bfloat16
-    w = random_weights(cfg, device, dtype)
+    w = dummy_vision_weights(cfg, device, dtype)
     sizes = [70] if args.smoke else sorted(GRIDS)
     rows = [measure(cfg, w, t, device, 1 if args.smoke else args.rounds) for t in sizes]
     result = {

@@ -16,9 +16,10 @@ import torch
 from tensorfold.engine.runner import ModelRunner, open_stream
 from tensorfold.family.chat_template import render_chat
 from tensorfold.family.checkpoint import Checkpoint
-from tensorfold.family.media import expand_media
+from tensorfold.family.media import MediaPiece, expand_media
 from tensorfold.family.tokenizer import Tokenizer
 from tensorfold.testing import rel_err
+from tensorfold_gemma4.dummy import load_dummy
 from tensorfold_gemma4.hooks import HOOKS
 from tensorfold_gemma4.media import IMAGE_TOKEN, media_processor
 from tensorfold_gemma4.model import load, shape
@@ -125,3 +126,16 @@ def test_the_plan_counts_the_tower_at_the_largest_image(folder: Path) -> None:
     got = shape(config, "bfloat16").media_bytes
     assert got == vision.activation_bytes(1120 * 9, 2) > vision.activation_bytes(630, 2) > 0
     assert shape({**config, "vision_config": None}, "bfloat16").media_bytes == 0
+
+
+def test_a_dummy_model_encodes_images(folder: Path) -> None:
+    """TF_LOAD_FORMAT=dummy on a config with a vision_config: a random tower beside the text
+    model, whose rows fit what the folder-less hook prepares."""
+    config = Checkpoint.open(folder).config
+    model = load_dummy(config, "cpu", "float32")
+    processor = media_processor(None, config)
+    assert processor is not None
+    inputs, rows = processor.prepare_image(_image(30, 20))
+    (out,) = model.encode_media([MediaPiece(5, rows, 1, inputs, block=True)])
+    assert out.shape == (rows, config["text_config"]["hidden_size"])
+    assert torch.isfinite(out).all()
