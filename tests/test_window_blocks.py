@@ -20,6 +20,7 @@ from test_triton_kernels import randn, rel  # noqa: E402
 from tensorfold.family.forward_pass import ForwardPass, StreamRows  # noqa: E402
 from tensorfold.ops import triton_key_split, triton_window  # noqa: E402
 from tensorfold.ops import window_attention as ref_window  # noqa: E402
+from tensorfold.ops.kv_quant import quantize_rows  # noqa: E402
 from tensorfold.ops.pass_meta import build_meta  # noqa: E402
 
 W = 20  # window: rings of 19 rows
@@ -128,6 +129,37 @@ def test_the_kernel_matches_the_reference_and_a_stream_alone(dtype, tol):
         a, z = fp.spans[i]
         out = _kernel(q[a:z].clone(), k[a:z].clone(), v[a:z].clone(), ring_k, ring_v, alone)
         assert torch.equal(out, got[a:z]), f"stream {i}"
+
+
+def test_fp8_rings_with_blocks_match_the_reference():
+    """TF_KV_DTYPE=fp8: e4m3 rings and new rows with their scales, image blocks and all."""
+    fp, q, k, v, ring_k, ring_v, _, _ = _case(RUNS, seed=9)
+    (k, ks), (v, vs) = quantize_rows(k), quantize_rows(v)
+    (ring_k, rks), (ring_v, rvs) = quantize_rows(ring_k), quantize_rows(ring_v)
+    scales = ref_window.RingScales(ks, vs, rks, rvs)
+    want = ref_window.ring_attention(
+        q, k, v, ring_k, ring_v, fp, scale=0.3, window=W, scales=scales, upto=fp.attend_upto
+    )
+    got = triton_window.ring_attention(
+        q,
+        k,
+        v,
+        ring_k,
+        ring_v,
+        fp.positions,
+        build_meta(fp),
+        scale=0.3,
+        window=W,
+        scales=scales,
+        upto=fp.attend_upto,
+        reach=ref_window.block_reach(fp),
+    )
+    assert torch.isfinite(got).all()
+    assert rel(got, want) < 1e-5
+    causal = ref_window.ring_attention(
+        q, k, v, ring_k, ring_v, fp, scale=0.3, window=W, scales=scales
+    )
+    assert rel(causal, want) > 1e-2
 
 
 def test_shared_key_segments_give_the_walked_bits(monkeypatch):
