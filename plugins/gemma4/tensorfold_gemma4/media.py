@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
+from tensorfold.family.media import MediaRefused
+
 from .config import ConfigError
 from .image_processing import ImageSettings, preprocess
 from .vision_config import vision_config
@@ -58,7 +60,12 @@ class Gemma4Images:
         return self.settings.max_soft_tokens
 
     def prepare_image(self, image: "Image") -> tuple[GemmaImage, int]:
-        batch = preprocess([image], self.settings)
+        """An RGB image's patches and its soft-token count; MediaRefused for one the processor
+        cannot fit to its patches (a side too thin to resize)."""
+        try:
+            batch = preprocess([image], self.settings)
+        except ValueError as e:
+            raise MediaRefused(f"gemma4 cannot prepare the image: {e}") from None
         rows = batch.soft_tokens[0]
         patches = rows * self.settings.pooling_kernel_size**2
         inputs = GemmaImage(

@@ -7,6 +7,7 @@ the reference's logits for every prompt row; a text-only config takes no images.
 from __future__ import annotations
 
 import dataclasses
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,10 @@ def test_the_hook_answers_from_the_folder(folder: Path) -> None:
     assert bare.settings.patch_size == 16 and bare.settings.max_soft_tokens == 280
     text_only = {**ckpt.config, "vision_config": None}
     assert media_processor(folder, text_only) is None
+    # prompt workers are processes: the processor and a prepared image travel by pickle
+    inputs, rows = pickle.loads(pickle.dumps(processor)).prepare_image(_image(20, 30))
+    again = pickle.loads(pickle.dumps(inputs))
+    assert torch.equal(again.pixel_values, inputs.pixel_values) and rows > 0
 
 
 def test_an_image_prompt_matches_the_reference(folder: Path) -> None:
