@@ -4,17 +4,22 @@ over the placeholders, the sliding layers' image blocks bidirectional) against t
 relative. The tiny config has per-layer embeddings, KV-sharing layers (a sliding and a full one)
 and `use_bidirectional_attention: "vision"`, its window (8) shorter than the larger image (12
 rows). The prompt cut at an image's first row gives the bits of one pass; without the blocks'
-`attend_upto` the image rows come out otherwise (the parity test can fail)."""
+`attend_upto` the image rows come out otherwise (the parity test can fail). The sliding layers
+on the Triton ring kernel (TRITON_INTERPRET=1) give the torch path's logits and the same cut
+bits."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton loads: its kernels on the CPU
 
 from tensorfold.engine.runner import ModelRunner, open_stream
 from tensorfold.family.checkpoint import Checkpoint
@@ -205,3 +210,17 @@ def test_an_image_s_rows_do_not_depend_on_the_other_images(case: Case) -> None:
     assert torch.equal(case.model.encode_media(pieces[1:])[0], both[1])
     with pytest.raises(ValueError, match="holds 3 rows"):
         case.model.encode_media([dataclasses.replace(pieces[1], rows=3)])
+
+
+def test_through_the_attention_kernels(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sliding layers on the Triton ring kernel (with the image blocks' upto), the other ops
+    on torch: the torch path's logits, and a cut at each image giving one pass's bits."""
+    pytest.importorskip("triton", reason="the Triton kernels need triton")
+    from tensorfold.ops import window_attention
+
+    ids, pieces = _prompt(case.config, 2)
+    want = _ours(case.model, ids, pieces)
+    monkeypatch.setattr(window_attention, "use_triton", lambda t: True)
+    got = _ours(case.model, ids, pieces)
+    assert rel_err(got, want) < 1e-5
+    assert torch.equal(_ours(case.model, ids, pieces, cuts=[p.start for p in pieces]), got)
