@@ -56,12 +56,18 @@ class Split:
     ml: torch.Tensor | None = None
 
     def finish(
-        self, out: torch.Tensor, positions: torch.Tensor, window: int | None, bdv: int
+        self,
+        out: torch.Tensor,
+        positions: torch.Tensor,
+        window: int | None,
+        bdv: int,
+        upto: torch.Tensor | None = None,
     ) -> None:
-        """After the attention kernel: out from the partials, when they were shared."""
+        """After the attention kernel: out from the partials, when they were shared (upto: the
+        last key each row sees, when not its own position: media blocks)."""
         if self.ws is not None:
             assert self.ml is not None  # set with ws
-            combine(self.ws, self.ml, out, positions, window, bdv)
+            combine(self.ws, self.ml, out, positions, window, bdv, upto)
 
 
 def plan(
@@ -212,6 +218,8 @@ def _combine_kernel(
     BDV: tl.constexpr,
     SEG: tl.constexpr,
     PDL: tl.constexpr = False,
+    up_ptr=None,
+    HAS_UP: tl.constexpr = False,
 ):
     """Program (row, head, output block): the row's segments, in order, merged; written out."""
     after_prior(PDL)
@@ -222,6 +230,8 @@ def _combine_kernel(
     lo = 0
     if window > 0:
         lo = tl.maximum(pos - window + 1, 0)
+    if HAS_UP:  # the segments up to the row's last visible key
+        pos = tl.load(up_ptr + row).to(tl.int32)
     m_t, l_t, acc_t = fresh(1, BDV)
     dv = dv0 + tl.arange(0, BDV)
     base = (row * HQ + head) * nseg
@@ -246,9 +256,12 @@ def combine(
     positions: torch.Tensor,
     window: int | None,
     bdv: int,
+    upto: torch.Tensor | None = None,
 ) -> None:
-    """out [N, Hq, Dv] from the partials a split pass left in (ws, ml) (`workspace`)."""
+    """out [N, Hq, Dv] from the partials a split pass left in (ws, ml) (`workspace`); upto [N]:
+    each row's last visible key, where it is not the row's position (media blocks)."""
     n, hq, nseg, dv = ws.shape
+    blocks = {} if upto is None else dict(up_ptr=upto, HAS_UP=True)
     _combine_kernel[(n, hq, dv // bdv)](
         ws,
         ml,
@@ -263,5 +276,6 @@ def combine(
         BDV=bdv,
         SEG=SEGMENT,
         num_warps=4,
+        **blocks,
         **launch_options(out),
     )

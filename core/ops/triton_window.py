@@ -9,6 +9,10 @@ head-dim chunks, the same key segments and online softmax) with keys read from t
 places; ring rows outside the window (stale, or NaN in a poisoned slot) are never loaded. So
 its bits equal the paged kernel's with the same window over the same rows.
 
+Media blocks (`upto`, the pass's attend_upto): a query at t sees keys t-window < j <= upto[t],
+so a row inside an image block sees the block's later rows (new rows of its run); a row tile's
+key tiles reach its rows' largest upto, and segment slots (`reach`) cover it.
+
 Attention must read the rings before they advance: the new row at p overwrites p-(W-1), which
 the query at p still sees. fp8 rings (SCALED): the new rows and the rings are e4m3, their
 scales read from the same two places (window_attention.RingScales).
@@ -86,6 +90,8 @@ def _ring_attention_kernel(
     SEG: tl.constexpr = 256,
     SPLIT: tl.constexpr = False,
     PDL: tl.constexpr = False,
+    up_ptr=None,
+    HAS_UP: tl.constexpr = False,
 ):
     after_prior(PDL)
     kvh = tl.program_id(1)
@@ -94,6 +100,10 @@ def _ring_attention_kernel(
     blk, qrow, head, valid, qpos, first, hi = row_tile(
         pos_ptr, block_row0, block_len, tl.program_id(0), kvh, G, GP, QB, NSUB
     )
+    qup = qpos  # the last key each row sees
+    if HAS_UP:
+        qup = tl.load(up_ptr + qrow, mask=valid, other=0).to(tl.int32)
+        hi = tl.max(tl.where(valid, qup, -1), axis=0) + 1  # 0 when the part is empty
     s = tl.load(block_stream + blk)
     start = tl.load(stream_start + s).to(tl.int32)
     srow0 = tl.load(stream_row0 + s).to(tl.int32)
@@ -136,7 +146,7 @@ def _ring_attention_kernel(
             )
             ks_row = tl.where(in_ring, rks_ptr + s_at, nks_ptr + s_at)
             vs_row = tl.where(in_ring, rvs_ptr + s_at, nvs_ptr + s_at)
-            visible = (j[None, :] <= qpos[:, None]) & (j[None, :] > qpos[:, None] - window)
+            visible = (j[None, :] <= qup[:, None]) & (j[None, :] > qpos[:, None] - window)
             m_i, l_i, acc = attend_tile(
                 q_ptr,
                 q_off,
@@ -200,11 +210,14 @@ def ring_attention(
     window: int,
     scales=None,
     parts: int | None = None,
+    upto: torch.Tensor | None = None,
+    reach: int = 0,
 ) -> torch.Tensor:
     """q [N, Hq, D]; new_k [N, Hkv, D], new_v [N, Hkv, Dv]: the pass's rows; ring_k
     [slots, W-1, Hkv, D], ring_v [slots, W-1, Hkv, Dv]: the rings before the pass; positions
     [N]; scales: a window_attention.RingScales when the rows are fp8. A query at t sees keys
-    t-window < j <= t of its stream. Returns [N, Hq, Dv] in q's dtype."""
+    t-window < j <= t of its stream; with upto [N] (media blocks) t-window < j <= upto[t], where
+    upto[t] - t <= reach (window_attention.block_reach). Returns [N, Hq, Dv] in q's dtype."""
     n, hq, d = q.shape
     hkv, dv = new_k.shape[1], new_v.shape[-1]
     out = torch.empty(n, hq, dv, dtype=q.dtype, device=q.device)
@@ -225,7 +238,8 @@ def ring_attention(
     else:  # unread
         nks, nvs, rks, rvs, s_strides = new_k, new_v, ring_k, ring_v, (0, 0, 0, 0)
     dvb = dv // bdv
-    nseg = cdiv(window + KEY_TILE + QUERY_ROWS, key_split.SEGMENT) + 1
+    nseg = cdiv(window + KEY_TILE + QUERY_ROWS + reach, key_split.SEGMENT) + 1
+    blocks = {} if upto is None else dict(up_ptr=upto, HAS_UP=True)
     split = key_split.plan(
         q, out, key_split.live_tiles(meta.num_blocks, nsub, n, qb), hkv, dvb, nseg, parts
     )
@@ -266,9 +280,10 @@ def ring_attention(
         *s_strides,
         **tile_keywords(q, dv, group, qb, dc, bdv, scales is not None),
         **split.kernel,
+        **blocks,
         **launch_options(q),
     )
-    split.finish(out, positions, window, bdv)
+    split.finish(out, positions, window, bdv, upto)
     return out
 
 

@@ -22,6 +22,12 @@ fp8 rings (TF_KV_DTYPE=fp8): the rings and the pass's new rows are e4m3 with the
 or kept in the ring; the reference dequantizes the gathered rows, the kernel folds the scales in
 after the sums (as paged attention does).
 
+Media blocks (Gemma 4's images, forward_pass.StreamRows.blocks): with `upto` (the pass's
+`attend_upto`) a query at t sees keys t-window < j <= upto[t], so a row inside a block also sees
+the block's later rows (its run holds them all). The key tiles a query block walks reach its
+rows' largest upto; a tile a row cannot see is an exact no-op for it, as ever, so a row's bits
+still depend only on its position, its upto and its stream's rows.
+
 Taps: `ring_after` builds a whole ring as it stood mid-pass (prompt-store marks). A `rewind` run
 (a verify round's, forward_pass.StreamRows) needs less: `RingRewinds.save` keeps, before the
 advance, the ring rows the run will overwrite, and each tap puts back those at and past it
@@ -96,11 +102,13 @@ def ring_attention(
     scale: float,
     window: int,
     scales: RingScales | None = None,
+    upto: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [N, Hq, D]; new_k [N, Hkv, D], new_v [N, Hkv, Dv]: the pass's rows; ring_k
     [slots, W-1, Hkv, D], ring_v [slots, W-1, Hkv, Dv]: the rings before the pass; scales:
-    theirs when all four are fp8. A query at t sees keys t-window < j <= t of its stream.
-    Returns [N, Hq, Dv] in q's dtype."""
+    theirs when all four are fp8. A query at t sees keys t-window < j <= t of its stream, or
+    with upto [N] (fp.attend_upto: t, or inside a media block the block's last row) keys
+    t-window < j <= upto[t]. Returns [N, Hq, Dv] in q's dtype."""
     if use_triton(q):
         from .pass_meta import pass_meta
         from .triton_window import ring_attention as triton_ring_attention
@@ -116,6 +124,8 @@ def ring_attention(
             scale=scale,
             window=window,
             scales=scales,
+            upto=upto,
+            reach=block_reach(fp) if upto is not None else 0,
         )
     rows = gather_window(ring_k, ring_v, new_k, new_v, fp, window)
     if scales is not None:  # the gathered rows dequantized, the zero padding staying zero
@@ -125,7 +135,17 @@ def ring_attention(
             [k.float() * ks for k, ks in zip(rows.keys, s.keys)],
             [v.float() * vs for v, vs in zip(rows.values, s.values)],
         )
-    return window_attention(q, rows, fp, scale=scale, window=window)
+    return window_attention(q, rows, fp, scale=scale, window=window, upto=upto)
+
+
+def block_reach(fp: ForwardPass) -> int:
+    """How far past its own position a row of the pass may see (upto - position): the longest
+    rest of a media block after a row of it, from the streams' blocks on the host (no sync)."""
+    reach = 0
+    for s in fp.streams:
+        for a, b in s.blocks:
+            reach = max(reach, b - 1 - max(a, s.start))
+    return reach
 
 
 def advance_rings(ring: torch.Tensor, new: torch.Tensor, fp: ForwardPass) -> None:
@@ -222,21 +242,30 @@ def ring_after(rows: torch.Tensor, base: int, p: int, window: int) -> torch.Tens
 
 
 def window_attention(
-    q: torch.Tensor, kv: WindowRows, fp: ForwardPass, *, scale: float, window: int
+    q: torch.Tensor,
+    kv: WindowRows,
+    fp: ForwardPass,
+    *,
+    scale: float,
+    window: int,
+    upto: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [N, Hq, D]: the pass's queries; a query at t sees keys t-window < j <= t of its stream.
-    Returns [N, Hq, Dv] in q's dtype, computed in fp32."""
+    """q [N, Hq, D]: the pass's queries; a query at t sees keys t-window < j <= t of its stream
+    (upto [N]: t-window < j <= upto[t]). Returns [N, Hq, Dv] in q's dtype, computed in fp32."""
     out = q.new_empty(q.shape[0], q.shape[1], kv.values[0].shape[-1])
+    last = fp.positions if upto is None else upto
     for i, (a, b) in enumerate(fp.spans):
         keys, values = (_tiled(x[i]) for x in (kv.keys, kv.values))
-        qs, positions = q[a:b].float(), fp.positions[a:b]
+        qs, positions, ups = q[a:b].float(), fp.positions[a:b], last[a:b]
         for qa in range(0, b - a, QUERY_BLOCK):
             qb, pos = qs[qa : qa + QUERY_BLOCK], positions[qa : qa + QUERY_BLOCK]
+            up = ups[qa : qa + QUERY_BLOCK]
             m = qb.shape[0]
-            if m < QUERY_BLOCK:  # padded queries repeat the last position; their rows are dropped
+            if m < QUERY_BLOCK:  # padded queries repeat the last row; their rows are dropped
                 qb = F.pad(qb, (0, 0, 0, 0, 0, QUERY_BLOCK - m))
                 pos = torch.cat([pos, pos[-1:].expand(QUERY_BLOCK - m)])
-            o = _block(qb, pos, keys, values, kv.bases[i], scale, window)
+                up = torch.cat([up, up[-1:].expand(QUERY_BLOCK - m)])
+            o = _block(qb, pos, up, keys, values, kv.bases[i], scale, window)
             out[a + qa : a + qa + m] = o[:m]
     return out
 
@@ -246,23 +275,24 @@ def _tiled(rows: torch.Tensor) -> torch.Tensor:
     return F.pad(rows.float(), (0, 0, 0, 0, 0, (-rows.shape[0]) % KEY_TILE)).transpose(0, 1)
 
 
-def _block(qb, pos, keys, values, base, scale, window):
-    """One query block [Bq, Hq, D] at positions pos [Bq] against the key tiles it can see;
-    keys [Hkv, T*, D] and values [Hkv, T*, Dv] start at absolute position `base`."""
+def _block(qb, pos, up, keys, values, base, scale, window):
+    """One query block [Bq, Hq, D] at positions pos [Bq], each seeing keys up to up [Bq], against
+    the key tiles it can see; keys [Hkv, T*, D] and values [Hkv, T*, Dv] start at absolute
+    position `base`."""
     hkv, bq = keys.shape[0], qb.shape[0]
     group = qb.shape[1] // hkv
     # [Bq, Hkv*G, D] -> [Hkv, G*Bq, D]: query head h reads KV head h // G.
     qh = qb.view(bq, hkv, group, -1).permute(1, 2, 0, 3).reshape(hkv, group * bq, -1)
-    qpos = pos.repeat(group)  # [G*Bq], matching qh's rows
+    qpos, qup = pos.repeat(group), up.repeat(group)  # [G*Bq], matching qh's rows
     lo = max(0, int(pos.min()) - window + 1) // KEY_TILE * KEY_TILE
-    hi = int(pos.max()) + 1
+    hi = int(up.max()) + 1
     dev = qb.device
     run_max = torch.full((hkv, group * bq, 1), float("-inf"), device=dev)
     run_sum = torch.zeros(hkv, group * bq, 1, device=dev)
     acc = torch.zeros(hkv, group * bq, values.shape[-1], device=dev)
     for t0 in range(lo, hi, KEY_TILE):
         kpos = torch.arange(t0, t0 + KEY_TILE, device=dev)
-        visible = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] > qpos[:, None] - window)
+        visible = (kpos[None, :] <= qup[:, None]) & (kpos[None, :] > qpos[:, None] - window)
         tile = slice(t0 - base, t0 - base + KEY_TILE)
         s = rows_dot(qh, keys[:, tile]) * scale
         s = s.masked_fill(~visible, float("-inf"))

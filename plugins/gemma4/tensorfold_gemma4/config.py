@@ -84,6 +84,9 @@ class Gemma4Config:
     multimodal_token_ids: tuple[int, ...]  # placeholders the reference embeds as the pad token
     has_vision: bool
     has_audio: bool
+    # use_bidirectional_attention == "vision": an image's rows attend to each other both ways in
+    # the sliding layers (ForwardPass.attend_upto); full layers stay causal
+    vision_blocks: bool = False
 
     @property
     def layer_types(self) -> tuple[str, ...]:
@@ -169,6 +172,7 @@ def _parse(raw: Mapping[str, Any], source: str) -> Gemma4Config:
         multimodal_token_ids=tuple(top(k, v, int) for k, v in placeholders.items() if nested),
         has_vision=nested and raw.get("vision_config") is not None,
         has_audio=nested and raw.get("audio_config") is not None,
+        vision_blocks=get("use_bidirectional_attention", None, str) == "vision",
     )
     _check(cfg, get.source)
     return cfg

@@ -28,6 +28,8 @@ from tensorfold.ops.fp8 import Fp8Weight, quantize_blocks
 from . import shards
 from .config import DEFAULT_ROPE, FULL, SLIDING, Gemma4Config
 from .model import Gemma4Model
+from .vision_config import VisionConfig, vision_config
+from .vision_weights import ClippedLinear, VisionLayerWeights, VisionWeights
 from .weights import (
     AttentionWeights,
     LayerWeights,
@@ -199,4 +201,55 @@ def load_dummy(config: dict, device: str, dtype: str, quantization: str = "auto"
     from tensorfold.family.checkpoint import torch_dtype
 
     cfg = Gemma4Config.from_dict(config, "config.json")
-    return build_dummy(cfg, device, torch_dtype(dtype), quantization=quantization)
+    model = build_dummy(cfg, device, torch_dtype(dtype), quantization=quantization)
+    vision = vision_config(config) if cfg.has_vision else None
+    if vision is not None:
+        model.vision_cfg = vision
+        model.vision_weights = dummy_vision_weights(vision, device, torch_dtype(dtype))
+    return model
+
+
+def dummy_vision_weights(
+    cfg: VisionConfig, device: str, dtype: torch.dtype, seed: int = 0, std: float = 0.02
+) -> VisionWeights:
+    """The vision tower and its embedder with random weights on `device` (the same on every
+    rank: the tower is not cut), norms 1 + N(0, 0.1²) in fp32, no clipping bounds."""
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+
+    def normal(*shape: int) -> torch.Tensor:
+        return (torch.randn(shape, generator=gen, device=device) * std).to(dtype)
+
+    def norm(n: int) -> torch.Tensor:
+        return 1 + 0.1 * torch.randn(n, generator=gen, device=device)
+
+    def linear(n: int, k: int) -> ClippedLinear:
+        return ClippedLinear(normal(n, k), None)
+
+    hv, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    layers = [
+        VisionLayerWeights(
+            q=linear(q, hv),
+            k=linear(kv, hv),
+            v=linear(kv, hv),
+            o=linear(hv, q),
+            q_norm=norm(d),
+            k_norm=norm(d),
+            gate=linear(i, hv),
+            up=linear(i, hv),
+            down=linear(hv, i),
+            input_norm=norm(hv),
+            post_attention_norm=norm(hv),
+            pre_mlp_norm=norm(hv),
+            post_mlp_norm=norm(hv),
+        )
+        for _ in range(cfg.num_hidden_layers)
+    ]
+    return VisionWeights(
+        input_proj=normal(hv, cfg.patch_width),
+        positions=normal(2, cfg.position_embedding_size, hv),
+        layers=layers,
+        std_bias=normal(hv).float() if cfg.standardize else None,
+        std_scale=norm(hv) if cfg.standardize else None,
+        projection=normal(cfg.text_hidden_size, hv),
+    )

@@ -8,7 +8,7 @@ fused with the norm that follows them (ops.residual)."""
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -16,6 +16,7 @@ from tensorfold.config.logs import get_logger
 from tensorfold.family import ModelShape, StateLayout
 from tensorfold.family.checkpoint import torch_dtype
 from tensorfold.family.forward_pass import ForwardPass
+from tensorfold.family.media import MediaPiece
 from tensorfold.family.model import FamilyModel
 from tensorfold.ops import parallel
 from tensorfold.ops import rope as rope_ops
@@ -23,8 +24,10 @@ from tensorfold.ops.linear import linear
 
 from . import layers, shards
 from .config import Gemma4Config, Layer, Rope
+from .media import GemmaImage
 from .ops import residual, residual_router, rms_norm, softcap_float
 from .sliding import SlidingRows
+from .vision import image_embeddings
 from .vision_config import VisionConfig, vision_config
 from .vision_weights import VisionWeights, load_vision_weights
 from .weights import LayerWeights, ModelWeights, load_weights
@@ -57,9 +60,9 @@ def load(checkpoint: "Checkpoint", device: str, dtype: str) -> "Gemma4Model":
             if n.startswith(t) and t not in loaded
         }
     )
-    if cfg.has_vision or cfg.has_audio or towers:
+    if cfg.has_audio or towers:
         log.warning(
-            "gemma4: serving the text model only; images and audio are not served yet",
+            "gemma4: serving text and images; audio is not served yet, its tower is skipped",
             vision=cfg.has_vision,
             audio=cfg.has_audio,
             vision_loaded=vision_cfg is not None,
@@ -74,9 +77,16 @@ def load(checkpoint: "Checkpoint", device: str, dtype: str) -> "Gemma4Model":
 
 
 def shape(config: dict, dtype: str) -> ModelShape:
-    """The memory plan's view of a checkpoint, from config.json alone."""
+    """The memory plan's view of a checkpoint, from config.json alone: with a vision tower, its
+    activations on the largest image Gemma 4's processor may give (its weights are counted
+    with the checkpoint's)."""
     cfg = Gemma4Config.from_dict(config, "config.json")
-    return ModelShape(state_layout(cfg, torch_dtype(dtype)), cfg.max_position_embeddings)
+    tdtype = torch_dtype(dtype)
+    vision = vision_config(config) if cfg.has_vision else None
+    media = 0
+    if vision is not None:
+        media = vision.activation_bytes(vision.largest_image_patches, tdtype.itemsize)
+    return ModelShape(state_layout(cfg, tdtype), cfg.max_position_embeddings, media)
 
 
 def state_layout(cfg: Gemma4Config, dtype: torch.dtype, world: int = 1) -> StateLayout:
@@ -125,12 +135,37 @@ class Gemma4Model(FamilyModel):
         # assistant drafter reads (assistant.py): by pass (pass_hidden), and the last forward's
         # (under CUDA graphs the last captured graph's, not the one replayed)
         self.last_hidden: torch.Tensor | None = None
-        # the vision tower (vision.py), when the checkpoint has one; not yet run by any pass
+        # the vision tower (vision.py), when the checkpoint has one (encode_media)
         self.vision_cfg: VisionConfig | None = None
         self.vision_weights: VisionWeights | None = None
         self._hidden: weakref.WeakKeyDictionary[ForwardPass, torch.Tensor] = (
             weakref.WeakKeyDictionary()
         )
+
+    def encode_media(self, pieces: Sequence[MediaPiece]) -> list[torch.Tensor]:
+        """Each image's soft tokens [piece.rows, H] in the model's dtype on its device: the
+        tower over that image alone (vision.image_embeddings), so its rows never depend on the
+        other images. A piece's inputs are its `media.GemmaImage`."""
+        if self.vision_cfg is None or self.vision_weights is None:
+            return super().encode_media(pieces)
+        out = []
+        for piece in pieces:
+            image = piece.inputs
+            if piece.kind != "image" or not isinstance(image, GemmaImage):
+                raise ValueError(f"gemma4 encodes images, not {piece.kind} {type(image).__name__}")
+            rows = image_embeddings(
+                self.vision_cfg,
+                self.vision_weights,
+                image.pixel_values.to(self.device),
+                image.positions.to(self.device),
+            )
+            if rows.shape[0] != piece.rows:
+                raise ValueError(
+                    f"an image of {image.positions.shape[0]} patches gives {rows.shape[0]} soft "
+                    f"tokens, its piece holds {piece.rows} rows"
+                )
+            out.append(rows.to(self.dtype))
+        return out
 
     def pass_hidden(self, fp: ForwardPass) -> torch.Tensor | None:
         """The hidden rows [R, H] of fp's logit rows after the final norm, as fp's last forward
@@ -146,12 +181,15 @@ class Gemma4Model(FamilyModel):
             hit = (ids[:, None] == self.placeholders[None, :]).any(dim=-1)
             ids = torch.where(hit, cfg.pad_token_id, ids)
         h = w.embed.index_select(0, ids) * self.embed_scale  # [N, H]
+        # images' rows over their placeholders' (unscaled, as masked_scatter writes them); the
+        # per-layer inputs then read the pad id and these rows, as the reference's do
+        h = fp.place_embeds(h)
         ple = self.per_layer_inputs(ids, h) if cfg.has_ple else None  # [N, L, P]
         rope = {
             kind: rope_ops.cos_sin(fp.positions, f, self.dtype)  # [N, D] each
             for kind, f in self.inv_freq.items()
         }
-        sliding = SlidingRows(fp, slots, self.shared_kv)
+        sliding = SlidingRows(fp, slots, self.shared_kv, blocks=cfg.vision_blocks)
         x = rms_norm(h, w.layers[0].input_norm, cfg.rms_norm_eps)
         for i, (layer, lw) in enumerate(zip(cfg.layers, w.layers)):
             cos, sin = rope[layer.kind]

@@ -20,8 +20,8 @@ GEMMA4 = FamilySpec(
     fp8_linears=r"^model\.(language_model\.)?layers\.\d+\.(self_attn\.[qkvo]_proj\.weight|"
     r"mlp\.(gate|up|down)_proj\.weight|experts\.(gate_up|down)_proj)$",
     description="Gemma 4 (Google) text models: sliding-window and full attention, a dense GeGLU "
-    "beside softmax-routed experts, per-layer embeddings and KV sharing (images and audio not "
-    "served yet)",
+    "beside softmax-routed experts, per-layer embeddings and KV sharing; images through the vision "
+    "tower (audio not served yet)",
 )
 
 

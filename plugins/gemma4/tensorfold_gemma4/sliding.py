@@ -13,6 +13,10 @@ Under TF_KV_DTYPE=fp8 the rings are e4m3 with their scales beside them (`L{i}.sk
 [W-1, kv_heads, 1]): the pass's new rows are quantized before attention reads them, so a row
 reads the same new in its pass as kept in the ring later (resumed == fresh).
 
+Image blocks (config `use_bidirectional_attention: "vision"`): a row inside an image's rows sees
+every row of that image, later ones too, within its window's past bound (`upto`, the pass's
+attend_upto); the lanes run an image's rows in one pass, so they are all among its new rows.
+
 Attention reads a layer's rings as they stood before the pass, plus the pass's new rows, then the
 rings advance. A store layer whose rows later reuse layers read (KV sharing) keeps its new rows
 and defers its advance until the last of its readers has attended, so every reader sees the same
@@ -48,12 +52,19 @@ if TYPE_CHECKING:
 class SlidingRows:
     """One pass's sliding layers. `shared`: the store layers whose rows a later reuse layer reads;
     their new rows [N, kv_heads, head_dim] are held and their rings advance after the last
-    reader (`pending`)."""
+    reader (`pending`). `blocks`: image rows attend to their whole image (fp.attend_upto)."""
 
-    def __init__(self, fp: ForwardPass, slots: "StreamSlots", shared: frozenset[int]):
+    def __init__(
+        self,
+        fp: ForwardPass,
+        slots: "StreamSlots",
+        shared: frozenset[int],
+        blocks: bool = False,
+    ):
         self.fp = fp
         self.slots = slots
         self.shared = shared
+        self.upto = fp.attend_upto if blocks else None
         self.pending: dict[int, tuple[torch.Tensor, ...]] = {}
         self.last_reader: dict[int, int] | None = None
         self.rewinds: dict[int, RingRewinds] = {}  # by ring length: the pass's rewind runs
@@ -96,6 +107,7 @@ class SlidingRows:
             scale=scale,
             window=layer.window,
             scales=scales,
+            upto=self.upto,
         )
         if new is not None:
             self._tap(names, rings, rows, layer.window)

@@ -22,7 +22,7 @@ import torch
 from tensorfold.ops.linear import linear
 
 from .ops import gelu_mul, rms_norm
-from .vision_config import VisionConfig
+from .vision_config import QUERY_CHUNK, VisionConfig
 from .vision_weights import ClippedLinear, VisionLayerWeights, VisionWeights
 
 
@@ -130,7 +130,9 @@ def attention(
     sin: torch.Tensor,
 ) -> torch.Tensor:
     """Bidirectional attention over one image's patches with q/k norms (v without weight), 2-D
-    RoPE on q and k, scaling 1.0; softmax in fp32. x [N, Hv] -> [N, Hv]."""
+    RoPE on q and k, scaling 1.0; softmax in fp32. x [N, Hv] -> [N, Hv]. Queries go in chunks
+    of QUERY_CHUNK rows, so the scores take [heads, QUERY_CHUNK, N] at once, not [heads, N, N]
+    (vision_config.VisionConfig.activation_bytes counts them)."""
     n, d, eps = x.shape[0], cfg.head_dim, cfg.rms_norm_eps
     q = _rotate(rms_norm(clipped(x, w.q).view(n, -1, d), w.q_norm, eps), cos, sin)
     k = _rotate(rms_norm(clipped(x, w.k).view(n, -1, d), w.k_norm, eps), cos, sin)
@@ -138,9 +140,13 @@ def attention(
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
-    scores = torch.matmul(q.transpose(0, 1), k.permute(1, 2, 0))  # [heads, N, N]
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(x.dtype)
-    o = torch.matmul(probs, v.transpose(0, 1))  # [heads, N, D]
+    qh, kh, vh = q.transpose(0, 1), k.permute(1, 2, 0), v.transpose(0, 1)
+    out = []
+    for a in range(0, n, QUERY_CHUNK):
+        scores = torch.matmul(qh[:, a : a + QUERY_CHUNK], kh)  # [heads, chunk, N]
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(x.dtype)
+        out.append(torch.matmul(probs, vh))  # [heads, chunk, D]
+    o = torch.cat(out, dim=1) if out else qh
     return clipped(o.transpose(0, 1).reshape(n, -1), w.o)
 
 

@@ -11,6 +11,11 @@ from typing import Any, Mapping
 
 from .config import ACTIVATIONS, ConfigError
 
+QUERY_CHUNK = 512  # the tower's attention takes its queries in chunks of this many patches
+# the most soft tokens Gemma 4's image processor gives an image (its largest max_soft_tokens);
+# the memory plan counts the tower at this size, whatever a checkpoint's processor says
+LARGEST_SOFT_TOKENS = 1120
+
 
 @dataclass(frozen=True)
 class VisionConfig:
@@ -35,6 +40,32 @@ class VisionConfig:
     def patch_width(self) -> int:
         """One patch's pixel values: 3 channels of patch_size² pixels."""
         return 3 * self.patch_size**2
+
+    @property
+    def largest_image_patches(self) -> int:
+        """The patches of the largest image the processor may give (LARGEST_SOFT_TOKENS)."""
+        return LARGEST_SOFT_TOKENS * self.pooling_kernel_size**2
+
+    def activation_bytes(self, patches: int, itemsize: int) -> int:
+        """A bound on the device bytes the tower holds at once on one image of `patches`
+        patches in weights of `itemsize` bytes: a layer's rows (the residual, its norms, q, k,
+        v and their GQA copies, the attention output, the MLP's gate, up and product, each
+        counted at fp32 or wider), one query chunk's scores (in the weights' dtype, their
+        softmax in fp32 and its cast back), and the pixel values."""
+        wide = max(itemsize, 4)
+        heads, d = self.num_attention_heads, self.head_dim
+        rows = (
+            patches
+            * wide
+            * (
+                8 * self.hidden_size
+                + 6 * heads * d
+                + 3 * self.intermediate_size
+                + 2 * self.patch_width
+            )
+        )
+        scores = heads * min(QUERY_CHUNK, patches) * patches * (2 * itemsize + 4)
+        return rows + scores
 
 
 def vision_config(raw: Mapping[str, Any], source: str = "config.json") -> VisionConfig | None:

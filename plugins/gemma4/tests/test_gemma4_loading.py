@@ -127,7 +127,7 @@ def test_missing_and_misshapen_tensors_are_named(
 def test_towers_are_skipped_and_said_so(tmp_path: Path) -> None:
     """A checkpoint with vision and audio towers serves its text model as the reference computes
     it (text-only input), loads the vision tower beside it, skips the audio tower, and says
-    images and audio are not served yet."""
+    audio is not served yet."""
     from structlog.testing import capture_logs
     from transformers import Gemma4Config as HFConfig
     from transformers import Gemma4ForConditionalGeneration
@@ -184,7 +184,7 @@ def test_towers_are_skipped_and_said_so(tmp_path: Path) -> None:
     (line,) = [e for e in logs if "not served yet" in e["event"]]
     assert line["log_level"] == "warning" and line["vision"] and line["audio"]
     assert line["vision_loaded"] and line["towers_skipped"] == ["audio_tower", "embed_audio"]
-    assert model.vision_weights is not None  # loaded beside the text model, not yet run
+    assert model.vision_weights is not None  # loaded beside the text model
     prompt = list(range(200, 256)) * 2  # with the image, video and audio placeholders
     with torch.no_grad():
         want = ref(input_ids=torch.tensor([prompt])).logits[0]
