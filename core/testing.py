@@ -1573,3 +1573,83 @@ def fp8_kernel_counts(*kernels: str) -> Iterator[dict[str, int]]:
         Fp8Weight.dequantize = dequantize  # type: ignore[method-assign]
         for name, kernel in originals.items():
             setattr(triton_fp8, name, kernel)
+
+
+def image_data_url(image: Any) -> str:
+    """A PIL image as a `data:image/png;base64,...` URL, for an `image_url` part."""
+    import base64
+    import io
+
+    out = io.BytesIO()
+    image.save(out, "PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+def image_chat(image: Any, text: str) -> list[dict[str, Any]]:
+    """One user message: the image, then the text."""
+    parts = [{"type": "image_url", "image_url": {"url": image_data_url(image)}}]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+
+
+def assert_image_chat_gates(
+    family: str,
+    folder: Path,
+    images: tuple[Any, Any],
+    params: SamplingParams,
+    question: str,
+    kept_rows: int,
+    **flags: Any,
+) -> list[list[int]]:
+    """The gates with images, on a checkpoint with a vision tower (`flags` for `open_llm`):
+    concurrent == solo with two image chats among a text chat; the image is read (another
+    image changes the tokens); drafted (n-gram) == plain; resumed == fresh with the first image
+    in the kept prefix (at least `kept_rows` rows resumed; `question` must reach past the
+    family's marks), and the same words about the other image resumed only before it; the
+    census even after each engine. Returns the together run's tokens."""
+    first, second = images
+    chats = [
+        image_chat(first, question),
+        [{"role": "user", "content": "Tell me a story."}],
+        image_chat(second, "And this one?"),
+    ]
+
+    def run(llm: LLM, batch: list) -> list[list[int]]:
+        return [c.token_ids for c in llm.chat(batch, params)]
+
+    llm = open_llm(family, folder, parallel=3, **flags)
+    try:
+        together = run(llm, chats)
+        assert together == [run(llm, [c])[0] for c in chats]
+        assert together[0] != run(llm, [image_chat(second, question)])[0], "the image is unread"
+        before = llm.served.engine.lanes.tokens_drafted
+        with drafting(llm, "ngram"):
+            assert run(llm, chats) == together
+        assert llm.served.engine.lanes.tokens_drafted > before, "no draft was verified"
+    finally:
+        close_even(llm)
+
+    def second_turn(llm: LLM) -> tuple[list[int], int]:
+        chat = image_chat(first, question)
+        reply = llm.chat([chat], params)[0]
+        turn = chat + [
+            {"role": "assistant", "content": reply.text},
+            {"role": "user", "content": "More?"},
+        ]
+        done = llm.chat([turn], params)[0]
+        return done.token_ids, done.cached_tokens
+
+    fresh = open_llm(family, folder, **flags)
+    try:
+        want, cached = second_turn(fresh)
+        assert cached == 0
+    finally:
+        close_even(fresh)
+    kept = open_llm(family, folder, **{"kv_share": 16, "prompt_cache_gib": 0.05, **flags})
+    try:
+        got, cached = second_turn(kept)
+        assert got == want and cached >= kept_rows, (cached, kept_rows)
+        other = kept.chat([image_chat(second, question)], params)[0]
+        assert other.cached_tokens < kept_rows, "another image resumed as the first"
+    finally:
+        close_even(kept)
+    return together
