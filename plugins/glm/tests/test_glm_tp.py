@@ -229,7 +229,8 @@ def write_kernel_checkpoint(folder: Path) -> Path:
     from tensorfold_glm.demo_weights import build_weights
 
     folder.mkdir()
-    cfg = {"model_type": "glm5_next", "text_config": KERNEL_TEXT, "vision_config": VISION_SHAPE}
+    vision = {**VISION_SHAPE, "out_hidden_size": KERNEL_TEXT["hidden_size"]}
+    cfg = {"model_type": "glm5_next", "text_config": KERNEL_TEXT, "vision_config": vision}
     (folder / "config.json").write_text(json.dumps(cfg))
     save_file(build_weights(cfg), str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
