@@ -23,6 +23,8 @@ from tensorfold.ops import rope as rope_ops
 from tensorfold.ops.linear import linear
 
 from . import layers, shards
+from .audio_config import AudioConfig, audio_config
+from .audio_weights import AudioWeights, load_audio_weights
 from .config import Gemma4Config, Layer, Rope
 from .media import GemmaImage
 from .ops import residual, residual_router, rms_norm, softcap_float
@@ -40,18 +42,23 @@ if TYPE_CHECKING:
 DTYPES = ("float32", "bfloat16", "float16")
 TOWERS = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
 VISION_TOWERS = ("model.vision_tower.", "model.embed_vision.")
+AUDIO_TOWERS = ("model.audio_tower.", "model.embed_audio.")
 log = get_logger("tensorfold_gemma4")
 
 
 def load(checkpoint: "Checkpoint", device: str, dtype: str) -> "Gemma4Model":
     """Parse config.json and load the text weights in `dtype` (one of DTYPES) onto `device`,
-    and the vision tower's (vision_weights.py) when config.json has a vision_config."""
+    the vision tower's (vision_weights.py) when config.json has a vision_config, and the audio
+    tower's (audio_weights.py) when it has an audio_config."""
     if str(dtype).removeprefix("torch.") not in DTYPES:
         raise ValueError(f"gemma4 runs in {', '.join(DTYPES)}, not {dtype!r}")
     source = str(checkpoint.path / "config.json")
     cfg = Gemma4Config.from_dict(checkpoint.config, source)
     vision_cfg = vision_config(checkpoint.config, source) if cfg.has_vision else None
-    loaded = VISION_TOWERS if vision_cfg is not None else ()
+    audio_cfg = audio_config(checkpoint.config, source) if cfg.has_audio else None
+    loaded = (VISION_TOWERS if vision_cfg is not None else ()) + (
+        AUDIO_TOWERS if audio_cfg is not None else ()
+    )
     towers = sorted(
         {
             t.split(".")[1]
@@ -60,12 +67,11 @@ def load(checkpoint: "Checkpoint", device: str, dtype: str) -> "Gemma4Model":
             if n.startswith(t) and t not in loaded
         }
     )
-    if cfg.has_audio or towers:
+    if towers:
         log.warning(
-            "gemma4: serving text and images; audio is not served yet, its tower is skipped",
+            "gemma4: tower weights without a config to read them by are skipped",
             vision=cfg.has_vision,
             audio=cfg.has_audio,
-            vision_loaded=vision_cfg is not None,
             towers_skipped=towers,
         )
     tdtype = torch_dtype(dtype)
@@ -73,6 +79,9 @@ def load(checkpoint: "Checkpoint", device: str, dtype: str) -> "Gemma4Model":
     if vision_cfg is not None:
         model.vision_cfg = vision_cfg
         model.vision_weights = load_vision_weights(checkpoint, vision_cfg, device, tdtype)
+    if audio_cfg is not None:
+        model.audio_cfg = audio_cfg
+        model.audio_weights = load_audio_weights(checkpoint, audio_cfg, device, tdtype)
     return model
 
 
@@ -138,6 +147,9 @@ class Gemma4Model(FamilyModel):
         # the vision tower (vision.py), when the checkpoint has one (encode_media)
         self.vision_cfg: VisionConfig | None = None
         self.vision_weights: VisionWeights | None = None
+        # the audio tower (audio.py), when the checkpoint has one (E-models)
+        self.audio_cfg: AudioConfig | None = None
+        self.audio_weights: AudioWeights | None = None
         self._hidden: weakref.WeakKeyDictionary[ForwardPass, torch.Tensor] = (
             weakref.WeakKeyDictionary()
         )

@@ -124,10 +124,9 @@ def test_missing_and_misshapen_tensors_are_named(
     )
 
 
-def test_towers_are_skipped_and_said_so(tmp_path: Path) -> None:
+def test_towers_load_beside_the_text_model(tmp_path: Path) -> None:
     """A checkpoint with vision and audio towers serves its text model as the reference computes
-    it (text-only input), loads the vision tower beside it, skips the audio tower, and says
-    audio is not served yet."""
+    it (text-only input) and loads both towers beside it, skipping nothing."""
     from structlog.testing import capture_logs
     from transformers import Gemma4Config as HFConfig
     from transformers import Gemma4ForConditionalGeneration
@@ -181,10 +180,8 @@ def test_towers_are_skipped_and_said_so(tmp_path: Path) -> None:
     ref.save_pretrained(tmp_path)
     with capture_logs() as logs:
         model = load(Checkpoint.open(tmp_path), "cpu", "float32")
-    (line,) = [e for e in logs if "not served yet" in e["event"]]
-    assert line["log_level"] == "warning" and line["vision"] and line["audio"]
-    assert line["vision_loaded"] and line["towers_skipped"] == ["audio_tower", "embed_audio"]
-    assert model.vision_weights is not None  # loaded beside the text model
+    assert not [e for e in logs if "skipped" in e["event"]]
+    assert model.vision_weights is not None and model.audio_weights is not None
     prompt = list(range(200, 256)) * 2  # with the image, video and audio placeholders
     with torch.no_grad():
         want = ref(input_ids=torch.tensor([prompt])).logits[0]
