@@ -1,0 +1,83 @@
+"""A request's audio from encoded bytes to float samples, where prompts are made: WAV through the
+standard library's `wave` (PCM of 8, 16, 24 or 32 bits, mono, or several channels averaged to
+one), its length read from the header and refused past a limit before a sample is decoded.
+
+mp3 is refused with a 400 naming WAV: no decoder ships with the core's dependencies. Samples stay
+at the file's rate; the family's processor takes the rate it needs or refuses it.
+"""
+
+from __future__ import annotations
+
+import io
+import wave
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..family.media import MediaRefused
+
+ACCEPTED_AUDIO = "WAV (PCM 8, 16, 24 or 32-bit, mono or stereo)"
+AUDIO_FORMATS = ("wav", "mp3")  # what an input_audio part may name; mp3 is refused by name
+
+
+@dataclass(frozen=True)
+class Clip:
+    """One decoded clip: samples [N] float32 in [-1, 1], mono, at `rate` Hz."""
+
+    samples: np.ndarray
+    rate: int
+
+    @property
+    def seconds(self) -> float:
+        return len(self.samples) / self.rate
+
+
+def decode_audio(blob: bytes, fmt: str, where: str, max_seconds: float) -> Clip:
+    """The clip in `blob` of format `fmt` ("wav"); MediaRefused for another format, bytes that
+    are not a PCM WAV, or a clip longer than max_seconds (read from the header first)."""
+    if fmt != "wav":
+        raise MediaRefused(
+            f"{where}: audio format {fmt!r} is not decoded here; send {ACCEPTED_AUDIO}"
+        )
+    try:
+        with wave.open(io.BytesIO(blob), "rb") as w:
+            channels, width, rate, frames = (
+                w.getnchannels(),
+                w.getsampwidth(),
+                w.getframerate(),
+                w.getnframes(),
+            )
+            if rate <= 0 or channels <= 0:
+                raise MediaRefused(f"{where}: the WAV header says {channels} channels at {rate} Hz")
+            if frames / rate > max_seconds:
+                raise MediaRefused(
+                    f"{where}: the clip is {frames / rate:.2f} s; the limit is {max_seconds:g} s "
+                    "(TF_MAX_AUDIO_SECONDS)"
+                )
+            raw = w.readframes(frames)
+    except MediaRefused:
+        raise
+    except (wave.Error, EOFError, ValueError) as exc:  # not RIFF/WAVE, not PCM, truncated
+        raise MediaRefused(
+            f"{where}: the audio does not decode as {ACCEPTED_AUDIO}: {exc}"
+        ) from None
+    usable = len(raw) // (width * channels) * width * channels  # a truncated last frame dropped
+    samples = pcm_samples(raw[:usable], width).reshape(-1, channels)
+    return Clip(samples.mean(axis=1, dtype=np.float64).astype(np.float32), rate)
+
+
+def pcm_samples(raw: bytes, width: int) -> np.ndarray:
+    """Little-endian PCM of `width` bytes a sample as floats in [-1, 1]: 8-bit unsigned, 16,
+    24 and 32-bit signed. [N] float32."""
+    if width == 1:
+        return (np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0) / 128.0
+    if width == 2:
+        return np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
+    if width == 3:
+        b = np.frombuffer(raw, np.uint8).reshape(-1, 3).astype(np.int32)
+        v = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)
+        v = np.where(v >= 1 << 23, v - (1 << 24), v)
+        return v.astype(np.float32) / float(1 << 23)
+    if width == 4:
+        return (np.frombuffer(raw, "<i4").astype(np.float64) / float(1 << 31)).astype(np.float32)
+    raise MediaRefused(f"PCM of {8 * width} bits a sample is not taken; send {ACCEPTED_AUDIO}")
