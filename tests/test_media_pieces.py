@@ -37,6 +37,40 @@ def test_a_count_of_placeholders_unlike_the_images_is_refused() -> None:
         expand_media([1, 9], Boxed(), [("a", 2, 11), ("b", 2, 12)])
 
 
+class Heard(Boxed):
+    kinds = frozenset({"image", "audio"})
+    audio_placeholder = "<aud>"
+    audio_placeholder_id = 6
+
+    def prepare_audio(self, samples, rate):  # pragma: no cover - not called here
+        raise AssertionError
+
+    def audio_ids(self, rows: int) -> tuple[list[int], int]:
+        return [4, *[6] * rows, 5], 1
+
+
+def test_images_and_clips_fill_their_own_placeholders_in_order() -> None:
+    ids, pieces = expand_media(
+        [1, 6, 9, 6], Heard(), [("img", 1, 11)], [("clip0", 2, 21), ("clip1", 1, 22)]
+    )
+    assert ids == [1, 4, 6, 6, 5, 7, 9, 8, 4, 6, 5]
+    assert [(p.start, p.rows, p.inputs, p.block, p.kind) for p in pieces] == [
+        (2, 2, "clip0", False, "audio"),
+        (6, 1, "img", True, "image"),
+        (9, 1, "clip1", False, "audio"),
+    ]
+    assert store_key(ids, pieces) == [1, 4, -21, -21, 5, 7, -11, 8, 4, -22, 5]
+
+
+def test_clips_unlike_their_placeholders_or_without_audio_are_refused() -> None:
+    with pytest.raises(MediaRefused, match="placed 1 audio clip"):
+        expand_media([1, 6], Heard(), [], [("a", 2, 21), ("b", 2, 22)])
+    with pytest.raises(MediaRefused, match="takes no audio"):
+        expand_media([1, 6], Boxed(), [], [("a", 2, 21)])
+    ids, _ = expand_media([1, 6], Boxed(), [])  # a family without audio: 6 is a plain token
+    assert ids == [1, 6]
+
+
 def test_media_keys_differ_with_any_part_and_stay_positive() -> None:
     a = media_key(b"\x00\x01", 2, "RGB")
     assert a == media_key(b"\x00\x01", 2, "RGB")

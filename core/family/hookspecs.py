@@ -271,7 +271,7 @@ def model_drafter(model: Any, runner: Any, folder: Path | None) -> Any:
 
 @hookspec(firstresult=True)
 def media_processor(folder: Path | None, config: Mapping[str, Any]) -> MediaProcessor | None:
-    """How the family prepares images (later video, audio) for its tower, from the checkpoint.
+    """How the family prepares images and audio (later video) for its towers, from the checkpoint.
 
     Called where prompts are prepared (the server's prompt workers, ``tensorfold generate``),
     on the chosen family's plugin manager, with the checkpoint's folder (its
@@ -280,7 +280,9 @@ def media_processor(folder: Path | None, config: Mapping[str, Any]) -> MediaProc
     it takes, the placeholder the chat template writes for an image (and its one token id),
     whether an image's rows form a bidirectional block, ``prepare_image(image)`` (the inputs
     ``FamilyModel.encode_media`` reads, and how many rows the image fills) and
-    ``image_ids(rows)`` (the ids that replace the placeholder). Keep it torch-light: it runs
+    ``image_ids(rows)`` (the ids that replace the placeholder); with "audio" in its kinds also
+    a ``tensorfold.family.media.AudioProcessor`` (``prepare_audio(samples, rate)``,
+    ``audio_ids(rows)``, the audio placeholder and its token). Keep it torch-light: it runs
     once per worker. No answer: the family takes no media, and a request with an image is
     refused with a 400 naming the family.
 

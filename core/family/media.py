@@ -1,4 +1,4 @@
-"""Media in a prompt: images (later video and audio) whose rows a family's tower computes.
+"""Media in a prompt: images and audio clips (later video) whose rows a family's tower computes.
 
 A prompt with media holds, at the rows a piece fills, the family's placeholder token ids. The
 family's `FamilyModel.encode_media` gives those rows' embeddings, which the prompt pass writes
@@ -9,7 +9,10 @@ different image never is.
 A family that takes media answers the `media_processor` hook with a `MediaProcessor`: it turns
 a decoded image into the model's inputs and says how many rows it fills and which ids stand for
 it. The chat template writes one `placeholder_id` token where each image goes, as transformers'
-processors expect; `expand_media` replaces each by the family's ids for that image. Torch-free.
+processors expect; `expand_media` replaces each by the family's ids for that image. A family
+that also takes audio ("audio" in its `kinds`) is an `AudioProcessor` as well: the template
+writes one `audio_placeholder_id` token where each clip goes, and `expand_media` replaces those
+by `audio_ids`, each kind's placeholders matched with that kind's pieces in order. Torch-free.
 """
 
 from __future__ import annotations
@@ -106,28 +109,78 @@ class MediaProcessor(Protocol):
     def image_ids(self, rows: int) -> tuple[list[int], int]: ...
 
 
+@runtime_checkable
+class AudioProcessor(Protocol):
+    """The audio side of a family's MediaProcessor whose `kinds` hold "audio".
+
+    audio_placeholder: the text the chat template writes where a clip goes (Gemma 4
+        "<|audio|>"); it tokenizes to `audio_placeholder_id`, one token per clip.
+    prepare_audio(samples, rate): the model's input for one mono clip of float samples in
+        [-1, 1] at `rate` Hz, and the rows it fills; MediaRefused for a rate or a length the
+        family does not take.
+    audio_ids(rows): the ids that replace a clip's placeholder token, and the offset of its
+        first filled row among them (Gemma 4: begin-of-audio, `rows` audio tokens,
+        end-of-audio, offset 1). A clip's rows are never a block.
+    """
+
+    audio_placeholder: str
+    audio_placeholder_id: int
+
+    def prepare_audio(self, samples: Any, rate: int) -> tuple[Any, int]: ...
+
+    def audio_ids(self, rows: int) -> tuple[list[int], int]: ...
+
+
 def expand_media(
     ids: Sequence[int],
     processor: MediaProcessor,
     images: Sequence[tuple[Any, int, int]],
+    audio: Sequence[tuple[Any, int, int]] = (),
 ) -> tuple[list[int], list[MediaPiece]]:
-    """A tokenized prompt with one `processor.placeholder_id` token per image, in order, and the
-    images as (inputs, rows, key): the prompt with each placeholder replaced by the image's ids,
-    and its pieces. Refuses a prompt whose count of placeholders is not the count of images."""
-    at = [i for i, t in enumerate(ids) if t == processor.placeholder_id]
-    if len(at) != len(images):
-        raise MediaRefused(
-            f"the chat template placed {len(at)} image(s) ({processor.placeholder!r}) but the "
-            f"request has {len(images)}; each image_url part must be rendered by the template"
-        )
+    """A tokenized prompt with one `processor.placeholder_id` token per image and (a processor
+    taking audio) one `audio_placeholder_id` token per clip, each kind in order, and the images
+    and clips as (inputs, rows, key): the prompt with each placeholder replaced by its piece's
+    ids, and the pieces in prompt order. Refuses a prompt whose count of a kind's placeholders
+    is not the count of that kind's pieces."""
+    slots: list[tuple[int, MediaKind]] = []
+    takes_audio = "audio" in processor.kinds and isinstance(processor, AudioProcessor)
+    for i, t in enumerate(ids):
+        if t == processor.placeholder_id:
+            slots.append((i, "image"))
+        elif takes_audio and t == processor.audio_placeholder_id:  # type: ignore[attr-defined]
+            slots.append((i, "audio"))
+    _count(slots, "image", len(images), processor.placeholder, "image_url")
+    if audio and not takes_audio:
+        raise MediaRefused("the model takes no audio; send input_audio parts to one that does")
+    if takes_audio:
+        placeholder = processor.audio_placeholder  # type: ignore[attr-defined]
+        _count(slots, "audio", len(audio), placeholder, "input_audio")
+    queues = {"image": iter(images), "audio": iter(audio)}
     out: list[int] = []
     pieces: list[MediaPiece] = []
     last = 0
-    for pos, (inputs, rows, key) in zip(at, images):
+    for pos, kind in slots:
+        inputs, rows, key = next(queues[kind])
         out.extend(ids[last:pos])
-        fill, offset = processor.image_ids(rows)
-        pieces.append(MediaPiece(len(out) + offset, rows, key, inputs, processor.block))
+        if kind == "audio":
+            fill, offset = processor.audio_ids(rows)  # type: ignore[attr-defined]
+            pieces.append(MediaPiece(len(out) + offset, rows, key, inputs, False, "audio"))
+        else:
+            fill, offset = processor.image_ids(rows)
+            pieces.append(MediaPiece(len(out) + offset, rows, key, inputs, processor.block))
         out.extend(fill)
         last = pos + 1
     out.extend(ids[last:])
     return out, pieces
+
+
+def _count(
+    slots: Sequence[tuple[int, str]], kind: str, want: int, placeholder: str, part: str
+) -> None:
+    placed = sum(1 for _, k in slots if k == kind)
+    if placed != want:
+        noun = "image" if kind == "image" else "audio clip"
+        raise MediaRefused(
+            f"the chat template placed {placed} {noun}(s) ({placeholder!r}) but the request has "
+            f"{want}; each {part} part must be rendered by the template"
+        )

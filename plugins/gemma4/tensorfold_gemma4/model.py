@@ -23,10 +23,11 @@ from tensorfold.ops import rope as rope_ops
 from tensorfold.ops.linear import linear
 
 from . import layers, shards
+from .audio import audio_embeddings
 from .audio_config import AudioConfig, audio_config
 from .audio_weights import AudioWeights, load_audio_weights
 from .config import Gemma4Config, Layer, Rope
-from .media import GemmaImage
+from .media import GemmaClip, GemmaImage
 from .ops import residual, residual_router, rms_norm, softcap_float
 from .sliding import SlidingRows
 from .vision import image_embeddings
@@ -155,29 +156,45 @@ class Gemma4Model(FamilyModel):
         )
 
     def encode_media(self, pieces: Sequence[MediaPiece]) -> list[torch.Tensor]:
-        """Each image's soft tokens [piece.rows, H] in the model's dtype on its device: the
-        tower over that image alone (vision.image_embeddings), so its rows never depend on the
-        other images. A piece's inputs are its `media.GemmaImage`."""
-        if self.vision_cfg is None or self.vision_weights is None:
+        """Each piece's soft tokens [piece.rows, H] in the model's dtype on its device: the
+        vision tower over an image alone (vision.image_embeddings), the audio tower over a clip
+        alone (audio.audio_embeddings), so a piece's rows never depend on the others. A piece's
+        inputs are its `media.GemmaImage` or `media.GemmaClip`."""
+        if self.vision_weights is None and self.audio_weights is None:
             return super().encode_media(pieces)
         out = []
         for piece in pieces:
-            image = piece.inputs
-            if piece.kind != "image" or not isinstance(image, GemmaImage):
-                raise ValueError(f"gemma4 encodes images, not {piece.kind} {type(image).__name__}")
-            rows = image_embeddings(
-                self.vision_cfg,
-                self.vision_weights,
-                image.pixel_values.to(self.device),
-                image.positions.to(self.device),
-            )
+            if isinstance(piece.inputs, GemmaClip) and piece.kind == "audio":
+                rows = self._encode_clip(piece.inputs)
+            elif isinstance(piece.inputs, GemmaImage) and piece.kind == "image":
+                rows = self._encode_image(piece.inputs)
+            else:
+                raise ValueError(
+                    f"gemma4 encodes images and audio, not {piece.kind} "
+                    f"{type(piece.inputs).__name__}"
+                )
             if rows.shape[0] != piece.rows:
                 raise ValueError(
-                    f"an image of {image.positions.shape[0]} patches gives {rows.shape[0]} soft "
-                    f"tokens, its piece holds {piece.rows} rows"
+                    f"a {piece.kind} piece gives {rows.shape[0]} soft tokens, it holds "
+                    f"{piece.rows} rows"
                 )
             out.append(rows.to(self.dtype))
         return out
+
+    def _encode_image(self, image: GemmaImage) -> torch.Tensor:
+        if self.vision_cfg is None or self.vision_weights is None:
+            raise ValueError("gemma4: an image piece, and the checkpoint has no vision tower")
+        return image_embeddings(
+            self.vision_cfg,
+            self.vision_weights,
+            image.pixel_values.to(self.device),
+            image.positions.to(self.device),
+        )
+
+    def _encode_clip(self, clip: GemmaClip) -> torch.Tensor:
+        if self.audio_cfg is None or self.audio_weights is None:
+            raise ValueError("gemma4: an audio piece, and the checkpoint has no audio tower")
+        return audio_embeddings(self.audio_cfg, self.audio_weights, clip.features.to(self.device))
 
     def pass_hidden(self, fp: ForwardPass) -> torch.Tensor | None:
         """The hidden rows [R, H] of fp's logit rows after the final norm, as fp's last forward
