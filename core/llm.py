@@ -176,7 +176,8 @@ class LLM:
         predictions: as in `generate`, one a conversation.
         A message's content may hold image_url parts, as the chat API takes them (data: URLs;
         http(s) URLs of hosts TF_ALLOWED_MEDIA_DOMAINS lists), within the TF_MAX_IMAGE*
-        limits, for a family that takes images.
+        limits, for a family that takes images; and input_audio parts (base64 WAV) within the
+        TF_MAX_AUDIO_* limits, for a family that takes audio.
         Raises ValueError (ToolRequestError, StructuredError, MediaRefused) for what the
         server would refuse."""
         from .family.chat_template import marks_to_token_positions, render_chat
@@ -260,31 +261,55 @@ class LLM:
         return completions
 
     def _images(self, messages: Sequence[dict]) -> tuple[list[dict], ImageJob | None]:
-        """The messages with each content that holds image_url parts as the chat template
-        reads it (text and image items), and those images loaded (data: URLs; http(s) URLs of
-        hosts TF_ALLOWED_MEDIA_DOMAINS lists), or None when there are none."""
-        from .server.image_decode import ImageJob, MediaSource, refuse_without_tower
+        """The messages with each content that holds image_url or input_audio parts as the
+        chat template reads it (text, image and audio items), and those images and clips
+        loaded (data: URLs; http(s) URLs of hosts TF_ALLOWED_MEDIA_DOMAINS lists; base64
+        clips), or None when there are none."""
+        from .server.audio_decode import load_clips
+        from .server.image_decode import (
+            ImageJob,
+            MediaSource,
+            refuse_without_audio,
+            refuse_without_tower,
+        )
         from .server.image_load import load_images_now
-        from .server.image_parts import chat_content
+        from .server.image_parts import AudioRef, chat_content
         from .server.media_limits import MediaLimits
 
         out: list[dict] = []
         refs: list[ImageRef] = []
+        heard: list[AudioRef] = []
         for i, message in enumerate(messages):
             content = message.get("content")
             if isinstance(content, list) and any(
-                isinstance(part, dict) and part.get("type") == "image_url" for part in content
+                isinstance(part, dict) and part.get("type") in ("image_url", "input_audio")
+                for part in content
             ):
-                message = {**message, "content": chat_content(content, f"messages[{i}]", refs)}
+                content = chat_content(content, f"messages[{i}]", refs, heard)
+                message = {**message, "content": content}
             out.append(message)
-        if not refs:
+        if not refs and not heard:
             return out, None
         source = MediaSource.of(self.served.spec, self.served.checkpoint)
-        refuse_without_tower(source)
         limits = MediaLimits.from_settings(self.settings)
-        blobs = load_images_now(refs, limits)
-        wheres = tuple(ref.where for ref in refs)
-        return out, ImageJob(tuple(blobs), wheres, source, limits.max_pixels)
+        blobs: list[bytes] = []
+        clips: list[bytes] = []
+        if refs:
+            refuse_without_tower(source)
+            blobs = load_images_now(refs, limits)
+        if heard:
+            refuse_without_audio(source)
+            clips = load_clips(heard, limits)
+        return out, ImageJob(
+            tuple(blobs),
+            tuple(ref.where for ref in refs),
+            source,
+            limits.max_pixels,
+            clips=tuple(clips),
+            clip_formats=tuple(ref.format for ref in heard),
+            clip_wheres=tuple(ref.where for ref in heard),
+            max_seconds=limits.max_audio_seconds,
+        )
 
     def _constrained(self, params, response_format, tools=None) -> list[SamplingParams]:
         from .engine.structured import from_body

@@ -252,7 +252,11 @@ BAD = [
     (_bad("data:image/png,rawbytes"), "must be base64"),
     (_bad("data:image/png;base64,@@@@"), "base64 does not decode"),
     (chat({"type": "image_url", "image_url": {"url": RED_PNG, "detail": "max"}}), "detail"),
-    (chat({"type": "input_audio", "input_audio": {}}), '"input_audio"'),
+    (chat({"type": "input_audio", "input_audio": {}}), "input_audio must be an object"),
+    (  # a well-formed clip, and the family has no audio tower
+        chat({"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}),
+        "family (this checkpoint) takes no audio",
+    ),
     (  # an image the template does not place (the demo's assistant turns print content)
         {
             "messages": [

@@ -223,6 +223,25 @@ class Settings(BaseSettings):
         "first, so a larger one gets 400 before it is decoded (a decompression bomb costs "
         "nothing).",
     )
+    max_audio_clips: PositiveInt = Field(
+        default=4,
+        description="The most audio clips one request may hold (input_audio parts over all its "
+        "messages); more get 400 before any is decoded.",
+    )
+    max_audio_mib: float = Field(
+        default=10.0,
+        gt=0,
+        description="The largest audio clip a request may hold, in MiB of its encoded bytes "
+        "(an input_audio part's base64 data decoded); a larger one gets 400. The request "
+        "body's limit (TF_MAX_BODY_MIB) bounds it as well.",
+    )
+    max_audio_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="The longest audio clip a request may hold, in seconds, read from its WAV "
+        "header before a sample is decoded; a longer one gets 400. The family may take less "
+        "(Gemma 4: 30 s, 750 audio tokens).",
+    )
     media_fetch_timeout_s: float = Field(
         default=10.0,
         gt=0,

@@ -1,6 +1,8 @@
-"""A request's audio from encoded bytes to float samples, where prompts are made: WAV through the
-standard library's `wave` (PCM of 8, 16, 24 or 32 bits, mono, or several channels averaged to
-one), its length read from the header and refused past a limit before a sample is decoded.
+"""A request's audio from its input_audio parts to float samples: the parts' base64 data checked
+against the count and byte limits and decoded where the request is read (`load_clips`), then,
+where prompts are made, WAV through the standard library's `wave` (PCM of 8, 16, 24 or 32 bits,
+mono, or several channels averaged to one), its length read from the header and refused past a
+limit before a sample is decoded (`decode_audio`).
 
 mp3 is refused with a 400 naming WAV: no decoder ships with the core's dependencies. Samples stay
 at the file's rate; the family's processor takes the rate it needs or refuses it.
@@ -8,13 +10,21 @@ at the file's rate; the family's processor takes the rate it needs or refuses it
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import wave
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ..family.media import MediaRefused
+from .media_limits import MIB
+
+if TYPE_CHECKING:
+    from .image_parts import AudioRef
+    from .media_limits import MediaLimits
 
 ACCEPTED_AUDIO = "WAV (PCM 8, 16, 24 or 32-bit, mono or stereo)"
 AUDIO_FORMATS = ("wav", "mp3")  # what an input_audio part may name; mp3 is refused by name
@@ -30,6 +40,37 @@ class Clip:
     @property
     def seconds(self) -> float:
         return len(self.samples) / self.rate
+
+
+def load_clips(refs: Sequence[AudioRef], limits: MediaLimits) -> list[bytes]:
+    """The clips' encoded bytes from their base64 data; MediaRefused for more clips than
+    TF_MAX_AUDIO_CLIPS, a clip past TF_MAX_AUDIO_MIB (judged from its base64 length before it
+    is decoded), or data that is not base64."""
+    if len(refs) > limits.max_clips:
+        raise MediaRefused(
+            f"the request holds {len(refs)} audio clips; the limit is {limits.max_clips} a "
+            "request (TF_MAX_AUDIO_CLIPS): send fewer"
+        )
+    out = []
+    for ref in refs:
+        size = len(ref.data) // 4 * 3
+        if size > limits.max_audio_bytes + 2:  # base64 padding: up to 2 bytes fewer
+            raise MediaRefused(
+                f"{ref.where}: the clip is about {size} bytes; the limit is "
+                f"{limits.max_audio_bytes} bytes ({limits.max_audio_bytes / MIB:g} MiB: "
+                "TF_MAX_AUDIO_MIB)"
+            )
+        try:
+            blob = base64.b64decode(ref.data, validate=True)
+        except (binascii.Error, ValueError):
+            raise MediaRefused(f"{ref.where}.input_audio.data is not base64") from None
+        if len(blob) > limits.max_audio_bytes:
+            raise MediaRefused(
+                f"{ref.where}: the clip is {len(blob)} bytes; the limit is "
+                f"{limits.max_audio_bytes} bytes (TF_MAX_AUDIO_MIB)"
+            )
+        out.append(blob)
+    return out
 
 
 def decode_audio(blob: bytes, fmt: str, where: str, max_seconds: float) -> Clip:

@@ -1,9 +1,12 @@
-"""A request's images from encoded bytes to the family's inputs, where prompts are made (a prompt
+"""A request's images (and audio clips) from encoded bytes to the family's inputs, where prompts
+are made (a prompt
 worker process, or the offline API): each decoded with Pillow as RGB (PNG, JPEG, WebP, GIF's
 first frame; transparency over white, as transformers' and vLLM's loaders do), its size read
 from the header and refused past TF_MAX_IMAGE_PIXELS before a pixel is decoded, keyed by a hash
-of its pixels (`media_key`), prepared by the family's `MediaProcessor`; and the tokenized prompt
-with each placeholder token replaced by its image's ids (`expand_media`).
+of its pixels (`media_key`), prepared by the family's `MediaProcessor`; each audio clip decoded
+(audio_decode.py), keyed by a hash of its samples and rate, prepared by the processor's audio
+side (`AudioProcessor`); and the tokenized prompt with each placeholder token replaced by its
+image's or clip's ids (`expand_media`).
 
 The family's processor comes from its `media_processor` hook, built once a process from a
 `MediaSource` (what a worker needs to build it: the family's hooks and the checkpoint).
@@ -17,7 +20,15 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..family.media import MediaPiece, MediaProcessor, MediaRefused, expand_media, media_key
+from ..family.media import (
+    AudioProcessor,
+    MediaPiece,
+    MediaProcessor,
+    MediaRefused,
+    expand_media,
+    media_key,
+)
+from .audio_decode import decode_audio
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -77,15 +88,33 @@ def refuse_without_tower(source: MediaSource) -> MediaProcessor:
     return processor
 
 
+def refuse_without_audio(source: MediaSource) -> AudioProcessor:
+    """The family's processor for audio; a MediaRefused when the family takes none."""
+    processor = media_processor(source)
+    if processor is None or "audio" not in processor.kinds:
+        raise MediaRefused(
+            f"the {source.family} family (this checkpoint) takes no audio; send text content "
+            "only (input_audio parts need a family with an audio tower, and a checkpoint with "
+            "its audio_config)"
+        )
+    assert isinstance(processor, AudioProcessor), "a processor taking audio is an AudioProcessor"
+    return processor
+
+
 @dataclass(frozen=True)
 class ImageJob:
-    """A prompt's images as a prompt worker takes them: their encoded bytes in the chat's order,
-    where the request named each, the family's processor's source and the pixel limit."""
+    """A prompt's media as a prompt worker takes them: the images' encoded bytes in the chat's
+    order, where the request named each, the family's processor's source and the pixel limit;
+    and the audio clips' bytes, formats and places in the chat's order, and the length limit."""
 
     blobs: tuple[bytes, ...]
     wheres: tuple[str, ...]
     source: MediaSource
     max_pixels: int
+    clips: tuple[bytes, ...] = ()
+    clip_formats: tuple[str, ...] = ()
+    clip_wheres: tuple[str, ...] = ()
+    max_seconds: float = 30.0
 
 
 def decode_image(blob: bytes, where: str, max_pixels: int) -> Image.Image:
@@ -151,18 +180,45 @@ def prepare_images(job: ImageJob) -> list[tuple[Any, int, int]]:
     return out
 
 
+def prepare_clips(job: ImageJob) -> list[tuple[Any, int, int]]:
+    """Each audio clip as expand_media takes it: (the family's inputs, its rows, its key)."""
+    processor = refuse_without_audio(job.source)
+    out = []
+    for blob, fmt, where in zip(job.clips, job.clip_formats, job.clip_wheres):
+        clip = decode_audio(blob, fmt, where, job.max_seconds)
+        key = media_key(b"audio", clip.samples.tobytes(), clip.rate)
+        try:
+            inputs, rows = processor.prepare_audio(clip.samples, clip.rate)
+        except MediaRefused as exc:
+            raise MediaRefused(f"{where}: {exc}") from None
+        out.append((inputs, rows, key))
+    return out
+
+
 def place_images(
     ids: Sequence[int], marks: Sequence[int], job: ImageJob
 ) -> tuple[list[int], tuple[int, ...], tuple[MediaPiece, ...]]:
-    """A tokenized chat's ids with each image's placeholder token replaced by its ids, its marks
-    moved past them, and its pieces. The placeholders are counted before any image is decoded
-    (expand_media refuses a count unlike the images')."""
-    processor = refuse_without_tower(job.source)
-    at = [i for i, t in enumerate(ids) if t == processor.placeholder_id]
-    if len(at) != len(job.blobs):
-        expand_media(ids, processor, [(None, 0, 0)] * len(job.blobs))  # raises: names both
-    images = prepare_images(job)
-    expanded, pieces = expand_media(ids, processor, images)
-    grown = [len(processor.image_ids(rows)[0]) - 1 for _, rows, _ in images]
-    moved = tuple(m + sum(g for p, g in zip(at, grown) if p < m) for m in marks)
+    """A tokenized chat's ids with each image's (and clip's) placeholder token replaced by its
+    ids, its marks moved past them, and its pieces. The placeholders are counted before any
+    image or clip is decoded (expand_media refuses a count unlike the media's)."""
+    processor = refuse_without_tower(job.source) if job.blobs else media_processor(job.source)
+    audio_processor = refuse_without_audio(job.source) if job.clips else None
+    assert processor is not None
+    unseen = [(None, 0, 0)]
+    expand_media(ids, processor, unseen * len(job.blobs), unseen * len(job.clips))  # counts
+    images = prepare_images(job) if job.blobs else []
+    clips = prepare_clips(job) if job.clips else []
+    expanded, pieces = expand_media(ids, processor, images, clips)
+    audio_id = audio_processor.audio_placeholder_id if audio_processor is not None else None
+    grown: list[tuple[int, int]] = []  # (placeholder position, ids it grew by)
+    queue = {"image": iter(images), "audio": iter(clips)}
+    for i, t in enumerate(ids):
+        if t == processor.placeholder_id:
+            fill = processor.image_ids(next(queue["image"])[1])[0]
+        elif audio_id is not None and t == audio_id:
+            fill = audio_processor.audio_ids(next(queue["audio"])[1])[0]  # type: ignore[union-attr]
+        else:
+            continue
+        grown.append((i, len(fill) - 1))
+    moved = tuple(m + sum(g for p, g in grown if p < m) for m in marks)
     return expanded, moved, tuple(pieces)

@@ -1,6 +1,7 @@
-"""What a request's images may cost: how many, their bytes, their pixels, the time to fetch one,
-the hosts their URLs may name (TF_MAX_IMAGES, TF_MAX_IMAGE_MIB, TF_MAX_IMAGE_PIXELS,
-TF_MEDIA_FETCH_TIMEOUT_S, TF_ALLOWED_MEDIA_DOMAINS)."""
+"""What a request's images and audio clips may cost: how many, their bytes, their pixels or
+seconds, the time to fetch one, the hosts their URLs may name (TF_MAX_IMAGES, TF_MAX_IMAGE_MIB,
+TF_MAX_IMAGE_PIXELS, TF_MEDIA_FETCH_TIMEOUT_S, TF_ALLOWED_MEDIA_DOMAINS, TF_MAX_AUDIO_CLIPS,
+TF_MAX_AUDIO_MIB, TF_MAX_AUDIO_SECONDS)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,16 @@ MIB = 1024 * 1024
 
 @dataclass(frozen=True)
 class MediaLimits:
-    """What a request's images may cost (the TF_* settings above)."""
+    """What a request's images and audio clips may cost (the TF_* settings above)."""
 
     max_images: int = 8
     max_bytes: int = 20 * MIB  # an image's encoded bytes
     max_pixels: int = 8192 * 8192  # an image's width x height, read from its header
     fetch_timeout_s: float = 10.0  # one URL, its redirects included
     allowed_domains: tuple[str, ...] = ()  # hosts whose http(s) URLs are fetched; (): none
+    max_clips: int = 4  # audio clips a request
+    max_audio_bytes: int = 10 * MIB  # a clip's encoded bytes
+    max_audio_seconds: float = 30.0  # a clip's length, read from its header
 
     @classmethod
     def from_settings(cls, settings: Settings) -> MediaLimits:
@@ -33,6 +37,9 @@ class MediaLimits:
             max_pixels=settings.max_image_pixels,
             fetch_timeout_s=settings.media_fetch_timeout_s,
             allowed_domains=settings.media_domains,
+            max_clips=settings.max_audio_clips,
+            max_audio_bytes=int(settings.max_audio_mib * MIB),
+            max_audio_seconds=settings.max_audio_seconds,
         )
 
     def allows(self, host: str | None) -> bool:

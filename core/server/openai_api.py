@@ -24,7 +24,7 @@ from ..family.chat_template import ChatTemplateError
 from ..family.media import MediaPiece, MediaRefused
 from ..family.reasoning import ReasoningFormat
 from .api_fields import field_kind
-from .image_parts import ImageRef, chat_content, holds_parts
+from .image_parts import AudioRef, ImageRef, chat_content, holds_parts
 from .prompt_work import Prompt, PromptJob, PromptTooLong, max_prompt_bytes, utf8_bytes
 from .tool_request import ToolRequest, ToolRequestError, parse_tool_request, tool_history
 
@@ -135,6 +135,7 @@ class Parsed:
     length_penalty: float = 1.0  # ... ranked by logprob / length ** length_penalty
     images: tuple[ImageRef, ...] = ()  # chat: the image_url parts, in order, to load (job
     # then takes their bytes: request_prepare)
+    audio: tuple[AudioRef, ...] = ()  # chat: the input_audio parts, in order (likewise)
     media: tuple[MediaPiece, ...] = ()  # the images' rows in prompt_ids (with_prompt)
 
     @property
@@ -534,11 +535,12 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
     chat = []
     texts = []  # the contents: the rendered prompt holds them (and the template's own text)
     images: list[ImageRef] = []
+    audio: list[AudioRef] = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad(f"messages[{i}] must be an object with a string role", "messages")
         try:
-            content = chat_content(m.get("content"), f"messages[{i}]", images)
+            content = chat_content(m.get("content"), f"messages[{i}]", images, audio)
         except MediaRefused as exc:
             raise bad(str(exc), exc.param) from None
         chat.append({**m, "content": content})
@@ -601,6 +603,7 @@ def parse_chat(body: dict[str, Any], served: Served) -> Parsed:
         prediction_job=_prediction(body, served),
         predicted="prediction" in body,
         images=tuple(images),
+        audio=tuple(audio),
     )
 
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from aiohttp import web
 
 from ..family.media import MediaRefused
-from .image_decode import ImageJob, MediaSource, refuse_without_tower
+from .audio_decode import load_clips
+from .image_decode import ImageJob, MediaSource, refuse_without_audio, refuse_without_tower
 from .image_load import check_images, load_images
 from .openai_api import (
     ApiError,
@@ -55,7 +56,7 @@ async def prepare(
     parsed = await off_loop(
         limits, deadline, param, parse_request, raw, parse, served, limits.max_messages
     )
-    if parsed.images:
+    if parsed.images or parsed.audio:
         parsed = await with_images(limits, parsed, deadline, served)
     if any(one.job is not None for one in parsed.prompts):  # else prompts of token ids
         each = []
@@ -74,23 +75,38 @@ async def prepare(
 
 
 async def with_images(limits: Limits, parsed: Parsed, deadline: float, served: Served) -> Parsed:
-    """`parsed` with its images' bytes in its job, for the prompt worker to decode: refused
-    (400) when the family takes no images, or past the media limits, before any is loaded."""
+    """`parsed` with its images' and audio clips' bytes in its job, for the prompt worker to
+    decode: refused (400) when the family takes no images (no audio), or past the media
+    limits, before any is loaded."""
     assert parsed.job is not None
     source = MediaSource.of(served.spec, served.checkpoint)
+    blobs: list[bytes] = []
+    clips: list[bytes] = []
     try:
-        # the processor is built once (the first image request), on a request thread
-        await off_loop(limits, deadline, "messages", refuse_without_tower, source)
-        check_images(parsed.images, limits.media)
+        # the processor is built once (the first media request), on a request thread
+        if parsed.images:
+            await off_loop(limits, deadline, "messages", refuse_without_tower, source)
+            check_images(parsed.images, limits.media)
+        if parsed.audio:
+            await off_loop(limits, deadline, "messages", refuse_without_audio, source)
+            clips = load_clips(parsed.audio, limits.media)
         async with asyncio.timeout_at(deadline):
-            blobs = await load_images(parsed.images, limits.media)
+            blobs = await load_images(parsed.images, limits.media) if parsed.images else []
     except MediaRefused as exc:
         raise bad(str(exc), exc.param) from None
     except TimeoutError:
         raise _late(limits, "messages") from None
-    wheres = tuple(ref.where for ref in parsed.images)
-    images = ImageJob(tuple(blobs), wheres, source, limits.media.max_pixels)
-    return replace(parsed, job=replace(parsed.job, images=images), images=())
+    images = ImageJob(
+        tuple(blobs),
+        tuple(ref.where for ref in parsed.images),
+        source,
+        limits.media.max_pixels,
+        clips=tuple(clips),
+        clip_formats=tuple(ref.format for ref in parsed.audio),
+        clip_wheres=tuple(ref.where for ref in parsed.audio),
+        max_seconds=limits.media.max_audio_seconds,
+    )
+    return replace(parsed, job=replace(parsed.job, images=images), images=(), audio=())
 
 
 async def _with_prompt(

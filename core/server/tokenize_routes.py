@@ -77,10 +77,10 @@ def parse_tokenize(body: dict[str, Any], served: Served) -> TokenizeAsk:
         )
     chat = parse_chat({k: body[k] for k in CHAT_FIELDS if k in body}, served)
     assert chat.job is not None
-    if chat.images:
+    if chat.images or chat.audio:
         raise bad(
-            "/tokenize takes no images: send the chat's text parts only (a chat request's "
-            "usage.prompt_tokens counts its images' rows)",
+            "/tokenize takes no images or audio: send the chat's text parts only (a chat "
+            "request's usage.prompt_tokens counts its media's rows)",
             "messages",
         )
     job = replace(chat.job, add_generation_prompt=generation is not False)
