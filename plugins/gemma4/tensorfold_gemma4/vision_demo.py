@@ -12,8 +12,12 @@ a `Gemma4ForConditionalGeneration` with a `vision_config`:
 - the chat template renders a message's `{"type": "image"}` items as `<|image|>`;
 - preprocessor_config.json: Gemma4ImageProcessor's settings at `max_soft_tokens` (70: an image
   fills at most 70 rows).
+With `audio=True` it also has a random audio tower (audio_demo.py: `audio_config`,
+`model.audio_tower.*`, `model.embed_audio.*`), the audio specials named as Gemma 4 names them
+(`<|audio>`, `<|audio|>`, `<audio|>`), and the template renders `{"type": "audio"}` items as
+`<|audio|>`; the feature extractor's defaults apply (no processor_config.json).
 `tensorfold serve --family gemma4 --model DIR` serves it. Same bytes on every build.
-`python -m tensorfold_gemma4.vision_demo DIR` writes one.
+`python -m tensorfold_gemma4.vision_demo DIR [--audio]` writes one.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from tensorfold.family import demo_build
 
 from . import demo
+from .audio_demo import AUDIO_TOKENS, audio_config, audio_weights
 from .demo_template import CHAT_TEMPLATE
 
 if TYPE_CHECKING:
@@ -57,6 +62,7 @@ CONTENT = (
     "{%- if value is string -%}{{- value | trim -}}"
     "{%- else -%}{%- for item in value or [] -%}"
     "{%- if item['type'] in ('image', 'image_url') -%}{{- '<|image|>' -}}"
+    "{%- elif item['type'] == 'audio' -%}{{- '<|audio|>' -}}"
     "{%- elif item['type'] == 'text' -%}{{- item['text'] | trim -}}"
     "{%- endif -%}{%- endfor -%}{%- endif -%}"
     "{%- endmacro -%}"
@@ -150,8 +156,9 @@ def vision_weights(text_hidden: int) -> dict[str, "torch.Tensor"]:
     return w
 
 
-def write_vision_demo(folder: Path, max_soft_tokens: int = 70) -> Path:
-    """Write the image-taking demo checkpoint into `folder` (made if missing); returns it."""
+def write_vision_demo(folder: Path, max_soft_tokens: int = 70, audio: bool = False) -> Path:
+    """Write the image-taking demo checkpoint into `folder` (made if missing), with an audio
+    tower when `audio`; returns it."""
     from tokenizers import Tokenizer
 
     folder = Path(folder)
@@ -164,11 +171,16 @@ def write_vision_demo(folder: Path, max_soft_tokens: int = 70) -> Path:
     cfg["text_config"]["use_bidirectional_attention"] = "vision"
     cfg["vision_config"] = vision_config()
     weights.update(vision_weights(text_hidden))
+    names = dict(IMAGE_TOKENS)
+    if audio:
+        cfg["audio_config"] = audio_config()
+        weights.update(audio_weights(text_hidden))
+        names.update(AUDIO_TOKENS)
     renamed = json.loads(tok.to_str())
     for added in renamed["added_tokens"]:
-        added["content"] = IMAGE_TOKENS.get(added["content"], added["content"])
+        added["content"] = names.get(added["content"], added["content"])
     vocab = renamed["model"]["vocab"]
-    renamed["model"]["vocab"] = {IMAGE_TOKENS.get(k, k): v for k, v in vocab.items()}
+    renamed["model"]["vocab"] = {names.get(k, k): v for k, v in vocab.items()}
     generation = {
         "bos_token_id": ids[demo.BOS],
         "eos_token_id": [ids[demo.EOS], ids[demo.END_OF_TURN]],
@@ -191,6 +203,6 @@ def write_vision_demo(folder: Path, max_soft_tokens: int = 70) -> Path:
 
 
 if __name__ == "__main__":  # pragma: no cover - a tool
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m tensorfold_gemma4.vision_demo DIR")
-    print(write_vision_demo(Path(sys.argv[1])))
+    if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--audio"]):
+        sys.exit("usage: python -m tensorfold_gemma4.vision_demo DIR [--audio]")
+    print(write_vision_demo(Path(sys.argv[1]), audio=sys.argv[2:] == ["--audio"]))
