@@ -14,6 +14,11 @@ from typing import Any, Mapping
 from .config import ConfigError
 
 AUDIO_ACTIVATIONS = ("silu", "swish")  # the same function under its two names in ACT2FN
+# the most soft tokens Gemma 4's processor gives a clip (audio_seq_length), and the log-mel
+# frames and bins behind them; the memory plan counts the tower at this size
+LONGEST_CLIP_TOKENS = 750
+LONGEST_CLIP_FRAMES = 4 * LONGEST_CLIP_TOKENS
+MEL_BINS = 128
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,27 @@ class AudioConfig:
         times the second's. It is the mel bins after two stride-2 convs times the second's
         channels only where the mel bins equal the first conv's channels (128 in Gemma 4)."""
         return (self.subsampling_conv_channels[0] // 4) * self.subsampling_conv_channels[1]
+
+    def activation_bytes(self, frames: int, mel: int, itemsize: int) -> int:
+        """A bound on the device bytes the tower holds at once on one clip of `frames` log-mel
+        frames of `mel` bins, in weights of `itemsize` bytes (each counted at fp32 or wider):
+        each subsampling conv's output, its norm and ReLU; a layer's rows (the residual, the
+        feed-forward's 4x-wide hidden and its activation, q, k, v, their chunk windows, the
+        light conv's 2x-wide input and output, norms); the chunked scores, their softmax and
+        mask; the output and the text-width embeddings; and the features."""
+        wide = max(itemsize, 4)
+        c0, c1 = self.subsampling_conv_channels
+        t1, m1 = -(-frames // 2), -(-mel // 2)
+        t2, m2 = -(-t1 // 2), -(-m1 // 2)
+        convs = 3 * wide * (c0 * t1 * m1 + c1 * t2 * m2)
+        ha, ctx = self.hidden_size, self.context_size
+        blocks = -(-t2 // self.attention_chunk_size)
+        windows = blocks * ctx  # each of k and v per chunk window
+        rows = wide * (
+            t2 * (20 * ha + self.output_proj_dims + self.text_hidden_size) + 2 * windows * ha
+        )
+        scores = 4 * self.num_attention_heads * blocks * self.attention_chunk_size * ctx * 4
+        return convs + rows + scores + 4 * frames * mel
 
 
 def audio_config(raw: Mapping[str, Any], source: str = "config.json") -> AudioConfig | None:

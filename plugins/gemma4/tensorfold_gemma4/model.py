@@ -24,7 +24,7 @@ from tensorfold.ops.linear import linear
 
 from . import layers, shards
 from .audio import audio_embeddings
-from .audio_config import AudioConfig, audio_config
+from .audio_config import LONGEST_CLIP_FRAMES, MEL_BINS, AudioConfig, audio_config
 from .audio_weights import AudioWeights, load_audio_weights
 from .config import Gemma4Config, Layer, Rope
 from .media import GemmaClip, GemmaImage
@@ -88,14 +88,19 @@ def load(checkpoint: "Checkpoint", device: str, dtype: str) -> "Gemma4Model":
 
 def shape(config: dict, dtype: str) -> ModelShape:
     """The memory plan's view of a checkpoint, from config.json alone: with a vision tower, its
-    activations on the largest image Gemma 4's processor may give (its weights are counted
-    with the checkpoint's)."""
+    activations on the largest image Gemma 4's processor may give, and with an audio tower
+    its activations on the longest clip; the larger of the two, as the pieces are encoded
+    one at a time (the towers' weights are counted with the checkpoint's)."""
     cfg = Gemma4Config.from_dict(config, "config.json")
     tdtype = torch_dtype(dtype)
     vision = vision_config(config) if cfg.has_vision else None
+    audio = audio_config(config) if cfg.has_audio else None
     media = 0
     if vision is not None:
         media = vision.activation_bytes(vision.largest_image_patches, tdtype.itemsize)
+    if audio is not None:
+        clip = audio.activation_bytes(LONGEST_CLIP_FRAMES, MEL_BINS, tdtype.itemsize)
+        media = max(media, clip)
     return ModelShape(state_layout(cfg, tdtype), cfg.max_position_embeddings, media)
 
 

@@ -138,3 +138,22 @@ def test_bad_clips_are_400s_naming_the_problem(served: Served, parts: Any, names
     assert status == 400, reply
     assert names in reply["error"]["message"], reply
     assert after == 200  # the next request is served as before
+
+
+def test_the_plan_counts_the_audio_tower_at_the_longest_clip(folder: Path) -> None:
+    """The shape's media bytes: the larger of the vision tower's at the largest image and the
+    audio tower's at 30 s (3000 frames of 128 bins); the audio bound grows with the clip."""
+    from tensorfold.family.checkpoint import Checkpoint
+    from tensorfold_gemma4.audio_config import audio_config
+    from tensorfold_gemma4.model import shape
+    from tensorfold_gemma4.vision_config import vision_config
+
+    config = Checkpoint.open(folder).config
+    audio, vision = audio_config(config), vision_config(config)
+    assert audio is not None and vision is not None
+    clip = audio.activation_bytes(3000, 128, 4)
+    assert clip > audio.activation_bytes(300, 128, 4) > 0
+    image = vision.activation_bytes(vision.largest_image_patches, 4)
+    assert shape(config, "float32").media_bytes == max(clip, image)
+    only_audio = {**config, "vision_config": None}
+    assert shape(only_audio, "float32").media_bytes == clip
