@@ -26,6 +26,8 @@ from tensorfold.ops import parallel
 from tensorfold.ops.fp8 import Fp8Weight, quantize_blocks
 
 from . import shards
+from .audio_config import AudioConfig, audio_config
+from .audio_weights import AudioLayerWeights, AudioWeights, FeedForwardWeights
 from .config import DEFAULT_ROPE, FULL, SLIDING, Gemma4Config
 from .model import Gemma4Model
 from .vision_config import VisionConfig, vision_config
@@ -206,6 +208,10 @@ def load_dummy(config: dict, device: str, dtype: str, quantization: str = "auto"
     if vision is not None:
         model.vision_cfg = vision
         model.vision_weights = dummy_vision_weights(vision, device, torch_dtype(dtype))
+    audio = audio_config(config) if cfg.has_audio else None
+    if audio is not None:
+        model.audio_cfg = audio
+        model.audio_weights = dummy_audio_weights(audio, device, torch_dtype(dtype))
     return model
 
 
@@ -252,4 +258,58 @@ def dummy_vision_weights(
         std_bias=normal(hv).float() if cfg.standardize else None,
         std_scale=norm(hv) if cfg.standardize else None,
         projection=normal(cfg.text_hidden_size, hv),
+    )
+
+
+def dummy_audio_weights(
+    cfg: AudioConfig, device: str, dtype: torch.dtype, seed: int = 0, std: float = 0.02
+) -> AudioWeights:
+    """The audio tower and its embedder with random weights on `device` (the same on every
+    rank), norms 1 + N(0, 0.1²) in fp32, no clipping bounds."""
+    gen = torch.Generator(device=device).manual_seed(seed + 2)
+
+    def normal(*shape: int) -> torch.Tensor:
+        return (torch.randn(shape, generator=gen, device=device) * std).to(dtype)
+
+    def norm(n: int) -> torch.Tensor:
+        return 1 + 0.1 * torch.randn(n, generator=gen, device=device)
+
+    def linear(n: int, k: int) -> ClippedLinear:
+        return ClippedLinear(normal(n, k), None)
+
+    def ffn() -> FeedForwardWeights:
+        return FeedForwardWeights(linear(4 * ha, ha), linear(ha, 4 * ha), norm(ha), norm(ha))
+
+    ha, (c0, c1) = cfg.hidden_size, cfg.subsampling_conv_channels
+    layers = [
+        AudioLayerWeights(
+            ffn1=ffn(),
+            ffn2=ffn(),
+            q=linear(ha, ha),
+            k=linear(ha, ha),
+            v=linear(ha, ha),
+            post=linear(ha, ha),
+            relative_k=normal(ha, ha),
+            per_dim_scale=norm(cfg.head_dim) - 1,
+            conv_start=linear(2 * ha, ha),
+            conv_end=linear(ha, ha),
+            depthwise=normal(ha, 1, cfg.conv_kernel_size),
+            conv_pre_norm=norm(ha),
+            conv_norm=norm(ha),
+            norm_pre_attn=norm(ha),
+            norm_post_attn=norm(ha),
+            norm_out=norm(ha),
+        )
+        for _ in range(cfg.num_hidden_layers)
+    ]
+    return AudioWeights(
+        conv0=normal(c0, 1, 3, 3),
+        conv0_norm=norm(c0),
+        conv1=normal(c1, c0, 3, 3),
+        conv1_norm=norm(c1),
+        input_proj=normal(ha, cfg.subsampled_width),
+        layers=layers,
+        output_proj=normal(cfg.output_proj_dims, ha),
+        output_bias=normal(cfg.output_proj_dims),
+        projection=normal(cfg.text_hidden_size, cfg.output_proj_dims),
     )

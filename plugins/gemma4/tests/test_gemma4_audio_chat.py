@@ -157,3 +157,24 @@ def test_the_plan_counts_the_audio_tower_at_the_longest_clip(folder: Path) -> No
     assert shape(config, "float32").media_bytes == max(clip, image)
     only_audio = {**config, "vision_config": None}
     assert shape(only_audio, "float32").media_bytes == clip
+
+
+def test_a_dummy_model_encodes_clips(folder: Path) -> None:
+    """TF_LOAD_FORMAT=dummy on a config with an audio_config: a random audio tower beside the
+    text model, whose rows fit what the folder-less hook prepares."""
+    import torch
+
+    from tensorfold.family.checkpoint import Checkpoint
+    from tensorfold.family.media import MediaPiece
+    from tensorfold_gemma4.dummy import load_dummy
+    from tensorfold_gemma4.media import media_processor
+
+    config = Checkpoint.open(folder).config
+    model = load_dummy(config, "cpu", "float32")
+    processor = media_processor(None, config)
+    assert processor is not None and "audio" in processor.kinds
+    samples = np.random.default_rng(2).standard_normal(8000).astype(np.float32) * 0.3
+    inputs, rows = processor.prepare_audio(samples, 16_000)
+    (out,) = model.encode_media([MediaPiece(5, rows, 1, inputs, kind="audio")])
+    assert out.shape == (rows, config["text_config"]["hidden_size"]) and rows == 13
+    assert torch.isfinite(out).all() and out.std() > 0
