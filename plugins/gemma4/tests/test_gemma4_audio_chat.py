@@ -1,13 +1,16 @@
 """gemma4 audio chats end to end, on the vision demo checkpoint with its random audio tower
 (`write_vision_demo(audio=True)`), fp32 on the CPU: an input_audio part's WAV through
-`tensorfold.LLM.chat` gives the same tokens alone and beside a text chat, the census even; and
+`tensorfold.LLM.chat` gives the same tokens alone and beside a text chat, the census even;
 through the server, a clip's rows counted in usage, "audio" in /v1/models, and every bad clip a
-400 naming the problem (mp3, a rate other than 16 kHz, too many, too long, not base64)."""
+400 naming the problem (mp3, a rate other than 16 kHz, too many, too long, not base64); a prompt
+with two clips and an image matches transformers' logits; the memory plan and a dummy load
+count the audio tower."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import io
 import wave
 from collections.abc import Iterator
@@ -16,15 +19,29 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from aiohttp.test_utils import TestClient, TestServer
+from PIL import Image
 
 from tensorfold import testing
 from tensorfold.config.settings import Settings
+from tensorfold.engine.runner import ModelRunner, open_stream
 from tensorfold.engine.sampling import SamplingParams
 from tensorfold.engine.start import Served, open_served
+from tensorfold.family.chat_template import render_chat
+from tensorfold.family.checkpoint import Checkpoint
+from tensorfold.family.media import MediaPiece, expand_media
+from tensorfold.family.tokenizer import Tokenizer
 from tensorfold.server.app import create_app
 from tensorfold.server.media_limits import MediaLimits
 from tensorfold.server.request_limits import Limits
+from tensorfold.testing import rel_err
+from tensorfold_gemma4.audio_config import audio_config
+from tensorfold_gemma4.dummy import load_dummy
+from tensorfold_gemma4.media import media_processor
+from tensorfold_gemma4.model import load, shape
+from tensorfold_gemma4.vision_config import vision_config
+from tensorfold_gemma4.vision_demo import write_vision_demo
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 CHAT = "/v1/chat/completions"
@@ -57,7 +74,6 @@ def conversation(*parts: dict[str, Any], text: str = "What do you hear?") -> lis
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tensorfold_gemma4.vision_demo import write_vision_demo
 
     return write_vision_demo(tmp_path_factory.mktemp("gemma4_audio_chat") / "ckpt", audio=True)
 
@@ -143,10 +159,6 @@ def test_bad_clips_are_400s_naming_the_problem(served: Served, parts: Any, names
 def test_the_plan_counts_the_audio_tower_at_the_longest_clip(folder: Path) -> None:
     """The shape's media bytes: the larger of the vision tower's at the largest image and the
     audio tower's at 30 s (3000 frames of 128 bins); the audio bound grows with the clip."""
-    from tensorfold.family.checkpoint import Checkpoint
-    from tensorfold_gemma4.audio_config import audio_config
-    from tensorfold_gemma4.model import shape
-    from tensorfold_gemma4.vision_config import vision_config
 
     config = Checkpoint.open(folder).config
     audio, vision = audio_config(config), vision_config(config)
@@ -162,12 +174,6 @@ def test_the_plan_counts_the_audio_tower_at_the_longest_clip(folder: Path) -> No
 def test_a_dummy_model_encodes_clips(folder: Path) -> None:
     """TF_LOAD_FORMAT=dummy on a config with an audio_config: a random audio tower beside the
     text model, whose rows fit what the folder-less hook prepares."""
-    import torch
-
-    from tensorfold.family.checkpoint import Checkpoint
-    from tensorfold.family.media import MediaPiece
-    from tensorfold_gemma4.dummy import load_dummy
-    from tensorfold_gemma4.media import media_processor
 
     config = Checkpoint.open(folder).config
     model = load_dummy(config, "cpu", "float32")
@@ -178,3 +184,64 @@ def test_a_dummy_model_encodes_clips(folder: Path) -> None:
     (out,) = model.encode_media([MediaPiece(5, rows, 1, inputs, kind="audio")])
     assert out.shape == (rows, config["text_config"]["hidden_size"]) and rows == 13
     assert torch.isfinite(out).all() and out.std() > 0
+
+
+def test_an_audio_and_image_prompt_matches_the_reference(folder: Path) -> None:
+    """The demo's chat template, tokenizer and processor place a clip and an image as
+    Gemma4Processor would; every prompt row's logits equal Gemma4ForConditionalGeneration's
+    (loaded from the same folder) fed the reference extractor's features, fp32, <= 1e-4."""
+    pytest.importorskip("transformers", reason="transformers 5.23.0 is the parity reference")
+    from transformers import Gemma4ForConditionalGeneration
+    from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
+
+    ckpt = Checkpoint.open(folder)
+    processor = media_processor(folder, ckpt.config)
+    assert processor is not None and processor.kinds == {"image", "audio"}
+    tok = Tokenizer.from_checkpoint(ckpt)
+    assert tok.chat_template is not None
+    content = [
+        {"type": "audio"},
+        {"type": "text", "text": "and"},
+        {"type": "image"},
+        {"type": "audio"},
+    ]
+    text = render_chat(
+        tok.chat_template, [{"role": "user", "content": content}], bos_token="<bos>"
+    ).text
+    assert text.count("<|audio|>") == 2
+    rng = np.random.default_rng(9)
+    clips = [(0.3 * rng.standard_normal(n)).astype(np.float32) for n in (8000, 4800)]
+    heard = [processor.prepare_audio(c, 16_000) for c in clips]
+    image = Image.new("RGB", (64, 48), (200, 40, 40))
+    seen = processor.prepare_image(image)
+    ids, pieces = expand_media(
+        tok.encode(text),
+        processor,
+        [(seen[0], seen[1], 1)],
+        [(inputs, rows, 2 + i) for i, (inputs, rows) in enumerate(heard)],
+    )
+    assert [p.kind for p in pieces] == ["audio", "image", "audio"]
+
+    model = load(ckpt, "cpu", "float32")
+    runner = ModelRunner(model, num_pages=1, num_slots=1, page_rows=512)
+    run = dataclasses.replace(
+        open_stream(runner, 0, len(ids)).rows(ids, logits="all"),
+        embeds=list(zip((p.start for p in pieces), model.encode_media(pieces))),
+        blocks=[(p.start, p.end) for p in pieces if p.block],
+    )
+    (got,) = runner.run([run])
+
+    ref = Gemma4ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
+    feats = Gemma4AudioFeatureExtractor()(clips, return_tensors="pt")
+    x = torch.tensor([ids])
+    kinds = (x == processor.placeholder_id).long() + 3 * (x == processor.audio_placeholder_id)
+    with torch.no_grad():
+        want = ref(
+            input_ids=x,
+            pixel_values=seen[0].pixel_values[None],
+            image_position_ids=seen[0].positions[None],
+            input_features=feats["input_features"],
+            input_features_mask=feats["input_features_mask"],
+            mm_token_type_ids=kinds.long(),
+        ).logits[0]
+    assert rel_err(got, want) <= 1e-4
