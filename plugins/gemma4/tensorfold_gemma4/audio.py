@@ -32,12 +32,6 @@ from .vision import clipped
 NORM_EPS = 1e-6  # the reference builds the layers' and feed-forwards' RMSNorms at their default
 
 
-def audio_soft_tokens(frames: int) -> int:
-    """The rows a clip of `frames` feature frames fills: two stride-2 convs (padding 1, kernel
-    3) each give ceil(n / 2) of n."""
-    return -(-(-(-frames // 2)) // 2)
-
-
 def audio_embeddings(cfg: AudioConfig, w: AudioWeights, features: torch.Tensor) -> torch.Tensor:
     """One clip's soft tokens in the text embedding: embed_audio(tower(features)) -> [T'', text
     H] in the weights' dtype. features [T, mel] fp32."""

@@ -128,6 +128,12 @@ def frame_count(samples: int, s: AudioSettings) -> int:
     return max((samples + s.frame_length // 2 - (s.frame_length + 1)) // s.hop_length + 1, 0)
 
 
+def audio_soft_tokens(frames: int) -> int:
+    """The rows a clip of `frames` feature frames fills: the audio tower's two stride-2 convs
+    (padding 1, kernel 3) each give ceil(n / 2) of n."""
+    return -(-(-(-frames // 2)) // 2)
+
+
 def log_mel(samples: np.ndarray, s: AudioSettings) -> np.ndarray:
     """A clip's valid log-mel frames: samples [N] float (16 kHz mono) -> [frames, mel] fp32."""
     n = frame_count(len(samples), s)

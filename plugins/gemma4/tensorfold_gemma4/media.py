@@ -32,9 +32,8 @@ import torch
 
 from tensorfold.family.media import MediaRefused
 
-from .audio import audio_soft_tokens
 from .audio_config import AudioConfig, audio_config
-from .audio_features import AUDIO_RATE, AudioSettings, frame_count, log_mel
+from .audio_features import AUDIO_RATE, AudioSettings, audio_soft_tokens, frame_count, log_mel
 from .config import ConfigError
 from .image_processing import ImageSettings, preprocess
 from .vision_config import vision_config

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from tensorfold.family.checkpoint import Checkpoint
-from tensorfold_gemma4.audio import audio_embeddings, audio_soft_tokens
+from tensorfold_gemma4.audio import audio_embeddings
 from tensorfold_gemma4.audio_config import audio_config
+from tensorfold_gemma4.audio_features import audio_soft_tokens
 from tensorfold_gemma4.config import ConfigError
 from tensorfold_gemma4.model import load
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tensorfold_gemma4.audio import audio_soft_tokens
-from tensorfold_gemma4.audio_features import AudioSettings, frame_count, log_mel
+from tensorfold_gemma4.audio_features import AudioSettings, audio_soft_tokens, frame_count, log_mel
 from tensorfold_gemma4.config import ConfigError
 
 LENGTHS = (321, 1600, 4001, 8123)  # samples: one frame, whole hops, odd tails
