@@ -4,7 +4,8 @@
 through the server, a clip's rows counted in usage, "audio" in /v1/models, and every bad clip a
 400 naming the problem (mp3, a rate other than 16 kHz, too many, too long, not base64); a prompt
 with two clips and an image matches transformers' logits; the memory plan and a dummy load
-count the audio tower."""
+count the audio tower; a resumed audio chat is the fresh one, and another clip never resumes
+past its own rows."""
 
 from __future__ import annotations
 
@@ -245,3 +246,40 @@ def test_an_audio_and_image_prompt_matches_the_reference(folder: Path) -> None:
             mm_token_type_ids=kinds.long(),
         ).logits[0]
     assert rel_err(got, want) <= 1e-4
+
+
+def test_a_resumed_audio_chat_is_the_fresh_one_and_another_clip_never_resumes(
+    folder: Path,
+) -> None:
+    """A chat's second turn with a clip in its first: resumed from the prompt store it gives
+    the fresh engine's tokens, with the clip's rows among those resumed; the same words about
+    another clip resume at most the rows before the clip."""
+    sampled = SamplingParams(temperature=0.8, seed=7, max_tokens=8, ignore_eos=True)
+    question = "What is said in the recording? " * 12
+    clip, other = wav(1.0), wav(1.0, seed=4)
+    kept_rows = 64  # past the clip's 25 rows and their bounds
+
+    def second_turn(llm: Any) -> tuple[list[int], int]:
+        chat = conversation(audio_part(clip), text=question)
+        reply = llm.chat([chat], sampled)[0]
+        turn = chat + [
+            {"role": "assistant", "content": reply.text},
+            {"role": "user", "content": "More?"},
+        ]
+        done = llm.chat([turn], sampled)[0]
+        return done.token_ids, done.cached_tokens
+
+    fresh = testing.open_llm("gemma4", folder, context=1024)
+    try:
+        want, cached = second_turn(fresh)
+        assert cached == 0
+    finally:
+        testing.close_even(fresh)
+    kept = testing.open_llm("gemma4", folder, context=1024, kv_share=16, prompt_cache_gib=0.05)
+    try:
+        got, cached = second_turn(kept)
+        assert got == want and cached >= kept_rows, (cached, kept_rows)
+        again = kept.chat([conversation(audio_part(other), text=question)], sampled)[0]
+        assert again.cached_tokens < 16, "another clip resumed as the first"
+    finally:
+        testing.close_even(kept)
