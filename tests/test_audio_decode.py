@@ -1,5 +1,6 @@
-"""core/server/audio_decode.py: WAV through `wave` (PCM 8/16/24/32-bit, stereo mixed down), the
-length limit read from the header, and refusals naming the problem (mp3, not a WAV, float WAV)."""
+"""core/server/audio_decode.py: WAV through `wave` (PCM 8/16/24/32-bit, stereo mixed down), mp3
+through soundfile, the length limit read from the header, and refusals naming the problem (a
+format not taken, not a WAV or not an mp3, float WAV)."""
 
 from __future__ import annotations
 
@@ -52,8 +53,12 @@ def test_refusals_name_the_problem() -> None:
     long = wav_bytes(np.zeros((16_001, 1)), 2)
     with pytest.raises(MediaRefused, match=r"1\.00 s; the limit is 1 s"):
         decode_audio(long, "wav", "messages[1]", 1.0)
-    with pytest.raises(MediaRefused, match="'mp3' is not decoded here; send WAV"):
+    with pytest.raises(MediaRefused, match="does not decode as mp3"):
         decode_audio(b"ID3...", "mp3", "messages[0]", 10.0)
+    with pytest.raises(MediaRefused, match="'ogg' is not taken; send WAV"):
+        decode_audio(b"OggS", "ogg", "messages[0]", 10.0)
+    with pytest.raises(MediaRefused, match="the bytes are WAV, not mp3"):
+        decode_audio(wav_bytes(np.zeros((100, 1)), 2), "mp3", "messages[0]", 10.0)
     with pytest.raises(MediaRefused, match="messages\\[0\\]: the audio does not decode as WAV"):
         decode_audio(b"not a wav at all", "wav", "messages[0]", 10.0)
     fmt = struct.pack("<HHIIHH", 3, 1, 16_000, 64_000, 4, 32)  # IEEE float: not PCM
@@ -64,3 +69,24 @@ def test_refusals_name_the_problem() -> None:
         decode_audio(float_wav, "wav", "messages[0]", 10.0)
     with pytest.raises(MediaRefused, match="40 bits"):
         pcm_samples(b"\0" * 10, 5)
+
+
+def mp3_bytes(samples: np.ndarray, rate: int = 16_000) -> bytes:
+    import soundfile
+
+    out = io.BytesIO()
+    soundfile.write(out, samples, rate, format="MP3")
+    return out.getvalue()
+
+
+def test_mp3_decodes_to_its_tone_and_its_length_is_judged_first() -> None:
+    t = np.arange(16_000) / 16_000
+    tone = (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    stereo = np.stack([tone, tone], axis=1)
+    clip = decode_audio(mp3_bytes(stereo), "mp3", "messages[0]", 10.0)
+    assert clip.rate == 16_000 and abs(clip.seconds - 1.0) < 0.1
+    spectrum = np.abs(np.fft.rfft(clip.samples))
+    peak_hz = np.argmax(spectrum) * clip.rate / len(clip.samples)
+    assert abs(peak_hz - 440) < 5 and 0.3 < np.abs(clip.samples).max() < 0.7
+    with pytest.raises(MediaRefused, match="the limit is 0.5 s"):
+        decode_audio(mp3_bytes(tone), "mp3", "messages[0]", 0.5)

@@ -4,8 +4,10 @@ where prompts are made, WAV through the standard library's `wave` (PCM of 8, 16,
 mono, or several channels averaged to one), its length read from the header and refused past a
 limit before a sample is decoded (`decode_audio`).
 
-mp3 is refused with a 400 naming WAV: no decoder ships with the core's dependencies. Samples stay
-at the file's rate; the family's processor takes the rate it needs or refuses it.
+mp3 goes through soundfile (python-soundfile: its wheels bundle libsndfile 1.1+, which decodes
+MPEG layer III with no system package), its length read from its header first likewise; a clip
+soundfile cannot read is a 400 naming WAV. Samples stay at the file's rate; the family's
+processor takes the rate it needs or refuses it.
 """
 
 from __future__ import annotations
@@ -26,8 +28,7 @@ if TYPE_CHECKING:
     from .image_parts import AudioRef
     from .media_limits import MediaLimits
 
-ACCEPTED_AUDIO = "WAV (PCM 8, 16, 24 or 32-bit, mono or stereo)"
-AUDIO_FORMATS = ("wav", "mp3")  # what an input_audio part may name; mp3 is refused by name
+ACCEPTED_AUDIO = "WAV (PCM 8, 16, 24 or 32-bit, mono or stereo) or mp3"
 
 
 @dataclass(frozen=True)
@@ -74,12 +75,13 @@ def load_clips(refs: Sequence[AudioRef], limits: MediaLimits) -> list[bytes]:
 
 
 def decode_audio(blob: bytes, fmt: str, where: str, max_seconds: float) -> Clip:
-    """The clip in `blob` of format `fmt` ("wav"); MediaRefused for another format, bytes that
-    are not a PCM WAV, or a clip longer than max_seconds (read from the header first)."""
+    """The clip in `blob` of format `fmt` ("wav" or "mp3"); MediaRefused for another format,
+    bytes that are not a PCM WAV (an mp3), or a clip longer than max_seconds (read from the
+    header first)."""
+    if fmt == "mp3":
+        return decode_mp3(blob, where, max_seconds)
     if fmt != "wav":
-        raise MediaRefused(
-            f"{where}: audio format {fmt!r} is not decoded here; send {ACCEPTED_AUDIO}"
-        )
+        raise MediaRefused(f"{where}: audio format {fmt!r} is not taken; send {ACCEPTED_AUDIO}")
     try:
         with wave.open(io.BytesIO(blob), "rb") as w:
             channels, width, rate, frames = (
@@ -88,13 +90,9 @@ def decode_audio(blob: bytes, fmt: str, where: str, max_seconds: float) -> Clip:
                 w.getframerate(),
                 w.getnframes(),
             )
-            if rate <= 0 or channels <= 0:
-                raise MediaRefused(f"{where}: the WAV header says {channels} channels at {rate} Hz")
-            if frames / rate > max_seconds:
-                raise MediaRefused(
-                    f"{where}: the clip is {frames / rate:.2f} s; the limit is {max_seconds:g} s "
-                    "(TF_MAX_AUDIO_SECONDS)"
-                )
+            if channels <= 0:
+                raise MediaRefused(f"{where}: the WAV header says {channels} channels")
+            _check_length(frames, rate, where, max_seconds)
             raw = w.readframes(frames)
     except MediaRefused:
         raise
@@ -105,6 +103,36 @@ def decode_audio(blob: bytes, fmt: str, where: str, max_seconds: float) -> Clip:
     usable = len(raw) // (width * channels) * width * channels  # a truncated last frame dropped
     samples = pcm_samples(raw[:usable], width).reshape(-1, channels)
     return Clip(samples.mean(axis=1, dtype=np.float64).astype(np.float32), rate)
+
+
+def decode_mp3(blob: bytes, where: str, max_seconds: float) -> Clip:
+    """An mp3 clip through soundfile, channels averaged; its length from the header first."""
+    import soundfile
+
+    try:
+        with soundfile.SoundFile(io.BytesIO(blob)) as f:
+            if f.format != "MP3":
+                raise MediaRefused(
+                    f"{where}: the bytes are {f.format}, not mp3; send {ACCEPTED_AUDIO}"
+                )
+            _check_length(f.frames, f.samplerate, where, max_seconds)
+            samples = f.read(dtype="float32", always_2d=True)
+            rate = f.samplerate
+    except MediaRefused:
+        raise
+    except (soundfile.LibsndfileError, RuntimeError, ValueError) as exc:
+        raise MediaRefused(f"{where}: the audio does not decode as mp3: {exc}") from None
+    return Clip(samples.mean(axis=1, dtype=np.float64).astype(np.float32), rate)
+
+
+def _check_length(frames: int, rate: int, where: str, max_seconds: float) -> None:
+    if rate <= 0:
+        raise MediaRefused(f"{where}: the audio header says {rate} Hz")
+    if frames / rate > max_seconds:
+        raise MediaRefused(
+            f"{where}: the clip is {frames / rate:.2f} s; the limit is {max_seconds:g} s "
+            "(TF_MAX_AUDIO_SECONDS)"
+        )
 
 
 def pcm_samples(raw: bytes, width: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 (`write_vision_demo(audio=True)`), fp32 on the CPU: an input_audio part's WAV through
 `tensorfold.LLM.chat` gives the same tokens alone and beside a text chat, the census even;
 through the server, a clip's rows counted in usage, "audio" in /v1/models, and every bad clip a
-400 naming the problem (mp3, a rate other than 16 kHz, too many, too long, not base64); a prompt
+400 naming the problem (bad mp3, a rate other than 16 kHz, too many, too long, not base64); a prompt
 with two clips and an image matches transformers' logits; the memory plan and a dummy load
 count the audio tower; a resumed audio chat is the fresh one, and another clip never resumes
 past its own rows."""
@@ -125,9 +125,21 @@ def body(*parts: dict[str, Any]) -> dict[str, Any]:
     return {"messages": conversation(*parts), "max_tokens": 2}
 
 
+def mp3(seconds: float) -> bytes:
+    import soundfile
+
+    t = np.arange(int(seconds * 16_000)) / 16_000
+    out = io.BytesIO()
+    soundfile.write(out, 0.4 * np.sin(2 * np.pi * 330 * t), 16_000, format="MP3")
+    return out.getvalue()
+
+
 def test_the_server_takes_a_clip_and_counts_its_rows(served: Served) -> None:
-    [(status, reply)] = post(served, body(audio_part(wav(0.5))))
+    [(status, reply), (mp3_status, mp3_reply)] = post(
+        served, body(audio_part(wav(0.5))), body(audio_part(mp3(0.5), "mp3"))
+    )
     assert status == 200, reply
+    assert mp3_status == 200, mp3_reply
     [(plain_status, plain)] = post(served, body())
     assert plain_status == 200
     rows = 13  # 0.5 s: 49 frames, 13 audio tokens; begin- and end-of-audio replace the token
@@ -139,7 +151,7 @@ def test_the_server_takes_a_clip_and_counts_its_rows(served: Served) -> None:
 @pytest.mark.parametrize(
     ("parts", "names"),
     [
-        ((audio_part(b"ID3", "mp3"),), "'mp3' is not decoded here; send WAV"),
+        ((audio_part(b"ID3", "mp3"),), "does not decode as mp3"),
         ((audio_part(wav(0.5, rate=44_100)),), "resample it to 16000 Hz"),
         ((audio_part(wav(0.2)),) * 3, "TF_MAX_AUDIO_CLIPS"),
         ((audio_part(wav(2.0)),), "TF_MAX_AUDIO_SECONDS"),
