@@ -78,8 +78,8 @@ class AudioSettings:
         names = {f for f in cls.__dataclass_fields__} - {"audio_seq_length"}
         values: dict[str, Any] = {k: raw[k] for k in names if raw.get(k) is not None}
         for k in ("per_bin_mean", "per_bin_stddev"):
-            if k in values:
-                values[k] = tuple(float(x) for x in values[k])
+            if k in values:  # the reference saves them shaped [1, 1, mel]
+                values[k] = tuple(float(x) for x in np.asarray(values[k], float).reshape(-1))
         if audio_seq_length is not None:
             values["audio_seq_length"] = int(audio_seq_length)
         s = cls(**values)

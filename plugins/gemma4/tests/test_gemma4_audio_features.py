@@ -32,6 +32,9 @@ def test_features_match_the_reference(settings: dict) -> None:
 
     ref = Gemma4AudioFeatureExtractor(**settings)
     ours = AudioSettings.from_dict(settings, "test")
+    # what the reference saves (processor_config.json's feature_extractor) reads back the same
+    saved = json.loads(ref.to_json_string())
+    assert AudioSettings.from_dict(saved, "saved") == ours
     clips = [_clip(n, i) for i, n in enumerate(LENGTHS)]
     out = ref(clips, return_tensors="np")  # one batch, padded to the longest
     for i, clip in enumerate(clips):
