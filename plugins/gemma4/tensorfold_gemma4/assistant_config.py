@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from .config import ConfigError, Gemma4Config, _Fields
+from .config import ConfigError, Fields, Gemma4Config
 
 MODEL_TYPE = "gemma4_assistant"
 
@@ -36,7 +36,7 @@ class AssistantConfig:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], source: str = "config.json") -> "AssistantConfig":
         """Parse and check an assistant's config.json; `source` names the file in errors."""
-        get = _Fields(raw, source)
+        get = Fields(raw, source)
         model_type = get("model_type", MODEL_TYPE, str)
         if model_type != MODEL_TYPE:
             raise ConfigError(f"{source}: model_type {model_type!r} is not {MODEL_TYPE!r}")
@@ -44,8 +44,8 @@ class AssistantConfig:
         if not isinstance(text, dict):
             raise ConfigError(f"{source}: an assistant needs its 'text_config' object")
         where = f"{source} text_config"
-        n = _Fields(text, where)("num_hidden_layers", 30, int)
-        shared = _Fields(text, where)("num_kv_shared_layers", n, int)
+        n = Fields(text, where)("num_hidden_layers", 30, int)
+        shared = Fields(text, where)("num_kv_shared_layers", n, int)
         if shared not in (0, n):  # the reference sets 0 (unset) to n itself
             raise ConfigError(
                 f"{where}: every assistant layer reuses the target's K/V; "

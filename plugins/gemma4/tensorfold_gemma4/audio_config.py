@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .config import ConfigError
+from .config import ConfigError, Fields
 
 AUDIO_ACTIVATIONS = ("silu", "swish")  # the same function under its two names in ACT2FN
 # the most soft tokens Gemma 4's processor gives a clip (audio_seq_length), and the log-mel
@@ -95,15 +95,7 @@ def audio_config(raw: Mapping[str, Any], source: str = "config.json") -> AudioCo
         raise ConfigError(f"{source}: 'audio_config' needs a nested 'text_config' beside it")
     where = f"{source} audio_config"
 
-    def get(key: str, default: Any, kind: type) -> Any:
-        value = a.get(key)
-        if value is None:
-            return default
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
-            raise ConfigError(f"{where}: {key!r} must be {kind.__name__}, got {value!r}")
-        return value
+    get = Fields(a, where)
 
     if get("hidden_act", "silu", str) not in AUDIO_ACTIVATIONS:
         raise ConfigError(f"{where}: hidden_act must be one of {', '.join(AUDIO_ACTIVATIONS)}")

@@ -106,8 +106,9 @@ class Gemma4Config:
         return _parse(raw, source)
 
 
-class _Fields:
-    """Typed reads from one config object, with the file named in errors."""
+class Fields:
+    """Typed reads from one config object (the text, vision or audio config), with the file and
+    section named in errors."""
 
     def __init__(self, raw: Mapping[str, Any], source: str):
         self.raw, self.source = raw, source
@@ -128,8 +129,8 @@ def _parse(raw: Mapping[str, Any], source: str) -> Gemma4Config:
     text = raw.get("text_config")
     nested = isinstance(text, dict)
     t: Mapping[str, Any] = text if nested else raw  # type: ignore[assignment]
-    get = _Fields(t, f"{source} text_config" if nested else source)
-    top = _Fields(raw, source)
+    get = Fields(t, f"{source} text_config" if nested else source)
+    top = Fields(raw, source)
     if get("use_bidirectional_attention", None, str) == "all":
         raise ConfigError(
             f"{get.source}: use_bidirectional_attention='all' makes every layer bidirectional; "
@@ -199,7 +200,7 @@ def _layer_types(value: Any, n_layers: int, source: str) -> tuple[str, ...]:
     return tuple(kinds)
 
 
-def _per_layer(get: _Fields, kinds: tuple[str, ...]) -> dict[int, dict[str, int]]:
+def _per_layer(get: Fields, kinds: tuple[str, ...]) -> dict[int, dict[str, int]]:
     """The per-layer overrides: config.json's `per_layer_config`, or the reference's default."""
     given = get.raw.get("per_layer_config")
     if given is None:
@@ -223,12 +224,12 @@ def _per_layer(get: _Fields, kinds: tuple[str, ...]) -> dict[int, dict[str, int]
                 f"{get.source}: per_layer_config[{key!r}] overrides {unknown}; "
                 f"gemma4 supports per-layer {' and '.join(PER_LAYER_KEYS)} only"
             )
-        f = _Fields(entry, f"{get.source} per_layer_config[{key!r}]")
+        f = Fields(entry, f"{get.source} per_layer_config[{key!r}]")
         out[int(key)] = {name: f(name, None, int) for name in entry}
     return out
 
 
-def _layers(get: _Fields, kinds: tuple[str, ...]) -> tuple[Layer, ...]:
+def _layers(get: Fields, kinds: tuple[str, ...]) -> tuple[Layer, ...]:
     n = len(kinds)
     head_dim = get("head_dim", 256, int)
     kv_heads = get("num_key_value_heads", 4, int)
@@ -291,7 +292,7 @@ def _rope(scaling: Any, value: Any, kinds: tuple[str, ...], source: str) -> dict
         entry = params.get(kind)
         if not isinstance(entry, dict):
             raise ConfigError(f"{source}: rope_parameters has no object for {kind!r}")
-        f = _Fields(entry, f"{source} rope_parameters[{kind!r}]")
+        f = Fields(entry, f"{source} rope_parameters[{kind!r}]")
         rope_type = f("rope_type", "default", str)
         if rope_type not in ROPE_KINDS:
             raise ConfigError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .config import ACTIVATIONS, ConfigError
+from .config import ACTIVATIONS, ConfigError, Fields
 
 QUERY_CHUNK = 512  # the tower's attention takes its queries in chunks of this many patches
 # the most soft tokens Gemma 4's image processor gives an image (its largest max_soft_tokens);
@@ -78,15 +78,7 @@ def vision_config(raw: Mapping[str, Any], source: str = "config.json") -> Vision
         raise ConfigError(f"{source}: 'vision_config' needs a nested 'text_config' beside it")
     where = f"{source} vision_config"
 
-    def get(key: str, default: Any, kind: type) -> Any:
-        value = v.get(key)
-        if value is None:
-            return default
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
-            raise ConfigError(f"{where}: {key!r} must be {kind.__name__}, got {value!r}")
-        return value
+    get = Fields(v, where)
 
     rope = v.get("rope_parameters") or {}
     if rope.get("rope_type", "axial") != "axial":
