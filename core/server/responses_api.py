@@ -4,7 +4,7 @@ previous_response_id ended) -> the chat request the server already runs (openai_
 - `instructions` -> a system message first (not kept in the conversation: as OpenAI does, a
   follow-up's instructions replace the earlier ones);
 - `input`: a string (one user message) or items: messages with input_text / output_text parts
-  (input_image parts -> chat's image_url parts),
+  (input_image parts -> chat's image_url parts, input_audio parts -> chat's, as they are),
   function_call items (-> the assistant's tool_calls), function_call_output items (-> tool
   messages), reasoning items (-> the next assistant message's reasoning_content);
 - function `tools` (the flat Responses shape) and `tool_choice` -> chat's;
@@ -156,12 +156,16 @@ def _text(content: Any, where: str, kinds: tuple[str, ...]) -> str:
     return "\n".join(texts)
 
 
+_MEDIA_PARTS = ("input_image", "input_audio")
+
+
 def _input_content(content: Any, where: str) -> str | list[dict[str, Any]]:
     """A user's (system's, developer's) content: one string when it holds only text (as
     _text), else chat parts, each input_image an image_url part (its image_url a data: or
-    http(s): URL, as chat takes them)."""
+    http(s): URL, as chat takes them) and each input_audio chat's input_audio part as it is
+    ({"data": base64, "format": "wav" | "mp3"}, checked where chat's are)."""
     if not isinstance(content, list) or not any(
-        isinstance(part, dict) and part.get("type") == "input_image" for part in content
+        isinstance(part, dict) and part.get("type") in _MEDIA_PARTS for part in content
     ):
         return _text(content, where, ("input_text",))
     parts: list[dict[str, Any]] = []
@@ -178,12 +182,14 @@ def _input_content(content: Any, where: str) -> str | list[dict[str, Any]]:
             detail = part.get("detail")
             image = {"url": url, **({"detail": detail} if detail is not None else {})}
             parts.append({"type": "image_url", "image_url": image})
+        elif kind == "input_audio":
+            parts.append({"type": "input_audio", "input_audio": part.get("input_audio")})
         elif kind == "input_text" and isinstance(part.get("text"), str):
             parts.append({"type": "text", "text": part["text"]})
         else:
             raise bad(
-                f"{where}.content[{j}] must be a text part (input_text with a text string) or "
-                f"an input_image; got type {json.dumps(kind)}",
+                f"{where}.content[{j}] must be a text part (input_text with a text string), "
+                f"an input_image or an input_audio; got type {json.dumps(kind)}",
                 "input",
             )
     return parts

@@ -46,6 +46,7 @@ from tensorfold_gemma4.vision_demo import write_vision_demo
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
 
 
 def wav(seconds: float, rate: int = 16_000, channels: int = 1, seed: int = 0) -> bytes:
@@ -111,7 +112,7 @@ def post(served: Served, *bodies: dict[str, Any], path: str = CHAT) -> list[tupl
         async with TestClient(TestServer(app)) as client:
             out = []
             for body in bodies:
-                if path == CHAT:
+                if path in (CHAT, RESPONSES):
                     resp = await client.post(path, json=body)
                 else:
                     resp = await client.get(path)
@@ -146,6 +147,18 @@ def test_the_server_takes_a_clip_and_counts_its_rows(served: Served) -> None:
     assert reply["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"] + rows + 2
     [(_, models)] = post(served, {}, path="/v1/models")
     assert models["data"][0]["input_modalities"] == ["text", "audio", "image"]
+
+
+def test_the_responses_api_takes_the_same_clip(served: Served) -> None:
+    content = [audio_part(wav(0.5)), {"type": "input_text", "text": "What do you hear?"}]
+    responses = {"input": [{"role": "user", "content": content}], "max_output_tokens": 2}
+    [(status, reply)] = post(served, responses, path=RESPONSES)
+    [(chat_status, chat)] = post(served, body(audio_part(wav(0.5))))
+    assert status == 200 and chat_status == 200, (reply, chat)
+    assert reply["usage"]["input_tokens"] == chat["usage"]["prompt_tokens"]
+    content[0] = {"type": "input_audio", "input_audio": {"data": "", "format": "ogg"}}
+    [(status, reply)] = post(served, responses, path=RESPONSES)
+    assert status == 400 and "wav, mp3" in reply["error"]["message"], reply
 
 
 @pytest.mark.parametrize(
