@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from tensorfold.family.media import MediaRefused
+
 from .vision_memory import DEFAULT_MAX_ROWS
 
 if TYPE_CHECKING:
@@ -73,9 +75,19 @@ class GlmMediaProcessor:
         return int(self.settings.get("max_image_tokens") or DEFAULT_MAX_ROWS)
 
     def prepare_image(self, image: "Image.Image") -> tuple[GlmImage, int]:
+        """MediaRefused for an image past the rows the memory plan counted the tower at
+        (layout.shape reads config.json alone: the processor's default max_image_tokens,
+        which a checkpoint's preprocessor_config.json may raise)."""
         done = self.processor([image])
         t, h, w = (int(v) for v in done.grid_thw[0].tolist())
-        return GlmImage(done.pixel_values, (t, h, w)), done.token_counts[0]
+        rows = done.token_counts[0]
+        if rows > DEFAULT_MAX_ROWS:
+            raise MediaRefused(
+                f"the image fills {rows} rows (max_image_tokens {self.max_rows} in the "
+                f"checkpoint's image processor settings), past the {DEFAULT_MAX_ROWS} rows the "
+                "memory plan counts the vision tower at; send a smaller image"
+            )
+        return GlmImage(done.pixel_values, (t, h, w)), rows
 
     def image_ids(self, rows: int) -> tuple[list[int], int]:
         # begin- and end-of-image stay the template's own tokens around the placeholder

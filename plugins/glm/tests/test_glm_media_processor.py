@@ -22,7 +22,7 @@ import torch
 
 from tensorfold.family.chat_template import render_chat
 from tensorfold.family.checkpoint import Checkpoint
-from tensorfold.family.media import MediaProcessor, expand_media, media_key
+from tensorfold.family.media import MediaProcessor, MediaRefused, expand_media, media_key
 from tensorfold.family.plugins import family_plugin_manager
 from tensorfold.family.tokenizer import Tokenizer
 from tensorfold_glm import GLM5_NEXT, demo
@@ -95,6 +95,19 @@ def test_prepared_pixels_are_the_image_processors(vision_demo: Path) -> None:
     back = pickle.loads(pickle.dumps(inputs))
     assert torch.equal(back.pixel_values, inputs.pixel_values) and back.grid_thw == inputs.grid_thw
     assert pickle.loads(pickle.dumps(processor)).prepare_image(image)[1] == rows
+
+
+def test_an_image_past_the_planned_rows_is_refused(
+    vision_demo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tensorfold_glm import media_processor as module
+
+    processor = hook(vision_demo, Checkpoint.open(vision_demo).config)
+    image = Image.open(io.BytesIO((vision_demo / SAMPLE).read_bytes()))
+    rows = processor.prepare_image(image)[1]
+    monkeypatch.setattr(module, "DEFAULT_MAX_ROWS", rows - 1)  # the plan's tower rows
+    with pytest.raises(MediaRefused, match=f"fills {rows} rows .* past the {rows - 1} rows"):
+        processor.prepare_image(image)
 
 
 def test_settings_sources_and_refusals(tmp_path: Path) -> None:
