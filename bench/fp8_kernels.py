@@ -253,12 +253,22 @@ def measure(case: Case, m: int, reps: int, peak: float) -> dict[str, Any]:
 
 # --tiles: an fp8 weight's own tiles for a few rows (triton_linear.FP8_TUNED,
 # triton_moe.FP8_FEW_ROWS_TILES), each against the bf16 tiles at one row
+# more warps than the bf16 tiles too: a warp's share of the in-register conversion
 LINEAR_CANDIDATES = [
-    triton_linear.Tiles(bn, 128, w, st) for bn in (32, 64) for w in (4,) for st in (4, 6, 8)
-] + [triton_linear.Tiles(16, 128, 4, 6)]
+    triton_linear.Tiles(bn, 128, w, st) for bn in (32, 64) for w in (4, 8) for st in (4, 6, 8)
+] + [triton_linear.Tiles(16, 128, 4, 6), triton_linear.Tiles(32, 64, 4, 8)]
 MOE_CANDIDATES = [
     triton_moe.Tiles(bn, bk, w, st)
-    for bn, bk, w, st in ((32, 128, 4, 4), (32, 128, 4, 6), (64, 128, 4, 4), (16, 128, 2, 6))
+    for bn, bk, w, st in (
+        (32, 128, 4, 4),
+        (32, 128, 4, 6),
+        (32, 128, 8, 6),
+        (64, 128, 4, 4),
+        (64, 128, 8, 4),
+        (16, 128, 2, 6),
+        (32, 64, 4, 5),
+        (64, 64, 8, 5),
+    )
 ]
 
 
