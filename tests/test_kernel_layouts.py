@@ -72,7 +72,9 @@ def test_dense_walk_tiles_keep_a_split_prompt_pass_in_registers():
 
 def test_fp8_kernels_compile_for_sm90_without_spills():
     """The fp8 weights' kernels (triton_fp8) on the prompt tiles, the dense walk's and a few
-    rows' compile for sm_90 (e4m3 converted in registers) and spill nothing."""
+    rows' compile for sm_90 (e4m3 converted in registers) and spill nothing; on the few rows'
+    16-row tiles their MMAs take the bf16 kernels' k order (kWidth 2: triton_util.
+    dot_operand_barrier), which the 64- and 128-row tiles' MMAs sum alike."""
     _in_fresh_process("fp8_tiles")
 
 
@@ -407,6 +409,9 @@ def check_fp8_tiles() -> None:
             fn, dict(fp8, **constexprs, **block_k), ptrs, divisible, t.warps, t.stages
         )
         assert "e4m3" in kernel.asm["ptx"], fn.__name__  # the codes converted in registers
+        # a 16-bit MMA's k order: the bf16 kernels' 2 k values a thread on the 16-row tiles
+        widths = set(re.findall(r"kWidth = (\d+)", kernel.asm["ttgir"]))
+        assert widths <= {"2"}, (fn.__name__, t, widths)
         spills = _spill_stores(kernel)
         print(fn.__name__, t, "spill stores", spills)
         assert spills == 0, (fn.__name__, t, spills)

@@ -147,7 +147,7 @@ def _chunk_product(
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kin = (k0 + rk) < k_hi
         a = tl.load(x_ptrs, mask=(rm[:, None] < M) & kin[None, :], other=0.0)
-        b = weight_tile(w_ptrs, (rn[None, :] < N) & kin[:, None], s_rows, k0, dt, FP8, SBK)
+        b = weight_tile(w_ptrs, (rn[None, :] < N) & kin[:, None], s_rows, k0, dt, FP8, SBK, INTERP)
         acc = mma(a, b, acc, IEEE, INTERP)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K

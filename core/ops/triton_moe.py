@@ -210,10 +210,10 @@ def _gate_up_chunk(
         kin = (k0 + rk) < k_hi
         a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
         b1 = weight_tile(
-            w1_ptrs, nmask & kin[:, None], s1_rows, k0, x_ptr.dtype.element_ty, FP8, SBK
+            w1_ptrs, nmask & kin[:, None], s1_rows, k0, x_ptr.dtype.element_ty, FP8, SBK, INTERP
         )
         b3 = weight_tile(
-            w3_ptrs, nmask & kin[:, None], s3_rows, k0, x_ptr.dtype.element_ty, FP8, SBK
+            w3_ptrs, nmask & kin[:, None], s3_rows, k0, x_ptr.dtype.element_ty, FP8, SBK, INTERP
         )
         acc1 = mma(a, b1, acc1, IEEE, INTERP)
         acc3 = mma(a, b3, acc3, IEEE, INTERP)
@@ -255,7 +255,9 @@ def _down_chunk(
     for k0 in range(k_lo, k_hi, BK):
         kin = (k0 + rk) < k_hi
         a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        b = weight_tile(w_ptrs, nmask & kin[:, None], s_rows, k0, g_ptr.dtype.element_ty, FP8, SBK)
+        b = weight_tile(
+            w_ptrs, nmask & kin[:, None], s_rows, k0, g_ptr.dtype.element_ty, FP8, SBK, INTERP
+        )
         acc = mma(a, b, acc, IEEE, INTERP)
         g_ptrs += BK
         w_ptrs += BK
@@ -310,10 +312,10 @@ def _gate_up_walk(
         kin = (k0 + rk) < k_end
         a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
         b1 = weight_tile(
-            w1_ptrs, nmask & kin[:, None], s1_rows, k0, x_ptr.dtype.element_ty, FP8, SBK
+            w1_ptrs, nmask & kin[:, None], s1_rows, k0, x_ptr.dtype.element_ty, FP8, SBK, INTERP
         )
         b3 = weight_tile(
-            w3_ptrs, nmask & kin[:, None], s3_rows, k0, x_ptr.dtype.element_ty, FP8, SBK
+            w3_ptrs, nmask & kin[:, None], s3_rows, k0, x_ptr.dtype.element_ty, FP8, SBK, INTERP
         )
         acc1 = mma(a, b1, acc1, IEEE, INTERP)
         acc3 = mma(a, b3, acc3, IEEE, INTERP)
@@ -360,7 +362,9 @@ def _down_walk(
     for k0 in range(0, k_end, BK):
         kin = (k0 + rk) < k_end
         a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        b = weight_tile(w_ptrs, nmask & kin[:, None], s_rows, k0, g_ptr.dtype.element_ty, FP8, SBK)
+        b = weight_tile(
+            w_ptrs, nmask & kin[:, None], s_rows, k0, g_ptr.dtype.element_ty, FP8, SBK, INTERP
+        )
         acc = mma(a, b, acc, IEEE, INTERP)
         end = _chunk_end(k0, k_end, CHUNK, BK)
         tot = tl.where(end, tot + acc, tot)
