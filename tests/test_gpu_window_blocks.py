@@ -116,8 +116,9 @@ def test_a_prompt_cut_at_its_image_gives_one_pass_s_bits() -> None:
     whole = _kernel(q, k, v, ring_k, ring_v, _pass([run]))
     cut = run[3][0][0]
     head = _kernel(q[:cut], k[:cut], v[:cut], ring_k, ring_v, _pass([(0, 0, cut, ())]))
-    at = torch.arange(cut - W + 1, cut, device=DEV) % (W - 1)
-    ring_k[0, at], ring_v[0, at] = k[cut - W + 1 : cut], v[cut - W + 1 : cut]
+    lo = max(0, cut - W + 1)  # the head's rows the tail's window reaches, into the ring
+    at = torch.arange(lo, cut, device=DEV) % (W - 1)
+    ring_k[0, at], ring_v[0, at] = k[lo:cut], v[lo:cut]
     rest = [x[cut:].contiguous() for x in (q, k, v)]
     tail = _kernel(*rest, ring_k, ring_v, _pass([(0, cut, run[2] - cut, run[3])]))
     assert torch.equal(torch.cat([head, tail]), whole)

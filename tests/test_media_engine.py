@@ -90,7 +90,7 @@ class Pictured(FamilyModel):
             drawn = torch.randint(
                 8, table.shape[0], (p.rows,), generator=torch.Generator().manual_seed(p.inputs)
             )
-            out.append(table.index_select(0, drawn))
+            out.append(table.index_select(0, drawn.to(table.device)))
         return out
 
 

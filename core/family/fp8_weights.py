@@ -252,7 +252,9 @@ def quantize_blocks(w: torch.Tensor, block: tuple[int, int] = RELEASE_BLOCK) -> 
         padded = padded.clone()
     tiles = padded.view((n + pad_n) // bn, bn, (k + pad_k) // bk, bk)
     amax = tiles.abs().amax(dim=(1, 3))  # [N/bn, K/bk]
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    # a tensor divisor: CUDA divides by a Python number as a multiply by its reciprocal, which
+    # is not correctly rounded (the GPU's scales then differ from the CPU's)
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
     tiles.div_(scale[:, None, :, None]).clamp_(-FP8_MAX, FP8_MAX)
     return Fp8Weight(padded[:n, :k].to(FP8_DTYPE), scale, block)
 
