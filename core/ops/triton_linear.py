@@ -22,9 +22,11 @@ import triton.language as tl
 from . import triton_splitk as splitk
 from .gpu import launch_options, prefetch_k
 from .triton_util import (
+    WEIGHT_FIRST,
     Fp8Scales,
     after_prior,
     cdiv,
+    fp8_mode,
     interpreting,
     mma,
     prefetch_rows,
@@ -138,19 +140,44 @@ def _chunk_product(
     SBK: tl.constexpr,
 ):
     """Σ over k in [k_lo, k_hi) of x[rm, k] · w[rn, k], in BLOCK_K steps from k_lo upward, fp32
-    (FP8: w dequantized in registers, weight_tile)."""
+    (FP8: w dequantized in registers, weight_tile; FP8 == WEIGHT_FIRST: as the MMA's first
+    operand, weight_first)."""
     rk = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_lo + rk)[None, :]
-    w_ptrs = w_ptr + rn[None, :].to(tl.int64) * stride_wn + (k_lo + rk)[:, None]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     dt = x_ptr.dtype.element_ty
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        kin = (k0 + rk) < k_hi
-        a = tl.load(x_ptrs, mask=(rm[:, None] < M) & kin[None, :], other=0.0)
-        b = weight_tile(w_ptrs, (rn[None, :] < N) & kin[:, None], s_rows, k0, dt, FP8, SBK, INTERP)
-        acc = mma(a, b, acc, IEEE, INTERP)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+    if FP8 == WEIGHT_FIRST:
+        w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k_lo + rk)[None, :]
+        s_cols = tl.trans(s_rows)
+        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            kin = (k0 + rk) < k_hi
+            a = tl.load(x_ptrs, mask=(rm[:, None] < M) & kin[None, :], other=0.0)
+            wt = weight_tile(
+                w_ptrs,
+                (rn[:, None] < N) & kin[None, :],
+                s_cols,
+                k0,
+                dt,
+                FP8,
+                SBK,
+                INTERP or BLOCK_M >= 64,
+            )
+            acc_t = mma(wt, tl.trans(a), acc_t, IEEE, INTERP)
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        acc = tl.trans(acc_t)
+    else:
+        w_ptrs = w_ptr + rn[None, :].to(tl.int64) * stride_wn + (k_lo + rk)[:, None]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            kin = (k0 + rk) < k_hi
+            a = tl.load(x_ptrs, mask=(rm[:, None] < M) & kin[None, :], other=0.0)
+            b = weight_tile(
+                w_ptrs, (rn[None, :] < N) & kin[:, None], s_rows, k0, dt, FP8, SBK, INTERP
+            )
+            acc = mma(a, b, acc, IEEE, INTERP)
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
     return acc
 
 
@@ -367,7 +394,7 @@ def _fp8_args(scales: Fp8Scales, k: int, block_k: int) -> dict:
         s_ptr=scales.scale,
         stride_sn=scales.scale.stride(1),
         SBN=scales.block_n,
-        FP8=True,
+        FP8=fp8_mode(scales),
         SBK=scales.kernel_block_k(k, block_k),
         ROW0=scales.row0,
     )

@@ -32,9 +32,11 @@ from . import triton_splitk as splitk
 from .gpu import launch_options, prefetch_k
 from .triton_align import Aligned, align
 from .triton_util import (
+    WEIGHT_FIRST,
     Fp8Scales,
     after_prior,
     cdiv,
+    fp8_mode,
     interpreting,
     mma,
     prefetch_rows,
@@ -202,25 +204,45 @@ def _gate_up_chunk(
     registers, triton_util.weight_tile)."""
     rk = tl.arange(0, BK)
     x_ptrs = x_ptr + src[:, None] * stride_xm + (k_lo + rk)[None, :]
-    w1_ptrs = w1_ptr + e64 * stride_1e + rn[None, :].to(tl.int64) * stride_1n + (k_lo + rk)[:, None]
-    w3_ptrs = w3_ptr + e64 * stride_3e + rn[None, :].to(tl.int64) * stride_3n + (k_lo + rk)[:, None]
-    acc1 = tl.zeros((BM, BN), dtype=tl.float32)
-    acc3 = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BK):
-        kin = (k0 + rk) < k_hi
-        a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        b1 = weight_tile(
-            w1_ptrs, nmask & kin[:, None], s1_rows, k0, x_ptr.dtype.element_ty, FP8, SBK, INTERP
-        )
-        b3 = weight_tile(
-            w3_ptrs, nmask & kin[:, None], s3_rows, k0, x_ptr.dtype.element_ty, FP8, SBK, INTERP
-        )
-        acc1 = mma(a, b1, acc1, IEEE, INTERP)
-        acc3 = mma(a, b3, acc3, IEEE, INTERP)
-        x_ptrs += BK
-        w1_ptrs += BK
-        w3_ptrs += BK
-    return acc1, acc3
+    dt = x_ptr.dtype.element_ty
+    if FP8 == WEIGHT_FIRST:  # outᵀ = w xᵀ (triton_util.WEIGHT_FIRST)
+        w1_ptrs = w1_ptr + e64 * stride_1e + rn[:, None].to(tl.int64) * stride_1n + rk[None, :]
+        w3_ptrs = w3_ptr + e64 * stride_3e + rn[:, None].to(tl.int64) * stride_3n + rk[None, :]
+        w1_ptrs += k_lo
+        w3_ptrs += k_lo
+        ncols, s1_cols, s3_cols = tl.trans(nmask), tl.trans(s1_rows), tl.trans(s3_rows)
+        acc1 = tl.zeros((BN, BM), dtype=tl.float32)
+        acc3 = tl.zeros((BN, BM), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            kin = (k0 + rk) < k_hi
+            at = tl.trans(tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0))
+            no_barrier = INTERP or BM >= 64
+            w1 = weight_tile(w1_ptrs, ncols & kin[None, :], s1_cols, k0, dt, FP8, SBK, no_barrier)
+            w3 = weight_tile(w3_ptrs, ncols & kin[None, :], s3_cols, k0, dt, FP8, SBK, no_barrier)
+            acc1 = mma(w1, at, acc1, IEEE, INTERP)
+            acc3 = mma(w3, at, acc3, IEEE, INTERP)
+            x_ptrs += BK
+            w1_ptrs += BK
+            w3_ptrs += BK
+        out1, out3 = tl.trans(acc1), tl.trans(acc3)
+    else:
+        w1_ptrs = w1_ptr + e64 * stride_1e + rn[None, :].to(tl.int64) * stride_1n + rk[:, None]
+        w3_ptrs = w3_ptr + e64 * stride_3e + rn[None, :].to(tl.int64) * stride_3n + rk[:, None]
+        w1_ptrs += k_lo
+        w3_ptrs += k_lo
+        out1 = tl.zeros((BM, BN), dtype=tl.float32)
+        out3 = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            kin = (k0 + rk) < k_hi
+            a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
+            b1 = weight_tile(w1_ptrs, nmask & kin[:, None], s1_rows, k0, dt, FP8, SBK, INTERP)
+            b3 = weight_tile(w3_ptrs, nmask & kin[:, None], s3_rows, k0, dt, FP8, SBK, INTERP)
+            out1 = mma(a, b1, out1, IEEE, INTERP)
+            out3 = mma(a, b3, out3, IEEE, INTERP)
+            x_ptrs += BK
+            w1_ptrs += BK
+            w3_ptrs += BK
+    return out1, out3
 
 
 @triton.jit
@@ -250,17 +272,33 @@ def _down_chunk(
     from k_lo upward, in one fp32 accumulator (FP8: w2 dequantized in registers)."""
     rk = tl.arange(0, BK)
     g_ptrs = g_ptr + rows[:, None] * K + (k_lo + rk)[None, :]
-    w_ptrs = w2_ptr + e64 * stride_2e + rn[None, :].to(tl.int64) * stride_2n + (k_lo + rk)[:, None]
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BK):
-        kin = (k0 + rk) < k_hi
-        a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        b = weight_tile(
-            w_ptrs, nmask & kin[:, None], s_rows, k0, g_ptr.dtype.element_ty, FP8, SBK, INTERP
-        )
-        acc = mma(a, b, acc, IEEE, INTERP)
-        g_ptrs += BK
-        w_ptrs += BK
+    dt = g_ptr.dtype.element_ty
+    if FP8 == WEIGHT_FIRST:  # outᵀ = w gᵀ (triton_util.WEIGHT_FIRST)
+        w_ptrs = w2_ptr + e64 * stride_2e + rn[:, None].to(tl.int64) * stride_2n + rk[None, :]
+        w_ptrs += k_lo
+        ncols, s_cols = tl.trans(nmask), tl.trans(s_rows)
+        acc_t = tl.zeros((BN, BM), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            kin = (k0 + rk) < k_hi
+            at = tl.trans(tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0))
+            w = weight_tile(
+                w_ptrs, ncols & kin[None, :], s_cols, k0, dt, FP8, SBK, INTERP or BM >= 64
+            )
+            acc_t = mma(w, at, acc_t, IEEE, INTERP)
+            g_ptrs += BK
+            w_ptrs += BK
+        acc = tl.trans(acc_t)
+    else:
+        w_ptrs = w2_ptr + e64 * stride_2e + rn[None, :].to(tl.int64) * stride_2n + rk[:, None]
+        w_ptrs += k_lo
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(k_lo, k_hi, BK):
+            kin = (k0 + rk) < k_hi
+            a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
+            b = weight_tile(w_ptrs, nmask & kin[:, None], s_rows, k0, dt, FP8, SBK, INTERP)
+            acc = mma(a, b, acc, IEEE, INTERP)
+            g_ptrs += BK
+            w_ptrs += BK
     return acc
 
 
@@ -302,32 +340,55 @@ def _gate_up_walk(
     accumulators restart from zero at its end. No chunk may be empty (_split_args)."""
     rk = tl.arange(0, BK)
     x_ptrs = x_ptr + src[:, None] * stride_xm + rk[None, :]
-    w1_ptrs = w1_ptr + e64 * stride_1e + rn[None, :].to(tl.int64) * stride_1n + rk[:, None]
-    w3_ptrs = w3_ptr + e64 * stride_3e + rn[None, :].to(tl.int64) * stride_3n + rk[:, None]
-    acc1 = tl.zeros((BM, BN), dtype=tl.float32)
-    acc3 = tl.zeros((BM, BN), dtype=tl.float32)
-    tot1 = tl.zeros((BM, BN), dtype=tl.float32)
-    tot3 = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, k_end, BK):
-        kin = (k0 + rk) < k_end
-        a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        b1 = weight_tile(
-            w1_ptrs, nmask & kin[:, None], s1_rows, k0, x_ptr.dtype.element_ty, FP8, SBK, INTERP
-        )
-        b3 = weight_tile(
-            w3_ptrs, nmask & kin[:, None], s3_rows, k0, x_ptr.dtype.element_ty, FP8, SBK, INTERP
-        )
-        acc1 = mma(a, b1, acc1, IEEE, INTERP)
-        acc3 = mma(a, b3, acc3, IEEE, INTERP)
-        end = _chunk_end(k0, k_end, CHUNK, BK)
-        tot1 = tl.where(end, tot1 + acc1, tot1)
-        tot3 = tl.where(end, tot3 + acc3, tot3)
-        acc1 = tl.where(end, 0.0, acc1)
-        acc3 = tl.where(end, 0.0, acc3)
-        x_ptrs += BK
-        w1_ptrs += BK
-        w3_ptrs += BK
-    return tot1, tot3
+    dt = x_ptr.dtype.element_ty
+    if FP8 == WEIGHT_FIRST:  # outᵀ = w xᵀ (triton_util.WEIGHT_FIRST)
+        w1_ptrs = w1_ptr + e64 * stride_1e + rn[:, None].to(tl.int64) * stride_1n + rk[None, :]
+        w3_ptrs = w3_ptr + e64 * stride_3e + rn[:, None].to(tl.int64) * stride_3n + rk[None, :]
+        ncols, s1_cols, s3_cols = tl.trans(nmask), tl.trans(s1_rows), tl.trans(s3_rows)
+        acc1 = tl.zeros((BN, BM), dtype=tl.float32)
+        acc3 = tl.zeros((BN, BM), dtype=tl.float32)
+        tot1 = tl.zeros((BN, BM), dtype=tl.float32)
+        tot3 = tl.zeros((BN, BM), dtype=tl.float32)
+        for k0 in range(0, k_end, BK):
+            kin = (k0 + rk) < k_end
+            at = tl.trans(tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0))
+            no_barrier = INTERP or BM >= 64
+            w1 = weight_tile(w1_ptrs, ncols & kin[None, :], s1_cols, k0, dt, FP8, SBK, no_barrier)
+            w3 = weight_tile(w3_ptrs, ncols & kin[None, :], s3_cols, k0, dt, FP8, SBK, no_barrier)
+            acc1 = mma(w1, at, acc1, IEEE, INTERP)
+            acc3 = mma(w3, at, acc3, IEEE, INTERP)
+            end = _chunk_end(k0, k_end, CHUNK, BK)
+            tot1 = tl.where(end, tot1 + acc1, tot1)
+            tot3 = tl.where(end, tot3 + acc3, tot3)
+            acc1 = tl.where(end, 0.0, acc1)
+            acc3 = tl.where(end, 0.0, acc3)
+            x_ptrs += BK
+            w1_ptrs += BK
+            w3_ptrs += BK
+        out1, out3 = tl.trans(tot1), tl.trans(tot3)
+    else:
+        w1_ptrs = w1_ptr + e64 * stride_1e + rn[None, :].to(tl.int64) * stride_1n + rk[:, None]
+        w3_ptrs = w3_ptr + e64 * stride_3e + rn[None, :].to(tl.int64) * stride_3n + rk[:, None]
+        acc1 = tl.zeros((BM, BN), dtype=tl.float32)
+        acc3 = tl.zeros((BM, BN), dtype=tl.float32)
+        out1 = tl.zeros((BM, BN), dtype=tl.float32)
+        out3 = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, k_end, BK):
+            kin = (k0 + rk) < k_end
+            a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
+            b1 = weight_tile(w1_ptrs, nmask & kin[:, None], s1_rows, k0, dt, FP8, SBK, INTERP)
+            b3 = weight_tile(w3_ptrs, nmask & kin[:, None], s3_rows, k0, dt, FP8, SBK, INTERP)
+            acc1 = mma(a, b1, acc1, IEEE, INTERP)
+            acc3 = mma(a, b3, acc3, IEEE, INTERP)
+            end = _chunk_end(k0, k_end, CHUNK, BK)
+            out1 = tl.where(end, out1 + acc1, out1)
+            out3 = tl.where(end, out3 + acc3, out3)
+            acc1 = tl.where(end, 0.0, acc1)
+            acc3 = tl.where(end, 0.0, acc3)
+            x_ptrs += BK
+            w1_ptrs += BK
+            w3_ptrs += BK
+    return out1, out3
 
 
 @triton.jit
@@ -356,21 +417,39 @@ def _down_walk(
     """_down_chunk over each chunk of CHUNK in [0, k_end), summed as _gate_up_walk sums."""
     rk = tl.arange(0, BK)
     g_ptrs = g_ptr + rows[:, None] * K + rk[None, :]
-    w_ptrs = w2_ptr + e64 * stride_2e + rn[None, :].to(tl.int64) * stride_2n + rk[:, None]
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    tot = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, k_end, BK):
-        kin = (k0 + rk) < k_end
-        a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        b = weight_tile(
-            w_ptrs, nmask & kin[:, None], s_rows, k0, g_ptr.dtype.element_ty, FP8, SBK, INTERP
-        )
-        acc = mma(a, b, acc, IEEE, INTERP)
-        end = _chunk_end(k0, k_end, CHUNK, BK)
-        tot = tl.where(end, tot + acc, tot)
-        acc = tl.where(end, 0.0, acc)
-        g_ptrs += BK
-        w_ptrs += BK
+    dt = g_ptr.dtype.element_ty
+    if FP8 == WEIGHT_FIRST:  # outᵀ = w gᵀ (triton_util.WEIGHT_FIRST)
+        w_ptrs = w2_ptr + e64 * stride_2e + rn[:, None].to(tl.int64) * stride_2n + rk[None, :]
+        ncols, s_cols = tl.trans(nmask), tl.trans(s_rows)
+        acc_t = tl.zeros((BN, BM), dtype=tl.float32)
+        tot_t = tl.zeros((BN, BM), dtype=tl.float32)
+        for k0 in range(0, k_end, BK):
+            kin = (k0 + rk) < k_end
+            at = tl.trans(tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0))
+            w = weight_tile(
+                w_ptrs, ncols & kin[None, :], s_cols, k0, dt, FP8, SBK, INTERP or BM >= 64
+            )
+            acc_t = mma(w, at, acc_t, IEEE, INTERP)
+            end = _chunk_end(k0, k_end, CHUNK, BK)
+            tot_t = tl.where(end, tot_t + acc_t, tot_t)
+            acc_t = tl.where(end, 0.0, acc_t)
+            g_ptrs += BK
+            w_ptrs += BK
+        tot = tl.trans(tot_t)
+    else:
+        w_ptrs = w2_ptr + e64 * stride_2e + rn[None, :].to(tl.int64) * stride_2n + rk[:, None]
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        tot = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, k_end, BK):
+            kin = (k0 + rk) < k_end
+            a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
+            b = weight_tile(w_ptrs, nmask & kin[:, None], s_rows, k0, dt, FP8, SBK, INTERP)
+            acc = mma(a, b, acc, IEEE, INTERP)
+            end = _chunk_end(k0, k_end, CHUNK, BK)
+            tot = tl.where(end, tot + acc, tot)
+            acc = tl.where(end, 0.0, acc)
+            g_ptrs += BK
+            w_ptrs += BK
     return tot
 
 
@@ -924,7 +1003,7 @@ def _gate_up_scales(s1: Fp8Scales, s3: Fp8Scales, k: int, t: Tiles) -> dict:
         stride_s3e=s3.scale.stride(0),
         stride_s3n=s3.scale.stride(1),
         SBN=s1.block_n,
-        FP8=True,
+        FP8=fp8_mode(s1),
         SBK=s1.kernel_block_k(k, t.block_k),
         ROW0_1=s1.row0,
         ROW0_3=s3.row0,
@@ -938,7 +1017,7 @@ def _down_scales(s2: Fp8Scales, k: int, t: Tiles) -> dict:
         stride_s2e=s2.scale.stride(0),
         stride_s2n=s2.scale.stride(1),
         SBN=s2.block_n,
-        FP8=True,
+        FP8=fp8_mode(s2),
         SBK=s2.kernel_block_k(k, t.block_k),
         ROW0=s2.row0,
     )

@@ -127,6 +127,22 @@ def scale_rows(s_ptr, e64, rn, N, stride_se, stride_sn, SBN, ROW0):
     return s_ptr + e64 * stride_se + blocks[None, :].to(tl.int64) * stride_sn
 
 
+# A kernel's FP8 constexpr: 0 plain weights; 1 (True) e4m3 codes, the tile dequantized in
+# registers as the MMA's second operand (x wᵀ); WEIGHT_FIRST: as its first operand, from
+# registers (outᵀ = w xᵀ: on the 64- and 128-row tiles wgmma then takes the converted tile from
+# registers, not back through shared memory), switches.FP8_WEIGHT_FIRST.
+WEIGHT_FIRST: tl.constexpr = tl.constexpr(2)
+
+
+def fp8_mode(scales: "Fp8Scales | None") -> int:
+    """A launch's FP8 constexpr for its scales (None: plain weights)."""
+    if scales is None:
+        return 0
+    from . import switches
+
+    return int(WEIGHT_FIRST) if switches.FP8_WEIGHT_FIRST.on() else 1
+
+
 @triton.jit
 def dot_operand_barrier(x, INTERP: tl.constexpr):
     """x as it is, through an opaque move the compiler neither looks through nor removes. Before
@@ -156,11 +172,12 @@ def weight_tile(
     INTERP: tl.constexpr,
 ):
     """A weight's [BK, BN] tile at w_ptrs (0 where masked out), the BK step at k0, for an MMA in
-    dt. FP8: e4m3 codes dequantized in registers, each times its block's scale in fp32, rounded
-    to dt: the torch reference's `(q.float() * scale).to(dt)`, then through
-    dot_operand_barrier, so the product's bits are those of the same kernel over the
-    dequantized weight. s_rows: scale_rows' pointers; the step lies in one k block of SBK (a
-    multiple of BK), or SBK is 0 (one block over all of K)."""
+    dt (or its [BN, BK] tile, w_ptrs and s_rows transposed, for WEIGHT_FIRST). FP8: e4m3
+    codes dequantized in registers, each times its block's scale in fp32, rounded to dt: the
+    torch reference's `(q.float() * scale).to(dt)`, then through dot_operand_barrier (skipped
+    where INTERP), so the product's bits are those of the same kernel over the dequantized
+    weight. s_rows: scale_rows' pointers; the step lies in one k block of SBK (a multiple of
+    BK), or SBK is 0 (one block over all of K)."""
     w = tl.load(w_ptrs, mask=mask, other=0.0)
     if FP8:
         if SBK > 0:
