@@ -28,10 +28,15 @@ from .triton_util import (
     cdiv,
     fp8_mode,
     interpreting,
-    mma,
+    k_mask,
     prefetch_rows,
+    product_rows,
     scale_rows,
+    weight_mma,
+    weight_ptrs,
+    weight_side,
     weight_tile,
+    zero_product,
 )
 
 TINY_BLOCK_M = 16  # passes of up to TINY_ROWS rows (one decode round of a few streams)
@@ -145,40 +150,19 @@ def _chunk_product(
     rk = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_lo + rk)[None, :]
     dt = x_ptr.dtype.element_ty
-    if FP8 == WEIGHT_FIRST:
-        w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k_lo + rk)[None, :]
-        s_cols = tl.trans(s_rows)
-        acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            kin = (k0 + rk) < k_hi
-            a = tl.load(x_ptrs, mask=(rm[:, None] < M) & kin[None, :], other=0.0)
-            wt = weight_tile(
-                w_ptrs,
-                (rn[:, None] < N) & kin[None, :],
-                s_cols,
-                k0,
-                dt,
-                FP8,
-                SBK,
-                INTERP or BLOCK_M >= 64,
-            )
-            acc_t = mma(wt, tl.trans(a), acc_t, IEEE, INTERP)
-            x_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
-        acc = tl.trans(acc_t)
-    else:
-        w_ptrs = w_ptr + rn[None, :].to(tl.int64) * stride_wn + (k_lo + rk)[:, None]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            kin = (k0 + rk) < k_hi
-            a = tl.load(x_ptrs, mask=(rm[:, None] < M) & kin[None, :], other=0.0)
-            b = weight_tile(
-                w_ptrs, (rn[None, :] < N) & kin[:, None], s_rows, k0, dt, FP8, SBK, INTERP
-            )
-            acc = mma(a, b, acc, IEEE, INTERP)
-            x_ptrs += BLOCK_K
-            w_ptrs += BLOCK_K
-    return acc
+    FIRST: tl.constexpr = FP8 == WEIGHT_FIRST
+    w_ptrs = weight_ptrs(w_ptr, rn, stride_wn, k_lo + rk, FIRST)
+    cols, s_cols = weight_side(rn[None, :] < N, FIRST), weight_side(s_rows, FIRST)
+    no_barrier: tl.constexpr = INTERP or (FIRST and BLOCK_M >= 64)
+    acc = zero_product(BLOCK_M, BLOCK_N, FIRST)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kin = (k0 + rk) < k_hi
+        a = tl.load(x_ptrs, mask=(rm[:, None] < M) & kin[None, :], other=0.0)
+        w = weight_tile(w_ptrs, k_mask(cols, kin, FIRST), s_cols, k0, dt, FP8, SBK, no_barrier)
+        acc = weight_mma(a, w, acc, IEEE, INTERP, FIRST)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    return product_rows(acc, FIRST)
 
 
 @triton.jit(do_not_specialize=["M"])  # one binary for any row count

@@ -38,10 +38,15 @@ from .triton_util import (
     cdiv,
     fp8_mode,
     interpreting,
-    mma,
+    k_mask,
     prefetch_rows,
+    product_rows,
     scale_rows,
+    weight_mma,
+    weight_ptrs,
+    weight_side,
     weight_tile,
+    zero_product,
 )
 
 BLOCK_M = 128  # prompt passes (more than SMALL_ROWS rows)
@@ -205,44 +210,26 @@ def _gate_up_chunk(
     rk = tl.arange(0, BK)
     x_ptrs = x_ptr + src[:, None] * stride_xm + (k_lo + rk)[None, :]
     dt = x_ptr.dtype.element_ty
-    if FP8 == WEIGHT_FIRST:  # outᵀ = w xᵀ (triton_util.WEIGHT_FIRST)
-        w1_ptrs = w1_ptr + e64 * stride_1e + rn[:, None].to(tl.int64) * stride_1n + rk[None, :]
-        w3_ptrs = w3_ptr + e64 * stride_3e + rn[:, None].to(tl.int64) * stride_3n + rk[None, :]
-        w1_ptrs += k_lo
-        w3_ptrs += k_lo
-        ncols, s1_cols, s3_cols = tl.trans(nmask), tl.trans(s1_rows), tl.trans(s3_rows)
-        acc1 = tl.zeros((BN, BM), dtype=tl.float32)
-        acc3 = tl.zeros((BN, BM), dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BK):
-            kin = (k0 + rk) < k_hi
-            at = tl.trans(tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0))
-            no_barrier = INTERP or BM >= 64
-            w1 = weight_tile(w1_ptrs, ncols & kin[None, :], s1_cols, k0, dt, FP8, SBK, no_barrier)
-            w3 = weight_tile(w3_ptrs, ncols & kin[None, :], s3_cols, k0, dt, FP8, SBK, no_barrier)
-            acc1 = mma(w1, at, acc1, IEEE, INTERP)
-            acc3 = mma(w3, at, acc3, IEEE, INTERP)
-            x_ptrs += BK
-            w1_ptrs += BK
-            w3_ptrs += BK
-        out1, out3 = tl.trans(acc1), tl.trans(acc3)
-    else:
-        w1_ptrs = w1_ptr + e64 * stride_1e + rn[None, :].to(tl.int64) * stride_1n + rk[:, None]
-        w3_ptrs = w3_ptr + e64 * stride_3e + rn[None, :].to(tl.int64) * stride_3n + rk[:, None]
-        w1_ptrs += k_lo
-        w3_ptrs += k_lo
-        out1 = tl.zeros((BM, BN), dtype=tl.float32)
-        out3 = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BK):
-            kin = (k0 + rk) < k_hi
-            a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-            b1 = weight_tile(w1_ptrs, nmask & kin[:, None], s1_rows, k0, dt, FP8, SBK, INTERP)
-            b3 = weight_tile(w3_ptrs, nmask & kin[:, None], s3_rows, k0, dt, FP8, SBK, INTERP)
-            out1 = mma(a, b1, out1, IEEE, INTERP)
-            out3 = mma(a, b3, out3, IEEE, INTERP)
-            x_ptrs += BK
-            w1_ptrs += BK
-            w3_ptrs += BK
-    return out1, out3
+    FIRST: tl.constexpr = FP8 == WEIGHT_FIRST
+    w1_ptrs = weight_ptrs(w1_ptr + e64 * stride_1e, rn, stride_1n, k_lo + rk, FIRST)
+    w3_ptrs = weight_ptrs(w3_ptr + e64 * stride_3e, rn, stride_3n, k_lo + rk, FIRST)
+    cols = weight_side(nmask, FIRST)
+    s1_cols, s3_cols = weight_side(s1_rows, FIRST), weight_side(s3_rows, FIRST)
+    no_barrier: tl.constexpr = INTERP or (FIRST and BM >= 64)
+    acc1 = zero_product(BM, BN, FIRST)
+    acc3 = zero_product(BM, BN, FIRST)
+    for k0 in range(k_lo, k_hi, BK):
+        kin = (k0 + rk) < k_hi
+        a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
+        wmask = k_mask(cols, kin, FIRST)
+        w1 = weight_tile(w1_ptrs, wmask, s1_cols, k0, dt, FP8, SBK, no_barrier)
+        w3 = weight_tile(w3_ptrs, wmask, s3_cols, k0, dt, FP8, SBK, no_barrier)
+        acc1 = weight_mma(a, w1, acc1, IEEE, INTERP, FIRST)
+        acc3 = weight_mma(a, w3, acc3, IEEE, INTERP, FIRST)
+        x_ptrs += BK
+        w1_ptrs += BK
+        w3_ptrs += BK
+    return product_rows(acc1, FIRST), product_rows(acc3, FIRST)
 
 
 @triton.jit
@@ -273,33 +260,19 @@ def _down_chunk(
     rk = tl.arange(0, BK)
     g_ptrs = g_ptr + rows[:, None] * K + (k_lo + rk)[None, :]
     dt = g_ptr.dtype.element_ty
-    if FP8 == WEIGHT_FIRST:  # outᵀ = w gᵀ (triton_util.WEIGHT_FIRST)
-        w_ptrs = w2_ptr + e64 * stride_2e + rn[:, None].to(tl.int64) * stride_2n + rk[None, :]
-        w_ptrs += k_lo
-        ncols, s_cols = tl.trans(nmask), tl.trans(s_rows)
-        acc_t = tl.zeros((BN, BM), dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BK):
-            kin = (k0 + rk) < k_hi
-            at = tl.trans(tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0))
-            w = weight_tile(
-                w_ptrs, ncols & kin[None, :], s_cols, k0, dt, FP8, SBK, INTERP or BM >= 64
-            )
-            acc_t = mma(w, at, acc_t, IEEE, INTERP)
-            g_ptrs += BK
-            w_ptrs += BK
-        acc = tl.trans(acc_t)
-    else:
-        w_ptrs = w2_ptr + e64 * stride_2e + rn[None, :].to(tl.int64) * stride_2n + rk[:, None]
-        w_ptrs += k_lo
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BK):
-            kin = (k0 + rk) < k_hi
-            a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-            b = weight_tile(w_ptrs, nmask & kin[:, None], s_rows, k0, dt, FP8, SBK, INTERP)
-            acc = mma(a, b, acc, IEEE, INTERP)
-            g_ptrs += BK
-            w_ptrs += BK
-    return acc
+    FIRST: tl.constexpr = FP8 == WEIGHT_FIRST
+    w_ptrs = weight_ptrs(w2_ptr + e64 * stride_2e, rn, stride_2n, k_lo + rk, FIRST)
+    cols, s_cols = weight_side(nmask, FIRST), weight_side(s_rows, FIRST)
+    no_barrier: tl.constexpr = INTERP or (FIRST and BM >= 64)
+    acc = zero_product(BM, BN, FIRST)
+    for k0 in range(k_lo, k_hi, BK):
+        kin = (k0 + rk) < k_hi
+        a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
+        w = weight_tile(w_ptrs, k_mask(cols, kin, FIRST), s_cols, k0, dt, FP8, SBK, no_barrier)
+        acc = weight_mma(a, w, acc, IEEE, INTERP, FIRST)
+        g_ptrs += BK
+        w_ptrs += BK
+    return product_rows(acc, FIRST)
 
 
 @triton.jit
@@ -341,54 +314,33 @@ def _gate_up_walk(
     rk = tl.arange(0, BK)
     x_ptrs = x_ptr + src[:, None] * stride_xm + rk[None, :]
     dt = x_ptr.dtype.element_ty
-    if FP8 == WEIGHT_FIRST:  # outᵀ = w xᵀ (triton_util.WEIGHT_FIRST)
-        w1_ptrs = w1_ptr + e64 * stride_1e + rn[:, None].to(tl.int64) * stride_1n + rk[None, :]
-        w3_ptrs = w3_ptr + e64 * stride_3e + rn[:, None].to(tl.int64) * stride_3n + rk[None, :]
-        ncols, s1_cols, s3_cols = tl.trans(nmask), tl.trans(s1_rows), tl.trans(s3_rows)
-        acc1 = tl.zeros((BN, BM), dtype=tl.float32)
-        acc3 = tl.zeros((BN, BM), dtype=tl.float32)
-        tot1 = tl.zeros((BN, BM), dtype=tl.float32)
-        tot3 = tl.zeros((BN, BM), dtype=tl.float32)
-        for k0 in range(0, k_end, BK):
-            kin = (k0 + rk) < k_end
-            at = tl.trans(tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0))
-            no_barrier = INTERP or BM >= 64
-            w1 = weight_tile(w1_ptrs, ncols & kin[None, :], s1_cols, k0, dt, FP8, SBK, no_barrier)
-            w3 = weight_tile(w3_ptrs, ncols & kin[None, :], s3_cols, k0, dt, FP8, SBK, no_barrier)
-            acc1 = mma(w1, at, acc1, IEEE, INTERP)
-            acc3 = mma(w3, at, acc3, IEEE, INTERP)
-            end = _chunk_end(k0, k_end, CHUNK, BK)
-            tot1 = tl.where(end, tot1 + acc1, tot1)
-            tot3 = tl.where(end, tot3 + acc3, tot3)
-            acc1 = tl.where(end, 0.0, acc1)
-            acc3 = tl.where(end, 0.0, acc3)
-            x_ptrs += BK
-            w1_ptrs += BK
-            w3_ptrs += BK
-        out1, out3 = tl.trans(tot1), tl.trans(tot3)
-    else:
-        w1_ptrs = w1_ptr + e64 * stride_1e + rn[None, :].to(tl.int64) * stride_1n + rk[:, None]
-        w3_ptrs = w3_ptr + e64 * stride_3e + rn[None, :].to(tl.int64) * stride_3n + rk[:, None]
-        acc1 = tl.zeros((BM, BN), dtype=tl.float32)
-        acc3 = tl.zeros((BM, BN), dtype=tl.float32)
-        out1 = tl.zeros((BM, BN), dtype=tl.float32)
-        out3 = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, k_end, BK):
-            kin = (k0 + rk) < k_end
-            a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-            b1 = weight_tile(w1_ptrs, nmask & kin[:, None], s1_rows, k0, dt, FP8, SBK, INTERP)
-            b3 = weight_tile(w3_ptrs, nmask & kin[:, None], s3_rows, k0, dt, FP8, SBK, INTERP)
-            acc1 = mma(a, b1, acc1, IEEE, INTERP)
-            acc3 = mma(a, b3, acc3, IEEE, INTERP)
-            end = _chunk_end(k0, k_end, CHUNK, BK)
-            out1 = tl.where(end, out1 + acc1, out1)
-            out3 = tl.where(end, out3 + acc3, out3)
-            acc1 = tl.where(end, 0.0, acc1)
-            acc3 = tl.where(end, 0.0, acc3)
-            x_ptrs += BK
-            w1_ptrs += BK
-            w3_ptrs += BK
-    return out1, out3
+    FIRST: tl.constexpr = FP8 == WEIGHT_FIRST
+    w1_ptrs = weight_ptrs(w1_ptr + e64 * stride_1e, rn, stride_1n, rk, FIRST)
+    w3_ptrs = weight_ptrs(w3_ptr + e64 * stride_3e, rn, stride_3n, rk, FIRST)
+    cols = weight_side(nmask, FIRST)
+    s1_cols, s3_cols = weight_side(s1_rows, FIRST), weight_side(s3_rows, FIRST)
+    no_barrier: tl.constexpr = INTERP or (FIRST and BM >= 64)
+    acc1 = zero_product(BM, BN, FIRST)
+    acc3 = zero_product(BM, BN, FIRST)
+    tot1 = zero_product(BM, BN, FIRST)
+    tot3 = zero_product(BM, BN, FIRST)
+    for k0 in range(0, k_end, BK):
+        kin = (k0 + rk) < k_end
+        a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
+        wmask = k_mask(cols, kin, FIRST)
+        w1 = weight_tile(w1_ptrs, wmask, s1_cols, k0, dt, FP8, SBK, no_barrier)
+        w3 = weight_tile(w3_ptrs, wmask, s3_cols, k0, dt, FP8, SBK, no_barrier)
+        acc1 = weight_mma(a, w1, acc1, IEEE, INTERP, FIRST)
+        acc3 = weight_mma(a, w3, acc3, IEEE, INTERP, FIRST)
+        end = _chunk_end(k0, k_end, CHUNK, BK)
+        tot1 = tl.where(end, tot1 + acc1, tot1)
+        tot3 = tl.where(end, tot3 + acc3, tot3)
+        acc1 = tl.where(end, 0.0, acc1)
+        acc3 = tl.where(end, 0.0, acc3)
+        x_ptrs += BK
+        w1_ptrs += BK
+        w3_ptrs += BK
+    return product_rows(tot1, FIRST), product_rows(tot3, FIRST)
 
 
 @triton.jit
@@ -418,39 +370,23 @@ def _down_walk(
     rk = tl.arange(0, BK)
     g_ptrs = g_ptr + rows[:, None] * K + rk[None, :]
     dt = g_ptr.dtype.element_ty
-    if FP8 == WEIGHT_FIRST:  # outᵀ = w gᵀ (triton_util.WEIGHT_FIRST)
-        w_ptrs = w2_ptr + e64 * stride_2e + rn[:, None].to(tl.int64) * stride_2n + rk[None, :]
-        ncols, s_cols = tl.trans(nmask), tl.trans(s_rows)
-        acc_t = tl.zeros((BN, BM), dtype=tl.float32)
-        tot_t = tl.zeros((BN, BM), dtype=tl.float32)
-        for k0 in range(0, k_end, BK):
-            kin = (k0 + rk) < k_end
-            at = tl.trans(tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0))
-            w = weight_tile(
-                w_ptrs, ncols & kin[None, :], s_cols, k0, dt, FP8, SBK, INTERP or BM >= 64
-            )
-            acc_t = mma(w, at, acc_t, IEEE, INTERP)
-            end = _chunk_end(k0, k_end, CHUNK, BK)
-            tot_t = tl.where(end, tot_t + acc_t, tot_t)
-            acc_t = tl.where(end, 0.0, acc_t)
-            g_ptrs += BK
-            w_ptrs += BK
-        tot = tl.trans(tot_t)
-    else:
-        w_ptrs = w2_ptr + e64 * stride_2e + rn[None, :].to(tl.int64) * stride_2n + rk[:, None]
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        tot = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, k_end, BK):
-            kin = (k0 + rk) < k_end
-            a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-            b = weight_tile(w_ptrs, nmask & kin[:, None], s_rows, k0, dt, FP8, SBK, INTERP)
-            acc = mma(a, b, acc, IEEE, INTERP)
-            end = _chunk_end(k0, k_end, CHUNK, BK)
-            tot = tl.where(end, tot + acc, tot)
-            acc = tl.where(end, 0.0, acc)
-            g_ptrs += BK
-            w_ptrs += BK
-    return tot
+    FIRST: tl.constexpr = FP8 == WEIGHT_FIRST
+    w_ptrs = weight_ptrs(w2_ptr + e64 * stride_2e, rn, stride_2n, rk, FIRST)
+    cols, s_cols = weight_side(nmask, FIRST), weight_side(s_rows, FIRST)
+    no_barrier: tl.constexpr = INTERP or (FIRST and BM >= 64)
+    acc = zero_product(BM, BN, FIRST)
+    tot = zero_product(BM, BN, FIRST)
+    for k0 in range(0, k_end, BK):
+        kin = (k0 + rk) < k_end
+        a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
+        w = weight_tile(w_ptrs, k_mask(cols, kin, FIRST), s_cols, k0, dt, FP8, SBK, no_barrier)
+        acc = weight_mma(a, w, acc, IEEE, INTERP, FIRST)
+        end = _chunk_end(k0, k_end, CHUNK, BK)
+        tot = tl.where(end, tot + acc, tot)
+        acc = tl.where(end, 0.0, acc)
+        g_ptrs += BK
+        w_ptrs += BK
+    return product_rows(tot, FIRST)
 
 
 @triton.jit(do_not_specialize=["P"])  # one binary for any row count

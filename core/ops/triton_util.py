@@ -144,6 +144,67 @@ def fp8_mode(scales: "Fp8Scales | None") -> int:
 
 
 @triton.jit
+def weight_ptrs(w_ptr, rn, stride_n, rk, FIRST: tl.constexpr):
+    """Pointers to w[rn, rk]: [BK, BN], the MMA's second operand, or [BN, BK] (FIRST)."""
+    if FIRST:
+        out = w_ptr + rn[:, None].to(tl.int64) * stride_n + rk[None, :]
+    else:
+        out = w_ptr + rn[None, :].to(tl.int64) * stride_n + rk[:, None]
+    return out
+
+
+@triton.jit
+def weight_side(cols, FIRST: tl.constexpr):
+    """A weight's [1, BN] values a column (its rows' mask, scale_rows' pointers) as its tile
+    lies: as they are, or [BN, 1] (FIRST)."""
+    if FIRST:
+        out = tl.trans(cols)
+    else:
+        out = cols
+    return out
+
+
+@triton.jit
+def k_mask(cols, kin, FIRST: tl.constexpr):
+    """weight_side's column mask and the k step's [BK] mask over the weight's tile."""
+    if FIRST:
+        out = cols & kin[None, :]
+    else:
+        out = cols & kin[:, None]
+    return out
+
+
+@triton.jit
+def zero_product(BM: tl.constexpr, BN: tl.constexpr, FIRST: tl.constexpr):
+    """An fp32 accumulator for [BM, BN] products: [BN, BM] (FIRST, outᵀ)."""
+    if FIRST:
+        out = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        out = tl.zeros((BM, BN), dtype=tl.float32)
+    return out
+
+
+@triton.jit
+def weight_mma(a, w, acc, IEEE: tl.constexpr, INTERP: tl.constexpr, FIRST: tl.constexpr):
+    """acc + a wᵀ, a [BM, BK] rows and w weight_tile's tile; FIRST: accᵀ + w aᵀ."""
+    if FIRST:
+        out = mma(w, tl.trans(a), acc, IEEE, INTERP)
+    else:
+        out = mma(a, w, acc, IEEE, INTERP)
+    return out
+
+
+@triton.jit
+def product_rows(acc, FIRST: tl.constexpr):
+    """zero_product's accumulator as [BM, BN]."""
+    if FIRST:
+        out = tl.trans(acc)
+    else:
+        out = acc
+    return out
+
+
+@triton.jit
 def dot_operand_barrier(x, INTERP: tl.constexpr):
     """x as it is, through an opaque move the compiler neither looks through nor removes. Before
     an MMA, it hides where a 16-bit operand came from: Triton gives an operand it traces back to
