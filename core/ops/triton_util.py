@@ -205,14 +205,15 @@ def product_rows(acc, FIRST: tl.constexpr):
 
 
 @triton.jit
-def dot_operand_barrier(x, INTERP: tl.constexpr):
+def dot_operand_barrier(x, SKIP: tl.constexpr):
     """x as it is, through an opaque move the compiler neither looks through nor removes. Before
     an MMA, it hides where a 16-bit operand came from: Triton gives an operand it traces back to
     an 8-bit load a 16-row MMA layout of 4 k values a thread (kWidth 4, not 2), which feeds each
     16-long k step's products to the tensor core in another order, and the sums round otherwise
     (1 ulp in a few elements): fp8 weights on 16-row tiles would then differ from the 64- and
-    128-row tiles and from the bf16 kernel. 16-bit x only; the interpreter runs no asm."""
-    if INTERP:
+    128-row tiles and from the bf16 kernel. 16-bit x only. SKIP: x itself (the interpreter runs
+    no asm)."""
+    if SKIP:
         out = x
     else:
         out = tl.inline_asm_elementwise(
@@ -230,20 +231,21 @@ def weight_tile(
     dt: tl.constexpr,
     FP8: tl.constexpr,
     SBK: tl.constexpr,
-    INTERP: tl.constexpr,
+    NO_BARRIER: tl.constexpr,
 ):
     """A weight's [BK, BN] tile at w_ptrs (0 where masked out), the BK step at k0, for an MMA in
     dt (or its [BN, BK] tile, w_ptrs and s_rows transposed, for WEIGHT_FIRST). FP8: e4m3
     codes dequantized in registers, each times its block's scale in fp32, rounded to dt: the
-    torch reference's `(q.float() * scale).to(dt)`, then through dot_operand_barrier (skipped
-    where INTERP), so the product's bits are those of the same kernel over the dequantized
-    weight. s_rows: scale_rows' pointers; the step lies in one k block of SBK (a multiple of
-    BK), or SBK is 0 (one block over all of K)."""
+    torch reference's `(q.float() * scale).to(dt)`, then through dot_operand_barrier (not
+    with NO_BARRIER: under the interpreter, and as wgmma's first operand), so the product's
+    bits are those of the same kernel over the dequantized weight. s_rows: scale_rows'
+    pointers; the step lies in one k block of SBK (a multiple of BK), or SBK is 0 (one block
+    over all of K)."""
     w = tl.load(w_ptrs, mask=mask, other=0.0)
     if FP8:
         if SBK > 0:
             s = tl.load(s_rows + k0 // SBK)
         else:
             s = tl.load(s_rows)
-        w = dot_operand_barrier((w.to(tl.float32) * s).to(dt), INTERP)
+        w = dot_operand_barrier((w.to(tl.float32) * s).to(dt), NO_BARRIER)
     return w
