@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import switches
+
 
 def interpreting() -> bool:
     """True under TRITON_INTERPRET=1 (the CPU tests), where tl.dot mishandles bf16 operands."""
@@ -138,8 +140,6 @@ def fp8_mode(scales: "Fp8Scales | None") -> int:
     """A launch's FP8 constexpr for its scales (None: plain weights)."""
     if scales is None:
         return 0
-    from . import switches
-
     return int(WEIGHT_FIRST) if switches.FP8_WEIGHT_FIRST.on() else 1
 
 

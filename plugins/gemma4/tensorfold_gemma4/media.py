@@ -224,7 +224,8 @@ def _audio(folder: Path | None, config: Mapping[str, Any], acfg: AudioConfig) ->
         settings = AudioSettings.from_folder(Path(folder))
         placeholder = token_text(Path(folder), ids["audio_token_id"])
     mel = settings.feature_size
-    if -(-(-(-mel // 2)) // 2) * acfg.subsampling_conv_channels[1] != acfg.subsampled_width:
+    # two stride-2 convs: ⌈⌈mel / 2⌉ / 2⌉ = ⌈mel / 4⌉ bins a channel
+    if -(-mel // 4) * acfg.subsampling_conv_channels[1] != acfg.subsampled_width:
         raise ConfigError(
             f"{folder}: the feature extractor's {mel} mel bins do not fit the audio tower's "
             f"input projection ({acfg.subsampled_width} wide from subsampling_conv_channels "

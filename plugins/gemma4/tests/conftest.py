@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import pytest
 import torch
+from gemma4_media_configs import MEDIA_IDS
 
 from tensorfold import testing
 from tensorfold.engine.cpu_threads import one_cpu_thread
@@ -46,15 +47,7 @@ COMMON: dict[str, Any] = dict(
     bos_token_id=2,
     eos_token_id=1,
 )
-PLACEHOLDERS = dict(
-    image_token_id=250,
-    video_token_id=251,
-    audio_token_id=252,
-    boi_token_id=253,
-    eoi_token_id=254,
-    boa_token_id=255,
-    eoa_token_index=249,
-)
+PLACEHOLDERS = MEDIA_IDS
 SHAPES: dict[str, dict[str, Any]] = {
     "e_style": dict(
         num_hidden_layers=6,

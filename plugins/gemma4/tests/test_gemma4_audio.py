@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from gemma4_media_configs import MEDIA_IDS, TINY_TEXT
 
 from tensorfold.family.checkpoint import Checkpoint
 from tensorfold_gemma4.audio import audio_embeddings
@@ -25,20 +26,7 @@ FRAMES = (61, 30)  # two clips: 16 and 8 soft tokens, chunked attention over sev
 def _reference(folder: Path) -> Any:
     from transformers import Gemma4Config, Gemma4ForConditionalGeneration
 
-    text = dict(
-        vocab_size=256,
-        vocab_size_per_layer_input=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        global_head_dim=32,
-        sliding_window=8,
-        layer_types=["sliding_attention", "full_attention"],
-        hidden_size_per_layer_input=0,
-    )
+    text = dict(TINY_TEXT)
     audio = dict(
         hidden_size=32,
         num_hidden_layers=2,
@@ -56,13 +44,7 @@ def _reference(folder: Path) -> Any:
             text_config=text,
             vision_config=None,
             audio_config=audio,
-            image_token_id=250,
-            video_token_id=251,
-            audio_token_id=252,
-            boi_token_id=253,
-            eoi_token_id=254,
-            boa_token_id=255,
-            eoa_token_index=249,
+            **MEDIA_IDS,
         )
     ).eval()
     gen = torch.Generator().manual_seed(6)

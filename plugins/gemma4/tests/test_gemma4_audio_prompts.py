@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from gemma4_media_configs import MEDIA_IDS, TINY_TEXT
 
 from tensorfold.engine.runner import ModelRunner, open_stream
 from tensorfold.family.media import AudioProcessor, MediaPiece, MediaRefused, expand_media
@@ -22,15 +23,7 @@ from tensorfold.testing import rel_err
 from tensorfold_gemma4.media import GemmaClip, media_processor
 from tensorfold_gemma4.model import Gemma4Model, load
 
-IDS = dict(
-    image_token_id=250,
-    video_token_id=251,
-    audio_token_id=252,
-    boi_token_id=253,
-    eoi_token_id=254,
-    boa_token_id=255,
-    eoa_token_index=249,
-)
+IDS = MEDIA_IDS
 SAMPLES = (6400, 3200)  # 0.4 s and 0.2 s at 16 kHz: 10 and 5 audio tokens
 
 
@@ -38,17 +31,8 @@ def _reference(folder: Path) -> Any:
     from transformers import Gemma4Config, Gemma4ForConditionalGeneration
 
     text = dict(
-        vocab_size=256,
-        vocab_size_per_layer_input=256,
-        hidden_size=64,
+        TINY_TEXT,
         intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        global_head_dim=32,
-        sliding_window=8,
-        layer_types=["sliding_attention", "full_attention"],
         hidden_size_per_layer_input=16,
         use_bidirectional_attention="vision",
         initializer_range=0.1,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import torch
+from gemma4_media_configs import MEDIA_IDS, TINY_TEXT
 
 from tensorfold import testing
 from tensorfold.engine.runner import ModelRunner, open_stream
@@ -131,21 +132,7 @@ def test_towers_load_beside_the_text_model(tmp_path: Path) -> None:
     from transformers import Gemma4Config as HFConfig
     from transformers import Gemma4ForConditionalGeneration
 
-    text = dict(
-        vocab_size=256,
-        vocab_size_per_layer_input=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        global_head_dim=32,
-        sliding_window=8,
-        layer_types=["sliding_attention", "full_attention"],
-        initializer_range=0.1,
-        hidden_size_per_layer_input=0,
-    )
+    text = dict(TINY_TEXT, initializer_range=0.1)
     vision = dict(
         hidden_size=32,
         intermediate_size=64,
@@ -168,13 +155,7 @@ def test_towers_load_beside_the_text_model(tmp_path: Path) -> None:
             text_config=text,
             vision_config=vision,
             audio_config=audio,
-            image_token_id=250,
-            video_token_id=251,
-            audio_token_id=252,
-            boi_token_id=253,
-            eoi_token_id=254,
-            boa_token_id=255,
-            eoa_token_index=249,
+            **MEDIA_IDS,
         )
     ).eval()
     ref.save_pretrained(tmp_path)
