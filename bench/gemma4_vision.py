@@ -7,9 +7,11 @@ unless --config names a config.json with a vision_config. Each image runs alone,
 Gemma4Model.encode_media runs it. With --prefill, also the first token's time through a runner
 (no lanes, no server) on Gemma-4-26B-A4B's text model with dummy weights: a prompt of 2048 rows
 holding one 280-row image (the tower, then one pass with the image block) against a text prompt
-of the same length. Writes gemma4_vision.json to --out and prints tables.
+of the same length. With --batch N, also N images of 70, 140 and 280 soft tokens in one tower
+pass (images_embeddings, as encode_media groups them) against N passes of one image, ms per
+image either way. Writes gemma4_vision.json to --out and prints tables.
 
-    python bench/gemma4_vision.py --out $OUT [--prefill]
+    python bench/gemma4_vision.py --out $OUT [--prefill] [--batch 4]
     python bench/gemma4_vision.py --smoke        # on the CPU, a tiny tower and text model
 """
 
@@ -27,7 +29,7 @@ from typing import Any
 import torch
 
 from tensorfold_gemma4.dummy import dummy_vision_weights
-from tensorfold_gemma4.vision import image_embeddings
+from tensorfold_gemma4.vision import image_embeddings, images_embeddings
 from tensorfold_gemma4.vision_config import VisionConfig, vision_config
 from tensorfold_gemma4.vision_weights import VisionWeights
 
@@ -86,6 +88,34 @@ def measure(cfg: VisionConfig, w: VisionWeights, tokens: int, device: str, round
     }
 
 
+def measure_batch(
+    cfg: VisionConfig, w: VisionWeights, tokens: int, count: int, device: str, rounds: int
+) -> dict:
+    """ms per image: `count` images of `tokens` soft tokens in one tower pass, and one a pass."""
+    images = [image(cfg, tokens, device)] * count
+
+    def one_pass() -> None:
+        images_embeddings(cfg, w, images)
+
+    def a_pass_each() -> None:
+        for px, pos in images:
+            image_embeddings(cfg, w, px, pos)
+
+    out = {"soft_tokens": tokens, "images": count}
+    with torch.no_grad():
+        for name, fn in (("one_pass", one_pass), ("a_pass_each", a_pass_each)):
+            fn()  # warm-up
+            times = []
+            for _ in range(rounds):
+                sync(device)
+                start = time.perf_counter()
+                fn()
+                sync(device)
+                times.append((time.perf_counter() - start) * 1e3)
+            out[f"{name}_ms_per_image"] = statistics.median(times) / count
+    return out
+
+
 def first_token(
     model: Any, tower: VisionWeights, cfg: VisionConfig, rows: int, tokens: int, rounds: int
 ) -> dict[str, float]:
@@ -133,6 +163,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--prefill", action="store_true", help="time to first token, 26B text model")
+    p.add_argument("--batch", type=int, default=0, help="N images in one pass against N passes")
     args = p.parse_args(argv)
     raw: dict[str, Any] = {"vision_config": {}, "text_config": {"hidden_size": 2816}}
     if args.config is not None:
@@ -157,6 +188,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{r['soft_tokens']:>11} {r['patches']:>8} {r['ms_median']:>9.2f} "
             f"{r['peak_bytes'] / 2**20:>9.1f} {r['bound_bytes'] / 2**20:>10.1f}"
         )
+    if args.batch or args.smoke:
+        count = args.batch or 2
+        result["batches"] = [
+            measure_batch(cfg, w, t, count, device, 1 if args.smoke else args.rounds)
+            for t in ([70] if args.smoke else [70, 140, 280])
+        ]
+        print(f"{'soft tokens':>11} {'images':>6} {'ms/image, one pass':>19} {'a pass each':>12}")
+        for r in result["batches"]:
+            print(
+                f"{r['soft_tokens']:>11} {r['images']:>6} {r['one_pass_ms_per_image']:>19.2f} "
+                f"{r['a_pass_each_ms_per_image']:>12.2f}"
+            )
     if args.prefill or args.smoke:
         from tensorfold_gemma4.config import Gemma4Config
         from tensorfold_gemma4.dummy import SHAPES, build_dummy

@@ -13,7 +13,11 @@ the same length, at the runner (no server, no lanes): GLM-5.3-Flash's widths wit
 image's tower pass and then the prompt's one pass, against the text prompt's one pass; 32 text
 tokens either side of the image.
 
+With `--batch N`, also N images of 256 and 1024 rows in one tower pass (as encode_media groups
+them) against N passes of one image: ms per image either way.
+
     python bench/glm_vision.py --out $OUT       # the table, and glm_vision.json in $OUT
+    python bench/glm_vision.py --batch 4 --out $OUT
     python bench/glm_vision.py --ttft --out $OUT
     python bench/glm_vision.py --smoke [--ttft] # tiny shapes on the CPU (the code path runs)
 """
@@ -119,6 +123,23 @@ def time_one(weights: Any, rows: int, reps: int, cuda: bool) -> dict[str, Any]:
     }
 
 
+def time_batch(weights: Any, rows: int, count: int, reps: int, cuda: bool) -> dict[str, Any]:
+    """ms per image: `count` images of about `rows` rows in one tower pass, and one a pass."""
+    cfg = weights.cfg
+    h, w = grid_for(rows, cfg.spatial_merge_size)
+    x = torch.randn(h * w, cfg.patch_dim, device="cuda" if cuda else "cpu")
+    one = torch.tensor([[1, h, w]])
+    xs, grids = x.repeat(count, 1), one.repeat(count, 1)
+    together = timed(lambda: image_embeddings(weights, xs, grids), reps, cuda)
+    each = timed(lambda: [image_embeddings(weights, x, one) for _ in range(count)], reps, cuda)
+    return {
+        "rows": h * w // cfg.spatial_merge_size**2,
+        "images": count,
+        "one_pass_ms_per_image": round(together / count, 3),
+        "a_pass_each_ms_per_image": round(each / count, 3),
+    }
+
+
 def timed(fn: Any, reps: int, cuda: bool) -> float:
     """The median ms of `reps` calls of fn() after two warm-ups."""
     import time
@@ -195,6 +216,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--ttft", action="store_true")
+    parser.add_argument("--batch", type=int, default=0, help="N images a pass against N passes")
     args = parser.parse_args()
     cuda = not args.smoke
     if cuda and not torch.cuda.is_available():
@@ -213,6 +235,16 @@ def main() -> None:
             f"{r['peak_gib']} | {r['plan_gib']} |"
         )
     record: dict[str, Any] = {"device": device, "dtype": str(dtype), "results": results}
+    if args.batch or args.smoke:
+        count = args.batch or 2
+        record["batches"] = [time_batch(weights, r, count, args.reps, cuda) for r in rows[:2]]
+        print("\n| rows | images | ms / image, one pass | ms / image, a pass each |")
+        print("| ---: | ---: | ---: | ---: |")
+        for r in record["batches"]:
+            print(
+                f"| {r['rows']} | {r['images']} | {r['one_pass_ms_per_image']} | "
+                f"{r['a_pass_each_ms_per_image']} |"
+            )
     if args.ttft:
         record["ttft"] = ttft(cfg, args.reps, args.smoke)
         print("\n| prompt rows | image rows | image prompt ms | text prompt ms | tower ms |")

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from tensorfold.family.forward_pass import ForwardPass, StreamRows
-from tensorfold.family.media import MediaRefused, expand_media, media_key, store_key
+from tensorfold.family.media import (
+    MediaRefused,
+    expand_media,
+    media_key,
+    store_key,
+    tower_batches,
+)
 
 
 class Boxed:
@@ -94,3 +100,21 @@ def test_a_pass_places_media_rows_and_lets_a_block_see_itself_whole() -> None:
 def test_media_rows_outside_their_run_are_refused() -> None:
     with pytest.raises(ValueError, match="not inside"):
         ForwardPass([StreamRows(0, 0, [1, 2], [0], embeds=[(1, torch.zeros(2, 4))])], 4)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "bound", "want"),
+    [
+        ([], 10, []),
+        ([4, 3, 3], 10, [[0, 1, 2]]),
+        ([4, 3, 4, 9, 1], 10, [[0, 1], [2], [3, 4]]),
+        ([12, 2, 11], 10, [[0], [1], [2]]),  # a piece past the bound runs alone
+        ([5, 5, 5], 5, [[0], [1], [2]]),
+    ],
+)
+def test_a_tower_runs_consecutive_pieces_within_the_plans_size(
+    sizes: list[int], bound: int, want: list[list[int]]
+) -> None:
+    batches = tower_batches(sizes, bound)
+    assert [list(b) for b in batches] == want
+    assert [i for b in batches for i in b] == list(range(len(sizes)))

@@ -16,7 +16,7 @@ from tensorfold.config.logs import get_logger
 from tensorfold.family import ModelShape, StateLayout
 from tensorfold.family.checkpoint import torch_dtype
 from tensorfold.family.forward_pass import ForwardPass
-from tensorfold.family.media import MediaPiece
+from tensorfold.family.media import MediaPiece, tower_batches
 from tensorfold.family.model import FamilyModel
 from tensorfold.ops import parallel
 from tensorfold.ops import rope as rope_ops
@@ -30,7 +30,7 @@ from .config import Gemma4Config, Layer, Rope
 from .media import GemmaClip, GemmaImage
 from .ops import residual, residual_router, rms_norm, softcap_float
 from .sliding import SlidingRows
-from .vision import image_embeddings
+from .vision import images_embeddings
 from .vision_config import VisionConfig, vision_config
 from .vision_weights import VisionWeights, load_vision_weights
 from .weights import LayerWeights, ModelWeights, load_weights
@@ -161,40 +161,53 @@ class Gemma4Model(FamilyModel):
         )
 
     def encode_media(self, pieces: Sequence[MediaPiece]) -> list[torch.Tensor]:
-        """Each piece's soft tokens [piece.rows, H] in the model's dtype on its device: the
-        vision tower over an image alone (vision.image_embeddings), the audio tower over a clip
-        alone (audio.audio_embeddings), so a piece's rows never depend on the others. A piece's
-        inputs are its `media.GemmaImage` or `media.GemmaClip`."""
+        """Each piece's soft tokens [piece.rows, H] in the model's dtype on its device: images
+        through the vision tower (vision.images_embeddings, several in one pass as
+        `tower_batches` groups them within the largest image's patches), audio through the
+        audio tower a clip alone (audio.audio_embeddings). A piece's rows never depend on the
+        others. A piece's inputs are its `media.GemmaImage` or `media.GemmaClip`."""
         if self.vision_weights is None and self.audio_weights is None:
             return super().encode_media(pieces)
-        out = []
-        for piece in pieces:
+        out: list[torch.Tensor | None] = [None] * len(pieces)
+        images = []
+        for i, piece in enumerate(pieces):
             if isinstance(piece.inputs, GemmaClip) and piece.kind == "audio":
-                rows = self._encode_clip(piece.inputs)
+                out[i] = self._encode_clip(piece.inputs)
             elif isinstance(piece.inputs, GemmaImage) and piece.kind == "image":
-                rows = self._encode_image(piece.inputs)
+                images.append(i)
             else:
                 raise ValueError(
                     f"gemma4 encodes images and audio, not {piece.kind} "
                     f"{type(piece.inputs).__name__}"
                 )
+        for i, rows in zip(images, self._encode_images([pieces[i].inputs for i in images])):
+            out[i] = rows
+        done = []
+        for piece, rows in zip(pieces, out):
+            assert rows is not None
             if rows.shape[0] != piece.rows:
                 raise ValueError(
                     f"a {piece.kind} piece gives {rows.shape[0]} soft tokens, it holds "
                     f"{piece.rows} rows"
                 )
-            out.append(rows.to(self.dtype))
-        return out
+            done.append(rows.to(self.dtype))
+        return done
 
-    def _encode_image(self, image: GemmaImage) -> torch.Tensor:
-        if self.vision_cfg is None or self.vision_weights is None:
+    def _encode_images(self, images: Sequence[GemmaImage]) -> list[torch.Tensor]:
+        if not images:
+            return []
+        cfg, w = self.vision_cfg, self.vision_weights
+        if cfg is None or w is None:
             raise ValueError("gemma4: an image piece, and the checkpoint has no vision tower")
-        return image_embeddings(
-            self.vision_cfg,
-            self.vision_weights,
-            image.pixel_values.to(self.device),
-            image.positions.to(self.device),
-        )
+        sizes = [image.pixel_values.shape[0] for image in images]
+        out = []
+        for batch in tower_batches(sizes, cfg.largest_image_patches):
+            pairs = [
+                (images[i].pixel_values.to(self.device), images[i].positions.to(self.device))
+                for i in batch
+            ]
+            out.extend(images_embeddings(cfg, w, pairs))
+        return out
 
     def _encode_clip(self, clip: GemmaClip) -> torch.Tensor:
         if self.audio_cfg is None or self.audio_weights is None:

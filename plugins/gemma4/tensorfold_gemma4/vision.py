@@ -6,9 +6,10 @@ Input is what Gemma 4's image processor gives: `pixel_values` [B, max_patches, 3
 (each image's patches row-major, then zero padding) and `image_position_ids` [B, max_patches, 2]
 holding each patch's (x, y) in its image's patch grid, (-1, -1) on padding. The reference runs the
 batch padded, masking padded keys; a valid patch never sees a padded one and padded patches are
-zeroed before pooling, so each image is run here alone on its valid patches: its soft tokens
-depend on no other image. Projections go through the batch-invariant `linear`, norms through
-ops.rms_norm.
+zeroed before pooling, so here only the valid patches run: several images' patches one after
+another through the products (the batch-invariant `linear`) and the norms (ops.rms_norm, row by
+row), attention and pooling within each image alone. An image's soft tokens are then the same
+bits whatever images share its pass.
 
 Pooling averages each k×k block of patches (k = pooling_kernel_size) into one soft token, ordered
 by block index bx + (W // k)·by (W: the image's patch columns), which is row-major over the
@@ -16,6 +17,8 @@ pooled grid; blocks with no patch are dropped.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 
@@ -35,9 +38,7 @@ def image_soft_tokens(
     """Every image's soft-token embeddings, image after image: [sum of tokens, text H] in the
     weights' dtype, the rows `masked_scatter` writes over the image placeholders in order.
     pixel_values [B, P, 3·patch²]; image_position_ids [B, P, 2] (-1 on padding)."""
-    return torch.cat(
-        [image_embeddings(cfg, w, px, pos) for px, pos in zip(pixel_values, image_position_ids)]
-    )
+    return torch.cat(images_embeddings(cfg, w, list(zip(pixel_values, image_position_ids))))
 
 
 def image_embeddings(
@@ -45,25 +46,46 @@ def image_embeddings(
 ) -> torch.Tensor:
     """One image's soft tokens in the text embedding: embed_vision(tower(...)) -> [T, text H].
     pixel_values [P, 3·patch²]; positions [P, 2] (rows of (-1, -1) are padding, dropped)."""
-    valid = (positions != -1).any(-1)
-    pos = positions[valid].long()
-    h = encode(cfg, w, pixel_values[valid], pos)
-    soft = pool(cfg, w, h, pos)
-    return linear(rms_norm(soft, None, cfg.rms_norm_eps), w.projection)
+    return images_embeddings(cfg, w, [(pixel_values, positions)])[0]
+
+
+def images_embeddings(
+    cfg: VisionConfig, w: VisionWeights, images: Sequence[tuple[torch.Tensor, torch.Tensor]]
+) -> list[torch.Tensor]:
+    """Each image's soft tokens [T_i, text H], the images in one tower pass: image_embeddings'
+    bits for each. images: (pixel_values [P, 3·patch²], positions [P, 2]) pairs."""
+    if not images:
+        return []
+    pixels, positions = [], []
+    for px, pos in images:
+        valid = (pos != -1).any(-1)
+        pixels.append(px[valid])
+        positions.append(pos[valid].long())
+    sizes = [len(pos) for pos in positions]
+    h = encode(cfg, w, torch.cat(pixels), torch.cat(positions), sizes)
+    soft = [pool(cfg, w, hi, pos) for hi, pos in zip(h.split(sizes), positions)]
+    out = linear(rms_norm(torch.cat(soft), None, cfg.rms_norm_eps), w.projection)
+    return list(out.split([len(s) for s in soft]))
 
 
 def encode(
-    cfg: VisionConfig, w: VisionWeights, pixel_values: torch.Tensor, pos: torch.Tensor
+    cfg: VisionConfig,
+    w: VisionWeights,
+    pixel_values: torch.Tensor,
+    pos: torch.Tensor,
+    sizes: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """The patch embedder and the encoder layers over one image's patches. pixel_values
-    [N, 3·patch²]; pos [N, 2] (x, y) -> [N, Hv] in the weights' dtype."""
+    """The patch embedder and the encoder layers over images' patches, one image after another.
+    pixel_values [N, 3·patch²]; pos [N, 2] (x, y); sizes: each image's patches (None: one
+    image) -> [N, Hv] in the weights' dtype."""
     dtype = w.input_proj.dtype
+    sizes = [pixel_values.shape[0]] if sizes is None else list(sizes)
     x = linear((2 * (pixel_values - 0.5)).to(dtype), w.input_proj)
     h = x + (w.positions[0][pos[:, 0]] + w.positions[1][pos[:, 1]])
     cos, sin = axial_rope(cfg, pos, dtype)
     eps = cfg.rms_norm_eps
     for layer in w.layers:
-        a = attention(cfg, layer, rms_norm(h, layer.input_norm, eps), cos, sin)
+        a = attention(cfg, layer, rms_norm(h, layer.input_norm, eps), cos, sin, sizes)
         h = h + rms_norm(a, layer.post_attention_norm, eps)
         m = mlp(layer, rms_norm(h, layer.pre_mlp_norm, eps))
         h = h + rms_norm(m, layer.post_mlp_norm, eps)
@@ -128,10 +150,12 @@ def attention(
     x: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
+    sizes: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """Bidirectional attention over one image's patches with q/k norms (v without weight), 2-D
-    RoPE on q and k, scaling 1.0; softmax in fp32. x [N, Hv] -> [N, Hv]. Queries go in chunks
-    of QUERY_CHUNK rows, so the scores take [heads, QUERY_CHUNK, N] at once, not [heads, N, N]
+    """Bidirectional attention over each image's patches (sizes: each image's rows, one after
+    another; None: one image) with q/k norms (v without weight), 2-D RoPE on q and k, scaling
+    1.0; softmax in fp32. x [N, Hv] -> [N, Hv]. Queries go in chunks of QUERY_CHUNK rows, so
+    the scores take [heads, QUERY_CHUNK, N_i] at once, not [heads, N_i, N_i]
     (vision_config.VisionConfig.activation_bytes counts them)."""
     n, d, eps = x.shape[0], cfg.head_dim, cfg.rms_norm_eps
     q = _rotate(rms_norm(clipped(x, w.q).view(n, -1, d), w.q_norm, eps), cos, sin)
@@ -140,14 +164,23 @@ def attention(
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
-    qh, kh, vh = q.transpose(0, 1), k.permute(1, 2, 0), v.transpose(0, 1)
+    splits = zip(*(t.split(list(sizes) if sizes else [n]) for t in (q, k, v)))
+    o = torch.cat([_attend_one(qi, ki, vi) for qi, ki, vi in splits])
+    return clipped(o.reshape(n, -1), w.o)
+
+
+def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One image's attention: q, k, v [N_i, heads, D] -> [N_i, heads, D]. Each head-major copy
+    is a fresh tensor, so the products take the same inputs whatever rows lay around them."""
+    qh, kh, vh = (t.transpose(0, 1).contiguous() for t in (q, k, v))  # [heads, N_i, D]
+    kh = kh.transpose(1, 2)
     out = []
-    for a in range(0, n, QUERY_CHUNK):
-        scores = torch.matmul(qh[:, a : a + QUERY_CHUNK], kh)  # [heads, chunk, N]
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(x.dtype)
+    for a in range(0, q.shape[0], QUERY_CHUNK):
+        scores = torch.matmul(qh[:, a : a + QUERY_CHUNK], kh)  # [heads, chunk, N_i]
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out.append(torch.matmul(probs, vh))  # [heads, chunk, D]
     o = torch.cat(out, dim=1) if out else qh
-    return clipped(o.transpose(0, 1).reshape(n, -1), w.o)
+    return o.transpose(0, 1)
 
 
 def mlp(w: VisionLayerWeights, x: torch.Tensor) -> torch.Tensor:

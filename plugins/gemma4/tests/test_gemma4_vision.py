@@ -13,8 +13,10 @@ import torch
 from gemma4_media_configs import MEDIA_IDS, TINY_TEXT
 
 from tensorfold.family.checkpoint import Checkpoint
+from tensorfold.family.media import MediaPiece
+from tensorfold_gemma4.media import GemmaImage
 from tensorfold_gemma4.model import load
-from tensorfold_gemma4.vision import image_soft_tokens
+from tensorfold_gemma4.vision import image_soft_tokens, images_embeddings
 
 PATCH, K = 4, 3  # patch_size, pooling_kernel_size
 MAX_PATCHES = 8 * K * K  # max_soft_tokens 8
@@ -72,9 +74,14 @@ def _images(grids: tuple[tuple[int, int], ...]) -> tuple[torch.Tensor, torch.Ten
 
 
 @pytest.fixture(scope="module")
-def tower(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+def tower_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     folder = tmp_path_factory.mktemp("gemma4_vision")
-    ref = _reference(folder)
+    return _reference(folder), folder
+
+
+@pytest.fixture(scope="module")
+def tower(tower_folder: tuple[Any, Path]) -> tuple[Any, Any]:
+    ref, folder = tower_folder
     return ref, load(Checkpoint.open(folder), "cpu", "float32")
 
 
@@ -90,12 +97,27 @@ def test_soft_tokens_match_the_reference(tower: tuple[Any, Any], grids: Any) -> 
     assert ((got - want).abs().max() / want.abs().max()).item() <= 1e-4
 
 
-def test_an_image_s_tokens_do_not_depend_on_its_batch(tower: tuple[Any, Any]) -> None:
-    _, model = tower
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_each_image_in_one_tower_pass_is_the_image_alone(
+    tower_folder: tuple[Any, Path], dtype: str
+) -> None:
+    """Three images of 54, 27 and 54 patches in one pass (the second starts inside a product's
+    row block): each one's soft tokens the bits it has alone, through encode_media too."""
+    model = load(Checkpoint.open(tower_folder[1]), "cpu", dtype)
     cfg, w = model.vision_cfg, model.vision_weights
-    both = image_soft_tokens(cfg, w, *_images(GRIDS))
-    first = image_soft_tokens(cfg, w, *_images(GRIDS[:1]))
-    assert torch.equal(both[: len(first)], first)
+    grids = (*GRIDS, GRIDS[0][::-1])
+    pixels, positions = _images(grids)
+    together = images_embeddings(cfg, w, list(zip(pixels, positions)))
+    pieces = []
+    for i, (px, pos) in enumerate(zip(pixels, positions)):
+        alone = images_embeddings(cfg, w, [(px, pos)])[0]
+        assert torch.equal(together[i], alone), i
+        valid = (pos != -1).any(-1)
+        image = GemmaImage(px[valid], pos[valid])
+        pieces.append(MediaPiece(start=10 * i, rows=alone.shape[0], key=i + 1, inputs=image))
+    encoded = model.encode_media(pieces)
+    for i, rows in enumerate(encoded):
+        assert torch.equal(rows, together[i].to(model.dtype)), i
 
 
 def test_a_text_only_checkpoint_has_no_tower(tiny_paths: dict[str, Path]) -> None:

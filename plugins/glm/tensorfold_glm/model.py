@@ -31,7 +31,7 @@ from tensorfold.config.logs import get_logger
 from tensorfold.family import StateLayout
 from tensorfold.family.checkpoint import torch_dtype
 from tensorfold.family.forward_pass import ForwardPass, StackedTaps
-from tensorfold.family.media import MediaPiece
+from tensorfold.family.media import MediaPiece, tower_batches
 from tensorfold.family.model import FamilyModel
 from tensorfold.ops import parallel
 from tensorfold.ops.linear import linear
@@ -44,7 +44,8 @@ from .layout import DTYPES, carry_name, shape, state_layout
 from .media_processor import GlmImage
 from .mla import mla
 from .moe import ffn
-from .vision import image_embeddings
+from .vision import image_embeddings, image_token_counts
+from .vision_memory import DEFAULT_MAX_ROWS
 from .vision_weights import VisionWeights, load_vision_weights
 from .weights import KdaWeights, LayerWeights, ModelWeights, has_mtp, load_weights, text_prefix
 
@@ -169,25 +170,29 @@ class GlmModel(FamilyModel):
         return self.logits(normed, w.lm_head)
 
     def encode_media(self, pieces: Sequence[MediaPiece]) -> list[torch.Tensor]:
-        """Each image's rows [piece.rows, H] in the model dtype on its device: the tower on that
-        image alone, so its rows are the same bits whatever else the prompt holds."""
+        """Each image's rows [piece.rows, H] in the model dtype on its device. Images go through
+        the tower several in one pass, as `tower_batches` groups them within the rows the memory
+        plan counts it at; an image's rows are the same bits whatever shares its pass."""
         if self.vision is None:
             raise ValueError("glm5_next: this checkpoint has no vision tower (vision_config)")
-        out = []
         for piece in pieces:
             if piece.kind != "image" or not isinstance(piece.inputs, GlmImage):
                 raise ValueError(f"glm5_next takes images, not {piece.kind} {piece.inputs!r}")
-            image = piece.inputs
-            grid = torch.tensor([image.grid_thw], dtype=torch.long)
-            pixels = image.pixel_values.to(self.device)
+        out = []
+        for batch in tower_batches([p.rows for p in pieces], DEFAULT_MAX_ROWS):
+            images = [pieces[i].inputs for i in batch]
+            grid = torch.tensor([image.grid_thw for image in images], dtype=torch.long)
+            pixels = torch.cat([image.pixel_values for image in images]).to(self.device)
             with torch.no_grad():
                 rows = image_embeddings(self.vision, pixels, grid)
-            if rows.shape[0] != piece.rows:
-                raise ValueError(
-                    f"an image of grid {image.grid_thw} gives {rows.shape[0]} rows, "
-                    f"its piece holds {piece.rows}"
-                )
-            out.append(rows.to(self.dtype))
+            counts = image_token_counts(grid, self.vision.cfg)
+            for i, part in zip(batch, rows.split(counts)):
+                if part.shape[0] != pieces[i].rows:
+                    raise ValueError(
+                        f"an image of grid {pieces[i].inputs.grid_thw} gives {part.shape[0]} "
+                        f"rows, its piece holds {pieces[i].rows}"
+                    )
+                out.append(part.to(self.dtype))
         return out
 
     def _carry(

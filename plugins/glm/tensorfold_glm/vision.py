@@ -10,8 +10,9 @@ row (the Conv2d downsample), and the merger (linear, LayerNorm, exact GELU, clam
 The rows of all images, in order, are what the reference's masked_scatter writes over the
 placeholder tokens' rows.
 
-Each image runs on its own, and its products through fixed row blocks (tensorfold.ops.linear),
-so an image's embeddings do not depend on the other images beside it. Attention never holds an
+Several images run in one pass: their patches one after another through the products (fixed
+row blocks, tensorfold.ops.linear) and the norms (row by row), attention within each image
+alone, so an image's embeddings are the same bits whatever images share its pass. Attention never holds an
 [n, n] score matrix: on CUDA torch's fused attention, on the CPU blocks of queries whose fp32
 scores fit vision_memory.SCORE_BYTES (vision_memory.py counts what a tower pass holds).
 """
@@ -44,7 +45,8 @@ def image_embeddings(
     w: VisionWeights, pixel_values: torch.Tensor, grid_thw: torch.Tensor
 ) -> torch.Tensor:
     """pixel_values [patches, C·T·P·P], grid_thw [images, 3] -> [tokens, out_hidden_size] in
-    the weights' dtype, the images' rows one after another."""
+    the weights' dtype, the images' rows one after another, all in one pass (each image's rows
+    the bits it has alone)."""
     cfg = w.cfg
     if pixel_values.shape[-1] != cfg.patch_dim:
         raise ValueError(f"pixel rows of {pixel_values.shape[-1]} values, not {cfg.patch_dim}")
@@ -54,19 +56,13 @@ def image_embeddings(
     m = cfg.spatial_merge_size
     if any(h % m or w_ % m for _, h, w_ in grid_thw.tolist()):
         raise ValueError(f"grid_thw {grid_thw.tolist()}: h and w must be multiples of {m}")
-    x = pixel_values.to(w.patch.dtype)
-    out = []
-    for rows, (t, h, w_) in zip(torch.split(x, sizes), grid_thw.tolist()):
-        out.append(_one_image(w, rows, int(t), int(h), int(w_)))
-    return torch.cat(out) if out else x.new_empty(0, cfg.out_hidden_size)
-
-
-def _one_image(w: VisionWeights, pixels: torch.Tensor, t: int, h: int, width: int) -> torch.Tensor:
-    cfg = w.cfg
-    x = linear(pixels, w.patch, w.patch_bias)  # [n, D]
-    cos, sin = _axial_rope(cfg, t, h, width, x.device)
+    if not sizes:
+        return pixel_values.new_empty(0, cfg.out_hidden_size, dtype=w.patch.dtype)
+    x = linear(pixel_values.to(w.patch.dtype), w.patch, w.patch_bias)  # [n, D]
+    ropes = [_axial_rope(cfg, int(t), int(h), int(w_), x.device) for t, h, w_ in grid_thw.tolist()]
+    cos, sin = (torch.cat(parts) for parts in zip(*ropes))
     for block in w.blocks:
-        x = x + _attention(block, cfg, rms_norm(x, block.norm1, cfg.rms_norm_eps), cos, sin)
+        x = x + _attention(block, cfg, rms_norm(x, block.norm1, cfg.rms_norm_eps), cos, sin, sizes)
         x = x + _mlp(block, cfg, rms_norm(x, block.norm2, cfg.rms_norm_eps))
     x = rms_norm(x, w.post_norm, cfg.rms_norm_eps)
     # block-major order: each run of m·m rows is one 2 x 2 block, (y, x) row by row
@@ -106,13 +102,21 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 def _attention(
-    b: VisionBlockWeights, cfg: VisionConfig, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    b: VisionBlockWeights,
+    cfg: VisionConfig,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    sizes: list[int],
 ) -> torch.Tensor:
+    """Attention within each image (sizes: its patches, one image after another). Each image's
+    q, k, v are fresh tensors, so attend takes the same inputs whatever rows lay around them."""
     n, heads, hd = x.shape[0], cfg.num_heads, cfg.head_dim
     q, k, v = linear(x, b.qkv, b.qkv_bias).reshape(n, 3, heads, hd).unbind(1)
     q = _rotate(rms_norm(q, b.q_norm, cfg.rms_norm_eps), cos, sin)
     k = _rotate(rms_norm(k, b.k_norm, cfg.rms_norm_eps), cos, sin)
-    o = attend(q, k, v)  # [n, heads, hd]
+    parts = zip(*(t.split(sizes) for t in (q, k, v)))
+    o = torch.cat([attend(*(t.contiguous() for t in qkv)) for qkv in parts])  # [n, heads, hd]
     return linear(o.reshape(n, heads * hd), b.proj, b.proj_bias)
 
 

@@ -5,8 +5,10 @@ Weights: the checkpoint's `model.visual.*` tensors are already in the plan's wei
 start counts every tensor of the checkpoint, `Checkpoint.local_bytes`, the tower's too, whole
 on every tensor-parallel rank); `tower_weight_bytes` gives the same number from the config.
 
-Activations: the tower runs one image at a time, before the prompt pass that reads its rows, so
-its peak is one image's, at max_image_tokens merge blocks (4 x that many patches at merge 2).
+Activations: the tower runs before the prompt pass that reads its rows, on images whose rows
+together stay within DEFAULT_MAX_ROWS (the model's encode_media, `tower_batches`), so its peak is
+that of one image at DEFAULT_MAX_ROWS merge blocks (4 x that many patches at merge 2): attention
+runs within each image, and everything else grows with the rows.
 `tower_activation_bytes` bounds what vision.py holds at once in each of its three phases (a
 block's attention, a block's MLP, the merger), the largest of them plus the pixel rows in and
 the rows out. The bound counts every intermediate tensor of a phase as live at once, torch's

@@ -132,11 +132,20 @@ def test_a_pass_cut_inside_an_image_changes_no_bit(case: Any) -> None:
         assert torch.equal(our_logits(model, ids, pieces, [0, cut, len(ids)]), whole), cut
 
 
-def test_each_image_encodes_alone(case: Any) -> None:
+@pytest.mark.parametrize("max_rows", [8000, 20], ids=["one_pass", "a_pass_each"])
+def test_images_in_one_tower_pass_encode_as_each_alone(
+    case: Any, max_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two images of 20 and 40 rows through the tower together (or, within 20 rows a pass,
+    one a pass): each one's rows the bits it has alone."""
+    import tensorfold_glm.model as glm_model
+
     _, model, processor = case
     _, pieces = image_prompt(processor, 2)
+    monkeypatch.setattr(glm_model, "DEFAULT_MAX_ROWS", max_rows)
     both = model.encode_media(pieces)
-    assert torch.equal(model.encode_media(pieces[1:])[0], both[1])
+    for piece, rows in zip(pieces, both):
+        assert torch.equal(model.encode_media([piece])[0], rows)
     assert [r.shape for r in both] == [(p.rows, 64) for p in pieces]
     assert all(r.dtype == torch.float32 for r in both)
 

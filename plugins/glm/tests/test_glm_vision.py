@@ -1,7 +1,8 @@
 """The vision tower (vision.py, vision_weights.py) against transformers 5.23.0's
 `get_image_features` on the tiny checkpoint's one-block tower, its weights perturbed (the
 reference initialises norms to ones, biases to zeros and maps small), saved and loaded back: 1 and 2 images
-of different grids, fp32, within 1e-4 relative; an image's rows the same bits beside another;
+of different grids, fp32, within 1e-4 relative; each image's rows in a pass of three the bits it
+has alone;
 the CPU attention in query blocks; the memory plan's count of the tower (vision_memory.py)."""
 
 from __future__ import annotations
@@ -74,13 +75,18 @@ def test_image_embeddings_match_transformers(tower: Any, grids: list[list[int]])
     assert err <= 1e-4, f"relative error {err:.2e}"
 
 
-def test_an_image_is_the_same_beside_another(tower: Any) -> None:
-    _, weights, _ = tower
-    both, grid = pixels(GRIDS, weights.cfg)
-    first = int(grid[0].prod())
-    alone = image_embeddings(weights, both[:first], grid[:1])
-    together = image_embeddings(weights, both, grid)
-    assert torch.equal(together[: alone.shape[0]], alone)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_each_image_in_one_tower_pass_is_the_image_alone(tower: Any, dtype: torch.dtype) -> None:
+    """Three images of 24, 4 and 24 patches in one pass (the second and third start inside a
+    product's row block): each one's rows the bits it has alone."""
+    weights = load_vision_weights(Checkpoint.open(tower[2]), "cpu", dtype)
+    assert weights is not None
+    grids = [*GRIDS, [1, 6, 4]]
+    both, grid = pixels(grids, weights.cfg)
+    together = image_embeddings(weights, both, grid).split(image_token_counts(grid, weights.cfg))
+    for i, rows in enumerate(both.split(grid.prod(-1).tolist())):
+        alone = image_embeddings(weights, rows, grid[i : i + 1])
+        assert torch.equal(together[i], alone), i
 
 
 def test_bad_pixel_rows_are_refused(tower: Any) -> None:
