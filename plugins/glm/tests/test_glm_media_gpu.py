@@ -1,6 +1,6 @@
 """glm5_next's images on the GPU (`pytest -m gpu`): the vision tower's fused attention and Triton
-products against the CPU path (fp32 within 1e-4 relative, bf16 loosely); an image's rows the
-same bits alone and beside another; at GLM-5.3-Flash's vision shape (vision_dummy.REAL) in
+products against the CPU path (fp32 within 1e-4 relative, bf16 loosely); each image's rows in a
+pass of three the same bits as alone; at GLM-5.3-Flash's vision shape (vision_dummy.REAL) in
 bf16, the device memory one tower pass takes at the largest image within what the memory plan
 sets aside for it (vision_memory.tower_activation_bytes); and the vision demo's image prompts
 through the runner in bf16 (the Triton kernels): a pass cut inside an image gives one pass's
@@ -61,8 +61,11 @@ def test_the_tower_on_cuda_is_the_cpu_tower(dtype: torch.dtype, tol: float) -> N
     want = image_embeddings(cpu, x, grid)
     got = image_embeddings(cuda, x.cuda(), grid).float().cpu()
     assert rel_err(got, want) < tol
-    alone = image_embeddings(cuda, x[: 16 * 24].cuda(), grid[:1])
-    assert torch.equal(image_embeddings(cuda, x.cuda(), grid)[: alone.shape[0]], alone)
+    three = [[1, 6, 10], *GRIDS]  # the others start 60 and 444 patches in: inside a tile
+    x, grid = pixels(SMALL, three)
+    together = image_embeddings(cuda, x.cuda(), grid).split([g[1] * g[2] // 4 for g in three])
+    for i, rows in enumerate(x.split([g[1] * g[2] for g in three])):
+        assert torch.equal(together[i], image_embeddings(cuda, rows.cuda(), grid[i : i + 1])), i
 
 
 def test_the_plan_covers_the_towers_memory_at_the_largest_image() -> None:
