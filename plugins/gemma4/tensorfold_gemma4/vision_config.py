@@ -47,10 +47,10 @@ class VisionConfig:
         return LARGEST_SOFT_TOKENS * self.pooling_kernel_size**2
 
     def activation_bytes(self, patches: int, itemsize: int) -> int:
-        """A bound on the device bytes the tower holds at once on one image of `patches`
-        patches in weights of `itemsize` bytes: a layer's rows (the residual, its norms, q, k,
-        v and their GQA copies, the attention output, the MLP's gate, up and product, each
-        counted at fp32 or wider), one query chunk's scores (in the weights' dtype, their
+        """A bound on the device bytes the tower holds at once on images of `patches`
+        patches together in weights of `itemsize` bytes: a layer's rows (the residual, its
+        norms, q, k, v, their GQA copies and attention's head-major copies, the attention
+        output, the MLP's gate, up and product, each counted at fp32 or wider), one query chunk's scores (in the weights' dtype, their
         softmax in fp32 and its cast back), and the pixel values."""
         wide = max(itemsize, 4)
         heads, d = self.num_attention_heads, self.head_dim
@@ -59,7 +59,7 @@ class VisionConfig:
             * wide
             * (
                 8 * self.hidden_size
-                + 6 * heads * d
+                + 9 * heads * d
                 + 3 * self.intermediate_size
                 + 2 * self.patch_width
             )
