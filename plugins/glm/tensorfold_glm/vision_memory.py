@@ -59,9 +59,11 @@ def tower_activation_bytes(
     d, i, o = cfg.hidden_size, cfg.intermediate_size, cfg.out_hidden_size
     proj = cfg.projection_intermediate_size
     residual = 2 * d * e  # x and its normed copy
-    # qkv; q, k normed; the rotary's fp32 input, rotated half and products; fp32 q, k, v; the
-    # output's blocks and their concatenation
-    attention = n * (residual + 3 * d * e + 2 * d * e + 4 * d * F32 + 3 * d * F32 + 2 * d * e)
+    # qkv; q, k normed; the rotary's fp32 input, rotated half and products; each image's q, k,
+    # v copied for attention; fp32 q, k, v; the output's blocks and their concatenation
+    attention = n * (
+        residual + 3 * d * e + 2 * d * e + 4 * d * F32 + 3 * d * e + 3 * d * F32 + 2 * d * e
+    )
     if not cuda:
         attention += 4 * score_bytes  # scores, scaled, exp, probabilities of one query block
     # gate, up, their clamps, silu's output and the product; silu's fp32 input, exp and sum
