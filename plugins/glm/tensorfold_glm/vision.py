@@ -12,9 +12,10 @@ placeholder tokens' rows.
 
 Several images run in one pass: their patches one after another through the products (fixed
 row blocks, tensorfold.ops.linear) and the norms (row by row), attention within each image
-alone, so an image's embeddings are the same bits whatever images share its pass. Attention never holds an
-[n, n] score matrix: on CUDA torch's fused attention, on the CPU blocks of queries whose fp32
-scores fit vision_memory.SCORE_BYTES (vision_memory.py counts what a tower pass holds).
+alone, so an image's embeddings are the same bits whatever images share its pass. Attention
+never holds an [n, n] score matrix: on CUDA torch's fused attention, on the CPU blocks of
+queries whose fp32 scores fit vision_memory.SCORE_BYTES (vision_memory.py counts what a tower
+pass holds).
 """
 
 from __future__ import annotations
