@@ -133,7 +133,7 @@ def main() -> None:
             w = deq if mode == 0 else codes
             nbytes = n * k * w.element_size()
             best = None
-            for tiles in itertools.product((32, 64, 128), (64, 128), (4,), (3, 4)):
+            for tiles in itertools.product((32, 64, 128), (64, 128), (4,), (4,)):
                 launch(mode, x, w[0], s[0], out, tiles)
                 torch.cuda.synchronize()
                 if mode in (0, 1, 2):
