@@ -3,8 +3,8 @@ gives (70 .. 1120 soft tokens), and the device memory a run takes against the bo
 plan sets aside (VisionConfig.activation_bytes). Dummy bf16 weights (tensorfold_gemma4.dummy)
 at the tower's real shape:
 Gemma4VisionConfig's defaults (768 wide, 16 layers, 12 heads of 64, patch 16, 3 x 3 pooling)
-unless --config names a config.json with a vision_config. Each image runs alone, as
-Gemma4Model.encode_media runs it. With --prefill, also the first token's time through a runner
+unless --config names a config.json with a vision_config. The table runs one image a call
+(a request of one image). With --prefill, also the first token's time through a runner
 (no lanes, no server) on Gemma-4-26B-A4B's text model with dummy weights: a prompt of 2048 rows
 holding one 280-row image (the tower, then one pass with the image block) against a text prompt
 of the same length. With --batch N, also N images of 70, 140 and 280 soft tokens in one tower

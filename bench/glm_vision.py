@@ -4,7 +4,7 @@ The tower of tensorfold_glm.vision (torch's fused attention, the Triton products
 weights at `vision_dummy.REAL` (24 blocks of width 1024, 16 heads, out_hidden_size 4096), in
 bf16, on square images of 256, 1024, 4096 and the processor's largest, 8000 rows (merge blocks;
 4 patches a row). For each: the median of `--reps` timed calls after two warm-ups (CUDA events,
-one image a call, as encode_media runs them), rows per second, the device memory the call took
+one image a call: a request of one image), rows per second, the device memory the call took
 at its peak, and what the memory plan sets aside for it (vision_memory.tower_activation_bytes).
 
 With `--ttft`, also the time to first token of a one-image prompt against a text prompt of

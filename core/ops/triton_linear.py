@@ -146,7 +146,7 @@ def _chunk_product(
 ):
     """Σ over k in [k_lo, k_hi) of x[rm, k] · w[rn, k], in BLOCK_K steps from k_lo upward, fp32
     (FP8: w dequantized in registers, weight_tile; FP8 == WEIGHT_FIRST: as the MMA's first
-    operand, weight_first)."""
+    operand)."""
     rk = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_lo + rk)[None, :]
     dt = x_ptr.dtype.element_ty

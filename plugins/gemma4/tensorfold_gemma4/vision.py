@@ -73,13 +73,12 @@ def encode(
     w: VisionWeights,
     pixel_values: torch.Tensor,
     pos: torch.Tensor,
-    sizes: Sequence[int] | None = None,
+    sizes: Sequence[int],
 ) -> torch.Tensor:
     """The patch embedder and the encoder layers over images' patches, one image after another.
-    pixel_values [N, 3·patch²]; pos [N, 2] (x, y); sizes: each image's patches (None: one
-    image) -> [N, Hv] in the weights' dtype."""
+    pixel_values [N, 3·patch²]; pos [N, 2] (x, y); sizes: each image's patches -> [N, Hv] in
+    the weights' dtype."""
     dtype = w.input_proj.dtype
-    sizes = [pixel_values.shape[0]] if sizes is None else list(sizes)
     x = linear((2 * (pixel_values - 0.5)).to(dtype), w.input_proj)
     h = x + (w.positions[0][pos[:, 0]] + w.positions[1][pos[:, 1]])
     cos, sin = axial_rope(cfg, pos, dtype)
@@ -150,10 +149,10 @@ def attention(
     x: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    sizes: Sequence[int] | None = None,
+    sizes: Sequence[int],
 ) -> torch.Tensor:
     """Bidirectional attention over each image's patches (sizes: each image's rows, one after
-    another; None: one image) with q/k norms (v without weight), 2-D RoPE on q and k, scaling
+    another) with q/k norms (v without weight), 2-D RoPE on q and k, scaling
     1.0; softmax in fp32. x [N, Hv] -> [N, Hv]. Queries go in chunks of QUERY_CHUNK rows, so
     the scores take [heads, QUERY_CHUNK, N_i] at once, not [heads, N_i, N_i]
     (vision_config.VisionConfig.activation_bytes counts them)."""
@@ -164,7 +163,7 @@ def attention(
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
-    splits = zip(*(t.split(list(sizes) if sizes else [n]) for t in (q, k, v)))
+    splits = zip(*(t.split(list(sizes)) for t in (q, k, v)))
     o = torch.cat([_attend_one(qi, ki, vi) for qi, ki, vi in splits])
     return clipped(o.reshape(n, -1), w.o)
 
