@@ -1,13 +1,17 @@
 """How many streams at a long window the memory plan fits with bf16 and with fp8 KV pages, at a
-family's real shape: the weights counted from a model built on the meta device (no memory, no
-GPU), the pages from its state layout as tensorfold.kv_dtype stores it, the room as
-tensorfold.start plans it on CUDA (the device's memory less the weights, the runtime reserve, the
-activation reserve and the graph runner's scratch page and slot), no prompt cache.
+family's real shape: the weights counted as the family's loader reads them from a checkpoint of
+shapes only (bench/fp8_bytes.py: no memory, no GPU), the pages from its state layout as
+tensorfold.kv_dtype stores it, the room as tensorfold.start plans it on CUDA (the device's memory
+less the weights, the runtime reserve, the activation reserve and the graph runner's scratch page
+and slot), no prompt cache.
 
-    python bench/kv_capacity.py [--memory-gib 140] [--window 131072] [--weights fp8]
+    python bench/kv_capacity.py [--memory-gib 139.8] [--window 131072] [--weights fp8]
+        [--tp N] [--shape NAME ...]
 
---weights fp8 counts the weights as `--quantization fp8` loads them (bench/fp8_bytes.py: the
-family's fp8_linears in e4m3 with 128 x 128 scales, the rest in bf16).
+--weights fp8 counts the weights as `--quantization fp8` loads them (the family's fp8_linears in
+e4m3 with 128 x 128 scales, the rest in bf16). --tp N counts one rank of N: its slices of the
+weights and its state layout, as the family's shard plan cuts them (the plan runs per rank).
+GLM-5.3-Flash's MTP layer is not counted (it loads only with --draft mtp).
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tensorfold.engine.start import ACTIVATION_ROWS, CUDA_RESERVE, PAGE_ROWS  # noqa: E402
-from tensorfold.family import StateLayout  # noqa: E402
+from tensorfold.family import ShardPlan, StateLayout  # noqa: E402
 from tensorfold.memory.kv_dtype import kv_label, kv_layout  # noqa: E402
 from tensorfold.memory.kv_plan import GiB, PlanRefused, memory_budget, plan  # noqa: E402
 
 H200_GIB = 139.8  # an H200's memory as CUDA reports it (bench/experiments/kv_fp8.py reads it)
+H100_GIB = 79.2  # an H100 80GB's
 MAX_STREAMS = 4096
 
 
@@ -44,35 +49,40 @@ def _lfm2(device: str) -> Any:
     return build_dummy("LFM2-24B-A2B", device, torch.bfloat16, seed=0)
 
 
-# shape name -> (family, a builder of its dummy model on a device)
+# shape name -> (family, a builder of its dummy model on a device): bench/experiments/kv_fp8.py
+# runs these two through the engine
 SHAPES: dict[str, tuple[str, Callable[[str], Any]]] = {
     "Gemma-4-26B-A4B": ("gemma4", _gemma4),
     "LFM2-24B-A2B": ("lfm2_moe", _lfm2),
 }
 
 
-def weight_bytes(weights: Any) -> int:
-    """Bytes of every distinct tensor reachable from a model's weights object."""
-    import torch
+def _counted(family: str) -> tuple[Any, Callable[..., ShardPlan], Callable[..., dict[str, int]]]:
+    """A family's (shapes by name, shard plan, fp8_bytes counter)."""
+    from bench import fp8_bytes
 
-    seen: dict[int, torch.Tensor] = {}
+    if family == "lfm2_moe":
+        from tensorfold_lfm2_moe import dummy, shards
 
-    def walk(obj: Any, depth: int) -> None:
-        if isinstance(obj, torch.Tensor):
-            seen[id(obj)] = obj
-        elif isinstance(obj, (list, tuple)):
-            for v in obj:
-                walk(v, depth + 1)
-        elif isinstance(obj, dict):
-            for v in obj.values():
-                walk(v, depth + 1)
-        elif hasattr(obj, "__dict__") and depth < 8:
-            for v in vars(obj).values():
-                walk(v, depth + 1)
+        return dummy.SHAPES, shards.plan, fp8_bytes.lfm2
+    if family == "gemma4":
+        from tensorfold_gemma4 import dummy, shards  # type: ignore[no-redef]
 
-    walk(weights, 0)
-    own = [t for t in seen.values() if t._base is None or id(t._base) not in seen]  # q of qkv: once
-    return sum(t.numel() * t.element_size() for t in own)
+        return dummy.SHAPES, shards.plan, fp8_bytes.gemma4
+    from tensorfold_glm import dummy, shards  # type: ignore[no-redef]
+
+    return dummy.SHAPES, shards.plan, lambda shape, world: fp8_bytes.glm(shape, world, mtp=False)
+
+
+# every shape the table can count -> its family
+COUNTED = {
+    "LFM2-8B-A1B": "lfm2_moe",
+    "LFM2-24B-A2B": "lfm2_moe",
+    "Gemma-4-26B-A4B": "gemma4",
+    "GLM-5.3-Flash-8L": "glm5_next",
+    "GLM-5.3-Flash": "glm5_next",
+}
+ONE_GPU = ("LFM2-8B-A1B", "LFM2-24B-A2B", "Gemma-4-26B-A4B", "GLM-5.3-Flash-8L")
 
 
 def room(memory: int, weights: int, stored: StateLayout) -> int:
@@ -138,17 +148,16 @@ def capacity(layout: StateLayout, weights: int, memory: int, window: int) -> dic
     return out
 
 
-def shape_capacity(shape: str, memory: int, window: int, weights: str = "bf16") -> dict[str, Any]:
-    """capacity() at a named shape, its weights counted on the meta device (in bf16, or as
-    `--quantization fp8` loads them)."""
-    family, build = SHAPES[shape]
-    model = build("meta")
-    held = weight_bytes(model.weights)
-    if weights == "fp8":
-        from bench import fp8_bytes
-
-        held = {"gemma4": fp8_bytes.gemma4, "lfm2_moe": fp8_bytes.lfm2}[family](shape)["fp8"]
-    return {"family": family, **capacity(model.layout, held, memory, window)}
+def shape_capacity(
+    shape: str, memory: int, window: int, weights: str = "bf16", tp: int = 1
+) -> dict[str, Any]:
+    """capacity() at a named shape on one rank of `tp`, its weights counted in bf16 or as
+    `--quantization fp8` loads them."""
+    family = COUNTED[shape]
+    configs, shard_plan, count = _counted(family)
+    layout = shard_plan(configs[shape], "bfloat16", tp).layout
+    held = count(shape, tp)[weights]
+    return {"family": family, "tp": tp, **capacity(layout, held, memory, window)}
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
@@ -160,9 +169,10 @@ def table(results: dict[str, dict[str, Any]]) -> str:
                 f"{shape:<17} {kv:<5} {c['bytes_per_token']:>8} "
                 f"{c['stream_gib']:>10.2f} {c['streams']:>8}"
             )
+        rank = f"a rank of --tp {r['tp']}: " if r.get("tp", 1) > 1 else ""
         lines.append(
             f"{'':<17} fp8/bf16 streams {r['ratio']:.2f}x at a {r['window']}-token window"
-            f" ({r['weights_gib']:.1f} GiB of weights in {r['memory_gib']:.1f} GiB)"
+            f" ({rank}{r['weights_gib']:.1f} GiB of weights in {r['memory_gib']:.1f} GiB)"
         )
     return "\n".join(lines)
 
@@ -172,9 +182,17 @@ def main() -> None:
     ap.add_argument("--memory-gib", type=float, default=H200_GIB)
     ap.add_argument("--window", type=int, default=131072)
     ap.add_argument("--weights", choices=("bf16", "fp8"), default="bf16")
+    ap.add_argument("--tp", type=int, default=1, help="count one rank of this many")
+    ap.add_argument(
+        "--shape",
+        action="append",
+        choices=sorted(COUNTED),
+        help=f"repeatable; default the shapes one GPU holds: {', '.join(ONE_GPU)}",
+    )
     args = ap.parse_args()
     memory = int(args.memory_gib * GiB)
-    print(table({s: shape_capacity(s, memory, args.window, args.weights) for s in SHAPES}))
+    shapes = args.shape or ONE_GPU
+    print(table({s: shape_capacity(s, memory, args.window, args.weights, args.tp) for s in shapes}))
 
 
 if __name__ == "__main__":

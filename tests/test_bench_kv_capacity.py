@@ -41,6 +41,26 @@ def test_gemma4_26b_fits_about_twice_the_streams_in_fp8() -> None:
     assert lines[1].split()[-1] == "5" and lines[2].split()[-1] == "10"
 
 
+def test_a_rank_of_tensor_parallel_counts_its_slices_and_its_layout() -> None:
+    """GLM-5.3-Flash at --tp 8: a rank holds an eighth of the experts and heads (the embeddings
+    and head cut by vocabulary, the norms and router whole), so its weights are a little over an
+    eighth of the 626.65 GB; the MLA latent rows are not cut by heads, so a token's row bytes
+    stay one rank's whole. In bf16 the weights leave room for one 128k stream on an H100; in
+    fp8 for many."""
+    from bench import fp8_bytes
+
+    whole = fp8_bytes.glm("GLM-5.3-Flash", 1, mtp=False)["bf16"]
+    bf16 = kv_capacity.shape_capacity("GLM-5.3-Flash", int(79.2 * GiB), 131072, "bf16", tp=8)
+    fp8 = kv_capacity.shape_capacity("GLM-5.3-Flash", int(79.2 * GiB), 131072, "fp8", tp=8)
+    assert whole / 8 < bf16["weights_gib"] * GiB < whole / 8 * 1.03, bf16["weights_gib"]
+    assert 0.5 < fp8["weights_gib"] / bf16["weights_gib"] < 0.52
+    one = kv_capacity.shape_capacity("GLM-5.3-Flash", int(79.2 * GiB), 131072, "bf16")
+    assert bf16["bf16"]["bytes_per_token"] == one["bf16"]["bytes_per_token"]
+    assert one["bf16"]["streams"] == 0  # 626 GB on one card: nothing fits
+    assert bf16["bf16"]["streams"] < 4 < fp8["bf16"]["streams"], (bf16, fp8)
+    assert "a rank of --tp 8" in kv_capacity.table({"GLM-5.3-Flash": fp8})
+
+
 def test_the_device_bench_runs_every_section_on_the_cpu(tmp_path) -> None:
     """bench/experiments/kv_fp8.py --smoke: tiny models on the CPU through the same sections as
     on the GPU; its gates hold and its host tier served the resumed turn."""
