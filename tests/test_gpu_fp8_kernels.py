@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tensorfold.ops import gpu, switches, triton_fp8, triton_linear, triton_moe
+from tensorfold.ops import gpu, triton_fp8, triton_linear, triton_moe
 from tensorfold.ops.fp8 import (
     Fp8Weight,
     gated_ffn_fp8_reference,
@@ -23,15 +23,6 @@ from tensorfold.ops.fp8 import (
 )
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True, params=[False, True], ids=["weight-second", "weight-first"])
-def weight_first(request: pytest.FixtureRequest):
-    """Every case with the weight tile as the MMA's second operand and as its first
-    (switches.FP8_WEIGHT_FIRST, undecided)."""
-    with switches.switched(switches.FP8_WEIGHT_FIRST, request.param):
-        yield request.param
-
 
 DEV = "cuda"
 BF16 = torch.bfloat16

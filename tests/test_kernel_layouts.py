@@ -381,10 +381,7 @@ def check_dense_walk_tiles() -> None:
 def check_fp8_tiles() -> None:
     """The fp8 weights' kernels (e4m3 codes dequantized in registers) on the prompt tiles, the
     dense walk's and a few rows': each compiles for sm_90, spilling nothing."""
-    import itertools
-
     from tensorfold.ops import triton_linear, triton_moe
-    from tensorfold.ops.triton_util import WEIGHT_FIRST
 
     divisible = {"K", "N", "I", "H", "CHUNK", "stride_xm", "stride_wn", "stride_om"}
     divisible |= {f"stride_{w}{a}" for w in "123" for a in "en"} | {"stride_sn"}
@@ -406,21 +403,18 @@ def check_fp8_tiles() -> None:
         common = dict(BM=bm, SPLITS=splits, SPLIT_GRID=False, ws_ptr=None, cnt_ptr=None)
         kernels.append((triton_moe._swiglu_kernel, sw, dict(common, TOPK=1, ACT=0, BN=sw.block_n)))
         kernels.append((triton_moe._down_kernel, dn, dict(common, HAS_WEIGHT=True, BN=dn.block_n)))
-    for (fn, t, constexprs), mode in itertools.product(kernels, (1, int(WEIGHT_FIRST))):
+    for fn, t, constexprs in kernels:
         block_k = {"BLOCK_K" if fn is triton_linear._linear_kernel else "BK": t.block_k}
-        args = dict(fp8, **constexprs, **block_k, FP8=mode)
-        kernel = _compile(fn, args, ptrs, divisible, t.warps, t.stages)
-        ir = kernel.asm["ttgir"]
+        kernel = _compile(
+            fn, dict(fp8, **constexprs, **block_k), ptrs, divisible, t.warps, t.stages
+        )
         assert "e4m3" in kernel.asm["ptx"], fn.__name__  # the codes converted in registers
         # a 16-bit MMA's k order: the bf16 kernels' 2 k values a thread on the 16-row tiles
-        widths = set(re.findall(r"kWidth = (\d+)", ir))
-        assert widths <= {"2"}, (fn.__name__, t, mode, widths)
-        if mode == WEIGHT_FIRST and "warp_group_dot" in ir:  # wgmma's first operand: registers
-            assert re.search(r"warp_group_dot %\S+, %\S+, %\S+ .*: tensor<", ir), fn.__name__
+        widths = set(re.findall(r"kWidth = (\d+)", kernel.asm["ttgir"]))
+        assert widths <= {"2"}, (fn.__name__, t, widths)
         spills = _spill_stores(kernel)
-        print(fn.__name__, t, mode, "spill stores", spills)
-        # weight first, the dense walk's four [64, 128] accumulators spill a few registers
-        assert spills <= (0 if mode == 1 else 64), (fn.__name__, t, mode, spills)
+        print(fn.__name__, t, "spill stores", spills)
+        assert spills == 0, (fn.__name__, t, spills)
 
 
 if __name__ == "__main__":

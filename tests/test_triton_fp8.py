@@ -16,7 +16,7 @@ pytest.importorskip("triton", reason="the Triton kernels need triton")
 
 from tensorfold import testing  # noqa: E402
 from tensorfold.ops import moe as ref_moe  # noqa: E402
-from tensorfold.ops import switches, triton_fp8, triton_linear, triton_moe, triton_splitk  # noqa: E402
+from tensorfold.ops import triton_fp8, triton_linear, triton_moe, triton_splitk  # noqa: E402
 from tensorfold.ops.fp8 import (
     Fp8Weight,
     gated_ffn_fp8_reference,
@@ -325,34 +325,3 @@ def test_fp8_tiles_of_their_own_take_a_few_rows_on_the_gpu_with_the_bf16_chunks(
     assert triton_moe.fp8_tiles(triton_moe.SMALL_BLOCK_M, sw, dn) == (sw, dn)
     monkeypatch.setattr(triton_moe, "interpreting", lambda: True)
     assert triton_moe.fp8_tiles(triton_moe.TINY_BLOCK_M, sw, dn) == (sw, dn)
-
-
-def test_the_weight_as_the_first_operand_gives_the_same_bits():
-    """switches.FP8_WEIGHT_FIRST (outᵀ = w xᵀ in every fp8 kernel): the linear with its K
-    split, the experts, the dense FFN's walk (40 rows) and its chunks a program (a row) give
-    the bits of the weight as the second operand, a row alone as in its pass. On the GPU the
-    MMA's own order decides; tests/test_gpu_fp8_kernels.py holds both values to it."""
-    dtype = torch.bfloat16
-    x, weights, experts, ws = _experts("blocks", dtype, 40)
-    dense = [(q[0], s[0], block, row0) for q, s, block, row0 in ws]
-    wide = randn(40, x.shape[1], seed=45).to(dtype)
-    lin = fp8(randn(72, 320, seed=46, scale=0.1), "blocks")
-    rows = randn(70, 320, seed=47).to(dtype)
-
-    def run() -> list[torch.Tensor]:
-        return [
-            triton_fp8.linear_fp8(rows, *lin),
-            triton_fp8.linear_fp8(rows[5:6].clone(), *lin),
-            triton_fp8.moe_fp8(x, weights, experts, *ws),
-            triton_fp8.moe_fp8(x[7:8].clone(), weights[7:8].clone(), experts[7:8].clone(), *ws),
-            triton_fp8.gated_ffn_fp8(wide, *dense),
-            triton_fp8.gated_ffn_fp8(wide[3:4].clone(), *dense),
-        ]
-
-    plain = run()
-    with switches.switched(switches.FP8_WEIGHT_FIRST, True):
-        first = run()
-    for i, (a, b) in enumerate(zip(first, plain)):
-        assert torch.equal(a, b), i
-    assert torch.equal(first[1], first[0][5:6]) and torch.equal(first[3], first[2][7:8])
-    assert torch.equal(first[5], first[4][3:4])

@@ -83,19 +83,6 @@ GATE_MAPS_IN_ONE_LAUNCH = Switch(
     why="on since d5649f4 without a GPU timing (the device was lost before it ran); the two "
     "ways give other bits, so a change of default changes glm5_next's tokens",
 )
-FP8_WEIGHT_FIRST = Switch(
-    name="FP8_WEIGHT_FIRST",
-    default=False,
-    when_on="the fp8 kernels (triton_fp8: linears, experts, dense FFN) take the dequantized "
-    "weight tile as the MMA's first operand, outᵀ = w xᵀ (triton_util.WEIGHT_FIRST): on the 64- "
-    "and 128-row tiles wgmma reads it from registers",
-    when_off="the weight tile as the second operand (x wᵀ), as the bf16 kernels: wgmma needs it "
-    "back in shared memory after its conversion",
-    record='docs/performance.md, "FP8_WEIGHT_FIRST"',
-    why="built without a GPU (session of 2026-12-07): neither its speed at 2048 rows (the "
-    "second operand's kernels: 0.64-0.78x of bf16) nor its bits against the bf16 kernels' "
-    "have run",
-)
 
 SWITCHES: dict[str, Switch] = {
     s.name: s
@@ -105,7 +92,6 @@ SWITCHES: dict[str, Switch] = {
         KDA_TAIL_IN_PLACE,
         FUSED_EXPAND_COLLAPSE,
         GATE_MAPS_IN_ONE_LAUNCH,
-        FP8_WEIGHT_FIRST,
     )
 }
 _values: dict[str, bool] = {name: s.default for name, s in SWITCHES.items()}

@@ -22,21 +22,14 @@ import triton.language as tl
 from . import triton_splitk as splitk
 from .gpu import launch_options, prefetch_k
 from .triton_util import (
-    WEIGHT_FIRST,
     Fp8Scales,
     after_prior,
     cdiv,
-    fp8_mode,
     interpreting,
-    k_mask,
+    mma,
     prefetch_rows,
-    product_rows,
     scale_rows,
-    weight_mma,
-    weight_ptrs,
-    weight_side,
     weight_tile,
-    zero_product,
 )
 
 TINY_BLOCK_M = 16  # passes of up to TINY_ROWS rows (one decode round of a few streams)
@@ -145,24 +138,20 @@ def _chunk_product(
     SBK: tl.constexpr,
 ):
     """Σ over k in [k_lo, k_hi) of x[rm, k] · w[rn, k], in BLOCK_K steps from k_lo upward, fp32
-    (FP8: w dequantized in registers, weight_tile; FP8 == WEIGHT_FIRST: as the MMA's first
-    operand)."""
+    (FP8: w dequantized in registers, weight_tile)."""
     rk = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_lo + rk)[None, :]
+    w_ptrs = w_ptr + rn[None, :].to(tl.int64) * stride_wn + (k_lo + rk)[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     dt = x_ptr.dtype.element_ty
-    FIRST: tl.constexpr = FP8 == WEIGHT_FIRST
-    w_ptrs = weight_ptrs(w_ptr, rn, stride_wn, k_lo + rk, FIRST)
-    cols, s_cols = weight_side(rn[None, :] < N, FIRST), weight_side(s_rows, FIRST)
-    no_barrier: tl.constexpr = INTERP or (FIRST and BLOCK_M >= 64)
-    acc = zero_product(BLOCK_M, BLOCK_N, FIRST)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kin = (k0 + rk) < k_hi
         a = tl.load(x_ptrs, mask=(rm[:, None] < M) & kin[None, :], other=0.0)
-        w = weight_tile(w_ptrs, k_mask(cols, kin, FIRST), s_cols, k0, dt, FP8, SBK, no_barrier)
-        acc = weight_mma(a, w, acc, IEEE, INTERP, FIRST)
+        b = weight_tile(w_ptrs, (rn[None, :] < N) & kin[:, None], s_rows, k0, dt, FP8, SBK, INTERP)
+        acc = mma(a, b, acc, IEEE, INTERP)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    return product_rows(acc, FIRST)
+    return acc
 
 
 @triton.jit(do_not_specialize=["M"])  # one binary for any row count
@@ -378,7 +367,7 @@ def _fp8_args(scales: Fp8Scales, k: int, block_k: int) -> dict:
         s_ptr=scales.scale,
         stride_sn=scales.scale.stride(1),
         SBN=scales.block_n,
-        FP8=fp8_mode(scales),
+        FP8=True,
         SBK=scales.kernel_block_k(k, block_k),
         ROW0=scales.row0,
     )

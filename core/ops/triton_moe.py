@@ -32,21 +32,14 @@ from . import triton_splitk as splitk
 from .gpu import launch_options, prefetch_k
 from .triton_align import Aligned, align
 from .triton_util import (
-    WEIGHT_FIRST,
     Fp8Scales,
     after_prior,
     cdiv,
-    fp8_mode,
     interpreting,
-    k_mask,
+    mma,
     prefetch_rows,
-    product_rows,
     scale_rows,
-    weight_mma,
-    weight_ptrs,
-    weight_side,
     weight_tile,
-    zero_product,
 )
 
 BLOCK_M = 128  # prompt passes (more than SMALL_ROWS rows)
@@ -209,27 +202,25 @@ def _gate_up_chunk(
     registers, triton_util.weight_tile)."""
     rk = tl.arange(0, BK)
     x_ptrs = x_ptr + src[:, None] * stride_xm + (k_lo + rk)[None, :]
-    dt = x_ptr.dtype.element_ty
-    FIRST: tl.constexpr = FP8 == WEIGHT_FIRST
-    w1_ptrs = weight_ptrs(w1_ptr + e64 * stride_1e, rn, stride_1n, k_lo + rk, FIRST)
-    w3_ptrs = weight_ptrs(w3_ptr + e64 * stride_3e, rn, stride_3n, k_lo + rk, FIRST)
-    cols = weight_side(nmask, FIRST)
-    s1_cols, s3_cols = weight_side(s1_rows, FIRST), weight_side(s3_rows, FIRST)
-    no_barrier: tl.constexpr = INTERP or (FIRST and BM >= 64)
-    acc1 = zero_product(BM, BN, FIRST)
-    acc3 = zero_product(BM, BN, FIRST)
+    w1_ptrs = w1_ptr + e64 * stride_1e + rn[None, :].to(tl.int64) * stride_1n + (k_lo + rk)[:, None]
+    w3_ptrs = w3_ptr + e64 * stride_3e + rn[None, :].to(tl.int64) * stride_3n + (k_lo + rk)[:, None]
+    acc1 = tl.zeros((BM, BN), dtype=tl.float32)
+    acc3 = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         kin = (k0 + rk) < k_hi
         a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        wmask = k_mask(cols, kin, FIRST)
-        w1 = weight_tile(w1_ptrs, wmask, s1_cols, k0, dt, FP8, SBK, no_barrier)
-        w3 = weight_tile(w3_ptrs, wmask, s3_cols, k0, dt, FP8, SBK, no_barrier)
-        acc1 = weight_mma(a, w1, acc1, IEEE, INTERP, FIRST)
-        acc3 = weight_mma(a, w3, acc3, IEEE, INTERP, FIRST)
+        b1 = weight_tile(
+            w1_ptrs, nmask & kin[:, None], s1_rows, k0, x_ptr.dtype.element_ty, FP8, SBK, INTERP
+        )
+        b3 = weight_tile(
+            w3_ptrs, nmask & kin[:, None], s3_rows, k0, x_ptr.dtype.element_ty, FP8, SBK, INTERP
+        )
+        acc1 = mma(a, b1, acc1, IEEE, INTERP)
+        acc3 = mma(a, b3, acc3, IEEE, INTERP)
         x_ptrs += BK
         w1_ptrs += BK
         w3_ptrs += BK
-    return product_rows(acc1, FIRST), product_rows(acc3, FIRST)
+    return acc1, acc3
 
 
 @triton.jit
@@ -259,20 +250,18 @@ def _down_chunk(
     from k_lo upward, in one fp32 accumulator (FP8: w2 dequantized in registers)."""
     rk = tl.arange(0, BK)
     g_ptrs = g_ptr + rows[:, None] * K + (k_lo + rk)[None, :]
-    dt = g_ptr.dtype.element_ty
-    FIRST: tl.constexpr = FP8 == WEIGHT_FIRST
-    w_ptrs = weight_ptrs(w2_ptr + e64 * stride_2e, rn, stride_2n, k_lo + rk, FIRST)
-    cols, s_cols = weight_side(nmask, FIRST), weight_side(s_rows, FIRST)
-    no_barrier: tl.constexpr = INTERP or (FIRST and BM >= 64)
-    acc = zero_product(BM, BN, FIRST)
+    w_ptrs = w2_ptr + e64 * stride_2e + rn[None, :].to(tl.int64) * stride_2n + (k_lo + rk)[:, None]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         kin = (k0 + rk) < k_hi
         a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        w = weight_tile(w_ptrs, k_mask(cols, kin, FIRST), s_cols, k0, dt, FP8, SBK, no_barrier)
-        acc = weight_mma(a, w, acc, IEEE, INTERP, FIRST)
+        b = weight_tile(
+            w_ptrs, nmask & kin[:, None], s_rows, k0, g_ptr.dtype.element_ty, FP8, SBK, INTERP
+        )
+        acc = mma(a, b, acc, IEEE, INTERP)
         g_ptrs += BK
         w_ptrs += BK
-    return product_rows(acc, FIRST)
+    return acc
 
 
 @triton.jit
@@ -313,25 +302,23 @@ def _gate_up_walk(
     accumulators restart from zero at its end. No chunk may be empty (_split_args)."""
     rk = tl.arange(0, BK)
     x_ptrs = x_ptr + src[:, None] * stride_xm + rk[None, :]
-    dt = x_ptr.dtype.element_ty
-    FIRST: tl.constexpr = FP8 == WEIGHT_FIRST
-    w1_ptrs = weight_ptrs(w1_ptr + e64 * stride_1e, rn, stride_1n, rk, FIRST)
-    w3_ptrs = weight_ptrs(w3_ptr + e64 * stride_3e, rn, stride_3n, rk, FIRST)
-    cols = weight_side(nmask, FIRST)
-    s1_cols, s3_cols = weight_side(s1_rows, FIRST), weight_side(s3_rows, FIRST)
-    no_barrier: tl.constexpr = INTERP or (FIRST and BM >= 64)
-    acc1 = zero_product(BM, BN, FIRST)
-    acc3 = zero_product(BM, BN, FIRST)
-    tot1 = zero_product(BM, BN, FIRST)
-    tot3 = zero_product(BM, BN, FIRST)
+    w1_ptrs = w1_ptr + e64 * stride_1e + rn[None, :].to(tl.int64) * stride_1n + rk[:, None]
+    w3_ptrs = w3_ptr + e64 * stride_3e + rn[None, :].to(tl.int64) * stride_3n + rk[:, None]
+    acc1 = tl.zeros((BM, BN), dtype=tl.float32)
+    acc3 = tl.zeros((BM, BN), dtype=tl.float32)
+    tot1 = tl.zeros((BM, BN), dtype=tl.float32)
+    tot3 = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, k_end, BK):
         kin = (k0 + rk) < k_end
         a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        wmask = k_mask(cols, kin, FIRST)
-        w1 = weight_tile(w1_ptrs, wmask, s1_cols, k0, dt, FP8, SBK, no_barrier)
-        w3 = weight_tile(w3_ptrs, wmask, s3_cols, k0, dt, FP8, SBK, no_barrier)
-        acc1 = weight_mma(a, w1, acc1, IEEE, INTERP, FIRST)
-        acc3 = weight_mma(a, w3, acc3, IEEE, INTERP, FIRST)
+        b1 = weight_tile(
+            w1_ptrs, nmask & kin[:, None], s1_rows, k0, x_ptr.dtype.element_ty, FP8, SBK, INTERP
+        )
+        b3 = weight_tile(
+            w3_ptrs, nmask & kin[:, None], s3_rows, k0, x_ptr.dtype.element_ty, FP8, SBK, INTERP
+        )
+        acc1 = mma(a, b1, acc1, IEEE, INTERP)
+        acc3 = mma(a, b3, acc3, IEEE, INTERP)
         end = _chunk_end(k0, k_end, CHUNK, BK)
         tot1 = tl.where(end, tot1 + acc1, tot1)
         tot3 = tl.where(end, tot3 + acc3, tot3)
@@ -340,7 +327,7 @@ def _gate_up_walk(
         x_ptrs += BK
         w1_ptrs += BK
         w3_ptrs += BK
-    return product_rows(tot1, FIRST), product_rows(tot3, FIRST)
+    return tot1, tot3
 
 
 @triton.jit
@@ -369,24 +356,22 @@ def _down_walk(
     """_down_chunk over each chunk of CHUNK in [0, k_end), summed as _gate_up_walk sums."""
     rk = tl.arange(0, BK)
     g_ptrs = g_ptr + rows[:, None] * K + rk[None, :]
-    dt = g_ptr.dtype.element_ty
-    FIRST: tl.constexpr = FP8 == WEIGHT_FIRST
-    w_ptrs = weight_ptrs(w2_ptr + e64 * stride_2e, rn, stride_2n, rk, FIRST)
-    cols, s_cols = weight_side(nmask, FIRST), weight_side(s_rows, FIRST)
-    no_barrier: tl.constexpr = INTERP or (FIRST and BM >= 64)
-    acc = zero_product(BM, BN, FIRST)
-    tot = zero_product(BM, BN, FIRST)
+    w_ptrs = w2_ptr + e64 * stride_2e + rn[None, :].to(tl.int64) * stride_2n + rk[:, None]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    tot = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, k_end, BK):
         kin = (k0 + rk) < k_end
         a = tl.load(g_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        w = weight_tile(w_ptrs, k_mask(cols, kin, FIRST), s_cols, k0, dt, FP8, SBK, no_barrier)
-        acc = weight_mma(a, w, acc, IEEE, INTERP, FIRST)
+        b = weight_tile(
+            w_ptrs, nmask & kin[:, None], s_rows, k0, g_ptr.dtype.element_ty, FP8, SBK, INTERP
+        )
+        acc = mma(a, b, acc, IEEE, INTERP)
         end = _chunk_end(k0, k_end, CHUNK, BK)
         tot = tl.where(end, tot + acc, tot)
         acc = tl.where(end, 0.0, acc)
         g_ptrs += BK
         w_ptrs += BK
-    return product_rows(tot, FIRST)
+    return tot
 
 
 @triton.jit(do_not_specialize=["P"])  # one binary for any row count
@@ -939,7 +924,7 @@ def _gate_up_scales(s1: Fp8Scales, s3: Fp8Scales, k: int, t: Tiles) -> dict:
         stride_s3e=s3.scale.stride(0),
         stride_s3n=s3.scale.stride(1),
         SBN=s1.block_n,
-        FP8=fp8_mode(s1),
+        FP8=True,
         SBK=s1.kernel_block_k(k, t.block_k),
         ROW0_1=s1.row0,
         ROW0_3=s3.row0,
@@ -953,7 +938,7 @@ def _down_scales(s2: Fp8Scales, k: int, t: Tiles) -> dict:
         stride_s2e=s2.scale.stride(0),
         stride_s2n=s2.scale.stride(1),
         SBN=s2.block_n,
-        FP8=fp8_mode(s2),
+        FP8=True,
         SBK=s2.kernel_block_k(k, t.block_k),
         ROW0=s2.row0,
     )

@@ -8,8 +8,6 @@ import torch
 import triton
 import triton.language as tl
 
-from . import switches
-
 
 def interpreting() -> bool:
     """True under TRITON_INTERPRET=1 (the CPU tests), where tl.dot mishandles bf16 operands."""
@@ -129,91 +127,15 @@ def scale_rows(s_ptr, e64, rn, N, stride_se, stride_sn, SBN, ROW0):
     return s_ptr + e64 * stride_se + blocks[None, :].to(tl.int64) * stride_sn
 
 
-# A kernel's FP8 constexpr: 0 plain weights; 1 (True) e4m3 codes, the tile dequantized in
-# registers as the MMA's second operand (x wᵀ); WEIGHT_FIRST: as its first operand, from
-# registers (outᵀ = w xᵀ: on the 64- and 128-row tiles wgmma then takes the converted tile from
-# registers, not back through shared memory), switches.FP8_WEIGHT_FIRST.
-WEIGHT_FIRST: tl.constexpr = tl.constexpr(2)
-
-
-def fp8_mode(scales: "Fp8Scales | None") -> int:
-    """A launch's FP8 constexpr for its scales (None: plain weights)."""
-    if scales is None:
-        return 0
-    return int(WEIGHT_FIRST) if switches.FP8_WEIGHT_FIRST.on() else 1
-
-
 @triton.jit
-def weight_ptrs(w_ptr, rn, stride_n, rk, FIRST: tl.constexpr):
-    """Pointers to w[rn, rk]: [BK, BN], the MMA's second operand, or [BN, BK] (FIRST)."""
-    if FIRST:
-        out = w_ptr + rn[:, None].to(tl.int64) * stride_n + rk[None, :]
-    else:
-        out = w_ptr + rn[None, :].to(tl.int64) * stride_n + rk[:, None]
-    return out
-
-
-@triton.jit
-def weight_side(cols, FIRST: tl.constexpr):
-    """A weight's [1, BN] values a column (its rows' mask, scale_rows' pointers) as its tile
-    lies: as they are, or [BN, 1] (FIRST)."""
-    if FIRST:
-        out = tl.trans(cols)
-    else:
-        out = cols
-    return out
-
-
-@triton.jit
-def k_mask(cols, kin, FIRST: tl.constexpr):
-    """weight_side's column mask and the k step's [BK] mask over the weight's tile."""
-    if FIRST:
-        out = cols & kin[None, :]
-    else:
-        out = cols & kin[:, None]
-    return out
-
-
-@triton.jit
-def zero_product(BM: tl.constexpr, BN: tl.constexpr, FIRST: tl.constexpr):
-    """An fp32 accumulator for [BM, BN] products: [BN, BM] (FIRST, outᵀ)."""
-    if FIRST:
-        out = tl.zeros((BN, BM), dtype=tl.float32)
-    else:
-        out = tl.zeros((BM, BN), dtype=tl.float32)
-    return out
-
-
-@triton.jit
-def weight_mma(a, w, acc, IEEE: tl.constexpr, INTERP: tl.constexpr, FIRST: tl.constexpr):
-    """acc + a wᵀ, a [BM, BK] rows and w weight_tile's tile; FIRST: accᵀ + w aᵀ."""
-    if FIRST:
-        out = mma(w, tl.trans(a), acc, IEEE, INTERP)
-    else:
-        out = mma(a, w, acc, IEEE, INTERP)
-    return out
-
-
-@triton.jit
-def product_rows(acc, FIRST: tl.constexpr):
-    """zero_product's accumulator as [BM, BN]."""
-    if FIRST:
-        out = tl.trans(acc)
-    else:
-        out = acc
-    return out
-
-
-@triton.jit
-def dot_operand_barrier(x, SKIP: tl.constexpr):
+def dot_operand_barrier(x, INTERP: tl.constexpr):
     """x as it is, through an opaque move the compiler neither looks through nor removes. Before
     an MMA, it hides where a 16-bit operand came from: Triton gives an operand it traces back to
     an 8-bit load a 16-row MMA layout of 4 k values a thread (kWidth 4, not 2), which feeds each
     16-long k step's products to the tensor core in another order, and the sums round otherwise
     (1 ulp in a few elements): fp8 weights on 16-row tiles would then differ from the 64- and
-    128-row tiles and from the bf16 kernel. 16-bit x only. SKIP: x itself (the interpreter runs
-    no asm)."""
-    if SKIP:
+    128-row tiles and from the bf16 kernel. 16-bit x only; the interpreter runs no asm."""
+    if INTERP:
         out = x
     else:
         out = tl.inline_asm_elementwise(
@@ -231,21 +153,19 @@ def weight_tile(
     dt: tl.constexpr,
     FP8: tl.constexpr,
     SBK: tl.constexpr,
-    NO_BARRIER: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     """A weight's [BK, BN] tile at w_ptrs (0 where masked out), the BK step at k0, for an MMA in
-    dt (or its [BN, BK] tile, w_ptrs and s_rows transposed, for WEIGHT_FIRST). FP8: e4m3
-    codes dequantized in registers, each times its block's scale in fp32, rounded to dt: the
-    torch reference's `(q.float() * scale).to(dt)`, then through dot_operand_barrier (not
-    with NO_BARRIER: under the interpreter, and as wgmma's first operand), so the product's
-    bits are those of the same kernel over the dequantized weight. s_rows: scale_rows'
-    pointers; the step lies in one k block of SBK (a multiple of BK), or SBK is 0 (one block
-    over all of K)."""
+    dt. FP8: e4m3 codes dequantized in registers, each times its block's scale in fp32, rounded
+    to dt: the torch reference's `(q.float() * scale).to(dt)`, then through
+    dot_operand_barrier, so the product's bits are those of the same kernel over the
+    dequantized weight. s_rows: scale_rows' pointers; the step lies in one k block of SBK (a
+    multiple of BK), or SBK is 0 (one block over all of K)."""
     w = tl.load(w_ptrs, mask=mask, other=0.0)
     if FP8:
         if SBK > 0:
             s = tl.load(s_rows + k0 // SBK)
         else:
             s = tl.load(s_rows)
-        w = dot_operand_barrier((w.to(tl.float32) * s).to(dt), NO_BARRIER)
+        w = dot_operand_barrier((w.to(tl.float32) * s).to(dt), INTERP)
     return w
