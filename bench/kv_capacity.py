@@ -179,7 +179,12 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--memory-gib", type=float, default=H200_GIB)
+    ap.add_argument(
+        "--memory-gib",
+        type=float,
+        default=H200_GIB,
+        help=f"a card's memory as CUDA reports it (an H200's {H200_GIB}, an H100's {H100_GIB})",
+    )
     ap.add_argument("--window", type=int, default=131072)
     ap.add_argument("--weights", choices=("bf16", "fp8"), default="bf16")
     ap.add_argument("--tp", type=int, default=1, help="count one rank of this many")

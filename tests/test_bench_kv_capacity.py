@@ -50,11 +50,12 @@ def test_a_rank_of_tensor_parallel_counts_its_slices_and_its_layout() -> None:
     from bench import fp8_bytes
 
     whole = fp8_bytes.glm("GLM-5.3-Flash", 1, mtp=False)["bf16"]
-    bf16 = kv_capacity.shape_capacity("GLM-5.3-Flash", int(79.2 * GiB), 131072, "bf16", tp=8)
-    fp8 = kv_capacity.shape_capacity("GLM-5.3-Flash", int(79.2 * GiB), 131072, "fp8", tp=8)
+    h100, shape = int(kv_capacity.H100_GIB * GiB), "GLM-5.3-Flash"
+    bf16 = kv_capacity.shape_capacity(shape, h100, 131072, "bf16", tp=8)
+    fp8 = kv_capacity.shape_capacity(shape, h100, 131072, "fp8", tp=8)
     assert whole / 8 < bf16["weights_gib"] * GiB < whole / 8 * 1.03, bf16["weights_gib"]
     assert 0.5 < fp8["weights_gib"] / bf16["weights_gib"] < 0.52
-    one = kv_capacity.shape_capacity("GLM-5.3-Flash", int(79.2 * GiB), 131072, "bf16")
+    one = kv_capacity.shape_capacity(shape, h100, 131072, "bf16")
     assert bf16["bf16"]["bytes_per_token"] == one["bf16"]["bytes_per_token"]
     assert one["bf16"]["streams"] == 0  # 626 GB on one card: nothing fits
     assert bf16["bf16"]["streams"] < 4 < fp8["bf16"]["streams"], (bf16, fp8)
