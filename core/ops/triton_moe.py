@@ -171,6 +171,19 @@ def _gate(h1, h3, limit, dt: tl.constexpr, ACT: tl.constexpr):
 
 
 @triton.jit
+def _gate_up_step(
+    a, w1_ptrs, w3_ptrs, wmask, s1_rows, s3_rows, k0, acc1, acc3,
+    dt: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr, FP8: tl.constexpr,
+    SBK: tl.constexpr,
+):  # fmt: skip
+    """One BK step of gate and up: the x tile `a` times w1's and w3's tiles at k0 (wmask: their
+    valid rows and columns), added to acc1 and acc3."""
+    b1 = weight_tile(w1_ptrs, wmask, s1_rows, k0, dt, FP8, SBK, INTERP)
+    b3 = weight_tile(w3_ptrs, wmask, s3_rows, k0, dt, FP8, SBK, INTERP)
+    return mma(a, b1, acc1, IEEE, INTERP), mma(a, b3, acc3, IEEE, INTERP)
+
+
+@triton.jit
 def _gate_up_chunk(
     x_ptr,
     w1_ptr,
@@ -209,14 +222,10 @@ def _gate_up_chunk(
     for k0 in range(k_lo, k_hi, BK):
         kin = (k0 + rk) < k_hi
         a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        b1 = weight_tile(
-            w1_ptrs, nmask & kin[:, None], s1_rows, k0, x_ptr.dtype.element_ty, FP8, SBK, INTERP
-        )
-        b3 = weight_tile(
-            w3_ptrs, nmask & kin[:, None], s3_rows, k0, x_ptr.dtype.element_ty, FP8, SBK, INTERP
-        )
-        acc1 = mma(a, b1, acc1, IEEE, INTERP)
-        acc3 = mma(a, b3, acc3, IEEE, INTERP)
+        acc1, acc3 = _gate_up_step(
+            a, w1_ptrs, w3_ptrs, nmask & kin[:, None], s1_rows, s3_rows, k0, acc1, acc3,
+            x_ptr.dtype.element_ty, IEEE, INTERP, FP8, SBK,
+        )  # fmt: skip
         x_ptrs += BK
         w1_ptrs += BK
         w3_ptrs += BK
@@ -311,14 +320,10 @@ def _gate_up_walk(
     for k0 in range(0, k_end, BK):
         kin = (k0 + rk) < k_end
         a = tl.load(x_ptrs, mask=valid[:, None] & kin[None, :], other=0.0)
-        b1 = weight_tile(
-            w1_ptrs, nmask & kin[:, None], s1_rows, k0, x_ptr.dtype.element_ty, FP8, SBK, INTERP
-        )
-        b3 = weight_tile(
-            w3_ptrs, nmask & kin[:, None], s3_rows, k0, x_ptr.dtype.element_ty, FP8, SBK, INTERP
-        )
-        acc1 = mma(a, b1, acc1, IEEE, INTERP)
-        acc3 = mma(a, b3, acc3, IEEE, INTERP)
+        acc1, acc3 = _gate_up_step(
+            a, w1_ptrs, w3_ptrs, nmask & kin[:, None], s1_rows, s3_rows, k0, acc1, acc3,
+            x_ptr.dtype.element_ty, IEEE, INTERP, FP8, SBK,
+        )  # fmt: skip
         end = _chunk_end(k0, k_end, CHUNK, BK)
         tot1 = tl.where(end, tot1 + acc1, tot1)
         tot3 = tl.where(end, tot3 + acc3, tot3)
