@@ -88,8 +88,15 @@ SHAPES: dict[str, Gemma4Config] = {
 
 
 def dummy_weights(
-    cfg: Gemma4Config, device: str, dtype: torch.dtype, seed: int = 0, std: float = 0.02
+    cfg: Gemma4Config,
+    device: str,
+    dtype: torch.dtype,
+    seed: int = 0,
+    std: float = 0.02,
+    fp8: bool = False,
 ) -> ModelWeights:
+    """fp8: each layer's linears quantized (`quantize_layer`) as soon as it is drawn, so the
+    peak holds one layer in `dtype` beside the fp8 rest."""
     tp = parallel.current()
     world = tp.world
     if world > 1:
@@ -130,19 +137,18 @@ def dummy_weights(
         if cfg.has_ple:
             p = cfg.hidden_size_per_layer_input
             ple = PleWeights(init.normal(p, h), init.normal(h, p), init.norm(h))
-        layers.append(
-            LayerWeights(
-                input_norm=init.norm(h),
-                post_attention_norm=init.norm(h),
-                pre_mlp_norm=init.norm(h),
-                post_mlp_norm=init.norm(h),
-                attention=attention,
-                mlp=mlp,
-                moe=moe,
-                ple=ple,
-                layer_scalar=init.ones(1),
-            )
+        layer = LayerWeights(
+            input_norm=init.norm(h),
+            post_attention_norm=init.norm(h),
+            pre_mlp_norm=init.norm(h),
+            post_mlp_norm=init.norm(h),
+            attention=attention,
+            mlp=mlp,
+            moe=moe,
+            ple=ple,
+            layer_scalar=init.ones(1),
         )
+        layers.append(quantize_layer(layer) if fp8 else layer)
     ple_embed = ple_projection = ple_norm = None
     if cfg.has_ple:
         lp = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input
@@ -154,30 +160,24 @@ def dummy_weights(
     return ModelWeights(embed, init.norm(h), lm_head, layers, ple_embed, ple_projection, ple_norm)
 
 
-def quantized(weights: ModelWeights) -> ModelWeights:
-    """--quantization fp8 on dummy weights: the linears weights.py reads with `read.linear`
-    quantized to 128 x 128 blocks as the loader quantizes them (q, k and v apart, then joined;
-    each expert stack a matrix at a time), one layer at a time."""
-    for layer in weights.layers:
-        a = layer.attention
+def _fp8(t: torch.Tensor | None) -> Fp8Weight | None:
+    return None if t is None else quantize_blocks(t)
 
-        def fp8(t: torch.Tensor | None) -> Fp8Weight | None:
-            return None if t is None else quantize_blocks(t)
 
-        layer.attention = AttentionWeights(
-            fp8(a.q),
-            fp8(a.k),
-            fp8(a.v),
-            fp8(a.o),
-            a.q_norm,
-            a.k_norm,
-        )
-        m = layer.mlp
-        m.gate, m.up, m.down = (quantize_blocks(t) for t in (m.gate, m.up, m.down))
-        if layer.moe is not None:
-            layer.moe.gate_up = quantize_blocks(layer.moe.gate_up)
-            layer.moe.down = quantize_blocks(layer.moe.down)
-    return weights
+def quantize_layer(layer: LayerWeights) -> LayerWeights:
+    """--quantization fp8 on a dummy layer, in place: the linears weights.py reads with
+    `read.linear` quantized to 128 x 128 blocks as the loader quantizes them (q, k and v apart,
+    then joined; each expert stack a matrix at a time)."""
+    a = layer.attention
+    layer.attention = AttentionWeights(
+        _fp8(a.q), _fp8(a.k), _fp8(a.v), _fp8(a.o), a.q_norm, a.k_norm
+    )
+    m = layer.mlp
+    m.gate, m.up, m.down = (quantize_blocks(t) for t in (m.gate, m.up, m.down))
+    if layer.moe is not None:
+        layer.moe.gate_up = quantize_blocks(layer.moe.gate_up)
+        layer.moe.down = quantize_blocks(layer.moe.down)
+    return layer
 
 
 def build_dummy(
@@ -189,11 +189,9 @@ def build_dummy(
     quantization: str = "auto",
 ) -> Gemma4Model:
     """A model at `cfg` (a name in SHAPES, or a config) with dummy weights on `device`; its
-    linears in fp8 with quantization="fp8" (`quantized`)."""
+    linears in fp8 with quantization="fp8" (`quantize_layer`)."""
     config = SHAPES[cfg] if isinstance(cfg, str) else cfg
-    weights = dummy_weights(config, device, dtype, seed, std)
-    if quantization == "fp8":
-        weights = quantized(weights)
+    weights = dummy_weights(config, device, dtype, seed, std, fp8=quantization == "fp8")
     return Gemma4Model(config, weights, device, dtype)
 
 

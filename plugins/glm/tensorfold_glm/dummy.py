@@ -138,8 +138,15 @@ def _moe(init: Draws, part: Draws, cfg: GlmConfig, local: range, world: int) -> 
 
 
 def dummy_weights(
-    cfg: GlmConfig, device: str, dtype: torch.dtype, seed: int = 0, std: float = 0.02
+    cfg: GlmConfig,
+    device: str,
+    dtype: torch.dtype,
+    seed: int = 0,
+    std: float = 0.02,
+    fp8: bool = False,
 ) -> ModelWeights:
+    """fp8: each layer's linears quantized (`quantize_layer`) as soon as it is drawn, so the
+    peak holds one layer in `dtype` beside the fp8 rest (GLM-8L's fits an H100)."""
     tp = parallel.current()
     world = tp.world
     if world > 1:
@@ -161,16 +168,15 @@ def dummy_weights(
             if cfg.mlp_layer_types[i] == DENSE
             else _moe(init, part, cfg, local, world)
         )
-        layers.append(
-            LayerWeights(
-                attn_hc=_hc(init, cfg),
-                ffn_hc=_hc(init, cfg),
-                input_norm=init.ones(h),
-                post_norm=init.ones(h),
-                mixer=mixer,
-                ffn=ffn,
-            )
+        layer = LayerWeights(
+            attn_hc=_hc(init, cfg),
+            ffn_hc=_hc(init, cfg),
+            input_norm=init.ones(h),
+            post_norm=init.ones(h),
+            mixer=mixer,
+            ffn=ffn,
         )
+        layers.append(quantize_layer(layer) if fp8 else layer)
     vocab = block(cfg.vocab_size, tp.rank, world) if shards.vocab_parallel(cfg, world) else None
     lm_head = dummy_lm_head(init, part, embed, cfg.tie_word_embeddings, vocab)
     return ModelWeights(embed, init.ones(h), lm_head, layers)
@@ -185,36 +191,33 @@ def _fp8_dense(w: DenseWeights) -> DenseWeights:
     return DenseWeights(_fp8_rows(w.gate_up, 2), quantize_blocks(w.down))
 
 
-def quantized(weights: ModelWeights) -> ModelWeights:
-    """--quantization fp8 on dummy weights: the linears weights.py reads with `read.linear`
-    quantized to 128 x 128 blocks as the loader quantizes them (q, k and v apart, gate and up
-    apart, then joined; the experts one at a time into fp8 stacks), one layer at a time."""
-    for layer in weights.layers:
-        m = layer.mixer
-        if isinstance(m, KdaWeights):
-            fp8 = {
-                n: quantize_blocks(getattr(m, n)) for n in ("f_a", "f_b", "b", "g_a", "g_b", "o")
-            }
-            plain = {n: getattr(m, n) for n in ("conv", "dt_bias", "decay", "a_log", "o_norm")}
-            layer.mixer = KdaWeights(qkv=_fp8_rows(m.qkv, 3), **fp8, **plain)
-        else:
-            m.q_a, m.q_b, m.kv_a, m.o = (quantize_blocks(t) for t in (m.q_a, m.q_b, m.kv_a, m.o))
-        f = layer.ffn
-        if isinstance(f, DenseWeights):
-            layer.ffn = _fp8_dense(f)
-            continue
-        f.shared = _fp8_dense(f.shared)
-        gate_up = down = None
-        for e, expert in enumerate(f.experts):
-            one = _fp8_dense(expert)
-            if gate_up is None or down is None:
-                gate_up = empty_stack(one.gate_up, len(f.experts))
-                down = empty_stack(one.down, len(f.experts))
-            put(gate_up, e, one.gate_up)
-            put(down, e, one.down)
-        if gate_up is not None and down is not None:
-            f.experts = [DenseWeights(gate_up[e], down[e]) for e in range(len(f.experts))]
-    return weights
+def quantize_layer(layer: LayerWeights) -> LayerWeights:
+    """--quantization fp8 on a dummy layer, in place: the linears weights.py reads with
+    `read.linear` quantized to 128 x 128 blocks as the loader quantizes them (q, k and v apart,
+    gate and up apart, then joined; the experts one at a time into fp8 stacks)."""
+    m = layer.mixer
+    if isinstance(m, KdaWeights):
+        fp8 = {n: quantize_blocks(getattr(m, n)) for n in ("f_a", "f_b", "b", "g_a", "g_b", "o")}
+        plain = {n: getattr(m, n) for n in ("conv", "dt_bias", "decay", "a_log", "o_norm")}
+        layer.mixer = KdaWeights(qkv=_fp8_rows(m.qkv, 3), **fp8, **plain)
+    else:
+        m.q_a, m.q_b, m.kv_a, m.o = (quantize_blocks(t) for t in (m.q_a, m.q_b, m.kv_a, m.o))
+    f = layer.ffn
+    if isinstance(f, DenseWeights):
+        layer.ffn = _fp8_dense(f)
+        return layer
+    f.shared = _fp8_dense(f.shared)
+    gate_up = down = None
+    for e, expert in enumerate(f.experts):
+        one = _fp8_dense(expert)
+        if gate_up is None or down is None:
+            gate_up = empty_stack(one.gate_up, len(f.experts))
+            down = empty_stack(one.down, len(f.experts))
+        put(gate_up, e, one.gate_up)
+        put(down, e, one.down)
+    if gate_up is not None and down is not None:
+        f.experts = [DenseWeights(gate_up[e], down[e]) for e in range(len(f.experts))]
+    return layer
 
 
 def build_dummy(
@@ -226,12 +229,10 @@ def build_dummy(
     quantization: str = "auto",
 ) -> GlmModel:
     """A model at `shape` (a name in SHAPES, or a config) with dummy weights on `device`; its
-    linears in fp8 with quantization="fp8" (`quantized`)."""
+    linears in fp8 with quantization="fp8" (`quantize_layer`)."""
     cfg = SHAPES[shape] if isinstance(shape, str) else shape
     name = str(dtype).removeprefix("torch.")
-    weights = dummy_weights(cfg, device, dtype, seed, std)
-    if quantization == "fp8":
-        weights = quantized(weights)
+    weights = dummy_weights(cfg, device, dtype, seed, std, fp8=quantization == "fp8")
     return GlmModel(cfg, weights, device, name)
 
 

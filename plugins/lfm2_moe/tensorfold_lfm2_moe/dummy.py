@@ -64,9 +64,17 @@ SHAPES: dict[str, Lfm2MoeConfig] = {
 
 
 def dummy_weights(
-    cfg: Lfm2MoeConfig, device: str, dtype: torch.dtype, seed: int = 0, std: float = 0.02
+    cfg: Lfm2MoeConfig,
+    device: str,
+    dtype: torch.dtype,
+    seed: int = 0,
+    std: float = 0.02,
+    fp8: bool = False,
 ) -> ModelWeights:
-    """Under tensor parallel (tensorfold.ops.parallel.current()), this rank's shard as shards.py
+    """fp8: each layer's linears quantized (`quantize_layer`) as soon as it is drawn, so the
+    peak holds one layer in `dtype` beside the fp8 rest.
+
+    Under tensor parallel (tensorfold.ops.parallel.current()), this rank's shard as shards.py
     cuts it: replicated tensors drawn alike on every rank, its slices from a generator of its
     own."""
     tp = parallel.current()
@@ -119,33 +127,32 @@ def dummy_weights(
                 down,
                 local.start,
             )
-        layers.append(LayerWeights(init.ones(h), init.ones(h), mixer, ffn))
+        layer = LayerWeights(init.ones(h), init.ones(h), mixer, ffn)
+        layers.append(quantize_layer(layer) if fp8 else layer)
     split_vocab = world > 1 and shards.vocab_parallel(cfg, world)
     vocab = block(cfg.vocab_size, tp.rank, world) if split_vocab else None
     lm_head = dummy_lm_head(init, part, embed, True, vocab)  # tied, as the published LFM2 models
     return ModelWeights(embed, init.ones(h), lm_head, layers)
 
 
-def quantized(weights: ModelWeights) -> ModelWeights:
-    """--quantization fp8 on dummy weights: the linears weights.py reads with `read.linear`
-    quantized to 128 x 128 blocks as the loader quantizes them (q, k and v apart, then joined;
-    each expert stack a matrix at a time), one layer at a time."""
-    for layer in weights.layers:
-        m, f = layer.mixer, layer.ffn
-        if isinstance(m, AttentionWeights):
-            q, k, v, out = (quantize_blocks(t) for t in (m.q, m.k, m.v, m.out))
-            layer.mixer = AttentionWeights(q, k, v, out, m.q_norm, m.k_norm)
-        else:
-            m.in_proj, m.out_proj = quantize_blocks(m.in_proj), quantize_blocks(m.out_proj)
-        if isinstance(f, DenseWeights):
-            f.w1, f.w3, f.w2 = (quantize_blocks(t) for t in (f.w1, f.w3, f.w2))
-        else:
-            stacks = (
-                t if isinstance(t, torch.Tensor) else torch.stack(list(t))
-                for t in (f.w1, f.w3, f.w2)
-            )
-            f.w1, f.w3, f.w2 = (quantize_blocks(t) for t in stacks)
-    return weights
+def quantize_layer(layer: LayerWeights) -> LayerWeights:
+    """--quantization fp8 on a dummy layer, in place: the linears weights.py reads with
+    `read.linear` quantized to 128 x 128 blocks as the loader quantizes them (q, k and v apart,
+    then joined; each expert stack a matrix at a time)."""
+    m, f = layer.mixer, layer.ffn
+    if isinstance(m, AttentionWeights):
+        q, k, v, out = (quantize_blocks(t) for t in (m.q, m.k, m.v, m.out))
+        layer.mixer = AttentionWeights(q, k, v, out, m.q_norm, m.k_norm)
+    else:
+        m.in_proj, m.out_proj = quantize_blocks(m.in_proj), quantize_blocks(m.out_proj)
+    if isinstance(f, DenseWeights):
+        f.w1, f.w3, f.w2 = (quantize_blocks(t) for t in (f.w1, f.w3, f.w2))
+    else:
+        stacks = (
+            t if isinstance(t, torch.Tensor) else torch.stack(list(t)) for t in (f.w1, f.w3, f.w2)
+        )
+        f.w1, f.w3, f.w2 = (quantize_blocks(t) for t in stacks)
+    return layer
 
 
 def build_dummy(
@@ -157,11 +164,9 @@ def build_dummy(
     quantization: str = "auto",
 ) -> Lfm2MoeModel:
     """A model at `shape` (a name in SHAPES, or a config) with dummy weights on `device`; its
-    linears in fp8 with quantization="fp8" (`quantized`)."""
+    linears in fp8 with quantization="fp8" (`quantize_layer`)."""
     cfg = SHAPES[shape] if isinstance(shape, str) else shape
-    weights = dummy_weights(cfg, device, dtype, seed, std)
-    if quantization == "fp8":
-        weights = quantized(weights)
+    weights = dummy_weights(cfg, device, dtype, seed, std, fp8=quantization == "fp8")
     return Lfm2MoeModel(cfg, weights, device, dtype)
 
 
