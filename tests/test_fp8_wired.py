@@ -121,6 +121,41 @@ def test_gated_ffn_takes_the_fp8_kernel(kernels) -> None:
     assert rel(got, ref) < TOL
 
 
+def test_fp8_products_launch_in_stream_order_and_bf16_ones_dependent(monkeypatch) -> None:
+    """Launched with PDL, the products over fp8 weights ran slower (GLM-8L's one stream 274
+    tok/s against 318 without; docs/performance.md, "FP8_DEPENDENT_LAUNCH"): the linear, the
+    gated FFN and the experts ask launch_options for no dependent launch over fp8 weights, and
+    for it over bf16 ones; and no fp8 weight is prefetched before a wait it does not have."""
+    asked: list[tuple[str, bool]] = []
+
+    def recorded(module: str) -> Any:
+        def launch_options(t: torch.Tensor, dependent: bool = True) -> dict[str, bool]:
+            asked.append((module, dependent))
+            return gpu.launch_options(t, dependent)
+
+        return launch_options
+
+    monkeypatch.setattr(triton_linear, "launch_options", recorded("linear"))
+    monkeypatch.setattr(triton_moe, "launch_options", recorded("moe"))
+    x = randn(3, 256, seed=20)
+    gate_up = quantize_blocks(randn(2 * 128, 256, seed=21, scale=0.2))
+    gate, up = triton_fp8.gate_and_up(gate_up, 128)
+    down = quantize_blocks(randn(256, 128, seed=22, scale=0.2))
+    with testing.fp8_kernel_counts("linear_fp8", "gated_ffn_fp8"):
+        linear(x, gate)
+        moe.gated_ffn(x, gate, up, down)
+        assert asked == [("linear", False), ("moe", False), ("moe", False)]
+        asked.clear()
+        plain = [Fp8Weight.dequantize(w, F32) for w in (gate, up, down)]
+        linear(x, plain[0])
+        moe.gated_ffn(x, *plain)
+    assert asked == [("linear", True), ("moe", True), ("moe", True)]
+    monkeypatch.setattr(gpu, "_prefetch_weights", True)
+    monkeypatch.setattr(gpu, "launch_options", lambda t, dependent=True: {"PDL": dependent})
+    assert gpu.prefetch_k(gate.q, 8) == 0
+    assert gpu.prefetch_k(plain[0].bfloat16(), 8) > 0
+
+
 @pytest.mark.parametrize("as_list", [False, True])
 def test_moe_takes_the_fp8_kernel_on_stacks_and_sequences(kernels, as_list) -> None:
     """Expert stacks (lfm2_moe, gemma4) or sequences of an fp8 stack's experts (glm5_next's

@@ -56,9 +56,10 @@ def prefetch_k(w: torch.Tensor, rows: int) -> int:
     """How many elements of each weight row range a kernel prefetches before its wait
     (triton_util.prefetch_l2), for a launch that reads `rows` row ranges of w (rows of distinct
     matrices, or the chunks of split rows): a power of two, so that the launch prefetches
-    PREFETCH_BYTES at most; 0 (off) without PDL, below 64 elements, or when w's rows do not
-    start 16-byte aligned."""
-    if not (_prefetch_weights and launch_options(w)["PDL"]):
+    PREFETCH_BYTES at most; 0 (off) without PDL (fp8 weights' products have none), below 64
+    elements, or when w's rows do not start 16-byte aligned."""
+    fp8 = w.dtype == torch.float8_e4m3fn
+    if not (_prefetch_weights and launch_options(w, dependent=not fp8)["PDL"]):
         return 0
     size = w.element_size()
     if w.data_ptr() % 16 or any(s * size % 16 for s in w.stride()[:-1]):
@@ -67,11 +68,13 @@ def prefetch_k(w: torch.Tensor, rows: int) -> int:
     return 1 << (per_row.bit_length() - 1) if per_row >= 64 else 0
 
 
-def launch_options(t: torch.Tensor) -> dict[str, bool]:
+def launch_options(t: torch.Tensor, dependent: bool = True) -> dict[str, bool]:
     """The PDL keywords for a kernel launch on t's device: each kernel then starts while the one
     before it finishes (the launch gap between small decode kernels hides), and waits for it in
-    after_prior. Hopper (sm_90) and newer, not under the interpreter."""
-    if not (t.is_cuda and _dependent_launch):
+    after_prior. Hopper (sm_90) and newer, not under the interpreter. dependent=False: launched
+    in stream order (the products over fp8 weights, which run slower placed early:
+    docs/performance.md, "FP8_DEPENDENT_LAUNCH")."""
+    if not (dependent and t.is_cuda and _dependent_launch):
         return {"PDL": False}
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     ok = _pdl_devices.get(index)

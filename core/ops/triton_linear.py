@@ -354,7 +354,7 @@ def _launch(
         BLOCK_K=t.block_k,
         num_warps=t.warps,
         num_stages=t.stages,
-        **launch_options(rows),
+        **launch_options(rows, dependent=scales is None),
         PREFETCH_K=prefetch_k(weight, n * splits),
         GROUPS=groups,
         **(_fp8_args(scales, k, t.block_k) if scales else {}),
