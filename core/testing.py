@@ -1537,6 +1537,31 @@ def assert_dummy_quantizes_as_loaded(
     assert torch.isfinite(_fp8_prompt_logits(dummy, prompt)).all()
 
 
+def assert_quantized_as_drawn(
+    dummy_weights: Callable[..., Any], quantize_layer: Callable[[Any], Any]
+) -> None:
+    """A family's dummy weights quantized a layer at a time as they are drawn
+    (`dummy_weights(fp8=True)`, whose peak holds one layer in bf16) are, bit for bit, those drawn
+    whole in bf16 (`dummy_weights(fp8=False)`) and quantized after by `quantize_layer`."""
+    from .family.fp8_weights import Fp8Weight
+
+    streamed = dummy_weights(fp8=True)
+    after = dummy_weights(fp8=False)
+    after.layers = [quantize_layer(layer) for layer in after.layers]
+    got, want = weight_leaves(streamed), weight_leaves(after)
+    assert got.keys() == want.keys()
+    assert sum(isinstance(w, Fp8Weight) for w in got.values()) > 0
+    for path, w in want.items():
+        g = got[path]
+        if isinstance(w, Fp8Weight):
+            assert isinstance(g, Fp8Weight) and (g.block, g.row0) == (w.block, w.row0), path
+            assert torch.equal(g.q.view(torch.uint8), w.q.view(torch.uint8)), path
+            assert torch.equal(g.scale, w.scale), path
+        else:
+            assert isinstance(g, torch.Tensor) and g.dtype == w.dtype, path
+            assert torch.equal(g, w), path
+
+
 @contextlib.contextmanager
 def fp8_kernel_counts(*kernels: str) -> Iterator[dict[str, int]]:
     """The ops' Triton path taken for CPU tensors too (run it under TRITON_INTERPRET=1), with

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from tensorfold import conformance, testing
 from tensorfold.ops.fp8 import Fp8Weight
@@ -74,9 +75,15 @@ class TestFp8WeightGates(conformance.Fp8WeightGates):
 
 def test_dummy_weights_quantize_as_loaded(tmp_path: Path) -> None:
     """TF_LOAD_FORMAT=dummy --quantization fp8 (the benchmarks' shapes): fp8 where the loader
-    puts it."""
-    from tensorfold_glm.dummy import load_dummy
+    puts it, each layer quantized as it is drawn to the bits of quantizing after."""
+    from functools import partial
 
-    testing.assert_dummy_quantizes_as_loaded(
-        load, load_dummy, build_demo(tmp_path), GLM5_NEXT.fp8_linears
-    )
+    from tensorfold.family.checkpoint import Checkpoint
+    from tensorfold_glm.config import GlmConfig
+    from tensorfold_glm.dummy import dummy_weights, load_dummy, quantize_layer
+
+    folder = build_demo(tmp_path)
+    testing.assert_dummy_quantizes_as_loaded(load, load_dummy, folder, GLM5_NEXT.fp8_linears)
+    cfg = GlmConfig.from_dict(Checkpoint.open(folder).config)
+    draw = partial(dummy_weights, cfg, "cpu", torch.bfloat16, seed=0, std=0.1)
+    testing.assert_quantized_as_drawn(draw, quantize_layer)

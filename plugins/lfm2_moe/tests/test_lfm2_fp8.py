@@ -109,9 +109,14 @@ def tensors(obj: object) -> list:
 
 def test_dummy_weights_quantize_as_loaded(tmp_path: Path) -> None:
     """TF_LOAD_FORMAT=dummy --quantization fp8 (the benchmarks' shapes): fp8 where the loader
-    puts it."""
-    from tensorfold_lfm2_moe.dummy import load_dummy
+    puts it, each layer quantized as it is drawn to the bits of quantizing after."""
+    from functools import partial
 
-    testing.assert_dummy_quantizes_as_loaded(
-        load, load_dummy, build_demo(tmp_path), LFM2_MOE.fp8_linears
-    )
+    from tensorfold_lfm2_moe.config import Lfm2MoeConfig
+    from tensorfold_lfm2_moe.dummy import dummy_weights, load_dummy, quantize_layer
+
+    folder = build_demo(tmp_path)
+    testing.assert_dummy_quantizes_as_loaded(load, load_dummy, folder, LFM2_MOE.fp8_linears)
+    cfg = Lfm2MoeConfig.from_dict(Checkpoint.open(folder).config)
+    draw = partial(dummy_weights, cfg, "cpu", torch.bfloat16, seed=0, std=0.1)
+    testing.assert_quantized_as_drawn(draw, quantize_layer)
