@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from tensorfold.family import Shard, ShardPlan
+from tensorfold.family.checkpoint import shard_pieces
 from tensorfold.family.fp8_weights import RELEASE_BLOCK, Fp8Weight, fp8_bytes
 
 GB = 1e9
@@ -44,13 +45,11 @@ class ShapesOnly:
         return self.pattern.search(name) is not None
 
     def local(self, name: str, shape: Sequence[int]) -> tuple[int, ...]:
-        """This rank's slice of a tensor of `shape` on disk (Checkpoint.local_shape's rule)."""
-        plan, out = self.shard.plan, list(shape)
-        if plan is not None and self.shard.world > 1:
-            split, _ = plan.split_of(name)
-            if split.dim is not None:
-                pieces = split.pieces(out[split.dim], self.shard.rank, self.shard.world)
-                out[split.dim] = sum(b - a for a, b in pieces)
+        """This rank's slice of a tensor of `shape` on disk, as a Checkpoint cuts it."""
+        out, pieces = list(shape), shard_pieces(self.shard, name, shape)
+        if pieces is not None:
+            dim, ranges = pieces
+            out[dim] = sum(b - a for a, b in ranges)
         return tuple(out)
 
     def load(self, name: str, *, device: str, dtype: Any, shape: Sequence[int]) -> torch.Tensor:

@@ -122,10 +122,10 @@ def test_gated_ffn_takes_the_fp8_kernel(kernels) -> None:
 
 
 def test_fp8_products_launch_in_stream_order_and_bf16_ones_dependent(monkeypatch) -> None:
-    """Launched with PDL, the products over fp8 weights ran slower (GLM-8L's one stream 274
-    tok/s against 318 without; docs/performance.md, "FP8_DEPENDENT_LAUNCH"): the linear, the
-    gated FFN and the experts ask launch_options for no dependent launch over fp8 weights, and
-    for it over bf16 ones; and no fp8 weight is prefetched before a wait it does not have."""
+    """Launched with PDL, the products over fp8 weights ran slower (docs/performance.md,
+    "FP8_DEPENDENT_LAUNCH"): the linear, the gated FFN and the experts ask launch_options for
+    no dependent launch over fp8 weights, and for it over bf16 ones; and no fp8 weight is
+    prefetched before a wait it does not have."""
     asked: list[tuple[str, bool]] = []
 
     def recorded(module: str) -> Any:

@@ -265,27 +265,9 @@ class Checkpoint:
     def _pieces(self, name: str) -> tuple[int, list[tuple[int, int]]] | None:
         """(dim, ranges along dim) of this rank's slice of `name`; None: the whole tensor;
         (0, []) for another rank's expert (nothing to read)."""
-        plan = self.shard.plan
-        if plan is None or self.shard.world == 1 or name in self._scales:
+        if name in self._scales:
             return None
-        split, expert = plan.split_of(name)
-        info = self.info(name)
-        try:
-            if split.experts:
-                if expert is None:
-                    raise ShardRefused("its pattern has no (?P<expert>...) group")
-                if expert not in self.shard.experts(split.experts):
-                    return 0, []
-            if split.dim is None:
-                return None
-            if split.dim >= len(info.shape):
-                raise ShardRefused(f"it has no dimension {split.dim}")
-            size = info.shape[split.dim]
-            return split.dim, split.pieces(size, self.shard.rank, self.shard.world)
-        except ShardRefused as e:
-            raise ShardRefused(
-                f"tensor {name!r} {list(info.shape)} cannot be cut for --tp {self.shard.world}: {e}"
-            ) from None
+        return shard_pieces(self.shard, name, self.info(name).shape)
 
     def local_shape(self, name: str) -> tuple[int, ...] | None:
         """The shape of this rank's slice of `name` (its full shape at one rank); None for
@@ -643,6 +625,33 @@ class TensorReader:
             return embed
         mine = block(len(embed), self.ckpt.shard.rank, self.ckpt.shard.world)
         return embed[mine.start : mine.stop]  # this rank's vocabulary, a view
+
+
+def shard_pieces(
+    shard: Shard, name: str, shape: Sequence[int]
+) -> tuple[int, list[tuple[int, int]]] | None:
+    """(dim, ranges along dim) of `shard`'s slice of tensor `name` of `shape` as its shard plan
+    cuts it; None: the whole tensor (one rank, no plan, or no cut); (0, []) for another rank's
+    expert. ShardRefused names the tensor where the plan's cut does not fit its shape."""
+    plan = shard.plan
+    if plan is None or shard.world == 1:
+        return None
+    split, expert = plan.split_of(name)
+    try:
+        if split.experts:
+            if expert is None:
+                raise ShardRefused("its pattern has no (?P<expert>...) group")
+            if expert not in shard.experts(split.experts):
+                return 0, []
+        if split.dim is None:
+            return None
+        if split.dim >= len(shape):
+            raise ShardRefused(f"it has no dimension {split.dim}")
+        return split.dim, split.pieces(shape[split.dim], shard.rank, shard.world)
+    except ShardRefused as e:
+        raise ShardRefused(
+            f"tensor {name!r} {list(shape)} cannot be cut for --tp {shard.world}: {e}"
+        ) from None
 
 
 def _read_slices(view: Any, ndim: int, dim: int, ranges: list[tuple[int, int]]) -> "torch.Tensor":

@@ -50,8 +50,9 @@ class VisionConfig:
         """A bound on the device bytes the tower holds at once on images of `patches`
         patches together in weights of `itemsize` bytes: a layer's rows (the residual, its
         norms, q, k, v, their GQA copies and attention's head-major copies, the attention
-        output, the MLP's gate, up and product, each counted at fp32 or wider), one query chunk's scores (in the weights' dtype, their
-        softmax in fp32 and its cast back), and the pixel values."""
+        output, the MLP's gate, up and product, each counted at fp32 or wider), one query
+        chunk's scores (in the weights' dtype, their softmax in fp32 and its cast back), and
+        the pixel values."""
         wide = max(itemsize, 4)
         heads, d = self.num_attention_heads, self.head_dim
         rows = (
